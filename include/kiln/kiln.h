@@ -1,0 +1,280 @@
+/* kiln — a graph execution engine with lazy op fusion for transformer inference.
+ * This is the whole public API. Every handle is opaque; every call that can fail returns a
+ * kiln_status and writes results through out-parameters placed last. Nothing here aborts on a
+ * caller's mistake. Thread safety: distinct handles may be used from distinct threads; one
+ * handle (and the graphs/plans made from one context) must not be used from two threads at once. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KILN_BUILDING) && defined(__GNUC__)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+#define KILN_VERSION_STRING "0.1.0"
+
+#define KILN_MAX_RANK 4 /* most dimensions a tensor may have */
+#define KILN_MAX_SRC 4  /* most operands an op may have */
+
+/* ---------------------------------------------------------------- status and errors */
+
+typedef enum kiln_status {
+    KILN_OK = 0,
+    KILN_ERR_INVALID_ARG,  /* a NULL handle, a bad enum, a bad option */
+    KILN_ERR_SHAPE,        /* shapes of operands do not agree, or a byte size overflows */
+    KILN_ERR_DTYPE,        /* a dtype an op does not take */
+    KILN_ERR_NODE,         /* an unknown node id, or one from another graph */
+    KILN_ERR_NAME,         /* a name that is missing, unknown, or used twice */
+    KILN_ERR_SYMBOL,       /* a symbolic dim unbound at run, or bound over its maximum */
+    KILN_ERR_BINDING,      /* a run binding whose size or kind does not fit its tensor */
+    KILN_ERR_PARSE,        /* a .kg file or profile with a syntax or meaning error */
+    KILN_ERR_IO,           /* a file could not be read or written */
+    KILN_ERR_NOMEM,        /* an allocation failed */
+    KILN_ERR_UNSUPPORTED,  /* a backend or op/dtype combination that is not available */
+    KILN_ERR_BACKEND,      /* a backend failed at run time (driver error kept in the message) */
+    KILN_ERR_INTERNAL,     /* a broken invariant inside kiln: please report it */
+    KILN_STATUS_COUNT
+} kiln_status;
+
+/* Static text for a status ("shape mismatch", ...). Never NULL. Thread-safe. */
+KILN_API const char *kiln_status_str(kiln_status s);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum kiln_dtype {
+    KILN_DTYPE_F32 = 0,
+    KILN_DTYPE_F16,
+    KILN_DTYPE_BF16,
+    KILN_DTYPE_I32,
+    KILN_DTYPE_Q8_0, /* GGUF q8_0: blocks of 32 values, 34 bytes (f16 scale + 32 x int8)      */
+    KILN_DTYPE_Q4_K, /* GGUF q4_K: blocks of 256 values, 144 bytes                              */
+    KILN_DTYPE_Q5_K, /* GGUF q5_K: blocks of 256 values, 176 bytes                              */
+    KILN_DTYPE_Q6_K, /* GGUF q6_K: blocks of 256 values, 210 bytes                              */
+    KILN_DTYPE_COUNT
+} kiln_dtype;
+
+/* "f32", "q4_k", ... ; "?" for a value out of range. */
+KILN_API const char *kiln_dtype_name(kiln_dtype t);
+/* Parses a dtype name; returns false (and leaves *out alone) for an unknown name. */
+KILN_API bool kiln_dtype_parse(const char *name, kiln_dtype *out);
+/* Values per block: 1 for plain types, 32 for q8_0, 256 for the k-quants. */
+KILN_API int64_t kiln_dtype_block(kiln_dtype t);
+/* Bytes per block (4, 2, 2, 4, 34, 144, 176, 210). */
+KILN_API size_t kiln_dtype_block_bytes(kiln_dtype t);
+/* Bytes of a row of n values; 0 when n is not a multiple of the block size or t is invalid. */
+KILN_API size_t kiln_row_bytes(kiln_dtype t, int64_t n);
+
+/* Reference conversion from f32 to t (f16, bf16, and the four GGUF block formats; f32 copies).
+ * n must be a multiple of kiln_dtype_block(t). Bit-exact with the GGUF reference quantizers. */
+KILN_API kiln_status kiln_quantize(kiln_dtype t, const float *src, void *dst, int64_t n);
+/* Reference conversion from t to f32 (every dtype; i32 converts values). */
+KILN_API kiln_status kiln_dequantize(kiln_dtype t, const void *src, float *dst, int64_t n);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct kiln_ctx kiln_ctx;
+
+typedef struct kiln_ctx_options {
+    int         n_threads; /* CPU threads; 0 = one per core */
+    const char *cache_dir; /* kernel and profile cache; NULL = $KILN_CACHE_DIR or $XDG_CACHE_HOME/kiln */
+    bool        quiet;     /* true: no progress lines on stderr */
+} kiln_ctx_options;
+
+/* Creates a context: probes backends (a missing GPU is not an error). opts may be NULL. */
+KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out);
+/* Frees a context; NULL does nothing. Plans made from it must be freed first. */
+KILN_API void kiln_ctx_free(kiln_ctx *ctx);
+/* The detail of the last failure of a call on this context (or a plan made from it): names the
+ * node, op, file:line or driver log. "" when there was none. Valid until the next call. */
+KILN_API const char *kiln_ctx_error(const kiln_ctx *ctx);
+
+/* Backends known to kiln, present or not ("ref", "cpu", "cuda", "vulkan"). */
+KILN_API int kiln_backend_count(const kiln_ctx *ctx);
+typedef struct kiln_backend_info {
+    const char *name;      /* "ref", "cpu", ... */
+    bool        available; /* usable in this process */
+    const char *detail;    /* when available: device/ISA; otherwise why not ("libcuda.so.1 not found") */
+} kiln_backend_info;
+KILN_API kiln_status kiln_backend_get(const kiln_ctx *ctx, int i, kiln_backend_info *out);
+/* The CPU ISA path in use ("avx512", "avx2", "scalar"). */
+KILN_API const char *kiln_cpu_isa(const kiln_ctx *ctx);
+
+/* ---------------------------------------------------------------- graph */
+
+typedef struct kiln_graph kiln_graph;
+
+/* A node handle. It carries the graph's identity, so a node of one graph passed to another is
+ * caught (KILN_ERR_NODE). KILN_NODE_NONE is returned by builders after an error. */
+typedef uint64_t kiln_node;
+#define KILN_NODE_NONE ((kiln_node)0)
+
+/* A dimension: a constant >= 0, or a symbol made by kiln_sym (a negative value). */
+typedef int64_t kiln_dim;
+
+/* Creates an empty graph. Graphs are independent of contexts. */
+KILN_API kiln_status kiln_graph_new(kiln_graph **out);
+/* Frees a graph and the weights it copied; NULL does nothing. Plans compiled from it stay valid. */
+KILN_API void kiln_graph_free(kiln_graph *g);
+/* The first builder error (KILN_OK if none) and its message ("matmul 'q': x has 4096 columns
+ * but w has 4095"). Once set, every builder call returns KILN_NODE_NONE. */
+KILN_API kiln_status kiln_graph_status(const kiln_graph *g);
+KILN_API const char *kiln_graph_error(const kiln_graph *g);
+/* Number of nodes. */
+KILN_API uint32_t kiln_graph_size(const kiln_graph *g);
+
+/* A symbolic dimension with an upper bound (1 <= max). Its value is bound at each run and must be
+ * in [1, max]. Names are unique per graph; asking again for the same name
+ * with the same max returns the same symbol. */
+KILN_API kiln_dim kiln_sym(kiln_graph *g, const char *name, int64_t max);
+
+/* Leaves. name must be unique among leaves and outputs. */
+KILN_API kiln_node kiln_input(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims);
+
+typedef enum kiln_weight_mode {
+    KILN_WEIGHT_COPY = 0, /* kiln copies the data now; the caller's buffer may be freed */
+    KILN_WEIGHT_BORROW,   /* kiln keeps the pointer; it must outlive every plan compiled from g */
+    KILN_WEIGHT_MODE_COUNT
+} kiln_weight_mode;
+/* A constant tensor (dims constant). data holds the rows in dtype t (block formats: GGUF bytes). */
+KILN_API kiln_node kiln_weight(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims,
+                               const void *data, kiln_weight_mode mode);
+/* A weight filled with reproducible random values (uniform in [-scale, scale], quantized to t). */
+KILN_API kiln_node kiln_weight_random(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims,
+                                      uint64_t seed, float scale);
+/* A persistent tensor owned by each plan (zero at compile), e.g. a KV cache [n_kv_heads, max_ctx, head_dim].
+ * Read and written by kiln_plan_state_read/_write; updated in place by kv_scatter. Dims constant. */
+KILN_API kiln_node kiln_state(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims);
+
+/* Marks a node as an output, bound by name at run. A node may have several output names. */
+KILN_API kiln_status kiln_output(kiln_graph *g, kiln_node x, const char *name);
+/* Gives a node a name for messages and plans (optional; not part of the graph hash). */
+KILN_API kiln_status kiln_name(kiln_graph *g, kiln_node x, const char *name);
+
+/* Ops. Activations are f32, f16 or bf16 (computed in f32); results keep x's dtype unless stated. */
+
+/* y[.., n] = sum_k x[.., k] * w[n, k]. x f32/f16/bf16 [..., K]; w [N, K] of any float or block dtype
+ * (K a multiple of the block). y is f32 [..., N]. */
+KILN_API kiln_node kiln_matmul(kiln_graph *g, kiln_node x, kiln_node w);
+/* a + b and a * b; b's dims equal a's trailing dims (b broadcast over a's leading dims). */
+KILN_API kiln_node kiln_add(kiln_graph *g, kiln_node a, kiln_node b);
+KILN_API kiln_node kiln_mul(kiln_graph *g, kiln_node a, kiln_node b);
+KILN_API kiln_node kiln_scale(kiln_graph *g, kiln_node x, float s);
+KILN_API kiln_node kiln_silu(kiln_graph *g, kiln_node x);
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+KILN_API kiln_node kiln_gelu(kiln_graph *g, kiln_node x);
+/* silu(gate) * up; equal shapes. */
+KILN_API kiln_node kiln_swiglu(kiln_graph *g, kiln_node gate, kiln_node up);
+/* x / sqrt(mean(x^2 over the last dim) + eps) * w; w [D] or KILN_NODE_NONE. */
+KILN_API kiln_node kiln_rms_norm(kiln_graph *g, kiln_node x, kiln_node w, float eps);
+/* (x - mean) / sqrt(var + eps) * w + b over the last dim; w, b [D] or KILN_NODE_NONE. */
+KILN_API kiln_node kiln_layer_norm(kiln_graph *g, kiln_node x, kiln_node w, kiln_node b, float eps);
+/* Softmax over the last dim. */
+KILN_API kiln_node kiln_softmax(kiln_graph *g, kiln_node x);
+
+typedef enum kiln_rope_mode {
+    KILN_ROPE_NORMAL = 0, /* rotates pairs (2i, 2i+1) — llama/GPT-J */
+    KILN_ROPE_NEOX,       /* rotates pairs (i, i + d/2) — GPT-NeoX, qwen2 */
+    KILN_ROPE_MODE_COUNT
+} kiln_rope_mode;
+/* Rotary embedding. x [n_tok, n_head, head_dim] (head_dim even); pos i32 [n_tok] absolute
+ * positions; angle of pair i = pos * theta^(-2i/head_dim). */
+KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta);
+
+/* Causal grouped-query attention over a cache. q [n_tok, n_head, head_dim]; k, v states (or
+ * kv_scatter results) [n_kv_head, max_ctx, head_dim], n_head a multiple of n_kv_head; n_kv (a
+ * symbol or constant <= max_ctx) is the number of valid cache rows. The n_tok queries sit at
+ * positions n_kv - n_tok .. n_kv - 1; query t sees keys 0 .. n_kv - n_tok + t. Scores are
+ * scaled by `scale` (0 = 1/sqrt(head_dim)). y is f32 [n_tok, n_head, head_dim]. */
+KILN_API kiln_node kiln_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_dim n_kv, float scale);
+/* Writes rows [n_tok, n_kv_head, head_dim] into a state [n_kv_head, max_ctx, head_dim] at the
+ * positions pos i32 [n_tok] (each < max_ctx, checked at run): state[h, pos[t], :] = rows[t, h, :].
+ * The result is the updated state; read it (e.g. by attention) to order the write before. */
+KILN_API kiln_node kiln_kv_scatter(kiln_graph *g, kiln_node state, kiln_node rows, kiln_node pos);
+/* Embedding lookup: table [V, D] of any dtype, ids i32 [n] (each < V, checked at run) -> f32 [n, D]. */
+KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids);
+/* Index of the largest value over the last dim (first on ties): x [..., N] -> i32 [...] ([1] for rank 1). */
+KILN_API kiln_node kiln_argmax(kiln_graph *g, kiln_node x);
+/* Converts among f32, f16, bf16 and i32 (float to i32 rounds to nearest, ties to even). */
+KILN_API kiln_node kiln_cast(kiln_graph *g, kiln_node x, kiln_dtype t);
+/* Same elements, new dims (element counts equal; symbolic dims must appear in both, unchanged). */
+KILN_API kiln_node kiln_reshape(kiln_graph *g, kiln_node x, int rank, const kiln_dim *dims);
+/* A contiguous slice of x: `dims` elements starting at element `offset` (constant dims only). */
+KILN_API kiln_node kiln_view(kiln_graph *g, kiln_node x, int rank, const kiln_dim *dims, int64_t offset);
+/* Swaps dims d0 and d1. */
+KILN_API kiln_node kiln_transpose(kiln_graph *g, kiln_node x, int d0, int d1);
+/* Joins a and b along `axis` (other dims equal, same dtype). */
+KILN_API kiln_node kiln_concat(kiln_graph *g, kiln_node a, kiln_node b, int axis);
+
+/* The graph's hash: XXH3-128 of a canonical serialization of ops, dtypes, shapes, symbol bounds,
+ * parameters and topology (not weight bytes, not names). Written as 32 hex digits + NUL. */
+KILN_API kiln_status kiln_graph_hash(const kiln_graph *g, char out_hex[33]);
+
+/* ---------------------------------------------------------------- .kg text format */
+
+/* Parses .kg text. On error returns KILN_ERR_PARSE and puts "file:line:col: what is wrong" in
+ * kiln_ctx_error(ctx). `file` names the source in messages (may be NULL). */
+KILN_API kiln_status kiln_kg_parse(kiln_ctx *ctx, const char *text, const char *file, kiln_graph **out);
+/* Reads and parses a .kg file. */
+KILN_API kiln_status kiln_kg_load(kiln_ctx *ctx, const char *path, kiln_graph **out);
+/* Prints a graph as .kg text into a malloc'ed string the caller frees. */
+KILN_API kiln_status kiln_kg_print(const kiln_graph *g, char **out);
+
+/* ---------------------------------------------------------------- compile and run */
+
+typedef struct kiln_plan kiln_plan;
+
+typedef struct kiln_compile_options {
+    const char *backend;  /* "auto" (NULL), "ref", "cpu", "cuda", "vulkan" */
+    bool        no_fuse;  /* true: one kernel per op (debugging, fused-vs-unfused tests) */
+} kiln_compile_options;
+
+/* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed
+ * weights must stay). States are allocated and zeroed. opts may be NULL. */
+KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
+                                  kiln_plan **out);
+KILN_API void kiln_plan_free(kiln_plan *p);
+
+/* One binding of a run: an input (data read), an output (data written) or a symbol (value). */
+typedef struct kiln_binding {
+    const char *name;  /* name of an input, an output, or a symbol */
+    void       *data;  /* input: read from; output: written to; NULL for a symbol */
+    size_t      bytes; /* size of data: an input must match its shape exactly; an output must hold it */
+    int64_t     value; /* the symbol's value */
+} kiln_binding;
+
+/* Runs the plan once. Every symbol and input must be bound; outputs not bound are computed and
+ * kept (see kiln_plan_tensor). States persist across runs. On error the plan stays usable. */
+KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t n);
+
+typedef struct kiln_tensor_info {
+    kiln_dtype t;                  /* dtype */
+    int        rank;               /* number of dims */
+    int64_t    dims[KILN_MAX_RANK]; /* dims as of the last run (symbols resolved) or their bound before any */
+    size_t     bytes;              /* bytes of the tensor with these dims */
+} kiln_tensor_info;
+/* Shape of an input, output or state by name. */
+KILN_API kiln_status kiln_plan_tensor(const kiln_plan *p, const char *name, kiln_tensor_info *out);
+/* Copies the last run's value of an output into dst (bytes >= its size). */
+KILN_API kiln_status kiln_plan_read(const kiln_plan *p, const char *name, void *dst, size_t bytes);
+/* Copies a state out of / into the plan (bytes == the state's size). */
+KILN_API kiln_status kiln_plan_state_read(const kiln_plan *p, const char *name, void *dst, size_t bytes);
+KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const void *src, size_t bytes);
+
+/* Backend the plan runs on, and its number of kernels (fused regions). */
+KILN_API const char *kiln_plan_backend(const kiln_plan *p);
+KILN_API int kiln_plan_kernel_count(const kiln_plan *p);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,50 @@
+/* Fusion: turns a graph into regions, one future kernel each: an anchor op plus the elementwise
+ * ops fused before (prologue) and after (epilogue) it. Regions are backend-neutral: every backend
+ * consumes the same list. Reads a const graph; never edits it. */
+#pragma once
+
+#include "graph/graph.h"
+
+enum kiln_region_kind {
+    KILN_REGION_NONE = 0,  /* leaves and pure aliases (reshape, view): no kernel */
+    KILN_REGION_MAP,       /* elementwise map (add, mul, scale, silu, gelu, swiglu, cast) */
+    KILN_REGION_ROWS,      /* row reduction (rms_norm, layer_norm, softmax, argmax) or row op (rope) */
+    KILN_REGION_MATMUL,    /* one or more matmuls sharing x, with optional norm prologue / epilogues */
+    KILN_REGION_ATTENTION, /* attention over a cache */
+    KILN_REGION_SCATTER,   /* kv_scatter */
+    KILN_REGION_MOVE,      /* data movement: get_rows, transpose, concat */
+    KILN_REGION_KIND_COUNT
+};
+
+typedef struct kiln_region {
+    uint8_t   kind;     /* enum kiln_region_kind */
+    uint32_t  anchor;   /* node index of the anchor (first matmul of a sibling group) */
+    uint32_t *nodes;    /* nodes computed by the region, topological order (points into kiln_fusion.pool) */
+    uint32_t  n_nodes;  /* count */
+    uint32_t *outs;     /* nodes whose values leave the region (need memory) — also into pool */
+    uint32_t  n_outs;   /* count */
+} kiln_region;
+
+typedef struct kiln_fusion {
+    kiln_region *regions;   /* in execution order */
+    uint32_t     n_regions; /* count */
+    uint32_t    *region_of; /* region_of[node]: region index, or KILN_IDX_NONE (leaves, aliases) */
+    uint32_t    *pool;      /* backing store of every region's node lists */
+} kiln_fusion;
+
+/* Builds the regions of g. fuse = false gives one region per op (debugging, fused-vs-unfused
+ * tests). Returns KILN_ERR_NOMEM or KILN_OK. */
+kiln_status kiln_fuse(const kiln_graph *g, bool fuse, kiln_fusion *out);
+void        kiln_fusion_free(kiln_fusion *f);
+
+/* Name of a region kind ("matmul", ...). */
+const char *kiln_region_kind_name(enum kiln_region_kind k);
+/* Aliasing ops: their result shares memory with source 0 (reshape, view, kv_scatter). */
+bool kiln_op_is_alias(enum kiln_op op);
+
+/* Internal to src/fuse. */
+enum kiln_region_kind kiln_fuse_kind_of(enum kiln_op op);
+/* Applies the fusion rules: merges nodes into groups (group[i] = group id, anchor_of[gid] = anchor). */
+void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of);
+kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *group, const uint32_t *anchor_of,
+                                          kiln_fusion *out);

@@ -1,0 +1,108 @@
+/* Context: status texts, error text, backend probing at creation, backend listing.
+ * Owns the backends' states; knows nothing of graphs or plans. */
+#include "sched/ctx.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const status_text[KILN_STATUS_COUNT] = {
+    [KILN_OK] = "ok",
+    [KILN_ERR_INVALID_ARG] = "invalid argument",
+    [KILN_ERR_SHAPE] = "shape mismatch",
+    [KILN_ERR_DTYPE] = "unsupported dtype",
+    [KILN_ERR_NODE] = "bad node id",
+    [KILN_ERR_NAME] = "bad name",
+    [KILN_ERR_SYMBOL] = "symbol unbound or out of bounds",
+    [KILN_ERR_BINDING] = "bad binding",
+    [KILN_ERR_PARSE] = "parse error",
+    [KILN_ERR_IO] = "i/o error",
+    [KILN_ERR_NOMEM] = "out of memory",
+    [KILN_ERR_UNSUPPORTED] = "unsupported",
+    [KILN_ERR_BACKEND] = "backend failure",
+    [KILN_ERR_INTERNAL] = "internal error",
+};
+
+KILN_API const char *kiln_status_str(kiln_status s)
+{
+    return (unsigned)s < KILN_STATUS_COUNT ? status_text[s] : "unknown status";
+}
+
+void kiln_ctx_set_error(kiln_ctx *ctx, const char *fmt, ...)
+{
+    if (!ctx) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    va_end(ap);
+}
+
+kiln_status kiln_ctx_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...)
+{
+    if (!ctx) return s;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static char *default_cache_dir(void)
+{
+    const char *e = getenv("KILN_CACHE_DIR");
+    if (e && *e) return strdup(e);
+    char buf[4096];
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && *x) snprintf(buf, sizeof buf, "%s/kiln", x);
+    else if (h && *h) snprintf(buf, sizeof buf, "%s/.cache/kiln", h);
+    else snprintf(buf, sizeof buf, "/tmp/kiln-cache");
+    return strdup(buf);
+}
+
+KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
+{
+    if (!out) return KILN_ERR_INVALID_ARG;
+    *out = NULL;
+    if (opts && (opts->n_threads < 0 || opts->n_threads > 1024)) return KILN_ERR_INVALID_ARG;
+    kiln_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return KILN_ERR_NOMEM;
+    if (opts) ctx->opts = *opts;
+    ctx->cache_dir = opts && opts->cache_dir ? strdup(opts->cache_dir) : default_cache_dir();
+    ctx->opts.cache_dir = ctx->cache_dir;
+    if (!ctx->cache_dir) {
+        free(ctx);
+        return KILN_ERR_NOMEM;
+    }
+    for (int i = 0; i < KILN_BACKEND_COUNT; i++) {
+        const kiln_backend_i *b = kiln_backends[i];
+        kiln_status s = b->probe(ctx, &ctx->be_state[i], ctx->be_detail[i], sizeof ctx->be_detail[i]);
+        ctx->be_ok[i] = s == KILN_OK;
+        if (!ctx->be_ok[i]) ctx->be_state[i] = NULL;
+    }
+    ctx->error[0] = 0;
+    *out = ctx;
+    return KILN_OK;
+}
+
+KILN_API void kiln_ctx_free(kiln_ctx *ctx)
+{
+    if (!ctx) return;
+    for (int i = KILN_BACKEND_COUNT - 1; i >= 0; i--)
+        if (ctx->be_ok[i]) kiln_backends[i]->release(ctx->be_state[i]);
+    free(ctx->cache_dir);
+    free(ctx);
+}
+
+KILN_API const char *kiln_ctx_error(const kiln_ctx *ctx) { return ctx ? ctx->error : "context is NULL"; }
+
+KILN_API int kiln_backend_count(const kiln_ctx *ctx) { return ctx ? KILN_BACKEND_COUNT : 0; }
+
+KILN_API kiln_status kiln_backend_get(const kiln_ctx *ctx, int i, kiln_backend_info *out)
+{
+    if (!ctx || !out || i < 0 || i >= KILN_BACKEND_COUNT) return KILN_ERR_INVALID_ARG;
+    out->name = kiln_backends[i]->name;
+    out->available = ctx->be_ok[i];
+    out->detail = ctx->be_detail[i];
+    return KILN_OK;
+}

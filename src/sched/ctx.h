@@ -1,0 +1,20 @@
+/* The context: options, the backends found at start, the CPU thread pool, the last error.
+ * Internal to kiln; the public face is kiln_ctx_* in kiln.h. Must not know about graphs. */
+#pragma once
+
+#include "kiln/kiln.h"
+#include "sched/backend.h"
+
+struct kiln_ctx {
+    kiln_ctx_options opts;                 /* options as given (cache_dir copied) */
+    char            *cache_dir;            /* resolved cache directory; owned */
+    char             error[4096];          /* detail of the last failure; "" if none */
+    void            *be_state[KILN_BACKEND_COUNT]; /* each backend's state; NULL when absent */
+    char             be_detail[KILN_BACKEND_COUNT][256]; /* device/ISA text, or why absent */
+    bool             be_ok[KILN_BACKEND_COUNT];     /* backend usable */
+};
+
+/* Sets the context's error text (printf-style). Never fails; truncates. */
+void kiln_ctx_set_error(kiln_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Sets the error text and returns s, for `return kiln_ctx_fail(ctx, KILN_ERR_X, "...")`. */
+kiln_status kiln_ctx_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

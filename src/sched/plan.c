@@ -1,0 +1,408 @@
+/* kiln_compile and kiln_run: copies the graph, fuses it, chooses backends, lays out memory
+ * (liveness-shared arena for intermediates; weights borrowed from the graph copy; states owned),
+ * then each run binds symbols/inputs/outputs, resolves shapes and launches the regions in order.
+ * Must not contain kernels. */
+#include "sched/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ALIGN 64
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static const char *node_label(const kiln_graph *g, uint32_t i, char *buf, size_t n)
+{
+    const kiln_node_rec *r = &g->nodes[i];
+    if (r->name) snprintf(buf, n, "%s '%s'", kiln_op_name((enum kiln_op)r->op), r->name);
+    else snprintf(buf, n, "%s #%u", kiln_op_name((enum kiln_op)r->op), i);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ backend choice */
+
+static kiln_status pick_backend(kiln_ctx *ctx, const char *name, int *out)
+{
+    if (!name || !*name || strcmp(name, "auto") == 0) {
+        static const int order[] = {KILN_BACKEND_CUDA, KILN_BACKEND_VULKAN, KILN_BACKEND_CPU, KILN_BACKEND_REF};
+        for (size_t i = 0; i < sizeof order / sizeof *order; i++)
+            if (ctx->be_ok[order[i]]) {
+                *out = order[i];
+                return KILN_OK;
+            }
+        return kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "no backend available");
+    }
+    for (int i = 0; i < KILN_BACKEND_COUNT; i++)
+        if (strcmp(name, kiln_backends[i]->name) == 0) {
+            if (!ctx->be_ok[i])
+                return kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "backend '%s' is not available: %s", name, ctx->be_detail[i]);
+            *out = i;
+            return KILN_OK;
+        }
+    return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "unknown backend '%s' (known: ref, cpu, cuda, vulkan, auto)", name);
+}
+
+/* ------------------------------------------------------------------ memory plan */
+
+/* Region index where each root's value is last needed (outputs: forever). */
+static void lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last)
+{
+    const kiln_graph *g = p->g;
+    for (uint32_t i = 0; i < g->n_nodes; i++) first[i] = last[i] = p->fusion.region_of[i];
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        uint32_t r = p->fusion.region_of[i];
+        for (int s = 0; s < g->nodes[i].n_src; s++) {
+            uint32_t src = g->nodes[i].src[s];
+            if (src == KILN_IDX_NONE) continue;
+            uint32_t root = p->root[src];
+            if (r == KILN_IDX_NONE) continue; /* an alias: its readers extend the root below */
+            if (last[root] == KILN_IDX_NONE || last[root] < r) last[root] = r;
+        }
+    }
+    for (uint32_t i = 0; i < g->n_outs; i++) last[p->root[g->outs[i].node]] = UINT32_MAX - 1;
+}
+
+static kiln_status plan_memory(kiln_plan *p)
+{
+    const kiln_graph *g = p->g;
+    uint32_t n = g->n_nodes;
+    int64_t max_syms[64], *maxv = g->n_syms <= 64 ? max_syms : malloc(g->n_syms * sizeof(int64_t));
+    uint32_t *first = malloc((n + 1) * sizeof *first), *last = malloc((n + 1) * sizeof *last);
+    uint32_t *order = malloc((n + 1) * sizeof *order);
+    size_t *size = calloc(n + 1, sizeof *size);
+    kiln_status st = KILN_OK;
+    if (!maxv || !first || !last || !order || !size) { st = KILN_ERR_NOMEM; goto out; }
+    for (uint32_t i = 0; i < g->n_syms; i++) maxv[i] = g->syms[i].max;
+    uint32_t n_order = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const kiln_node_rec *r = &g->nodes[i];
+        int64_t d[KILN_MAX_RANK];
+        kiln_node_numel(r, maxv, d);
+        p->arena_off[i] = SIZE_MAX;
+        if (kiln_op_is_alias((enum kiln_op)r->op)) {
+            p->root[i] = p->root[r->src[0]];
+            p->offset[i] = p->offset[r->src[0]] +
+                           (r->op == KILN_OP_VIEW ? (size_t)r->dim * kiln_dtype_block_bytes((kiln_dtype)r->dtype) : 0);
+            continue;
+        }
+        p->root[i] = i;
+        p->offset[i] = 0;
+        if (r->op == KILN_OP_STATE) {
+            size_t b = kiln_node_bytes(r, d);
+            if (!(p->state_mem[i] = aligned_alloc(ALIGN, (b + ALIGN - 1) / ALIGN * ALIGN))) { st = KILN_ERR_NOMEM; goto out; }
+            memset(p->state_mem[i], 0, b);
+        } else if (r->op != KILN_OP_INPUT && r->op != KILN_OP_WEIGHT) {
+            size[i] = (kiln_node_bytes(r, d) + ALIGN - 1) / ALIGN * ALIGN;
+            order[n_order++] = i;
+        }
+    }
+    lifetimes(p, first, last);
+    /* Greedy: biggest first, lowest offset that overlaps no placed buffer with an overlapping lifetime. */
+    for (uint32_t a = 1; a < n_order; a++)
+        for (uint32_t b = a; b > 0 && size[order[b]] > size[order[b - 1]]; b--) {
+            uint32_t t = order[b]; order[b] = order[b - 1]; order[b - 1] = t;
+        }
+    size_t total = 0;
+    for (uint32_t a = 0; a < n_order; a++) {
+        uint32_t i = order[a];
+        size_t off = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (uint32_t b = 0; b < a; b++) {
+                uint32_t j = order[b];
+                bool live = !(last[i] < first[j] || last[j] < first[i]);
+                if (live && off < p->arena_off[j] + size[j] && p->arena_off[j] < off + size[i]) {
+                    off = p->arena_off[j] + size[j];
+                    moved = true;
+                }
+            }
+        }
+        p->arena_off[i] = off;
+        if (off + size[i] > total) total = off + size[i];
+    }
+    p->arena_bytes = total;
+    if (!(p->arena = aligned_alloc(ALIGN, total ? total : ALIGN))) st = KILN_ERR_NOMEM;
+out:
+    if (maxv != max_syms) free(maxv);
+    free(first); free(last); free(order); free(size);
+    return st;
+}
+
+/* ------------------------------------------------------------------ compile */
+
+KILN_API void kiln_plan_free(kiln_plan *p)
+{
+    if (!p) return;
+    if (p->kernels)
+        for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+            const kiln_backend_i *b = kiln_backends[p->region_be[r]];
+            if (p->kernels[r] && b->kernel_free) b->kernel_free(p->ctx->be_state[p->region_be[r]], p->kernels[r]);
+        }
+    if (p->state_mem && p->g)
+        for (uint32_t i = 0; i < p->g->n_nodes; i++) free(p->state_mem[i]);
+    free(p->arena); free(p->state_mem); free(p->kernels); free(p->region_be);
+    free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
+    kiln_fusion_free(&p->fusion);
+    kiln_graph_free(p->g);
+    free(p);
+}
+
+static kiln_status compile_regions(kiln_plan *p)
+{
+    char err[1024] = "";
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        const kiln_region *reg = &p->fusion.regions[r];
+        int be = p->backend;
+        if (kiln_backends[be]->supports && !kiln_backends[be]->supports(p->ctx->be_state[be], p->g, reg))
+            be = p->ctx->be_ok[KILN_BACKEND_CPU] ? KILN_BACKEND_CPU : KILN_BACKEND_REF;
+        if (kiln_backends[be]->supports && !kiln_backends[be]->supports(p->ctx->be_state[be], p->g, reg))
+            be = KILN_BACKEND_REF;
+        p->region_be[r] = (uint8_t)be;
+        const kiln_backend_i *b = kiln_backends[be];
+        if (!b->compile) continue;
+        kiln_status s = b->compile(p->ctx->be_state[be], p->g, reg, &p->kernels[r], err, sizeof err);
+        if (s != KILN_OK) {
+            char lab[300];
+            return kiln_ctx_fail(p->ctx, s, "%s: compiling region %u (%s): %s", b->name, r,
+                                 node_label(p->g, reg->anchor, lab, sizeof lab), err);
+        }
+    }
+    return KILN_OK;
+}
+
+KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
+                                  kiln_plan **out)
+{
+    if (!ctx || !g || !out) return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "kiln_compile: NULL argument");
+    *out = NULL;
+    double t0 = now_ms();
+    if (g->status != KILN_OK) return kiln_ctx_fail(ctx, g->status, "graph has an error: %s", g->error);
+    if (g->n_outs == 0) return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "graph has no outputs (mark some with kiln_output)");
+    int be = KILN_BACKEND_REF;
+    kiln_status s = pick_backend(ctx, opts ? opts->backend : NULL, &be);
+    if (s != KILN_OK) return s;
+    kiln_plan *p = calloc(1, sizeof *p);
+    if (!p) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
+    p->ctx = ctx;
+    p->backend = be;
+    if (!(p->g = kiln_graph_clone(g))) goto oom;
+    uint32_t n = g->n_nodes ? g->n_nodes : 1;
+    if ((s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
+    uint32_t nr = p->fusion.n_regions ? p->fusion.n_regions : 1;
+    p->region_be = calloc(nr, 1);
+    p->kernels = calloc(nr, sizeof *p->kernels);
+    p->root = malloc(n * sizeof *p->root);
+    p->offset = malloc(n * sizeof *p->offset);
+    p->arena_off = malloc(n * sizeof *p->arena_off);
+    p->state_mem = calloc(n, sizeof *p->state_mem);
+    p->bufs = calloc(n, sizeof *p->bufs);
+    p->dims = calloc(n, sizeof *p->dims);
+    p->sym_vals = calloc(g->n_syms ? g->n_syms : 1, sizeof *p->sym_vals);
+    if (!p->region_be || !p->kernels || !p->root || !p->offset || !p->arena_off || !p->state_mem || !p->bufs ||
+        !p->dims || !p->sym_vals)
+        goto oom;
+    if ((s = plan_memory(p)) != KILN_OK) goto fail;
+    for (uint32_t i = 0; i < g->n_syms; i++) p->sym_vals[i] = g->syms[i].max;
+    for (uint32_t i = 0; i < g->n_nodes; i++) kiln_node_numel(&p->g->nodes[i], p->sym_vals, p->dims[i]);
+    if ((s = compile_regions(p)) != KILN_OK) {
+        kiln_plan_free(p);
+        return s;
+    }
+    p->compile_ms = now_ms() - t0;
+    ctx->error[0] = 0;
+    *out = p;
+    return KILN_OK;
+oom:
+    s = KILN_ERR_NOMEM;
+fail:
+    kiln_plan_free(p);
+    return kiln_ctx_fail(ctx, s, "kiln_compile: %s", s == KILN_ERR_NOMEM ? "out of memory" : kiln_status_str(s));
+}
+
+/* ------------------------------------------------------------------ run */
+
+/* Matches bindings to symbols, inputs and outputs; checks kinds, sizes, duplicates, completeness. */
+static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding **out_bind)
+{
+    const kiln_graph *g = p->g;
+    kiln_ctx *ctx = p->ctx;
+    bool *sym_set = calloc(g->n_syms + 1, 1);
+    if (!sym_set) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
+    kiln_status s = KILN_OK;
+    for (uint32_t i = 0; i < g->n_nodes; i++) p->bufs[i] = NULL;
+    for (size_t k = 0; k < nb && s == KILN_OK; k++) {
+        const char *name = b[k].name;
+        uint32_t idx;
+        if (!name) { s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "binding %zu has no name", k); break; }
+        if ((idx = kiln_graph_find_sym(g, name)) != KILN_IDX_NONE) {
+            if (sym_set[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "symbol '%s' bound twice", name);
+            else if (b[k].value < 1 || b[k].value > g->syms[idx].max)
+                s = kiln_ctx_fail(ctx, KILN_ERR_SYMBOL, "symbol '%s' = %lld is out of its bounds [1, %lld]", name,
+                                  (long long)b[k].value, (long long)g->syms[idx].max);
+            sym_set[idx] = true;
+            p->sym_vals[idx] = b[k].value;
+        } else if ((idx = kiln_graph_find_leaf(g, name)) != KILN_IDX_NONE && g->nodes[idx].op == KILN_OP_INPUT) {
+            if (p->bufs[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound twice", name);
+            else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound with NULL data", name);
+            p->bufs[idx] = b[k].data;
+        } else if ((idx = kiln_graph_find_output(g, name)) != KILN_IDX_NONE) {
+            if (out_bind[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound twice", name);
+            else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound with NULL data", name);
+            out_bind[idx] = &b[k];
+        } else if (kiln_graph_find_leaf(g, name) != KILN_IDX_NONE) {
+            s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "'%s' is a %s, not an input: it cannot be bound at run", name,
+                              kiln_op_name((enum kiln_op)g->nodes[kiln_graph_find_leaf(g, name)].op));
+        } else {
+            s = kiln_ctx_fail(ctx, KILN_ERR_NAME, "binding '%s' names no input, output or symbol of the graph", name);
+        }
+    }
+    for (uint32_t i = 0; s == KILN_OK && i < g->n_syms; i++)
+        if (!sym_set[i]) s = kiln_ctx_fail(ctx, KILN_ERR_SYMBOL, "symbol '%s' is not bound", g->syms[i].name);
+    free(sym_set);
+    return s;
+}
+
+/* Resolves dims and data pointers of every node for this run and checks input/output sizes. */
+static kiln_status resolve(kiln_plan *p, const kiln_binding *const *out_bind, const kiln_binding *b, size_t nb)
+{
+    const kiln_graph *g = p->g;
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        const kiln_node_rec *r = &g->nodes[i];
+        kiln_node_numel(r, p->sym_vals, p->dims[i]);
+        if (r->op == KILN_OP_INPUT) {
+            if (!p->bufs[i]) return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "input '%s' is not bound", r->name);
+            size_t want = kiln_node_bytes(r, p->dims[i]);
+            for (size_t k = 0; k < nb; k++)
+                if (b[k].name && strcmp(b[k].name, r->name) == 0 && b[k].bytes != want) {
+                    char ds[160];
+                    return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "input '%s' %s %s needs %zu bytes, got %zu", r->name,
+                                         kiln_dtype_name((kiln_dtype)r->dtype),
+                                         kiln_graph_dims_str(g, r->rank, r->dims, ds, sizeof ds), want, b[k].bytes);
+                }
+        } else if (r->op == KILN_OP_WEIGHT) {
+            p->bufs[i] = (void *)r->data;
+        } else if (r->op == KILN_OP_STATE) {
+            p->bufs[i] = p->state_mem[i];
+        } else if (p->root[i] != i) {
+            p->bufs[i] = (unsigned char *)p->bufs[p->root[i]] + p->offset[i];
+        } else {
+            p->bufs[i] = p->arena + p->arena_off[i];
+        }
+    }
+    for (uint32_t o = 0; o < g->n_outs; o++) {
+        uint32_t i = g->outs[o].node;
+        size_t want = kiln_node_bytes(&g->nodes[i], p->dims[i]);
+        if (out_bind[o] && out_bind[o]->bytes < want)
+            return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "output '%s' needs %zu bytes, the binding holds %zu",
+                                 g->outs[o].name, want, out_bind[o]->bytes);
+    }
+    return KILN_OK;
+}
+
+KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
+{
+    if (!p) return KILN_ERR_INVALID_ARG;
+    if (nb && !b) return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "kiln_run: bindings is NULL but n = %zu", nb);
+    const kiln_graph *g = p->g;
+    const kiln_binding **out_bind = calloc(g->n_outs + 1, sizeof *out_bind);
+    if (!out_bind) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+    p->ran = false;
+    kiln_status s = bind(p, b, nb, out_bind);
+    if (s == KILN_OK) s = resolve(p, out_bind, b, nb);
+    kiln_exec_view v = {.g = g, .bufs = p->bufs, .dims = (const int64_t(*)[KILN_MAX_RANK])p->dims, .sym_vals = p->sym_vals};
+    char err[1024];
+    for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) {
+        int be = p->region_be[r];
+        err[0] = 0;
+        s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], &p->fusion.regions[r], &v, err, sizeof err);
+        if (s != KILN_OK) {
+            char lab[300];
+            kiln_ctx_fail(p->ctx, s, "%s: region %u (%s): %s", kiln_backends[be]->name, r,
+                          node_label(g, p->fusion.regions[r].anchor, lab, sizeof lab), err);
+        }
+    }
+    for (uint32_t o = 0; s == KILN_OK && o < g->n_outs; o++) {
+        uint32_t i = g->outs[o].node;
+        if (out_bind[o]) memcpy(out_bind[o]->data, p->bufs[i], kiln_node_bytes(&g->nodes[i], p->dims[i]));
+    }
+    free(out_bind);
+    if (s == KILN_OK) {
+        p->ran = true;
+        p->ctx->error[0] = 0;
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------------ inspection */
+
+static uint32_t find_named(const kiln_plan *p, const char *name)
+{
+    uint32_t i = kiln_graph_find_output(p->g, name);
+    if (i != KILN_IDX_NONE) return p->g->outs[i].node;
+    return kiln_graph_find_leaf(p->g, name);
+}
+
+KILN_API kiln_status kiln_plan_tensor(const kiln_plan *p, const char *name, kiln_tensor_info *out)
+{
+    if (!p || !name || !out) return KILN_ERR_INVALID_ARG;
+    uint32_t i = find_named(p, name);
+    if (i == KILN_IDX_NONE) return kiln_ctx_fail(p->ctx, KILN_ERR_NAME, "no input, output or state named '%s'", name);
+    const kiln_node_rec *r = &p->g->nodes[i];
+    out->t = (kiln_dtype)r->dtype;
+    out->rank = r->rank;
+    memcpy(out->dims, p->dims[i], sizeof out->dims);
+    out->bytes = kiln_node_bytes(r, p->dims[i]);
+    return KILN_OK;
+}
+
+KILN_API kiln_status kiln_plan_read(const kiln_plan *p, const char *name, void *dst, size_t bytes)
+{
+    if (!p || !name || !dst) return KILN_ERR_INVALID_ARG;
+    uint32_t o = kiln_graph_find_output(p->g, name);
+    if (o == KILN_IDX_NONE) return kiln_ctx_fail(p->ctx, KILN_ERR_NAME, "no output named '%s'", name);
+    if (!p->ran) return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "output '%s': the plan has not run successfully", name);
+    uint32_t i = p->g->outs[o].node;
+    size_t want = kiln_node_bytes(&p->g->nodes[i], p->dims[i]);
+    if (bytes < want) return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "output '%s' needs %zu bytes, got %zu", name, want, bytes);
+    memcpy(dst, p->bufs[i], want);
+    return KILN_OK;
+}
+
+static kiln_status state_of(const kiln_plan *p, const char *name, size_t bytes, uint32_t *out)
+{
+    uint32_t i = kiln_graph_find_leaf(p->g, name);
+    if (i == KILN_IDX_NONE || p->g->nodes[i].op != KILN_OP_STATE)
+        return kiln_ctx_fail(p->ctx, KILN_ERR_NAME, "no state named '%s'", name);
+    size_t want = kiln_node_bytes(&p->g->nodes[i], p->dims[i]);
+    if (bytes != want) return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "state '%s' has %zu bytes, got %zu", name, want, bytes);
+    *out = i;
+    return KILN_OK;
+}
+
+KILN_API kiln_status kiln_plan_state_read(const kiln_plan *p, const char *name, void *dst, size_t bytes)
+{
+    if (!p || !name || !dst) return KILN_ERR_INVALID_ARG;
+    uint32_t i;
+    kiln_status s = state_of(p, name, bytes, &i);
+    if (s == KILN_OK) memcpy(dst, p->state_mem[i], bytes);
+    return s;
+}
+
+KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const void *src, size_t bytes)
+{
+    if (!p || !name || !src) return KILN_ERR_INVALID_ARG;
+    uint32_t i;
+    kiln_status s = state_of(p, name, bytes, &i);
+    if (s == KILN_OK) memcpy(p->state_mem[i], src, bytes);
+    return s;
+}
+
+KILN_API const char *kiln_plan_backend(const kiln_plan *p) { return p ? kiln_backends[p->backend]->name : "?"; }
+KILN_API int kiln_plan_kernel_count(const kiln_plan *p) { return p ? (int)p->fusion.n_regions : 0; }
