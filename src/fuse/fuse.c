@@ -120,6 +120,22 @@ kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *g
     return KILN_OK;
 }
 
+/* Every operand from outside a region must come from an earlier region (or a leaf). */
+static bool regions_ordered(const kiln_graph *g, const kiln_fusion *f)
+{
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        uint32_t r = f->region_of[i];
+        if (r == KILN_IDX_NONE) continue;
+        for (int s = 0; s < g->nodes[i].n_src; s++) {
+            uint32_t p = g->nodes[i].src[s];
+            while (p != KILN_IDX_NONE && f->region_of[p] == KILN_IDX_NONE && kiln_op_is_alias((enum kiln_op)g->nodes[p].op))
+                p = g->nodes[p].src[0];
+            if (p != KILN_IDX_NONE && f->region_of[p] != KILN_IDX_NONE && f->region_of[p] > r) return false;
+        }
+    }
+    return true;
+}
+
 kiln_status kiln_fuse(const kiln_graph *g, bool fuse, kiln_fusion *out)
 {
     uint32_t n = g->n_nodes;
@@ -137,6 +153,15 @@ kiln_status kiln_fuse(const kiln_graph *g, bool fuse, kiln_fusion *out)
     }
     if (fuse) kiln_fuse_apply_rules(g, group, anchor_of);
     kiln_status s = kiln_fuse_regions_from_groups(g, group, anchor_of, out);
+    if (s == KILN_OK && fuse && !regions_ordered(g, out)) {
+        /* A rule made a region that needs a later one: a bug in a rule, never a wrong answer. */
+        kiln_fusion_free(out);
+        for (uint32_t i = 0; i < n; i++) {
+            group[i] = kiln_fuse_kind_of((enum kiln_op)g->nodes[i].op) != KILN_REGION_NONE ? i : KILN_IDX_NONE;
+            anchor_of[i] = i;
+        }
+        s = kiln_fuse_regions_from_groups(g, group, anchor_of, out);
+    }
     free(group);
     free(anchor_of);
     return s;

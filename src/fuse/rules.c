@@ -1,4 +1,176 @@
-/* Fusion rules (DESIGN.md, Fusion): filled in by the fusion work; until then no node merges. */
+/* Fusion rules (DESIGN.md, Fusion), applied in one topological pass over a const graph:
+ *  1. an elementwise op joins the region of its operand when it is that operand's only reader
+ *     and has its shape (chains merge; epilogues of any anchor);
+ *  2. rms_norm read only by matmuls (as x) becomes their prologue;
+ *  3. matmuls reading the same x merge into one multi-output region (Q/K/V, gate/up), up to 4;
+ *  4. matmul epilogues: residual add and swiglu (via 1), rope on a reshaped Q/K, kv_scatter of
+ *     the roped K or the reshaped V;
+ * Every merge keeps regions convex: all operands from outside a region are ready before it.
+ * Rule 5 (attention written as separate ops) is not recognized yet. */
 #include "fuse/fuse.h"
 
-void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of) {}
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SIBLINGS 4
+
+typedef struct fuse_state {
+    const kiln_graph *g;      /* graph */
+    uint32_t         *group;  /* group id of each node (KILN_IDX_NONE: no kernel) */
+    uint32_t         *anchor; /* anchor_of[gid] */
+    uint32_t         *first;  /* first[gid]: smallest member index */
+    uint32_t         *last;   /* last[gid]: largest member index */
+    uint32_t         *n_mm;   /* n_mm[gid]: matmuls in the group */
+    uint32_t         *readers;/* readers[i]: how many operand slots (and outputs) read node i */
+} fuse_state;
+
+static bool is_map(uint8_t op)
+{
+    return kiln_fuse_kind_of((enum kiln_op)op) == KILN_REGION_MAP;
+}
+
+/* Follows reshape/view to the node that produced the data. */
+static uint32_t producer(const kiln_graph *g, uint32_t s)
+{
+    while (s != KILN_IDX_NONE && (g->nodes[s].op == KILN_OP_RESHAPE || g->nodes[s].op == KILN_OP_VIEW))
+        s = g->nodes[s].src[0];
+    return s;
+}
+
+/* True when s is available before group G starts: a leaf, or from a group entirely before G. */
+static bool ready_before(const fuse_state *f, uint32_t s, uint32_t gid)
+{
+    s = producer(f->g, s);
+    if (s == KILN_IDX_NONE || f->group[s] == KILN_IDX_NONE) return true;
+    uint32_t h = f->group[s];
+    return h != gid && f->last[h] < f->first[gid];
+}
+
+static void merge(fuse_state *f, uint32_t from, uint32_t into)
+{
+    if (from == into) return;
+    for (uint32_t i = 0; i < f->g->n_nodes; i++)
+        if (f->group[i] == from) f->group[i] = into;
+    if (f->first[from] < f->first[into]) f->first[into] = f->first[from];
+    if (f->last[from] > f->last[into]) f->last[into] = f->last[from];
+    f->n_mm[into] += f->n_mm[from];
+    /* The anchor stays the one of `into` unless `into` is a map and `from` has a stronger anchor. */
+    if (is_map(f->g->nodes[f->anchor[into]].op) && !is_map(f->g->nodes[f->anchor[from]].op))
+        f->anchor[into] = f->anchor[from];
+}
+
+/* Adds node i (its own singleton group) to group gid when all its other operands are ready. */
+static bool join(fuse_state *f, uint32_t i, uint32_t gid)
+{
+    const kiln_node_rec *n = &f->g->nodes[i];
+    for (int s = 0; s < n->n_src; s++) {
+        uint32_t src = n->src[s];
+        if (src == KILN_IDX_NONE) continue;
+        uint32_t p = producer(f->g, src);
+        if (p != KILN_IDX_NONE && f->group[p] == gid) continue;
+        if (!ready_before(f, src, gid)) return false;
+    }
+    f->last[gid] = i > f->last[gid] ? i : f->last[gid];
+    merge(f, f->group[i], gid);
+    return true;
+}
+
+static bool same_dims(const kiln_node_rec *a, const kiln_node_rec *b)
+{
+    return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+}
+
+/* Rule 1/4: elementwise op i joins the group of an operand it alone reads. */
+static void rule_epilogue(fuse_state *f, uint32_t i)
+{
+    const kiln_node_rec *n = &f->g->nodes[i];
+    for (int s = 0; s < n->n_src; s++) {
+        uint32_t src = n->src[s];
+        if (src == KILN_IDX_NONE || f->group[src] == KILN_IDX_NONE || f->readers[src] != 1) continue;
+        const kiln_node_rec *m = &f->g->nodes[src];
+        if (!same_dims(m, n)) continue;
+        if (m->op != KILN_OP_MATMUL && !is_map(m->op)) continue; /* rows/attention epilogues: not yet */
+        uint32_t gid = f->group[src];
+        if (n->op == KILN_OP_SWIGLU) { /* both halves must come from the same group */
+            uint32_t other = n->src[1 - s];
+            if (f->group[other] != gid || f->readers[other] != 1) continue;
+        }
+        if (join(f, i, gid)) return;
+    }
+}
+
+/* Rule 2/3: matmul i merges with an earlier sibling reading the same x, and absorbs an rms_norm x. */
+static void rule_matmul(fuse_state *f, uint32_t i)
+{
+    const kiln_graph *g = f->g;
+    const kiln_node_rec *n = &g->nodes[i];
+    if (g->nodes[n->src[1]].op != KILN_OP_WEIGHT) return;
+    uint32_t x = n->src[0];
+    for (uint32_t j = 0; j < i; j++) {
+        const kiln_node_rec *m = &g->nodes[j];
+        if (m->op != KILN_OP_MATMUL || m->src[0] != x || f->group[j] == i) continue;
+        uint32_t gid = f->group[j];
+        if (g->nodes[m->src[1]].op != KILN_OP_WEIGHT || f->n_mm[gid] >= MAX_SIBLINGS) continue;
+        if (join(f, i, gid)) return;
+    }
+    /* No sibling: an rms_norm x read only by matmuls becomes the prologue. */
+    const kiln_node_rec *xn = &g->nodes[x];
+    if (xn->op != KILN_OP_RMS_NORM || f->group[x] != x) return;
+    uint32_t mm_readers = 0;
+    for (uint32_t j = x + 1; j < g->n_nodes; j++)
+        for (int s = 0; s < g->nodes[j].n_src; s++)
+            if (g->nodes[j].src[s] == x) mm_readers += g->nodes[j].op == KILN_OP_MATMUL && s == 0;
+    if (mm_readers != f->readers[x]) return;
+    uint32_t gid = f->group[i];
+    if (join(f, x, gid)) f->anchor[gid] = i;
+}
+
+/* Rule 4: rope of a reshaped matmul output, and kv_scatter of such a rope or reshaped matmul. */
+static void rule_rope_scatter(fuse_state *f, uint32_t i)
+{
+    const kiln_graph *g = f->g;
+    const kiln_node_rec *n = &g->nodes[i];
+    uint32_t src = n->op == KILN_OP_ROPE ? n->src[0] : n->src[1];
+    /* Each link of the chain (matmul -> reshape -> [rope] -> here) must have this node as only reader. */
+    for (uint32_t s = src; s != KILN_IDX_NONE;) {
+        if (f->readers[s] != 1) return;
+        const kiln_node_rec *m = &g->nodes[s];
+        if (m->op == KILN_OP_RESHAPE) { s = m->src[0]; continue; }
+        if (m->op == KILN_OP_ROPE && n->op == KILN_OP_KV_SCATTER && f->group[s] != s) {
+            join(f, i, f->group[s]);
+            return;
+        }
+        if (m->op == KILN_OP_MATMUL) join(f, i, f->group[s]);
+        return;
+    }
+}
+
+void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of)
+{
+    uint32_t n = g->n_nodes;
+    fuse_state f = {.g = g, .group = group, .anchor = anchor_of};
+    f.first = malloc((n + 1) * sizeof *f.first);
+    f.last = malloc((n + 1) * sizeof *f.last);
+    f.n_mm = malloc((n + 1) * sizeof *f.n_mm);
+    f.readers = calloc(n + 1, sizeof *f.readers);
+    if (!f.first || !f.last || !f.n_mm || !f.readers) goto out; /* out of memory: leave it unfused */
+    for (uint32_t i = 0; i < n; i++) {
+        f.first[i] = f.last[i] = i;
+        f.n_mm[i] = g->nodes[i].op == KILN_OP_MATMUL;
+        for (int s = 0; s < g->nodes[i].n_src; s++)
+            if (g->nodes[i].src[s] != KILN_IDX_NONE) f.readers[g->nodes[i].src[s]]++;
+    }
+    for (uint32_t o = 0; o < g->n_outs; o++) f.readers[g->outs[o].node]++;
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t op = g->nodes[i].op;
+        if (group[i] == KILN_IDX_NONE) continue;
+        if (op == KILN_OP_MATMUL) rule_matmul(&f, i);
+        else if (is_map(op)) rule_epilogue(&f, i);
+        else if (op == KILN_OP_ROPE || op == KILN_OP_KV_SCATTER) rule_rope_scatter(&f, i);
+    }
+out:
+    free(f.first);
+    free(f.last);
+    free(f.n_mm);
+    free(f.readers);
+}

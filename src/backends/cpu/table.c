@@ -1,26 +1,288 @@
-/* The CPU backend's table (owned by the lead; the kernels it calls live beside it). */
+/* The CPU backend: maps fused regions onto the SIMD kernels. A matmul region's rms_norm prologue,
+ * sibling matmuls, residual add and swiglu run as one kiln_cpu_matmul pass (weights read once);
+ * its rope and kv_scatter epilogues then run on the small outputs; attention, norms, softmax and
+ * rope have SIMD/threaded kernels; every other op runs through the reference kernels. */
+#include "backends/cpu/cpu.h"
 #include "sched/backend.h"
+#include "sched/ctx.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_state {
+    kiln_cpu_pool    *pool; /* persistent threads */
+    enum kiln_cpu_isa isa;  /* dispatch target */
+} cpu_state;
+
+/* A compiled matmul region: which nodes the fused kernel covers; the rest run one by one after. */
+struct kiln_kernel {
+    bool     fused;        /* the region's matmul part runs as one kiln_cpu_matmul */
+    uint32_t norm;         /* rms_norm prologue node, or KILN_IDX_NONE */
+    bool     norm_out;     /* the normalized x is also read outside: store it */
+    int      n_mm;         /* matmuls */
+    uint32_t mm[4];        /* matmul nodes (out j) */
+    uint32_t dst[4];       /* node whose buffer receives out j (the matmul, its residual add, or the swiglu) */
+    uint32_t resid[4];     /* residual operand node of out j, or KILN_IDX_NONE */
+    bool     swiglu;       /* out 0 = silu(mm0) * mm1 */
+    uint32_t n_rest;       /* nodes not covered, run in order after the fused part */
+    uint32_t rest[];       /* those nodes */
+};
 
 static kiln_status cpu_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
 {
-    *state = NULL;
-    snprintf(detail, n, "SIMD backend not wired yet");
-    return KILN_ERR_UNSUPPORTED;
+    cpu_state *s = calloc(1, sizeof *s);
+    if (!s) return KILN_ERR_NOMEM;
+    s->isa = kiln_cpu_isa_detect();
+    kiln_status st = kiln_cpu_pool_new(ctx->opts.n_threads, &s->pool);
+    if (st != KILN_OK) {
+        free(s);
+        snprintf(detail, n, "could not start the thread pool");
+        return st;
+    }
+    snprintf(detail, n, "%s%s, %d threads", kiln_cpu_isa_name(s->isa),
+             s->isa == KILN_CPU_ISA_AVX512 && kiln_cpu_has_vnni() ? "+vnni" : "", kiln_cpu_pool_threads(s->pool));
+    *state = s;
+    return KILN_OK;
 }
 
-static void cpu_release(void *state) {}
+static void cpu_release(void *state)
+{
+    cpu_state *s = state;
+    if (!s) return;
+    kiln_cpu_pool_free(s->pool);
+    free(s);
+}
+
+static bool cpu_supports(void *state, const kiln_graph *g, const kiln_region *r) { return true; }
+
+static void cpu_profile(void *state, kiln_device_profile *out)
+{
+    /* Defaults for a 2-core AVX-512 machine; `kiln calibrate` measures and overrides them. */
+    *out = (kiln_device_profile){.mem_bw = 40e9, .launch_s = 2e-6};
+    for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = 150e9;
+}
+
+static bool in_region(const kiln_region *r, uint32_t node)
+{
+    for (uint32_t i = 0; i < r->n_nodes; i++)
+        if (r->nodes[i] == node) return true;
+    return false;
+}
+
+static bool is_out(const kiln_region *r, uint32_t node)
+{
+    for (uint32_t i = 0; i < r->n_outs; i++)
+        if (r->outs[i] == node) return true;
+    return false;
+}
+
+/* Operand slots inside region r that read node (aliases are outside any region, so a reshape
+ * reading node counts as a reader only through is_out). */
+static int readers_in(const kiln_graph *g, const kiln_region *r, uint32_t node)
+{
+    int c = 0;
+    for (uint32_t i = 0; i < r->n_nodes; i++)
+        for (int s = 0; s < g->nodes[r->nodes[i]].n_src; s++) c += g->nodes[r->nodes[i]].src[s] == node;
+    return c;
+}
+
+static bool mm_dtype_ok(uint8_t t) { return t != KILN_DTYPE_I32 && t < KILN_DTYPE_COUNT; }
+
+/* Finds the matmuls, the shared x (maybe an rms_norm in the region) and the residual/swiglu
+ * epilogues the fused kernel can take. Returns false when the region does not fit the kernel. */
+static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_kernel *k, bool *covered)
+{
+    uint32_t x = KILN_IDX_NONE;
+    k->norm = KILN_IDX_NONE;
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
+        if (n->op != KILN_OP_MATMUL) continue;
+        if (k->n_mm == 4 || (x != KILN_IDX_NONE && n->src[0] != x) || !mm_dtype_ok(g->nodes[n->src[1]].dtype)) return false;
+        x = n->src[0];
+        k->mm[k->n_mm] = k->dst[k->n_mm] = r->nodes[i];
+        k->resid[k->n_mm++] = KILN_IDX_NONE;
+        covered[i] = true;
+    }
+    if (k->n_mm == 0) return false;
+    const kiln_node_rec *xn = &g->nodes[x];
+    if (xn->op == KILN_OP_RMS_NORM && in_region(r, x)) {
+        const kiln_node_rec *src = &g->nodes[xn->src[0]];
+        if (src->dtype != KILN_DTYPE_F32) return false;
+        if (xn->src[1] != KILN_IDX_NONE && g->nodes[xn->src[1]].dtype != KILN_DTYPE_F32) return false;
+        k->norm = x;
+        k->norm_out = is_out(r, x);
+        for (uint32_t i = 0; i < r->n_nodes; i++) covered[i] |= r->nodes[i] == x;
+    } else if (xn->dtype != KILN_DTYPE_F32 || in_region(r, x)) {
+        return false;
+    }
+    /* Epilogues: residual add on an out (matmul read only by that add), swiglu of outs 0 and 1. */
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
+        for (int j = 0; j < k->n_mm && !covered[i]; j++) {
+            if (n->op == KILN_OP_ADD && n->dtype == KILN_DTYPE_F32 && k->resid[j] == KILN_IDX_NONE &&
+                !is_out(r, k->dst[j]) && readers_in(g, r, k->dst[j]) == 1 && (n->src[0] == k->dst[j]) != (n->src[1] == k->dst[j]) &&
+                g->nodes[n->src[0]].rank == g->nodes[n->src[1]].rank) {
+                uint32_t other = n->src[0] == k->dst[j] ? n->src[1] : n->src[0];
+                if (in_region(r, other)) continue;
+                k->resid[j] = other;
+                k->dst[j] = r->nodes[i];
+                covered[i] = true;
+            } else if (n->op == KILN_OP_SWIGLU && j == 0 && k->n_mm == 2 && !k->swiglu && n->src[0] == k->dst[0] &&
+                       n->src[1] == k->dst[1] && k->resid[0] == KILN_IDX_NONE && k->resid[1] == KILN_IDX_NONE &&
+                       !is_out(r, k->mm[0]) && !is_out(r, k->mm[1]) && readers_in(g, r, k->mm[0]) == 1 &&
+                       readers_in(g, r, k->mm[1]) == 1) {
+                k->swiglu = true;
+                k->dst[0] = r->nodes[i];
+                covered[i] = true;
+            }
+        }
+    }
+    return true;
+}
+
+static kiln_status cpu_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out,
+                               char *err, size_t n_err)
+{
+    struct kiln_kernel *k = calloc(1, sizeof *k + r->n_nodes * sizeof(uint32_t));
+    bool *covered = calloc(r->n_nodes + 1, sizeof *covered);
+    if (!k || !covered) {
+        free(k);
+        free(covered);
+        snprintf(err, n_err, "out of memory");
+        return KILN_ERR_NOMEM;
+    }
+    if (r->kind == KILN_REGION_MATMUL) k->fused = plan_fused(g, r, k, covered);
+    if (!k->fused) {
+        memset(covered, 0, r->n_nodes * sizeof *covered);
+        k->n_mm = 0;
+    }
+    for (uint32_t i = 0; i < r->n_nodes; i++)
+        if (!covered[i]) k->rest[k->n_rest++] = r->nodes[i];
+    free(covered);
+    *out = k;
+    return KILN_OK;
+}
+
+static void cpu_kernel_free(void *state, kiln_kernel *k) { free(k); }
+
+static int64_t rows_of(const kiln_exec_view *v, uint32_t node, int64_t *last)
+{
+    const kiln_node_rec *n = &v->g->nodes[node];
+    int64_t rows = 1;
+    for (int i = 0; i + 1 < n->rank; i++) rows *= v->dims[node][i];
+    *last = v->dims[node][n->rank - 1];
+    return rows;
+}
+
+static kiln_status run_fused(cpu_state *s, const struct kiln_kernel *k, const kiln_exec_view *v)
+{
+    const kiln_graph *g = v->g;
+    const kiln_node_rec *m0 = &g->nodes[k->mm[0]];
+    uint32_t x = k->norm != KILN_IDX_NONE ? g->nodes[k->norm].src[0] : m0->src[0];
+    kiln_cpu_mm mm = {.x = v->bufs[x], .n_out = k->n_mm, .swiglu = k->swiglu};
+    mm.m = rows_of(v, x, &mm.k);
+    if (k->norm != KILN_IDX_NONE) {
+        const kiln_node_rec *nn = &g->nodes[k->norm];
+        mm.norm = true;
+        mm.eps = nn->f[0];
+        mm.norm_w = nn->src[1] != KILN_IDX_NONE ? v->bufs[nn->src[1]] : NULL;
+        if (k->norm_out) kiln_cpu_rms_norm(mm.x, mm.norm_w, mm.eps, mm.m, mm.k, v->bufs[k->norm]);
+    }
+    for (int j = 0; j < k->n_mm; j++) {
+        uint32_t w = g->nodes[k->mm[j]].src[1];
+        mm.out[j] = (kiln_cpu_mm_out){.w = v->bufs[w], .wt = (kiln_dtype)g->nodes[w].dtype, .n = v->dims[w][0],
+                                      .y = v->bufs[k->dst[j]],
+                                      .residual = k->resid[j] != KILN_IDX_NONE ? v->bufs[k->resid[j]] : NULL};
+    }
+    if (k->swiglu) mm.out[1].y = NULL;
+    return kiln_cpu_matmul(s->pool, s->isa, &mm);
+}
+
+/* One op with a SIMD kernel where there is one for its dtypes, else the reference kernel. */
+static kiln_status run_node(cpu_state *s, const kiln_exec_view *v, uint32_t idx, char *err, size_t n_err)
+{
+    const kiln_graph *g = v->g;
+    const kiln_node_rec *n = &g->nodes[idx];
+    const kiln_node_rec *a = n->n_src ? &g->nodes[n->src[0]] : NULL;
+    int64_t d = 0, rows = n->rank ? rows_of(v, idx, &d) : 0;
+    switch (n->op) {
+    case KILN_OP_ATTENTION: {
+        const kiln_node_rec *kc = &g->nodes[n->src[1]];
+        if (a->dtype != KILN_DTYPE_F32 || (kc->dtype != KILN_DTYPE_F32 && kc->dtype != KILN_DTYPE_F16)) break;
+        int64_t n_kv = kiln_dim_is_sym(n->dim) ? v->sym_vals[kiln_sym_index(n->dim)] : n->dim;
+        const int64_t *qd = v->dims[n->src[0]], *cd = v->dims[n->src[1]];
+        if (n_kv < 1 || n_kv > cd[1] || qd[0] > n_kv) break; /* the reference kernel reports it */
+        return kiln_cpu_attention(s->pool, s->isa, v->bufs[n->src[0]], qd[0], qd[1], qd[2], v->bufs[n->src[1]],
+                                  v->bufs[n->src[2]], (kiln_dtype)kc->dtype, cd[0], cd[1], n_kv, n->f[0], v->bufs[idx]);
+    }
+    case KILN_OP_RMS_NORM:
+        if (a->dtype != KILN_DTYPE_F32 || (n->src[1] != KILN_IDX_NONE && g->nodes[n->src[1]].dtype != KILN_DTYPE_F32)) break;
+        kiln_cpu_rms_norm(v->bufs[n->src[0]], n->src[1] != KILN_IDX_NONE ? v->bufs[n->src[1]] : NULL, n->f[0], rows, d,
+                          v->bufs[idx]);
+        return KILN_OK;
+    case KILN_OP_SOFTMAX:
+        if (a->dtype != KILN_DTYPE_F32) break;
+        kiln_cpu_softmax(v->bufs[n->src[0]], rows, d, v->bufs[idx]);
+        return KILN_OK;
+    case KILN_OP_ROPE: {
+        if (a->dtype != KILN_DTYPE_F32) break;
+        const int64_t *xd = v->dims[idx];
+        size_t bytes = (size_t)(xd[0] * xd[1] * xd[2]) * sizeof(float);
+        if (v->bufs[idx] != v->bufs[n->src[0]]) memcpy(v->bufs[idx], v->bufs[n->src[0]], bytes);
+        kiln_cpu_rope(v->bufs[idx], v->bufs[n->src[1]], xd[0], xd[1], xd[2], n->i[0], n->f[0]);
+        return KILN_OK;
+    }
+    case KILN_OP_MATMUL: {
+        const kiln_node_rec *w = &g->nodes[n->src[1]];
+        if (a->dtype != KILN_DTYPE_F32 || !mm_dtype_ok(w->dtype)) break;
+        kiln_cpu_mm mm = {.x = v->bufs[n->src[0]], .n_out = 1};
+        mm.m = rows_of(v, n->src[0], &mm.k);
+        mm.out[0] = (kiln_cpu_mm_out){.w = v->bufs[n->src[1]], .wt = (kiln_dtype)w->dtype,
+                                      .n = v->dims[n->src[1]][0], .y = v->bufs[idx]};
+        return kiln_cpu_matmul(s->pool, s->isa, &mm);
+    }
+    default:
+        break;
+    }
+    return kiln_ref_exec(v, idx, err, n_err);
+}
 
 static kiln_status cpu_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                               char *err, size_t n_err)
 {
-    snprintf(err, n_err, "cpu backend not available");
-    return KILN_ERR_UNSUPPORTED;
+    cpu_state *s = state;
+    if (k->fused) {
+        kiln_status st = run_fused(s, k, v);
+        if (st != KILN_OK) {
+            snprintf(err, n_err, "fused matmul kernel failed: %s", kiln_status_str(st));
+            return st;
+        }
+    }
+    for (uint32_t i = 0; i < k->n_rest; i++) {
+        kiln_status st = run_node(s, v, k->rest[i], err, n_err);
+        if (st != KILN_OK) {
+            if (!err[0]) snprintf(err, n_err, "%s kernel failed: %s", kiln_op_name((enum kiln_op)v->g->nodes[k->rest[i]].op),
+                                  kiln_status_str(st));
+            return st;
+        }
+    }
+    return KILN_OK;
 }
 
 const kiln_backend_i kiln_backend_cpu = {
-    .name = "cpu", .probe = cpu_probe, .release = cpu_release, .launch = cpu_launch,
+    .name = "cpu",
+    .probe = cpu_probe,
+    .release = cpu_release,
+    .supports = cpu_supports,
+    .profile = cpu_profile,
+    .compile = cpu_compile,
+    .kernel_free = cpu_kernel_free,
+    .launch = cpu_launch,
 };
 
-KILN_API const char *kiln_cpu_isa(const kiln_ctx *ctx) { return "scalar"; }
+KILN_API const char *kiln_cpu_isa(const kiln_ctx *ctx)
+{
+    (void)ctx;
+    return kiln_cpu_isa_name(kiln_cpu_isa_detect());
+}
