@@ -235,8 +235,10 @@ KILN_API kiln_status kiln_kg_print(const kiln_graph *g, char **out);
 typedef struct kiln_plan kiln_plan;
 
 typedef struct kiln_compile_options {
-    const char *backend;  /* "auto" (NULL), "ref", "cpu", "cuda", "vulkan" */
+    const char *backend;  /* "auto" (NULL): placement picks per kernel; or "ref", "cpu", "cuda", "vulkan" */
     bool        no_fuse;  /* true: one kernel per op (debugging, fused-vs-unfused tests) */
+    bool        what_if;  /* place as if every backend with a device profile were present (cost-model
+                             experiments): the plan can be explained, not run (KILN_ERR_UNSUPPORTED) */
 } kiln_compile_options;
 
 /* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed
@@ -274,6 +276,57 @@ KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const
 /* Backend the plan runs on, and its number of kernels (fused regions). */
 KILN_API const char *kiln_plan_backend(const kiln_plan *p);
 KILN_API int kiln_plan_kernel_count(const kiln_plan *p);
+
+/* ---------------------------------------------------------------- cost model and placement */
+
+#define KILN_MAX_BACKENDS 8 /* size of per-backend arrays below (index = kiln_backend_get's i) */
+
+/* What placement knows of a device. Seconds, bytes/s, FLOP/s. A value of 0 means "unknown". */
+typedef struct kiln_device_profile {
+    double peak_flops[KILN_DTYPE_COUNT]; /* matmul FLOP/s with weights of each dtype */
+    double mem_bw;                       /* device memory read bandwidth */
+    double launch_s;                     /* fixed cost of one kernel launch */
+    double h2d_bw;                       /* host -> device bytes/s (0: the device uses host memory) */
+    double d2h_bw;                       /* device -> host bytes/s */
+    double xfer_latency_s;               /* fixed cost of one transfer */
+} kiln_device_profile;
+
+/* The profile placement uses for a backend (defaults, then the calibration file in the cache dir,
+ * then kiln_ctx_load_profile overrides). */
+KILN_API kiln_status kiln_ctx_profile(const kiln_ctx *ctx, const char *backend, kiln_device_profile *out);
+KILN_API kiln_status kiln_ctx_set_profile(kiln_ctx *ctx, const char *backend, const kiln_device_profile *p);
+/* Overrides profile fields from a JSON file: {"cpu": {"mem_bw": 4e10, "peak_flops": {"f32": 1e11},
+ * "launch_s": 2e-6}, "cuda": {...}}. Unknown keys are errors naming the key. */
+KILN_API kiln_status kiln_ctx_load_profile(kiln_ctx *ctx, const char *path);
+/* Measures the profiles of the present backends (CPU: read bandwidth and FMA peak) and, when
+ * save is true, stores them in the cache dir, where later contexts find them. */
+KILN_API kiln_status kiln_calibrate(kiln_ctx *ctx, bool save);
+/* Pins a node to a backend for placement ("ref", "cpu", ...; NULL clears). Not part of the hash. */
+KILN_API kiln_status kiln_pin(kiln_graph *g, kiln_node x, const char *backend);
+
+typedef struct kiln_region_info {
+    const char *kind;                           /* "matmul", "attention", "rows", "map", "scatter", "move" */
+    const char *backend;                        /* where it runs */
+    char        ops[256];                       /* fused ops, e.g. "rms_norm + matmul x3 + rope x2 + kv_scatter x2" */
+    char        anchor[64];                     /* name (or #id) of the anchor node */
+    double      flops;                          /* FLOPs at the plan's current dims */
+    double      bytes;                          /* bytes read and written at the current dims */
+    double      predicted_s[KILN_MAX_BACKENDS]; /* predicted time per backend; < 0: cannot run there */
+    double      transfer_s;                     /* predicted transfers into the chosen backend */
+    bool        compute_bound;                  /* on the chosen backend: flops/peak > bytes/bw */
+    double      measured_s;                     /* mean measured time (kiln_plan_profile on), else 0 */
+    int         n_measured;                     /* runs measured */
+} kiln_region_info;
+
+KILN_API kiln_status kiln_plan_region(const kiln_plan *p, int i, kiln_region_info *out);
+/* Turns per-kernel timing on or off for later runs (adds a clock read around each kernel). */
+KILN_API kiln_status kiln_plan_profile(kiln_plan *p, bool on);
+/* The plan explained: format "text" (a table for people), "json" or "dot" (Graphviz of the fused
+ * graph). Returns a malloc'ed string the caller frees. */
+KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, char **out);
+/* Milliseconds kiln_compile took for this plan, and the peak bytes of intermediates. */
+KILN_API double kiln_plan_compile_ms(const kiln_plan *p);
+KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p);
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,7 @@ typedef struct kiln_node_rec {
     uint8_t  dtype;                    /* kiln_dtype of the result */
     uint8_t  rank;                     /* number of dims, 0..KILN_MAX_RANK */
     uint8_t  n_src;                    /* sources used */
+    uint8_t  pin;                      /* backend id + 1 from kiln_pin; 0 = placement decides */
     int64_t  dims[KILN_MAX_RANK];      /* kiln_dim: >= 0 constant, < 0 symbol (see kiln_sym_index) */
     uint32_t src[KILN_MAX_SRC];        /* source node indices; KILN_IDX_NONE for an absent optional */
     float    f[2];                     /* float params: eps, scale, theta */

@@ -14,15 +14,7 @@ enum kiln_backend_id {
     KILN_BACKEND_VULKAN,  /* SPIR-V through Vulkan */
     KILN_BACKEND_COUNT
 };
-
-/* What placement knows of a device (issue: cost model). Units: seconds, bytes/s, FLOP/s. */
-typedef struct kiln_device_profile {
-    double peak_flops[KILN_DTYPE_COUNT]; /* peak FLOP/s for matmul with weights of each dtype */
-    double mem_bw;                       /* device memory read bandwidth, bytes/s */
-    double launch_s;                     /* fixed cost per kernel launch */
-    double h2d_bw, d2h_bw;               /* host<->device bytes/s (0 = host memory, no transfer) */
-    double xfer_latency_s;               /* per transfer */
-} kiln_device_profile;
+_Static_assert(KILN_BACKEND_COUNT <= KILN_MAX_BACKENDS, "backend table larger than KILN_MAX_BACKENDS");
 
 typedef struct kiln_kernel kiln_kernel; /* a backend's compiled form of one region (opaque) */
 
@@ -33,7 +25,8 @@ typedef struct kiln_backend_i {
     kiln_status (*probe)(kiln_ctx *ctx, void **state, char *detail, size_t n);
     void (*release)(void *state);                                     /* frees the state; required */
     bool (*supports)(void *state, const kiln_graph *g, const kiln_region *r); /* can run region r */
-    void (*profile)(void *state, kiln_device_profile *out);           /* device profile */
+    void (*profile)(void *state, kiln_device_profile *out);           /* default device profile */
+    kiln_status (*calibrate)(void *state, kiln_device_profile *out);  /* measures it (optional) */
     /* Compiles region r into a kernel (optional: NULL means launch works from the region itself). */
     kiln_status (*compile)(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out,
                            char *err, size_t n_err);

@@ -79,7 +79,12 @@ KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
         kiln_status s = b->probe(ctx, &ctx->be_state[i], ctx->be_detail[i], sizeof ctx->be_detail[i]);
         ctx->be_ok[i] = s == KILN_OK;
         if (!ctx->be_ok[i]) ctx->be_state[i] = NULL;
+        if (ctx->be_ok[i] && b->profile) {
+            b->profile(ctx->be_state[i], &ctx->profile[i]);
+            ctx->has_profile[i] = true;
+        }
     }
+    kiln_sched_load_cached_profiles(ctx);
     ctx->error[0] = 0;
     *out = ctx;
     return KILN_OK;

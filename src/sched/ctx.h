@@ -12,9 +12,14 @@ struct kiln_ctx {
     void            *be_state[KILN_BACKEND_COUNT]; /* each backend's state; NULL when absent */
     char             be_detail[KILN_BACKEND_COUNT][256]; /* device/ISA text, or why absent */
     bool             be_ok[KILN_BACKEND_COUNT];     /* backend usable */
+    kiln_device_profile profile[KILN_BACKEND_COUNT]; /* what placement assumes of each backend */
+    bool             has_profile[KILN_BACKEND_COUNT]; /* profile known (probed, calibrated or loaded) */
 };
 
 /* Sets the context's error text (printf-style). Never fails; truncates. */
 void kiln_ctx_set_error(kiln_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Sets the error text and returns s, for `return kiln_ctx_fail(ctx, KILN_ERR_X, "...")`. */
 kiln_status kiln_ctx_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Loads calibrated profiles from the cache dir (silently keeps defaults when absent/corrupt). */
+void kiln_sched_load_cached_profiles(kiln_ctx *ctx);

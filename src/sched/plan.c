@@ -3,6 +3,9 @@
  * then each run binds symbols/inputs/outputs, resolves shapes and launches the regions in order.
  * Must not contain kernels. */
 #include "sched/plan.h"
+#include "sched/cost.h"
+
+#include <math.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,17 +31,11 @@ static const char *node_label(const kiln_graph *g, uint32_t i, char *buf, size_t
 
 /* ------------------------------------------------------------------ backend choice */
 
+/* The forced backend (*out >= 0), or -1 for "auto" (placement decides per region). */
 static kiln_status pick_backend(kiln_ctx *ctx, const char *name, int *out)
 {
-    if (!name || !*name || strcmp(name, "auto") == 0) {
-        static const int order[] = {KILN_BACKEND_CUDA, KILN_BACKEND_VULKAN, KILN_BACKEND_CPU, KILN_BACKEND_REF};
-        for (size_t i = 0; i < sizeof order / sizeof *order; i++)
-            if (ctx->be_ok[order[i]]) {
-                *out = order[i];
-                return KILN_OK;
-            }
-        return kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "no backend available");
-    }
+    *out = -1;
+    if (!name || !*name || strcmp(name, "auto") == 0) return KILN_OK;
     for (int i = 0; i < KILN_BACKEND_COUNT; i++)
         if (strcmp(name, kiln_backends[i]->name) == 0) {
             if (!ctx->be_ok[i])
@@ -147,6 +144,7 @@ KILN_API void kiln_plan_free(kiln_plan *p)
         }
     if (p->state_mem && p->g)
         for (uint32_t i = 0; i < p->g->n_nodes; i++) free(p->state_mem[i]);
+    free(p->pred_s); free(p->xfer_s); free(p->meas_s); free(p->n_meas);
     free(p->arena); free(p->state_mem); free(p->kernels); free(p->region_be);
     free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
     kiln_fusion_free(&p->fusion);
@@ -154,17 +152,95 @@ KILN_API void kiln_plan_free(kiln_plan *p)
     free(p);
 }
 
+/* Edges of the placement problem: each value a region reads from another region or from a run
+ * input, and each graph output going back to the host. Weights and states are resident. */
+static kiln_place_edge *place_edges(const kiln_plan *p, uint32_t *n_out)
+{
+    const kiln_graph *g = p->g;
+    uint32_t cap = 16, n = 0;
+    kiln_place_edge *e = malloc(cap * sizeof *e);
+    for (uint32_t i = 0; e && i < g->n_nodes; i++) {
+        uint32_t r = p->fusion.region_of[i];
+        const kiln_node_rec *nd = &g->nodes[i];
+        for (int k = 0; r != KILN_IDX_NONE && k < nd->n_src + 1; k++) {
+            uint32_t src = k < nd->n_src ? nd->src[k] : KILN_IDX_NONE, root, from;
+            if (src == KILN_IDX_NONE) continue;
+            root = p->root[src];
+            uint8_t op = g->nodes[root].op;
+            if (op == KILN_OP_WEIGHT || op == KILN_OP_STATE) continue;
+            from = op == KILN_OP_INPUT ? KILN_IDX_NONE : p->fusion.region_of[root];
+            if (from == r) continue;
+            if (n == cap && !(e = realloc(e, (cap *= 2) * sizeof *e))) break;
+            e[n++] = (kiln_place_edge){.from = from, .to = r, .bytes = (double)kiln_node_bytes(&g->nodes[src], p->dims[src])};
+        }
+    }
+    for (uint32_t o = 0; e && o < g->n_outs; o++) {
+        uint32_t root = p->root[g->outs[o].node];
+        if (p->fusion.region_of[root] == KILN_IDX_NONE) continue;
+        if (n == cap && !(e = realloc(e, (cap *= 2) * sizeof *e))) break;
+        e[n++] = (kiln_place_edge){.from = p->fusion.region_of[root], .to = KILN_IDX_NONE,
+                                   .bytes = (double)kiln_node_bytes(&g->nodes[root], p->dims[root])};
+    }
+    *n_out = n;
+    return e;
+}
+
+/* Which backends may take region r: the forced one, a pin of any of its nodes, else every usable
+ * backend (in what-if mode: every backend with a profile) whose supports() accepts it. */
+static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, int b)
+{
+    const kiln_ctx *ctx = p->ctx;
+    for (uint32_t i = 0; i < reg->n_nodes; i++) {
+        uint8_t pin = p->g->nodes[reg->nodes[i]].pin;
+        if (pin) return pin - 1 == b;
+    }
+    if (forced >= 0 && b != forced) return false;
+    if (!ctx->be_ok[b]) return p->what_if && ctx->has_profile[b];
+    const kiln_backend_i *bi = kiln_backends[b];
+    return !bi->supports || bi->supports(ctx->be_state[b], p->g, reg);
+}
+
+static kiln_status place(kiln_plan *p, int forced)
+{
+    uint32_t nr = p->fusion.n_regions;
+    double *time = p->pred_s;
+    for (uint32_t r = 0; r < nr; r++) {
+        kiln_region_cost c;
+        kiln_sched_region_cost(p->g, &p->fusion.regions[r], (const int64_t(*)[KILN_MAX_RANK])p->dims, p->sym_vals, &c);
+        for (int b = 0; b < KILN_BACKEND_COUNT; b++)
+            time[(size_t)r * KILN_BACKEND_COUNT + b] =
+                candidate(p, forced, &p->fusion.regions[r], b) ? kiln_sched_time(&c, &p->ctx->profile[b], NULL) : -1;
+    }
+    uint32_t ne = 0;
+    kiln_place_edge *edges = place_edges(p, &ne);
+    if (!edges) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory placing regions");
+    kiln_place_problem pp = {.n_regions = nr, .n_backends = KILN_BACKEND_COUNT, .time = time, .edges = edges,
+                             .n_edges = ne, .profiles = p->ctx->profile};
+    double total = kiln_sched_place(&pp, 1u << 16, p->region_be);
+    for (uint32_t r = 0; r < nr; r++) p->xfer_s[r] = 0;
+    for (uint32_t e = 0; e < ne; e++)
+        if (edges[e].to != KILN_IDX_NONE)
+            p->xfer_s[edges[e].to] += kiln_sched_edge_time(&pp, &edges[e],
+                                                           edges[e].from == KILN_IDX_NONE ? -1 : p->region_be[edges[e].from],
+                                                           p->region_be[edges[e].to]);
+    free(edges);
+    for (uint32_t r = 0; r < nr; r++)
+        if (time[(size_t)r * KILN_BACKEND_COUNT + p->region_be[r]] < 0 || !(total < INFINITY)) {
+            char lab[300];
+            return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "no backend can run region %u (%s)%s", r,
+                                 node_label(p->g, p->fusion.regions[r].anchor, lab, sizeof lab),
+                                 forced >= 0 ? " on the backend asked for" : "");
+        }
+    return KILN_OK;
+}
+
 static kiln_status compile_regions(kiln_plan *p)
 {
     char err[1024] = "";
+    if (p->what_if) return KILN_OK;
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         const kiln_region *reg = &p->fusion.regions[r];
-        int be = p->backend;
-        if (kiln_backends[be]->supports && !kiln_backends[be]->supports(p->ctx->be_state[be], p->g, reg))
-            be = p->ctx->be_ok[KILN_BACKEND_CPU] ? KILN_BACKEND_CPU : KILN_BACKEND_REF;
-        if (kiln_backends[be]->supports && !kiln_backends[be]->supports(p->ctx->be_state[be], p->g, reg))
-            be = KILN_BACKEND_REF;
-        p->region_be[r] = (uint8_t)be;
+        int be = p->region_be[r];
         const kiln_backend_i *b = kiln_backends[be];
         if (!b->compile) continue;
         kiln_status s = b->compile(p->ctx->be_state[be], p->g, reg, &p->kernels[r], err, sizeof err);
@@ -185,13 +261,13 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     double t0 = now_ms();
     if (g->status != KILN_OK) return kiln_ctx_fail(ctx, g->status, "graph has an error: %s", g->error);
     if (g->n_outs == 0) return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "graph has no outputs (mark some with kiln_output)");
-    int be = KILN_BACKEND_REF;
-    kiln_status s = pick_backend(ctx, opts ? opts->backend : NULL, &be);
+    int forced = -1;
+    kiln_status s = pick_backend(ctx, opts ? opts->backend : NULL, &forced);
     if (s != KILN_OK) return s;
     kiln_plan *p = calloc(1, sizeof *p);
     if (!p) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
     p->ctx = ctx;
-    p->backend = be;
+    p->what_if = opts && opts->what_if;
     if (!(p->g = kiln_graph_clone(g))) goto oom;
     uint32_t n = g->n_nodes ? g->n_nodes : 1;
     if ((s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
@@ -205,16 +281,26 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     p->bufs = calloc(n, sizeof *p->bufs);
     p->dims = calloc(n, sizeof *p->dims);
     p->sym_vals = calloc(g->n_syms ? g->n_syms : 1, sizeof *p->sym_vals);
+    p->pred_s = calloc((size_t)nr * KILN_BACKEND_COUNT, sizeof *p->pred_s);
+    p->xfer_s = calloc(nr, sizeof *p->xfer_s);
+    p->meas_s = calloc(nr, sizeof *p->meas_s);
+    p->n_meas = calloc(nr, sizeof *p->n_meas);
+    if (!p->pred_s || !p->xfer_s || !p->meas_s || !p->n_meas) goto oom;
     if (!p->region_be || !p->kernels || !p->root || !p->offset || !p->arena_off || !p->state_mem || !p->bufs ||
         !p->dims || !p->sym_vals)
         goto oom;
     if ((s = plan_memory(p)) != KILN_OK) goto fail;
     for (uint32_t i = 0; i < g->n_syms; i++) p->sym_vals[i] = g->syms[i].max;
     for (uint32_t i = 0; i < g->n_nodes; i++) kiln_node_numel(&p->g->nodes[i], p->sym_vals, p->dims[i]);
-    if ((s = compile_regions(p)) != KILN_OK) {
+    if ((s = place(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK) {
         kiln_plan_free(p);
         return s;
     }
+    int count[KILN_BACKEND_COUNT] = {0};
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) count[p->region_be[r]]++;
+    p->backend = forced >= 0 ? forced : KILN_BACKEND_REF;
+    for (int b = 0; b < KILN_BACKEND_COUNT; b++)
+        if (count[b] > count[p->backend]) p->backend = b;
     p->compile_ms = now_ms() - t0;
     ctx->error[0] = 0;
     *out = p;
@@ -314,6 +400,10 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
     const kiln_binding **out_bind = calloc(g->n_outs + 1, sizeof *out_bind);
     if (!out_bind) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
     p->ran = false;
+    if (p->what_if) {
+        free(out_bind);
+        return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "a what-if plan can be explained, not run");
+    }
     kiln_status s = bind(p, b, nb, out_bind);
     if (s == KILN_OK) s = resolve(p, out_bind, b, nb);
     kiln_exec_view v = {.g = g, .bufs = p->bufs, .dims = (const int64_t(*)[KILN_MAX_RANK])p->dims, .sym_vals = p->sym_vals};
@@ -321,7 +411,13 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
     for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) {
         int be = p->region_be[r];
         err[0] = 0;
+        double t0 = p->profiling ? now_ms() : 0;
         s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], &p->fusion.regions[r], &v, err, sizeof err);
+        if (p->profiling && s == KILN_OK && kiln_backends[be]->sync) s = kiln_backends[be]->sync(p->ctx->be_state[be]);
+        if (p->profiling) {
+            p->meas_s[r] += (now_ms() - t0) * 1e-3;
+            p->n_meas[r]++;
+        }
         if (s != KILN_OK) {
             char lab[300];
             kiln_ctx_fail(p->ctx, s, "%s: region %u (%s): %s", kiln_backends[be]->name, r,

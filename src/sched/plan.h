@@ -23,5 +23,11 @@ struct kiln_plan {
     int64_t     (*dims)[KILN_MAX_RANK]; /* per run: concrete dims of every node */
     int64_t      *sym_vals;    /* per run: symbol values */
     bool          ran;         /* a run completed (outputs readable) */
+    bool          what_if;     /* placed over absent backends: explain only, never run */
+    bool          profiling;   /* time every region in runs */
+    double       *pred_s;      /* pred_s[r * KILN_BACKEND_COUNT + b]: predicted time, < 0 = cannot run */
+    double       *xfer_s;      /* transfers into region r on its backend, predicted */
+    double       *meas_s;      /* summed measured time per region */
+    int          *n_meas;      /* runs measured per region */
     double        compile_ms;  /* time spent in kiln_compile */
 };

@@ -63,6 +63,19 @@ static void cpu_profile(void *state, kiln_device_profile *out)
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = 150e9;
 }
 
+static kiln_status cpu_calibrate(void *state, kiln_device_profile *out)
+{
+    cpu_state *s = state;
+    cpu_profile(state, out);
+    double bw = kiln_cpu_measure_read_bw(s->pool), peak = kiln_cpu_measure_fma_peak(s->pool, s->isa);
+    if (bw <= 0 || peak <= 0) return KILN_ERR_NOMEM;
+    out->mem_bw = bw * 1e9;
+    for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak * 1e9;
+    /* Integer dot products of the quantized paths run at about half the f32 FMA rate here. */
+    for (int t = KILN_DTYPE_Q8_0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak * 0.5e9;
+    return KILN_OK;
+}
+
 static bool in_region(const kiln_region *r, uint32_t node)
 {
     for (uint32_t i = 0; i < r->n_nodes; i++)
@@ -276,6 +289,7 @@ const kiln_backend_i kiln_backend_cpu = {
     .release = cpu_release,
     .supports = cpu_supports,
     .profile = cpu_profile,
+    .calibrate = cpu_calibrate,
     .compile = cpu_compile,
     .kernel_free = cpu_kernel_free,
     .launch = cpu_launch,

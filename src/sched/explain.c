@@ -1,0 +1,229 @@
+/* Plan reports: per-region info (fused ops, backend, roofline prediction per backend, measured
+ * time), and the whole plan as a text table, JSON or Graphviz dot. Reads a plan; changes nothing
+ * but the profiling switch. */
+#include "sched/cost.h"
+#include "sched/plan.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A growing string. */
+typedef struct sbuf {
+    char  *s;   /* text, NUL-terminated */
+    size_t n;   /* length */
+    size_t cap; /* allocated */
+    bool   oom; /* an append failed */
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) { b->oom = true; return; }
+        if (b->s && b->n + (size_t)k < b->cap) { b->n += (size_t)k; return; }
+        size_t cap = (b->cap + (size_t)k + 1) * 2;
+        char *s = realloc(b->s, cap);
+        if (!s) { b->oom = true; return; }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+/* "rms_norm + matmul x3 + rope x2 + kv_scatter x2": ops in order of first appearance with counts. */
+static void ops_string(const kiln_graph *g, const kiln_region *r, char *out, size_t n)
+{
+    uint8_t ops[KILN_OP_COUNT];
+    int cnt[KILN_OP_COUNT] = {0}, k = 0;
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        uint8_t op = g->nodes[r->nodes[i]].op;
+        if (cnt[op]++ == 0) ops[k++] = op;
+    }
+    size_t o = 0;
+    out[0] = 0;
+    for (int i = 0; i < k && o < n; i++) {
+        o += (size_t)snprintf(out + o, n - o, "%s%s", i ? " + " : "", kiln_op_name((enum kiln_op)ops[i]));
+        if (cnt[ops[i]] > 1 && o < n) o += (size_t)snprintf(out + o, n - o, " x%d", cnt[ops[i]]);
+    }
+}
+
+KILN_API kiln_status kiln_plan_region(const kiln_plan *p, int i, kiln_region_info *out)
+{
+    if (!p || !out || i < 0 || (uint32_t)i >= p->fusion.n_regions) return KILN_ERR_INVALID_ARG;
+    const kiln_region *r = &p->fusion.regions[i];
+    const kiln_graph *g = p->g;
+    memset(out, 0, sizeof *out);
+    out->kind = kiln_region_kind_name((enum kiln_region_kind)r->kind);
+    out->backend = kiln_backends[p->region_be[i]]->name;
+    ops_string(g, r, out->ops, sizeof out->ops);
+    const kiln_node_rec *a = &g->nodes[r->anchor];
+    if (a->name) snprintf(out->anchor, sizeof out->anchor, "%s", a->name);
+    else snprintf(out->anchor, sizeof out->anchor, "#%u", r->anchor);
+    kiln_region_cost c;
+    kiln_sched_region_cost(g, r, (const int64_t(*)[KILN_MAX_RANK])p->dims, p->sym_vals, &c);
+    out->flops = c.flops;
+    out->bytes = c.bytes;
+    for (int b = 0; b < KILN_MAX_BACKENDS; b++) {
+        out->predicted_s[b] = -1;
+        if (b < KILN_BACKEND_COUNT && p->pred_s[(size_t)i * KILN_BACKEND_COUNT + b] >= 0)
+            out->predicted_s[b] = kiln_sched_time(&c, &p->ctx->profile[b], b == p->region_be[i] ? &out->compute_bound : NULL);
+    }
+    out->transfer_s = p->xfer_s[i];
+    out->n_measured = p->n_meas[i];
+    out->measured_s = p->n_meas[i] ? p->meas_s[i] / p->n_meas[i] : 0;
+    return KILN_OK;
+}
+
+KILN_API kiln_status kiln_plan_profile(kiln_plan *p, bool on)
+{
+    if (!p) return KILN_ERR_INVALID_ARG;
+    p->profiling = on;
+    if (on)
+        for (uint32_t r = 0; r < p->fusion.n_regions; r++) p->meas_s[r] = 0, p->n_meas[r] = 0;
+    return KILN_OK;
+}
+
+KILN_API double kiln_plan_compile_ms(const kiln_plan *p) { return p ? p->compile_ms : 0; }
+KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p) { return p ? p->arena_bytes : 0; }
+
+static uint32_t n_ops(const kiln_plan *p)
+{
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) n += p->fusion.regions[r].n_nodes;
+    return n;
+}
+
+static void human(double v, const char *unit, char *out, size_t n)
+{
+    const char *pre[] = {"", "K", "M", "G", "T", "P"};
+    int k = 0;
+    while (v >= 1000 && k < 5) v /= 1000, k++;
+    snprintf(out, n, "%.3g %s%s", v, pre[k], unit);
+}
+
+static void explain_text(const kiln_plan *p, sbuf *b)
+{
+    const kiln_graph *g = p->g;
+    sb_printf(b, "plan: %u kernels from %u ops, main backend %s, compiled in %.2f ms, intermediates %.2f MiB\n",
+              p->fusion.n_regions, n_ops(p), kiln_backends[p->backend]->name, p->compile_ms, p->arena_bytes / 1048576.0);
+    if (g->n_syms) {
+        sb_printf(b, "sizes: ");
+        for (uint32_t i = 0; i < g->n_syms; i++)
+            sb_printf(b, "%s%s = %lld%s", i ? ", " : "", g->syms[i].name, (long long)p->sym_vals[i],
+                      p->ran ? "" : " (its bound)");
+        sb_printf(b, "\n");
+    }
+    sb_printf(b, "predicted time = max(flops / peak, bytes / bandwidth) + launch, per backend; * = chosen\n\n");
+    sb_printf(b, "%3s  %-9s %-7s %-10s %-10s %-7s", "#", "kind", "runs on", "flops", "bytes", "bound");
+    for (int be = 0; be < KILN_BACKEND_COUNT; be++) sb_printf(b, " %11s", kiln_backends[be]->name);
+    sb_printf(b, " %11s  %s\n", "measured", "fused ops");
+    double tot_pred = 0, tot_meas = 0;
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        kiln_region_info ri;
+        kiln_plan_region(p, (int)r, &ri);
+        char fl[32], by[32];
+        human(ri.flops, "", fl, sizeof fl);
+        human(ri.bytes, "B", by, sizeof by);
+        sb_printf(b, "%3u  %-9s %-7s %-10s %-10s %-7s", r, ri.kind, ri.backend, fl, by,
+                  ri.compute_bound ? "compute" : "memory");
+        for (int be = 0; be < KILN_BACKEND_COUNT; be++) {
+            if (ri.predicted_s[be] < 0) sb_printf(b, " %11s", "-");
+            else sb_printf(b, " %9.1fus%s", ri.predicted_s[be] * 1e6, be == p->region_be[r] ? "*" : " ");
+        }
+        tot_pred += ri.predicted_s[p->region_be[r]] + ri.transfer_s;
+        tot_meas += ri.measured_s;
+        if (ri.n_measured) sb_printf(b, " %9.1fus", ri.measured_s * 1e6);
+        else sb_printf(b, " %11s", "-");
+        sb_printf(b, "  %s", ri.ops);
+        if (ri.transfer_s > 0) sb_printf(b, "  (+%.1fus transfers in)", ri.transfer_s * 1e6);
+        sb_printf(b, "\n");
+    }
+    sb_printf(b, "\ntotal predicted %.3f ms", tot_pred * 1e3);
+    if (tot_meas > 0) sb_printf(b, ", measured %.3f ms (%.2fx the prediction)", tot_meas * 1e3, tot_meas / tot_pred);
+    sb_printf(b, "\n");
+}
+
+static void explain_json(const kiln_plan *p, sbuf *b)
+{
+    sb_printf(b, "{\"backend\": \"%s\", \"kernels\": %u, \"ops\": %u, \"compile_ms\": %.4f, \"peak_bytes\": %zu, \"regions\": [",
+              kiln_backends[p->backend]->name, p->fusion.n_regions, n_ops(p), p->compile_ms, p->arena_bytes);
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        kiln_region_info ri;
+        kiln_plan_region(p, (int)r, &ri);
+        sb_printf(b, "%s\n  {\"kind\": \"%s\", \"backend\": \"%s\", \"anchor\": \"%s\", \"ops\": \"%s\", \"flops\": %.6g, "
+                     "\"bytes\": %.6g, \"bound\": \"%s\", \"predicted_s\": {",
+                  r ? "," : "", ri.kind, ri.backend, ri.anchor, ri.ops, ri.flops, ri.bytes,
+                  ri.compute_bound ? "compute" : "memory");
+        bool first = true;
+        for (int be = 0; be < KILN_BACKEND_COUNT; be++)
+            if (ri.predicted_s[be] >= 0) {
+                sb_printf(b, "%s\"%s\": %.6g", first ? "" : ", ", kiln_backends[be]->name, ri.predicted_s[be]);
+                first = false;
+            }
+        sb_printf(b, "}, \"transfer_s\": %.6g, \"measured_s\": %.6g, \"runs_measured\": %d}", ri.transfer_s,
+                  ri.measured_s, ri.n_measured);
+    }
+    sb_printf(b, "\n]}\n");
+}
+
+static void explain_dot(const kiln_plan *p, sbuf *b)
+{
+    const kiln_graph *g = p->g;
+    sb_printf(b, "digraph kiln {\n  rankdir=TB;\n  node [fontname=\"monospace\" fontsize=10];\n");
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        uint8_t op = g->nodes[i].op;
+        if (op == KILN_OP_INPUT || op == KILN_OP_STATE)
+            sb_printf(b, "  n%u [shape=ellipse label=\"%s %s\"];\n", i, kiln_op_name((enum kiln_op)op), g->nodes[i].name);
+    }
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        char ops[256];
+        ops_string(g, &p->fusion.regions[r], ops, sizeof ops);
+        sb_printf(b, "  r%u [shape=box style=rounded label=\"#%u %s on %s\\n%s\"];\n", r, r,
+                  kiln_region_kind_name((enum kiln_region_kind)p->fusion.regions[r].kind),
+                  kiln_backends[p->region_be[r]]->name, ops);
+    }
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        uint32_t r = p->fusion.region_of[i];
+        if (r == KILN_IDX_NONE) continue;
+        for (int s = 0; s < g->nodes[i].n_src; s++) {
+            uint32_t src = g->nodes[i].src[s];
+            if (src == KILN_IDX_NONE) continue;
+            uint32_t root = src;
+            while (p->fusion.region_of[root] == KILN_IDX_NONE && (g->nodes[root].op == KILN_OP_RESHAPE || g->nodes[root].op == KILN_OP_VIEW))
+                root = g->nodes[root].src[0];
+            uint8_t op = g->nodes[root].op;
+            if (op == KILN_OP_INPUT || op == KILN_OP_STATE) sb_printf(b, "  n%u -> r%u;\n", root, r);
+            else if (p->fusion.region_of[root] != KILN_IDX_NONE && p->fusion.region_of[root] != r)
+                sb_printf(b, "  r%u -> r%u;\n", p->fusion.region_of[root], r);
+        }
+    }
+    for (uint32_t o = 0; o < g->n_outs; o++) {
+        uint32_t r = p->fusion.region_of[p->root[g->outs[o].node]];
+        sb_printf(b, "  out%u [shape=ellipse label=\"output %s\"];\n", o, g->outs[o].name);
+        if (r != KILN_IDX_NONE) sb_printf(b, "  r%u -> out%u;\n", r, o);
+    }
+    sb_printf(b, "}\n");
+}
+
+KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, char **out)
+{
+    if (!p || !out) return KILN_ERR_INVALID_ARG;
+    *out = NULL;
+    sbuf b = {0};
+    if (!format || !strcmp(format, "text")) explain_text(p, &b);
+    else if (!strcmp(format, "json")) explain_json(p, &b);
+    else if (!strcmp(format, "dot")) explain_dot(p, &b);
+    else return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "unknown explain format '%s' (text, json, dot)", format);
+    if (b.oom || !b.s) {
+        free(b.s);
+        return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory explaining the plan");
+    }
+    *out = b.s;
+    return KILN_OK;
+}

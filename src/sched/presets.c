@@ -1,0 +1,199 @@
+/* Model presets and the llama-style stack builder (see presets.h). Uses only the public builder
+ * API, so the graphs it makes are exactly what a user could write. Must not compile, run, or
+ * reach into graph internals. */
+#include "sched/presets.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const kiln_preset presets[] = {
+    {.name = "qwen2-0.5b", .hidden = 896, .n_head = 14, .n_kv_head = 2, .head_dim = 64, .ffn = 4864,
+     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f},
+    {.name = "llama-7b", .hidden = 4096, .n_head = 32, .n_kv_head = 32, .head_dim = 128, .ffn = 11008,
+     .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-5f},
+    {.name = "qwen2-7b", .hidden = 3584, .n_head = 28, .n_kv_head = 4, .head_dim = 128, .ffn = 18944,
+     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f},
+};
+
+int kiln_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
+
+const kiln_preset *kiln_preset_at(int i)
+{
+    return i >= 0 && i < kiln_preset_count() ? &presets[i] : NULL;
+}
+
+const kiln_preset *kiln_preset_find(const char *name)
+{
+    for (int i = 0; name && i < kiln_preset_count(); i++)
+        if (strcmp(presets[i].name, name) == 0)
+            return &presets[i];
+    return NULL;
+}
+
+uint64_t kiln_preset_rng(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float kiln_preset_rngf(uint64_t *s)
+{
+    return (float)((double)(kiln_preset_rng(s) >> 40) * 0x1p-23 - 1.0);
+}
+
+kiln_dtype kiln_preset_wdtype_for(kiln_dtype t, int64_t k)
+{
+    if (k % kiln_dtype_block(t) == 0)
+        return t;
+    return k % kiln_dtype_block(KILN_DTYPE_Q8_0) == 0 ? KILN_DTYPE_Q8_0 : KILN_DTYPE_F16;
+}
+
+/* Matmul shapes of one layer, [out, in] each: q, k, v, o, gate, up, down. */
+static void layer_mats(const kiln_preset *p, int64_t mats[7][2])
+{
+    int64_t qd = p->n_head * p->head_dim, kvd = p->n_kv_head * p->head_dim;
+    int64_t m[7][2] = {{qd, p->hidden}, {kvd, p->hidden}, {kvd, p->hidden}, {p->hidden, qd},
+                       {p->ffn, p->hidden}, {p->ffn, p->hidden}, {p->hidden, p->ffn}};
+    memcpy(mats, m, sizeof m);
+}
+
+size_t kiln_preset_layer_weight_bytes(const kiln_preset *p, kiln_dtype wdtype)
+{
+    int64_t mats[7][2];
+    layer_mats(p, mats);
+    size_t total = 2 * (size_t)p->hidden * sizeof(float);
+    for (int j = 0; j < 7; j++)
+        total += (size_t)mats[j][0] * kiln_row_bytes(kiln_preset_wdtype_for(wdtype, mats[j][1]), mats[j][1]);
+    return total;
+}
+
+size_t kiln_preset_layer_kv_bytes(const kiln_preset *p, kiln_dtype kvdtype, int64_t n_kv)
+{
+    return 2 * (size_t)p->n_kv_head * (size_t)n_kv * kiln_row_bytes(kvdtype, p->head_dim);
+}
+
+/* f32 norm weight near 1, reproducible from its seed. */
+static kiln_node norm_weight(kiln_graph *g, const char *name, int64_t d, uint64_t seed)
+{
+    float *w = malloc((size_t)d * sizeof *w);
+    if (!w)
+        return KILN_NODE_NONE; /* the next builder call on NONE records the error */
+    uint64_t s = seed;
+    for (int64_t i = 0; i < d; i++)
+        w[i] = 1.0f + kiln_preset_rngf(&s) / 8.0f;
+    kiln_dim dims[1] = {d};
+    kiln_node n = kiln_weight(g, name, KILN_DTYPE_F32, 1, dims, w, KILN_WEIGHT_COPY);
+    free(w);
+    return n;
+}
+
+/* A matmul weight [out, in] for layer l, tensor j. */
+static kiln_node mat_weight(kiln_graph *g, const kiln_preset_build_opts *o, int l, int j, const char *tag,
+                            int64_t out_dim, int64_t in_dim)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s%d", tag, l);
+    kiln_dim dims[2] = {out_dim, in_dim};
+    return kiln_weight_random(g, name, kiln_preset_wdtype_for(o->wdtype, in_dim), 2, dims,
+                              o->seed + 16u * (uint64_t)l + (uint64_t)j, 1.0f / sqrtf((float)in_dim));
+}
+
+/* Leaves shared by all layers. */
+typedef struct stack_io {
+    kiln_dim  n_tok; /* symbol: tokens this run */
+    kiln_dim  n_kv;  /* symbol: valid cache rows this run */
+    kiln_node pos;   /* i32 [n_tok] positions */
+} stack_io;
+
+/* Attention half of layer l: returns x + o(attention(rope(q), rope(k), v)). */
+static kiln_node attn_block(kiln_graph *g, const kiln_preset *p, const kiln_preset_build_opts *o,
+                            const stack_io *io, int l, kiln_node x)
+{
+    char name[64];
+    snprintf(name, sizeof name, "attn_norm%d", l);
+    kiln_node h = kiln_rms_norm(g, x, norm_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 7u), p->eps);
+    int64_t qd = p->n_head * p->head_dim, kvd = p->n_kv_head * p->head_dim;
+    kiln_node q = kiln_matmul(g, h, mat_weight(g, o, l, 0, "wq", qd, p->hidden));
+    kiln_node k = kiln_matmul(g, h, mat_weight(g, o, l, 1, "wk", kvd, p->hidden));
+    kiln_node v = kiln_matmul(g, h, mat_weight(g, o, l, 2, "wv", kvd, p->hidden));
+    kiln_dim qh[3] = {io->n_tok, p->n_head, p->head_dim}, kh[3] = {io->n_tok, p->n_kv_head, p->head_dim};
+    q = kiln_rope(g, kiln_reshape(g, q, 3, qh), io->pos, p->rope, p->theta);
+    k = kiln_rope(g, kiln_reshape(g, k, 3, kh), io->pos, p->rope, p->theta);
+    v = kiln_reshape(g, v, 3, kh);
+    kiln_dim sd[3] = {p->n_kv_head, o->max_ctx, p->head_dim};
+    snprintf(name, sizeof name, "k%d", l);
+    kiln_node kc = kiln_kv_scatter(g, kiln_state(g, name, o->kvdtype, 3, sd), k, io->pos);
+    snprintf(name, sizeof name, "v%d", l);
+    kiln_node vc = kiln_kv_scatter(g, kiln_state(g, name, o->kvdtype, 3, sd), v, io->pos);
+    kiln_node a = kiln_attention(g, q, kc, vc, io->n_kv, 0.0f);
+    kiln_dim ad[2] = {io->n_tok, qd};
+    a = kiln_matmul(g, kiln_reshape(g, a, 2, ad), mat_weight(g, o, l, 3, "wo", p->hidden, qd));
+    return kiln_add(g, x, a);
+}
+
+/* Feed-forward half of layer l: returns x + down(swiglu(gate(h), up(h))). */
+static kiln_node ffn_block(kiln_graph *g, const kiln_preset *p, const kiln_preset_build_opts *o, int l,
+                           kiln_node x)
+{
+    char name[64];
+    snprintf(name, sizeof name, "ffn_norm%d", l);
+    kiln_node h = kiln_rms_norm(g, x, norm_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 8u), p->eps);
+    kiln_node gt = kiln_matmul(g, h, mat_weight(g, o, l, 4, "wg", p->ffn, p->hidden));
+    kiln_node up = kiln_matmul(g, h, mat_weight(g, o, l, 5, "wu", p->ffn, p->hidden));
+    kiln_node d = kiln_matmul(g, kiln_swiglu(g, gt, up), mat_weight(g, o, l, 6, "wd", p->hidden, p->ffn));
+    return kiln_add(g, x, d);
+}
+
+static bool dims_ok(const kiln_preset *p)
+{
+    return p->hidden > 0 && p->n_head > 0 && p->n_kv_head > 0 && p->n_head % p->n_kv_head == 0 &&
+           p->head_dim > 0 && p->head_dim % 2 == 0 && p->ffn > 0;
+}
+
+kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_opts *o, kiln_graph **out,
+                                 char *err, size_t n_err)
+{
+    if (err && n_err)
+        snprintf(err, n_err, "invalid preset dims or build options");
+    if (!out)
+        return KILN_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!p || !o || !dims_ok(p) || o->n_layers < 1 || o->max_ctx < 1 || o->max_tok < 1 ||
+        o->max_tok > o->max_ctx || (unsigned)o->wdtype >= KILN_DTYPE_COUNT || o->wdtype == KILN_DTYPE_I32 ||
+        (o->kvdtype != KILN_DTYPE_F32 && o->kvdtype != KILN_DTYPE_F16))
+        return KILN_ERR_INVALID_ARG;
+    kiln_graph *g;
+    kiln_status s = kiln_graph_new(&g);
+    if (s != KILN_OK)
+        return s;
+    stack_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
+    kiln_dim xd[2] = {io.n_tok, p->hidden}, pd[1] = {io.n_tok};
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, xd);
+    io.pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, pd);
+    for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++)
+        x = ffn_block(g, p, o, l, attn_block(g, p, o, &io, l, x));
+    if (kiln_graph_status(g) == KILN_OK)
+        kiln_output(g, x, "y");
+    s = kiln_graph_status(g);
+    if (err && n_err)
+        snprintf(err, n_err, "%s", s == KILN_OK ? "" : kiln_graph_error(g));
+    if (s != KILN_OK) {
+        kiln_graph_free(g);
+        return s;
+    }
+    *out = g;
+    return KILN_OK;
+}
+
+kiln_status kiln_preset_build(const kiln_preset *p, kiln_dtype wdtype, int n_layers, int64_t max_ctx,
+                              int64_t max_tok, kiln_graph **out)
+{
+    kiln_preset_build_opts o = {.wdtype = wdtype,
+                                .kvdtype = wdtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
+                                .n_layers = n_layers, .max_ctx = max_ctx, .max_tok = max_tok, .seed = 1};
+    return kiln_preset_build_ex(p, &o, out, NULL, 0);
+}

@@ -1,0 +1,60 @@
+/* Model presets: the dimensions of a few well-known llama-style models and a builder that makes
+ * an N-layer decoder stack from them with random weights (the CLI's bench, examples and tests
+ * share it). Builds graphs through the public API only; must not compile or run anything. */
+#pragma once
+
+#include "kiln/kiln.h"
+
+typedef struct kiln_preset {
+    const char    *name;      /* "qwen2-0.5b", "llama-7b", ... */
+    int64_t        hidden;    /* model width */
+    int64_t        n_head;    /* query heads */
+    int64_t        n_kv_head; /* key/value heads (GQA); divides n_head */
+    int64_t        head_dim;  /* per-head width (even) */
+    int64_t        ffn;       /* feed-forward width */
+    kiln_rope_mode rope;      /* rotary mode */
+    float          theta;     /* rotary base */
+    float          eps;       /* rms_norm epsilon */
+} kiln_preset;
+
+/* Options of kiln_preset_build_ex beyond the preset's dims. */
+typedef struct kiln_preset_build_opts {
+    kiln_dtype wdtype;   /* matmul weight dtype (norm weights stay f32) */
+    kiln_dtype kvdtype;  /* KV-cache state dtype: f32 or f16 */
+    int        n_layers; /* decoder layers, >= 1 */
+    int64_t    max_ctx;  /* KV-cache rows; bound of symbol n_kv */
+    int64_t    max_tok;  /* bound of symbol n_tok */
+    uint64_t   seed;     /* base seed of the random weights */
+} kiln_preset_build_opts;
+
+/* The built-in presets; NULL past the end / for an unknown name. */
+int                kiln_preset_count(void);
+const kiln_preset *kiln_preset_at(int i);
+const kiln_preset *kiln_preset_find(const char *name);
+
+/* Builds a llama-style stack. Graph interface: input `x` f32 [n_tok, hidden], input `pos` i32
+ * [n_tok], symbols `n_tok` (<= max_tok) and `n_kv` (<= max_ctx), states `k<L>`/`v<L>`
+ * [n_kv_head, max_ctx, head_dim], output `y` f32 [n_tok, hidden]. Per layer: rms_norm -> q,k,v
+ * -> rope(q,k) -> kv_scatter -> attention over n_kv -> o -> +residual -> rms_norm -> gate/up ->
+ * swiglu -> down -> +residual. Weight tensor w (layer L, index j) has seed seed + 16 L + j and
+ * scale 1/sqrt(in); norm weights are f32 1 + u/8, u uniform in [-1, 1] from the same rule.
+ * A block dtype whose block does not divide a matmul's input width falls back to q8_0 (or f16)
+ * for that matmul, as GGUF converters do. On error *out is NULL, the status says why and err (may
+ * be NULL) gets the builder's message. */
+kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_opts *o, kiln_graph **out,
+                                 char *err, size_t n_err);
+/* kiln_preset_build_ex with kvdtype f32 when wdtype is f32 and f16 otherwise, seed 1. */
+kiln_status kiln_preset_build(const kiln_preset *p, kiln_dtype wdtype, int n_layers, int64_t max_ctx,
+                              int64_t max_tok, kiln_graph **out);
+
+/* The dtype a matmul with input width k gets for requested weight dtype t (the fallback above). */
+kiln_dtype kiln_preset_wdtype_for(kiln_dtype t, int64_t k);
+/* Bytes of all weights of one layer (matmul weights in their effective dtypes + f32 norms). */
+size_t kiln_preset_layer_weight_bytes(const kiln_preset *p, kiln_dtype wdtype);
+/* Bytes of K and V cache rows one layer reads when attending over n_kv rows. */
+size_t kiln_preset_layer_kv_bytes(const kiln_preset *p, kiln_dtype kvdtype, int64_t n_kv);
+
+/* splitmix64: the reproducible generator of presets, the CLI's input filler and the examples. */
+uint64_t kiln_preset_rng(uint64_t *state);
+/* Uniform in [-1, 1). */
+float kiln_preset_rngf(uint64_t *state);
