@@ -418,11 +418,8 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
             p->meas_s[r] += (now_ms() - t0) * 1e-3;
             p->n_meas[r]++;
         }
-        if (s != KILN_OK) {
-            char lab[300];
-            kiln_ctx_fail(p->ctx, s, "%s: region %u (%s): %s", kiln_backends[be]->name, r,
-                          node_label(g, p->fusion.regions[r].anchor, lab, sizeof lab), err);
-        }
+        if (s != KILN_OK) /* kernels name the failing node in err */
+            kiln_ctx_fail(p->ctx, s, "%s kernel %u: %s", kiln_backends[be]->name, r, err);
     }
     for (uint32_t o = 0; s == KILN_OK && o < g->n_outs; o++) {
         uint32_t i = g->outs[o].node;

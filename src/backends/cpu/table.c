@@ -268,7 +268,8 @@ static kiln_status cpu_launch(void *state, const kiln_kernel *k, const kiln_regi
     if (k->fused) {
         kiln_status st = run_fused(s, k, v);
         if (st != KILN_OK) {
-            snprintf(err, n_err, "fused matmul kernel failed: %s", kiln_status_str(st));
+            const kiln_node_rec *a = &v->g->nodes[k->mm[0]];
+            snprintf(err, n_err, "fused matmul '%s' (#%u) failed: %s", a->name ? a->name : "", k->mm[0], kiln_status_str(st));
             return st;
         }
     }

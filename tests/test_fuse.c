@@ -1,0 +1,327 @@
+/* Fusion: each rule on its own graph (kernel counts and fused == unfused), a llama decode layer in
+ * at most 6 kernels, and 1,000 random DAGs from all ops where fused == unfused on the backend
+ * under test (cpu when present). Tolerances: 4x the largest contract tolerance of the ops used
+ * (both results are within their contracts of the f64 value, so they are within 4x of each other). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/kiln.h"
+#include "support/testutil.h"
+
+static kiln_ctx *g_ctx;
+static void setup(void) { cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &g_ctx), KILN_OK); }
+static void teardown(void) { kiln_ctx_free(g_ctx); }
+
+static const char *fuse_backend(void)
+{
+    const char *b = getenv("KILN_TEST_BACKEND");
+    if (b && *b) return b;
+    kiln_backend_info bi;
+    for (int i = 0; i < kiln_backend_count(g_ctx); i++)
+        if (kiln_backend_get(g_ctx, i, &bi) == KILN_OK && !strcmp(bi.name, "cpu") && bi.available) return "cpu";
+    return "ref";
+}
+
+/* Inputs of a graph: names, with what to fill them with. */
+typedef struct feed {
+    const char *name;  /* input or symbol */
+    int64_t     value; /* symbol value; for i32 inputs: values drawn in [0, value) */
+    bool        ints;  /* i32 input */
+    kiln_dtype  t;     /* input dtype */
+    int64_t     n;     /* elements (after symbols) */
+} feed;
+
+/* Runs g fused and unfused with the same fresh inputs and states; compares every output. */
+static void fused_vs_unfused(kiln_graph *g, const feed *f, int nf, double tol, int *kernels_fused, int *kernels_unfused)
+{
+    kiln_plan *p[2];
+    for (int k = 0; k < 2; k++) {
+        kiln_compile_options o = {.backend = fuse_backend(), .no_fuse = k == 1};
+        cr_assert_eq(kiln_compile(g_ctx, g, &o, &p[k]), KILN_OK, "%s", kiln_ctx_error(g_ctx));
+    }
+    if (kernels_fused) *kernels_fused = kiln_plan_kernel_count(p[0]);
+    if (kernels_unfused) *kernels_unfused = kiln_plan_kernel_count(p[1]);
+    kiln_binding b[16];
+    void *bufs[16] = {0};
+    for (int i = 0; i < nf; i++) {
+        b[i] = (kiln_binding){.name = f[i].name, .value = f[i].value};
+        if (!f[i].n) continue;
+        float *tmp = malloc(f[i].n * sizeof(float));
+        if (f[i].ints) {
+            int32_t *v = malloc(f[i].n * 4);
+            for (int64_t j = 0; j < f[i].n; j++) v[j] = (int32_t)tu_randint(0, f[i].value);
+            bufs[i] = v;
+            b[i].bytes = f[i].n * 4;
+        } else {
+            tu_fill(tmp, f[i].n, -1, 1);
+            bufs[i] = tu_to_dtype(f[i].t, tmp, f[i].n, &b[i].bytes);
+        }
+        free(tmp);
+        b[i].data = bufs[i];
+    }
+    /* Run twice so states written by the first run are read by the second. */
+    for (int rep = 0; rep < 2; rep++)
+        for (int k = 0; k < 2; k++)
+            cr_assert_eq(kiln_run(p[k], b, nf), KILN_OK, "%s run: %s", k ? "unfused" : "fused", kiln_ctx_error(g_ctx));
+    char outname[16];
+    for (int o = 0;; o++) {
+        snprintf(outname, sizeof outname, "out%d", o);
+        kiln_tensor_info ti;
+        if (kiln_plan_tensor(p[0], outname, &ti) != KILN_OK) break;
+        void *y[2];
+        double *v[2];
+        int64_t n = 1;
+        for (int d = 0; d < ti.rank; d++) n *= ti.dims[d];
+        for (int k = 0; k < 2; k++) {
+            y[k] = malloc(ti.bytes);
+            v[k] = malloc(n * sizeof(double));
+            tu_poison(y[k], ti.bytes);
+            cr_assert_eq(kiln_plan_read(p[k], outname, y[k], ti.bytes), KILN_OK);
+            tu_to_f64(ti.t, y[k], n, v[k]);
+        }
+        tu_compare(outname, v[0], v[1], n, ti.t == KILN_DTYPE_I32 ? 0 : tol);
+        for (int k = 0; k < 2; k++) free(y[k]), free(v[k]);
+    }
+    for (int i = 0; i < nf; i++) free(bufs[i]);
+    kiln_plan_free(p[0]);
+    kiln_plan_free(p[1]);
+}
+
+static kiln_graph *gnew(void)
+{
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    return g;
+}
+
+TestSuite(fuse, .init = setup, .fini = teardown);
+
+Test(fuse, rule1_elementwise_chain_is_one_kernel)
+{
+    kiln_graph *g = gnew();
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){3, 17});
+    kiln_node b = kiln_input(g, "b", KILN_DTYPE_F32, 1, (kiln_dim[]){17});
+    kiln_node y = kiln_gelu(g, kiln_scale(g, kiln_add(g, kiln_silu(g, x), b), 0.5f));
+    kiln_output(g, y, "out0");
+    int kf, ku;
+    fused_vs_unfused(g, (feed[]){{"x", .t = KILN_DTYPE_F32, .n = 51}, {"b", .t = KILN_DTYPE_F32, .n = 17}}, 2,
+                     4 * tu_tol("gelu", KILN_DTYPE_F32), &kf, &ku);
+    cr_assert_eq(kf, 1);
+    cr_assert_eq(ku, 4);
+    kiln_graph_free(g);
+}
+
+Test(fuse, rule2_3_4_norm_siblings_swiglu_residual)
+{
+    kiln_graph *g = gnew();
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){2, 64});
+    kiln_node nw = tu_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){64}, 0.5f, 1.5f);
+    kiln_node h = kiln_rms_norm(g, x, nw, 1e-5f);
+    kiln_node gt = kiln_matmul(g, h, tu_weight(g, "wg", KILN_DTYPE_F16, 2, (kiln_dim[]){96, 64}, -0.2f, 0.2f));
+    kiln_node up = kiln_matmul(g, h, tu_weight(g, "wu", KILN_DTYPE_F16, 2, (kiln_dim[]){96, 64}, -0.2f, 0.2f));
+    kiln_node s = kiln_swiglu(g, gt, up);
+    kiln_node d = kiln_matmul(g, s, tu_weight(g, "wd", KILN_DTYPE_F16, 2, (kiln_dim[]){64, 96}, -0.2f, 0.2f));
+    kiln_output(g, kiln_add(g, x, d), "out0");
+    int kf, ku;
+    fused_vs_unfused(g, (feed[]){{"x", .t = KILN_DTYPE_F32, .n = 128}}, 1, 4 * tu_tol("matmul", KILN_DTYPE_F16), &kf, &ku);
+    cr_assert_eq(kf, 2, "norm+gate+up+swiglu, then down+residual: got %d", kf);
+    cr_assert_eq(ku, 6);
+    kiln_graph_free(g);
+}
+
+/* A llama-style decode layer as kiln users write it. */
+static kiln_graph *llama_layer(kiln_dtype wt, int64_t hidden, int64_t n_head, int64_t n_kv_head, int64_t ffn, int64_t ctx)
+{
+    kiln_graph *g = gnew();
+    int64_t hd = hidden / n_head;
+    kiln_dim n_kv = kiln_sym(g, "n_kv", ctx);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){1, hidden});
+    kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){1});
+    kiln_node kc = kiln_state(g, "kc", KILN_DTYPE_F32, 3, (kiln_dim[]){n_kv_head, ctx, hd});
+    kiln_node vc = kiln_state(g, "vc", KILN_DTYPE_F32, 3, (kiln_dim[]){n_kv_head, ctx, hd});
+    float sc = 1.0f / sqrtf((float)hidden);
+    kiln_node h = kiln_rms_norm(g, x, tu_weight(g, "n1", KILN_DTYPE_F32, 1, (kiln_dim[]){hidden}, 0.8f, 1.2f), 1e-5f);
+    kiln_node q = kiln_matmul(g, h, tu_weight(g, "wq", wt, 2, (kiln_dim[]){hidden, hidden}, -sc, sc));
+    kiln_node k = kiln_matmul(g, h, tu_weight(g, "wk", wt, 2, (kiln_dim[]){n_kv_head * hd, hidden}, -sc, sc));
+    kiln_node v = kiln_matmul(g, h, tu_weight(g, "wv", wt, 2, (kiln_dim[]){n_kv_head * hd, hidden}, -sc, sc));
+    q = kiln_rope(g, kiln_reshape(g, q, 3, (kiln_dim[]){1, n_head, hd}), pos, KILN_ROPE_NEOX, 10000);
+    k = kiln_rope(g, kiln_reshape(g, k, 3, (kiln_dim[]){1, n_kv_head, hd}), pos, KILN_ROPE_NEOX, 10000);
+    kiln_node ks = kiln_kv_scatter(g, kc, k, pos);
+    kiln_node vs = kiln_kv_scatter(g, vc, kiln_reshape(g, v, 3, (kiln_dim[]){1, n_kv_head, hd}), pos);
+    kiln_node a = kiln_reshape(g, kiln_attention(g, q, ks, vs, n_kv, 0), 2, (kiln_dim[]){1, hidden});
+    kiln_node o = kiln_matmul(g, a, tu_weight(g, "wo", wt, 2, (kiln_dim[]){hidden, hidden}, -sc, sc));
+    kiln_node x2 = kiln_add(g, x, o);
+    kiln_node h2 = kiln_rms_norm(g, x2, tu_weight(g, "n2", KILN_DTYPE_F32, 1, (kiln_dim[]){hidden}, 0.8f, 1.2f), 1e-5f);
+    kiln_node gt = kiln_matmul(g, h2, tu_weight(g, "wg", wt, 2, (kiln_dim[]){ffn, hidden}, -sc, sc));
+    kiln_node up = kiln_matmul(g, h2, tu_weight(g, "wu", wt, 2, (kiln_dim[]){ffn, hidden}, -sc, sc));
+    float sd = 1.0f / sqrtf((float)ffn);
+    kiln_node d = kiln_matmul(g, kiln_swiglu(g, gt, up), tu_weight(g, "wd", wt, 2, (kiln_dim[]){hidden, ffn}, -sd, sd));
+    kiln_output(g, kiln_add(g, x2, d), "out0");
+    cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+    return g;
+}
+
+Test(fuse, decode_layer_at_most_6_kernels_and_matches_unfused)
+{
+    kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (int t = 0; t < 3; t++) {
+        kiln_graph *g = llama_layer(types[t], 256, 4, 2, 512, 16);
+        int kf, ku;
+        for (int64_t n = 1; n <= 3; n++) {
+            feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 256}, {"pos", .ints = true, .value = n, .n = 1}};
+            /* pos must be n - 1 for a real decode step; any valid position exercises the same code. */
+            fused_vs_unfused(g, f, 3, 4 * tu_tol("matmul", types[t]) + 4 * tu_tol("attention", KILN_DTYPE_F32), &kf, &ku);
+        }
+        cr_assert_leq(kf, 6, "%s layer: %d kernels", kiln_dtype_name(types[t]), kf);
+        cr_assert_geq(ku, 15);
+        kiln_graph_free(g);
+    }
+}
+
+/* ------------------------------------------------------------------ random DAGs */
+
+typedef struct rnode {
+    kiln_node h;       /* handle */
+    int64_t   rows, d; /* shape [rows, d] (rows may be the symbol) */
+    bool      sym;     /* rows is the symbol t */
+} rnode;
+
+static double g_tol;
+/* i32 inputs the random ops created: positions (one per token) and ids (3). */
+static struct { char name[16]; bool is_pos; int64_t n; /* 0: one per token */ } g_extra[24];
+static int g_n_extra;
+
+static const char *extra_input(bool is_pos, int64_t n)
+{
+    cr_assert_lt(g_n_extra, 24);
+    g_extra[g_n_extra].n = n;
+    snprintf(g_extra[g_n_extra].name, 16, "%s%d", is_pos ? "p" : "i", g_n_extra);
+    g_extra[g_n_extra].is_pos = is_pos;
+    return g_extra[g_n_extra++].name;
+}
+static void tol_of(const char *op, kiln_dtype t)
+{
+    double x = tu_tol(op, t);
+    if (x > g_tol) g_tol = x;
+}
+
+/* Appends one random op reading earlier nodes; returns false when the pick does not apply. */
+static bool random_op(kiln_graph *g, rnode *n, int *cnt, kiln_dim tsym, int *wid)
+{
+    rnode a = n[tu_randint(0, *cnt)];
+    int64_t rows = a.sym ? tsym : a.rows;
+    char name[32];
+    snprintf(name, sizeof name, "w%d", (*wid)++);
+    rnode r = a;
+    switch (tu_randint(0, 15)) {
+    case 0: case 1: { /* matmul with a random weight dtype */
+        kiln_dtype ts[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K, KILN_DTYPE_Q6_K};
+        kiln_dtype t = ts[tu_randint(0, a.d % 256 == 0 ? 6 : a.d % 32 == 0 ? 4 : 3)];
+        r.d = (int64_t[]){32, 64, 256}[tu_randint(0, 3)];
+        float s = 1.0f / sqrtf((float)a.d);
+        r.h = kiln_matmul(g, a.h, tu_weight(g, name, t, 2, (kiln_dim[]){r.d, a.d}, -s, s));
+        tol_of("matmul", t);
+        break;
+    }
+    case 2: { /* add/mul with a same-shape node or a bias */
+        rnode b = n[tu_randint(0, *cnt)];
+        bool same = b.d == a.d && b.sym == a.sym && b.rows == a.rows;
+        kiln_node bh = same ? b.h : tu_weight(g, name, KILN_DTYPE_F32, 1, (kiln_dim[]){a.d}, -1, 1);
+        r.h = tu_randint(0, 2) ? kiln_add(g, a.h, bh) : kiln_mul(g, a.h, bh);
+        tol_of("add", KILN_DTYPE_F32), tol_of("mul", KILN_DTYPE_F32);
+        break;
+    }
+    case 3: r.h = kiln_scale(g, a.h, 0.75f); tol_of("scale", KILN_DTYPE_F32); break;
+    case 4: r.h = kiln_silu(g, a.h); tol_of("silu", KILN_DTYPE_F32); break;
+    case 5: r.h = kiln_gelu(g, a.h); tol_of("gelu", KILN_DTYPE_F32); break;
+    case 6: { /* swiglu with a same-shape node */
+        rnode b = n[tu_randint(0, *cnt)];
+        if (b.d != a.d || b.sym != a.sym || b.rows != a.rows) return false;
+        r.h = kiln_swiglu(g, a.h, b.h);
+        tol_of("swiglu", KILN_DTYPE_F32);
+        break;
+    }
+    case 7:
+        r.h = kiln_rms_norm(g, a.h, tu_randint(0, 2) ? tu_weight(g, name, KILN_DTYPE_F32, 1, (kiln_dim[]){a.d}, 0.5f, 1.5f)
+                                                     : KILN_NODE_NONE, 1e-5f);
+        tol_of("rms_norm", KILN_DTYPE_F32);
+        break;
+    case 8: r.h = kiln_layer_norm(g, a.h, KILN_NODE_NONE, KILN_NODE_NONE, 1e-5f); tol_of("layer_norm", KILN_DTYPE_F32); break;
+    case 9: r.h = kiln_softmax(g, a.h); tol_of("softmax", KILN_DTYPE_F32); break;
+    case 10: { /* rope over heads of 8 */
+        if (a.d % 8) return false;
+        if (g_n_extra >= 20) return false;
+        kiln_node pos = kiln_input(g, extra_input(true, a.sym ? 0 : a.rows), KILN_DTYPE_I32, 1, (kiln_dim[]){rows});
+        kiln_node x3 = kiln_reshape(g, a.h, 3, (kiln_dim[]){rows, a.d / 8, 8});
+        r.h = kiln_reshape(g, kiln_rope(g, x3, pos, (kiln_rope_mode)tu_randint(0, 2), 10000), 2, (kiln_dim[]){rows, a.d});
+        tol_of("rope", KILN_DTYPE_F32);
+        break;
+    }
+    case 11: { /* f16 round trip */
+        r.h = kiln_cast(g, kiln_cast(g, a.h, KILN_DTYPE_F16), KILN_DTYPE_F32);
+        g_tol = fmax(g_tol, 1e-6); /* f16 rounding of both sides may differ by one ulp after upstream noise */
+        break;
+    }
+    case 12: { /* concat with itself along the feature axis */
+        if (a.d > 128) return false;
+        r.h = kiln_concat(g, a.h, a.h, 1);
+        r.d = 2 * a.d;
+        break;
+    }
+    case 13: { /* transpose twice (materialized) */
+        r.h = kiln_transpose(g, kiln_transpose(g, a.h, 0, 1), 0, 1);
+        break;
+    }
+    default: { /* get_rows from a table, giving a constant-row node */
+        if (g_n_extra >= 20) return false;
+        kiln_node ids = kiln_input(g, extra_input(false, 3), KILN_DTYPE_I32, 1, (kiln_dim[]){3});
+        snprintf(name, sizeof name, "t%d", (*wid)++);
+        kiln_node tab = tu_weight(g, name, tu_randint(0, 2) ? KILN_DTYPE_F32 : KILN_DTYPE_Q8_0, 2, (kiln_dim[]){7, 32}, -1, 1);
+        r = (rnode){.h = kiln_get_rows(g, tab, ids), .rows = 3, .d = 32};
+        tol_of("get_rows", KILN_DTYPE_Q8_0);
+        break;
+    }
+    }
+    cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+    n[(*cnt)++] = r;
+    return true;
+}
+
+Test(fuse, random_dags_fused_equals_unfused, .timeout = 900)
+{
+    int total_fused = 0, total_unfused = 0;
+    for (int dag = 0; dag < 1000; dag++) {
+        kiln_graph *g = gnew();
+        kiln_dim tsym = kiln_sym(g, "t", 4);
+        rnode n[64];
+        int cnt = 0, wid = 0;
+        int64_t d0 = (int64_t[]){32, 64, 256}[tu_randint(0, 3)];
+        n[cnt++] = (rnode){.h = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){tsym, d0}), .d = d0, .sym = true};
+        g_tol = 0;
+        g_n_extra = 0;
+        for (int ops = (int)tu_randint(3, 14); ops > 0;) ops -= random_op(g, n, &cnt, tsym, &wid);
+        int n_out = 0;
+        char name[16];
+        for (int i = cnt - 1; i > 0 && n_out < 3; i -= (int)tu_randint(1, 4)) {
+            snprintf(name, sizeof name, "out%d", n_out++);
+            kiln_output(g, n[i].h, name);
+        }
+        int64_t t = tu_randint(1, 5);
+        feed f[24] = {{"t", .value = t}, {"x", .t = KILN_DTYPE_F32, .n = t * d0}};
+        int nf = 2;
+        for (int k = 0; k < g_n_extra && nf < 24; k++)
+            f[nf++] = g_extra[k].is_pos ? (feed){g_extra[k].name, .ints = true, .value = 64, .n = g_extra[k].n ? g_extra[k].n : t}
+                                        : (feed){g_extra[k].name, .ints = true, .value = 7, .n = 3};
+        int kf, ku;
+        fused_vs_unfused(g, f, nf, fmax(4 * g_tol, 1e-9), &kf, &ku);
+        cr_assert_leq(kf, ku);
+        total_fused += kf;
+        total_unfused += ku;
+        kiln_graph_free(g);
+    }
+    cr_log_info("1000 random DAGs: %d kernels fused vs %d unfused", total_fused, total_unfused);
+    cr_assert_lt(total_fused, total_unfused, "fusion merged nothing in 1000 DAGs");
+}
