@@ -195,6 +195,9 @@ static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, in
         if (pin) return pin - 1 == b;
     }
     if (forced >= 0 && b != forced) return false;
+    /* The reference backend is the oracle: used when asked for (forced or pinned), or when the cpu
+     * backend is missing; never picked by the cost model over a real backend. */
+    if (b == KILN_BACKEND_REF && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU]) return false;
     if (!ctx->be_ok[b]) return p->what_if && ctx->has_profile[b];
     const kiln_backend_i *bi = kiln_backends[b];
     return !bi->supports || bi->supports(ctx->be_state[b], p->g, reg);
