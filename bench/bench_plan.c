@@ -1,0 +1,57 @@
+/* Compile-speed benchmark: time kiln_compile (clone, fuse, place, memory plan, kernel setup) of an
+ * N-layer model graph. JSON out. Usage: bench_plan [preset] [layers] [reps]. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "kiln/kiln.h"
+#include "sched/presets.h"
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    const char *name = argc > 1 ? argv[1] : "qwen2-0.5b";
+    int layers = argc > 2 ? atoi(argv[2]) : 32, reps = argc > 3 ? atoi(argv[3]) : 15;
+    const kiln_preset *pr = kiln_preset_find(name);
+    kiln_ctx *ctx;
+    kiln_graph *g;
+    if (!pr || layers < 1 || reps < 1 || reps > 1000) {
+        fprintf(stderr, "usage: bench_plan [preset] [layers] [reps]\n");
+        return 2;
+    }
+    if (kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx) != KILN_OK) return 1;
+    fprintf(stderr, "building %s x %d layers (q4_k weights)...\n", name, layers);
+    if (kiln_preset_build(pr, KILN_DTYPE_Q4_K, layers, 2048, 512, &g) != KILN_OK) return 1;
+    double t[1000];
+    int kernels = 0, ops = (int)kiln_graph_size(g);
+    for (int r = 0; r < reps; r++) {
+        kiln_plan *p;
+        double t0 = now_ms();
+        if (kiln_compile(ctx, g, NULL, &p) != KILN_OK) {
+            fprintf(stderr, "compile: %s\n", kiln_ctx_error(ctx));
+            return 1;
+        }
+        t[r] = now_ms() - t0;
+        kernels = kiln_plan_kernel_count(p);
+        kiln_plan_free(p);
+    }
+    qsort(t, reps, sizeof *t, cmp);
+    printf("{\"bench\": \"plan\", \"preset\": \"%s\", \"layers\": %d, \"nodes\": %d, \"kernels\": %d, "
+           "\"compile_ms_median\": %.3f, \"compile_ms_min\": %.3f, \"target_ms\": 20}\n",
+           name, layers, ops, kernels, t[reps / 2], t[0]);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    return 0;
+}
