@@ -37,7 +37,8 @@ Test(place, search_matches_brute_force_on_small_graphs)
     for (int trial = 0; trial < 300; trial++) {
         uint32_t nr = (uint32_t)tu_randint(1, 9);
         int nb = (int)tu_randint(2, 4);
-        kiln_device_profile prof[4] = {{0}};
+        kiln_device_profile prof[4];
+        memset(prof, 0, sizeof prof);
         for (int b = 1; b < nb; b++) { /* backend 0 is host memory; the others are devices */
             prof[b].h2d_bw = prof[b].d2h_bw = tu_uniform(1e9, 5e10);
             prof[b].xfer_latency_s = tu_uniform(1e-6, 2e-5);

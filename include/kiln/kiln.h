@@ -201,7 +201,7 @@ KILN_API kiln_node kiln_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_
  * positions pos i32 [n_tok] (each < max_ctx, checked at run): state[h, pos[t], :] = rows[t, h, :].
  * The result is the updated state; read it (e.g. by attention) to order the write before. */
 KILN_API kiln_node kiln_kv_scatter(kiln_graph *g, kiln_node state, kiln_node rows, kiln_node pos);
-/* Embedding lookup: table [V, D] of any dtype, ids i32 [n] (each < V, checked at run) -> f32 [n, D]. */
+/* Embedding lookup: table [V, D] of a float or block dtype, ids i32 [n] (each < V, checked at run) -> f32 [n, D]. */
 KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids);
 /* Index of the largest value over the last dim (first on ties): x [..., N] -> i32 [...] ([1] for rank 1). */
 KILN_API kiln_node kiln_argmax(kiln_graph *g, kiln_node x);

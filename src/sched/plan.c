@@ -92,9 +92,8 @@ static kiln_status plan_memory(kiln_plan *p)
         p->root[i] = i;
         p->offset[i] = 0;
         if (r->op == KILN_OP_STATE) {
-            size_t b = kiln_node_bytes(r, d);
-            if (!(p->state_mem[i] = aligned_alloc(ALIGN, (b + ALIGN - 1) / ALIGN * ALIGN))) { st = KILN_ERR_NOMEM; goto out; }
-            memset(p->state_mem[i], 0, b);
+            /* calloc: large states come zeroed from fresh pages, so a big KV cache costs no memset. */
+            if (!(p->state_mem[i] = calloc(1, kiln_node_bytes(r, d) + 1))) { st = KILN_ERR_NOMEM; goto out; }
         } else if (r->op != KILN_OP_INPUT && r->op != KILN_OP_WEIGHT) {
             size[i] = (kiln_node_bytes(r, d) + ALIGN - 1) / ALIGN * ALIGN;
             order[n_order++] = i;

@@ -76,6 +76,18 @@ size_t kiln_preset_layer_kv_bytes(const kiln_preset *p, kiln_dtype kvdtype, int6
     return 2 * (size_t)p->n_kv_head * (size_t)n_kv * kiln_row_bytes(kvdtype, p->head_dim);
 }
 
+double kiln_preset_layer_flops(const kiln_preset *p, int64_t n_tok, int64_t n_kv)
+{
+    int64_t mats[7][2];
+    layer_mats(p, mats);
+    double f = 0, rows = 0;
+    for (int j = 0; j < 7; j++)
+        f += 2.0 * (double)n_tok * (double)mats[j][0] * (double)mats[j][1];
+    for (int64_t t = 0; t < n_tok; t++)
+        rows += (double)(n_kv - n_tok + t + 1);
+    return f + 4.0 * (double)p->n_head * (double)p->head_dim * rows;
+}
+
 /* f32 norm weight near 1, reproducible from its seed. */
 static kiln_node norm_weight(kiln_graph *g, const char *name, int64_t d, uint64_t seed)
 {

@@ -54,6 +54,10 @@ size_t kiln_preset_layer_weight_bytes(const kiln_preset *p, kiln_dtype wdtype);
 /* Bytes of K and V cache rows one layer reads when attending over n_kv rows. */
 size_t kiln_preset_layer_kv_bytes(const kiln_preset *p, kiln_dtype kvdtype, int64_t n_kv);
 
+/* FLOPs of one layer for n_tok tokens attending over up to n_kv rows: 2 per multiply-add of the
+ * matmuls, plus q.k and p.v of attention (causal: token t sees n_kv - n_tok + t + 1 rows). */
+double kiln_preset_layer_flops(const kiln_preset *p, int64_t n_tok, int64_t n_kv);
+
 /* splitmix64: the reproducible generator of presets, the CLI's input filler and the examples. */
 uint64_t kiln_preset_rng(uint64_t *state);
 /* Uniform in [-1, 1). */

@@ -1,0 +1,255 @@
+/* Portable scalar kernels: the KILN_CPU_ISA_SCALAR table (every entry filled, so it is also the
+ * fallback of the SIMD tables), and activation quantization (q8 blocks of 32 / q8_K of 256).
+ * Integer dot products compute exactly what the SIMD versions compute; only the order of the
+ * final float sums differs. Must not use vector intrinsics. */
+#include <math.h>
+#include <string.h>
+
+#include "backends/cpu/kern.h"
+
+#define ROW(base, i, stride) ((const void *)((const char *)(base) + (size_t)(i) * (stride)))
+
+/* ---------------------------------------------------------------- activation quantization */
+
+static void quant_q8a(const float *x, kiln_cpu_q8a *b)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < KILN_QK8_0; j++) {
+        float a = fabsf(x[j]);
+        amax = amax > a ? amax : a;
+    }
+    const float d = amax / 127.0f;
+    const float id = d ? 1.0f / d : 0.0f;
+    b->d = d;
+    for (int j = 0; j < KILN_QK8_0; j++)
+        b->qs[j] = (int8_t)kiln_nearest_int(x[j] * id);
+}
+
+size_t kiln_cpu_act_row_bytes(enum kiln_cpu_act a, int64_t k)
+{
+    switch (a) {
+    case KILN_CPU_ACT_Q8_0: return (size_t)(k / KILN_QK8_0) * sizeof(kiln_cpu_q8a);
+    case KILN_CPU_ACT_Q8_K: return (size_t)(k / KILN_QK_K) * sizeof(kiln_block_q8_k);
+    default: return (size_t)k * sizeof(float);
+    }
+}
+
+void kiln_cpu_quant_row(enum kiln_cpu_act a, const float *x, int64_t k, void *dst)
+{
+    if (a == KILN_CPU_ACT_Q8_0) {
+        kiln_cpu_q8a *b = dst;
+        for (int64_t i = 0; i < k / KILN_QK8_0; i++)
+            quant_q8a(x + i * KILN_QK8_0, b + i);
+    } else if (a == KILN_CPU_ACT_Q8_K) {
+        kiln_block_q8_k *b = dst;
+        for (int64_t i = 0; i < k / KILN_QK_K; i++)
+            kiln_dtype_quant_q8_k(x + i * KILN_QK_K, b + i);
+    } else {
+        memcpy(dst, x, (size_t)k * sizeof(float));
+    }
+}
+
+/* ---------------------------------------------------------------- float weights */
+
+static inline float load_f32(const void *w, int64_t i) { return ((const float *)w)[i]; }
+static inline float load_f16(const void *w, int64_t i) { return kiln_f16_to_f32(((const uint16_t *)w)[i]); }
+static inline float load_bf16(const void *w, int64_t i) { return kiln_bf16_to_f32(((const uint16_t *)w)[i]); }
+
+#define DEF_MM_FLOAT(NAME, LOAD)                                                                       \
+    static void NAME(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs,      \
+                     int64_t m, float *y, int64_t ldy)                                                 \
+    {                                                                                                  \
+        for (int64_t j = 0; j < nw; j++) {                                                             \
+            const void *wr = ROW(w, j, ws);                                                            \
+            for (int64_t i = 0; i < m; i++) {                                                          \
+                const float *xr = ROW(xa, i, xs);                                                      \
+                float s[4] = {0, 0, 0, 0};                                                             \
+                int64_t t = 0;                                                                         \
+                for (; t + 4 <= k; t += 4)                                                             \
+                    for (int u = 0; u < 4; u++)                                                        \
+                        s[u] += xr[t + u] * LOAD(wr, t + u);                                           \
+                for (; t < k; t++)                                                                     \
+                    s[0] += xr[t] * LOAD(wr, t);                                                       \
+                y[i * ldy + j] = (s[0] + s[1]) + (s[2] + s[3]);                                        \
+            }                                                                                          \
+        }                                                                                              \
+    }
+
+DEF_MM_FLOAT(mm_f32, load_f32)
+DEF_MM_FLOAT(mm_f16, load_f16)
+DEF_MM_FLOAT(mm_bf16, load_bf16)
+
+/* ---------------------------------------------------------------- quantized weights */
+
+static float dot_q8_0(int64_t nb, const kiln_block_q8_0 *w, const kiln_cpu_q8a *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int l = 0; l < KILN_QK8_0; l++)
+            s += (int32_t)w[b].qs[l] * x[b].qs[l];
+        acc += kiln_f16_to_f32(w[b].d) * x[b].d * (float)s;
+    }
+    return acc;
+}
+
+static float dot_q4_k(int64_t nb, const kiln_block_q4_k *w, const kiln_block_q8_k *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            kiln_get_scale_min_k4(j, w[b].scales, &sc, &mn);
+            const uint8_t *q = w[b].qs + 32 * (j / 2);
+            const int8_t *a = x[b].qs + 32 * j;
+            int shift = (j & 1) * 4;
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++)
+                s += ((q[l] >> shift) & 15) * a[l];
+            sumi += sc * s;
+            summ += mn * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+        }
+        acc += x[b].d * (kiln_f16_to_f32(w[b].d) * (float)sumi - kiln_f16_to_f32(w[b].dmin) * (float)summ);
+    }
+    return acc;
+}
+
+static float dot_q5_k(int64_t nb, const kiln_block_q5_k *w, const kiln_block_q8_k *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            kiln_get_scale_min_k4(j, w[b].scales, &sc, &mn);
+            const uint8_t *q = w[b].qs + 32 * (j / 2);
+            const int8_t *a = x[b].qs + 32 * j;
+            int shift = (j & 1) * 4;
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++)
+                s += (((q[l] >> shift) & 15) | (((w[b].qh[l] >> j) & 1) << 4)) * a[l];
+            sumi += sc * s;
+            summ += mn * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+        }
+        acc += x[b].d * (kiln_f16_to_f32(w[b].d) * (float)sumi - kiln_f16_to_f32(w[b].dmin) * (float)summ);
+    }
+    return acc;
+}
+
+static float dot_q6_k(int64_t nb, const kiln_block_q6_k *w, const kiln_block_q8_k *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *ql = w[b].ql, *qh = w[b].qh;
+        int32_t sumi = 0;
+        for (int h = 0; h < 2; h++) {
+            for (int l = 0; l < 32; l++) {
+                int base = 128 * h + l;
+                int q1 = ((ql[64 * h + l] & 0xf) | (((qh[32 * h + l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[64 * h + 32 + l] & 0xf) | (((qh[32 * h + l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[64 * h + l] >> 4) | (((qh[32 * h + l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[64 * h + 32 + l] >> 4) | (((qh[32 * h + l] >> 6) & 3) << 4)) - 32;
+                sumi += w[b].scales[base / 16] * q1 * x[b].qs[base];
+                sumi += w[b].scales[(base + 32) / 16] * q2 * x[b].qs[base + 32];
+                sumi += w[b].scales[(base + 64) / 16] * q3 * x[b].qs[base + 64];
+                sumi += w[b].scales[(base + 96) / 16] * q4 * x[b].qs[base + 96];
+            }
+        }
+        acc += x[b].d * kiln_f16_to_f32(w[b].d) * (float)sumi;
+    }
+    return acc;
+}
+
+#define DEF_MM_QUANT(NAME, DOT, WT, XT, QK)                                                            \
+    static void NAME(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs,      \
+                     int64_t m, float *y, int64_t ldy)                                                 \
+    {                                                                                                  \
+        for (int64_t j = 0; j < nw; j++)                                                               \
+            for (int64_t i = 0; i < m; i++)                                                            \
+                y[i * ldy + j] = DOT(k / (QK), (const WT *)ROW(w, j, ws), (const XT *)ROW(xa, i, xs)); \
+    }
+
+DEF_MM_QUANT(mm_q8_0, dot_q8_0, kiln_block_q8_0, kiln_cpu_q8a, KILN_QK8_0)
+DEF_MM_QUANT(mm_q4_k, dot_q4_k, kiln_block_q4_k, kiln_block_q8_k, KILN_QK_K)
+DEF_MM_QUANT(mm_q5_k, dot_q5_k, kiln_block_q5_k, kiln_block_q8_k, KILN_QK_K)
+DEF_MM_QUANT(mm_q6_k, dot_q6_k, kiln_block_q6_k, kiln_block_q8_k, KILN_QK_K)
+
+/* ---------------------------------------------------------------- attention vectors */
+
+#define DEF_KV(SUFFIX, LOAD)                                                                           \
+    static void kv_dot_##SUFFIX(int64_t hd, const float *q, const void *k, size_t ks, int64_t nk,     \
+                                float *s)                                                              \
+    {                                                                                                  \
+        for (int64_t j = 0; j < nk; j++) {                                                             \
+            const void *kr = ROW(k, j, ks);                                                            \
+            float a = 0;                                                                               \
+            for (int64_t t = 0; t < hd; t++)                                                           \
+                a += q[t] * LOAD(kr, t);                                                               \
+            s[j] = a;                                                                                  \
+        }                                                                                              \
+    }                                                                                                  \
+    static void kv_axpy_##SUFFIX(int64_t hd, float c, const float *p, const void *v, size_t vs,       \
+                                 int64_t nk, float *acc)                                               \
+    {                                                                                                  \
+        for (int64_t t = 0; t < hd; t++)                                                               \
+            acc[t] *= c;                                                                               \
+        for (int64_t j = 0; j < nk; j++) {                                                             \
+            const void *vr = ROW(v, j, vs);                                                            \
+            for (int64_t t = 0; t < hd; t++)                                                           \
+                acc[t] += p[j] * LOAD(vr, t);                                                          \
+        }                                                                                              \
+    }
+
+DEF_KV(f32, load_f32)
+DEF_KV(f16, load_f16)
+
+static float exp_sum(float *s, int64_t n, float m)
+{
+    float l = 0;
+    for (int64_t j = 0; j < n; j++)
+        l += (s[j] = expf(s[j] - m));
+    return l;
+}
+
+/* ---------------------------------------------------------------- calibration */
+
+static volatile float g_sink; /* keeps the FMA loop's result alive */
+
+static double fma_loop(int64_t iters)
+{
+    float a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const float b = 0.999999f, c = 1e-7f;
+    for (int64_t i = 0; i < iters; i++)
+        for (int u = 0; u < 8; u++)
+            a[u] = a[u] * b + c;
+    g_sink = a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+    return (double)iters * 8 * 2;
+}
+
+static uint64_t read_sum(const void *p, size_t bytes)
+{
+    const uint64_t *u = p;
+    uint64_t s[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < bytes / 8; i += 4)
+        for (int j = 0; j < 4; j++)
+            s[j] ^= u[i + j];
+    return s[0] ^ s[1] ^ s[2] ^ s[3];
+}
+
+const kiln_cpu_kern kiln_cpu_kern_scalar = {
+    .mm = {
+        [KILN_DTYPE_F32] = mm_f32,
+        [KILN_DTYPE_F16] = mm_f16,
+        [KILN_DTYPE_BF16] = mm_bf16,
+        [KILN_DTYPE_Q8_0] = mm_q8_0,
+        [KILN_DTYPE_Q4_K] = mm_q4_k,
+        [KILN_DTYPE_Q5_K] = mm_q5_k,
+        [KILN_DTYPE_Q6_K] = mm_q6_k,
+    },
+    .kv_dot = {kv_dot_f32, kv_dot_f16},
+    .kv_axpy = {kv_axpy_f32, kv_axpy_f16},
+    .exp_sum = exp_sum,
+    .fma_loop = fma_loop,
+    .read_sum = read_sum,
+};

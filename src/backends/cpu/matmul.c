@@ -1,0 +1,225 @@
+/* The fused matmul region driver: validates a kiln_cpu_mm, runs the rms_norm prologue once and
+ * prepares the activation formats the weights need (f32, q8 blocks of 32, q8_K), then splits the
+ * output columns of all outputs into chunks that threads take dynamically, calls the ISA kernel
+ * per chunk and applies the epilogue (residual, swiglu) while the chunk is hot in cache.
+ * Must not contain ISA intrinsics: the inner loops live in the kern_* files. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "backends/cpu/kern.h"
+
+#define PREP_INLINE_MAX 32768 /* m*k up to which the prologue runs on the caller alone */
+
+typedef struct mm_group {
+    int      o0, o1;   /* outputs computed by this group (o1 = -1 unless swiglu) */
+    int64_t  n;        /* columns */
+    int64_t  units;    /* chunks */
+    int64_t  base;     /* index of its first unit */
+} mm_group;
+
+typedef struct mm_job {
+    const kiln_cpu_mm   *mm;                     /* the region */
+    const kiln_cpu_kern *kt;                     /* kernel table */
+    float               *xhat;                   /* normalized rows [m, k] (NULL: none, use mm->x) */
+    void                *xa[KILN_CPU_ACT_COUNT]; /* prepared activations per format (NULL: unused) */
+    size_t               xs[KILN_CPU_ACT_COUNT]; /* their row strides in bytes */
+    mm_group             g[4];                   /* output groups */
+    int                  n_groups;               /* groups in use */
+    int64_t              chunk;                  /* columns per unit */
+    int64_t              n_units;                /* units over all groups */
+    atomic_llong         next;                   /* next unit to take */
+    char                *tmp;                    /* per-thread swiglu scratch */
+    size_t               tmp_bytes;              /* bytes per thread */
+} mm_job;
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static kiln_status validate(const kiln_cpu_kern *kt, const kiln_cpu_mm *mm)
+{
+    if (!mm || !mm->x || mm->m < 1 || mm->k < 1 || mm->n_out < 1 || mm->n_out > 4)
+        return KILN_ERR_INVALID_ARG;
+    for (int o = 0; o < mm->n_out; o++) {
+        const kiln_cpu_mm_out *u = &mm->out[o];
+        if (!u->w || u->n < 1 || (!u->y && !(mm->swiglu && o == 1)))
+            return KILN_ERR_INVALID_ARG;
+        if ((unsigned)u->wt >= KILN_DTYPE_COUNT || !kt->mm[u->wt])
+            return KILN_ERR_DTYPE;
+        if (mm->k % kiln_dtype_block(u->wt) != 0)
+            return KILN_ERR_SHAPE;
+    }
+    if (mm->swiglu && (mm->n_out != 2 || mm->out[0].n != mm->out[1].n))
+        return KILN_ERR_SHAPE;
+    return KILN_OK;
+}
+
+/* Normalizes row i (if asked) and writes every prepared format of it. */
+static void prep_row(mm_job *j, int64_t i)
+{
+    const kiln_cpu_mm *mm = j->mm;
+    const float *xr = mm->x + i * mm->k;
+    if (j->xhat) {
+        float *h = j->xhat + i * mm->k;
+        double ss = 0;
+        for (int64_t t = 0; t < mm->k; t++)
+            ss += (double)xr[t] * xr[t];
+        float r = (float)(1.0 / sqrt(ss / (double)mm->k + (double)mm->eps));
+        for (int64_t t = 0; t < mm->k; t++)
+            h[t] = xr[t] * r * (mm->norm_w ? mm->norm_w[t] : 1.0f);
+        xr = h;
+    }
+    for (int a = KILN_CPU_ACT_Q8_0; a < KILN_CPU_ACT_COUNT; a++)
+        if (j->xa[a])
+            kiln_cpu_quant_row((enum kiln_cpu_act)a, xr, mm->k, (char *)j->xa[a] + (size_t)i * j->xs[a]);
+}
+
+static void prep_fn(void *arg, int tid, int nth)
+{
+    mm_job *j = arg;
+    int64_t m = j->mm->m;
+    for (int64_t i = m * tid / nth; i < m * (tid + 1) / nth; i++)
+        prep_row(j, i);
+}
+
+static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+
+/* Computes columns [c0, c0 + cw) of group g. */
+static void run_unit(mm_job *j, const mm_group *g, int64_t c0, int64_t cw, int tid)
+{
+    const kiln_cpu_mm *mm = j->mm;
+    const int64_t m = mm->m, k = mm->k, n = g->n;
+    const kiln_cpu_mm_out *o0 = &mm->out[g->o0];
+    enum kiln_cpu_act a0 = kiln_cpu_act_of(o0->wt);
+    size_t ws0 = kiln_row_bytes(o0->wt, k);
+    const char *w0 = (const char *)o0->w + (size_t)c0 * ws0;
+    if (g->o1 < 0) {
+        j->kt->mm[o0->wt](k, w0, ws0, cw, j->xa[a0], j->xs[a0], m, o0->y + c0, n);
+        if (o0->residual)
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t c = c0; c < c0 + cw; c++)
+                    o0->y[i * n + c] += o0->residual[i * n + c];
+        return;
+    }
+    const kiln_cpu_mm_out *o1 = &mm->out[g->o1];
+    enum kiln_cpu_act a1 = kiln_cpu_act_of(o1->wt);
+    size_t ws1 = kiln_row_bytes(o1->wt, k);
+    const char *w1 = (const char *)o1->w + (size_t)c0 * ws1;
+    float *gt = (float *)(j->tmp + (size_t)tid * j->tmp_bytes), *up = gt + m * cw;
+    j->kt->mm[o0->wt](k, w0, ws0, cw, j->xa[a0], j->xs[a0], m, gt, cw);
+    j->kt->mm[o1->wt](k, w1, ws1, cw, j->xa[a1], j->xs[a1], m, up, cw);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t c = 0; c < cw; c++) {
+            float v = silu(gt[i * cw + c]) * up[i * cw + c];
+            if (o0->residual)
+                v += o0->residual[i * n + c0 + c];
+            o0->y[i * n + c0 + c] = v;
+        }
+}
+
+static void mm_fn(void *arg, int tid, int nth)
+{
+    mm_job *j = arg;
+    for (;;) {
+        int64_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (u >= j->n_units)
+            return;
+        int gi = 0;
+        while (gi + 1 < j->n_groups && u >= j->g[gi + 1].base)
+            gi++;
+        const mm_group *g = &j->g[gi];
+        int64_t c0 = (u - g->base) * j->chunk;
+        int64_t cw = g->n - c0 < j->chunk ? g->n - c0 : j->chunk;
+        run_unit(j, g, c0, cw, tid);
+    }
+}
+
+/* Columns per unit: enough units for dynamic balance (8 per thread), a multiple of 12 (the
+ * kernels' row tiles), and for many activation rows small enough to keep the chunk's weight rows
+ * in L2 while every m-tile passes over them. */
+static int64_t pick_chunk(const kiln_cpu_mm *mm, int64_t total, int nth)
+{
+    int64_t c = (total + nth * 8 - 1) / (nth * 8);
+    c = (c + 11) / 12 * 12;
+    int64_t hi = 240;
+    if (mm->m > 8) {
+        size_t wb = kiln_row_bytes(mm->out[0].wt, mm->k) + 1;
+        int64_t l2 = (int64_t)(192 * 1024 / wb) / 12 * 12;
+        hi = l2 < 12 ? 12 : l2 < hi ? l2 : hi;
+    }
+    return c < 12 ? 12 : c > hi ? hi : c;
+}
+
+/* Lays out scratch: xhat, prepared formats, per-thread swiglu buffers. */
+static kiln_status setup(kiln_cpu_pool *pool, mm_job *j)
+{
+    const kiln_cpu_mm *mm = j->mm;
+    int nth = kiln_cpu_pool_threads(pool);
+    bool need[KILN_CPU_ACT_COUNT] = {false};
+    int64_t total = 0;
+    for (int o = 0; o < mm->n_out; o++)
+        need[kiln_cpu_act_of(mm->out[o].wt)] = true;
+    j->n_groups = 0;
+    for (int o = 0; o < mm->n_out; o++) {
+        if (mm->swiglu && o == 1)
+            continue;
+        mm_group *g = &j->g[j->n_groups++];
+        g->o0 = o;
+        g->o1 = mm->swiglu ? 1 : -1;
+        g->n = mm->out[o].n;
+        total += g->n;
+    }
+    j->chunk = pick_chunk(mm, total, nth);
+    j->n_units = 0;
+    for (int gi = 0; gi < j->n_groups; gi++) {
+        j->g[gi].base = j->n_units;
+        j->g[gi].units = (j->g[gi].n + j->chunk - 1) / j->chunk;
+        j->n_units += j->g[gi].units;
+    }
+    size_t off[KILN_CPU_ACT_COUNT + 2] = {0}, sz = 0;
+    size_t xhat_b = mm->norm ? align64((size_t)(mm->m * mm->k) * sizeof(float)) : 0;
+    off[0] = sz, sz += xhat_b;
+    for (int a = KILN_CPU_ACT_Q8_0; a < KILN_CPU_ACT_COUNT; a++) {
+        j->xs[a] = kiln_cpu_act_row_bytes((enum kiln_cpu_act)a, mm->k);
+        off[a] = sz;
+        if (need[a])
+            sz += align64(j->xs[a] * (size_t)mm->m);
+    }
+    j->tmp_bytes = mm->swiglu ? align64((size_t)(2 * mm->m * j->chunk) * sizeof(float)) : 0;
+    off[KILN_CPU_ACT_COUNT] = sz, sz += j->tmp_bytes * (size_t)nth;
+    char *s = kiln_cpu_pool_scratch(pool, sz + 64);
+    if (!s)
+        return KILN_ERR_NOMEM;
+    j->xhat = mm->norm ? (float *)(s + off[0]) : NULL;
+    j->xa[KILN_CPU_ACT_F32] = (void *)(j->xhat ? j->xhat : mm->x);
+    j->xs[KILN_CPU_ACT_F32] = (size_t)mm->k * sizeof(float);
+    for (int a = KILN_CPU_ACT_Q8_0; a < KILN_CPU_ACT_COUNT; a++)
+        j->xa[a] = need[a] ? s + off[a] : NULL;
+    j->tmp = s + off[KILN_CPU_ACT_COUNT];
+    return KILN_OK;
+}
+
+kiln_status kiln_cpu_matmul(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const kiln_cpu_mm *mm)
+{
+    if (!pool)
+        return KILN_ERR_INVALID_ARG;
+    const kiln_cpu_kern *kt = kiln_cpu_kern_get(isa);
+    kiln_status st = validate(kt, mm);
+    if (st != KILN_OK)
+        return st;
+    mm_job j;
+    memset(&j, 0, sizeof j);
+    j.mm = mm;
+    j.kt = kt;
+    if ((st = setup(pool, &j)) != KILN_OK)
+        return st;
+    bool any_prep = j.xhat || j.xa[KILN_CPU_ACT_Q8_0] || j.xa[KILN_CPU_ACT_Q8_K];
+    if (any_prep) {
+        if (mm->m * mm->k <= PREP_INLINE_MAX || mm->m == 1)
+            prep_fn(&j, 0, 1);
+        else
+            kiln_cpu_pool_run(pool, prep_fn, &j);
+    }
+    atomic_init(&j.next, 0);
+    kiln_cpu_pool_run(pool, mm_fn, &j);
+    return KILN_OK;
+}

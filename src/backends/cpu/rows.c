@@ -1,0 +1,58 @@
+/* Row kernels for the CPU backend: rms_norm, softmax, rope. Plain C written so the compiler can
+ * vectorize the inner loops at the baseline ISA; single-threaded (the executor splits rows over
+ * the pool when it wants to). Must not contain ISA intrinsics. */
+#include <math.h>
+
+#include "backends/cpu/cpu.h"
+
+void kiln_cpu_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t d, float *y)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        double ss = 0;
+        for (int64_t i = 0; i < d; i++)
+            ss += (double)xr[i] * xr[i];
+        float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+        for (int64_t i = 0; i < d; i++)
+            yr[i] = xr[i] * s * (w ? w[i] : 1.0f);
+    }
+}
+
+void kiln_cpu_softmax(const float *x, int64_t rows, int64_t d, float *y)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < d; i++)
+            mx = xr[i] > mx ? xr[i] : mx;
+        double sum = 0;
+        for (int64_t i = 0; i < d; i++) {
+            yr[i] = expf(xr[i] - mx);
+            sum += yr[i];
+        }
+        float is = (float)(1.0 / sum);
+        for (int64_t i = 0; i < d; i++)
+            yr[i] *= is;
+    }
+}
+
+void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t hd, int mode,
+                   float theta)
+{
+    const int64_t half = hd / 2;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < half; i++) {
+            /* Angles in double: positions up to 1e5+ lose digits in f32. */
+            double ang = (double)pos[t] * pow((double)theta, -2.0 * (double)i / (double)hd);
+            float c = (float)cos(ang), s = (float)sin(ang);
+            for (int64_t h = 0; h < n_head; h++) {
+                float *xr = x + (t * n_head + h) * hd;
+                int64_t a = mode == 0 ? 2 * i : i, b = mode == 0 ? 2 * i + 1 : i + half;
+                float x0 = xr[a], x1 = xr[b];
+                xr[a] = x0 * c - x1 * s;
+                xr[b] = x0 * s + x1 * c;
+            }
+        }
+}

@@ -1,0 +1,342 @@
+/* `kiln bench`: builds a model preset's layers with random weights, compiles once, and times
+ * decode steps over a growing KV cache (n_kv and pos bound per step, no recompilation) or
+ * prefill runs; reports the median ms per layer-step and effective GB/s. Must not assert on
+ * speed or print anything but the report (and a progress line on a terminal). */
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "sched/presets.h"
+
+typedef struct bench_opts {
+    const kiln_preset *preset;  /* --preset */
+    bool               prefill; /* --mode prefill (else decode) */
+    int64_t            layers;  /* --layers; 0 = default */
+    int64_t            steps;   /* --steps; 0 = default */
+    int64_t            ctx;     /* --ctx; -1 = default */
+    int64_t            tokens;  /* --tokens; 0 = default */
+    const char        *backend; /* --backend or NULL (auto) */
+    kiln_dtype         wtype;   /* --wtype */
+    int64_t            seed;    /* --seed */
+    int64_t            threads; /* --threads; 0 = one per core */
+    bool               json;    /* --json */
+} bench_opts;
+
+/* Results and the resources of one bench, freed by bench_free. */
+typedef struct bench_state {
+    kiln_ctx  *ctx;       /* context */
+    kiln_plan *plan;      /* compiled stack */
+    float     *x;         /* input rows [max_tok, hidden] */
+    int32_t   *pos;       /* positions [max_tok] */
+    float     *y;         /* output rows */
+    double    *step_ms;   /* time of each timed step */
+    double    *step_gb;   /* bytes read by each timed step, in GB */
+    double    *step_gf;   /* FLOPs of each timed step, in GFLOP */
+    double     compile_ms; /* kiln_compile time */
+    bool       is_ref;    /* running on the reference backend */
+} bench_state;
+
+static int parse_mode(const char *v, bench_opts *o)
+{
+    if (strcmp(v, "decode") == 0 || strcmp(v, "prefill") == 0) {
+        o->prefill = v[0] == 'p';
+        return KILN_CLI_OK;
+    }
+    fprintf(stderr, "kiln bench: --mode wants decode or prefill, got '%s'\n", v);
+    return KILN_CLI_USAGE;
+}
+
+static int parse_preset(const char *v, bench_opts *o)
+{
+    if ((o->preset = kiln_preset_find(v)))
+        return KILN_CLI_OK;
+    fprintf(stderr, "kiln bench: unknown preset '%s'; presets:", v);
+    for (int i = 0; i < kiln_preset_count(); i++)
+        fprintf(stderr, " %s", kiln_preset_at(i)->name);
+    fprintf(stderr, "\n");
+    return KILN_CLI_USAGE;
+}
+
+static int parse_wtype(const char *v, bench_opts *o)
+{
+    if (kiln_dtype_parse(v, &o->wtype) && o->wtype != KILN_DTYPE_I32)
+        return KILN_CLI_OK;
+    fprintf(stderr, "kiln bench: --wtype wants f32, f16, bf16, q8_0, q4_k, q5_k or q6_k, got '%s'\n", v);
+    return KILN_CLI_USAGE;
+}
+
+/* One flag at a->i; returns an exit code (KILN_CLI_OK to go on). */
+static int parse_one(kiln_cli_args *a, bench_opts *o)
+{
+    static const struct {
+        const char *flag; /* flag name */
+        size_t      off;  /* offset of its int64_t field */
+        int64_t     lo;   /* smallest value */
+        int64_t     hi;   /* largest value */
+    } ints[] = {{"--layers", offsetof(bench_opts, layers), 1, 4096},
+                {"--steps", offsetof(bench_opts, steps), 1, 1000000},
+                {"--ctx", offsetof(bench_opts, ctx), 0, 1 << 24},
+                {"--tokens", offsetof(bench_opts, tokens), 1, 1 << 20},
+                {"--seed", offsetof(bench_opts, seed), 0, INT64_MAX},
+                {"--threads", offsetof(bench_opts, threads), 1, 256}};
+    const char *v = NULL;
+    int r;
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+        if ((r = kiln_cli_flag_value(a, ints[k].flag, &v)) != 0)
+            return r < 0 || !kiln_cli_parse_i64("bench", ints[k].flag, v, ints[k].lo, ints[k].hi,
+                                                (int64_t *)((char *)o + ints[k].off))
+                       ? KILN_CLI_USAGE
+                       : KILN_CLI_OK;
+    }
+    if ((r = kiln_cli_flag_value(a, "--preset", &v)) != 0)
+        return r < 0 ? KILN_CLI_USAGE : parse_preset(v, o);
+    if ((r = kiln_cli_flag_value(a, "--mode", &v)) != 0)
+        return r < 0 ? KILN_CLI_USAGE : parse_mode(v, o);
+    if ((r = kiln_cli_flag_value(a, "--wtype", &v)) != 0)
+        return r < 0 ? KILN_CLI_USAGE : parse_wtype(v, o);
+    if ((r = kiln_cli_flag_value(a, "--backend", &v)) != 0) {
+        o->backend = v;
+        return r < 0 ? KILN_CLI_USAGE : KILN_CLI_OK;
+    }
+    if (strcmp(a->argv[a->i], "--json") == 0) {
+        o->json = true;
+        a->i++;
+        return KILN_CLI_OK;
+    }
+    if (a->argv[a->i][0] == '-')
+        return kiln_cli_unknown_flag("bench", a->argv[a->i]);
+    fprintf(stderr, "kiln bench: unexpected argument '%s' (see kiln bench --help)\n", a->argv[a->i]);
+    return KILN_CLI_USAGE;
+}
+
+static int parse_args(int argc, char *const *argv, bench_opts *o)
+{
+    *o = (bench_opts){.ctx = -1, .wtype = KILN_DTYPE_Q8_0, .seed = 1};
+    kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "bench"};
+    while (a.i < argc) {
+        int rc = parse_one(&a, o);
+        if (rc != KILN_CLI_OK)
+            return rc;
+    }
+    if (!o->preset) {
+        fprintf(stderr, "kiln bench: missing --preset NAME (see kiln bench --help)\n");
+        return KILN_CLI_USAGE;
+    }
+    return KILN_CLI_OK;
+}
+
+/* L3 size from sysfs; 32 MiB when unknown. */
+static size_t l3_bytes(void)
+{
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    unsigned long v = 0;
+    char unit = 'K';
+    if (f) {
+        if (fscanf(f, "%lu%c", &v, &unit) < 1)
+            v = 0;
+        fclose(f);
+    }
+    size_t mul = unit == 'M' ? 1u << 20 : unit == 'G' ? 1u << 30 : 1024u;
+    return v ? (size_t)v * mul : (size_t)32 << 20;
+}
+
+/* Fills the defaults that depend on the backend (reference: small and short). */
+static void defaults(bench_opts *o, bool is_ref)
+{
+    if (!o->steps)
+        o->steps = o->prefill ? (is_ref ? 2 : 4) : (is_ref ? 8 : 32);
+    if (o->ctx < 0)
+        o->ctx = is_ref ? 128 : 1024;
+    if (!o->tokens)
+        o->tokens = is_ref ? 32 : 256;
+    if (!o->layers) {
+        size_t lb = kiln_preset_layer_weight_bytes(o->preset, o->wtype);
+        size_t want = 2 * l3_bytes(), ram = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+        o->layers = is_ref ? 1 : (int64_t)((want + lb - 1) / lb);
+        while (o->layers > 1 && (size_t)o->layers * lb * 3 > ram / 2) /* graph copy + plan + slack */
+            o->layers--;
+    }
+}
+
+/* Whether "auto"/the named backend is the reference (auto picks ref only when nothing else is). */
+static bool backend_is_ref(const kiln_ctx *ctx, const char *backend)
+{
+    if (backend && strcmp(backend, "auto") != 0)
+        return strcmp(backend, "ref") == 0;
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        if (kiln_backend_get(ctx, i, &b) == KILN_OK && b.available && strcmp(b.name, "ref") != 0)
+            return false;
+    }
+    return true;
+}
+
+static kiln_dtype kv_dtype(kiln_dtype w) { return w == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16; }
+
+static int setup(bench_opts *o, bench_state *st)
+{
+    kiln_ctx_options co = {.quiet = true, .n_threads = (int)o->threads};
+    kiln_status s = kiln_ctx_new(&co, &st->ctx);
+    if (s != KILN_OK)
+        return kiln_cli_fail("bench", st->ctx, s, "creating the context");
+    if (!o->threads)
+        o->threads = kiln_cli_threads();
+    st->is_ref = backend_is_ref(st->ctx, o->backend);
+    defaults(o, st->is_ref);
+    int64_t max_tok = o->prefill ? o->tokens : 1;
+    int64_t max_ctx = o->prefill ? o->tokens : o->ctx + o->steps + 2;
+    kiln_preset_build_opts bo = {.wdtype = o->wtype, .kvdtype = kv_dtype(o->wtype), .n_layers = (int)o->layers,
+                                 .max_ctx = max_ctx, .max_tok = max_tok, .seed = (uint64_t)o->seed};
+    kiln_graph *g = NULL;
+    char err[512];
+    bool progress = !o->json && isatty(2);
+    if (progress)
+        fprintf(stderr, "  building and compiling %lld layers of %s...", (long long)o->layers, o->preset->name);
+    if ((s = kiln_preset_build_ex(o->preset, &bo, &g, err, sizeof err)) != KILN_OK) {
+        fprintf(stderr, "%skiln bench: building %s: %s: %s\n", progress ? "\n" : "", o->preset->name,
+                kiln_status_str(s), err);
+        return KILN_CLI_FAIL;
+    }
+    kiln_compile_options copt = {.backend = o->backend};
+    double t0 = kiln_cli_now();
+    s = kiln_compile(st->ctx, g, &copt, &st->plan);
+    st->compile_ms = (kiln_cli_now() - t0) * 1e3;
+    kiln_graph_free(g);
+    if (progress)
+        fprintf(stderr, "\r%70s\r", "");
+    if (s != KILN_OK)
+        return kiln_cli_fail("bench", st->ctx, s, "compiling");
+    st->is_ref = strcmp(kiln_plan_backend(st->plan), "ref") == 0;
+    size_t rows = (size_t)max_tok * (size_t)o->preset->hidden;
+    st->x = malloc(rows * sizeof *st->x);
+    st->y = malloc(rows * sizeof *st->y);
+    st->pos = malloc((size_t)max_tok * sizeof *st->pos);
+    st->step_ms = calloc((size_t)o->steps, sizeof *st->step_ms);
+    st->step_gb = calloc((size_t)o->steps, sizeof *st->step_gb);
+    st->step_gf = calloc((size_t)o->steps, sizeof *st->step_gf);
+    if (!st->x || !st->y || !st->pos || !st->step_ms || !st->step_gb || !st->step_gf)
+        return kiln_cli_fail("bench", NULL, KILN_ERR_NOMEM, "allocating buffers");
+    uint64_t rng = (uint64_t)o->seed ^ 0x5eedull;
+    for (size_t i = 0; i < rows; i++)
+        st->x[i] = kiln_preset_rngf(&rng);
+    return KILN_CLI_OK;
+}
+
+/* One run: n_tok tokens at positions start.., attending over start + n_tok rows. */
+static kiln_status step(const bench_opts *o, bench_state *st, int64_t n_tok, int64_t start)
+{
+    for (int64_t t = 0; t < n_tok; t++)
+        st->pos[t] = (int32_t)(start + t);
+    size_t xb = (size_t)n_tok * (size_t)o->preset->hidden * sizeof(float);
+    kiln_binding b[5] = {
+        {.name = "n_tok", .value = n_tok},
+        {.name = "n_kv", .value = start + n_tok},
+        {.name = "x", .data = st->x, .bytes = xb},
+        {.name = "pos", .data = st->pos, .bytes = (size_t)n_tok * sizeof(int32_t)},
+        {.name = "y", .data = st->y, .bytes = xb},
+    };
+    return kiln_run(st->plan, b, 5);
+}
+
+static int timed_loop(const bench_opts *o, bench_state *st)
+{
+    bool progress = !o->json && isatty(2);
+    int64_t n_tok = o->prefill ? o->tokens : 1;
+    size_t wbytes = (size_t)o->layers * kiln_preset_layer_weight_bytes(o->preset, o->wtype);
+    double t_begin = kiln_cli_now();
+    kiln_status s = step(o, st, n_tok, o->prefill ? 0 : o->ctx); /* warm-up, untimed */
+    for (int64_t i = 0; s == KILN_OK && i < o->steps; i++) {
+        int64_t start = o->prefill ? 0 : o->ctx + 1 + i;
+        double t0 = kiln_cli_now();
+        s = step(o, st, n_tok, start);
+        double t1 = kiln_cli_now();
+        st->step_ms[i] = (t1 - t0) * 1e3;
+        size_t kv = (size_t)o->layers * kiln_preset_layer_kv_bytes(o->preset, kv_dtype(o->wtype), start + n_tok);
+        st->step_gb[i] = (double)(wbytes + kv) * 1e-9;
+        st->step_gf[i] = (double)o->layers * kiln_preset_layer_flops(o->preset, n_tok, start + n_tok) * 1e-9;
+        if (progress && t1 - t_begin > 1.0)
+            fprintf(stderr, "\r  step %lld/%lld  %.2f ms/layer-step   ", (long long)(i + 1), (long long)o->steps,
+                    st->step_ms[i] / (double)o->layers);
+    }
+    if (progress && kiln_cli_now() - t_begin > 1.0)
+        fprintf(stderr, "\r%60s\r", "");
+    return s == KILN_OK ? KILN_CLI_OK : kiln_cli_fail("bench", st->ctx, s, "running a step");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void report(const bench_opts *o, const bench_state *st)
+{
+    size_t n = (size_t)o->steps;
+    double *sorted = malloc(n * sizeof *sorted), gb = 0, gf = 0;
+    if (!sorted)
+        return;
+    memcpy(sorted, st->step_ms, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_double);
+    double med = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    for (size_t i = 0; i < n; i++)
+        gb += st->step_gb[i] / (double)n, gf += st->step_gf[i] / (double)n;
+    double per_layer = med / (double)o->layers, gbps = gb / (med * 1e-3), gfps = gf / (med * 1e-3);
+    const char *be = kiln_plan_backend(st->plan), *isa = kiln_cpu_isa(st->ctx);
+    const char *wt = kiln_dtype_name(o->wtype), *kt = kiln_dtype_name(kv_dtype(o->wtype));
+    if (o->json) {
+        printf("{\"preset\":\"%s\",\"mode\":\"%s\",\"backend\":", o->preset->name, o->prefill ? "prefill" : "decode");
+        kiln_cli_json_str(stdout, be);
+        printf(",\"isa\":");
+        kiln_cli_json_str(stdout, isa);
+        printf(",\"threads\":%d,\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,\"steps\":%lld,\"ctx\":%lld,"
+               "\"tokens\":%lld,\"kernels\":%d,\"compile_ms\":%.3f,\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
+               "\"gflop_per_s\":%.4f,\"bytes_per_step\":%.0f,\"step_ms\":[",
+               (int)o->threads, wt, kt, (long long)o->layers, (long long)o->steps, (long long)o->ctx,
+               (long long)(o->prefill ? o->tokens : 1), kiln_plan_kernel_count(st->plan), st->compile_ms, per_layer,
+               gbps, gfps, gb * 1e9);
+        for (size_t i = 0; i < n; i++)
+            printf("%s%.6f", i ? "," : "", st->step_ms[i]);
+        printf("]}\n");
+    } else {
+        printf("%s %s on %s (%s, %d threads), %s weights, %s KV, %lld layers, %d kernels\n", o->preset->name,
+               o->prefill ? "prefill" : "decode", be, isa, (int)o->threads, wt, kt, (long long)o->layers,
+               kiln_plan_kernel_count(st->plan));
+        if (o->prefill)
+            printf("  %lld tokens, %lld steps\n", (long long)o->tokens, (long long)o->steps);
+        else
+            printf("  n_kv %lld..%lld, %lld steps\n", (long long)o->ctx + 2, (long long)(o->ctx + 1 + o->steps),
+                   (long long)o->steps);
+        printf("  %.1f MB read and %.2f GFLOP per step, compile %.1f ms\n", gb * 1e3, gf, st->compile_ms);
+        printf("  median %.3f ms/layer-step (min %.3f, max %.3f)   %.2f GB/s   %.2f GFLOP/s\n", per_layer,
+               sorted[0] / (double)o->layers, sorted[n - 1] / (double)o->layers, gbps, gfps);
+    }
+    free(sorted);
+}
+
+int kiln_cli_bench(int argc, char *const *argv)
+{
+    if (kiln_cli_wants_help(argc, argv, "bench"))
+        return KILN_CLI_OK;
+    bench_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc != KILN_CLI_OK)
+        return rc;
+    bench_state st = {0};
+    rc = setup(&o, &st);
+    if (rc == KILN_CLI_OK)
+        rc = timed_loop(&o, &st);
+    if (rc == KILN_CLI_OK)
+        report(&o, &st);
+    free(st.x);
+    free(st.y);
+    free(st.pos);
+    free(st.step_ms);
+    free(st.step_gb);
+    free(st.step_gf);
+    kiln_plan_free(st.plan);
+    kiln_ctx_free(st.ctx);
+    return rc;
+}

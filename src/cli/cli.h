@@ -1,0 +1,49 @@
+/* Shared pieces of the kiln command-line tool: exit codes, flag parsing, error printing, JSON
+ * string output, timing. Internal to src/cli; the library never includes it. Must not exit the
+ * process itself: commands return an exit code to main. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kiln/kiln.h"
+
+enum {
+    KILN_CLI_OK = 0,    /* success */
+    KILN_CLI_FAIL = 1,  /* a kiln call failed */
+    KILN_CLI_USAGE = 2, /* unknown command or flag, bad flag value */
+};
+
+/* A cursor over a command's arguments (argv[0] is the command name). */
+typedef struct kiln_cli_args {
+    int          argc; /* number of arguments */
+    char *const *argv; /* the arguments */
+    int          i;    /* next argument to read */
+    const char  *cmd;  /* command name, for messages */
+} kiln_cli_args;
+
+/* If argv[i] is `flag` or `flag=VALUE`, consumes it (and VALUE from the next argument in the first
+ * form), sets *val and returns 1; returns 0 if it is another argument, -1 (message printed) when the
+ * value is missing. */
+int kiln_cli_flag_value(kiln_cli_args *a, const char *flag, const char **val);
+/* Parses an integer in [lo, hi] for `flag`; prints a message and returns false otherwise. */
+bool kiln_cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* Prints "kiln CMD: unknown flag 'X' (see kiln CMD --help)" and returns KILN_CLI_USAGE. */
+int kiln_cli_unknown_flag(const char *cmd, const char *flag);
+/* Prints "kiln CMD: WHAT: <status text>: <ctx error>" (ctx may be NULL) and returns KILN_CLI_FAIL. */
+int kiln_cli_fail(const char *cmd, const kiln_ctx *ctx, kiln_status s, const char *what);
+/* Writes s as a JSON string literal (quotes included). */
+void kiln_cli_json_str(FILE *f, const char *s);
+/* Monotonic seconds. */
+double kiln_cli_now(void);
+/* CPU threads kiln uses with n_threads 0 (online cores). */
+int kiln_cli_threads(void);
+
+/* True (and the command's usage printed on stdout) when --help or -h is among its arguments. */
+bool kiln_cli_wants_help(int argc, char *const *argv, const char *cmd);
+
+/* Commands: argv[0] is the command name. Each returns an exit code. */
+int kiln_cli_info(int argc, char *const *argv);
+int kiln_cli_run(int argc, char *const *argv);
+int kiln_cli_bench(int argc, char *const *argv);

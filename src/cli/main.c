@@ -1,0 +1,180 @@
+/* The kiln command-line tool: command dispatch, help texts, and `kiln info`. Each command lives
+ * in its own file (run.c, bench.c) and returns an exit code: 0 ok, 1 a kiln call failed, 2 a
+ * usage error. Must never abort or crash on user input. */
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char usage_main[] =
+    "usage: kiln COMMAND [FLAGS]\n"
+    "\n"
+    "kiln runs transformer graphs with op fusion on the best backend present.\n"
+    "\n"
+    "commands:\n"
+    "  info                  version, backends (available or why not), CPU ISA, threads\n"
+    "  run FILE.kg           run a .kg graph on random inputs, print output checksums\n"
+    "  bench --preset NAME   time decode or prefill of a model preset (random weights)\n"
+    "  help [COMMAND]        this text, or a command's flags\n"
+    "\n"
+    "`kiln COMMAND --help` shows a command's flags. Exit codes: 0 ok, 1 a kiln call failed,\n"
+    "2 a usage error.\n";
+
+static const char usage_info[] =
+    "usage: kiln info [--json]\n"
+    "\n"
+    "Prints kiln's version, every backend kiln knows with whether it is available here (its\n"
+    "device/ISA, or why not), the CPU ISA path in use and the CPU thread count.\n"
+    "  --json   one JSON object instead of text\n";
+
+/* Shared by run.c and bench.c through kiln_cli_usage(). */
+static const char usage_run[] =
+    "usage: kiln run FILE.kg [--backend B] [--set SYM=N]... [--seed N] [--threads N] [--no-fuse]\n"
+    "                [--json]\n"
+    "\n"
+    "Compiles FILE.kg, fills its inputs with reproducible random data, runs it once and prints\n"
+    "each output's dtype, shape and checksums (sum and sum of |x|, in f64).\n"
+    "  --backend B   auto (default), ref, cpu, cuda, vulkan\n"
+    "  --set SYM=N   value of a symbolic dim (default: its maximum)\n"
+    "  --seed N      random seed of the inputs (default 1). Float inputs are uniform in [-1, 1).\n"
+    "                i32 inputs: ids of a get_rows get 0..rows-1; positions read by kv_scatter or\n"
+    "                rope get n_kv-n_tok..n_kv-1 (the attention convention), else 0..n-1;\n"
+    "                others get 0..99\n"
+    "  --threads N   CPU threads (default: one per core)\n"
+    "  --no-fuse     one kernel per op\n"
+    "  --json        one JSON object instead of text\n";
+
+static const char usage_bench[] =
+    "usage: kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
+    "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
+    "                  [--seed N] [--json]\n"
+    "\n"
+    "Builds NAME's decoder layers with random weights and times them.\n"
+    "  --preset NAME   qwen2-0.5b, llama-7b, qwen2-7b\n"
+    "  --mode M        decode (default): S steps of one token over a KV cache growing from --ctx;\n"
+    "                  prefill: S runs of T tokens from position 0\n"
+    "  --layers N      layers (default: 1 on ref, else enough that weights exceed 2x the L3)\n"
+    "  --steps S       timed steps (default 32 decode, 4 prefill; 8 and 2 on ref)\n"
+    "  --ctx N         KV rows before the first decode step (default 1024; 128 on ref)\n"
+    "  --tokens T      prefill tokens (default 256; 32 on ref)\n"
+    "  --backend B     auto (default: the best present), ref, cpu, cuda, vulkan\n"
+    "  --wtype T       matmul weight dtype (default q8_0); KV cache f32 for f32, else f16\n"
+    "  --threads N     CPU threads (default: one per core)\n"
+    "  --seed N        seed of the random weights and inputs (default 1)\n"
+    "  --json          one JSON object (no progress line)\n"
+    "Prints the median ms per layer-step and GB/s = (weight + KV bytes read) / time.\n";
+
+static const struct {
+    const char *name;                     /* command name */
+    int (*fn)(int argc, char *const *argv); /* entry point */
+    const char *usage;                    /* --help text */
+} commands[] = {
+    {"info", kiln_cli_info, usage_info},
+    {"run", kiln_cli_run, usage_run},
+    {"bench", kiln_cli_bench, usage_bench},
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+bool kiln_cli_wants_help(int argc, char *const *argv, const char *cmd)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            for (int c = 0; c < N_COMMANDS; c++)
+                if (strcmp(commands[c].name, cmd) == 0)
+                    fputs(commands[c].usage, stdout);
+            return true;
+        }
+    }
+    return false;
+}
+
+static void info_text(const kiln_ctx *ctx)
+{
+    printf("kiln %s\n", KILN_VERSION_STRING);
+    printf("cpu isa:  %s\n", kiln_cpu_isa(ctx));
+    printf("threads:  %d\n", kiln_cli_threads());
+    printf("backends:\n");
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        if (kiln_backend_get(ctx, i, &b) == KILN_OK)
+            printf("  %-8s %-10s %s\n", b.name, b.available ? "available" : "absent", b.detail ? b.detail : "");
+    }
+}
+
+static void info_json(const kiln_ctx *ctx)
+{
+    printf("{\"version\":\"%s\",\"isa\":", KILN_VERSION_STRING);
+    kiln_cli_json_str(stdout, kiln_cpu_isa(ctx));
+    printf(",\"threads\":%d,\"backends\":[", kiln_cli_threads());
+    for (int i = 0, first = 1; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        if (kiln_backend_get(ctx, i, &b) != KILN_OK)
+            continue;
+        printf("%s{\"name\":", first ? "" : ",");
+        kiln_cli_json_str(stdout, b.name);
+        printf(",\"available\":%s,\"detail\":", b.available ? "true" : "false");
+        kiln_cli_json_str(stdout, b.detail);
+        printf("}");
+        first = 0;
+    }
+    printf("]}\n");
+}
+
+int kiln_cli_info(int argc, char *const *argv)
+{
+    if (kiln_cli_wants_help(argc, argv, "info"))
+        return KILN_CLI_OK;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else
+            return kiln_cli_unknown_flag("info", argv[i]);
+    }
+    kiln_ctx_options o = {.quiet = true};
+    kiln_ctx *ctx = NULL;
+    kiln_status s = kiln_ctx_new(&o, &ctx);
+    if (s != KILN_OK)
+        return kiln_cli_fail("info", ctx, s, "creating the context");
+    if (json)
+        info_json(ctx);
+    else
+        info_text(ctx);
+    kiln_ctx_free(ctx);
+    return KILN_CLI_OK;
+}
+
+static int help(int argc, char *const *argv)
+{
+    if (argc < 2) {
+        fputs(usage_main, stdout);
+        return KILN_CLI_OK;
+    }
+    for (int c = 0; c < N_COMMANDS; c++) {
+        if (strcmp(commands[c].name, argv[1]) == 0) {
+            fputs(commands[c].usage, stdout);
+            return KILN_CLI_OK;
+        }
+    }
+    fprintf(stderr, "kiln help: unknown command '%s' (see kiln help)\n", argv[1]);
+    return KILN_CLI_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage_main, stderr);
+        return KILN_CLI_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0)
+        return help(argc - 1, argv + 1);
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+        printf("kiln %s\n", KILN_VERSION_STRING);
+        return KILN_CLI_OK;
+    }
+    for (int c = 0; c < N_COMMANDS; c++)
+        if (strcmp(commands[c].name, cmd) == 0)
+            return commands[c].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kiln: unknown command '%s' (see kiln help)\n", cmd);
+    return KILN_CLI_USAGE;
+}

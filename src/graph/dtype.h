@@ -1,0 +1,183 @@
+/* Internal dtype support: the GGUF block layouts (bit-exact with ggml's block_q8_0, block_q4_K,
+ * block_q5_K, block_q6_K, block_q8_K), scalar f16/bf16 conversions, the k-quant 6-bit scale
+ * unpacking, and one-block quantize/dequantize routines that SIMD kernels may reuse.
+ * Scalar reference code only: no ISA intrinsics here, and nothing that allocates.
+ * Byte order: blocks hold host-order halves; kiln targets little-endian hosts, as GGUF files are. */
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kiln/kiln.h"
+
+#define KILN_QK8_0 32  /* values per q8_0 block */
+#define KILN_QK_K 256  /* values per k-quant super-block */
+#define KILN_K_SCALE_SIZE 12 /* bytes of packed 6-bit scales/mins in q4_K/q5_K */
+
+/* q8_0: y[i] = d * qs[i]. */
+typedef struct kiln_block_q8_0 {
+    uint16_t d;                /* f16 scale */
+    int8_t   qs[KILN_QK8_0];   /* signed quants */
+} kiln_block_q8_0;
+
+/* q4_K: 8 sub-blocks of 32; sub-block j has 6-bit scale sc_j and min m_j (kiln_get_scale_min_k4);
+ * y = d*sc_j*q - dmin*m_j with q a 4-bit quant. qs[32*c + l] holds value 64*c + l in its low nibble
+ * and value 64*c + 32 + l in its high nibble (c = 0..3, l = 0..31). */
+typedef struct kiln_block_q4_k {
+    uint16_t d;                         /* f16 super-scale of the 6-bit scales */
+    uint16_t dmin;                      /* f16 super-scale of the 6-bit mins */
+    uint8_t  scales[KILN_K_SCALE_SIZE]; /* 8 scales + 8 mins, 6 bits each, packed */
+    uint8_t  qs[KILN_QK_K / 2];         /* 4-bit quants, layout above */
+} kiln_block_q4_k;
+
+/* q5_K: as q4_K with a fifth bit: value 64*c + l takes bit (2c) of qh[l], value 64*c + 32 + l
+ * takes bit (2c + 1) of qh[l], each worth 16. */
+typedef struct kiln_block_q5_k {
+    uint16_t d;                         /* f16 super-scale of the 6-bit scales */
+    uint16_t dmin;                      /* f16 super-scale of the 6-bit mins */
+    uint8_t  scales[KILN_K_SCALE_SIZE]; /* 8 scales + 8 mins, 6 bits each, packed */
+    uint8_t  qh[KILN_QK_K / 8];         /* high (5th) bits, layout above */
+    uint8_t  qs[KILN_QK_K / 2];         /* low 4 bits, same layout as q4_K */
+} kiln_block_q5_k;
+
+/* q6_K: 16 sub-blocks of 16 with int8 scales; y = d * scales[v/16] * (q - 32), q 6 bits.
+ * For half h (values 128h..128h+127) and l = 0..31: ql[64h + l] low/high nibble = values
+ * 128h + l / 128h + 64 + l; ql[64h + 32 + l] low/high = 128h + 32 + l / 128h + 96 + l;
+ * qh[32h + l] bits 0-1, 2-3, 4-5, 6-7 = top 2 bits of 128h + l, +32, +64, +96. */
+typedef struct kiln_block_q6_k {
+    uint8_t  ql[KILN_QK_K / 2];   /* low 4 bits of the quants */
+    uint8_t  qh[KILN_QK_K / 4];   /* high 2 bits of the quants */
+    int8_t   scales[KILN_QK_K / 16]; /* 8-bit sub-block scales */
+    uint16_t d;                   /* f16 super-scale */
+} kiln_block_q6_k;
+
+/* q8_K: ggml's activation format for k-quant dot products (not a kiln_dtype, never in files):
+ * y = d * qs[i]; bsums[g] = sum of qs[16g .. 16g+15]. */
+typedef struct kiln_block_q8_k {
+    float   d;                    /* f32 scale */
+    int8_t  qs[KILN_QK_K];        /* signed quants in [-127, 127] */
+    int16_t bsums[KILN_QK_K / 16]; /* sums of groups of 16 quants */
+} kiln_block_q8_k;
+
+_Static_assert(sizeof(kiln_block_q8_0) == 34, "q8_0 block must be 34 bytes");
+_Static_assert(sizeof(kiln_block_q4_k) == 144, "q4_K block must be 144 bytes");
+_Static_assert(sizeof(kiln_block_q5_k) == 176, "q5_K block must be 176 bytes");
+_Static_assert(sizeof(kiln_block_q6_k) == 210, "q6_K block must be 210 bytes");
+_Static_assert(sizeof(kiln_block_q8_k) == 292, "q8_K block must be 292 bytes");
+
+/* ---------------------------------------------------------------- scalar conversions */
+
+static inline uint32_t kiln_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float kiln_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Exact for every finite f16 (subnormals included) and inf; a nan keeps its sign and payload
+ * and comes out quiet (bit-identical with ggml's converter). */
+static inline float kiln_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t m = h & 0x3ffu;
+    if (e == 0x1f)
+        return kiln_bits_f32(sign | 0x7f800000u | (m ? 0x400000u : 0u) | (m << 13));
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f; /* subnormal (or zero): exact */
+        return sign ? -v : v;
+    }
+    return kiln_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* Round to nearest, ties to even; overflow to inf; nan -> quiet nan 0x7e00 with its sign (as
+ * ggml's portable converter does). */
+static inline uint16_t kiln_f32_to_f16(float f)
+{
+    uint32_t u = kiln_f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u)
+        return sign | 0x7e00u;
+    if (u >= 0x477ff000u) /* >= 65520: rounds past 65504 */
+        return sign | 0x7c00u;
+    if (u >= 0x38800000u) { /* >= 2^-14: a normal half */
+        uint32_t r = u + 0x0fffu + ((u >> 13) & 1u) - 0x38000000u;
+        return sign | (uint16_t)(r >> 13);
+    }
+    uint32_t e = u >> 23;
+    if (e < 102) /* below 2^-25: rounds to zero */
+        return sign;
+    uint32_t m = (u & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* value / 2^-24 = m >> shift, shift in 14..24 */
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u)))
+        q++;
+    return sign | (uint16_t)q;
+}
+
+static inline float kiln_bf16_to_f32(uint16_t h)
+{
+    return kiln_bits_f32((uint32_t)h << 16);
+}
+
+/* Round to nearest, ties to even; nan stays nan (quiet bit forced), as ggml does. */
+static inline uint16_t kiln_f32_to_bf16(float f)
+{
+    uint32_t u = kiln_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 64u);
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+/* ---------------------------------------------------------------- k-quant helpers */
+
+/* Scale and min (6 bits each) of sub-block j (0..7) of a q4_K/q5_K scales[12] array. Bytes 0-3
+ * hold scales 0-3 (bits 0-5), bytes 4-7 mins 0-3 (bits 0-5); bytes 8-11 hold the low nibbles of
+ * scales 4-7 (bits 0-3) and mins 4-7 (bits 4-7); the top 2 bits of scales 4-7 sit in bits 6-7 of
+ * bytes 0-3, those of mins 4-7 in bits 6-7 of bytes 4-7. */
+static inline void kiln_get_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* ggml's nearest_int: round to nearest, ties to even, for |f| < 2^22 (the callers' range). */
+static inline int kiln_nearest_int(float f)
+{
+    float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* ---------------------------------------------------------------- one block */
+
+/* Dequantize one block into y (32 values for q8_0, 256 for the k-quants). Same float operations,
+ * in the same order, as ggml's dequantize_row_*: results are bit-identical. */
+void kiln_dtype_dequant_q8_0(const kiln_block_q8_0 *b, float *y);
+void kiln_dtype_dequant_q4_k(const kiln_block_q4_k *b, float *y);
+void kiln_dtype_dequant_q5_k(const kiln_block_q5_k *b, float *y);
+void kiln_dtype_dequant_q6_k(const kiln_block_q6_k *b, float *y);
+void kiln_dtype_dequant_q8_k(const kiln_block_q8_k *b, float *y);
+
+/* Quantize one block from x, bit-exact with ggml's quantize_row_*_ref for finite inputs
+ * (non-finite inputs give an unspecified block, never a crash). */
+void kiln_dtype_quant_q8_0(const float *x, kiln_block_q8_0 *b);
+void kiln_dtype_quant_q4_k(const float *x, kiln_block_q4_k *b);
+void kiln_dtype_quant_q5_k(const float *x, kiln_block_q5_k *b);
+void kiln_dtype_quant_q6_k(const float *x, kiln_block_q6_k *b);
+void kiln_dtype_quant_q8_k(const float *x, kiln_block_q8_k *b);

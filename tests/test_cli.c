@@ -1,0 +1,332 @@
+/* Tests of the kiln tool (run as a child process from the build directory: <test dir>/kiln) and
+ * of the model-preset builder. Checksums printed by `kiln run` are compared against f64 sums of
+ * the inputs regenerated from the documented fill rule. Never asserts on speed. */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kiln/kiln.h"
+#include "sched/presets.h"
+
+/* Output of one child run. */
+typedef struct cli_out {
+    int  rc;          /* exit status (-1 when it did not exit normally) */
+    char out[65536];  /* stdout, NUL-terminated */
+    char err[16384];  /* stderr, NUL-terminated */
+} cli_out;
+
+static void kiln_exe(char *buf, size_t n)
+{
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert(len > 0, "readlink /proc/self/exe failed");
+    self[len] = '\0';
+    char *slash = strrchr(self, '/');
+    cr_assert(slash);
+    *slash = '\0';
+    cr_assert(strlen(self) + 6 <= n, "path too long: %s", self);
+    memcpy(buf, self, strlen(self));
+    memcpy(buf + strlen(self), "/kiln", 6);
+    cr_assert(access(buf, X_OK) == 0, "kiln binary not found at %s", buf);
+}
+
+static void slurp(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[got] = '\0';
+    if (f)
+        fclose(f);
+}
+
+/* Runs `kiln ARGS` (ARGS is shell text) and captures exit code, stdout and stderr. */
+static void kiln_cli(cli_out *o, const char *args)
+{
+    char exe[PATH_MAX], outp[] = "/tmp/kiln_cli_outXXXXXX", errp[] = "/tmp/kiln_cli_errXXXXXX", cmd[8192];
+    kiln_exe(exe, sizeof exe);
+    int fo = mkstemp(outp), fe = mkstemp(errp);
+    cr_assert(fo >= 0 && fe >= 0);
+    close(fo);
+    close(fe);
+    snprintf(cmd, sizeof cmd, "'%s' %s >%s 2>%s", exe, args, outp, errp);
+    int st = system(cmd);
+    o->rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    slurp(outp, o->out, sizeof o->out);
+    slurp(errp, o->err, sizeof o->err);
+    unlink(outp);
+    unlink(errp);
+}
+
+Test(cli, help_texts)
+{
+    cli_out o;
+    kiln_cli(&o, "help");
+    cr_assert_eq(o.rc, 0);
+    cr_assert(strstr(o.out, "bench") && strstr(o.out, "run") && strstr(o.out, "info"), "%s", o.out);
+    const char *cmds[] = {"info --help", "run --help", "bench --help", "help bench"};
+    const char *want[] = {"--json", "--set", "--preset", "--wtype"};
+    for (int i = 0; i < 4; i++) {
+        kiln_cli(&o, cmds[i]);
+        cr_assert_eq(o.rc, 0, "%s", cmds[i]);
+        cr_assert(strstr(o.out, want[i]), "kiln %s: %s", cmds[i], o.out);
+    }
+    kiln_cli(&o, "");
+    cr_assert_eq(o.rc, 2);
+}
+
+Test(cli, usage_errors_exit_2_naming_the_culprit)
+{
+    const char *args[] = {"frobnicate", "info --nope", "run x.kg --wat", "bench --preset qwen2-0.5b --bogus",
+                          "bench --preset gpt-17", "bench --preset qwen2-0.5b --mode sideways",
+                          "bench --preset qwen2-0.5b --layers 0", "bench --preset qwen2-0.5b --wtype q9",
+                          "run", "help nosuch", "bench --preset qwen2-0.5b --steps"};
+    const char *named[] = {"frobnicate", "--nope", "--wat", "--bogus", "gpt-17", "sideways", "--layers", "q9",
+                           "FILE.kg", "nosuch", "--steps"};
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
+        cli_out o;
+        kiln_cli(&o, args[i]);
+        cr_assert_eq(o.rc, 2, "kiln %s: rc %d, stderr %s", args[i], o.rc, o.err);
+        cr_assert(strstr(o.err, named[i]), "kiln %s: stderr does not name '%s': %s", args[i], named[i], o.err);
+    }
+}
+
+Test(cli, info_lists_backends)
+{
+    cli_out o;
+    kiln_cli(&o, "info");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.out, KILN_VERSION_STRING), "%s", o.out);
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(NULL, &ctx), KILN_OK);
+    cr_assert(strstr(o.out, kiln_cpu_isa(ctx)), "%s", o.out);
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        cr_assert_eq(kiln_backend_get(ctx, i, &b), KILN_OK);
+        char line[256];
+        snprintf(line, sizeof line, "%-8s %-10s", b.name, b.available ? "available" : "absent");
+        cr_assert(strstr(o.out, line), "missing '%s' in:\n%s", line, o.out);
+    }
+    kiln_ctx_free(ctx);
+    kiln_cli(&o, "info --json");
+    cr_assert_eq(o.rc, 0);
+    cr_assert(o.out[0] == '{' && strstr(o.out, "\"backends\":[{\"name\":\"") && strstr(o.out, "\"threads\":"),
+              "%s", o.out);
+}
+
+Test(cli, run_missing_file_fails_with_status_text)
+{
+    cli_out o;
+    kiln_cli(&o, "run /nonexistent/dir/g.kg");
+    cr_assert_eq(o.rc, 1, "rc %d: %s", o.rc, o.err);
+    cr_assert(strstr(o.err, kiln_status_str(KILN_ERR_IO)), "%s", o.err);
+}
+
+/* Writes g as .kg into a temp file; returns its path in buf. */
+static void write_kg(const kiln_graph *g, char *path)
+{
+    char *text = NULL;
+    cr_assert_eq(kiln_kg_print(g, &text), KILN_OK, "%s", kiln_graph_error(g));
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(text, f);
+    fclose(f);
+    free(text);
+}
+
+/* Finds `"NAME"...` in json and reads the number after KEY within that object. */
+static double json_num(const char *json, const char *name, const char *key)
+{
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"name\":\"%s\"", name);
+    const char *p = strstr(json, pat);
+    cr_assert(p, "no output %s in %s", name, json);
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    p = strstr(p, pat);
+    cr_assert(p, "no %s in %s", key, json);
+    return strtod(p + strlen(pat), NULL);
+}
+
+static void assert_close(double got, double want, const char *what)
+{
+    cr_assert(fabs(got - want) <= 1e-5 * fmax(1.0, fabs(want)), "%s: got %.17g want %.17g", what, got, want);
+}
+
+/* x f32 [n, 8], z f32 [8], ids i32 [n] into a [10, 4] table: outputs x+z, x*x, get_rows. */
+Test(cli, run_checksums_match_f64_on_each_backend)
+{
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim n = kiln_sym(g, "n", 5);
+    kiln_dim xd[2] = {n, 8}, zd[1] = {8}, idd[1] = {n}, td[2] = {10, 4};
+    float table[40];
+    for (int i = 0; i < 40; i++)
+        table[i] = (float)(i / 4 * 10 + i % 4); /* row r, col c = 10 r + c */
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, xd), z = kiln_input(g, "z", KILN_DTYPE_F32, 1, zd);
+    kiln_node ids = kiln_input(g, "ids", KILN_DTYPE_I32, 1, idd);
+    kiln_node t = kiln_weight(g, "table", KILN_DTYPE_F32, 2, td, table, KILN_WEIGHT_COPY);
+    kiln_output(g, kiln_add(g, x, z), "sum");
+    kiln_output(g, kiln_mul(g, x, x), "sq");
+    kiln_output(g, kiln_get_rows(g, t, ids), "rows");
+    cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+    char path[] = "/tmp/kiln_cli_kgXXXXXX";
+    write_kg(g, path);
+    kiln_graph_free(g);
+
+    /* The fill rule: inputs in node order (x, z, ids), one splitmix64 stream from --seed. */
+    const int nv = 3;
+    uint64_t rng = 77;
+    double xs = 0, x2 = 0, zs = 0, rs = 0;
+    for (int i = 0; i < nv * 8; i++) {
+        double v = kiln_preset_rngf(&rng);
+        xs += v;
+        x2 += v * v;
+    }
+    for (int i = 0; i < 8; i++)
+        zs += kiln_preset_rngf(&rng);
+    for (int i = 0; i < nv; i++)
+        rs += 4 * 10.0 * (double)(kiln_preset_rng(&rng) % 10u) + 6; /* sum of row r: 40 r + 0+1+2+3 */
+    const char *backends[] = {"ref", "auto"};
+    for (int b = 0; b < 2; b++) {
+        char args[512];
+        cli_out o;
+        snprintf(args, sizeof args, "run %s --backend %s --set n=%d --seed 77 --json", path, backends[b], nv);
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+        assert_close(json_num(o.out, "sum", "sum"), xs + nv * zs, "sum(x+z)");
+        assert_close(json_num(o.out, "sq", "sum"), x2, "sum(x*x)");
+        assert_close(json_num(o.out, "sq", "abs_sum"), x2, "abs_sum(x*x)");
+        assert_close(json_num(o.out, "rows", "sum"), rs, "sum(rows)");
+        cr_assert(strstr(o.out, "\"shape\":[3,8]") && strstr(o.out, "\"shape\":[3,4]"), "%s", o.out);
+    }
+    cli_out o;
+    char args[512];
+    snprintf(args, sizeof args, "run %s --set m=3", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 2, "unknown symbol must be a usage error: %s", o.err);
+    snprintf(args, sizeof args, "run %s --set n=6", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 1, "a symbol over its bound must fail the run: %s", o.err);
+    cr_assert(strstr(o.err, kiln_status_str(KILN_ERR_SYMBOL)), "%s", o.err);
+    unlink(path);
+}
+
+static double json_key(const char *json, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    cr_assert(p, "no %s in %s", key, json);
+    return strtod(p + strlen(pat), NULL);
+}
+
+Test(cli, bench_json_decode_and_prefill, .timeout = 600)
+{
+    const char *args[] = {
+        "bench --preset qwen2-0.5b --mode decode --layers 1 --steps 3 --ctx 8 --backend ref --wtype f32 --json",
+        "bench --preset qwen2-0.5b --mode prefill --layers 1 --steps 2 --tokens 4 --backend ref --json",
+        "bench --preset qwen2-0.5b --mode decode --layers 2 --steps 3 --ctx 32 --json"};
+    for (int i = 0; i < 3; i++) {
+        cli_out o;
+        kiln_cli(&o, args[i]);
+        cr_assert_eq(o.rc, 0, "kiln %s: %s", args[i], o.err);
+        cr_assert(o.out[0] == '{' && strstr(o.out, "\"preset\":\"qwen2-0.5b\""), "%s", o.out);
+        cr_assert(json_key(o.out, "ms_per_layer_step") > 0 && json_key(o.out, "gb_per_s") > 0, "%s", o.out);
+        cr_assert_eq((int)json_key(o.out, "layers"), i == 2 ? 2 : 1);
+        /* weights of one layer + KV: the bytes the report divides by must be the preset's. */
+        kiln_dtype wt = i == 0 ? KILN_DTYPE_F32 : KILN_DTYPE_Q8_0, kt = i == 0 ? KILN_DTYPE_F32 : KILN_DTYPE_F16;
+        const kiln_preset *p = kiln_preset_find("qwen2-0.5b");
+        double w = (double)kiln_preset_layer_weight_bytes(p, wt) * (i == 2 ? 2 : 1);
+        cr_assert(json_key(o.out, "bytes_per_step") > w, "%s", o.out);
+        cr_assert(json_key(o.out, "bytes_per_step") < w + 2.0 * (i == 2 ? 2 : 1) *
+                                                             (double)kiln_preset_layer_kv_bytes(p, kt, 64), "%s", o.out);
+        const char *arr = strstr(o.out, "\"step_ms\":[");
+        cr_assert(arr);
+        int commas = 0;
+        for (const char *c = arr; *c && *c != ']'; c++)
+            commas += *c == ',';
+        cr_assert_eq(commas + 1, i == 1 ? 2 : 3, "%s", o.out);
+    }
+}
+
+Test(presets, table_and_errors)
+{
+    cr_assert_eq(kiln_preset_count(), 3);
+    const kiln_preset *q = kiln_preset_find("qwen2-0.5b"), *l = kiln_preset_find("llama-7b");
+    cr_assert(q && l && kiln_preset_find("qwen2-7b") && !kiln_preset_find("nope"));
+    cr_assert(q->hidden == 896 && q->n_head == 14 && q->n_kv_head == 2 && q->head_dim == 64 && q->ffn == 4864);
+    cr_assert(l->hidden == 4096 && l->rope == KILN_ROPE_NORMAL && q->rope == KILN_ROPE_NEOX);
+    /* q4_k needs in % 256 == 0: 896 falls back to q8_0, 4864 keeps q4_k. */
+    cr_assert_eq(kiln_preset_wdtype_for(KILN_DTYPE_Q4_K, 896), KILN_DTYPE_Q8_0);
+    cr_assert_eq(kiln_preset_wdtype_for(KILN_DTYPE_Q4_K, 4864), KILN_DTYPE_Q4_K);
+    /* f32 layer of llama-7b: 4 x 4096^2 + 3 x 4096 x 11008 floats + 2 norms. */
+    cr_assert_eq(kiln_preset_layer_weight_bytes(l, KILN_DTYPE_F32),
+                 4 * (4u * 4096 * 4096 + 3u * 4096 * 11008 + 2u * 4096));
+    /* one token over one row: 2 flops per weight + q.k and p.v over 1 row for 32 heads of 128. */
+    double params = 4.0 * 4096 * 4096 + 3.0 * 4096 * 11008;
+    cr_assert_float_eq(kiln_preset_layer_flops(l, 1, 1), 2 * params + 4.0 * 32 * 128, 1e-3);
+    /* 3 tokens ending at row 10 see 8 + 9 + 10 rows. */
+    cr_assert_float_eq(kiln_preset_layer_flops(l, 3, 10), 6 * params + 4.0 * 32 * 128 * 27, 1e-3);
+    kiln_graph *g = (kiln_graph *)1;
+    cr_assert_eq(kiln_preset_build(q, KILN_DTYPE_F32, 0, 16, 1, &g), KILN_ERR_INVALID_ARG);
+    cr_assert_null(g);
+    kiln_preset bad = *q;
+    bad.n_kv_head = 3;
+    cr_assert_eq(kiln_preset_build(&bad, KILN_DTYPE_F32, 1, 16, 1, &g), KILN_ERR_INVALID_ARG);
+}
+
+/* A tiny custom preset, 2 layers: states have the documented shapes, a decode step writes only
+ * row pos of every cache, and ref and the default backend agree. */
+Test(presets, tiny_stack_decodes_on_every_backend)
+{
+    const kiln_preset tiny = {.name = "tiny", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                              .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(NULL, &ctx), KILN_OK);
+    float y[2][64], x[64];
+    uint64_t rng = 5;
+    for (int i = 0; i < 64; i++)
+        x[i] = kiln_preset_rngf(&rng);
+    const char *bk[2] = {"ref", "auto"};
+    for (int b = 0; b < 2; b++) {
+        kiln_graph *g;
+        cr_assert_eq(kiln_preset_build(&tiny, KILN_DTYPE_F32, 2, 8, 1, &g), KILN_OK);
+        kiln_compile_options co = {.backend = bk[b]};
+        kiln_plan *p;
+        cr_assert_eq(kiln_compile(ctx, g, &co, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        kiln_graph_free(g);
+        kiln_tensor_info ti;
+        cr_assert_eq(kiln_plan_tensor(p, "v1", &ti), KILN_OK);
+        cr_assert(ti.rank == 3 && ti.dims[0] == 2 && ti.dims[1] == 8 && ti.dims[2] == 16 && ti.t == KILN_DTYPE_F32);
+        for (int step = 0; step < 3; step++) {
+            int32_t pos = step;
+            for (int i = 0; i < 64; i++)
+                y[b][i] = NAN;
+            kiln_binding bd[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = step + 1},
+                                 {.name = "x", .data = x, .bytes = sizeof x}, {.name = "pos", .data = &pos, .bytes = 4},
+                                 {.name = "y", .data = y[b], .bytes = sizeof y[b]}};
+            cr_assert_eq(kiln_run(p, bd, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+        }
+        float k0[2 * 8 * 16];
+        cr_assert_eq(kiln_plan_state_read(p, "k0", k0, sizeof k0), KILN_OK);
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < 8; r++) {
+                double a = 0;
+                for (int d = 0; d < 16; d++)
+                    a += fabs(k0[(h * 8 + r) * 16 + d]);
+                cr_assert((r < 3) == (a > 0), "k0 head %d row %d: |sum| %g", h, r, a);
+            }
+        for (int i = 0; i < 64; i++)
+            cr_assert(isfinite(y[b][i]) && fabsf(y[b][i]) < 100, "y[%d] = %g", i, y[b][i]);
+        kiln_plan_free(p);
+    }
+    for (int i = 0; i < 64; i++)
+        cr_assert(fabsf(y[0][i] - y[1][i]) <= 1e-4f * (1 + fabsf(y[0][i])), "y[%d]: ref %g vs auto %g", i,
+                  y[0][i], y[1][i]);
+    kiln_ctx_free(ctx);
+}

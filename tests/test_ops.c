@@ -1,0 +1,658 @@
+/* Op conformance: every op x dtype on the backend named by $KILN_TEST_BACKEND (default "ref")
+ * against the f64 oracle ref64, on fresh random data, several shapes (1, 3, 17, 4097 where they
+ * mean something) and symbolic dims bound below and at their max, outputs poisoned and guarded,
+ * every element checked against the contract's NMSE bound. No case may skip a check. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/ref64.h"
+#include "support/testutil.h"
+
+static const kiln_dtype ACT[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+static const kiln_dtype PLAIN[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_I32};
+static const kiln_dtype WTS[] = {KILN_DTYPE_F32,  KILN_DTYPE_F16,  KILN_DTYPE_BF16, KILN_DTYPE_Q8_0,
+                                 KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K};
+static const int64_t ODD[] = {1, 3, 17, 4097};
+#define N_OF(a) (sizeof(a) / sizeof *(a))
+
+static const char *lab(const char *fmt, ...)
+{
+    static char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+static kiln_graph *graph(void)
+{
+    kiln_graph *g = NULL;
+    cr_assert(kiln_graph_new(&g) == KILN_OK && g);
+    return g;
+}
+
+static void out(kiln_graph *g, kiln_node y, const char *name)
+{
+    cr_assert(y != KILN_NODE_NONE, "builder failed: %s", kiln_graph_error(g));
+    kiln_status st = kiln_output(g, y, name);
+    cr_assert(st == KILN_OK, "kiln_output: %s: %s", kiln_status_str(st), kiln_graph_error(g));
+}
+
+static const char *dn(kiln_dtype t)
+{
+    return kiln_dtype_name(t);
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+static void matmul_case(kiln_dtype xt, kiln_dtype wt, int64_t K, int64_t N, int64_t tmax, const int64_t *tv, int ntv, bool rank3)
+{
+    kiln_graph *g = graph();
+    kiln_dim T = kiln_sym(g, "t", tmax);
+    kiln_node x = rank3 ? kiln_input(g, "x", xt, 3, (kiln_dim[]){2, T, K}) : kiln_input(g, "x", xt, 2, (kiln_dim[]){T, K});
+    kiln_node w = tu_weight(g, "w", wt, 2, (kiln_dim[]){N, K}, -0.5f, 1.5f); /* mean 0.5: no 1-element cancellation */
+    out(g, kiln_matmul(g, x, w), "y");
+    tu_sess *s = tu_sess_new(g, lab("matmul x %s%s [t<=%lld, %lld] w %s [%lld, %lld]", dn(xt), rank3 ? " rank3" : "",
+                                    (long long)tmax, (long long)K, dn(wt), (long long)N, (long long)K));
+    for (int i = 0; i < ntv; i++) {
+        tu_sym(s, "t", tv[i]);
+        tu_input_random(s, "x", -0.5f, 1.5f);
+        tu_run(s);
+        tu_check(s, "y", "matmul", wt);
+    }
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, matmul)
+{
+    const int64_t gemv[] = {1, 3, 4}, gemm[] = {33, 40};
+    for (size_t w = 0; w < N_OF(WTS); w++) {
+        kiln_dtype wt = WTS[w];
+        int64_t blk = kiln_dtype_block(wt);
+        const int64_t plain_k[] = {1, 3, 17, 4097}, blk_k[] = {256, 512, 4096}, q8_k[] = {32, 96, 4096};
+        const int64_t *ks = blk == 1 ? plain_k : blk == 32 ? q8_k : blk_k;
+        int nk = blk == 1 ? 4 : 3;
+        const int64_t ns[] = {1, 3, 17};
+        for (int k = 0; k < nk; k++)
+            for (int n = 0; n < 3; n++)
+                matmul_case(KILN_DTYPE_F32, wt, ks[k], ns[n], 4, gemv, 3, false);
+        matmul_case(KILN_DTYPE_F32, wt, 256, 64, 40, gemm, 2, false);
+        matmul_case(KILN_DTYPE_F32, wt, blk == 1 ? 17 : ks[0], 3, 4, gemv + 1, 2, true);
+        if (wt == KILN_DTYPE_F32 || wt == KILN_DTYPE_Q4_K)
+            for (int xt = 1; xt < 3; xt++) {
+                matmul_case(ACT[xt], wt, blk == 1 ? 17 : 512, 17, 4, gemv, 3, false);
+                matmul_case(ACT[xt], wt, 256, 64, 40, gemm, 2, false);
+            }
+    }
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+typedef kiln_node (*unary_fn)(kiln_graph *, kiln_node);
+static float g_scale; /* factor for scale_fn */
+static kiln_node scale_fn(kiln_graph *g, kiln_node x)
+{
+    return kiln_scale(g, x, g_scale);
+}
+
+/* x [t, D] for every activation dtype and odd D, t bound to 2 and to its max 5. */
+static void unary_cases(const char *op, unary_fn f, float lo, float hi)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (size_t k = 0; k < N_OF(ODD); k++) {
+            kiln_graph *g = graph();
+            kiln_dim T = kiln_sym(g, "t", 5);
+            out(g, f(g, kiln_input(g, "x", ACT[d], 2, (kiln_dim[]){T, ODD[k]})), "y");
+            tu_sess *s = tu_sess_new(g, lab("%s %s [t<=5, %lld]", op, dn(ACT[d]), (long long)ODD[k]));
+            for (int64_t t = 2; t <= 5; t += 3) {
+                int64_t n = t * ODD[k];
+                float *v = malloc((size_t)n * sizeof *v);
+                tu_fill(v, n, lo, hi);
+                for (int64_t r = 0; r < t; r++) /* a moderate first element per row keeps the norm non-degenerate */
+                    v[r * ODD[k]] = (float)tu_uniform(0.5, 2.0);
+                tu_sym(s, "t", t);
+                tu_input_f32(s, "x", v, n);
+                free(v);
+                tu_run(s);
+                tu_check(s, "y", op, ACT[d]);
+            }
+            tu_sess_free(s);
+            kiln_graph_free(g);
+        }
+}
+
+/* Values of +-80 mixed with ordinary ones must give finite results (no inf/inf). */
+static void large_inputs(const char *op, unary_fn f)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++) {
+        kiln_graph *g = graph();
+        out(g, f(g, kiln_input(g, "x", ACT[d], 1, (kiln_dim[]){64})), "y");
+        tu_sess *s = tu_sess_new(g, lab("%s %s large |x|", op, dn(ACT[d])));
+        float v[64];
+        tu_fill(v, 64, -3, 3);
+        for (int i = 0; i < 64; i += 4) {
+            v[i] = 80.0f + (float)i;
+            v[i + 1] = -80.0f - (float)i;
+        }
+        tu_input_f32(s, "x", v, 64);
+        tu_run(s);
+        tu_check(s, "y", op, ACT[d]);
+        tu_sess_free(s);
+        kiln_graph_free(g);
+    }
+}
+
+Test(ops, scale)
+{
+    g_scale = 0.37f;
+    unary_cases("scale", scale_fn, -1, 1);
+    g_scale = -2.5f;
+    unary_cases("scale", scale_fn, -1, 1);
+}
+
+Test(ops, silu)
+{
+    unary_cases("silu", kiln_silu, -6, 6);
+    large_inputs("silu", kiln_silu);
+}
+
+Test(ops, gelu)
+{
+    unary_cases("gelu", kiln_gelu, -6, 6);
+    large_inputs("gelu", kiln_gelu);
+}
+
+typedef kiln_node (*binary_fn)(kiln_graph *, kiln_node, kiln_node);
+
+/* a [t, D] with b [D] (broadcast) or b [t, D]; and a [2, 3, 17] with b [3, 17]. */
+static void binary_cases(const char *op, binary_fn f, float lo, float hi, bool bcast)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (size_t k = 0; k <= N_OF(ODD); k++)
+            for (int same = bcast ? 0 : 1; same < 2; same++) {
+                kiln_graph *g = graph();
+                kiln_dim T = kiln_sym(g, "t", 5), D = k < N_OF(ODD) ? ODD[k] : 17;
+                bool r3 = k == N_OF(ODD);
+                kiln_node a = r3 ? kiln_input(g, "a", ACT[d], 3, (kiln_dim[]){2, 3, D}) : kiln_input(g, "a", ACT[d], 2, (kiln_dim[]){T, D});
+                kiln_node b = r3 ? (same ? kiln_input(g, "b", ACT[d], 3, (kiln_dim[]){2, 3, D}) : kiln_input(g, "b", ACT[d], 2, (kiln_dim[]){3, D}))
+                              : same ? kiln_input(g, "b", ACT[d], 2, (kiln_dim[]){T, D}) : kiln_input(g, "b", ACT[d], 1, &D);
+                out(g, f(g, a, b), "y");
+                tu_sess *s = tu_sess_new(g, lab("%s %s a %s D=%lld b %s", op, dn(ACT[d]), r3 ? "[2,3,D]" : "[t<=5,D]",
+                                                (long long)D, same ? "same" : r3 ? "[3,D]" : "[D]"));
+                for (int64_t t = 2; t <= 5; t += 3) {
+                    tu_sym(s, "t", t);
+                    tu_input_random(s, "a", lo, hi);
+                    tu_input_random(s, "b", -1, 1);
+                    tu_run(s);
+                    tu_check(s, "y", op, ACT[d]);
+                }
+                tu_sess_free(s);
+                kiln_graph_free(g);
+            }
+}
+
+Test(ops, add)
+{
+    binary_cases("add", kiln_add, -1, 1, true);
+}
+
+Test(ops, mul)
+{
+    binary_cases("mul", kiln_mul, -1, 1, true);
+}
+
+Test(ops, swiglu)
+{
+    binary_cases("swiglu", kiln_swiglu, -6, 6, false);
+}
+
+/* ---------------------------------------------------------------- row ops */
+
+/* rms_norm (nb = 0) or layer_norm over x [t, D]; w/b weights of x's dtype when with_w. */
+static void norm_case(const char *op, kiln_dtype dt, int64_t D, bool with_w, float eps, float off)
+{
+    kiln_graph *g = graph();
+    kiln_dim T = kiln_sym(g, "t", 5);
+    kiln_node x = kiln_input(g, "x", dt, 2, (kiln_dim[]){T, D});
+    kiln_node w = with_w ? tu_weight(g, "w", dt, 1, &D, 0.5f, 1.5f) : KILN_NODE_NONE;
+    kiln_node b = with_w ? tu_weight(g, "b", dt, 1, &D, -1, 1) : KILN_NODE_NONE;
+    bool rms = strcmp(op, "rms_norm") == 0;
+    out(g, rms ? kiln_rms_norm(g, x, w, eps) : kiln_layer_norm(g, x, w, b, eps), "y");
+    tu_sess *s = tu_sess_new(g, lab("%s %s [t<=5, %lld]%s eps %g offset %g", op, dn(dt), (long long)D, with_w ? " weighted" : "",
+                                    (double)eps, (double)off));
+    for (int64_t t = 2; t <= 5; t += 3) {
+        tu_sym(s, "t", t);
+        tu_input_random(s, "x", off - 1, off + 1);
+        tu_run(s);
+        tu_check(s, "y", op, dt);
+    }
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, rms_norm)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (size_t k = 0; k < N_OF(ODD); k++) {
+            norm_case("rms_norm", ACT[d], ODD[k], true, 1e-5f, 0);
+            norm_case("rms_norm", ACT[d], ODD[k], false, 1e-6f, 0);
+        }
+}
+
+Test(ops, layer_norm)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (size_t k = 0; k < N_OF(ODD); k++) {
+            norm_case("layer_norm", ACT[d], ODD[k], true, 1e-5f, 0);
+            norm_case("layer_norm", ACT[d], ODD[k], false, 1e-6f, 0);
+        }
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        norm_case("layer_norm", ACT[d], 4097, true, 1e-5f, 8);
+}
+
+Test(ops, softmax)
+{
+    unary_cases("softmax", kiln_softmax, -4, 4);
+    unary_cases("softmax", kiln_softmax, -100, 100); /* large logits: needs the max subtraction */
+    for (size_t d = 0; d < N_OF(ACT); d++) {         /* masked (-inf) entries, never a whole row */
+        kiln_graph *g = graph();
+        out(g, kiln_softmax(g, kiln_input(g, "x", ACT[d], 2, (kiln_dim[]){4, 17})), "y");
+        tu_sess *s = tu_sess_new(g, lab("softmax %s [4, 17] with -inf", dn(ACT[d])));
+        float v[68];
+        tu_fill(v, 68, -4, 4);
+        for (int i = 0; i < 68; i++)
+            if (i % 17 > 17 - (i / 17) * 4 - 2)
+                v[i] = -INFINITY;
+        tu_input_f32(s, "x", v, 68);
+        tu_run(s);
+        tu_check(s, "y", "softmax", ACT[d]);
+        tu_sess_free(s);
+        kiln_graph_free(g);
+    }
+}
+
+/* ---------------------------------------------------------------- rope */
+
+static void rope_case(kiln_dtype dt, kiln_rope_mode mode, int64_t H, int64_t hd, float theta)
+{
+    kiln_graph *g = graph();
+    kiln_dim T = kiln_sym(g, "t", 4);
+    kiln_node x = kiln_input(g, "x", dt, 3, (kiln_dim[]){T, H, hd});
+    out(g, kiln_rope(g, x, kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T), mode, theta), "y");
+    tu_sess *s = tu_sess_new(g, lab("rope %s %s [t<=4, %lld, %lld] theta %g", dn(dt), mode == KILN_ROPE_NEOX ? "neox" : "normal",
+                                    (long long)H, (long long)hd, (double)theta));
+    for (int64_t t = 2; t <= 4; t += 2) {
+        float pos[4];
+        for (int i = 0; i < 4; i++)
+            pos[i] = (float)tu_randint(0, 4096);
+        pos[0] = 0;
+        tu_sym(s, "t", t);
+        tu_input_random(s, "x", -1, 1);
+        tu_input_f32(s, "pos", pos, t);
+        tu_run(s);
+        tu_check(s, "y", "rope", dt);
+    }
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, rope)
+{
+    const int64_t hds[] = {2, 8, 64, 128};
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (int m = 0; m < KILN_ROPE_MODE_COUNT; m++)
+            for (size_t h = 0; h < N_OF(hds); h++) {
+                rope_case(ACT[d], (kiln_rope_mode)m, hds[h] < 64 ? 3 : 1, hds[h], 10000.0f);
+                if (hds[h] == 64)
+                    rope_case(ACT[d], (kiln_rope_mode)m, 3, hds[h], 1000000.0f);
+            }
+}
+
+/* ---------------------------------------------------------------- attention, kv_scatter */
+
+static void attention_case(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, float scale)
+{
+    const int64_t C = 40, tv[][2] = {{1, 1}, {1, 23}, {4, 17}, {4, 40}, {1, 40}, {3, 3}};
+    kiln_graph *g = graph();
+    kiln_dim T = kiln_sym(g, "t", 4), NKV = kiln_sym(g, "n_kv", C);
+    kiln_node q = kiln_input(g, "q", dt, 3, (kiln_dim[]){T, H, hd});
+    kiln_node k = kiln_state(g, "k", dt, 3, (kiln_dim[]){Hkv, C, hd}), v = kiln_state(g, "v", dt, 3, (kiln_dim[]){Hkv, C, hd});
+    out(g, kiln_attention(g, q, k, v, NKV, scale), "y");
+    tu_sess *s = tu_sess_new(g, lab("attention %s H %lld Hkv %lld hd %lld scale %g", dn(dt), (long long)H, (long long)Hkv,
+                                    (long long)hd, (double)scale));
+    tu_state_random(s, "k", -1, 1);
+    tu_state_random(s, "v", -0.5f, 1.5f); /* mean 0.5: outputs (averages of v) are never all ~0 */
+    for (size_t i = 0; i < N_OF(tv); i++) {
+        tu_sym(s, "t", tv[i][0]);
+        tu_sym(s, "n_kv", tv[i][1]);
+        tu_input_random(s, "q", -2, 2);
+        tu_run(s);
+        tu_check(s, "y", "attention", dt);
+    }
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, attention)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++) {
+        attention_case(ACT[d], 2, 2, 64, 0);
+        attention_case(ACT[d], 4, 2, 17, 0);
+        attention_case(ACT[d], 3, 1, 1, 0.3f);
+        attention_case(ACT[d], 4, 2, 128, 0);
+    }
+}
+
+/* Decode: each run writes one K/V row at pos = step and attends over n_kv = step + 1. */
+Test(ops, attention_decode_sequence)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++) {
+        kiln_dtype dt = ACT[d];
+        const int64_t H = 4, Hkv = 2, hd = 64, C = 16;
+        kiln_graph *g = graph();
+        kiln_dim NKV = kiln_sym(g, "n_kv", C);
+        kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){1});
+        kiln_node k = kiln_state(g, "k", dt, 3, (kiln_dim[]){Hkv, C, hd}), v = kiln_state(g, "v", dt, 3, (kiln_dim[]){Hkv, C, hd});
+        kiln_node ks = kiln_kv_scatter(g, k, kiln_input(g, "kn", dt, 3, (kiln_dim[]){1, Hkv, hd}), pos);
+        kiln_node vs = kiln_kv_scatter(g, v, kiln_input(g, "vn", dt, 3, (kiln_dim[]){1, Hkv, hd}), pos);
+        out(g, kiln_attention(g, kiln_input(g, "q", dt, 3, (kiln_dim[]){1, H, hd}), ks, vs, NKV, 0), "y");
+        tu_sess *s = tu_sess_new(g, lab("decode sequence %s", dn(dt)));
+        for (int step = 0; step < 3; step++) {
+            float p = (float)step;
+            tu_sym(s, "n_kv", step + 1);
+            tu_input_f32(s, "pos", &p, 1);
+            tu_input_random(s, "q", -2, 2);
+            tu_input_random(s, "kn", -1, 1);
+            tu_input_random(s, "vn", -1, 1);
+            tu_run(s);
+            tu_check(s, "y", "attention", dt);
+        }
+        tu_check_state(s, "k", "kv_scatter", dt);
+        tu_check_state(s, "v", "kv_scatter", dt);
+        tu_sess_free(s);
+        kiln_graph_free(g);
+    }
+}
+
+/* Random distinct positions in [0, C), including 0 and C - 1. */
+static void distinct_positions(float *p, int n, int64_t C)
+{
+    for (int i = 0; i < n; i++) {
+        bool dup;
+        do {
+            p[i] = i == 0 ? 0.0f : i == 1 ? (float)(C - 1) : (float)tu_randint(0, C);
+            dup = false;
+            for (int j = 0; j < i; j++)
+                dup |= p[j] == p[i];
+        } while (dup);
+    }
+}
+
+Test(ops, kv_scatter)
+{
+    const int64_t Hkv = 2, C = 16, hd = 8;
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (int same = 0; same < 2; same++) {
+            kiln_dtype st = ACT[d], rt = same ? st : KILN_DTYPE_F32;
+            kiln_graph *g = graph();
+            kiln_dim T = kiln_sym(g, "t", 4);
+            kiln_node k = kiln_state(g, "k", st, 3, (kiln_dim[]){Hkv, C, hd});
+            kiln_node rows = kiln_input(g, "rows", rt, 3, (kiln_dim[]){T, Hkv, hd});
+            out(g, kiln_kv_scatter(g, k, rows, kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T)), "y");
+            tu_sess *s = tu_sess_new(g, lab("kv_scatter state %s rows %s", dn(st), dn(rt)));
+            double tol = same ? 0.0 : tu_tol("kv_scatter", st); /* rows of the state's dtype copy exactly */
+            tu_state_random(s, "k", -1, 1);
+            for (int64_t t = 3; t <= 4; t++) {
+                float p[4];
+                distinct_positions(p, (int)t, C);
+                tu_sym(s, "t", t);
+                tu_input_random(s, "rows", -1, 1);
+                tu_input_f32(s, "pos", p, t);
+                tu_run(s);
+                tu_check_tol(s, "y", tol);
+                tu_check_state(s, "k", "kv_scatter", same ? KILN_DTYPE_F32 : st);
+            }
+            float bad[3] = {1, (float)C, 2}; /* out of range: the run fails, the plan stays usable */
+            tu_sym(s, "t", 3);
+            tu_input_f32(s, "pos", bad, 3);
+            cr_assert(tu_run_status(s) != KILN_OK, "kv_scatter %s: position %lld accepted", dn(st), (long long)C);
+            tu_sess_free(s);
+            kiln_graph_free(g);
+        }
+}
+
+/* ---------------------------------------------------------------- get_rows, argmax, cast */
+
+Test(ops, get_rows)
+{
+    const int64_t V = 50;
+    for (size_t w = 0; w < N_OF(WTS); w++) {
+        int64_t blk = kiln_dtype_block(WTS[w]);
+        const int64_t plain_d[] = {1, 3, 17}, q8_d[] = {32, 96, 256}, k_d[] = {256, 512, 256};
+        const int64_t *ds = blk == 1 ? plain_d : blk == 32 ? q8_d : k_d;
+        for (int k = 0; k < (blk == 256 ? 2 : 3); k++) {
+            kiln_graph *g = graph();
+            kiln_dim n = kiln_sym(g, "n", 6);
+            kiln_node tab = tu_weight(g, "table", WTS[w], 2, (kiln_dim[]){V, ds[k]}, -1, 1);
+            out(g, kiln_get_rows(g, tab, kiln_input(g, "ids", KILN_DTYPE_I32, 1, &n)), "y");
+            tu_sess *s = tu_sess_new(g, lab("get_rows %s [%lld, %lld]", dn(WTS[w]), (long long)V, (long long)ds[k]));
+            for (int64_t t = 3; t <= 6; t += 3) {
+                float ids[6] = {0, (float)(V - 1), 0, (float)tu_randint(0, V), (float)tu_randint(0, V), (float)(V - 1)};
+                tu_sym(s, "n", t);
+                tu_input_f32(s, "ids", ids, t);
+                tu_run(s);
+                tu_check(s, "y", "get_rows", WTS[w]);
+            }
+            float bad[3] = {1, (float)V, 2};
+            tu_sym(s, "n", 3);
+            tu_input_f32(s, "ids", bad, 3);
+            cr_assert(tu_run_status(s) != KILN_OK, "get_rows %s: id %lld accepted", dn(WTS[w]), (long long)V);
+            tu_sess_free(s);
+            kiln_graph_free(g);
+        }
+    }
+}
+
+Test(ops, argmax)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (size_t k = 0; k < N_OF(ODD); k++) {
+            int64_t N = ODD[k];
+            kiln_graph *g = graph();
+            kiln_dim T = kiln_sym(g, "t", 6);
+            out(g, kiln_argmax(g, kiln_input(g, "x", ACT[d], 2, (kiln_dim[]){T, N})), "y");
+            tu_sess *s = tu_sess_new(g, lab("argmax %s [t<=6, %lld]", dn(ACT[d]), (long long)N));
+            for (int64_t t = 3; t <= 6; t += 3) {
+                float *v = malloc((size_t)(t * N) * sizeof *v);
+                tu_fill(v, t * N, -1, 1);
+                v[0 * N + 0] = 5;                           /* row 0: max at index 0 */
+                v[1 * N + N - 1] = 5;                       /* row 1: max at the last index */
+                for (int64_t i = 0; i < N; i++)             /* row 2: all negative, tie at N/3 and 2N/3 */
+                    v[2 * N + i] = -2.0f - (float)(i % 7) * 0.25f;
+                v[2 * N + N / 3] = v[2 * N + 2 * N / 3] = -0.5f;
+                tu_sym(s, "t", t);
+                tu_input_f32(s, "x", v, t * N);
+                free(v);
+                tu_run(s);
+                tu_check(s, "y", "argmax", ACT[d]);
+            }
+            tu_sess_free(s);
+            kiln_graph_free(g);
+        }
+    kiln_graph *g = graph(); /* rank 1 gives [1] */
+    out(g, kiln_argmax(g, kiln_input(g, "x", KILN_DTYPE_F32, 1, (kiln_dim[]){17})), "y");
+    tu_sess *s = tu_sess_new(g, "argmax f32 rank 1");
+    tu_input_random(s, "x", -1, 1);
+    tu_run(s);
+    tu_check(s, "y", "argmax", KILN_DTYPE_F32);
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, cast)
+{
+    for (size_t a = 0; a < N_OF(PLAIN); a++)
+        for (size_t b = 0; b < N_OF(PLAIN); b++) {
+            kiln_dtype from = PLAIN[a], to = PLAIN[b];
+            kiln_graph *g = graph();
+            kiln_dim T = kiln_sym(g, "t", 5);
+            out(g, kiln_cast(g, kiln_input(g, "x", from, 2, (kiln_dim[]){T, 17}), to), "y");
+            tu_sess *s = tu_sess_new(g, lab("cast %s -> %s", dn(from), dn(to)));
+            for (int64_t t = 2; t <= 5; t += 3) {
+                tu_sym(s, "t", t);
+                tu_input_random(s, "x", from == KILN_DTYPE_I32 ? -3000 : -100, from == KILN_DTYPE_I32 ? 3000 : 100);
+                tu_run(s);
+                tu_check(s, "y", "cast", to);
+            }
+            float halves[34]; /* halves round to even when going to i32 */
+            for (int i = 0; i < 34; i++)
+                halves[i] = (float)(i - 17) + 0.5f;
+            tu_sym(s, "t", 2);
+            tu_input_f32(s, "x", halves, 34);
+            tu_run(s);
+            tu_check(s, "y", "cast", to);
+            tu_sess_free(s);
+            kiln_graph_free(g);
+        }
+}
+
+/* ---------------------------------------------------------------- layout ops */
+
+/* x [r0, r1, r2] (r0 may be the symbol t) -> f(x); checked exactly for every plain dtype. */
+typedef kiln_node (*layout_fn)(kiln_graph *, kiln_node, kiln_dim t);
+
+static void layout_case(const char *op, const char *what, layout_fn f, int rank, const kiln_dim *dims, bool sym)
+{
+    for (size_t d = 0; d < N_OF(PLAIN); d++) {
+        kiln_graph *g = graph();
+        kiln_dim T = kiln_sym(g, "t", 5), dd[KILN_MAX_RANK];
+        for (int i = 0; i < rank; i++)
+            dd[i] = sym && i == 0 ? T : dims[i];
+        out(g, f(g, kiln_input(g, "x", PLAIN[d], rank, dd), T), "y");
+        tu_sess *s = tu_sess_new(g, lab("%s %s %s", op, what, dn(PLAIN[d])));
+        for (int64_t t = 2; t <= 5; t += 3) {
+            tu_sym(s, "t", t);
+            tu_input_random(s, "x", -1000, 1000);
+            tu_run(s);
+            tu_check(s, "y", op, PLAIN[d]);
+        }
+        tu_sess_free(s);
+        kiln_graph_free(g);
+    }
+}
+
+static kiln_node rs_sym(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_reshape(g, x, 3, (kiln_dim[]){t, 2, 3}); }
+static kiln_node rs_flat(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_reshape(g, x, 1, (kiln_dim[]){24}); }
+static kiln_node vw_mid(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_view(g, x, 2, (kiln_dim[]){2, 17}, 17); }
+static kiln_node vw_end(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_view(g, x, 1, (kiln_dim[]){34}, 34); }
+static kiln_node vw_head(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_view(g, x, 1, (kiln_dim[]){3}, 0); }
+static kiln_node tr01(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_transpose(g, x, 0, 1); }
+static kiln_node tr12(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_transpose(g, x, 1, 2); }
+static kiln_node tr02(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_transpose(g, x, 0, 2); }
+static kiln_node tr11(kiln_graph *g, kiln_node x, kiln_dim t) { return kiln_transpose(g, x, 1, 1); }
+
+Test(ops, reshape)
+{
+    layout_case("reshape", "[t,6]->[t,2,3]", rs_sym, 2, (kiln_dim[]){0, 6}, true);
+    layout_case("reshape", "[4,6]->[24]", rs_flat, 2, (kiln_dim[]){4, 6}, false);
+}
+
+Test(ops, view)
+{
+    layout_case("view", "[4,17] off 17 -> [2,17]", vw_mid, 2, (kiln_dim[]){4, 17}, false);
+    layout_case("view", "[4,17] off 34 -> [34]", vw_end, 2, (kiln_dim[]){4, 17}, false);
+    layout_case("view", "[4,17] off 0 -> [3]", vw_head, 2, (kiln_dim[]){4, 17}, false);
+}
+
+Test(ops, transpose)
+{
+    const kiln_dim d[] = {3, 17, 5};
+    layout_case("transpose", "[3,17,5] (0,1)", tr01, 3, d, false);
+    layout_case("transpose", "[3,17,5] (1,2)", tr12, 3, d, false);
+    layout_case("transpose", "[3,17,5] (0,2)", tr02, 3, d, false);
+    layout_case("transpose", "[t,3,5] (0,1)", tr01, 3, (kiln_dim[]){0, 3, 5}, true);
+    layout_case("transpose", "[t,3,5] (1,2)", tr12, 3, (kiln_dim[]){0, 3, 5}, true);
+    layout_case("transpose", "[3,17,5] (1,1)", tr11, 3, d, false);
+}
+
+Test(ops, concat)
+{
+    const struct { int axis; kiln_dim a[2], b[2]; bool sym; } c[] = {
+        {1, {0, 3}, {0, 5}, true}, {0, {2, 17}, {3, 17}, false}, {0, {1, 1}, {1, 1}, false}, {1, {4, 1}, {4, 16}, false}};
+    for (size_t i = 0; i < N_OF(c); i++)
+        for (size_t d = 0; d < N_OF(PLAIN); d++) {
+            kiln_graph *g = graph();
+            kiln_dim T = kiln_sym(g, "t", 5);
+            kiln_dim da[2] = {c[i].sym ? T : c[i].a[0], c[i].a[1]}, db[2] = {c[i].sym ? T : c[i].b[0], c[i].b[1]};
+            kiln_node a = kiln_input(g, "a", PLAIN[d], 2, da), b = kiln_input(g, "b", PLAIN[d], 2, db);
+            out(g, kiln_concat(g, a, b, c[i].axis), "y");
+            tu_sess *s = tu_sess_new(g, lab("concat %s case %zu axis %d", dn(PLAIN[d]), i, c[i].axis));
+            for (int64_t t = 2; t <= 5; t += 3) {
+                tu_sym(s, "t", t);
+                tu_input_random(s, "a", -1000, 1000);
+                tu_input_random(s, "b", -1000, 1000);
+                tu_run(s);
+                tu_check(s, "y", "concat", PLAIN[d]);
+            }
+            tu_sess_free(s);
+            kiln_graph_free(g);
+        }
+}
+
+/* ---------------------------------------------------------------- the oracle itself */
+
+static const double *ref_eval(ref64 *r, const kiln_binding *b, size_t n, const char *name)
+{
+    char err[256];
+    cr_assert(ref64_run(r, b, n, err, sizeof err) == 0, "ref64_run: %s", err);
+    const double *y = ref64_output(r, name, NULL, NULL);
+    cr_assert(y, "ref64 has no output %s", name);
+    return y;
+}
+
+/* Hand-computed values: guards ref64 against sharing a mistake with the kernels it judges. */
+Test(ref64, hand_computed_values)
+{
+    kiln_graph *g = graph();
+    float xv[2] = {0.0f, 1.0986122886681098f}; /* softmax -> 1/4, 3/4 (ln 3) */
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 1, (kiln_dim[]){2});
+    out(g, kiln_softmax(g, x), "sm");
+    out(g, kiln_layer_norm(g, kiln_scale(g, x, 2.0f), KILN_NODE_NONE, KILN_NODE_NONE, 0.0f), "ln"); /* -> -1, 1 */
+    out(g, kiln_argmax(g, kiln_input(g, "a", KILN_DTYPE_F32, 1, (kiln_dim[]){4})), "am");
+    out(g, kiln_cast(g, kiln_input(g, "c", KILN_DTYPE_F32, 1, (kiln_dim[]){3}), KILN_DTYPE_I32), "ci");
+    kiln_node p = kiln_input(g, "p", KILN_DTYPE_I32, 1, (kiln_dim[]){1});
+    out(g, kiln_rope(g, kiln_input(g, "r", KILN_DTYPE_F32, 3, (kiln_dim[]){1, 1, 4}), p, KILN_ROPE_NEOX, 100.0f), "rp");
+    kiln_node k = kiln_state(g, "k", KILN_DTYPE_F32, 3, (kiln_dim[]){1, 4, 1});
+    kiln_node ks = kiln_kv_scatter(g, k, kiln_input(g, "kr", KILN_DTYPE_F32, 3, (kiln_dim[]){2, 1, 1}),
+                                   kiln_input(g, "kp", KILN_DTYPE_I32, 1, (kiln_dim[]){2}));
+    out(g, kiln_attention(g, kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){2, 1, 1}), ks, ks, 3, 1.0f), "at");
+    ref64 *r = ref64_new(g);
+    cr_assert(r);
+    float av[4] = {1, 7, 7, -2}, cv[3] = {2.5f, -2.5f, 3.5f}, rv[4] = {1, 2, 0, 0}, kr[2] = {3, 5}, qv[2] = {0, 0};
+    int32_t pv[1] = {2}, kp[2] = {1, 2};
+    kiln_binding b[] = {{"x", xv, 8, 0}, {"a", av, 16, 0}, {"c", cv, 12, 0}, {"r", rv, 16, 0}, {"p", pv, 4, 0},
+                        {"kr", kr, 8, 0}, {"kp", kp, 8, 0}, {"q", qv, 8, 0}};
+    const double *sm = ref_eval(r, b, 8, "sm");
+    cr_assert(fabs(sm[0] - 0.25) < 1e-7 && fabs(sm[1] - 0.75) < 1e-7, "softmax %g %g", sm[0], sm[1]);
+    const double *ln = ref64_output(r, "ln", NULL, NULL);
+    cr_assert(fabs(ln[0] + 1) < 1e-12 && fabs(ln[1] - 1) < 1e-12, "layer_norm %g %g", ln[0], ln[1]);
+    cr_assert_eq(ref64_output(r, "am", NULL, NULL)[0], 1.0, "argmax takes the first of tied maxima");
+    const double *ci = ref64_output(r, "ci", NULL, NULL);
+    cr_assert(ci[0] == 2 && ci[1] == -2 && ci[2] == 4, "cast halves to even: %g %g %g", ci[0], ci[1], ci[2]);
+    const double *rp = ref64_output(r, "rp", NULL, NULL); /* neox pairs (0,2), (1,3); angles 2, 2/10 */
+    cr_assert(fabs(rp[0] - cos(2.0)) < 1e-12 && fabs(rp[2] - sin(2.0)) < 1e-12, "rope pair 0: %g %g", rp[0], rp[2]);
+    cr_assert(fabs(rp[1] - 2 * cos(0.2)) < 1e-12 && fabs(rp[3] - 2 * sin(0.2)) < 1e-12, "rope pair 1: %g %g", rp[1], rp[3]);
+    /* cache [0, 3, 5, 0]; n_kv 3, 2 queries at positions 1, 2 with zero scores: means of v[0..1], v[0..2] */
+    const double *at = ref64_output(r, "at", NULL, NULL);
+    cr_assert(fabs(at[0] - 1.5) < 1e-12 && fabs(at[1] - 8.0 / 3) < 1e-12, "attention %g %g", at[0], at[1]);
+    const double *st = ref64_state(r, "k", NULL);
+    cr_assert(st[0] == 0 && st[1] == 3 && st[2] == 5 && st[3] == 0, "kv_scatter wrote the state");
+    ref64_free(r);
+    kiln_graph_free(g);
+}
