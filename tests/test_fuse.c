@@ -132,6 +132,40 @@ Test(fuse, rule2_3_4_norm_siblings_swiglu_residual)
     kiln_graph_free(g);
 }
 
+Test(fuse, rule5_attention_written_as_ops_is_one_kernel)
+{
+    for (int variant = 0; variant < 2; variant++) {
+        kiln_graph *g = gnew();
+        kiln_dim t = kiln_sym(g, "t", 9);
+        kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 2, (kiln_dim[]){t, 24});
+        kiln_node k = kiln_input(g, "k", KILN_DTYPE_F32, 2, (kiln_dim[]){37, 24});
+        kiln_node s = kiln_matmul(g, q, k);
+        kiln_node v, p;
+        if (variant == 0) { /* scale + mask, v as rows through a transpose */
+            kiln_node mask = kiln_input(g, "mask", KILN_DTYPE_F32, 2, (kiln_dim[]){t, 37});
+            p = kiln_softmax(g, kiln_add(g, kiln_scale(g, s, 0.2f), mask));
+            v = kiln_transpose(g, kiln_input(g, "v", KILN_DTYPE_F32, 2, (kiln_dim[]){37, 16}), 0, 1);
+        } else { /* plain, v given as [d, S] */
+            p = kiln_softmax(g, s);
+            v = kiln_input(g, "v", KILN_DTYPE_F32, 2, (kiln_dim[]){16, 37});
+        }
+        kiln_output(g, kiln_matmul(g, p, v), "out0");
+        int kf, ku;
+        feed f[] = {{"t", .value = 7}, {"q", .t = KILN_DTYPE_F32, .n = 7 * 24}, {"k", .t = KILN_DTYPE_F32, .n = 37 * 24},
+                    {"v", .t = KILN_DTYPE_F32, .n = 37 * 16}, {"mask", .t = KILN_DTYPE_F32, .n = 7 * 37}};
+        fused_vs_unfused(g, f, variant == 0 ? 5 : 4, 4 * tu_tol("attention", KILN_DTYPE_F32) + 4 * tu_tol("softmax", KILN_DTYPE_F32), &kf, &ku);
+        cr_assert_eq(kf, 1, "variant %d: %d kernels", variant, kf);
+        cr_assert_eq(ku, variant == 0 ? 6 : 3);
+        kiln_plan *pl;
+        cr_assert_eq(kiln_compile(g_ctx, g, NULL, &pl), KILN_OK);
+        kiln_region_info ri;
+        cr_assert_eq(kiln_plan_region(pl, 0, &ri), KILN_OK);
+        cr_assert_str_eq(ri.kind, "attention");
+        kiln_plan_free(pl);
+        kiln_graph_free(g);
+    }
+}
+
 /* A llama-style decode layer as kiln users write it. */
 static kiln_graph *llama_layer(kiln_dtype wt, int64_t hidden, int64_t n_head, int64_t n_kv_head, int64_t ffn, int64_t ctx)
 {

@@ -51,7 +51,7 @@ void kiln_fusion_free(kiln_fusion *f)
  * regions in order of their first node; a region's outputs are its nodes used outside it, graph
  * outputs, and anchors of kinds whose result must be stored (scatter writes the state). */
 kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *group, const uint32_t *anchor_of,
-                                          kiln_fusion *out)
+                                          const uint8_t *kind_of, kiln_fusion *out)
 {
     uint32_t n = g->n_nodes;
     memset(out, 0, sizeof *out);
@@ -102,7 +102,7 @@ kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *g
         reg->nodes[reg->n_nodes++] = i;
         if (anchor_of[group[i]] == i) {
             reg->anchor = i;
-            reg->kind = (uint8_t)kiln_fuse_kind_of((enum kiln_op)g->nodes[i].op);
+            reg->kind = kind_of[group[i]] ? kind_of[group[i]] : (uint8_t)kiln_fuse_kind_of((enum kiln_op)g->nodes[i].op);
         }
     }
     for (uint32_t r = 0; r < out->n_regions; r++) {
@@ -141,9 +141,11 @@ kiln_status kiln_fuse(const kiln_graph *g, bool fuse, kiln_fusion *out)
     uint32_t n = g->n_nodes;
     uint32_t *group = malloc((n ? n : 1) * sizeof *group);
     uint32_t *anchor_of = malloc((n ? n : 1) * sizeof *anchor_of);
-    if (!group || !anchor_of) {
+    uint8_t *kind_of = calloc(n ? n : 1, 1);
+    if (!group || !anchor_of || !kind_of) {
         free(group);
         free(anchor_of);
+        free(kind_of);
         return KILN_ERR_NOMEM;
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -151,18 +153,20 @@ kiln_status kiln_fuse(const kiln_graph *g, bool fuse, kiln_fusion *out)
         group[i] = kernel ? i : KILN_IDX_NONE;
         anchor_of[i] = i;
     }
-    if (fuse) kiln_fuse_apply_rules(g, group, anchor_of);
-    kiln_status s = kiln_fuse_regions_from_groups(g, group, anchor_of, out);
+    if (fuse) kiln_fuse_apply_rules(g, group, anchor_of, kind_of);
+    kiln_status s = kiln_fuse_regions_from_groups(g, group, anchor_of, kind_of, out);
     if (s == KILN_OK && fuse && !regions_ordered(g, out)) {
         /* A rule made a region that needs a later one: a bug in a rule, never a wrong answer. */
         kiln_fusion_free(out);
         for (uint32_t i = 0; i < n; i++) {
             group[i] = kiln_fuse_kind_of((enum kiln_op)g->nodes[i].op) != KILN_REGION_NONE ? i : KILN_IDX_NONE;
             anchor_of[i] = i;
+            kind_of[i] = 0;
         }
-        s = kiln_fuse_regions_from_groups(g, group, anchor_of, out);
+        s = kiln_fuse_regions_from_groups(g, group, anchor_of, kind_of, out);
     }
     free(group);
     free(anchor_of);
+    free(kind_of);
     return s;
 }

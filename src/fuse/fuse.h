@@ -44,7 +44,8 @@ bool kiln_op_is_alias(enum kiln_op op);
 
 /* Internal to src/fuse. */
 enum kiln_region_kind kiln_fuse_kind_of(enum kiln_op op);
-/* Applies the fusion rules: merges nodes into groups (group[i] = group id, anchor_of[gid] = anchor). */
-void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of);
+/* Applies the fusion rules: merges nodes into groups (group[i] = group id, anchor_of[gid] = anchor,
+ * kind_of[gid] = region kind when a rule decides it, else 0 = the anchor op's kind). */
+void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of, uint8_t *kind_of);
 kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *group, const uint32_t *anchor_of,
-                                          kiln_fusion *out);
+                                          const uint8_t *kind_of, kiln_fusion *out);

@@ -5,8 +5,9 @@
  *  3. matmuls reading the same x merge into one multi-output region (Q/K/V, gate/up), up to 4;
  *  4. matmul epilogues: residual add and swiglu (via 1), rope on a reshaped Q/K, kv_scatter of
  *     the roped K or the reshaped V;
- * Every merge keeps regions convex: all operands from outside a region are ready before it.
- * Rule 5 (attention written as separate ops) is not recognized yet. */
+ *  5. softmax(scale(q . k^T) [+ mask]) . v written as ops (v given as transpose(v) or as [d, S])
+ *     becomes one attention region: the [T, S] scores never reach memory.
+ * Every merge keeps regions convex: all operands from outside a region are ready before it. */
 #include "fuse/fuse.h"
 
 #include <stdlib.h>
@@ -22,6 +23,7 @@ typedef struct fuse_state {
     uint32_t         *last;   /* last[gid]: largest member index */
     uint32_t         *n_mm;   /* n_mm[gid]: matmuls in the group */
     uint32_t         *readers;/* readers[i]: how many operand slots (and outputs) read node i */
+    uint8_t          *kind;   /* kind_of[gid]: region kind decided by a rule (0: the anchor's) */
 } fuse_state;
 
 static bool is_map(uint8_t op)
@@ -145,10 +147,52 @@ static void rule_rope_scatter(fuse_state *f, uint32_t i)
     }
 }
 
-void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of)
+/* Rule 5: matmul i = softmax(...) . v; walks back softmax <- [add mask] <- [scale] <- matmul(q, k).
+ * Every link must be f32, read only by the next one, and alone in its group (or with earlier links). */
+static void rule_attention(fuse_state *f, uint32_t i)
+{
+    const kiln_graph *g = f->g;
+    uint32_t chain[6], n = 0, p = g->nodes[i].src[0], w = g->nodes[i].src[1];
+    if (g->nodes[p].op != KILN_OP_SOFTMAX || f->readers[p] != 1) return;
+    if (g->nodes[w].op == KILN_OP_TRANSPOSE && f->readers[w] == 1 && g->nodes[w].rank == 2) chain[n++] = w;
+    chain[n++] = p;
+    uint32_t s = g->nodes[p].src[0];
+    if (g->nodes[s].op == KILN_OP_ADD && f->readers[s] == 1) chain[n++] = s, s = g->nodes[s].src[0];
+    if (g->nodes[s].op == KILN_OP_SCALE && f->readers[s] == 1) chain[n++] = s, s = g->nodes[s].src[0];
+    if (g->nodes[s].op != KILN_OP_MATMUL || f->readers[s] != 1 || g->nodes[g->nodes[s].src[1]].rank != 2) return;
+    chain[n++] = s;
+    const kiln_node_rec *q = &g->nodes[g->nodes[s].src[0]];
+    if (q->rank != 2 || q->dtype != KILN_DTYPE_F32 || g->nodes[p].rank != 2) return;
+    /* Links must not share a group with anything outside the chain. */
+    uint32_t lo = i;
+    for (uint32_t k = 0; k < n; k++) lo = chain[k] < lo ? chain[k] : lo;
+    for (uint32_t j = lo; j <= i; j++) {
+        bool in_chain = j == i;
+        for (uint32_t k = 0; k < n; k++) in_chain |= chain[k] == j;
+        for (uint32_t k = 0; k < n && !in_chain && f->group[j] != KILN_IDX_NONE; k++)
+            if (f->group[j] == f->group[chain[k]]) return;
+    }
+    /* External operands (q, k, mask, v) must be ready before the first link. */
+    for (uint32_t k = 0; k <= n; k++) {
+        const kiln_node_rec *m = &g->nodes[k < n ? chain[k] : i];
+        for (int o = 0; o < m->n_src; o++) {
+            uint32_t src = producer(g, m->src[o]), h;
+            bool inside = src == i;
+            for (uint32_t c = 0; c < n; c++) inside |= chain[c] == src;
+            if (inside || src == KILN_IDX_NONE || (h = f->group[src]) == KILN_IDX_NONE) continue;
+            if (f->last[h] >= lo) return;
+        }
+    }
+    uint32_t gid = f->group[i];
+    for (uint32_t k = 0; k < n; k++) merge(f, f->group[chain[k]], gid);
+    f->anchor[gid] = i;
+    f->kind[gid] = KILN_REGION_ATTENTION;
+}
+
+void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of, uint8_t *kind_of)
 {
     uint32_t n = g->n_nodes;
-    fuse_state f = {.g = g, .group = group, .anchor = anchor_of};
+    fuse_state f = {.g = g, .group = group, .anchor = anchor_of, .kind = kind_of};
     f.first = malloc((n + 1) * sizeof *f.first);
     f.last = malloc((n + 1) * sizeof *f.last);
     f.n_mm = malloc((n + 1) * sizeof *f.n_mm);
@@ -164,7 +208,10 @@ void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *ancho
     for (uint32_t i = 0; i < n; i++) {
         uint8_t op = g->nodes[i].op;
         if (group[i] == KILN_IDX_NONE) continue;
-        if (op == KILN_OP_MATMUL) rule_matmul(&f, i);
+        if (op == KILN_OP_MATMUL) {
+            rule_attention(&f, i);
+            if (f.kind[group[i]] != KILN_REGION_ATTENTION) rule_matmul(&f, i);
+        }
         else if (is_map(op)) rule_epilogue(&f, i);
         else if (op == KILN_OP_ROPE || op == KILN_OP_KV_SCATTER) rule_rope_scatter(&f, i);
     }

@@ -6,6 +6,7 @@
 #include "sched/backend.h"
 #include "sched/ctx.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,12 @@ struct kiln_kernel {
     uint32_t dst[4];       /* node whose buffer receives out j (the matmul, its residual add, or the swiglu) */
     uint32_t resid[4];     /* residual operand node of out j, or KILN_IDX_NONE */
     bool     swiglu;       /* out 0 = silu(mm0) * mm1 */
+    bool     sdpa;         /* region is softmax(scale(q.k^T) + mask).v written as ops (fusion rule 5) */
+    uint32_t sq, sk, sv;   /* its q [T, d], k [S, d], and v ([S, d] rows, or [d, S] when !sv_rows) */
+    uint32_t smask;        /* additive mask [T, S] or KILN_IDX_NONE */
+    bool     sv_rows;      /* v is given as rows (through a transpose in the region) */
+    float    sscale;       /* score scale (1 when there is no scale op) */
+    uint32_t sout;         /* output node [T, d] */
     uint32_t n_rest;       /* nodes not covered, run in order after the fused part */
     uint32_t rest[];       /* those nodes */
 };
@@ -154,6 +161,30 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
     return true;
 }
 
+/* Rule-5 regions: the nodes are (transpose), softmax, (add), (scale), matmul q.k, matmul p.v. */
+static bool plan_sdpa(const kiln_graph *g, const kiln_region *r, struct kiln_kernel *k)
+{
+    const kiln_node_rec *o = &g->nodes[r->anchor];
+    if (o->op != KILN_OP_MATMUL) return false;
+    k->sout = r->anchor;
+    uint32_t p = o->src[0], w = o->src[1];
+    k->sv_rows = g->nodes[w].op == KILN_OP_TRANSPOSE && in_region(r, w);
+    k->sv = k->sv_rows ? g->nodes[w].src[0] : w;
+    uint32_t s = g->nodes[p].src[0];
+    k->smask = KILN_IDX_NONE;
+    k->sscale = 1;
+    if (g->nodes[s].op == KILN_OP_ADD && in_region(r, s)) k->smask = g->nodes[s].src[1], s = g->nodes[s].src[0];
+    if (g->nodes[s].op == KILN_OP_SCALE && in_region(r, s)) k->sscale = g->nodes[s].f[0], s = g->nodes[s].src[0];
+    if (g->nodes[s].op != KILN_OP_MATMUL || !in_region(r, s)) return false;
+    k->sq = g->nodes[s].src[0];
+    k->sk = g->nodes[s].src[1];
+    const uint32_t f32[] = {k->sq, k->sk, k->sv, k->smask};
+    for (int i = 0; i < 4; i++)
+        if (f32[i] != KILN_IDX_NONE && g->nodes[f32[i]].dtype != KILN_DTYPE_F32) return false;
+    if (k->smask != KILN_IDX_NONE && g->nodes[k->smask].rank != 2) return false; /* a broadcast mask: op by op */
+    return k->sdpa = true;
+}
+
 static kiln_status cpu_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out,
                                char *err, size_t n_err)
 {
@@ -164,6 +195,12 @@ static kiln_status cpu_compile(void *state, const kiln_graph *g, const kiln_regi
         free(covered);
         snprintf(err, n_err, "out of memory");
         return KILN_ERR_NOMEM;
+    }
+    if (r->kind == KILN_REGION_ATTENTION && r->n_nodes > 1 && plan_sdpa(g, r, k)) {
+        k->n_rest = 0; /* the whole region is one kernel */
+        free(covered);
+        *out = k;
+        return KILN_OK;
     }
     if (r->kind == KILN_REGION_MATMUL) k->fused = plan_fused(g, r, k, covered);
     if (!k->fused) {
@@ -261,10 +298,64 @@ static kiln_status run_node(cpu_state *s, const kiln_exec_view *v, uint32_t idx,
     return kiln_ref_exec(v, idx, err, n_err);
 }
 
+/* Attention written as ops, one pass: per query row, scores over S keys (never stored), softmax,
+ * weighted sum of v. Rows are split over the threads. */
+typedef struct sdpa_job {
+    const float *q, *k, *v, *mask; /* operands */
+    float       *y, *scratch;      /* output [T, d]; S floats per thread */
+    int64_t      T, S, d, dv;      /* queries, keys, q/k width, v width */
+    float        scale;            /* score scale */
+    bool         v_rows;           /* v is [S, d] (else [d, S]) */
+} sdpa_job;
+
+static void sdpa_rows(void *arg, int tid, int nth)
+{
+    const sdpa_job *j = arg;
+    float *sc = j->scratch + (size_t)tid * j->S;
+    for (int64_t t = tid; t < j->T; t += nth) {
+        const float *qt = j->q + t * j->d;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < j->S; s++) {
+            const float *ks = j->k + s * j->d;
+            float acc = 0;
+            for (int64_t i = 0; i < j->d; i++) acc += qt[i] * ks[i];
+            sc[s] = acc * j->scale + (j->mask ? j->mask[t * j->S + s] : 0);
+            mx = sc[s] > mx ? sc[s] : mx;
+        }
+        float sum = 0;
+        for (int64_t s = 0; s < j->S; s++) sum += (sc[s] = mx == -INFINITY ? 0 : expf(sc[s] - mx));
+        float inv = sum > 0 ? 1 / sum : 0, *yt = j->y + t * j->dv;
+        for (int64_t i = 0; i < j->dv; i++) yt[i] = 0;
+        for (int64_t s = 0; s < j->S; s++) {
+            float p = sc[s] * inv;
+            if (j->v_rows)
+                for (int64_t i = 0; i < j->dv; i++) yt[i] += p * j->v[s * j->dv + i];
+            else
+                for (int64_t i = 0; i < j->dv; i++) yt[i] += p * j->v[i * j->S + s];
+        }
+    }
+}
+
+static kiln_status run_sdpa(cpu_state *s, const struct kiln_kernel *k, const kiln_exec_view *v)
+{
+    sdpa_job j = {.q = v->bufs[k->sq], .k = v->bufs[k->sk], .v = v->bufs[k->sv], .y = v->bufs[k->sout],
+                  .mask = k->smask != KILN_IDX_NONE ? v->bufs[k->smask] : NULL, .scale = k->sscale, .v_rows = k->sv_rows,
+                  .T = v->dims[k->sq][0], .d = v->dims[k->sq][1], .S = v->dims[k->sk][0], .dv = v->dims[k->sout][1]};
+    int nth = kiln_cpu_pool_threads(s->pool);
+    if (!(j.scratch = kiln_cpu_pool_scratch(s->pool, (size_t)nth * (size_t)j.S * sizeof(float)))) return KILN_ERR_NOMEM;
+    kiln_cpu_pool_run(s->pool, sdpa_rows, &j);
+    return KILN_OK;
+}
+
 static kiln_status cpu_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                               char *err, size_t n_err)
 {
     cpu_state *s = state;
+    if (k->sdpa) {
+        kiln_status st = run_sdpa(s, k, v);
+        if (st != KILN_OK) snprintf(err, n_err, "attention from ops (#%u) failed: %s", k->sout, kiln_status_str(st));
+        return st;
+    }
     if (k->fused) {
         kiln_status st = run_fused(s, k, v);
         if (st != KILN_OK) {
