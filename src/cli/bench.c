@@ -23,6 +23,8 @@ typedef struct bench_opts {
     int64_t            seed;    /* --seed */
     int64_t            threads; /* --threads; 0 = one per core */
     bool               json;    /* --json */
+    bool               profile; /* --profile: per-kernel predicted vs measured table */
+    bool               no_roof; /* --no-roof: skip measuring the roofline in the same run */
 } bench_opts;
 
 /* Results and the resources of one bench, freed by bench_free. */
@@ -101,8 +103,10 @@ static int parse_one(kiln_cli_args *a, bench_opts *o)
         o->backend = v;
         return r < 0 ? KILN_CLI_USAGE : KILN_CLI_OK;
     }
-    if (strcmp(a->argv[a->i], "--json") == 0) {
-        o->json = true;
+    if (strcmp(a->argv[a->i], "--json") == 0 || strcmp(a->argv[a->i], "--profile") == 0 ||
+        strcmp(a->argv[a->i], "--no-roof") == 0) {
+        bool *f = a->argv[a->i][2] == 'j' ? &o->json : a->argv[a->i][2] == 'p' ? &o->profile : &o->no_roof;
+        *f = true;
         a->i++;
         return KILN_CLI_OK;
     }
@@ -248,6 +252,7 @@ static int timed_loop(const bench_opts *o, bench_state *st)
     size_t wbytes = (size_t)o->layers * kiln_preset_layer_weight_bytes(o->preset, o->wtype);
     double t_begin = kiln_cli_now();
     kiln_status s = step(o, st, n_tok, o->prefill ? 0 : o->ctx); /* warm-up, untimed */
+    if (o->profile) kiln_plan_profile(st->plan, true);
     for (int64_t i = 0; s == KILN_OK && i < o->steps; i++) {
         int64_t start = o->prefill ? 0 : o->ctx + 1 + i;
         double t0 = kiln_cli_now();
@@ -286,6 +291,12 @@ static void report(const bench_opts *o, const bench_state *st)
     double per_layer = med / (double)o->layers, gbps = gb / (med * 1e-3), gfps = gf / (med * 1e-3);
     const char *be = kiln_plan_backend(st->plan), *isa = kiln_cpu_isa(st->ctx);
     const char *wt = kiln_dtype_name(o->wtype), *kt = kiln_dtype_name(kv_dtype(o->wtype));
+    /* The roofline of this machine, measured now, in the same run (memory bandwidth drifts). */
+    kiln_device_profile prof = {0};
+    double roof_bw = 0, roof_gf = 0;
+    if (!o->no_roof && strcmp(be, "ref") != 0 && kiln_calibrate(st->ctx, false) == KILN_OK && kiln_ctx_profile(st->ctx, be, &prof) == KILN_OK)
+        roof_bw = prof.mem_bw * 1e-9, roof_gf = prof.peak_flops[KILN_DTYPE_F32] * 1e-9;
+    double frac_bw = roof_bw > 0 ? gbps / roof_bw : 0, frac_gf = roof_gf > 0 ? gfps / roof_gf : 0;
     if (o->json) {
         printf("{\"preset\":\"%s\",\"mode\":\"%s\",\"backend\":", o->preset->name, o->prefill ? "prefill" : "decode");
         kiln_cli_json_str(stdout, be);
@@ -293,10 +304,11 @@ static void report(const bench_opts *o, const bench_state *st)
         kiln_cli_json_str(stdout, isa);
         printf(",\"threads\":%d,\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,\"steps\":%lld,\"ctx\":%lld,"
                "\"tokens\":%lld,\"kernels\":%d,\"compile_ms\":%.3f,\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
-               "\"gflop_per_s\":%.4f,\"bytes_per_step\":%.0f,\"step_ms\":[",
+               "\"gflop_per_s\":%.4f,\"roof_gb_per_s\":%.4f,\"roof_gflop_per_s\":%.4f,\"fraction_of_bw\":%.4f,"
+               "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"step_ms\":[",
                (int)o->threads, wt, kt, (long long)o->layers, (long long)o->steps, (long long)o->ctx,
                (long long)(o->prefill ? o->tokens : 1), kiln_plan_kernel_count(st->plan), st->compile_ms, per_layer,
-               gbps, gfps, gb * 1e9);
+               gbps, gfps, roof_bw, roof_gf, frac_bw, frac_gf, gb * 1e9);
         for (size_t i = 0; i < n; i++)
             printf("%s%.6f", i ? "," : "", st->step_ms[i]);
         printf("]}\n");
@@ -312,6 +324,16 @@ static void report(const bench_opts *o, const bench_state *st)
         printf("  %.1f MB read and %.2f GFLOP per step, compile %.1f ms\n", gb * 1e3, gf, st->compile_ms);
         printf("  median %.3f ms/layer-step (min %.3f, max %.3f)   %.2f GB/s   %.2f GFLOP/s\n", per_layer,
                sorted[0] / (double)o->layers, sorted[n - 1] / (double)o->layers, gbps, gfps);
+        if (roof_bw > 0)
+            printf("  roofline measured now: %.1f GB/s read, %.1f GFLOP/s f32 -> %.0f%% of bandwidth, %.0f%% of peak\n",
+                   roof_bw, roof_gf, 100 * frac_bw, 100 * frac_gf);
+    }
+    if (o->profile) {
+        char *txt = NULL;
+        if (kiln_plan_explain(st->plan, "text", &txt) == KILN_OK) {
+            printf("\nper kernel, all %lld layers (measured = mean over the timed steps):\n%s", (long long)o->layers, txt);
+            free(txt);
+        }
     }
     free(sorted);
 }

@@ -47,3 +47,5 @@ bool kiln_cli_wants_help(int argc, char *const *argv, const char *cmd);
 int kiln_cli_info(int argc, char *const *argv);
 int kiln_cli_run(int argc, char *const *argv);
 int kiln_cli_bench(int argc, char *const *argv);
+int kiln_cli_plan(int argc, char *const *argv);
+int kiln_cli_calibrate(int argc, char *const *argv);

@@ -14,6 +14,8 @@ static const char usage_main[] =
     "  info                  version, backends (available or why not), CPU ISA, threads\n"
     "  run FILE.kg           run a .kg graph on random inputs, print output checksums\n"
     "  bench --preset NAME   time decode or prefill of a model preset (random weights)\n"
+    "  plan FILE.kg | --preset NAME   fused kernels, placement and predicted costs\n"
+    "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
     "`kiln COMMAND --help` shows a command's flags. Exit codes: 0 ok, 1 a kiln call failed,\n"
@@ -46,7 +48,7 @@ static const char usage_run[] =
 static const char usage_bench[] =
     "usage: kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
     "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
-    "                  [--seed N] [--json]\n"
+    "                  [--seed N] [--profile] [--no-roof] [--json]\n"
     "\n"
     "Builds NAME's decoder layers with random weights and times them.\n"
     "  --preset NAME   qwen2-0.5b, llama-7b, qwen2-7b\n"
@@ -60,8 +62,32 @@ static const char usage_bench[] =
     "  --wtype T       matmul weight dtype (default q8_0); KV cache f32 for f32, else f16\n"
     "  --threads N     CPU threads (default: one per core)\n"
     "  --seed N        seed of the random weights and inputs (default 1)\n"
+    "  --profile       per kernel: predicted vs measured time, roofline bound (kiln plan's table)\n"
+    "  --no-roof       do not measure the machine's bandwidth and FMA peak after the run\n"
     "  --json          one JSON object (no progress line)\n"
-    "Prints the median ms per layer-step and GB/s = (weight + KV bytes read) / time.\n";
+    "Prints the median ms per layer-step and GB/s = (weight + KV bytes read) / time, and that as a\n"
+    "fraction of the read bandwidth (and FMA peak) measured in the same run.\n";
+
+static const char usage_plan[] =
+    "usage: kiln plan (FILE.kg | --preset NAME [--wtype T] [--layers N] [--ctx N] [--tokens T])\n"
+    "                 [--backend B] [--no-fuse] [--profile FILE] [--what-if] [--json | --dot]\n"
+    "\n"
+    "Shows how kiln compiles a graph: each fused kernel with its ops, the backend it runs on, its\n"
+    "FLOPs and bytes, whether memory or compute bounds it, and its predicted time on every backend\n"
+    "(roofline: max(flops / peak, bytes / bandwidth) + launch). Sizes are the symbols' bounds.\n"
+    "  --preset NAME   a model preset instead of a file (decode: --tokens 1, n_kv bound --ctx 1024)\n"
+    "  --backend B     force one backend (default: placement chooses per kernel)\n"
+    "  --no-fuse       one kernel per op\n"
+    "  --profile FILE  JSON device profiles overriding the measured ones (cost-model experiments)\n"
+    "  --what-if       also place on backends absent here that FILE gives a profile for\n"
+    "  --json, --dot   JSON, or a Graphviz graph of the fused kernels (kiln plan ... --dot | dot -Tpng)\n";
+
+static const char usage_calibrate[] =
+    "usage: kiln calibrate [--json] [--no-save]\n"
+    "\n"
+    "Measures each available backend (cpu: streaming read bandwidth and FMA peak over all threads)\n"
+    "and stores the profiles in the cache dir ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln), where\n"
+    "placement and kiln plan find them.\n";
 
 static const struct {
     const char *name;                     /* command name */
@@ -71,6 +97,8 @@ static const struct {
     {"info", kiln_cli_info, usage_info},
     {"run", kiln_cli_run, usage_run},
     {"bench", kiln_cli_bench, usage_bench},
+    {"plan", kiln_cli_plan, usage_plan},
+    {"calibrate", kiln_cli_calibrate, usage_calibrate},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

@@ -1,0 +1,156 @@
+/* `kiln plan` (fusion and placement explained: each kernel's fused ops, backend, predicted time on
+ * every backend, roofline bound; text, JSON or Graphviz dot) and `kiln calibrate` (measure the
+ * device profiles and store them in the cache dir). Reports only; never runs a graph. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "sched/presets.h"
+
+typedef struct plan_opts {
+    const char        *file;     /* FILE.kg, or NULL with --preset */
+    const kiln_preset *preset;   /* --preset */
+    kiln_dtype         wtype;    /* --wtype */
+    int64_t            layers;   /* --layers */
+    int64_t            ctx;      /* --ctx: bound of n_kv */
+    int64_t            tokens;   /* --tokens: bound of n_tok */
+    const char        *backend;  /* --backend */
+    const char        *profile;  /* --profile FILE */
+    const char        *format;   /* "text", "json", "dot" */
+    bool               no_fuse;  /* --no-fuse */
+    bool               what_if;  /* --what-if */
+} plan_opts;
+
+static int parse_plan(int argc, char *const *argv, plan_opts *o)
+{
+    *o = (plan_opts){.wtype = KILN_DTYPE_Q8_0, .layers = 1, .ctx = 1024, .tokens = 1, .format = "text"};
+    kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "plan"};
+    while (a.i < argc) {
+        const char *v, *arg = argv[a.i];
+        int r;
+        int64_t n;
+        if ((r = kiln_cli_flag_value(&a, "--preset", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            if (!(o->preset = kiln_preset_find(v))) {
+                fprintf(stderr, "kiln plan: unknown preset '%s' (qwen2-0.5b, llama-7b, qwen2-7b)\n", v);
+                return KILN_CLI_USAGE;
+            }
+        } else if ((r = kiln_cli_flag_value(&a, "--wtype", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            if (!kiln_dtype_parse(v, &o->wtype) || o->wtype == KILN_DTYPE_I32) {
+                fprintf(stderr, "kiln plan: bad --wtype '%s'\n", v);
+                return KILN_CLI_USAGE;
+            }
+        } else if ((r = kiln_cli_flag_value(&a, "--layers", &v)) != 0 || (r = kiln_cli_flag_value(&a, "--ctx", &v)) != 0 ||
+                   (r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0) {
+            if (r < 0 || !kiln_cli_parse_i64("plan", arg, v, 1, 1 << 20, &n)) return KILN_CLI_USAGE;
+            *(strstr(arg, "layers") ? &o->layers : strstr(arg, "ctx") ? &o->ctx : &o->tokens) = n;
+        } else if ((r = kiln_cli_flag_value(&a, "--backend", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            o->backend = v;
+        } else if ((r = kiln_cli_flag_value(&a, "--profile", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            o->profile = v;
+        } else if (!strcmp(arg, "--json") || !strcmp(arg, "--dot")) {
+            o->format = arg + 2;
+            a.i++;
+        } else if (!strcmp(arg, "--no-fuse") || !strcmp(arg, "--what-if")) {
+            *(arg[2] == 'n' ? &o->no_fuse : &o->what_if) = true;
+            a.i++;
+        } else if (arg[0] == '-') {
+            return kiln_cli_unknown_flag("plan", arg);
+        } else if (!o->file) {
+            o->file = arg;
+            a.i++;
+        } else {
+            fprintf(stderr, "kiln plan: unexpected argument '%s' (see kiln plan --help)\n", arg);
+            return KILN_CLI_USAGE;
+        }
+    }
+    if (!o->file == !o->preset) {
+        fprintf(stderr, "kiln plan: give either FILE.kg or --preset NAME (see kiln plan --help)\n");
+        return KILN_CLI_USAGE;
+    }
+    return KILN_CLI_OK;
+}
+
+int kiln_cli_plan(int argc, char *const *argv)
+{
+    if (kiln_cli_wants_help(argc, argv, "plan")) return KILN_CLI_OK;
+    plan_opts o;
+    int rc = parse_plan(argc, argv, &o);
+    if (rc != KILN_CLI_OK) return rc;
+    kiln_ctx *ctx = NULL;
+    kiln_graph *g = NULL;
+    kiln_plan *p = NULL;
+    char *out = NULL, err[512] = "";
+    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);
+    if (s != KILN_OK) return kiln_cli_fail("plan", ctx, s, "creating the context");
+    if (o.profile && (s = kiln_ctx_load_profile(ctx, o.profile)) != KILN_OK) {
+        rc = kiln_cli_fail("plan", ctx, s, "loading the profile");
+        goto out;
+    }
+    if (o.file) s = kiln_kg_load(ctx, o.file, &g);
+    else {
+        kiln_preset_build_opts bo = {.wdtype = o.wtype, .kvdtype = o.wtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
+                                     .n_layers = (int)o.layers, .max_ctx = o.ctx, .max_tok = o.tokens, .seed = 1};
+        s = kiln_preset_build_ex(o.preset, &bo, &g, err, sizeof err);
+    }
+    if (s != KILN_OK) {
+        if (err[0]) fprintf(stderr, "kiln plan: building the preset: %s: %s\n", kiln_status_str(s), err);
+        rc = err[0] ? KILN_CLI_FAIL : kiln_cli_fail("plan", ctx, s, o.file ? o.file : "building the preset");
+        goto out;
+    }
+    kiln_compile_options co = {.backend = o.backend, .no_fuse = o.no_fuse, .what_if = o.what_if};
+    if ((s = kiln_compile(ctx, g, &co, &p)) != KILN_OK) {
+        rc = kiln_cli_fail("plan", ctx, s, "compiling");
+        goto out;
+    }
+    if ((s = kiln_plan_explain(p, o.format, &out)) != KILN_OK) {
+        rc = kiln_cli_fail("plan", ctx, s, "explaining");
+        goto out;
+    }
+    fputs(out, stdout);
+out:
+    free(out);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    return rc;
+}
+
+int kiln_cli_calibrate(int argc, char *const *argv)
+{
+    if (kiln_cli_wants_help(argc, argv, "calibrate")) return KILN_CLI_OK;
+    bool json = false, save = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--no-save")) save = false;
+        else return kiln_cli_unknown_flag("calibrate", argv[i]);
+    }
+    kiln_ctx *ctx = NULL;
+    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = json}, &ctx);
+    if (s != KILN_OK) return kiln_cli_fail("calibrate", ctx, s, "creating the context");
+    if ((s = kiln_calibrate(ctx, save)) != KILN_OK) {
+        int rc = kiln_cli_fail("calibrate", ctx, s, "measuring");
+        kiln_ctx_free(ctx);
+        return rc;
+    }
+    if (json) printf("{");
+    for (int i = 0, first = 1; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        kiln_device_profile pr;
+        if (kiln_backend_get(ctx, i, &b) != KILN_OK || !b.available || kiln_ctx_profile(ctx, b.name, &pr) != KILN_OK) continue;
+        if (json)
+            printf("%s\"%s\":{\"mem_bw\":%.6g,\"peak_f32\":%.6g,\"peak_q8_0\":%.6g,\"launch_s\":%.6g}", first ? "" : ",",
+                   b.name, pr.mem_bw, pr.peak_flops[KILN_DTYPE_F32], pr.peak_flops[KILN_DTYPE_Q8_0], pr.launch_s);
+        else
+            printf("%-7s read bandwidth %7.1f GB/s   f32 peak %7.1f GFLOP/s   launch %.1f us%s\n", b.name, pr.mem_bw / 1e9,
+                   pr.peak_flops[KILN_DTYPE_F32] / 1e9, pr.launch_s * 1e6, !strcmp(b.name, "ref") ? "   (assumed)" : "");
+        first = 0;
+    }
+    if (json) printf("}\n");
+    else if (save) printf("saved to the cache dir (profiles.json); kiln plan and placement use it\n");
+    kiln_ctx_free(ctx);
+    return KILN_CLI_OK;
+}
