@@ -10,6 +10,16 @@
 
 #define INL static inline __attribute__((always_inline))
 
+/* Software prefetch this far ahead of the weight stream: the hardware prefetcher alone leaves
+ * these compute-heavy loops waiting on DRAM (q8_0 GEMV, one thread, 71 MB of weights: 12.6 GB/s
+ * without, 16.6 GB/s with a 4 KiB lead on this machine). Rows of a chunk are contiguous, so
+ * running past a row's end fetches the next row. */
+#define PF_AHEAD 4096
+INL void prefetch_block(const void *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
+}
+
 static inline float hsum(__m256 v)
 {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -64,8 +74,10 @@ INL void tile_q8_0(int64_t nb, const char *w, size_t ws, int nr, const char *x, 
     __m256 acc[4][2];
     _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i wq[2], aw[2];
-        float dw[2];
+        if (!(b & 1))
+            for (int j = 0; j < nr; j++) prefetch_block((const kiln_block_q8_0 *)(w + j * ws) + b, 64);
+        __m256i wq[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, aw[2] = {wq[0], wq[0]};
+        float dw[2] = {0, 0};
         _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) if (j < nr)
         {
             const kiln_block_q8_0 *wb = (const kiln_block_q8_0 *)(w + j * ws) + b;
@@ -97,6 +109,7 @@ static float dot1_q8_0(int64_t nb, const void *wv, const void *xv)
     __m256 a0 = _mm256_setzero_ps(), a1 = a0;
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
+        prefetch_block(&w[b], 64);
         __m256i w0 = _mm256_loadu_si256((const __m256i *)w[b].qs), w1 = _mm256_loadu_si256((const __m256i *)w[b + 1].qs);
         __m256i p0 = dot_i8(_mm256_sign_epi8(w0, w0), w0, _mm256_loadu_si256((const __m256i *)x[b].qs));
         __m256i p1 = dot_i8(_mm256_sign_epi8(w1, w1), w1, _mm256_loadu_si256((const __m256i *)x[b + 1].qs));
@@ -136,6 +149,7 @@ INL void tile_q4_k(int64_t nb, const char *w, size_t ws, int nr, const char *x, 
     _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
     const kiln_block_q4_k *wb = (const kiln_block_q4_k *)w;
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(&wb[b], sizeof wb[b]);
         uint32_t utmp[4];
         unpack_q4_scales(wb[b].scales, utmp);
         const uint8_t *sc = (const uint8_t *)utmp;
@@ -189,6 +203,7 @@ static float dot1_q4_k(int64_t nb, const void *wv, const void *xv)
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(&w[b], sizeof w[b]);
         uint32_t utmp[4];
         unpack_q4_scales(w[b].scales, utmp);
         const float d = x[b].d * _cvtsh_ss(w[b].d), dmin = x[b].d * _cvtsh_ss(w[b].dmin);
@@ -232,6 +247,7 @@ static float dot1_q5_k(int64_t nb, const void *wv, const void *xv)
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(&w[b], sizeof w[b]);
         uint32_t utmp[4];
         unpack_q4_scales(w[b].scales, utmp);
         const float d = x[b].d * _cvtsh_ss(w[b].d), dmin = x[b].d * _cvtsh_ss(w[b].dmin);
@@ -293,6 +309,7 @@ INL void tile_q6_k(int64_t nb, const char *w, size_t ws, int nr, const char *x, 
     _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
     const kiln_block_q6_k *wb = (const kiln_block_q6_k *)w;
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(&wb[b], sizeof wb[b]);
         const __m128i scales = _mm_loadu_si128((const __m128i *)wb[b].scales);
         const float d = _cvtsh_ss(wb[b].d);
         __m256i sumi[4];
@@ -344,6 +361,7 @@ static float dot1_q6_k(int64_t nb, const void *wv, const void *xv)
     const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        prefetch_block(&w[b], sizeof w[b]);
         const __m128i scales = _mm_loadu_si128((const __m128i *)w[b].scales);
         const int8_t *q8 = x[b].qs;
         __m256i sumi = _mm256_setzero_si256();
