@@ -27,8 +27,9 @@ static inline float hsum(__m256 v)
 #define SC_F16(p, i) _cvtsh_ss(((const uint16_t *)(p))[i])
 #define SC_BF16(p, i) kiln_bf16_to_f32(((const uint16_t *)(p))[i])
 
-/* One activation row against weight rows: 4 rows at a time, K unrolled by 16. */
-#define DEF_GEMV1(NAME, LD, SC)                                                                        \
+/* One activation row against weight rows: 4 rows at a time, K unrolled by 16. The next group of
+ * 4 rows is prefetched while this one streams (ES: bytes per weight element). */
+#define DEF_GEMV1(NAME, LD, SC, ES)                                                                    \
     static void NAME(int64_t k, const char *w, size_t ws, int64_t nw, const float *x, float *y)       \
     {                                                                                                  \
         int64_t j = 0;                                                                                 \
@@ -37,6 +38,9 @@ static inline float hsum(__m256 v)
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0; \
             int64_t t = 0;                                                                             \
             for (; t + 16 <= k; t += 16) {                                                             \
+                if (((t * (ES)) & 63) == 0 && j + 8 <= nw)                                             \
+                    _Pragma("GCC unroll 4") for (int r = 4; r < 8; r++)                                \
+                        _mm_prefetch(w0 + r * ws + t * (ES), _MM_HINT_T0);                             \
                 __m256 x0 = _mm256_loadu_ps(x + t), x1 = _mm256_loadu_ps(x + t + 8);                   \
                 a0 = _mm256_fmadd_ps(x0, LD(w0, t), a0);                                               \
                 a1 = _mm256_fmadd_ps(x0, LD(w1, t), a1);                                               \
@@ -133,9 +137,9 @@ static inline float hsum(__m256 v)
             }                                                                                          \
     }
 
-DEF_GEMV1(gemv1_f32, LD_F32, SC_F32)
-DEF_GEMV1(gemv1_f16, LD_F16, SC_F16)
-DEF_GEMV1(gemv1_bf16, LD_BF16, SC_BF16)
+DEF_GEMV1(gemv1_f32, LD_F32, SC_F32, 4)
+DEF_GEMV1(gemv1_f16, LD_F16, SC_F16, 2)
+DEF_GEMV1(gemv1_bf16, LD_BF16, SC_BF16, 2)
 DEF_TILE(tile_f32, LD_F32, SC_F32)
 DEF_TILE(tile_f16, LD_F16, SC_F16)
 DEF_TILE(tile_bf16, LD_BF16, SC_BF16)
