@@ -165,6 +165,8 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
         int64_t j = 0, hv = hd & ~(int64_t)7;                                                          \
         for (; j + 4 <= nk; j += 4) {                                                                  \
             const char *k0 = ROWB(k, j, ks), *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;              \
+            for (size_t o = 0; j + 12 <= nk && o < 4 * ks; o += 64) /* keys two passes ahead */       \
+                _mm_prefetch(k0 + 8 * ks + o, _MM_HINT_T0);                                            \
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
             for (int64_t t = 0; t < hv; t += 8) {                                                      \
                 __m256 qv = _mm256_loadu_ps(q + t);                                                    \
