@@ -119,10 +119,11 @@ static void explain_text(const kiln_plan *p, sbuf *b)
                       p->ran ? "" : " (its bound)");
         sb_printf(b, "\n");
     }
-    sb_printf(b, "predicted time = max(flops / peak, bytes / bandwidth) + launch, per backend; * = chosen\n\n");
+    sb_printf(b, "predicted time = max(flops / peak, bytes / bandwidth) + launch, per backend; * = chosen;\n"
+                 "roof = predicted / measured on the chosen backend (100%% = at the roofline)\n\n");
     sb_printf(b, "%3s  %-9s %-7s %-10s %-10s %-7s", "#", "kind", "runs on", "flops", "bytes", "bound");
     for (int be = 0; be < KILN_BACKEND_COUNT; be++) sb_printf(b, " %11s", kiln_backends[be]->name);
-    sb_printf(b, " %11s  %s\n", "measured", "fused ops");
+    sb_printf(b, " %11s %8s %8s %6s  %s\n", "measured", "GB/s", "GFLOP/s", "roof", "fused ops");
     double tot_pred = 0, tot_meas = 0;
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         kiln_region_info ri;
@@ -138,8 +139,11 @@ static void explain_text(const kiln_plan *p, sbuf *b)
         }
         tot_pred += ri.predicted_s[p->region_be[r]] + ri.transfer_s;
         tot_meas += ri.measured_s;
-        if (ri.n_measured) sb_printf(b, " %9.1fus", ri.measured_s * 1e6);
-        else sb_printf(b, " %11s", "-");
+        if (ri.n_measured && ri.measured_s > 0) /* roof = predicted (the roofline) / measured */
+            sb_printf(b, " %9.1fus %8.2f %8.2f %5.0f%%", ri.measured_s * 1e6, ri.bytes / ri.measured_s / 1e9,
+                      ri.flops / ri.measured_s / 1e9, 100 * ri.predicted_s[p->region_be[r]] / ri.measured_s);
+        else
+            sb_printf(b, " %11s %8s %8s %6s", "-", "-", "-", "-");
         sb_printf(b, "  %s", ri.ops);
         if (ri.transfer_s > 0) sb_printf(b, "  (+%.1fus transfers in)", ri.transfer_s * 1e6);
         sb_printf(b, "\n");
@@ -166,8 +170,11 @@ static void explain_json(const kiln_plan *p, sbuf *b)
                 sb_printf(b, "%s\"%s\": %.6g", first ? "" : ", ", kiln_backends[be]->name, ri.predicted_s[be]);
                 first = false;
             }
-        sb_printf(b, "}, \"transfer_s\": %.6g, \"measured_s\": %.6g, \"runs_measured\": %d}", ri.transfer_s,
-                  ri.measured_s, ri.n_measured);
+        double m = ri.measured_s > 0 ? ri.measured_s : 0;
+        sb_printf(b, "}, \"transfer_s\": %.6g, \"measured_s\": %.6g, \"runs_measured\": %d, \"achieved_gb_s\": %.6g, "
+                     "\"achieved_gflop_s\": %.6g, \"fraction_of_roof\": %.4f}",
+                  ri.transfer_s, ri.measured_s, ri.n_measured, m ? ri.bytes / m / 1e9 : 0, m ? ri.flops / m / 1e9 : 0,
+                  m ? ri.predicted_s[p->region_be[r]] / m : 0);
     }
     sb_printf(b, "\n]}\n");
 }
