@@ -55,11 +55,11 @@ static void lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last)
     for (uint32_t i = 0; i < g->n_nodes; i++) first[i] = last[i] = p->fusion.region_of[i];
     for (uint32_t i = 0; i < g->n_nodes; i++) {
         uint32_t r = p->fusion.region_of[i];
+        if (r == KILN_IDX_NONE) continue; /* an alias reads nothing at run; its readers name its root */
         for (int s = 0; s < g->nodes[i].n_src; s++) {
             uint32_t src = g->nodes[i].src[s];
             if (src == KILN_IDX_NONE) continue;
             uint32_t root = p->root[src];
-            if (r == KILN_IDX_NONE) continue; /* an alias: its readers extend the root below */
             if (last[root] == KILN_IDX_NONE || last[root] < r) last[root] = r;
         }
     }
@@ -151,37 +151,66 @@ KILN_API void kiln_plan_free(kiln_plan *p)
     free(p);
 }
 
+/* A growing edge list; on OOM it frees itself and stays NULL. */
+typedef struct edge_list {
+    kiln_place_edge *e;   /* edges */
+    uint32_t         n;   /* used */
+    uint32_t         cap; /* allocated */
+} edge_list;
+
+static void push_edge(edge_list *l, kiln_place_edge e)
+{
+    if (!l->e) return;
+    if (l->n == l->cap) {
+        kiln_place_edge *grown = realloc(l->e, (size_t)(l->cap *= 2) * sizeof *grown);
+        if (!grown) {
+            free(l->e);
+            l->e = NULL;
+            return;
+        }
+        l->e = grown;
+    }
+    l->e[l->n++] = e;
+}
+
 /* Edges of the placement problem: each value a region reads from another region or from a run
- * input, and each graph output going back to the host. Weights and states are resident. */
+ * input (once per region, however many of its nodes read it), and each graph output going back
+ * to the host. Weights and states are resident. */
 static kiln_place_edge *place_edges(const kiln_plan *p, uint32_t *n_out)
 {
     const kiln_graph *g = p->g;
-    uint32_t cap = 16, n = 0;
-    kiln_place_edge *e = malloc(cap * sizeof *e);
-    for (uint32_t i = 0; e && i < g->n_nodes; i++) {
-        uint32_t r = p->fusion.region_of[i];
-        const kiln_node_rec *nd = &g->nodes[i];
-        for (int k = 0; r != KILN_IDX_NONE && k < nd->n_src + 1; k++) {
-            uint32_t src = k < nd->n_src ? nd->src[k] : KILN_IDX_NONE, root, from;
-            if (src == KILN_IDX_NONE) continue;
-            root = p->root[src];
-            uint8_t op = g->nodes[root].op;
-            if (op == KILN_OP_WEIGHT || op == KILN_OP_STATE) continue;
-            from = op == KILN_OP_INPUT ? KILN_IDX_NONE : p->fusion.region_of[root];
-            if (from == r) continue;
-            if (n == cap && !(e = realloc(e, (cap *= 2) * sizeof *e))) break;
-            e[n++] = (kiln_place_edge){.from = from, .to = r, .bytes = (double)kiln_node_bytes(&g->nodes[src], p->dims[src])};
+    edge_list l = {.e = malloc(16 * sizeof *l.e), .cap = 16};
+    uint32_t *seen = malloc((g->n_nodes + 1) * sizeof *seen); /* seen[root] = last region that took it */
+    for (uint32_t i = 0; seen && i < g->n_nodes; i++) seen[i] = KILN_IDX_NONE;
+    for (uint32_t r = 0; seen && l.e && r < p->fusion.n_regions; r++) {
+        const kiln_region *reg = &p->fusion.regions[r];
+        for (uint32_t j = 0; j < reg->n_nodes; j++) {
+            const kiln_node_rec *nd = &g->nodes[reg->nodes[j]];
+            for (int k = 0; k < nd->n_src; k++) {
+                if (nd->src[k] == KILN_IDX_NONE) continue;
+                uint32_t root = p->root[nd->src[k]];
+                uint8_t op = g->nodes[root].op;
+                uint32_t from = op == KILN_OP_INPUT ? KILN_IDX_NONE : p->fusion.region_of[root];
+                if (op == KILN_OP_WEIGHT || op == KILN_OP_STATE || from == r || seen[root] == r) continue;
+                seen[root] = r;
+                push_edge(&l, (kiln_place_edge){.from = from, .to = r,
+                                                .bytes = (double)kiln_node_bytes(&g->nodes[nd->src[k]], p->dims[nd->src[k]])});
+            }
         }
     }
-    for (uint32_t o = 0; e && o < g->n_outs; o++) {
+    for (uint32_t o = 0; seen && o < g->n_outs; o++) {
         uint32_t root = p->root[g->outs[o].node];
         if (p->fusion.region_of[root] == KILN_IDX_NONE) continue;
-        if (n == cap && !(e = realloc(e, (cap *= 2) * sizeof *e))) break;
-        e[n++] = (kiln_place_edge){.from = p->fusion.region_of[root], .to = KILN_IDX_NONE,
-                                   .bytes = (double)kiln_node_bytes(&g->nodes[root], p->dims[root])};
+        push_edge(&l, (kiln_place_edge){.from = p->fusion.region_of[root], .to = KILN_IDX_NONE,
+                                        .bytes = (double)kiln_node_bytes(&g->nodes[root], p->dims[root])});
     }
-    *n_out = n;
-    return e;
+    if (!seen) {
+        free(l.e);
+        l.e = NULL;
+    }
+    free(seen);
+    *n_out = l.n;
+    return l.e;
 }
 
 /* Which backends may take region r: the forced one, a pin of any of its nodes, else every usable
