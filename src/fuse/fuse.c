@@ -60,21 +60,16 @@ kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *g
     out->regions = calloc(n ? n : 1, sizeof *out->regions);
     uint32_t *gid2reg = malloc((n ? n : 1) * sizeof *gid2reg);
     bool *used_outside = calloc(n ? n : 1, sizeof *used_outside);
-    if (!out->region_of || !out->pool || !out->regions || !gid2reg || !used_outside) {
+    uint32_t *count = calloc(n ? n : 1, sizeof *count); /* nodes per region */
+    if (!out->region_of || !out->pool || !out->regions || !gid2reg || !used_outside || !count) {
         free(gid2reg);
         free(used_outside);
+        free(count);
         kiln_fusion_free(out);
         return KILN_ERR_NOMEM;
     }
     for (uint32_t i = 0; i < n; i++) gid2reg[i] = KILN_IDX_NONE;
-    /* Count nodes per region, in order of first appearance. */
-    uint32_t *count = calloc(n ? n : 1, sizeof *count);
-    if (!count) {
-        free(gid2reg);
-        free(used_outside);
-        kiln_fusion_free(out);
-        return KILN_ERR_NOMEM;
-    }
+    /* Regions are numbered in order of their first node. */
     for (uint32_t i = 0; i < n; i++) {
         out->region_of[i] = KILN_IDX_NONE;
         if (group[i] == KILN_IDX_NONE) continue;
