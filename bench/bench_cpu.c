@@ -68,7 +68,8 @@ static void bench_gemv(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, double bw, in
 {
     int copies;
     size_t bytes;
-    char *w = make_copies(t, n, k, true, &copies, &bytes);
+    bool hot = getenv("BENCH_HOT") != NULL; /* weights stay in cache: the kernel's compute rate */
+    char *w = make_copies(t, n, k, !hot, &copies, &bytes);
     float *x = malloc(sizeof(float) * (size_t)k), *y = malloc(sizeof(float) * (size_t)n);
     if (!w || !x || !y) {
         free(w), free(x), free(y);
@@ -181,6 +182,11 @@ int main(int argc, char **argv)
                                     KILN_DTYPE_BF16, KILN_DTYPE_F32, KILN_DTYPE_Q5_K};
     const char *only = getenv("BENCH_ONLY"); /* gemv | attn | gemm: one section */
     for (size_t d = 0; d < sizeof gt / sizeof *gt && (!only || !strcmp(only, "gemv")); d++) {
+        if (getenv("BENCH_HOT")) {
+            const char *hn = getenv("BENCH_N"), *hk = getenv("BENCH_K");
+            bench_gemv(pool, isa, bw, hn ? atol(hn) : 1024, hk ? atol(hk) : 2048, gt[d], &first);
+            continue;
+        }
         bench_gemv(pool, isa, bw, 4096, 4096, gt[d], &first);
         bench_gemv(pool, isa, bw, 11008, 4096, gt[d], &first);
     }

@@ -43,11 +43,16 @@ static mis_buf mis_alloc(size_t n)
     return b;
 }
 
-/* Weight rows [n, k] of dtype t with fresh random values; wd gets the dequantized values. */
+/* Weight rows [n, k] of dtype t with fresh random values; wd gets the dequantized values. Each
+ * row has its own spread and offset, so block scales and mins differ from row to row and a
+ * kernel that mixes up rows' scales (multi-row tiles) is caught. */
 static mis_buf make_weight(kiln_dtype t, int64_t n, int64_t k, double *wd)
 {
     float *f = malloc(sizeof(float) * (size_t)(n * k));
-    tu_fill(f, n * k, -1.0f, 1.0f);
+    for (int64_t j = 0; j < n; j++) {
+        float a = 0.25f + (float)tu_randint(0, 15) * 0.25f, c = (float)tu_randint(-4, 4) * 0.25f * a;
+        tu_fill(f + j * k, k, c - a, c + a);
+    }
     mis_buf b = mis_alloc(kiln_row_bytes(t, k) * (size_t)n);
     cr_assert_eq(kiln_quantize(t, f, b.p, n * k), KILN_OK);
     cr_assert_eq(kiln_dequantize(t, b.p, f, n * k), KILN_OK);
