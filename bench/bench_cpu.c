@@ -100,7 +100,7 @@ static void bench_attn(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, double bw, ki
 {
     const int64_t n_head = 32, n_kv_head = 32, hd = 128, ctx = 1024, n_kv = 1024;
     size_t es = kt == KILN_DTYPE_F16 ? 2 : 4, cache = (size_t)(n_kv_head * ctx * hd) * es;
-    int copies = (int)(COLD_BYTES / (2 * cache)) + 1;
+    int copies = getenv("BENCH_HOT") ? 1 : (int)(COLD_BYTES / (2 * cache)) + 1;
     char *kv = malloc(2 * cache * (size_t)copies);
     float *f = malloc(sizeof(float) * (size_t)(n_kv_head * ctx * hd)), *q = malloc(sizeof(float) * (size_t)(n_head * hd));
     float *y = malloc(sizeof(float) * (size_t)(n_head * hd));

@@ -10,7 +10,8 @@
 #include "backends/cpu/kern.h"
 
 #define QT 16       /* queries per tile */
-#define KB 64       /* keys per block */
+#define KB 64       /* keys per block when many queries share it (prefill: the block stays in L1) */
+#define KB_MAX 512  /* keys per block for few queries (decode): K and V stream in long runs */
 #define MIN_SPLIT 64 /* fewest keys per KV split */
 
 typedef struct attn_job {
@@ -23,6 +24,7 @@ typedef struct attn_job {
     int64_t      grp;               /* query heads per KV head */
     float        scale;             /* score scale */
     int64_t      n_qt;              /* query tiles */
+    int64_t      kb;                /* keys per block: KB, or KB_MAX for few queries */
     int64_t      n_split;           /* KV splits (1: no merge) */
     int64_t      split_len;         /* keys per split */
     int64_t      n_units;           /* n_kv_head * n_qt * n_split */
@@ -39,11 +41,11 @@ static void attend(attn_job *a, int64_t hk, int64_t t0, int64_t t1, int64_t j0, 
     const int64_t hd = a->hd, sw = hd + 2;
     const size_t rs = (size_t)hd * a->es;
     const char *kb = a->k + (size_t)(hk * a->max_ctx) * rs, *vb = a->v + (size_t)(hk * a->max_ctx) * rs;
-    float s[KB];
-    for (int64_t jb = j0; jb < j1; jb += KB) {
+    float s[KB_MAX];
+    for (int64_t jb = j0; jb < j1; jb += a->kb) {
         for (int64_t t = t0; t < t1; t++) {
             int64_t lim = a->n_kv - a->n_tok + t + 1; /* keys this query sees */
-            int64_t je = jb + KB < j1 ? jb + KB : j1;
+            int64_t je = jb + a->kb < j1 ? jb + a->kb : j1;
             je = je < lim ? je : lim;
             if (je <= jb)
                 continue;
@@ -149,6 +151,9 @@ kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const
     a.grp = n_head / n_kv_head;
     a.scale = scale != 0 ? scale : 1.0f / sqrtf((float)hd);
     a.n_qt = (n_tok + QT - 1) / QT;
+    /* Few queries per K/V block gain nothing from L1-sized blocks; long blocks keep the K and V
+     * reads in long sequential runs instead of switching streams every 64 keys. */
+    a.kb = n_tok * a.grp <= 8 ? KB_MAX : KB;
     int nth = kiln_cpu_pool_threads(pool);
     int64_t tasks = n_kv_head * a.n_qt, want = (4 * nth + tasks - 1) / tasks;
     int64_t max_split = (n_kv + MIN_SPLIT - 1) / MIN_SPLIT;
@@ -156,7 +161,7 @@ kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const
     if (a.n_split < 1)
         a.n_split = 1;
     a.split_len = (n_kv + a.n_split - 1) / a.n_split;
-    a.split_len = (a.split_len + KB - 1) / KB * KB;
+    a.split_len = (a.split_len + KB - 1) / KB * KB; /* whole KB blocks: a split edge is a block edge */
     a.n_split = (n_kv + a.split_len - 1) / a.split_len;
     a.n_units = tasks * a.n_split;
     a.state_floats = (size_t)(QT * a.grp * (hd + 2));
