@@ -192,7 +192,8 @@ int main(int argc, char **argv)
     }
     for (int c = 0; c < 2 && (!only || !strcmp(only, "attn")); c++)
         bench_attn(pool, isa, bw, c ? KILN_DTYPE_F32 : KILN_DTYPE_F16, &first);
-    /* K = 896 is not a multiple of 256: the k-quants are measured at K = 1024 instead. */
+    /* K = 896 is not a multiple of 256: the k-quants are measured at K = 1024 instead, and all
+     * at the down projection's shape (K = 4864, the one qwen2-0.5b's q4_k preset quantizes). */
     static const kiln_dtype mt[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_Q8_0};
     for (size_t d = 0; d < sizeof mt / sizeof *mt && (!only || !strcmp(only, "gemm")); d++) {
         bench_gemm(pool, isa, peak, 128, 896, 896, mt[d], &first);
@@ -200,6 +201,9 @@ int main(int argc, char **argv)
     }
     for (int d = 0; d < 2 && (!only || !strcmp(only, "gemm")); d++)
         bench_gemm(pool, isa, peak, 128, 4864, 1024, d ? KILN_DTYPE_Q6_K : KILN_DTYPE_Q4_K, &first);
+    static const kiln_dtype dt[] = {KILN_DTYPE_F32, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K, KILN_DTYPE_Q6_K};
+    for (size_t d = 0; d < sizeof dt / sizeof *dt && (!only || !strcmp(only, "gemm")); d++)
+        bench_gemm(pool, isa, peak, 128, 896, 4864, dt[d], &first);
     double bw2 = kiln_cpu_measure_read_bw(pool);
     printf("\n  ],\n  \"read_bw_gb_s_after\": %.2f\n}\n", bw2);
     kiln_cpu_pool_free(pool);

@@ -112,9 +112,9 @@ static inline float hsum(__m256 v)
             }                                                                                          \
     }
 
-/* m == 1: GEMV. m <= 8: weight tiles outer (each weight row read from memory once). More rows:
- * activation tiles outer, the chunk's weight rows (sized by the driver to fit L2) inner. */
-#define DEF_MM(NAME, GEMV1, TILE)                                                                      \
+/* m == 1: GEMV. 2 <= m <= 8: 4x3 tiles, weight tiles outer (each weight row read from memory
+ * once). More rows: the packed-panel GEMM of gemm_avx2.c. */
+#define DEF_MM(NAME, GEMV1, TILE, GEMM)                                                                \
     static void NAME(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs,      \
                      int64_t m, float *y, int64_t ldy)                                                 \
     {                                                                                                  \
@@ -122,11 +122,12 @@ static inline float hsum(__m256 v)
             GEMV1(k, w, ws, nw, xa, y);                                                                \
             return;                                                                                    \
         }                                                                                              \
-        bool wide = m > 8;                                                                             \
-        int64_t no = wide ? m : nw, ni = wide ? nw : m, so = wide ? 4 : 3, si = wide ? 3 : 4;          \
-        for (int64_t o = 0; o < no; o += so)                                                           \
-            for (int64_t in = 0; in < ni; in += si) {                                                  \
-                int64_t i0 = wide ? o : in, j0 = wide ? in : o;                                        \
+        if (m > 8) {                                                                                   \
+            GEMM(k, w, ws, nw, xa, xs, m, y, ldy);                                                     \
+            return;                                                                                    \
+        }                                                                                              \
+        for (int64_t j0 = 0; j0 < nw; j0 += 3)                                                         \
+            for (int64_t i0 = 0; i0 < m; i0 += 4) {                                                    \
                 int mr = m - i0 < 4 ? (int)(m - i0) : 4, nr = nw - j0 < 3 ? (int)(nw - j0) : 3;        \
                 const char *wp = ROWB(w, j0, ws), *xp = ROWB(xa, i0, xs);                              \
                 float *yp = y + i0 * ldy + j0;                                                         \
@@ -143,9 +144,9 @@ DEF_GEMV1(gemv1_bf16, LD_BF16, SC_BF16, 2)
 DEF_TILE(tile_f32, LD_F32, SC_F32)
 DEF_TILE(tile_f16, LD_F16, SC_F16)
 DEF_TILE(tile_bf16, LD_BF16, SC_BF16)
-DEF_MM(mm_f32, gemv1_f32, tile_f32)
-DEF_MM(mm_f16, gemv1_f16, tile_f16)
-DEF_MM(mm_bf16, gemv1_bf16, tile_bf16)
+DEF_MM(mm_f32, gemv1_f32, tile_f32, kiln_cpu_gemm_f32_avx2)
+DEF_MM(mm_f16, gemv1_f16, tile_f16, kiln_cpu_gemm_f16_avx2)
+DEF_MM(mm_bf16, gemv1_bf16, tile_bf16, kiln_cpu_gemm_bf16_avx2)
 
 /* ---------------------------------------------------------------- attention vectors */
 
@@ -328,4 +329,5 @@ const kiln_cpu_kern kiln_cpu_kern_avx2 = {
     .exp_sum = exp_sum,
     .fma_loop = fma_loop,
     .read_sum = read_sum,
+    .swiglu = kiln_cpu_swiglu_avx2,
 };

@@ -53,12 +53,17 @@ typedef struct kiln_cpu_kern {
     float             (*exp_sum)(float *s, int64_t n, float m); /* s[j] = exp(s[j] - m); returns the sum */
     double            (*fma_loop)(int64_t iters); /* register-only FMA loop; returns flops done */
     uint64_t          (*read_sum)(const void *p, size_t bytes); /* streams bytes (a multiple of 128) */
+    /* y[j] = silu(g[j]) * u[j] (+ r[j] unless r is NULL) for j < n: the swiglu epilogue of the
+     * matmul driver; NULL = its scalar loop. */
+    void              (*swiglu)(int64_t n, const float *g, const float *u, const float *r, float *y);
 } kiln_cpu_kern;
 
 extern const kiln_cpu_kern kiln_cpu_kern_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const kiln_cpu_kern kiln_cpu_kern_avx2;
 extern const kiln_cpu_kern kiln_cpu_kern_avx512;
+/* AVX-512 VNNI kernels (quant_avx512vnni.c), laid over kiln_cpu_kern_avx512 only on CPUs with VNNI. */
+extern const kiln_cpu_kern kiln_cpu_kern_avx512vnni;
 /* Quantized-weight kernels of quant_avx2.c (shared by the AVX2 and AVX-512 tables). */
 void kiln_cpu_mm_q8_0_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
                            float *y, int64_t ldy);
@@ -68,6 +73,21 @@ void kiln_cpu_mm_q5_k_avx2(int64_t k, const void *w, size_t ws, int64_t nw, cons
                            float *y, int64_t ldy);
 void kiln_cpu_mm_q6_k_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
                            float *y, int64_t ldy);
+/* Packed-panel GEMMs of gemm_avx2.c for many activation rows (the mm entries' m > 8 branch). */
+void kiln_cpu_gemm_f32_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
+                            float *y, int64_t ldy);
+void kiln_cpu_gemm_f16_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
+                            float *y, int64_t ldy);
+void kiln_cpu_gemm_bf16_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
+                             float *y, int64_t ldy);
+void kiln_cpu_gemm_q8_0_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
+                             float *y, int64_t ldy);
+void kiln_cpu_gemm_q4_k_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
+                             float *y, int64_t ldy);
+void kiln_cpu_gemm_q6_k_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
+                             float *y, int64_t ldy);
+/* The swiglu epilogue of gemm_avx2.c (kiln_cpu_kern.swiglu). */
+void kiln_cpu_swiglu_avx2(int64_t n, const float *g, const float *u, const float *r, float *y);
 #endif
 
 /* The complete table for isa (clamped to what the CPU has), lower-ISA entries filled in. */

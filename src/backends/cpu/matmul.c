@@ -29,7 +29,7 @@ typedef struct mm_job {
     int64_t              chunk;                  /* columns per unit */
     int64_t              n_units;                /* units over all groups */
     atomic_llong         next;                   /* next unit to take */
-    char                *tmp;                    /* per-thread swiglu scratch */
+    char                *tmp;                    /* per-thread output tiles (run_unit) */
     size_t               tmp_bytes;              /* bytes per thread */
 } mm_job;
 
@@ -60,12 +60,21 @@ static void prep_row(mm_job *j, int64_t i)
     const float *xr = mm->x + i * mm->k;
     if (j->xhat) {
         float *h = j->xhat + i * mm->k;
-        double ss = 0;
-        for (int64_t t = 0; t < mm->k; t++)
-            ss += (double)xr[t] * xr[t];
+        double s4[4] = {0, 0, 0, 0}; /* four chains: one would wait on each add's latency */
+        int64_t t = 0;
+        for (; t + 4 <= mm->k; t += 4)
+            for (int u = 0; u < 4; u++)
+                s4[u] += (double)xr[t + u] * xr[t + u];
+        for (; t < mm->k; t++)
+            s4[0] += (double)xr[t] * xr[t];
+        double ss = (s4[0] + s4[1]) + (s4[2] + s4[3]);
         float r = (float)(1.0 / sqrt(ss / (double)mm->k + (double)mm->eps));
-        for (int64_t t = 0; t < mm->k; t++)
-            h[t] = xr[t] * r * (mm->norm_w ? mm->norm_w[t] : 1.0f);
+        if (mm->norm_w)
+            for (t = 0; t < mm->k; t++)
+                h[t] = xr[t] * r * mm->norm_w[t];
+        else
+            for (t = 0; t < mm->k; t++)
+                h[t] = xr[t] * r;
         xr = h;
     }
     for (int a = KILN_CPU_ACT_Q8_0; a < KILN_CPU_ACT_COUNT; a++)
@@ -83,7 +92,32 @@ static void prep_fn(void *arg, int tid, int nth)
 
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
-/* Computes columns [c0, c0 + cw) of group g. */
+/* y = t + r over cw values (fixed blocks of 16 let the compiler vectorize it at -O2). */
+static void add_row(float *restrict y, const float *restrict t, const float *restrict r, int64_t cw)
+{
+    int64_t c = 0;
+    for (; c + 16 <= cw; c += 16)
+        for (int v = 0; v < 16; v++)
+            y[c + v] = t[c + v] + r[c + v];
+    for (; c < cw; c++)
+        y[c] = t[c] + r[c];
+}
+
+/* y[i, c0 .. c0 + cw) = t[i, 0 .. cw) (+ residual) for every row: t is a unit's compact output. */
+static void store_unit(const kiln_cpu_mm_out *o, int64_t m, int64_t n, int64_t c0, int64_t cw, const float *t)
+{
+    for (int64_t i = 0; i < m; i++) {
+        if (o->residual)
+            add_row(o->y + i * n + c0, t + i * cw, o->residual + i * n + c0, cw);
+        else
+            memcpy(o->y + i * n + c0, t + i * cw, (size_t)cw * sizeof(float));
+    }
+}
+
+/* Computes columns [c0, c0 + cw) of group g. With many rows (the GEMM path) the kernels write a
+ * compact per-thread tile (row stride cw), which the epilogue then copies to y: the GEMM revisits
+ * its output once per k-block, and rows n floats apart spread that over many lines and pages
+ * (f32, n = 4864: 4% slower written in place). */
 static void run_unit(mm_job *j, const mm_group *g, int64_t c0, int64_t cw, int tid)
 {
     const kiln_cpu_mm *mm = j->mm;
@@ -92,7 +126,13 @@ static void run_unit(mm_job *j, const mm_group *g, int64_t c0, int64_t cw, int t
     enum kiln_cpu_act a0 = kiln_cpu_act_of(o0->wt);
     size_t ws0 = kiln_row_bytes(o0->wt, k);
     const char *w0 = (const char *)o0->w + (size_t)c0 * ws0;
+    float *t0 = (float *)(j->tmp + (size_t)tid * j->tmp_bytes);
     if (g->o1 < 0) {
+        if (m > 8) {
+            j->kt->mm[o0->wt](k, w0, ws0, cw, j->xa[a0], j->xs[a0], m, t0, cw);
+            store_unit(o0, m, n, c0, cw, t0);
+            return;
+        }
         j->kt->mm[o0->wt](k, w0, ws0, cw, j->xa[a0], j->xs[a0], m, o0->y + c0, n);
         if (o0->residual)
             for (int64_t i = 0; i < m; i++)
@@ -104,16 +144,21 @@ static void run_unit(mm_job *j, const mm_group *g, int64_t c0, int64_t cw, int t
     enum kiln_cpu_act a1 = kiln_cpu_act_of(o1->wt);
     size_t ws1 = kiln_row_bytes(o1->wt, k);
     const char *w1 = (const char *)o1->w + (size_t)c0 * ws1;
-    float *gt = (float *)(j->tmp + (size_t)tid * j->tmp_bytes), *up = gt + m * cw;
-    j->kt->mm[o0->wt](k, w0, ws0, cw, j->xa[a0], j->xs[a0], m, gt, cw);
-    j->kt->mm[o1->wt](k, w1, ws1, cw, j->xa[a1], j->xs[a1], m, up, cw);
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t c = 0; c < cw; c++) {
-            float v = silu(gt[i * cw + c]) * up[i * cw + c];
-            if (o0->residual)
-                v += o0->residual[i * n + c0 + c];
-            o0->y[i * n + c0 + c] = v;
+    float *t1 = t0 + m * cw;
+    j->kt->mm[o0->wt](k, w0, ws0, cw, j->xa[a0], j->xs[a0], m, t0, cw);
+    j->kt->mm[o1->wt](k, w1, ws1, cw, j->xa[a1], j->xs[a1], m, t1, cw);
+    for (int64_t i = 0; i < m; i++) {
+        const float *gr = t0 + i * cw, *ur = t1 + i * cw, *rr = o0->residual ? o0->residual + i * n + c0 : NULL;
+        float *yr = o0->y + i * n + c0;
+        if (j->kt->swiglu) {
+            j->kt->swiglu(cw, gr, ur, rr, yr);
+            continue;
         }
+        for (int64_t c = 0; c < cw; c++) {
+            float v = silu(gr[c]) * ur[c];
+            yr[c] = rr ? v + rr[c] : v;
+        }
+    }
 }
 
 static void mm_fn(void *arg, int tid, int nth)
@@ -133,23 +178,26 @@ static void mm_fn(void *arg, int tid, int nth)
     }
 }
 
-/* Columns per unit: enough units for dynamic balance (8 per thread), a multiple of 12 (the
- * kernels' row tiles), and for many activation rows small enough to keep the chunk's weight rows
- * in L2 while every m-tile passes over them. */
+/* Columns per unit, in whole weight tiles of the kernels. Few rows (m <= 8): multiples of 12 (4x3
+ * float tiles, 4-row GEMVs), 8 units per thread, at most 240 columns. More rows: multiples of 16
+ * (the GEMM's panels: 16 float or 2 x 8 quantized weight rows), 32 units per thread (a unit is
+ * long here, and the last one decides when a thread idles; units of 16 columns measured as fast
+ * as units of 64 on one thread, since the GEMM packs each panel once per call either way), at
+ * most 64 columns so the output tiles (up to 2 x m x 64 floats) stay in L2. Unit boundaries
+ * then fall on 64-byte lines of y. */
 static int64_t pick_chunk(const kiln_cpu_mm *mm, int64_t total, int nth)
 {
+    if (mm->m > 8) {
+        int64_t c = (total + nth * 32 - 1) / (nth * 32);
+        c = (c + 15) / 16 * 16;
+        return c > 64 ? 64 : c;
+    }
     int64_t c = (total + nth * 8 - 1) / (nth * 8);
     c = (c + 11) / 12 * 12;
-    int64_t hi = 240;
-    if (mm->m > 8) {
-        size_t wb = kiln_row_bytes(mm->out[0].wt, mm->k) + 1;
-        int64_t l2 = (int64_t)(192 * 1024 / wb) / 12 * 12;
-        hi = l2 < 12 ? 12 : l2 < hi ? l2 : hi;
-    }
-    return c < 12 ? 12 : c > hi ? hi : c;
+    return c < 12 ? 12 : c > 240 ? 240 : c;
 }
 
-/* Lays out scratch: xhat, prepared formats, per-thread swiglu buffers. */
+/* Lays out scratch: xhat, prepared formats, per-thread output tiles. */
 static kiln_status setup(kiln_cpu_pool *pool, mm_job *j)
 {
     const kiln_cpu_mm *mm = j->mm;
@@ -184,7 +232,8 @@ static kiln_status setup(kiln_cpu_pool *pool, mm_job *j)
         if (need[a])
             sz += align64(j->xs[a] * (size_t)mm->m);
     }
-    j->tmp_bytes = mm->swiglu ? align64((size_t)(2 * mm->m * j->chunk) * sizeof(float)) : 0;
+    int tiles = mm->swiglu ? 2 : mm->m > 8 ? 1 : 0; /* compact output tiles per thread (run_unit) */
+    j->tmp_bytes = align64((size_t)(tiles * mm->m * j->chunk) * sizeof(float));
     off[KILN_CPU_ACT_COUNT] = sz, sz += j->tmp_bytes * (size_t)nth;
     char *s = kiln_cpu_pool_scratch(pool, sz + 64);
     if (!s)

@@ -60,10 +60,10 @@ static inline float hsum(__m256 v)
     return _mm_cvtss_f32(lo);
 }
 
-/* Loops tiles of nr_max weight rows x 4 activation rows. m <= 8: weight tiles outer, so each
- * weight row streams from memory once; more rows: activation tiles outer over the chunk's weight
- * rows (the driver sizes chunks to stay in L2). Full tiles call TILE with constant sizes. */
-#define DEF_QMM(NAME, TILE, NRM, QK, DOT1, GEMV4)                                                      \
+/* m == 1: GEMV4 over groups of 4 weight rows, DOT1 for the rest. 2 <= m <= 8: tiles of NRM weight
+ * rows x 4 activation rows, weight tiles outer, so each weight row streams from memory once; full
+ * tiles call TILE with constant sizes. More rows: the packed-panel GEMM of gemm_avx2.c. */
+#define DEF_QMM(NAME, TILE, NRM, QK, DOT1, GEMV4, GEMM)                                                \
     void NAME(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,  \
               float *y, int64_t ldy)                                                                   \
     {                                                                                                  \
@@ -75,11 +75,12 @@ static inline float hsum(__m256 v)
                 y[j] = DOT1(k / (QK), (const char *)w + (size_t)j * ws, xa);                           \
             return;                                                                                    \
         }                                                                                              \
-        bool wide = m > 8;                                                                             \
-        int64_t no = wide ? m : nw, ni = wide ? nw : m, so = wide ? 4 : (NRM), si = wide ? (NRM) : 4;  \
-        for (int64_t o = 0; o < no; o += so)                                                           \
-            for (int64_t in = 0; in < ni; in += si) {                                                  \
-                int64_t i0 = wide ? o : in, j0 = wide ? in : o;                                        \
+        if (m > 8) {                                                                                   \
+            GEMM(k, w, ws, nw, xa, xs, m, y, ldy);                                                     \
+            return;                                                                                    \
+        }                                                                                              \
+        for (int64_t j0 = 0; j0 < nw; j0 += (NRM))                                                     \
+            for (int64_t i0 = 0; i0 < m; i0 += 4) {                                                    \
                 int mr = m - i0 < 4 ? (int)(m - i0) : 4;                                               \
                 int nr = nw - j0 < (NRM) ? (int)(nw - j0) : (NRM);                                     \
                 const char *wp = (const char *)w + (size_t)j0 * ws;                                    \
@@ -182,7 +183,7 @@ INL void gemv4_q8_0(int64_t nb, const char *w, size_t ws, const void *xv, float 
     store4_halves(acc, y);
 }
 
-DEF_QMM(kiln_cpu_mm_q8_0_avx2, tile_q8_0, 2, KILN_QK8_0, dot1_q8_0, gemv4_q8_0)
+DEF_QMM(kiln_cpu_mm_q8_0_avx2, tile_q8_0, 2, KILN_QK8_0, dot1_q8_0, gemv4_q8_0, kiln_cpu_gemm_q8_0_avx2)
 
 /* ---------------------------------------------------------------- q4_K */
 
@@ -338,7 +339,7 @@ INL void gemv4_q4_k(int64_t nb, const char *w, size_t ws, const void *xv, float 
     store4_halves(_mm256_sub_ps(acc, accm), y);
 }
 
-DEF_QMM(kiln_cpu_mm_q4_k_avx2, tile_q4_k, 1, KILN_QK_K, dot1_q4_k, gemv4_q4_k)
+DEF_QMM(kiln_cpu_mm_q4_k_avx2, tile_q4_k, 1, KILN_QK_K, dot1_q4_k, gemv4_q4_k, kiln_cpu_gemm_q4_k_avx2)
 
 /* ---------------------------------------------------------------- q5_K */
 
@@ -503,4 +504,4 @@ INL void gemv4_q6_k(int64_t nb, const char *w, size_t ws, const void *xv, float 
         y[r] = dot1_q6_k(nb, w + r * ws, xv);
 }
 
-DEF_QMM(kiln_cpu_mm_q6_k_avx2, tile_q6_k, 1, KILN_QK_K, dot1_q6_k, gemv4_q6_k)
+DEF_QMM(kiln_cpu_mm_q6_k_avx2, tile_q6_k, 1, KILN_QK_K, dot1_q6_k, gemv4_q6_k, kiln_cpu_gemm_q6_k_avx2)

@@ -78,8 +78,13 @@ static kiln_status cpu_calibrate(void *state, kiln_device_profile *out)
     if (bw <= 0 || peak <= 0) return KILN_ERR_NOMEM;
     out->mem_bw = bw * 1e9;
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak * 1e9;
-    /* Integer dot products of the quantized paths run at about half the f32 FMA rate here. */
-    for (int t = KILN_DTYPE_Q8_0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak * 0.5e9;
+    /* The quantized GEMMs run integer dot products against the f32 FMA peak measured above:
+     * q8_0 at about 1.0x, q4_K and q6_K at 1.3-1.6x (packed panels, bench_cpu on the dev machine);
+     * q5_K has no GEMM and runs one row pair at a time, about 0.3x. */
+    static const double rate[KILN_DTYPE_COUNT] = {
+        [KILN_DTYPE_Q8_0] = 1.0, [KILN_DTYPE_Q4_K] = 1.3, [KILN_DTYPE_Q5_K] = 0.3, [KILN_DTYPE_Q6_K] = 1.3};
+    for (int t = 0; t < KILN_DTYPE_COUNT; t++)
+        if (rate[t] > 0) out->peak_flops[t] = peak * rate[t] * 1e9;
     return KILN_OK;
 }
 
