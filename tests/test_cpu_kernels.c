@@ -182,6 +182,16 @@ Test(cpu_kernels, matmul_gemm_every_dtype)
 }
 
 /* Q/K/V-style siblings of different dtypes with a residual on one, normalized x. */
+/* Long rows: the GEMMs split k into blocks (256 values for float panels, 1024 for the integer
+ * panels) and accumulate across them; partial row panels (n not a multiple of 16) and odd m. */
+Test(cpu_kernels, matmul_gemm_long_k)
+{
+    for (size_t d = 0; d < sizeof mm_types / sizeof *mm_types; d++) {
+        int64_t k = kiln_dtype_block(mm_types[d]) > 1 ? 2304 : 1031;
+        run_mm_case(mm_types[d], 19, 45, k, d % 2 == 0);
+    }
+}
+
 Test(cpu_kernels, matmul_fused_siblings_residual)
 {
     const int64_t k = 512, ns[3] = {40, 13, 27};
