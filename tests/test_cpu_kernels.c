@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "backends/cpu/cpu.h"
+#include "graph/dtype.h"
 #include "support/testutil.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -46,8 +47,25 @@ static mis_buf mis_alloc(size_t n)
 /* Weight rows [n, k] of dtype t with fresh random values; wd gets the dequantized values. Each
  * row has its own spread and offset, so block scales and mins differ from row to row and a
  * kernel that mixes up rows' scales (multi-row tiles) is caught. */
+static bool g_raw_q8; /* make_weight: q8_0 blocks of raw random bytes, -128 quants included */
+
 static mis_buf make_weight(kiln_dtype t, int64_t n, int64_t k, double *wd)
 {
+    if (g_raw_q8 && t == KILN_DTYPE_Q8_0) {
+        mis_buf b = mis_alloc(kiln_row_bytes(t, k) * (size_t)n);
+        float *f = malloc(sizeof(float) * (size_t)(n * k));
+        kiln_block_q8_0 *q = (kiln_block_q8_0 *)b.p;
+        for (int64_t i = 0; i < n * k / KILN_QK8_0; i++) {
+            q[i].d = kiln_f32_to_f16(0.002f * (float)tu_randint(1, 8));
+            for (int u = 0; u < KILN_QK8_0; u++)
+                q[i].qs[u] = (int8_t)(tu_randint(0, 7) == 0 ? -128 : tu_randint(-128, 127));
+        }
+        cr_assert_eq(kiln_dequantize(t, b.p, f, n * k), KILN_OK);
+        for (int64_t i = 0; i < n * k; i++)
+            wd[i] = f[i];
+        free(f);
+        return b;
+    }
     float *f = malloc(sizeof(float) * (size_t)(n * k));
     for (int64_t j = 0; j < n; j++) {
         float a = 0.25f + (float)tu_randint(0, 15) * 0.25f, c = (float)tu_randint(-4, 4) * 0.25f * a;
@@ -190,6 +208,17 @@ Test(cpu_kernels, matmul_gemm_long_k)
         int64_t k = kiln_dtype_block(mm_types[d]) > 1 ? 2304 : 1031;
         run_mm_case(mm_types[d], 19, 45, k, d % 2 == 0);
     }
+}
+
+/* q8_0 files from other quantizers may hold -128 quants (ggml's never does): every kernel must
+ * take them exactly, decode and GEMM. */
+Test(cpu_kernels, matmul_q8_0_raw_quants)
+{
+    g_raw_q8 = true;
+    static const int64_t ms[] = {1, 3, 19};
+    for (int mi = 0; mi < 3; mi++)
+        run_mm_case(KILN_DTYPE_Q8_0, ms[mi], 23, 320, false);
+    g_raw_q8 = false;
 }
 
 Test(cpu_kernels, matmul_fused_siblings_residual)

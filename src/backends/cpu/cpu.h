@@ -26,7 +26,8 @@ enum kiln_cpu_isa kiln_cpu_isa_detect(void);
 enum kiln_cpu_isa kiln_cpu_isa_max(void);
 /* "scalar", "avx2", "avx512"; "?" out of range. */
 const char *kiln_cpu_isa_name(enum kiln_cpu_isa isa);
-/* true when the CPU has AVX-512 VNNI (vpdpbusd); informational. */
+/* true when the CPU has AVX-512 VNNI (vpdpbusd): the AVX-512 table then takes the VNNI kernels
+ * for q8_0, q4_K and q6_K. */
 bool kiln_cpu_has_vnni(void);
 
 /* ---------------------------------------------------------------- thread pool */

@@ -77,6 +77,8 @@ static void fill(kiln_cpu_kern *t, const kiln_cpu_kern *lower)
         t->fma_loop = lower->fma_loop;
     if (!t->read_sum)
         t->read_sum = lower->read_sum;
+    if (!t->swiglu)
+        t->swiglu = lower->swiglu;
 }
 
 static void init_once(void)
@@ -89,7 +91,10 @@ static void init_once(void)
 #ifdef KILN_X86
     g_tab[KILN_CPU_ISA_AVX2] = kiln_cpu_kern_avx2;
     fill(&g_tab[KILN_CPU_ISA_AVX2], &g_tab[KILN_CPU_ISA_SCALAR]);
-    g_tab[KILN_CPU_ISA_AVX512] = kiln_cpu_kern_avx512;
+    /* AVX-512 = the VNNI table (CPUs with VNNI only) over the plain AVX-512 one over AVX2's. */
+    g_tab[KILN_CPU_ISA_AVX512] = g_vnni ? kiln_cpu_kern_avx512vnni : kiln_cpu_kern_avx512;
+    if (g_vnni)
+        fill(&g_tab[KILN_CPU_ISA_AVX512], &kiln_cpu_kern_avx512);
     fill(&g_tab[KILN_CPU_ISA_AVX512], &g_tab[KILN_CPU_ISA_AVX2]);
 #endif
 }

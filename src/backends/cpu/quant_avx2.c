@@ -97,6 +97,12 @@ static inline float hsum(__m256 v)
 
 /* ---------------------------------------------------------------- q8_0 */
 
+/* 16 int16 pair sums of w*x: |w| (unsigned) times x carrying w's sign (signed). */
+INL __m256i row_dot_i8(__m256i w, __m256i x)
+{
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
 /* Sum over 32 lanes of w*x as 8 int32: |w| (unsigned) times x carrying w's sign (signed). */
 static inline __m256i dot_i8(__m256i aw, __m256i w, __m256i x)
 {
@@ -160,9 +166,10 @@ static float dot1_q8_0(int64_t nb, const void *wv, const void *xv)
     return hsum(_mm256_add_ps(a0, a1));
 }
 
-/* Four weight rows x one activation row (decode). |x| is formed once per block for all four
- * rows (maddubs takes |x| unsigned times w carrying x's sign), and the rows' sums are reduced
- * across rows so one cvt and one fma per block serve all four. */
+/* Four weight rows x one activation row (decode): the rows' sums are reduced across rows so one
+ * cvt and one fma per block serve all four. maddubs takes |w| (unsigned: exact for a -128 quant)
+ * times x carrying w's sign; |x| with w carrying x's sign would save an op per row but turns a
+ * -128 weight into -128 again when x < 0. */
 INL void gemv4_q8_0(int64_t nb, const char *w, size_t ws, const void *xv, float *y)
 {
     const kiln_block_q8_0 *r0 = (const kiln_block_q8_0 *)w, *r1 = (const kiln_block_q8_0 *)(w + ws),
@@ -172,10 +179,8 @@ INL void gemv4_q8_0(int64_t nb, const char *w, size_t ws, const void *xv, float 
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         prefetch_group(w, ws, (size_t)b * 4 * sizeof *r0, 4 * sizeof *r0 + 63);
-        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs), xa = _mm256_sign_epi8(xq, xq);
-#define ROWDOT(r)                                                                                      \
-    _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(r)[b].qs), xq)), \
-                      ones)
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
+#define ROWDOT(r) _mm256_madd_epi16(row_dot_i8(_mm256_loadu_si256((const __m256i *)(r)[b].qs), xq), ones)
         const __m256i s = hsum4_i32(ROWDOT(r0), ROWDOT(r1), ROWDOT(r2), ROWDOT(r3));
 #undef ROWDOT
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scales4_f16(r0[b].d, r1[b].d, r2[b].d, r3[b].d, x[b].d), acc);
