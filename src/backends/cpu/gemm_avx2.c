@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "backends/cpu/avx2_math.h"
 #include "backends/cpu/kern.h"
 
 #define INL static inline __attribute__((always_inline))
@@ -552,32 +553,12 @@ DEF_GEMM_Q(kiln_cpu_gemm_q6_k_avx2, q6_panel, pack_q6_k, ukr_q6_k, Q6_KB, KILN_Q
 
 /* ---------------------------------------------------------------- swiglu epilogue */
 
-/* e^x for x <= 0: 2^n p(r) with n = round(x / ln 2), r = x - n ln 2 (Cody-Waite, two parts) and
- * the Cephes polynomial, about 1 ulp; below -87.3 it returns e^-87.3 (then silu's value is below
- * 1e-36 in magnitude anyway). */
-INL __m256 exp_nonpos(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 /* silu(v) = v * sigmoid(v), with e = e^-|v| in (0, 1]: sigmoid = 1 / (1 + e) for v >= 0 and
  * e / (1 + e) below, so the exponential never overflows. */
 INL __m256 silu_mul(__m256 v, __m256 u)
 {
-    const __m256 e = exp_nonpos(_mm256_or_ps(v, _mm256_set1_ps(-0.0f))), one = _mm256_set1_ps(1.0f);
+    const __m256 e = kiln_avx2_exp_neg(_mm256_or_ps(v, _mm256_set1_ps(-0.0f))), one = _mm256_set1_ps(1.0f);
     const __m256 num = _mm256_blendv_ps(one, e, v); /* v's sign bit picks e */
     return _mm256_mul_ps(_mm256_mul_ps(v, u), _mm256_div_ps(num, _mm256_add_ps(one, e)));
 }

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "backends/cpu/avx2_math.h"
 #include "backends/cpu/kern.h"
 
 #define ROWB(base, i, stride) ((const char *)(base) + (size_t)(i) * (stride))
@@ -246,30 +247,13 @@ static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
 DEF_KV(f32, LD_F32, SC_F32)
 DEF_KV(f16, LD_F16, SC_F16)
 
-/* exp(x) for x <= 0 (Cephes polynomial, ~1 ulp; below -87.3 it flushes to 0). */
-static inline __m256 exp_neg(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 static float exp_sum(float *s, int64_t n, float m)
 {
     __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+        __m256 e = kiln_avx2_exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
         _mm256_storeu_ps(s + j, e);
         acc = _mm256_add_ps(acc, e);
     }
