@@ -3,7 +3,6 @@
  * Must not contain any backend's code. */
 #pragma once
 
-#include "backends/ref/ref.h"
 #include "fuse/fuse.h"
 #include "kiln/kiln.h"
 
@@ -18,6 +17,18 @@ _Static_assert(KILN_BACKEND_COUNT <= KILN_MAX_BACKENDS, "backend table larger th
 
 typedef struct kiln_kernel kiln_kernel; /* a backend's compiled form of one region (opaque) */
 
+/* What a region's kernel sees at run time. bufs[] are addresses in the memory of the backend that
+ * runs the region: host pointers for host backends (ref, cpu), device addresses (or the device
+ * backend's own handles, as returned by its alloc) for device backends. */
+typedef struct kiln_exec_view {
+    const kiln_graph *g;                   /* the plan's graph (shape-checked at build) */
+    void *const      *bufs;                /* bufs[i]: data of node i (aliases already resolved) */
+    const int64_t   (*dims)[KILN_MAX_RANK];/* dims[i]: concrete dims of node i for this run */
+    const int64_t    *sym_vals;            /* value of each symbol for this run */
+    void             *params;              /* device backends: the per-run parameter buffer
+                                              (int32 slot i = symbol i), already written */
+} kiln_exec_view;
+
 typedef struct kiln_backend_i {
     const char *name; /* "ref", "cpu", ... */
     /* Probes the device: on success *state is the backend's state and detail describes the device;
@@ -31,16 +42,36 @@ typedef struct kiln_backend_i {
     kiln_status (*compile)(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out,
                            char *err, size_t n_err);
     void (*kernel_free)(void *state, kiln_kernel *k);                 /* optional with compile */
-    /* Runs region r (with its kernel, or NULL) over host-visible buffers. Required. */
+    /* Runs region r (with its kernel, or NULL) over buffers in the backend's memory. Device
+     * backends only enqueue: the work completes by the next sync. Required. */
     kiln_status (*launch)(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                           char *err, size_t n_err);
-    /* Device memory (optional: NULL for backends that run on host memory). */
-    kiln_status (*alloc)(void *state, size_t bytes, void **out);
+    /* Device memory. All NULL for backends that run on host memory (ref, cpu); all set for device
+     * backends. Addresses from alloc may be offset by plain arithmetic inside their allocation.
+     * upload/download/copy are ordered with launches (one queue); host memory given to upload
+     * and download must stay valid until the next sync. Errors carry the driver's text in err. */
+    kiln_status (*alloc)(void *state, size_t bytes, void **out, char *err, size_t n_err);
     void        (*free)(void *state, void *buf);
-    kiln_status (*upload)(void *state, void *dst, const void *src, size_t bytes);
-    kiln_status (*download)(void *state, void *dst, const void *src, size_t bytes);
-    kiln_status (*sync)(void *state);
+    kiln_status (*upload)(void *state, void *dst, const void *src, size_t bytes, char *err, size_t n_err);
+    kiln_status (*download)(void *state, void *dst, const void *src, size_t bytes, char *err, size_t n_err);
+    kiln_status (*copy)(void *state, void *dst, const void *src, size_t bytes, char *err, size_t n_err);
+    kiln_status (*sync)(void *state, char *err, size_t n_err);
+    /* Recording (optional): between record_begin and record_end, launches are captured, not run;
+     * replay runs the recording (ordered like a launch). The executor records a plan's launches
+     * once and replays them every run; addresses and grids are fixed, per-run values come from
+     * the parameter buffer. */
+    kiln_status (*record_begin)(void *state, char *err, size_t n_err);
+    kiln_status (*record_end)(void *state, void **rec, char *err, size_t n_err);
+    kiln_status (*replay)(void *state, void *rec, char *err, size_t n_err);
+    void        (*record_free)(void *state, void *rec);
+    /* Per-kernel timing (optional): elapsed seconds of the launches between the last two
+     * timer marks, measured on the device. */
+    kiln_status (*timer_mark)(void *state, int slot, char *err, size_t n_err);
+    kiln_status (*timer_read)(void *state, int slot_a, int slot_b, double *seconds, char *err, size_t n_err);
 } kiln_backend_i;
+
+/* A device backend runs on its own memory (alloc is set). */
+static inline bool kiln_backend_is_device(const kiln_backend_i *b) { return b->alloc != NULL; }
 
 /* The table of every backend kiln knows, indexed by enum kiln_backend_id. */
 extern const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT];

@@ -444,7 +444,7 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
         err[0] = 0;
         double t0 = p->profiling ? now_ms() : 0;
         s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], &p->fusion.regions[r], &v, err, sizeof err);
-        if (p->profiling && s == KILN_OK && kiln_backends[be]->sync) s = kiln_backends[be]->sync(p->ctx->be_state[be]);
+        if (p->profiling && s == KILN_OK && kiln_backends[be]->sync) s = kiln_backends[be]->sync(p->ctx->be_state[be], err, sizeof err);
         if (p->profiling) {
             p->meas_s[r] += (now_ms() - t0) * 1e-3;
             p->n_meas[r]++;

@@ -3,6 +3,7 @@
  * its rope and kv_scatter epilogues then run on the small outputs; attention, norms, softmax and
  * rope have SIMD/threaded kernels; every other op runs through the reference kernels. */
 #include "backends/cpu/cpu.h"
+#include "backends/ref/ref.h"
 #include "sched/backend.h"
 #include "sched/ctx.h"
 

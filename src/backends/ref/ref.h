@@ -4,14 +4,8 @@
 #pragma once
 
 #include "graph/graph.h"
+#include "sched/backend.h"
 
-/* What a node's kernel sees at run time. */
-typedef struct kiln_exec_view {
-    const kiln_graph *g;                   /* the plan's graph (shape-checked at build) */
-    void *const      *bufs;                /* bufs[i]: data of node i (aliases already resolved) */
-    const int64_t   (*dims)[KILN_MAX_RANK];/* dims[i]: concrete dims of node i for this run */
-    const int64_t    *sym_vals;            /* value of each symbol for this run */
-} kiln_exec_view;
 
 /* Executes node idx (a non-leaf; reshape/view/kv_scatter outputs alias their source, so reshape
  * and view do nothing and kv_scatter writes in place). Runtime checks (positions, ids, n_kv

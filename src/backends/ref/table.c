@@ -1,5 +1,6 @@
 /* The reference backend's table: every region runs its nodes one at a time through
  * kiln_ref_exec. It supports everything; it is slow on purpose. */
+#include "backends/ref/ref.h"
 #include "sched/backend.h"
 
 #include <stdio.h>

@@ -1,0 +1,259 @@
+/* Building and checking kir kernels: append instructions, buffer slots, shared arrays and tables;
+ * verify operand types and nesting before any printer sees a kernel. Must not print anything. */
+#include "codegen/kir.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const op_names[KILN_KOP_COUNT] = {
+    [KILN_KOP_NONE] = "none", [KILN_KOP_CONST] = "const", [KILN_KOP_TID] = "tid", [KILN_KOP_BID] = "bid",
+    [KILN_KOP_PARAM] = "param", [KILN_KOP_VAR] = "var", [KILN_KOP_ASSIGN] = "assign", [KILN_KOP_ADD] = "add",
+    [KILN_KOP_SUB] = "sub", [KILN_KOP_MUL] = "mul", [KILN_KOP_DIV] = "div", [KILN_KOP_REM] = "rem",
+    [KILN_KOP_MIN] = "min", [KILN_KOP_MAX] = "max", [KILN_KOP_FMA] = "fma", [KILN_KOP_NEG] = "neg",
+    [KILN_KOP_ABS] = "abs", [KILN_KOP_AND] = "and", [KILN_KOP_OR] = "or", [KILN_KOP_XOR] = "xor",
+    [KILN_KOP_SHL] = "shl", [KILN_KOP_SHR] = "shr", [KILN_KOP_EX2] = "ex2", [KILN_KOP_LG2] = "lg2",
+    [KILN_KOP_RSQRT] = "rsqrt", [KILN_KOP_SQRT] = "sqrt", [KILN_KOP_SIN] = "sin", [KILN_KOP_COS] = "cos",
+    [KILN_KOP_FLOOR] = "floor", [KILN_KOP_RINT] = "rint", [KILN_KOP_LT] = "lt", [KILN_KOP_LE] = "le",
+    [KILN_KOP_EQ] = "eq", [KILN_KOP_NE] = "ne", [KILN_KOP_PAND] = "pand", [KILN_KOP_POR] = "por",
+    [KILN_KOP_PNOT] = "pnot", [KILN_KOP_SELECT] = "select", [KILN_KOP_CVT] = "cvt", [KILN_KOP_BITCAST] = "bitcast",
+    [KILN_KOP_H2F] = "h2f", [KILN_KOP_B2F] = "b2f", [KILN_KOP_F2H] = "f2h", [KILN_KOP_F2B] = "f2b",
+    [KILN_KOP_BFE] = "bfe", [KILN_KOP_DP4A] = "dp4a", [KILN_KOP_LANE] = "lane", [KILN_KOP_LD] = "ld",
+    [KILN_KOP_LD4] = "ld4", [KILN_KOP_ST] = "st", [KILN_KOP_ST16] = "st16", [KILN_KOP_LDS] = "lds",
+    [KILN_KOP_STS] = "sts", [KILN_KOP_BARRIER] = "barrier", [KILN_KOP_REDUCE] = "reduce", [KILN_KOP_LOOP] = "loop",
+    [KILN_KOP_ENDLOOP] = "endloop", [KILN_KOP_IF] = "if", [KILN_KOP_ELSE] = "else", [KILN_KOP_ENDIF] = "endif",
+};
+
+const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
+
+const char *kiln_kt_name(enum kiln_kt t)
+{
+    static const char *const n[KILN_KT_COUNT] = {"none", "pred", "i32", "u32", "f32", "v4"};
+    return t < KILN_KT_COUNT ? n[t] : "?";
+}
+
+void kiln_kir_init(kiln_kir *k, const char *name, uint32_t block)
+{
+    memset(k, 0, sizeof *k);
+    snprintf(k->name, sizeof k->name, "%s", name);
+    k->block = block;
+    k->grid[0] = k->grid[1] = k->grid[2] = 1;
+    k->n_bufs = 1; /* slot 0: the parameter buffer */
+    k->bufs[0] = (kiln_kbuf){.kind = KILN_KBUF_PARAMS, .node = KILN_IDX_NONE};
+}
+
+void kiln_kir_free(kiln_kir *k)
+{
+    if (!k) return;
+    for (uint32_t i = 0; i < k->n_tables; i++) free(k->tables[i].words);
+    free(k->ins);
+    memset(k, 0, sizeof *k);
+}
+
+uint32_t kiln_kir_op(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, uint32_t b, uint32_t c, int32_t imm)
+{
+    if (k->oom) return 0;
+    if (k->n_ins == k->cap_ins) {
+        uint32_t cap = k->cap_ins ? 2 * k->cap_ins : 256;
+        kiln_kinst *grown = realloc(k->ins, cap * sizeof *grown);
+        if (!grown) {
+            k->oom = true;
+            return 0;
+        }
+        k->ins = grown;
+        k->cap_ins = cap;
+    }
+    k->ins[k->n_ins] = (kiln_kinst){.op = op, .type = t, .a = a, .b = b, .c = c, .imm.i = imm};
+    return k->n_ins++;
+}
+
+uint32_t kiln_kir_buf(kiln_kir *k, enum kiln_kbuf_kind kind, uint32_t node, bool written)
+{
+    for (uint32_t i = 0; i < k->n_bufs; i++)
+        if (k->bufs[i].kind == kind && k->bufs[i].node == node) {
+            k->bufs[i].written |= written;
+            return i;
+        }
+    if (k->n_bufs == KILN_KIR_MAX_BUFS) {
+        k->oom = true;
+        return 0;
+    }
+    k->bufs[k->n_bufs] = (kiln_kbuf){.kind = kind, .node = node, .written = written};
+    return k->n_bufs++;
+}
+
+uint32_t kiln_kir_shared(kiln_kir *k, uint32_t n)
+{
+    if (k->n_shared == KILN_KIR_MAX_SHARED) {
+        k->oom = true;
+        return 0;
+    }
+    k->shared[k->n_shared] = n;
+    return k->n_shared++;
+}
+
+uint32_t kiln_kir_table(kiln_kir *k, const uint32_t *words, uint32_t n)
+{
+    if (k->n_tables == KILN_KIR_MAX_TABLES) {
+        k->oom = true;
+        return 0;
+    }
+    uint32_t *w = malloc((n ? n : 1) * sizeof *w);
+    if (!w) {
+        k->oom = true;
+        return 0;
+    }
+    memcpy(w, words, n * sizeof *w);
+    k->tables[k->n_tables] = (kiln_ktable){.words = w, .n = n};
+    return kiln_kir_buf(k, KILN_KBUF_TABLE, k->n_tables++, false);
+}
+
+enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v) { return v < k->n_ins ? (enum kiln_kt)k->ins[v].type : KILN_KT_NONE; }
+
+uint32_t kiln_ki(kiln_kir *k, int32_t v) { return kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, v); }
+uint32_t kiln_ku(kiln_kir *k, uint32_t v)
+{
+    return kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_U32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)v);
+}
+uint32_t kiln_kf(kiln_kir *k, float v)
+{
+    int32_t bits;
+    memcpy(&bits, &v, 4);
+    return kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, bits);
+}
+uint32_t kiln_k2(kiln_kir *k, enum kiln_kop op, uint32_t a, uint32_t b)
+{
+    enum kiln_kt t = op >= KILN_KOP_LT && op <= KILN_KOP_POR ? KILN_KT_PRED : kiln_ktype(k, a);
+    return kiln_kir_op(k, op, t, a, b, KILN_IDX_NONE, 0);
+}
+uint32_t kiln_k1(kiln_kir *k, enum kiln_kop op, uint32_t a) { return kiln_kir_op(k, op, kiln_ktype(k, a), a, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+uint32_t kiln_kvar(kiln_kir *k, uint32_t init) { return kiln_kir_op(k, KILN_KOP_VAR, kiln_ktype(k, init), init, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+void kiln_kset(kiln_kir *k, uint32_t var, uint32_t v) { kiln_kir_op(k, KILN_KOP_ASSIGN, KILN_KT_NONE, var, v, KILN_IDX_NONE, 0); }
+
+/* ------------------------------------------------------------------ verification */
+
+#define FAIL(...) do { snprintf(err, n_err, "kernel %s, instruction %u (%s): ", k->name, i, kiln_kop_name(op)); \
+    size_t l_ = strlen(err); snprintf(err + l_, n_err > l_ ? n_err - l_ : 0, __VA_ARGS__); return false; } while (0)
+
+static bool is_num(uint8_t t) { return t == KILN_KT_I32 || t == KILN_KT_U32 || t == KILN_KT_F32; }
+static bool is_int(uint8_t t) { return t == KILN_KT_I32 || t == KILN_KT_U32; }
+
+bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
+{
+    uint32_t i = 0;
+    enum kiln_kop op = KILN_KOP_NONE;
+    if (k->oom) FAIL("out of memory while lowering");
+    if (k->block == 0 || k->block % 32 || k->block > 1024) FAIL("block size %u is not a multiple of 32 in 32..1024", k->block);
+    char stack[64];
+    int depth = 0;
+    for (i = 0; i < k->n_ins; i++) {
+        const kiln_kinst *in = &k->ins[i];
+        op = (enum kiln_kop)in->op;
+        uint8_t t = in->type;
+        uint32_t ops[3] = {in->a, in->b, in->c};
+        uint8_t ta[3] = {0, 0, 0};
+        for (int j = 0; j < 3; j++) {
+            if (ops[j] == KILN_IDX_NONE) continue;
+            if (ops[j] >= i) FAIL("operand %d names value %u, not defined before", j, ops[j]);
+            ta[j] = k->ins[ops[j]].type;
+        }
+        switch (op) {
+        case KILN_KOP_CONST: case KILN_KOP_PARAM: case KILN_KOP_TID: case KILN_KOP_BID:
+            if (!is_num(t)) FAIL("type %s", kiln_kt_name(t));
+            break;
+        case KILN_KOP_VAR: if (ta[0] != t || !is_num(t)) FAIL("variable of %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0])); break;
+        case KILN_KOP_ASSIGN:
+            if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != ta[1]) FAIL("assigns %s to a non-variable or %s", kiln_kt_name(ta[1]), kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_ADD: case KILN_KOP_SUB: case KILN_KOP_MUL: case KILN_KOP_DIV: case KILN_KOP_MIN: case KILN_KOP_MAX:
+            if (!is_num(t) || ta[0] != t || ta[1] != t) FAIL("%s from %s, %s", kiln_kt_name(t), kiln_kt_name(ta[0]), kiln_kt_name(ta[1]));
+            break;
+        case KILN_KOP_REM: case KILN_KOP_AND: case KILN_KOP_OR: case KILN_KOP_XOR: case KILN_KOP_SHL: case KILN_KOP_SHR:
+            if (!is_int(t) || ta[0] != t || ta[1] != t) FAIL("%s from %s, %s", kiln_kt_name(t), kiln_kt_name(ta[0]), kiln_kt_name(ta[1]));
+            break;
+        case KILN_KOP_FMA:
+            if (t != KILN_KT_F32 || ta[0] != t || ta[1] != t || ta[2] != t) FAIL("fma needs f32 operands");
+            break;
+        case KILN_KOP_NEG: case KILN_KOP_ABS:
+            if (!(t == KILN_KT_F32 || t == KILN_KT_I32) || ta[0] != t) FAIL("%s of %s", kiln_kt_name(t), kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_EX2: case KILN_KOP_LG2: case KILN_KOP_RSQRT: case KILN_KOP_SQRT: case KILN_KOP_SIN: case KILN_KOP_COS:
+        case KILN_KOP_FLOOR: case KILN_KOP_RINT:
+            if (t != KILN_KT_F32 || ta[0] != t) FAIL("needs f32");
+            break;
+        case KILN_KOP_LT: case KILN_KOP_LE: case KILN_KOP_EQ: case KILN_KOP_NE:
+            if (t != KILN_KT_PRED || !is_num(ta[0]) || ta[0] != ta[1]) FAIL("compares %s with %s", kiln_kt_name(ta[0]), kiln_kt_name(ta[1]));
+            break;
+        case KILN_KOP_PAND: case KILN_KOP_POR:
+            if (t != KILN_KT_PRED || ta[0] != t || ta[1] != t) FAIL("needs predicates");
+            break;
+        case KILN_KOP_PNOT: if (t != KILN_KT_PRED || ta[0] != t) FAIL("needs a predicate"); break;
+        case KILN_KOP_SELECT:
+            if (ta[0] != KILN_KT_PRED || ta[1] != t || ta[2] != t || !is_num(t)) FAIL("select of %s", kiln_kt_name(t));
+            break;
+        case KILN_KOP_CVT:
+            if (!((t == KILN_KT_F32 && is_int(ta[0])) || (is_int(t) && ta[0] == KILN_KT_F32) || (is_int(t) && is_int(ta[0]))))
+                FAIL("cvt %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_BITCAST:
+            if (!is_num(t) || !is_num(ta[0])) FAIL("bitcast %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_H2F: case KILN_KOP_B2F:
+            if (t != KILN_KT_F32 || ta[0] != KILN_KT_U32 || in->imm.i < 0 || in->imm.i > 1) FAIL("needs u32 and half 0/1");
+            break;
+        case KILN_KOP_F2H: case KILN_KOP_F2B: if (t != KILN_KT_U32 || ta[0] != KILN_KT_F32) FAIL("needs f32 -> u32"); break;
+        case KILN_KOP_BFE: {
+            int off = in->imm.i & 31, w = in->imm.i >> 8;
+            if (!is_int(t) || ta[0] != KILN_KT_U32 || w < 1 || off + w > 32) FAIL("field %d:%d of %s", off, w, kiln_kt_name(ta[0]));
+            break;
+        }
+        case KILN_KOP_DP4A:
+            if (t != KILN_KT_I32 || ta[0] != KILN_KT_U32 || ta[1] != KILN_KT_U32 || ta[2] != KILN_KT_I32) FAIL("dp4a types");
+            break;
+        case KILN_KOP_LANE: if (t != KILN_KT_U32 || ta[0] != KILN_KT_V4 || in->imm.i < 0 || in->imm.i > 3) FAIL("lane"); break;
+        case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16:
+            if (in->imm.u >= k->n_bufs || ta[0] != KILN_KT_I32) FAIL("buffer slot %u of %u, index %s", in->imm.u, k->n_bufs, kiln_kt_name(ta[0]));
+            if ((op == KILN_KOP_ST || op == KILN_KOP_ST16) && (ta[1] != KILN_KT_U32 || !k->bufs[in->imm.u].written))
+                FAIL("stores %s into a buffer not marked written", kiln_kt_name(ta[1]));
+            if (op == KILN_KOP_LD && t != KILN_KT_U32) FAIL("ld gives u32");
+            if (op == KILN_KOP_LD4 && t != KILN_KT_V4) FAIL("ld4 gives v4");
+            break;
+        case KILN_KOP_LDS: case KILN_KOP_STS:
+            if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32) FAIL("shared array %u of %u", in->imm.u, k->n_shared);
+            if (op == KILN_KOP_LDS && t != KILN_KT_U32 && t != KILN_KT_F32) FAIL("lds type");
+            if (op == KILN_KOP_STS && ta[1] != KILN_KT_U32 && ta[1] != KILN_KT_F32) FAIL("sts type");
+            break;
+        case KILN_KOP_BARRIER: break;
+        case KILN_KOP_REDUCE: {
+            uint32_t grp = in->imm.u & 0xffff, rop = in->imm.u >> 16;
+            if (t != KILN_KT_F32 || ta[0] != t || rop >= KILN_KRED_COUNT || !grp || (grp & (grp - 1)) || k->block % grp)
+                FAIL("reduce of group %u op %u", grp, rop);
+            break;
+        }
+        case KILN_KOP_LOOP:
+            if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != KILN_KT_I32 || ta[1] != KILN_KT_I32 || ta[2] != KILN_KT_I32)
+                FAIL("loop needs an i32 variable, end and step");
+            if (depth == (int)sizeof stack) FAIL("nesting too deep");
+            stack[depth++] = 'L';
+            break;
+        case KILN_KOP_IF:
+            if (ta[0] != KILN_KT_PRED) FAIL("if needs a predicate");
+            if (depth == (int)sizeof stack) FAIL("nesting too deep");
+            stack[depth++] = 'I';
+            break;
+        case KILN_KOP_ELSE:
+            if (!depth || stack[depth - 1] != 'I') FAIL("else outside if");
+            stack[depth - 1] = 'E';
+            break;
+        case KILN_KOP_ENDIF: if (!depth || stack[depth - 1] == 'L') FAIL("endif without if"); depth--; break;
+        case KILN_KOP_ENDLOOP: if (!depth || stack[depth - 1] != 'L') FAIL("endloop without loop"); depth--; break;
+        default: FAIL("unknown op %d", op);
+        }
+    }
+    if (depth) {
+        i = k->n_ins;
+        op = KILN_KOP_NONE;
+        FAIL("%d unclosed loop/if blocks", depth);
+    }
+    return true;
+}

@@ -1,0 +1,190 @@
+/* kir: the backend-neutral lowered kernel form that both GPU emitters print (PTX in src/ptx,
+ * GLSL in src/spirv). A kernel is a flat list of instructions over typed values, with structured
+ * control flow (loop/if), buffers addressed in 32-bit words, shared memory and block reductions.
+ * Lowering (src/codegen/lower_*.c) writes it from a fused region; printers only print it: every
+ * target fix-up is done here, never in a printer. Must not know about any backend or driver. */
+#pragma once
+
+#include "fuse/fuse.h"
+#include "graph/graph.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Value types. Pointers never appear: buffers are addressed by (buffer slot, word index). */
+enum kiln_kt {
+    KILN_KT_NONE = 0, /* instructions that produce no value (stores, control flow) */
+    KILN_KT_PRED,     /* a predicate (comparison result) */
+    KILN_KT_I32,      /* signed 32-bit integer */
+    KILN_KT_U32,      /* unsigned 32-bit integer / raw 32 bits of memory */
+    KILN_KT_F32,      /* IEEE binary32 */
+    KILN_KT_V4,       /* four U32 (a 16-byte load); read its lanes with KILN_KOP_LANE */
+    KILN_KT_COUNT
+};
+
+/* Instructions. a/b/c name earlier values (instruction indices); imm is a constant operand. The
+ * operand types an op takes are stated; the kernel verifier (kiln_kir_verify) checks them. */
+enum kiln_kop {
+    KILN_KOP_NONE = 0,
+    /* leaves */
+    KILN_KOP_CONST,   /* type I32/U32/F32: value imm (f32 as its bits in imm.u) */
+    KILN_KOP_TID,     /* I32: thread index in the block, 0 .. block-1 */
+    KILN_KOP_BID,     /* I32: block index along grid axis imm (0, 1, 2) */
+    KILN_KOP_PARAM,   /* I32: slot imm of the per-run parameter buffer (symbol values) */
+    KILN_KOP_VAR,     /* a mutable variable of the instruction's type, initialized to a */
+    KILN_KOP_ASSIGN,  /* NONE: variable a = b (same type) */
+    /* arithmetic: a, b (c) and the result of one type: I32, U32 or F32 */
+    KILN_KOP_ADD, KILN_KOP_SUB, KILN_KOP_MUL,
+    KILN_KOP_DIV,     /* F32: IEEE-rounded a / b; I32/U32: truncating (b != 0 is the lowering's job) */
+    KILN_KOP_REM,     /* I32/U32 only */
+    KILN_KOP_MIN, KILN_KOP_MAX,
+    KILN_KOP_FMA,     /* F32: a * b + c rounded once */
+    KILN_KOP_NEG, KILN_KOP_ABS,
+    /* bits (I32/U32): shr is arithmetic on I32, logical on U32; b is the shift count (same type) */
+    KILN_KOP_AND, KILN_KOP_OR, KILN_KOP_XOR, KILN_KOP_SHL, KILN_KOP_SHR,
+    /* F32 math: ex2 = 2^a, lg2 = log2(a) (approximate to ~2 ulp); rsqrt, sqrt; sin/cos only for
+     * |a| <= pi (lowering reduces the range first); floor; rint = round half to even */
+    KILN_KOP_EX2, KILN_KOP_LG2, KILN_KOP_RSQRT, KILN_KOP_SQRT, KILN_KOP_SIN, KILN_KOP_COS,
+    KILN_KOP_FLOOR, KILN_KOP_RINT,
+    /* comparisons: a, b of one type -> PRED; predicate logic on PRED */
+    KILN_KOP_LT, KILN_KOP_LE, KILN_KOP_EQ, KILN_KOP_NE,
+    KILN_KOP_PAND, KILN_KOP_POR, KILN_KOP_PNOT,
+    KILN_KOP_SELECT,  /* a: PRED; b, c: same type as the result: a ? b : c */
+    /* conversions: result type from the instruction, source type from a */
+    KILN_KOP_CVT,     /* I32 <-> F32 (F32 -> I32 truncates toward zero), I32 <-> U32 (same bits) */
+    KILN_KOP_BITCAST, /* F32 <-> U32/I32, same bits */
+    KILN_KOP_H2F,     /* F32 from the f16 in bits [16*imm, 16*imm+16) of U32 a */
+    KILN_KOP_B2F,     /* F32 from the bf16 in bits [16*imm, 16*imm+16) of U32 a */
+    KILN_KOP_F2H,     /* U32 holding in its low 16 bits the f16 of F32 a, round to nearest even */
+    KILN_KOP_F2B,     /* U32 holding in its low 16 bits the bf16 of F32 a, round to nearest even */
+    KILN_KOP_BFE,     /* field of U32 a at bit imm & 31, width imm >> 8: result U32 (zero-extended)
+                         or I32 (sign-extended) */
+    KILN_KOP_DP4A,    /* I32: c + sum of the four signed-byte products of U32 a and U32 b */
+    KILN_KOP_LANE,    /* U32: lane imm (0..3) of V4 a */
+    /* global memory: buffer slot imm (kiln_kir.bufs), word index a (I32) */
+    KILN_KOP_LD,      /* U32: one word */
+    KILN_KOP_LD4,     /* V4: four words from a word index that is a multiple of 4 */
+    KILN_KOP_ST,      /* NONE: word a = U32 b */
+    KILN_KOP_ST16,    /* NONE: 16-bit half a (index in halves) = low 16 bits of U32 b */
+    /* shared memory: array imm (kiln_kir.shared), element index a (I32); elements are 32-bit */
+    KILN_KOP_LDS,     /* U32 or F32 */
+    KILN_KOP_STS,     /* NONE: element a = b (U32 or F32) */
+    KILN_KOP_BARRIER, /* NONE: every thread of the block waits; shared memory is then visible */
+    /* F32 reduction over aligned groups of imm & 0xffff consecutive threads (a power of two that
+     * divides the block), op imm >> 16 (enum kiln_kred); every thread of a group gets the result.
+     * Must be reached by every thread of the block (uniform control flow). */
+    KILN_KOP_REDUCE,
+    /* structured control flow */
+    KILN_KOP_LOOP,    /* NONE: for (var a = a's value; a < b; a += c) — a is a VAR of I32 */
+    KILN_KOP_ENDLOOP, /* NONE */
+    KILN_KOP_IF,      /* NONE: if (PRED a) */
+    KILN_KOP_ELSE,    /* NONE */
+    KILN_KOP_ENDIF,   /* NONE */
+    KILN_KOP_COUNT
+};
+
+enum kiln_kred { KILN_KRED_SUM = 0, KILN_KRED_MAX, KILN_KRED_COUNT };
+
+/* What a buffer slot of a kernel is bound to at launch. */
+enum kiln_kbuf_kind {
+    KILN_KBUF_PARAMS = 0, /* the plan's per-run parameter buffer (always slot 0) */
+    KILN_KBUF_NODE,       /* the memory of a graph node (its root, plus the node's offset) */
+    KILN_KBUF_TABLE,      /* a constant table the lowering made (kiln_kir.tables) */
+    KILN_KBUF_KIND_COUNT
+};
+
+/* Device layouts of weights: GGUF blocks whose size is not a multiple of 4 bytes are split so
+ * every kernel reads aligned words. Applied once, when a weight is uploaded. */
+enum kiln_klayout {
+    KILN_KLAYOUT_RAW = 0,  /* the bytes as they are */
+    KILN_KLAYOUT_Q8_0_SPLIT, /* all quants (rows x k bytes), then the f16 scales (rows x k/32), each 16-byte aligned */
+    KILN_KLAYOUT_Q6_K_SPLIT, /* per block ql[128] qh[64] scales[16] (208 bytes), then the f16 d of every block */
+    KILN_KLAYOUT_COUNT
+};
+
+typedef union kiln_kimm {
+    int32_t  i; /* integer constant / slot / axis */
+    uint32_t u; /* raw bits (f32 constants are stored as bits) */
+} kiln_kimm;
+
+typedef struct kiln_kinst {
+    uint8_t   op;   /* enum kiln_kop */
+    uint8_t   type; /* enum kiln_kt of the result */
+    uint32_t  a, b, c; /* operand values (instruction indices), KILN_IDX_NONE when unused */
+    kiln_kimm imm;  /* constant operand */
+} kiln_kinst;
+
+typedef struct kiln_kbuf {
+    uint8_t  kind;     /* enum kiln_kbuf_kind */
+    bool     written;  /* the kernel stores to it */
+    uint32_t node;     /* KILN_KBUF_NODE: graph node index; KILN_KBUF_TABLE: table index */
+} kiln_kbuf;
+
+typedef struct kiln_ktable {
+    uint32_t *words; /* contents (owned) */
+    uint32_t  n;     /* word count */
+} kiln_ktable;
+
+#define KILN_KIR_MAX_BUFS 16
+#define KILN_KIR_MAX_SHARED 4
+#define KILN_KIR_MAX_TABLES 4
+
+typedef struct kiln_kir {
+    char        name[48];                       /* kernel entry name, a C identifier */
+    uint32_t    block;                          /* threads per block (1-D), a multiple of 32 */
+    uint32_t    grid[3];                        /* blocks along x, y, z: fixed at compile (from symbol bounds) */
+    kiln_kbuf   bufs[KILN_KIR_MAX_BUFS];        /* buffer slots; slot 0 is the parameter buffer */
+    uint32_t    n_bufs;                         /* used */
+    uint32_t    shared[KILN_KIR_MAX_SHARED];    /* 32-bit elements of each shared array */
+    uint32_t    n_shared;                       /* used */
+    kiln_ktable tables[KILN_KIR_MAX_TABLES];    /* constant tables (e.g. rope frequencies) */
+    uint32_t    n_tables;                       /* used */
+    kiln_kinst *ins;                            /* instructions, in program order */
+    uint32_t    n_ins;                          /* used */
+    uint32_t    cap_ins;                        /* allocated */
+    bool        oom;                            /* an append failed: the kernel is unusable */
+    char        what[96];                       /* what it computes, for listings ("gemv q4_k x3 + rope") */
+} kiln_kir;
+
+/* ------------------------------------------------------------------ building (kir.c) */
+
+void     kiln_kir_init(kiln_kir *k, const char *name, uint32_t block);
+void     kiln_kir_free(kiln_kir *k);
+/* Appends an instruction; returns its index (the value it defines). Sets k->oom on failure. */
+uint32_t kiln_kir_op(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, uint32_t b, uint32_t c, int32_t imm);
+/* Adds a buffer slot for node (deduplicated by kind+node; `written` accumulates); returns the slot. */
+uint32_t kiln_kir_buf(kiln_kir *k, enum kiln_kbuf_kind kind, uint32_t node, bool written);
+/* Adds a shared array of n 32-bit elements; returns its index. */
+uint32_t kiln_kir_shared(kiln_kir *k, uint32_t n);
+/* Adds a constant table of n words (copied) and its buffer slot; returns the slot. */
+uint32_t kiln_kir_table(kiln_kir *k, const uint32_t *words, uint32_t n);
+/* Checks operand types, control-flow nesting and slot ranges; returns false and a message. */
+bool     kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err);
+/* Name of an op / type for listings and printers' errors. */
+const char *kiln_kop_name(enum kiln_kop op);
+const char *kiln_kt_name(enum kiln_kt t);
+
+/* Shorthands used by the lowerings (the `k` argument is the kernel being written). */
+uint32_t kiln_ki(kiln_kir *k, int32_t v);                 /* I32 constant */
+uint32_t kiln_ku(kiln_kir *k, uint32_t v);                /* U32 constant */
+uint32_t kiln_kf(kiln_kir *k, float v);                   /* F32 constant */
+uint32_t kiln_k2(kiln_kir *k, enum kiln_kop op, uint32_t a, uint32_t b); /* binary op, type of a */
+uint32_t kiln_k1(kiln_kir *k, enum kiln_kop op, uint32_t a);             /* unary op, type of a */
+uint32_t kiln_kvar(kiln_kir *k, uint32_t init);          /* variable initialized to init (its type) */
+void     kiln_kset(kiln_kir *k, uint32_t var, uint32_t v);
+enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
+
+/* ------------------------------------------------------------------ lowering (lower_*.c) */
+
+/* Per-run parameter slots: slot i < n_syms holds symbol i's value. */
+#define KILN_PARAM_SLOTS_MIN 8
+
+/* Lowers region r of g into one kernel. KILN_ERR_UNSUPPORTED (with err naming the op/dtype) when
+ * the region has a shape no template takes; placement then runs it elsewhere. */
+kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err);
+
+/* The device layout kernels expect for a weight of dtype t, and its repacking (dst holds
+ * kiln_lower_weight_bytes bytes). Weights are [rows, k] in their GGUF row layout on the host. */
+enum kiln_klayout kiln_lower_weight_layout(kiln_dtype t);
+size_t            kiln_lower_weight_bytes(kiln_dtype t, int64_t rows, int64_t k);
+void              kiln_lower_weight_repack(kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst);
