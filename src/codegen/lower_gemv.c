@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define WARPS 4       /* warps per block */
+#define WARPS 8       /* warps per block */
 #define MC_MAX 8      /* tokens per pass */
 #define SLOTS 4       /* output rows per warp */
 #define MEMO 512
@@ -22,6 +22,7 @@ typedef struct gv_group {
     int      rope;           /* 0 none, 1 normal, 2 neox */
     int64_t  hd;             /* rope head dim */
     int64_t  units;          /* units of the group */
+    int      wpu;            /* warps per unit (split-K inside the block: 1, 2, 4 or 8) */
     uint32_t warp0;          /* first global warp (a multiple of WARPS) */
 } gv_group;
 
@@ -71,6 +72,8 @@ static void fail(gv *s, const char *why)
     if (!s->failed) snprintf(s->why, sizeof s->why, "%s", why);
     s->failed = true;
 }
+
+static int64_t chunks_per_row(kiln_dtype t, int64_t K);
 
 /* ------------------------------------------------------------------ analysis */
 
@@ -173,8 +176,13 @@ static bool analyze(gv *s, char *err, size_t n_err)
         }
         G->units = (G->n + G->cols - 1) / G->cols;
         if (G->rope == 2) G->units = G->n / 4; /* (hd/4 units per head) */
+        /* Split K over more warps when the group has few units, so a small or tall matrix still
+         * keeps thousands of warps streaming (an H100 holds 8448). */
+        int64_t cpr = chunks_per_row(t0, s->K);
+        G->wpu = 1;
+        while (G->wpu < WARPS && G->units * G->wpu < 4096 && cpr >= 64 * G->wpu) G->wpu *= 2;
         G->warp0 = warp;
-        warp += (uint32_t)((G->units + WARPS - 1) / WARPS * WARPS);
+        warp += (uint32_t)((G->units * G->wpu + WARPS - 1) / WARPS * WARPS);
     }
     for (uint32_t i = 0; i < r->n_nodes; i++) {
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
@@ -504,7 +512,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     kiln_kir *k = s->k;
     const kiln_graph *g = s->g;
     kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
-    uint32_t u = op2(s, KILN_KOP_SUB, gw, ci(s, (int32_t)G->warp0));
+    uint32_t gl = op2(s, KILN_KOP_SUB, gw, ci(s, (int32_t)G->warp0));
+    uint32_t u = op2(s, KILN_KOP_DIV, gl, ci(s, G->wpu)), wi = op2(s, KILN_KOP_REM, gl, ci(s, G->wpu));
     uint32_t valid = op2(s, KILN_KOP_LT, u, ci(s, (int32_t)G->units));
     /* unit base column and the slots' deltas */
     uint32_t base;
@@ -554,8 +563,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     }
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++) s->acc[r][q] = kiln_kvar(k, cf(s, 0));
-    uint32_t c = kiln_kvar(k, lane);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32), 0);
+    uint32_t c = kiln_kvar(k, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, wi, ci(s, 32)), lane));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu), 0);
     gv_chunk ch[SLOTS];
     for (int r = 0; r < s->n_slots; r++) load_chunk(s, t, slot_w[r], row[r], c, rows, &ch[r]);
     for (int sub = 0; sub < subs_of(t); sub++) {
@@ -605,7 +614,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     kl_loop_end(k);
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++)
-            kiln_kset(k, s->acc[r][q], kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | 32));
+            kiln_kset(k, s->acc[r][q], kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * G->wpu)));
     /* the normalized x is a region output too: block 0 of the first group writes it */
     if (s->norm != KILN_IDX_NONE && kl_is_out(s->r, s->norm) && G == &s->grp[0]) {
         kif(s, op2(s, KILN_KOP_EQ, gw, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_DIV, gw, ci(s, WARPS)), ci(s, WARPS))));
@@ -624,7 +633,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         kendif(s);
         kendif(s);
     }
-    kif(s, op2(s, KILN_KOP_EQ, lane, ci(s, 0)));
+    kif(s, op2(s, KILN_KOP_PAND, op2(s, KILN_KOP_EQ, lane, ci(s, 0)), op2(s, KILN_KOP_EQ, wi, ci(s, 0))));
     epilogue(s, G, m);
     kendif(s);
     kl_loop_end(k);
