@@ -265,7 +265,16 @@ static kiln_status place(kiln_plan *p, int forced)
                                                            edges[e].from == KILN_IDX_NONE ? -1 : p->region_be[edges[e].from],
                                                            p->region_be[edges[e].to]);
     free(edges);
-    for (uint32_t r = 0; r < nr; r++)
+    uint32_t bad = 0; /* the first region no candidate backend can run, to name it */
+    for (uint32_t r = 0; r < nr; r++) {
+        bool any = false;
+        for (int b = 0; b < KILN_BACKEND_COUNT; b++) any |= time[(size_t)r * KILN_BACKEND_COUNT + b] >= 0;
+        if (!any) {
+            bad = r;
+            break;
+        }
+    }
+    for (uint32_t r = bad; r < nr; r++)
         if (time[(size_t)r * KILN_BACKEND_COUNT + p->region_be[r]] < 0 || !(total < INFINITY)) {
             char lab[300], why[600] = "";
             if (forced >= 0 && kiln_backend_is_device(kiln_backends[forced])) { /* say what the kernel templates lack */
