@@ -39,6 +39,7 @@ typedef struct gv {
     int64_t   m_max;
     int       mc;               /* tokens per pass */
     bool      scalar;           /* float weights with K not a multiple of the vector width: one value per chunk */
+    kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
     gv_group  grp[SLOTS];
     int       n_grp;
     /* per unit, while emitting one group */
@@ -122,8 +123,9 @@ static bool analyze(gv *s, char *err, size_t n_err)
     } else if (kl_in_region(r, s->x)) {
         return kl_unsupported(err, n_err, "gemv: x computed by %s in the region", kiln_op_name((enum kiln_op)xn->op)), false;
     }
-    if (xn->dtype != KILN_DTYPE_F32 || (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
-        return kl_unsupported(err, n_err, "gemv: x must be f32"), false;
+    s->xdt = (kiln_dtype)xn->dtype;
+    if (kiln_dtype_block(s->xdt) != 1 || s->xdt == KILN_DTYPE_I32 || (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
+        return kl_unsupported(err, n_err, "gemv: x of %s", kiln_dtype_name(s->xdt)), false;
     s->K = xn->dims[xn->rank - 1];
     if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
     s->m_max = kl_numel_max(g, xn) / (s->K ? s->K : 1);
@@ -572,7 +574,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         uint32_t ss = kiln_kvar(k, cf(s, 0));
         uint32_t j = kiln_kvar(k, tid);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
-        uint32_t xv = kl_load(k, xs, KILN_DTYPE_F32, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), j));
+        uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), j));
         kiln_kset(k, ss, fma3(s, xv, xv, ss));
         kl_loop_end(k);
         uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
@@ -600,10 +602,11 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             uint32_t xv[16] = {0};
             uint32_t xb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), e0);
             for (int i = 0; i < V; i += 4) {
-                uint32_t v4 = V == 1 ? KILN_IDX_NONE : ld4(s, xs, op2(s, KILN_KOP_ADD, xb, ci(s, i)));
+                bool vec = V > 1 && s->xdt == KILN_DTYPE_F32;
+                uint32_t v4 = vec ? ld4(s, xs, op2(s, KILN_KOP_ADD, xb, ci(s, i))) : KILN_IDX_NONE;
                 for (int l = 0; l < 4 && i + l < V; l++) {
-                    xv[i + l] = V == 1 ? kl_load(k, xs, KILN_DTYPE_F32, xb)
-                                       : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                    xv[i + l] = !vec ? kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, xb, ci(s, i + l)))
+                                     : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
                     if (s->nsc[q] != KILN_IDX_NONE) {
                         xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], s->nsc[q]);
                         if (nws != KILN_IDX_NONE) xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], nwv[i + l]);
@@ -643,7 +646,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             uint32_t j = kiln_kvar(k, lane);
             kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32), 0);
             uint32_t idx = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tok(s, q), ci(s, (int32_t)K)), j);
-            uint32_t y = op2(s, KILN_KOP_MUL, kl_load(k, xs, KILN_DTYPE_F32, idx), s->nsc[q]);
+            uint32_t y = op2(s, KILN_KOP_MUL, kl_load(k, xs, s->xdt, idx), s->nsc[q]);
             if (nws != KILN_IDX_NONE) y = op2(s, KILN_KOP_MUL, y, kl_load(k, nws, KILN_DTYPE_F32, j));
             kl_store_node(k, g, s->norm, idx, y);
             kl_loop_end(k);
