@@ -103,11 +103,15 @@ static const char *const type_names[KILN_KT_COUNT] = {
 };
 
 static const char *const helpers =
-    "// IEEE-rounded f32 division: Vulkan allows 2.5 ulp for '/', one fma step corrects it\n"
+    "// IEEE-rounded f32 division: Vulkan allows 2.5 ulp for '/', and fma() may round twice (lavapipe's\n"
+    "// does), so the residual a - q*b is computed exactly by Dekker's product (Veltkamp splits)\n"
     "float kiln_fdiv(float a, float b)\n{\n"
     "    precise float q = a / b;\n"
-    "    precise float c = fma(fma(-q, b, a), 1.0 / b, q);\n"
-    "    return isinf(q) || isnan(c) || isinf(c) ? q : c;\n}\n"
+    "    precise float p = q * b, cq = 4097.0 * q, cb = 4097.0 * b;\n"
+    "    precise float qh = cq - (cq - q), bh = cb - (cb - b), ql = q - qh, bl = b - bh;\n"
+    "    precise float e = ((qh * bh - p) + qh * bl + ql * bh) + ql * bl;\n"
+    "    precise float c = q + ((a - p) - e) / b;\n"
+    "    return isinf(q) || isnan(c) || isinf(c) || isinf(cq) || isinf(cb) ? q : c;\n}\n"
     "// bf16 bits of f32, round to nearest even, NaN stays NaN\n"
     "uint kiln_f2b(float x)\n{\n"
     "    uint u = floatBitsToUint(x);\n"

@@ -178,6 +178,7 @@ void kt_build_alu(kiln_kir *k, uint32_t *n_out, uint8_t out_ops[256])
     kiln_kset(k, facc, kiln_k1(k, KILN_KOP_NEG, facc));
     op3(k, KILN_KOP_ENDIF, KILN_KT_NONE, NONE, NONE, NONE, 0);
     out(&a, facc);
+    if (a.ops) a.ops[a.n - 1] = KILN_KOP_FMA; /* compared like fma */
     /* 16-bit stores: neighbours write the two halves of one word */
     uint32_t h = kiln_k2(k, KILN_KOP_XOR, gid, kiln_ki(k, 1));
     op3(k, KILN_KOP_ST16, KILN_KT_NONE, h, cv(k, KILN_KOP_F2H, U, fa), NONE, 4);
