@@ -13,7 +13,7 @@
 
 static const kiln_spv_features feat_none = {0};
 static const kiln_spv_features feat_all = {
-    .storage16 = true, .int_dot = true, .subgroup_size = 8, .subgroup_arith = true, .subgroup_clustered = true};
+    .storage16 = true, .int_dot = true, .subgroup_size = 8, .subgroup_arith = true, .subgroup_clustered = true, .fma_f64 = true};
 static const kiln_spv_features feat_sg32 = {.subgroup_size = 32, .subgroup_arith = true};
 
 static bool have_tool(const char *tool)

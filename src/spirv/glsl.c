@@ -127,6 +127,11 @@ static const char *const dp4a_bytes =
 
 /* glslang 12 has no GL_EXT_integer_dot_product: OpSDot (4450) with capabilities DotProduct (6019)
  * and DotProductInput4x8BitPacked (6018), packed format 0 = 4x8 bit. */
+/* a*b is exact in f64, so one f64 add and the final rounding give fma but for rare double roundings */
+static const char *const fma_f64 =
+    "// fma rounded (almost always) once on a device whose fma() rounds twice\n"
+    "float kiln_fma(float a, float b, float c) { precise double p = double(a) * double(b); return float(p + double(c)); }\n";
+
 static const char *const dp4a_ext =
     "// c + sum of the four signed byte products: the non-saturating packed dot product (OpSDot)\n"
     "spirv_instruction(extensions = [\"SPV_KHR_integer_dot_product\"], capabilities = [6019, 6018], id = 4450)\n"
@@ -258,12 +263,13 @@ static void print_st16(sbuf *s, const kiln_spv_features *f, const kiln_kinst *in
 /* Everything before main(): extensions, buffers, shared arrays, helpers. */
 static void print_header(sbuf *s, const kiln_kir *k, const kiln_spv_features *f)
 {
-    bool st16[KILN_KIR_MAX_BUFS] = {false}, any16 = false, sg = false, sg_basic = false, clustered = false, dp4a = false;
+    bool st16[KILN_KIR_MAX_BUFS] = {false}, any16 = false, sg = false, sg_basic = false, clustered = false, dp4a = false, fma = false;
     uint32_t red = 0;
     for (uint32_t i = 0; i < k->n_ins; i++) {
         const kiln_kinst *in = &k->ins[i];
         if (in->op == KILN_KOP_ST16) st16[in->imm.u] = any16 = f && f->storage16;
         if (in->op == KILN_KOP_DP4A) dp4a = true;
+        if (in->op == KILN_KOP_FMA) fma = f && f->fma_f64;
         if (in->op != KILN_KOP_REDUCE) continue;
         uint32_t grp = in->imm.u & 0xffff;
         reduce_plan p = plan_reduce(k, f, grp);
@@ -304,6 +310,7 @@ static void print_header(sbuf *s, const kiln_kir *k, const kiln_spv_features *f)
     if (red) sb_printf(s, "shared float kiln_red[%u];\n", red);
     sb_printf(s, "%s", helpers);
     if (dp4a) sb_printf(s, "%s", f && f->int_dot ? dp4a_ext : dp4a_bytes);
+    if (fma) sb_printf(s, "%s", fma_f64);
 }
 
 /* One line per type naming every value of that type. */
@@ -360,7 +367,8 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
         case KILN_KOP_ENDLOOP: case KILN_KOP_ENDIF: sb_printf(&s, "%s}\n", ind); break;
         default: {
             const op_text *t = op < KILN_KOP_COUNT ? &op_texts[op] : NULL;
-            const char *tx = !t ? NULL
+            const char *tx = op == KILN_KOP_FMA && f && f->fma_f64 ? "kiln_fma($a, $b, $c)"
+                : !t ? NULL
                 : in->type == KILN_KT_F32 && t->f32 ? t->f32
                 : in->type == KILN_KT_I32 && t->i32 ? t->i32
                 : in->type == KILN_KT_U32 && t->u32 ? t->u32 : t->any;

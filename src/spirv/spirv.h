@@ -17,6 +17,7 @@ typedef struct kiln_spv_features {
     uint32_t subgroup_size;      /* fixed subgroup size of compute dispatches, 0 when not known */
     bool     subgroup_arith;     /* subgroupAdd/Max in compute (with subgroup_size: REDUCE uses them) */
     bool     subgroup_clustered; /* subgroupClusteredAdd/Max: REDUCE over groups smaller than a subgroup */
+    bool     fma_f64;            /* the device's fma() rounds twice (lavapipe): FMA goes through doubles */
 } kiln_spv_features;
 
 /* Words of the push-constant block every kernel takes: the base word offset of each buffer slot. */

@@ -144,7 +144,10 @@ static VkResult create_device(kiln_vk *s)
     VkPhysicalDevice16BitStorageFeatures en16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
                                                 .storageBuffer16BitAccess = st16.storageBuffer16BitAccess && !disabled("16bit")};
     s->feat.storage16 = en16.storageBuffer16BitAccess;
-    void *chain = &en16;
+    VkPhysicalDeviceFeatures2 en_f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &en16};
+    en_f2.features.shaderFloat64 = f2.features.shaderFloat64; /* for FMA where fma() rounds twice */
+    s->has_f64 = f2.features.shaderFloat64;
+    void *chain = &en_f2;
     const char *exts[2];
     uint32_t n_ext = 0;
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR en_dot = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
@@ -265,8 +268,13 @@ static kiln_status vk_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
         vk_release(s);
         return KILN_ERR_UNSUPPORTED;
     }
+    if (kiln_vk_check_fma(s, err, sizeof err) != KILN_OK) {
+        snprintf(detail, n, "%s: a test kernel failed: %s", s->props.deviceName, err);
+        vk_release(s);
+        return KILN_ERR_UNSUPPORTED;
+    }
     char feats[128];
-    snprintf(feats, sizeof feats, "%s%s subgroup %u%s", s->feat.storage16 ? "16-bit storage, " : "",
+    snprintf(feats, sizeof feats, "%s%s%s subgroup %u%s", s->feat.fma_f64 ? "fma via f64, " : "", s->feat.storage16 ? "16-bit storage, " : "",
              s->feat.int_dot ? "int dot," : "", s->feat.subgroup_size, s->feat.subgroup_size ? "" : " (unknown: shared-memory reductions)");
     snprintf(detail, n, "%s (%s, %s, Vulkan %u.%u; %s) of devices: %s", s->props.deviceName, type_name(s->props.deviceType),
              s->driver, VK_API_VERSION_MAJOR(s->props.apiVersion), VK_API_VERSION_MINOR(s->props.apiVersion), feats, list);
@@ -300,14 +308,11 @@ static void vk_profile(void *state, kiln_device_profile *out)
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak;
 }
 
-/* kiln_lower_region comes with the lowering on main; until it is linked, nothing is supported. */
-extern kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err)
-    __attribute__((weak));
-
+/* A region runs here when the lowering has a template for it. */
 static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r)
 {
     kiln_vk *s = state;
-    if (!kiln_lower_region || s->lost) return false;
+    if (s->lost) return false;
     kiln_kir k;
     char err[256];
     bool ok = kiln_lower_region(g, r, &k, err, sizeof err) == KILN_OK;
@@ -319,10 +324,6 @@ static kiln_status vk_compile(void *state, const kiln_graph *g, const kiln_regio
 {
     kiln_vk *s = state;
     *out = NULL;
-    if (!kiln_lower_region) {
-        snprintf(err, n, "vulkan: this build has no kir lowering");
-        return KILN_ERR_UNSUPPORTED;
-    }
     kiln_kir k;
     kiln_status st = kiln_lower_region(g, r, &k, err, n);
     if (st == KILN_OK) st = kiln_vk_kernel_new(s, &k, (kiln_vk_kernel **)out, err, n);

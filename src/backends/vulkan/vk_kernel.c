@@ -250,3 +250,31 @@ kiln_status kiln_vk_kernel_launch_view(kiln_vk *s, const kiln_vk_kernel *k, cons
     }
     return kiln_vk_kernel_launch(s, k, addrs, err, n);
 }
+
+kiln_status kiln_vk_check_fma(kiln_vk *s, char *err, size_t n)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "kiln_fma_check", 32);
+    uint32_t slot = kiln_kir_buf(&k, KILN_KBUF_NODE, 0, true), w[3];
+    for (int i = 0; i < 3; i++)
+        w[i] = kiln_kir_op(&k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kir_op(&k, KILN_KOP_LD, KILN_KT_U32, kiln_ki(&k, i), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot),
+                           KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t r = kiln_kir_op(&k, KILN_KOP_FMA, KILN_KT_F32, w[0], w[1], w[2], 0);
+    kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_ki(&k, 3), kiln_kir_op(&k, KILN_KOP_BITCAST, KILN_KT_U32, r, KILN_IDX_NONE, KILN_IDX_NONE, 0),
+                KILN_IDX_NONE, (int32_t)slot);
+    float in[4] = {1.0f + 0x1p-12f, 1.0f + 0x1p-12f, -(1.0f + 0x1p-11f), 1.0f}, out[4] = {0};
+    void *mem = NULL;
+    kiln_vk_kernel *kern = NULL;
+    kiln_status st = kiln_vk_kernel_new(s, &k, &kern, err, n);
+    if (st == KILN_OK) st = kiln_vk_alloc_mem(s, sizeof in, &mem, err, n);
+    if (st == KILN_OK) st = kiln_vk_upload(s, mem, in, sizeof in, err, n);
+    void *addrs[2] = {mem, mem};
+    if (st == KILN_OK) st = kiln_vk_kernel_launch(s, kern, addrs, err, n);
+    if (st == KILN_OK) st = kiln_vk_download_mem(s, out, mem, sizeof out, err, n);
+    if (st == KILN_OK) st = kiln_vk_sync(s, err, n);
+    if (st == KILN_OK && out[3] != 0x1p-24f) s->feat.fma_f64 = s->has_f64; /* 0: the product was rounded */
+    kiln_vk_kernel_free(s, kern);
+    kiln_vk_free_mem(s, mem);
+    kiln_kir_free(&k);
+    return st;
+}
