@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fuse/fuse.h"
+#include "sched/presets.h"
 #include "spirv/spirv.h"
 #include "support/kirtest.h"
 
@@ -137,4 +139,48 @@ Test(spirv, rejects_invalid_kernel)
     cr_assert_null(g);
     cr_assert(strstr(err, "not defined"), "%s", err);
     kiln_kir_free(&k);
+}
+
+/* Every kernel the lowering makes for a graph prints, compiles and passes spirv-val. */
+static int validate_graph(const kiln_graph *g, bool fuse)
+{
+    kiln_fusion fu;
+    cr_assert_eq(kiln_fuse(g, fuse, &fu), KILN_OK);
+    int lowered = 0;
+    for (uint32_t i = 0; i < fu.n_regions; i++) {
+        kiln_kir k;
+        char err[512];
+        kiln_status s = kiln_lower_region(g, &fu.regions[i], &k, err, sizeof err);
+        cr_assert(s == KILN_OK || s == KILN_ERR_UNSUPPORTED, "region %u: %s: %s", i, kiln_status_str(s), err);
+        if (s == KILN_OK) {
+            size_t n;
+            free(build(&k, &feat_none, &n, NULL));
+            free(build(&k, &feat_all, &n, NULL));
+            lowered++;
+        }
+        kiln_kir_free(&k);
+    }
+    kiln_fusion_free(&fu);
+    return lowered;
+}
+
+Test(spirv, lowered_kernels_validate, .timeout = 600)
+{
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    kiln_graph *g;
+    cr_assert_eq(kiln_kg_load(ctx, KILN_SOURCE_DIR "/tests/data/every_op.kg", &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+    int n = validate_graph(g, false) + validate_graph(g, true);
+    kiln_graph_free(g);
+    const kiln_dtype wt[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_Q8_0};
+    for (int i = 0; i < 3; i++) {
+        char err[256];
+        kiln_preset_build_opts bo = {.wdtype = wt[i], .kvdtype = wt[i] == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
+                                     .n_layers = 1, .max_ctx = 256, .max_tok = 4, .seed = 1};
+        cr_assert_eq(kiln_preset_build_ex(kiln_preset_find("qwen2-0.5b"), &bo, &g, err, sizeof err), KILN_OK, "%s", err);
+        n += validate_graph(g, true);
+        kiln_graph_free(g);
+    }
+    cr_assert_gt(n, 10, "only %d kernels lowered", n);
+    kiln_ctx_free(ctx);
 }
