@@ -38,7 +38,7 @@ typedef struct kiln_vk_cmd {
 } kiln_vk_cmd;
 
 typedef struct kiln_vk {
-    VkInstance        instance;       /* Vulkan 1.1 instance */
+    VkInstance        instance;       /* the process-wide instance (never destroyed) */
     VkPhysicalDevice  phys;           /* the chosen device */
     VkDevice          dev;            /* its logical device */
     VkQueue           queue;          /* a compute queue */

@@ -4,9 +4,32 @@
  * buffers (vk_memory.c) or pipelines (vk_kernel.c). */
 #include "backends/vulkan/vk.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* One instance per process, never destroyed: destroying it unloads the driver, and drivers keep
+ * allocations in their globals (lavapipe does) that then show as leaks to LeakSanitizer. Devices
+ * are per context. */
+static pthread_once_t instance_once = PTHREAD_ONCE_INIT;
+static VkInstance     instance;        /* the process's instance, or VK_NULL_HANDLE */
+static VkResult       instance_result; /* why not */
+
+static void create_instance(void)
+{
+    uint32_t loader = VK_API_VERSION_1_0;
+    vkEnumerateInstanceVersion(&loader);
+    if (loader < VK_API_VERSION_1_1) {
+        instance_result = VK_ERROR_INCOMPATIBLE_DRIVER;
+        return;
+    }
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "kiln", .pEngineName = "kiln",
+                             .apiVersion = loader >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : loader};
+    VkInstanceCreateInfo ici = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    instance_result = vkCreateInstance(&ici, NULL, &instance);
+    if (instance_result != VK_SUCCESS) instance = VK_NULL_HANDLE;
+}
 
 const char *kiln_vk_result_name(VkResult r)
 {
@@ -205,7 +228,6 @@ static void vk_release(void *state)
         kiln_vk_memory_release(s);
         vkDestroyDevice(s->dev, NULL);
     }
-    if (s->instance) vkDestroyInstance(s->instance, NULL);
     free(s);
 }
 
@@ -213,25 +235,16 @@ static kiln_status vk_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
 {
     (void)ctx;
     *state = NULL;
-    uint32_t loader = VK_API_VERSION_1_0;
-    vkEnumerateInstanceVersion(&loader);
-    if (loader < VK_API_VERSION_1_1) {
-        snprintf(detail, n, "the Vulkan loader supports only 1.0 (1.1 needed)");
+    pthread_once(&instance_once, create_instance);
+    if (!instance) {
+        snprintf(detail, n, "no Vulkan 1.1 driver (vkCreateInstance: %s)", kiln_vk_result_name(instance_result));
         return KILN_ERR_UNSUPPORTED;
     }
     kiln_vk *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
     s->staging = UINT32_MAX;
-    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "kiln", .pEngineName = "kiln",
-                             .apiVersion = loader >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : loader};
-    VkInstanceCreateInfo ici = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
-    VkResult r = vkCreateInstance(&ici, NULL, &s->instance);
-    if (r != VK_SUCCESS) {
-        snprintf(detail, n, "no Vulkan driver: vkCreateInstance: %s", kiln_vk_result_name(r));
-        s->instance = VK_NULL_HANDLE;
-        vk_release(s);
-        return KILN_ERR_UNSUPPORTED;
-    }
+    s->instance = instance;
+    VkResult r;
     uint32_t nd = 0;
     VkPhysicalDevice devs[16];
     r = vkEnumeratePhysicalDevices(s->instance, &nd, NULL);
