@@ -252,3 +252,24 @@ Test(vulkan, memory_offsets_copies_errors)
     be->free(s, a);
     be->release(s);
 }
+
+Test(vulkan, out_of_memory_leaves_it_usable)
+{
+    void *s = open_vk(NULL);
+    void *huge = (void *)1;
+    char err[256] = "";
+    kiln_status st = be->alloc(s, (size_t)1 << 39, &huge, err, sizeof err); /* 512 GiB */
+    cr_assert_eq(st, KILN_ERR_NOMEM, "%s: %s", kiln_status_str(st), err);
+    cr_assert_null(huge);
+    cr_assert(strstr(err, "VK_ERROR_OUT_OF"), "%s", err);
+    void *a;
+    uint32_t in[16], out[16];
+    for (int i = 0; i < 16; i++) in[i] = (uint32_t)tu_next();
+    CHECK(be->alloc(s, sizeof in, &a, E));
+    CHECK(be->upload(s, a, in, sizeof in, E));
+    CHECK(be->download(s, out, a, sizeof out, E));
+    CHECK(be->sync(s, E));
+    cr_assert(memcmp(in, out, sizeof in) == 0);
+    be->free(s, a);
+    be->release(s);
+}
