@@ -48,6 +48,7 @@ typedef struct kiln_vk {
     char              driver[128];    /* driver name and info */
     kiln_spv_features feat;           /* what the printer may use */
     bool              has_f64;        /* shaderFloat64 is enabled */
+    bool              fma_checked;    /* kiln_vk_check_fma ran (or is running) */
     bool              size_control;   /* pipelines may require the subgroup size (feat.subgroup_size) */
     double            ts_period_ns;   /* timestamp tick, 0: no timestamps on this queue */
     bool              lost;           /* VK_ERROR_DEVICE_LOST seen: every later call fails */
@@ -124,7 +125,8 @@ kiln_status kiln_vk_kernel_launch(kiln_vk *s, const kiln_vk_kernel *k, void *con
 /* The same with the slots resolved from an executor's view (parameters, node buffers, tables). */
 kiln_status kiln_vk_kernel_launch_view(kiln_vk *s, const kiln_vk_kernel *k, const kiln_exec_view *v, char *err, size_t n);
 /* Runs fma(1 + 2^-12, 1 + 2^-12, -(1 + 2^-11)) on the device: where the result shows fma() rounds
- * twice, FMA is printed through doubles (feat.fma_f64) when the device has them. At probe only. */
+ * twice, FMA is printed through doubles (feat.fma_f64) when the device has them. Runs once per
+ * device and process, before the first kernel is printed (it syncs: never while recording). */
 kiln_status kiln_vk_check_fma(kiln_vk *s, char *err, size_t n);
 /* GLSL of the kernel as compiled (for listings). */
 const char *kiln_vk_kernel_glsl(const kiln_vk_kernel *k);

@@ -281,13 +281,8 @@ static kiln_status vk_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
         vk_release(s);
         return KILN_ERR_UNSUPPORTED;
     }
-    if (kiln_vk_check_fma(s, err, sizeof err) != KILN_OK) {
-        snprintf(detail, n, "%s: a test kernel failed: %s", s->props.deviceName, err);
-        vk_release(s);
-        return KILN_ERR_UNSUPPORTED;
-    }
     char feats[128];
-    snprintf(feats, sizeof feats, "%s%s%s subgroup %u%s", s->feat.fma_f64 ? "fma via f64, " : "", s->feat.storage16 ? "16-bit storage, " : "",
+    snprintf(feats, sizeof feats, "%s%s subgroup %u%s", s->feat.storage16 ? "16-bit storage, " : "",
              s->feat.int_dot ? "int dot," : "", s->feat.subgroup_size, s->feat.subgroup_size ? "" : " (unknown: shared-memory reductions)");
     snprintf(detail, n, "%s (%s, %s, Vulkan %u.%u; %s) of devices: %s", s->props.deviceName, type_name(s->props.deviceType),
              s->driver, VK_API_VERSION_MAJOR(s->props.apiVersion), VK_API_VERSION_MINOR(s->props.apiVersion), feats, list);

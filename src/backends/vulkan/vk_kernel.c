@@ -4,6 +4,7 @@
  * updated once made, so recorded command buffers stay valid). Must not submit work. */
 #include "backends/vulkan/vk.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,10 @@ kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel *
 {
     *out = NULL;
     if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "compile", err, n);
+    if (!s->fma_checked && !s->recording) {
+        kiln_status st = kiln_vk_check_fma(s, err, n);
+        if (st != KILN_OK) return st;
+    }
     const VkPhysicalDeviceLimits *lim = &s->props.limits;
     if (kir->block > lim->maxComputeWorkGroupInvocations || kir->block > lim->maxComputeWorkGroupSize[0]) {
         snprintf(err, n, "vulkan: kernel %s has %u threads per block, %s takes %u", kir->name, kir->block, s->props.deviceName,
@@ -251,8 +256,22 @@ kiln_status kiln_vk_kernel_launch_view(kiln_vk *s, const kiln_vk_kernel *k, cons
     return kiln_vk_kernel_launch(s, k, addrs, err, n);
 }
 
+/* Results of the check per device (name and driver version) in this process. */
+static pthread_mutex_t fma_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE]; uint32_t driver; bool twice; } fma_seen[8];
+static int n_fma_seen;
+
 kiln_status kiln_vk_check_fma(kiln_vk *s, char *err, size_t n)
 {
+    s->fma_checked = true;
+    pthread_mutex_lock(&fma_lock);
+    for (int i = 0; i < n_fma_seen; i++)
+        if (!strcmp(fma_seen[i].name, s->props.deviceName) && fma_seen[i].driver == s->props.driverVersion) {
+            s->feat.fma_f64 = fma_seen[i].twice && s->has_f64;
+            pthread_mutex_unlock(&fma_lock);
+            return KILN_OK;
+        }
+    pthread_mutex_unlock(&fma_lock);
     kiln_kir k;
     kiln_kir_init(&k, "kiln_fma_check", 32);
     uint32_t slot = kiln_kir_buf(&k, KILN_KBUF_NODE, 0, true), w[3];
@@ -272,7 +291,17 @@ kiln_status kiln_vk_check_fma(kiln_vk *s, char *err, size_t n)
     if (st == KILN_OK) st = kiln_vk_kernel_launch(s, kern, addrs, err, n);
     if (st == KILN_OK) st = kiln_vk_download_mem(s, out, mem, sizeof out, err, n);
     if (st == KILN_OK) st = kiln_vk_sync(s, err, n);
-    if (st == KILN_OK && out[3] != 0x1p-24f) s->feat.fma_f64 = s->has_f64; /* 0: the product was rounded */
+    if (st == KILN_OK) {
+        bool twice = out[3] != 0x1p-24f; /* 0: the product was rounded */
+        s->feat.fma_f64 = twice && s->has_f64;
+        pthread_mutex_lock(&fma_lock);
+        if (n_fma_seen < 8) {
+            snprintf(fma_seen[n_fma_seen].name, sizeof fma_seen[0].name, "%s", s->props.deviceName);
+            fma_seen[n_fma_seen].driver = s->props.driverVersion;
+            fma_seen[n_fma_seen++].twice = twice;
+        }
+        pthread_mutex_unlock(&fma_lock);
+    }
     kiln_vk_kernel_free(s, kern);
     kiln_vk_free_mem(s, mem);
     kiln_kir_free(&k);
