@@ -148,17 +148,18 @@ static int validate_graph(const kiln_graph *g, bool fuse)
     cr_assert_eq(kiln_fuse(g, fuse, &fu), KILN_OK);
     int lowered = 0;
     for (uint32_t i = 0; i < fu.n_regions; i++) {
-        kiln_kir k;
+        kiln_kir k[KILN_LOWER_MAX];
+        uint32_t nk = 0;
         char err[512];
-        kiln_status s = kiln_lower_region(g, &fu.regions[i], &k, err, sizeof err);
+        kiln_status s = kiln_lower_region_seq(g, &fu.regions[i], k, &nk, err, sizeof err);
         cr_assert(s == KILN_OK || s == KILN_ERR_UNSUPPORTED, "region %u: %s: %s", i, kiln_status_str(s), err);
-        if (s == KILN_OK) {
+        for (uint32_t j = 0; s == KILN_OK && j < nk; j++) {
             size_t n;
-            free(build(&k, &feat_none, &n, NULL));
-            free(build(&k, &feat_all, &n, NULL));
+            free(build(&k[j], &feat_none, &n, NULL));
+            free(build(&k[j], &feat_all, &n, NULL));
             lowered++;
+            kiln_kir_free(&k[j]);
         }
-        kiln_kir_free(&k);
     }
     kiln_fusion_free(&fu);
     return lowered;

@@ -88,23 +88,16 @@ static bool disasm(const uint32_t *words, size_t n)
     return ok;
 }
 
-/* Prints region i; returns false when it failed for another reason than "no template". */
-static bool print_region(const kiln_graph *g, const kiln_region *r, uint32_t i, const spirv_opts *o, const kiln_spv_features *f)
+/* Prints kernel j of region i; false on failure. */
+static bool print_kernel(const kiln_kir *k, uint32_t i, uint32_t j, const spirv_opts *o, const kiln_spv_features *f)
 {
-    kiln_kir k;
     char err[2048] = "";
-    kiln_status s = kiln_lower_region(g, r, &k, err, sizeof err);
-    printf("// ---- region %u (%s, anchor #%u)", i, kiln_region_kind_name((enum kiln_region_kind)r->kind), r->anchor);
-    if (s != KILN_OK) {
-        printf(": not lowered: %s\n\n", err);
-        kiln_kir_free(&k);
-        return s == KILN_ERR_UNSUPPORTED;
-    }
-    printf(": kernel %s, %u threads x grid %u,%u,%u: %s\n", k.name, k.block, k.grid[0], k.grid[1], k.grid[2], k.what);
+    printf("// ---- region %u kernel %u: %s, %u threads x grid %u,%u,%u: %s\n", i, j, k->name, k->block, k->grid[0], k->grid[1],
+           k->grid[2], k->what);
     char *glsl = NULL;
     uint32_t *words = NULL;
     size_t n_words = 0;
-    s = kiln_spv_glsl(&k, f, &glsl, err, sizeof err);
+    kiln_status s = kiln_spv_glsl(k, f, &glsl, err, sizeof err);
     if (s == KILN_OK && o->disasm) s = kiln_spv_compile(glsl, &words, &n_words, err, sizeof err);
     bool ok = s == KILN_OK;
     if (!ok) printf("// error: %s: %s\n", kiln_status_str(s), err);
@@ -116,7 +109,27 @@ static bool print_region(const kiln_graph *g, const kiln_region *r, uint32_t i, 
     printf("\n");
     free(words);
     free(glsl);
-    kiln_kir_free(&k);
+    return ok;
+}
+
+/* Prints region i's kernels; returns false when it failed for another reason than "no template". */
+static bool print_region(const kiln_graph *g, const kiln_region *r, uint32_t i, const spirv_opts *o, const kiln_spv_features *f)
+{
+    kiln_kir k[KILN_LOWER_MAX];
+    uint32_t nk = 0;
+    char err[512] = "";
+    kiln_status s = kiln_lower_region_seq(g, r, k, &nk, err, sizeof err);
+    printf("// ---- region %u (%s, anchor #%u): ", i, kiln_region_kind_name((enum kiln_region_kind)r->kind), r->anchor);
+    if (s != KILN_OK) {
+        printf("not lowered: %s\n\n", err);
+        return s == KILN_ERR_UNSUPPORTED;
+    }
+    printf("%u kernel%s\n", nk, nk > 1 ? "s" : "");
+    bool ok = true;
+    for (uint32_t j = 0; j < nk; j++) {
+        ok &= print_kernel(&k[j], i, j, o, f);
+        kiln_kir_free(&k[j]);
+    }
     return ok;
 }
 

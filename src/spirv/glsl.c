@@ -298,7 +298,7 @@ static void print_header(sbuf *s, const kiln_kir *k, const kiln_spv_features *f)
     sb_printf(s, "// base word offset of each buffer slot, added to every index into it\n");
     sb_printf(s, "layout(push_constant, std430) uniform kiln_pc { uint off[%u]; } pc;\n", KILN_SPV_PUSH_WORDS);
     for (uint32_t b = 0; b < k->n_bufs; b++) {
-        static const char *const kinds[KILN_KBUF_KIND_COUNT] = {"parameters", "node", "table"};
+        static const char *const kinds[KILN_KBUF_KIND_COUNT] = {"parameters", "node", "table", "scratch"};
         const kiln_kbuf *kb = &k->bufs[b];
         sb_printf(s, "layout(std430, set = 0, binding = %u) %sbuffer kiln_b%u { uint w[]; } b%u; // %s", b,
                   kb->written ? "" : "readonly ", b, b, kb->kind < KILN_KBUF_KIND_COUNT ? kinds[kb->kind] : "?");

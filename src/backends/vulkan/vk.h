@@ -119,7 +119,9 @@ typedef struct kiln_kernel kiln_vk_kernel; /* the backend's kiln_kernel */
 /* Compiles a kir kernel into a pipeline (tables uploaded). Used by compile and by tests. */
 kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *k, kiln_vk_kernel **out, char *err, size_t n);
 void        kiln_vk_kernel_free(kiln_vk *s, kiln_vk_kernel *k);
-/* Records one dispatch of kernel k with slot i bound to address addrs[i] (tables: NULL, the
+/* The kernels one region lowered to (run in order, sharing one scratch buffer) as one kernel. */
+kiln_status kiln_vk_kernel_new_seq(kiln_vk *s, const kiln_kir *kirs, uint32_t n_kirs, kiln_vk_kernel **out, char *err, size_t n);
+/* Records one dispatch of kernel k (the first of a sequence only) with slot i bound to address addrs[i] (tables: NULL, the
  * kernel's own copy is used). */
 kiln_status kiln_vk_kernel_launch(kiln_vk *s, const kiln_vk_kernel *k, void *const *addrs, char *err, size_t n);
 /* The same with the slots resolved from an executor's view (parameters, node buffers, tables). */

@@ -321,10 +321,11 @@ static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r)
 {
     kiln_vk *s = state;
     if (s->lost) return false;
-    kiln_kir k;
+    kiln_kir k[KILN_LOWER_MAX];
+    uint32_t nk = 0;
     char err[256];
-    bool ok = kiln_lower_region(g, r, &k, err, sizeof err) == KILN_OK;
-    kiln_kir_free(&k);
+    bool ok = kiln_lower_region_seq(g, r, k, &nk, err, sizeof err) == KILN_OK;
+    for (uint32_t i = 0; ok && i < nk; i++) kiln_kir_free(&k[i]);
     return ok;
 }
 
@@ -332,10 +333,12 @@ static kiln_status vk_compile(void *state, const kiln_graph *g, const kiln_regio
 {
     kiln_vk *s = state;
     *out = NULL;
-    kiln_kir k;
-    kiln_status st = kiln_lower_region(g, r, &k, err, n);
-    if (st == KILN_OK) st = kiln_vk_kernel_new(s, &k, (kiln_vk_kernel **)out, err, n);
-    kiln_kir_free(&k);
+    kiln_kir k[KILN_LOWER_MAX];
+    uint32_t nk = 0;
+    kiln_status st = kiln_lower_region_seq(g, r, k, &nk, err, n);
+    if (st != KILN_OK) return st;
+    st = kiln_vk_kernel_new_seq(s, k, nk, (kiln_vk_kernel **)out, err, n);
+    for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&k[i]);
     return st;
 }
 

@@ -17,7 +17,11 @@ typedef struct vk_set {
     VkDescriptorSet set;                       /* the descriptor set */
 } vk_set;
 
+/* One kir kernel; the kernels one region lowers to are chained through next. */
 struct kiln_kernel {
+    struct kiln_kernel   *next;                      /* the region's next kernel, or NULL */
+    void                 *scratch;                   /* the region's scratch buffer (shared), or NULL */
+    bool                  owns_scratch;              /* the first kernel of a region frees it */
     uint32_t              n_bufs;                    /* buffer slots */
     kiln_kbuf             bufs[KILN_KIR_MAX_BUFS];   /* what each slot is bound to */
     uint32_t              grid[3];                   /* dispatch size */
@@ -40,6 +44,8 @@ const char *kiln_vk_kernel_glsl(const kiln_vk_kernel *k) { return k->glsl; }
 void kiln_vk_kernel_free(kiln_vk *s, kiln_vk_kernel *k)
 {
     if (!k) return;
+    kiln_vk_kernel_free(s, k->next);
+    if (k->owns_scratch) kiln_vk_free_mem(s, k->scratch);
     if (s->submitted || s->cur.n_cmds) { /* it may be in flight */
         char err[256];
         kiln_vk_sync(s, err, sizeof err);
@@ -219,7 +225,8 @@ kiln_status kiln_vk_kernel_launch(kiln_vk *s, const kiln_vk_kernel *kc, void *co
     VkDeviceSize max_range = s->props.limits.maxStorageBufferRange, align = s->props.limits.minStorageBufferOffsetAlignment;
     if (!align) align = 4;
     for (uint32_t i = 0; i < k->n_bufs; i++) {
-        void *a = k->bufs[i].kind == KILN_KBUF_TABLE && k->bufs[i].node < k->n_tables ? k->tables[k->bufs[i].node] : addrs[i];
+        void *a = k->bufs[i].kind == KILN_KBUF_TABLE && k->bufs[i].node < k->n_tables ? k->tables[k->bufs[i].node]
+                : k->bufs[i].kind == KILN_KBUF_SCRATCH ? k->scratch : addrs[i];
         VkDeviceSize off;
         if (!kiln_vk_decode(s, a, &ids[i], &off) || off % 4) {
             snprintf(err, n, "vulkan: slot %u of a launch: %p is not a 4-byte aligned vulkan address", i, a);
@@ -247,13 +254,42 @@ kiln_status kiln_vk_kernel_launch(kiln_vk *s, const kiln_vk_kernel *kc, void *co
 
 kiln_status kiln_vk_kernel_launch_view(kiln_vk *s, const kiln_vk_kernel *k, const kiln_exec_view *v, char *err, size_t n)
 {
-    void *addrs[KILN_KIR_MAX_BUFS] = {NULL};
-    for (uint32_t i = 0; i < k->n_bufs; i++) {
-        const kiln_kbuf *b = &k->bufs[i];
-        if (b->kind == KILN_KBUF_PARAMS) addrs[i] = v->params;
-        else if (b->kind == KILN_KBUF_NODE) addrs[i] = v->bufs[b->node];
+    for (; k; k = k->next) { /* a region's kernels in order; a barrier goes between them */
+        void *addrs[KILN_KIR_MAX_BUFS] = {NULL};
+        for (uint32_t i = 0; i < k->n_bufs; i++) {
+            const kiln_kbuf *b = &k->bufs[i];
+            if (b->kind == KILN_KBUF_PARAMS) addrs[i] = v->params;
+            else if (b->kind == KILN_KBUF_NODE) addrs[i] = v->bufs[b->node];
+        }
+        kiln_status st = kiln_vk_kernel_launch(s, k, addrs, err, n);
+        if (st != KILN_OK) return st;
     }
-    return kiln_vk_kernel_launch(s, k, addrs, err, n);
+    return KILN_OK;
+}
+
+kiln_status kiln_vk_kernel_new_seq(kiln_vk *s, const kiln_kir *kirs, uint32_t n_kirs, kiln_vk_kernel **out, char *err, size_t n)
+{
+    *out = NULL;
+    uint64_t scratch = 0;
+    for (uint32_t i = 0; i < n_kirs; i++)
+        if (kirs[i].scratch_bytes > scratch) scratch = kirs[i].scratch_bytes;
+    void *mem = NULL;
+    kiln_status st = scratch ? kiln_vk_alloc_mem(s, scratch, &mem, err, n) : KILN_OK;
+    kiln_vk_kernel *first = NULL, **tail = &first;
+    for (uint32_t i = 0; st == KILN_OK && i < n_kirs; i++) {
+        st = kiln_vk_kernel_new(s, &kirs[i], tail, err, n);
+        if (st != KILN_OK) break;
+        (*tail)->scratch = mem;
+        tail = &(*tail)->next;
+    }
+    if (first) first->owns_scratch = true;
+    else kiln_vk_free_mem(s, mem);
+    if (st != KILN_OK) {
+        kiln_vk_kernel_free(s, first);
+        return st;
+    }
+    *out = first;
+    return KILN_OK;
 }
 
 /* Results of the check per device (name and driver version) in this process. */
