@@ -15,6 +15,7 @@ static const char usage_main[] =
     "  run FILE.kg           run a .kg graph on random inputs, print output checksums\n"
     "  bench --preset NAME   time decode or prefill of a model preset (random weights)\n"
     "  plan FILE.kg | --preset NAME   fused kernels, placement and predicted costs\n"
+    "  spirv FILE.kg | --preset NAME  the Vulkan backend's GLSL (or SPIR-V) of each fused kernel\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
@@ -82,6 +83,17 @@ static const char usage_plan[] =
     "  --what-if       also place on backends absent here that FILE gives a profile for\n"
     "  --json, --dot   JSON, or a Graphviz graph of the fused kernels (kiln plan ... --dot | dot -Tpng)\n";
 
+static const char usage_spirv[] =
+    "usage: kiln spirv (FILE.kg | --preset NAME [--wtype T] [--ctx N] [--tokens T]) [--no-fuse]\n"
+    "                  [--disasm] [--features none|all]\n"
+    "\n"
+    "Prints the GLSL compute shader the Vulkan backend generates for each fused kernel (lowered to\n"
+    "kir first; kernels without a template say why). Needs no device.\n"
+    "  --disasm          the SPIR-V disassembly instead (compiled with glslang; needs spirv-dis)\n"
+    "  --features F      none: portable fallbacks (default); all: 16-bit stores, subgroup (32)\n"
+    "                    reductions and integer dot products, as on a device that has them\n"
+    "  --no-fuse         one kernel per op\n";
+
 static const char usage_calibrate[] =
     "usage: kiln calibrate [--json] [--no-save]\n"
     "\n"
@@ -98,6 +110,7 @@ static const struct {
     {"run", kiln_cli_run, usage_run},
     {"bench", kiln_cli_bench, usage_bench},
     {"plan", kiln_cli_plan, usage_plan},
+    {"spirv", kiln_cli_spirv, usage_spirv},
     {"calibrate", kiln_cli_calibrate, usage_calibrate},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])

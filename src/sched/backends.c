@@ -25,13 +25,6 @@ static kiln_status cuda_probe(kiln_ctx *ctx, void **state, char *detail, size_t 
     return KILN_ERR_UNSUPPORTED;
 }
 
-static kiln_status vulkan_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
-{
-    *state = NULL;
-    snprintf(detail, n, "the Vulkan (SPIR-V) backend is not built yet");
-    return KILN_ERR_UNSUPPORTED;
-}
-
 static void absent_release(void *state) {}
 
 static kiln_status absent_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
@@ -43,7 +36,4 @@ static kiln_status absent_launch(void *state, const kiln_kernel *k, const kiln_r
 
 const kiln_backend_i kiln_backend_cuda = {
     .name = "cuda", .probe = cuda_probe, .release = absent_release, .launch = absent_launch,
-};
-const kiln_backend_i kiln_backend_vulkan = {
-    .name = "vulkan", .probe = vulkan_probe, .release = absent_release, .launch = absent_launch,
 };
