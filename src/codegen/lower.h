@@ -1,0 +1,76 @@
+/* Helpers shared by the lowerings (src/codegen/lower_*.c): dims as kir values, typed element
+ * loads/stores, elementwise math (exp, silu, gelu, sin/cos with range reduction), and the
+ * per-element expression evaluator for fused prologues/epilogues. Internal to src/codegen. */
+#pragma once
+
+#include "codegen/kir.h"
+
+#include <stdio.h>
+
+#define KL_MEMO 96 /* values memoized per element evaluation */
+
+/* Per-element evaluation of a region's elementwise nodes. */
+typedef struct kl_eval {
+    kiln_kir          *k;      /* kernel being written */
+    const kiln_graph  *g;      /* graph */
+    const kiln_region *r;      /* region */
+    uint32_t           idx;    /* I32: flat element index in the space of `space` */
+    uint32_t           space;  /* node whose shape defines the element space */
+    uint32_t           memo_node[KL_MEMO]; /* evaluated nodes ... */
+    uint32_t           memo_val[KL_MEMO];  /* ... and their f32 values */
+    int                n_memo;             /* used */
+    bool               failed;             /* a node could not be evaluated (message in err) */
+    char               err[160];           /* why */
+} kl_eval;
+
+bool     kl_in_region(const kiln_region *r, uint32_t node);
+bool     kl_is_out(const kiln_region *r, uint32_t node);
+bool     kl_is_elementwise(enum kiln_op op);
+/* I32 value of dim d of a node (constant, or the symbol's parameter slot). */
+uint32_t kl_dim(kiln_kir *k, int64_t d);
+/* I32 product of dims [from, rank) of node n. */
+uint32_t kl_numel_from(kiln_kir *k, const kiln_node_rec *n, int from);
+/* True when the two nodes have the same dims (constants and symbols alike). */
+bool     kl_same_dims(const kiln_node_rec *a, const kiln_node_rec *b);
+bool     kl_same_numel(const kiln_node_rec *a, const kiln_node_rec *b);
+/* F32 element `idx` of a plain-dtype (f32/f16/bf16/i32) buffer slot. */
+uint32_t kl_load(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx);
+/* Stores F32 v as element idx of a plain-dtype buffer slot (i32: round half even, saturating). */
+void     kl_store(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx, uint32_t v);
+/* Loads node's element idx through a buffer slot of that node. */
+uint32_t kl_load_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx);
+void     kl_store_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx, uint32_t v);
+
+uint32_t kl_exp(kiln_kir *k, uint32_t x);
+uint32_t kl_silu(kiln_kir *k, uint32_t x);
+uint32_t kl_gelu(kiln_kir *k, uint32_t x);
+/* sin and cos of an angle of any size: range reduced to [-pi, pi] first. */
+void     kl_sincos(kiln_kir *k, uint32_t ang, uint32_t *s, uint32_t *c);
+/* The elementwise op of node n on F32 operands a (and b). */
+uint32_t kl_apply(kiln_kir *k, const kiln_node_rec *n, uint32_t a, uint32_t b);
+/* A rope frequency table theta^(-2i/d), i < d/2, computed in f64: returns its buffer slot. */
+uint32_t kl_rope_table(kiln_kir *k, float theta, int64_t d);
+
+/* Expression evaluation of node at the evaluator's element (see kl_eval). Nodes outside the
+ * region are loaded (broadcast: index modulo their element count); reshapes are seen through;
+ * values preset with kl_eval_set are used as they are. */
+void     kl_eval_init(kl_eval *e, kiln_kir *k, const kiln_graph *g, const kiln_region *r, uint32_t space, uint32_t idx);
+void     kl_eval_set(kl_eval *e, uint32_t node, uint32_t v);
+uint32_t kl_eval_node(kl_eval *e, uint32_t node);
+
+/* Uniform 1-D grid-stride loop over [0, n): returns the I32 index variable; close with kl_loop_end. */
+uint32_t kl_grid_loop(kiln_kir *k, uint32_t n);
+void     kl_loop_end(kiln_kir *k);
+/* Grid size (x) for n_max elements at `per_block` elements per block, capped for grid-stride loops. */
+uint32_t kl_grid_for(int64_t n_max, int64_t per_block);
+/* Upper bound of a dim (symbols at their bound). */
+int64_t  kl_dim_max(const kiln_graph *g, int64_t d);
+int64_t  kl_numel_max(const kiln_graph *g, const kiln_node_rec *n);
+
+kiln_status kl_unsupported(char *err, size_t n_err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
