@@ -1,8 +1,7 @@
-/* The backend registry and the backends that are not built yet (cuda, vulkan): their probes say
- * what was found and why they cannot run, so `kiln info` tells the truth. */
+/* The backend registry and the backends that are not built yet (vulkan): their probes say what
+ * was found and why they cannot run, so `kiln info` tells the truth. */
 #include "sched/backend.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
 
 const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT] = {
@@ -11,19 +10,6 @@ const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT] = {
     [KILN_BACKEND_CUDA] = &kiln_backend_cuda,
     [KILN_BACKEND_VULKAN] = &kiln_backend_vulkan,
 };
-
-static kiln_status cuda_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
-{
-    *state = NULL;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(detail, n, "libcuda.so.1 not found (no NVIDIA driver)");
-        return KILN_ERR_UNSUPPORTED;
-    }
-    dlclose(h);
-    snprintf(detail, n, "libcuda.so.1 found, but the PTX code generator is not built yet");
-    return KILN_ERR_UNSUPPORTED;
-}
 
 static kiln_status vulkan_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
 {
@@ -41,9 +27,6 @@ static kiln_status absent_launch(void *state, const kiln_kernel *k, const kiln_r
     return KILN_ERR_UNSUPPORTED;
 }
 
-const kiln_backend_i kiln_backend_cuda = {
-    .name = "cuda", .probe = cuda_probe, .release = absent_release, .launch = absent_launch,
-};
 const kiln_backend_i kiln_backend_vulkan = {
     .name = "vulkan", .probe = vulkan_probe, .release = absent_release, .launch = absent_launch,
 };
