@@ -322,3 +322,116 @@ Test(ptx, refuses_what_it_cannot_print)
     cr_assert(strstr(err, "endif"), "%s", err);
     kiln_kir_free(&k);
 }
+
+/* ------------------------------------------------------------------ lowered regions */
+
+#include <xxhash.h>
+
+#include "fuse/fuse.h"
+#include "sched/presets.h"
+
+/* Texts already assembled (by hash): most regions print the same across weight dtypes. */
+typedef struct seen_set {
+    XXH64_hash_t h[4096]; /* hashes of assembled texts */
+    int          n;       /* used */
+} seen_set;
+
+typedef struct lower_tally {
+    int lowered;     /* regions lowered and printed */
+    int assembled;   /* distinct texts assembled */
+    int unsupported; /* regions the lowering does not take yet */
+    int max_regs;    /* most registers of any kernel */
+    char first_unsupported[256]; /* the first such message */
+} lower_tally;
+
+static bool seen_before(seen_set *s, const char *txt)
+{
+    XXH64_hash_t h = XXH64(txt, strlen(txt), 0);
+    for (int i = 0; i < s->n; i++)
+        if (s->h[i] == h) return true;
+    if (s->n < 4096) s->h[s->n++] = h;
+    return false;
+}
+
+/* Lowers every region of g, prints it for sm_80 and sm_90 and assembles each new text. */
+static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, seen_set *seen, lower_tally *t)
+{
+    kiln_fusion f;
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK, "%s: fusion failed", what);
+    for (uint32_t r = 0; r < f.n_regions; r++) {
+        kiln_kir k;
+        char err[8192] = "";
+        kiln_status s = kiln_lower_region(g, &f.regions[r], &k, err, sizeof err);
+        if (s == KILN_ERR_UNSUPPORTED) {
+            if (!t->unsupported++) snprintf(t->first_unsupported, sizeof t->first_unsupported, "%s region %u: %s", what, r, err);
+            continue;
+        }
+        cr_assert_eq(s, KILN_OK, "%s region %u: lowering: %s: %s", what, r, kiln_status_str(s), err);
+        t->lowered++;
+        for (int sm = 80; sm <= 90; sm += 10) {
+            char *txt = NULL;
+            s = kiln_ptx_print(&k, sm, &txt, err, sizeof err);
+            cr_assert_eq(s, KILN_OK, "%s region %u (%s): printing: %s", what, r, k.what, err);
+            if (!seen_before(seen, txt)) {
+                kiln_ptxas_report rep;
+                s = kiln_ptx_assemble(ptxas, txt, sm, &rep, err, sizeof err);
+                cr_assert_eq(s, KILN_OK, "%s region %u (%s) sm_%d: %s\n%s", what, r, k.what, sm, err, txt);
+                cr_assert_eq(rep.spill_stores + rep.spill_loads + rep.stack, 0, "%s region %u (%s) sm_%d spills:\n%s", what, r,
+                             k.what, sm, rep.log);
+                if (rep.regs > t->max_regs) t->max_regs = rep.regs;
+                t->assembled++;
+            }
+            free(txt);
+        }
+        kiln_kir_free(&k);
+    }
+    kiln_fusion_free(&f);
+}
+
+Test(ptx, every_preset_region_assembles, .timeout = 1200)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static seen_set seen;
+    lower_tally t = {0};
+    static const kiln_dtype wt[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (int p = 0; p < kiln_preset_count(); p++)
+        for (int w = 0; w < 4; w++)
+            for (int prefill = 0; prefill < 2; prefill++) {
+                kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = wt[w] == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
+                                            .n_layers = 1, .max_ctx = 4096, .max_tok = prefill ? 512 : 1, .seed = 1, .shape_only = true};
+                kiln_graph *g = NULL;
+                char err[512] = "", what[128];
+                cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+                snprintf(what, sizeof what, "%s %s %s", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), prefill ? "prefill" : "decode");
+                lower_all(g, what, ptxas, &seen, &t);
+                kiln_graph_free(g);
+            }
+    cr_log_info("presets: %d regions lowered, %d distinct kernels assembled (max %d registers), %d not lowered yet%s%s",
+                t.lowered, t.assembled, t.max_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
+    if (!t.lowered) cr_skip("no preset region lowers yet (%s)", t.first_unsupported);
+}
+
+Test(ptx, every_kg_region_assembles, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static const char *const files[] = {"every_op.kg", "gpt2_mlp.kg", "llama_layer.kg"};
+    const char *src = getenv("KILN_SOURCE_DIR");
+    static seen_set seen;
+    lower_tally t = {0};
+    kiln_ctx *ctx = NULL;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tests/data/%s", src && *src ? src : KILN_SOURCE_DIR, files[i]);
+        kiln_graph *g = NULL;
+        cr_assert_eq(kiln_kg_load(ctx, path, &g), KILN_OK, "%s: %s", path, kiln_ctx_error(ctx));
+        lower_all(g, files[i], ptxas, &seen, &t);
+        kiln_graph_free(g);
+    }
+    kiln_ctx_free(ctx);
+    cr_log_info(".kg files: %d regions lowered, %d distinct kernels assembled (max %d registers), %d not lowered yet%s%s",
+                t.lowered, t.assembled, t.max_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
+    if (!t.lowered) cr_skip("no .kg region lowers yet (%s)", t.first_unsupported);
+}
