@@ -15,6 +15,7 @@ static const char usage_main[] =
     "  run FILE.kg           run a .kg graph on random inputs, print output checksums\n"
     "  bench --preset NAME   time decode or prefill of a model preset (random weights)\n"
     "  plan FILE.kg | --preset NAME   fused kernels, placement and predicted costs\n"
+    "  ptx FILE.kg | --preset NAME    generated PTX per fused kernel, ptxas registers/spills\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
@@ -82,6 +83,26 @@ static const char usage_plan[] =
     "  --what-if       also place on backends absent here that FILE gives a profile for\n"
     "  --json, --dot   JSON, or a Graphviz graph of the fused kernels (kiln plan ... --dot | dot -Tpng)\n";
 
+static const char usage_ptx[] =
+    "usage: kiln ptx (FILE.kg | --preset NAME [--wtype T] [--tokens T] [--ctx N]) [--sm 80|90]\n"
+    "                [--region I] [--no-fuse] [--summary] [--json]\n"
+    "\n"
+    "Prints the PTX the CUDA backend generates for each fused region (kernel), and, when ptxas is\n"
+    "found ($KILN_PTXAS, PATH, /usr/local/cuda/bin), its report: registers, spill bytes, stack and\n"
+    "shared memory. Each kernel also gets a static summary: global loads and stores by width,\n"
+    "read-only (.nc) and in-loop loads, shared-memory traffic, barriers, shuffles, loops.\n"
+    "Regions the lowering does not take yet are listed with the reason. Needs no GPU.\n"
+    "  --preset NAME   one layer of a model preset (qwen2-0.5b, llama-7b, qwen2-7b)\n"
+    "  --wtype T       matmul weight dtype: f32, f16, q8_0 (default), q4_k\n"
+    "  --tokens T      bound of n_tok: 1 (default) is decode, more is prefill\n"
+    "  --ctx N         bound of n_kv (default 4096)\n"
+    "  --sm 80|90      PTX target (default 90)\n"
+    "  --region I      only region I\n"
+    "  --no-fuse       one kernel per op\n"
+    "  --summary       reports only, no PTX text\n"
+    "  --json          one JSON object\n"
+    "Exit code 1 when a kernel fails to print or to assemble.\n";
+
 static const char usage_calibrate[] =
     "usage: kiln calibrate [--json] [--no-save]\n"
     "\n"
@@ -98,6 +119,7 @@ static const struct {
     {"run", kiln_cli_run, usage_run},
     {"bench", kiln_cli_bench, usage_bench},
     {"plan", kiln_cli_plan, usage_plan},
+    {"ptx", kiln_cli_ptx, usage_ptx},
     {"calibrate", kiln_cli_calibrate, usage_calibrate},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
