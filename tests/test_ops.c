@@ -636,8 +636,8 @@ Test(ref64, hand_computed_values)
     cr_assert(r);
     float av[4] = {1, 7, 7, -2}, cv[3] = {2.5f, -2.5f, 3.5f}, rv[4] = {1, 2, 0, 0}, kr[2] = {3, 5}, qv[2] = {0, 0};
     int32_t pv[1] = {2}, kp[2] = {1, 2};
-    kiln_binding b[] = {{"x", xv, 8, 0}, {"a", av, 16, 0}, {"c", cv, 12, 0}, {"r", rv, 16, 0}, {"p", pv, 4, 0},
-                        {"kr", kr, 8, 0}, {"kp", kp, 8, 0}, {"q", qv, 8, 0}};
+    kiln_binding b[] = {{"x", xv, 8, 0, false}, {"a", av, 16, 0, false}, {"c", cv, 12, 0, false}, {"r", rv, 16, 0, false}, {"p", pv, 4, 0, false},
+                        {"kr", kr, 8, 0, false}, {"kp", kp, 8, 0, false}, {"q", qv, 8, 0, false}};
     const double *sm = ref_eval(r, b, 8, "sm");
     cr_assert(fabs(sm[0] - 0.25) < 1e-7 && fabs(sm[1] - 0.75) < 1e-7, "softmax %g %g", sm[0], sm[1]);
     const double *ln = ref64_output(r, "ln", NULL, NULL);

@@ -253,6 +253,9 @@ typedef struct kiln_binding {
     void       *data;  /* input: read from; output: written to; NULL for a symbol */
     size_t      bytes; /* size of data: an input must match its shape exactly; an output must hold it */
     int64_t     value; /* the symbol's value */
+    bool        device;/* data is device memory of the GPU backend that runs the plan (cuda: a
+                          CUdeviceptr cast to void *): inputs are copied device to device and
+                          outputs written there, with no host round trip */
 } kiln_binding;
 
 /* Runs the plan once. Every symbol and input must be bound; outputs not bound are computed and

@@ -49,7 +49,7 @@ static kiln_status pick_backend(kiln_ctx *ctx, const char *name, int *out)
 /* ------------------------------------------------------------------ memory plan */
 
 /* Region index where each root's value is last needed (outputs: forever). */
-static void lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last)
+void kiln_sched_lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last)
 {
     const kiln_graph *g = p->g;
     for (uint32_t i = 0; i < g->n_nodes; i++) first[i] = last[i] = p->fusion.region_of[i];
@@ -64,6 +64,35 @@ static void lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last)
         }
     }
     for (uint32_t i = 0; i < g->n_outs; i++) last[p->root[g->outs[i].node]] = UINT32_MAX - 1;
+}
+
+size_t kiln_sched_pack(uint32_t *order, uint32_t n_order, const size_t *size, const uint32_t *first, const uint32_t *last,
+                       size_t *off_of)
+{
+    /* Greedy: biggest first, lowest offset that overlaps no placed buffer with an overlapping lifetime. */
+    for (uint32_t a = 1; a < n_order; a++)
+        for (uint32_t b = a; b > 0 && size[order[b]] > size[order[b - 1]]; b--) {
+            uint32_t t = order[b]; order[b] = order[b - 1]; order[b - 1] = t;
+        }
+    size_t total = 0;
+    for (uint32_t a = 0; a < n_order; a++) {
+        uint32_t i = order[a];
+        size_t off = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (uint32_t b = 0; b < a; b++) {
+                uint32_t j = order[b];
+                bool live = !(last[i] < first[j] || last[j] < first[i]);
+                if (live && off < off_of[j] + size[j] && off_of[j] < off + size[i]) {
+                    off = off_of[j] + size[j];
+                    moved = true;
+                }
+            }
+        }
+        off_of[i] = off;
+        if (off + size[i] > total) total = off + size[i];
+    }
+    return total;
 }
 
 static kiln_status plan_memory(kiln_plan *p)
@@ -99,30 +128,8 @@ static kiln_status plan_memory(kiln_plan *p)
             order[n_order++] = i;
         }
     }
-    lifetimes(p, first, last);
-    /* Greedy: biggest first, lowest offset that overlaps no placed buffer with an overlapping lifetime. */
-    for (uint32_t a = 1; a < n_order; a++)
-        for (uint32_t b = a; b > 0 && size[order[b]] > size[order[b - 1]]; b--) {
-            uint32_t t = order[b]; order[b] = order[b - 1]; order[b - 1] = t;
-        }
-    size_t total = 0;
-    for (uint32_t a = 0; a < n_order; a++) {
-        uint32_t i = order[a];
-        size_t off = 0;
-        for (bool moved = true; moved;) {
-            moved = false;
-            for (uint32_t b = 0; b < a; b++) {
-                uint32_t j = order[b];
-                bool live = !(last[i] < first[j] || last[j] < first[i]);
-                if (live && off < p->arena_off[j] + size[j] && p->arena_off[j] < off + size[i]) {
-                    off = p->arena_off[j] + size[j];
-                    moved = true;
-                }
-            }
-        }
-        p->arena_off[i] = off;
-        if (off + size[i] > total) total = off + size[i];
-    }
+    kiln_sched_lifetimes(p, first, last);
+    size_t total = kiln_sched_pack(order, n_order, size, first, last, p->arena_off);
     p->arena_bytes = total;
     if (!(p->arena = aligned_alloc(ALIGN, total ? total : ALIGN))) st = KILN_ERR_NOMEM;
 out:
@@ -136,6 +143,7 @@ out:
 KILN_API void kiln_plan_free(kiln_plan *p)
 {
     if (!p) return;
+    kiln_sched_devices_free(p);
     if (p->kernels)
         for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
             const kiln_backend_i *b = kiln_backends[p->region_be[r]];
@@ -146,6 +154,7 @@ KILN_API void kiln_plan_free(kiln_plan *p)
     free(p->pred_s); free(p->xfer_s); free(p->meas_s); free(p->n_meas);
     free(p->arena); free(p->state_mem); free(p->kernels); free(p->region_be);
     free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
+    free(p->max_dims); free(p->bound_dev); free(p->bound_dev_be);
     kiln_fusion_free(&p->fusion);
     kiln_graph_free(p->g);
     free(p);
@@ -323,7 +332,13 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     if ((s = plan_memory(p)) != KILN_OK) goto fail;
     for (uint32_t i = 0; i < g->n_syms; i++) p->sym_vals[i] = g->syms[i].max;
     for (uint32_t i = 0; i < g->n_nodes; i++) kiln_node_numel(&p->g->nodes[i], p->sym_vals, p->dims[i]);
-    if ((s = place(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK) {
+    p->record_space = -1;
+    if (!(p->max_dims = malloc(n * sizeof *p->max_dims)) || !(p->bound_dev = calloc(n, sizeof *p->bound_dev)) ||
+        !(p->bound_dev_be = calloc(n, 1)))
+        goto oom;
+    memcpy(p->max_dims, p->dims, g->n_nodes * sizeof *p->max_dims);
+    if ((s = place(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK ||
+        (!p->what_if && (s = kiln_sched_devices_setup(p)) != KILN_OK)) {
         kiln_plan_free(p);
         return s;
     }
@@ -346,6 +361,67 @@ fail:
 /* ------------------------------------------------------------------ run */
 
 /* Matches bindings to symbols, inputs and outputs; checks kinds, sizes, duplicates, completeness. */
+/* A device-bound input must only be read by kernels on a device. */
+static bool device_input_ok(const kiln_plan *p, uint32_t input)
+{
+    for (uint32_t x = 0; x < p->n_xfers; x++)
+        if (p->xfers[x].node == input && p->xfers[x].to == KILN_SPACE_HOST) return false;
+    return p->n_xfers > 0;
+}
+
+/* Copies an output into caller device memory of the backend that holds it. */
+static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_t bytes)
+{
+    int sp = p->home[p->root[node]];
+    if (sp == KILN_SPACE_HOST)
+        return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "an output bound as device memory is computed on the host");
+    char err[512] = "";
+    void *src = p->dev[sp].bufs[node];
+    kiln_status s = kiln_backends[sp]->copy(p->ctx->be_state[sp], dst, src, bytes, err, sizeof err);
+    return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: copying an output to device memory: %s", kiln_backends[sp]->name, err);
+}
+
+/* Run-time index checks for kernels on devices (the host kernels check their own): positions
+ * and ids given as bound host inputs are checked before they are uploaded. */
+static kiln_status check_indices(kiln_plan *p)
+{
+    const kiln_graph *g = p->g;
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        if (!kiln_backend_is_device(kiln_backends[p->region_be[r]])) continue;
+        const kiln_region *reg = &p->fusion.regions[r];
+        for (uint32_t a = 0; a < reg->n_nodes; a++) {
+            uint32_t i = reg->nodes[a];
+            const kiln_node_rec *n = &g->nodes[i];
+            uint32_t src;
+            int64_t hi;
+            if (n->op == KILN_OP_KV_SCATTER) src = n->src[2], hi = p->dims[n->src[0]][1];
+            else if (n->op == KILN_OP_GET_ROWS) src = n->src[1], hi = p->dims[n->src[0]][0];
+            else if (n->op == KILN_OP_ATTENTION) {
+                int64_t n_kv = kiln_dim_is_sym(n->dim) ? p->sym_vals[kiln_sym_index(n->dim)] : n->dim;
+                int64_t max_ctx = p->dims[n->src[1]][1], n_tok = p->dims[n->src[0]][0];
+                if (n_kv < 1 || n_kv > max_ctx || n_tok > n_kv) {
+                    char lab[300];
+                    return kiln_ctx_fail(p->ctx, KILN_ERR_SHAPE, "%s: n_kv = %lld must be in [n_tok = %lld, max_ctx = %lld]",
+                                         node_label(g, i, lab, sizeof lab), (long long)n_kv, (long long)n_tok, (long long)max_ctx);
+                }
+                continue;
+            } else continue;
+            uint32_t root = p->root[src];
+            if (g->nodes[root].op != KILN_OP_INPUT || !p->bufs[root]) continue;
+            int64_t cnt = 1;
+            for (int d = 0; d < g->nodes[src].rank; d++) cnt *= p->dims[src][d];
+            const int32_t *v = (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[src]);
+            for (int64_t t = 0; t < cnt; t++)
+                if (v[t] < 0 || v[t] >= hi) {
+                    char lab[300];
+                    return kiln_ctx_fail(p->ctx, KILN_ERR_SHAPE, "%s: %s %d (index %lld) is outside [0, %lld)", node_label(g, i, lab, sizeof lab),
+                                         n->op == KILN_OP_GET_ROWS ? "id" : "position", v[t], (long long)t, (long long)hi);
+                }
+        }
+    }
+    return KILN_OK;
+}
+
 static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding **out_bind)
 {
     const kiln_graph *g = p->g;
@@ -353,7 +429,7 @@ static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const ki
     bool *sym_set = calloc(g->n_syms + 1, 1);
     if (!sym_set) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
     kiln_status s = KILN_OK;
-    for (uint32_t i = 0; i < g->n_nodes; i++) p->bufs[i] = NULL;
+    for (uint32_t i = 0; i < g->n_nodes; i++) p->bufs[i] = p->bound_dev[i] = NULL;
     for (size_t k = 0; k < nb && s == KILN_OK; k++) {
         const char *name = b[k].name;
         uint32_t idx;
@@ -366,9 +442,12 @@ static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const ki
             sym_set[idx] = true;
             p->sym_vals[idx] = b[k].value;
         } else if ((idx = kiln_graph_find_leaf(g, name)) != KILN_IDX_NONE && g->nodes[idx].op == KILN_OP_INPUT) {
-            if (p->bufs[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound twice", name);
+            if (p->bufs[idx] || p->bound_dev[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound twice", name);
             else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound with NULL data", name);
-            p->bufs[idx] = b[k].data;
+            else if (b[k].device && !device_input_ok(p, idx))
+                s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' is bound as device memory, but a kernel on the host reads it", name);
+            if (b[k].device) p->bound_dev[idx] = b[k].data;
+            else p->bufs[idx] = b[k].data;
         } else if ((idx = kiln_graph_find_output(g, name)) != KILN_IDX_NONE) {
             if (out_bind[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound twice", name);
             else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound with NULL data", name);
@@ -394,7 +473,7 @@ static kiln_status resolve(kiln_plan *p, const kiln_binding *const *out_bind, co
         const kiln_node_rec *r = &g->nodes[i];
         kiln_node_numel(r, p->sym_vals, p->dims[i]);
         if (r->op == KILN_OP_INPUT) {
-            if (!p->bufs[i]) return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "input '%s' is not bound", r->name);
+            if (!p->bufs[i] && !p->bound_dev[i]) return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "input '%s' is not bound", r->name);
             size_t want = kiln_node_bytes(r, p->dims[i]);
             for (size_t k = 0; k < nb; k++)
                 if (b[k].name && strcmp(b[k].name, r->name) == 0 && b[k].bytes != want) {
@@ -437,25 +516,16 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
     }
     kiln_status s = bind(p, b, nb, out_bind);
     if (s == KILN_OK) s = resolve(p, out_bind, b, nb);
-    kiln_exec_view v = {.g = g, .bufs = p->bufs, .dims = (const int64_t(*)[KILN_MAX_RANK])p->dims, .sym_vals = p->sym_vals};
-    char err[1024];
-    for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) {
-        int be = p->region_be[r];
-        err[0] = 0;
-        double t0 = p->profiling ? now_ms() : 0;
-        s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], &p->fusion.regions[r], &v, err, sizeof err);
-        if (p->profiling && s == KILN_OK && kiln_backends[be]->sync) s = kiln_backends[be]->sync(p->ctx->be_state[be], err, sizeof err);
-        if (p->profiling) {
-            p->meas_s[r] += (now_ms() - t0) * 1e-3;
-            p->n_meas[r]++;
-        }
-        if (s != KILN_OK) /* kernels name the failing node in err */
-            kiln_ctx_fail(p->ctx, s, "%s kernel %u: %s", kiln_backends[be]->name, r, err);
-    }
+    if (s == KILN_OK) s = check_indices(p);
+    if (s == KILN_OK) s = kiln_sched_execute(p);
     for (uint32_t o = 0; s == KILN_OK && o < g->n_outs; o++) {
         uint32_t i = g->outs[o].node;
-        if (out_bind[o]) memcpy(out_bind[o]->data, p->bufs[i], kiln_node_bytes(&g->nodes[i], p->dims[i]));
+        if (!out_bind[o]) continue;
+        size_t bytes = kiln_node_bytes(&g->nodes[i], p->dims[i]);
+        if (out_bind[o]->device) s = copy_out_device(p, i, out_bind[o]->data, bytes);
+        else s = kiln_sched_fetch(p, i, out_bind[o]->data, bytes);
     }
+    if (s == KILN_OK) s = kiln_sched_sync_all(p);
     free(out_bind);
     if (s == KILN_OK) {
         p->ran = true;
@@ -495,8 +565,7 @@ KILN_API kiln_status kiln_plan_read(const kiln_plan *p, const char *name, void *
     uint32_t i = p->g->outs[o].node;
     size_t want = kiln_node_bytes(&p->g->nodes[i], p->dims[i]);
     if (bytes < want) return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "output '%s' needs %zu bytes, got %zu", name, want, bytes);
-    memcpy(dst, p->bufs[i], want);
-    return KILN_OK;
+    return kiln_sched_fetch(p, i, dst, want);
 }
 
 static kiln_status state_of(const kiln_plan *p, const char *name, size_t bytes, uint32_t *out)
@@ -515,7 +584,7 @@ KILN_API kiln_status kiln_plan_state_read(const kiln_plan *p, const char *name, 
     if (!p || !name || !dst) return KILN_ERR_INVALID_ARG;
     uint32_t i;
     kiln_status s = state_of(p, name, bytes, &i);
-    if (s == KILN_OK) memcpy(dst, p->state_mem[i], bytes);
+    if (s == KILN_OK) s = kiln_sched_fetch(p, i, dst, bytes);
     return s;
 }
 
@@ -524,7 +593,7 @@ KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const
     if (!p || !name || !src) return KILN_ERR_INVALID_ARG;
     uint32_t i;
     kiln_status s = state_of(p, name, bytes, &i);
-    if (s == KILN_OK) memcpy(p->state_mem[i], src, bytes);
+    if (s == KILN_OK) s = kiln_sched_state_put(p, i, src, bytes);
     return s;
 }
 

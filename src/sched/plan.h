@@ -6,6 +6,30 @@
 #include "sched/backend.h"
 #include "sched/ctx.h"
 
+#define KILN_SPACE_HOST (-1) /* the memory of the host backends (ref, cpu) */
+
+/* A value copied between memories before a region runs (once per run). */
+typedef struct kiln_xfer {
+    uint32_t region; /* runs before this region */
+    uint32_t node;   /* root node whose value moves */
+    int8_t   from;   /* source memory: KILN_SPACE_HOST or a device backend id */
+    int8_t   to;     /* destination memory */
+} kiln_xfer;
+
+/* What a plan keeps on one device backend. */
+typedef struct kiln_dev_space {
+    bool      used;        /* some region runs on this backend */
+    void     *arena;       /* intermediates, inputs and copies (liveness-shared) */
+    size_t    arena_bytes; /* its size */
+    size_t   *off;         /* per root node: offset in arena, SIZE_MAX when not there */
+    void    **wbuf;        /* per root node: resident weight or state buffer, or NULL */
+    void    **bufs;        /* per node, per run: device address (what kernels are given) */
+    void     *params;      /* per-run parameter buffer: int32 slot i = symbol i */
+    int32_t  *params_host; /* its host staging copy */
+    uint32_t  n_params;    /* slots */
+    void     *rec;         /* recorded launches of the whole plan, or NULL */
+} kiln_dev_space;
+
 struct kiln_plan {
     kiln_ctx     *ctx;         /* context the plan was compiled in (errors go there) */
     kiln_graph   *g;           /* the plan's own copy of the graph */
@@ -30,4 +54,29 @@ struct kiln_plan {
     double       *meas_s;      /* summed measured time per region */
     int          *n_meas;      /* runs measured per region */
     double        compile_ms;  /* time spent in kiln_compile */
+    /* device-resident execution (sched/exec.c) */
+    int64_t     (*max_dims)[KILN_MAX_RANK]; /* dims of every node at its symbols' bounds */
+    int8_t       *home;        /* per root node: memory holding its value (KILN_SPACE_HOST or a backend id) */
+    kiln_xfer    *xfers;       /* transfers, in region order */
+    uint32_t      n_xfers;     /* used */
+    uint32_t      cap_xfers;   /* allocated */
+    bool          state_shared;/* a state is read in two memories (copied each run; no recording) */
+    int           record_space;/* device backend whose recording replays the whole plan, or -1 */
+    kiln_dev_space dev[KILN_BACKEND_COUNT]; /* per device backend */
+    void        **bound_dev;   /* per node, per run: caller's device memory bound to an input/output, or NULL */
+    int8_t       *bound_dev_be;/* its backend */
 };
+
+/* Memory planning helpers shared by the host and device arenas (plan.c). */
+void   kiln_sched_lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last);
+/* Greedy packing (largest first, lowest offset free over each buffer's lifetime) of the n buffers
+ * order[], sizes size[i]: writes off[i], returns the total. Sorts order[]. */
+size_t kiln_sched_pack(uint32_t *order, uint32_t n, const size_t *size, const uint32_t *first, const uint32_t *last, size_t *off);
+
+/* The executor (exec.c). */
+kiln_status kiln_sched_devices_setup(kiln_plan *p);
+void        kiln_sched_devices_free(kiln_plan *p);
+kiln_status kiln_sched_execute(kiln_plan *p);
+kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);
+kiln_status kiln_sched_sync_all(kiln_plan *p);
+kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, size_t bytes);

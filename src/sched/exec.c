@@ -1,0 +1,417 @@
+/* The executor: runs a compiled plan's regions in order over memory that lives where each region
+ * runs. Host backends (ref, cpu) share the host arena; each device backend that runs regions has
+ * its own arena (liveness reuse), resident weights (uploaded and repacked once at compile),
+ * resident states (on the backend that writes them), a per-run parameter buffer, explicit
+ * transfers where a value crosses memories, and a recording of its launches replayed each run.
+ * Must not contain kernels or know any backend's internals. */
+#include "codegen/kir.h"
+#include "sched/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEV_ALIGN 256
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int space_of_be(int be) { return kiln_backend_is_device(kiln_backends[be]) ? be : KILN_SPACE_HOST; }
+
+static kiln_status dev_fail(kiln_plan *p, int be, kiln_status s, const char *what, const char *err)
+{
+    return kiln_ctx_fail(p->ctx, s, "%s: %s: %s", kiln_backends[be]->name, what, err);
+}
+
+/* Root of node i's memory, following aliases. */
+static uint32_t root_of(const kiln_plan *p, uint32_t i) { return p->root[i]; }
+
+/* ------------------------------------------------------------------ compile-time setup */
+
+/* Home memory of every root: where its producer runs (inputs: host; states: where they are
+ * written, else where first read; weights: every space that reads them has its own copy). */
+static void assign_homes(kiln_plan *p)
+{
+    const kiln_graph *g = p->g;
+    for (uint32_t i = 0; i < g->n_nodes; i++) p->home[i] = KILN_SPACE_HOST;
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        uint32_t r = p->fusion.region_of[i];
+        if (r != KILN_IDX_NONE && p->root[i] == i) p->home[i] = (int8_t)space_of_be(p->region_be[r]);
+    }
+    /* states: the space of the region holding their kv_scatter, else of their first reader */
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i].op != KILN_OP_STATE) continue;
+        int home = -1;
+        for (uint32_t j = 0; j < g->n_nodes && home < 0; j++)
+            if (g->nodes[j].op == KILN_OP_KV_SCATTER && root_of(p, g->nodes[j].src[0]) == i && p->fusion.region_of[j] != KILN_IDX_NONE)
+                home = space_of_be(p->region_be[p->fusion.region_of[j]]);
+        for (uint32_t r = 0; r < p->fusion.n_regions && home < 0; r++) {
+            const kiln_region *reg = &p->fusion.regions[r];
+            for (uint32_t a = 0; a < reg->n_nodes && home < 0; a++)
+                for (int s = 0; s < g->nodes[reg->nodes[a]].n_src; s++) {
+                    uint32_t src = g->nodes[reg->nodes[a]].src[s];
+                    if (src != KILN_IDX_NONE && root_of(p, src) == i) home = space_of_be(p->region_be[r]);
+                }
+        }
+        p->home[i] = (int8_t)(home < 0 ? KILN_SPACE_HOST : home);
+    }
+}
+
+static bool push_xfer(kiln_plan *p, uint32_t region, uint32_t node, int from, int to)
+{
+    for (uint32_t x = 0; x < p->n_xfers; x++)
+        if (p->xfers[x].node == node && p->xfers[x].to == to) return true; /* copied once per run */
+    if (p->n_xfers == p->cap_xfers) {
+        uint32_t cap = p->cap_xfers ? 2 * p->cap_xfers : 16;
+        kiln_xfer *grown = realloc(p->xfers, cap * sizeof *grown);
+        if (!grown) return false;
+        p->xfers = grown;
+        p->cap_xfers = cap;
+    }
+    p->xfers[p->n_xfers++] = (kiln_xfer){.region = region, .node = node, .from = (int8_t)from, .to = (int8_t)to};
+    return true;
+}
+
+/* Transfers: a value read by a region in a memory other than its home is copied there before the
+ * region, once per run (weights are resident everywhere they are read). */
+static kiln_status plan_transfers(kiln_plan *p)
+{
+    const kiln_graph *g = p->g;
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        const kiln_region *reg = &p->fusion.regions[r];
+        int sp = space_of_be(p->region_be[r]);
+        for (uint32_t a = 0; a < reg->n_nodes; a++)
+            for (int s = 0; s < g->nodes[reg->nodes[a]].n_src; s++) {
+                uint32_t src = g->nodes[reg->nodes[a]].src[s];
+                if (src == KILN_IDX_NONE) continue;
+                uint32_t root = root_of(p, src);
+                uint8_t op = g->nodes[root].op;
+                if (op == KILN_OP_WEIGHT || p->home[root] == sp) continue;
+                if (p->fusion.region_of[root] == r) continue;
+                if (!push_xfer(p, r, root, p->home[root], sp)) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+                if (op == KILN_OP_STATE) {
+                    p->state_shared = true; /* a state read in two memories: copied every run */
+                }
+            }
+    }
+    return KILN_OK;
+}
+
+/* Lays out space sp's arena: every computed root or input that lives there or is copied there. */
+static kiln_status plan_space(kiln_plan *p, int sp)
+{
+    const kiln_graph *g = p->g;
+    uint32_t n = g->n_nodes;
+    kiln_dev_space *d = &p->dev[sp];
+    uint32_t *first = malloc((n + 1) * sizeof *first), *last = malloc((n + 1) * sizeof *last);
+    uint32_t *order = malloc((n + 1) * sizeof *order);
+    size_t *size = calloc(n + 1, sizeof *size);
+    bool *in = calloc(n + 1, sizeof *in);
+    kiln_status st = KILN_OK;
+    if (!first || !last || !order || !size || !in || !(d->off = malloc(n * sizeof *d->off)) ||
+        !(d->bufs = calloc(n, sizeof *d->bufs)) || !(d->wbuf = calloc(n, sizeof *d->wbuf))) {
+        st = kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    kiln_sched_lifetimes(p, first, last);
+    for (uint32_t i = 0; i < n; i++) {
+        d->off[i] = SIZE_MAX;
+        uint8_t op = g->nodes[i].op;
+        if (p->root[i] != i || op == KILN_OP_WEIGHT || op == KILN_OP_STATE) continue;
+        in[i] = p->home[i] == sp && op != KILN_OP_INPUT;
+    }
+    for (uint32_t x = 0; x < p->n_xfers; x++)
+        if (p->xfers[x].to == sp && g->nodes[p->xfers[x].node].op != KILN_OP_STATE && g->nodes[p->xfers[x].node].op != KILN_OP_WEIGHT)
+            in[p->xfers[x].node] = true;
+    uint32_t n_order = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!in[i]) continue;
+        if (g->nodes[i].op == KILN_OP_INPUT || first[i] == KILN_IDX_NONE) first[i] = 0;
+        size[i] = (kiln_node_bytes(&g->nodes[i], p->max_dims[i]) + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
+        order[n_order++] = i;
+    }
+    d->arena_bytes = kiln_sched_pack(order, n_order, size, first, last, d->off);
+out:
+    free(first); free(last); free(order); free(size); free(in);
+    return st;
+}
+
+static kiln_status dev_alloc(kiln_plan *p, int be, size_t bytes, void **out)
+{
+    char err[512] = "";
+    kiln_status s = kiln_backends[be]->alloc(p->ctx->be_state[be], bytes ? bytes : DEV_ALIGN, out, err, sizeof err);
+    if (s != KILN_OK) return dev_fail(p, be, s, "allocating device memory", err);
+    return KILN_OK;
+}
+
+/* Uploads weight w for space sp in the device layout kernels read (repacked GGUF blocks). */
+static kiln_status upload_weight(kiln_plan *p, int sp, uint32_t w)
+{
+    kiln_dev_space *d = &p->dev[sp];
+    if (d->wbuf[w]) return KILN_OK;
+    const kiln_node_rec *n = &p->g->nodes[w];
+    kiln_dtype t = (kiln_dtype)n->dtype;
+    int64_t k = n->rank ? p->max_dims[w][n->rank - 1] : 1, rows = 1;
+    for (int i = 0; i + 1 < n->rank; i++) rows *= p->max_dims[w][i];
+    size_t bytes = kiln_lower_weight_bytes(t, rows, k);
+    kiln_status s;
+    void *host = (void *)n->data, *tmp = NULL;
+    if (kiln_lower_weight_layout(t) != KILN_KLAYOUT_RAW) {
+        if (!(tmp = malloc(bytes))) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory repacking weight '%s'", n->name);
+        kiln_lower_weight_repack(t, rows, k, n->data, tmp);
+        host = tmp;
+    }
+    char err[512] = "";
+    if ((s = dev_alloc(p, sp, bytes, &d->wbuf[w])) == KILN_OK) {
+        s = kiln_backends[sp]->upload(p->ctx->be_state[sp], d->wbuf[w], host, bytes, err, sizeof err);
+        if (s == KILN_OK) s = kiln_backends[sp]->sync(p->ctx->be_state[sp], err, sizeof err);
+        if (s != KILN_OK) s = dev_fail(p, sp, s, "uploading a weight", err);
+    }
+    free(tmp);
+    return s;
+}
+
+/* Device copies of every state homed on sp, zeroed like the host ones. */
+static kiln_status upload_state(kiln_plan *p, int sp, uint32_t i)
+{
+    kiln_dev_space *d = &p->dev[sp];
+    if (d->wbuf[i]) return KILN_OK;
+    size_t bytes = kiln_node_bytes(&p->g->nodes[i], p->max_dims[i]);
+    kiln_status s = dev_alloc(p, sp, bytes, &d->wbuf[i]);
+    char err[512] = "";
+    if (s == KILN_OK) s = kiln_backends[sp]->upload(p->ctx->be_state[sp], d->wbuf[i], p->state_mem[i], bytes, err, sizeof err);
+    if (s == KILN_OK) s = kiln_backends[sp]->sync(p->ctx->be_state[sp], err, sizeof err);
+    return s == KILN_OK || err[0] == 0 ? s : dev_fail(p, sp, s, "uploading a state", err);
+}
+
+kiln_status kiln_sched_devices_setup(kiln_plan *p)
+{
+    const kiln_graph *g = p->g;
+    if (!(p->home = malloc((g->n_nodes + 1) * sizeof *p->home))) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+    assign_homes(p);
+    kiln_status s = plan_transfers(p);
+    if (s != KILN_OK) return s;
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        int sp = space_of_be(p->region_be[r]);
+        if (sp != KILN_SPACE_HOST) p->dev[sp].used = true;
+    }
+    int n_spaces = 0;
+    for (int sp = 0; sp < KILN_BACKEND_COUNT; sp++) {
+        kiln_dev_space *d = &p->dev[sp];
+        if (!d->used) continue;
+        n_spaces++;
+        if ((s = plan_space(p, sp)) != KILN_OK) return s;
+        if ((s = dev_alloc(p, sp, d->arena_bytes, &d->arena)) != KILN_OK) return s;
+        d->n_params = g->n_syms > KILN_PARAM_SLOTS_MIN ? g->n_syms : KILN_PARAM_SLOTS_MIN;
+        if (!(d->params_host = calloc(d->n_params, sizeof *d->params_host))) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+        if ((s = dev_alloc(p, sp, d->n_params * sizeof(int32_t), &d->params)) != KILN_OK) return s;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i].op == KILN_OP_STATE && p->home[i] == sp && (s = upload_state(p, sp, i)) != KILN_OK) return s;
+    }
+    /* weights read by device regions (and states read there but homed elsewhere: a copy slot) */
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        int sp = space_of_be(p->region_be[r]);
+        if (sp == KILN_SPACE_HOST) continue;
+        const kiln_region *reg = &p->fusion.regions[r];
+        for (uint32_t a = 0; a < reg->n_nodes; a++)
+            for (int k = 0; k < g->nodes[reg->nodes[a]].n_src; k++) {
+                uint32_t src = g->nodes[reg->nodes[a]].src[k];
+                if (src == KILN_IDX_NONE) continue;
+                uint32_t root = root_of(p, src);
+                if (g->nodes[root].op == KILN_OP_WEIGHT && (s = upload_weight(p, sp, root)) != KILN_OK) return s;
+                if (g->nodes[root].op == KILN_OP_STATE && !p->dev[sp].wbuf[root] && (s = upload_state(p, sp, root)) != KILN_OK) return s;
+            }
+    }
+    /* One device memory, every region there, and a backend that records: replay each run. */
+    p->record_space = -1;
+    if (n_spaces == 1 && !p->state_shared) {
+        int sp = -1;
+        bool all = true;
+        for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+            int s2 = space_of_be(p->region_be[r]);
+            if (s2 == KILN_SPACE_HOST) all = false;
+            else sp = s2;
+        }
+        if (all && sp >= 0 && kiln_backends[sp]->record_begin && !getenv("KILN_NO_RECORD")) p->record_space = sp;
+    }
+    return KILN_OK;
+}
+
+void kiln_sched_devices_free(kiln_plan *p)
+{
+    for (int sp = 0; sp < KILN_BACKEND_COUNT; sp++) {
+        kiln_dev_space *d = &p->dev[sp];
+        if (!d->used) continue;
+        const kiln_backend_i *b = kiln_backends[sp];
+        void *st = p->ctx->be_state[sp];
+        if (d->rec && b->record_free) b->record_free(st, d->rec);
+        for (uint32_t i = 0; d->wbuf && i < p->g->n_nodes; i++)
+            if (d->wbuf[i]) b->free(st, d->wbuf[i]);
+        if (d->arena) b->free(st, d->arena);
+        if (d->params) b->free(st, d->params);
+        free(d->off); free(d->bufs); free(d->wbuf); free(d->params_host);
+    }
+    free(p->xfers);
+    free(p->home);
+}
+
+/* ------------------------------------------------------------------ run time */
+
+/* Device address of node i in space sp for this run (aliases resolved through root + offset). */
+static void *dev_addr(const kiln_plan *p, int sp, uint32_t i)
+{
+    const kiln_dev_space *d = &p->dev[sp];
+    uint32_t root = p->root[i];
+    unsigned char *base;
+    if (d->wbuf[root]) base = d->wbuf[root];
+    else if (d->off[root] != SIZE_MAX) base = (unsigned char *)d->arena + d->off[root];
+    else return NULL;
+    return base + p->offset[i];
+}
+
+/* Host address of root's value in the host memory (arena, state, weight or bound input). */
+static void *host_addr(const kiln_plan *p, uint32_t root) { return p->bufs[root]; }
+
+static kiln_status do_xfer(kiln_plan *p, const kiln_xfer *x)
+{
+    uint32_t node = x->node;
+    size_t bytes = kiln_node_bytes(&p->g->nodes[node], p->dims[node]);
+    if (p->g->nodes[node].op == KILN_OP_STATE) bytes = kiln_node_bytes(&p->g->nodes[node], p->max_dims[node]);
+    if (bytes == 0) return KILN_OK;
+    char err[512] = "";
+    kiln_status s = KILN_OK;
+    void *host = host_addr(p, node);
+    if (x->from != KILN_SPACE_HOST) { /* device -> host (then maybe -> another device) */
+        const kiln_backend_i *b = kiln_backends[x->from];
+        void *st = p->ctx->be_state[x->from];
+        if (p->bound_dev[node] && x->to == x->from) return KILN_OK;
+        s = b->download(st, host, dev_addr(p, x->from, node), bytes, err, sizeof err);
+        if (s == KILN_OK) s = b->sync(st, err, sizeof err);
+        if (s != KILN_OK) return dev_fail(p, x->from, s, "copying a value to the host", err);
+    }
+    if (x->to != KILN_SPACE_HOST) {
+        const kiln_backend_i *b = kiln_backends[x->to];
+        void *st = p->ctx->be_state[x->to];
+        if (p->bound_dev[node] && p->bound_dev_be[node] == x->to)
+            s = b->copy(st, dev_addr(p, x->to, node), p->bound_dev[node], bytes, err, sizeof err);
+        else
+            s = b->upload(st, dev_addr(p, x->to, node), host, bytes, err, sizeof err);
+        if (s != KILN_OK) return dev_fail(p, x->to, s, "copying a value to the device", err);
+    }
+    return KILN_OK;
+}
+
+static kiln_status launch_region(kiln_plan *p, uint32_t r)
+{
+    int be = p->region_be[r];
+    int sp = space_of_be(be);
+    char err[1024] = "";
+    kiln_exec_view v = {.g = p->g, .bufs = sp == KILN_SPACE_HOST ? p->bufs : p->dev[sp].bufs,
+                        .dims = (const int64_t(*)[KILN_MAX_RANK])p->dims, .sym_vals = p->sym_vals,
+                        .params = sp == KILN_SPACE_HOST ? NULL : p->dev[sp].params};
+    kiln_status s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], &p->fusion.regions[r], &v, err, sizeof err);
+    if (s != KILN_OK) return kiln_ctx_fail(p->ctx, s, "%s kernel %u: %s", kiln_backends[be]->name, r, err);
+    return KILN_OK;
+}
+
+static kiln_status sync_be(kiln_plan *p, int be)
+{
+    char err[512] = "";
+    const kiln_backend_i *b = kiln_backends[be];
+    if (!b->sync) return KILN_OK;
+    kiln_status s = b->sync(p->ctx->be_state[be], err, sizeof err);
+    return s == KILN_OK ? s : dev_fail(p, be, s, "running the plan", err);
+}
+
+/* Writes every used device's parameter buffer and resolves its node addresses for this run. */
+static kiln_status prepare_devices(kiln_plan *p)
+{
+    for (int sp = 0; sp < KILN_BACKEND_COUNT; sp++) {
+        kiln_dev_space *d = &p->dev[sp];
+        if (!d->used) continue;
+        for (uint32_t i = 0; i < p->g->n_syms; i++) d->params_host[i] = (int32_t)p->sym_vals[i];
+        char err[512] = "";
+        kiln_status s = kiln_backends[sp]->upload(p->ctx->be_state[sp], d->params, d->params_host, d->n_params * sizeof(int32_t), err, sizeof err);
+        if (s != KILN_OK) return dev_fail(p, sp, s, "writing the parameter buffer", err);
+        for (uint32_t i = 0; i < p->g->n_nodes; i++) d->bufs[i] = dev_addr(p, sp, i);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_sched_execute(kiln_plan *p)
+{
+    kiln_status s = prepare_devices(p);
+    uint32_t x = 0;
+    int rs = p->record_space;
+    if (s == KILN_OK && rs >= 0 && !p->profiling) {
+        /* every transfer here is an input upload (nothing runs on the host) */
+        for (; s == KILN_OK && x < p->n_xfers; x++) s = do_xfer(p, &p->xfers[x]);
+        const kiln_backend_i *b = kiln_backends[rs];
+        void *st = p->ctx->be_state[rs];
+        kiln_dev_space *d = &p->dev[rs];
+        char err[512] = "";
+        if (s == KILN_OK && !d->rec) {
+            s = b->record_begin(st, err, sizeof err);
+            for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) s = launch_region(p, r);
+            kiln_status e = b->record_end(st, &d->rec, err, sizeof err);
+            if (s == KILN_OK && e != KILN_OK) s = dev_fail(p, rs, e, "recording the plan", err);
+        }
+        if (s == KILN_OK && (s = b->replay(st, d->rec, err, sizeof err)) != KILN_OK) s = dev_fail(p, rs, s, "replaying the plan", err);
+        return s;
+    }
+    for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) {
+        for (; s == KILN_OK && x < p->n_xfers && p->xfers[x].region == r; x++) s = do_xfer(p, &p->xfers[x]);
+        if (s != KILN_OK) break;
+        double t0 = p->profiling ? now_s() : 0;
+        s = launch_region(p, r);
+        if (s == KILN_OK && p->profiling) {
+            s = sync_be(p, p->region_be[r]);
+            p->meas_s[r] += now_s() - t0;
+            p->n_meas[r]++;
+        }
+    }
+    return s;
+}
+
+kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes)
+{
+    uint32_t root = p->root[node];
+    int sp = p->home[root];
+    if (sp == KILN_SPACE_HOST) {
+        const unsigned char *base = p->g->nodes[root].op == KILN_OP_STATE ? p->state_mem[root] : p->bufs[root];
+        memcpy(dst, base + p->offset[node], bytes);
+        return KILN_OK;
+    }
+    char err[512] = "";
+    kiln_plan *mp = (kiln_plan *)p;
+    kiln_status s = kiln_backends[sp]->download(p->ctx->be_state[sp], dst, dev_addr(p, sp, node), bytes, err, sizeof err);
+    if (s == KILN_OK) s = kiln_backends[sp]->sync(p->ctx->be_state[sp], err, sizeof err);
+    return s == KILN_OK ? s : dev_fail(mp, sp, s, "reading a value back", err);
+}
+
+kiln_status kiln_sched_sync_all(kiln_plan *p)
+{
+    kiln_status s = KILN_OK;
+    for (int sp = 0; s == KILN_OK && sp < KILN_BACKEND_COUNT; sp++)
+        if (p->dev[sp].used) s = sync_be(p, sp);
+    return s;
+}
+
+kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t i, const void *src, size_t bytes)
+{
+    memcpy(p->state_mem[i], src, bytes);
+    for (int sp = 0; sp < KILN_BACKEND_COUNT; sp++) {
+        kiln_dev_space *d = &p->dev[sp];
+        if (!d->used || !d->wbuf[i]) continue;
+        char err[512] = "";
+        kiln_status s = kiln_backends[sp]->upload(p->ctx->be_state[sp], d->wbuf[i], p->state_mem[i], bytes, err, sizeof err);
+        if (s == KILN_OK) s = kiln_backends[sp]->sync(p->ctx->be_state[sp], err, sizeof err);
+        if (s != KILN_OK) return dev_fail(p, sp, s, "writing a state", err);
+    }
+    return KILN_OK;
+}
