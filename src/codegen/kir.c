@@ -94,6 +94,9 @@ uint32_t kiln_kir_shared(kiln_kir *k, uint32_t n)
 
 uint32_t kiln_kir_table(kiln_kir *k, const uint32_t *words, uint32_t n)
 {
+    for (uint32_t t = 0; t < k->n_tables; t++) /* the same table twice is one buffer */
+        if (k->tables[t].n == n && memcmp(k->tables[t].words, words, n * sizeof *words) == 0)
+            return kiln_kir_buf(k, KILN_KBUF_TABLE, t, false);
     if (k->n_tables == KILN_KIR_MAX_TABLES) {
         k->oom = true;
         return 0;
@@ -256,4 +259,31 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         FAIL("%d unclosed loop/if blocks", depth);
     }
     return true;
+}
+
+/* ------------------------------------------------------------------ listing */
+
+void kiln_kir_dump(const kiln_kir *k, FILE *f)
+{
+    fprintf(f, "kernel %s  block %u  grid %u,%u,%u  bufs %u  shared", k->name, k->block, k->grid[0], k->grid[1], k->grid[2], k->n_bufs);
+    for (uint32_t i = 0; i < k->n_shared; i++) fprintf(f, " %u", k->shared[i]);
+    fprintf(f, "  scratch %llu  (%s)\n", (unsigned long long)k->scratch_bytes, k->what);
+    int depth = 1;
+    for (uint32_t i = 0; i < k->n_ins; i++) {
+        const kiln_kinst *in = &k->ins[i];
+        if (in->op == KILN_KOP_ENDLOOP || in->op == KILN_KOP_ENDIF || in->op == KILN_KOP_ELSE) depth--;
+        fprintf(f, "%5u %*s%s.%s", i, 2 * depth, "", kiln_kop_name((enum kiln_kop)in->op), kiln_kt_name((enum kiln_kt)in->type));
+        const uint32_t ops[3] = {in->a, in->b, in->c};
+        for (int j = 0; j < 3; j++)
+            if (ops[j] != KILN_IDX_NONE) fprintf(f, " %%%u", ops[j]);
+        if (in->op == KILN_KOP_CONST && in->type == KILN_KT_F32) {
+            float v;
+            memcpy(&v, &in->imm.u, 4);
+            fprintf(f, " #%g", v);
+        } else if (in->imm.i) {
+            fprintf(f, " #%d", in->imm.i);
+        }
+        fputc('\n', f);
+        if (in->op == KILN_KOP_LOOP || in->op == KILN_KOP_IF || in->op == KILN_KOP_ELSE) depth++;
+    }
 }

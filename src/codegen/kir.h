@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Value types. Pointers never appear: buffers are addressed by (buffer slot, word index). */
 enum kiln_kt {
@@ -90,6 +91,8 @@ enum kiln_kbuf_kind {
     KILN_KBUF_PARAMS = 0, /* the plan's per-run parameter buffer (always slot 0) */
     KILN_KBUF_NODE,       /* the memory of a graph node (its root, plus the node's offset) */
     KILN_KBUF_TABLE,      /* a constant table the lowering made (kiln_kir.tables) */
+    KILN_KBUF_SCRATCH,    /* the region's scratch buffer (kiln_kir.scratch_bytes), shared by the
+                             kernels of one region (e.g. attention's partial results) */
     KILN_KBUF_KIND_COUNT
 };
 
@@ -142,6 +145,7 @@ typedef struct kiln_kir {
     kiln_kinst *ins;                            /* instructions, in program order */
     uint32_t    n_ins;                          /* used */
     uint32_t    cap_ins;                        /* allocated */
+    uint64_t    scratch_bytes;                  /* size of the region's scratch buffer (0: none) */
     bool        oom;                            /* an append failed: the kernel is unusable */
     char        what[96];                       /* what it computes, for listings ("gemv q4_k x3 + rope") */
 } kiln_kir;
@@ -163,6 +167,8 @@ bool     kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err);
 /* Name of an op / type for listings and printers' errors. */
 const char *kiln_kop_name(enum kiln_kop op);
 const char *kiln_kt_name(enum kiln_kt t);
+/* Writes a readable listing of k (debugging, `kiln ptx --kir`). */
+void kiln_kir_dump(const kiln_kir *k, FILE *f);
 
 /* Shorthands used by the lowerings (the `k` argument is the kernel being written). */
 uint32_t kiln_ki(kiln_kir *k, int32_t v);                 /* I32 constant */
@@ -179,8 +185,14 @@ enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
 /* Per-run parameter slots: slot i < n_syms holds symbol i's value. */
 #define KILN_PARAM_SLOTS_MIN 8
 
-/* Lowers region r of g into one kernel. KILN_ERR_UNSUPPORTED (with err naming the op/dtype) when
- * the region has a shape no template takes; placement then runs it elsewhere. */
+/* Lowers region r of g into 1..KILN_LOWER_MAX kernels that run in order (out[0..*n_out)); kernels of
+ * one region share one scratch buffer (slot kind KILN_KBUF_SCRATCH) of the largest scratch_bytes
+ * among them. KILN_ERR_UNSUPPORTED (with err naming the op/dtype) when the region has a shape no
+ * template takes; placement then runs it elsewhere. */
+#define KILN_LOWER_MAX 2
+kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
+                                  char *err, size_t n_err);
+/* The same for regions that lower to one kernel (others fail with KILN_ERR_UNSUPPORTED). */
 kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err);
 
 /* The device layout kernels expect for a weight of dtype t, and its repacking (dst holds

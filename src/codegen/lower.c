@@ -305,22 +305,44 @@ uint32_t kl_grid_for(int64_t n_max, int64_t per_block)
 
 /* ------------------------------------------------------------------ entry point */
 
-kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err)
+kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
+                                  char *err, size_t n_err)
 {
-    memset(out, 0, sizeof *out);
+    memset(out, 0, KILN_LOWER_MAX * sizeof *out);
+    *n_out = 0;
     err[0] = 0;
     kiln_status s;
+    uint32_t n = 1;
     switch ((enum kiln_region_kind)r->kind) {
     case KILN_REGION_MAP: s = kiln_lower_map(g, r, out, err, n_err); break;
     case KILN_REGION_ROWS: s = kiln_lower_rows(g, r, out, err, n_err); break;
     case KILN_REGION_MATMUL: s = kiln_lower_gemv(g, r, out, err, n_err); break;
-    case KILN_REGION_ATTENTION: s = kiln_lower_attention(g, r, out, err, n_err); break;
+    case KILN_REGION_ATTENTION: s = kiln_lower_attention(g, r, out, &n, err, n_err); break;
     case KILN_REGION_SCATTER: case KILN_REGION_MOVE: s = kiln_lower_move(g, r, out, err, n_err); break;
     default: s = kl_unsupported(err, n_err, "region kind %s has no kernel template", kiln_region_kind_name((enum kiln_region_kind)r->kind));
     }
-    if (s == KILN_OK && !kiln_kir_verify(out, err, n_err)) s = KILN_ERR_INTERNAL;
-    if (s != KILN_OK) kiln_kir_free(out);
-    return s;
+    for (uint32_t i = 0; s == KILN_OK && i < n; i++)
+        if (!kiln_kir_verify(&out[i], err, n_err)) s = KILN_ERR_INTERNAL;
+    if (s != KILN_OK) {
+        for (uint32_t i = 0; i < KILN_LOWER_MAX; i++) kiln_kir_free(&out[i]);
+        return s;
+    }
+    *n_out = n;
+    return KILN_OK;
+}
+
+kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err)
+{
+    kiln_kir ks[KILN_LOWER_MAX];
+    uint32_t n = 0;
+    kiln_status s = kiln_lower_region_seq(g, r, ks, &n, err, n_err);
+    if (s != KILN_OK) return s;
+    if (n != 1) {
+        for (uint32_t i = 0; i < n; i++) kiln_kir_free(&ks[i]);
+        return kl_unsupported(err, n_err, "region lowers to %u kernels: use kiln_lower_region_seq", n);
+    }
+    *out = ks[0];
+    return KILN_OK;
 }
 
 /* ------------------------------------------------------------------ weight layouts */

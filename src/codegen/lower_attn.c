@@ -1,7 +1,236 @@
-/* Attention template (decode, split-KV flash-decoding with grouped-query heads). */
+/* Attention template: split-KV flash-decoding over a head-major cache, grouped-query heads
+ * sharing each K/V read. Kernel 1: one block per (kv head, key split, token) computes, for every
+ * query head of the group, the split's running max, sum and weighted V (online softmax over tiles
+ * of 128 keys: a lane per key for q.k, lanes over head dims for p.v) into the region's scratch.
+ * Kernel 2: one block per (query head, token) combines the splits. The causal limit of token t is
+ * n_kv - n_tok + t + 1 keys, from the parameter buffer. Must not know any target's syntax. */
 #include "codegen/lower.h"
 
-kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+#include <math.h>
+
+#define AW 4          /* warps per block */
+#define ABLK (32 * AW)
+
+typedef struct at {
+    kiln_kir *k;
+    int64_t   n_head, n_kvh, G, hd, max_ctx, tok_max, S, n_split;
+    kiln_dtype kt, vt;
+} at;
+
+static uint32_t o2(kiln_kir *k, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(k, op, a, b); }
+static uint32_t c_(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
+static void if_(kiln_kir *k, uint32_t p) { kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void endif_(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void bar(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static uint32_t lds(kiln_kir *k, uint32_t arr, uint32_t i) { return kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, i, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)arr); }
+static void sts(kiln_kir *k, uint32_t arr, uint32_t i, uint32_t v) { kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, i, v, KILN_IDX_NONE, (int32_t)arr); }
+static uint32_t red(kiln_kir *k, uint32_t v, enum kiln_kred op) { return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 32)); }
+static uint32_t fma_(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, b, c, 0); }
+static uint32_t ldf(kiln_kir *k, uint32_t slot, uint32_t i) { return kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, i, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot), KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void stf(kiln_kir *k, uint32_t slot, uint32_t i, uint32_t v) { kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, i, kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE, (int32_t)slot); }
+static uint32_t safe_max(kiln_kir *k, uint32_t m) /* -inf -> 0 so that exp(x - m) stays 0, not NaN */
 {
-    return kl_unsupported(err, n_err, "attention is not lowered yet");
+    return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, o2(k, KILN_KOP_EQ, m, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), m, 0);
+}
+
+/* Number of keys token t sees: n_kv - n_tok + t + 1. */
+static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t) { return o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_SUB, n_kv, n_tok), o2(k, KILN_KOP_ADD, t, c_(k, 1))); }
+
+static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
+{
+    kiln_kir_init(k, "kiln_attn_split", ABLK);
+    snprintf(k->what, sizeof k->what, "attention splits of %lld keys, %lld q heads per kv head", (long long)a->S, (long long)a->G);
+    k->grid[0] = (uint32_t)(a->n_kvh * a->n_split);
+    k->grid[1] = (uint32_t)a->tok_max;
+    int32_t G = (int32_t)a->G, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
+    uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(AW * G * 32));
+    uint32_t csh = kiln_kir_shared(k, (uint32_t)(AW * G * (hd + 2)));
+    uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
+    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false), vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
+    uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
+    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    uint32_t lane = o2(k, KILN_KOP_AND, tid, c_(k, 31)), warp = o2(k, KILN_KOP_SHR, tid, c_(k, 5));
+    uint32_t h = o2(k, KILN_KOP_DIV, bx, c_(k, (int32_t)a->n_split)), sp = o2(k, KILN_KOP_REM, bx, c_(k, (int32_t)a->n_split));
+    const kiln_node_rec *q = &g->nodes[n->src[0]];
+    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
+    uint32_t seen = n_seen(k, n_kv, n_tok, t);
+    uint32_t start = o2(k, KILN_KOP_MUL, sp, c_(k, (int32_t)a->S));
+    uint32_t end = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, start, c_(k, (int32_t)a->S)), seen);
+    if_(k, o2(k, KILN_KOP_PAND, o2(k, KILN_KOP_LT, t, n_tok), o2(k, KILN_KOP_LT, start, seen)));
+    /* q of the group's heads, pre-scaled */
+    float scale = n->f[0];
+    uint32_t i = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, c_(k, G * hd), c_(k, ABLK), 0);
+    uint32_t qi = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), o2(k, KILN_KOP_MUL, h, c_(k, G))), c_(k, hd)), i);
+    sts(k, qsh, i, o2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
+    kl_loop_end(k);
+    bar(k);
+    uint32_t m[8], l[8], o[8][8];
+    for (int gg = 0; gg < G; gg++) {
+        m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
+        l[gg] = kiln_kvar(k, kiln_kf(k, 0));
+        for (int d = 0; d < dpl; d++) o[gg][d] = kiln_kvar(k, kiln_kf(k, 0));
+    }
+    uint32_t head_row = o2(k, KILN_KOP_MUL, h, c_(k, (int32_t)a->max_ctx));
+    uint32_t kb = kiln_kvar(k, start);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, end, c_(k, ABLK), 0);
+    {
+        uint32_t j = o2(k, KILN_KOP_ADD, kb, tid);
+        uint32_t valid = o2(k, KILN_KOP_LT, j, end);
+        uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
+        uint32_t krow = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, head_row, jc), c_(k, hd));
+        uint32_t s[8];
+        for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
+        for (int d = 0; d < hd; d++) {
+            uint32_t kv = kl_load(k, ks, a->kt, o2(k, KILN_KOP_ADD, krow, c_(k, d)));
+            for (int gg = 0; gg < G; gg++) s[gg] = fma_(k, lds(k, qsh, c_(k, gg * hd + d)), kv, s[gg]);
+        }
+        bar(k); /* the previous tile's p is consumed */
+        uint32_t alpha[8];
+        for (int gg = 0; gg < G; gg++) {
+            uint32_t sv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, valid, s[gg], kiln_kf(k, -INFINITY), 0);
+            uint32_t mn = o2(k, KILN_KOP_MAX, m[gg], red(k, sv, KILN_KRED_MAX));
+            uint32_t ms = safe_max(k, mn);
+            alpha[gg] = kl_exp(k, o2(k, KILN_KOP_SUB, m[gg], ms));
+            uint32_t p = kl_exp(k, o2(k, KILN_KOP_SUB, sv, ms));
+            kiln_kset(k, l[gg], fma_(k, l[gg], alpha[gg], red(k, p, KILN_KRED_SUM)));
+            kiln_kset(k, m[gg], mn);
+            sts(k, psh, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, G * 32)), o2(k, KILN_KOP_ADD, c_(k, gg * 32), lane)), p);
+        }
+        bar(k);
+        for (int gg = 0; gg < G; gg++)
+            for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], o2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
+        uint32_t kk = kiln_kvar(k, c_(k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, c_(k, 32), c_(k, 1), 0);
+        {
+            uint32_t key = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_MUL, warp, c_(k, 32))), kk), c_(k, (int32_t)a->max_ctx - 1));
+            uint32_t vrow = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, head_row, key), c_(k, hd));
+            uint32_t vv[8];
+            for (int d = 0; d < dpl; d++)
+                vv[d] = kl_load(k, vs, a->vt, o2(k, KILN_KOP_ADD, vrow, o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, lane, c_(k, 32 * d)), c_(k, hd - 1))));
+            for (int gg = 0; gg < G; gg++) {
+                uint32_t p = lds(k, psh, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, G * 32)), o2(k, KILN_KOP_ADD, c_(k, gg * 32), kk)));
+                for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], fma_(k, p, vv[d], o[gg][d]));
+            }
+        }
+        kl_loop_end(k);
+    }
+    kl_loop_end(k);
+    /* combine the block's warps, then write the split's partial result */
+    int32_t cw = G * (hd + 2);
+    for (int gg = 0; gg < G; gg++) {
+        uint32_t b0 = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, cw)), c_(k, gg * (hd + 2)));
+        if_(k, o2(k, KILN_KOP_EQ, lane, c_(k, 0)));
+        sts(k, csh, b0, m[gg]);
+        sts(k, csh, o2(k, KILN_KOP_ADD, b0, c_(k, 1)), l[gg]);
+        endif_(k);
+        for (int d = 0; d < dpl; d++) {
+            uint32_t dd = o2(k, KILN_KOP_ADD, lane, c_(k, 32 * d));
+            if_(k, o2(k, KILN_KOP_LT, dd, c_(k, hd)));
+            sts(k, csh, o2(k, KILN_KOP_ADD, b0, o2(k, KILN_KOP_ADD, dd, c_(k, 2))), o[gg][d]);
+            endif_(k);
+        }
+    }
+    bar(k);
+    uint32_t x = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, x, c_(k, G * hd), c_(k, ABLK), 0);
+    {
+        uint32_t gg = o2(k, KILN_KOP_DIV, x, c_(k, hd)), d = o2(k, KILN_KOP_REM, x, c_(k, hd));
+        uint32_t gb = o2(k, KILN_KOP_MUL, gg, c_(k, hd + 2));
+        uint32_t mm = kiln_kf(k, -INFINITY);
+        for (int w = 0; w < AW; w++) mm = o2(k, KILN_KOP_MAX, mm, lds(k, csh, o2(k, KILN_KOP_ADD, c_(k, w * cw), gb)));
+        uint32_t ms = safe_max(k, mm), L = kiln_kf(k, 0), O = kiln_kf(k, 0);
+        for (int w = 0; w < AW; w++) {
+            uint32_t wb = o2(k, KILN_KOP_ADD, c_(k, w * cw), gb);
+            uint32_t f = kl_exp(k, o2(k, KILN_KOP_SUB, lds(k, csh, wb), ms));
+            L = fma_(k, lds(k, csh, o2(k, KILN_KOP_ADD, wb, c_(k, 1))), f, L);
+            O = fma_(k, lds(k, csh, o2(k, KILN_KOP_ADD, wb, o2(k, KILN_KOP_ADD, d, c_(k, 2)))), f, O);
+        }
+        uint32_t head = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, h, c_(k, G)), gg);
+        uint32_t base = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, (int32_t)a->n_split)), sp), c_(k, hd + 2));
+        if_(k, o2(k, KILN_KOP_EQ, d, c_(k, 0)));
+        stf(k, scr, base, mm);
+        stf(k, scr, o2(k, KILN_KOP_ADD, base, c_(k, 1)), L);
+        endif_(k);
+        stf(k, scr, o2(k, KILN_KOP_ADD, base, o2(k, KILN_KOP_ADD, d, c_(k, 2))), O);
+    }
+    kl_loop_end(k);
+    endif_(k);
+    k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
+}
+
+static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, at *a, kiln_kir *k)
+{
+    kiln_kir_init(k, "kiln_attn_combine", 128);
+    snprintf(k->what, sizeof k->what, "attention: combine up to %lld splits", (long long)a->n_split);
+    k->grid[0] = (uint32_t)a->n_head;
+    k->grid[1] = (uint32_t)a->tok_max;
+    k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
+    int32_t hd = (int32_t)a->hd;
+    uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
+    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t head = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    const kiln_node_rec *q = &g->nodes[n->src[0]];
+    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
+    if_(k, o2(k, KILN_KOP_LT, t, n_tok));
+    uint32_t seen = n_seen(k, n_kv, n_tok, t);
+    uint32_t nsp = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, seen, c_(k, (int32_t)a->S - 1)), c_(k, (int32_t)a->S));
+    uint32_t row = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, (int32_t)a->n_split));
+    uint32_t d = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, d, c_(k, hd), c_(k, 128), 0);
+    {
+        uint32_t M = kiln_kvar(k, kiln_kf(k, -INFINITY));
+        uint32_t s = kiln_kvar(k, c_(k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s, nsp, c_(k, 1), 0);
+        kiln_kset(k, M, o2(k, KILN_KOP_MAX, M, ldf(k, scr, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, s), c_(k, hd + 2)))));
+        kl_loop_end(k);
+        uint32_t ms = safe_max(k, M);
+        uint32_t L = kiln_kvar(k, kiln_kf(k, 0)), O = kiln_kvar(k, kiln_kf(k, 0));
+        uint32_t s2 = kiln_kvar(k, c_(k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s2, nsp, c_(k, 1), 0);
+        uint32_t b = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, s2), c_(k, hd + 2));
+        uint32_t f = kl_exp(k, o2(k, KILN_KOP_SUB, ldf(k, scr, b), ms));
+        kiln_kset(k, L, fma_(k, ldf(k, scr, o2(k, KILN_KOP_ADD, b, c_(k, 1))), f, L));
+        kiln_kset(k, O, fma_(k, ldf(k, scr, o2(k, KILN_KOP_ADD, b, o2(k, KILN_KOP_ADD, d, c_(k, 2)))), f, O));
+        kl_loop_end(k);
+        uint32_t y = o2(k, KILN_KOP_DIV, O, L);
+        uint32_t oi = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, hd)), d);
+        kl_store_node(k, g, node, oi, y);
+    }
+    kl_loop_end(k);
+    endif_(k);
+}
+
+kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
+{
+    uint32_t node = r->anchor;
+    const kiln_node_rec *n = &g->nodes[node];
+    if (r->n_nodes != 1 || n->op != KILN_OP_ATTENTION) return kl_unsupported(err, n_err, "attention written as ops has no GPU kernel yet");
+    const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
+    at a = {.n_head = q->dims[1], .hd = q->dims[2], .n_kvh = kc->dims[0], .max_ctx = kc->dims[1],
+            .kt = (kiln_dtype)kc->dtype, .vt = (kiln_dtype)vc->dtype, .tok_max = kl_dim_max(g, q->dims[0])};
+    if (kiln_dim_is_sym(a.n_head) || kiln_dim_is_sym(a.hd) || kiln_dim_is_sym(a.n_kvh) || kiln_dim_is_sym(a.max_ctx) ||
+        kiln_dim_is_sym(vc->dims[1]) || vc->dims[2] != a.hd || vc->dims[0] != a.n_kvh)
+        return kl_unsupported(err, n_err, "attention: head counts, head_dim and cache sizes must be constants");
+    if (a.n_kvh < 1 || a.n_head % a.n_kvh) return kl_unsupported(err, n_err, "attention: heads do not group");
+    a.G = a.n_head / a.n_kvh;
+    if (a.hd % 2 || a.hd > 256 || a.G > 8 || (a.hd + 31) / 32 * a.G > 32)
+        return kl_unsupported(err, n_err, "attention: head_dim %lld with %lld heads per kv head", (long long)a.hd, (long long)a.G);
+    if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 || a.vt == KILN_DTYPE_I32 ||
+        kiln_dtype_block((kiln_dtype)q->dtype) != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)
+        return kl_unsupported(err, n_err, "attention: cache dtype %s", kiln_dtype_name(a.kt));
+    /* Key split: enough blocks to fill a large GPU (about 264) at the cache's bound, >= 128 keys. */
+    int64_t want = 264 / (a.n_kvh * (a.tok_max < 8 ? a.tok_max : 8));
+    if (want < 1) want = 1;
+    a.S = (a.max_ctx + want - 1) / want;
+    a.S = (a.S + ABLK - 1) / ABLK * ABLK;
+    if (a.S < ABLK) a.S = ABLK;
+    a.n_split = (a.max_ctx + a.S - 1) / a.S;
+    partial(g, n, &a, &k[0]);
+    combine(g, node, n, &a, &k[1]);
+    *n_out = 2;
+    return KILN_OK;
 }

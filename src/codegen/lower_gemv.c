@@ -1,7 +1,674 @@
-/* GEMV template. */
+/* GEMV template for matmul regions with few rows (decode; prefill runs it per chunk of 8 tokens):
+ * y_j[t, n] = f(x)[t] . W_j[n] for up to 4 sibling weights sharing x, with the rms_norm prologue
+ * and the epilogues (bias/residual add, swiglu, rope, KV-cache write) applied by the warp that
+ * owns the output. A warp owns a unit of up to 4 output rows (rope partners and swiglu pairs
+ * together), its 32 lanes stride over 16-byte chunks of the rows; per-dtype decoders turn chunks
+ * into values. Must not know any target's syntax. */
 #include "codegen/lower.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define WARPS 8       /* warps per block */
+#define MC_MAX 8      /* tokens per pass */
+#define SLOTS 4       /* output rows per warp */
+#define MEMO 512
+
+typedef struct gv_group {
+    int      n_sib;          /* siblings in the group (share columns) */
+    int      sib[SLOTS];     /* their matmul indices */
+    int      cols;           /* columns per unit per sibling */
+    int64_t  n;              /* output columns (each sibling) */
+    int      rope;           /* 0 none, 1 normal, 2 neox */
+    int64_t  hd;             /* rope head dim */
+    int64_t  units;          /* units of the group */
+    int      wpu;            /* warps per unit (split-K inside the block: 1, 2, 4 or 8) */
+    uint32_t warp0;          /* first global warp (a multiple of WARPS) */
+} gv_group;
+
+typedef struct gv {
+    kiln_kir          *k;
+    const kiln_graph  *g;
+    const kiln_region *r;
+    int       n_mm;
+    uint32_t  mm[SLOTS];        /* matmul nodes */
+    int       sib_of_node_n;    /* unused */
+    uint32_t  x, norm, nw;      /* activation node, rms_norm node (or NONE), its weight (or NONE) */
+    float     eps;
+    int64_t   K;
+    int64_t   m_max;
+    int       mc;               /* tokens per pass */
+    gv_group  grp[SLOTS];
+    int       n_grp;
+    /* per unit, while emitting one group */
+    int       n_slots;
+    int       slot_sib[SLOTS];  /* matmul index of slot */
+    int       slot_delta[SLOTS];/* column offset from the unit base */
+    uint32_t  col[SLOTS];       /* I32 column of slot */
+    uint32_t  ok[SLOTS];        /* PRED column exists */
+    uint32_t  acc[SLOTS][MC_MAX];
+    uint32_t  t0;               /* I32 first token of the pass */
+    uint32_t  nsc[MC_MAX];      /* F32 norm scale per token of the pass */
+    uint32_t  memo_key[MEMO], memo_val[MEMO];
+    int       n_memo;
+    bool      failed;
+    char      why[160];
+} gv;
+
+static uint32_t op2(gv *s, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(s->k, op, a, b); }
+static uint32_t ci(gv *s, int32_t v) { return kiln_ki(s->k, v); }
+static uint32_t cf(gv *s, float v) { return kiln_kf(s->k, v); }
+static uint32_t cvt(gv *s, enum kiln_kt t, uint32_t v) { return kiln_kir_op(s->k, KILN_KOP_CVT, t, v, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static uint32_t fma3(gv *s, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(s->k, KILN_KOP_FMA, KILN_KT_F32, a, b, c, 0); }
+static uint32_t bfe(gv *s, enum kiln_kt t, uint32_t v, int off, int w) { return kiln_kir_op(s->k, KILN_KOP_BFE, t, v, KILN_IDX_NONE, KILN_IDX_NONE, off | (w << 8)); }
+static uint32_t lane_of(gv *s, uint32_t v4, int i) { return kiln_kir_op(s->k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, i); }
+static uint32_t ld4(gv *s, uint32_t slot, uint32_t word) { return kiln_kir_op(s->k, KILN_KOP_LD4, KILN_KT_V4, word, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot); }
+static uint32_t ld1(gv *s, uint32_t slot, uint32_t word) { return kiln_kir_op(s->k, KILN_KOP_LD, KILN_KT_U32, word, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot); }
+static uint32_t h2f(gv *s, uint32_t w, int half) { return kiln_kir_op(s->k, KILN_KOP_H2F, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, half); }
+static void kif(gv *s, uint32_t p) { kiln_kir_op(s->k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void kendif(gv *s) { kiln_kir_op(s->k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void fail(gv *s, const char *why)
+{
+    if (!s->failed) snprintf(s->why, sizeof s->why, "%s", why);
+    s->failed = true;
+}
+
+static int64_t chunks_per_row(kiln_dtype t, int64_t K);
+
+/* ------------------------------------------------------------------ analysis */
+
+static int mm_index(const gv *s, uint32_t node)
+{
+    for (int j = 0; j < s->n_mm; j++)
+        if (s->mm[j] == node) return j;
+    return -1;
+}
+
+/* Bit set of the matmuls a region node depends on (through region nodes and reshapes). */
+static unsigned deps(const gv *s, uint32_t node, int depth)
+{
+    if (depth > 64) return 0;
+    int j = mm_index(s, node);
+    if (j >= 0) return 1u << j;
+    const kiln_node_rec *n = &s->g->nodes[node];
+    if (n->op != KILN_OP_RESHAPE && !kl_in_region(s->r, node)) return 0;
+    unsigned m = 0;
+    for (int i = 0; i < n->n_src; i++)
+        if (n->src[i] != KILN_IDX_NONE && !(n->op == KILN_OP_KV_SCATTER && i != 1)) m |= deps(s, n->src[i], depth + 1);
+    return m;
+}
+
+static bool analyze(gv *s, char *err, size_t n_err)
+{
+    const kiln_graph *g = s->g;
+    const kiln_region *r = s->r;
+    s->x = s->norm = s->nw = KILN_IDX_NONE;
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
+        if (n->op != KILN_OP_MATMUL) continue;
+        if (s->n_mm == SLOTS || (s->x != KILN_IDX_NONE && n->src[0] != s->x)) return kl_unsupported(err, n_err, "gemv: matmuls with different inputs"), false;
+        s->x = n->src[0];
+        s->mm[s->n_mm++] = r->nodes[i];
+    }
+    if (!s->n_mm) return kl_unsupported(err, n_err, "gemv: no matmul"), false;
+    const kiln_node_rec *xn = &g->nodes[s->x];
+    if (xn->op == KILN_OP_RMS_NORM && kl_in_region(r, s->x)) {
+        s->norm = s->x;
+        s->nw = xn->src[1];
+        s->eps = xn->f[0];
+        s->x = xn->src[0];
+        xn = &g->nodes[s->x];
+    } else if (kl_in_region(r, s->x)) {
+        return kl_unsupported(err, n_err, "gemv: x computed by %s in the region", kiln_op_name((enum kiln_op)xn->op)), false;
+    }
+    if (xn->dtype != KILN_DTYPE_F32 || (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
+        return kl_unsupported(err, n_err, "gemv: x must be f32"), false;
+    s->K = xn->dims[xn->rank - 1];
+    if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
+    s->m_max = kl_numel_max(g, xn) / (s->K ? s->K : 1);
+    s->mc = s->m_max < MC_MAX ? (int)s->m_max : MC_MAX;
+    if (s->mc < 1) s->mc = 1;
+    for (int j = 0; j < s->n_mm; j++) {
+        const kiln_node_rec *w = &g->nodes[g->nodes[s->mm[j]].src[1]];
+        kiln_dtype t = (kiln_dtype)w->dtype;
+        int64_t need = t == KILN_DTYPE_F32 ? 4 : t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 ? 8 : t == KILN_DTYPE_Q8_0 ? 32 : 256;
+        if (w->rank != 2 || kiln_dim_is_sym(w->dims[0]) || t == KILN_DTYPE_I32 || s->K % need)
+            return kl_unsupported(err, n_err, "gemv: %s weight with K = %lld", kiln_dtype_name(t), (long long)s->K), false;
+    }
+    /* groups: matmuls joined by an epilogue op reading two of them */
+    int gid[SLOTS];
+    for (int j = 0; j < s->n_mm; j++) gid[j] = j;
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        unsigned m = deps(s, r->nodes[i], 0);
+        int first = -1;
+        for (int j = 0; j < s->n_mm; j++)
+            if (m & (1u << j)) {
+                if (first < 0) first = gid[j];
+                int old = gid[j];
+                for (int q = 0; q < s->n_mm; q++)
+                    if (gid[q] == old) gid[q] = first;
+            }
+    }
+    uint32_t warp = 0;
+    for (int j = 0; j < s->n_mm; j++) {
+        if (gid[j] != j) continue;
+        gv_group *G = &s->grp[s->n_grp++];
+        memset(G, 0, sizeof *G);
+        for (int q = 0; q < s->n_mm; q++)
+            if (gid[q] == j) G->sib[G->n_sib++] = q;
+        G->n = g->nodes[g->nodes[s->mm[j]].src[1]].dims[0];
+        kiln_dtype t0 = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
+        for (int q = 1; q < G->n_sib; q++) {
+            const kiln_node_rec *w = &g->nodes[g->nodes[s->mm[G->sib[q]]].src[1]];
+            if (w->dims[0] != G->n || w->dtype != t0) return kl_unsupported(err, n_err, "gemv: fused siblings of other shapes or dtypes"), false;
+        }
+        G->cols = SLOTS / G->n_sib;
+        /* rope on this group? */
+        for (uint32_t i = 0; i < r->n_nodes; i++) {
+            const kiln_node_rec *n = &g->nodes[r->nodes[i]];
+            if (n->op != KILN_OP_ROPE || !(deps(s, r->nodes[i], 0) & (1u << j))) continue;
+            int mode = n->i[0] == KILN_ROPE_NEOX ? 2 : 1;
+            int64_t hd = n->dims[n->rank - 1];
+            if ((G->rope && (G->rope != mode || G->hd != hd)) || G->cols != 4 || hd % 4 || G->n % hd)
+                return kl_unsupported(err, n_err, "gemv: rope epilogue of this shape"), false;
+            G->rope = mode;
+            G->hd = hd;
+        }
+        G->units = (G->n + G->cols - 1) / G->cols;
+        if (G->rope == 2) G->units = G->n / 4; /* (hd/4 units per head) */
+        /* Split K over more warps when the group has few units, so a small or tall matrix still
+         * keeps thousands of warps streaming (an H100 holds 8448). */
+        int64_t cpr = chunks_per_row(t0, s->K);
+        G->wpu = 1;
+        while (G->wpu < WARPS && G->units * G->wpu < 4096 && cpr >= 64 * G->wpu) G->wpu *= 2;
+        G->warp0 = warp;
+        warp += (uint32_t)((G->units * G->wpu + WARPS - 1) / WARPS * WARPS);
+    }
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
+        if (n->op == KILN_OP_MATMUL || r->nodes[i] == s->norm || n->op == KILN_OP_ROPE || n->op == KILN_OP_KV_SCATTER) continue;
+        if (!kl_is_elementwise((enum kiln_op)n->op)) return kl_unsupported(err, n_err, "gemv: %s in the epilogue", kiln_op_name((enum kiln_op)n->op)), false;
+        if (!deps(s, r->nodes[i], 0)) return kl_unsupported(err, n_err, "gemv: an elementwise op before the matmul"), false;
+    }
+    s->k->grid[0] = warp / WARPS;
+    return true;
+}
+
+/* ------------------------------------------------------------------ weights */
+
+typedef struct gv_sub {
+    uint32_t q[16];   /* F32 values (dequantized, or quants to scale) */
+    int      v;       /* how many */
+    uint32_t a, b;    /* contribution = a * dot(q, x) + b * sum(x); b NONE when 0 */
+} gv_sub;
+
+/* Number of 16-byte chunks per row, and sub-steps per chunk. */
+static int64_t chunks_per_row(kiln_dtype t, int64_t K)
+{
+    switch (t) {
+    case KILN_DTYPE_F32: return K / 4;
+    case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return K / 8;
+    case KILN_DTYPE_Q8_0: return K / 16;
+    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: return K / 256 * 8;
+    default: return K / 256 * 4; /* q6_K: (half, l0) */
+    }
+}
+static int subs_of(kiln_dtype t) { return t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K ? 2 : t == KILN_DTYPE_Q6_K ? 4 : 1; }
+
+/* Loaded chunk of one row. */
+typedef struct gv_chunk {
+    uint32_t v[4];   /* V4 loads */
+    uint32_t d;      /* scale word(s) */
+} gv_chunk;
+
+static void load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o)
+{
+    int64_t K = s->K;
+    switch (t) {
+    case KILN_DTYPE_F32: o->v[0] = ld4(s, slot, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)K)), op2(s, KILN_KOP_MUL, c, ci(s, 4)))); break;
+    case KILN_DTYPE_F16: case KILN_DTYPE_BF16:
+        o->v[0] = ld4(s, slot, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 2))), op2(s, KILN_KOP_MUL, c, ci(s, 4))));
+        break;
+    case KILN_DTYPE_Q8_0: {
+        uint32_t wq = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 4))), op2(s, KILN_KOP_MUL, c, ci(s, 4)));
+        o->v[0] = ld4(s, slot, wq);
+        int64_t qbytes = (rows * K + 15) / 16 * 16;
+        uint32_t blk = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 32))), op2(s, KILN_KOP_SHR, c, ci(s, 1)));
+        o->d = kl_load(s->k, slot, KILN_DTYPE_F16, op2(s, KILN_KOP_ADD, ci(s, (int32_t)(qbytes / 2)), blk));
+        break;
+    }
+    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: {
+        int bw = t == KILN_DTYPE_Q4_K ? 36 : 44; /* block words */
+        uint32_t blk = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 256))), op2(s, KILN_KOP_SHR, c, ci(s, 3)));
+        uint32_t base = op2(s, KILN_KOP_MUL, blk, ci(s, bw));
+        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7));
+        o->v[0] = ld4(s, slot, base); /* d, dmin, scales */
+        o->v[1] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, ci(s, t == KILN_DTYPE_Q4_K ? 4 : 12), op2(s, KILN_KOP_MUL, q, ci(s, 4)))));
+        if (t == KILN_DTYPE_Q5_K) /* qh[16h .. 16h+15], h = q & 1 */
+            o->v[2] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, ci(s, 4), op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, q, ci(s, 1)), ci(s, 4)))));
+        break;
+    }
+    default: { /* q6_K split: 52 words per block, then the f16 d array */
+        uint32_t blk = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 256))), op2(s, KILN_KOP_SHR, c, ci(s, 2)));
+        uint32_t base = op2(s, KILN_KOP_MUL, blk, ci(s, 52));
+        uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
+        /* ql[64h + 16 l0], ql[64h + 32 + 16 l0], qh[32h + 16 l0] (words: 16h + 4 l0, +8, 32 + 8h + 4 l0), scales at word 48 */
+        uint32_t w0 = op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 16)), op2(s, KILN_KOP_MUL, l0, ci(s, 4))));
+        o->v[0] = ld4(s, slot, w0);
+        o->v[1] = ld4(s, slot, op2(s, KILN_KOP_ADD, w0, ci(s, 8)));
+        o->v[2] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, ci(s, 32), op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 8)), op2(s, KILN_KOP_MUL, l0, ci(s, 4))))));
+        o->v[3] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, ci(s, 48)));
+        int64_t nb = rows * (K / 256);
+        o->d = kl_load(s->k, slot, KILN_DTYPE_F16, op2(s, KILN_KOP_ADD, ci(s, (int32_t)((nb * 208 + 15) / 16 * 16 / 2)), blk));
+        break;
+    }
+    }
+}
+
+/* First element (within the row) of sub-step `sub` of chunk c. */
+static uint32_t sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub)
+{
+    switch (t) {
+    case KILN_DTYPE_F32: return op2(s, KILN_KOP_MUL, c, ci(s, 4));
+    case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return op2(s, KILN_KOP_MUL, c, ci(s, 8));
+    case KILN_DTYPE_Q8_0: return op2(s, KILN_KOP_MUL, c, ci(s, 16));
+    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: { /* block*256 + 64 j + 32 sub + 16 h, q = c & 7 = 2 j + h */
+        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7));
+        uint32_t e = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_SHR, c, ci(s, 3)), ci(s, 256)),
+                         op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_SHR, q, ci(s, 1)), ci(s, 64)), op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, q, ci(s, 1)), ci(s, 16))));
+        return op2(s, KILN_KOP_ADD, e, ci(s, 32 * sub));
+    }
+    default: { /* block*256 + 128 h + 16 l0 + 32 sub */
+        uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
+        uint32_t e = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_SHR, c, ci(s, 2)), ci(s, 256)),
+                         op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 128)), op2(s, KILN_KOP_MUL, l0, ci(s, 16))));
+        return op2(s, KILN_KOP_ADD, e, ci(s, 32 * sub));
+    }
+    }
+}
+
+static uint32_t byte_i(gv *s, uint32_t v4, int i, enum kiln_kt t) { return bfe(s, t, lane_of(s, v4, i / 4), 8 * (i % 4), 8); }
+
+/* q4_K/q5_K 6-bit scale and min of sub-block sb (I32, runtime 0..7) from the header V4. */
+static void scale_min(gv *s, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *mn)
+{
+    uint32_t sh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, sb, ci(s, 3)), ci(s, 8)));
+    uint32_t b1 = op2(s, KILN_KOP_SHR, lane_of(s, hdr, 1), sh), b2 = op2(s, KILN_KOP_SHR, lane_of(s, hdr, 2), sh), b3 = op2(s, KILN_KOP_SHR, lane_of(s, hdr, 3), sh);
+    uint32_t lo = op2(s, KILN_KOP_LT, sb, ci(s, 4));
+    uint32_t sc_lo = op2(s, KILN_KOP_AND, b1, kiln_ku(s->k, 63)), mn_lo = op2(s, KILN_KOP_AND, b2, kiln_ku(s->k, 63));
+    uint32_t hi1 = op2(s, KILN_KOP_SHL, op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, b1, kiln_ku(s->k, 6)), kiln_ku(s->k, 3)), kiln_ku(s->k, 4));
+    uint32_t hi2 = op2(s, KILN_KOP_SHL, op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, b2, kiln_ku(s->k, 6)), kiln_ku(s->k, 3)), kiln_ku(s->k, 4));
+    uint32_t sc_hi = op2(s, KILN_KOP_OR, op2(s, KILN_KOP_AND, b3, kiln_ku(s->k, 15)), hi1);
+    uint32_t mn_hi = op2(s, KILN_KOP_OR, op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, b3, kiln_ku(s->k, 4)), kiln_ku(s->k, 15)), hi2);
+    *sc = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, lo, sc_lo, sc_hi, 0)));
+    *mn = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, lo, mn_lo, mn_hi, 0)));
+}
+
+static void decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
+{
+    o->b = KILN_IDX_NONE;
+    switch (t) {
+    case KILN_DTYPE_F32:
+        o->v = 4;
+        for (int i = 0; i < 4; i++) o->q[i] = kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, ch->v[0], i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        o->a = KILN_IDX_NONE;
+        return;
+    case KILN_DTYPE_F16: case KILN_DTYPE_BF16:
+        o->v = 8;
+        for (int i = 0; i < 8; i++)
+            o->q[i] = kiln_kir_op(s->k, t == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, lane_of(s, ch->v[0], i / 2), KILN_IDX_NONE, KILN_IDX_NONE, i % 2);
+        o->a = KILN_IDX_NONE;
+        return;
+    case KILN_DTYPE_Q8_0:
+        o->v = 16;
+        for (int i = 0; i < 16; i++) o->q[i] = cvt(s, KILN_KT_F32, byte_i(s, ch->v[0], i, KILN_KT_I32));
+        o->a = ch->d;
+        return;
+    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: {
+        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7));
+        uint32_t j = op2(s, KILN_KOP_SHR, q, ci(s, 1));
+        uint32_t sb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, j, j), ci(s, sub));
+        uint32_t sc, mn;
+        scale_min(s, ch->v[0], sb, &sc, &mn);
+        uint32_t hw = lane_of(s, ch->v[0], 0);
+        o->a = op2(s, KILN_KOP_MUL, h2f(s, hw, 0), sc);
+        o->b = kiln_k1(s->k, KILN_KOP_NEG, op2(s, KILN_KOP_MUL, h2f(s, hw, 1), mn));
+        o->v = 16;
+        uint32_t hsh = t == KILN_DTYPE_Q5_K ? cvt(s, KILN_KT_U32, sb) : KILN_IDX_NONE; /* qh bit 2j + sub */
+        for (int i = 0; i < 16; i++) {
+            uint32_t nib = bfe(s, KILN_KT_U32, lane_of(s, ch->v[1], i / 4), 8 * (i % 4) + 4 * sub, 4);
+            if (t == KILN_DTYPE_Q5_K) {
+                uint32_t hb = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, byte_i(s, ch->v[2], i, KILN_KT_U32), hsh), kiln_ku(s->k, 1));
+                nib = op2(s, KILN_KOP_OR, nib, op2(s, KILN_KOP_SHL, hb, kiln_ku(s->k, 4)));
+            }
+            o->q[i] = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, nib));
+        }
+        return;
+    }
+    default: { /* q6_K: sub 0..3 = values l, l+32, l+64, l+96: ql word set (sub & 1), nibble (sub >> 1), qh bits 2 sub */
+        uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
+        /* scale index 8h + l0 + 2 sub (is = l / 16 = l0) */
+        uint32_t si = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 8)), l0), ci(s, 2 * sub));
+        uint32_t word = kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 8)),
+                                    kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 4)), lane_of(s, ch->v[3], 0), lane_of(s, ch->v[3], 1), 0),
+                                    kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 12)), lane_of(s, ch->v[3], 2), lane_of(s, ch->v[3], 3), 0), 0);
+        uint32_t sh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, si, ci(s, 3)), ci(s, 8)));
+        uint32_t scv = bfe(s, KILN_KT_I32, op2(s, KILN_KOP_SHR, word, sh), 0, 8);
+        o->a = op2(s, KILN_KOP_MUL, ch->d, cvt(s, KILN_KT_F32, scv));
+        o->b = op2(s, KILN_KOP_MUL, o->a, cf(s, -32.0f));
+        o->v = 16;
+        uint32_t ql = ch->v[sub & 1];
+        for (int i = 0; i < 16; i++) {
+            uint32_t lo = bfe(s, KILN_KT_U32, lane_of(s, ql, i / 4), 8 * (i % 4) + 4 * (sub >> 1), 4);
+            uint32_t hi = bfe(s, KILN_KT_U32, lane_of(s, ch->v[2], i / 4), 8 * (i % 4) + 2 * sub, 2);
+            o->q[i] = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, op2(s, KILN_KOP_OR, lo, op2(s, KILN_KOP_SHL, hi, kiln_ku(s->k, 4)))));
+        }
+        return;
+    }
+    }
+}
+
+
+/* ------------------------------------------------------------------ epilogue */
+
+static int find_slot(const gv *s, int sib, int delta)
+{
+    for (int r = 0; r < s->n_slots; r++)
+        if (s->slot_sib[r] == sib && s->slot_delta[r] == delta) return r;
+    return -1;
+}
+
+static uint32_t memo_get(gv *s, uint32_t key)
+{
+    for (int i = 0; i < s->n_memo; i++)
+        if (s->memo_key[i] == key) return s->memo_val[i];
+    return KILN_IDX_NONE;
+}
+
+static void memo_put(gv *s, uint32_t key, uint32_t v)
+{
+    if (s->n_memo < MEMO) {
+        s->memo_key[s->n_memo] = key;
+        s->memo_val[s->n_memo++] = v;
+    }
+}
+
+/* I32 token index (t0 + t) and flat element index of slot r for token t. */
+static uint32_t tok(gv *s, int t) { return op2(s, KILN_KOP_ADD, s->t0, ci(s, t)); }
+static uint32_t flat(gv *s, int t, int r, int64_t n)
+{
+    return op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tok(s, t), ci(s, (int32_t)n)), s->col[r]);
+}
+
+static uint32_t ev(gv *s, const gv_group *G, uint32_t node, int t, int r, int depth);
+
+static uint32_t ev_rope(gv *s, const gv_group *G, const kiln_node_rec *n, int t, int r, int depth)
+{
+    int d = s->slot_delta[r];
+    int pd = G->rope == 2 ? (d >= 2 ? d - 2 : d + 2) : (d ^ 1);      /* partner's delta (neox: +-hd/2 is slot +-2) */
+    int pr = find_slot(s, s->slot_sib[r], pd);
+    if (pr < 0) return fail(s, "rope partner"), cf(s, 0);
+    bool first = d < pd;
+    uint32_t x0 = ev(s, G, n->src[0], t, first ? r : pr, depth + 1), x1 = ev(s, G, n->src[0], t, first ? pr : r, depth + 1);
+    /* pair index i within the head: neox i = col % hd (first half), normal i = (col % hd) / 2 */
+    uint32_t cin = op2(s, KILN_KOP_REM, s->col[first ? r : pr], ci(s, (int32_t)G->hd));
+    uint32_t i = G->rope == 2 ? cin : op2(s, KILN_KOP_SHR, cin, ci(s, 1));
+    uint32_t tab = kl_rope_table(s->k, n->f[0], G->hd);
+    uint32_t freq = kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, ld1(s, tab, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t pos = kl_load_node(s->k, s->g, n->src[1], tok(s, t));
+    uint32_t sn, cs;
+    kl_sincos(s->k, op2(s, KILN_KOP_MUL, pos, freq), &sn, &cs);
+    uint32_t y = first ? fma3(s, x0, cs, kiln_k1(s->k, KILN_KOP_NEG, op2(s, KILN_KOP_MUL, x1, sn)))
+                       : fma3(s, x0, sn, op2(s, KILN_KOP_MUL, x1, cs));
+    kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
+    return kl_apply(s->k, &tmp, y, KILN_IDX_NONE);
+}
+
+/* Value of node at (token t, slot r). */
+static uint32_t ev(gv *s, const gv_group *G, uint32_t node, int t, int r, int depth)
+{
+    if (depth > 48) return fail(s, "epilogue too deep"), cf(s, 0);
+    uint32_t key = node * 64u + (uint32_t)t * SLOTS + (uint32_t)r, v = memo_get(s, key);
+    if (v != KILN_IDX_NONE) return v;
+    const kiln_node_rec *n = &s->g->nodes[node];
+    int j = mm_index(s, node);
+    int64_t N = G->n;
+    if (j >= 0) {
+        int rr = find_slot(s, j, s->slot_delta[r]);
+        if (rr < 0) return fail(s, "sibling slot"), cf(s, 0);
+        v = s->acc[rr][t];
+        kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
+        v = kl_apply(s->k, &tmp, v, KILN_IDX_NONE);
+    } else if (n->op == KILN_OP_RESHAPE) {
+        v = ev(s, G, n->src[0], t, r, depth + 1);
+    } else if (n->op == KILN_OP_ROPE && kl_in_region(s->r, node)) {
+        v = ev_rope(s, G, n, t, r, depth);
+    } else if (kl_in_region(s->r, node) && kl_is_elementwise((enum kiln_op)n->op)) {
+        uint32_t a = ev(s, G, n->src[0], t, r, depth + 1);
+        uint32_t b = n->n_src > 1 && n->src[1] != KILN_IDX_NONE ? ev(s, G, n->src[1], t, r, depth + 1) : KILN_IDX_NONE;
+        v = kl_apply(s->k, n, a, b);
+    } else if (!kl_in_region(s->r, node) && kiln_dtype_block((kiln_dtype)n->dtype) == 1) {
+        /* an operand from outside: [.., N] per token, or broadcast (a bias [N]) */
+        int64_t numel_max = kl_numel_max(s->g, n);
+        uint32_t idx = flat(s, t, r, N);
+        if (numel_max == N && !kiln_dim_is_sym(n->dims[0])) idx = s->col[r];
+        v = kl_load_node(s->k, s->g, node, idx);
+    } else {
+        return fail(s, "epilogue operand"), cf(s, 0);
+    }
+    memo_put(s, key, v);
+    return v;
+}
+
+/* Which matmul's column space a node lives in (lowest sibling it depends on), or -1. */
+static int home_sib(const gv *s, uint32_t node)
+{
+    unsigned m = deps(s, node, 0);
+    for (int j = 0; j < s->n_mm; j++)
+        if (m & (1u << j)) return j;
+    return -1;
+}
+
+static void epilogue(gv *s, const gv_group *G, uint32_t m)
+{
+    const kiln_graph *g = s->g;
+    for (int t = 0; t < s->mc; t++) {
+        kif(s, op2(s, KILN_KOP_LT, tok(s, t), m));
+        s->n_memo = 0;
+        for (int r = 0; r < s->n_slots; r++) {
+            s->n_memo = 0; /* values of one IF block are not reused in another */
+            kif(s, s->ok[r]);
+            for (uint32_t o = 0; o < s->r->n_outs; o++) {
+                uint32_t node = s->r->outs[o];
+                if (node == s->norm) continue;
+                const kiln_node_rec *n = &g->nodes[node];
+                if (n->op == KILN_OP_KV_SCATTER) {
+                    if (home_sib(s, n->src[1]) != s->slot_sib[r]) continue;
+                    const kiln_node_rec *st = &g->nodes[n->src[0]];
+                    int64_t max_ctx = st->dims[1], hd = st->dims[2];
+                    uint32_t val = ev(s, G, n->src[1], t, r, 0);
+                    uint32_t pos = cvt(s, KILN_KT_I32, ld1(s, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[2], false), tok(s, t)));
+                    uint32_t okp = op2(s, KILN_KOP_PAND, op2(s, KILN_KOP_LE, ci(s, 0), pos), op2(s, KILN_KOP_LT, pos, ci(s, (int32_t)max_ctx)));
+                    kif(s, okp);
+                    uint32_t h = op2(s, KILN_KOP_DIV, s->col[r], ci(s, (int32_t)hd)), e = op2(s, KILN_KOP_REM, s->col[r], ci(s, (int32_t)hd));
+                    uint32_t dst = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, h, ci(s, (int32_t)max_ctx)), pos), ci(s, (int32_t)hd)), e);
+                    kl_store(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[0], true), (kiln_dtype)st->dtype, dst, val);
+                    kendif(s);
+                    continue;
+                }
+                if (home_sib(s, node) != s->slot_sib[r]) continue;
+                kl_store_node(s->k, g, node, flat(s, t, r, G->n), ev(s, G, node, t, r, 0));
+            }
+            kendif(s);
+        }
+        kendif(s);
+    }
+}
+
+/* ------------------------------------------------------------------ kernel */
+
+static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
+{
+    kiln_kir *k = s->k;
+    const kiln_graph *g = s->g;
+    kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
+    uint32_t gl = op2(s, KILN_KOP_SUB, gw, ci(s, (int32_t)G->warp0));
+    uint32_t u = op2(s, KILN_KOP_DIV, gl, ci(s, G->wpu)), wi = op2(s, KILN_KOP_REM, gl, ci(s, G->wpu));
+    uint32_t valid = op2(s, KILN_KOP_LT, u, ci(s, (int32_t)G->units));
+    /* unit base column and the slots' deltas */
+    uint32_t base;
+    int deltas[SLOTS];
+    if (G->rope == 2) {
+        int32_t upp = (int32_t)(G->hd / 4); /* units per head */
+        base = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_DIV, u, ci(s, upp)), ci(s, (int32_t)G->hd)),
+                   op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_REM, u, ci(s, upp)), ci(s, 2)));
+        int32_t half = (int32_t)(G->hd / 2);
+        deltas[0] = 0, deltas[1] = 1, deltas[2] = half, deltas[3] = half + 1;
+    } else {
+        base = op2(s, KILN_KOP_MUL, u, ci(s, G->cols));
+        for (int c = 0; c < G->cols; c++) deltas[c] = c;
+    }
+    s->n_slots = 0;
+    for (int q = 0; q < G->n_sib; q++)
+        for (int c = 0; c < G->cols; c++) {
+            int r = s->n_slots++;
+            s->slot_sib[r] = G->sib[q];
+            s->slot_delta[r] = c; /* the same position in every sibling of the group */
+            s->col[r] = op2(s, KILN_KOP_ADD, base, ci(s, deltas[c]));
+            s->ok[r] = op2(s, KILN_KOP_PAND, valid, op2(s, KILN_KOP_LT, s->col[r], ci(s, (int32_t)G->n)));
+        }
+    uint32_t slot_w[SLOTS], row[SLOTS];
+    for (int r = 0; r < s->n_slots; r++) {
+        slot_w[r] = kiln_kir_buf(k, KILN_KBUF_NODE, g->nodes[s->mm[s->slot_sib[r]]].src[1], false);
+        row[r] = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, s->ok[r], s->col[r], ci(s, 0), 0);
+    }
+    uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
+    int64_t K = s->K, rows = G->n, cpr = chunks_per_row(t, K);
+    s->t0 = kiln_kvar(k, ci(s, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->t0, m, ci(s, s->mc), 0);
+    uint32_t tt[MC_MAX];
+    for (int q = 0; q < s->mc; q++) tt[q] = op2(s, KILN_KOP_MIN, tok(s, q), op2(s, KILN_KOP_SUB, m, ci(s, 1)));
+    /* rms_norm scale per token: the whole block reduces over x's row */
+    for (int q = 0; q < s->mc; q++) {
+        if (s->norm == KILN_IDX_NONE) { s->nsc[q] = KILN_IDX_NONE; continue; }
+        uint32_t ss = kiln_kvar(k, cf(s, 0));
+        uint32_t j = kiln_kvar(k, tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
+        uint32_t xv = kl_load(k, xs, KILN_DTYPE_F32, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), j));
+        kiln_kset(k, ss, fma3(s, xv, xv, ss));
+        kl_loop_end(k);
+        uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
+        s->nsc[q] = op2(s, KILN_KOP_DIV, cf(s, 1.0f), kiln_k1(k, KILN_KOP_SQRT, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_DIV, tot, cf(s, (float)K)), cf(s, s->eps))));
+    }
+    for (int r = 0; r < s->n_slots; r++)
+        for (int q = 0; q < s->mc; q++) s->acc[r][q] = kiln_kvar(k, cf(s, 0));
+    uint32_t c = kiln_kvar(k, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, wi, ci(s, 32)), lane));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu), 0);
+    gv_chunk ch[SLOTS];
+    for (int r = 0; r < s->n_slots; r++) load_chunk(s, t, slot_w[r], row[r], c, rows, &ch[r]);
+    for (int sub = 0; sub < subs_of(t); sub++) {
+        gv_sub w[SLOTS];
+        for (int r = 0; r < s->n_slots; r++) decode(s, t, &ch[r], c, sub, &w[r]);
+        int V = w[0].v;
+        uint32_t e0 = sub_elem(s, t, c, sub);
+        uint32_t nwv[16] = {0};
+        if (nws != KILN_IDX_NONE)
+            for (int i = 0; i < V; i += 4) {
+                uint32_t v4 = ld4(s, nws, op2(s, KILN_KOP_ADD, e0, ci(s, i)));
+                for (int l = 0; l < 4; l++) nwv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            }
+        for (int q = 0; q < s->mc; q++) {
+            uint32_t xv[16] = {0};
+            uint32_t xb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), e0);
+            for (int i = 0; i < V; i += 4) {
+                uint32_t v4 = ld4(s, xs, op2(s, KILN_KOP_ADD, xb, ci(s, i)));
+                for (int l = 0; l < 4; l++) {
+                    xv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                    if (s->nsc[q] != KILN_IDX_NONE) {
+                        xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], s->nsc[q]);
+                        if (nws != KILN_IDX_NONE) xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], nwv[i + l]);
+                    }
+                }
+            }
+            uint32_t sx = KILN_IDX_NONE;
+            if (w[0].b != KILN_IDX_NONE) {
+                sx = xv[0];
+                for (int i = 1; i < V; i++) sx = op2(s, KILN_KOP_ADD, sx, xv[i]);
+            }
+            for (int r = 0; r < s->n_slots; r++) {
+                if (w[r].a == KILN_IDX_NONE) { /* float weights: straight into the accumulator */
+                    uint32_t a = s->acc[r][q];
+                    for (int i = 0; i < V; i++) a = fma3(s, w[r].q[i], xv[i], a);
+                    kiln_kset(k, s->acc[r][q], a);
+                    continue;
+                }
+                uint32_t d = op2(s, KILN_KOP_MUL, w[r].q[0], xv[0]);
+                for (int i = 1; i < V; i++) d = fma3(s, w[r].q[i], xv[i], d);
+                uint32_t a = fma3(s, w[r].a, d, s->acc[r][q]);
+                if (w[r].b != KILN_IDX_NONE) a = fma3(s, w[r].b, sx, a);
+                kiln_kset(k, s->acc[r][q], a);
+            }
+        }
+    }
+    kl_loop_end(k);
+    for (int r = 0; r < s->n_slots; r++)
+        for (int q = 0; q < s->mc; q++)
+            kiln_kset(k, s->acc[r][q], kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * G->wpu)));
+    /* the normalized x is a region output too: block 0 of the first group writes it */
+    if (s->norm != KILN_IDX_NONE && kl_is_out(s->r, s->norm) && G == &s->grp[0]) {
+        kif(s, op2(s, KILN_KOP_EQ, gw, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_DIV, gw, ci(s, WARPS)), ci(s, WARPS))));
+        kif(s, op2(s, KILN_KOP_EQ, u, ci(s, 0)));
+        for (int q = 0; q < s->mc; q++) {
+            kif(s, op2(s, KILN_KOP_LT, tok(s, q), m));
+            uint32_t j = kiln_kvar(k, lane);
+            kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32), 0);
+            uint32_t idx = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tok(s, q), ci(s, (int32_t)K)), j);
+            uint32_t y = op2(s, KILN_KOP_MUL, kl_load(k, xs, KILN_DTYPE_F32, idx), s->nsc[q]);
+            if (nws != KILN_IDX_NONE) y = op2(s, KILN_KOP_MUL, y, kl_load(k, nws, KILN_DTYPE_F32, j));
+            kl_store_node(k, g, s->norm, idx, y);
+            kl_loop_end(k);
+            kendif(s);
+        }
+        kendif(s);
+        kendif(s);
+    }
+    kif(s, op2(s, KILN_KOP_PAND, op2(s, KILN_KOP_EQ, lane, ci(s, 0)), op2(s, KILN_KOP_EQ, wi, ci(s, 0))));
+    epilogue(s, G, m);
+    kendif(s);
+    kl_loop_end(k);
+}
 
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
 {
-    return kl_unsupported(err, n_err, "matmul is not lowered yet");
+    gv *s = calloc(1, sizeof *s);
+    if (!s) return KILN_ERR_NOMEM;
+    s->k = k;
+    s->g = g;
+    s->r = r;
+    kiln_kir_init(k, "kiln_gemv", 32 * WARPS);
+    kiln_status st = KILN_OK;
+    if (!analyze(s, err, n_err)) {
+        st = KILN_ERR_UNSUPPORTED;
+        goto out;
+    }
+    snprintf(k->what, sizeof k->what, "gemv %s x%d%s, %u ops", kiln_dtype_name((kiln_dtype)g->nodes[g->nodes[s->mm[0]].src[1]].dtype), s->n_mm,
+             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes);
+    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t lane = op2(s, KILN_KOP_AND, tid, ci(s, 31));
+    uint32_t gw = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, bid, ci(s, WARPS)), op2(s, KILN_KOP_SHR, tid, ci(s, 5)));
+    uint32_t m = op2(s, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(s, (int32_t)s->K));
+    for (int q = 0; q < s->n_grp; q++) {
+        const gv_group *G = &s->grp[q];
+        uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
+        kif(s, op2(s, KILN_KOP_PAND, op2(s, KILN_KOP_LE, ci(s, (int32_t)G->warp0), gw), op2(s, KILN_KOP_LT, gw, ci(s, (int32_t)end))));
+        emit_group(s, G, gw, lane, tid, m);
+        kendif(s);
+    }
+    if (s->failed) st = kl_unsupported(err, n_err, "gemv: %s", s->why);
+out:
+    if (st != KILN_OK) kiln_kir_free(k);
+    free(s);
+    return st;
 }
