@@ -88,18 +88,25 @@ static void ops_text(const kiln_graph *g, const kiln_region *r, char *out, size_
     }
 }
 
-/* Per-region result, for the text and JSON printers. */
-typedef struct ptx_item {
-    uint32_t          index;     /* region index */
-    const char       *kind;      /* region kind */
-    char              ops[256];  /* fused ops */
-    kiln_status       status;    /* lowering/printing */
-    char              err[4096]; /* why not lowered / printed / assembled */
-    kiln_kir          kir;       /* the kernel (when lowered) */
+/* One kernel of a region. */
+typedef struct ptx_kernel {
+    kiln_kir          kir;       /* the kernel */
     char             *text;      /* its PTX */
     kiln_ptx_stats    st;        /* static summary */
     bool              assembled; /* ptxas ran and succeeded */
     kiln_ptxas_report rep;       /* its report */
+    char              err[4096]; /* why ptxas failed */
+} ptx_kernel;
+
+/* Per-region result, for the text and JSON printers. */
+typedef struct ptx_item {
+    uint32_t    index;                   /* region index */
+    const char *kind;                    /* region kind */
+    char        ops[256];                /* fused ops */
+    kiln_status status;                  /* lowering/printing */
+    char        err[4096];               /* why not lowered / printed */
+    ptx_kernel  k[KILN_LOWER_MAX];       /* its kernels, run in order */
+    uint32_t    n;                       /* kernels */
 } ptx_item;
 
 static void print_static(FILE *f, const kiln_ptx_stats *s)
@@ -123,15 +130,46 @@ static void print_item_text(const ptx_item *it, uint32_t n_regions, int sm, bool
         printf(": FAILED: %s: %s\n\n", kiln_status_str(it->status), it->err);
         return;
     }
-    printf(" -> %s (%s), block %u, grid %u x %u x %u\n", it->kir.name, it->kir.what, it->kir.block, it->kir.grid[0],
-           it->kir.grid[1], it->kir.grid[2]);
-    if (!summary) fputs(it->text, stdout);
-    if (it->assembled)
-        printf("--- ptxas sm_%d: %d registers, spills %d B stored / %d B loaded, stack %d B, shared %d B\n", sm, it->rep.regs,
-               it->rep.spill_stores, it->rep.spill_loads, it->rep.stack, it->rep.smem);
-    else if (it->err[0]) printf("--- ptxas sm_%d FAILED: %s\n", sm, it->err);
-    print_static(stdout, &it->st);
+    printf(": %u kernel%s\n", it->n, it->n > 1 ? "s, in order" : "");
+    for (uint32_t i = 0; i < it->n; i++) {
+        const ptx_kernel *k = &it->k[i];
+        printf("--- %s (%s), block %u, grid %u x %u x %u", k->kir.name, k->kir.what, k->kir.block, k->kir.grid[0],
+               k->kir.grid[1], k->kir.grid[2]);
+        if (k->kir.scratch_bytes) printf(", region scratch %llu B", (unsigned long long)k->kir.scratch_bytes);
+        printf("\n");
+        if (!summary && k->text) fputs(k->text, stdout);
+        if (k->assembled)
+            printf("--- ptxas sm_%d: %d registers, spills %d B stored / %d B loaded, stack %d B, shared %d B\n", sm,
+                   k->rep.regs, k->rep.spill_stores, k->rep.spill_loads, k->rep.stack, k->rep.smem);
+        else if (k->err[0]) printf("--- ptxas sm_%d FAILED: %s\n", sm, k->err);
+        print_static(stdout, &k->st);
+    }
     printf("\n");
+}
+
+static void print_kernel_json(const ptx_kernel *k, bool first, bool summary)
+{
+    printf("%s{\"kernel\":\"%s\",\"what\":", first ? "" : ",", k->kir.name);
+    kiln_cli_json_str(stdout, k->kir.what);
+    printf(",\"block\":%u,\"grid\":[%u,%u,%u],\"scratch_bytes\":%llu", k->kir.block, k->kir.grid[0], k->kir.grid[1],
+           k->kir.grid[2], (unsigned long long)k->kir.scratch_bytes);
+    if (!summary) {
+        printf(",\"ptx\":");
+        kiln_cli_json_str(stdout, k->text ? k->text : "");
+    }
+    if (k->assembled)
+        printf(",\"ptxas\":{\"regs\":%d,\"spill_stores\":%d,\"spill_loads\":%d,\"stack\":%d,\"smem\":%d}", k->rep.regs,
+               k->rep.spill_stores, k->rep.spill_loads, k->rep.stack, k->rep.smem);
+    else if (k->err[0]) {
+        printf(",\"ptxas_error\":");
+        kiln_cli_json_str(stdout, k->err);
+    }
+    const kiln_ptx_stats *s = &k->st;
+    printf(",\"static\":{\"ld32\":%u,\"ld128\":%u,\"ld_nc\":%u,\"loop_loads\":%u,\"st32\":%u,\"st16\":%u,\"lds\":%u,"
+           "\"sts\":%u,\"barriers\":%u,\"shuffles\":%u,\"reduces\":%u,\"loops\":%u,\"max_depth\":%u,\"ifs\":%u,"
+           "\"f32_ops\":%u,\"int_ops\":%u,\"params\":%u,\"shared_bytes\":%u}}",
+           s->ld32, s->ld128, s->ld_nc, s->loop_loads, s->st32, s->st16, s->lds, s->sts, s->barriers, s->shuffles,
+           s->reduces, s->loops, s->max_depth, s->ifs, s->f32_ops, s->int_ops, s->params, s->shared_bytes);
 }
 
 static void print_item_json(const ptx_item *it, bool first, bool summary)
@@ -145,26 +183,9 @@ static void print_item_json(const ptx_item *it, bool first, bool summary)
         printf("}");
         return;
     }
-    printf(",\"kernel\":\"%s\",\"what\":", it->kir.name);
-    kiln_cli_json_str(stdout, it->kir.what);
-    printf(",\"block\":%u,\"grid\":[%u,%u,%u]", it->kir.block, it->kir.grid[0], it->kir.grid[1], it->kir.grid[2]);
-    if (!summary) {
-        printf(",\"ptx\":");
-        kiln_cli_json_str(stdout, it->text);
-    }
-    if (it->assembled)
-        printf(",\"ptxas\":{\"regs\":%d,\"spill_stores\":%d,\"spill_loads\":%d,\"stack\":%d,\"smem\":%d}", it->rep.regs,
-               it->rep.spill_stores, it->rep.spill_loads, it->rep.stack, it->rep.smem);
-    else if (it->err[0]) {
-        printf(",\"ptxas_error\":");
-        kiln_cli_json_str(stdout, it->err);
-    }
-    const kiln_ptx_stats *s = &it->st;
-    printf(",\"static\":{\"ld32\":%u,\"ld128\":%u,\"ld_nc\":%u,\"loop_loads\":%u,\"st32\":%u,\"st16\":%u,\"lds\":%u,"
-           "\"sts\":%u,\"barriers\":%u,\"shuffles\":%u,\"reduces\":%u,\"loops\":%u,\"max_depth\":%u,\"ifs\":%u,"
-           "\"f32_ops\":%u,\"int_ops\":%u,\"params\":%u,\"shared_bytes\":%u}}",
-           s->ld32, s->ld128, s->ld_nc, s->loop_loads, s->st32, s->st16, s->lds, s->sts, s->barriers, s->shuffles,
-           s->reduces, s->loops, s->max_depth, s->ifs, s->f32_ops, s->int_ops, s->params, s->shared_bytes);
+    printf(",\"kernels\":[");
+    for (uint32_t i = 0; i < it->n; i++) print_kernel_json(&it->k[i], i == 0, summary);
+    printf("]}");
 }
 
 /* Lowers, prints and assembles region r into it; returns false when printing or ptxas failed. */
@@ -173,13 +194,31 @@ static bool do_region(const kiln_graph *g, const kiln_fusion *f, uint32_t r, int
     it->index = r;
     it->kind = kiln_region_kind_name((enum kiln_region_kind)f->regions[r].kind);
     ops_text(g, &f->regions[r], it->ops, sizeof it->ops);
-    it->status = kiln_lower_region(g, &f->regions[r], &it->kir, it->err, sizeof it->err);
+    kiln_kir kir[KILN_LOWER_MAX];
+    it->status = kiln_lower_region_seq(g, &f->regions[r], kir, &it->n, it->err, sizeof it->err);
     if (it->status != KILN_OK) return it->status == KILN_ERR_UNSUPPORTED;
-    it->status = kiln_ptx_print_ex(&it->kir, sm, &it->text, &it->st, it->err, sizeof it->err);
-    if (it->status != KILN_OK) return false;
-    if (!ptxas[0]) return true;
-    it->assembled = kiln_ptx_assemble(ptxas, it->text, sm, &it->rep, it->err, sizeof it->err) == KILN_OK;
-    return it->assembled;
+    bool ok = true;
+    for (uint32_t i = 0; i < it->n; i++) {
+        ptx_kernel *k = &it->k[i];
+        k->kir = kir[i];
+        kiln_status s = kiln_ptx_print_ex(&k->kir, sm, &k->text, &k->st, it->err, sizeof it->err);
+        if (s != KILN_OK) {
+            it->status = s;
+            ok = false;
+            continue;
+        }
+        if (ptxas[0]) ok &= k->assembled = kiln_ptx_assemble(ptxas, k->text, sm, &k->rep, k->err, sizeof k->err) == KILN_OK;
+    }
+    return ok;
+}
+
+static void free_item(ptx_item *it)
+{
+    for (uint32_t i = 0; i < it->n; i++) {
+        free(it->k[i].text);
+        kiln_kir_free(&it->k[i].kir);
+    }
+    free(it);
 }
 
 static kiln_status load_graph(const ptx_opts *o, kiln_ctx *ctx, kiln_graph **g, char *err, size_t n)
@@ -235,14 +274,15 @@ int kiln_cli_ptx(int argc, char *const *argv)
         }
         failed += !do_region(g, &f, r, (int)o.sm, ptxas, it);
         lowered += it->status == KILN_OK;
-        spills += it->assembled ? it->rep.spill_stores + it->rep.spill_loads : 0;
-        if (it->assembled && it->rep.regs > max_regs) max_regs = it->rep.regs;
+        for (uint32_t i = 0; i < it->n; i++) {
+            const ptx_kernel *k = &it->k[i];
+            spills += k->assembled ? k->rep.spill_stores + k->rep.spill_loads : 0;
+            if (k->assembled && k->rep.regs > max_regs) max_regs = k->rep.regs;
+        }
         if (o.json) print_item_json(it, first, o.summary);
         else print_item_text(it, f.n_regions, (int)o.sm, o.summary);
         first = 0;
-        free(it->text);
-        if (it->status == KILN_OK) kiln_kir_free(&it->kir);
-        free(it);
+        free_item(it);
     }
     if (rc == KILN_CLI_OK) {
         if (o.json) printf("],\"lowered\":%d,\"failed\":%d,\"spill_bytes\":%d,\"max_regs\":%d}\n", lowered, failed, spills, max_regs);

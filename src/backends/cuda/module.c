@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct kiln_kernel {
+/* One kernel of a region. */
+typedef struct cuda_fn {
     CUmodule    mod;                          /* the loaded module (one kernel each) */
     CUfunction  fn;                           /* its entry */
     uint32_t    grid[3];                      /* blocks, fixed at compile */
@@ -18,6 +19,12 @@ struct kiln_kernel {
     uint32_t    n_bufs;                       /* parameters */
     CUdeviceptr tables[KILN_KIR_MAX_TABLES];  /* uploaded constant tables */
     char        name[48];                     /* entry name, for errors */
+} cuda_fn;
+
+struct kiln_kernel {
+    cuda_fn     fns[KILN_LOWER_MAX]; /* the region's kernels, launched in order */
+    uint32_t    n_fns;               /* used */
+    CUdeviceptr scratch;             /* the region's scratch buffer (largest scratch_bytes), or 0 */
 };
 
 kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
@@ -51,26 +58,40 @@ kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, 
     return s;
 }
 
-/* Lowers and prints region r; the caller frees *ptx and the kir. */
-static kiln_status lower_and_print(int sm, const kiln_graph *g, const kiln_region *r, kiln_kir *kir, char **ptx,
-                                   char *err, size_t n)
+/* Lowers region r into its kernels and prints each; on success the caller frees kir[0..*n) and
+ * ptx[0..*n). */
+static kiln_status lower_and_print(int sm, const kiln_graph *g, const kiln_region *r, kiln_kir kir[KILN_LOWER_MAX],
+                                   char *ptx[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
-    *ptx = NULL;
-    kiln_status s = kiln_lower_region(g, r, kir, err, n);
-    if (s != KILN_OK) return s;
-    s = kiln_ptx_print(kir, sm, ptx, err, n);
-    if (s != KILN_OK) kiln_kir_free(kir);
+    memset(ptx, 0, KILN_LOWER_MAX * sizeof *ptx);
+    kiln_status s = kiln_lower_region_seq(g, r, kir, n, err, n_err);
+    for (uint32_t i = 0; s == KILN_OK && i < *n; i++) s = kiln_ptx_print(&kir[i], sm, &ptx[i], err, n_err);
+    if (s != KILN_OK) {
+        for (uint32_t i = 0; i < *n; i++) {
+            free(ptx[i]);
+            kiln_kir_free(&kir[i]);
+        }
+        *n = 0;
+    }
     return s;
+}
+
+static void free_printed(kiln_kir kir[KILN_LOWER_MAX], char *ptx[KILN_LOWER_MAX], uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        free(ptx[i]);
+        kiln_kir_free(&kir[i]);
+    }
 }
 
 bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r)
 {
     kiln_cuda *c = state;
-    kiln_kir kir;
-    char *ptx, err[256];
-    if (c->dead || lower_and_print(c->ptx_sm, g, r, &kir, &ptx, err, sizeof err) != KILN_OK) return false;
-    free(ptx);
-    kiln_kir_free(&kir);
+    kiln_kir kir[KILN_LOWER_MAX];
+    char *ptx[KILN_LOWER_MAX], err[256];
+    uint32_t n = 0;
+    if (c->dead || lower_and_print(c->ptx_sm, g, r, kir, ptx, &n, err, sizeof err) != KILN_OK) return false;
+    free_printed(kir, ptx, n);
     return true;
 }
 
@@ -87,6 +108,29 @@ static void dump(const char *name, const char *ptx)
     fclose(f);
 }
 
+/* Loads one printed kernel into f and uploads its tables. */
+static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cuda_fn *f, char *err, size_t n)
+{
+    dump(kir->name, ptx);
+    kiln_status s = kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, err, n);
+    if (s != KILN_OK) return s;
+    memcpy(f->grid, kir->grid, sizeof f->grid);
+    f->block = kir->block;
+    f->n_bufs = kir->n_bufs;
+    memcpy(f->bufs, kir->bufs, sizeof f->bufs);
+    memcpy(f->name, kir->name, sizeof f->name);
+    f->name[sizeof f->name - 1] = 0;
+    for (uint32_t t = 0; s == KILN_OK && t < kir->n_tables; t++) {
+        size_t bytes = (size_t)kir->tables[t].n * 4;
+        s = kiln_cuda_alloc(c, bytes, &f->tables[t], err, n);
+        if (s != KILN_OK || !bytes) continue;
+        CUresult r = c->d.htod(f->tables[t], kir->tables[t].words, bytes, c->stream);
+        if (r == KILN_CU_SUCCESS) r = c->d.stream_sync(c->stream); /* the kir's copy is freed after compile */
+        if (r != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "uploading a constant table", err, n);
+    }
+    return s;
+}
+
 kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out, char *err,
                               size_t n)
 {
@@ -94,31 +138,20 @@ kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_regio
     *out = NULL;
     kiln_status s = kiln_cuda_enter(c, err, n);
     if (s != KILN_OK) return s;
-    kiln_kir kir;
-    char *ptx;
-    if ((s = lower_and_print(c->ptx_sm, g, r, &kir, &ptx, err, n)) != KILN_OK) return s;
-    dump(kir.name, ptx);
+    kiln_kir kir[KILN_LOWER_MAX];
+    char *ptx[KILN_LOWER_MAX];
+    uint32_t nk = 0;
+    if ((s = lower_and_print(c->ptx_sm, g, r, kir, ptx, &nk, err, n)) != KILN_OK) return s;
     kiln_kernel *k = calloc(1, sizeof *k);
     if (!k) s = KILN_ERR_NOMEM;
-    else s = kiln_cuda_load_ptx(c, ptx, kir.name, &k->mod, &k->fn, err, n);
-    if (s == KILN_OK) {
-        memcpy(k->grid, kir.grid, sizeof k->grid);
-        k->block = kir.block;
-        k->n_bufs = kir.n_bufs;
-        memcpy(k->bufs, kir.bufs, sizeof k->bufs);
-        snprintf(k->name, sizeof k->name, "%s", kir.name);
+    uint64_t scratch = 0;
+    for (uint32_t i = 0; s == KILN_OK && i < nk; i++) {
+        s = load_fn(c, &kir[i], ptx[i], &k->fns[i], err, n);
+        k->n_fns = i + 1;
+        if (kir[i].scratch_bytes > scratch) scratch = kir[i].scratch_bytes;
     }
-    for (uint32_t t = 0; s == KILN_OK && t < kir.n_tables; t++) {
-        size_t bytes = (size_t)kir.tables[t].n * 4;
-        s = kiln_cuda_alloc(c, bytes, &k->tables[t], err, n);
-        if (s == KILN_OK && bytes) {
-            CUresult rr = c->d.htod(k->tables[t], kir.tables[t].words, bytes, c->stream);
-            if (rr == KILN_CU_SUCCESS) rr = c->d.stream_sync(c->stream); /* kir's copy is freed below */
-            if (rr != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, rr, "uploading a constant table", err, n);
-        }
-    }
-    free(ptx);
-    kiln_kir_free(&kir);
+    if (s == KILN_OK && scratch) s = kiln_cuda_alloc(c, (size_t)scratch, &k->scratch, err, n);
+    free_printed(kir, ptx, nk);
     if (s != KILN_OK) {
         if (k) kiln_cuda_kernel_free(c, k);
         return s;
@@ -131,10 +164,28 @@ void kiln_cuda_kernel_free(void *state, kiln_kernel *k)
 {
     kiln_cuda *c = state;
     if (!k) return;
-    for (int t = 0; t < KILN_KIR_MAX_TABLES; t++) kiln_cuda_free(c, k->tables[t]);
-    if (k->mod && !c->dead && c->d.ctx_set_current(c->ctx) == KILN_CU_SUCCESS) c->d.module_unload(k->mod);
+    bool usable = !c->dead && c->d.ctx_set_current(c->ctx) == KILN_CU_SUCCESS;
+    for (uint32_t i = 0; i < k->n_fns; i++) {
+        for (int t = 0; t < KILN_KIR_MAX_TABLES; t++) kiln_cuda_free(c, k->fns[i].tables[t]);
+        if (k->fns[i].mod && usable) c->d.module_unload(k->fns[i].mod);
+    }
+    kiln_cuda_free(c, k->scratch);
     free(k);
 }
+
+/* Device address of buffer slot b of f. */
+static CUdeviceptr slot_addr(const kiln_kernel *k, const cuda_fn *f, const kiln_kbuf *b, const kiln_exec_view *v)
+{
+    switch (b->kind) {
+    case KILN_KBUF_PARAMS: return (CUdeviceptr)(uintptr_t)v->params;
+    case KILN_KBUF_NODE: return (CUdeviceptr)(uintptr_t)v->bufs[b->node];
+    case KILN_KBUF_TABLE: return b->node < KILN_KIR_MAX_TABLES ? f->tables[b->node] : 0;
+    case KILN_KBUF_SCRATCH: return k->scratch;
+    default: return 0;
+    }
+}
+
+static const char *const slot_kind[KILN_KBUF_KIND_COUNT] = {"parameter buffer", "node", "table", "scratch"};
 
 kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                              char *err, size_t n)
@@ -146,28 +197,26 @@ kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_regio
         snprintf(err, n, "region with anchor node %u was not compiled for cuda", r->anchor);
         return KILN_ERR_INTERNAL;
     }
-    CUdeviceptr ptr[KILN_KIR_MAX_BUFS];
-    void *args[KILN_KIR_MAX_BUFS];
-    for (uint32_t i = 0; i < k->n_bufs; i++) {
-        const kiln_kbuf *b = &k->bufs[i];
-        void *p = b->kind == KILN_KBUF_PARAMS ? v->params
-                  : b->kind == KILN_KBUF_NODE ? v->bufs[b->node]
-                                              : (void *)(uintptr_t)k->tables[b->node];
-        if (!p) {
-            snprintf(err, n, "kernel %s: buffer slot %u (%s %u) has no device address", k->name, i,
-                     b->kind == KILN_KBUF_PARAMS ? "parameter buffer" : b->kind == KILN_KBUF_NODE ? "node" : "table",
-                     b->node);
-            return KILN_ERR_INTERNAL;
+    for (uint32_t i = 0; i < k->n_fns; i++) {
+        const cuda_fn *f = &k->fns[i];
+        CUdeviceptr ptr[KILN_KIR_MAX_BUFS];
+        void *args[KILN_KIR_MAX_BUFS];
+        for (uint32_t j = 0; j < f->n_bufs; j++) {
+            const kiln_kbuf *b = &f->bufs[j];
+            if (!(ptr[j] = slot_addr(k, f, b, v))) {
+                snprintf(err, n, "kernel %s: buffer slot %u (%s %u) has no device address", f->name, j,
+                         b->kind < KILN_KBUF_KIND_COUNT ? slot_kind[b->kind] : "?", b->node);
+                return KILN_ERR_INTERNAL;
+            }
+            args[j] = &ptr[j];
         }
-        ptr[i] = (CUdeviceptr)(uintptr_t)p;
-        args[i] = &ptr[i];
-    }
-    CUresult rr = c->d.launch(k->fn, k->grid[0], k->grid[1], k->grid[2], k->block, 1, 1, 0, c->stream, args, NULL);
-    if (rr != KILN_CU_SUCCESS) {
-        char what[160];
-        snprintf(what, sizeof what, "cuLaunchKernel of %s (grid %u x %u x %u, block %u)", k->name, k->grid[0], k->grid[1],
-                 k->grid[2], k->block);
-        return kiln_cuda_fail(c, rr, what, err, n);
+        CUresult rr = c->d.launch(f->fn, f->grid[0], f->grid[1], f->grid[2], f->block, 1, 1, 0, c->stream, args, NULL);
+        if (rr != KILN_CU_SUCCESS) {
+            char what[160];
+            snprintf(what, sizeof what, "cuLaunchKernel of %s (grid %u x %u x %u, block %u)", f->name, f->grid[0],
+                     f->grid[1], f->grid[2], f->block);
+            return kiln_cuda_fail(c, rr, what, err, n);
+        }
     }
     return KILN_OK;
 }
