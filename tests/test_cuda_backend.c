@@ -20,6 +20,7 @@ typedef struct fakecuda_log {
     int      last_n_params;
     unsigned long long last_params[16];
     int      fault_next_sync;
+    int      null_params;
 } fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
 
 static fakecuda_log *fake(void)
@@ -205,4 +206,40 @@ Test(cuda_host, sticky_fault_stops_the_backend)
     kiln_plan_free(p);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
+}
+
+#include "sched/presets.h"
+
+/* A whole qwen2-0.5b decode layer forced onto cuda: every region compiles (attention as two
+ * kernels sharing a scratch buffer), one recording is replayed per step, no argument is NULL. */
+Test(cuda_host, decode_layer_compiles_and_replays)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_preset_build(pr, KILN_DTYPE_Q8_0, 1, 64, 1, &g), KILN_OK);
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p);
+    if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
+    cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
+    int modules = f->modules;
+    cr_assert(modules >= 4, "%d modules for a decode layer", modules);
+    float *x = calloc((size_t)pr->hidden, 4), *y = calloc((size_t)pr->hidden, 4);
+    for (int step = 0; step < 3; step++) {
+        int32_t pos = 10 + step;
+        kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = pos + 1},
+                            {.name = "x", .data = x, .bytes = (size_t)pr->hidden * 4}, {.name = "pos", .data = &pos, .bytes = 4},
+                            {.name = "y", .data = y, .bytes = (size_t)pr->hidden * 4}};
+        cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "step %d: %s", step, kiln_ctx_error(ctx));
+    }
+    cr_assert_eq(f->graph_launches, 3);
+    cr_assert(f->captured >= modules, "%d kernels recorded, %d modules", f->captured, modules);
+    cr_assert_eq(f->graph_kernels, 3 * f->captured);
+    cr_assert_eq(f->null_params, 0, "%d launches had a NULL argument", f->null_params);
+    free(x), free(y);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    cr_assert_eq(f->live_allocs, 0, "%d device allocations left after the context", f->live_allocs);
 }

@@ -28,6 +28,7 @@ typedef struct fakecuda_log {
     int    last_n_params;    /* .param count of the last launched entry */
     CUdeviceptr last_params[16]; /* its pointer arguments */
     int    fault_next_sync;  /* the next stream sync fails with an illegal address */
+    int    null_params;      /* launches with a NULL pointer argument */
 } fakecuda_log;
 
 EXPORT fakecuda_log fakecuda;
@@ -157,6 +158,11 @@ EXPORT CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, 
     fakecuda.last_grid[0] = gx, fakecuda.last_grid[1] = gy, fakecuda.last_grid[2] = gz, fakecuda.last_block = bx;
     fakecuda.last_n_params = fu->n_params;
     for (int i = 0; i < fu->n_params && i < 16; i++) fakecuda.last_params[i] = *(CUdeviceptr *)params[i];
+    for (int i = 0; i < fu->n_params; i++)
+        if (!*(CUdeviceptr *)params[i]) {
+            fakecuda.null_params++;
+            break;
+        }
     if (capturing) fakecuda.captured++;
     else fakecuda.launches++;
     return 0;
