@@ -352,3 +352,51 @@ Test(cli, spirv_prints_each_kernel)
     }
 #endif
 }
+
+/* kiln ptx: every region listed (lowered with its kernel, or the reason it is not), ptxas's
+ * report when ptxas is here, JSON that names every region, and usage errors. */
+Test(cli, ptx_lists_every_region, .timeout = 300)
+{
+    char args[4096];
+    const char *src = getenv("KILN_SOURCE_DIR");
+    snprintf(args, sizeof args, "ptx '%s/tests/data/llama_layer.kg' --summary", src && *src ? src : KILN_SOURCE_DIR);
+    cli_out o;
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "rc %d: %s\n%s", o.rc, o.err, o.out);
+    int regions = 0, listed = 0;
+    for (const char *p = o.out; (p = strstr(p, "=== region ")); p++) listed++;
+    const char *tail = strstr(o.out, " regions, ");
+    cr_assert(tail, "%s", o.out);
+    while (tail > o.out && tail[-1] != '\n') tail--;
+    cr_assert_eq(sscanf(tail, "%d regions", &regions), 1, "%s", tail);
+    cr_assert_eq(listed, regions, "%d regions listed of %d:\n%s", listed, regions, o.out);
+    bool lowered = strstr(o.out, " -> ") != NULL;
+    if (lowered && strstr(o.out, "assembled with ptxas")) {
+        cr_assert(strstr(o.out, "--- ptxas sm_90: "), "%s", o.out);
+        cr_assert(strstr(o.out, "spill bytes in all: 0,"), "%s", o.out);
+    }
+    if (lowered) cr_assert(strstr(o.out, "--- static: global loads "), "%s", o.out);
+    /* JSON: one object per region, and PTX text unless --summary */
+    snprintf(args, sizeof args, "ptx '%s/tests/data/llama_layer.kg' --json --sm 80", src && *src ? src : KILN_SOURCE_DIR);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "rc %d: %s", o.rc, o.err);
+    cr_assert(o.out[0] == '{' && strstr(o.out, "\"sm\":80") && strstr(o.out, "\"regions\":[{\"index\":0,"), "%s", o.out);
+    int json_regions = 0;
+    for (const char *p = o.out; (p = strstr(p, "{\"index\":")); p++) json_regions++;
+    cr_assert_eq(json_regions, regions);
+    if (lowered) cr_assert(strstr(o.out, "\"ptx\":\"//\\n// kiln kernel ") && strstr(o.out, ".target sm_80"), "%s", o.out);
+    /* a preset, one region */
+    kiln_cli(&o, "ptx --preset qwen2-0.5b --wtype q4_k --tokens 4 --region 0");
+    cr_assert_eq(o.rc, 0, "rc %d: %s", o.rc, o.err);
+    cr_assert(strstr(o.out, "=== region 0/") && !strstr(o.out, "=== region 1/"), "%s", o.out);
+    /* usage errors */
+    const char *bad[] = {"ptx", "ptx --preset nope", "ptx --preset qwen2-0.5b --sm 75", "ptx --preset qwen2-0.5b --frob",
+                         "ptx --preset qwen2-0.5b --region 100000"};
+    for (int i = 0; i < 5; i++) {
+        kiln_cli(&o, bad[i]);
+        cr_assert_eq(o.rc, 2, "kiln %s: rc %d", bad[i], o.rc);
+        cr_assert(o.err[0], "kiln %s printed no reason", bad[i]);
+    }
+    kiln_cli(&o, "help ptx");
+    cr_assert(o.rc == 0 && strstr(o.out, "--sm"), "%s", o.out);
+}

@@ -16,6 +16,7 @@ static const char usage_main[] =
     "  bench --preset NAME   time decode or prefill of a model preset (random weights)\n"
     "  plan FILE.kg | --preset NAME   fused kernels, placement and predicted costs\n"
     "  spirv FILE.kg | --preset NAME  the Vulkan backend's GLSL (or SPIR-V) of each fused kernel\n"
+    "  ptx FILE.kg | --preset NAME    generated PTX per fused kernel, ptxas registers/spills\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
@@ -93,6 +94,25 @@ static const char usage_spirv[] =
     "  --features F      none: portable fallbacks (default); all: 16-bit stores, subgroup (32)\n"
     "                    reductions and integer dot products, as on a device that has them\n"
     "  --no-fuse         one kernel per op\n";
+static const char usage_ptx[] =
+    "usage: kiln ptx (FILE.kg | --preset NAME [--wtype T] [--tokens T] [--ctx N]) [--sm 80|90]\n"
+    "                [--region I] [--no-fuse] [--summary] [--json]\n"
+    "\n"
+    "Prints the PTX the CUDA backend generates for each fused region (kernel), and, when ptxas is\n"
+    "found ($KILN_PTXAS, PATH, /usr/local/cuda/bin), its report: registers, spill bytes, stack and\n"
+    "shared memory. Each kernel also gets a static summary: global loads and stores by width,\n"
+    "read-only (.nc) and in-loop loads, shared-memory traffic, barriers, shuffles, loops.\n"
+    "Regions the lowering does not take yet are listed with the reason. Needs no GPU.\n"
+    "  --preset NAME   one layer of a model preset (qwen2-0.5b, llama-7b, qwen2-7b)\n"
+    "  --wtype T       matmul weight dtype: f32, f16, q8_0 (default), q4_k\n"
+    "  --tokens T      bound of n_tok: 1 (default) is decode, more is prefill\n"
+    "  --ctx N         bound of n_kv (default 4096)\n"
+    "  --sm 80|90      PTX target (default 90)\n"
+    "  --region I      only region I\n"
+    "  --no-fuse       one kernel per op\n"
+    "  --summary       reports only, no PTX text\n"
+    "  --json          one JSON object\n"
+    "Exit code 1 when a kernel fails to print or to assemble.\n";
 
 static const char usage_calibrate[] =
     "usage: kiln calibrate [--json] [--no-save]\n"
@@ -111,6 +131,7 @@ static const struct {
     {"bench", kiln_cli_bench, usage_bench},
     {"plan", kiln_cli_plan, usage_plan},
     {"spirv", kiln_cli_spirv, usage_spirv},
+    {"ptx", kiln_cli_ptx, usage_ptx},
     {"calibrate", kiln_cli_calibrate, usage_calibrate},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])

@@ -4,9 +4,11 @@
 #include "sched/presets.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static const kiln_preset presets[] = {
     {.name = "qwen2-0.5b", .hidden = 896, .n_head = 14, .n_kv_head = 2, .head_dim = 64, .ffn = 4864,
@@ -103,6 +105,22 @@ static kiln_node norm_weight(kiln_graph *g, const char *name, int64_t d, uint64_
     return n;
 }
 
+/* Shape-only graphs borrow one read-only mapping of zero pages for every matmul weight (never
+ * unmapped, costs no memory); NULL when bytes exceed it. */
+#define SHAPE_ONLY_BYTES ((size_t)1 << 30)
+static void *shape_only_map;
+static void map_zeros(void)
+{
+    void *p = mmap(NULL, SHAPE_ONLY_BYTES, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    shape_only_map = p == MAP_FAILED ? NULL : p;
+}
+static const void *shape_only_zeros(size_t bytes)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, map_zeros);
+    return bytes <= SHAPE_ONLY_BYTES ? shape_only_map : NULL;
+}
+
 /* A matmul weight [out, in] for layer l, tensor j. */
 static kiln_node mat_weight(kiln_graph *g, const kiln_preset_build_opts *o, int l, int j, const char *tag,
                             int64_t out_dim, int64_t in_dim)
@@ -110,6 +128,9 @@ static kiln_node mat_weight(kiln_graph *g, const kiln_preset_build_opts *o, int 
     char name[64];
     snprintf(name, sizeof name, "%s%d", tag, l);
     kiln_dim dims[2] = {out_dim, in_dim};
+    kiln_dtype t = kiln_preset_wdtype_for(o->wdtype, in_dim);
+    const void *zeros = o->shape_only ? shape_only_zeros((size_t)out_dim * kiln_row_bytes(t, in_dim)) : NULL;
+    if (zeros) return kiln_weight(g, name, t, 2, dims, zeros, KILN_WEIGHT_BORROW);
     return kiln_weight_random(g, name, kiln_preset_wdtype_for(o->wdtype, in_dim), 2, dims,
                               o->seed + 16u * (uint64_t)l + (uint64_t)j, 1.0f / sqrtf((float)in_dim));
 }

@@ -25,6 +25,8 @@ typedef struct kiln_preset_build_opts {
     int64_t    max_ctx;  /* KV-cache rows; bound of symbol n_kv */
     int64_t    max_tok;  /* bound of symbol n_tok */
     uint64_t   seed;     /* base seed of the random weights */
+    bool       shape_only; /* matmul weights are zeros borrowed from one shared mapping: fast to
+                              build, for code generation and listings (kiln ptx, test_ptx) */
 } kiln_preset_build_opts;
 
 /* The built-in presets; NULL past the end / for an unknown name. */

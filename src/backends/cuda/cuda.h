@@ -1,0 +1,189 @@
+/* The CUDA backend's inside: the few driver types and constants it uses (declared here, so kiln
+ * builds without the CUDA toolkit), the table of driver entry points loaded from libcuda.so.1 with
+ * dlopen, the backend state (device, context, stream, memory pool, timers) and the error
+ * translation every driver call goes through. Must not include <cuda.h> or link libcuda. */
+#pragma once
+
+#include "kiln/kiln.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ driver types (cuda.h) */
+
+typedef int                       CUresult;
+typedef int                       CUdevice;
+typedef unsigned long long        CUdeviceptr;
+typedef struct CUctx_st          *CUcontext;
+typedef struct CUmod_st          *CUmodule;
+typedef struct CUfunc_st         *CUfunction;
+typedef struct CUstream_st       *CUstream;
+typedef struct CUevent_st        *CUevent;
+typedef struct CUgraph_st        *CUgraph;
+typedef struct CUgraphExec_st    *CUgraphExec;
+
+enum {
+    KILN_CU_SUCCESS = 0,
+    KILN_CU_ERROR_OUT_OF_MEMORY = 2,
+    KILN_CU_ERROR_NO_DEVICE = 100,
+    KILN_CU_ERROR_ILLEGAL_ADDRESS = 700,
+    KILN_CU_ERROR_LAUNCH_TIMEOUT = 702,
+    KILN_CU_ERROR_HARDWARE_STACK_ERROR = 714,
+    KILN_CU_ERROR_LAUNCH_FAILED = 719,
+    /* device attributes */
+    KILN_CU_ATTR_CLOCK_RATE = 13,          /* kHz */
+    KILN_CU_ATTR_SM_COUNT = 16,
+    KILN_CU_ATTR_MEMORY_CLOCK_RATE = 36,   /* kHz */
+    KILN_CU_ATTR_MEMORY_BUS_WIDTH = 37,    /* bits */
+    KILN_CU_ATTR_L2_CACHE_SIZE = 38,       /* bytes */
+    KILN_CU_ATTR_CC_MAJOR = 75,
+    KILN_CU_ATTR_CC_MINOR = 76,
+    /* JIT options of cuModuleLoadDataEx */
+    KILN_CU_JIT_INFO_LOG_BUFFER = 3,
+    KILN_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4,
+    KILN_CU_JIT_ERROR_LOG_BUFFER = 5,
+    KILN_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
+    KILN_CU_JIT_LOG_VERBOSE = 12,
+    KILN_CU_STREAM_NON_BLOCKING = 1,
+    KILN_CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+};
+
+/* ------------------------------------------------------------------ entry points */
+
+/* X(field, symbol, fallback symbol or NULL, return type, parameters): the versioned names are the
+ * ones cuda.h maps the plain names to (driver 580: *_v2, cuGraphInstantiateWithFlags). */
+#define KILN_CUDA_ENTRY_POINTS(X)                                                                       \
+    X(init, "cuInit", NULL, CUresult, (unsigned flags))                                                 \
+    X(driver_version, "cuDriverGetVersion", NULL, CUresult, (int *v))                                   \
+    X(device_count, "cuDeviceGetCount", NULL, CUresult, (int *n))                                       \
+    X(device_get, "cuDeviceGet", NULL, CUresult, (CUdevice * d, int ordinal))                           \
+    X(device_attr, "cuDeviceGetAttribute", NULL, CUresult, (int *v, int attr, CUdevice d))              \
+    X(device_name, "cuDeviceGetName", NULL, CUresult, (char *name, int len, CUdevice d))                \
+    X(device_total_mem, "cuDeviceTotalMem_v2", NULL, CUresult, (size_t * bytes, CUdevice d))            \
+    X(primary_retain, "cuDevicePrimaryCtxRetain", NULL, CUresult, (CUcontext * c, CUdevice d))          \
+    X(primary_release, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease", CUresult, (CUdevice d)) \
+    X(ctx_set_current, "cuCtxSetCurrent", NULL, CUresult, (CUcontext c))                                \
+    X(stream_create, "cuStreamCreate", NULL, CUresult, (CUstream * s, unsigned flags))                  \
+    X(stream_destroy, "cuStreamDestroy_v2", NULL, CUresult, (CUstream s))                               \
+    X(stream_sync, "cuStreamSynchronize", NULL, CUresult, (CUstream s))                                 \
+    X(mem_alloc, "cuMemAlloc_v2", NULL, CUresult, (CUdeviceptr * p, size_t bytes))                      \
+    X(mem_free, "cuMemFree_v2", NULL, CUresult, (CUdeviceptr p))                                        \
+    X(mem_info, "cuMemGetInfo_v2", NULL, CUresult, (size_t * free_bytes, size_t * total))               \
+    X(htod, "cuMemcpyHtoDAsync_v2", NULL, CUresult, (CUdeviceptr dst, const void *src, size_t n, CUstream s)) \
+    X(dtoh, "cuMemcpyDtoHAsync_v2", NULL, CUresult, (void *dst, CUdeviceptr src, size_t n, CUstream s)) \
+    X(dtod, "cuMemcpyDtoDAsync_v2", NULL, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)) \
+    X(module_load, "cuModuleLoadDataEx", NULL, CUresult,                                                \
+      (CUmodule * m, const void *image, unsigned n_opt, int *opts, void **vals))                        \
+    X(module_unload, "cuModuleUnload", NULL, CUresult, (CUmodule m))                                    \
+    X(module_function, "cuModuleGetFunction", NULL, CUresult, (CUfunction * f, CUmodule m, const char *name)) \
+    X(launch, "cuLaunchKernel", NULL, CUresult,                                                         \
+      (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,      \
+       unsigned shared, CUstream s, void **params, void **extra))                                       \
+    X(capture_begin, "cuStreamBeginCapture_v2", NULL, CUresult, (CUstream s, int mode))                 \
+    X(capture_end, "cuStreamEndCapture", NULL, CUresult, (CUstream s, CUgraph * g))                     \
+    X(graph_instantiate, "cuGraphInstantiateWithFlags", NULL, CUresult,                                 \
+      (CUgraphExec * e, CUgraph g, unsigned long long flags))                                           \
+    X(graph_launch, "cuGraphLaunch", NULL, CUresult, (CUgraphExec e, CUstream s))                       \
+    X(graph_exec_destroy, "cuGraphExecDestroy", NULL, CUresult, (CUgraphExec e))                        \
+    X(graph_destroy, "cuGraphDestroy", NULL, CUresult, (CUgraph g))                                     \
+    X(event_create, "cuEventCreate", NULL, CUresult, (CUevent * e, unsigned flags))                     \
+    X(event_record, "cuEventRecord", NULL, CUresult, (CUevent e, CUstream s))                           \
+    X(event_sync, "cuEventSynchronize", NULL, CUresult, (CUevent e))                                    \
+    X(event_elapsed, "cuEventElapsedTime_v2", "cuEventElapsedTime", CUresult, (float *ms, CUevent a, CUevent b)) \
+    X(event_destroy, "cuEventDestroy_v2", NULL, CUresult, (CUevent e))                                  \
+    X(error_name, "cuGetErrorName", NULL, CUresult, (CUresult r, const char **s))                       \
+    X(error_string, "cuGetErrorString", NULL, CUresult, (CUresult r, const char **s))
+
+#define KILN_CUDA_FIELD(field, sym, alt, ret, params) ret(*field) params;
+typedef struct kiln_cuda_driver {
+    void *lib; /* dlopen handle of libcuda.so.1 */
+    KILN_CUDA_ENTRY_POINTS(KILN_CUDA_FIELD)
+} kiln_cuda_driver;
+#undef KILN_CUDA_FIELD
+
+/* ------------------------------------------------------------------ state */
+
+/* A device allocation, live or cached for reuse (size already rounded to 256 bytes). */
+typedef struct kiln_cuda_block {
+    CUdeviceptr ptr;   /* device address */
+    size_t      bytes; /* rounded size */
+    bool        live;  /* handed out (else in the cache) */
+} kiln_cuda_block;
+
+typedef struct kiln_cuda {
+    kiln_cuda_driver d;          /* driver entry points */
+    CUdevice         dev;        /* the device */
+    CUcontext        ctx;        /* its primary context (retained) */
+    CUstream         stream;     /* the one queue every launch and copy goes to */
+    int              sm;         /* compute capability, major * 10 + minor */
+    int              ptx_sm;     /* target of printed PTX: min(sm, 90) (the driver JITs forward) */
+    int              n_sm;       /* multiprocessors */
+    int              clock_khz;  /* SM clock, 0 when unknown */
+    int              mem_khz;    /* memory clock, 0 when unknown */
+    int              bus_bits;   /* memory bus width, 0 when unknown */
+    size_t           mem_total;  /* device memory bytes */
+    char             name[128];  /* device name */
+    bool             dead;       /* a sticky error happened: every call fails fast */
+    char             dead_why[512]; /* that error */
+    bool             capturing;  /* between record_begin and record_end */
+    kiln_cuda_block *blocks;     /* every allocation (live and cached) */
+    size_t           n_blocks;   /* used */
+    size_t           cap_blocks; /* allocated */
+    size_t           cached;     /* bytes held in the cache */
+    CUevent         *timers;     /* timer slots (created on first mark) */
+    int              n_timers;   /* slots allocated */
+} kiln_cuda;
+
+/* ------------------------------------------------------------------ driver.c */
+
+/* Loads libcuda ($KILN_LIBCUDA, else libcuda.so.1) and resolves every entry point. On failure
+ * returns false with why in msg ("libcuda.so.1 not found (no NVIDIA driver)"). */
+bool kiln_cuda_load(kiln_cuda_driver *d, char *msg, size_t n);
+void kiln_cuda_unload(kiln_cuda_driver *d);
+/* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for r (the driver's name and text). */
+void kiln_cuda_error_text(const kiln_cuda_driver *d, CUresult r, char *buf, size_t n);
+/* Translates a failed call: err = "<what>: <name>: <text>"; a sticky error (illegal address,
+ * launch failure, ...) marks the backend dead. Returns KILN_ERR_NOMEM for out of memory, else
+ * KILN_ERR_BACKEND. r must not be success. */
+kiln_status kiln_cuda_fail(kiln_cuda *c, CUresult r, const char *what, char *err, size_t n);
+/* Makes the context current; fails fast (KILN_ERR_BACKEND, the first error in err) when dead. */
+kiln_status kiln_cuda_enter(kiln_cuda *c, char *err, size_t n);
+
+/* ------------------------------------------------------------------ mem.c */
+
+kiln_status kiln_cuda_alloc(kiln_cuda *c, size_t bytes, CUdeviceptr *out, char *err, size_t n);
+void        kiln_cuda_free(kiln_cuda *c, CUdeviceptr p);
+/* Returns every cached (freed) block to the driver. */
+void        kiln_cuda_pool_trim(kiln_cuda *c);
+/* Frees every block (live ones too): at release. */
+void        kiln_cuda_pool_destroy(kiln_cuda *c);
+
+/* ------------------------------------------------------------------ module.c */
+
+/* Loads PTX text and finds entry `name`; the JIT log goes into err on failure. */
+kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
+                               char *err, size_t n);
+
+/* ------------------------------------------------------------------ calib.c */
+
+void        kiln_cuda_profile_defaults(const kiln_cuda *c, kiln_device_profile *out);
+kiln_status kiln_cuda_measure(kiln_cuda *c, kiln_device_profile *out, char *err, size_t n);
+
+/* Calls a driver entry point; on failure translates the result and returns the status. */
+#define KILN_CUDA_TRY(c, call, what, err, n)                                  \
+    do {                                                                      \
+        CUresult r_ = (c)->d.call;                                            \
+        if (r_ != KILN_CU_SUCCESS) return kiln_cuda_fail((c), r_, (what), (err), (n)); \
+    } while (0)
+
+/* ------------------------------------------------------------------ kernels (module.c) */
+
+#include "sched/backend.h"
+
+bool        kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r);
+kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out, char *err,
+                              size_t n);
+void        kiln_cuda_kernel_free(void *state, kiln_kernel *k);
+kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
+                             char *err, size_t n);

@@ -1,0 +1,559 @@
+/* The PTX printer: one kir kernel -> one PTX module with one .entry, for sm_80 .. sm_90. One table
+ * of op -> instruction text and one loop over the instructions; virtual registers are numbered
+ * per class in program order, so the same kernel always prints the same bytes. Must not change
+ * what the kernel computes (target fix-ups belong to the lowering) and must not call the driver. */
+#include "ptx/ptx.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ text buffer */
+
+typedef struct sbuf {
+    char  *s;   /* text, NUL-terminated */
+    size_t n;   /* length */
+    size_t cap; /* allocated */
+    bool   oom; /* an append failed */
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *b, const char *fmt, ...)
+{
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int len = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (len < 0) {
+            b->oom = true;
+            return;
+        }
+        if (b->s && b->n + (size_t)len < b->cap) {
+            b->n += (size_t)len;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->n + (size_t)len + 1) cap *= 2;
+        char *grown = realloc(b->s, cap);
+        if (!grown) {
+            b->oom = true;
+            return;
+        }
+        b->s = grown;
+        b->cap = cap;
+    }
+}
+
+/* ------------------------------------------------------------------ registers */
+
+enum rcls { RC_P = 0, RC_H, RC_R, RC_F, RC_D, RC_COUNT };
+static const char *const rc_name[RC_COUNT] = {"%p", "%h", "%r", "%f", "%rd"};
+static const char *const rc_type[RC_COUNT] = {".pred", ".b16", ".b32", ".f32", ".b64"};
+
+typedef struct rname {
+    char s[24]; /* "%r12" */
+} rname;
+
+#define MAX_DEPTH 64
+
+typedef struct pstate {
+    const kiln_kir *k;                        /* the kernel */
+    sbuf            pro;                      /* entry code: buffer bases, parameters, shared bases */
+    sbuf            body;                     /* the instructions */
+    uint32_t        n_reg[RC_COUNT];          /* registers used per class */
+    uint32_t       *reg;                      /* reg[i]: register number of value i in its class */
+    uint32_t        sbase[KILN_KIR_MAX_SHARED]; /* R register holding each shared array's address */
+    uint32_t        red_base;                 /* R register holding the reduction scratch's address */
+    uint32_t        red_words;                /* reduction scratch (block / 32 words when needed) */
+    uint32_t        open[MAX_DEPTH];          /* open LOOP/IF instructions */
+    bool            has_else[MAX_DEPTH];      /* the open IF has had its ELSE */
+    uint32_t        depth;                    /* open blocks */
+    uint32_t        loop_depth;               /* open loops */
+    kiln_ptx_stats  st;                       /* what was printed */
+} pstate;
+
+static enum rcls cls_of(uint8_t t) { return t == KILN_KT_PRED ? RC_P : t == KILN_KT_F32 ? RC_F : RC_R; }
+
+static uint32_t new_reg(pstate *p, enum rcls c) { return p->n_reg[c]++; }
+
+static rname nreg(enum rcls c, uint32_t n)
+{
+    rname r;
+    snprintf(r.s, sizeof r.s, "%s%u", rc_name[c], n);
+    return r;
+}
+
+/* The register of value v (lane 0 of a V4). */
+static rname vreg(const pstate *p, uint32_t v) { return nreg(cls_of(p->k->ins[v].type), p->reg[v]); }
+
+/* Allocates value i's register(s) (four consecutive R for a V4) and returns its name. */
+static rname def(pstate *p, uint32_t i)
+{
+    uint8_t t = p->k->ins[i].type;
+    p->reg[i] = new_reg(p, cls_of(t));
+    if (t == KILN_KT_V4) p->n_reg[RC_R] += 3;
+    return vreg(p, i);
+}
+
+/* ------------------------------------------------------------------ the op table */
+
+/* Column of an instruction type in op_table. */
+static int col_of(uint8_t t) { return t == KILN_KT_I32 ? 0 : t == KILN_KT_U32 ? 1 : t == KILN_KT_F32 ? 2 : 3; }
+
+typedef struct op_row {
+    uint8_t     arity; /* value operands printed after the result: 1..3 */
+    bool        cmp;   /* instruction type from operand a's type (comparisons), else from the result */
+    const char *text[4]; /* per type: i32, u32, f32, pred; NULL: not defined for that type */
+} op_row;
+
+/* Ops printed as one instruction "text d, a[, b[, c]]". ADD/SUB/MUL on f32 carry .rn so that ptxas
+ * never contracts them into an fma the lowering did not write (results match the other printers). */
+static const op_row op_table[KILN_KOP_COUNT] = {
+    [KILN_KOP_ADD] = {2, false, {"add.s32", "add.u32", "add.rn.f32"}},
+    [KILN_KOP_SUB] = {2, false, {"sub.s32", "sub.u32", "sub.rn.f32"}},
+    [KILN_KOP_MUL] = {2, false, {"mul.lo.s32", "mul.lo.u32", "mul.rn.f32"}},
+    [KILN_KOP_DIV] = {2, false, {"div.s32", "div.u32", "div.rn.f32"}},
+    [KILN_KOP_REM] = {2, false, {"rem.s32", "rem.u32"}},
+    [KILN_KOP_MIN] = {2, false, {"min.s32", "min.u32", "min.f32"}},
+    [KILN_KOP_MAX] = {2, false, {"max.s32", "max.u32", "max.f32"}},
+    [KILN_KOP_FMA] = {3, false, {NULL, NULL, "fma.rn.f32"}},
+    [KILN_KOP_NEG] = {1, false, {"neg.s32", NULL, "neg.f32"}},
+    [KILN_KOP_ABS] = {1, false, {"abs.s32", NULL, "abs.f32"}},
+    [KILN_KOP_AND] = {2, false, {"and.b32", "and.b32"}},
+    [KILN_KOP_OR] = {2, false, {"or.b32", "or.b32"}},
+    [KILN_KOP_XOR] = {2, false, {"xor.b32", "xor.b32"}},
+    [KILN_KOP_SHL] = {2, false, {"shl.b32", "shl.b32"}},
+    [KILN_KOP_SHR] = {2, false, {"shr.s32", "shr.u32"}},
+    [KILN_KOP_EX2] = {1, false, {NULL, NULL, "ex2.approx.ftz.f32"}},
+    [KILN_KOP_LG2] = {1, false, {NULL, NULL, "lg2.approx.f32"}},
+    [KILN_KOP_RSQRT] = {1, false, {NULL, NULL, "rsqrt.approx.f32"}},
+    [KILN_KOP_SQRT] = {1, false, {NULL, NULL, "sqrt.rn.f32"}},
+    [KILN_KOP_SIN] = {1, false, {NULL, NULL, "sin.approx.f32"}},
+    [KILN_KOP_COS] = {1, false, {NULL, NULL, "cos.approx.f32"}},
+    [KILN_KOP_FLOOR] = {1, false, {NULL, NULL, "cvt.rmi.f32.f32"}},
+    [KILN_KOP_RINT] = {1, false, {NULL, NULL, "cvt.rni.f32.f32"}},
+    /* f32 comparisons are ordered (false with a NaN) except NE, which is true with a NaN, as in C */
+    [KILN_KOP_LT] = {2, true, {"setp.lt.s32", "setp.lt.u32", "setp.lt.f32"}},
+    [KILN_KOP_LE] = {2, true, {"setp.le.s32", "setp.le.u32", "setp.le.f32"}},
+    [KILN_KOP_EQ] = {2, true, {"setp.eq.s32", "setp.eq.u32", "setp.eq.f32"}},
+    [KILN_KOP_NE] = {2, true, {"setp.ne.s32", "setp.ne.u32", "setp.neu.f32"}},
+    [KILN_KOP_PAND] = {2, false, {NULL, NULL, NULL, "and.pred"}},
+    [KILN_KOP_POR] = {2, false, {NULL, NULL, NULL, "or.pred"}},
+    [KILN_KOP_PNOT] = {1, false, {NULL, NULL, NULL, "not.pred"}},
+    [KILN_KOP_BITCAST] = {1, false, {"mov.b32", "mov.b32", "mov.b32"}},
+};
+
+static void count_op(pstate *p, const kiln_kinst *in)
+{
+    if (in->op >= KILN_KOP_LT && in->op <= KILN_KOP_PNOT) return;
+    if (in->op == KILN_KOP_BITCAST) return;
+    if (in->type == KILN_KT_F32) p->st.f32_ops++;
+    else p->st.int_ops++;
+}
+
+/* ------------------------------------------------------------------ memory */
+
+/* 64-bit address of word/half index value `idx` in buffer slot `slot`: base + idx * scale. */
+static rname gaddr(pstate *p, uint32_t slot, uint32_t idx, int scale)
+{
+    rname a = nreg(RC_D, new_reg(p, RC_D));
+    put(&p->body, "\tmul.wide.s32 %s, %s, %d;\n", a.s, vreg(p, idx).s, scale);
+    put(&p->body, "\tadd.s64 %s, %s, %s;\n", a.s, nreg(RC_D, slot).s, a.s);
+    return a;
+}
+
+/* 32-bit shared address of element `idx` of the array whose base is in R register `base`. */
+static rname saddr(pstate *p, uint32_t base, uint32_t idx)
+{
+    rname a = nreg(RC_R, new_reg(p, RC_R));
+    put(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", a.s, vreg(p, idx).s, nreg(RC_R, base).s);
+    return a;
+}
+
+static void print_mem(pstate *p, uint32_t i)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    uint32_t slot = in->imm.u;
+    bool nc = slot < p->k->n_bufs && !p->k->bufs[slot].written;
+    const char *g = nc ? "global.nc" : "global";
+    switch (in->op) {
+    case KILN_KOP_LD: {
+        rname a = gaddr(p, slot, in->a, 4), d = def(p, i);
+        put(&p->body, "\tld.%s.u32 %s, [%s];\n", g, d.s, a.s);
+        p->st.ld32++, p->st.ld_nc += nc, p->st.loop_loads += p->loop_depth > 0;
+        break;
+    }
+    case KILN_KOP_LD4: {
+        rname a = gaddr(p, slot, in->a, 4);
+        def(p, i);
+        uint32_t r = p->reg[i];
+        put(&p->body, "\tld.%s.v4.u32 {%%r%u, %%r%u, %%r%u, %%r%u}, [%s];\n", g, r, r + 1, r + 2, r + 3, a.s);
+        p->st.ld128++, p->st.ld_nc += nc, p->st.loop_loads += p->loop_depth > 0;
+        break;
+    }
+    case KILN_KOP_ST: {
+        rname a = gaddr(p, slot, in->a, 4);
+        put(&p->body, "\tst.global.u32 [%s], %s;\n", a.s, vreg(p, in->b).s);
+        p->st.st32++;
+        break;
+    }
+    case KILN_KOP_ST16: {
+        rname a = gaddr(p, slot, in->a, 2), h = nreg(RC_H, new_reg(p, RC_H));
+        put(&p->body, "\tcvt.u16.u32 %s, %s;\n", h.s, vreg(p, in->b).s);
+        put(&p->body, "\tst.global.u16 [%s], %s;\n", a.s, h.s);
+        p->st.st16++;
+        break;
+    }
+    case KILN_KOP_LDS: {
+        rname a = saddr(p, p->sbase[slot], in->a), d = def(p, i);
+        put(&p->body, "\tld.shared.%s %s, [%s];\n", in->type == KILN_KT_F32 ? "f32" : "u32", d.s, a.s);
+        p->st.lds++;
+        break;
+    }
+    case KILN_KOP_STS: {
+        rname a = saddr(p, p->sbase[slot], in->a);
+        put(&p->body, "\tst.shared.%s [%s], %s;\n", p->k->ins[in->b].type == KILN_KT_F32 ? "f32" : "u32", a.s,
+            vreg(p, in->b).s);
+        p->st.sts++;
+        break;
+    }
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------------ reductions */
+
+/* Value i = reduction of f32 value a over aligned groups of `grp` threads: butterfly shuffles
+ * inside a warp; for groups wider than a warp, each warp's lane 0 writes its total to the
+ * scratch, and every thread adds its group's warp totals in warp order (the same order in every
+ * thread, so the whole group gets the same bits). The trailing barrier lets the next reduction
+ * reuse the scratch. */
+static void print_reduce(pstate *p, uint32_t i)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    uint32_t grp = in->imm.u & 0xffff;
+    const char *op = (in->imm.u >> 16) == KILN_KRED_MAX ? "max.f32" : "add.rn.f32";
+    rname x = def(p, i);
+    put(&p->body, "\tmov.f32 %s, %s;\n", x.s, vreg(p, in->a).s);
+    for (uint32_t off = (grp < 32 ? grp : 32) / 2; off >= 1; off /= 2) {
+        rname t = nreg(RC_F, new_reg(p, RC_F));
+        put(&p->body, "\tshfl.sync.bfly.b32 %s, %s, %u, 31, 0xffffffff;\n", t.s, x.s, off);
+        put(&p->body, "\t%s %s, %s, %s;\n", op, x.s, x.s, t.s);
+        p->st.shuffles++;
+    }
+    p->st.reduces++;
+    if (grp <= 32) return;
+    uint32_t warps = grp / 32;
+    rname tid = nreg(RC_R, new_reg(p, RC_R)), lane = nreg(RC_R, new_reg(p, RC_R)), warp = nreg(RC_R, new_reg(p, RC_R));
+    rname own = nreg(RC_R, new_reg(p, RC_R)), first = nreg(RC_R, new_reg(p, RC_R)), from = nreg(RC_R, new_reg(p, RC_R));
+    rname lead = nreg(RC_P, new_reg(p, RC_P)), base = nreg(RC_R, p->red_base);
+    put(&p->body, "\tmov.u32 %s, %%tid.x;\n", tid.s);
+    put(&p->body, "\tand.b32 %s, %s, 31;\n", lane.s, tid.s);
+    put(&p->body, "\tsetp.eq.u32 %s, %s, 0;\n", lead.s, lane.s);
+    put(&p->body, "\tshr.u32 %s, %s, 5;\n", warp.s, tid.s);
+    put(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", own.s, warp.s, base.s);
+    put(&p->body, "\t@%s st.shared.f32 [%s], %s;\n", lead.s, own.s, x.s);
+    put(&p->body, "\tbar.sync 0;\n");
+    put(&p->body, "\tand.b32 %s, %s, 0x%X;\n", first.s, warp.s, ~(warps - 1));
+    put(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", from.s, first.s, base.s);
+    put(&p->body, "\tld.shared.f32 %s, [%s];\n", x.s, from.s);
+    for (uint32_t w = 1; w < warps; w++) {
+        rname t = nreg(RC_F, new_reg(p, RC_F));
+        put(&p->body, "\tld.shared.f32 %s, [%s+%u];\n", t.s, from.s, 4 * w);
+        put(&p->body, "\t%s %s, %s, %s;\n", op, x.s, x.s, t.s);
+    }
+    put(&p->body, "\tbar.sync 0;\n");
+    p->st.sts++, p->st.lds += warps, p->st.barriers += 2;
+}
+
+/* ------------------------------------------------------------------ conversions */
+
+static void print_convert(pstate *p, uint32_t i)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    uint8_t ta = p->k->ins[in->a].type;
+    rname a = vreg(p, in->a);
+    switch (in->op) {
+    case KILN_KOP_CVT: {
+        const char *text = "mov.b32"; /* int <-> int: same bits */
+        if (in->type == KILN_KT_F32) text = ta == KILN_KT_I32 ? "cvt.rn.f32.s32" : "cvt.rn.f32.u32";
+        else if (ta == KILN_KT_F32) text = in->type == KILN_KT_I32 ? "cvt.rzi.s32.f32" : "cvt.rzi.u32.f32";
+        rname d = def(p, i);
+        put(&p->body, "\t%s %s, %s;\n", text, d.s, a.s);
+        break;
+    }
+    case KILN_KOP_H2F: {
+        uint32_t h = new_reg(p, RC_H);
+        new_reg(p, RC_H);
+        rname d = def(p, i);
+        put(&p->body, "\tmov.b32 {%%h%u, %%h%u}, %s;\n", h, h + 1, a.s);
+        put(&p->body, "\tcvt.f32.f16 %s, %%h%u;\n", d.s, h + (uint32_t)in->imm.i);
+        break;
+    }
+    case KILN_KOP_B2F: {
+        rname t = nreg(RC_R, new_reg(p, RC_R)), d = def(p, i);
+        if (in->imm.i == 0) put(&p->body, "\tshl.b32 %s, %s, 16;\n", t.s, a.s);
+        else put(&p->body, "\tand.b32 %s, %s, 0xFFFF0000;\n", t.s, a.s);
+        put(&p->body, "\tmov.b32 %s, %s;\n", d.s, t.s);
+        break;
+    }
+    case KILN_KOP_F2H: case KILN_KOP_F2B: {
+        rname h = nreg(RC_H, new_reg(p, RC_H)), d = def(p, i);
+        put(&p->body, "\tcvt.rn.%s.f32 %s, %s;\n", in->op == KILN_KOP_F2H ? "f16" : "bf16", h.s, a.s);
+        put(&p->body, "\tcvt.u32.u16 %s, %s;\n", d.s, h.s);
+        break;
+    }
+    case KILN_KOP_BFE: {
+        rname d = def(p, i);
+        put(&p->body, "\tbfe.%s %s, %s, %d, %d;\n", in->type == KILN_KT_I32 ? "s32" : "u32", d.s, a.s, in->imm.i & 31,
+            in->imm.i >> 8);
+        break;
+    }
+    default: break;
+    }
+    p->st.int_ops += in->op == KILN_KOP_BFE;
+}
+
+/* ------------------------------------------------------------------ control flow */
+
+static void print_flow(pstate *p, uint32_t i)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    switch (in->op) {
+    case KILN_KOP_LOOP: {
+        rname c = nreg(RC_P, new_reg(p, RC_P));
+        put(&p->body, "$L%u_loop:\n", i);
+        put(&p->body, "\tsetp.lt.s32 %s, %s, %s;\n", c.s, vreg(p, in->a).s, vreg(p, in->b).s);
+        put(&p->body, "\t@!%s bra $L%u_done;\n", c.s, i);
+        p->open[p->depth] = i;
+        p->has_else[p->depth++] = false;
+        p->loop_depth++;
+        p->st.loops++;
+        break;
+    }
+    case KILN_KOP_ENDLOOP: {
+        uint32_t l = p->open[--p->depth];
+        const kiln_kinst *lp = &p->k->ins[l];
+        put(&p->body, "\tadd.s32 %s, %s, %s;\n", vreg(p, lp->a).s, vreg(p, lp->a).s, vreg(p, lp->c).s);
+        put(&p->body, "\tbra $L%u_loop;\n$L%u_done:\n", l, l);
+        p->loop_depth--;
+        break;
+    }
+    case KILN_KOP_IF:
+        put(&p->body, "\t@!%s bra $L%u_else;\n", vreg(p, in->a).s, i);
+        p->open[p->depth] = i;
+        p->has_else[p->depth++] = false;
+        p->st.ifs++;
+        break;
+    case KILN_KOP_ELSE: {
+        uint32_t f = p->open[p->depth - 1];
+        put(&p->body, "\tbra $L%u_endif;\n$L%u_else:\n", f, f);
+        p->has_else[p->depth - 1] = true;
+        break;
+    }
+    case KILN_KOP_ENDIF: {
+        p->depth--;
+        put(&p->body, "$L%u_%s:\n", p->open[p->depth], p->has_else[p->depth] ? "endif" : "else");
+        break;
+    }
+    default: break;
+    }
+    if (p->depth > p->st.max_depth) p->st.max_depth = p->depth;
+}
+
+/* ------------------------------------------------------------------ one instruction */
+
+static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    const op_row *row = &op_table[in->op];
+    if (row->arity) {
+        const char *text = row->text[col_of(row->cmp ? p->k->ins[in->a].type : in->type)];
+        if (!text) {
+            snprintf(err, n, "kernel %s, instruction %u: no PTX for %s on %s", p->k->name, i, kiln_kop_name(in->op),
+                     kiln_kt_name(in->type));
+            return KILN_ERR_UNSUPPORTED;
+        }
+        rname a = vreg(p, in->a), b = row->arity > 1 ? vreg(p, in->b) : a, c = row->arity > 2 ? vreg(p, in->c) : a;
+        rname d = def(p, i);
+        put(&p->body, "\t%s %s, %s", text, d.s, a.s);
+        if (row->arity > 1) put(&p->body, ", %s", b.s);
+        if (row->arity > 2) put(&p->body, ", %s", c.s);
+        put(&p->body, ";\n");
+        count_op(p, in);
+        return KILN_OK;
+    }
+    switch (in->op) {
+    case KILN_KOP_CONST: {
+        rname d = def(p, i);
+        if (in->type == KILN_KT_F32) put(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
+        else if (in->type == KILN_KT_I32) put(&p->body, "\tmov.s32 %s, %d;\n", d.s, in->imm.i);
+        else put(&p->body, "\tmov.u32 %s, 0x%X;\n", d.s, in->imm.u);
+        return KILN_OK;
+    }
+    case KILN_KOP_TID: {
+        rname d = def(p, i);
+        put(&p->body, "\tmov.u32 %s, %%tid.x;\n", d.s);
+        return KILN_OK;
+    }
+    case KILN_KOP_BID: {
+        rname d = def(p, i);
+        put(&p->body, "\tmov.u32 %s, %%ctaid.%c;\n", d.s, "xyz"[in->imm.i]);
+        return KILN_OK;
+    }
+    case KILN_KOP_PARAM: return KILN_OK; /* loaded at entry; reg[i] set by the prologue */
+    case KILN_KOP_VAR: {
+        rname d = def(p, i);
+        put(&p->body, "\tmov.%s %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->a).s);
+        return KILN_OK;
+    }
+    case KILN_KOP_ASSIGN:
+        put(&p->body, "\tmov.%s %s, %s;\n", p->k->ins[in->a].type == KILN_KT_F32 ? "f32" : "b32", vreg(p, in->a).s,
+            vreg(p, in->b).s);
+        return KILN_OK;
+    case KILN_KOP_SELECT: {
+        rname d = def(p, i);
+        put(&p->body, "\tselp.%s %s, %s, %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->b).s,
+            vreg(p, in->c).s, vreg(p, in->a).s);
+        return KILN_OK;
+    }
+    case KILN_KOP_DP4A: {
+        rname d = def(p, i);
+        put(&p->body, "\tdp4a.s32.s32 %s, %s, %s, %s;\n", d.s, vreg(p, in->a).s, vreg(p, in->b).s, vreg(p, in->c).s);
+        p->st.int_ops++;
+        return KILN_OK;
+    }
+    case KILN_KOP_LANE: /* an alias of the V4's lane register: V4 values are never reassigned */
+        p->reg[i] = p->reg[in->a] + (uint32_t)in->imm.i;
+        return KILN_OK;
+    case KILN_KOP_CVT: case KILN_KOP_H2F: case KILN_KOP_B2F: case KILN_KOP_F2H: case KILN_KOP_F2B: case KILN_KOP_BFE:
+        print_convert(p, i);
+        return KILN_OK;
+    case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_LDS: case KILN_KOP_STS:
+        print_mem(p, i);
+        return KILN_OK;
+    case KILN_KOP_BARRIER:
+        put(&p->body, "\tbar.sync 0;\n");
+        p->st.barriers++;
+        return KILN_OK;
+    case KILN_KOP_REDUCE: print_reduce(p, i); return KILN_OK;
+    case KILN_KOP_LOOP: case KILN_KOP_ENDLOOP: case KILN_KOP_IF: case KILN_KOP_ELSE: case KILN_KOP_ENDIF:
+        print_flow(p, i);
+        return KILN_OK;
+    default:
+        snprintf(err, n, "kernel %s, instruction %u: the PTX printer has no rule for op %s", p->k->name, i,
+                 kiln_kop_name(in->op));
+        return KILN_ERR_UNSUPPORTED;
+    }
+}
+
+/* ------------------------------------------------------------------ the module */
+
+static bool is_ident(const char *s)
+{
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_')) return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_')) return false;
+    return true;
+}
+
+/* Entry code: buffer bases (%rd<slot>), the parameter slots the kernel reads (each loaded once),
+ * the addresses of the shared arrays. */
+static void print_prologue(pstate *p)
+{
+    const kiln_kir *k = p->k;
+    for (uint32_t s = 0; s < k->n_bufs; s++) {
+        rname d = nreg(RC_D, new_reg(p, RC_D));
+        put(&p->pro, "\tld.param.u64 %s, [%s_p%u];\n\tcvta.to.global.u64 %s, %s;\n", d.s, k->name, s, d.s, d.s);
+    }
+    for (uint32_t i = 0; i < k->n_ins; i++) {
+        if (k->ins[i].op != KILN_KOP_PARAM) continue;
+        uint32_t j = 0;
+        while (j < i && !(k->ins[j].op == KILN_KOP_PARAM && k->ins[j].imm.i == k->ins[i].imm.i)) j++;
+        if (j < i) { /* the same slot again: the same register */
+            p->reg[i] = p->reg[j];
+            continue;
+        }
+        rname d = def(p, i);
+        put(&p->pro, "\tld.global.nc.u32 %s, [%%rd0+%u];\n", d.s, 4 * k->ins[i].imm.u);
+        p->st.params++;
+    }
+    for (uint32_t s = 0; s < k->n_shared; s++) {
+        p->sbase[s] = new_reg(p, RC_R);
+        put(&p->pro, "\tmov.u32 %%r%u, %s_s%u;\n", p->sbase[s], k->name, s);
+    }
+    if (p->red_words) {
+        p->red_base = new_reg(p, RC_R);
+        put(&p->pro, "\tmov.u32 %%r%u, %s_red;\n", p->red_base, k->name);
+    }
+}
+
+static void print_module(pstate *p, int sm, sbuf *out)
+{
+    const kiln_kir *k = p->k;
+    put(out, "//\n// kiln kernel %s: ", k->name);
+    for (const char *c = k->what; *c; c++) put(out, "%c", *c >= ' ' && *c <= '~' ? *c : '?');
+    put(out, "\n// block %u, grid %u x %u x %u\n//\n\n", k->block, k->grid[0], k->grid[1], k->grid[2]);
+    put(out, ".version 8.0\n.target sm_%d\n.address_size 64\n\n", sm);
+    for (uint32_t s = 0; s < k->n_shared; s++) put(out, ".shared .align 16 .b32 %s_s%u[%u];\n", k->name, s, k->shared[s]);
+    if (p->red_words) put(out, ".shared .align 16 .f32 %s_red[%u];\n", k->name, p->red_words);
+    if (k->n_shared || p->red_words) put(out, "\n");
+    put(out, ".visible .entry %s(\n", k->name);
+    for (uint32_t s = 0; s < k->n_bufs; s++) put(out, "\t.param .u64 %s_p%u%s\n", k->name, s, s + 1 < k->n_bufs ? "," : "");
+    /* __launch_bounds__(block, 1): with .maxntid alone ptxas caps registers for several blocks per
+     * SM and spills (an f32 gemv: 80 registers and 12 spill bytes, against 128 and none) */
+    put(out, ")\n.maxntid %u, 1, 1\n.minnctapersm 1\n{\n", k->block);
+    for (int c = 0; c < RC_COUNT; c++)
+        if (p->n_reg[c]) put(out, "\t.reg %s %s<%u>;\n", rc_type[c], rc_name[c], p->n_reg[c]);
+    put(out, "\n%s%s\tret;\n}\n", p->pro.s ? p->pro.s : "", p->body.s ? p->body.s : "");
+}
+
+kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, char **out_text, kiln_ptx_stats *stats, char *err, size_t n)
+{
+    *out_text = NULL;
+    if (sm < 80 || sm > 90) {
+        snprintf(err, n, "PTX for sm_%d: kiln prints sm_80 .. sm_90 (bf16 conversions need sm_80)", sm);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    if (!kiln_kir_verify(k, err, n)) return KILN_ERR_INTERNAL;
+    if (!is_ident(k->name)) {
+        snprintf(err, n, "kernel name '%s' is not an identifier", k->name);
+        return KILN_ERR_INTERNAL;
+    }
+    pstate p = {.k = k, .reg = calloc(k->n_ins ? k->n_ins : 1, sizeof *p.reg)};
+    if (!p.reg) return KILN_ERR_NOMEM;
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_REDUCE && (k->ins[i].imm.u & 0xffff) > 32) p.red_words = k->block / 32;
+    uint64_t shared = 4ull * p.red_words;
+    for (uint32_t s = 0; s < k->n_shared; s++) shared += 4ull * k->shared[s];
+    p.st.shared_bytes = (uint32_t)(shared < UINT32_MAX ? shared : UINT32_MAX);
+    kiln_status s = KILN_OK;
+    if (shared > KILN_PTX_MAX_STATIC_SHARED) {
+        snprintf(err, n, "kernel %s: %llu bytes of shared memory, over the %d bytes a kernel can declare", k->name,
+                 (unsigned long long)shared, KILN_PTX_MAX_STATIC_SHARED);
+        s = KILN_ERR_UNSUPPORTED;
+    }
+    if (s == KILN_OK) print_prologue(&p);
+    for (uint32_t i = 0; s == KILN_OK && i < k->n_ins; i++) s = print_ins(&p, i, err, n);
+    sbuf out = {0};
+    if (s == KILN_OK) print_module(&p, sm, &out);
+    if (s == KILN_OK && (p.pro.oom || p.body.oom || out.oom)) s = KILN_ERR_NOMEM;
+    free(p.pro.s);
+    free(p.body.s);
+    free(p.reg);
+    if (s != KILN_OK) {
+        free(out.s);
+        return s;
+    }
+    *out_text = out.s;
+    if (stats) *stats = p.st;
+    return KILN_OK;
+}
+
+kiln_status kiln_ptx_print(const kiln_kir *k, int sm, char **out_text, char *err, size_t n)
+{
+    return kiln_ptx_print_ex(k, sm, out_text, NULL, err, n);
+}

@@ -1,0 +1,64 @@
+/* PTX for NVIDIA GPUs: the printer of kir kernels (print.c), a static summary of what a kernel
+ * touches, and a helper that finds and runs ptxas to assemble printed PTX and read its register,
+ * spill and shared-memory report (ptxas.c, for tests and `kiln ptx`). Must not call the CUDA
+ * driver: src/backends/cuda loads what is printed here. */
+#pragma once
+
+#include "codegen/kir.h"
+#include "kiln/kiln.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Static counts of one printed kernel (instructions in the text, not executions). */
+typedef struct kiln_ptx_stats {
+    uint32_t ld32;         /* 4-byte global loads (ld.global.u32) */
+    uint32_t ld128;        /* 16-byte global loads (ld.global.v4.u32) */
+    uint32_t ld_nc;        /* global loads through the read-only path (.nc), of ld32 + ld128 */
+    uint32_t st32;         /* 4-byte global stores */
+    uint32_t st16;         /* 2-byte global stores */
+    uint32_t loop_loads;   /* global loads inside at least one loop */
+    uint32_t lds, sts;     /* shared-memory loads and stores (reductions' own included) */
+    uint32_t barriers;     /* bar.sync (reductions' own included) */
+    uint32_t shuffles;     /* shfl.sync (reductions) */
+    uint32_t reduces;      /* REDUCE instructions */
+    uint32_t loops;        /* LOOP instructions */
+    uint32_t max_depth;    /* deepest loop/if nesting */
+    uint32_t ifs;          /* IF instructions */
+    uint32_t f32_ops;      /* f32 arithmetic and math instructions (fma counted once) */
+    uint32_t int_ops;      /* integer arithmetic and bit instructions (dp4a counted once) */
+    uint32_t params;       /* distinct parameter-buffer slots read */
+    uint32_t shared_bytes; /* static shared memory: the kernel's arrays plus reduction scratch */
+} kiln_ptx_stats;
+
+/* Static shared memory a kernel may declare (sm_80 and sm_90 without the dynamic opt-in). */
+#define KILN_PTX_MAX_STATIC_SHARED 49152
+
+/* Prints kernel k as one PTX module for sm (80 or 90): `.version 8.0`, one `.entry` named k->name
+ * with one `.param .u64` per buffer slot (in slot order). *out_text is malloc'd (caller frees).
+ * The same kernel and sm always give the same bytes. Verifies k first; KILN_ERR_UNSUPPORTED with
+ * err naming the reason for what the printer cannot express (an unknown op, too much shared
+ * memory). stats may be NULL. */
+kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, char **out_text, kiln_ptx_stats *stats, char *err, size_t n);
+kiln_status kiln_ptx_print(const kiln_kir *k, int sm, char **out_text, char *err, size_t n);
+
+/* ------------------------------------------------------------------ ptxas (ptxas.c) */
+
+/* What ptxas -v says about one entry. */
+typedef struct kiln_ptxas_report {
+    int  regs;         /* registers per thread */
+    int  spill_stores; /* bytes of spill stores */
+    int  spill_loads;  /* bytes of spill loads */
+    int  stack;        /* stack frame bytes */
+    int  smem;         /* shared memory bytes */
+    int  cmem;         /* constant bank 0 bytes */
+    char log[8192];    /* ptxas's whole output (warnings and errors), truncated */
+} kiln_ptxas_report;
+
+/* Finds ptxas: $KILN_PTXAS, then PATH, then /usr/local/cuda/bin. Returns false (and path = "")
+ * when there is none. */
+bool kiln_ptx_find_ptxas(char *path, size_t n);
+/* Assembles ptx for sm_<sm> with `ptxas -v` (output discarded) and parses its report. On an
+ * assembler error returns KILN_ERR_BACKEND with err holding ptxas's messages. */
+kiln_status kiln_ptx_assemble(const char *ptxas, const char *ptx, int sm, kiln_ptxas_report *rep, char *err,
+                              size_t n);

@@ -1,0 +1,234 @@
+/* A stand-in for libcuda.so.1 (loaded through $KILN_LIBCUDA) so the CUDA backend's host side runs
+ * on machines with no GPU: device memory is host memory, copies happen at once, modules keep
+ * their PTX text, launches and graph replays are counted but run nothing. Failures are injected
+ * with FAKECUDA_DEVICES, FAKECUDA_MEM (bytes), FAKECUDA_JIT_FAIL and fakecuda_fault_next_sync().
+ * Must not be linked into kiln: only test_cuda_backend loads it. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* What the fake saw, for the tests (read through dlsym). */
+typedef struct fakecuda_log {
+    int    launches;         /* cuLaunchKernel calls that ran (not captured) */
+    int    captured;         /* launches captured into graphs */
+    int    graph_launches;   /* cuGraphLaunch calls */
+    int    graph_kernels;    /* kernels run by graph launches */
+    int    modules;          /* modules loaded */
+    int    live_allocs;      /* allocations not freed */
+    int    frees;            /* cuMemFree calls */
+    size_t allocated;        /* bytes live */
+    char   last_ptx[65536];  /* text of the last module loaded */
+    unsigned last_grid[3], last_block; /* of the last launch */
+    int    last_n_params;    /* .param count of the last launched entry */
+    CUdeviceptr last_params[16]; /* its pointer arguments */
+    int    fault_next_sync;  /* the next stream sync fails with an illegal address */
+    int    null_params;      /* launches with a NULL pointer argument */
+} fakecuda_log;
+
+EXPORT fakecuda_log fakecuda;
+
+static int env_int(const char *n, int d)
+{
+    const char *v = getenv(n);
+    return v && v[0] ? atoi(v) : d;
+}
+
+static size_t mem_limit(void)
+{
+    const char *v = getenv("FAKECUDA_MEM");
+    return v && v[0] ? (size_t)strtoull(v, NULL, 10) : (size_t)80 << 30;
+}
+
+EXPORT CUresult cuInit(unsigned f) { return env_int("FAKECUDA_DEVICES", 1) ? 0 : 100; }
+EXPORT CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+EXPORT CUresult cuDeviceGetCount(int *n) { *n = env_int("FAKECUDA_DEVICES", 1); return 0; }
+EXPORT CUresult cuDeviceGet(int *d, int o) { *d = o; return o < env_int("FAKECUDA_DEVICES", 1) ? 0 : 101; }
+EXPORT CUresult cuDeviceGetAttribute(int *v, int a, int d)
+{
+    switch (a) {
+    case 13: *v = 1980000; return 0;
+    case 16: *v = 132; return 0;
+    case 36: *v = 2619000; return 0;
+    case 37: *v = 5120; return 0;
+    case 38: *v = 50 << 20; return 0;
+    case 75: *v = env_int("FAKECUDA_CC", 90) / 10; return 0;
+    case 76: *v = env_int("FAKECUDA_CC", 90) % 10; return 0;
+    default: return 1;
+    }
+}
+EXPORT CUresult cuDeviceGetName(char *s, int n, int d) { snprintf(s, (size_t)n, "NVIDIA H100 80GB HBM3 (fake)"); return 0; }
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, int d) { *b = mem_limit(); return 0; }
+EXPORT CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x1234; return 0; }
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int d) { return 0; }
+EXPORT CUresult cuCtxSetCurrent(void *c) { return 0; }
+EXPORT CUresult cuStreamCreate(void **s, unsigned f) { *s = malloc(1); return 0; }
+EXPORT CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
+
+static int capturing;
+
+EXPORT CUresult cuStreamSynchronize(void *s)
+{
+    if (fakecuda.fault_next_sync) {
+        fakecuda.fault_next_sync = 0;
+        return 700;
+    }
+    return 0;
+}
+
+/* Blocks carry their size 256 bytes before the address handed out. */
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
+{
+    if (fakecuda.allocated + n > mem_limit()) return 2;
+    char *m = aligned_alloc(256, 256 + ((n + 255) & ~(size_t)255));
+    if (!m) return 2;
+    memcpy(m, &n, sizeof n);
+    *p = (CUdeviceptr)(uintptr_t)(m + 256);
+    fakecuda.live_allocs++;
+    fakecuda.allocated += n;
+    return 0;
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    char *m = (char *)(uintptr_t)p - 256;
+    size_t n;
+    memcpy(&n, m, sizeof n);
+    fakecuda.allocated -= n;
+    free(m);
+    fakecuda.live_allocs--;
+    fakecuda.frees++;
+    return 0;
+}
+EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *t = mem_limit(); *f = *t - fakecuda.allocated; return 0; }
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { memcpy((void *)(uintptr_t)d, s, n); return 0; }
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { memcpy(d, (void *)(uintptr_t)s, n); return 0; }
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
+
+typedef struct fmod {
+    char *ptx; /* the text */
+} fmod;
+typedef struct ffunc {
+    int n_params; /* .param count of the entry */
+} ffunc;
+
+EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *opts, void **vals)
+{
+    const char *ptx = image;
+    if (env_int("FAKECUDA_JIT_FAIL", 0)) {
+        for (unsigned i = 0; i < n; i++)
+            if (opts[i] == 5) snprintf(vals[i], 64, "ptxas fatal   : fake JIT failure");
+        return 218;
+    }
+    fmod *f = calloc(1, sizeof *f);
+    f->ptx = strdup(ptx);
+    snprintf(fakecuda.last_ptx, sizeof fakecuda.last_ptx, "%s", ptx);
+    fakecuda.modules++;
+    *m = f;
+    return 0;
+}
+EXPORT CUresult cuModuleUnload(void *m)
+{
+    fmod *f = m;
+    free(f->ptx);
+    free(f);
+    return 0;
+}
+EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
+{
+    fmod *f = m;
+    char entry[128];
+    snprintf(entry, sizeof entry, ".entry %s(", name);
+    const char *e = strstr(f->ptx, entry);
+    if (!e) return 500; /* CUDA_ERROR_NOT_FOUND */
+    ffunc *fu = calloc(1, sizeof *fu);
+    for (const char *p = e; (p = strstr(p, ".param .u64")) && p < strchr(e, ')'); p++) fu->n_params++;
+    *fn = fu; /* leaked with the module: tests are short */
+    return 0;
+}
+EXPORT CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                               unsigned sh, void *s, void **params, void **extra)
+{
+    ffunc *fu = fn;
+    if (!gx || !gy || !gz || !bx || bx > 1024) return 1;
+    fakecuda.last_grid[0] = gx, fakecuda.last_grid[1] = gy, fakecuda.last_grid[2] = gz, fakecuda.last_block = bx;
+    fakecuda.last_n_params = fu->n_params;
+    for (int i = 0; i < fu->n_params && i < 16; i++) fakecuda.last_params[i] = *(CUdeviceptr *)params[i];
+    for (int i = 0; i < fu->n_params; i++)
+        if (!*(CUdeviceptr *)params[i]) {
+            fakecuda.null_params++;
+            break;
+        }
+    if (capturing) fakecuda.captured++;
+    else fakecuda.launches++;
+    return 0;
+}
+
+typedef struct fgraph {
+    int kernels; /* launches captured */
+} fgraph;
+static int capture_start;
+
+EXPORT CUresult cuStreamBeginCapture_v2(void *s, int mode)
+{
+    if (capturing) return 900;
+    capturing = 1;
+    capture_start = fakecuda.captured;
+    return 0;
+}
+EXPORT CUresult cuStreamEndCapture(void *s, void **g)
+{
+    if (!capturing) return 901;
+    capturing = 0;
+    fgraph *fg = calloc(1, sizeof *fg);
+    fg->kernels = fakecuda.captured - capture_start;
+    *g = fg;
+    return 0;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f)
+{
+    fgraph *x = malloc(sizeof *x);
+    *x = *(fgraph *)g;
+    *e = x;
+    return 0;
+}
+EXPORT CUresult cuGraphLaunch(void *e, void *s)
+{
+    fakecuda.graph_launches++;
+    fakecuda.graph_kernels += ((fgraph *)e)->kernels;
+    return 0;
+}
+EXPORT CUresult cuGraphExecDestroy(void *e) { free(e); return 0; }
+EXPORT CUresult cuGraphDestroy(void *g) { free(g); return 0; }
+
+static double fake_clock;
+EXPORT CUresult cuEventCreate(void **e, unsigned f) { *e = calloc(1, sizeof(double)); return 0; }
+EXPORT CUresult cuEventRecord(void *e, void *s) { *(double *)e = (fake_clock += 0.25); return 0; }
+EXPORT CUresult cuEventSynchronize(void *e) { return 0; }
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) { *ms = (float)(*(double *)b - *(double *)a); return 0; }
+EXPORT CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
+
+EXPORT CUresult cuGetErrorName(CUresult r, const char **s)
+{
+    switch (r) {
+    case 2: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return 0;
+    case 100: *s = "CUDA_ERROR_NO_DEVICE"; return 0;
+    case 218: *s = "CUDA_ERROR_INVALID_PTX"; return 0;
+    case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return 0;
+    default: *s = NULL; return 1;
+    }
+}
+EXPORT CUresult cuGetErrorString(CUresult r, const char **s)
+{
+    switch (r) {
+    case 2: *s = "out of memory"; return 0;
+    case 100: *s = "no CUDA-capable device is detected"; return 0;
+    case 218: *s = "a PTX JIT compilation failed"; return 0;
+    case 700: *s = "an illegal memory access was encountered"; return 0;
+    default: *s = NULL; return 1;
+    }
+}

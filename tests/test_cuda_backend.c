@@ -1,0 +1,245 @@
+/* The CUDA backend's host side on any machine, against a stand-in driver (tests/fakecuda loaded
+ * through $KILN_LIBCUDA): what the probe reports and why cuda is absent, plans compiled to PTX
+ * modules, recorded once and replayed per run, every launch's arguments bound, the pool, out of
+ * memory naming the size, JIT logs in errors, and a sticky fault that stops the backend. Nothing
+ * here runs a kernel: test_cuda does that on a real GPU. */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda.h"
+#include "sched/ctx.h"
+
+typedef struct fakecuda_log {
+    int      launches, captured, graph_launches, graph_kernels, modules, live_allocs, frees;
+    size_t   allocated;
+    char     last_ptx[65536];
+    unsigned last_grid[3], last_block;
+    int      last_n_params;
+    unsigned long long last_params[16];
+    int      fault_next_sync;
+    int      null_params;
+} fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
+
+static fakecuda_log *fake(void)
+{
+    void *h = dlopen(KILN_FAKECUDA, RTLD_NOW | RTLD_LOCAL);
+    cr_assert(h, "%s: %s", KILN_FAKECUDA, dlerror());
+    fakecuda_log *l = dlsym(h, "fakecuda");
+    cr_assert(l);
+    return l;
+}
+
+static kiln_ctx *fake_ctx(void)
+{
+    setenv("KILN_LIBCUDA", KILN_FAKECUDA, 1);
+    kiln_ctx *ctx = NULL;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    return ctx;
+}
+
+Test(cuda_host, probe_reports_the_device_or_why_not)
+{
+    kiln_ctx *ctx = fake_ctx();
+    kiln_backend_info b;
+    cr_assert_eq(kiln_backend_get(ctx, KILN_BACKEND_CUDA, &b), KILN_OK);
+    cr_assert(b.available, "%s", b.detail);
+    cr_assert_str_eq(b.detail, "NVIDIA H100 80GB HBM3 (fake), sm_90, 132 SMs, 80.0 GiB, driver 13.0");
+    kiln_device_profile p;
+    cr_assert_eq(kiln_ctx_profile(ctx, "cuda", &p), KILN_OK);
+    cr_assert(p.mem_bw > 2.9e12 && p.mem_bw < 3.1e12, "mem_bw %g from 2619 MHz x 5120 bits", p.mem_bw);
+    cr_assert(p.h2d_bw > 0 && p.launch_s > 0 && p.peak_flops[KILN_DTYPE_F16] > p.peak_flops[KILN_DTYPE_F32]);
+    kiln_ctx_free(ctx);
+    cr_assert_eq(fake()->live_allocs, 0);
+    static const struct { const char *var, *val, *want; } absent[] = {
+        {"FAKECUDA_DEVICES", "0", "no CUDA device"},
+        {"FAKECUDA_CC", "75", "sm_75; kiln's PTX needs sm_80 or newer"},
+        {"KILN_CUDA_DEVICE", "3", "KILN_CUDA_DEVICE=3 but there are 1 CUDA devices"},
+        {"KILN_LIBCUDA", "/nonexistent/libcuda.so.1", "/nonexistent/libcuda.so.1 could not be loaded"},
+    };
+    for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
+        setenv("KILN_LIBCUDA", KILN_FAKECUDA, 1);
+        setenv(absent[i].var, absent[i].val, 1);
+        cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+        cr_assert_eq(kiln_backend_get(ctx, KILN_BACKEND_CUDA, &b), KILN_OK);
+        cr_assert(!b.available && strstr(b.detail, absent[i].want), "%s=%s: %s", absent[i].var, absent[i].val, b.detail);
+        kiln_ctx_free(ctx);
+        unsetenv(absent[i].var);
+    }
+}
+
+/* y = silu(rms_norm(x, w)) over [n_tok <= 8, 64]: a rows region the lowering takes. */
+static kiln_graph *norm_graph(void)
+{
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim d[2] = {kiln_sym(g, "n_tok", 8), 64}, wd[1] = {64};
+    float w[64];
+    for (int i = 0; i < 64; i++) w[i] = 1.0f + i / 64.0f;
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, d);
+    kiln_node y = kiln_silu(g, kiln_rms_norm(g, x, kiln_weight(g, "w", KILN_DTYPE_F32, 1, wd, w, KILN_WEIGHT_COPY), 1e-5f));
+    cr_assert_eq(kiln_output(g, y, "y"), KILN_OK, "%s", kiln_graph_error(g));
+    return g;
+}
+
+static void run_norm(kiln_plan *p, kiln_ctx *ctx, int n_tok)
+{
+    float x[8 * 64], y[8 * 64];
+    for (int i = 0; i < 8 * 64; i++) x[i] = (float)(i % 13) - 6;
+    kiln_binding b[] = {{.name = "n_tok", .value = n_tok}, {.name = "x", .data = x, .bytes = (size_t)n_tok * 64 * 4},
+                        {.name = "y", .data = y, .bytes = (size_t)n_tok * 64 * 4}};
+    cr_assert_eq(kiln_run(p, b, 3), KILN_OK, "%s", kiln_ctx_error(ctx));
+}
+
+Test(cuda_host, plans_compile_record_once_and_replay)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    kiln_graph *g = norm_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(f->modules >= 1);
+    cr_assert(strstr(f->last_ptx, ".target sm_90\n") && strstr(f->last_ptx, ".visible .entry "), "%s", f->last_ptx);
+    run_norm(p, ctx, 3);
+    run_norm(p, ctx, 8);
+    cr_assert(f->captured >= 1, "nothing was recorded");
+    cr_assert_eq(f->launches, 0, "%d launches ran outside the recording", f->launches);
+    cr_assert_eq(f->graph_launches, 2, "one replay per run");
+    cr_assert_eq(f->graph_kernels, 2 * f->captured);
+    cr_assert(f->last_n_params >= 2 && f->last_block >= 32 && f->last_grid[0] >= 1);
+    for (int i = 0; i < f->last_n_params; i++) cr_assert(f->last_params[i], "parameter %d is NULL", i);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    cr_assert_eq(f->live_allocs, 0, "%d device allocations left after the context", f->live_allocs);
+}
+
+Test(cuda_host, without_recording_every_region_launches)
+{
+    setenv("KILN_NO_RECORD", "1", 1);
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    kiln_graph *g = norm_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    run_norm(p, ctx, 5);
+    cr_assert(f->launches >= 1 && f->captured == 0 && f->graph_launches == 0);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+Test(cuda_host, pool_rounds_and_reuses)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    void *st = ctx->be_state[KILN_BACKEND_CUDA], *a, *b, *c;
+    char err[512];
+    const kiln_backend_i *be = &kiln_backend_cuda;
+    cr_assert_eq(be->alloc(st, 1, &a, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert_eq(f->allocated, 256u, "1 byte rounds to 256");
+    be->free(st, a);
+    cr_assert_eq(be->alloc(st, 200, &b, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert_eq(a, b, "the freed block was not reused");
+    cr_assert_eq(be->alloc(st, 100000, &c, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert_eq(f->live_allocs, 2);
+    char host[300], back[300];
+    for (int i = 0; i < 300; i++) host[i] = (char)(i * 7);
+    cr_assert_eq(be->upload(st, c, host, 300, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert_eq(be->copy(st, (char *)c + 1000, c, 300, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert_eq(be->download(st, back, (char *)c + 1000, 300, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert_eq(be->sync(st, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert(!memcmp(host, back, 300));
+    kiln_ctx_free(ctx);
+    cr_assert_eq(f->live_allocs, 0);
+}
+
+Test(cuda_host, out_of_memory_and_jit_errors_say_what)
+{
+    setenv("FAKECUDA_MEM", "1073741824", 1);
+    kiln_ctx *ctx = fake_ctx();
+    void *st = ctx->be_state[KILN_BACKEND_CUDA], *a = NULL;
+    char err[1024] = "";
+    cr_assert_eq(kiln_backend_cuda.alloc(st, (size_t)2 << 30, &a, err, sizeof err), KILN_ERR_NOMEM, "%s", err);
+    cr_assert(strstr(err, "cuMemAlloc of 2147483648 bytes (2048.0 MiB): CUDA_ERROR_OUT_OF_MEMORY: out of memory"), "%s", err);
+    cr_assert_eq(kiln_backend_cuda.alloc(st, 4096, &a, err, sizeof err), KILN_OK, "%s", err);
+    kiln_backend_cuda.free(st, a);
+    setenv("FAKECUDA_JIT_FAIL", "1", 1);
+    kiln_graph *g = norm_graph();
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p);
+    cr_assert_eq(s, KILN_ERR_BACKEND, "%s", kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "CUDA_ERROR_INVALID_PTX: a PTX JIT compilation failed") &&
+              strstr(kiln_ctx_error(ctx), "ptxas fatal   : fake JIT failure"), "%s", kiln_ctx_error(ctx));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+Test(cuda_host, sticky_fault_stops_the_backend)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    kiln_graph *g = norm_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    void *st = ctx->be_state[KILN_BACKEND_CUDA];
+    char err[1024] = "";
+    f->fault_next_sync = 1;
+    cr_assert_eq(kiln_backend_cuda.sync(st, err, sizeof err), KILN_ERR_BACKEND);
+    cr_assert(strstr(err, "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered") && strstr(err, "unusable"), "%s", err);
+    void *a = NULL;
+    cr_assert_eq(kiln_backend_cuda.alloc(st, 64, &a, err, sizeof err), KILN_ERR_BACKEND);
+    cr_assert(strstr(err, "stopped after an earlier error") && strstr(err, "ILLEGAL_ADDRESS"), "%s", err);
+    float x[64] = {0}, y[64];
+    kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "x", .data = x, .bytes = sizeof x}, {.name = "y", .data = y, .bytes = sizeof y}};
+    cr_assert_neq(kiln_run(p, b, 3), KILN_OK);
+    cr_assert(strstr(kiln_ctx_error(ctx), "stopped after an earlier error"), "%s", kiln_ctx_error(ctx));
+    /* the cpu backend in the same context still runs the graph */
+    kiln_plan *pc = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &pc), KILN_OK, "%s", kiln_ctx_error(ctx));
+    x[0] = 1;
+    cr_assert_eq(kiln_run(pc, b, 3), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(y[0] > 0.5f);
+    kiln_plan_free(pc);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+#include "sched/presets.h"
+
+/* A whole qwen2-0.5b decode layer forced onto cuda: every region compiles (attention as two
+ * kernels sharing a scratch buffer), one recording is replayed per step, no argument is NULL. */
+Test(cuda_host, decode_layer_compiles_and_replays)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_preset_build(pr, KILN_DTYPE_Q8_0, 1, 64, 1, &g), KILN_OK);
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p);
+    if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
+    cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
+    int modules = f->modules;
+    cr_assert(modules >= 4, "%d modules for a decode layer", modules);
+    float *x = calloc((size_t)pr->hidden, 4), *y = calloc((size_t)pr->hidden, 4);
+    for (int step = 0; step < 3; step++) {
+        int32_t pos = 10 + step;
+        kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = pos + 1},
+                            {.name = "x", .data = x, .bytes = (size_t)pr->hidden * 4}, {.name = "pos", .data = &pos, .bytes = 4},
+                            {.name = "y", .data = y, .bytes = (size_t)pr->hidden * 4}};
+        cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "step %d: %s", step, kiln_ctx_error(ctx));
+    }
+    cr_assert_eq(f->graph_launches, 3);
+    cr_assert(f->captured >= modules, "%d kernels recorded, %d modules", f->captured, modules);
+    cr_assert_eq(f->graph_kernels, 3 * f->captured);
+    cr_assert_eq(f->null_params, 0, "%d launches had a NULL argument", f->null_params);
+    free(x), free(y);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    cr_assert_eq(f->live_allocs, 0, "%d device allocations left after the context", f->live_allocs);
+}

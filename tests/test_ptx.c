@@ -1,0 +1,449 @@
+/* The PTX printer: hand-built kir kernels that use every op on every type it takes, printed for
+ * sm_80 and sm_90 and assembled by ptxas (zero spill bytes), byte-identical reprints, the exact
+ * text of the instructions other printers must agree with, and the printer's refusals. Without
+ * ptxas on the machine, the assembling cases skip and say so. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ptx/ptx.h"
+
+#define N KILN_IDX_NONE
+
+static uint32_t op(kiln_kir *k, enum kiln_kop o, enum kiln_kt t, uint32_t a, uint32_t b, uint32_t c, int32_t imm)
+{
+    return kiln_kir_op(k, o, t, a, b, c, imm);
+}
+
+/* Applies every arithmetic/bit op of type t to x and y, folding the results into one value. */
+static uint32_t fold_arith(kiln_kir *k, enum kiln_kt t, uint32_t x, uint32_t y)
+{
+    static const enum kiln_kop both[] = {KILN_KOP_ADD, KILN_KOP_SUB, KILN_KOP_MUL, KILN_KOP_DIV, KILN_KOP_MIN, KILN_KOP_MAX};
+    static const enum kiln_kop ints[] = {KILN_KOP_REM, KILN_KOP_AND, KILN_KOP_OR, KILN_KOP_XOR, KILN_KOP_SHL, KILN_KOP_SHR};
+    static const enum kiln_kop f32[] = {KILN_KOP_EX2, KILN_KOP_LG2, KILN_KOP_RSQRT, KILN_KOP_SQRT, KILN_KOP_SIN,
+                                        KILN_KOP_COS, KILN_KOP_FLOOR, KILN_KOP_RINT, KILN_KOP_NEG, KILN_KOP_ABS};
+    uint32_t acc = x;
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++) acc = op(k, KILN_KOP_ADD, t, acc, op(k, both[i], t, acc, y, N, 0), N, 0);
+    if (t == KILN_KT_F32) {
+        for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++) acc = op(k, KILN_KOP_ADD, t, acc, op(k, f32[i], t, acc, N, N, 0), N, 0);
+        acc = op(k, KILN_KOP_FMA, t, acc, y, x, 0);
+    } else {
+        for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) acc = op(k, ints[i], t, acc, y, N, 0);
+        if (t == KILN_KT_I32) acc = op(k, KILN_KOP_NEG, t, op(k, KILN_KOP_ABS, t, acc, N, N, 0), N, N, 0);
+    }
+    /* comparisons, predicate logic and select */
+    uint32_t lt = op(k, KILN_KOP_LT, KILN_KT_PRED, acc, y, N, 0), le = op(k, KILN_KOP_LE, KILN_KT_PRED, acc, y, N, 0);
+    uint32_t eq = op(k, KILN_KOP_EQ, KILN_KT_PRED, acc, x, N, 0), ne = op(k, KILN_KOP_NE, KILN_KT_PRED, acc, x, N, 0);
+    uint32_t p = op(k, KILN_KOP_POR, KILN_KT_PRED, op(k, KILN_KOP_PAND, KILN_KT_PRED, lt, le, N, 0),
+                    op(k, KILN_KOP_PAND, KILN_KT_PRED, eq, op(k, KILN_KOP_PNOT, KILN_KT_PRED, ne, N, N, 0), N, 0), N, 0);
+    return op(k, KILN_KOP_SELECT, t, p, acc, y, 0);
+}
+
+/* A kernel (block 256) that uses every op: arithmetic on i32/u32/f32, conversions, memory of
+ * every width, shared arrays, reductions of several widths, loops, ifs and variables. */
+static void build_every_op(kiln_kir *k)
+{
+    kiln_kir_init(k, "every_op", 256);
+    k->grid[0] = 4, k->grid[1] = 2, k->grid[2] = 3;
+    snprintf(k->what, sizeof k->what, "every kir op");
+    uint32_t in = kiln_kir_buf(k, KILN_KBUF_NODE, 1, false), out = kiln_kir_buf(k, KILN_KBUF_NODE, 2, true);
+    uint32_t rw = kiln_kir_buf(k, KILN_KBUF_NODE, 3, true);
+    uint32_t tw[4] = {0x3f800000u, 0x40000000u, 0x40400000u, 0x40800000u};
+    uint32_t tab = kiln_kir_table(k, tw, 4);
+    uint32_t sh = kiln_kir_shared(k, 256), shf = kiln_kir_shared(k, 64);
+    uint32_t tid = op(k, KILN_KOP_TID, KILN_KT_I32, N, N, N, 0);
+    uint32_t bx = op(k, KILN_KOP_BID, KILN_KT_I32, N, N, N, 0), by = op(k, KILN_KOP_BID, KILN_KT_I32, N, N, N, 1);
+    uint32_t bz = op(k, KILN_KOP_BID, KILN_KT_I32, N, N, N, 2);
+    uint32_t n0 = op(k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 0), n1 = op(k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 3);
+    uint32_t n0b = op(k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 0);
+    uint32_t gi = kiln_k2(k, KILN_KOP_ADD, tid, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, bx, kiln_k2(k, KILN_KOP_ADD, by, bz)), kiln_ki(k, 256)));
+    uint32_t w = op(k, KILN_KOP_LD, KILN_KT_U32, gi, N, N, (int32_t)in);
+    uint32_t w2 = op(k, KILN_KOP_LD, KILN_KT_U32, gi, N, N, (int32_t)rw); /* read of a written slot: no .nc */
+    uint32_t v = op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_SHL, gi, kiln_ki(k, 2)), N, N, (int32_t)in);
+    uint32_t l0 = op(k, KILN_KOP_LANE, KILN_KT_U32, v, N, N, 0), l1 = op(k, KILN_KOP_LANE, KILN_KT_U32, v, N, N, 1);
+    uint32_t l2 = op(k, KILN_KOP_LANE, KILN_KT_U32, v, N, N, 2), l3 = op(k, KILN_KOP_LANE, KILN_KT_U32, v, N, N, 3);
+    uint32_t tv = op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_AND, gi, kiln_ki(k, 3)), N, N, (int32_t)tab);
+    /* integer and float folds */
+    uint32_t xi = op(k, KILN_KOP_BITCAST, KILN_KT_I32, w, N, N, 0), yi = kiln_k2(k, KILN_KOP_ADD, n0, n1);
+    uint32_t ri = fold_arith(k, KILN_KT_I32, kiln_k2(k, KILN_KOP_ADD, xi, n0b), yi);
+    uint32_t ru = fold_arith(k, KILN_KT_U32, kiln_k2(k, KILN_KOP_XOR, l0, kiln_ku(k, 0x9e3779b9u)), op(k, KILN_KOP_CVT, KILN_KT_U32, yi, N, N, 0));
+    uint32_t xf = op(k, KILN_KOP_BITCAST, KILN_KT_F32, w2, N, N, 0), yf = op(k, KILN_KOP_BITCAST, KILN_KT_F32, tv, N, N, 0);
+    uint32_t rf = fold_arith(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, xf, kiln_kf(k, 0.5f)), yf);
+    /* conversions */
+    uint32_t f = kiln_k2(k, KILN_KOP_ADD, rf, op(k, KILN_KOP_CVT, KILN_KT_F32, ri, N, N, 0));
+    f = kiln_k2(k, KILN_KOP_ADD, f, op(k, KILN_KOP_CVT, KILN_KT_F32, ru, N, N, 0));
+    f = kiln_k2(k, KILN_KOP_ADD, f, op(k, KILN_KOP_H2F, KILN_KT_F32, l1, N, N, 0));
+    f = kiln_k2(k, KILN_KOP_ADD, f, op(k, KILN_KOP_H2F, KILN_KT_F32, l1, N, N, 1));
+    f = kiln_k2(k, KILN_KOP_ADD, f, op(k, KILN_KOP_B2F, KILN_KT_F32, l2, N, N, 0));
+    f = kiln_k2(k, KILN_KOP_ADD, f, op(k, KILN_KOP_B2F, KILN_KT_F32, l2, N, N, 1));
+    uint32_t i2 = op(k, KILN_KOP_CVT, KILN_KT_I32, f, N, N, 0), u2 = op(k, KILN_KOP_CVT, KILN_KT_U32, f, N, N, 0);
+    uint32_t bits = kiln_k2(k, KILN_KOP_OR, op(k, KILN_KOP_F2H, KILN_KT_U32, f, N, N, 0),
+                            kiln_k2(k, KILN_KOP_SHL, op(k, KILN_KOP_F2B, KILN_KT_U32, f, N, N, 0), kiln_ku(k, 16)));
+    uint32_t be = op(k, KILN_KOP_BFE, KILN_KT_U32, l3, N, N, 4 | (6 << 8)), bs = op(k, KILN_KOP_BFE, KILN_KT_I32, l3, N, N, 28 | (4 << 8));
+    uint32_t dp = op(k, KILN_KOP_DP4A, KILN_KT_I32, l3, bits, kiln_k2(k, KILN_KOP_ADD, i2, bs), 0);
+    uint32_t ui = op(k, KILN_KOP_CVT, KILN_KT_I32, kiln_k2(k, KILN_KOP_ADD, u2, be), N, N, 0);
+    uint32_t fi = op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_k2(k, KILN_KOP_XOR, dp, ui), N, N, 0);
+    /* variables, loops and ifs */
+    uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f)), cnt = kiln_kvar(k, kiln_ku(k, 0));
+    uint32_t j = kiln_kvar(k, kiln_ki(k, 0));
+    op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, n0, kiln_ki(k, 1), 0);
+    {
+        uint32_t jj = kiln_kvar(k, tid);
+        op(k, KILN_KOP_LOOP, KILN_KT_NONE, jj, n1, kiln_ki(k, 256), 0);
+        uint32_t x = op(k, KILN_KOP_BITCAST, KILN_KT_F32, op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_ADD, jj, j), N, N, (int32_t)in), N, N, 0);
+        kiln_kset(k, acc, op(k, KILN_KOP_FMA, KILN_KT_F32, x, fi, acc, 0));
+        op(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, N, N, N, 0);
+        uint32_t odd = kiln_k2(k, KILN_KOP_EQ, kiln_k2(k, KILN_KOP_AND, j, kiln_ki(k, 1)), kiln_ki(k, 1));
+        op(k, KILN_KOP_IF, KILN_KT_NONE, odd, N, N, 0);
+        kiln_kset(k, cnt, kiln_k2(k, KILN_KOP_ADD, cnt, kiln_ku(k, 3)));
+        op(k, KILN_KOP_ELSE, KILN_KT_NONE, N, N, N, 0);
+        kiln_kset(k, cnt, kiln_k2(k, KILN_KOP_SUB, cnt, kiln_ku(k, 1)));
+        op(k, KILN_KOP_ENDIF, KILN_KT_NONE, N, N, N, 0);
+    }
+    op(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, N, N, N, 0);
+    /* shared memory and reductions of every width */
+    op(k, KILN_KOP_STS, KILN_KT_NONE, tid, cnt, N, (int32_t)sh);
+    op(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 63)), acc, N, (int32_t)shf);
+    op(k, KILN_KOP_BARRIER, KILN_KT_NONE, N, N, N, 0);
+    uint32_t back = op(k, KILN_KOP_LDS, KILN_KT_U32, kiln_k2(k, KILN_KOP_XOR, tid, kiln_ki(k, 1)), N, N, (int32_t)sh);
+    uint32_t backf = op(k, KILN_KOP_LDS, KILN_KT_F32, kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, 7)), kiln_ki(k, 63)), N, N, (int32_t)shf);
+    uint32_t r = kiln_k2(k, KILN_KOP_ADD, acc, backf);
+    static const uint32_t groups[] = {1, 2, 8, 32, 64, 128, 256};
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
+        r = op(k, KILN_KOP_REDUCE, KILN_KT_F32, r, N, N, (int32_t)(groups[g] | (uint32_t)(g & 1) << 16));
+    uint32_t first = kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0));
+    op(k, KILN_KOP_IF, KILN_KT_NONE, first, N, N, 0);
+    op(k, KILN_KOP_ST, KILN_KT_NONE, bx, op(k, KILN_KOP_BITCAST, KILN_KT_U32, r, N, N, 0), N, (int32_t)out);
+    op(k, KILN_KOP_ENDIF, KILN_KT_NONE, N, N, N, 0);
+    op(k, KILN_KOP_ST16, KILN_KT_NONE, gi, back, N, (int32_t)rw);
+    op(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, gi, kiln_ki(k, 1024)), back, N, (int32_t)rw);
+}
+
+/* A GEMV-shaped kernel: 128 threads per row, 16-byte loads in a strided loop, f16 weights
+ * widened, a block-wide sum, thread 0 stores. */
+static void build_gemv(kiln_kir *k, uint32_t block)
+{
+    kiln_kir_init(k, "gemv_f16", block);
+    k->grid[0] = 896;
+    uint32_t x = kiln_kir_buf(k, KILN_KBUF_NODE, 1, false), wt = kiln_kir_buf(k, KILN_KBUF_NODE, 2, false);
+    uint32_t y = kiln_kir_buf(k, KILN_KBUF_NODE, 3, true);
+    uint32_t tid = op(k, KILN_KOP_TID, KILN_KT_I32, N, N, N, 0), row = op(k, KILN_KOP_BID, KILN_KT_I32, N, N, N, 0);
+    uint32_t kk = kiln_ki(k, 896), acc = kiln_kvar(k, kiln_kf(k, 0.0f));
+    uint32_t i = kiln_kvar(k, kiln_k2(k, KILN_KOP_MUL, tid, kiln_ki(k, 8)));
+    op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, kk, kiln_ki(k, (int32_t)block * 8), 0);
+    uint32_t wv = op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_SHR, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row, kk), i), kiln_ki(k, 1)), N, N, (int32_t)wt);
+    for (int h = 0; h < 2; h++) {
+        uint32_t xv = op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, i, kiln_ki(k, 4 * h)), N, N, (int32_t)x);
+        for (int l = 0; l < 4; l++) {
+            uint32_t wl = op(k, KILN_KOP_LANE, KILN_KT_U32, wv, N, N, 2 * h + l / 2);
+            uint32_t wf = op(k, KILN_KOP_H2F, KILN_KT_F32, wl, N, N, l & 1);
+            uint32_t xf = op(k, KILN_KOP_BITCAST, KILN_KT_F32, op(k, KILN_KOP_LANE, KILN_KT_U32, xv, N, N, l), N, N, 0);
+            kiln_kset(k, acc, op(k, KILN_KOP_FMA, KILN_KT_F32, wf, xf, acc, 0));
+        }
+    }
+    op(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, N, N, N, 0);
+    uint32_t s = op(k, KILN_KOP_REDUCE, KILN_KT_F32, acc, N, N, (int32_t)block);
+    op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), N, N, 0);
+    op(k, KILN_KOP_ST, KILN_KT_NONE, row, op(k, KILN_KOP_BITCAST, KILN_KT_U32, s, N, N, 0), N, (int32_t)y);
+    op(k, KILN_KOP_ENDIF, KILN_KT_NONE, N, N, N, 0);
+}
+
+static char *print_ok(const kiln_kir *k, int sm)
+{
+    char err[512] = "", *txt = NULL;
+    kiln_status s = kiln_ptx_print(k, sm, &txt, err, sizeof err);
+    cr_assert_eq(s, KILN_OK, "printing %s for sm_%d: %s: %s", k->name, sm, kiln_status_str(s), err);
+    cr_assert(txt);
+    return txt;
+}
+
+/* Assembles with ptxas (skips when absent) and asserts zero spills; returns the report. */
+static kiln_ptxas_report assemble_ok(const char *txt, int sm, const char *what)
+{
+    char ptxas[1024], err[8192];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    kiln_ptxas_report rep;
+    kiln_status s = kiln_ptx_assemble(ptxas, txt, sm, &rep, err, sizeof err);
+    cr_assert_eq(s, KILN_OK, "%s for sm_%d: %s\n%s", what, sm, err, txt);
+    cr_assert(rep.regs > 0, "no register count in ptxas's report: %s", rep.log);
+    cr_assert_eq(rep.spill_stores + rep.spill_loads, 0, "%s sm_%d spills %d/%d bytes:\n%s", what, sm, rep.spill_stores,
+                 rep.spill_loads, rep.log);
+    return rep;
+}
+
+Test(ptx, every_op_assembles_for_sm80_and_sm90)
+{
+    kiln_kir k;
+    build_every_op(&k);
+    char err[512];
+    cr_assert(kiln_kir_verify(&k, err, sizeof err), "%s", err);
+    for (int sm = 80; sm <= 90; sm += 10) {
+        char *txt = print_ok(&k, sm);
+        kiln_ptxas_report rep = assemble_ok(txt, sm, k.name);
+        cr_assert(rep.smem >= 4 * (256 + 64) + 32, "smem %d: %s", rep.smem, rep.log);
+        free(txt);
+    }
+    kiln_kir_free(&k);
+}
+
+Test(ptx, gemv_assembles_at_every_block_size)
+{
+    for (uint32_t block = 32; block <= 1024; block *= 2) {
+        kiln_kir k;
+        build_gemv(&k, block);
+        for (int sm = 80; sm <= 90; sm += 10) {
+            char *txt = print_ok(&k, sm);
+            assemble_ok(txt, sm, "gemv");
+            free(txt);
+        }
+        kiln_kir_free(&k);
+    }
+}
+
+Test(ptx, prints_identical_bytes_twice)
+{
+    kiln_kir a, b;
+    build_every_op(&a);
+    build_every_op(&b);
+    char *t1 = print_ok(&a, 90), *t2 = print_ok(&a, 90), *t3 = print_ok(&b, 90);
+    cr_assert_str_eq(t1, t2);
+    cr_assert_str_eq(t1, t3);
+    free(t1), free(t2), free(t3);
+    kiln_kir_free(&a);
+    kiln_kir_free(&b);
+}
+
+static void must_have(const char *txt, const char *needle)
+{
+    cr_assert(strstr(txt, needle), "'%s' missing from:\n%s", needle, txt);
+}
+
+Test(ptx, instruction_text_is_the_contract)
+{
+    kiln_kir k;
+    build_every_op(&k);
+    kiln_ptx_stats st;
+    char err[256], *txt = NULL;
+    cr_assert_eq(kiln_ptx_print_ex(&k, 90, &txt, &st, err, sizeof err), KILN_OK, "%s", err);
+    static const char *const want[] = {
+        ".version 8.0\n.target sm_90\n.address_size 64\n", ".maxntid 256, 1, 1", ".param .u64 every_op_p4\n)",
+        "add.rn.f32", "sub.rn.f32", "mul.rn.f32", "mul.lo.s32", "mul.lo.u32", "div.rn.f32", "div.s32", "div.u32",
+        "rem.s32", "rem.u32", "min.f32", "max.s32", "fma.rn.f32", "ex2.approx.ftz.f32", "lg2.approx.f32",
+        "rsqrt.approx.f32", "sqrt.rn.f32", "sin.approx.f32", "cos.approx.f32", "cvt.rmi.f32.f32", "cvt.rni.f32.f32",
+        "shr.s32", "shr.u32", "shl.b32", "neg.s32", "abs.f32", "setp.lt.s32", "setp.le.u32", "setp.eq.f32",
+        "setp.neu.f32", "and.pred", "or.pred", "not.pred", "selp.f32", "selp.b32", "cvt.rn.f32.s32", "cvt.rn.f32.u32",
+        "cvt.rzi.s32.f32", "cvt.rzi.u32.f32", "cvt.f32.f16", "cvt.rn.f16.f32", "cvt.rn.bf16.f32", "0xFFFF0000",
+        "bfe.u32", "bfe.s32", "dp4a.s32.s32", "mul.wide.s32", "ld.global.nc.u32", "ld.global.u32",
+        "ld.global.nc.v4.u32", "st.global.u32", "st.global.u16", "ld.shared.u32", "ld.shared.f32", "st.shared.f32",
+        "bar.sync 0;", "shfl.sync.bfly.b32", "%ctaid.z", "%tid.x", ".shared .align 16 .b32 every_op_s0[256];",
+        "every_op_red[8]", "@!%p",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) must_have(txt, want[i]);
+    cr_assert(!strstr(txt, "bra.uni"), "bra.uni is not safe under divergent branches");
+    /* parameter slots 0 and 3 are each loaded once, at entry */
+    const char *p0 = strstr(txt, "[%rd0+0]"), *p3 = strstr(txt, "[%rd0+12]");
+    cr_assert(p0 && p3 && !strstr(p0 + 1, "[%rd0+0]") && !strstr(p3 + 1, "[%rd0+12]"), "%s", txt);
+    cr_assert_eq(st.params, 2);
+    cr_assert_eq(st.ld128, 1);
+    cr_assert_eq(st.st16, 1);
+    cr_assert_eq(st.st32, 2);
+    cr_assert_eq(st.ld32, 4);
+    cr_assert_eq(st.ld_nc, 4);
+    cr_assert_eq(st.loop_loads, 1);
+    cr_assert_eq(st.reduces, 7);
+    cr_assert_eq(st.loops, 2);
+    cr_assert_eq(st.max_depth, 2);
+    cr_assert_eq(st.shared_bytes, 4 * (256 + 64 + 8));
+    free(txt);
+    kiln_kir_free(&k);
+}
+
+/* A tiny kernel printed in full: the layout every printed module has. */
+Test(ptx, golden_small_kernel)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "axpy", 64);
+    snprintf(k.what, sizeof k.what, "y = 2x + y");
+    uint32_t x = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, false), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 2, true);
+    uint32_t t = op(&k, KILN_KOP_TID, KILN_KT_I32, N, N, N, 0);
+    uint32_t n = op(&k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 1);
+    op(&k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(&k, KILN_KOP_LT, t, n), N, N, 0);
+    uint32_t xv = op(&k, KILN_KOP_BITCAST, KILN_KT_F32, op(&k, KILN_KOP_LD, KILN_KT_U32, t, N, N, (int32_t)x), N, N, 0);
+    uint32_t yv = op(&k, KILN_KOP_BITCAST, KILN_KT_F32, op(&k, KILN_KOP_LD, KILN_KT_U32, t, N, N, (int32_t)y), N, N, 0);
+    uint32_t r = op(&k, KILN_KOP_FMA, KILN_KT_F32, kiln_kf(&k, 2.0f), xv, yv, 0);
+    op(&k, KILN_KOP_ST, KILN_KT_NONE, t, op(&k, KILN_KOP_BITCAST, KILN_KT_U32, r, N, N, 0), N, (int32_t)y);
+    op(&k, KILN_KOP_ENDIF, KILN_KT_NONE, N, N, N, 0);
+    char *txt = print_ok(&k, 80);
+    static const char golden[] =
+        "//\n// kiln kernel axpy: y = 2x + y\n// block 64, grid 1 x 1 x 1\n//\n\n"
+        ".version 8.0\n.target sm_80\n.address_size 64\n\n"
+        ".visible .entry axpy(\n\t.param .u64 axpy_p0,\n\t.param .u64 axpy_p1,\n\t.param .u64 axpy_p2\n)\n"
+        ".maxntid 64, 1, 1\n.minnctapersm 1\n{\n"
+        "\t.reg .pred %p<1>;\n\t.reg .b32 %r<5>;\n\t.reg .f32 %f<4>;\n\t.reg .b64 %rd<6>;\n\n"
+        "\tld.param.u64 %rd0, [axpy_p0];\n\tcvta.to.global.u64 %rd0, %rd0;\n"
+        "\tld.param.u64 %rd1, [axpy_p1];\n\tcvta.to.global.u64 %rd1, %rd1;\n"
+        "\tld.param.u64 %rd2, [axpy_p2];\n\tcvta.to.global.u64 %rd2, %rd2;\n"
+        "\tld.global.nc.u32 %r0, [%rd0+4];\n"
+        "\tmov.u32 %r1, %tid.x;\n"
+        "\tsetp.lt.s32 %p0, %r1, %r0;\n"
+        "\t@!%p0 bra $L3_else;\n"
+        "\tmul.wide.s32 %rd3, %r1, 4;\n\tadd.s64 %rd3, %rd1, %rd3;\n\tld.global.nc.u32 %r2, [%rd3];\n"
+        "\tmov.b32 %f0, %r2;\n"
+        "\tmul.wide.s32 %rd4, %r1, 4;\n\tadd.s64 %rd4, %rd2, %rd4;\n\tld.global.u32 %r3, [%rd4];\n"
+        "\tmov.b32 %f1, %r3;\n"
+        "\tmov.f32 %f2, 0f40000000;\n"
+        "\tfma.rn.f32 %f3, %f2, %f0, %f1;\n"
+        "\tmov.b32 %r4, %f3;\n"
+        "\tmul.wide.s32 %rd5, %r1, 4;\n\tadd.s64 %rd5, %rd2, %rd5;\n\tst.global.u32 [%rd5], %r4;\n"
+        "$L3_else:\n"
+        "\tret;\n}\n";
+    cr_assert_str_eq(txt, golden, "got:\n%s", txt);
+    free(txt);
+    kiln_kir_free(&k);
+}
+
+Test(ptx, refuses_what_it_cannot_print)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "big_shared", 32);
+    kiln_kir_shared(&k, 20000);
+    char err[256] = "", *txt = (char *)1;
+    cr_assert_eq(kiln_ptx_print(&k, 90, &txt, err, sizeof err), KILN_ERR_UNSUPPORTED);
+    cr_assert_null(txt);
+    cr_assert(strstr(err, "shared memory"), "%s", err);
+    cr_assert_eq(kiln_ptx_print(&k, 75, &txt, err, sizeof err), KILN_ERR_UNSUPPORTED);
+    cr_assert(strstr(err, "sm_75"), "%s", err);
+    kiln_kir_free(&k);
+    /* an invalid kernel is never printed */
+    kiln_kir_init(&k, "bad", 32);
+    op(&k, KILN_KOP_ENDIF, KILN_KT_NONE, N, N, N, 0);
+    cr_assert_neq(kiln_ptx_print(&k, 90, &txt, err, sizeof err), KILN_OK);
+    cr_assert(strstr(err, "endif"), "%s", err);
+    kiln_kir_free(&k);
+}
+
+/* ------------------------------------------------------------------ lowered regions */
+
+#include <xxhash.h>
+
+#include "fuse/fuse.h"
+#include "sched/presets.h"
+
+/* Texts already assembled (by hash): most regions print the same across weight dtypes. */
+typedef struct seen_set {
+    XXH64_hash_t h[4096]; /* hashes of assembled texts */
+    int          n;       /* used */
+} seen_set;
+
+typedef struct lower_tally {
+    int lowered;     /* regions lowered and printed */
+    int assembled;   /* distinct texts assembled */
+    int unsupported; /* regions the lowering does not take yet */
+    int max_regs;    /* most registers of any kernel */
+    char first_unsupported[256]; /* the first such message */
+    int  n_spilling;             /* kernels with spills or a stack frame */
+    char spills[8192];           /* which */
+} lower_tally;
+
+static bool seen_before(seen_set *s, const char *txt)
+{
+    XXH64_hash_t h = XXH64(txt, strlen(txt), 0);
+    for (int i = 0; i < s->n; i++)
+        if (s->h[i] == h) return true;
+    if (s->n < 4096) s->h[s->n++] = h;
+    return false;
+}
+
+/* Lowers every region of g, prints it for sm_80 and sm_90 and assembles each new text. */
+static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, seen_set *seen, lower_tally *t)
+{
+    kiln_fusion f;
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK, "%s: fusion failed", what);
+    for (uint32_t r = 0; r < f.n_regions; r++) {
+        kiln_kir ks[KILN_LOWER_MAX];
+        uint32_t nk = 0;
+        char err[8192] = "";
+        kiln_status s = kiln_lower_region_seq(g, &f.regions[r], ks, &nk, err, sizeof err);
+        if (s == KILN_ERR_UNSUPPORTED) {
+            if (!t->unsupported++) snprintf(t->first_unsupported, sizeof t->first_unsupported, "%s region %u: %s", what, r, err);
+            continue;
+        }
+        cr_assert_eq(s, KILN_OK, "%s region %u: lowering: %s: %s", what, r, kiln_status_str(s), err);
+        t->lowered++;
+        for (uint32_t i = 0; i < nk; i++) {
+            kiln_kir *k = &ks[i];
+            for (int sm = 80; sm <= 90; sm += 10) {
+                char *txt = NULL;
+                s = kiln_ptx_print(k, sm, &txt, err, sizeof err);
+                cr_assert_eq(s, KILN_OK, "%s region %u (%s): printing: %s", what, r, k->what, err);
+                if (!seen_before(seen, txt)) {
+                    kiln_ptxas_report rep;
+                    s = kiln_ptx_assemble(ptxas, txt, sm, &rep, err, sizeof err);
+                    cr_assert_eq(s, KILN_OK, "%s region %u (%s) sm_%d: %s\n%s", what, r, k->what, sm, err, txt);
+                    if (rep.spill_stores + rep.spill_loads + rep.stack) {
+                        size_t l = strlen(t->spills);
+                        snprintf(t->spills + l, sizeof t->spills - l, "  %s region %u (%s) sm_%d: %d registers, %d/%d spill bytes, %d stack\n",
+                                 what, r, k->what, sm, rep.regs, rep.spill_stores, rep.spill_loads, rep.stack);
+                        t->n_spilling++;
+                    }
+                    if (rep.regs > t->max_regs) t->max_regs = rep.regs;
+                    t->assembled++;
+                }
+                free(txt);
+            }
+            kiln_kir_free(k);
+        }
+    }
+    kiln_fusion_free(&f);
+}
+
+Test(ptx, every_preset_region_assembles, .timeout = 1200)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static seen_set seen;
+    lower_tally t = {0};
+    static const kiln_dtype wt[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (int p = 0; p < kiln_preset_count(); p++)
+        for (int w = 0; w < 4; w++)
+            for (int prefill = 0; prefill < 2; prefill++) {
+                kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = wt[w] == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
+                                            .n_layers = 1, .max_ctx = 4096, .max_tok = prefill ? 512 : 1, .seed = 1, .shape_only = true};
+                kiln_graph *g = NULL;
+                char err[512] = "", what[128];
+                cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+                snprintf(what, sizeof what, "%s %s %s", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), prefill ? "prefill" : "decode");
+                lower_all(g, what, ptxas, &seen, &t);
+                kiln_graph_free(g);
+            }
+    cr_log_info("presets: %d regions lowered, %d distinct kernels assembled (max %d registers), %d not lowered yet%s%s",
+                t.lowered, t.assembled, t.max_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
+    cr_assert_eq(t.n_spilling, 0, "%d preset kernels spill:\n%s", t.n_spilling, t.spills);
+    if (!t.lowered) cr_skip("no preset region lowers yet (%s)", t.first_unsupported);
+}
+
+Test(ptx, every_kg_region_assembles, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static const char *const files[] = {"every_op.kg", "gpt2_mlp.kg", "llama_layer.kg"};
+    const char *src = getenv("KILN_SOURCE_DIR");
+    static seen_set seen;
+    lower_tally t = {0};
+    kiln_ctx *ctx = NULL;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tests/data/%s", src && *src ? src : KILN_SOURCE_DIR, files[i]);
+        kiln_graph *g = NULL;
+        cr_assert_eq(kiln_kg_load(ctx, path, &g), KILN_OK, "%s: %s", path, kiln_ctx_error(ctx));
+        lower_all(g, files[i], ptxas, &seen, &t);
+        kiln_graph_free(g);
+    }
+    kiln_ctx_free(ctx);
+    cr_log_info(".kg files: %d regions lowered, %d distinct kernels assembled (max %d registers), %d not lowered yet%s%s",
+                t.lowered, t.assembled, t.max_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
+    cr_assert_eq(t.n_spilling, 0, "%d .kg kernels spill:\n%s", t.n_spilling, t.spills);
+    if (!t.lowered) cr_skip("no .kg region lowers yet (%s)", t.first_unsupported);
+}
