@@ -179,10 +179,10 @@ gw *gw_model_new(const gw_model *m)
     gw_kv_str(w, "general.architecture", m->arch);
     gw_kv_str(w, "general.name", "kiln test model");
 #define ARCH_KEY(k) (snprintf(key, sizeof key, "%s." k, m->arch), key)
-    gw_kv_u32(w, ARCH_KEY("block_count"), (uint32_t)m->n_layer);
+    gw_kv_u32(w, ARCH_KEY("block_count"), (uint32_t)(m->meta_n_layer ? m->meta_n_layer : m->n_layer));
     gw_kv_u32(w, ARCH_KEY("context_length"), (uint32_t)m->n_ctx);
     gw_kv_u32(w, ARCH_KEY("embedding_length"), (uint32_t)m->hidden);
-    gw_kv_u32(w, ARCH_KEY("feed_forward_length"), (uint32_t)m->ffn);
+    gw_kv_u32(w, ARCH_KEY("feed_forward_length"), (uint32_t)(m->meta_ffn ? m->meta_ffn : m->ffn));
     gw_kv_u32(w, ARCH_KEY("attention.head_count"), (uint32_t)m->n_head);
     gw_kv_u32(w, ARCH_KEY("attention.head_count_kv"), (uint32_t)m->n_kv_head);
     gw_kv_f32(w, ARCH_KEY("rope.freq_base"), strcmp(m->arch, "qwen2") == 0 ? 1e6f : 1e4f);

@@ -44,6 +44,8 @@ typedef struct gw_model {
     bool        tied;      /* no output.weight */
     bool        tokens;    /* write tokenizer.ggml.tokens ("t0", "t1", ...) */
     uint64_t    seed;      /* weights */
+    int         meta_n_layer; /* block_count written (0: n_layer), for inconsistent-file tests */
+    int64_t     meta_ffn;     /* feed_forward_length written (0: ffn) */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */

@@ -1,0 +1,245 @@
+/* Tests of kiln_model_build on small GGUF files written by tests/support/gguf_writer (random
+ * weights, llama and qwen2 layouts, several tensor types): logits of a prefill and a few decode
+ * steps against ref64 (f64) on every present backend; greedy decode gives the same ids on every
+ * backend; metadata and tensor errors name the key or tensor. Never asserts on speed. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kiln/kiln.h"
+#include "support/gguf_writer.h"
+#include "support/ref64.h"
+#include "support/testutil.h"
+
+static kiln_ctx *ctx;
+static void setup(void) { cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.n_threads = 2, .quiet = true}, &ctx), KILN_OK); }
+static void teardown(void) { kiln_ctx_free(ctx); }
+TestSuite(model, .init = setup, .fini = teardown);
+
+static const gw_model llama = {.arch = "llama", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 128,
+                               .n_vocab = 96, .n_ctx = 64, .wtype = KILN_DTYPE_Q8_0, .embtype = KILN_DTYPE_F16,
+                               .tokens = true, .seed = 11};
+static const gw_model qwen2 = {.arch = "qwen2", .n_layer = 2, .hidden = 256, .n_head = 4, .n_kv_head = 2, .ffn = 256,
+                               .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_Q4_K, .embtype = KILN_DTYPE_Q6_K,
+                               .tied = true, .seed = 12};
+
+static kiln_gguf *open_model(const gw_model *m, uint8_t **bytes)
+{
+    gw *w = gw_model_new(m);
+    size_t n;
+    *bytes = gw_bytes(w, &n);
+    gw_free(w);
+    kiln_gguf *f;
+    cr_assert_eq(kiln_gguf_open_memory(ctx, *bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+    return f;
+}
+
+static bool backend_present(const char *name)
+{
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        if (kiln_backend_get(ctx, i, &b) == KILN_OK && strcmp(b.name, name) == 0) return b.available;
+    }
+    return false;
+}
+
+/* Runs ids[0..n) at positions start.. on plan (and ref64 when r); logits into out (n x V). */
+static void step(kiln_plan *p, ref64 *r, const int32_t *ids, int64_t n, int64_t start, float *logits, size_t lbytes,
+                 int32_t *next)
+{
+    int32_t pos[64];
+    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(start + i);
+    kiln_binding b[6] = {{.name = "n_tok", .value = n},
+                         {.name = "n_kv", .value = start + n},
+                         {.name = "ids", .data = (void *)ids, .bytes = (size_t)n * 4},
+                         {.name = "pos", .data = pos, .bytes = (size_t)n * 4},
+                         {.name = "logits", .data = logits, .bytes = lbytes},
+                         {.name = "next", .data = next, .bytes = (size_t)n * 4}};
+    if (p) {
+        tu_poison(logits, lbytes);
+        cr_assert_eq(kiln_run(p, b, 6), KILN_OK, "%s", kiln_ctx_error(ctx));
+    }
+    if (r) {
+        char err[256];
+        cr_assert_eq(ref64_run(r, b, 4, err, sizeof err), 0, "%s", err);
+    }
+}
+
+/* Prefill 5 tokens then 3 decode steps on backend be: logits match ref64 each step. */
+static void check_logits(const gw_model *m, const char *be, double tol)
+{
+    if (!backend_present(be)) cr_skip("backend %s absent", be);
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(m, &bytes);
+    kiln_graph *g;
+    kiln_model_options o = {.max_ctx = 32, .max_tok = 8, .logits = true};
+    cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan *p;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = be}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    ref64 *r = ref64_new(g);
+    cr_assert(r);
+    int64_t V = m->n_vocab;
+    float *logits = malloc((size_t)(8 * V) * sizeof *logits);
+    int32_t ids[8] = {3, 17, 42, 5, 60}, next[8];
+    int64_t start = 0, n = 5;
+    for (int s = 0; s < 4; s++) {
+        step(p, r, ids, n, start, logits, (size_t)(n * V) * sizeof(float), next);
+        int64_t numel;
+        const double *want = ref64_output(r, "logits", NULL, &numel);
+        cr_assert(want && numel == n * V);
+        double *got = malloc((size_t)numel * sizeof *got);
+        for (int64_t i = 0; i < numel; i++) got[i] = logits[i];
+        char what[96];
+        snprintf(what, sizeof what, "%s %s step %d logits", m->arch, be, s);
+        tu_compare(what, got, want, numel, tol);
+        free(got);
+        for (int64_t t = 0; t < n; t++) { /* next is the argmax of the plan's own logits */
+            int64_t best = 0;
+            for (int64_t v = 1; v < V; v++) best = logits[t * V + v] > logits[t * V + best] ? v : best;
+            cr_assert_eq(next[t], best, "%s token %lld", what, (long long)t);
+        }
+        start += n;
+        ids[0] = next[n - 1];
+        n = 1;
+    }
+    free(logits);
+    ref64_free(r);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_gguf_close(f);
+    free(bytes);
+}
+
+Test(model, llama_q8_0_logits_match_f64_on_ref) { check_logits(&llama, "ref", 1e-6); }
+Test(model, llama_q8_0_logits_match_f64_on_cpu) { check_logits(&llama, "cpu", 1e-3); }
+Test(model, qwen2_q4_k_tied_logits_match_f64_on_ref) { check_logits(&qwen2, "ref", 1e-6); }
+Test(model, qwen2_q4_k_tied_logits_match_f64_on_cpu) { check_logits(&qwen2, "cpu", 1e-3); }
+
+/* Greedy decode of 12 tokens after a 4-token prompt. */
+static void greedy(const gw_model *m, const char *be, int32_t *out)
+{
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(m, &bytes);
+    kiln_graph *g;
+    cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 32, .max_tok = 4, .kv_dtype = KILN_DTYPE_F16}, &g),
+                 KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan *p;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = be}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    int32_t ids[4] = {1, 2, 3, 4}, next[4];
+    int64_t start = 0, n = 4;
+    for (int s = 0; s < 12; s++) {
+        int32_t pos[4];
+        for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(start + i);
+        kiln_binding b[5] = {{.name = "n_tok", .value = n}, {.name = "n_kv", .value = start + n},
+                             {.name = "ids", .data = ids, .bytes = (size_t)n * 4},
+                             {.name = "pos", .data = pos, .bytes = (size_t)n * 4},
+                             {.name = "next", .data = next, .bytes = (size_t)n * 4}};
+        cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+        out[s] = ids[0] = next[n - 1];
+        cr_assert(out[s] >= 0 && out[s] < m->n_vocab);
+        start += n;
+        n = 1;
+    }
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_gguf_close(f);
+    free(bytes);
+}
+
+Test(model, greedy_decode_agrees_on_every_backend)
+{
+    const gw_model *models[2] = {&llama, &qwen2};
+    const char *bes[] = {"ref", "cpu", "cuda", "vulkan"};
+    for (int mi = 0; mi < 2; mi++) {
+        int32_t want[12], got[12];
+        greedy(models[mi], "ref", want);
+        for (int b = 1; b < 4; b++) {
+            if (!backend_present(bes[b])) continue;
+            greedy(models[mi], bes[b], got);
+            for (int s = 0; s < 12; s++)
+                cr_assert_eq(got[s], want[s], "%s on %s: token %d is %d, ref says %d", models[mi]->arch, bes[b], s, got[s],
+                             want[s]);
+        }
+    }
+}
+
+Test(model, info_reads_metadata)
+{
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&qwen2, &bytes);
+    kiln_model_info mi;
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_str_eq(mi.arch, "qwen2");
+    cr_assert(mi.n_layer == 2 && mi.hidden == 256 && mi.n_head == 4 && mi.n_kv_head == 2 && mi.head_dim == 64 &&
+              mi.ffn == 256 && mi.n_vocab == 80 && mi.n_ctx_train == 64);
+    cr_assert(mi.rope == KILN_ROPE_NEOX && mi.theta == 1e6f && mi.eps == 1e-5f && mi.qkv_bias && mi.tied_output);
+    cr_assert_gt(mi.weight_bytes, 0);
+    kiln_gguf_close(f);
+    free(bytes);
+    f = open_model(&llama, &bytes);
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(mi.rope == KILN_ROPE_NORMAL && !mi.qkv_bias && !mi.tied_output && mi.theta == 1e4f);
+    kiln_graph *g;
+    cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.n_layers = 3}, &g), KILN_ERR_INVALID_ARG);
+    cr_assert(strstr(kiln_ctx_error(ctx), "n_layers 3"), "%s", kiln_ctx_error(ctx));
+    cr_assert_null(g);
+    cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 8, .max_tok = 9}, &g), KILN_ERR_INVALID_ARG);
+    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph_free(g);
+    kiln_gguf_close(f);
+    free(bytes);
+}
+
+/* Files that are valid GGUF but not a model kiln can build. */
+Test(model, bad_models_name_key_or_tensor)
+{
+    gw *w = gw_new(3, 0);
+    gw_kv_str(w, "general.architecture", "mamba");
+    size_t n;
+    uint8_t *bytes = gw_bytes(w, &n);
+    gw_free(w);
+    kiln_gguf *f;
+    kiln_graph *g;
+    cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK);
+    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_UNSUPPORTED);
+    cr_assert(strstr(kiln_ctx_error(ctx), "mamba"), "%s", kiln_ctx_error(ctx));
+    kiln_gguf_close(f);
+    free(bytes);
+    w = gw_new(3, 0);
+    gw_kv_str(w, "general.architecture", "llama");
+    gw_kv_u32(w, "llama.block_count", 1);
+    bytes = gw_bytes(w, &n);
+    gw_free(w);
+    cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK);
+    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_NAME);
+    cr_assert(strstr(kiln_ctx_error(ctx), "llama.embedding_length"), "%s", kiln_ctx_error(ctx));
+    kiln_gguf_close(f);
+    free(bytes);
+    /* a model with one layer's tensor missing, and one with a wrong shape (head count changed) */
+    gw_model m = llama;
+    m.n_layer = 1;
+    m.meta_n_layer = 2;
+    w = gw_model_new(&m);
+    bytes = gw_bytes(w, &n);
+    gw_free(w);
+    cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK);
+    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_NAME, "%s", kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "blk.1.attn_norm.weight"), "%s", kiln_ctx_error(ctx));
+    kiln_gguf_close(f);
+    free(bytes);
+    m.meta_n_layer = 0;
+    m.ffn = 96;
+    m.meta_ffn = 128;
+    w = gw_model_new(&m);
+    bytes = gw_bytes(w, &n);
+    gw_free(w);
+    cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK);
+    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_SHAPE, "%s", kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "blk.0.ffn_gate.weight") && strstr(kiln_ctx_error(ctx), "[96, 64]"), "%s",
+              kiln_ctx_error(ctx));
+    kiln_gguf_close(f);
+    free(bytes);
+}
