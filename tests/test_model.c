@@ -68,23 +68,23 @@ static void step(kiln_plan *p, ref64 *r, const int32_t *ids, int64_t n, int64_t 
     }
 }
 
-/* Prefill 5 tokens then 3 decode steps on backend be: logits match ref64 each step. */
+/* Prefill 12 tokens then 3 decode steps on backend be: logits match ref64 each step. */
 static void check_logits(const gw_model *m, const char *be, double tol)
 {
     if (!backend_present(be)) cr_skip("backend %s absent", be);
     uint8_t *bytes;
     kiln_gguf *f = open_model(m, &bytes);
     kiln_graph *g;
-    kiln_model_options o = {.max_ctx = 32, .max_tok = 8, .logits = true};
+    kiln_model_options o = {.max_ctx = 32, .max_tok = 16, .logits = true};
     cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
     kiln_plan *p;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = be}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
     ref64 *r = ref64_new(g);
     cr_assert(r);
     int64_t V = m->n_vocab;
-    float *logits = malloc((size_t)(8 * V) * sizeof *logits);
-    int32_t ids[8] = {3, 17, 42, 5, 60}, next[8];
-    int64_t start = 0, n = 5;
+    float *logits = malloc((size_t)(16 * V) * sizeof *logits);
+    int32_t ids[16] = {3, 17, 42, 5, 60, 1, 2, 9, 33, 70, 0, 8}, next[16];
+    int64_t start = 0, n = 12; /* 12 rows: the prefill GEMM path (more than 8 rows) */
     for (int s = 0; s < 4; s++) {
         step(p, r, ids, n, start, logits, (size_t)(n * V) * sizeof(float), next);
         int64_t numel;

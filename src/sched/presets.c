@@ -11,11 +11,11 @@
 
 static const kiln_preset presets[] = {
     {.name = "qwen2-0.5b", .hidden = 896, .n_head = 14, .n_kv_head = 2, .head_dim = 64, .ffn = 4864,
-     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f},
+     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f, .qkv_bias = true},
     {.name = "llama-7b", .hidden = 4096, .n_head = 32, .n_kv_head = 32, .head_dim = 128, .ffn = 11008,
      .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-5f},
     {.name = "qwen2-7b", .hidden = 3584, .n_head = 28, .n_kv_head = 4, .head_dim = 128, .ffn = 18944,
-     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f},
+     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f, .qkv_bias = true},
 };
 
 int kiln_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
@@ -67,6 +67,8 @@ size_t kiln_preset_layer_weight_bytes(const kiln_preset *p, kiln_dtype wdtype)
     int64_t mats[7][2];
     layer_mats(p, mats);
     size_t total = 2 * (size_t)p->hidden * sizeof(float);
+    if (p->qkv_bias)
+        total += (size_t)(mats[0][0] + 2 * mats[1][0]) * sizeof(float);
     for (int j = 0; j < 7; j++)
         total += (size_t)mats[j][0] * kiln_row_bytes(kiln_preset_wdtype_for(wdtype, mats[j][1]), mats[j][1]);
     return total;
@@ -89,15 +91,16 @@ double kiln_preset_layer_flops(const kiln_preset *p, int64_t n_tok, int64_t n_kv
     return f + 4.0 * (double)p->n_head * (double)p->head_dim * rows;
 }
 
-/* f32 norm weight near 1, reproducible from its seed. */
-static kiln_node norm_weight(kiln_graph *g, const char *name, int64_t d, uint64_t seed)
+/* f32 vector offset + u * scale (u uniform in [-1, 1)), reproducible from its seed: norm weights
+ * (1 + u/8) and biases (u/2). */
+static kiln_node vec_weight(kiln_graph *g, const char *name, int64_t d, uint64_t seed, float offset, float scale)
 {
     float *w = malloc((size_t)d * sizeof *w);
     if (!w)
         return KILN_NODE_NONE; /* the next builder call on NONE records the error */
     uint64_t s = seed;
     for (int64_t i = 0; i < d; i++)
-        w[i] = 1.0f + kiln_preset_rngf(&s) / 8.0f;
+        w[i] = offset + kiln_preset_rngf(&s) * scale;
     kiln_dim dims[1] = {d};
     kiln_node n = kiln_weight(g, name, KILN_DTYPE_F32, 1, dims, w, KILN_WEIGHT_COPY);
     free(w);
@@ -122,13 +125,20 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_preset *p, con
     int64_t qd = p->n_head * p->head_dim, kvd = p->n_kv_head * p->head_dim;
     kiln_layer_weights w = {.bq = KILN_NODE_NONE, .bk = KILN_NODE_NONE, .bv = KILN_NODE_NONE};
     snprintf(name, sizeof name, "attn_norm%d", l);
-    w.attn_norm = norm_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 7u);
+    w.attn_norm = vec_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 7u, 1.0f, 0.125f);
     w.wq = mat_weight(g, o, l, 0, "wq", qd, p->hidden);
     w.wk = mat_weight(g, o, l, 1, "wk", kvd, p->hidden);
     w.wv = mat_weight(g, o, l, 2, "wv", kvd, p->hidden);
     w.wo = mat_weight(g, o, l, 3, "wo", p->hidden, qd);
     snprintf(name, sizeof name, "ffn_norm%d", l);
-    w.ffn_norm = norm_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 8u);
+    w.ffn_norm = vec_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 8u, 1.0f, 0.125f);
+    if (p->qkv_bias) {
+        kiln_node *b[3] = {&w.bq, &w.bk, &w.bv};
+        for (int j = 0; j < 3; j++) {
+            snprintf(name, sizeof name, "b%c%d", "qkv"[j], l);
+            *b[j] = vec_weight(g, name, j ? kvd : qd, o->seed + 16u * (uint64_t)l + 9u + (uint64_t)j, 0.0f, 0.5f);
+        }
+    }
     w.wg = mat_weight(g, o, l, 4, "wg", p->ffn, p->hidden);
     w.wu = mat_weight(g, o, l, 5, "wu", p->ffn, p->hidden);
     w.wd = mat_weight(g, o, l, 6, "wd", p->hidden, p->ffn);
