@@ -93,6 +93,7 @@ static void rule_epilogue(fuse_state *f, uint32_t i)
         if (!same_dims(m, n)) continue;
         if (m->op != KILN_OP_MATMUL && !is_map(m->op)) continue; /* rows/attention epilogues: not yet */
         uint32_t gid = f->group[src];
+        if (f->kind[gid] == KILN_REGION_ATTENTION) continue; /* rule 5's kernel writes only its anchor */
         if (n->op == KILN_OP_SWIGLU) { /* both halves must come from the same group */
             uint32_t other = n->src[1 - s];
             if (f->group[other] != gid || f->readers[other] != 1) continue;
