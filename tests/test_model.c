@@ -118,6 +118,62 @@ Test(model, llama_q8_0_logits_match_f64_on_cpu) { check_logits(&llama, "cpu", 1e
 Test(model, qwen2_q4_k_tied_logits_match_f64_on_ref) { check_logits(&qwen2, "ref", 1e-6); }
 Test(model, qwen2_q4_k_tied_logits_match_f64_on_cpu) { check_logits(&qwen2, "cpu", 1e-3); }
 
+/* With last_only, the head runs on the row `last` picks: its logits equal the f64 logits of that
+ * token (prefill of 12, then decode steps), on every present backend. */
+Test(model, last_only_head_matches_f64_on_the_last_token)
+{
+    const char *bes[] = {"ref", "cpu"};
+    for (int b = 0; b < 2; b++) {
+        if (!backend_present(bes[b])) continue;
+        uint8_t *bytes;
+        kiln_gguf *f = open_model(&qwen2, &bytes);
+        kiln_graph *g;
+        kiln_model_options o = {.max_ctx = 32, .max_tok = 16, .logits = true, .last_only = true};
+        cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+        kiln_graph *full;
+        o.last_only = false;
+        cr_assert_eq(kiln_model_build(f, &o, &full), KILN_OK, "%s", kiln_ctx_error(ctx));
+        kiln_plan *p;
+        cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = bes[b]}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        ref64 *r = ref64_new(full);
+        cr_assert(r);
+        int64_t V = qwen2.n_vocab;
+        float *logits = malloc((size_t)V * sizeof *logits);
+        int32_t ids[12] = {3, 17, 42, 5, 60, 1, 2, 9, 33, 70, 0, 8}, pos[12], next = -1;
+        for (int64_t start = 0, n = 12, s = 0; s < 3; s++) {
+            for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(start + i);
+            int32_t last = (int32_t)(n - 1);
+            kiln_binding bd[7] = {{.name = "n_tok", .value = n}, {.name = "n_kv", .value = start + n},
+                                  {.name = "ids", .data = ids, .bytes = (size_t)n * 4},
+                                  {.name = "pos", .data = pos, .bytes = (size_t)n * 4},
+                                  {.name = "last", .data = &last, .bytes = 4},
+                                  {.name = "logits", .data = logits, .bytes = (size_t)V * sizeof *logits},
+                                  {.name = "next", .data = &next, .bytes = 4}};
+            tu_poison(logits, (size_t)V * sizeof *logits);
+            cr_assert_eq(kiln_run(p, bd, 7), KILN_OK, "%s", kiln_ctx_error(ctx));
+            char err[256];
+            cr_assert_eq(ref64_run(r, bd, 4, err, sizeof err), 0, "%s", err);
+            int64_t numel;
+            const double *want = ref64_output(r, "logits", NULL, &numel);
+            cr_assert_eq(numel, n * V);
+            double *got = malloc((size_t)V * sizeof *got);
+            for (int64_t i = 0; i < V; i++) got[i] = logits[i];
+            tu_compare(bes[b], got, want + (n - 1) * V, V, b ? 1e-3 : 1e-6);
+            free(got);
+            start += n;
+            ids[0] = next;
+            n = 1;
+        }
+        free(logits);
+        ref64_free(r);
+        kiln_plan_free(p);
+        kiln_graph_free(g);
+        kiln_graph_free(full);
+        kiln_gguf_close(f);
+        free(bytes);
+    }
+}
+
 /* Greedy decode of 12 tokens after a 4-token prompt. */
 static void greedy(const gw_model *m, const char *be, int32_t *out)
 {

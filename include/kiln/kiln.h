@@ -445,7 +445,9 @@ typedef struct kiln_model_options {
     int64_t    max_tok;  /* bound of symbol n_tok; 0 = min(max_ctx, 512) */
     kiln_dtype kv_dtype; /* KV-cache dtype: f32 (default, 0) or f16 */
     int        n_layers; /* layers to build; 0 = all (fewer: tests, benchmarks) */
-    bool       logits;   /* also output "logits" f32 [n_tok, n_vocab] */
+    bool       logits;   /* also output "logits" f32 [n_tok, n_vocab] ([1, n_vocab] with last_only) */
+    bool       last_only; /* the output head runs on one token: input `last` i32 [1] (bind n_tok - 1)
+                             picks it; `next` is then [1]. Saves the head's work on prefill. */
 } kiln_model_options;
 
 /* Builds the decoder graph of a llama or qwen2 file. Interface: symbols `n_tok`, `n_kv`; inputs

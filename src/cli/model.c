@@ -15,7 +15,7 @@ typedef struct model_run {
     kiln_model_info  info;   /* metadata */
     kiln_plan       *plan;   /* compiled decoder */
     int32_t         *pos;    /* positions [max_tok] */
-    int32_t         *next;   /* argmax per token [max_tok] */
+    int32_t         *next;   /* argmax of the last token [1] */
     double           load_s; /* open + page-in + build + compile */
 } model_run;
 
@@ -75,14 +75,14 @@ static int model_load(const char *cmd, const model_opts *o, int64_t max_ctx, int
         return KILN_CLI_USAGE;
     }
     page_in(m->file, !o->json && isatty(2));
-    kiln_model_options mo = {.max_ctx = max_ctx, .max_tok = max_tok, .kv_dtype = KILN_DTYPE_F16};
+    kiln_model_options mo = {.max_ctx = max_ctx, .max_tok = max_tok, .kv_dtype = KILN_DTYPE_F16, .last_only = true};
     kiln_graph *g = NULL;
     if ((s = kiln_model_build(m->file, &mo, &g)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "building the graph");
     s = kiln_compile(m->ctx, g, &(kiln_compile_options){.backend = o->backend}, &m->plan);
     kiln_graph_free(g);
     if (s != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "compiling");
     m->pos = malloc((size_t)max_tok * sizeof *m->pos);
-    m->next = malloc((size_t)max_tok * sizeof *m->next);
+    m->next = malloc(sizeof *m->next);
     if (!m->pos || !m->next) return kiln_cli_fail(cmd, NULL, KILN_ERR_NOMEM, "allocating buffers");
     m->load_s = kiln_cli_now() - t0;
     return KILN_CLI_OK;
@@ -92,13 +92,15 @@ static int model_load(const char *cmd, const model_opts *o, int64_t max_ctx, int
 static kiln_status model_step(model_run *m, const int32_t *ids, int64_t n, int64_t start, int32_t *out)
 {
     for (int64_t i = 0; i < n; i++) m->pos[i] = (int32_t)(start + i);
-    kiln_binding b[5] = {{.name = "n_tok", .value = n},
+    int32_t last = (int32_t)(n - 1);
+    kiln_binding b[6] = {{.name = "n_tok", .value = n},
                          {.name = "n_kv", .value = start + n},
                          {.name = "ids", .data = (void *)ids, .bytes = (size_t)n * sizeof *ids},
                          {.name = "pos", .data = m->pos, .bytes = (size_t)n * sizeof *m->pos},
-                         {.name = "next", .data = m->next, .bytes = (size_t)n * sizeof *m->next}};
-    kiln_status s = kiln_run(m->plan, b, 5);
-    if (s == KILN_OK && out) *out = m->next[n - 1];
+                         {.name = "last", .data = &last, .bytes = sizeof last},
+                         {.name = "next", .data = m->next, .bytes = sizeof *m->next}};
+    kiln_status s = kiln_run(m->plan, b, 6);
+    if (s == KILN_OK && out) *out = m->next[0];
     return s;
 }
 

@@ -172,6 +172,8 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_info *m, c
         if (m->qkv_bias) w.bq = borrow(g, f, n[4]), w.bk = borrow(g, f, n[5]), w.bv = borrow(g, f, n[6]);
         x = kiln_layer_build(g, &ld, &io, &w, l, x);
     }
+    if (o->last_only) /* the head reads only the row of token `last` */
+        x = kiln_get_rows(g, x, kiln_input(g, "last", KILN_DTYPE_I32, 1, (kiln_dim[]){1}));
     x = kiln_rms_norm(g, x, borrow(g, f, "output_norm.weight"), m->eps);
     kiln_node logits = kiln_matmul(g, x, m->tied_output ? embd : borrow(g, f, "output.weight"));
     kiln_output(g, kiln_argmax(g, logits), "next");
