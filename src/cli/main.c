@@ -64,7 +64,7 @@ static const char usage_run[] =
 
 static const char usage_bench[] =
     "usage: kiln bench --model MODEL.gguf [--mode decode|prefill] [--steps S] [--ctx N] [--tokens T]\n"
-    "                  [--backend B] [--threads N] [--json]\n"
+    "                  [--backend B] [--threads N] [--profile] [--json]\n"
     "       kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
     "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
     "                  [--seed N] [--profile] [--no-roof] [--json]\n"

@@ -383,7 +383,7 @@ static int cmp_f64(const void *a, const void *b)
 int kiln_cli_bench_model(int argc, char *const *argv)
 {
     model_opts o = {0};
-    bool prefill = false;
+    bool prefill = false, profile = false;
     int64_t steps = 0, ctx0 = -1, tokens = 0;
     kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "bench"};
     int rc = KILN_CLI_OK;
@@ -405,6 +405,7 @@ int kiln_cli_bench_model(int argc, char *const *argv)
             rc = r < 0 || !kiln_cli_parse_i64("bench", "--ctx", v, 0, 1 << 24, &ctx0) ? KILN_CLI_USAGE : rc;
         else if ((r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0)
             rc = r < 0 || !kiln_cli_parse_i64("bench", "--tokens", v, 1, 1 << 20, &tokens) ? KILN_CLI_USAGE : rc;
+        else if (strcmp(argv[a.i], "--profile") == 0) profile = true, a.i++;
         else rc = kiln_cli_unknown_flag("bench", argv[a.i]);
     }
     if (rc != KILN_CLI_OK) return rc;
@@ -418,6 +419,7 @@ int kiln_cli_bench_model(int argc, char *const *argv)
     rc = ms && ids ? model_load("bench", &o, max_ctx, max_tok, &m) : kiln_cli_fail("bench", NULL, KILN_ERR_NOMEM, "allocating");
     for (int64_t i = 0; rc == KILN_CLI_OK && i < max_tok; i++) ids[i] = (int32_t)(i % m.info.n_vocab);
     kiln_status s = rc == KILN_CLI_OK ? model_step(&m, ids, max_tok, prefill ? 0 : ctx0, NULL) : KILN_OK; /* warm-up */
+    if (rc == KILN_CLI_OK && profile) kiln_plan_profile(m.plan, true);
     for (int64_t i = 0; rc == KILN_CLI_OK && s == KILN_OK && i < steps; i++) {
         double t0 = kiln_cli_now();
         s = model_step(&m, ids, max_tok, prefill ? 0 : ctx0 + 1 + i, NULL);
@@ -452,6 +454,11 @@ int kiln_cli_bench_model(int argc, char *const *argv)
                        sorted[steps - 1], tok_s, gbps);
             }
             free(sorted);
+        }
+        char *txt = NULL;
+        if (profile && kiln_plan_explain(m.plan, "text", &txt) == KILN_OK) {
+            printf("\nper kernel (measured = mean over the timed steps):\n%s", txt);
+            free(txt);
         }
     }
     free(ms);
