@@ -150,12 +150,19 @@ static bool parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n)
     }
 }
 
-/* Prints token id's text (sentencepiece "▁" and byte-level "Ġ"/"Ċ" shown as space/newline). */
+/* Prints token id's text (sentencepiece "▁" and byte-level "Ġ"/"Ċ" shown as space/newline, byte
+ * tokens "<0xHH>" as their byte). */
 static void print_token(FILE *out, const kiln_gguf *f, int32_t id)
 {
     const char *s;
     size_t len;
     if (kiln_gguf_get_arr_str(f, "tokenizer.ggml.tokens", (uint64_t)id, &s, &len) != KILN_OK) return;
+    unsigned byte;
+    char hex[7] = {0};
+    if (len == 6 && (memcpy(hex, s, 6), sscanf(hex, "<0x%2x>", &byte) == 1) && hex[5] == '>') { /* byte token */
+        fputc((int)byte, out);
+        return;
+    }
     for (size_t i = 0; i < len; i++) {
         if (i + 2 < len && (unsigned char)s[i] == 0xe2 && (unsigned char)s[i + 1] == 0x96 && (unsigned char)s[i + 2] == 0x81)
             fputc(' ', out), i += 2;
@@ -379,88 +386,105 @@ static int cmp_f64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* `kiln bench --model MODEL.gguf`: S timed decode steps from KV length --ctx, or S prefills of T tokens. */
-int kiln_cli_bench_model(int argc, char *const *argv)
+/* Flags of `kiln bench --model`. */
+typedef struct bench_model_opts {
+    model_opts common;  /* model path, backend, threads, json */
+    bool       prefill; /* --mode prefill */
+    bool       profile; /* --profile */
+    int64_t    steps;   /* --steps (0: 16 decode, 4 prefill) */
+    int64_t    ctx0;    /* --ctx: KV length before the first decode step (-1: 256) */
+    int64_t    tokens;  /* --tokens: prefill length (0: 128) */
+} bench_model_opts;
+
+static int bench_model_args(int argc, char *const *argv, bench_model_opts *b)
 {
-    model_opts o = {0};
-    bool prefill = false, profile = false;
-    int64_t steps = 0, ctx0 = -1, tokens = 0;
+    *b = (bench_model_opts){.ctx0 = -1};
     kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "bench"};
     int rc = KILN_CLI_OK;
     while (rc == KILN_CLI_OK && a.i < argc) {
         const char *v = NULL;
-        int r = common_flag(&a, &o);
+        int r = common_flag(&a, &b->common);
         if (r < 0) rc = -r;
         else if (r > 0) continue;
-        else if ((r = kiln_cli_flag_value(&a, "--model", &v)) != 0) o.path = v, rc = r < 0 ? KILN_CLI_USAGE : rc;
+        else if ((r = kiln_cli_flag_value(&a, "--model", &v)) != 0) b->common.path = v, rc = r < 0 ? KILN_CLI_USAGE : rc;
         else if ((r = kiln_cli_flag_value(&a, "--mode", &v)) != 0) {
             if (r < 0 || (strcmp(v, "decode") != 0 && strcmp(v, "prefill") != 0)) {
                 fprintf(stderr, "kiln bench: --mode wants decode or prefill, got '%s'\n", r < 0 ? "" : v);
                 rc = KILN_CLI_USAGE;
-            }
-            else prefill = v[0] == 'p';
+            } else b->prefill = v[0] == 'p';
         } else if ((r = kiln_cli_flag_value(&a, "--steps", &v)) != 0)
-            rc = r < 0 || !kiln_cli_parse_i64("bench", "--steps", v, 1, 100000, &steps) ? KILN_CLI_USAGE : rc;
+            rc = r < 0 || !kiln_cli_parse_i64("bench", "--steps", v, 1, 100000, &b->steps) ? KILN_CLI_USAGE : rc;
         else if ((r = kiln_cli_flag_value(&a, "--ctx", &v)) != 0)
-            rc = r < 0 || !kiln_cli_parse_i64("bench", "--ctx", v, 0, 1 << 24, &ctx0) ? KILN_CLI_USAGE : rc;
+            rc = r < 0 || !kiln_cli_parse_i64("bench", "--ctx", v, 0, 1 << 24, &b->ctx0) ? KILN_CLI_USAGE : rc;
         else if ((r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0)
-            rc = r < 0 || !kiln_cli_parse_i64("bench", "--tokens", v, 1, 1 << 20, &tokens) ? KILN_CLI_USAGE : rc;
-        else if (strcmp(argv[a.i], "--profile") == 0) profile = true, a.i++;
+            rc = r < 0 || !kiln_cli_parse_i64("bench", "--tokens", v, 1, 1 << 20, &b->tokens) ? KILN_CLI_USAGE : rc;
+        else if (strcmp(argv[a.i], "--profile") == 0) b->profile = true, a.i++;
         else rc = kiln_cli_unknown_flag("bench", argv[a.i]);
     }
+    if (!b->steps) b->steps = b->prefill ? 4 : 16;
+    if (b->ctx0 < 0) b->ctx0 = 256;
+    if (!b->tokens) b->tokens = 128;
+    return rc;
+}
+
+static void bench_model_report(const bench_model_opts *b, const model_run *m, const double *ms, int64_t n_tok)
+{
+    double *sorted = malloc((size_t)b->steps * sizeof *sorted);
+    if (!sorted) return;
+    memcpy(sorted, ms, (size_t)b->steps * sizeof *sorted);
+    qsort(sorted, (size_t)b->steps, sizeof *sorted, cmp_f64);
+    int64_t n = b->steps;
+    double med = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    double tok_s = (double)n_tok / (med * 1e-3), gbps = (double)m->info.weight_bytes * 1e-9 / (med * 1e-3);
+    const char *be = kiln_plan_backend(m->plan), *mode = b->prefill ? "prefill" : "decode";
+    int threads = b->common.threads ? (int)b->common.threads : kiln_cli_threads();
+    if (b->common.json) {
+        printf("{\"model\":");
+        kiln_cli_json_str(stdout, b->common.path);
+        printf(",\"arch\":\"%s\",\"mode\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"steps\":%lld,\"tokens\":%lld,"
+               "\"ctx\":%lld,\"kernels\":%d,\"ms_per_step\":%.6f,\"tok_s\":%.4f,\"weight_gb_per_s\":%.4f,\"step_ms\":[",
+               m->info.arch, mode, be, threads, (long long)n, (long long)n_tok, (long long)(b->prefill ? 0 : b->ctx0),
+               kiln_plan_kernel_count(m->plan), med, tok_s, gbps);
+        for (int64_t i = 0; i < n; i++) printf("%s%.6f", i ? "," : "", ms[i]);
+        printf("]}\n");
+    } else {
+        printf("%s (%s, %d layers) %s on %s, %d threads, %d kernels\n", b->common.path, m->info.arch, m->info.n_layer,
+               mode, be, threads, kiln_plan_kernel_count(m->plan));
+        if (b->prefill) printf("  %lld tokens, %lld steps\n", (long long)n_tok, (long long)n);
+        else printf("  n_kv %lld..%lld, %lld steps\n", (long long)b->ctx0 + 2, (long long)(b->ctx0 + 1 + n), (long long)n);
+        printf("  median %.3f ms/step (min %.3f, max %.3f)   %.1f tok/s   %.2f GB/s of weights\n", med, sorted[0],
+               sorted[n - 1], tok_s, gbps);
+    }
+    free(sorted);
+    char *txt = NULL;
+    if (b->profile && kiln_plan_explain(m->plan, "text", &txt) == KILN_OK) {
+        printf("\nper kernel (measured = mean over the timed steps):\n%s", txt);
+        free(txt);
+    }
+}
+
+/* `kiln bench --model MODEL.gguf`: S timed decode steps from KV length --ctx, or S prefills of T tokens. */
+int kiln_cli_bench_model(int argc, char *const *argv)
+{
+    bench_model_opts b;
+    int rc = bench_model_args(argc, argv, &b);
     if (rc != KILN_CLI_OK) return rc;
-    if (!steps) steps = prefill ? 4 : 16;
-    if (ctx0 < 0) ctx0 = 256;
-    if (!tokens) tokens = 128;
-    int64_t max_ctx = prefill ? tokens : ctx0 + steps + 1, max_tok = prefill ? tokens : 1;
+    int64_t max_ctx = b.prefill ? b.tokens : b.ctx0 + b.steps + 1, max_tok = b.prefill ? b.tokens : 1;
     model_run m = {0};
-    double *ms = calloc((size_t)steps, sizeof *ms);
+    double *ms = calloc((size_t)b.steps, sizeof *ms);
     int32_t *ids = calloc((size_t)max_tok, sizeof *ids);
-    rc = ms && ids ? model_load("bench", &o, max_ctx, max_tok, &m) : kiln_cli_fail("bench", NULL, KILN_ERR_NOMEM, "allocating");
+    rc = ms && ids ? model_load("bench", &b.common, max_ctx, max_tok, &m)
+                   : kiln_cli_fail("bench", NULL, KILN_ERR_NOMEM, "allocating");
     for (int64_t i = 0; rc == KILN_CLI_OK && i < max_tok; i++) ids[i] = (int32_t)(i % m.info.n_vocab);
-    kiln_status s = rc == KILN_CLI_OK ? model_step(&m, ids, max_tok, prefill ? 0 : ctx0, NULL) : KILN_OK; /* warm-up */
-    if (rc == KILN_CLI_OK && profile) kiln_plan_profile(m.plan, true);
-    for (int64_t i = 0; rc == KILN_CLI_OK && s == KILN_OK && i < steps; i++) {
+    kiln_status s = rc == KILN_CLI_OK ? model_step(&m, ids, max_tok, b.prefill ? 0 : b.ctx0, NULL) : KILN_OK; /* warm-up */
+    if (rc == KILN_CLI_OK && b.profile) kiln_plan_profile(m.plan, true);
+    for (int64_t i = 0; rc == KILN_CLI_OK && s == KILN_OK && i < b.steps; i++) {
         double t0 = kiln_cli_now();
-        s = model_step(&m, ids, max_tok, prefill ? 0 : ctx0 + 1 + i, NULL);
+        s = model_step(&m, ids, max_tok, b.prefill ? 0 : b.ctx0 + 1 + i, NULL);
         ms[i] = (kiln_cli_now() - t0) * 1e3;
     }
     if (rc == KILN_CLI_OK && s != KILN_OK) rc = kiln_cli_fail("bench", m.ctx, s, "running a step");
-    if (rc == KILN_CLI_OK) {
-        double *sorted = malloc((size_t)steps * sizeof *sorted);
-        if (sorted) {
-            memcpy(sorted, ms, (size_t)steps * sizeof *sorted);
-            qsort(sorted, (size_t)steps, sizeof *sorted, cmp_f64);
-            double med = steps % 2 ? sorted[steps / 2] : 0.5 * (sorted[steps / 2 - 1] + sorted[steps / 2]);
-            double tok_s = (double)max_tok / (med * 1e-3), gbps = (double)m.info.weight_bytes * 1e-9 / (med * 1e-3);
-            const char *be = kiln_plan_backend(m.plan);
-            if (o.json) {
-                printf("{\"model\":");
-                kiln_cli_json_str(stdout, o.path);
-                printf(",\"arch\":\"%s\",\"mode\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"steps\":%lld,\"tokens\":%lld,"
-                       "\"ctx\":%lld,\"kernels\":%d,\"ms_per_step\":%.6f,\"tok_s\":%.4f,\"weight_gb_per_s\":%.4f,\"step_ms\":[",
-                       m.info.arch, prefill ? "prefill" : "decode", be, o.threads ? (int)o.threads : kiln_cli_threads(),
-                       (long long)steps, (long long)max_tok, (long long)(prefill ? 0 : ctx0), kiln_plan_kernel_count(m.plan),
-                       med, tok_s, gbps);
-                for (int64_t i = 0; i < steps; i++) printf("%s%.6f", i ? "," : "", ms[i]);
-                printf("]}\n");
-            } else {
-                printf("%s (%s, %d layers) %s on %s, %d threads, %d kernels\n", o.path, m.info.arch, m.info.n_layer,
-                       prefill ? "prefill" : "decode", be, o.threads ? (int)o.threads : kiln_cli_threads(),
-                       kiln_plan_kernel_count(m.plan));
-                if (prefill) printf("  %lld tokens, %lld steps\n", (long long)max_tok, (long long)steps);
-                else printf("  n_kv %lld..%lld, %lld steps\n", (long long)ctx0 + 2, (long long)(ctx0 + 1 + steps), (long long)steps);
-                printf("  median %.3f ms/step (min %.3f, max %.3f)   %.1f tok/s   %.2f GB/s of weights\n", med, sorted[0],
-                       sorted[steps - 1], tok_s, gbps);
-            }
-            free(sorted);
-        }
-        char *txt = NULL;
-        if (profile && kiln_plan_explain(m.plan, "text", &txt) == KILN_OK) {
-            printf("\nper kernel (measured = mean over the timed steps):\n%s", txt);
-            free(txt);
-        }
-    }
+    if (rc == KILN_CLI_OK) bench_model_report(&b, &m, ms, max_tok);
     free(ms);
     free(ids);
     model_free(&m);
