@@ -113,6 +113,12 @@ static void check_logits(const gw_model *m, const char *be, double tol)
     free(bytes);
 }
 
+static const gw_model llama_k5 = {.arch = "llama", .n_layer = 1, .hidden = 256, .n_head = 2, .n_kv_head = 1,
+                                  .ffn = 512, .n_vocab = 72, .n_ctx = 64, .wtype = KILN_DTYPE_Q5_K,
+                                  .embtype = KILN_DTYPE_BF16, .seed = 13};
+
+Test(model, llama_q5_k_bf16_logits_match_f64_on_ref) { check_logits(&llama_k5, "ref", 1e-6); }
+Test(model, llama_q5_k_bf16_logits_match_f64_on_cpu) { check_logits(&llama_k5, "cpu", 1e-3); }
 Test(model, llama_q8_0_logits_match_f64_on_ref) { check_logits(&llama, "ref", 1e-6); }
 Test(model, llama_q8_0_logits_match_f64_on_cpu) { check_logits(&llama, "cpu", 1e-3); }
 Test(model, qwen2_q4_k_tied_logits_match_f64_on_ref) { check_logits(&qwen2, "ref", 1e-6); }
