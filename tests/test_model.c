@@ -292,6 +292,23 @@ Test(model, bad_models_name_key_or_tensor)
     cr_assert(strstr(kiln_ctx_error(ctx), "blk.1.attn_norm.weight"), "%s", kiln_ctx_error(ctx));
     kiln_gguf_close(f);
     free(bytes);
+    /* features kiln does not build are refused by name, not run wrong */
+    for (int k = 0; k < 4; k++) {
+        gw_model mm = llama;
+        w = gw_model_new(&mm);
+        const char *want[4] = {"llama.expert_count", "llama.rope.scaling.type", "llama.rope.scale_linear", "rope_freqs.weight"};
+        if (k == 0) gw_kv_u32(w, "llama.expert_count", 8);
+        if (k == 1) gw_kv_str(w, "llama.rope.scaling.type", "yarn");
+        if (k == 2) gw_kv_f32(w, "llama.rope.scale_linear", 4.0f);
+        if (k == 3) gw_tensor(w, "rope_freqs.weight", 0, 1, (int64_t[]){8}, (float[8]){1, 1, 1, 1, 2, 2, 4, 8}, 32);
+        bytes = gw_bytes(w, &n);
+        gw_free(w);
+        cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+        cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_UNSUPPORTED, "%s", want[k]);
+        cr_assert(strstr(kiln_ctx_error(ctx), want[k]), "%s", kiln_ctx_error(ctx));
+        kiln_gguf_close(f);
+        free(bytes);
+    }
     m.meta_n_layer = 0;
     m.ffn = 96;
     m.meta_ffn = 128;

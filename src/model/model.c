@@ -69,6 +69,33 @@ static void layer_shapes(const kiln_model_info *m, int64_t shapes[12][2])
     memcpy(shapes, s, sizeof s);
 }
 
+/* Features of the file that would change what the graph must compute, which kiln does not build:
+ * refusing them beats generating wrong tokens. */
+static kiln_status unsupported_features(const kiln_gguf *f, const char *arch)
+{
+    char key[128];
+    const char *v;
+    int64_t experts = 0;
+    snprintf(key, sizeof key, "%s.expert_count", arch);
+    if (kiln_gguf_kv_find(f, key) >= 0 && kiln_gguf_get_i64(f, key, &experts) == KILN_OK && experts > 0)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: '%s' = %lld: mixture-of-experts layers are not supported",
+                             f->path, key, (long long)experts);
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (kiln_gguf_kv_find(f, key) >= 0 && (kiln_gguf_get_str(f, key, &v, NULL) != KILN_OK || strcmp(v, "none") != 0))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: '%s' is set: rotary scaling is not supported", f->path, key);
+    float scale = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scale_linear", arch);
+    if (kiln_gguf_kv_find(f, key) >= 0 && (kiln_gguf_get_f32(f, key, &scale) != KILN_OK || scale != 1.0f))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: '%s' is set: rotary scaling is not supported", f->path, key);
+    kiln_gguf_tensor t;
+    if (kiln_gguf_tensor_get(f, "rope_freqs.weight", &t) != KILN_ERR_NAME)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED,
+                             "%s: tensor 'rope_freqs.weight' (rotary frequency factors, llama 3.1 style) is not supported",
+                             f->path);
+    kiln_ctx_set_error(f->ctx, "%s", "");
+    return KILN_OK;
+}
+
 static kiln_status read_dims(const kiln_gguf *f, kiln_model_info *m)
 {
     const char *arch;
@@ -107,7 +134,7 @@ static kiln_status read_dims(const kiln_gguf *f, kiln_model_info *m)
                              "%s: rotary dims %lld / key length %lld differ from the head size %lld (not supported)",
                              f->path, (long long)rot, (long long)key_len, (long long)m->head_dim);
     m->rope = strcmp(arch, "qwen2") == 0 ? KILN_ROPE_NEOX : KILN_ROPE_NORMAL;
-    return KILN_OK;
+    return unsupported_features(f, arch);
 }
 
 KILN_API kiln_status kiln_model_info_get(const kiln_gguf *f, kiln_model_info *out)
