@@ -436,8 +436,10 @@ typedef struct kiln_model_info {
     size_t         weight_bytes; /* bytes of all tensors the graph reads */
 } kiln_model_info;
 
-/* Reads and checks a file's model metadata (KILN_ERR_UNSUPPORTED for another architecture,
- * KILN_ERR_NAME for a missing key or tensor, KILN_ERR_SHAPE for inconsistent sizes). */
+/* Reads and checks a file's model metadata and every tensor the graph needs (KILN_ERR_UNSUPPORTED
+ * for another architecture or a feature the graph does not compute: mixture of experts, rotary
+ * scaling, rope_freqs.weight, partial rotary dims; KILN_ERR_NAME for a missing key or tensor,
+ * KILN_ERR_SHAPE for inconsistent sizes; the message names the key or tensor). */
 KILN_API kiln_status kiln_model_info_get(const kiln_gguf *f, kiln_model_info *out);
 
 typedef struct kiln_model_options {
