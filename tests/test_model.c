@@ -180,6 +180,37 @@ Test(model, last_only_head_matches_f64_on_the_last_token)
     }
 }
 
+/* Weights are borrowed from the file's bytes, not copied: changing the final norm weight in the
+ * buffer after compiling changes the next run's logits. */
+Test(model, weights_are_borrowed_from_the_mapping)
+{
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&llama, &bytes);
+    kiln_graph *g;
+    cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 8, .max_tok = 1, .logits = true}, &g), KILN_OK);
+    kiln_plan *p;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph_free(g);
+    kiln_gguf_tensor t;
+    cr_assert_eq(kiln_gguf_tensor_get(f, "output_norm.weight", &t), KILN_OK);
+    float logits[2][96];
+    int32_t id = 5, pos = 0;
+    for (int k = 0; k < 2; k++) {
+        kiln_binding b[5] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = 1},
+                             {.name = "ids", .data = &id, .bytes = 4}, {.name = "pos", .data = &pos, .bytes = 4},
+                             {.name = "logits", .data = logits[k], .bytes = sizeof logits[k]}};
+        cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+        float *w = (float *)(bytes + t.offset); /* the file's bytes: scale the final norm by 2 */
+        for (int64_t i = 0; i < t.dims[0]; i++) w[i] *= 2.0f;
+    }
+    for (int i = 0; i < 96; i++)
+        cr_assert(fabsf(logits[1][i] - 2.0f * logits[0][i]) <= 1e-4f * (1.0f + fabsf(logits[0][i])),
+                  "logit %d: %g then %g (the scaled norm weight was not seen)", i, logits[0][i], logits[1][i]);
+    kiln_plan_free(p);
+    kiln_gguf_close(f);
+    free(bytes);
+}
+
 /* Greedy decode of 12 tokens after a 4-token prompt. */
 static void greedy(const gw_model *m, const char *be, int32_t *out)
 {
