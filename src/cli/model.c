@@ -70,7 +70,8 @@ static int model_load(const char *cmd, const model_opts *o, int64_t max_ctx, int
     if ((s = kiln_gguf_open(m->ctx, o->path, &m->file)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "opening the model");
     if ((s = kiln_model_info_get(m->file, &m->info)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "reading the model");
     if (max_ctx > m->info.n_ctx_train) {
-        fprintf(stderr, "kiln %s: %lld positions asked, the model's context is %lld\n", cmd, (long long)max_ctx,
+        fprintf(stderr, "kiln %s: %lld positions asked (%s), the model's context is %lld\n", cmd, (long long)max_ctx,
+                strcmp(cmd, "generate") == 0 ? "prompt + -n" : "--ctx + --steps + 1, or --tokens",
                 (long long)m->info.n_ctx_train);
         return KILN_CLI_USAGE;
     }
