@@ -431,6 +431,11 @@ Test(cli, info_and_bench_of_a_model)
         cr_assert(json_key(o.out, "tok_s") > 0 && json_key(o.out, "ms_per_step") > 0, "%s", o.out);
         cr_assert_eq((int)json_key(o.out, "tokens"), i ? 5 : 1, "%s", o.out);
     }
+    snprintf(args, sizeof args, "plan %s --ctx 64", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+    cr_assert(strstr(o.out, "14 kernels") && strstr(o.out, "rms_norm + matmul x3 + add x3 + rope x2 + kv_scatter x2"), "%s",
+              o.out);
     snprintf(args, sizeof args, "bench --model %s --ctx 4 --steps 2 --profile", path);
     kiln_cli(&o, args);
     cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);

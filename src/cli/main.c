@@ -15,7 +15,7 @@ static const char usage_main[] =
     "  generate MODEL.gguf --ids 1,2,3   prefill the ids, then greedy-decode tokens\n"
     "  run FILE.kg           run a .kg graph on random inputs, print output checksums\n"
     "  bench --preset NAME | --model MODEL.gguf   time decode or prefill of a preset or a model\n"
-    "  plan FILE.kg | --preset NAME   fused kernels, placement and predicted costs\n"
+    "  plan FILE.kg | MODEL.gguf | --preset NAME   fused kernels, placement and predicted costs\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
@@ -91,13 +91,14 @@ static const char usage_bench[] =
     "fraction of the read bandwidth (and FMA peak) measured in the same run.\n";
 
 static const char usage_plan[] =
-    "usage: kiln plan (FILE.kg | --preset NAME [--wtype T] [--layers N] [--ctx N] [--tokens T])\n"
+    "usage: kiln plan (FILE.kg | MODEL.gguf | --preset NAME [--wtype T]) [--layers N] [--ctx N] [--tokens T]\n"
     "                 [--backend B] [--no-fuse] [--profile FILE] [--what-if] [--json | --dot]\n"
     "\n"
     "Shows how kiln compiles a graph: each fused kernel with its ops, the backend it runs on, its\n"
     "FLOPs and bytes, whether memory or compute bounds it, and its predicted time on every backend\n"
     "(roofline: max(flops / peak, bytes / bandwidth) + launch). Sizes are the symbols' bounds.\n"
     "  --preset NAME   a model preset instead of a file (decode: --tokens 1, n_kv bound --ctx 1024)\n"
+    "  MODEL.gguf      a llama/qwen2 GGUF model's decoder (all layers unless --layers; f16 KV)\n"
     "  --backend B     force one backend (default: placement chooses per kernel)\n"
     "  --no-fuse       one kernel per op\n"
     "  --profile FILE  JSON device profiles overriding the measured ones (cost-model experiments)\n"
