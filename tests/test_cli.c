@@ -12,6 +12,7 @@
 
 #include "kiln/kiln.h"
 #include "sched/presets.h"
+#include "support/gguf_writer.h"
 
 /* Output of one child run. */
 typedef struct cli_out {
@@ -399,4 +400,154 @@ Test(cli, ptx_lists_every_region, .timeout = 300)
     }
     kiln_cli(&o, "help ptx");
     cr_assert(o.rc == 0 && strstr(o.out, "--sm"), "%s", o.out);
+}
+
+/* ------------------------------------------------------------------ GGUF models */
+
+static const gw_model cli_model = {.arch = "qwen2", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2,
+                                   .ffn = 96, .n_vocab = 50, .n_ctx = 128, .wtype = KILN_DTYPE_Q8_0,
+                                   .embtype = KILN_DTYPE_F16, .tokens = true, .seed = 21};
+
+static void write_model(char *path)
+{
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_assert_eq(gw_model_write(&cli_model, path), 0);
+}
+
+/* Greedy ids of cli_model after prompt 1,2,3 through the API on ref: what generate must print. */
+static void api_greedy(const char *path, int n, int32_t *out)
+{
+    kiln_ctx *ctx;
+    kiln_gguf *f;
+    kiln_graph *g;
+    kiln_plan *p;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    cr_assert_eq(kiln_gguf_open(ctx, path, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 3 + n, .max_tok = 3, .kv_dtype = KILN_DTYPE_F16}, &g),
+                 KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "ref"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    int32_t ids[3] = {1, 2, 3}, pos[3] = {0, 1, 2}, next[3];
+    for (int s = 0, n_tok = 3, start = 0; s < n; s++) {
+        kiln_binding b[5] = {{.name = "n_tok", .value = n_tok}, {.name = "n_kv", .value = start + n_tok},
+                             {.name = "ids", .data = ids, .bytes = (size_t)n_tok * 4},
+                             {.name = "pos", .data = pos, .bytes = (size_t)n_tok * 4},
+                             {.name = "next", .data = next, .bytes = (size_t)n_tok * 4}};
+        cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+        out[s] = ids[0] = next[n_tok - 1];
+        start += n_tok;
+        pos[0] = start;
+        n_tok = 1;
+    }
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_gguf_close(f);
+    kiln_ctx_free(ctx);
+}
+
+Test(cli, generate_prints_the_greedy_ids_on_each_backend)
+{
+    char path[] = "/tmp/kiln_cli_modelXXXXXX", args[512];
+    write_model(path);
+    int32_t want[8];
+    api_greedy(path, 8, want);
+    char ids[256] = "[";
+    for (int i = 0; i < 8; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? ", " : "", want[i]);
+    strcat(ids, "]");
+    const char *bes[] = {"ref", "cpu"};
+    for (int b = 0; b < 2; b++) {
+        cli_out o;
+        snprintf(args, sizeof args, "generate %s --ids 1,2,3 -n 8 --backend %s --json", path, bes[b]);
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+        cr_assert(strstr(o.out, ids), "kiln %s: want ids %s in %s", args, ids, o.out);
+        cr_assert(json_key(o.out, "prefill_tok_s") > 0 && json_key(o.out, "decode_tok_s") > 0, "%s", o.out);
+        char be[64];
+        snprintf(be, sizeof be, "\"backend\": \"%s\"", bes[b]);
+        cr_assert(strstr(o.out, be), "%s", o.out);
+    }
+    cli_out o;
+    snprintf(args, sizeof args, "generate %s --ids=1,2,3 -n 8", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    char text[128] = "text: ";
+    for (int i = 0; i < 8; i++) snprintf(text + strlen(text), sizeof text - strlen(text), "t%d", want[i]);
+    cr_assert(strstr(o.out, text), "want '%s' in %s", text, o.out);
+    cr_assert(strstr(o.out, "prefill: 3 tokens") && strstr(o.out, "decode:  7 tokens") && strstr(o.out, "ms/token"), "%s",
+              o.out);
+    unlink(path);
+}
+
+Test(cli, info_and_bench_of_a_model)
+{
+    char path[] = "/tmp/kiln_cli_modelXXXXXX", args[512];
+    write_model(path);
+    cli_out o;
+    snprintf(args, sizeof args, "info %s", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.out, "qwen2, 2 layers, hidden 64, 4 heads (2 KV, head dim 16), ffn 96, vocab 50") &&
+              strstr(o.out, "q8_0") && strstr(o.out, "q/k/v biases") && strstr(o.out, "kiln would run it on"), "%s", o.out);
+    snprintf(args, sizeof args, "info %s --json", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(o.out[0] == '{' && strstr(o.out, "\"runnable\":true") && json_key(o.out, "kernels") >= 1, "%s", o.out);
+    const char *modes[] = {"decode --ctx 8 --steps 3", "prefill --tokens 5 --steps 2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "bench --model %s --mode %s --json", path, modes[i]);
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+        cr_assert(json_key(o.out, "tok_s") > 0 && json_key(o.out, "ms_per_step") > 0, "%s", o.out);
+        cr_assert_eq((int)json_key(o.out, "tokens"), i ? 5 : 1, "%s", o.out);
+    }
+    snprintf(args, sizeof args, "plan %s --ctx 64", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+    cr_assert(strstr(o.out, "14 kernels") && strstr(o.out, "rms_norm + matmul x3 + add x3 + rope x2 + kv_scatter x2"), "%s",
+              o.out);
+    snprintf(args, sizeof args, "bench --model %s --ctx 4 --steps 2 --profile", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+    cr_assert(strstr(o.out, "tok/s") && strstr(o.out, "per kernel") && strstr(o.out, "add x3 + rope x2"), "%s", o.out);
+    unlink(path);
+}
+
+Test(cli, model_errors_name_the_culprit)
+{
+    char path[] = "/tmp/kiln_cli_modelXXXXXX", bad[] = "/tmp/kiln_cli_badXXXXXX", args[512];
+    write_model(path);
+    int fd = mkstemp(bad);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, "GGUF\3\0\0\0\1\0\0\0", 12), 12); /* truncated tensor_count */
+    close(fd);
+    struct {
+        const char *fmt; /* args with %s = path */
+        int         rc;  /* exit code */
+        const char *say; /* in stderr */
+    } cases[] = {{"generate %s", 2, "--ids"},
+                 {"generate %s --ids 1,x", 2, "'x'"},
+                 {"generate %s --ids 1,,2", 2, "--ids"},
+                 {"generate %s --ids 1,50", 2, "id 50"},
+                 {"generate %s --ids 1 -n 500", 2, "context is 128"},
+                 {"generate %s --ids 1 --frob", 2, "--frob"},
+                 {"generate /nonexistent.gguf --ids 1", 1, "cannot open"},
+                 {"bench --model %s --mode sideways", 2, "sideways"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_out o;
+        snprintf(args, sizeof args, cases[i].fmt, path);
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, cases[i].rc, "kiln %s: rc %d: %s", args, o.rc, o.err);
+        cr_assert(strstr(o.err, cases[i].say), "kiln %s: stderr lacks '%s': %s", args, cases[i].say, o.err);
+    }
+    const char *cmds[] = {"info %s", "generate %s --ids 1"};
+    for (int i = 0; i < 2; i++) {
+        cli_out o;
+        snprintf(args, sizeof args, cmds[i], bad);
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, 1, "kiln %s: %s", args, o.err);
+        cr_assert(strstr(o.err, "byte 8") && strstr(o.err, "tensor_count"), "kiln %s: %s", args, o.err);
+    }
+    unlink(path);
+    unlink(bad);
 }

@@ -167,7 +167,8 @@ Test(fuse, rule5_attention_written_as_ops_is_one_kernel)
 }
 
 /* A llama-style decode layer as kiln users write it. */
-static kiln_graph *llama_layer(kiln_dtype wt, int64_t hidden, int64_t n_head, int64_t n_kv_head, int64_t ffn, int64_t ctx)
+static kiln_graph *llama_layer(kiln_dtype wt, int64_t hidden, int64_t n_head, int64_t n_kv_head, int64_t ffn, int64_t ctx,
+                               bool bias)
 {
     kiln_graph *g = gnew();
     int64_t hd = hidden / n_head;
@@ -181,6 +182,11 @@ static kiln_graph *llama_layer(kiln_dtype wt, int64_t hidden, int64_t n_head, in
     kiln_node q = kiln_matmul(g, h, tu_weight(g, "wq", wt, 2, (kiln_dim[]){hidden, hidden}, -sc, sc));
     kiln_node k = kiln_matmul(g, h, tu_weight(g, "wk", wt, 2, (kiln_dim[]){n_kv_head * hd, hidden}, -sc, sc));
     kiln_node v = kiln_matmul(g, h, tu_weight(g, "wv", wt, 2, (kiln_dim[]){n_kv_head * hd, hidden}, -sc, sc));
+    if (bias) { /* qwen2: q/k/v biases */
+        q = kiln_add(g, q, tu_weight(g, "bq", KILN_DTYPE_F32, 1, (kiln_dim[]){hidden}, -0.5f, 0.5f));
+        k = kiln_add(g, k, tu_weight(g, "bk", KILN_DTYPE_F32, 1, (kiln_dim[]){n_kv_head * hd}, -0.5f, 0.5f));
+        v = kiln_add(g, v, tu_weight(g, "bv", KILN_DTYPE_F32, 1, (kiln_dim[]){n_kv_head * hd}, -0.5f, 0.5f));
+    }
     q = kiln_rope(g, kiln_reshape(g, q, 3, (kiln_dim[]){1, n_head, hd}), pos, KILN_ROPE_NEOX, 10000);
     k = kiln_rope(g, kiln_reshape(g, k, 3, (kiln_dim[]){1, n_kv_head, hd}), pos, KILN_ROPE_NEOX, 10000);
     kiln_node ks = kiln_kv_scatter(g, kc, k, pos);
@@ -202,7 +208,7 @@ Test(fuse, decode_layer_at_most_6_kernels_and_matches_unfused)
 {
     kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
     for (int t = 0; t < 3; t++) {
-        kiln_graph *g = llama_layer(types[t], 256, 4, 2, 512, 16);
+        kiln_graph *g = llama_layer(types[t], 256, 4, 2, 512, 16, false);
         int kf, ku;
         for (int64_t n = 1; n <= 3; n++) {
             feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 256}, {"pos", .ints = true, .value = n, .n = 1}};
@@ -211,6 +217,35 @@ Test(fuse, decode_layer_at_most_6_kernels_and_matches_unfused)
         }
         cr_assert_leq(kf, 6, "%s layer: %d kernels", kiln_dtype_name(types[t]), kf);
         cr_assert_geq(ku, 15);
+        kiln_graph_free(g);
+    }
+}
+
+/* qwen2's q/k/v biases fuse as matmul epilogues ahead of rope and the KV write: the biased layer
+ * has as many kernels as the unbiased one, and matches the unfused plan (decode and prefill rows). */
+Test(fuse, qkv_bias_adds_are_matmul_epilogues)
+{
+    kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_Q8_0};
+    for (int t = 0; t < 2; t++) {
+        kiln_graph *plain = llama_layer(types[t], 256, 4, 2, 512, 16, false);
+        kiln_graph *g = llama_layer(types[t], 256, 4, 2, 512, 16, true);
+        kiln_plan *p0, *p1;
+        cr_assert_eq(kiln_compile(g_ctx, plain, &(kiln_compile_options){.backend = fuse_backend()}, &p0), KILN_OK);
+        cr_assert_eq(kiln_compile(g_ctx, g, &(kiln_compile_options){.backend = fuse_backend()}, &p1), KILN_OK);
+        int want = kiln_plan_kernel_count(p0), got = kiln_plan_kernel_count(p1);
+        cr_assert_eq(got, want, "%s: biased layer %d kernels, unbiased %d", kiln_dtype_name(types[t]), got, want);
+        cr_assert_leq(got, 5);
+        kiln_region_info ri;
+        cr_assert_eq(kiln_plan_region(p1, 0, &ri), KILN_OK);
+        cr_assert(strstr(ri.ops, "add x3") && strstr(ri.ops, "rope x2") && strstr(ri.ops, "kv_scatter x2"),
+                  "first kernel: %s", ri.ops);
+        kiln_plan_free(p0);
+        kiln_plan_free(p1);
+        for (int64_t n = 1; n <= 3; n++) {
+            feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 256}, {"pos", .ints = true, .value = n, .n = 1}};
+            fused_vs_unfused(g, f, 3, 4 * tu_tol("matmul", types[t]) + 4 * tu_tol("attention", KILN_DTYPE_F32), NULL, NULL);
+        }
+        kiln_graph_free(plain);
         kiln_graph_free(g);
     }
 }

@@ -331,6 +331,137 @@ KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, c
 KILN_API double kiln_plan_compile_ms(const kiln_plan *p);
 KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p);
 
+/* ---------------------------------------------------------------- GGUF files and models */
+
+/* A GGUF file (v2 or v3) mapped read-only: its metadata key-values, and its tensors by name.
+ * Tensor data is used in place (borrowed by the model builder), so the file must stay open while
+ * any graph or plan built from it is alive. Every malformed file is an error naming the byte
+ * offset and the field, never a crash. The context must outlive the file; errors of every call
+ * below go to kiln_ctx_error(ctx) of the context it was opened with. */
+typedef struct kiln_gguf kiln_gguf;
+
+typedef enum kiln_gguf_type { /* GGUF metadata value types, numbered as in the file */
+    KILN_GGUF_U8 = 0,
+    KILN_GGUF_I8,
+    KILN_GGUF_U16,
+    KILN_GGUF_I16,
+    KILN_GGUF_U32,
+    KILN_GGUF_I32,
+    KILN_GGUF_F32,
+    KILN_GGUF_BOOL,
+    KILN_GGUF_STRING,
+    KILN_GGUF_ARRAY,
+    KILN_GGUF_U64,
+    KILN_GGUF_I64,
+    KILN_GGUF_F64,
+    KILN_GGUF_TYPE_COUNT
+} kiln_gguf_type;
+
+/* "u32", "string", "array", ...; "?" out of range. */
+KILN_API const char *kiln_gguf_type_name(kiln_gguf_type t);
+/* Opens and parses the file at path (mmap). Errors: KILN_ERR_IO (cannot open/map), KILN_ERR_PARSE
+ * (malformed: "FILE: byte N: FIELD: what"), KILN_ERR_NOMEM. *out is NULL on error. */
+KILN_API kiln_status kiln_gguf_open(kiln_ctx *ctx, const char *path, kiln_gguf **out);
+/* Same over a caller's buffer (borrowed: it must outlive the file). For tests and fuzzing. */
+KILN_API kiln_status kiln_gguf_open_memory(kiln_ctx *ctx, const void *data, size_t bytes, kiln_gguf **out);
+/* Unmaps and frees; NULL does nothing. */
+KILN_API void kiln_gguf_close(kiln_gguf *f);
+/* Format version (2 or 3), data alignment, and the file's size in bytes. */
+KILN_API uint32_t kiln_gguf_version(const kiln_gguf *f);
+KILN_API uint32_t kiln_gguf_alignment(const kiln_gguf *f);
+KILN_API size_t kiln_gguf_size(const kiln_gguf *f);
+
+/* Metadata, by index (0 .. count-1, file order) or by key. */
+KILN_API int64_t kiln_gguf_kv_count(const kiln_gguf *f);
+/* Key of entry i (NUL-terminated, valid while f is open); NULL out of range. */
+KILN_API const char *kiln_gguf_kv_key(const kiln_gguf *f, int64_t i);
+/* Index of a key, or -1. */
+KILN_API int64_t kiln_gguf_kv_find(const kiln_gguf *f, const char *key);
+/* Value type of entry i (KILN_GGUF_TYPE_COUNT out of range). */
+KILN_API kiln_gguf_type kiln_gguf_kv_type(const kiln_gguf *f, int64_t i);
+
+/* Scalar getters by key. A missing key is KILN_ERR_NAME; a value of another kind KILN_ERR_DTYPE.
+ * Integer getters take any integer type whose value fits the result (else KILN_ERR_SHAPE);
+ * get_f32/get_f64 take f32 or f64; get_bool takes bool. *out is left alone on error. */
+KILN_API kiln_status kiln_gguf_get_u32(const kiln_gguf *f, const char *key, uint32_t *out);
+KILN_API kiln_status kiln_gguf_get_i32(const kiln_gguf *f, const char *key, int32_t *out);
+KILN_API kiln_status kiln_gguf_get_u64(const kiln_gguf *f, const char *key, uint64_t *out);
+KILN_API kiln_status kiln_gguf_get_i64(const kiln_gguf *f, const char *key, int64_t *out);
+KILN_API kiln_status kiln_gguf_get_f32(const kiln_gguf *f, const char *key, float *out);
+KILN_API kiln_status kiln_gguf_get_f64(const kiln_gguf *f, const char *key, double *out);
+KILN_API kiln_status kiln_gguf_get_bool(const kiln_gguf *f, const char *key, bool *out);
+/* A string value, NUL-terminated (valid while f is open); *len (may be NULL) its byte length. */
+KILN_API kiln_status kiln_gguf_get_str(const kiln_gguf *f, const char *key, const char **out, size_t *len);
+/* An array: element type and count; *data (may be NULL) points at the elements in the file,
+ * little-endian and possibly unaligned (copy with memcpy); NULL for arrays of strings. */
+KILN_API kiln_status kiln_gguf_get_arr(const kiln_gguf *f, const char *key, kiln_gguf_type *elem, uint64_t *n,
+                                       const void **data);
+/* Element i of an array of strings: bytes (not NUL-terminated, valid while f is open) and length. */
+KILN_API kiln_status kiln_gguf_get_arr_str(const kiln_gguf *f, const char *key, uint64_t i, const char **out,
+                                           size_t *len);
+
+/* A tensor as kiln sees it. */
+typedef struct kiln_gguf_tensor {
+    const char *name;              /* valid while f is open */
+    uint32_t    ggml_type;         /* type id in the file */
+    const char *type_name;         /* "q4_K", "f16", ... ("?" for an id kiln does not know) */
+    kiln_dtype  t;                 /* kiln dtype, or KILN_DTYPE_COUNT when kiln has none */
+    int         rank;              /* dims */
+    int64_t     dims[KILN_MAX_RANK]; /* kiln order, outermost first (GGUF lists ne[0] = row length first) */
+    const void *data;              /* the bytes in the mapping */
+    size_t      bytes;             /* their size */
+    uint64_t    offset;            /* absolute byte offset of the data in the file */
+} kiln_gguf_tensor;
+
+KILN_API int64_t kiln_gguf_tensor_count(const kiln_gguf *f);
+/* Tensor i in file order, whatever its type (for listings); KILN_ERR_INVALID_ARG out of range. */
+KILN_API kiln_status kiln_gguf_tensor_at(const kiln_gguf *f, int64_t i, kiln_gguf_tensor *out);
+/* Tensor by name, for use: KILN_ERR_NAME when missing, KILN_ERR_UNSUPPORTED (naming the tensor and
+ * its type) when kiln has no dtype for it. */
+KILN_API kiln_status kiln_gguf_tensor_get(const kiln_gguf *f, const char *name, kiln_gguf_tensor *out);
+
+/* What kiln_model_build reads from a file's metadata. */
+typedef struct kiln_model_info {
+    char           arch[32];    /* general.architecture: "llama", "qwen2" */
+    int            n_layer;     /* {arch}.block_count */
+    int64_t        hidden;      /* {arch}.embedding_length */
+    int64_t        n_head;      /* {arch}.attention.head_count */
+    int64_t        n_kv_head;   /* {arch}.attention.head_count_kv (default n_head) */
+    int64_t        head_dim;    /* hidden / n_head */
+    int64_t        ffn;         /* {arch}.feed_forward_length */
+    int64_t        n_vocab;     /* rows of token_embd.weight */
+    int64_t        n_ctx_train; /* {arch}.context_length */
+    float          theta;       /* {arch}.rope.freq_base (default 10000) */
+    float          eps;         /* {arch}.attention.layer_norm_rms_epsilon */
+    kiln_rope_mode rope;        /* NORMAL for llama, NEOX for qwen2 */
+    bool           qkv_bias;    /* q/k/v biases present (qwen2) */
+    bool           tied_output; /* no output.weight: the head reuses token_embd.weight */
+    size_t         weight_bytes; /* bytes of all tensors the graph reads */
+} kiln_model_info;
+
+/* Reads and checks a file's model metadata and every tensor the graph needs (KILN_ERR_UNSUPPORTED
+ * for another architecture or a feature the graph does not compute: mixture of experts, rotary
+ * scaling, rope_freqs.weight, partial rotary dims; KILN_ERR_NAME for a missing key or tensor,
+ * KILN_ERR_SHAPE for inconsistent sizes; the message names the key or tensor). */
+KILN_API kiln_status kiln_model_info_get(const kiln_gguf *f, kiln_model_info *out);
+
+typedef struct kiln_model_options {
+    int64_t    max_ctx;  /* KV-cache rows, bound of symbol n_kv; 0 = min(context_length, 4096) */
+    int64_t    max_tok;  /* bound of symbol n_tok; 0 = min(max_ctx, 512) */
+    kiln_dtype kv_dtype; /* KV-cache dtype: f32 (default, 0) or f16 */
+    int        n_layers; /* layers to build; 0 = all (fewer: tests, benchmarks) */
+    bool       logits;   /* also output "logits" f32 [n_tok, n_vocab] ([1, n_vocab] with last_only) */
+    bool       last_only; /* the output head runs on one token: input `last` i32 [1] (bind n_tok - 1)
+                             picks it; `next` is then [1]. Saves the head's work on prefill. */
+} kiln_model_options;
+
+/* Builds the decoder graph of a llama or qwen2 file. Interface: symbols `n_tok`, `n_kv`; inputs
+ * `ids` i32 [n_tok] (token ids) and `pos` i32 [n_tok] (positions, n_kv - n_tok .. n_kv - 1);
+ * states `k<L>`, `v<L>` [n_kv_head, max_ctx, head_dim]; output `next` i32 [n_tok] (argmax of
+ * each token's logits) and, with opts->logits, `logits`. Weights are borrowed from the mapping:
+ * f must outlive the graph and every plan compiled from it. opts may be NULL. */
+KILN_API kiln_status kiln_model_build(const kiln_gguf *f, const kiln_model_options *opts, kiln_graph **out);
+
 #ifdef __cplusplus
 }
 #endif

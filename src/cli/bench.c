@@ -342,6 +342,9 @@ int kiln_cli_bench(int argc, char *const *argv)
 {
     if (kiln_cli_wants_help(argc, argv, "bench"))
         return KILN_CLI_OK;
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "--model", 7) == 0 && (argv[i][7] == 0 || argv[i][7] == '='))
+            return kiln_cli_bench_model(argc, argv);
     bench_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc != KILN_CLI_OK)

@@ -11,10 +11,11 @@ static const char usage_main[] =
     "kiln runs transformer graphs with op fusion on the best backend present.\n"
     "\n"
     "commands:\n"
-    "  info                  version, backends (available or why not), CPU ISA, threads\n"
+    "  info [MODEL.gguf]     version, backends (available or why not), CPU ISA, threads; or a model\n"
+    "  generate MODEL.gguf --ids 1,2,3   prefill the ids, then greedy-decode tokens\n"
     "  run FILE.kg           run a .kg graph on random inputs, print output checksums\n"
-    "  bench --preset NAME   time decode or prefill of a model preset (random weights)\n"
-    "  plan FILE.kg | --preset NAME   fused kernels, placement and predicted costs\n"
+    "  bench --preset NAME | --model MODEL.gguf   time decode or prefill of a preset or a model\n"
+    "  plan FILE.kg | MODEL.gguf | --preset NAME   fused kernels, placement and predicted costs\n"
     "  spirv FILE.kg | --preset NAME  the Vulkan backend's GLSL (or SPIR-V) of each fused kernel\n"
     "  ptx FILE.kg | --preset NAME    generated PTX per fused kernel, ptxas registers/spills\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
@@ -24,11 +25,27 @@ static const char usage_main[] =
     "2 a usage error.\n";
 
 static const char usage_info[] =
-    "usage: kiln info [--json]\n"
+    "usage: kiln info [MODEL.gguf] [--json]\n"
     "\n"
     "Prints kiln's version, every backend kiln knows with whether it is available here (its\n"
     "device/ISA, or why not), the CPU ISA path in use and the CPU thread count.\n"
+    "With MODEL.gguf: the file's architecture, sizes, tensor types (and which kiln cannot run), and\n"
+    "the backend and kernel count kiln would run a decode step with.\n"
     "  --json   one JSON object instead of text\n";
+
+static const char usage_generate[] =
+    "usage: kiln generate MODEL.gguf --ids 1,2,3 [-n N] [--backend B] [--threads N] [--json]\n"
+    "\n"
+    "Loads a llama or qwen2 GGUF file (weights used in place from the mapping), prefills the token\n"
+    "ids in one run, then greedy-decodes one token per run with the same compiled plan. Prints the\n"
+    "generated ids (and their text when the file has tokenizer.ggml.tokens), prefill tok/s, decode\n"
+    "tok/s and ms/token. The KV cache is f16.\n"
+    "  --ids LIST    comma-separated prompt token ids (each below the vocabulary size)\n"
+    "  -n N          tokens to generate (default 32): 1 from the prefill, N-1 decode steps\n"
+    "  --backend B   auto (default), ref, cpu, cuda, vulkan\n"
+    "  --threads N   CPU threads (default: one per core)\n"
+    "  --json        {\"ids\": [...], \"prefill_tok_s\": x, \"decode_tok_s\": y, \"ms_per_token\": z,\n"
+    "                \"backend\": \"...\"}\n";
 
 /* Shared by run.c and bench.c through kiln_cli_usage(). */
 static const char usage_run[] =
@@ -48,11 +65,16 @@ static const char usage_run[] =
     "  --json        one JSON object instead of text\n";
 
 static const char usage_bench[] =
-    "usage: kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
+    "usage: kiln bench --model MODEL.gguf [--mode decode|prefill] [--steps S] [--ctx N] [--tokens T]\n"
+    "                  [--backend B] [--threads N] [--profile] [--json]\n"
+    "       kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
     "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
     "                  [--seed N] [--profile] [--no-roof] [--json]\n"
     "\n"
-    "Builds NAME's decoder layers with random weights and times them.\n"
+    "--model: times a GGUF model's whole decode step (S steps of one token from KV length --ctx,\n"
+    "default 256; 16 steps) or prefill (S runs of --tokens, default 128; 4 steps): median ms/step,\n"
+    "tok/s, and GB/s of weights read.\n"
+    "--preset: builds NAME's decoder layers with random weights and times them.\n"
     "  --preset NAME   qwen2-0.5b, llama-7b, qwen2-7b\n"
     "  --mode M        decode (default): S steps of one token over a KV cache growing from --ctx;\n"
     "                  prefill: S runs of T tokens from position 0\n"
@@ -71,13 +93,14 @@ static const char usage_bench[] =
     "fraction of the read bandwidth (and FMA peak) measured in the same run.\n";
 
 static const char usage_plan[] =
-    "usage: kiln plan (FILE.kg | --preset NAME [--wtype T] [--layers N] [--ctx N] [--tokens T])\n"
+    "usage: kiln plan (FILE.kg | MODEL.gguf | --preset NAME [--wtype T]) [--layers N] [--ctx N] [--tokens T]\n"
     "                 [--backend B] [--no-fuse] [--profile FILE] [--what-if] [--json | --dot]\n"
     "\n"
     "Shows how kiln compiles a graph: each fused kernel with its ops, the backend it runs on, its\n"
     "FLOPs and bytes, whether memory or compute bounds it, and its predicted time on every backend\n"
     "(roofline: max(flops / peak, bytes / bandwidth) + launch). Sizes are the symbols' bounds.\n"
     "  --preset NAME   a model preset instead of a file (decode: --tokens 1, n_kv bound --ctx 1024)\n"
+    "  MODEL.gguf      a llama/qwen2 GGUF model's decoder (all layers unless --layers; f16 KV)\n"
     "  --backend B     force one backend (default: placement chooses per kernel)\n"
     "  --no-fuse       one kernel per op\n"
     "  --profile FILE  JSON device profiles overriding the measured ones (cost-model experiments)\n"
@@ -127,6 +150,7 @@ static const struct {
     const char *usage;                    /* --help text */
 } commands[] = {
     {"info", kiln_cli_info, usage_info},
+    {"generate", kiln_cli_generate, usage_generate},
     {"run", kiln_cli_run, usage_run},
     {"bench", kiln_cli_bench, usage_bench},
     {"plan", kiln_cli_plan, usage_plan},
@@ -186,12 +210,17 @@ int kiln_cli_info(int argc, char *const *argv)
     if (kiln_cli_wants_help(argc, argv, "info"))
         return KILN_CLI_OK;
     bool json = false;
+    const char *model = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = true;
+        else if (argv[i][0] != '-' && !model)
+            model = argv[i];
         else
             return kiln_cli_unknown_flag("info", argv[i]);
     }
+    if (model)
+        return kiln_cli_info_model(model, json);
     kiln_ctx_options o = {.quiet = true};
     kiln_ctx *ctx = NULL;
     kiln_status s = kiln_ctx_new(&o, &ctx);

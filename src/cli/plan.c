@@ -1,4 +1,4 @@
-/* `kiln plan` (fusion and placement explained: each kernel's fused ops, backend, predicted time on
+/* `kiln plan` (of a .kg file, a preset or a GGUF model: fusion and placement explained: each kernel's fused ops, backend, predicted time on
  * every backend, roofline bound; text, JSON or Graphviz dot) and `kiln calibrate` (measure the
  * device profiles and store them in the cache dir). Reports only; never runs a graph. */
 #include <stdlib.h>
@@ -11,7 +11,7 @@ typedef struct plan_opts {
     const char        *file;     /* FILE.kg, or NULL with --preset */
     const kiln_preset *preset;   /* --preset */
     kiln_dtype         wtype;    /* --wtype */
-    int64_t            layers;   /* --layers */
+    int64_t            layers;   /* --layers; 0 = default (1 for a preset, all for a GGUF model) */
     int64_t            ctx;      /* --ctx: bound of n_kv */
     int64_t            tokens;   /* --tokens: bound of n_tok */
     const char        *backend;  /* --backend */
@@ -23,7 +23,7 @@ typedef struct plan_opts {
 
 static int parse_plan(int argc, char *const *argv, plan_opts *o)
 {
-    *o = (plan_opts){.wtype = KILN_DTYPE_Q8_0, .layers = 1, .ctx = 1024, .tokens = 1, .format = "text"};
+    *o = (plan_opts){.wtype = KILN_DTYPE_Q8_0, .layers = 0, .ctx = 1024, .tokens = 1, .format = "text"};
     kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "plan"};
     while (a.i < argc) {
         const char *v, *arg = argv[a.i];
@@ -74,6 +74,16 @@ static int parse_plan(int argc, char *const *argv, plan_opts *o)
     return KILN_CLI_OK;
 }
 
+/* True when the file starts with the GGUF magic (else it is read as .kg text). */
+static bool is_gguf(const char *path)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    if (f) fclose(f);
+    return yes;
+}
+
 int kiln_cli_plan(int argc, char *const *argv)
 {
     if (kiln_cli_wants_help(argc, argv, "plan")) return KILN_CLI_OK;
@@ -83,6 +93,7 @@ int kiln_cli_plan(int argc, char *const *argv)
     kiln_ctx *ctx = NULL;
     kiln_graph *g = NULL;
     kiln_plan *p = NULL;
+    kiln_gguf *gf = NULL; /* a GGUF model's file: the plan borrows its weights, so it closes last */
     char *out = NULL, err[512] = "";
     kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);
     if (s != KILN_OK) return kiln_cli_fail("plan", ctx, s, "creating the context");
@@ -90,10 +101,15 @@ int kiln_cli_plan(int argc, char *const *argv)
         rc = kiln_cli_fail("plan", ctx, s, "loading the profile");
         goto out;
     }
-    if (o.file) s = kiln_kg_load(ctx, o.file, &g);
+    if (o.file && is_gguf(o.file)) { /* a model: its decoder with the CLI's options */
+        if ((s = kiln_gguf_open(ctx, o.file, &gf)) == KILN_OK)
+            s = kiln_model_build(gf, &(kiln_model_options){.max_ctx = o.ctx, .max_tok = o.tokens, .kv_dtype = KILN_DTYPE_F16,
+                                                           .n_layers = (int)o.layers, .last_only = true}, &g);
+    } else if (o.file) s = kiln_kg_load(ctx, o.file, &g);
     else {
         kiln_preset_build_opts bo = {.wdtype = o.wtype, .kvdtype = o.wtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
-                                     .n_layers = (int)o.layers, .max_ctx = o.ctx, .max_tok = o.tokens, .seed = 1};
+                                     .n_layers = o.layers ? (int)o.layers : 1, .max_ctx = o.ctx, .max_tok = o.tokens,
+                                     .seed = 1};
         s = kiln_preset_build_ex(o.preset, &bo, &g, err, sizeof err);
     }
     if (s != KILN_OK) {
@@ -115,6 +131,7 @@ out:
     free(out);
     kiln_plan_free(p);
     kiln_graph_free(g);
+    kiln_gguf_close(gf);
     kiln_ctx_free(ctx);
     return rc;
 }

@@ -3,8 +3,8 @@
  *     and has its shape (chains merge; epilogues of any anchor);
  *  2. rms_norm read only by matmuls (as x) becomes their prologue;
  *  3. matmuls reading the same x merge into one multi-output region (Q/K/V, gate/up), up to 4;
- *  4. matmul epilogues: residual add and swiglu (via 1), rope on a reshaped Q/K, kv_scatter of
- *     the roped K or the reshaped V;
+ *  4. matmul epilogues: bias add, residual add and swiglu (via 1), rope on a reshaped (biased)
+ *     Q/K, kv_scatter of the roped K or the reshaped (biased) V;
  *  5. softmax(scale(q . k^T) [+ mask]) . v written as ops (v given as transpose(v) or as [d, S])
  *     becomes one attention region: the [T, S] scores never reach memory.
  * Every merge keeps regions convex: all operands from outside a region are ready before it. */
@@ -93,6 +93,7 @@ static void rule_epilogue(fuse_state *f, uint32_t i)
         if (!same_dims(m, n)) continue;
         if (m->op != KILN_OP_MATMUL && !is_map(m->op)) continue; /* rows/attention epilogues: not yet */
         uint32_t gid = f->group[src];
+        if (f->kind[gid] == KILN_REGION_ATTENTION) continue; /* rule 5's kernel writes only its anchor */
         if (n->op == KILN_OP_SWIGLU) { /* both halves must come from the same group */
             uint32_t other = n->src[1 - s];
             if (f->group[other] != gid || f->readers[other] != 1) continue;
@@ -127,7 +128,14 @@ static void rule_matmul(fuse_state *f, uint32_t i)
     if (join(f, x, gid)) f->anchor[gid] = i;
 }
 
-/* Rule 4: rope of a reshaped matmul output, and kv_scatter of such a rope or reshaped matmul. */
+/* A bias add: a [.., N] value plus a rank-1 [N] operand broadcast over its rows. */
+static bool is_bias_add(const kiln_graph *g, const kiln_node_rec *m)
+{
+    return m->op == KILN_OP_ADD && m->src[1] != KILN_IDX_NONE && g->nodes[m->src[1]].rank == 1 &&
+           g->nodes[m->src[0]].rank > 1;
+}
+
+/* Rule 4: rope of a reshaped (and biased) matmul output, and kv_scatter of such a rope or reshaped matmul. */
 static void rule_rope_scatter(fuse_state *f, uint32_t i)
 {
     const kiln_graph *g = f->g;
@@ -138,6 +146,7 @@ static void rule_rope_scatter(fuse_state *f, uint32_t i)
         if (f->readers[s] != 1) return;
         const kiln_node_rec *m = &g->nodes[s];
         if (m->op == KILN_OP_RESHAPE) { s = m->src[0]; continue; }
+        if (is_bias_add(g, m)) { s = m->src[0]; continue; } /* q/k/v biases (qwen2) sit between */
         if (m->op == KILN_OP_ROPE && n->op == KILN_OP_KV_SCATTER && f->group[s] != s) {
             join(f, i, f->group[s]);
             return;

@@ -2,6 +2,7 @@
  * API, so the graphs it makes are exactly what a user could write. Must not compile, run, or
  * reach into graph internals. */
 #include "sched/presets.h"
+#include "model/layer.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -12,11 +13,11 @@
 
 static const kiln_preset presets[] = {
     {.name = "qwen2-0.5b", .hidden = 896, .n_head = 14, .n_kv_head = 2, .head_dim = 64, .ffn = 4864,
-     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f},
+     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f, .qkv_bias = true},
     {.name = "llama-7b", .hidden = 4096, .n_head = 32, .n_kv_head = 32, .head_dim = 128, .ffn = 11008,
      .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-5f},
     {.name = "qwen2-7b", .hidden = 3584, .n_head = 28, .n_kv_head = 4, .head_dim = 128, .ffn = 18944,
-     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f},
+     .rope = KILN_ROPE_NEOX, .theta = 1e6f, .eps = 1e-6f, .qkv_bias = true},
 };
 
 int kiln_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
@@ -68,6 +69,8 @@ size_t kiln_preset_layer_weight_bytes(const kiln_preset *p, kiln_dtype wdtype)
     int64_t mats[7][2];
     layer_mats(p, mats);
     size_t total = 2 * (size_t)p->hidden * sizeof(float);
+    if (p->qkv_bias)
+        total += (size_t)(mats[0][0] + 2 * mats[1][0]) * sizeof(float);
     for (int j = 0; j < 7; j++)
         total += (size_t)mats[j][0] * kiln_row_bytes(kiln_preset_wdtype_for(wdtype, mats[j][1]), mats[j][1]);
     return total;
@@ -90,15 +93,16 @@ double kiln_preset_layer_flops(const kiln_preset *p, int64_t n_tok, int64_t n_kv
     return f + 4.0 * (double)p->n_head * (double)p->head_dim * rows;
 }
 
-/* f32 norm weight near 1, reproducible from its seed. */
-static kiln_node norm_weight(kiln_graph *g, const char *name, int64_t d, uint64_t seed)
+/* f32 vector offset + u * scale (u uniform in [-1, 1)), reproducible from its seed: norm weights
+ * (1 + u/8) and biases (u/2). */
+static kiln_node vec_weight(kiln_graph *g, const char *name, int64_t d, uint64_t seed, float offset, float scale)
 {
     float *w = malloc((size_t)d * sizeof *w);
     if (!w)
         return KILN_NODE_NONE; /* the next builder call on NONE records the error */
     uint64_t s = seed;
     for (int64_t i = 0; i < d; i++)
-        w[i] = 1.0f + kiln_preset_rngf(&s) / 8.0f;
+        w[i] = offset + kiln_preset_rngf(&s) * scale;
     kiln_dim dims[1] = {d};
     kiln_node n = kiln_weight(g, name, KILN_DTYPE_F32, 1, dims, w, KILN_WEIGHT_COPY);
     free(w);
@@ -135,50 +139,31 @@ static kiln_node mat_weight(kiln_graph *g, const kiln_preset_build_opts *o, int 
                               o->seed + 16u * (uint64_t)l + (uint64_t)j, 1.0f / sqrtf((float)in_dim));
 }
 
-/* Leaves shared by all layers. */
-typedef struct stack_io {
-    kiln_dim  n_tok; /* symbol: tokens this run */
-    kiln_dim  n_kv;  /* symbol: valid cache rows this run */
-    kiln_node pos;   /* i32 [n_tok] positions */
-} stack_io;
-
-/* Attention half of layer l: returns x + o(attention(rope(q), rope(k), v)). */
-static kiln_node attn_block(kiln_graph *g, const kiln_preset *p, const kiln_preset_build_opts *o,
-                            const stack_io *io, int l, kiln_node x)
+/* Layer l's weights: f32 norms near 1 and random matmul weights (seed rule in presets.h). */
+static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_preset *p, const kiln_preset_build_opts *o, int l)
 {
     char name[64];
-    snprintf(name, sizeof name, "attn_norm%d", l);
-    kiln_node h = kiln_rms_norm(g, x, norm_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 7u), p->eps);
     int64_t qd = p->n_head * p->head_dim, kvd = p->n_kv_head * p->head_dim;
-    kiln_node q = kiln_matmul(g, h, mat_weight(g, o, l, 0, "wq", qd, p->hidden));
-    kiln_node k = kiln_matmul(g, h, mat_weight(g, o, l, 1, "wk", kvd, p->hidden));
-    kiln_node v = kiln_matmul(g, h, mat_weight(g, o, l, 2, "wv", kvd, p->hidden));
-    kiln_dim qh[3] = {io->n_tok, p->n_head, p->head_dim}, kh[3] = {io->n_tok, p->n_kv_head, p->head_dim};
-    q = kiln_rope(g, kiln_reshape(g, q, 3, qh), io->pos, p->rope, p->theta);
-    k = kiln_rope(g, kiln_reshape(g, k, 3, kh), io->pos, p->rope, p->theta);
-    v = kiln_reshape(g, v, 3, kh);
-    kiln_dim sd[3] = {p->n_kv_head, o->max_ctx, p->head_dim};
-    snprintf(name, sizeof name, "k%d", l);
-    kiln_node kc = kiln_kv_scatter(g, kiln_state(g, name, o->kvdtype, 3, sd), k, io->pos);
-    snprintf(name, sizeof name, "v%d", l);
-    kiln_node vc = kiln_kv_scatter(g, kiln_state(g, name, o->kvdtype, 3, sd), v, io->pos);
-    kiln_node a = kiln_attention(g, q, kc, vc, io->n_kv, 0.0f);
-    kiln_dim ad[2] = {io->n_tok, qd};
-    a = kiln_matmul(g, kiln_reshape(g, a, 2, ad), mat_weight(g, o, l, 3, "wo", p->hidden, qd));
-    return kiln_add(g, x, a);
-}
-
-/* Feed-forward half of layer l: returns x + down(swiglu(gate(h), up(h))). */
-static kiln_node ffn_block(kiln_graph *g, const kiln_preset *p, const kiln_preset_build_opts *o, int l,
-                           kiln_node x)
-{
-    char name[64];
+    kiln_layer_weights w = {.bq = KILN_NODE_NONE, .bk = KILN_NODE_NONE, .bv = KILN_NODE_NONE};
+    snprintf(name, sizeof name, "attn_norm%d", l);
+    w.attn_norm = vec_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 7u, 1.0f, 0.125f);
+    w.wq = mat_weight(g, o, l, 0, "wq", qd, p->hidden);
+    w.wk = mat_weight(g, o, l, 1, "wk", kvd, p->hidden);
+    w.wv = mat_weight(g, o, l, 2, "wv", kvd, p->hidden);
+    w.wo = mat_weight(g, o, l, 3, "wo", p->hidden, qd);
     snprintf(name, sizeof name, "ffn_norm%d", l);
-    kiln_node h = kiln_rms_norm(g, x, norm_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 8u), p->eps);
-    kiln_node gt = kiln_matmul(g, h, mat_weight(g, o, l, 4, "wg", p->ffn, p->hidden));
-    kiln_node up = kiln_matmul(g, h, mat_weight(g, o, l, 5, "wu", p->ffn, p->hidden));
-    kiln_node d = kiln_matmul(g, kiln_swiglu(g, gt, up), mat_weight(g, o, l, 6, "wd", p->hidden, p->ffn));
-    return kiln_add(g, x, d);
+    w.ffn_norm = vec_weight(g, name, p->hidden, o->seed + 16u * (uint64_t)l + 8u, 1.0f, 0.125f);
+    if (p->qkv_bias) {
+        kiln_node *b[3] = {&w.bq, &w.bk, &w.bv};
+        for (int j = 0; j < 3; j++) {
+            snprintf(name, sizeof name, "b%c%d", "qkv"[j], l);
+            *b[j] = vec_weight(g, name, j ? kvd : qd, o->seed + 16u * (uint64_t)l + 9u + (uint64_t)j, 0.0f, 0.5f);
+        }
+    }
+    w.wg = mat_weight(g, o, l, 4, "wg", p->ffn, p->hidden);
+    w.wu = mat_weight(g, o, l, 5, "wu", p->ffn, p->hidden);
+    w.wd = mat_weight(g, o, l, 6, "wd", p->hidden, p->ffn);
+    return w;
 }
 
 static bool dims_ok(const kiln_preset *p)
@@ -203,12 +188,16 @@ kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_o
     kiln_status s = kiln_graph_new(&g);
     if (s != KILN_OK)
         return s;
-    stack_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
+    kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
+    kiln_layer_dims ld = {.hidden = p->hidden, .n_head = p->n_head, .n_kv_head = p->n_kv_head, .head_dim = p->head_dim,
+                          .rope = p->rope, .theta = p->theta, .eps = p->eps, .max_ctx = o->max_ctx, .kvdtype = o->kvdtype};
     kiln_dim xd[2] = {io.n_tok, p->hidden}, pd[1] = {io.n_tok};
     kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, xd);
     io.pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, pd);
-    for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++)
-        x = ffn_block(g, p, o, l, attn_block(g, p, o, &io, l, x));
+    for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++) {
+        kiln_layer_weights w = layer_weights(g, p, o, l);
+        x = kiln_layer_build(g, &ld, &io, &w, l, x);
+    }
     if (kiln_graph_status(g) == KILN_OK)
         kiln_output(g, x, "y");
     s = kiln_graph_status(g);

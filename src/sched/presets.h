@@ -15,6 +15,7 @@ typedef struct kiln_preset {
     kiln_rope_mode rope;      /* rotary mode */
     float          theta;     /* rotary base */
     float          eps;       /* rms_norm epsilon */
+    bool           qkv_bias;  /* q/k/v matmuls add an f32 bias (qwen2) */
 } kiln_preset;
 
 /* Options of kiln_preset_build_ex beyond the preset's dims. */
@@ -37,7 +38,7 @@ const kiln_preset *kiln_preset_find(const char *name);
 /* Builds a llama-style stack. Graph interface: input `x` f32 [n_tok, hidden], input `pos` i32
  * [n_tok], symbols `n_tok` (<= max_tok) and `n_kv` (<= max_ctx), states `k<L>`/`v<L>`
  * [n_kv_head, max_ctx, head_dim], output `y` f32 [n_tok, hidden]. Per layer: rms_norm -> q,k,v
- * -> rope(q,k) -> kv_scatter -> attention over n_kv -> o -> +residual -> rms_norm -> gate/up ->
+ * (+ biases when qkv_bias: f32, u/2 with seeds seed + 16 L + 9..11) -> rope(q,k) -> kv_scatter -> attention over n_kv -> o -> +residual -> rms_norm -> gate/up ->
  * swiglu -> down -> +residual. Weight tensor w (layer L, index j) has seed seed + 16 L + j and
  * scale 1/sqrt(in); norm weights are f32 1 + u/8, u uniform in [-1, 1] from the same rule.
  * A block dtype whose block does not divide a matmul's input width falls back to q8_0 (or f16)
@@ -51,7 +52,7 @@ kiln_status kiln_preset_build(const kiln_preset *p, kiln_dtype wdtype, int n_lay
 
 /* The dtype a matmul with input width k gets for requested weight dtype t (the fallback above). */
 kiln_dtype kiln_preset_wdtype_for(kiln_dtype t, int64_t k);
-/* Bytes of all weights of one layer (matmul weights in their effective dtypes + f32 norms). */
+/* Bytes of all weights of one layer (matmul weights in their effective dtypes + f32 norms and biases). */
 size_t kiln_preset_layer_weight_bytes(const kiln_preset *p, kiln_dtype wdtype);
 /* Bytes of K and V cache rows one layer reads when attending over n_kv rows. */
 size_t kiln_preset_layer_kv_bytes(const kiln_preset *p, kiln_dtype kvdtype, int64_t n_kv);

@@ -57,6 +57,8 @@ typedef struct kiln_cpu_mm_out {
     int64_t         n;        /* rows of w = columns of y */
     float          *y;        /* [m, n] result, row stride n (must not alias x or residual) */
     const float    *residual; /* optional [m, n]: y = x̂·wᵀ + residual (NULL: none) */
+    const float    *bias;     /* optional [n], added to every row before the residual (NULL: none;
+                                 not taken with swiglu) */
 } kiln_cpu_mm_out;
 
 /* One fused region: optional rms_norm of x (computed once, shared by all outputs), then

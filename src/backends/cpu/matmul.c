@@ -1,7 +1,7 @@
 /* The fused matmul region driver: validates a kiln_cpu_mm, runs the rms_norm prologue once and
  * prepares the activation formats the weights need (f32, q8 blocks of 32, q8_K), then splits the
  * output columns of all outputs into chunks that threads take dynamically, calls the ISA kernel
- * per chunk and applies the epilogue (residual, swiglu) while the chunk is hot in cache.
+ * per chunk and applies the epilogue (bias, residual, swiglu) while the chunk is hot in cache.
  * Must not contain ISA intrinsics: the inner loops live in the kern_* files. */
 #include <math.h>
 #include <stdatomic.h>
@@ -50,6 +50,8 @@ static kiln_status validate(const kiln_cpu_kern *kt, const kiln_cpu_mm *mm)
     }
     if (mm->swiglu && (mm->n_out != 2 || mm->out[0].n != mm->out[1].n))
         return KILN_ERR_SHAPE;
+    if (mm->swiglu && (mm->out[0].bias || mm->out[1].bias))
+        return KILN_ERR_INVALID_ARG; /* the swiglu epilogue takes no bias */
     return KILN_OK;
 }
 
@@ -103,9 +105,18 @@ static void add_row(float *restrict y, const float *restrict t, const float *res
         y[c] = t[c] + r[c];
 }
 
-/* y[i, c0 .. c0 + cw) = t[i, 0 .. cw) (+ residual) for every row: t is a unit's compact output. */
-static void store_unit(const kiln_cpu_mm_out *o, int64_t m, int64_t n, int64_t c0, int64_t cw, const float *t)
+/* y += b over cw values. */
+static void add_bias(float *restrict y, const float *restrict b, int64_t cw)
 {
+    for (int64_t c = 0; c < cw; c++)
+        y[c] += b[c];
+}
+
+/* y[i, c0 .. c0 + cw) = t[i, 0 .. cw) (+ bias) (+ residual) for every row: t is a unit's compact output. */
+static void store_unit(const kiln_cpu_mm_out *o, int64_t m, int64_t n, int64_t c0, int64_t cw, float *t)
+{
+    for (int64_t i = 0; o->bias && i < m; i++)
+        add_bias(t + i * cw, o->bias + c0, cw);
     for (int64_t i = 0; i < m; i++) {
         if (o->residual)
             add_row(o->y + i * n + c0, t + i * cw, o->residual + i * n + c0, cw);
@@ -134,6 +145,8 @@ static void run_unit(mm_job *j, const mm_group *g, int64_t c0, int64_t cw, int t
             return;
         }
         j->kt->mm[o0->wt](k, w0, ws0, cw, j->xa[a0], j->xs[a0], m, o0->y + c0, n);
+        for (int64_t i = 0; o0->bias && i < m; i++)
+            add_bias(o0->y + i * n + c0, o0->bias + c0, cw);
         if (o0->residual)
             for (int64_t i = 0; i < m; i++)
                 for (int64_t c = c0; c < c0 + cw; c++)

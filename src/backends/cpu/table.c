@@ -26,6 +26,7 @@ struct kiln_kernel {
     uint32_t mm[4];        /* matmul nodes (out j) */
     uint32_t dst[4];       /* node whose buffer receives out j (the matmul, its residual add, or the swiglu) */
     uint32_t resid[4];     /* residual operand node of out j, or KILN_IDX_NONE */
+    uint32_t bias[4];      /* f32 [N] bias node of out j (broadcast add right after the matmul), or KILN_IDX_NONE */
     bool     swiglu;       /* out 0 = silu(mm0) * mm1 */
     bool     sdpa;         /* region is softmax(scale(q.k^T) + mask).v written as ops (fusion rule 5) */
     uint32_t sq, sk, sv;   /* its q [T, d], k [S, d], and v ([S, d] rows, or [d, S] when !sv_rows) */
@@ -127,6 +128,7 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
         if (k->n_mm == 4 || (x != KILN_IDX_NONE && n->src[0] != x) || !mm_dtype_ok(g->nodes[n->src[1]].dtype)) return false;
         x = n->src[0];
         k->mm[k->n_mm] = k->dst[k->n_mm] = r->nodes[i];
+        k->bias[k->n_mm] = KILN_IDX_NONE;
         k->resid[k->n_mm++] = KILN_IDX_NONE;
         covered[i] = true;
     }
@@ -142,11 +144,19 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
     } else if (xn->dtype != KILN_DTYPE_F32 || in_region(r, x)) {
         return false;
     }
-    /* Epilogues: residual add on an out (matmul read only by that add), swiglu of outs 0 and 1. */
+    /* Epilogues: bias add (a broadcast add of an f32 [N] operand right after the matmul), residual
+     * add on an out (matmul read only by that add), swiglu of outs 0 and 1. */
     for (uint32_t i = 0; i < r->n_nodes; i++) {
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
         for (int j = 0; j < k->n_mm && !covered[i]; j++) {
-            if (n->op == KILN_OP_ADD && n->dtype == KILN_DTYPE_F32 && k->resid[j] == KILN_IDX_NONE &&
+            uint32_t b = n->op == KILN_OP_ADD && n->src[0] == k->mm[j] ? n->src[1] : KILN_IDX_NONE;
+            if (b != KILN_IDX_NONE && k->dst[j] == k->mm[j] && n->dtype == KILN_DTYPE_F32 && !is_out(r, k->mm[j]) &&
+                readers_in(g, r, k->mm[j]) == 1 && g->nodes[b].rank == 1 && g->nodes[b].dtype == KILN_DTYPE_F32 &&
+                g->nodes[b].dims[0] == g->nodes[k->mm[j]].dims[g->nodes[k->mm[j]].rank - 1] && !in_region(r, b)) {
+                k->bias[j] = b;
+                k->dst[j] = r->nodes[i];
+                covered[i] = true;
+            } else if (n->op == KILN_OP_ADD && n->dtype == KILN_DTYPE_F32 && k->resid[j] == KILN_IDX_NONE &&
                 !is_out(r, k->dst[j]) && readers_in(g, r, k->dst[j]) == 1 && (n->src[0] == k->dst[j]) != (n->src[1] == k->dst[j]) &&
                 g->nodes[n->src[0]].rank == g->nodes[n->src[1]].rank) {
                 uint32_t other = n->src[0] == k->dst[j] ? n->src[1] : n->src[0];
@@ -156,6 +166,7 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
                 covered[i] = true;
             } else if (n->op == KILN_OP_SWIGLU && j == 0 && k->n_mm == 2 && !k->swiglu && n->src[0] == k->dst[0] &&
                        n->src[1] == k->dst[1] && k->resid[0] == KILN_IDX_NONE && k->resid[1] == KILN_IDX_NONE &&
+                       k->bias[0] == KILN_IDX_NONE && k->bias[1] == KILN_IDX_NONE &&
                        !is_out(r, k->mm[0]) && !is_out(r, k->mm[1]) && readers_in(g, r, k->mm[0]) == 1 &&
                        readers_in(g, r, k->mm[1]) == 1) {
                 k->swiglu = true;
@@ -249,7 +260,8 @@ static kiln_status run_fused(cpu_state *s, const struct kiln_kernel *k, const ki
         uint32_t w = g->nodes[k->mm[j]].src[1];
         mm.out[j] = (kiln_cpu_mm_out){.w = v->bufs[w], .wt = (kiln_dtype)g->nodes[w].dtype, .n = v->dims[w][0],
                                       .y = v->bufs[k->dst[j]],
-                                      .residual = k->resid[j] != KILN_IDX_NONE ? v->bufs[k->resid[j]] : NULL};
+                                      .residual = k->resid[j] != KILN_IDX_NONE ? v->bufs[k->resid[j]] : NULL,
+                                      .bias = k->bias[j] != KILN_IDX_NONE ? v->bufs[k->bias[j]] : NULL};
     }
     if (k->swiglu) mm.out[1].y = NULL;
     return kiln_cpu_matmul(s->pool, s->isa, &mm);

@@ -1,0 +1,49 @@
+/* The shared llama-style decoder layer (see layer.h). The op order matters to fusion: q/k/v read
+ * the same rms_norm (one kernel with biases, rope and KV writes as epilogues), gate/up likewise
+ * with swiglu, and the residual adds follow their matmuls. Must not create weights. */
+#include "model/layer.h"
+
+#include <stdio.h>
+
+static kiln_node add_bias(kiln_graph *g, kiln_node y, kiln_node b)
+{
+    return b == KILN_NODE_NONE ? y : kiln_add(g, y, b);
+}
+
+static kiln_node attn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,
+                           const kiln_layer_weights *w, int l, kiln_node x)
+{
+    kiln_node h = kiln_rms_norm(g, x, w->attn_norm, d->eps);
+    int64_t qd = d->n_head * d->head_dim;
+    kiln_node q = add_bias(g, kiln_matmul(g, h, w->wq), w->bq);
+    kiln_node k = add_bias(g, kiln_matmul(g, h, w->wk), w->bk);
+    kiln_node v = add_bias(g, kiln_matmul(g, h, w->wv), w->bv);
+    kiln_dim qh[3] = {io->n_tok, d->n_head, d->head_dim}, kh[3] = {io->n_tok, d->n_kv_head, d->head_dim};
+    q = kiln_rope(g, kiln_reshape(g, q, 3, qh), io->pos, d->rope, d->theta);
+    k = kiln_rope(g, kiln_reshape(g, k, 3, kh), io->pos, d->rope, d->theta);
+    v = kiln_reshape(g, v, 3, kh);
+    kiln_dim sd[3] = {d->n_kv_head, d->max_ctx, d->head_dim};
+    char name[64];
+    snprintf(name, sizeof name, "k%d", l);
+    kiln_node kc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), k, io->pos);
+    snprintf(name, sizeof name, "v%d", l);
+    kiln_node vc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), v, io->pos);
+    kiln_node a = kiln_attention(g, q, kc, vc, io->n_kv, 0.0f);
+    kiln_dim ad[2] = {io->n_tok, qd};
+    a = kiln_matmul(g, kiln_reshape(g, a, 2, ad), w->wo);
+    return kiln_add(g, x, a);
+}
+
+static kiln_node ffn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_weights *w, kiln_node x)
+{
+    kiln_node h = kiln_rms_norm(g, x, w->ffn_norm, d->eps);
+    kiln_node gt = kiln_matmul(g, h, w->wg);
+    kiln_node up = kiln_matmul(g, h, w->wu);
+    return kiln_add(g, x, kiln_matmul(g, kiln_swiglu(g, gt, up), w->wd));
+}
+
+kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,
+                           const kiln_layer_weights *w, int l, kiln_node x)
+{
+    return ffn_half(g, d, w, attn_half(g, d, io, w, l, x));
+}

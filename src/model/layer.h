@@ -1,0 +1,43 @@
+/* The llama-style decoder layer, shared by the model presets (random weights) and the GGUF model
+ * builder (weights borrowed from a file): attention half and feed-forward half from given weight
+ * nodes. Builds through the public API only; must not create weights, compile or run. */
+#pragma once
+
+#include "kiln/kiln.h"
+
+/* Sizes and options of one layer. */
+typedef struct kiln_layer_dims {
+    int64_t        hidden;    /* model width */
+    int64_t        n_head;    /* query heads */
+    int64_t        n_kv_head; /* key/value heads; divides n_head */
+    int64_t        head_dim;  /* per-head width (even) */
+    kiln_rope_mode rope;      /* rotary mode */
+    float          theta;     /* rotary base */
+    float          eps;       /* rms_norm epsilon */
+    int64_t        max_ctx;   /* KV-cache rows (states k<L>, v<L> [n_kv_head, max_ctx, head_dim]) */
+    kiln_dtype     kvdtype;   /* KV-cache dtype */
+} kiln_layer_dims;
+
+/* Leaves shared by all layers. */
+typedef struct kiln_layer_io {
+    kiln_dim  n_tok; /* symbol: tokens this run */
+    kiln_dim  n_kv;  /* symbol: valid cache rows this run */
+    kiln_node pos;   /* i32 [n_tok] positions */
+} kiln_layer_io;
+
+/* Weight nodes of one layer; matmul weights are [out, in]. Biases are KILN_NODE_NONE when absent. */
+typedef struct kiln_layer_weights {
+    kiln_node attn_norm;      /* [hidden] */
+    kiln_node wq, wk, wv;     /* [n_head*hd, hidden], [n_kv_head*hd, hidden] x2 */
+    kiln_node bq, bk, bv;     /* optional [n_head*hd], [n_kv_head*hd] x2 (qwen2) */
+    kiln_node wo;             /* [hidden, n_head*hd] */
+    kiln_node ffn_norm;       /* [hidden] */
+    kiln_node wg, wu, wd;     /* [ffn, hidden] x2, [hidden, ffn] */
+} kiln_layer_weights;
+
+/* Layer l on x f32 [n_tok, hidden]: x += o(attention(rope(q + bq), kv_scatter(rope(k + bk)),
+ * kv_scatter(v + bv))) with q/k/v of rms_norm(x); then x += down(swiglu(gate(h), up(h))) with
+ * h = rms_norm(x). Creates states k<l>, v<l>. Returns the new x (KILN_NODE_NONE after an error,
+ * which sticks to g). */
+kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,
+                           const kiln_layer_weights *w, int l, kiln_node x);

@@ -1,0 +1,237 @@
+/* Test-side GGUF writer (see gguf_writer.h). Serializes header, key-values, tensor infos and
+ * aligned data in one buffer. Aborts only on OOM (it is test support, never library code). */
+#include "support/gguf_writer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct buf {
+    uint8_t *p;   /* bytes */
+    size_t   n;   /* used */
+    size_t   cap; /* allocated */
+} buf;
+
+static void put(buf *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p) abort();
+    }
+    if (n) memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }
+static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
+static void put_str(buf *b, const char *s)
+{
+    put_u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+
+struct gw {
+    uint32_t version, align; /* header version, data alignment */
+    buf      kv, ti, data;   /* key-value section, tensor infos, tensor data */
+    uint64_t n_kv, n_t;      /* counts */
+};
+
+gw *gw_new(uint32_t version, uint32_t alignment)
+{
+    gw *w = calloc(1, sizeof *w);
+    if (!w) abort();
+    w->version = version;
+    w->align = alignment ? alignment : 32;
+    if (alignment) gw_kv_u32(w, "general.alignment", alignment);
+    return w;
+}
+
+void gw_free(gw *w)
+{
+    if (!w) return;
+    free(w->kv.p);
+    free(w->ti.p);
+    free(w->data.p);
+    free(w);
+}
+
+static const size_t scalar_size[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+
+void gw_kv(gw *w, const char *key, kiln_gguf_type t, const void *val)
+{
+    put_str(&w->kv, key);
+    put_u32(&w->kv, (uint32_t)t);
+    put(&w->kv, val, scalar_size[t]);
+    w->n_kv++;
+}
+void gw_kv_u32(gw *w, const char *key, uint32_t v) { gw_kv(w, key, KILN_GGUF_U32, &v); }
+void gw_kv_f32(gw *w, const char *key, float v) { gw_kv(w, key, KILN_GGUF_F32, &v); }
+void gw_kv_str(gw *w, const char *key, const char *v)
+{
+    put_str(&w->kv, key);
+    put_u32(&w->kv, KILN_GGUF_STRING);
+    put_str(&w->kv, v);
+    w->n_kv++;
+}
+void gw_kv_arr(gw *w, const char *key, kiln_gguf_type t, uint64_t n, const void *data)
+{
+    put_str(&w->kv, key);
+    put_u32(&w->kv, KILN_GGUF_ARRAY);
+    put_u32(&w->kv, (uint32_t)t);
+    put_u64(&w->kv, n);
+    put(&w->kv, data, (size_t)n * scalar_size[t]);
+    w->n_kv++;
+}
+void gw_kv_arr_str(gw *w, const char *key, uint64_t n, const char *const *v)
+{
+    put_str(&w->kv, key);
+    put_u32(&w->kv, KILN_GGUF_ARRAY);
+    put_u32(&w->kv, KILN_GGUF_STRING);
+    put_u64(&w->kv, n);
+    for (uint64_t i = 0; i < n; i++) put_str(&w->kv, v[i]);
+    w->n_kv++;
+}
+
+void gw_tensor(gw *w, const char *name, uint32_t ggml_type, int rank, const int64_t *dims, const void *data,
+               size_t bytes)
+{
+    static const uint8_t zeros[256];
+    while (w->data.n % w->align) put(&w->data, zeros, 1);
+    put_str(&w->ti, name);
+    put_u32(&w->ti, (uint32_t)rank);
+    for (int d = rank - 1; d >= 0; d--) put_u64(&w->ti, (uint64_t)dims[d]);
+    put_u32(&w->ti, ggml_type);
+    put_u64(&w->ti, w->data.n);
+    put(&w->data, data, bytes);
+    w->n_t++;
+}
+
+uint8_t *gw_bytes(gw *w, size_t *n)
+{
+    buf b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, w->version);
+    put_u64(&b, w->n_t);
+    put_u64(&b, w->n_kv);
+    put(&b, w->kv.p, w->kv.n);
+    put(&b, w->ti.p, w->ti.n);
+    static const uint8_t zeros[256];
+    while (b.n % w->align) put(&b, zeros, 1);
+    put(&b, w->data.p, w->data.n);
+    *n = b.n;
+    return b.p;
+}
+
+int gw_write(gw *w, const char *path)
+{
+    size_t n;
+    uint8_t *p = gw_bytes(w, &n);
+    FILE *f = fopen(path, "wb");
+    int rc = f && fwrite(p, 1, n, f) == n ? 0 : -1;
+    if (f && fclose(f) != 0) rc = -1;
+    free(p);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- random models */
+
+static uint32_t ggml_id(kiln_dtype t)
+{
+    static const uint32_t id[KILN_DTYPE_COUNT] = {[KILN_DTYPE_F32] = 0, [KILN_DTYPE_F16] = 1, [KILN_DTYPE_BF16] = 30,
+                                                  [KILN_DTYPE_Q8_0] = 8, [KILN_DTYPE_Q4_K] = 12,
+                                                  [KILN_DTYPE_Q5_K] = 13, [KILN_DTYPE_Q6_K] = 14};
+    return id[t];
+}
+
+static float rngf(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
+}
+
+/* A random tensor [rows, cols] (rows 0: 1-D [cols]) in dtype t, values offset + scale * u. */
+static void rand_tensor(gw *w, const char *name, kiln_dtype t, int64_t rows, int64_t cols, float offset, float scale,
+                        uint64_t *s)
+{
+    if (t != KILN_DTYPE_F32 && cols % kiln_dtype_block(t)) t = cols % 32 == 0 ? KILN_DTYPE_Q8_0 : KILN_DTYPE_F16;
+    int64_t n = (rows ? rows : 1) * cols;
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) abort();
+    for (int64_t i = 0; i < n; i++) v[i] = offset + scale * rngf(s);
+    size_t bytes = (size_t)(rows ? rows : 1) * kiln_row_bytes(t, cols);
+    void *q = malloc(bytes);
+    if (!q || kiln_quantize(t, v, q, n) != KILN_OK) abort();
+    int64_t dims[2] = {rows, cols};
+    gw_tensor(w, name, ggml_id(t), rows ? 2 : 1, rows ? dims : dims + 1, q, bytes);
+    free(q);
+    free(v);
+}
+
+gw *gw_model_new(const gw_model *m)
+{
+    gw *w = gw_new(3, 0);
+    char key[128];
+    uint64_t s = m->seed;
+    gw_kv_str(w, "general.architecture", m->arch);
+    gw_kv_str(w, "general.name", "kiln test model");
+#define ARCH_KEY(k) (snprintf(key, sizeof key, "%s." k, m->arch), key)
+    gw_kv_u32(w, ARCH_KEY("block_count"), (uint32_t)(m->meta_n_layer ? m->meta_n_layer : m->n_layer));
+    gw_kv_u32(w, ARCH_KEY("context_length"), (uint32_t)m->n_ctx);
+    gw_kv_u32(w, ARCH_KEY("embedding_length"), (uint32_t)m->hidden);
+    gw_kv_u32(w, ARCH_KEY("feed_forward_length"), (uint32_t)(m->meta_ffn ? m->meta_ffn : m->ffn));
+    gw_kv_u32(w, ARCH_KEY("attention.head_count"), (uint32_t)m->n_head);
+    gw_kv_u32(w, ARCH_KEY("attention.head_count_kv"), (uint32_t)m->n_kv_head);
+    gw_kv_f32(w, ARCH_KEY("rope.freq_base"), strcmp(m->arch, "qwen2") == 0 ? 1e6f : 1e4f);
+    gw_kv_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+#undef ARCH_KEY
+    if (m->tokens) {
+        char **tok = malloc((size_t)m->n_vocab * sizeof *tok);
+        if (!tok) abort();
+        for (int64_t i = 0; i < m->n_vocab; i++) {
+            tok[i] = malloc(24);
+            if (!tok[i]) abort();
+            snprintf(tok[i], 24, "t%lld", (long long)i);
+        }
+        gw_kv_arr_str(w, "tokenizer.ggml.tokens", (uint64_t)m->n_vocab, (const char *const *)tok);
+        for (int64_t i = 0; i < m->n_vocab; i++) free(tok[i]);
+        free(tok);
+    }
+    bool bias = strcmp(m->arch, "qwen2") == 0;
+    int64_t hd = m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
+    rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
+    float sh = 1.0f / sqrtf((float)m->hidden), sq = 1.0f / sqrtf((float)qd), sf = 1.0f / sqrtf((float)m->ffn);
+    for (int l = 0; l < m->n_layer; l++) {
+        char n[96];
+#define T(name) (snprintf(n, sizeof n, "blk.%d." name, l), n)
+        rand_tensor(w, T("attn_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
+        rand_tensor(w, T("attn_q.weight"), m->wtype, qd, m->hidden, 0, sh, &s);
+        rand_tensor(w, T("attn_k.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
+        rand_tensor(w, T("attn_v.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
+        if (bias) {
+            rand_tensor(w, T("attn_q.bias"), KILN_DTYPE_F32, 0, qd, 0, 0.5f, &s);
+            rand_tensor(w, T("attn_k.bias"), KILN_DTYPE_F32, 0, kvd, 0, 0.5f, &s);
+            rand_tensor(w, T("attn_v.bias"), KILN_DTYPE_F32, 0, kvd, 0, 0.5f, &s);
+        }
+        rand_tensor(w, T("attn_output.weight"), m->wtype, m->hidden, qd, 0, sq, &s);
+        rand_tensor(w, T("ffn_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
+        rand_tensor(w, T("ffn_gate.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
+        rand_tensor(w, T("ffn_up.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
+        rand_tensor(w, T("ffn_down.weight"), m->wtype, m->hidden, m->ffn, 0, sf, &s);
+#undef T
+    }
+    rand_tensor(w, "output_norm.weight", KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
+    if (!m->tied) rand_tensor(w, "output.weight", m->wtype, m->n_vocab, m->hidden, 0, sh, &s);
+    return w;
+}
+
+int gw_model_write(const gw_model *m, const char *path)
+{
+    gw *w = gw_model_new(m);
+    int rc = gw_write(w, path);
+    gw_free(w);
+    return rc;
+}

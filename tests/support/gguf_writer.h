@@ -1,0 +1,54 @@
+/* A small GGUF writer for tests: metadata of every type, tensors of any ggml type id, v2 or v3,
+ * any alignment; and a generator of small random llama/qwen2 model files. Writes exactly what is
+ * asked (tests corrupt the bytes afterwards); must not be used by the library. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/kiln.h"
+
+typedef struct gw gw;
+
+gw  *gw_new(uint32_t version, uint32_t alignment); /* alignment 0: no general.alignment key (32) */
+void gw_free(gw *w);
+/* A scalar of type t from the bytes of val (its size is the type's). */
+void gw_kv(gw *w, const char *key, kiln_gguf_type t, const void *val);
+void gw_kv_u32(gw *w, const char *key, uint32_t v);
+void gw_kv_f32(gw *w, const char *key, float v);
+void gw_kv_str(gw *w, const char *key, const char *v);
+/* An array of n scalars of type t (elements packed). */
+void gw_kv_arr(gw *w, const char *key, kiln_gguf_type t, uint64_t n, const void *data);
+void gw_kv_arr_str(gw *w, const char *key, uint64_t n, const char *const *v);
+/* A tensor: dims in kiln order (outermost first), data of `bytes` bytes copied. */
+void gw_tensor(gw *w, const char *name, uint32_t ggml_type, int rank, const int64_t *dims, const void *data,
+               size_t bytes);
+/* The file's bytes (malloc'ed; caller frees) and their count. */
+uint8_t *gw_bytes(gw *w, size_t *n);
+/* Writes the bytes to path; 0 or -1. */
+int gw_write(gw *w, const char *path);
+
+/* A random model. */
+typedef struct gw_model {
+    const char *arch;      /* "llama" or "qwen2" */
+    int         n_layer;   /* blocks */
+    int64_t     hidden;    /* embedding_length */
+    int64_t     n_head;    /* head_count */
+    int64_t     n_kv_head; /* head_count_kv */
+    int64_t     ffn;       /* feed_forward_length */
+    int64_t     n_vocab;   /* tokens */
+    int64_t     n_ctx;     /* context_length */
+    kiln_dtype  wtype;     /* matmul weights (f32/f16/bf16/q8_0/q4_k/q5_k/q6_k; falls back to q8_0/f16 per row width) */
+    kiln_dtype  embtype;   /* token_embd dtype */
+    bool        tied;      /* no output.weight */
+    bool        tokens;    /* write tokenizer.ggml.tokens ("t0", "t1", ...) */
+    uint64_t    seed;      /* weights */
+    int         meta_n_layer; /* block_count written (0: n_layer), for inconsistent-file tests */
+    int64_t     meta_ffn;     /* feed_forward_length written (0: ffn) */
+} gw_model;
+
+/* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */
+gw *gw_model_new(const gw_model *m);
+/* Writes a model file at path; 0 or -1. */
+int gw_model_write(const gw_model *m, const char *path);
