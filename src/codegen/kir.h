@@ -128,7 +128,7 @@ typedef struct kiln_ktable {
     uint32_t  n;     /* word count */
 } kiln_ktable;
 
-#define KILN_KIR_MAX_BUFS 16
+#define KILN_KIR_MAX_BUFS 24
 #define KILN_KIR_MAX_SHARED 4
 #define KILN_KIR_MAX_TABLES 4
 
