@@ -10,10 +10,12 @@
 
 #define AW 4          /* warps per block */
 #define ABLK (32 * AW)
+#define VU 8          /* keys per unrolled step of p.v */
 
 typedef struct at {
     kiln_kir *k;
     int64_t   n_head, n_kvh, G, hd, max_ctx, tok_max, S, n_split;
+    int64_t   HB, GB;   /* query heads per block, blocks per kv head (HB * GB = G) */
     kiln_dtype kt, vt;
 } at;
 
@@ -40,9 +42,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
 {
     kiln_kir_init(k, "kiln_attn_split", ABLK);
     snprintf(k->what, sizeof k->what, "attention splits of %lld keys, %lld q heads per kv head", (long long)a->S, (long long)a->G);
-    k->grid[0] = (uint32_t)(a->n_kvh * a->n_split);
+    k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
     k->grid[1] = (uint32_t)a->tok_max;
-    int32_t G = (int32_t)a->G, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
+    int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
     uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(AW * G * 32));
     uint32_t csh = kiln_kir_shared(k, (uint32_t)(AW * G * (hd + 2)));
     uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
@@ -52,7 +54,10 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     uint32_t lane = o2(k, KILN_KOP_AND, tid, c_(k, 31)), warp = o2(k, KILN_KOP_SHR, tid, c_(k, 5));
-    uint32_t h = o2(k, KILN_KOP_DIV, bx, c_(k, (int32_t)a->n_split)), sp = o2(k, KILN_KOP_REM, bx, c_(k, (int32_t)a->n_split));
+    uint32_t hg = o2(k, KILN_KOP_DIV, bx, c_(k, (int32_t)a->n_split)), sp = o2(k, KILN_KOP_REM, bx, c_(k, (int32_t)a->n_split));
+    uint32_t h = o2(k, KILN_KOP_DIV, hg, c_(k, (int32_t)a->GB));                    /* kv head */
+    uint32_t qh0 = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, h, c_(k, (int32_t)a->G)),   /* first query head of the block */
+                      o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_REM, hg, c_(k, (int32_t)a->GB)), c_(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
@@ -63,7 +68,7 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     float scale = n->f[0];
     uint32_t i = kiln_kvar(k, tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, c_(k, G * hd), c_(k, ABLK), 0);
-    uint32_t qi = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), o2(k, KILN_KOP_MUL, h, c_(k, G))), c_(k, hd)), i);
+    uint32_t qi = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), qh0), c_(k, hd)), i);
     sts(k, qsh, i, o2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
     kl_loop_end(k);
     bar(k);
@@ -83,9 +88,23 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
         uint32_t krow = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, head_row, jc), c_(k, hd));
         uint32_t s[8];
         for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
-        for (int d = 0; d < hd; d++) {
-            uint32_t kv = kl_load(k, ks, a->kt, o2(k, KILN_KOP_ADD, krow, c_(k, d)));
-            for (int gg = 0; gg < G; gg++) s[gg] = fma_(k, lds(k, qsh, c_(k, gg * hd + d)), kv, s[gg]);
+        int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
+        if (hd % per == 0) { /* 16-byte loads of the key row */
+            uint32_t kw = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_MUL, krow, c_(k, esz)), c_(k, 4));
+            for (int d = 0; d < hd; d += per) {
+                uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, o2(k, KILN_KOP_ADD, kw, c_(k, d * esz / 4)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
+                for (int e = 0; e < per; e++) {
+                    uint32_t w = kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, esz == 4 ? e : e / 2);
+                    uint32_t kv = esz == 4 ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0)
+                                           : kiln_kir_op(k, a->kt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, e % 2);
+                    for (int gg = 0; gg < G; gg++) s[gg] = fma_(k, lds(k, qsh, c_(k, gg * hd + d + e)), kv, s[gg]);
+                }
+            }
+        } else {
+            for (int d = 0; d < hd; d++) {
+                uint32_t kv = kl_load(k, ks, a->kt, o2(k, KILN_KOP_ADD, krow, c_(k, d)));
+                for (int gg = 0; gg < G; gg++) s[gg] = fma_(k, lds(k, qsh, c_(k, gg * hd + d)), kv, s[gg]);
+            }
         }
         bar(k); /* the previous tile's p is consumed */
         uint32_t alpha[8];
@@ -103,17 +122,21 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
         for (int gg = 0; gg < G; gg++)
             for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], o2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
         uint32_t kk = kiln_kvar(k, c_(k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, c_(k, 32), c_(k, 1), 0);
-        {
-            uint32_t key = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_MUL, warp, c_(k, 32))), kk), c_(k, (int32_t)a->max_ctx - 1));
-            uint32_t vrow = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, head_row, key), c_(k, hd));
-            uint32_t vv[8];
-            for (int d = 0; d < dpl; d++)
-                vv[d] = kl_load(k, vs, a->vt, o2(k, KILN_KOP_ADD, vrow, o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, lane, c_(k, 32 * d)), c_(k, hd - 1))));
-            for (int gg = 0; gg < G; gg++) {
-                uint32_t p = lds(k, psh, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, G * 32)), o2(k, KILN_KOP_ADD, c_(k, gg * 32), kk)));
-                for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], fma_(k, p, vv[d], o[gg][d]));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, c_(k, 32), c_(k, VU), 0);
+        { /* VU keys per iteration: their V loads are all in flight before the first use */
+            uint32_t vv[VU][8];
+            for (int u = 0; u < VU; u++) {
+                uint32_t key = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_MUL, warp, c_(k, 32))), o2(k, KILN_KOP_ADD, kk, c_(k, u))),
+                                  c_(k, (int32_t)a->max_ctx - 1));
+                uint32_t vrow = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, head_row, key), c_(k, hd));
+                for (int d = 0; d < dpl; d++)
+                    vv[u][d] = kl_load(k, vs, a->vt, o2(k, KILN_KOP_ADD, vrow, o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, lane, c_(k, 32 * d)), c_(k, hd - 1))));
             }
+            for (int u = 0; u < VU; u++)
+                for (int gg = 0; gg < G; gg++) {
+                    uint32_t p = lds(k, psh, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, G * 32)), o2(k, KILN_KOP_ADD, c_(k, gg * 32 + u), kk)));
+                    for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], fma_(k, p, vv[u][d], o[gg][d]));
+                }
         }
         kl_loop_end(k);
     }
@@ -148,7 +171,7 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
             L = fma_(k, lds(k, csh, o2(k, KILN_KOP_ADD, wb, c_(k, 1))), f, L);
             O = fma_(k, lds(k, csh, o2(k, KILN_KOP_ADD, wb, o2(k, KILN_KOP_ADD, d, c_(k, 2)))), f, O);
         }
-        uint32_t head = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, h, c_(k, G)), gg);
+        uint32_t head = o2(k, KILN_KOP_ADD, qh0, gg);
         uint32_t base = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, (int32_t)a->n_split)), sp), c_(k, hd + 2));
         if_(k, o2(k, KILN_KOP_EQ, d, c_(k, 0)));
         stf(k, scr, base, mm);
@@ -222,13 +245,24 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln
     if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 || a.vt == KILN_DTYPE_I32 ||
         kiln_dtype_block((kiln_dtype)q->dtype) != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)
         return kl_unsupported(err, n_err, "attention: cache dtype %s", kiln_dtype_name(a.kt));
-    /* Key split: enough blocks to fill a large GPU (about 264) at the cache's bound, >= 128 keys. */
-    int64_t want = 264 / (a.n_kvh * (a.tok_max < 8 ? a.tok_max : 8));
+    /* Key split: enough blocks to fill a large GPU (about 264) at the cache's bound, >= 128 keys;
+     * when there are still too few blocks, the query heads of a group split over blocks too
+     * (each re-reads the group's K/V, mostly from L2). */
+    int64_t tok = a.tok_max < 8 ? a.tok_max : 8;
+    int64_t want = 264 / (a.n_kvh * tok);
     if (want < 1) want = 1;
     a.S = (a.max_ctx + want - 1) / want;
     a.S = (a.S + ABLK - 1) / ABLK * ABLK;
     if (a.S < ABLK) a.S = ABLK;
     a.n_split = (a.max_ctx + a.S - 1) / a.S;
+    a.HB = a.G;
+    while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < 264) {
+        int64_t hb = a.HB - 1;
+        while (hb > 1 && a.G % hb) hb--;
+        if (hb < 1 || hb == a.HB) break;
+        a.HB = hb;
+    }
+    a.GB = a.G / a.HB;
     partial(g, n, &a, &k[0]);
     combine(g, node, n, &a, &k[1]);
     *n_out = 2;
