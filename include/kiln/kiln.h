@@ -277,6 +277,57 @@ KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const
 KILN_API const char *kiln_plan_backend(const kiln_plan *p);
 KILN_API int kiln_plan_kernel_count(const kiln_plan *p);
 
+/* ---------------------------------------------------------------- conformance check */
+
+/* kiln_check runs every op x dtype on every available backend (or one) against kiln's f64
+ * reference evaluator: at least 40 shapes per op x dtype (1, odd, prime, large, symbolic dims at
+ * several values; 12 in quick mode) on fresh random data (never zeros; wide ranges for
+ * activations), outputs poisoned (NaN bytes) before each run and guarded by 64 bytes each side
+ * that must come back untouched. A case passes when no output holds a NaN, infinities match the
+ * reference's in sign, and the NMSE is within the tolerance of the op's contract
+ * (contracts/<op>.yaml, read at run time: $KILN_SOURCE_DIR/contracts, else the build's source
+ * tree, else <prefix>/share/kiln/contracts). It also checks fused patterns and preset decode and
+ * prefill layers against the reference, fused against unfused, and determinism (one plan run 10
+ * times gives bit-identical outputs). New backends take part as soon as kiln_backend_get reports
+ * them available. */
+typedef struct kiln_check_options {
+    const char *backend; /* NULL: every available backend; else one name ("cpu") */
+    const char *op;      /* NULL: everything; else one op ("matmul") or group ("fused", "preset",
+                            "determinism") */
+    bool        quick;   /* 12 shapes per op x dtype and a small preset layer (for CI) */
+    uint64_t    seed;    /* data seed; 0 = from the clock (the report says which) */
+} kiln_check_options;
+
+typedef struct kiln_check_result {
+    char   op[48];       /* op, or "fused:<pattern>", "unfused:<pattern>", "fused-vs-unfused:<pattern>",
+                            "preset:<layer>", "determinism:<layer>" */
+    char   dtype[8];     /* the contract's tolerance key dtype ("f32", "q4_k", ...) */
+    char   backend[16];  /* backend name */
+    int    cases;        /* runs compared */
+    double worst_nmse;   /* largest NMSE seen (infinity when a NaN/guard/status failure occurred) */
+    double tolerance;    /* the NMSE bound */
+    bool   ok;           /* every case passed */
+    char   detail[256];  /* the first failure ("" when ok): case, element, values, seed */
+} kiln_check_result;
+
+typedef struct kiln_check_report {
+    bool               ok;        /* every result ok (and at least one ran) */
+    uint64_t           seed;      /* the data seed used (replay with options.seed) */
+    double             seconds;   /* wall time */
+    int                n_results; /* entries in results */
+    kiln_check_result *results;   /* one per (op, dtype, backend), in the order run */
+} kiln_check_report;
+
+/* Runs the check. Returns KILN_OK when the check ran (read report->ok for the verdict), or an
+ * error (unknown backend/op: KILN_ERR_INVALID_ARG; a missing contract: KILN_ERR_IO) with the
+ * detail in kiln_ctx_error(ctx). *out is freed with kiln_check_report_free. Uses ctx's backends;
+ * not to be called on ctx from two threads at once. */
+KILN_API kiln_status kiln_check(kiln_ctx *ctx, const kiln_check_options *opts, kiln_check_report **out);
+KILN_API void kiln_check_report_free(kiln_check_report *r);
+/* The report as JSON: {"ok": bool, "results": [{"op", "dtype", "backend", "cases", "worst_nmse",
+ * "tolerance", "ok"}]} (malloc'ed; the caller frees). */
+KILN_API kiln_status kiln_check_report_json(const kiln_check_report *r, char **out);
+
 /* ---------------------------------------------------------------- cost model and placement */
 
 #define KILN_MAX_BACKENDS 8 /* size of per-backend arrays below (index = kiln_backend_get's i) */

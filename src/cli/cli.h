@@ -49,3 +49,4 @@ int kiln_cli_run(int argc, char *const *argv);
 int kiln_cli_bench(int argc, char *const *argv);
 int kiln_cli_plan(int argc, char *const *argv);
 int kiln_cli_calibrate(int argc, char *const *argv);
+int kiln_cli_check(int argc, char *const *argv);
