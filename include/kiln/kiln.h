@@ -76,7 +76,11 @@ KILN_API size_t kiln_dtype_block_bytes(kiln_dtype t);
 KILN_API size_t kiln_row_bytes(kiln_dtype t, int64_t n);
 
 /* Reference conversion from f32 to t (f16, bf16, and the four GGUF block formats; f32 copies).
- * n must be a multiple of kiln_dtype_block(t). Bit-exact with the GGUF reference quantizers. */
+ * n must be a multiple of kiln_dtype_block(t). Bit-exact with the GGUF reference quantizers.
+ * src is one flat run of n values cut into blocks of kiln_dtype_block(t): for a matrix, blocks
+ * must not straddle rows, so the row length must itself be a multiple of the block (896 x 896 as
+ * q4_k passes this call, 802816 = 3136 blocks, but its 896-wide rows are not whole blocks and
+ * kiln_weight/kiln_matmul refuse that matrix). Quantize row by row, or check kiln_row_bytes(t, row) != 0. */
 KILN_API kiln_status kiln_quantize(kiln_dtype t, const float *src, void *dst, int64_t n);
 /* Reference conversion from t to f32 (every dtype; i32 converts values). */
 KILN_API kiln_status kiln_dequantize(kiln_dtype t, const void *src, float *dst, int64_t n);
@@ -153,7 +157,8 @@ KILN_API kiln_node kiln_weight(kiln_graph *g, const char *name, kiln_dtype t, in
 KILN_API kiln_node kiln_weight_random(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims,
                                       uint64_t seed, float scale);
 /* A persistent tensor owned by each plan (zero at compile), e.g. a KV cache [n_kv_heads, max_ctx, head_dim].
- * Read and written by kiln_plan_state_read/_write; updated in place by kv_scatter. Dims constant. */
+ * Read and written by kiln_plan_state_read/_write; updated in place by kv_scatter. Dims constant.
+ * dtype f32, f16, bf16 or i32: a block dtype (q8_0, k-quants) fails here with KILN_ERR_DTYPE. */
 KILN_API kiln_node kiln_state(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims);
 
 /* Marks a node as an output, bound by name at run. A node may have several output names. */
@@ -183,8 +188,11 @@ KILN_API kiln_node kiln_layer_norm(kiln_graph *g, kiln_node x, kiln_node w, kiln
 KILN_API kiln_node kiln_softmax(kiln_graph *g, kiln_node x);
 
 typedef enum kiln_rope_mode {
-    KILN_ROPE_NORMAL = 0, /* rotates pairs (2i, 2i+1) — llama/GPT-J */
-    KILN_ROPE_NEOX,       /* rotates pairs (i, i + d/2) — GPT-NeoX, qwen2 */
+    KILN_ROPE_NORMAL = 0, /* rotates pairs (2i, 2i+1): for GGUF llama files (llama.cpp's converter
+                             permutes the Q/K rows of Hugging Face llama weights into this layout), GPT-J */
+    KILN_ROPE_NEOX,       /* rotates pairs (i, i + d/2): for Hugging Face checkpoints (llama, mistral,
+                             qwen2 as published), GGUF qwen2 and GPT-NeoX. The wrong mode for a weight
+                             layout runs without error and gives wrong results (NMSE ~5e-2). */
     KILN_ROPE_MODE_COUNT
 } kiln_rope_mode;
 /* Rotary embedding. x [n_tok, n_head, head_dim] (head_dim even); pos i32 [n_tok] absolute
