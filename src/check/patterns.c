@@ -65,9 +65,10 @@ static void patterns(kiln_check_run *r)
             for (int i = 0; i < n; i++) {
                 kiln_graph *g = NULL;
                 if (kiln_graph_new(&g) != KILN_OK) return;
-                int64_t D = 256 * kiln_check_randint(r, 1, 4), F = 256 * kiln_check_randint(r, 1, 5);
+                bool q = kiln_check_quick(r); /* quick: sizes that keep the f64 reference cheap */
+                int64_t D = 256 * kiln_check_randint(r, 1, q ? 2 : 4), F = 256 * kiln_check_randint(r, 1, q ? 3 : 5);
                 if (p == PAT_CHAIN) D = kiln_check_randint(r, 1, 3000);
-                int64_t tmax = i % 2 ? kiln_check_randint(r, 9, 24) : kiln_check_randint(r, 1, 5);
+                int64_t tmax = i % 2 ? kiln_check_randint(r, 9, q ? 12 : 24) : kiln_check_randint(r, 1, 5);
                 kiln_dim T = kiln_sym(g, "t", tmax);
                 kiln_node y = pattern(r, g, p, PW[w], D, F, T);
                 if (y != KILN_NODE_NONE) kiln_output(g, y, "y");
