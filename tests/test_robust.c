@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kiln/kiln.h"
@@ -99,4 +100,37 @@ Test(robust, unknown_cpu_isa_is_warned)
     out[n] = 0;
     pclose(f);
     cr_expect(strstr(out, "KILN_CPU_ISA='avx3'") && strstr(out, "scalar, avx2, avx512, best"), "%s", out);
+}
+
+/* Runs `kiln ARGS` (the binary beside this test), returns its exit code and stdout in out. */
+static int kiln_cmd(const char *args, char *out, size_t n)
+{
+    char self[4096], cmd[8192];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert(len > 0);
+    self[len] = 0;
+    *strrchr(self, '/') = 0;
+    snprintf(cmd, sizeof cmd, "'%s/kiln' %s 2>/dev/null", self, args);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t k = fread(out, 1, n - 1, f);
+    out[k] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(robust, cli_check_json_and_exit_codes)
+{
+    static char out[1 << 16];
+    cr_expect_eq(kiln_cmd("check --backend cpu --op silu --quick --json", out, sizeof out), 0, "%s", out);
+    cr_expect(!strncmp(out, "{\"ok\": true, \"results\": [{\"op\": \"silu\"", 38), "%s", out);
+    cr_expect_eq(kiln_cmd("check --op silu --quick", out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "silu") && strstr(out, "OK"), "%s", out);
+    cr_expect_eq(kiln_cmd("check --bogus", out, sizeof out), 2);
+    cr_expect_eq(kiln_cmd("check --op nope", out, sizeof out), 2);
+    cr_expect_eq(kiln_cmd("check --backend nope", out, sizeof out), 2);
+    setenv("KILN_FAULT_INJECT", "cpu_softmax_off_by_one", 1);
+    cr_expect_eq(kiln_cmd("check --backend cpu --op softmax --quick --failures", out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "FAIL"), "%s", out);
+    unsetenv("KILN_FAULT_INJECT");
 }
