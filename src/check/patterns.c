@@ -17,10 +17,13 @@ static void set_sym(kiln_check_spec *s, int run, const char *name, int64_t v)
     if (i != KILN_IDX_NONE && i < 4) s->syms[run][i] = v;
 }
 
-/* Tolerance of a pattern: matmul chains with quantized weights carry int8 activations. */
+/* Tolerance of a pattern: matmul chains with quantized weights carry int8 activations (one scale
+ * per 32 values for q8_0, per 256 for the k-quants). Two chained matmuls with k-quant weights
+ * (gate/up -> swiglu -> down) measured worst NMSE 4e-4..1.6e-3 over 13 seeds (the heavy-tailed
+ * swiglu output quantized per 256); q8_0 1.5e-4..3.4e-4. A wrong scale or nibble order gives 1e-2+. */
 static double pat_tol(kiln_dtype w, int depth)
 {
-    if (kiln_dtype_block(w) > 1) return depth > 1 ? 1e-3 : 2e-4;
+    if (kiln_dtype_block(w) > 1) return depth > 1 ? 5e-3 : 2e-4;
     return depth > 1 ? 1e-8 : 1e-9;
 }
 
