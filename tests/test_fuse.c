@@ -28,7 +28,8 @@ static const char *fuse_backend(void)
 /* Inputs of a graph: names, with what to fill them with. */
 typedef struct feed {
     const char *name;  /* input or symbol */
-    int64_t     value; /* symbol value; for i32 inputs: values drawn in [0, value) */
+    int64_t     value; /* symbol value; for i32 inputs: values drawn in [lo, value) */
+    int64_t     lo;    /* i32 inputs: lowest value drawn */
     bool        ints;  /* i32 input */
     kiln_dtype  t;     /* input dtype */
     int64_t     n;     /* elements (after symbols) */
@@ -52,7 +53,7 @@ static void fused_vs_unfused(kiln_graph *g, const feed *f, int nf, double tol, i
         float *tmp = malloc(f[i].n * sizeof(float));
         if (f[i].ints) {
             int32_t *v = malloc(f[i].n * 4);
-            for (int64_t j = 0; j < f[i].n; j++) v[j] = (int32_t)tu_randint(0, f[i].value);
+            for (int64_t j = 0; j < f[i].n; j++) v[j] = (int32_t)tu_randint(f[i].lo, f[i].value);
             bufs[i] = v;
             b[i].bytes = f[i].n * 4;
         } else {
@@ -211,8 +212,8 @@ Test(fuse, decode_layer_at_most_6_kernels_and_matches_unfused)
         kiln_graph *g = llama_layer(types[t], 256, 4, 2, 512, 16, false);
         int kf, ku;
         for (int64_t n = 1; n <= 3; n++) {
-            feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 256}, {"pos", .ints = true, .value = n, .n = 1}};
-            /* pos must be n - 1 for a real decode step; any valid position exercises the same code. */
+            feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 256}, {"pos", .ints = true, .lo = n - 1, .value = n, .n = 1}};
+            /* pos must be n - 1: attention's query position (another is a KILN_ERR_BINDING). */
             fused_vs_unfused(g, f, 3, 4 * tu_tol("matmul", types[t]) + 4 * tu_tol("attention", KILN_DTYPE_F32), &kf, &ku);
         }
         cr_assert_leq(kf, 6, "%s layer: %d kernels", kiln_dtype_name(types[t]), kf);

@@ -148,6 +148,9 @@ Test(kg, llama_sample_equals_builder_graph)
     cr_assert_str_eq(hf, hg, "llama_layer.kg differs from the builder's graph");
     cr_assert_eq(kiln_graph_size(f), 34); /* 4 inputs/states + 9 weights + 21 ops */
     const kiln_node_rec *a = leaf(f, "w_down"), *b = leaf(g, "w_down");
+    cr_assert(a->data == NULL && b->data == NULL, "random weights must not be generated while parsing/building");
+    cr_assert_eq(kiln_graph_materialize_weights(f), KILN_OK);
+    cr_assert_eq(kiln_graph_materialize_weights(g), KILN_OK);
     cr_assert_eq(memcmp(a->data, b->data, kiln_row_bytes(KILN_DTYPE_Q8_0, 128) * 64), 0, "seeded data differs");
     kiln_graph_free(f);
     kiln_graph_free(g);
@@ -222,6 +225,8 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_graph *g2 = must_parse(t, "api graph");
     cr_assert_eq(memcmp(leaf(g2, "w")->data, wdat, sizeof wdat), 0, "copied weight bytes changed");
     cr_assert_eq(memcmp(leaf(g2, "gamma")->data, gdat, sizeof gdat), 0, "borrowed weight bytes changed");
+    cr_assert_eq(kiln_graph_materialize_weights(g), KILN_OK);
+    cr_assert_eq(kiln_graph_materialize_weights(g2), KILN_OK);
     cr_assert_eq(memcmp(leaf(g2, "wq")->data, leaf(g, "wq")->data, kiln_row_bytes(KILN_DTYPE_Q5_K, 256) * 16), 0,
                  "seeded weight bytes changed");
     kiln_graph_free(g2);
@@ -576,5 +581,50 @@ Test(kg, special_floats_roundtrip)
     cr_assert_str_eq(t, "input x f32 [4]\na = scale x s=3.4028235e38\nb = scale a s=-1e-45\nc = scale b s=1e-40\n"
                         "d = scale c s=-0\noutput o d\n");
     free(t);
+    kiln_graph_free(g);
+}
+
+/* A huge random weight costs nothing until a plan needs it: parse, hash and print never touch
+ * its bytes (this line used to allocate 2.6 GB inside kiln_kg_parse). */
+Test(kg, random_weight_is_lazy)
+{
+    const char *text = "weight proj bf16 [2544446, 512] seed=24\ninput x f32 [4]\ny = scale x s=2\noutput y y\n";
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_kg_parse(ctx, text, "lazy.kg", &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+    const kiln_node_rec *w = leaf(g, "proj");
+    cr_assert_null(w->data);
+    cr_assert(w->random);
+    char h[33];
+    cr_assert_eq(kiln_graph_hash(g, h), KILN_OK);
+    char *t = must_print(g);
+    cr_assert(strstr(t, "seed=24"), "%s", t);
+    free(t);
+    kiln_graph_free(g);
+}
+
+/* Materialized bytes do not depend on how the rows are split over threads: generated in one
+ * piece (rows = 1) they equal the threaded result row for row. */
+Test(kg, random_weight_bytes_independent_of_split)
+{
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_weight_random(g, "w", KILN_DTYPE_Q8_0, 2, (kiln_dim[]){4096, 64}, 7, 0.5f);
+    kiln_weight_random(g, "v", KILN_DTYPE_F32, 1, (kiln_dim[]){4096 * 64}, 7, 0.5f);
+    const kiln_node_rec *w = leaf(g, "w"), *v = leaf(g, "v");
+    void *wb = malloc(kiln_row_bytes(KILN_DTYPE_Q8_0, 64) * 4096), *vb = malloc(4096 * 64 * sizeof(float));
+    cr_assert_eq(kiln_graph_weight_fill(w, wb), KILN_OK);
+    cr_assert_eq(kiln_graph_weight_fill(v, vb), KILN_OK);
+    float *a = malloc(4096 * 64 * sizeof *a);
+    cr_assert_eq(kiln_dequantize(KILN_DTYPE_Q8_0, wb, a, 4096 * 64), KILN_OK);
+    float *q = malloc(4096 * 64 * sizeof *q);
+    void *qb = malloc(kiln_row_bytes(KILN_DTYPE_Q8_0, 64) * 4096);
+    cr_assert_eq(kiln_quantize(KILN_DTYPE_Q8_0, vb, qb, 4096 * 64), KILN_OK);
+    cr_assert_eq(kiln_dequantize(KILN_DTYPE_Q8_0, qb, q, 4096 * 64), KILN_OK);
+    cr_assert_eq(memcmp(a, q, 4096 * 64 * sizeof *a), 0, "threaded rows differ from one sequential stream");
+    free(a);
+    free(q);
+    free(qb);
+    free(wb);
+    free(vb);
     kiln_graph_free(g);
 }

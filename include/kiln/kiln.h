@@ -76,7 +76,11 @@ KILN_API size_t kiln_dtype_block_bytes(kiln_dtype t);
 KILN_API size_t kiln_row_bytes(kiln_dtype t, int64_t n);
 
 /* Reference conversion from f32 to t (f16, bf16, and the four GGUF block formats; f32 copies).
- * n must be a multiple of kiln_dtype_block(t). Bit-exact with the GGUF reference quantizers. */
+ * n must be a multiple of kiln_dtype_block(t). Bit-exact with the GGUF reference quantizers.
+ * src is one flat run of n values cut into blocks of kiln_dtype_block(t): for a matrix, blocks
+ * must not straddle rows, so the row length must itself be a multiple of the block (896 x 896 as
+ * q4_k passes this call, 802816 = 3136 blocks, but its 896-wide rows are not whole blocks and
+ * kiln_weight/kiln_matmul refuse that matrix). Quantize row by row, or check kiln_row_bytes(t, row) != 0. */
 KILN_API kiln_status kiln_quantize(kiln_dtype t, const float *src, void *dst, int64_t n);
 /* Reference conversion from t to f32 (every dtype; i32 converts values). */
 KILN_API kiln_status kiln_dequantize(kiln_dtype t, const void *src, float *dst, int64_t n);
@@ -153,7 +157,8 @@ KILN_API kiln_node kiln_weight(kiln_graph *g, const char *name, kiln_dtype t, in
 KILN_API kiln_node kiln_weight_random(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims,
                                       uint64_t seed, float scale);
 /* A persistent tensor owned by each plan (zero at compile), e.g. a KV cache [n_kv_heads, max_ctx, head_dim].
- * Read and written by kiln_plan_state_read/_write; updated in place by kv_scatter. Dims constant. */
+ * Read and written by kiln_plan_state_read/_write; updated in place by kv_scatter. Dims constant.
+ * dtype f32, f16, bf16 or i32: a block dtype (q8_0, k-quants) fails here with KILN_ERR_DTYPE. */
 KILN_API kiln_node kiln_state(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims);
 
 /* Marks a node as an output, bound by name at run. A node may have several output names. */
@@ -183,8 +188,11 @@ KILN_API kiln_node kiln_layer_norm(kiln_graph *g, kiln_node x, kiln_node w, kiln
 KILN_API kiln_node kiln_softmax(kiln_graph *g, kiln_node x);
 
 typedef enum kiln_rope_mode {
-    KILN_ROPE_NORMAL = 0, /* rotates pairs (2i, 2i+1) — llama/GPT-J */
-    KILN_ROPE_NEOX,       /* rotates pairs (i, i + d/2) — GPT-NeoX, qwen2 */
+    KILN_ROPE_NORMAL = 0, /* rotates pairs (2i, 2i+1): for GGUF llama files (llama.cpp's converter
+                             permutes the Q/K rows of Hugging Face llama weights into this layout), GPT-J */
+    KILN_ROPE_NEOX,       /* rotates pairs (i, i + d/2): for Hugging Face checkpoints (llama, mistral,
+                             qwen2 as published), GGUF qwen2 and GPT-NeoX. The wrong mode for a weight
+                             layout runs without error and gives wrong results (NMSE ~5e-2). */
     KILN_ROPE_MODE_COUNT
 } kiln_rope_mode;
 /* Rotary embedding. x [n_tok, n_head, head_dim] (head_dim even); pos i32 [n_tok] absolute
@@ -279,6 +287,57 @@ KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const
 /* Backend the plan runs on, and its number of kernels (fused regions). */
 KILN_API const char *kiln_plan_backend(const kiln_plan *p);
 KILN_API int kiln_plan_kernel_count(const kiln_plan *p);
+
+/* ---------------------------------------------------------------- conformance check */
+
+/* kiln_check runs every op x dtype on every available backend (or one) against kiln's f64
+ * reference evaluator: at least 40 shapes per op x dtype (1, odd, prime, large, symbolic dims at
+ * several values; 12 in quick mode) on fresh random data (never zeros; wide ranges for
+ * activations), outputs poisoned (NaN bytes) before each run and guarded by 64 bytes each side
+ * that must come back untouched. A case passes when no output holds a NaN, infinities match the
+ * reference's in sign, and the NMSE is within the tolerance of the op's contract
+ * (contracts/<op>.yaml, read at run time: $KILN_SOURCE_DIR/contracts, else the build's source
+ * tree, else <prefix>/share/kiln/contracts). It also checks fused patterns and preset decode and
+ * prefill layers against the reference, fused against unfused, and determinism (one plan run 10
+ * times gives bit-identical outputs). New backends take part as soon as kiln_backend_get reports
+ * them available. */
+typedef struct kiln_check_options {
+    const char *backend; /* NULL: every available backend; else one name ("cpu") */
+    const char *op;      /* NULL: everything; else one op ("matmul") or group ("fused", "preset",
+                            "determinism") */
+    bool        quick;   /* 12 shapes per op x dtype and a small preset layer (for CI) */
+    uint64_t    seed;    /* data seed; 0 = from the clock (the report says which) */
+} kiln_check_options;
+
+typedef struct kiln_check_result {
+    char   op[48];       /* op, or "fused:<pattern>", "unfused:<pattern>", "fused-vs-unfused:<pattern>",
+                            "preset:<layer>", "determinism:<layer>" */
+    char   dtype[8];     /* the contract's tolerance key dtype ("f32", "q4_k", ...) */
+    char   backend[16];  /* backend name */
+    int    cases;        /* runs compared */
+    double worst_nmse;   /* largest NMSE seen (infinity when a NaN/guard/status failure occurred) */
+    double tolerance;    /* the NMSE bound */
+    bool   ok;           /* every case passed */
+    char   detail[256];  /* the first failure ("" when ok): case, element, values, seed */
+} kiln_check_result;
+
+typedef struct kiln_check_report {
+    bool               ok;        /* every result ok (and at least one ran) */
+    uint64_t           seed;      /* the data seed used (replay with options.seed) */
+    double             seconds;   /* wall time */
+    int                n_results; /* entries in results */
+    kiln_check_result *results;   /* one per (op, dtype, backend), in the order run */
+} kiln_check_report;
+
+/* Runs the check. Returns KILN_OK when the check ran (read report->ok for the verdict), or an
+ * error (unknown backend/op: KILN_ERR_INVALID_ARG; a missing contract: KILN_ERR_IO) with the
+ * detail in kiln_ctx_error(ctx). *out is freed with kiln_check_report_free. Uses ctx's backends;
+ * not to be called on ctx from two threads at once. */
+KILN_API kiln_status kiln_check(kiln_ctx *ctx, const kiln_check_options *opts, kiln_check_report **out);
+KILN_API void kiln_check_report_free(kiln_check_report *r);
+/* The report as JSON: {"ok": bool, "results": [{"op", "dtype", "backend", "cases", "worst_nmse",
+ * "tolerance", "ok"}]} (malloc'ed; the caller frees). */
+KILN_API kiln_status kiln_check_report_json(const kiln_check_report *r, char **out);
 
 /* ---------------------------------------------------------------- cost model and placement */
 

@@ -18,6 +18,7 @@ static const char usage_main[] =
     "  plan FILE.kg | MODEL.gguf | --preset NAME   fused kernels, placement and predicted costs\n"
     "  spirv FILE.kg | --preset NAME  the Vulkan backend's GLSL (or SPIR-V) of each fused kernel\n"
     "  ptx FILE.kg | --preset NAME    generated PTX per fused kernel, ptxas registers/spills\n"
+    "  check                 every op x dtype x backend against the f64 reference\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
@@ -144,6 +145,24 @@ static const char usage_calibrate[] =
     "and stores the profiles in the cache dir ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln), where\n"
     "placement and kiln plan find them.\n";
 
+static const char usage_check[] =
+    "usage: kiln check [--backend B] [--op NAME] [--quick] [--seed N] [--threads N] [--failures]\n"
+    "                  [--json]\n"
+    "\n"
+    "Checks every op x dtype on every available backend against kiln's f64 reference: >= 40\n"
+    "shapes per op x dtype (1, odd, prime, large, symbolic dims at several values), fresh random\n"
+    "data, outputs poisoned and guarded; NMSE within the contract's tolerance (contracts/*.yaml),\n"
+    "no NaN, infinities matching. Also fused patterns, preset decode/prefill layers, fused vs\n"
+    "unfused, and determinism (10 runs bit-identical). Exit 0 all passed, 1 a failure.\n"
+    "  --backend B   one backend (default: every available one)\n"
+    "  --op NAME     one op (matmul, rope, ...) or group (fused, preset, determinism)\n"
+    "  --quick       12 cases per op x dtype and a small preset layer (CI)\n"
+    "  --seed N      data seed (default: from the clock; printed, to replay a failure)\n"
+    "  --threads N   CPU threads (default: one per core)\n"
+    "  --failures    print only failing rows\n"
+    "  --json        {\"ok\": bool, \"results\": [{\"op\", \"dtype\", \"backend\", \"cases\",\n"
+    "                \"worst_nmse\", \"tolerance\", \"ok\"}]}\n";
+
 static const struct {
     const char *name;                     /* command name */
     int (*fn)(int argc, char *const *argv); /* entry point */
@@ -157,6 +176,7 @@ static const struct {
     {"spirv", kiln_cli_spirv, usage_spirv},
     {"ptx", kiln_cli_ptx, usage_ptx},
     {"calibrate", kiln_cli_calibrate, usage_calibrate},
+    {"check", kiln_cli_check, usage_check},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

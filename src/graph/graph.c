@@ -272,6 +272,10 @@ KILN_API kiln_node kiln_input(kiln_graph *g, const char *name, kiln_dtype t, int
 KILN_API kiln_node kiln_state(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims)
 {
     if (!g || g->status != KILN_OK) return KILN_NODE_NONE;
+    if ((unsigned)t < KILN_DTYPE_COUNT && kiln_dtype_block(t) > 1) /* refused here, not at the first kv_scatter */
+        return kiln_graph_fail(g, KILN_ERR_DTYPE,
+                               "state '%s': %s is a block format; states (KV caches) are f32, f16, bf16 or i32 "
+                               "(quantized KV caches are not supported)", name ? name : "(null)", kiln_dtype_name(t));
     return add_leaf(g, KILN_OP_STATE, name, t, rank, dims, true);
 }
 
@@ -313,36 +317,8 @@ KILN_API kiln_node kiln_weight_random(kiln_graph *g, const char *name, kiln_dtyp
     kiln_node h = add_leaf(g, KILN_OP_WEIGHT, name, t, rank, dims, true);
     if (h == KILN_NODE_NONE) return h;
     kiln_node_rec *n = &g->nodes[g->n_nodes - 1];
-    size_t bytes = kiln_node_bytes(n, n->dims);
-    int64_t numel = 1;
-    for (int i = 0; i < rank; i++) numel *= dims[i];
-    int64_t row = dims[rank - 1], rows = numel / row;
-    size_t row_bytes = kiln_row_bytes(t, row);
-    void *data;
-    kiln_blob *blob = kiln_blob_new(bytes, &data);
-    float *tmp = malloc((size_t)row * sizeof(float));
-    if (!blob || !tmp) {
-        kiln_blob_unref(blob);
-        free(tmp);
-        g->n_nodes--;
-        free(n->name);
-        return kiln_graph_fail(g, KILN_ERR_NOMEM, "weight '%s': out of memory (%zu bytes)", name, bytes);
-    }
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < row; i++) {
-            s += 0x9E3779B97F4A7C15ull; /* splitmix64 */
-            uint64_t z = s;
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            z ^= z >> 31;
-            tmp[i] = scale * (float)((double)(z >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-        }
-        kiln_quantize(t, tmp, (char *)data + (size_t)r * row_bytes, row);
-    }
-    free(tmp);
-    n->data = data;
-    n->blob = blob;
+    /* No bytes now: kiln_graph_materialize_weights makes them when a plan is compiled. */
+    n->random = true;
     n->seed = seed;
     n->rand_scale = scale;
     return h;

@@ -55,6 +55,7 @@ typedef struct kiln_node_rec {
     const void *data;                  /* weight bytes (inside blob when owned, else the caller's) */
     struct kiln_blob *blob;            /* refcounted owner of data shared by clones; NULL when borrowed */
     uint64_t    seed;                  /* kiln_weight_random seed (kept for the .kg printer) */
+    bool        random;                /* a kiln_weight_random weight: data NULL until materialized */
     float       rand_scale;            /* kiln_weight_random scale; 0 when data came from the caller */
 } kiln_node_rec;
 
@@ -121,6 +122,16 @@ typedef struct kiln_blob kiln_blob;
 kiln_blob *kiln_blob_new(size_t bytes, void **data_out); /* refs = 1; NULL on OOM */
 void       kiln_blob_ref(kiln_blob *b);
 void       kiln_blob_unref(kiln_blob *b);                  /* frees at 0; NULL does nothing */
+
+/* Random weights (kiln_weight_random) carry only seed and scale until a plan needs their bytes:
+ * building and parsing stay cheap whatever the declared size. kiln_graph_materialize_weights
+ * generates every random weight of g that some op reads (or that is an output) and that has no
+ * bytes yet (rows split over up to one thread per
+ * core; the values do not depend on the split) into a refcounted blob. KILN_ERR_NOMEM when a
+ * weight cannot be allocated (the graph is left as it was for that weight). */
+kiln_status kiln_graph_materialize_weights(kiln_graph *g);
+/* Writes the bytes of random weight n into dst (kiln_node_bytes of its dims), in parallel. */
+kiln_status kiln_graph_weight_fill(const kiln_node_rec *n, void *dst);
 
 /* Formats dims as "[4096, n_kv]" into buf. */
 const char *kiln_graph_dims_str(const kiln_graph *g, int rank, const int64_t *dims, char *buf, size_t n);

@@ -170,7 +170,7 @@ static kiln_status assign_names(printer *pr)
 static kiln_status print_weight_data(printer *pr, const kiln_node_rec *n)
 {
     sbuf *b = &pr->out;
-    if (n->rand_scale != 0.0f || !n->data) { /* random (a caller's weight always has data) */
+    if (n->random) { /* kiln_weight_random: its seed, not its bytes */
         sb_printf(b, " seed=%llu", (unsigned long long)n->seed);
         sb_float(b, "scale", n->rand_scale);
         return KILN_OK;

@@ -211,8 +211,10 @@ KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rop
     const kiln_node_rec *p = operand(&b, 1, "pos", pos, false);
     need_float(&b, "x", a);
     if (b.ok && a->rank != 3) fail(&b, KILN_ERR_SHAPE, "x is %s; it must be [n_tok, n_head, head_dim]", DIMS_STR(g, a));
-    if (b.ok && (kiln_dim_is_sym(a->dims[2]) || a->dims[2] % 2))
-        fail(&b, KILN_ERR_SHAPE, "head_dim %s must be a constant even number", DIMS_STR(g, a));
+    if (b.ok && kiln_dim_is_sym(a->dims[2]))
+        fail(&b, KILN_ERR_SHAPE, "head_dim (last dim of x %s) must be a constant", DIMS_STR(g, a));
+    if (b.ok && a->dims[2] % 2)
+        fail(&b, KILN_ERR_SHAPE, "head_dim %lld must be even (x is %s)", (long long)a->dims[2], DIMS_STR(g, a));
     if (b.ok) need_i32_vec(&b, "pos", p, a->dims[0]);
     if (b.ok && (unsigned)mode >= KILN_ROPE_MODE_COUNT) fail(&b, KILN_ERR_INVALID_ARG, "unknown mode %d", (int)mode);
     if (b.ok && !(theta > 1 && isfinite(theta))) fail(&b, KILN_ERR_INVALID_ARG, "theta %g must be > 1", (double)theta);

@@ -31,19 +31,17 @@ KILN_API const char *kiln_status_str(kiln_status s)
 
 void kiln_ctx_set_error(kiln_ctx *ctx, const char *fmt, ...)
 {
-    if (!ctx) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    kiln_err_vset(kiln_err_of(ctx), KILN_OK, fmt, ap);
     va_end(ap);
 }
 
 kiln_status kiln_ctx_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...)
 {
-    if (!ctx) return s;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    kiln_err_vset(kiln_err_of(ctx), s, fmt, ap);
     va_end(ap);
     return s;
 }

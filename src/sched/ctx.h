@@ -4,17 +4,25 @@
 
 #include "kiln/kiln.h"
 #include "sched/backend.h"
+#include "util/err.h"
+
+#include <stddef.h>
 
 struct kiln_ctx {
+    union {                                /* first: the error sink the lower layers reach (util/err.h) */
+        kiln_err     err;                  /* as a sink */
+        char         error[KILN_ERR_CAP];  /* the same text: detail of the last failure; "" if none */
+    };
     kiln_ctx_options opts;                 /* options as given (cache_dir copied) */
     char            *cache_dir;            /* resolved cache directory; owned */
-    char             error[4096];          /* detail of the last failure; "" if none */
     void            *be_state[KILN_BACKEND_COUNT]; /* each backend's state; NULL when absent */
     char             be_detail[KILN_BACKEND_COUNT][256]; /* device/ISA text, or why absent */
     bool             be_ok[KILN_BACKEND_COUNT];     /* backend usable */
     kiln_device_profile profile[KILN_BACKEND_COUNT]; /* what placement assumes of each backend */
     bool             has_profile[KILN_BACKEND_COUNT]; /* profile known (probed, calibrated or loaded) */
 };
+
+_Static_assert(offsetof(struct kiln_ctx, err) == 0, "kiln_err_of needs the sink first in kiln_ctx");
 
 /* Sets the context's error text (printf-style). Never fails; truncates. */
 void kiln_ctx_set_error(kiln_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

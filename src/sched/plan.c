@@ -326,6 +326,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     p->ctx = ctx;
     p->what_if = opts && opts->what_if;
     if (!(p->g = kiln_graph_clone(g))) goto oom;
+    if ((s = kiln_graph_materialize_weights(p->g)) != KILN_OK) goto fail; /* random weights: bytes now */
     uint32_t n = g->n_nodes ? g->n_nodes : 1;
     if ((s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
     uint32_t nr = p->fusion.n_regions ? p->fusion.n_regions : 1;

@@ -20,7 +20,9 @@ enum kiln_cpu_isa {
 };
 
 /* The best ISA of this CPU (cpuid + OS xsave state, once per process). The environment variable
- * KILN_CPU_ISA=scalar|avx2|avx512 lowers it (never raises it above what the CPU has). */
+ * KILN_CPU_ISA=scalar|avx2|avx512 lowers it (never raises it above what the CPU has); "best" or
+ * unset keeps it; any other value keeps it too and prints a warning naming the accepted values
+ * on stderr (once per process). */
 enum kiln_cpu_isa kiln_cpu_isa_detect(void);
 /* The best ISA the CPU has, ignoring the environment. */
 enum kiln_cpu_isa kiln_cpu_isa_max(void);

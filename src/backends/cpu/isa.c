@@ -3,6 +3,8 @@
  * anyone knows what the CPU has. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backends/cpu/cpu.h"
@@ -115,10 +117,15 @@ enum kiln_cpu_isa kiln_cpu_isa_detect(void)
 {
     enum kiln_cpu_isa m = kiln_cpu_isa_max();
     const char *e = getenv("KILN_CPU_ISA");
-    if (e && *e) {
+    if (e && *e && strcmp(e, "best") != 0) {
         for (int i = 0; i < KILN_CPU_ISA_COUNT; i++)
             if (strcmp(e, kiln_cpu_isa_name((enum kiln_cpu_isa)i)) == 0)
                 return (enum kiln_cpu_isa)i < m ? (enum kiln_cpu_isa)i : m;
+        /* A typo must not pass silently as "best": say so once per process. */
+        static atomic_flag warned = ATOMIC_FLAG_INIT;
+        if (!atomic_flag_test_and_set(&warned))
+            fprintf(stderr, "kiln: warning: KILN_CPU_ISA='%.40s' is not one of scalar, avx2, avx512, best; using %s\n", e,
+                    kiln_cpu_isa_name(m));
     }
     return m;
 }

@@ -4,16 +4,18 @@
 #include <math.h>
 
 #include "backends/cpu/cpu.h"
+#include "util/fault.h"
 
 void kiln_cpu_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t d, float *y)
 {
+    const double fault = kiln_fault("cpu_rms_norm_scale") ? 1.001 : 1.0; /* test-only wrong scale */
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
         double ss = 0;
         for (int64_t i = 0; i < d; i++)
             ss += (double)xr[i] * xr[i];
-        float s = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+        float s = (float)(fault / sqrt(ss / (double)d + (double)eps));
         for (int64_t i = 0; i < d; i++)
             yr[i] = xr[i] * s * (w ? w[i] : 1.0f);
     }
@@ -21,6 +23,7 @@ void kiln_cpu_rms_norm(const float *x, const float *w, float eps, int64_t rows, 
 
 void kiln_cpu_softmax(const float *x, int64_t rows, int64_t d, float *y)
 {
+    const int64_t skip = kiln_fault("cpu_softmax_off_by_one") && d > 1 ? 1 : 0; /* test-only off-by-one */
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d;
         float *yr = y + r * d;
@@ -30,7 +33,7 @@ void kiln_cpu_softmax(const float *x, int64_t rows, int64_t d, float *y)
         double sum = 0;
         for (int64_t i = 0; i < d; i++) {
             yr[i] = expf(xr[i] - mx);
-            sum += yr[i];
+            sum += i < d - skip ? yr[i] : 0.0;
         }
         float is = (float)(1.0 / sum);
         for (int64_t i = 0; i < d; i++)

@@ -281,6 +281,7 @@ static kiln_status run_node(cpu_state *s, const kiln_exec_view *v, uint32_t idx,
         int64_t n_kv = kiln_dim_is_sym(n->dim) ? v->sym_vals[kiln_sym_index(n->dim)] : n->dim;
         const int64_t *qd = v->dims[n->src[0]], *cd = v->dims[n->src[1]];
         if (n_kv < 1 || n_kv > cd[1] || qd[0] > n_kv) break; /* the reference kernel reports it */
+        if (kiln_ref_attention_pos_check(v, idx, err, n_err) != KILN_OK) return KILN_ERR_BINDING;
         return kiln_cpu_attention(s->pool, s->isa, v->bufs[n->src[0]], qd[0], qd[1], qd[2], v->bufs[n->src[1]],
                                   v->bufs[n->src[2]], (kiln_dtype)kc->dtype, cd[0], cd[1], n_kv, n->f[0], v->bufs[idx]);
     }

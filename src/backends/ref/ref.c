@@ -122,8 +122,10 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 static float gelu(float x)
 {
+    /* 0.5 (1 + tanh z) = 1 / (1 + e^-2z): the tanh form cancels for x < -3 (1 - 0.99999...), which
+     * left gelu(-5) with a 5% relative error in f32 (found by kiln check on 1-element rows). */
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    return x / (1.0f + expf(-2.0f * k * (x + 0.044715f * x * x * x)));
 }
 
 /* add, mul, swiglu (b broadcast over a's leading dims), scale, silu, gelu. */

@@ -1,26 +1,36 @@
 /* Loads contracts/<op>.yaml through libyaml's document API into a flat `contract` struct.
  * Strict about what tests rely on (op name, tolerance map of known dtypes with numbers >= 0);
  * lenient about prose fields. Must not depend on any kiln internals beyond dtype names. */
-#include "support/contract.h"
+#include "check/contract.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 #ifndef KILN_SOURCE_DIR
 #define KILN_SOURCE_DIR "."
 #endif
+#ifndef KILN_CONTRACTS_INSTALL_DIR
+#define KILN_CONTRACTS_INSTALL_DIR "/usr/local/share/kiln/contracts"
+#endif
 
-const char *contract_dir(void)
+const char *kiln_contract_dir(void)
 {
     static char buf[4096];
     const char *root = getenv("KILN_SOURCE_DIR");
-    if (!root || !*root)
-        root = KILN_SOURCE_DIR;
-    snprintf(buf, sizeof buf, "%s/contracts", root);
+    struct stat st;
+    if (root && *root) {
+        snprintf(buf, sizeof buf, "%s/contracts", root);
+        return buf;
+    }
+    snprintf(buf, sizeof buf, "%s/contracts", KILN_SOURCE_DIR);
+    if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode))
+        return buf;
+    snprintf(buf, sizeof buf, "%s", KILN_CONTRACTS_INSTALL_DIR);
     return buf;
 }
 
@@ -69,7 +79,7 @@ static bool parse_tol(const char *s, double *out)
     return true;
 }
 
-static bool load_tolerance(yaml_document_t *d, yaml_node_t *t, contract *c, const char *path, char *err, size_t n)
+static bool load_tolerance(yaml_document_t *d, yaml_node_t *t, kiln_contract *c, const char *path, char *err, size_t n)
 {
     if (!t || t->type != YAML_MAPPING_NODE) {
         snprintf(err, n, "%s: `tolerance` is missing or not a map of dtype -> NMSE", path);
@@ -91,15 +101,15 @@ static bool load_tolerance(yaml_document_t *d, yaml_node_t *t, contract *c, cons
     return true;
 }
 
-static void load_inputs(yaml_document_t *d, yaml_node_t *s, contract *c)
+static void load_inputs(yaml_document_t *d, yaml_node_t *s, kiln_contract *c)
 {
     if (!s || s->type != YAML_SEQUENCE_NODE)
         return;
     for (yaml_node_item_t *it = s->data.sequence.items.start; it < s->data.sequence.items.top; it++) {
-        if (c->n_inputs == CONTRACT_MAX_INPUTS)
+        if (c->n_inputs == KILN_CONTRACT_MAX_INPUTS)
             break;
         yaml_node_t *m = yaml_document_get_node(d, *it);
-        contract_input *in = &c->inputs[c->n_inputs++];
+        kiln_contract_input *in = &c->inputs[c->n_inputs++];
         copy_str(in->name, sizeof in->name, scalar(d, map_get(d, m, "name")));
         copy_str(in->rank, sizeof in->rank, scalar(d, map_get(d, m, "rank")));
         const char *opt = scalar(d, map_get(d, m, "optional"));
@@ -116,19 +126,19 @@ static void load_inputs(yaml_document_t *d, yaml_node_t *s, contract *c)
     }
 }
 
-static void load_edges(yaml_document_t *d, yaml_node_t *s, contract *c)
+static void load_edges(yaml_document_t *d, yaml_node_t *s, kiln_contract *c)
 {
     if (!s || s->type != YAML_SEQUENCE_NODE)
         return;
     for (yaml_node_item_t *it = s->data.sequence.items.start; it < s->data.sequence.items.top; it++) {
-        if (c->n_edges == CONTRACT_MAX_EDGES)
+        if (c->n_edges == KILN_CONTRACT_MAX_EDGES)
             break;
         copy_str(c->edges[c->n_edges++], sizeof c->edges[0], scalar(d, yaml_document_get_node(d, *it)));
     }
 }
 
 /* Fills c from the parsed document; false with a message on a missing required field. */
-static bool load_doc(yaml_document_t *d, const char *op, const char *path, contract *c, char *err, size_t n)
+static bool load_doc(yaml_document_t *d, const char *op, const char *path, kiln_contract *c, char *err, size_t n)
 {
     yaml_node_t *root = yaml_document_get_root_node(d);
     if (!root || root->type != YAML_MAPPING_NODE) {
@@ -149,13 +159,13 @@ static bool load_doc(yaml_document_t *d, const char *op, const char *path, contr
     return load_tolerance(d, map_get(d, root, "tolerance"), c, path, err, n);
 }
 
-bool contract_load(const char *op, contract *out, char *err, size_t n)
+bool kiln_contract_load(const char *op, kiln_contract *out, char *err, size_t n)
 {
     char path[4200];
     memset(out, 0, sizeof *out);
     for (int t = 0; t < KILN_DTYPE_COUNT; t++)
         out->tol[t] = NAN;
-    snprintf(path, sizeof path, "%s/%s.yaml", contract_dir(), op ? op : "(null)");
+    snprintf(path, sizeof path, "%s/%s.yaml", kiln_contract_dir(), op ? op : "(null)");
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, n, "%s: cannot open: %s", path, strerror(errno));
@@ -178,7 +188,7 @@ bool contract_load(const char *op, contract *out, char *err, size_t n)
     return ok;
 }
 
-double contract_tol(const contract *c, kiln_dtype t)
+double kiln_contract_tol(const kiln_contract *c, kiln_dtype t)
 {
     if (!c || (int)t < 0 || t >= KILN_DTYPE_COUNT)
         return NAN;

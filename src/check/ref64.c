@@ -2,14 +2,14 @@
  * Written from the math in kiln.h: no kiln kernel code is used, only kiln_dequantize to read data
  * in its dtype and the graph IR to walk nodes. Must not round results to the node's dtype: the
  * contracts' tolerances account for that rounding. */
-#include "support/ref64.h"
+#include "check/ref64.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct ref64 {
+struct kiln_ref64 {
     const kiln_graph *g;                   /* graph evaluated (borrowed) */
     double          **val;                 /* val[i]: values of node i (owned when own[i]) */
     bool             *own;                 /* val[i] is owned by this node (false: alias) */
@@ -71,11 +71,11 @@ static double *zalloc(int64_t n)
     return calloc((size_t)(n > 0 ? n : 1), sizeof(double));
 }
 
-ref64 *ref64_new(const kiln_graph *g)
+kiln_ref64 *kiln_ref64_new(const kiln_graph *g)
 {
     if (!g || g->status != KILN_OK)
         return NULL;
-    ref64 *r = calloc(1, sizeof *r);
+    kiln_ref64 *r = calloc(1, sizeof *r);
     uint32_t nn = g->n_nodes ? g->n_nodes : 1;
     if (!r)
         return NULL;
@@ -95,17 +95,23 @@ ref64 *ref64_new(const kiln_graph *g)
         int64_t e = dims_of(nd, r->sym, d); /* weights and states have constant dims */
         r->wt[i] = zalloc(e);
         ok = r->wt[i] != NULL;
-        if (ok && nd->op == KILN_OP_WEIGHT)
+        if (ok && nd->op == KILN_OP_WEIGHT && !nd->data && nd->random) { /* lazy random weight: its bytes */
+            size_t nb = kiln_node_bytes(nd, d);
+            void *tmp = malloc(nb ? nb : 1);
+            ok = tmp && kiln_graph_weight_fill(nd, tmp) == KILN_OK && read_data((kiln_dtype)nd->dtype, tmp, e, r->wt[i]) == 0;
+            free(tmp);
+        } else if (ok && nd->op == KILN_OP_WEIGHT) {
             ok = nd->data && read_data((kiln_dtype)nd->dtype, nd->data, e, r->wt[i]) == 0;
+        }
     }
     if (!ok) {
-        ref64_free(r);
+        kiln_ref64_free(r);
         return NULL;
     }
     return r;
 }
 
-static void clear_vals(ref64 *r)
+static void clear_vals(kiln_ref64 *r)
 {
     for (uint32_t i = 0; i < r->g->n_nodes; i++) {
         if (r->own[i])
@@ -116,7 +122,7 @@ static void clear_vals(ref64 *r)
     r->ran = false;
 }
 
-void ref64_free(ref64 *r)
+void kiln_ref64_free(kiln_ref64 *r)
 {
     if (!r)
         return;
@@ -141,13 +147,13 @@ void ref64_free(ref64 *r)
 #define SNUM(k) (r->numel[nd->src[k]])
 #define HAS(k) (nd->n_src > (k) && nd->src[k] != KILN_IDX_NONE)
 
-static int64_t last_dim(const ref64 *r, uint32_t node)
+static int64_t last_dim(const kiln_ref64 *r, uint32_t node)
 {
     int rank = r->g->nodes[node].rank;
     return rank ? r->dims[node][rank - 1] : 1;
 }
 
-static int op_matmul(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_matmul(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     int64_t K = last_dim(r, nd->src[0]), N = SDIM(1)[0];
     if (SDIM(1)[1] != K || (K && SNUM(0) / K * N != ne))
@@ -170,7 +176,7 @@ static double silu(double x)
     return x / (1.0 + exp(-x));
 }
 
-static int op_elementwise(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_elementwise(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     const double *a = SRC(0);
     const double *b = nd->n_src > 1 ? SRC(1) : NULL;
@@ -195,7 +201,7 @@ static int op_elementwise(ref64 *r, const kiln_node_rec *nd, double *y, int64_t 
 }
 
 /* rms_norm, layer_norm and softmax: one row of the last dim at a time. */
-static int op_rows(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_rows(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     int64_t D = last_dim(r, nd->src[0]);
     int64_t rows = D ? ne / D : 0;
@@ -231,7 +237,7 @@ static int op_rows(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, cha
     return 0;
 }
 
-static int op_rope(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_rope(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     const int64_t *xd = SDIM(0);
     int64_t T = xd[0], H = xd[1], hd = xd[2], half = hd / 2;
@@ -253,7 +259,7 @@ static int op_rope(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, cha
     return 0;
 }
 
-static int op_attention(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     const int64_t *qd = SDIM(0), *kd = SDIM(1);
     int64_t T = qd[0], H = qd[1], hd = qd[2], Hkv = kd[0], C = kd[1];
@@ -294,7 +300,7 @@ static int op_attention(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne
 }
 
 /* kv_scatter writes into its source's buffer (the state store) and aliases it. */
-static int op_kv_scatter(ref64 *r, uint32_t idx, const kiln_node_rec *nd, char *err, size_t en)
+static int op_kv_scatter(kiln_ref64 *r, uint32_t idx, const kiln_node_rec *nd, char *err, size_t en)
 {
     const int64_t *sd = SDIM(0), *rd = SDIM(1);
     int64_t Hkv = sd[0], C = sd[1], hd = sd[2], T = rd[0];
@@ -312,7 +318,7 @@ static int op_kv_scatter(ref64 *r, uint32_t idx, const kiln_node_rec *nd, char *
     return 0;
 }
 
-static int op_get_rows(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_get_rows(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     int64_t V = SDIM(0)[0], D = SDIM(0)[1], n = SNUM(1);
     if (ne != n * D)
@@ -326,7 +332,7 @@ static int op_get_rows(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne,
     return 0;
 }
 
-static int op_argmax(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_argmax(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     int64_t N = last_dim(r, nd->src[0]);
     if (N < 1 || SNUM(0) / N != ne)
@@ -343,7 +349,7 @@ static int op_argmax(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, c
     return 0;
 }
 
-static void op_transpose(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne)
+static void op_transpose(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne)
 {
     int rank = SRANK(0);
     const int64_t *xd = SDIM(0);
@@ -372,7 +378,7 @@ static void op_transpose(ref64 *r, const kiln_node_rec *nd, double *y, int64_t n
     }
 }
 
-static int op_concat(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_concat(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     int rank = SRANK(0), axis = nd->i[0];
     int64_t outer = 1, inner = 1;
@@ -391,7 +397,7 @@ static int op_concat(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, c
 }
 
 /* Ops that move or convert data: cast, reshape, view, transpose, concat. */
-static int op_layout(ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+static int op_layout(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     switch (nd->op) {
     case KILN_OP_CAST:
@@ -429,7 +435,7 @@ static const kiln_binding *find_binding(const kiln_binding *b, size_t n, const c
     return NULL;
 }
 
-static int bind_syms(ref64 *r, const kiln_binding *b, size_t n, char *err, size_t en)
+static int bind_syms(kiln_ref64 *r, const kiln_binding *b, size_t n, char *err, size_t en)
 {
     for (uint32_t s = 0; s < r->g->n_syms; s++) {
         const kiln_sym_rec *sr = &r->g->syms[s];
@@ -443,7 +449,7 @@ static int bind_syms(ref64 *r, const kiln_binding *b, size_t n, char *err, size_
     return 0;
 }
 
-static int eval_leaf(ref64 *r, uint32_t i, const kiln_binding *b, size_t n, char *err, size_t en)
+static int eval_leaf(kiln_ref64 *r, uint32_t i, const kiln_binding *b, size_t n, char *err, size_t en)
 {
     const kiln_node_rec *nd = &r->g->nodes[i];
     if (nd->op != KILN_OP_INPUT) {
@@ -464,7 +470,7 @@ static int eval_leaf(ref64 *r, uint32_t i, const kiln_binding *b, size_t n, char
     return 0;
 }
 
-static int eval_node(ref64 *r, uint32_t i, char *err, size_t en)
+static int eval_node(kiln_ref64 *r, uint32_t i, char *err, size_t en)
 {
     const kiln_node_rec *nd = &r->g->nodes[i];
     int64_t ne = r->numel[i];
@@ -488,10 +494,10 @@ static int eval_node(ref64 *r, uint32_t i, char *err, size_t en)
     }
 }
 
-int ref64_run(ref64 *r, const kiln_binding *b, size_t n, char *err, size_t en)
+int kiln_ref64_run(kiln_ref64 *r, const kiln_binding *b, size_t n, char *err, size_t en)
 {
     if (!r)
-        FAIL("ref64_run: NULL evaluator");
+        FAIL("kiln_ref64_run: NULL evaluator");
     clear_vals(r);
     if (bind_syms(r, b, n, err, en))
         return -1;
@@ -511,7 +517,7 @@ int ref64_run(ref64 *r, const kiln_binding *b, size_t n, char *err, size_t en)
 
 /* ---------------------------------------------------------------- results and states */
 
-const double *ref64_node(const ref64 *r, uint32_t idx, int64_t dims[KILN_MAX_RANK], int64_t *numel)
+const double *kiln_ref64_node(const kiln_ref64 *r, uint32_t idx, int64_t dims[KILN_MAX_RANK], int64_t *numel)
 {
     if (!r || !r->ran || idx >= r->g->n_nodes)
         return NULL;
@@ -522,15 +528,15 @@ const double *ref64_node(const ref64 *r, uint32_t idx, int64_t dims[KILN_MAX_RAN
     return r->val[idx];
 }
 
-const double *ref64_output(const ref64 *r, const char *name, int64_t dims[KILN_MAX_RANK], int64_t *numel)
+const double *kiln_ref64_output(const kiln_ref64 *r, const char *name, int64_t dims[KILN_MAX_RANK], int64_t *numel)
 {
     for (uint32_t o = 0; r && name && o < r->g->n_outs; o++)
         if (strcmp(r->g->outs[o].name, name) == 0)
-            return ref64_node(r, r->g->outs[o].node, dims, numel);
+            return kiln_ref64_node(r, r->g->outs[o].node, dims, numel);
     return NULL;
 }
 
-static uint32_t find_state(const ref64 *r, const char *name)
+static uint32_t find_state(const kiln_ref64 *r, const char *name)
 {
     for (uint32_t i = 0; r && name && i < r->g->n_nodes; i++)
         if (r->g->nodes[i].op == KILN_OP_STATE && r->g->nodes[i].name && strcmp(r->g->nodes[i].name, name) == 0)
@@ -538,7 +544,7 @@ static uint32_t find_state(const ref64 *r, const char *name)
     return KILN_IDX_NONE;
 }
 
-const double *ref64_state(const ref64 *r, const char *name, int64_t *numel)
+const double *kiln_ref64_state(const kiln_ref64 *r, const char *name, int64_t *numel)
 {
     uint32_t i = find_state(r, name);
     if (i == KILN_IDX_NONE)
@@ -550,7 +556,7 @@ const double *ref64_state(const ref64 *r, const char *name, int64_t *numel)
     return r->wt[i];
 }
 
-int ref64_state_set(ref64 *r, const char *name, const void *data, size_t bytes, char *err, size_t en)
+int kiln_ref64_state_set(kiln_ref64 *r, const char *name, const void *data, size_t bytes, char *err, size_t en)
 {
     uint32_t i = find_state(r, name);
     if (i == KILN_IDX_NONE)

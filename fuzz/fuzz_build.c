@@ -1,0 +1,220 @@
+/* Fuzz target: builder + compile + run. The bytes are a program of builder calls (leaves with
+ * fuzz-chosen dtypes and dims, every op on fuzz-chosen earlier nodes, now and then a bad handle),
+ * then outputs; a graph that builds and fits the cap is compiled on ref (unfused) and cpu (fused),
+ * both run on the same inputs drawn from the bytes, and where both succeed and the reference is
+ * finite the outputs must agree (NMSE <= 1e-2: a loose bound that only catches gross errors).
+ * Every input must give a status: no crash, leak, or allocation over 1 GiB. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz/fuzz.h"
+
+#define MAX_NODES 40 /* builder calls per input */
+
+typedef struct rd {
+    const uint8_t *p; /* bytes */
+    size_t         n; /* count */
+    size_t         i; /* next */
+} rd;
+
+static unsigned u8(rd *r) { return r->i < r->n ? r->p[r->i++] : 0; }
+
+static const kiln_dtype FLOATS[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+static const kiln_dtype ANY[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_I32,
+                                 KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K};
+
+typedef struct prog {
+    rd         r;               /* the bytes */
+    kiln_graph *g;              /* graph built */
+    kiln_node  nodes[MAX_NODES];/* handles made so far */
+    int        n;               /* count */
+    kiln_dim   sym[2];          /* symbols */
+} prog;
+
+/* An earlier node, or (rarely) a handle that is wrong on purpose. */
+static kiln_node pick(prog *p)
+{
+    unsigned b = u8(&p->r);
+    if (b == 255) return (kiln_node)0xdeadbeef00000007ull;
+    if (b == 254) return KILN_NODE_NONE;
+    return p->n ? p->nodes[b % (unsigned)p->n] : KILN_NODE_NONE;
+}
+
+static kiln_dim dim(prog *p, bool allow_sym)
+{
+    unsigned b = u8(&p->r);
+    if (allow_sym && b >= 224) return p->sym[b & 1];
+    static const kiln_dim pool[] = {1, 2, 3, 4, 5, 7, 8, 16, 17, 32, 33, 64, 256, 512};
+    return pool[b % (sizeof pool / sizeof *pool)];
+}
+
+static int rank_of(prog *p, kiln_dim *d, bool allow_sym)
+{
+    int rank = 1 + (int)(u8(&p->r) % 3);
+    for (int i = 0; i < rank; i++) d[i] = dim(p, allow_sym && i == 0);
+    return rank;
+}
+
+static kiln_node step(prog *p, char *name)
+{
+    kiln_graph *g = p->g;
+    kiln_dim d[KILN_MAX_RANK];
+    unsigned op = u8(&p->r) % 26;
+    switch (op) {
+    case 0: case 1: {
+        int rank = rank_of(p, d, true);
+        return kiln_input(g, name, FLOATS[u8(&p->r) % 3], rank, d);
+    }
+    case 2: return kiln_input(g, name, KILN_DTYPE_I32, 1, (kiln_dim[]){dim(p, true)});
+    case 3: {
+        int rank = 1 + (int)(u8(&p->r) % 2);
+        for (int i = 0; i < rank; i++) d[i] = dim(p, false);
+        return kiln_weight_random(g, name, ANY[u8(&p->r) % 8], rank, d, u8(&p->r), 0.5f);
+    }
+    case 4: return kiln_state(g, name, ANY[u8(&p->r) % 8], 3, (kiln_dim[]){dim(p, false), dim(p, false), dim(p, false)});
+    case 5: return kiln_matmul(g, pick(p), pick(p));
+    case 6: return kiln_add(g, pick(p), pick(p));
+    case 7: return kiln_mul(g, pick(p), pick(p));
+    case 8: return kiln_scale(g, pick(p), (float)((int)u8(&p->r) - 128) / 16.0f);
+    case 9: return kiln_silu(g, pick(p));
+    case 10: return kiln_gelu(g, pick(p));
+    case 11: return kiln_swiglu(g, pick(p), pick(p));
+    case 12: return kiln_rms_norm(g, pick(p), u8(&p->r) & 1 ? pick(p) : KILN_NODE_NONE, 1e-5f);
+    case 13: return kiln_layer_norm(g, pick(p), pick(p), u8(&p->r) & 1 ? pick(p) : KILN_NODE_NONE, 1e-5f);
+    case 14: return kiln_softmax(g, pick(p));
+    case 15: return kiln_rope(g, pick(p), pick(p), (kiln_rope_mode)(u8(&p->r) % 3), 1e4f);
+    case 16: return kiln_attention(g, pick(p), pick(p), pick(p), u8(&p->r) & 1 ? p->sym[1] : dim(p, false), 0.0f);
+    case 17: return kiln_kv_scatter(g, pick(p), pick(p), pick(p));
+    case 18: return kiln_get_rows(g, pick(p), pick(p));
+    case 19: return kiln_argmax(g, pick(p));
+    case 20: return kiln_cast(g, pick(p), ANY[u8(&p->r) % 8]);
+    case 21: {
+        kiln_node x = pick(p);
+        int rank = rank_of(p, d, true);
+        return kiln_reshape(g, x, rank, d);
+    }
+    case 22: {
+        kiln_node x = pick(p);
+        int rank = rank_of(p, d, false);
+        return kiln_view(g, x, rank, d, u8(&p->r));
+    }
+    case 23: return kiln_transpose(g, pick(p), (int)(u8(&p->r) % 4), (int)(u8(&p->r) % 4));
+    case 24: return kiln_concat(g, pick(p), pick(p), (int)(u8(&p->r) % 4));
+    default: {
+        int rank = rank_of(p, d, true);
+        return kiln_input(g, name, FLOATS[0], rank, d);
+    }
+    }
+}
+
+/* Fills the bindings for symbol values from the bytes and inputs with values from a generator
+ * seeded by the bytes; returns the count. Buffers go into own[]. */
+static size_t bind(prog *p, kiln_binding *b, void **own, int64_t *sv)
+{
+    const kiln_graph *g = p->g;
+    size_t n = 0;
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ p->r.n;
+    for (uint32_t s = 0; s < g->n_syms; s++) {
+        sv[s] = 1 + (int64_t)(u8(&p->r) % (unsigned)g->syms[s].max);
+        b[n++] = (kiln_binding){.name = g->syms[s].name, .value = sv[s]};
+    }
+    for (uint32_t i = 0; i < g->n_nodes && n < 64; i++) {
+        const kiln_node_rec *nd = &g->nodes[i];
+        if (nd->op != KILN_OP_INPUT) continue;
+        int64_t dims[KILN_MAX_RANK];
+        int64_t e = kiln_node_numel(nd, sv, dims);
+        size_t bytes = kiln_node_bytes(nd, dims);
+        float *v = malloc((size_t)(e ? e : 1) * sizeof *v);
+        void *d = malloc(bytes ? bytes : 1);
+        for (int64_t k = 0; v && k < e; k++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            v[k] = (float)((double)(seed >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+        }
+        if (v && d && nd->dtype == KILN_DTYPE_I32)
+            for (int64_t k = 0; k < e; k++) ((int32_t *)d)[k] = (int32_t)((v[k] + 1.0f) * 8.0f); /* 0..16 */
+        else if (v && d && e)
+            kiln_quantize((kiln_dtype)nd->dtype, v, d, e);
+        free(v);
+        own[n] = d;
+        b[n++] = (kiln_binding){.name = nd->name, .data = d, .bytes = bytes};
+    }
+    return n;
+}
+
+/* Runs both plans on the same bindings and compares every output where both succeed. */
+static void run_and_compare(prog *p, kiln_plan *ref, kiln_plan *cpu)
+{
+    const kiln_graph *g = p->g;
+    kiln_binding b[64];
+    void *own[64] = {0};
+    int64_t sv[8] = {0};
+    size_t nb = bind(p, b, own, sv);
+    kiln_status s1 = kiln_run(ref, b, nb), s2 = kiln_run(cpu, b, nb);
+    for (uint32_t o = 0; s1 == KILN_OK && s2 == KILN_OK && o < g->n_outs; o++) {
+        const kiln_node_rec *nd = &g->nodes[g->outs[o].node];
+        kiln_tensor_info ti;
+        if (kiln_plan_tensor(ref, g->outs[o].name, &ti) != KILN_OK) continue;
+        int64_t e = 1;
+        for (int d = 0; d < ti.rank; d++) e *= ti.dims[d];
+        void *y1 = malloc(ti.bytes + 1), *y2 = malloc(ti.bytes + 1);
+        float *f1 = malloc((size_t)(e + 1) * sizeof *f1), *f2 = malloc((size_t)(e + 1) * sizeof *f2);
+        bool got = y1 && y2 && f1 && f2 && kiln_plan_read(ref, g->outs[o].name, y1, ti.bytes) == KILN_OK &&
+                   kiln_plan_read(cpu, g->outs[o].name, y2, ti.bytes) == KILN_OK;
+        if (got && nd->dtype == KILN_DTYPE_I32) {
+            for (int64_t k = 0; k < e; k++) f1[k] = (float)((int32_t *)y1)[k], f2[k] = (float)((int32_t *)y2)[k];
+        } else if (got) {
+            got = kiln_dequantize((kiln_dtype)nd->dtype, y1, f1, e) == KILN_OK && kiln_dequantize((kiln_dtype)nd->dtype, y2, f2, e) == KILN_OK;
+        }
+        double num = 0, den = 0;
+        bool finite = true;
+        for (int64_t k = 0; got && k < e; k++) {
+            finite &= isfinite(f1[k]) && fabsf(f1[k]) < 1e15f;
+            num += ((double)f1[k] - f2[k]) * ((double)f1[k] - f2[k]);
+            den += (double)f1[k] * f1[k];
+        }
+        /* argmax may pick another index among near-equal values: compare only float outputs */
+        if (got && finite && den > 1e-20 && nd->op != KILN_OP_ARGMAX && nd->dtype != KILN_DTYPE_I32)
+            FUZZ_CHECK(num / den <= 1e-2, "output '%s' (%s): cpu fused vs ref NMSE %g", g->outs[o].name,
+                       kiln_op_name((enum kiln_op)nd->op), num / den);
+        free(y1);
+        free(y2);
+        free(f1);
+        free(f2);
+    }
+    for (size_t i = 0; i < nb; i++) free(own[i]);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size > 4096) return 0;
+    prog p = {.r = {data, size, 0}};
+    if (kiln_graph_new(&p.g) != KILN_OK) return 0;
+    p.sym[0] = kiln_sym(p.g, "n", 1 + u8(&p.r) % 8);
+    p.sym[1] = kiln_sym(p.g, "n_kv", 1 + u8(&p.r) % 64);
+    unsigned steps = 1 + u8(&p.r) % MAX_NODES;
+    for (unsigned i = 0; i < steps && p.r.i < p.r.n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "l%u", i);
+        kiln_node h = step(&p, name);
+        if (h != KILN_NODE_NONE) p.nodes[p.n++] = h;
+    }
+    unsigned n_out = 1 + u8(&p.r) % 3;
+    for (unsigned o = 0; o < n_out && p.n; o++) {
+        char name[16];
+        snprintf(name, sizeof name, "out%u", o);
+        kiln_output(p.g, p.nodes[p.n - 1 - (int)(o % (unsigned)p.n)], name);
+    }
+    kiln_ctx *ctx = fuzz_ctx();
+    if (kiln_graph_status(p.g) == KILN_OK && fuzz_graph_fits(p.g, FUZZ_CAP_BYTES)) {
+        kiln_plan *ref = NULL, *cpu = NULL;
+        kiln_status s1 = kiln_compile(ctx, p.g, &(kiln_compile_options){.backend = "ref", .no_fuse = true}, &ref);
+        kiln_status s2 = kiln_compile(ctx, p.g, &(kiln_compile_options){.backend = "cpu"}, &cpu);
+        FUZZ_CHECK((s1 == KILN_OK) == (s2 == KILN_OK), "ref compile %d, cpu compile %d: %s", (int)s1, (int)s2, kiln_ctx_error(ctx));
+        if (s1 == KILN_OK && s2 == KILN_OK) run_and_compare(&p, ref, cpu);
+        kiln_plan_free(ref);
+        kiln_plan_free(cpu);
+    }
+    kiln_graph_free(p.g);
+    return 0;
+}

@@ -1,0 +1,21 @@
+/* Test-only fault injection: kernels ask kiln_fault("name") and, when the environment variable
+ * KILN_FAULT_INJECT lists that name (comma-separated), compute a deliberately wrong result, so the
+ * conformance harness (kiln check, tests/test_check.c) can prove that it catches a wrong kernel.
+ * Unset (always, outside those tests) it costs one cached load. Must not be used for anything else. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Faults kernels know: "cpu_softmax_off_by_one" (the last element of each row left out of the
+ * sum), "cpu_rms_norm_scale" (the result scaled by 1.001). */
+static inline bool kiln_fault(const char *name)
+{
+    const char *e = getenv("KILN_FAULT_INJECT");
+    if (!e || !*e) return false;
+    size_t n = strlen(name);
+    for (const char *p = strstr(e, name); p; p = strstr(p + 1, name))
+        if ((p == e || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return true;
+    return false;
+}

@@ -1,0 +1,105 @@
+/* kiln_check, the conformance harness, checked itself: it passes on the working backends, it
+ * catches deliberately wrong kernels (an off-by-one softmax sum, an rms_norm scaled by 1.001,
+ * injected through KILN_FAULT_INJECT), it rejects bad options, and its JSON has the documented
+ * shape. The full check on cpu runs as its own ctest entry (kiln_check_cpu). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/kiln.h"
+
+static kiln_ctx *g_ctx;
+static void setup(void) { cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &g_ctx), KILN_OK); }
+static void teardown(void) { kiln_ctx_free(g_ctx); }
+
+static kiln_check_report *run(const char *backend, const char *op)
+{
+    kiln_check_report *r = NULL;
+    kiln_check_options o = {.backend = backend, .op = op, .quick = true};
+    kiln_status s = kiln_check(g_ctx, &o, &r);
+    cr_assert_eq(s, KILN_OK, "kiln_check: %s: %s", kiln_status_str(s), kiln_ctx_error(g_ctx));
+    cr_assert(r && r->n_results > 0);
+    return r;
+}
+
+static const kiln_check_result *find(const kiln_check_report *r, const char *op, const char *dt, const char *be)
+{
+    for (int i = 0; i < r->n_results; i++)
+        if (!strcmp(r->results[i].op, op) && !strcmp(r->results[i].dtype, dt) && !strcmp(r->results[i].backend, be))
+            return &r->results[i];
+    cr_assert_fail("no result row %s %s %s", op, dt, be);
+    return NULL;
+}
+
+Test(check, passes_on_ref_and_cpu, .init = setup, .fini = teardown)
+{
+    const char *ops[] = {"softmax", "rms_norm", "matmul", "attention"};
+    for (int i = 0; i < 4; i++) {
+        kiln_check_report *r = run(NULL, ops[i]);
+        for (int k = 0; k < r->n_results; k++) {
+            const kiln_check_result *x = &r->results[k];
+            cr_expect(x->ok, "%s %s %s: %s", x->op, x->dtype, x->backend, x->detail);
+            cr_expect(x->cases >= 12, "%s %s %s: only %d cases", x->op, x->dtype, x->backend, x->cases);
+            cr_expect(x->worst_nmse <= x->tolerance);
+        }
+        cr_expect(r->ok);
+        find(r, ops[i], "f32", "cpu");
+        find(r, ops[i], "f32", "ref");
+        kiln_check_report_free(r);
+    }
+}
+
+/* A wrong kernel must fail its rows on cpu (and only there: ref keeps its own kernels). */
+static void catches(const char *fault, const char *op)
+{
+    setenv("KILN_FAULT_INJECT", fault, 1);
+    kiln_check_report *r = run(NULL, op);
+    const kiln_check_result *cpu = find(r, op, "f32", "cpu"), *ref = find(r, op, "f32", "ref");
+    cr_expect(!r->ok, "%s not caught", fault);
+    cr_expect(!cpu->ok, "%s: cpu f32 row passed (worst %g, tol %g)", fault, cpu->worst_nmse, cpu->tolerance);
+    cr_expect(cpu->worst_nmse > cpu->tolerance && *cpu->detail, "%s: no NMSE excess or detail", fault);
+    cr_expect(ref->ok, "%s: ref row failed: %s", fault, ref->detail);
+    kiln_check_report_free(r);
+    unsetenv("KILN_FAULT_INJECT");
+}
+
+Test(check, catches_off_by_one_softmax, .init = setup, .fini = teardown) { catches("cpu_softmax_off_by_one", "softmax"); }
+Test(check, catches_wrong_scale_rms_norm, .init = setup, .fini = teardown) { catches("cpu_rms_norm_scale", "rms_norm"); }
+
+Test(check, rejects_bad_options, .init = setup, .fini = teardown)
+{
+    kiln_check_report *r = (kiln_check_report *)1;
+    cr_expect_eq(kiln_check(g_ctx, &(kiln_check_options){.backend = "nope"}, &r), KILN_ERR_INVALID_ARG);
+    cr_expect_null(r);
+    cr_expect(strstr(kiln_ctx_error(g_ctx), "nope"));
+    cr_expect_eq(kiln_check(g_ctx, &(kiln_check_options){.op = "frobnicate"}, &r), KILN_ERR_INVALID_ARG);
+    cr_expect(strstr(kiln_ctx_error(g_ctx), "frobnicate"));
+    cr_expect_eq(kiln_check(NULL, NULL, &r), KILN_ERR_INVALID_ARG);
+    cr_expect_eq(kiln_check(g_ctx, NULL, NULL), KILN_ERR_INVALID_ARG);
+    kiln_check_report_free(NULL);
+}
+
+Test(check, json_shape, .init = setup, .fini = teardown)
+{
+    kiln_check_report *r = run("cpu", "scale");
+    char *j = NULL;
+    cr_assert_eq(kiln_check_report_json(r, &j), KILN_OK);
+    const char *head = "{\"ok\": true, \"results\": [{\"op\": \"scale\", \"dtype\": \"f32\", \"backend\": \"cpu\", \"cases\": ";
+    cr_expect(!strncmp(j, head, strlen(head)), "%s", j);
+    cr_expect(strstr(j, "\"worst_nmse\": ") && strstr(j, "\"tolerance\": ") && strstr(j, "\"ok\": true}]}"), "%s", j);
+    free(j);
+    kiln_check_report_free(r);
+}
+
+Test(check, same_seed_same_report, .init = setup, .fini = teardown)
+{
+    kiln_check_report *r[2];
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(kiln_check(g_ctx, &(kiln_check_options){.backend = "cpu", .op = "matmul", .quick = true, .seed = 42}, &r[k]), KILN_OK);
+    cr_assert_eq(r[0]->n_results, r[1]->n_results);
+    for (int i = 0; i < r[0]->n_results; i++) cr_expect_eq(r[0]->results[i].worst_nmse, r[1]->results[i].worst_nmse);
+    cr_expect_eq(r[0]->seed, 42);
+    kiln_check_report_free(r[0]);
+    kiln_check_report_free(r[1]);
+}
