@@ -192,7 +192,8 @@ enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
 #define KILN_LOWER_MAX 2
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err);
-/* The same for regions that lower to one kernel (others fail with KILN_ERR_UNSUPPORTED). */
+/* The same for regions that lower to one kernel (others fail with KILN_ERR_UNSUPPORTED). On any
+ * failure *out (and every out[i] above) is zeroed: kiln_kir_free on it does nothing. */
 kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err);
 
 /* The device layout kernels expect for a weight of dtype t, and its repacking (dst holds

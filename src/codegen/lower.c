@@ -335,6 +335,7 @@ kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_ki
 {
     kiln_kir ks[KILN_LOWER_MAX];
     uint32_t n = 0;
+    memset(out, 0, sizeof *out); /* on failure the caller may kiln_kir_free it */
     kiln_status s = kiln_lower_region_seq(g, r, ks, &n, err, n_err);
     if (s != KILN_OK) return s;
     if (n != 1) {

@@ -73,4 +73,5 @@ kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, kiln_kir *
 kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, kiln_kir *k);
 kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);

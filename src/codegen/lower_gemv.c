@@ -38,6 +38,8 @@ typedef struct gv {
     int64_t   K;
     int64_t   m_max;
     int       mc;               /* tokens per pass */
+    bool      scalar;           /* float weights with K not a multiple of the vector width: one value per chunk */
+    kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
     gv_group  grp[SLOTS];
     int       n_grp;
     /* per unit, while emitting one group */
@@ -73,7 +75,7 @@ static void fail(gv *s, const char *why)
     s->failed = true;
 }
 
-static int64_t chunks_per_row(kiln_dtype t, int64_t K);
+static int64_t chunks_per_row(kiln_dtype t, int64_t K, bool scalar);
 
 /* ------------------------------------------------------------------ analysis */
 
@@ -121,8 +123,9 @@ static bool analyze(gv *s, char *err, size_t n_err)
     } else if (kl_in_region(r, s->x)) {
         return kl_unsupported(err, n_err, "gemv: x computed by %s in the region", kiln_op_name((enum kiln_op)xn->op)), false;
     }
-    if (xn->dtype != KILN_DTYPE_F32 || (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
-        return kl_unsupported(err, n_err, "gemv: x must be f32"), false;
+    s->xdt = (kiln_dtype)xn->dtype;
+    if (kiln_dtype_block(s->xdt) != 1 || s->xdt == KILN_DTYPE_I32 || (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
+        return kl_unsupported(err, n_err, "gemv: x of %s", kiln_dtype_name(s->xdt)), false;
     s->K = xn->dims[xn->rank - 1];
     if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
     s->m_max = kl_numel_max(g, xn) / (s->K ? s->K : 1);
@@ -132,6 +135,10 @@ static bool analyze(gv *s, char *err, size_t n_err)
         const kiln_node_rec *w = &g->nodes[g->nodes[s->mm[j]].src[1]];
         kiln_dtype t = (kiln_dtype)w->dtype;
         int64_t need = t == KILN_DTYPE_F32 ? 4 : t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 ? 8 : t == KILN_DTYPE_Q8_0 ? 32 : 256;
+        if (s->K % need && kiln_dtype_block(t) == 1 && t != KILN_DTYPE_I32) {
+            s->scalar = true;
+            need = 1;
+        }
         if (w->rank != 2 || kiln_dim_is_sym(w->dims[0]) || t == KILN_DTYPE_I32 || s->K % need)
             return kl_unsupported(err, n_err, "gemv: %s weight with K = %lld", kiln_dtype_name(t), (long long)s->K), false;
     }
@@ -178,7 +185,7 @@ static bool analyze(gv *s, char *err, size_t n_err)
         if (G->rope == 2) G->units = G->n / 4; /* (hd/4 units per head) */
         /* Split K over more warps when the group has few units, so a small or tall matrix still
          * keeps thousands of warps streaming (an H100 holds 8448). */
-        int64_t cpr = chunks_per_row(t0, s->K);
+        int64_t cpr = chunks_per_row(t0, s->K, s->scalar);
         G->wpu = 1;
         while (G->wpu < WARPS && G->units * G->wpu < 4096 && cpr >= 64 * G->wpu) G->wpu *= 2;
         G->warp0 = warp;
@@ -203,8 +210,9 @@ typedef struct gv_sub {
 } gv_sub;
 
 /* Number of 16-byte chunks per row, and sub-steps per chunk. */
-static int64_t chunks_per_row(kiln_dtype t, int64_t K)
+static int64_t chunks_per_row(kiln_dtype t, int64_t K, bool scalar)
 {
+    if (scalar) return K;
     switch (t) {
     case KILN_DTYPE_F32: return K / 4;
     case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return K / 8;
@@ -224,6 +232,10 @@ typedef struct gv_chunk {
 static void load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o)
 {
     int64_t K = s->K;
+    if (s->scalar) {
+        o->d = kl_load(s->k, slot, t, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)K)), c));
+        return;
+    }
     switch (t) {
     case KILN_DTYPE_F32: o->v[0] = ld4(s, slot, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)K)), op2(s, KILN_KOP_MUL, c, ci(s, 4)))); break;
     case KILN_DTYPE_F16: case KILN_DTYPE_BF16:
@@ -268,6 +280,7 @@ static void load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_
 /* First element (within the row) of sub-step `sub` of chunk c. */
 static uint32_t sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub)
 {
+    if (s->scalar) return c;
     switch (t) {
     case KILN_DTYPE_F32: return op2(s, KILN_KOP_MUL, c, ci(s, 4));
     case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return op2(s, KILN_KOP_MUL, c, ci(s, 8));
@@ -307,6 +320,12 @@ static void scale_min(gv *s, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *
 static void decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
     o->b = KILN_IDX_NONE;
+    if (s->scalar) {
+        o->v = 1;
+        o->q[0] = ch->d;
+        o->a = KILN_IDX_NONE;
+        return;
+    }
     switch (t) {
     case KILN_DTYPE_F32:
         o->v = 4;
@@ -544,7 +563,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     }
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
     uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
-    int64_t K = s->K, rows = G->n, cpr = chunks_per_row(t, K);
+    int64_t K = s->K, rows = G->n, cpr = chunks_per_row(t, K, s->scalar);
     s->t0 = kiln_kvar(k, ci(s, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->t0, m, ci(s, s->mc), 0);
     uint32_t tt[MC_MAX];
@@ -555,7 +574,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         uint32_t ss = kiln_kvar(k, cf(s, 0));
         uint32_t j = kiln_kvar(k, tid);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
-        uint32_t xv = kl_load(k, xs, KILN_DTYPE_F32, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), j));
+        uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), j));
         kiln_kset(k, ss, fma3(s, xv, xv, ss));
         kl_loop_end(k);
         uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
@@ -573,7 +592,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         int V = w[0].v;
         uint32_t e0 = sub_elem(s, t, c, sub);
         uint32_t nwv[16] = {0};
-        if (nws != KILN_IDX_NONE)
+        if (nws != KILN_IDX_NONE && V == 1) nwv[0] = kl_load(k, nws, KILN_DTYPE_F32, e0);
+        if (nws != KILN_IDX_NONE && V > 1)
             for (int i = 0; i < V; i += 4) {
                 uint32_t v4 = ld4(s, nws, op2(s, KILN_KOP_ADD, e0, ci(s, i)));
                 for (int l = 0; l < 4; l++) nwv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -582,9 +602,11 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             uint32_t xv[16] = {0};
             uint32_t xb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), e0);
             for (int i = 0; i < V; i += 4) {
-                uint32_t v4 = ld4(s, xs, op2(s, KILN_KOP_ADD, xb, ci(s, i)));
-                for (int l = 0; l < 4; l++) {
-                    xv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                bool vec = V > 1 && s->xdt == KILN_DTYPE_F32;
+                uint32_t v4 = vec ? ld4(s, xs, op2(s, KILN_KOP_ADD, xb, ci(s, i))) : KILN_IDX_NONE;
+                for (int l = 0; l < 4 && i + l < V; l++) {
+                    xv[i + l] = !vec ? kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, xb, ci(s, i + l)))
+                                     : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
                     if (s->nsc[q] != KILN_IDX_NONE) {
                         xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], s->nsc[q]);
                         if (nws != KILN_IDX_NONE) xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], nwv[i + l]);
@@ -624,7 +646,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             uint32_t j = kiln_kvar(k, lane);
             kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32), 0);
             uint32_t idx = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tok(s, q), ci(s, (int32_t)K)), j);
-            uint32_t y = op2(s, KILN_KOP_MUL, kl_load(k, xs, KILN_DTYPE_F32, idx), s->nsc[q]);
+            uint32_t y = op2(s, KILN_KOP_MUL, kl_load(k, xs, s->xdt, idx), s->nsc[q]);
             if (nws != KILN_IDX_NONE) y = op2(s, KILN_KOP_MUL, y, kl_load(k, nws, KILN_DTYPE_F32, j));
             kl_store_node(k, g, s->norm, idx, y);
             kl_loop_end(k);

@@ -3,6 +3,7 @@
  * then each run binds symbols/inputs/outputs, resolves shapes and launches the regions in order.
  * Must not contain kernels. */
 #include "sched/plan.h"
+#include "codegen/kir.h"
 #include "sched/cost.h"
 
 #include <math.h>
@@ -264,12 +265,28 @@ static kiln_status place(kiln_plan *p, int forced)
                                                            edges[e].from == KILN_IDX_NONE ? -1 : p->region_be[edges[e].from],
                                                            p->region_be[edges[e].to]);
     free(edges);
-    for (uint32_t r = 0; r < nr; r++)
+    uint32_t bad = 0; /* the first region no candidate backend can run, to name it */
+    for (uint32_t r = 0; r < nr; r++) {
+        bool any = false;
+        for (int b = 0; b < KILN_BACKEND_COUNT; b++) any |= time[(size_t)r * KILN_BACKEND_COUNT + b] >= 0;
+        if (!any) {
+            bad = r;
+            break;
+        }
+    }
+    for (uint32_t r = bad; r < nr; r++)
         if (time[(size_t)r * KILN_BACKEND_COUNT + p->region_be[r]] < 0 || !(total < INFINITY)) {
-            char lab[300];
-            return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "no backend can run region %u (%s)%s", r,
+            char lab[300], why[600] = "";
+            if (forced >= 0 && kiln_backend_is_device(kiln_backends[forced])) { /* say what the kernel templates lack */
+                kiln_kir ks[KILN_LOWER_MAX];
+                uint32_t nk = 0;
+                char e[512] = "";
+                if (kiln_lower_region_seq(p->g, &p->fusion.regions[r], ks, &nk, e, sizeof e) != KILN_OK) snprintf(why, sizeof why, ": %s", e);
+                for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&ks[i]);
+            }
+            return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "no backend can run region %u (%s)%s%s", r,
                                  node_label(p->g, p->fusion.regions[r].anchor, lab, sizeof lab),
-                                 forced >= 0 ? " on the backend asked for" : "");
+                                 forced >= 0 ? " on the backend asked for" : "", why);
         }
     return KILN_OK;
 }

@@ -1,0 +1,30 @@
+/* The Vulkan backend of a build without the Vulkan loader or glslang: its probe says what is
+ * missing, so `kiln info` tells the truth. Must not reference any Vulkan or glslang symbol. */
+#include "sched/backend.h"
+
+#include <stdio.h>
+
+#ifndef KILN_NO_VULKAN_WHY
+#define KILN_NO_VULKAN_WHY "built without Vulkan"
+#endif
+
+static kiln_status vk_absent_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
+{
+    (void)ctx;
+    *state = NULL;
+    snprintf(detail, n, "%s", KILN_NO_VULKAN_WHY);
+    return KILN_ERR_UNSUPPORTED;
+}
+
+static void vk_absent_release(void *state) { (void)state; }
+
+static kiln_status vk_absent_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
+                                    char *err, size_t n_err)
+{
+    snprintf(err, n_err, "vulkan: %s", KILN_NO_VULKAN_WHY);
+    return KILN_ERR_UNSUPPORTED;
+}
+
+const kiln_backend_i kiln_backend_vulkan = {
+    .name = "vulkan", .probe = vk_absent_probe, .release = vk_absent_release, .launch = vk_absent_launch,
+};

@@ -1,0 +1,378 @@
+/* The Vulkan backend's device: instance (Vulkan 1.1+), device choice (discrete GPU first, or
+ * KILN_VK_DEVICE=index|name), optional features probed for the GLSL printer, VkResult names,
+ * the default profile, and the backend table. Must not record commands (vk_queue.c) nor manage
+ * buffers (vk_memory.c) or pipelines (vk_kernel.c). */
+#include "backends/vulkan/vk.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One instance per process, never destroyed: destroying it unloads the driver, and drivers keep
+ * allocations in their globals (lavapipe does) that then show as leaks to LeakSanitizer. Devices
+ * are per context. */
+static pthread_once_t instance_once = PTHREAD_ONCE_INIT;
+static VkInstance     instance;        /* the process's instance, or VK_NULL_HANDLE */
+static VkResult       instance_result; /* why not */
+
+static void create_instance(void)
+{
+    uint32_t loader = VK_API_VERSION_1_0;
+    vkEnumerateInstanceVersion(&loader);
+    if (loader < VK_API_VERSION_1_1) {
+        instance_result = VK_ERROR_INCOMPATIBLE_DRIVER;
+        return;
+    }
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "kiln", .pEngineName = "kiln",
+                             .apiVersion = loader >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : loader};
+    VkInstanceCreateInfo ici = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    instance_result = vkCreateInstance(&ici, NULL, &instance);
+    if (instance_result != VK_SUCCESS) instance = VK_NULL_HANDLE;
+}
+
+const char *kiln_vk_result_name(VkResult r)
+{
+    switch (r) {
+#define N(x) case x: return #x;
+    N(VK_SUCCESS) N(VK_NOT_READY) N(VK_TIMEOUT) N(VK_EVENT_SET) N(VK_EVENT_RESET) N(VK_INCOMPLETE)
+    N(VK_ERROR_OUT_OF_HOST_MEMORY) N(VK_ERROR_OUT_OF_DEVICE_MEMORY) N(VK_ERROR_INITIALIZATION_FAILED)
+    N(VK_ERROR_DEVICE_LOST) N(VK_ERROR_MEMORY_MAP_FAILED) N(VK_ERROR_LAYER_NOT_PRESENT)
+    N(VK_ERROR_EXTENSION_NOT_PRESENT) N(VK_ERROR_FEATURE_NOT_PRESENT) N(VK_ERROR_INCOMPATIBLE_DRIVER)
+    N(VK_ERROR_TOO_MANY_OBJECTS) N(VK_ERROR_FORMAT_NOT_SUPPORTED) N(VK_ERROR_FRAGMENTED_POOL) N(VK_ERROR_UNKNOWN)
+    N(VK_ERROR_OUT_OF_POOL_MEMORY) N(VK_ERROR_INVALID_EXTERNAL_HANDLE) N(VK_ERROR_FRAGMENTATION)
+    N(VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS) N(VK_PIPELINE_COMPILE_REQUIRED) N(VK_ERROR_INVALID_SHADER_NV)
+#undef N
+    default: return "VK_ERROR_(unknown)";
+    }
+}
+
+kiln_status kiln_vk_fail(kiln_vk *s, VkResult r, const char *what, char *err, size_t n)
+{
+    if (r == VK_ERROR_DEVICE_LOST) s->lost = true;
+    snprintf(err, n, "vulkan: %s: %s (%d)%s", what, kiln_vk_result_name(r), (int)r,
+             r == VK_ERROR_DEVICE_LOST ? "; the device is lost: recreate the context to use it again" : "");
+    return r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? KILN_ERR_NOMEM : KILN_ERR_BACKEND;
+}
+
+static const char *type_name(VkPhysicalDeviceType t)
+{
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+    }
+}
+
+static int type_rank(VkPhysicalDeviceType t) /* lower is preferred */
+{
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
+    default: return 4;
+    }
+}
+
+static bool has_ext(VkPhysicalDevice p, const char *name)
+{
+    uint32_t n = 0;
+    if (vkEnumerateDeviceExtensionProperties(p, NULL, &n, NULL) != VK_SUCCESS || !n) return false;
+    VkExtensionProperties *e = calloc(n, sizeof *e);
+    bool found = false;
+    if (e && vkEnumerateDeviceExtensionProperties(p, NULL, &n, e) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n && !found; i++) found = strcmp(e[i].extensionName, name) == 0;
+    free(e);
+    return found;
+}
+
+static int compute_family(VkPhysicalDevice p)
+{
+    uint32_t n = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(p, &n, NULL);
+    VkQueueFamilyProperties q[16];
+    if (n > 16) n = 16;
+    vkGetPhysicalDeviceQueueFamilyProperties(p, &n, q);
+    for (uint32_t i = 0; i < n; i++)
+        if (q[i].queueFlags & VK_QUEUE_COMPUTE_BIT) return (int)i;
+    return -1;
+}
+
+/* A feature listed in $KILN_VK_DISABLE (comma list of 16bit, subgroup, dot) is not used. */
+static bool disabled(const char *what)
+{
+    const char *e = getenv("KILN_VK_DISABLE");
+    return e && strstr(e, what);
+}
+
+/* Picks the device: KILN_VK_DEVICE (index or name substring), else the best type with Vulkan 1.1
+ * and a compute queue. Writes the device list into detail. */
+static int choose(VkPhysicalDevice *devs, uint32_t n, char *list, size_t n_list, char *why, size_t n_why)
+{
+    const char *want = getenv("KILN_VK_DEVICE");
+    int best = -1, best_rank = 99;
+    size_t l = 0;
+    list[0] = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(devs[i], &p);
+        int w = snprintf(list + l, n_list - l, "%s%u %s (%s)", i ? ", " : "", i, p.deviceName, type_name(p.deviceType));
+        if (w > 0 && (size_t)w < n_list - l) l += (size_t)w;
+        bool usable = p.apiVersion >= VK_API_VERSION_1_1 && compute_family(devs[i]) >= 0;
+        if (want && *want) {
+            char *end;
+            long idx = strtol(want, &end, 10);
+            bool match = *end == 0 ? idx == (long)i : strstr(p.deviceName, want) != NULL;
+            if (match && best < 0) {
+                if (!usable) snprintf(why, n_why, "KILN_VK_DEVICE=%s names %.64s, which lacks Vulkan 1.1 or a compute queue", want, p.deviceName);
+                else best = (int)i;
+            }
+            continue;
+        }
+        if (usable && type_rank(p.deviceType) < best_rank) {
+            best = (int)i;
+            best_rank = type_rank(p.deviceType);
+        }
+    }
+    if (best < 0 && !why[0])
+        snprintf(why, n_why, want && *want ? "KILN_VK_DEVICE=%s matches no device" : "no device has Vulkan 1.1 and a compute queue%s",
+                 want && *want ? want : "");
+    return best;
+}
+
+/* Probes the optional features and creates the device with them enabled. */
+static VkResult create_device(kiln_vk *s)
+{
+    bool ext_dot = has_ext(s->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) && !disabled("dot");
+    bool v13 = s->props.apiVersion >= VK_API_VERSION_1_3;
+    bool ext_sc = (v13 || has_ext(s->phys, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) && !disabled("subgroup");
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+    VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sc = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+    VkPhysicalDevice16BitStorageFeatures st16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &st16};
+    void **tail = &st16.pNext;
+    if (ext_dot) *tail = &dot, tail = &dot.pNext;
+    if (ext_sc) *tail = &sc, tail = &sc.pNext;
+    vkGetPhysicalDeviceFeatures2(s->phys, &f2);
+
+    VkPhysicalDeviceSubgroupSizeControlPropertiesEXT scp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, .pNext = ext_sc ? &scp : NULL};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
+    vkGetPhysicalDeviceProperties2(s->phys, &p2);
+
+    /* what is enabled: only what is used */
+    VkPhysicalDevice16BitStorageFeatures en16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+                                                .storageBuffer16BitAccess = st16.storageBuffer16BitAccess && !disabled("16bit")};
+    s->feat.storage16 = en16.storageBuffer16BitAccess;
+    VkPhysicalDeviceFeatures2 en_f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &en16};
+    en_f2.features.shaderFloat64 = f2.features.shaderFloat64; /* for FMA where fma() rounds twice */
+    s->has_f64 = f2.features.shaderFloat64;
+    void *chain = &en_f2;
+    const char *exts[2];
+    uint32_t n_ext = 0;
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR en_dot = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+    if (ext_dot && dot.shaderIntegerDotProduct) {
+        en_dot.shaderIntegerDotProduct = VK_TRUE;
+        en_dot.pNext = chain;
+        chain = &en_dot;
+        exts[n_ext++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+        s->feat.int_dot = true;
+    }
+    bool sg_ok = !disabled("subgroup") && (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                 (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+    VkPhysicalDeviceSubgroupSizeControlFeaturesEXT en_sc = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
+    if (sg_ok && ext_sc && sc.subgroupSizeControl && sc.computeFullSubgroups &&
+        (scp.requiredSubgroupSizeStages & VK_SHADER_STAGE_COMPUTE_BIT) && sg.subgroupSize >= scp.minSubgroupSize &&
+        sg.subgroupSize <= scp.maxSubgroupSize) {
+        en_sc.subgroupSizeControl = en_sc.computeFullSubgroups = VK_TRUE;
+        en_sc.pNext = chain;
+        chain = &en_sc;
+        if (!v13) exts[n_ext++] = VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME;
+        s->size_control = true;
+    }
+    /* the subgroup size of a dispatch is known when pipelines can require it, or when it cannot vary */
+    if (sg_ok && (s->size_control || (ext_sc && scp.minSubgroupSize == scp.maxSubgroupSize))) {
+        s->feat.subgroup_size = sg.subgroupSize;
+        s->feat.subgroup_arith = true;
+        s->feat.subgroup_clustered = (sg.supportedOperations & VK_SUBGROUP_FEATURE_CLUSTERED_BIT) != 0;
+    }
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo q = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = s->queue_family,
+                                 .queueCount = 1, .pQueuePriorities = &prio};
+    VkDeviceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = chain, .queueCreateInfoCount = 1,
+                             .pQueueCreateInfos = &q, .enabledExtensionCount = n_ext, .ppEnabledExtensionNames = exts};
+    return vkCreateDevice(s->phys, &ci, NULL, &s->dev);
+}
+
+static void driver_info(kiln_vk *s)
+{
+    snprintf(s->driver, sizeof s->driver, "driver %u.%u.%u", VK_API_VERSION_MAJOR(s->props.driverVersion),
+             VK_API_VERSION_MINOR(s->props.driverVersion), VK_API_VERSION_PATCH(s->props.driverVersion));
+    if (s->props.apiVersion < VK_API_VERSION_1_2 && !has_ext(s->phys, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME)) return;
+    VkPhysicalDeviceDriverProperties d = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &d};
+    vkGetPhysicalDeviceProperties2(s->phys, &p2);
+    snprintf(s->driver, sizeof s->driver, "%.60s %.60s", d.driverName, d.driverInfo);
+}
+
+static void vk_release(void *state)
+{
+    kiln_vk *s = state;
+    if (!s) return;
+    if (s->dev) {
+        vkDeviceWaitIdle(s->dev);
+        kiln_vk_queue_release(s);
+        kiln_vk_memory_release(s);
+        vkDestroyDevice(s->dev, NULL);
+    }
+    free(s);
+}
+
+static kiln_status vk_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
+{
+    (void)ctx;
+    *state = NULL;
+    pthread_once(&instance_once, create_instance);
+    if (!instance) {
+        snprintf(detail, n, "no Vulkan 1.1 driver (vkCreateInstance: %s)", kiln_vk_result_name(instance_result));
+        return KILN_ERR_UNSUPPORTED;
+    }
+    kiln_vk *s = calloc(1, sizeof *s);
+    if (!s) return KILN_ERR_NOMEM;
+    s->staging = UINT32_MAX;
+    s->instance = instance;
+    VkResult r;
+    uint32_t nd = 0;
+    VkPhysicalDevice devs[16];
+    r = vkEnumeratePhysicalDevices(s->instance, &nd, NULL);
+    if (nd > 16) nd = 16;
+    if (r == VK_SUCCESS && nd) r = vkEnumeratePhysicalDevices(s->instance, &nd, devs);
+    if ((r != VK_SUCCESS && r != VK_INCOMPLETE) || !nd) {
+        snprintf(detail, n, "no Vulkan device%s%s", r != VK_SUCCESS ? ": " : "", r != VK_SUCCESS ? kiln_vk_result_name(r) : "");
+        vk_release(s);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    char list[160], why[160] = "";
+    int pick = choose(devs, nd, list, sizeof list, why, sizeof why);
+    if (pick < 0) {
+        snprintf(detail, n, "%s; devices: %s", why, list);
+        vk_release(s);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    s->phys = devs[pick];
+    vkGetPhysicalDeviceProperties(s->phys, &s->props);
+    vkGetPhysicalDeviceMemoryProperties(s->phys, &s->mem_props);
+    s->queue_family = (uint32_t)compute_family(s->phys);
+    driver_info(s);
+    r = create_device(s);
+    if (r != VK_SUCCESS) {
+        snprintf(detail, n, "%s: vkCreateDevice: %s", s->props.deviceName, kiln_vk_result_name(r));
+        s->dev = VK_NULL_HANDLE;
+        vk_release(s);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    vkGetDeviceQueue(s->dev, s->queue_family, 0, &s->queue);
+    char err[256];
+    if (kiln_vk_queue_init(s, err, sizeof err) != KILN_OK) {
+        snprintf(detail, n, "%s: %s", s->props.deviceName, err);
+        vk_release(s);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    char feats[128];
+    snprintf(feats, sizeof feats, "%s%s subgroup %u%s", s->feat.storage16 ? "16-bit storage, " : "",
+             s->feat.int_dot ? "int dot," : "", s->feat.subgroup_size, s->feat.subgroup_size ? "" : " (unknown: shared-memory reductions)");
+    snprintf(detail, n, "%s (%s, %s, Vulkan %u.%u; %s) of devices: %s", s->props.deviceName, type_name(s->props.deviceType),
+             s->driver, VK_API_VERSION_MAJOR(s->props.apiVersion), VK_API_VERSION_MINOR(s->props.apiVersion), feats, list);
+    *state = s;
+    return KILN_OK;
+}
+
+static void vk_profile(void *state, kiln_device_profile *out)
+{
+    kiln_vk *s = state;
+    VkDeviceSize heap = 0;
+    for (uint32_t i = 0; i < s->mem_props.memoryHeapCount; i++)
+        if (s->mem_props.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT && s->mem_props.memoryHeaps[i].size > heap)
+            heap = s->mem_props.memoryHeaps[i].size;
+    double peak;
+    switch (s->props.deviceType) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: /* scaled by memory: small boards are slow boards */
+        *out = (kiln_device_profile){.mem_bw = heap >= (16ull << 30) ? 800e9 : 300e9, .launch_s = 4e-6, .h2d_bw = 12e9,
+                                     .d2h_bw = 12e9, .xfer_latency_s = 10e-6};
+        peak = heap >= (16ull << 30) ? 30e12 : 8e12;
+        break;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+        *out = (kiln_device_profile){.mem_bw = 50e9, .launch_s = 8e-6, .h2d_bw = 20e9, .d2h_bw = 20e9, .xfer_latency_s = 10e-6};
+        peak = 1e12;
+        break;
+    default: /* lavapipe and other CPU devices: slower than kiln's own CPU kernels in every respect, so
+                automatic placement never picks them; they run only when pinned or forced */
+        *out = (kiln_device_profile){.mem_bw = 2e9, .launch_s = 50e-6, .h2d_bw = 2e9, .d2h_bw = 2e9, .xfer_latency_s = 50e-6};
+        peak = 5e9;
+    }
+    for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak;
+}
+
+/* A region runs here when the lowering has a template for it. */
+static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r)
+{
+    kiln_vk *s = state;
+    if (s->lost) return false;
+    kiln_kir k[KILN_LOWER_MAX];
+    uint32_t nk = 0;
+    char err[256];
+    bool ok = kiln_lower_region_seq(g, r, k, &nk, err, sizeof err) == KILN_OK;
+    for (uint32_t i = 0; ok && i < nk; i++) kiln_kir_free(&k[i]);
+    return ok;
+}
+
+static kiln_status vk_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out, char *err, size_t n)
+{
+    kiln_vk *s = state;
+    *out = NULL;
+    kiln_kir k[KILN_LOWER_MAX];
+    uint32_t nk = 0;
+    kiln_status st = kiln_lower_region_seq(g, r, k, &nk, err, n);
+    if (st != KILN_OK) return st;
+    st = kiln_vk_kernel_new_seq(s, k, nk, (kiln_vk_kernel **)out, err, n);
+    for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&k[i]);
+    return st;
+}
+
+static void vk_kernel_free(void *state, kiln_kernel *k) { kiln_vk_kernel_free(state, (kiln_vk_kernel *)k); }
+
+static kiln_status vk_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v, char *err, size_t n)
+{
+    (void)r;
+    if (!k) {
+        snprintf(err, n, "vulkan: launch without a compiled kernel");
+        return KILN_ERR_INTERNAL;
+    }
+    return kiln_vk_kernel_launch_view(state, (const kiln_vk_kernel *)k, v, err, n);
+}
+
+const kiln_backend_i kiln_backend_vulkan = {
+    .name = "vulkan",
+    .probe = vk_probe,
+    .release = vk_release,
+    .supports = vk_supports,
+    .profile = vk_profile,
+    .compile = vk_compile,
+    .kernel_free = vk_kernel_free,
+    .launch = vk_launch,
+    .alloc = kiln_vk_alloc_mem,
+    .free = kiln_vk_free_mem,
+    .upload = kiln_vk_upload,
+    .download = kiln_vk_download_mem,
+    .copy = kiln_vk_copy,
+    .sync = kiln_vk_sync,
+    .record_begin = kiln_vk_record_begin,
+    .record_end = kiln_vk_record_end,
+    .replay = kiln_vk_replay,
+    .record_free = kiln_vk_record_free,
+    .timer_mark = kiln_vk_timer_mark,
+    .timer_read = kiln_vk_timer_read,
+};

@@ -1,0 +1,172 @@
+/* `kiln spirv FILE.kg | --preset NAME [--disasm] [--features none|all]`: every fused region of a
+ * graph lowered to kir and printed as the Vulkan backend's GLSL (or, with --disasm, the SPIR-V
+ * disassembly through spirv-dis). Reports only; never runs a graph and needs no device. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "codegen/kir.h"
+#include "fuse/fuse.h"
+#include "sched/presets.h"
+#include "spirv/spirv.h"
+
+typedef struct spirv_opts {
+    const char        *file;     /* FILE.kg, or NULL with --preset */
+    const kiln_preset *preset;   /* --preset */
+    kiln_dtype         wtype;    /* --wtype */
+    int64_t            ctx;      /* --ctx: bound of n_kv */
+    int64_t            tokens;   /* --tokens: bound of n_tok */
+    bool               disasm;   /* --disasm */
+    bool               no_fuse;  /* --no-fuse */
+    bool               all;      /* --features all: every optional device feature (else none) */
+} spirv_opts;
+
+static int parse_spirv(int argc, char *const *argv, spirv_opts *o)
+{
+    *o = (spirv_opts){.wtype = KILN_DTYPE_Q8_0, .ctx = 1024, .tokens = 1};
+    kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "spirv"};
+    while (a.i < argc) {
+        const char *v, *arg = argv[a.i];
+        int r;
+        int64_t n;
+        if ((r = kiln_cli_flag_value(&a, "--preset", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            if (!(o->preset = kiln_preset_find(v))) {
+                fprintf(stderr, "kiln spirv: unknown preset '%s' (qwen2-0.5b, llama-7b, qwen2-7b)\n", v);
+                return KILN_CLI_USAGE;
+            }
+        } else if ((r = kiln_cli_flag_value(&a, "--wtype", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            if (!kiln_dtype_parse(v, &o->wtype) || o->wtype == KILN_DTYPE_I32) {
+                fprintf(stderr, "kiln spirv: bad --wtype '%s'\n", v);
+                return KILN_CLI_USAGE;
+            }
+        } else if ((r = kiln_cli_flag_value(&a, "--ctx", &v)) != 0 || (r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0) {
+            if (r < 0 || !kiln_cli_parse_i64("spirv", arg, v, 1, 1 << 20, &n)) return KILN_CLI_USAGE;
+            *(strstr(arg, "ctx") ? &o->ctx : &o->tokens) = n;
+        } else if ((r = kiln_cli_flag_value(&a, "--features", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            if (strcmp(v, "none") && strcmp(v, "all")) {
+                fprintf(stderr, "kiln spirv: --features takes none or all\n");
+                return KILN_CLI_USAGE;
+            }
+            o->all = !strcmp(v, "all");
+        } else if (!strcmp(arg, "--disasm") || !strcmp(arg, "--no-fuse")) {
+            *(arg[2] == 'd' ? &o->disasm : &o->no_fuse) = true;
+            a.i++;
+        } else if (arg[0] == '-') {
+            return kiln_cli_unknown_flag("spirv", arg);
+        } else if (!o->file) {
+            o->file = arg;
+            a.i++;
+        } else {
+            fprintf(stderr, "kiln spirv: unexpected argument '%s' (see kiln spirv --help)\n", arg);
+            return KILN_CLI_USAGE;
+        }
+    }
+    if (!o->file == !o->preset) {
+        fprintf(stderr, "kiln spirv: give either FILE.kg or --preset NAME (see kiln spirv --help)\n");
+        return KILN_CLI_USAGE;
+    }
+    return KILN_CLI_OK;
+}
+
+/* Prints the spirv-dis listing of words; false when spirv-dis cannot be run. */
+static bool disasm(const uint32_t *words, size_t n)
+{
+    char path[] = "/tmp/kiln_spirv_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return false;
+    bool ok = write(fd, words, n * 4) == (ssize_t)(n * 4);
+    close(fd);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "spirv-dis --no-color '%s'", path);
+    fflush(stdout);
+    ok = ok && system(cmd) == 0;
+    unlink(path);
+    return ok;
+}
+
+/* Prints kernel j of region i; false on failure. */
+static bool print_kernel(const kiln_kir *k, uint32_t i, uint32_t j, const spirv_opts *o, const kiln_spv_features *f)
+{
+    char err[2048] = "";
+    printf("// ---- region %u kernel %u: %s, %u threads x grid %u,%u,%u: %s\n", i, j, k->name, k->block, k->grid[0], k->grid[1],
+           k->grid[2], k->what);
+    char *glsl = NULL;
+    uint32_t *words = NULL;
+    size_t n_words = 0;
+    kiln_status s = kiln_spv_glsl(k, f, &glsl, err, sizeof err);
+    if (s == KILN_OK && o->disasm) s = kiln_spv_compile(glsl, &words, &n_words, err, sizeof err);
+    bool ok = s == KILN_OK;
+    if (!ok) printf("// error: %s: %s\n", kiln_status_str(s), err);
+    else if (!o->disasm) fputs(glsl, stdout);
+    else if (!disasm(words, n_words)) {
+        fprintf(stderr, "kiln spirv: spirv-dis failed or is not installed (apt-get install spirv-tools)\n");
+        ok = false;
+    }
+    printf("\n");
+    free(words);
+    free(glsl);
+    return ok;
+}
+
+/* Prints region i's kernels; returns false when it failed for another reason than "no template". */
+static bool print_region(const kiln_graph *g, const kiln_region *r, uint32_t i, const spirv_opts *o, const kiln_spv_features *f)
+{
+    kiln_kir k[KILN_LOWER_MAX];
+    uint32_t nk = 0;
+    char err[512] = "";
+    kiln_status s = kiln_lower_region_seq(g, r, k, &nk, err, sizeof err);
+    printf("// ---- region %u (%s, anchor #%u): ", i, kiln_region_kind_name((enum kiln_region_kind)r->kind), r->anchor);
+    if (s != KILN_OK) {
+        printf("not lowered: %s\n\n", err);
+        return s == KILN_ERR_UNSUPPORTED;
+    }
+    printf("%u kernel%s\n", nk, nk > 1 ? "s" : "");
+    bool ok = true;
+    for (uint32_t j = 0; j < nk; j++) {
+        ok &= print_kernel(&k[j], i, j, o, f);
+        kiln_kir_free(&k[j]);
+    }
+    return ok;
+}
+
+int kiln_cli_spirv(int argc, char *const *argv)
+{
+    if (kiln_cli_wants_help(argc, argv, "spirv")) return KILN_CLI_OK;
+    spirv_opts o;
+    int rc = parse_spirv(argc, argv, &o);
+    if (rc != KILN_CLI_OK) return rc;
+    kiln_ctx *ctx = NULL;
+    kiln_graph *g = NULL;
+    char err[512] = "";
+    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);
+    if (s != KILN_OK) return kiln_cli_fail("spirv", ctx, s, "creating the context");
+    if (o.file) s = kiln_kg_load(ctx, o.file, &g);
+    else {
+        kiln_preset_build_opts bo = {.wdtype = o.wtype, .kvdtype = o.wtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
+                                     .n_layers = 1, .max_ctx = o.ctx, .max_tok = o.tokens, .seed = 1};
+        s = kiln_preset_build_ex(o.preset, &bo, &g, err, sizeof err);
+    }
+    if (s != KILN_OK) {
+        if (err[0]) fprintf(stderr, "kiln spirv: building the preset: %s: %s\n", kiln_status_str(s), err);
+        rc = err[0] ? KILN_CLI_FAIL : kiln_cli_fail("spirv", ctx, s, o.file ? o.file : "building the preset");
+        goto out;
+    }
+    kiln_fusion fu;
+    if ((s = kiln_fuse(g, !o.no_fuse, &fu)) != KILN_OK) {
+        rc = kiln_cli_fail("spirv", ctx, s, "fusing");
+        goto out;
+    }
+    const kiln_spv_features none = {0}, all = {.storage16 = true, .int_dot = true, .subgroup_size = 32,
+                                               .subgroup_arith = true, .subgroup_clustered = true};
+    for (uint32_t i = 0; i < fu.n_regions; i++)
+        if (!print_region(g, &fu.regions[i], i, &o, o.all ? &all : &none)) rc = KILN_CLI_FAIL;
+    kiln_fusion_free(&fu);
+out:
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    return rc;
+}

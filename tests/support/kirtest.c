@@ -1,0 +1,368 @@
+/* Hand-built kir kernels (the ALU kernel, the reduction kernel) and a reference interpreter of kir
+ * written from the op comments of kir.h. Must not use any printer or backend: it is what their
+ * output is compared with. */
+#include "support/kirtest.h"
+
+#include "graph/dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE KILN_IDX_NONE
+#define KT_OUT_STRIDE 128 /* output words per thread of the ALU kernel */
+
+/* ---------------------------------------------------------------- builders */
+
+static uint32_t op3(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, uint32_t b, uint32_t c, int32_t imm)
+{
+    return kiln_kir_op(k, op, t, a, b, c, imm);
+}
+static uint32_t cv(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a) { return op3(k, op, t, a, NONE, NONE, 0); }
+
+typedef struct alu {
+    kiln_kir *k;
+    uint32_t  base;     /* gid * KT_OUT_STRIDE (i32) */
+    uint32_t  n;        /* outputs so far */
+    uint8_t  *ops;      /* op of each output, or NULL */
+} alu;
+
+/* Stores value v (any type) as output word a->n. */
+static void out(alu *a, uint32_t v)
+{
+    kiln_kir *k = a->k;
+    enum kiln_kt t = kiln_ktype(k, v);
+    uint32_t w = v;
+    if (t == KILN_KT_F32 || t == KILN_KT_I32) w = cv(k, KILN_KOP_BITCAST, KILN_KT_U32, v);
+    if (t == KILN_KT_PRED) w = op3(k, KILN_KOP_SELECT, KILN_KT_U32, v, kiln_ku(k, 1), kiln_ku(k, 0), 0);
+    uint32_t idx = kiln_k2(k, KILN_KOP_ADD, a->base, kiln_ki(k, (int32_t)a->n));
+    op3(k, KILN_KOP_ST, KILN_KT_NONE, idx, w, NONE, 3);
+    if (a->ops && a->n < 256) a->ops[a->n] = k->ins[v].op;
+    a->n++;
+}
+
+void kt_build_alu(kiln_kir *k, uint32_t *n_out, uint8_t out_ops[256])
+{
+    kiln_kir_init(k, "kt_alu", KT_BLOCK);
+    snprintf(k->what, sizeof k->what, "every value op of kir");
+    k->grid[0] = KT_GRID_X;
+    k->grid[1] = KT_GRID_Y;
+    kiln_kir_buf(k, KILN_KBUF_NODE, 1, false);
+    kiln_kir_buf(k, KILN_KBUF_NODE, 2, false);
+    kiln_kir_buf(k, KILN_KBUF_NODE, 3, true);
+    kiln_kir_buf(k, KILN_KBUF_NODE, 4, true);
+    const enum kiln_kt F = KILN_KT_F32, I = KILN_KT_I32, U = KILN_KT_U32;
+    uint32_t tid = op3(k, KILN_KOP_TID, I, NONE, NONE, NONE, 0);
+    uint32_t bx = op3(k, KILN_KOP_BID, I, NONE, NONE, NONE, 0), by = op3(k, KILN_KOP_BID, I, NONE, NONE, NONE, 1);
+    uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, by, kiln_ki(k, KT_GRID_X)), bx);
+    uint32_t gid = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, blk, kiln_ki(k, KT_BLOCK)), tid);
+    alu a = {.k = k, .base = kiln_k2(k, KILN_KOP_MUL, gid, kiln_ki(k, KT_OUT_STRIDE)), .ops = out_ops};
+    uint32_t g4 = kiln_k2(k, KILN_KOP_MUL, gid, kiln_ki(k, 4));
+    uint32_t v4 = op3(k, KILN_KOP_LD4, KILN_KT_V4, g4, NONE, NONE, 1);
+    uint32_t fw[4], uw[4];
+    for (int j = 0; j < 4; j++) {
+        fw[j] = cv(k, KILN_KOP_BITCAST, F, op3(k, KILN_KOP_LANE, U, v4, NONE, NONE, j));
+        uw[j] = op3(k, KILN_KOP_LD, U, kiln_k2(k, KILN_KOP_ADD, g4, kiln_ki(k, j)), NONE, NONE, 2);
+    }
+    uint32_t fa = fw[0], fb = fw[1], fc = fw[2], ua = uw[0], ub = uw[1], uc = uw[2];
+    uint32_t ia = cv(k, KILN_KOP_CVT, I, ua), ib = cv(k, KILN_KOP_CVT, I, ub), ic = cv(k, KILN_KOP_CVT, I, uc);
+    uint32_t idiv = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, ib, kiln_ki(k, 24)), kiln_ki(k, 1));
+    uint32_t udiv = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, ub, kiln_ku(k, 24)), kiln_ku(k, 1));
+    uint32_t ish = kiln_k2(k, KILN_KOP_AND, ic, kiln_ki(k, 31)), ush = kiln_k2(k, KILN_KOP_AND, uc, kiln_ku(k, 31));
+    uint32_t fpos = kiln_k2(k, KILN_KOP_ADD, kiln_k1(k, KILN_KOP_ABS, fa), kiln_kf(k, 0.25f));
+    static const enum kiln_kop bin[] = {KILN_KOP_ADD, KILN_KOP_SUB, KILN_KOP_MUL, KILN_KOP_MIN, KILN_KOP_MAX};
+    for (size_t j = 0; j < sizeof bin / sizeof *bin; j++) {
+        out(&a, kiln_k2(k, bin[j], fa, fb));
+        out(&a, kiln_k2(k, bin[j], ia, ib));
+        out(&a, kiln_k2(k, bin[j], ua, ub));
+    }
+    out(&a, kiln_k2(k, KILN_KOP_DIV, fa, fb));
+    out(&a, kiln_k2(k, KILN_KOP_DIV, fc, fpos));
+    out(&a, kiln_k2(k, KILN_KOP_DIV, ia, idiv));
+    out(&a, kiln_k2(k, KILN_KOP_DIV, ua, udiv));
+    out(&a, kiln_k2(k, KILN_KOP_REM, ia, idiv));
+    out(&a, kiln_k2(k, KILN_KOP_REM, ua, udiv));
+    out(&a, op3(k, KILN_KOP_FMA, F, fa, fb, fc, 0));
+    out(&a, kiln_k1(k, KILN_KOP_NEG, fa));
+    out(&a, kiln_k1(k, KILN_KOP_ABS, fb));
+    out(&a, kiln_k1(k, KILN_KOP_NEG, ia));
+    out(&a, kiln_k1(k, KILN_KOP_ABS, ib));
+    static const enum kiln_kop bits[] = {KILN_KOP_AND, KILN_KOP_OR, KILN_KOP_XOR};
+    for (size_t j = 0; j < 3; j++) {
+        out(&a, kiln_k2(k, bits[j], ia, ib));
+        out(&a, kiln_k2(k, bits[j], ua, ub));
+    }
+    out(&a, kiln_k2(k, KILN_KOP_SHL, ia, ish));
+    out(&a, kiln_k2(k, KILN_KOP_SHR, ia, ish));
+    out(&a, kiln_k2(k, KILN_KOP_SHL, ua, ush));
+    out(&a, kiln_k2(k, KILN_KOP_SHR, ua, ush));
+    out(&a, kiln_k1(k, KILN_KOP_EX2, fa));
+    out(&a, kiln_k1(k, KILN_KOP_LG2, fpos));
+    out(&a, kiln_k1(k, KILN_KOP_RSQRT, fpos));
+    out(&a, kiln_k1(k, KILN_KOP_SQRT, fpos));
+    out(&a, kiln_k1(k, KILN_KOP_SIN, fa));
+    out(&a, kiln_k1(k, KILN_KOP_COS, fb));
+    uint32_t f8 = kiln_k1(k, KILN_KOP_FLOOR, kiln_k2(k, KILN_KOP_MUL, fa, kiln_kf(k, 8.0f)));
+    out(&a, f8);
+    uint32_t halves = kiln_k2(k, KILN_KOP_MUL, f8, kiln_kf(k, 0.5f)); /* k/2: many ties */
+    out(&a, kiln_k1(k, KILN_KOP_RINT, halves));
+    out(&a, kiln_k1(k, KILN_KOP_RINT, kiln_k2(k, KILN_KOP_MUL, fb, kiln_kf(k, 3.3f))));
+    static const enum kiln_kop cmp[] = {KILN_KOP_LT, KILN_KOP_LE, KILN_KOP_EQ, KILN_KOP_NE};
+    uint32_t pl = 0, pe = 0;
+    for (size_t j = 0; j < 4; j++) {
+        uint32_t p = kiln_k2(k, cmp[j], fa, fb);
+        if (j == 0) pl = p;
+        out(&a, p);
+        out(&a, kiln_k2(k, cmp[j], ia, ib));
+        out(&a, kiln_k2(k, cmp[j], ua, ub));
+        out(&a, kiln_k2(k, cmp[j], halves, f8)); /* equal where f8 == 0 */
+        pe = kiln_k2(k, cmp[j], ia, ia);
+        out(&a, pe);
+    }
+    out(&a, kiln_k2(k, KILN_KOP_PAND, pl, pe));
+    out(&a, kiln_k2(k, KILN_KOP_POR, pl, kiln_k2(k, KILN_KOP_LT, ia, ib)));
+    out(&a, kiln_k1(k, KILN_KOP_PNOT, pl));
+    out(&a, op3(k, KILN_KOP_SELECT, F, pl, fa, fc, 0));
+    out(&a, op3(k, KILN_KOP_SELECT, I, pl, ia, ic, 0));
+    out(&a, op3(k, KILN_KOP_SELECT, U, pl, ua, uc, 0));
+    out(&a, cv(k, KILN_KOP_CVT, I, kiln_k2(k, KILN_KOP_MUL, fa, kiln_kf(k, 1000.0f))));
+    out(&a, cv(k, KILN_KOP_CVT, U, kiln_k2(k, KILN_KOP_MUL, fpos, kiln_kf(k, 1000.0f))));
+    out(&a, cv(k, KILN_KOP_CVT, F, ia));
+    out(&a, cv(k, KILN_KOP_CVT, F, ua));
+    out(&a, cv(k, KILN_KOP_CVT, U, ib));
+    out(&a, cv(k, KILN_KOP_BITCAST, I, fa));
+    out(&a, cv(k, KILN_KOP_BITCAST, U, cv(k, KILN_KOP_BITCAST, F, ib)));
+    out(&a, cv(k, KILN_KOP_BITCAST, F, ia));
+    for (int h = 0; h < 2; h++) {
+        out(&a, op3(k, KILN_KOP_H2F, F, uc, NONE, NONE, h));
+        out(&a, op3(k, KILN_KOP_B2F, F, uc, NONE, NONE, h));
+    }
+    out(&a, cv(k, KILN_KOP_F2H, U, kiln_k2(k, KILN_KOP_MUL, fa, kiln_kf(k, 100.0f))));
+    out(&a, cv(k, KILN_KOP_F2H, U, kiln_k2(k, KILN_KOP_MUL, fb, kiln_kf(k, 1e-5f)))); /* subnormal halves */
+    out(&a, cv(k, KILN_KOP_F2B, U, fa));
+    out(&a, cv(k, KILN_KOP_F2B, U, cv(k, KILN_KOP_BITCAST, F, uc)));
+    out(&a, op3(k, KILN_KOP_BFE, U, uc, NONE, NONE, 5 | 7 << 8));
+    out(&a, op3(k, KILN_KOP_BFE, I, uc, NONE, NONE, 20 | 9 << 8));
+    out(&a, op3(k, KILN_KOP_BFE, I, uc, NONE, NONE, 28 | 4 << 8));
+    out(&a, op3(k, KILN_KOP_BFE, U, uc, NONE, NONE, 0 | 32 << 8));
+    out(&a, op3(k, KILN_KOP_DP4A, I, ua, ub, ic, 0));
+    out(&a, kiln_ki(k, INT32_MIN));
+    out(&a, kiln_ku(k, 0xdeadbeefu));
+    out(&a, kiln_kf(k, -0.0f));
+    out(&a, kiln_kf(k, INFINITY));
+    out(&a, kiln_kf(k, 1e30f));
+    out(&a, kiln_kf(k, 0.1f));
+    out(&a, op3(k, KILN_KOP_PARAM, I, NONE, NONE, NONE, 1));
+    out(&a, gid);
+    /* loop with if/else over a run-time count: acc accumulates i*ia on odd i, xors i on even */
+    uint32_t acc = kiln_kvar(k, kiln_ki(k, 0)), i = kiln_kvar(k, kiln_ki(k, 0));
+    uint32_t n = op3(k, KILN_KOP_PARAM, I, NONE, NONE, NONE, 0);
+    op3(k, KILN_KOP_LOOP, KILN_KT_NONE, i, n, kiln_ki(k, 1), 0);
+    op3(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, kiln_k2(k, KILN_KOP_AND, i, kiln_ki(k, 1)), kiln_ki(k, 1)), NONE, NONE, 0);
+    kiln_kset(k, acc, kiln_k2(k, KILN_KOP_ADD, acc, kiln_k2(k, KILN_KOP_MUL, i, ia)));
+    op3(k, KILN_KOP_ELSE, KILN_KT_NONE, NONE, NONE, NONE, 0);
+    uint32_t inner = kiln_k2(k, KILN_KOP_XOR, acc, i); /* defined inside the else, read after the loop */
+    kiln_kset(k, acc, inner);
+    op3(k, KILN_KOP_ENDIF, KILN_KT_NONE, NONE, NONE, NONE, 0);
+    op3(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, NONE, NONE, NONE, 0);
+    out(&a, acc);
+    out(&a, i);
+    out(&a, inner);
+    /* a loop starting at tid & 3, stepping 3, with an f32 variable; an if without else */
+    uint32_t facc = kiln_kvar(k, kiln_kf(k, 0.0f)), j = kiln_kvar(k, kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 3)));
+    op3(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(k, 10), kiln_ki(k, 3), 0);
+    kiln_kset(k, facc, op3(k, KILN_KOP_FMA, F, facc, fa, cv(k, KILN_KOP_CVT, F, j), 0));
+    op3(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, NONE, NONE, NONE, 0);
+    op3(k, KILN_KOP_IF, KILN_KT_NONE, pl, NONE, NONE, 0);
+    kiln_kset(k, facc, kiln_k1(k, KILN_KOP_NEG, facc));
+    op3(k, KILN_KOP_ENDIF, KILN_KT_NONE, NONE, NONE, NONE, 0);
+    out(&a, facc);
+    if (a.ops) a.ops[a.n - 1] = KILN_KOP_FMA; /* compared like fma */
+    /* 16-bit stores: neighbours write the two halves of one word */
+    uint32_t h = kiln_k2(k, KILN_KOP_XOR, gid, kiln_ki(k, 1));
+    op3(k, KILN_KOP_ST16, KILN_KT_NONE, h, cv(k, KILN_KOP_F2H, U, fa), NONE, 4);
+    *n_out = a.n;
+}
+
+void kt_build_reduce(kiln_kir *k)
+{
+    kiln_kir_init(k, "kt_reduce", KT_RED_BLOCK);
+    snprintf(k->what, sizeof k->what, "reductions and shared memory");
+    k->grid[0] = 2;
+    kiln_kir_buf(k, KILN_KBUF_NODE, 1, false);
+    kiln_kir_buf(k, KILN_KBUF_NODE, 2, true);
+    uint32_t s = kiln_kir_shared(k, KT_RED_BLOCK);
+    uint32_t tid = op3(k, KILN_KOP_TID, KILN_KT_I32, NONE, NONE, NONE, 0);
+    uint32_t gid = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, op3(k, KILN_KOP_BID, KILN_KT_I32, NONE, NONE, NONE, 0),
+                                                    kiln_ki(k, KT_RED_BLOCK)), tid);
+    uint32_t x = cv(k, KILN_KOP_BITCAST, KILN_KT_F32, op3(k, KILN_KOP_LD, KILN_KT_U32, gid, NONE, NONE, 1));
+    uint32_t base = kiln_k2(k, KILN_KOP_MUL, gid, kiln_ki(k, KT_RED_OUT));
+    static const int grp[] = {1, 4, 8, 32, 128};
+    int j = 0;
+    for (int g = 0; g < 5; g++)
+        for (int op = 0; op < 2; op++) {
+            uint32_t r = op3(k, KILN_KOP_REDUCE, KILN_KT_F32, x, NONE, NONE, grp[g] | op << 16);
+            op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j++)),
+                cv(k, KILN_KOP_BITCAST, KILN_KT_U32, r), NONE, 2);
+        }
+    op3(k, KILN_KOP_STS, KILN_KT_NONE, tid, x, NONE, s);
+    op3(k, KILN_KOP_BARRIER, KILN_KT_NONE, NONE, NONE, NONE, 0);
+    uint32_t nb = kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, 1)), kiln_ki(k, KT_RED_BLOCK - 1));
+    uint32_t y = op3(k, KILN_KOP_LDS, KILN_KT_F32, nb, NONE, NONE, s);
+    op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j)), cv(k, KILN_KOP_BITCAST, KILN_KT_U32, y), NONE, 2);
+}
+
+void kt_ref_reduce(const float *in, float *out)
+{
+    static const int grp[] = {1, 4, 8, 32, 128};
+    for (int t = 0; t < 2 * KT_RED_BLOCK; t++) {
+        for (int g = 0; g < 5; g++) {
+            int b = t & ~(grp[g] - 1);
+            double s = 0, m = -INFINITY;
+            for (int i = b; i < b + grp[g]; i++) {
+                s += in[i];
+                m = fmax(m, in[i]);
+            }
+            out[t * KT_RED_OUT + 2 * g] = (float)s;
+            out[t * KT_RED_OUT + 2 * g + 1] = (float)m;
+        }
+        out[t * KT_RED_OUT + 10] = in[(t & ~(KT_RED_BLOCK - 1)) + ((t + 1) & (KT_RED_BLOCK - 1))];
+    }
+}
+
+/* ---------------------------------------------------------------- interpreter */
+
+typedef union kval {
+    int32_t  i;
+    uint32_t u;
+    float    f;
+    bool     p;
+    uint32_t v[4];
+} kval;
+
+static uint32_t f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs, const uint32_t tid, const uint32_t *bid,
+                 char *err, size_t n_err)
+{
+    const kiln_kinst *in = &k->ins[pc];
+    kval a = in->a != NONE ? v[in->a] : (kval){0}, b = in->b != NONE ? v[in->b] : (kval){0};
+    kval c = in->c != NONE ? v[in->c] : (kval){0}, r = {0};
+    enum kiln_kt t = (enum kiln_kt)in->type, ta = in->a != NONE ? (enum kiln_kt)k->ins[in->a].type : KILN_KT_NONE;
+    bool F = t == KILN_KT_F32, I = t == KILN_KT_I32;
+    switch ((enum kiln_kop)in->op) {
+    case KILN_KOP_CONST: r.u = in->imm.u; break;
+    case KILN_KOP_TID: r.i = (int32_t)tid; break;
+    case KILN_KOP_BID: r.i = (int32_t)bid[in->imm.u]; break;
+    case KILN_KOP_PARAM: r.u = bufs[0][in->imm.u]; break;
+    case KILN_KOP_VAR: r = a; break;
+    case KILN_KOP_ASSIGN: v[in->a] = b; return true;
+    case KILN_KOP_ADD: if (F) r.f = a.f + b.f; else r.u = a.u + b.u; break;
+    case KILN_KOP_SUB: if (F) r.f = a.f - b.f; else r.u = a.u - b.u; break;
+    case KILN_KOP_MUL: if (F) r.f = a.f * b.f; else r.u = a.u * b.u; break;
+    case KILN_KOP_DIV: if (F) r.f = a.f / b.f; else if (I) r.i = a.i / b.i; else r.u = a.u / b.u; break;
+    case KILN_KOP_REM: if (I) r.i = a.i % b.i; else r.u = a.u % b.u; break;
+    case KILN_KOP_MIN: if (F) r.f = fminf(a.f, b.f); else if (I) r.i = a.i < b.i ? a.i : b.i; else r.u = a.u < b.u ? a.u : b.u; break;
+    case KILN_KOP_MAX: if (F) r.f = fmaxf(a.f, b.f); else if (I) r.i = a.i > b.i ? a.i : b.i; else r.u = a.u > b.u ? a.u : b.u; break;
+    case KILN_KOP_FMA: r.f = fmaf(a.f, b.f, c.f); break;
+    case KILN_KOP_NEG: if (F) r.f = -a.f; else r.u = 0u - a.u; break;
+    case KILN_KOP_ABS: if (F) r.f = fabsf(a.f); else r.u = a.i < 0 ? 0u - a.u : a.u; break;
+    case KILN_KOP_AND: r.u = a.u & b.u; break;
+    case KILN_KOP_OR: r.u = a.u | b.u; break;
+    case KILN_KOP_XOR: r.u = a.u ^ b.u; break;
+    case KILN_KOP_SHL: r.u = a.u << (b.u & 31); break;
+    case KILN_KOP_SHR: if (I) r.i = a.i >> (b.u & 31); else r.u = a.u >> (b.u & 31); break;
+    case KILN_KOP_EX2: r.f = exp2f(a.f); break;
+    case KILN_KOP_LG2: r.f = log2f(a.f); break;
+    case KILN_KOP_RSQRT: r.f = (float)(1.0 / sqrt(a.f)); break;
+    case KILN_KOP_SQRT: r.f = sqrtf(a.f); break;
+    case KILN_KOP_SIN: r.f = sinf(a.f); break;
+    case KILN_KOP_COS: r.f = cosf(a.f); break;
+    case KILN_KOP_FLOOR: r.f = floorf(a.f); break;
+    case KILN_KOP_RINT: r.f = nearbyintf(a.f); break;
+    case KILN_KOP_LT: r.p = ta == KILN_KT_F32 ? a.f < b.f : ta == KILN_KT_I32 ? a.i < b.i : a.u < b.u; break;
+    case KILN_KOP_LE: r.p = ta == KILN_KT_F32 ? a.f <= b.f : ta == KILN_KT_I32 ? a.i <= b.i : a.u <= b.u; break;
+    case KILN_KOP_EQ: r.p = ta == KILN_KT_F32 ? a.f == b.f : a.u == b.u; break;
+    case KILN_KOP_NE: r.p = ta == KILN_KT_F32 ? a.f != b.f : a.u != b.u; break;
+    case KILN_KOP_PAND: r.p = a.p && b.p; break;
+    case KILN_KOP_POR: r.p = a.p || b.p; break;
+    case KILN_KOP_PNOT: r.p = !a.p; break;
+    case KILN_KOP_SELECT: r = a.p ? b : c; break;
+    case KILN_KOP_CVT:
+        if (F) r.f = ta == KILN_KT_I32 ? (float)a.i : ta == KILN_KT_U32 ? (float)a.u : a.f;
+        else if (ta == KILN_KT_F32) { if (I) r.i = (int32_t)a.f; else r.u = (uint32_t)a.f; }
+        else r.u = a.u;
+        break;
+    case KILN_KOP_BITCAST: r.u = a.u; break;
+    case KILN_KOP_H2F: r.f = kiln_f16_to_f32((uint16_t)(a.u >> (16 * in->imm.u))); break;
+    case KILN_KOP_B2F: r.u = in->imm.u ? a.u & 0xffff0000u : a.u << 16; break;
+    case KILN_KOP_F2H: r.u = kiln_f32_to_f16(a.f); break;
+    case KILN_KOP_F2B: {
+        uint32_t u = f_bits(a.f);
+        r.u = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        break;
+    }
+    case KILN_KOP_BFE: {
+        int off = in->imm.i & 31, w = in->imm.i >> 8;
+        uint32_t f = w == 32 ? a.u : (a.u >> off) & ((1u << w) - 1u);
+        if (I && w < 32 && (f >> (w - 1)) & 1) f |= ~((1u << w) - 1u);
+        r.u = f;
+        break;
+    }
+    case KILN_KOP_DP4A:
+        r.u = c.u;
+        for (int j = 0; j < 4; j++) r.u += (uint32_t)((int8_t)(a.u >> 8 * j) * (int8_t)(b.u >> 8 * j));
+        break;
+    case KILN_KOP_LANE: r.u = a.v[in->imm.u]; break;
+    case KILN_KOP_LD: r.u = bufs[in->imm.u][a.i]; break;
+    case KILN_KOP_LD4: memcpy(r.v, &bufs[in->imm.u][a.i], 16); break;
+    case KILN_KOP_ST: bufs[in->imm.u][a.i] = b.u; return true;
+    case KILN_KOP_ST16: ((uint16_t *)bufs[in->imm.u])[a.i] = (uint16_t)b.u; return true;
+    default:
+        snprintf(err, n_err, "kt_interp: op %s not interpreted", kiln_kop_name((enum kiln_kop)in->op));
+        return false;
+    }
+    v[pc] = r;
+    return true;
+}
+
+bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err)
+{
+    if (!kiln_kir_verify(k, err, n_err)) return false;
+    uint32_t *match = calloc(k->n_ins, sizeof *match), stack[64], depth = 0;
+    kval *v = calloc(k->n_ins, sizeof *v);
+    bool ok = match && v;
+    for (uint32_t i = 0; ok && i < k->n_ins; i++) { /* LOOP<->ENDLOOP, IF->ELSE/ENDIF, ELSE->ENDIF */
+        uint8_t op = k->ins[i].op;
+        if (op == KILN_KOP_LOOP || op == KILN_KOP_IF) stack[depth++] = i;
+        else if (op == KILN_KOP_ELSE) { match[stack[depth - 1]] = i; stack[depth - 1] = i; }
+        else if (op == KILN_KOP_ENDLOOP || op == KILN_KOP_ENDIF) { match[stack[--depth]] = i; match[i] = k->ins[i].op == KILN_KOP_ENDLOOP ? stack[depth] : i; }
+    }
+    for (uint32_t bz = 0; ok && bz < k->grid[2]; bz++)
+        for (uint32_t by = 0; ok && by < k->grid[1]; by++)
+            for (uint32_t bx = 0; ok && bx < k->grid[0]; bx++)
+                for (uint32_t t = 0; ok && t < k->block; t++) {
+                    uint32_t bid[3] = {bx, by, bz};
+                    for (uint32_t pc = 0; ok && pc < k->n_ins;) {
+                        const kiln_kinst *in = &k->ins[pc];
+                        switch (in->op) {
+                        case KILN_KOP_LOOP: pc = v[in->a].i < v[in->b].i ? pc + 1 : match[pc] + 1; break;
+                        case KILN_KOP_ENDLOOP: {
+                            const kiln_kinst *l = &k->ins[match[pc]];
+                            v[l->a].i = (int32_t)((uint32_t)v[l->a].i + (uint32_t)v[l->c].i);
+                            pc = match[pc];
+                            break;
+                        }
+                        case KILN_KOP_IF: pc = v[in->a].p ? pc + 1 : match[pc] + 1; break;
+                        case KILN_KOP_ELSE: pc = match[pc] + 1; break;
+                        case KILN_KOP_ENDIF: pc++; break;
+                        default: ok = step(k, pc, v, bufs, t, bid, err, n_err); pc++;
+                        }
+                    }
+                }
+    free(match);
+    free(v);
+    if (!match || !v) snprintf(err, n_err, "kt_interp: out of memory");
+    return ok;
+}

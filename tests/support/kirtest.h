@@ -1,0 +1,35 @@
+/* Hand-built kir kernels for the printers' and device backends' tests, and a reference
+ * interpreter of kir written from kir.h's contract (one thread at a time, so only kernels without
+ * shared memory, barriers or reductions). Must not use any printer or backend. */
+#pragma once
+
+#include "codegen/kir.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define KT_BLOCK 64       /* threads per block of the ALU kernel */
+#define KT_GRID_X 2       /* its grid: 2 x 2 blocks */
+#define KT_GRID_Y 2
+#define KT_THREADS (KT_BLOCK * KT_GRID_X * KT_GRID_Y)
+#define KT_IN_WORDS (4 * KT_THREADS) /* words of each input buffer (slots 1, 2) */
+
+/* The ALU kernel: every value op of kir on every type it takes, loops, ifs, variables, every
+ * memory op but shared memory. Slots: 0 parameters (slot 0 = loop count), 1 f32 inputs, 2 u32
+ * inputs, 3 output words (KT_THREADS * *n_out), 4 output halves (KT_THREADS halves, ST16).
+ * out_ops[j] (if given, *n_out entries up to 256) is the op whose result output word j holds. */
+void kt_build_alu(kiln_kir *k, uint32_t *n_out, uint8_t out_ops[256]);
+
+/* The reduction kernel: block 128, grid 2. Slot 1: f32 inputs (256), slot 2: output, per thread
+ * KT_RED_OUT words: REDUCE sum and max over groups 1, 4, 8, 32, 128, then the neighbour's input
+ * read back through shared memory after a barrier. */
+#define KT_RED_BLOCK 128
+#define KT_RED_OUT 11
+void kt_build_reduce(kiln_kir *k);
+/* The reference of the reduction kernel (sums in double, rounded to float). */
+void kt_ref_reduce(const float *in, float *out);
+
+/* Runs kernel k over its whole grid in C, threads one after the other. bufs[slot] are the
+ * buffers' words (slot 0: the parameters). False, with err, for an op the interpreter does not
+ * run (LDS, STS, BARRIER, REDUCE). */
+bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err);

@@ -1,0 +1,275 @@
+/* Tests of the Vulkan backend on whatever device is there (lavapipe in CI): hand-built kir
+ * kernels that use every op run on the device and are compared with the kir interpreter (bit for
+ * bit, except the approximate math ops) and with C references; memory at any 4-byte offset,
+ * copies, record/replay with per-run parameters, timers, address errors. Each case runs with the
+ * device's optional features and with them disabled (KILN_VK_DISABLE). Skips, saying why, when
+ * no Vulkan device is present. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/backend.h"
+#include "support/kirtest.h"
+#include "support/testutil.h"
+#ifdef KILN_HAVE_VULKAN
+#include "backends/vulkan/vk.h"
+#endif
+
+#define OUT_STRIDE 128
+
+static const kiln_backend_i *be = &kiln_backend_vulkan;
+
+static void *open_vk(const char *disable)
+{
+    if (disable) setenv("KILN_VK_DISABLE", disable, 1);
+    else unsetenv("KILN_VK_DISABLE");
+    void *st = NULL;
+    char detail[256];
+    if (be->probe(NULL, &st, detail, sizeof detail) != KILN_OK) cr_skip("no Vulkan device: %s", detail);
+    return st;
+}
+
+#define CHECK(call) do { char e_[512] = ""; kiln_status s_ = (call); (void)e_; cr_assert_eq(s_, KILN_OK, "%s", e_); } while (0)
+#define E e_, sizeof e_
+
+#ifdef KILN_HAVE_VULKAN
+static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* Ops whose result Vulkan computes approximately: relative tolerance (absolute for sin/cos). */
+static bool close_enough(uint8_t op, uint32_t got, uint32_t want)
+{
+    if (got == want) return true;
+    float g = u2f(got), w = u2f(want);
+    switch (op) {
+    case KILN_KOP_LG2: return fabsf(g - w) <= 4e-6f * fabsf(w) + 1e-6f; /* absolute 2^-21 near 1 */
+    case KILN_KOP_EX2: case KILN_KOP_RSQRT: case KILN_KOP_SQRT: return fabsf(g - w) <= 4e-6f * fabsf(w) + 1e-30f;
+    case KILN_KOP_SIN: case KILN_KOP_COS: return fabsf(g - w) <= 1e-5f;
+    /* Vulkan lets fma() round twice (lavapipe's does): the product's rounding shows */
+    case KILN_KOP_FMA: return fabsf(g - w) <= 1e-6f * (fabsf(w) + 1.0f);
+    default: return false;
+    }
+}
+
+/* Runs the ALU kernel with the buffers placed at odd word offsets inside one allocation. */
+static void run_alu(const char *disable, bool record)
+{
+    kiln_vk *s = open_vk(disable);
+    kiln_kir k;
+    uint32_t n_out;
+    uint8_t ops[256];
+    kt_build_alu(&k, &n_out, ops);
+    uint32_t params[8] = {7, 12345, 0, 0, 0, 0, 0, 0};
+    static uint32_t A[KT_IN_WORDS], B[KT_IN_WORDS];
+    for (int i = 0; i < KT_IN_WORDS; i++) {
+        A[i] = f2u((float)tu_uniform(-3.0, 3.0));
+        B[i] = (uint32_t)tu_next();
+    }
+    size_t out_words = (size_t)KT_THREADS * OUT_STRIDE, half_words = KT_THREADS / 2;
+    /* reference */
+    uint32_t *ref = calloc(out_words, 4), *ref_h = calloc(half_words, 4);
+    uint32_t *rb[5] = {params, A, B, ref, ref_h};
+    char err[512];
+    cr_assert(kt_interp(&k, rb, err, sizeof err), "%s", err);
+    /* device: one allocation, slots at word offsets 1, 3 + ..., not 16-byte aligned */
+    size_t off[5], total = 0, words[5] = {8, KT_IN_WORDS, KT_IN_WORDS, out_words, half_words};
+    for (int i = 0; i < 5; i++) {
+        off[i] = total * 4 + 4 * (size_t)(i % 2 ? 1 : 3) - 4 * (i == 0 ? 2 : 0); /* 1 or 3 words of gap */
+        total = off[i] / 4 + words[i];
+    }
+    void *mem;
+    CHECK(be->alloc(s, total * 4 + 64, &mem, E));
+    void *addr[5];
+    for (int i = 0; i < 5; i++) addr[i] = (char *)mem + off[i];
+    uint32_t *got = malloc(out_words * 4), *got_h = malloc(half_words * 4);
+    memset(got, 0xAB, out_words * 4);
+    memset(got_h, 0xCD, half_words * 4);
+    CHECK(be->upload(s, addr[0], params, sizeof params, E));
+    CHECK(be->upload(s, addr[1], A, sizeof A, E));
+    CHECK(be->upload(s, addr[2], B, sizeof B, E));
+    CHECK(be->upload(s, addr[3], got, out_words * 4, E)); /* poison */
+    CHECK(be->upload(s, addr[4], got_h, half_words * 4, E));
+    kiln_vk_kernel *kern;
+    CHECK(kiln_vk_kernel_new(s, &k, &kern, E));
+    void *rec = NULL;
+    if (record) {
+        CHECK(be->record_begin(s, E));
+        CHECK(kiln_vk_kernel_launch(s, kern, addr, E));
+        CHECK(be->record_end(s, &rec, E));
+        CHECK(be->replay(s, rec, E));
+    } else {
+        CHECK(kiln_vk_kernel_launch(s, kern, addr, E));
+    }
+    CHECK(be->download(s, got, addr[3], out_words * 4, E));
+    CHECK(be->download(s, got_h, addr[4], half_words * 4, E));
+    CHECK(be->sync(s, E));
+    int bad = 0;
+    for (uint32_t t = 0; t < KT_THREADS; t++)
+        for (uint32_t j = 0; j < n_out; j++) {
+            uint32_t g = got[t * OUT_STRIDE + j], w = ref[t * OUT_STRIDE + j];
+            if (!close_enough(ops[j], g, w) && bad++ < 10)
+                cr_log_error("thread %u output %u (%s): got %08x (%g), want %08x (%g)", t, j, kiln_kop_name(ops[j]), g, u2f(g), w, u2f(w));
+        }
+    for (uint32_t i = 0; i < half_words; i++)
+        if (got_h[i] != ref_h[i] && bad++ < 10) cr_log_error("st16 word %u: got %08x, want %08x", i, got_h[i], ref_h[i]);
+    cr_assert_eq(bad, 0, "%d outputs differ (features off: %s)", bad, disable ? disable : "none");
+    if (record) { /* a new parameter value, the same recording */
+        params[0] = 20;
+        params[1] = 777;
+        CHECK(be->upload(s, addr[0], params, sizeof params, E));
+        CHECK(be->replay(s, rec, E));
+        CHECK(be->download(s, got, addr[3], out_words * 4, E));
+        CHECK(be->sync(s, E));
+        cr_assert(kt_interp(&k, rb, err, sizeof err), "%s", err);
+        for (uint32_t t = 0; t < KT_THREADS; t++)
+            for (uint32_t j = 0; j < n_out; j++)
+                cr_assert(close_enough(ops[j], got[t * OUT_STRIDE + j], ref[t * OUT_STRIDE + j]), "replay: thread %u output %u", t, j);
+        be->record_free(s, rec);
+    }
+    kiln_vk_kernel_free(s, kern);
+    be->free(s, mem);
+    be->release(s);
+    kiln_kir_free(&k);
+    free(ref), free(ref_h), free(got), free(got_h);
+}
+
+static void run_reduce(const char *disable)
+{
+    kiln_vk *s = open_vk(disable);
+    kiln_kir k;
+    kt_build_reduce(&k);
+    float in[2 * KT_RED_BLOCK], want[2 * KT_RED_BLOCK * KT_RED_OUT], got[2 * KT_RED_BLOCK * KT_RED_OUT];
+    tu_fill(in, 2 * KT_RED_BLOCK, -2.0f, 2.0f);
+    kt_ref_reduce(in, want);
+    void *p, *x, *y;
+    CHECK(be->alloc(s, 64, &p, E));
+    CHECK(be->alloc(s, sizeof in, &x, E));
+    CHECK(be->alloc(s, sizeof got, &y, E));
+    kiln_vk_kernel *kern;
+    CHECK(kiln_vk_kernel_new(s, &k, &kern, E));
+    if (!disable && s->feat.subgroup_size) /* the device's subgroups are really what runs */
+        cr_assert(strstr(kiln_vk_kernel_glsl(kern), "subgroupAdd"), "%s", kiln_vk_kernel_glsl(kern));
+    CHECK(be->upload(s, x, in, sizeof in, E));
+    void *addr[3] = {p, x, y};
+    CHECK(kiln_vk_kernel_launch(s, kern, addr, E));
+    CHECK(be->download(s, got, y, sizeof got, E));
+    CHECK(be->sync(s, E));
+    for (int i = 0; i < 2 * KT_RED_BLOCK * KT_RED_OUT; i++)
+        cr_assert(fabsf(got[i] - want[i]) <= 1e-5f * (1 + fabsf(want[i])), "output %d (thread %d, %d): got %g want %g (features off: %s)\n%s",
+                  i, i / KT_RED_OUT, i % KT_RED_OUT, got[i], want[i], disable ? disable : "none", kiln_vk_kernel_glsl(kern));
+    kiln_vk_kernel_free(s, kern);
+    be->free(s, p), be->free(s, x), be->free(s, y);
+    be->release(s);
+    kiln_kir_free(&k);
+}
+#endif
+
+Test(vulkan, alu_kernel_matches_interpreter)
+{
+#ifdef KILN_HAVE_VULKAN
+    run_alu(NULL, false);
+#else
+    cr_skip("kiln was built without Vulkan");
+#endif
+}
+
+Test(vulkan, alu_kernel_without_features)
+{
+#ifdef KILN_HAVE_VULKAN
+    run_alu("16bit,subgroup,dot", false);
+#else
+    cr_skip("kiln was built without Vulkan");
+#endif
+}
+
+Test(vulkan, alu_kernel_recorded_and_replayed)
+{
+#ifdef KILN_HAVE_VULKAN
+    run_alu(NULL, true);
+#else
+    cr_skip("kiln was built without Vulkan");
+#endif
+}
+
+Test(vulkan, reductions_subgroups)
+{
+#ifdef KILN_HAVE_VULKAN
+    run_reduce(NULL);
+#else
+    cr_skip("kiln was built without Vulkan");
+#endif
+}
+
+Test(vulkan, reductions_shared_memory)
+{
+#ifdef KILN_HAVE_VULKAN
+    run_reduce("subgroup");
+#else
+    cr_skip("kiln was built without Vulkan");
+#endif
+}
+
+Test(vulkan, memory_offsets_copies_errors)
+{
+    void *s = open_vk(NULL);
+    enum { N = 1000 };
+    uint8_t src[N], dst[N], back[N];
+    for (int i = 0; i < N; i++) src[i] = (uint8_t)tu_next();
+    void *a, *b;
+    CHECK(be->alloc(s, N + 64, &a, E));
+    CHECK(be->alloc(s, N + 64, &b, E));
+    cr_assert_not_null(a);
+    CHECK(be->upload(s, (char *)a + 7, src, N, E)); /* any byte offset */
+    CHECK(be->copy(s, (char *)b + 33, (char *)a + 7, N, E));
+    memset(dst, 0x5A, N);
+    memset(back, 0x5A, N);
+    CHECK(be->download(s, dst, (char *)b + 33, N, E));
+    CHECK(be->download(s, back, (char *)a + 7, N - 1, E));
+    CHECK(be->sync(s, E));
+    cr_assert(memcmp(dst, src, N) == 0, "copy then download");
+    cr_assert(memcmp(back, src, N - 1) == 0 && back[N - 1] == 0x5A, "download size");
+    char err[256];
+    cr_assert_eq(be->upload(s, (char *)a + 100, src, N, err, sizeof err), KILN_ERR_INVALID_ARG, "overrun accepted");
+    cr_assert(strstr(err, "overruns"), "%s", err);
+    cr_assert_eq(be->download(s, dst, (void *)(uintptr_t)0x1234, 4, err, sizeof err), KILN_ERR_INVALID_ARG);
+    be->free(s, b);
+    cr_assert_eq(be->download(s, dst, b, 4, err, sizeof err), KILN_ERR_INVALID_ARG, "freed address accepted");
+    /* timers around nothing, then around a copy */
+    char e2[256];
+    kiln_status ts = be->timer_mark(s, 0, e2, sizeof e2);
+    if (ts == KILN_OK) {
+        CHECK(be->copy(s, (char *)a + 500, a, 400, E));
+        CHECK(be->timer_mark(s, 1, E));
+        CHECK(be->sync(s, E));
+        double sec = -1;
+        CHECK(be->timer_read(s, 0, 1, &sec, E));
+        cr_assert(sec >= 0 && sec < 10, "timer %g s", sec);
+    } else {
+        cr_log_info("no timestamps: %s", e2);
+    }
+    be->free(s, a);
+    be->release(s);
+}
+
+Test(vulkan, out_of_memory_leaves_it_usable)
+{
+    void *s = open_vk(NULL);
+    void *huge = (void *)1;
+    char err[256] = "";
+    kiln_status st = be->alloc(s, (size_t)1 << 39, &huge, err, sizeof err); /* 512 GiB */
+    cr_assert_eq(st, KILN_ERR_NOMEM, "%s: %s", kiln_status_str(st), err);
+    cr_assert_null(huge);
+    cr_assert(strstr(err, "VK_ERROR_OUT_OF"), "%s", err);
+    void *a;
+    uint32_t in[16], out[16];
+    for (int i = 0; i < 16; i++) in[i] = (uint32_t)tu_next();
+    CHECK(be->alloc(s, sizeof in, &a, E));
+    CHECK(be->upload(s, a, in, sizeof in, E));
+    CHECK(be->download(s, out, a, sizeof out, E));
+    CHECK(be->sync(s, E));
+    cr_assert(memcmp(in, out, sizeof in) == 0);
+    be->free(s, a);
+    be->release(s);
+}
