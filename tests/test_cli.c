@@ -331,6 +331,28 @@ Test(presets, tiny_stack_decodes_on_every_backend)
     kiln_ctx_free(ctx);
 }
 
+Test(cli, spirv_prints_each_kernel)
+{
+    cli_out o;
+    kiln_cli(&o, "spirv " KILN_SOURCE_DIR "/tests/data/every_op.kg");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.out, "// ---- region 0") && strstr(o.out, "#version 450") && strstr(o.out, "void main()"), "%s", o.out);
+    kiln_cli(&o, "spirv --preset qwen2-0.5b --features all");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    kiln_cli(&o, "spirv --preset qwen2-0.5b --features some");
+    cr_assert_eq(o.rc, 2);
+    cr_assert(strstr(o.err, "--features"), "%s", o.err);
+    kiln_cli(&o, "spirv --help");
+    cr_assert(o.rc == 0 && strstr(o.out, "--disasm"));
+#ifdef KILN_HAVE_VULKAN
+    if (system("command -v spirv-dis >/dev/null 2>&1") == 0) {
+        kiln_cli(&o, "spirv " KILN_SOURCE_DIR "/tests/data/every_op.kg --no-fuse --disasm");
+        cr_assert_eq(o.rc, 0, "%s", o.err);
+        cr_assert(strstr(o.out, "OpEntryPoint GLCompute"), "%s", o.out);
+    }
+#endif
+}
+
 /* kiln ptx: every region listed (lowered with its kernel, or the reason it is not), ptxas's
  * report when ptxas is here, JSON that names every region, and usage errors. */
 Test(cli, ptx_lists_every_region, .timeout = 300)
@@ -382,26 +404,4 @@ Test(cli, ptx_lists_every_region, .timeout = 300)
     }
     kiln_cli(&o, "help ptx");
     cr_assert(o.rc == 0 && strstr(o.out, "--sm"), "%s", o.out);
-}
-
-Test(cli, spirv_prints_each_kernel)
-{
-    cli_out o;
-    kiln_cli(&o, "spirv " KILN_SOURCE_DIR "/tests/data/every_op.kg");
-    cr_assert_eq(o.rc, 0, "%s", o.err);
-    cr_assert(strstr(o.out, "// ---- region 0") && strstr(o.out, "#version 450") && strstr(o.out, "void main()"), "%s", o.out);
-    kiln_cli(&o, "spirv --preset qwen2-0.5b --features all");
-    cr_assert_eq(o.rc, 0, "%s", o.err);
-    kiln_cli(&o, "spirv --preset qwen2-0.5b --features some");
-    cr_assert_eq(o.rc, 2);
-    cr_assert(strstr(o.err, "--features"), "%s", o.err);
-    kiln_cli(&o, "spirv --help");
-    cr_assert(o.rc == 0 && strstr(o.out, "--disasm"));
-#ifdef KILN_HAVE_VULKAN
-    if (system("command -v spirv-dis >/dev/null 2>&1") == 0) {
-        kiln_cli(&o, "spirv " KILN_SOURCE_DIR "/tests/data/every_op.kg --no-fuse --disasm");
-        cr_assert_eq(o.rc, 0, "%s", o.err);
-        cr_assert(strstr(o.out, "OpEntryPoint GLCompute"), "%s", o.out);
-    }
-#endif
 }

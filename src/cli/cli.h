@@ -49,5 +49,5 @@ int kiln_cli_run(int argc, char *const *argv);
 int kiln_cli_bench(int argc, char *const *argv);
 int kiln_cli_plan(int argc, char *const *argv);
 int kiln_cli_calibrate(int argc, char *const *argv);
-int kiln_cli_ptx(int argc, char *const *argv);
 int kiln_cli_spirv(int argc, char *const *argv);
+int kiln_cli_ptx(int argc, char *const *argv);

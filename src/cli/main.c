@@ -15,8 +15,8 @@ static const char usage_main[] =
     "  run FILE.kg           run a .kg graph on random inputs, print output checksums\n"
     "  bench --preset NAME   time decode or prefill of a model preset (random weights)\n"
     "  plan FILE.kg | --preset NAME   fused kernels, placement and predicted costs\n"
-    "  ptx FILE.kg | --preset NAME    generated PTX per fused kernel, ptxas registers/spills\n"
     "  spirv FILE.kg | --preset NAME  the Vulkan backend's GLSL (or SPIR-V) of each fused kernel\n"
+    "  ptx FILE.kg | --preset NAME    generated PTX per fused kernel, ptxas registers/spills\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
@@ -84,6 +84,16 @@ static const char usage_plan[] =
     "  --what-if       also place on backends absent here that FILE gives a profile for\n"
     "  --json, --dot   JSON, or a Graphviz graph of the fused kernels (kiln plan ... --dot | dot -Tpng)\n";
 
+static const char usage_spirv[] =
+    "usage: kiln spirv (FILE.kg | --preset NAME [--wtype T] [--ctx N] [--tokens T]) [--no-fuse]\n"
+    "                  [--disasm] [--features none|all]\n"
+    "\n"
+    "Prints the GLSL compute shader the Vulkan backend generates for each fused kernel (lowered to\n"
+    "kir first; kernels without a template say why). Needs no device.\n"
+    "  --disasm          the SPIR-V disassembly instead (compiled with glslang; needs spirv-dis)\n"
+    "  --features F      none: portable fallbacks (default); all: 16-bit stores, subgroup (32)\n"
+    "                    reductions and integer dot products, as on a device that has them\n"
+    "  --no-fuse         one kernel per op\n";
 static const char usage_ptx[] =
     "usage: kiln ptx (FILE.kg | --preset NAME [--wtype T] [--tokens T] [--ctx N]) [--sm 80|90]\n"
     "                [--region I] [--no-fuse] [--kir] [--summary] [--json]\n"
@@ -104,16 +114,6 @@ static const char usage_ptx[] =
     "  --summary       reports only, no PTX text\n"
     "  --json          one JSON object\n"
     "Exit code 1 when a kernel fails to print or to assemble.\n";
-static const char usage_spirv[] =
-    "usage: kiln spirv (FILE.kg | --preset NAME [--wtype T] [--ctx N] [--tokens T]) [--no-fuse]\n"
-    "                  [--disasm] [--features none|all]\n"
-    "\n"
-    "Prints the GLSL compute shader the Vulkan backend generates for each fused kernel (lowered to\n"
-    "kir first; kernels without a template say why). Needs no device.\n"
-    "  --disasm          the SPIR-V disassembly instead (compiled with glslang; needs spirv-dis)\n"
-    "  --features F      none: portable fallbacks (default); all: 16-bit stores, subgroup (32)\n"
-    "                    reductions and integer dot products, as on a device that has them\n"
-    "  --no-fuse         one kernel per op\n";
 
 static const char usage_calibrate[] =
     "usage: kiln calibrate [--json] [--no-save]\n"
@@ -131,8 +131,8 @@ static const struct {
     {"run", kiln_cli_run, usage_run},
     {"bench", kiln_cli_bench, usage_bench},
     {"plan", kiln_cli_plan, usage_plan},
-    {"ptx", kiln_cli_ptx, usage_ptx},
     {"spirv", kiln_cli_spirv, usage_spirv},
+    {"ptx", kiln_cli_ptx, usage_ptx},
     {"calibrate", kiln_cli_calibrate, usage_calibrate},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])

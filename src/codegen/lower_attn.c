@@ -217,7 +217,7 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln
         return kl_unsupported(err, n_err, "attention: head counts, head_dim and cache sizes must be constants");
     if (a.n_kvh < 1 || a.n_head % a.n_kvh) return kl_unsupported(err, n_err, "attention: heads do not group");
     a.G = a.n_head / a.n_kvh;
-    if (a.hd % 2 || a.hd > 256 || a.G > 8 || (a.hd + 31) / 32 * a.G > 32)
+    if (a.hd < 1 || a.hd > 256 || a.G > 8 || (a.hd + 31) / 32 * a.G > 32)
         return kl_unsupported(err, n_err, "attention: head_dim %lld with %lld heads per kv head", (long long)a.hd, (long long)a.G);
     if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 || a.vt == KILN_DTYPE_I32 ||
         kiln_dtype_block((kiln_dtype)q->dtype) != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)

@@ -129,7 +129,10 @@ static bool analyze(gv *s, char *err, size_t n_err)
     s->K = xn->dims[xn->rank - 1];
     if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
     s->m_max = kl_numel_max(g, xn) / (s->K ? s->K : 1);
-    s->mc = s->m_max < MC_MAX ? (int)s->m_max : MC_MAX;
+    int mc_cap = MC_MAX; /* k-quant decoders hold more registers: 4 tokens per pass keep them unspilled */
+    for (int j = 0; j < s->n_mm; j++)
+        if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) == 256) mc_cap = 4;
+    s->mc = s->m_max < mc_cap ? (int)s->m_max : mc_cap;
     if (s->mc < 1) s->mc = 1;
     for (int j = 0; j < s->n_mm; j++) {
         const kiln_node_rec *w = &g->nodes[g->nodes[s->mm[j]].src[1]];

@@ -1,5 +1,5 @@
 /* The backend registry: every backend kiln knows, indexed by enum kiln_backend_id. Each backend's
- * table lives with its code (src/backends/...). Must not contain any backend's code. */
+ * probe says what was found, or why it cannot run, so `kiln info` tells the truth. */
 #include "sched/backend.h"
 
 const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT] = {
