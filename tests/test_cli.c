@@ -378,14 +378,19 @@ Test(cli, ptx_lists_every_region, .timeout = 300)
     }
     if (lowered) cr_assert(strstr(o.out, "--- static: global loads "), "%s", o.out);
     /* JSON: one object per region, and PTX text unless --summary */
-    snprintf(args, sizeof args, "ptx '%s/tests/data/llama_layer.kg' --json --sm 80", src && *src ? src : KILN_SOURCE_DIR);
+    snprintf(args, sizeof args, "ptx '%s/tests/data/llama_layer.kg' --json --summary --sm 80", src && *src ? src : KILN_SOURCE_DIR);
     kiln_cli(&o, args);
     cr_assert_eq(o.rc, 0, "rc %d: %s", o.rc, o.err);
     cr_assert(o.out[0] == '{' && strstr(o.out, "\"sm\":80") && strstr(o.out, "\"regions\":[{\"index\":0,"), "%s", o.out);
     int json_regions = 0;
     for (const char *p = o.out; (p = strstr(p, "{\"index\":")); p++) json_regions++;
     cr_assert_eq(json_regions, regions);
-    if (lowered) cr_assert(strstr(o.out, "\"ptx\":\"//\\n// kiln kernel ") && strstr(o.out, ".target sm_80"), "%s", o.out);
+    cr_assert(!strstr(o.out, "\"ptx\":"), "--summary prints no PTX");
+    snprintf(args, sizeof args, "ptx '%s/tests/data/gpt2_mlp.kg' --json --sm 80 --region 0", src && *src ? src : KILN_SOURCE_DIR);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "rc %d: %s", o.rc, o.err);
+    if (strstr(o.out, "\"lowered\":true"))
+        cr_assert(strstr(o.out, "\"ptx\":\"//") && strstr(o.out, "// kiln kernel kiln_") && strstr(o.out, ".target sm_80"), "%s", o.out);
     /* a preset, one region */
     kiln_cli(&o, "ptx --preset qwen2-0.5b --wtype q4_k --tokens 4 --region 0");
     cr_assert_eq(o.rc, 0, "rc %d: %s", o.rc, o.err);

@@ -337,7 +337,7 @@ static CUfunction load_kir(kiln_cuda *c, const kiln_kir *k, CUmodule *mod)
     cr_assert_eq(kiln_ptx_print(k, c->ptx_sm, &ptx, err, sizeof err), KILN_OK, "%s", err);
     cr_assert_eq(kiln_cuda_enter(c, err, sizeof err), KILN_OK, "%s", err);
     CUfunction fn = NULL;
-    kiln_status s = kiln_cuda_load_ptx(c, ptx, k->name, mod, &fn, err, sizeof err);
+    kiln_status s = kiln_cuda_load_ptx(c, ptx, k->name, mod, &fn, NULL, err, sizeof err);
     cr_assert_eq(s, KILN_OK, "%s\n%s", err, ptx);
     free(ptx);
     return fn;

@@ -243,3 +243,24 @@ Test(cuda_host, decode_layer_compiles_and_replays)
     kiln_ctx_free(ctx);
     cr_assert_eq(f->live_allocs, 0, "%d device allocations left after the context", f->live_allocs);
 }
+
+/* A kernel the JIT reports spilling is loaded again with every register allowed. */
+Test(cuda_host, spilling_kernels_are_reprinted_with_all_registers)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    kiln_graph *g = norm_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    int plain = f->modules;
+    cr_assert(!strstr(f->last_ptx, ".minnctapersm"), "%s", f->last_ptx);
+    kiln_plan_free(p);
+    setenv("FAKECUDA_SPILL", "1", 1);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->modules, 3 * plain, "each kernel loaded twice after spilling");
+    cr_assert(strstr(f->last_ptx, ".minnctapersm 1\n"), "%s", f->last_ptx);
+    run_norm(p, ctx, 2);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}

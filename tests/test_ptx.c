@@ -225,7 +225,7 @@ Test(ptx, instruction_text_is_the_contract)
     build_every_op(&k);
     kiln_ptx_stats st;
     char err[256], *txt = NULL;
-    cr_assert_eq(kiln_ptx_print_ex(&k, 90, &txt, &st, err, sizeof err), KILN_OK, "%s", err);
+    cr_assert_eq(kiln_ptx_print_ex(&k, 90, 0, &txt, &st, err, sizeof err), KILN_OK, "%s", err);
     static const char *const want[] = {
         ".version 8.0\n.target sm_90\n.address_size 64\n", ".maxntid 256, 1, 1", ".param .u64 every_op_p4\n)",
         "add.rn.f32", "sub.rn.f32", "mul.rn.f32", "mul.lo.s32", "mul.lo.u32", "div.rn.f32", "div.s32", "div.u32",
@@ -241,6 +241,11 @@ Test(ptx, instruction_text_is_the_contract)
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) must_have(txt, want[i]);
     cr_assert(!strstr(txt, "bra.uni"), "bra.uni is not safe under divergent branches");
+    cr_assert(!strstr(txt, ".minnctapersm"));
+    char *all = NULL;
+    cr_assert_eq(kiln_ptx_print_ex(&k, 90, KILN_PTX_ALL_REGISTERS, &all, NULL, err, sizeof err), KILN_OK, "%s", err);
+    must_have(all, ".maxntid 256, 1, 1\n.minnctapersm 1\n{");
+    free(all);
     /* parameter slots 0 and 3 are each loaded once, at entry */
     const char *p0 = strstr(txt, "[%rd0+0]"), *p3 = strstr(txt, "[%rd0+12]");
     cr_assert(p0 && p3 && !strstr(p0 + 1, "[%rd0+0]") && !strstr(p3 + 1, "[%rd0+12]"), "%s", txt);
@@ -279,7 +284,7 @@ Test(ptx, golden_small_kernel)
         "//\n// kiln kernel axpy: y = 2x + y\n// block 64, grid 1 x 1 x 1\n//\n\n"
         ".version 8.0\n.target sm_80\n.address_size 64\n\n"
         ".visible .entry axpy(\n\t.param .u64 axpy_p0,\n\t.param .u64 axpy_p1,\n\t.param .u64 axpy_p2\n)\n"
-        ".maxntid 64, 1, 1\n.minnctapersm 1\n{\n"
+        ".maxntid 64, 1, 1\n{\n"
         "\t.reg .pred %p<1>;\n\t.reg .b32 %r<5>;\n\t.reg .f32 %f<4>;\n\t.reg .b64 %rd<6>;\n\n"
         "\tld.param.u64 %rd0, [axpy_p0];\n\tcvta.to.global.u64 %rd0, %rd0;\n"
         "\tld.param.u64 %rd1, [axpy_p1];\n\tcvta.to.global.u64 %rd1, %rd1;\n"
@@ -343,6 +348,7 @@ typedef struct lower_tally {
     int max_regs;    /* most registers of any kernel */
     char first_unsupported[256]; /* the first such message */
     int  n_spilling;             /* kernels with spills or a stack frame */
+    int  all_regs;               /* kernels that needed KILN_PTX_ALL_REGISTERS */
     char spills[8192];           /* which */
 } lower_tally;
 
@@ -377,20 +383,23 @@ static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, 
                 char *txt = NULL;
                 s = kiln_ptx_print(k, sm, &txt, err, sizeof err);
                 cr_assert_eq(s, KILN_OK, "%s region %u (%s): printing: %s", what, r, k->what, err);
-                if (!seen_before(seen, txt)) {
-                    kiln_ptxas_report rep;
-                    s = kiln_ptx_assemble(ptxas, txt, sm, &rep, err, sizeof err);
-                    cr_assert_eq(s, KILN_OK, "%s region %u (%s) sm_%d: %s\n%s", what, r, k->what, sm, err, txt);
-                    if (rep.spill_stores + rep.spill_loads + rep.stack) {
-                        size_t l = strlen(t->spills);
-                        snprintf(t->spills + l, sizeof t->spills - l, "  %s region %u (%s) sm_%d: %d registers, %d/%d spill bytes, %d stack\n",
-                                 what, r, k->what, sm, rep.regs, rep.spill_stores, rep.spill_loads, rep.stack);
-                        t->n_spilling++;
-                    }
-                    if (rep.regs > t->max_regs) t->max_regs = rep.regs;
-                    t->assembled++;
-                }
+                bool fresh = !seen_before(seen, txt);
                 free(txt);
+                if (!fresh) continue;
+                kiln_ptxas_report rep;
+                unsigned flags;
+                s = kiln_ptx_print_assembled(ptxas, k, sm, &txt, &flags, NULL, &rep, err, sizeof err);
+                cr_assert_eq(s, KILN_OK, "%s region %u (%s) sm_%d: %s\n%s", what, r, k->what, sm, err, txt ? txt : "");
+                free(txt);
+                t->all_regs += flags != 0;
+                if (rep.spill_stores + rep.spill_loads + rep.stack) {
+                    size_t l = strlen(t->spills);
+                    snprintf(t->spills + l, sizeof t->spills - l, "  %s region %u (%s) sm_%d: %d registers, %d/%d spill bytes, %d stack\n",
+                             what, r, k->what, sm, rep.regs, rep.spill_stores, rep.spill_loads, rep.stack);
+                    t->n_spilling++;
+                }
+                if (rep.regs > t->max_regs) t->max_regs = rep.regs;
+                t->assembled++;
             }
             kiln_kir_free(k);
         }
@@ -417,8 +426,8 @@ Test(ptx, every_preset_region_assembles, .timeout = 1200)
                 lower_all(g, what, ptxas, &seen, &t);
                 kiln_graph_free(g);
             }
-    cr_log_info("presets: %d regions lowered, %d distinct kernels assembled (max %d registers), %d not lowered yet%s%s",
-                t.lowered, t.assembled, t.max_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
+    cr_log_info("presets: %d regions lowered, %d distinct kernels assembled (max %d registers, %d needed all registers), %d not lowered yet%s%s",
+                t.lowered, t.assembled, t.max_regs, t.all_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
     cr_assert_eq(t.n_spilling, 0, "%d preset kernels spill:\n%s", t.n_spilling, t.spills);
     if (!t.lowered) cr_skip("no preset region lowers yet (%s)", t.first_unsupported);
 }
@@ -442,8 +451,8 @@ Test(ptx, every_kg_region_assembles, .timeout = 600)
         kiln_graph_free(g);
     }
     kiln_ctx_free(ctx);
-    cr_log_info(".kg files: %d regions lowered, %d distinct kernels assembled (max %d registers), %d not lowered yet%s%s",
-                t.lowered, t.assembled, t.max_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
+    cr_log_info(".kg files: %d regions lowered, %d distinct kernels assembled (max %d registers, %d needed all registers), %d not lowered yet%s%s",
+                t.lowered, t.assembled, t.max_regs, t.all_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
     cr_assert_eq(t.n_spilling, 0, "%d .kg kernels spill:\n%s", t.n_spilling, t.spills);
     if (!t.lowered) cr_skip("no .kg region lowers yet (%s)", t.first_unsupported);
 }

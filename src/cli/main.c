@@ -120,7 +120,7 @@ static const char usage_spirv[] =
     "  --no-fuse         one kernel per op\n";
 static const char usage_ptx[] =
     "usage: kiln ptx (FILE.kg | --preset NAME [--wtype T] [--tokens T] [--ctx N]) [--sm 80|90]\n"
-    "                [--region I] [--no-fuse] [--summary] [--json]\n"
+    "                [--region I] [--no-fuse] [--kir] [--summary] [--json]\n"
     "\n"
     "Prints the PTX the CUDA backend generates for each fused region (kernel), and, when ptxas is\n"
     "found ($KILN_PTXAS, PATH, /usr/local/cuda/bin), its report: registers, spill bytes, stack and\n"
@@ -134,6 +134,7 @@ static const char usage_ptx[] =
     "  --sm 80|90      PTX target (default 90)\n"
     "  --region I      only region I\n"
     "  --no-fuse       one kernel per op\n"
+    "  --kir           also the lowered kernel (kir) listing before each kernel's PTX\n"
     "  --summary       reports only, no PTX text\n"
     "  --json          one JSON object\n"
     "Exit code 1 when a kernel fails to print or to assemble.\n";

@@ -21,6 +21,7 @@ typedef struct ptx_opts {
     bool               json;    /* --json */
     bool               summary; /* --summary: no PTX text */
     bool               no_fuse; /* --no-fuse */
+    bool               kir;     /* --kir: the kir listing before each kernel's PTX */
 } ptx_opts;
 
 static int parse_ptx(int argc, char *const *argv, ptx_opts *o)
@@ -50,8 +51,8 @@ static int parse_ptx(int argc, char *const *argv, ptx_opts *o)
             if (r < 0 || !kiln_cli_parse_i64("ptx", "--region", v, 0, 1 << 20, &o->region)) return KILN_CLI_USAGE;
         } else if ((r = kiln_cli_flag_value(&a, "--sm", &v)) != 0) {
             if (r < 0 || !kiln_cli_parse_i64("ptx", "--sm", v, 80, 90, &o->sm)) return KILN_CLI_USAGE;
-        } else if (!strcmp(arg, "--json") || !strcmp(arg, "--summary") || !strcmp(arg, "--no-fuse")) {
-            *(arg[2] == 'j' ? &o->json : arg[2] == 's' ? &o->summary : &o->no_fuse) = true;
+        } else if (!strcmp(arg, "--json") || !strcmp(arg, "--summary") || !strcmp(arg, "--no-fuse") || !strcmp(arg, "--kir")) {
+            *(arg[2] == 'j' ? &o->json : arg[2] == 's' ? &o->summary : arg[2] == 'k' ? &o->kir : &o->no_fuse) = true;
             a.i++;
         } else if (arg[0] == '-') {
             return kiln_cli_unknown_flag("ptx", arg);
@@ -95,6 +96,7 @@ typedef struct ptx_kernel {
     kiln_ptx_stats    st;        /* static summary */
     bool              assembled; /* ptxas ran and succeeded */
     kiln_ptxas_report rep;       /* its report */
+    unsigned          flags;     /* printer flags it needed (KILN_PTX_ALL_REGISTERS after spilling) */
     char              err[4096]; /* why ptxas failed */
 } ptx_kernel;
 
@@ -119,7 +121,7 @@ static void print_static(FILE *f, const kiln_ptx_stats *s)
             s->f32_ops, s->int_ops, s->params);
 }
 
-static void print_item_text(const ptx_item *it, uint32_t n_regions, int sm, bool summary)
+static void print_item_text(const ptx_item *it, uint32_t n_regions, int sm, bool summary, bool kir)
 {
     printf("=== region %u/%u: %s [%s]", it->index, n_regions, it->kind, it->ops);
     if (it->status == KILN_ERR_UNSUPPORTED) {
@@ -137,10 +139,12 @@ static void print_item_text(const ptx_item *it, uint32_t n_regions, int sm, bool
                k->kir.grid[1], k->kir.grid[2]);
         if (k->kir.scratch_bytes) printf(", region scratch %llu B", (unsigned long long)k->kir.scratch_bytes);
         printf("\n");
+        if (kir) kiln_kir_dump(&k->kir, stdout);
         if (!summary && k->text) fputs(k->text, stdout);
         if (k->assembled)
-            printf("--- ptxas sm_%d: %d registers, spills %d B stored / %d B loaded, stack %d B, shared %d B\n", sm,
-                   k->rep.regs, k->rep.spill_stores, k->rep.spill_loads, k->rep.stack, k->rep.smem);
+            printf("--- ptxas sm_%d: %d registers%s, spills %d B stored / %d B loaded, stack %d B, shared %d B\n", sm,
+                   k->rep.regs, k->flags & KILN_PTX_ALL_REGISTERS ? " (all registers: it spilled under the default cap)" : "",
+                   k->rep.spill_stores, k->rep.spill_loads, k->rep.stack, k->rep.smem);
         else if (k->err[0]) printf("--- ptxas sm_%d FAILED: %s\n", sm, k->err);
         print_static(stdout, &k->st);
     }
@@ -158,8 +162,9 @@ static void print_kernel_json(const ptx_kernel *k, bool first, bool summary)
         kiln_cli_json_str(stdout, k->text ? k->text : "");
     }
     if (k->assembled)
-        printf(",\"ptxas\":{\"regs\":%d,\"spill_stores\":%d,\"spill_loads\":%d,\"stack\":%d,\"smem\":%d}", k->rep.regs,
-               k->rep.spill_stores, k->rep.spill_loads, k->rep.stack, k->rep.smem);
+        printf(",\"ptxas\":{\"regs\":%d,\"all_registers\":%s,\"spill_stores\":%d,\"spill_loads\":%d,\"stack\":%d,\"smem\":%d}",
+               k->rep.regs, k->flags & KILN_PTX_ALL_REGISTERS ? "true" : "false", k->rep.spill_stores, k->rep.spill_loads,
+               k->rep.stack, k->rep.smem);
     else if (k->err[0]) {
         printf(",\"ptxas_error\":");
         kiln_cli_json_str(stdout, k->err);
@@ -201,13 +206,19 @@ static bool do_region(const kiln_graph *g, const kiln_fusion *f, uint32_t r, int
     for (uint32_t i = 0; i < it->n; i++) {
         ptx_kernel *k = &it->k[i];
         k->kir = kir[i];
-        kiln_status s = kiln_ptx_print_ex(&k->kir, sm, &k->text, &k->st, it->err, sizeof it->err);
-        if (s != KILN_OK) {
-            it->status = s;
-            ok = false;
+        if (!ptxas[0]) {
+            kiln_status s = kiln_ptx_print_ex(&k->kir, sm, 0, &k->text, &k->st, it->err, sizeof it->err);
+            if (s != KILN_OK) it->status = s, ok = false;
             continue;
         }
-        if (ptxas[0]) ok &= k->assembled = kiln_ptx_assemble(ptxas, k->text, sm, &k->rep, k->err, sizeof k->err) == KILN_OK;
+        kiln_status s = kiln_ptx_print_assembled(ptxas, &k->kir, sm, &k->text, &k->flags, &k->st, &k->rep, k->err, sizeof k->err);
+        k->assembled = s == KILN_OK;
+        if (s != KILN_OK && !k->text) { /* printing failed */
+            it->status = s;
+            snprintf(it->err, sizeof it->err, "%s", k->err);
+            k->err[0] = 0;
+        }
+        ok &= k->assembled;
     }
     return ok;
 }
@@ -280,7 +291,7 @@ int kiln_cli_ptx(int argc, char *const *argv)
             if (k->assembled && k->rep.regs > max_regs) max_regs = k->rep.regs;
         }
         if (o.json) print_item_json(it, first, o.summary);
-        else print_item_text(it, f.n_regions, (int)o.sm, o.summary);
+        else print_item_text(it, f.n_regions, (int)o.sm, o.summary, o.kir);
         first = 0;
         free_item(it);
     }

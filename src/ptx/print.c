@@ -491,7 +491,7 @@ static void print_prologue(pstate *p)
     }
 }
 
-static void print_module(pstate *p, int sm, sbuf *out)
+static void print_module(pstate *p, int sm, unsigned flags, sbuf *out)
 {
     const kiln_kir *k = p->k;
     put(out, "//\n// kiln kernel %s: ", k->name);
@@ -503,15 +503,14 @@ static void print_module(pstate *p, int sm, sbuf *out)
     if (k->n_shared || p->red_words) put(out, "\n");
     put(out, ".visible .entry %s(\n", k->name);
     for (uint32_t s = 0; s < k->n_bufs; s++) put(out, "\t.param .u64 %s_p%u%s\n", k->name, s, s + 1 < k->n_bufs ? "," : "");
-    /* __launch_bounds__(block, 1): with .maxntid alone ptxas caps registers for several blocks per
-     * SM and spills (an f32 gemv: 80 registers and 12 spill bytes, against 128 and none) */
-    put(out, ")\n.maxntid %u, 1, 1\n.minnctapersm 1\n{\n", k->block);
+    put(out, ")\n.maxntid %u, 1, 1\n%s{\n", k->block, flags & KILN_PTX_ALL_REGISTERS ? ".minnctapersm 1\n" : "");
     for (int c = 0; c < RC_COUNT; c++)
         if (p->n_reg[c]) put(out, "\t.reg %s %s<%u>;\n", rc_type[c], rc_name[c], p->n_reg[c]);
     put(out, "\n%s%s\tret;\n}\n", p->pro.s ? p->pro.s : "", p->body.s ? p->body.s : "");
 }
 
-kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, char **out_text, kiln_ptx_stats *stats, char *err, size_t n)
+kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, unsigned flags, char **out_text, kiln_ptx_stats *stats,
+                              char *err, size_t n)
 {
     *out_text = NULL;
     if (sm < 80 || sm > 90) {
@@ -539,7 +538,7 @@ kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, char **out_text, kiln_p
     if (s == KILN_OK) print_prologue(&p);
     for (uint32_t i = 0; s == KILN_OK && i < k->n_ins; i++) s = print_ins(&p, i, err, n);
     sbuf out = {0};
-    if (s == KILN_OK) print_module(&p, sm, &out);
+    if (s == KILN_OK) print_module(&p, sm, flags, &out);
     if (s == KILN_OK && (p.pro.oom || p.body.oom || out.oom)) s = KILN_ERR_NOMEM;
     free(p.pro.s);
     free(p.body.s);
@@ -555,5 +554,5 @@ kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, char **out_text, kiln_p
 
 kiln_status kiln_ptx_print(const kiln_kir *k, int sm, char **out_text, char *err, size_t n)
 {
-    return kiln_ptx_print_ex(k, sm, out_text, NULL, err, n);
+    return kiln_ptx_print_ex(k, sm, 0, out_text, NULL, err, n);
 }

@@ -34,12 +34,19 @@ typedef struct kiln_ptx_stats {
 /* Static shared memory a kernel may declare (sm_80 and sm_90 without the dynamic opt-in). */
 #define KILN_PTX_MAX_STATIC_SHARED 49152
 
+/* Register policy of a printed entry. By default it says only `.maxntid block`: ptxas then caps
+ * registers so that several blocks share an SM (a decode gemv: about 60 registers, 4 blocks),
+ * which can spill a heavy kernel. KILN_PTX_ALL_REGISTERS adds `.minnctapersm 1` (up to 255, or
+ * 65536 / block): for kernels that spilled under the default (print, assemble, look, reprint). */
+enum { KILN_PTX_ALL_REGISTERS = 1 };
+
 /* Prints kernel k as one PTX module for sm (80 or 90): `.version 8.0`, one `.entry` named k->name
  * with one `.param .u64` per buffer slot (in slot order). *out_text is malloc'd (caller frees).
- * The same kernel and sm always give the same bytes. Verifies k first; KILN_ERR_UNSUPPORTED with
- * err naming the reason for what the printer cannot express (an unknown op, too much shared
- * memory). stats may be NULL. */
-kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, char **out_text, kiln_ptx_stats *stats, char *err, size_t n);
+ * The same kernel, sm and flags always give the same bytes. Verifies k first;
+ * KILN_ERR_UNSUPPORTED with err naming the reason for what the printer cannot express (an unknown
+ * op, too much shared memory). stats may be NULL. */
+kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, unsigned flags, char **out_text, kiln_ptx_stats *stats,
+                              char *err, size_t n);
 kiln_status kiln_ptx_print(const kiln_kir *k, int sm, char **out_text, char *err, size_t n);
 
 /* ------------------------------------------------------------------ ptxas (ptxas.c) */
@@ -62,3 +69,8 @@ bool kiln_ptx_find_ptxas(char *path, size_t n);
  * assembler error returns KILN_ERR_BACKEND with err holding ptxas's messages. */
 kiln_status kiln_ptx_assemble(const char *ptxas, const char *ptx, int sm, kiln_ptxas_report *rep, char *err,
                               size_t n);
+/* Prints k with the default register policy and assembles it; when that spills (or needs a
+ * stack), prints it again with KILN_PTX_ALL_REGISTERS and assembles that (*flags says which
+ * one *text and *rep are). The CUDA backend makes the same choice from the driver's JIT log. */
+kiln_status kiln_ptx_print_assembled(const char *ptxas, const kiln_kir *k, int sm, char **text, unsigned *flags,
+                                     kiln_ptx_stats *stats, kiln_ptxas_report *rep, char *err, size_t n);

@@ -120,3 +120,18 @@ kiln_status kiln_ptx_assemble(const char *ptxas, const char *ptx, int sm, kiln_p
     unlink(src);
     return s;
 }
+
+kiln_status kiln_ptx_print_assembled(const char *ptxas, const kiln_kir *k, int sm, char **text, unsigned *flags,
+                                     kiln_ptx_stats *stats, kiln_ptxas_report *rep, char *err, size_t n)
+{
+    *text = NULL;
+    *flags = 0;
+    for (;;) {
+        kiln_status s = kiln_ptx_print_ex(k, sm, *flags, text, stats, err, n);
+        if (s == KILN_OK) s = kiln_ptx_assemble(ptxas, *text, sm, rep, err, n);
+        if (s != KILN_OK || *flags || !(rep->spill_stores + rep->spill_loads + rep->stack)) return s;
+        free(*text);
+        *text = NULL;
+        *flags = KILN_PTX_ALL_REGISTERS;
+    }
+}

@@ -124,6 +124,10 @@ EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int 
             if (opts[i] == 5) snprintf(vals[i], 64, "ptxas fatal   : fake JIT failure");
         return 218;
     }
+    for (unsigned i = 0; i < n; i++) /* the JIT's info log, as ptxas -v writes it */
+        if (opts[i] == 3)
+            snprintf(vals[i], 256, "ptxas info    : Function properties for k\n    0 bytes stack frame, %d bytes spill stores, %d bytes spill loads\n",
+                     env_int("FAKECUDA_SPILL", 0) && !strstr(ptx, ".minnctapersm 1") ? 8 : 0, 0);
     fmod *f = calloc(1, sizeof *f);
     f->ptx = strdup(ptx);
     snprintf(fakecuda.last_ptx, sizeof fakecuda.last_ptx, "%s", ptx);

@@ -55,7 +55,7 @@ static kiln_status time_launch(kiln_cuda *c, CUevent e0, CUevent e1, double *sec
     if (s != KILN_OK) return s;
     CUmodule mod = NULL;
     CUfunction fn = NULL;
-    s = kiln_cuda_load_ptx(c, ptx, "kiln_empty", &mod, &fn, err, n);
+    s = kiln_cuda_load_ptx(c, ptx, "kiln_empty", &mod, &fn, NULL, err, n);
     free(ptx);
     if (s != KILN_OK) return s;
     CUdeviceptr dummy = 0;

@@ -161,9 +161,10 @@ void        kiln_cuda_pool_destroy(kiln_cuda *c);
 
 /* ------------------------------------------------------------------ module.c */
 
-/* Loads PTX text and finds entry `name`; the JIT log goes into err on failure. */
+/* Loads PTX text and finds entry `name`; the JIT log goes into err on failure. spills (may be
+ * NULL) gets the spill bytes the JIT reported, -1 when its log does not say. */
 kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
-                               char *err, size_t n);
+                               int *spills, char *err, size_t n);
 
 /* ------------------------------------------------------------------ calib.c */
 

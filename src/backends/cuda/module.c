@@ -27,8 +27,25 @@ struct kiln_kernel {
     CUdeviceptr scratch;             /* the region's scratch buffer (largest scratch_bytes), or 0 */
 };
 
+/* Spill bytes the JIT's info log reports ("N bytes spill stores, M bytes spill loads"), -1 when it
+ * says nothing about them. */
+static int log_spills(const char *log)
+{
+    const char *p = strstr(log, " bytes spill stores");
+    if (!p) return -1;
+    const char *d = p;
+    while (d > log && d[-1] >= '0' && d[-1] <= '9') d--;
+    int stores = atoi(d), loads = 0;
+    const char *q = strstr(p, " bytes spill loads");
+    if (q) {
+        while (q > p && q[-1] >= '0' && q[-1] <= '9') q--;
+        loads = atoi(q);
+    }
+    return stores + loads;
+}
+
 kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
-                               char *err, size_t n)
+                               int *spills, char *err, size_t n)
 {
     enum { LOG = 16384 };
     char *elog = calloc(1, LOG), *ilog = calloc(1, LOG);
@@ -43,6 +60,7 @@ kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, 
     *mod = NULL;
     CUresult r = c->d.module_load(mod, ptx, 5, opts, vals);
     kiln_status s = KILN_OK;
+    if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(ilog) : -1;
     if (r != KILN_CU_SUCCESS) {
         char what[LOG + 128];
         snprintf(what, sizeof what, "cuModuleLoadDataEx of kernel %s (JIT log: %s%s%s)", name, elog[0] ? elog : "empty",
@@ -108,11 +126,27 @@ static void dump(const char *name, const char *ptx)
     fclose(f);
 }
 
-/* Loads one printed kernel into f and uploads its tables. */
+/* Loads one printed kernel into f and uploads its tables. A kernel the JIT reports spilling under
+ * the default register cap is printed again with every register allowed (KILN_PTX_ALL_REGISTERS). */
 static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cuda_fn *f, char *err, size_t n)
 {
     dump(kir->name, ptx);
-    kiln_status s = kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, err, n);
+    int spills = -1;
+    kiln_status s = kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, &spills, err, n);
+    if (s == KILN_OK && spills > 0) {
+        char *again = NULL;
+        if (kiln_ptx_print_ex(kir, c->ptx_sm, KILN_PTX_ALL_REGISTERS, &again, NULL, err, n) == KILN_OK) {
+            CUmodule mod = NULL;
+            CUfunction fn = NULL;
+            if (kiln_cuda_load_ptx(c, again, kir->name, &mod, &fn, NULL, err, n) == KILN_OK) {
+                c->d.module_unload(f->mod);
+                f->mod = mod, f->fn = fn;
+                dump(kir->name, again);
+            }
+            err[0] = 0; /* the first module still works */
+        }
+        free(again);
+    }
     if (s != KILN_OK) return s;
     memcpy(f->grid, kir->grid, sizeof f->grid);
     f->block = kir->block;
