@@ -243,7 +243,7 @@ Test(fuse, qkv_bias_adds_are_matmul_epilogues)
         kiln_plan_free(p0);
         kiln_plan_free(p1);
         for (int64_t n = 1; n <= 3; n++) {
-            feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 256}, {"pos", .ints = true, .value = n, .n = 1}};
+            feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 256}, {"pos", .ints = true, .lo = n - 1, .value = n, .n = 1}};
             fused_vs_unfused(g, f, 3, 4 * tu_tol("matmul", types[t]) + 4 * tu_tol("attention", KILN_DTYPE_F32), NULL, NULL);
         }
         kiln_graph_free(plain);
