@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/dtype.h"
 #include "sched/backend.h"
+#include "sched/presets.h"
 #include "support/kirtest.h"
 #include "support/testutil.h"
 #ifdef KILN_HAVE_VULKAN
@@ -272,4 +274,68 @@ Test(vulkan, out_of_memory_leaves_it_usable)
     cr_assert(memcmp(in, out, sizeof in) == 0);
     be->free(s, a);
     be->release(s);
+}
+
+/* A llama-style layer (a small preset: lavapipe is slow) run for several steps (prefill of 4
+ * tokens, then decode with growing n_kv) on vulkan and on ref through the public API: outputs
+ * agree (ref, not cpu: cpu quantizes activations for q8_0 weights). */
+static void preset_steps(const kiln_preset *p, kiln_dtype wt)
+{
+    const char *name = p->name;
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    kiln_backend_info bi;
+    for (int i = 0; i < kiln_backend_count(ctx); i++)
+        if (kiln_backend_get(ctx, i, &bi) == KILN_OK && !strcmp(bi.name, "vulkan") && !bi.available) {
+            kiln_ctx_free(ctx);
+            cr_skip("no Vulkan device");
+        }
+    enum { T = 4, STEPS = 4 };
+    int64_t hid = p->hidden;
+    kiln_plan *plan[2];
+    const char *bk[2] = {"ref", "vulkan"};
+    for (int b = 0; b < 2; b++) {
+        kiln_graph *g;
+        cr_assert_eq(kiln_preset_build(p, wt, 1, 32, T, &g), KILN_OK);
+        kiln_compile_options co = {.backend = bk[b]};
+        cr_assert_eq(kiln_compile(ctx, g, &co, &plan[b]), KILN_OK, "%s on %s: %s", name, bk[b], kiln_ctx_error(ctx));
+        kiln_graph_free(g);
+    }
+    float *x = malloc(sizeof(float) * T * hid), *y[2] = {malloc(sizeof(float) * T * hid), malloc(sizeof(float) * T * hid)};
+    int n_kv = 0;
+    for (int step = 0; step < STEPS; step++) {
+        int n_tok = step == 0 ? T : 1;
+        int32_t pos[T];
+        for (int t = 0; t < n_tok; t++) pos[t] = n_kv + t;
+        n_kv += n_tok;
+        tu_fill(x, n_tok * hid, -1.0f, 1.0f);
+        for (int b = 0; b < 2; b++) {
+            for (int64_t i = 0; i < n_tok * hid; i++) y[b][i] = NAN;
+            kiln_binding bd[] = {{.name = "n_tok", .value = n_tok}, {.name = "n_kv", .value = n_kv},
+                                 {.name = "x", .data = x, .bytes = sizeof(float) * n_tok * hid},
+                                 {.name = "pos", .data = pos, .bytes = 4 * (size_t)n_tok},
+                                 {.name = "y", .data = y[b], .bytes = sizeof(float) * n_tok * hid}};
+            cr_assert_eq(kiln_run(plan[b], bd, 5), KILN_OK, "%s step %d on %s: %s", name, step, bk[b], kiln_ctx_error(ctx));
+        }
+        double worst = 0, top = 0;
+        for (int64_t i = 0; i < n_tok * hid; i++) {
+            cr_assert(isfinite(y[1][i]), "%s step %d: y[%ld] = %g on vulkan", name, step, (long)i, y[1][i]);
+            worst = fmax(worst, fabs((double)y[1][i] - y[0][i]));
+            top = fmax(top, fabs(y[0][i]));
+        }
+        cr_assert_leq(worst, 1e-4 * top, "%s %s step %d (n_tok %d, n_kv %d): max |vulkan - ref| %g of max |y| %g", name,
+                      kiln_dtype_name(wt), step, n_tok, n_kv, worst, top);
+    }
+    free(x), free(y[0]), free(y[1]);
+    kiln_plan_free(plan[0]);
+    kiln_plan_free(plan[1]);
+    kiln_ctx_free(ctx);
+}
+
+Test(vulkan, preset_layer_matches_ref, .timeout = 600)
+{
+    const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                               .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+    const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0};
+    for (int i = 0; i < 2; i++) preset_steps(&small, wt[i]);
 }
