@@ -8,7 +8,7 @@
 
 #include <math.h>
 
-#define AW 4          /* warps per block */
+#define AW 1          /* warps per block: one warp per key split keeps thousands of splits in flight */
 #define ABLK (32 * AW)
 #define VU 8          /* keys per unrolled step of p.v */
 
@@ -245,18 +245,18 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln
     if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 || a.vt == KILN_DTYPE_I32 ||
         kiln_dtype_block((kiln_dtype)q->dtype) != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)
         return kl_unsupported(err, n_err, "attention: cache dtype %s", kiln_dtype_name(a.kt));
-    /* Key split: enough blocks to fill a large GPU (about 264) at the cache's bound, >= 128 keys;
+    /* Key split: enough blocks to fill a large GPU (about 1056) at the cache's bound, >= 32 keys;
      * when there are still too few blocks, the query heads of a group split over blocks too
      * (each re-reads the group's K/V, mostly from L2). */
     int64_t tok = a.tok_max < 8 ? a.tok_max : 8;
-    int64_t want = 264 / (a.n_kvh * tok);
+    int64_t want = 1056 / (a.n_kvh * tok); /* about 8 one-warp blocks per SM of an H100 */
     if (want < 1) want = 1;
     a.S = (a.max_ctx + want - 1) / want;
     a.S = (a.S + ABLK - 1) / ABLK * ABLK;
     if (a.S < ABLK) a.S = ABLK;
     a.n_split = (a.max_ctx + a.S - 1) / a.S;
     a.HB = a.G;
-    while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < 264) {
+    while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < 1056) {
         int64_t hb = a.HB - 1;
         while (hb > 1 && a.G % hb) hb--;
         if (hb < 1 || hb == a.HB) break;

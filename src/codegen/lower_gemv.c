@@ -529,6 +529,60 @@ static void epilogue(gv *s, const gv_group *G, uint32_t m)
 
 /* ------------------------------------------------------------------ kernel */
 
+/* Multiplies one loaded chunk (every slot) with x for every token of the pass, into the accumulators. */
+static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, uint32_t xs, uint32_t nws, const uint32_t *tt)
+{
+    kiln_kir *k = s->k;
+    int64_t K = s->K;
+    for (int sub = 0; sub < subs_of(t); sub++) {
+        gv_sub w[SLOTS];
+        for (int r = 0; r < s->n_slots; r++) decode(s, t, &ch[r], c, sub, &w[r]);
+        int V = w[0].v;
+        uint32_t e0 = sub_elem(s, t, c, sub);
+        uint32_t nwv[16] = {0};
+        if (nws != KILN_IDX_NONE && V == 1) nwv[0] = kl_load(k, nws, KILN_DTYPE_F32, e0);
+        if (nws != KILN_IDX_NONE && V > 1)
+            for (int i = 0; i < V; i += 4) {
+                uint32_t v4 = ld4(s, nws, op2(s, KILN_KOP_ADD, e0, ci(s, i)));
+                for (int l = 0; l < 4; l++) nwv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            }
+        for (int q = 0; q < s->mc; q++) {
+            uint32_t xv[16] = {0};
+            uint32_t xb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), e0);
+            for (int i = 0; i < V; i += 4) {
+                bool vec = V > 1 && s->xdt == KILN_DTYPE_F32;
+                uint32_t v4 = vec ? ld4(s, xs, op2(s, KILN_KOP_ADD, xb, ci(s, i))) : KILN_IDX_NONE;
+                for (int l = 0; l < 4 && i + l < V; l++) {
+                    xv[i + l] = !vec ? kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, xb, ci(s, i + l)))
+                                     : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                    if (s->nsc[q] != KILN_IDX_NONE) {
+                        xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], s->nsc[q]);
+                        if (nws != KILN_IDX_NONE) xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], nwv[i + l]);
+                    }
+                }
+            }
+            uint32_t sx = KILN_IDX_NONE;
+            if (w[0].b != KILN_IDX_NONE) {
+                sx = xv[0];
+                for (int i = 1; i < V; i++) sx = op2(s, KILN_KOP_ADD, sx, xv[i]);
+            }
+            for (int r = 0; r < s->n_slots; r++) {
+                if (w[r].a == KILN_IDX_NONE) { /* float weights: straight into the accumulator */
+                    uint32_t a = s->acc[r][q];
+                    for (int i = 0; i < V; i++) a = fma3(s, w[r].q[i], xv[i], a);
+                    kiln_kset(k, s->acc[r][q], a);
+                    continue;
+                }
+                uint32_t d = op2(s, KILN_KOP_MUL, w[r].q[0], xv[0]);
+                for (int i = 1; i < V; i++) d = fma3(s, w[r].q[i], xv[i], d);
+                uint32_t a = fma3(s, w[r].a, d, s->acc[r][q]);
+                if (w[r].b != KILN_IDX_NONE) a = fma3(s, w[r].b, sx, a);
+                kiln_kset(k, s->acc[r][q], a);
+            }
+        }
+    }
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
@@ -585,57 +639,19 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     }
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++) s->acc[r][q] = kiln_kvar(k, cf(s, 0));
+    bool two_step = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0) && !s->scalar &&
+                    cpr % (64 * G->wpu) == 0;
     uint32_t c = kiln_kvar(k, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, wi, ci(s, 32)), lane));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu), 0);
-    gv_chunk ch[SLOTS];
-    for (int r = 0; r < s->n_slots; r++) load_chunk(s, t, slot_w[r], row[r], c, rows, &ch[r]);
-    for (int sub = 0; sub < subs_of(t); sub++) {
-        gv_sub w[SLOTS];
-        for (int r = 0; r < s->n_slots; r++) decode(s, t, &ch[r], c, sub, &w[r]);
-        int V = w[0].v;
-        uint32_t e0 = sub_elem(s, t, c, sub);
-        uint32_t nwv[16] = {0};
-        if (nws != KILN_IDX_NONE && V == 1) nwv[0] = kl_load(k, nws, KILN_DTYPE_F32, e0);
-        if (nws != KILN_IDX_NONE && V > 1)
-            for (int i = 0; i < V; i += 4) {
-                uint32_t v4 = ld4(s, nws, op2(s, KILN_KOP_ADD, e0, ci(s, i)));
-                for (int l = 0; l < 4; l++) nwv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
-            }
-        for (int q = 0; q < s->mc; q++) {
-            uint32_t xv[16] = {0};
-            uint32_t xb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), e0);
-            for (int i = 0; i < V; i += 4) {
-                bool vec = V > 1 && s->xdt == KILN_DTYPE_F32;
-                uint32_t v4 = vec ? ld4(s, xs, op2(s, KILN_KOP_ADD, xb, ci(s, i))) : KILN_IDX_NONE;
-                for (int l = 0; l < 4 && i + l < V; l++) {
-                    xv[i + l] = !vec ? kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, xb, ci(s, i + l)))
-                                     : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
-                    if (s->nsc[q] != KILN_IDX_NONE) {
-                        xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], s->nsc[q]);
-                        if (nws != KILN_IDX_NONE) xv[i + l] = op2(s, KILN_KOP_MUL, xv[i + l], nwv[i + l]);
-                    }
-                }
-            }
-            uint32_t sx = KILN_IDX_NONE;
-            if (w[0].b != KILN_IDX_NONE) {
-                sx = xv[0];
-                for (int i = 1; i < V; i++) sx = op2(s, KILN_KOP_ADD, sx, xv[i]);
-            }
-            for (int r = 0; r < s->n_slots; r++) {
-                if (w[r].a == KILN_IDX_NONE) { /* float weights: straight into the accumulator */
-                    uint32_t a = s->acc[r][q];
-                    for (int i = 0; i < V; i++) a = fma3(s, w[r].q[i], xv[i], a);
-                    kiln_kset(k, s->acc[r][q], a);
-                    continue;
-                }
-                uint32_t d = op2(s, KILN_KOP_MUL, w[r].q[0], xv[0]);
-                for (int i = 1; i < V; i++) d = fma3(s, w[r].q[i], xv[i], d);
-                uint32_t a = fma3(s, w[r].a, d, s->acc[r][q]);
-                if (w[r].b != KILN_IDX_NONE) a = fma3(s, w[r].b, sx, a);
-                kiln_kset(k, s->acc[r][q], a);
-            }
-        }
-    }
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu * (two_step ? 2 : 1)), 0);
+    /* Float and q8_0 rows take two chunks per step when the chunk count allows: both chunks' loads
+     * are in flight before the first is used (more bytes in flight per warp). */
+    bool two = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0) && !s->scalar &&
+               cpr % (64 * G->wpu) == 0;
+    gv_chunk ch[2][SLOTS];
+    uint32_t cc[2] = {c, two ? op2(s, KILN_KOP_ADD, c, ci(s, 32 * G->wpu)) : KILN_IDX_NONE};
+    for (int h = 0; h < (two ? 2 : 1); h++)
+        for (int r = 0; r < s->n_slots; r++) load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
+    for (int h = 0; h < (two ? 2 : 1); h++) gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
     kl_loop_end(k);
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++)
