@@ -372,7 +372,7 @@ static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, 
         char err[8192] = "";
         kiln_status s = kiln_lower_region_seq(g, &f.regions[r], ks, &nk, err, sizeof err);
         if (s == KILN_ERR_UNSUPPORTED) {
-            if (!t->unsupported++) snprintf(t->first_unsupported, sizeof t->first_unsupported, "%s region %u: %s", what, r, err);
+            if (!t->unsupported++) snprintf(t->first_unsupported, sizeof t->first_unsupported, "%.64s region %u: %.160s", what, r, err);
             continue;
         }
         cr_assert_eq(s, KILN_OK, "%s region %u: lowering: %s: %s", what, r, kiln_status_str(s), err);
