@@ -35,13 +35,23 @@ static uint32_t safe_max(kiln_kir *k, uint32_t m) /* -inf -> 0 so that exp(x - m
     return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, o2(k, KILN_KOP_EQ, m, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), m, 0);
 }
 
+/* Keys per split at run time: n_kv spread over the n_split splits in multiples of 32 (at least
+ * 32), so every split works whatever n_kv is below the cache's bound. */
+static uint32_t split_keys(kiln_kir *k, const at *a, uint32_t n_kv)
+{
+    uint32_t per = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, n_kv, c_(k, (int32_t)a->n_split - 1)), c_(k, (int32_t)a->n_split));
+    per = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, per, c_(k, 31)), c_(k, 32)), c_(k, 32));
+    return o2(k, KILN_KOP_MAX, per, c_(k, 32));
+}
+
 /* Number of keys token t sees: n_kv - n_tok + t + 1. */
 static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t) { return o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_SUB, n_kv, n_tok), o2(k, KILN_KOP_ADD, t, c_(k, 1))); }
 
 static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
 {
     kiln_kir_init(k, "kiln_attn_split", ABLK);
-    snprintf(k->what, sizeof k->what, "attention splits of %lld keys, %lld q heads per kv head", (long long)a->S, (long long)a->G);
+    snprintf(k->what, sizeof k->what, "attention: %lld key splits, %lld q heads per kv head",
+             (long long)a->n_split, (long long)a->G);
     k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
     k->grid[1] = (uint32_t)a->tok_max;
     int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
@@ -61,8 +71,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
-    uint32_t start = o2(k, KILN_KOP_MUL, sp, c_(k, (int32_t)a->S));
-    uint32_t end = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, start, c_(k, (int32_t)a->S)), seen);
+    uint32_t S = split_keys(k, a, n_kv);
+    uint32_t start = o2(k, KILN_KOP_MUL, sp, S);
+    uint32_t end = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, start, S), seen);
     if_(k, o2(k, KILN_KOP_PAND, o2(k, KILN_KOP_LT, t, n_tok), o2(k, KILN_KOP_LT, start, seen)));
     /* q of the group's heads, pre-scaled */
     float scale = n->f[0];
@@ -200,7 +211,8 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
     if_(k, o2(k, KILN_KOP_LT, t, n_tok));
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
-    uint32_t nsp = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, seen, c_(k, (int32_t)a->S - 1)), c_(k, (int32_t)a->S));
+    uint32_t S = split_keys(k, a, n_kv);
+    uint32_t nsp = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_SUB, o2(k, KILN_KOP_ADD, seen, S), c_(k, 1)), S);
     uint32_t row = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, (int32_t)a->n_split));
     uint32_t d = kiln_kvar(k, tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, d, c_(k, hd), c_(k, 128), 0);

@@ -52,6 +52,9 @@ typedef struct gv {
     uint32_t  ok[SLOTS];        /* PRED column exists */
     uint32_t  acc[SLOTS][MC_MAX];
     uint32_t  t0;               /* I32 first token of the pass */
+    uint32_t  tt[MC_MAX];       /* I32 row of x of each token of the pass (clamped) */
+    bool      hoisted;          /* one pass covers every token: the prologue runs once per block, before
+                                   a grid-stride loop over the virtual blocks (kir.grid_stride) */
     uint32_t  nsc[MC_MAX];      /* F32 norm scale per token of the pass */
     uint32_t  memo_key[MEMO], memo_val[MEMO];
     int       n_memo;
@@ -753,6 +756,31 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
     }
 }
 
+/* The start of a pass over tokens t0 .. t0 + mc - 1: their rows of x, the rms_norm scale of each
+ * (the whole block reduces over x's row) and, for integer dot products, x quantized into shared
+ * memory. Block-uniform: every thread of the block runs it. */
+static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
+{
+    kiln_kir *k = s->k;
+    int64_t K = s->K;
+    uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
+    for (int q = 0; q < s->mc; q++) /* clamped into 0 .. m - 1 (row 0 when m = 0: its stores are all guarded) */
+        s->tt[q] = op2(s, KILN_KOP_MAX, op2(s, KILN_KOP_MIN, tok(s, q), op2(s, KILN_KOP_SUB, m, ci(s, 1))), ci(s, 0));
+    for (int q = 0; q < s->mc; q++) {
+        if (s->norm == KILN_IDX_NONE) { s->nsc[q] = KILN_IDX_NONE; continue; }
+        uint32_t ss = kiln_kvar(k, cf(s, 0));
+        uint32_t j = kiln_kvar(k, tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
+        uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, s->tt[q], ci(s, (int32_t)K)), j));
+        kiln_kset(k, ss, fma3(s, xv, xv, ss));
+        kl_loop_end(k);
+        uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
+        s->nsc[q] = op2(s, KILN_KOP_DIV, cf(s, 1.0f), kiln_k1(k, KILN_KOP_SQRT, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_DIV, tot, cf(s, (float)K)), cf(s, s->eps))));
+    }
+    if (s->dp4a) quantize_x(s, tid, s->tt, xs, nws);
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
@@ -791,25 +819,14 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
     uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
     int64_t K = s->K, rows = G->n, cpr = chunks_per_row(t, K, s->scalar);
-    s->t0 = kiln_kvar(k, ci(s, 0));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->t0, m, ci(s, s->mc), 0);
-    uint32_t tt[MC_MAX];
-    for (int q = 0; q < s->mc; q++) tt[q] = op2(s, KILN_KOP_MIN, tok(s, q), op2(s, KILN_KOP_SUB, m, ci(s, 1)));
-    /* rms_norm scale per token: the whole block reduces over x's row */
-    for (int q = 0; q < s->mc; q++) {
-        if (s->norm == KILN_IDX_NONE) { s->nsc[q] = KILN_IDX_NONE; continue; }
-        uint32_t ss = kiln_kvar(k, cf(s, 0));
-        uint32_t j = kiln_kvar(k, tid);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
-        uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), j));
-        kiln_kset(k, ss, fma3(s, xv, xv, ss));
-        kl_loop_end(k);
-        uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
-        s->nsc[q] = op2(s, KILN_KOP_DIV, cf(s, 1.0f), kiln_k1(k, KILN_KOP_SQRT, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_DIV, tot, cf(s, (float)K)), cf(s, s->eps))));
+    if (!s->hoisted) {
+        s->t0 = kiln_kvar(k, ci(s, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->t0, m, ci(s, s->mc), 0);
+        pass_prologue(s, tid, m);
     }
+    const uint32_t *tt = s->tt;
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++) s->acc[r][q] = kiln_kvar(k, cf(s, 0));
-    if (s->dp4a) quantize_x(s, tid, tt, xs, nws);
     /* Float and q8_0 rows take two chunks per step when the chunk count allows: both chunks' loads
      * are in flight before the first is used (more bytes in flight per warp). k-quant chunks carry
      * their block header too: one per step keeps them under 80 registers. */
@@ -850,7 +867,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     kif(s, op2(s, KILN_KOP_PAND, op2(s, KILN_KOP_EQ, lane, ci(s, 0)), op2(s, KILN_KOP_EQ, wi, ci(s, 0))));
     epilogue(s, G, m);
     kendif(s);
-    kl_loop_end(k);
+    if (!s->hoisted) kl_loop_end(k);
 }
 
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
@@ -878,6 +895,19 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
         s->sh_dx = kiln_kir_shared(k, (uint32_t)(s->mc * s->K / 32));
         s->sh_xs = kiln_kir_shared(k, (uint32_t)(s->mc * s->K / 32));
     }
+    /* Decode (every token in one pass): the norm and x's quantization run once per block, which
+     * then strides over the virtual blocks; a launcher may run as few blocks as fill the GPU. */
+    s->hoisted = s->m_max <= s->mc;
+    uint32_t vb = KILN_IDX_NONE;
+    if (s->hoisted) {
+        s->t0 = ci(s, 0);
+        pass_prologue(s, tid, m);
+        k->grid_stride = true;
+        vb = kiln_kvar(k, bid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, vb, ci(s, (int32_t)k->grid[0]),
+                    kiln_kir_op(k, KILN_KOP_NBID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0), 0);
+        gw = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, vb, ci(s, WARPS)), op2(s, KILN_KOP_SHR, tid, ci(s, 5)));
+    }
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
         uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
@@ -885,6 +915,7 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
         emit_group(s, G, gw, lane, tid, m);
         kendif(s);
     }
+    if (s->hoisted) kl_loop_end(k);
     if (s->failed) st = kl_unsupported(err, n_err, "gemv: %s", s->why);
 out:
     if (st != KILN_OK) kiln_kir_free(k);

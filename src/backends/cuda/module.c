@@ -126,6 +126,23 @@ static void dump(const char *name, const char *ptx)
     fclose(f);
 }
 
+/* Blocks to launch for a grid-stride kernel: as many as are resident on the whole GPU at once
+ * (the driver's occupancy for this function times the SM count), at most the virtual blocks.
+ * $KILN_GRID_CAP=N caps it at N instead (0: launch every virtual block, for comparisons). */
+static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, const kiln_kir *kir)
+{
+    uint32_t n = kir->grid[0];
+    const char *cap = getenv("KILN_GRID_CAP");
+    if (cap && *cap) {
+        long v = strtol(cap, NULL, 10);
+        return v > 0 && (uint32_t)v < n ? (uint32_t)v : n;
+    }
+    int per_sm = 0;
+    if (c->d.occupancy(&per_sm, fn, (int)kir->block, 0) != KILN_CU_SUCCESS || per_sm <= 0 || c->n_sm <= 0) return n;
+    uint64_t resident = (uint64_t)per_sm * (uint64_t)c->n_sm;
+    return resident < n ? (uint32_t)resident : n;
+}
+
 /* Loads one printed kernel into f and uploads its tables. A kernel the JIT reports spilling under
  * the default register cap is printed again with every register allowed (KILN_PTX_ALL_REGISTERS). */
 static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cuda_fn *f, char *err, size_t n)
@@ -150,6 +167,7 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
     if (s != KILN_OK) return s;
     memcpy(f->grid, kir->grid, sizeof f->grid);
     f->block = kir->block;
+    if (kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir);
     f->n_bufs = kir->n_bufs;
     memcpy(f->bufs, kir->bufs, sizeof f->bufs);
     memcpy(f->name, kir->name, sizeof f->name);

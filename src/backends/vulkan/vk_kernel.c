@@ -117,7 +117,7 @@ kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel *
         return KILN_ERR_UNSUPPORTED;
     }
     for (int d = 0; d < 3; d++)
-        if (kir->grid[d] > lim->maxComputeWorkGroupCount[d] || !kir->grid[d]) {
+        if ((kir->grid[d] > lim->maxComputeWorkGroupCount[d] && !(d == 0 && kir->grid_stride)) || !kir->grid[d]) {
             snprintf(err, n, "vulkan: kernel %s grid[%d] = %u, %s takes 1..%u", kir->name, d, kir->grid[d], s->props.deviceName,
                      lim->maxComputeWorkGroupCount[d]);
             return KILN_ERR_UNSUPPORTED;
@@ -135,6 +135,12 @@ kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel *
     k->n_bufs = kir->n_bufs;
     memcpy(k->bufs, kir->bufs, sizeof k->bufs);
     memcpy(k->grid, kir->grid, sizeof k->grid);
+    if (kir->grid_stride) { /* fewer blocks stride over the virtual ones: the device's limit, or $KILN_GRID_CAP */
+        const char *cap = getenv("KILN_GRID_CAP");
+        long v = cap && *cap ? strtol(cap, NULL, 10) : 0;
+        if (v > 0 && (uint32_t)v < k->grid[0]) k->grid[0] = (uint32_t)v;
+        if (k->grid[0] > lim->maxComputeWorkGroupCount[0]) k->grid[0] = lim->maxComputeWorkGroupCount[0];
+    }
     kiln_status st = kiln_spv_glsl(kir, &s->feat, &k->glsl, err, n);
     uint32_t *words = NULL;
     size_t n_words = 0;
