@@ -108,6 +108,18 @@ Test(ops, matmul_blocks)
     }
 }
 
+/* Float weights in decode shapes (one pass over the tokens: x normalized once per block into
+ * shared memory), small enough for lavapipe too. */
+Test(ops, matmul_float_decode)
+{
+    const int64_t gemv[] = {1, 3, 4};
+    for (size_t w = 0; w < 3; w++) {
+        matmul_case(KILN_DTYPE_F32, WTS[w], 512, 17, 4, gemv, 3, false);
+        matmul_case(KILN_DTYPE_F32, WTS[w], 4096, 3, 1, gemv, 1, false);
+        matmul_case(KILN_DTYPE_BF16, WTS[w], 256, 5, 2, gemv, 1, false);
+    }
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 typedef kiln_node (*unary_fn)(kiln_graph *, kiln_node);

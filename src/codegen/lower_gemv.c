@@ -42,6 +42,8 @@ typedef struct gv {
     kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
     bool      dp4a;             /* block weights only: x quantized per 32 to int8 in shared memory, integer dot products */
     uint32_t  sh_xq, sh_dx, sh_xs; /* shared arrays: int8 x (K/4 words per token), scale and sum of x per 32 */
+    bool      xstage;           /* float weights in one pass: normalized x staged in shared memory (sh_x) */
+    uint32_t  sh_x;
     gv_group  grp[SLOTS];
     int       n_grp;
     /* per unit, while emitting one group */
@@ -556,6 +558,19 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
         int V = w[0].v;
         uint32_t e0 = sub_elem(s, t, c, sub);
         uint32_t nwv[16] = {0};
+        if (s->xstage) { /* normalized x from shared memory */
+            for (int q = 0; q < s->mc; q++) {
+                uint32_t xv[16] = {0};
+                uint32_t xb = op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), e0);
+                for (int i = 0; i < V; i++) xv[i] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, op2(s, KILN_KOP_ADD, xb, ci(s, i)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_x);
+                for (int r = 0; r < s->n_slots; r++) {
+                    uint32_t a = s->acc[r][q];
+                    for (int i = 0; i < V; i++) a = fma3(s, w[r].q[i], xv[i], a);
+                    kiln_kset(k, s->acc[r][q], a);
+                }
+            }
+            continue;
+        }
         if (nws != KILN_IDX_NONE && V == 1) nwv[0] = kl_load(k, nws, KILN_DTYPE_F32, e0);
         if (nws != KILN_IDX_NONE && V > 1)
             for (int i = 0; i < V; i += 4) {
@@ -779,6 +794,18 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
         s->nsc[q] = op2(s, KILN_KOP_DIV, cf(s, 1.0f), kiln_k1(k, KILN_KOP_SQRT, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_DIV, tot, cf(s, (float)K)), cf(s, s->eps))));
     }
     if (s->dp4a) quantize_x(s, tid, s->tt, xs, nws);
+    if (s->xstage) { /* x * norm scale * norm weight, once per block */
+        for (int q = 0; q < s->mc; q++) {
+            uint32_t j = kiln_kvar(k, tid);
+            kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
+            uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, s->tt[q], ci(s, (int32_t)K)), j));
+            if (s->nsc[q] != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, s->nsc[q]);
+            if (nws != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, kl_load(k, nws, KILN_DTYPE_F32, j));
+            kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), j), xv, KILN_IDX_NONE, (int32_t)s->sh_x);
+            kl_loop_end(k);
+        }
+        kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    }
 }
 
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
@@ -898,6 +925,12 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
     /* Decode (every token in one pass): the norm and x's quantization run once per block, which
      * then strides over the virtual blocks; a launcher may run as few blocks as fill the GPU. */
     s->hoisted = s->m_max <= s->mc;
+    /* Float weights in one pass read x from shared memory, normalized once per block: the loop's
+     * loads are then all weight streams (32 KB at most: every Vulkan device has that much). */
+    s->xstage = s->hoisted && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= 32768;
+    for (int j = 0; j < s->n_mm; j++)
+        if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) != 1) s->xstage = false;
+    if (s->xstage) s->sh_x = kiln_kir_shared(k, (uint32_t)(s->mc * s->K));
     uint32_t vb = KILN_IDX_NONE;
     if (s->hoisted) {
         s->t0 = ci(s, 0);
