@@ -44,6 +44,7 @@ typedef struct gv {
     uint32_t  sh_xq, sh_dx, sh_xs; /* shared arrays: int8 x (K/4 words per token), scale and sum of x per 32 */
     bool      xstage;           /* float weights in one pass: normalized x staged in shared memory (sh_x) */
     uint32_t  sh_x;
+    int       xv;               /* values per chunk of the staged layout: value i of chunk c at i * K / xv + c */
     gv_group  grp[SLOTS];
     int       n_grp;
     /* per unit, while emitting one group */
@@ -561,8 +562,9 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
         if (s->xstage) { /* normalized x from shared memory */
             for (int q = 0; q < s->mc; q++) {
                 uint32_t xv[16] = {0};
-                uint32_t xb = op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), e0);
-                for (int i = 0; i < V; i++) xv[i] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, op2(s, KILN_KOP_ADD, xb, ci(s, i)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_x);
+                uint32_t xb = op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), op2(s, KILN_KOP_DIV, e0, ci(s, s->xv)));
+                for (int i = 0; i < V; i++) /* lanes read consecutive words: no bank conflicts */
+                    xv[i] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, op2(s, KILN_KOP_ADD, xb, ci(s, (int32_t)(i * K / s->xv))), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_x);
                 for (int r = 0; r < s->n_slots; r++) {
                     uint32_t a = s->acc[r][q];
                     for (int i = 0; i < V; i++) a = fma3(s, w[r].q[i], xv[i], a);
@@ -801,7 +803,8 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
             uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, s->tt[q], ci(s, (int32_t)K)), j));
             if (s->nsc[q] != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, s->nsc[q]);
             if (nws != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, kl_load(k, nws, KILN_DTYPE_F32, j));
-            kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), j), xv, KILN_IDX_NONE, (int32_t)s->sh_x);
+            uint32_t at = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_REM, j, ci(s, s->xv)), ci(s, (int32_t)(K / s->xv))), op2(s, KILN_KOP_DIV, j, ci(s, s->xv)));
+            kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), at), xv, KILN_IDX_NONE, (int32_t)s->sh_x);
             kl_loop_end(k);
         }
         kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -855,9 +858,11 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++) s->acc[r][q] = kiln_kvar(k, cf(s, 0));
     /* Float and q8_0 rows take two chunks per step when the chunk count allows: both chunks' loads
-     * are in flight before the first is used (more bytes in flight per warp). k-quant chunks carry
-     * their block header too: one per step keeps them under 80 registers. */
-    bool two = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0) && !s->scalar &&
+     * are in flight before the first is used (more bytes in flight per warp). So do q4_K/q5_K rows
+     * with integer dot products (ptxas gives them the same 80 registers either way; q6_K's four
+     * loads per chunk would not fit). */
+    bool two = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0 ||
+                (s->dp4a && (t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K))) && !s->scalar &&
                cpr % (64 * G->wpu) == 0;
     uint32_t c = kiln_kvar(k, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, wi, ci(s, 32)), lane));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu * (two ? 2 : 1)), 0);
@@ -925,11 +930,16 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
     /* Decode (every token in one pass): the norm and x's quantization run once per block, which
      * then strides over the virtual blocks; a launcher may run as few blocks as fill the GPU. */
     s->hoisted = s->m_max <= s->mc;
-    /* Float weights in one pass read x from shared memory, normalized once per block: the loop's
-     * loads are then all weight streams (32 KB at most: every Vulkan device has that much). */
-    s->xstage = s->hoisted && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= 32768;
-    for (int j = 0; j < s->n_mm; j++)
-        if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) != 1) s->xstage = false;
+    /* Float weights behind an rms_norm, in one pass, read x from shared memory, normalized once per
+     * block: the loop's loads are then all weight streams (32 KB at most: every Vulkan device has
+     * that much). Without a norm the prologue would only delay the first weight loads. */
+    s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= 32768;
+    for (int j = 0; j < s->n_mm; j++) { /* one chunk layout for every weight */
+        kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
+        int v = t == KILN_DTYPE_F32 ? 4 : t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 ? 8 : 0;
+        if (!v || (j && v != s->xv)) s->xstage = false;
+        s->xv = v;
+    }
     if (s->xstage) s->sh_x = kiln_kir_shared(k, (uint32_t)(s->mc * s->K));
     uint32_t vb = KILN_IDX_NONE;
     if (s->hoisted) {
