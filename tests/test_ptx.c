@@ -55,6 +55,7 @@ static void build_every_op(kiln_kir *k)
     uint32_t tid = op(k, KILN_KOP_TID, KILN_KT_I32, N, N, N, 0);
     uint32_t bx = op(k, KILN_KOP_BID, KILN_KT_I32, N, N, N, 0), by = op(k, KILN_KOP_BID, KILN_KT_I32, N, N, N, 1);
     uint32_t bz = op(k, KILN_KOP_BID, KILN_KT_I32, N, N, N, 2);
+    bz = kiln_k2(k, KILN_KOP_REM, bz, op(k, KILN_KOP_NBID, KILN_KT_I32, N, N, N, 2)); /* bz < nbid.z: the same value */
     uint32_t n0 = op(k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 0), n1 = op(k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 3);
     uint32_t n0b = op(k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 0);
     uint32_t gi = kiln_k2(k, KILN_KOP_ADD, tid, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, bx, kiln_k2(k, KILN_KOP_ADD, by, bz)), kiln_ki(k, 256)));

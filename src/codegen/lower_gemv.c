@@ -204,7 +204,7 @@ static bool analyze(gv *s, char *err, size_t n_err)
          * keeps thousands of warps streaming (an H100 holds 8448). */
         int64_t cpr = chunks_per_row(t0, s->K, s->scalar);
         G->wpu = 1;
-        while (G->wpu < WARPS && G->units * G->wpu < 4096 && cpr >= 64 * G->wpu) G->wpu *= 2;
+        while (G->wpu < WARPS && G->units * G->wpu < 4096 && cpr > 32 * G->wpu) G->wpu *= 2; /* each warp keeps > 16 chunks a row */
         G->warp0 = warp;
         warp += (uint32_t)((G->units * G->wpu + WARPS - 1) / WARPS * WARPS);
     }

@@ -55,7 +55,7 @@ void kt_build_alu(kiln_kir *k, uint32_t *n_out, uint8_t out_ops[256])
     const enum kiln_kt F = KILN_KT_F32, I = KILN_KT_I32, U = KILN_KT_U32;
     uint32_t tid = op3(k, KILN_KOP_TID, I, NONE, NONE, NONE, 0);
     uint32_t bx = op3(k, KILN_KOP_BID, I, NONE, NONE, NONE, 0), by = op3(k, KILN_KOP_BID, I, NONE, NONE, NONE, 1);
-    uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, by, kiln_ki(k, KT_GRID_X)), bx);
+    uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, by, op3(k, KILN_KOP_NBID, I, NONE, NONE, NONE, 0)), bx); /* nbid.x = KT_GRID_X */
     uint32_t gid = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, blk, kiln_ki(k, KT_BLOCK)), tid);
     alu a = {.k = k, .base = kiln_k2(k, KILN_KOP_MUL, gid, kiln_ki(k, KT_OUT_STRIDE)), .ops = out_ops};
     uint32_t g4 = kiln_k2(k, KILN_KOP_MUL, gid, kiln_ki(k, 4));
@@ -255,6 +255,7 @@ static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs,
     case KILN_KOP_CONST: r.u = in->imm.u; break;
     case KILN_KOP_TID: r.i = (int32_t)tid; break;
     case KILN_KOP_BID: r.i = (int32_t)bid[in->imm.u]; break;
+    case KILN_KOP_NBID: r.i = (int32_t)k->grid[in->imm.u]; break;
     case KILN_KOP_PARAM: r.u = bufs[0][in->imm.u]; break;
     case KILN_KOP_VAR: r = a; break;
     case KILN_KOP_ASSIGN: v[in->a] = b; return true;
