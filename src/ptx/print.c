@@ -150,7 +150,13 @@ static uint32_t new_reg(pstate *p, enum rcls c) { return p->n_reg[c]++; }
 static rname nreg(enum rcls c, uint32_t n)
 {
     rname r;
-    snprintf(r.s, sizeof r.s, "%s%u", rc_name[c], n);
+    size_t l = strlen(rc_name[c]);
+    memcpy(r.s, rc_name[c], l);
+    char rev[12];
+    int k = 0;
+    do rev[k++] = (char)('0' + n % 10), n /= 10; while (n);
+    while (k && l + 1 < sizeof r.s) r.s[l++] = rev[--k];
+    r.s[l] = 0;
     return r;
 }
 
