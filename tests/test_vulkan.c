@@ -279,7 +279,7 @@ Test(vulkan, out_of_memory_leaves_it_usable)
 /* A llama-style layer (a small preset: lavapipe is slow) run for several steps (prefill of 4
  * tokens, then decode with growing n_kv) on vulkan and on ref through the public API: outputs
  * agree (ref, not cpu: cpu quantizes activations for q8_0 weights). */
-static void preset_steps(const kiln_preset *p, kiln_dtype wt)
+static void preset_steps(const kiln_preset *p, kiln_dtype wt, int T)
 {
     const char *name = p->name;
     kiln_ctx *ctx;
@@ -290,7 +290,7 @@ static void preset_steps(const kiln_preset *p, kiln_dtype wt)
             kiln_ctx_free(ctx);
             cr_skip("no Vulkan device");
         }
-    enum { T = 4, STEPS = 4 };
+    enum { T_MAX = 16, STEPS = 4 };
     int64_t hid = p->hidden;
     kiln_plan *plan[2];
     const char *bk[2] = {"ref", "vulkan"};
@@ -305,7 +305,7 @@ static void preset_steps(const kiln_preset *p, kiln_dtype wt)
     int n_kv = 0;
     for (int step = 0; step < STEPS; step++) {
         int n_tok = step == 0 ? T : 1;
-        int32_t pos[T];
+        int32_t pos[T_MAX];
         for (int t = 0; t < n_tok; t++) pos[t] = n_kv + t;
         n_kv += n_tok;
         tu_fill(x, n_tok * hid, -1.0f, 1.0f);
@@ -323,7 +323,10 @@ static void preset_steps(const kiln_preset *p, kiln_dtype wt)
             worst = fmax(worst, fabs((double)y[1][i] - y[0][i]));
             top = fmax(top, fabs(y[0][i]));
         }
-        cr_assert_leq(worst, 1e-4 * top, "%s %s step %d (n_tok %d, n_kv %d): max |vulkan - ref| %g of max |y| %g", name,
+        /* block weights on the GEMM take x rounded to f16 (2^-11 relative, far inside the matmul
+         * contract's NMSE 1e-4 for them, which allows int8 activations) */
+        double bound = T > 8 && kiln_dtype_block(wt) > 1 ? 1e-3 : 1e-4; /* (the KV cache keeps it) */
+        cr_assert_leq(worst, bound * top, "%s %s step %d (n_tok %d, n_kv %d): max |vulkan - ref| %g of max |y| %g", name,
                       kiln_dtype_name(wt), step, n_tok, n_kv, worst, top);
     }
     free(x), free(y[0]), free(y[1]);
@@ -337,5 +340,17 @@ Test(vulkan, preset_layer_matches_ref, .timeout = 600)
     const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
                                .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
     const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0};
-    for (int i = 0; i < 2; i++) preset_steps(&small, wt[i]);
+    for (int i = 0; i < 2; i++) preset_steps(&small, wt[i], 4);
+}
+
+/* The same with a prefill of 12 tokens: the GEMM template (rms_norm prologue, neox rope and KV
+ * writes, swiglu and residual epilogues) on tensor-core tiles, emulated on lavapipe. */
+Test(vulkan, preset_layer_prefill_gemm_matches_ref, .timeout = 600)
+{
+    const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                               .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+    const kiln_preset normal = {.name = "small-normal-rope", .hidden = 64, .n_head = 2, .n_kv_head = 1, .head_dim = 32,
+                                .ffn = 96, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
+    preset_steps(&small, KILN_DTYPE_F16, 12);
+    preset_steps(&normal, KILN_DTYPE_Q8_0, 12);
 }
