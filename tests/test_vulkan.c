@@ -137,6 +137,42 @@ static void run_alu(const char *disable, bool record)
     free(ref), free(ref_h), free(got), free(got_h);
 }
 
+/* MMA and LDS4 (emulated through shared memory in GLSL) against kt_ref_mma, the fragment layouts
+ * written from the PTX ISA (test_cuda runs the same kernel on the tensor cores). */
+static void run_mma(void)
+{
+    kiln_vk *s = open_vk(NULL);
+    kiln_kir k;
+    kt_build_mma(&k);
+    enum { W = 4 * KT_MMA_BLOCK, O = KT_MMA_BLOCK * KT_MMA_OUT };
+    uint32_t a[W], b[W], want[O], got[O];
+    for (int i = 0; i < W; i++) a[i] = kt_mma_word(), b[i] = kt_mma_word();
+    kt_ref_mma(a, b, want);
+    void *p, *x, *y, *z;
+    CHECK(be->alloc(s, 64, &p, E));
+    CHECK(be->alloc(s, sizeof a, &x, E));
+    CHECK(be->alloc(s, sizeof b, &y, E));
+    CHECK(be->alloc(s, sizeof got, &z, E));
+    kiln_vk_kernel *kern;
+    CHECK(kiln_vk_kernel_new(s, &k, &kern, E));
+    CHECK(be->upload(s, x, a, sizeof a, E));
+    CHECK(be->upload(s, y, b, sizeof b, E));
+    void *addr[4] = {p, x, y, z};
+    CHECK(kiln_vk_kernel_launch(s, kern, addr, E));
+    CHECK(be->download(s, got, z, sizeof got, E));
+    CHECK(be->sync(s, E));
+    for (int i = 0; i < O; i++) {
+        float g, w;
+        memcpy(&g, &got[i], 4), memcpy(&w, &want[i], 4);
+        bool same = i % KT_MMA_OUT >= 16 ? got[i] == want[i] : fabsf(g - w) <= 1e-5f * (1 + fabsf(w));
+        cr_assert(same, "output %d (thread %d, %d): got %08x (%g) want %08x (%g)", i, i / KT_MMA_OUT, i % KT_MMA_OUT, got[i], g, want[i], w);
+    }
+    kiln_vk_kernel_free(s, kern);
+    be->free(s, p), be->free(s, x), be->free(s, y), be->free(s, z);
+    be->release(s);
+    kiln_kir_free(&k);
+}
+
 static void run_reduce(const char *disable)
 {
     kiln_vk *s = open_vk(disable);
@@ -167,6 +203,15 @@ static void run_reduce(const char *disable)
     kiln_kir_free(&k);
 }
 #endif
+
+Test(vulkan, mma_matches_fragment_layouts)
+{
+#ifdef KILN_HAVE_VULKAN
+    run_mma();
+#else
+    cr_skip("kiln was built without Vulkan");
+#endif
+}
 
 Test(vulkan, alu_kernel_matches_interpreter)
 {
