@@ -97,6 +97,7 @@ Test(ops, matmul)
  * second partial), and x in f16/bf16 (the mma then takes x as it is). Small enough for lavapipe. */
 Test(ops, matmul_gemm)
 {
+    setenv("KILN_GEMM", "1", 1); /* opt-in (src/codegen/lower.c); this test's process only */
     const int64_t t[] = {80, 9};
     for (size_t w = 1; w < N_OF(WTS); w++)
         matmul_case(KILN_DTYPE_F32, WTS[w], 256, 72, 80, t, 1, false);

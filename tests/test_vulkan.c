@@ -324,21 +324,21 @@ Test(vulkan, out_of_memory_leaves_it_usable)
 /* A llama-style layer (a small preset: lavapipe is slow) run for several steps (prefill of 4
  * tokens, then decode with growing n_kv) on vulkan and on ref through the public API: outputs
  * agree (ref, not cpu: cpu quantizes activations for q8_0 weights). */
-static void preset_steps(const kiln_preset *p, kiln_dtype wt, int T)
+static void preset_steps_on(const kiln_preset *p, kiln_dtype wt, int T, const char *dev)
 {
     const char *name = p->name;
     kiln_ctx *ctx;
     cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
     kiln_backend_info bi;
     for (int i = 0; i < kiln_backend_count(ctx); i++)
-        if (kiln_backend_get(ctx, i, &bi) == KILN_OK && !strcmp(bi.name, "vulkan") && !bi.available) {
+        if (kiln_backend_get(ctx, i, &bi) == KILN_OK && !strcmp(bi.name, dev) && !bi.available) {
             kiln_ctx_free(ctx);
-            cr_skip("no Vulkan device");
+            cr_skip("no %s device", dev);
         }
     enum { T_MAX = 16, STEPS = 4 };
     int64_t hid = p->hidden;
     kiln_plan *plan[2];
-    const char *bk[2] = {"ref", "vulkan"};
+    const char *bk[2] = {"ref", dev};
     for (int b = 0; b < 2; b++) {
         kiln_graph *g;
         cr_assert_eq(kiln_preset_build(p, wt, 1, 32, T, &g), KILN_OK);
@@ -380,6 +380,8 @@ static void preset_steps(const kiln_preset *p, kiln_dtype wt, int T)
     kiln_ctx_free(ctx);
 }
 
+static void preset_steps(const kiln_preset *p, kiln_dtype wt, int T) { preset_steps_on(p, wt, T, "vulkan"); }
+
 Test(vulkan, preset_layer_matches_ref, .timeout = 600)
 {
     const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
@@ -396,6 +398,20 @@ Test(vulkan, preset_layer_prefill_gemm_matches_ref, .timeout = 600)
                                .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
     const kiln_preset normal = {.name = "small-normal-rope", .hidden = 64, .n_head = 2, .n_kv_head = 1, .head_dim = 32,
                                 .ffn = 96, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
+    setenv("KILN_GEMM", "1", 1); /* opt-in (src/codegen/lower.c) */
     preset_steps(&small, KILN_DTYPE_F16, 12);
     preset_steps(&normal, KILN_DTYPE_Q8_0, 12);
+}
+
+/* The same prefill on CUDA (skipped without a device): the GEMM on the tensor cores. */
+Test(vulkan, cuda_preset_layer_prefill_gemm_matches_ref, .timeout = 600)
+{
+    const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                               .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+    const kiln_preset wide = {.name = "wide-normal-rope", .hidden = 256, .n_head = 4, .n_kv_head = 2, .head_dim = 64,
+                              .ffn = 512, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
+    setenv("KILN_GEMM", "1", 1);
+    preset_steps_on(&small, KILN_DTYPE_F16, 12, "cuda");
+    preset_steps_on(&wide, KILN_DTYPE_Q4_K, 16, "cuda");
+    preset_steps_on(&wide, KILN_DTYPE_BF16, 16, "cuda");
 }

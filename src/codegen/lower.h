@@ -76,7 +76,7 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
  * (gemv then takes the region) for fewer rows, f32 weights, K not a multiple of 32, more than two
  * fused siblings, a neox rope head wider than a block's columns. */
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
-/* Whether matmul regions of many rows may use the GEMM: $KILN_GEMM unset or not "0". */
+/* Whether matmul regions of many rows may use the GEMM: $KILN_GEMM is "1" (opt-in for now). */
 bool kl_gemm_enabled(void);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, kiln_kir *k);
