@@ -35,17 +35,27 @@ typedef struct gm {
     int        U;         /* tiles per k-period of the weight format (the decoders' sub-steps) */
 } gm;
 
+/* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
+ * x tile and of the weight tile, their global word offsets without k, and the shared words of
+ * their first pairs (the other pairs are at constant distances: see gm_store). */
+typedef struct gm_plan {
+    uint32_t xbase[2];    /* I32 word of x's item at k = 0 */
+    uint32_t nwoff[2];    /* I32 first k of the item (norm weight offset at k0 = 0) */
+    uint32_t ascale[2];   /* F32 rms scale of the item's row, or NONE */
+    uint32_t aw[2];       /* I32 A-tile word of the item's first pair (part 0) */
+    uint32_t wrow[2];     /* I32 weight row of each weight item */
+    uint32_t wbase[2];    /* I32 word of a float weight item at k = 0 */
+    uint32_t piece[2];    /* I32 piece of a block weight item (0, 1: 16 values each) */
+    uint32_t bw[2];       /* I32 B-tile word of the item's first pair */
+    uint32_t fa, fb;      /* I32 shared words of the warp's first A and B fragments */
+} gm_plan;
+
 /* One tile's global loads, held in registers while the previous tile multiplies. */
 typedef struct gm_raw {
-    uint32_t ax[2][2];    /* x: per item, one or two V4 */
-    uint32_t arow[2];     /* I32 tile row of each x item */
-    uint32_t ac[2];       /* I32 chunk of each x item */
-    uint32_t ascale[2];   /* F32 rms scale of the item's row, or NONE */
+    uint32_t ax[2];       /* x: V4 per item */
     uint32_t anw[2][2];   /* V4 of the norm weight, or NONE */
     gv_chunk b[2];        /* weight chunks, per item */
-    uint32_t brow[2];     /* I32 tile row (block column) of each weight item */
-    uint32_t bc[2];       /* I32 chunk index of each weight item */
-    uint32_t bpiece[2];   /* I32 piece (0..3 for float weights, 0..1 for block weights) */
+    uint32_t bc[2];       /* I32 chunk index of each block-weight item */
 } gm_raw;
 
 static uint32_t ci(gm *g, int32_t v) { return kiln_ki(g->k, v); }
@@ -129,114 +139,119 @@ static uint32_t qchunk(gm *g, uint32_t k0, uint32_t h)
     }
 }
 
-static void gm_load(gm *g, const gv_group *G, gm_raw *raw, uint32_t k0)
+static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
 {
     gv *s = g->s;
     int64_t K = s->K;
+    bool f32 = x_is_f32(g);
     for (int j = 0; j < x_items(g); j++) {
         uint32_t i = addi(g, g->tid, GM_THREADS * j);
-        bool f32 = x_is_f32(g);
         uint32_t row = shri(g, i, f32 ? 3 : 2), c = andi(g, i, f32 ? 7 : 3);
-        raw->arow[j] = row;
-        raw->ac[j] = c;
         uint32_t gr = o2(g, KILN_KOP_MIN, add(g, g->m0, row), addi(g, g->m, -1));
-        uint32_t k = add(g, k0, muli(g, c, f32 ? 4 : 8)); /* first k of the item */
-        if (f32) {
-            raw->ax[j][0] = ld4(g, g->xs, add(g, muli(g, gr, (int32_t)K), k));
-        } else {
-            raw->ax[j][0] = ld4(g, g->xs, add(g, muli(g, gr, (int32_t)(K / 2)), shri(g, k, 1)));
-        }
-        raw->ascale[j] = g->scr != KILN_IDX_NONE ? kl_load(g->k, g->scr, KILN_DTYPE_F32, gr) : KILN_IDX_NONE;
-        for (int h = 0; h < 2; h++) raw->anw[j][h] = KILN_IDX_NONE;
-        if (g->nws != KILN_IDX_NONE)
-            for (int h = 0; h < (f32 ? 1 : 2); h++) raw->anw[j][h] = ld4(g, g->nws, addi(g, k, 4 * h));
+        P->xbase[j] = add(g, muli(g, gr, (int32_t)(f32 ? K : K / 2)), muli(g, c, 4));
+        P->nwoff[j] = muli(g, c, f32 ? 4 : 8);
+        P->ascale[j] = g->scr != KILN_IDX_NONE ? kl_load(g->k, g->scr, KILN_DTYPE_F32, gr) : KILN_IDX_NONE;
+        P->aw[j] = a_word(g, row, muli(g, c, f32 ? 2 : 4));
     }
-    int nb = is_float_w(g->wt) ? 2 : G->n_sib;
-    for (int j = 0; j < nb; j++) {
+    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
         int sp = is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j; /* sibling position */
-        uint32_t ris, piece, c;
-        if (is_float_w(g->wt)) {
+        uint32_t ris, piece;
+        if (is_float_w(g->wt)) { /* 4 pieces of 8 values per row */
             ris = shri(g, g->tid, 2);
             if (G->n_sib == 1) ris = addi(g, ris, 64 * j);
             piece = andi(g, g->tid, 3);
-            c = shri(g, add(g, k0, muli(g, piece, 8)), 3);
-        } else { /* 2 pieces per row; with two siblings threads 128.. repeat 0..127 (same values) */
+        } else { /* 2 pieces of 16 per row; with two siblings threads 128.. repeat 0..127 (same values) */
             uint32_t li = g->bns * 2 >= GM_THREADS ? g->tid : andi(g, g->tid, g->bns * 2 - 1);
             ris = shri(g, li, 1);
             piece = andi(g, li, 1);
-            c = qchunk(g, k0, piece);
         }
-        raw->brow[j] = addi(g, ris, sp * g->bns);
-        raw->bpiece[j] = piece;
-        raw->bc[j] = c;
-        uint32_t wrow = o2(g, KILN_KOP_MIN, add(g, g->n0, ris), ci(g, (int32_t)(G->n - 1)));
+        uint32_t brow = addi(g, ris, sp * g->bns);
+        P->wrow[j] = o2(g, KILN_KOP_MIN, add(g, g->n0, ris), ci(g, (int32_t)(G->n - 1)));
+        P->wbase[j] = add(g, muli(g, P->wrow[j], (int32_t)(K / 2)), muli(g, piece, 4));
+        P->piece[j] = piece;
+        P->bw[j] = b_word(g, brow, muli(g, piece, is_float_w(g->wt) ? 4 : 8));
+    }
+    P->fa = add(g, muli(g, g->wm, 512), muli(g, g->lane, 4));
+    P->fb = addi(g, add(g, muli(g, g->wn, 512), muli(g, g->lane, 4)), g->parts * GM_APART);
+}
+
+static void gm_load(gm *g, const gv_group *G, const gm_plan *P, gm_raw *raw, uint32_t k0)
+{
+    gv *s = g->s;
+    bool f32 = x_is_f32(g);
+    uint32_t k0h = shri(g, k0, 1);
+    for (int j = 0; j < x_items(g); j++) {
+        raw->ax[j] = ld4(g, g->xs, add(g, P->xbase[j], f32 ? k0 : k0h));
+        for (int h = 0; h < 2; h++) raw->anw[j][h] = KILN_IDX_NONE;
+        if (g->nws != KILN_IDX_NONE)
+            for (int h = 0; h < (f32 ? 1 : 2); h++) raw->anw[j][h] = ld4(g, g->nws, addi(g, add(g, k0, P->nwoff[j]), 4 * h));
+    }
+    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
+        int sp = is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j;
         uint32_t slot = kiln_kir_buf(g->k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
-        kl_gv_load_chunk(s, g->wt, slot, wrow, c, G->n, &raw->b[j]);
+        if (is_float_w(g->wt)) {
+            raw->b[j].v[0] = ld4(g, slot, add(g, P->wbase[j], k0h));
+            continue;
+        }
+        raw->bc[j] = qchunk(g, k0, P->piece[j]);
+        kl_gv_load_chunk(s, g->wt, slot, P->wrow[j], raw->bc[j], G->n, &raw->b[j]);
     }
 }
 
-static void gm_store(gm *g, const gv_group *G, const gm_raw *raw, int sub)
+static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub)
 {
     gv *s = g->s;
-    for (int j = 0; j < x_items(g); j++) {
-        bool f32 = x_is_f32(g);
-        int V = f32 ? 4 : 8;
-        bool raw_words = s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
-        for (int pp = 0; pp < V / 2; pp++) {
-            uint32_t p = add(g, muli(g, raw->ac[j], V / 2), ci(g, pp));
-            uint32_t w = a_word(g, raw->arow[j], p);
-            uint32_t word = op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j][0], f32 ? 2 * pp : pp);
+    bool f32 = x_is_f32(g);
+    int V = f32 ? 4 : 8;
+    bool raw_words = s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
+    for (int j = 0; j < x_items(g); j++)
+        for (int pp = 0; pp < V / 2; pp++) { /* pair pp: the next lane of the fragment, 4 words on */
+            uint32_t w = addi(g, P->aw[j], 4 * pp);
             if (raw_words) { /* x is already in the mma's element type */
-                sts(g, w, word);
+                sts(g, w, op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp));
                 continue;
             }
-            uint32_t v[2], part[2][3];
+            uint32_t part[2][3];
             for (int e = 0; e < 2; e++) {
                 int idx = 2 * pp + e; /* value within the item */
-                if (f32) v[e] = lanef(g, raw->ax[j][0], idx);
-                else v[e] = op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, word, e);
-                if (raw->ascale[j] != KILN_IDX_NONE) v[e] = mul(g, v[e], raw->ascale[j]);
-                if (raw->anw[j][0] != KILN_IDX_NONE) v[e] = mul(g, v[e], lanef(g, raw->anw[j][idx / 4], idx % 4));
-                split(g, v[e], part[e]);
+                uint32_t v = f32 ? lanef(g, raw->ax[j], idx)
+                                 : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
+                                       op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
+                if (P->ascale[j] != KILN_IDX_NONE) v = mul(g, v, P->ascale[j]);
+                if (raw->anw[j][0] != KILN_IDX_NONE) v = mul(g, v, lanef(g, raw->anw[j][idx / 4], idx % 4));
+                split(g, v, part[e]);
             }
             for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * GM_APART), pack(g, part[0][q], part[1][q]));
         }
-    }
-    int nb = is_float_w(g->wt) ? 2 : G->n_sib;
-    for (int j = 0; j < nb; j++) {
-        if (is_float_w(g->wt)) { /* the weight's own words */
-            for (int l = 0; l < 4; l++)
-                sts(g, b_word(g, raw->brow[j], add(g, muli(g, raw->bpiece[j], 4), ci(g, l))), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->b[j].v[0], l));
+    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
+        if (is_float_w(g->wt)) { /* the weight's own words; pair l of the piece is 4 words on */
+            for (int l = 0; l < 4; l++) sts(g, addi(g, P->bw[j], 4 * l), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->b[j].v[0], l));
             continue;
         }
         gv_sub d;
         kl_gv_decode(s, g->wt, &raw->b[j], raw->bc[j], sub, &d);
         uint32_t val[16];
-        for (int i = 0; i < d.v && i < 16; i++) {
+        for (int i = 0; i < 16; i++) {
             uint32_t x = d.q[i];
             if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
             val[i] = x;
         }
-        for (int pp = 0; pp < 8; pp++)
-            sts(g, b_word(g, raw->brow[j], add(g, muli(g, raw->bpiece[j], 8), ci(g, pp))), pack(g, val[2 * pp], val[2 * pp + 1]));
+        for (int pp = 0; pp < 8; pp++) /* pair pp of the piece: lane + (pp & 3), word + (pp >> 2) */
+            sts(g, addi(g, P->bw[j], 4 * (pp & 3) + (pp >> 2)), pack(g, val[2 * pp], val[2 * pp + 1]));
     }
 }
 
 /* The warp's 2 x 4 tiles over the staged 32 k (two k16 steps). */
-static void gm_mma(gm *g, uint32_t acc[2][4])
+static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[2][4])
 {
     kiln_kir *k = g->k;
     for (int ks = 0; ks < 2; ks++) {
         uint32_t bf[2];
-        for (int n2 = 0; n2 < 2; n2++) { /* block n-tile pair 2 wn + n2 */
-            uint32_t tile = addi(g, muli(g, addi(g, muli(g, g->wn, 2), n2), 2), ks);
-            uint32_t w = addi(g, muli(g, add(g, muli(g, tile, 32), g->lane), 4), g->parts * GM_APART);
-            bf[n2] = op1(g, KILN_KOP_LDS4, KILN_KT_V4, w, (int32_t)g->sh);
-        }
+        for (int n2 = 0; n2 < 2; n2++) /* block n-tile pair 2 wn + n2 */
+            bf[n2] = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fb, 128 * (2 * n2 + ks)), (int32_t)g->sh);
         for (int q = 0; q < g->parts; q++)
             for (int mt = 0; mt < 2; mt++) { /* block m-tile 2 wm + mt */
-                uint32_t tile = addi(g, muli(g, addi(g, muli(g, g->wm, 2), mt), 2), ks);
-                uint32_t af = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, muli(g, add(g, muli(g, tile, 32), g->lane), 4), q * GM_APART), (int32_t)g->sh);
+                uint32_t af = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fa, q * GM_APART + 128 * (2 * mt + ks)), (int32_t)g->sh);
                 for (int nt = 0; nt < 4; nt++) {
                     uint32_t d = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, af, bf[nt / 2], acc[mt][nt], (g->bf ? 1 : 0) | ((nt & 1) << 1));
                     kiln_kset(k, acc[mt][nt], d);
@@ -316,20 +331,23 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     for (int mt = 0; mt < 2; mt++)
         for (int nt = 0; nt < 4; nt++) acc[mt][nt] = kiln_kvar(k, zero);
     int64_t K = s->K;
+    gm_plan P;
     gm_raw raw;
+    memset(&P, 0, sizeof P);
     memset(&raw, 0, sizeof raw);
-    gm_load(g, G, &raw, ci(g, 0));
-    gm_store(g, G, &raw, 0);
+    gm_plan_make(g, G, &P);
+    gm_load(g, G, &P, &raw, ci(g, 0));
+    gm_store(g, G, &P, &raw, 0);
     barrier(g);
     uint32_t kk = kiln_kvar(k, ci(g, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, ci(g, (int32_t)K), ci(g, GM_BK * g->U), 0);
     for (int u = 0; u < g->U; u++) {
         /* the next tile (past the end: the last one again, loaded and discarded) */
         uint32_t kn = o2(g, KILN_KOP_MIN, addi(g, kk, GM_BK * (u + 1)), ci(g, (int32_t)(K - GM_BK)));
-        gm_load(g, G, &raw, kn);
-        gm_mma(g, acc);
+        gm_load(g, G, &P, &raw, kn);
+        gm_mma(g, &P, acc);
         barrier(g);
-        gm_store(g, G, &raw, (u + 1) % g->U);
+        gm_store(g, G, &P, &raw, (u + 1) % g->U);
         barrier(g);
     }
     kl_loop_end(k);
