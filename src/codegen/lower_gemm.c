@@ -82,13 +82,22 @@ static bool is_float_w(kiln_dtype t) { return t == KILN_DTYPE_F16 || t == KILN_D
 
 /* ------------------------------------------------------------------ fragment-order layouts */
 
+static uint32_t xori(gm *g, uint32_t a, int32_t b) { return b ? o2(g, KILN_KOP_XOR, a, ci(g, b)) : a; }
+
+/* The 16-byte slot of a lane's fragment words in a tile: lane ^ ((lane >> 3) & 3), so that the
+ * 8 rows a staging store instruction writes fall in 8 different bank groups (2-way conflicts at
+ * most, 8-way without it); a warp's LDS4 of one tile still reads 32 distinct slots (no conflict).
+ * It flips only the low 2 bits of the lane, so a store at lane + d (d < 4, no carry) is at
+ * word ^ 4d. */
+static uint32_t slot_of(gm *g, uint32_t lane) { return o2(g, KILN_KOP_XOR, lane, andi(g, shri(g, lane, 3), 3)); }
+
 /* Word of the pair of k (2p, 2p+1) of row r (0..63) in the A tile: m-tile r/16 and k-tile p/8 hold
- * 128 words, 4 per lane, lane j of the MMA's A operand (kir.h) at word 4 lane + j. */
+ * 128 words, 4 per lane, lane j of the MMA's A operand (kir.h) at word 4 slot_of(lane) + j. */
 static uint32_t a_word(gm *g, uint32_t r, uint32_t p)
 {
     uint32_t rr = andi(g, r, 15), pp = andi(g, p, 7);
     uint32_t tile = add(g, muli(g, shri(g, r, 4), 2), shri(g, p, 3));
-    uint32_t ln = add(g, muli(g, andi(g, rr, 7), 4), andi(g, pp, 3));
+    uint32_t ln = slot_of(g, add(g, muli(g, andi(g, rr, 7), 4), andi(g, pp, 3)));
     uint32_t j = add(g, shri(g, rr, 3), muli(g, shri(g, pp, 2), 2));
     return add(g, muli(g, add(g, muli(g, tile, 32), ln), 4), j);
 }
@@ -100,7 +109,7 @@ static uint32_t b_word(gm *g, uint32_t n, uint32_t p)
 {
     uint32_t nn = andi(g, n, 15), pp = andi(g, p, 7);
     uint32_t tile = add(g, muli(g, shri(g, n, 4), 2), shri(g, p, 3));
-    uint32_t ln = add(g, muli(g, andi(g, nn, 7), 4), andi(g, pp, 3));
+    uint32_t ln = slot_of(g, add(g, muli(g, andi(g, nn, 7), 4), andi(g, pp, 3)));
     uint32_t j = add(g, shri(g, pp, 2), muli(g, shri(g, nn, 3), 2));
     return addi(g, add(g, muli(g, add(g, muli(g, tile, 32), ln), 4), j), g->parts * GM_APART);
 }
@@ -171,8 +180,9 @@ static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
         P->piece[j] = piece;
         P->bw[j] = b_word(g, brow, muli(g, piece, is_float_w(g->wt) ? 4 : 8));
     }
-    P->fa = add(g, muli(g, g->wm, 512), muli(g, g->lane, 4));
-    P->fb = addi(g, add(g, muli(g, g->wn, 512), muli(g, g->lane, 4)), g->parts * GM_APART);
+    uint32_t slot = slot_of(g, g->lane);
+    P->fa = add(g, muli(g, g->wm, 512), muli(g, slot, 4));
+    P->fb = addi(g, add(g, muli(g, g->wn, 512), muli(g, slot, 4)), g->parts * GM_APART);
 }
 
 static void gm_load(gm *g, const gv_group *G, const gm_plan *P, gm_raw *raw, uint32_t k0)
@@ -205,8 +215,8 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
     int V = f32 ? 4 : 8;
     bool raw_words = s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
     for (int j = 0; j < x_items(g); j++)
-        for (int pp = 0; pp < V / 2; pp++) { /* pair pp: the next lane of the fragment, 4 words on */
-            uint32_t w = addi(g, P->aw[j], 4 * pp);
+        for (int pp = 0; pp < V / 2; pp++) { /* pair pp: lane + pp of the fragment (see slot_of) */
+            uint32_t w = xori(g, P->aw[j], 4 * pp);
             if (raw_words) { /* x is already in the mma's element type */
                 sts(g, w, op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp));
                 continue;
@@ -224,8 +234,8 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
             for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * GM_APART), pack(g, part[0][q], part[1][q]));
         }
     for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
-        if (is_float_w(g->wt)) { /* the weight's own words; pair l of the piece is 4 words on */
-            for (int l = 0; l < 4; l++) sts(g, addi(g, P->bw[j], 4 * l), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->b[j].v[0], l));
+        if (is_float_w(g->wt)) { /* the weight's own words; pair l of the piece: lane + l */
+            for (int l = 0; l < 4; l++) sts(g, xori(g, P->bw[j], 4 * l), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->b[j].v[0], l));
             continue;
         }
         gv_sub d;
@@ -236,8 +246,8 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
             if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
             val[i] = x;
         }
-        for (int pp = 0; pp < 8; pp++) /* pair pp of the piece: lane + (pp & 3), word + (pp >> 2) */
-            sts(g, addi(g, P->bw[j], 4 * (pp & 3) + (pp >> 2)), pack(g, val[2 * pp], val[2 * pp + 1]));
+        for (int pp = 0; pp < 8; pp++) /* pair pp of the piece: lane + (pp & 3), word j + (pp >> 2) (j even) */
+            sts(g, xori(g, P->bw[j], 4 * (pp & 3) + (pp >> 2)), pack(g, val[2 * pp], val[2 * pp + 1]));
     }
 }
 
