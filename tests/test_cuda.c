@@ -12,6 +12,7 @@
 #include "graph/dtype.h"
 #include "ptx/ptx.h"
 #include "sched/ctx.h"
+#include "support/kirtest.h"
 #include "support/testutil.h"
 
 #define N KILN_IDX_NONE
@@ -409,6 +410,41 @@ Test(cuda, printed_ops_match_c)
     c->d.module_unload(mod);
     kiln_backend_cuda.free(c, d_in), kiln_backend_cuda.free(c, d_out), kiln_backend_cuda.free(c, d_p);
     free(in), free(out);
+    kiln_kir_free(&k);
+    kiln_ctx_free(ctx);
+}
+
+/* MMA on the tensor cores and LDS4 against kt_ref_mma: kir.h's fragment layouts (which the GLSL
+ * emulation and lower_gemm.c follow) are the hardware's. */
+Test(cuda, mma_matches_fragment_layouts)
+{
+    kiln_ctx *ctx;
+    kiln_cuda *c = open_cuda(&ctx);
+    kiln_kir k;
+    kt_build_mma(&k);
+    CUmodule mod;
+    CUfunction fn = load_kir(c, &k, &mod);
+    enum { W = 4 * KT_MMA_BLOCK, O = KT_MMA_BLOCK * KT_MMA_OUT };
+    uint32_t a[W], b[W], want[O], got[O];
+    for (int i = 0; i < W; i++) a[i] = kt_mma_word(), b[i] = kt_mma_word();
+    kt_ref_mma(a, b, want);
+    void *d_a = dev_alloc(c, sizeof a), *d_b = dev_alloc(c, sizeof b), *d_o = dev_alloc(c, sizeof got), *d_p = dev_alloc(c, 64);
+    up(c, d_a, a, sizeof a);
+    up(c, d_b, b, sizeof b);
+    CUdeviceptr pp = (CUdeviceptr)(uintptr_t)d_p, pa = (CUdeviceptr)(uintptr_t)d_a, pb = (CUdeviceptr)(uintptr_t)d_b, po = (CUdeviceptr)(uintptr_t)d_o;
+    void *args[] = {&pp, &pa, &pb, &po};
+    char err[512];
+    CUresult r = c->d.launch(fn, 1, 1, 1, KT_MMA_BLOCK, 1, 1, 0, c->stream, args, NULL);
+    if (r != KILN_CU_SUCCESS) kiln_cuda_fail(c, r, "cuLaunchKernel", err, sizeof err);
+    cr_assert_eq(r, KILN_CU_SUCCESS, "%s", err);
+    down_sync(c, got, d_o, sizeof got);
+    for (int i = 0; i < O; i++) {
+        float g = fb32(got[i]), w = fb32(want[i]);
+        bool same = i % KT_MMA_OUT >= 16 ? got[i] == want[i] : fabsf(g - w) <= 1e-5f * (1 + fabsf(w));
+        cr_assert(same, "output %d (thread %d, %d): got %08x (%g) want %08x (%g)", i, i / KT_MMA_OUT, i % KT_MMA_OUT, got[i], g, want[i], w);
+    }
+    c->d.module_unload(mod);
+    kiln_backend_cuda.free(c, d_a), kiln_backend_cuda.free(c, d_b), kiln_backend_cuda.free(c, d_o), kiln_backend_cuda.free(c, d_p);
     kiln_kir_free(&k);
     kiln_ctx_free(ctx);
 }

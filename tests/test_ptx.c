@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ptx/ptx.h"
+#include "support/kirtest.h"
 
 #define N KILN_IDX_NONE
 
@@ -183,6 +184,19 @@ Test(ptx, every_op_assembles_for_sm80_and_sm90)
         char *txt = print_ok(&k, sm);
         kiln_ptxas_report rep = assemble_ok(txt, sm, k.name);
         cr_assert(rep.smem >= 4 * (256 + 64) + 32, "smem %d: %s", rep.smem, rep.log);
+        free(txt);
+    }
+    kiln_kir_free(&k);
+}
+
+Test(ptx, mma_kernel_assembles_for_sm80_and_sm90)
+{
+    kiln_kir k;
+    kt_build_mma(&k);
+    for (int sm = 80; sm <= 90; sm += 10) {
+        char *txt = print_ok(&k, sm);
+        cr_assert(strstr(txt, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") && strstr(txt, "ld.shared.v4.u32"), "%s", txt);
+        assemble_ok(txt, sm, k.name);
         free(txt);
     }
     kiln_kir_free(&k);
@@ -410,6 +424,7 @@ static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, 
 
 Test(ptx, every_preset_region_assembles, .timeout = 1200)
 {
+    setenv("KILN_GEMM", "1", 1); /* prefill regions on the (opt-in) tensor-core GEMM */
     char ptxas[1024];
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
     static seen_set seen;

@@ -61,13 +61,16 @@ static uint32_t *build(const kiln_kir *k, const kiln_spv_features *f, size_t *n_
 
 Test(spirv, every_op_covered)
 {
-    kiln_kir a, r;
+    kiln_kir a, r, m;
     uint32_t n_out;
     kt_build_alu(&a, &n_out, NULL);
     kt_build_reduce(&r);
+    kt_build_mma(&m);
     bool seen[KILN_KOP_COUNT] = {false};
     for (uint32_t i = 0; i < a.n_ins; i++) seen[a.ins[i].op] = true;
     for (uint32_t i = 0; i < r.n_ins; i++) seen[r.ins[i].op] = true;
+    for (uint32_t i = 0; i < m.n_ins; i++) seen[m.ins[i].op] = true;
+    kiln_kir_free(&m);
     for (int op = 1; op < KILN_KOP_COUNT; op++) cr_expect(seen[op], "no test kernel uses op %s", kiln_kop_name(op));
     cr_assert_leq(n_out, 128);
     kiln_kir_free(&a);
@@ -86,6 +89,10 @@ Test(spirv, kernels_compile_and_validate)
         size_t n;
         free(build(&a, fs[i], &n, NULL));
         free(build(&r, fs[i], &n, NULL));
+        kiln_kir m;
+        kt_build_mma(&m);
+        free(build(&m, fs[i], &n, NULL));
+        kiln_kir_free(&m);
         kiln_kir_free(&a);
         kiln_kir_free(&r);
     }

@@ -137,6 +137,42 @@ static void run_alu(const char *disable, bool record)
     free(ref), free(ref_h), free(got), free(got_h);
 }
 
+/* MMA and LDS4 (emulated through shared memory in GLSL) against kt_ref_mma, the fragment layouts
+ * written from the PTX ISA (test_cuda runs the same kernel on the tensor cores). */
+static void run_mma(void)
+{
+    kiln_vk *s = open_vk(NULL);
+    kiln_kir k;
+    kt_build_mma(&k);
+    enum { W = 4 * KT_MMA_BLOCK, O = KT_MMA_BLOCK * KT_MMA_OUT };
+    uint32_t a[W], b[W], want[O], got[O];
+    for (int i = 0; i < W; i++) a[i] = kt_mma_word(), b[i] = kt_mma_word();
+    kt_ref_mma(a, b, want);
+    void *p, *x, *y, *z;
+    CHECK(be->alloc(s, 64, &p, E));
+    CHECK(be->alloc(s, sizeof a, &x, E));
+    CHECK(be->alloc(s, sizeof b, &y, E));
+    CHECK(be->alloc(s, sizeof got, &z, E));
+    kiln_vk_kernel *kern;
+    CHECK(kiln_vk_kernel_new(s, &k, &kern, E));
+    CHECK(be->upload(s, x, a, sizeof a, E));
+    CHECK(be->upload(s, y, b, sizeof b, E));
+    void *addr[4] = {p, x, y, z};
+    CHECK(kiln_vk_kernel_launch(s, kern, addr, E));
+    CHECK(be->download(s, got, z, sizeof got, E));
+    CHECK(be->sync(s, E));
+    for (int i = 0; i < O; i++) {
+        float g, w;
+        memcpy(&g, &got[i], 4), memcpy(&w, &want[i], 4);
+        bool same = i % KT_MMA_OUT >= 16 ? got[i] == want[i] : fabsf(g - w) <= 1e-5f * (1 + fabsf(w));
+        cr_assert(same, "output %d (thread %d, %d): got %08x (%g) want %08x (%g)", i, i / KT_MMA_OUT, i % KT_MMA_OUT, got[i], g, want[i], w);
+    }
+    kiln_vk_kernel_free(s, kern);
+    be->free(s, p), be->free(s, x), be->free(s, y), be->free(s, z);
+    be->release(s);
+    kiln_kir_free(&k);
+}
+
 static void run_reduce(const char *disable)
 {
     kiln_vk *s = open_vk(disable);
@@ -167,6 +203,15 @@ static void run_reduce(const char *disable)
     kiln_kir_free(&k);
 }
 #endif
+
+Test(vulkan, mma_matches_fragment_layouts)
+{
+#ifdef KILN_HAVE_VULKAN
+    run_mma();
+#else
+    cr_skip("kiln was built without Vulkan");
+#endif
+}
 
 Test(vulkan, alu_kernel_matches_interpreter)
 {
@@ -279,21 +324,21 @@ Test(vulkan, out_of_memory_leaves_it_usable)
 /* A llama-style layer (a small preset: lavapipe is slow) run for several steps (prefill of 4
  * tokens, then decode with growing n_kv) on vulkan and on ref through the public API: outputs
  * agree (ref, not cpu: cpu quantizes activations for q8_0 weights). */
-static void preset_steps(const kiln_preset *p, kiln_dtype wt)
+static void preset_steps_on(const kiln_preset *p, kiln_dtype wt, int T, const char *dev)
 {
     const char *name = p->name;
     kiln_ctx *ctx;
     cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
     kiln_backend_info bi;
     for (int i = 0; i < kiln_backend_count(ctx); i++)
-        if (kiln_backend_get(ctx, i, &bi) == KILN_OK && !strcmp(bi.name, "vulkan") && !bi.available) {
+        if (kiln_backend_get(ctx, i, &bi) == KILN_OK && !strcmp(bi.name, dev) && !bi.available) {
             kiln_ctx_free(ctx);
-            cr_skip("no Vulkan device");
+            cr_skip("no %s device", dev);
         }
-    enum { T = 4, STEPS = 4 };
+    enum { T_MAX = 16, STEPS = 4 };
     int64_t hid = p->hidden;
     kiln_plan *plan[2];
-    const char *bk[2] = {"ref", "vulkan"};
+    const char *bk[2] = {"ref", dev};
     for (int b = 0; b < 2; b++) {
         kiln_graph *g;
         cr_assert_eq(kiln_preset_build(p, wt, 1, 32, T, &g), KILN_OK);
@@ -305,7 +350,7 @@ static void preset_steps(const kiln_preset *p, kiln_dtype wt)
     int n_kv = 0;
     for (int step = 0; step < STEPS; step++) {
         int n_tok = step == 0 ? T : 1;
-        int32_t pos[T];
+        int32_t pos[T_MAX];
         for (int t = 0; t < n_tok; t++) pos[t] = n_kv + t;
         n_kv += n_tok;
         tu_fill(x, n_tok * hid, -1.0f, 1.0f);
@@ -338,10 +383,38 @@ static void preset_steps(const kiln_preset *p, kiln_dtype wt)
     kiln_ctx_free(ctx);
 }
 
+static void preset_steps(const kiln_preset *p, kiln_dtype wt, int T) { preset_steps_on(p, wt, T, "vulkan"); }
+
 Test(vulkan, preset_layer_matches_ref, .timeout = 600)
 {
     const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
                                .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
     const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0};
-    for (int i = 0; i < 2; i++) preset_steps(&small, wt[i]);
+    for (int i = 0; i < 2; i++) preset_steps(&small, wt[i], 4);
+}
+
+/* The same with a prefill of 12 tokens: the GEMM template (rms_norm prologue, neox rope and KV
+ * writes, swiglu and residual epilogues) on tensor-core tiles, emulated on lavapipe. */
+Test(vulkan, preset_layer_prefill_gemm_matches_ref, .timeout = 600)
+{
+    const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                               .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+    const kiln_preset normal = {.name = "small-normal-rope", .hidden = 64, .n_head = 2, .n_kv_head = 1, .head_dim = 32,
+                                .ffn = 96, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
+    setenv("KILN_GEMM", "1", 1); /* opt-in (src/codegen/lower.c) */
+    preset_steps(&small, KILN_DTYPE_F16, 12);
+    preset_steps(&normal, KILN_DTYPE_Q8_0, 12);
+}
+
+/* The same prefill on CUDA (skipped without a device): the GEMM on the tensor cores. */
+Test(vulkan, cuda_preset_layer_prefill_gemm_matches_ref, .timeout = 600)
+{
+    const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                               .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+    const kiln_preset wide = {.name = "wide-normal-rope", .hidden = 256, .n_head = 4, .n_kv_head = 2, .head_dim = 64,
+                              .ffn = 512, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
+    setenv("KILN_GEMM", "1", 1);
+    preset_steps_on(&small, KILN_DTYPE_F16, 12, "cuda");
+    preset_steps_on(&wide, KILN_DTYPE_Q4_K, 16, "cuda");
+    preset_steps_on(&wide, KILN_DTYPE_BF16, 16, "cuda");
 }

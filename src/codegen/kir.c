@@ -20,7 +20,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_H2F] = "h2f", [KILN_KOP_B2F] = "b2f", [KILN_KOP_F2H] = "f2h", [KILN_KOP_F2B] = "f2b",
     [KILN_KOP_BFE] = "bfe", [KILN_KOP_DP4A] = "dp4a", [KILN_KOP_LANE] = "lane", [KILN_KOP_LD] = "ld",
     [KILN_KOP_LD4] = "ld4", [KILN_KOP_ST] = "st", [KILN_KOP_ST16] = "st16", [KILN_KOP_LDS] = "lds",
-    [KILN_KOP_STS] = "sts", [KILN_KOP_BARRIER] = "barrier", [KILN_KOP_REDUCE] = "reduce", [KILN_KOP_LOOP] = "loop",
+    [KILN_KOP_STS] = "sts", [KILN_KOP_LDS4] = "lds4", [KILN_KOP_MMA] = "mma", [KILN_KOP_BARRIER] = "barrier", [KILN_KOP_REDUCE] = "reduce", [KILN_KOP_LOOP] = "loop",
     [KILN_KOP_ENDLOOP] = "endloop", [KILN_KOP_IF] = "if", [KILN_KOP_ELSE] = "else", [KILN_KOP_ENDIF] = "endif",
 };
 
@@ -28,7 +28,7 @@ const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_n
 
 const char *kiln_kt_name(enum kiln_kt t)
 {
-    static const char *const n[KILN_KT_COUNT] = {"none", "pred", "i32", "u32", "f32", "v4"};
+    static const char *const n[KILN_KT_COUNT] = {"none", "pred", "i32", "u32", "f32", "v4", "f4"};
     return t < KILN_KT_COUNT ? n[t] : "?";
 }
 
@@ -162,9 +162,11 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         }
         switch (op) {
         case KILN_KOP_CONST: case KILN_KOP_PARAM: case KILN_KOP_TID: case KILN_KOP_BID: case KILN_KOP_NBID:
-            if (!is_num(t)) FAIL("type %s", kiln_kt_name(t));
+            if (!is_num(t) && !(op == KILN_KOP_CONST && t == KILN_KT_F4)) FAIL("type %s", kiln_kt_name(t));
             break;
-        case KILN_KOP_VAR: if (ta[0] != t || !is_num(t)) FAIL("variable of %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0])); break;
+        case KILN_KOP_VAR:
+            if (ta[0] != t || !(is_num(t) || t == KILN_KT_F4)) FAIL("variable of %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0]));
+            break;
         case KILN_KOP_ASSIGN:
             if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != ta[1]) FAIL("assigns %s to a non-variable or %s", kiln_kt_name(ta[1]), kiln_kt_name(ta[0]));
             break;
@@ -213,7 +215,10 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         case KILN_KOP_DP4A:
             if (t != KILN_KT_I32 || ta[0] != KILN_KT_U32 || ta[1] != KILN_KT_U32 || ta[2] != KILN_KT_I32) FAIL("dp4a types");
             break;
-        case KILN_KOP_LANE: if (t != KILN_KT_U32 || ta[0] != KILN_KT_V4 || in->imm.i < 0 || in->imm.i > 3) FAIL("lane"); break;
+        case KILN_KOP_LANE:
+            if (!((t == KILN_KT_U32 && ta[0] == KILN_KT_V4) || (t == KILN_KT_F32 && ta[0] == KILN_KT_F4)) || in->imm.i < 0 || in->imm.i > 3)
+                FAIL("lane %d: %s of %s", in->imm.i, kiln_kt_name(t), kiln_kt_name(ta[0]));
+            break;
         case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16:
             if (in->imm.u >= k->n_bufs || ta[0] != KILN_KT_I32) FAIL("buffer slot %u of %u, index %s", in->imm.u, k->n_bufs, kiln_kt_name(ta[0]));
             if ((op == KILN_KOP_ST || op == KILN_KOP_ST16) && (ta[1] != KILN_KT_U32 || !k->bufs[in->imm.u].written))
@@ -225,6 +230,16 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32) FAIL("shared array %u of %u", in->imm.u, k->n_shared);
             if (op == KILN_KOP_LDS && t != KILN_KT_U32 && t != KILN_KT_F32) FAIL("lds type");
             if (op == KILN_KOP_STS && ta[1] != KILN_KT_U32 && ta[1] != KILN_KT_F32) FAIL("sts type");
+            break;
+        case KILN_KOP_LDS4:
+            if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32 || t != KILN_KT_V4 || k->shared[in->imm.u] % 4)
+                FAIL("lds4 from shared array %u of %u (its size a multiple of 4), index %s", in->imm.u, k->n_shared, kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_MMA:
+            if (t != KILN_KT_F4 || ta[0] != KILN_KT_V4 || ta[1] != KILN_KT_V4 || ta[2] != KILN_KT_F4 || (in->imm.u & ~3u))
+                FAIL("mma gives f4 from v4, v4, f4 (flags 0..3): %s from %s, %s, %s, flags %u", kiln_kt_name(t), kiln_kt_name(ta[0]),
+                     kiln_kt_name(ta[1]), kiln_kt_name(ta[2]), in->imm.u);
+            if (k->block % 32) FAIL("mma in a block that is not whole warps");
             break;
         case KILN_KOP_BARRIER: break;
         case KILN_KOP_REDUCE: {
@@ -276,7 +291,7 @@ void kiln_kir_dump(const kiln_kir *k, FILE *f)
         const uint32_t ops[3] = {in->a, in->b, in->c};
         for (int j = 0; j < 3; j++)
             if (ops[j] != KILN_IDX_NONE) fprintf(f, " %%%u", ops[j]);
-        if (in->op == KILN_KOP_CONST && in->type == KILN_KT_F32) {
+        if (in->op == KILN_KOP_CONST && (in->type == KILN_KT_F32 || in->type == KILN_KT_F4)) {
             float v;
             memcpy(&v, &in->imm.u, 4);
             fprintf(f, " #%g", v);

@@ -20,6 +20,7 @@ enum kiln_kt {
     KILN_KT_U32,      /* unsigned 32-bit integer / raw 32 bits of memory */
     KILN_KT_F32,      /* IEEE binary32 */
     KILN_KT_V4,       /* four U32 (a 16-byte load); read its lanes with KILN_KOP_LANE */
+    KILN_KT_F4,       /* four F32 (an mma accumulator fragment); read its lanes with KILN_KOP_LANE */
     KILN_KT_COUNT
 };
 
@@ -28,12 +29,12 @@ enum kiln_kt {
 enum kiln_kop {
     KILN_KOP_NONE = 0,
     /* leaves */
-    KILN_KOP_CONST,   /* type I32/U32/F32: value imm (f32 as its bits in imm.u) */
+    KILN_KOP_CONST,   /* type I32/U32/F32: value imm (f32 as its bits in imm.u); F4: every lane imm's f32 */
     KILN_KOP_TID,     /* I32: thread index in the block, 0 .. block-1 */
     KILN_KOP_BID,     /* I32: block index along grid axis imm (0, 1, 2) */
     KILN_KOP_NBID,    /* I32: number of blocks launched along grid axis imm (grid-stride kernels) */
     KILN_KOP_PARAM,   /* I32: slot imm of the per-run parameter buffer (symbol values) */
-    KILN_KOP_VAR,     /* a mutable variable of the instruction's type, initialized to a */
+    KILN_KOP_VAR,     /* a mutable variable of the instruction's type (I32/U32/F32/F4), initialized to a */
     KILN_KOP_ASSIGN,  /* NONE: variable a = b (same type) */
     /* arithmetic: a, b (c) and the result of one type: I32, U32 or F32 */
     KILN_KOP_ADD, KILN_KOP_SUB, KILN_KOP_MUL,
@@ -62,7 +63,7 @@ enum kiln_kop {
     KILN_KOP_BFE,     /* field of U32 a at bit imm & 31, width imm >> 8: result U32 (zero-extended)
                          or I32 (sign-extended) */
     KILN_KOP_DP4A,    /* I32: c + sum of the four signed-byte products of U32 a and U32 b */
-    KILN_KOP_LANE,    /* U32: lane imm (0..3) of V4 a */
+    KILN_KOP_LANE,    /* U32: lane imm (0..3) of V4 a; F32: lane imm of F4 a */
     /* global memory: buffer slot imm (kiln_kir.bufs), word index a (I32) */
     KILN_KOP_LD,      /* U32: one word */
     KILN_KOP_LD4,     /* V4: four words from a word index that is a multiple of 4 */
@@ -71,11 +72,23 @@ enum kiln_kop {
     /* shared memory: array imm (kiln_kir.shared), element index a (I32); elements are 32-bit */
     KILN_KOP_LDS,     /* U32 or F32 */
     KILN_KOP_STS,     /* NONE: element a = b (U32 or F32) */
+    KILN_KOP_LDS4,    /* V4: elements a .. a+3 (a a multiple of 4: one 16-byte shared load) */
     KILN_KOP_BARRIER, /* NONE: every thread of the block waits; shared memory is then visible */
     /* F32 reduction over aligned groups of imm & 0xffff consecutive threads (a power of two that
      * divides the block), op imm >> 16 (enum kiln_kred); every thread of a group gets the result.
      * Must be reached by every thread of the block (uniform control flow). */
     KILN_KOP_REDUCE,
+    /* Warp matrix multiply-accumulate, PTX mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: F4
+     * result D = A . B + C over the 32 threads of each warp (lane l = thread & 31, g = l >> 2,
+     * q = l & 3). A is 16x16 (row-major), B is 16x8 (k x n), C and D are 16x8, products summed in f32.
+     * Operand a (V4) is this lane's A fragment: lane j of a holds, low half first, the two
+     * elements A[g + 8 (j & 1)][2q + 8 (j >> 1) + {0, 1}]. Operand b (V4): lanes 2h, 2h+1
+     * (h = imm bit 1) are the B fragment: lane 2h + j holds B[2q + 8j + {0, 1}][g] (low half first);
+     * the other two lanes are ignored. Operand c (F4) is C: lane j is C[g + 8 (j >> 1)][2q + (j & 1)],
+     * and D has the same layout. imm bit 0: elements are bf16 (else f16). Must be reached by every
+     * thread of the block in uniform control flow (printers may exchange fragments through shared
+     * memory with barriers). */
+    KILN_KOP_MMA,
     /* structured control flow */
     KILN_KOP_LOOP,    /* NONE: for (var a = a's value; a < b; a += c) — a is a VAR of I32 */
     KILN_KOP_ENDLOOP, /* NONE */

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 kiln_status kl_unsupported(char *err, size_t n_err, const char *fmt, ...)
@@ -305,6 +306,13 @@ uint32_t kl_grid_for(int64_t n_max, int64_t per_block)
 
 /* ------------------------------------------------------------------ entry point */
 
+/* Opt-in until the GEMM is faster than gemv's passes on the devices it runs on (see lower_gemm.c). */
+bool kl_gemm_enabled(void)
+{
+    const char *e = getenv("KILN_GEMM");
+    return e && strcmp(e, "1") == 0;
+}
+
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err)
 {
@@ -316,7 +324,14 @@ kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kil
     switch ((enum kiln_region_kind)r->kind) {
     case KILN_REGION_MAP: s = kiln_lower_map(g, r, out, err, n_err); break;
     case KILN_REGION_ROWS: s = kiln_lower_rows(g, r, out, err, n_err); break;
-    case KILN_REGION_MATMUL: s = kiln_lower_gemv(g, r, out, err, n_err); break;
+    case KILN_REGION_MATMUL:
+        s = kl_gemm_enabled() ? kiln_lower_gemm(g, r, out, &n, err, n_err) : KILN_ERR_UNSUPPORTED;
+        if (s == KILN_ERR_UNSUPPORTED) { /* few rows, or a shape the GEMM does not take */
+            err[0] = 0;
+            n = 1;
+            s = kiln_lower_gemv(g, r, out, err, n_err);
+        }
+        break;
     case KILN_REGION_ATTENTION: s = kiln_lower_attention(g, r, out, &n, err, n_err); break;
     case KILN_REGION_SCATTER: case KILN_REGION_MOVE: s = kiln_lower_move(g, r, out, err, n_err); break;
     default: s = kl_unsupported(err, n_err, "region kind %s has no kernel template", kiln_region_kind_name((enum kiln_region_kind)r->kind));

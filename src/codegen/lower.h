@@ -72,6 +72,12 @@ kiln_status kl_unsupported(char *err, size_t n_err, const char *fmt, ...) __attr
 kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+/* Tensor-core GEMM for matmul regions of more than 8 rows (1 or 2 kernels); KILN_ERR_UNSUPPORTED
+ * (gemv then takes the region) for fewer rows, f32 weights, K not a multiple of 32, more than two
+ * fused siblings, a neox rope head wider than a block's columns. */
+kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+/* Whether matmul regions of many rows may use the GEMM: $KILN_GEMM is "1" (opt-in for now). */
+bool kl_gemm_enabled(void);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, kiln_kir *k);
 kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);

@@ -4,66 +4,10 @@
  * owns the output. A warp owns a unit of up to 4 output rows (rope partners and swiglu pairs
  * together), its 32 lanes stride over 16-byte chunks of the rows; per-dtype decoders turn chunks
  * into values. Must not know any target's syntax. */
-#include "codegen/lower.h"
+#include "codegen/lower_mm.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define WARPS 8       /* warps per block */
-#define MC_MAX 8      /* tokens per pass */
-#define SLOTS 4       /* output rows per warp */
-#define MEMO 512
-
-typedef struct gv_group {
-    int      n_sib;          /* siblings in the group (share columns) */
-    int      sib[SLOTS];     /* their matmul indices */
-    int      cols;           /* columns per unit per sibling */
-    int64_t  n;              /* output columns (each sibling) */
-    int      rope;           /* 0 none, 1 normal, 2 neox */
-    int64_t  hd;             /* rope head dim */
-    int64_t  units;          /* units of the group */
-    int      wpu;            /* warps per unit (split-K inside the block: 1, 2, 4 or 8) */
-    uint32_t warp0;          /* first global warp (a multiple of WARPS) */
-} gv_group;
-
-typedef struct gv {
-    kiln_kir          *k;
-    const kiln_graph  *g;
-    const kiln_region *r;
-    int       n_mm;
-    uint32_t  mm[SLOTS];        /* matmul nodes */
-    int       sib_of_node_n;    /* unused */
-    uint32_t  x, norm, nw;      /* activation node, rms_norm node (or NONE), its weight (or NONE) */
-    float     eps;
-    int64_t   K;
-    int64_t   m_max;
-    int       mc;               /* tokens per pass */
-    bool      scalar;           /* float weights with K not a multiple of the vector width: one value per chunk */
-    kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
-    bool      dp4a;             /* block weights only: x quantized per 32 to int8 in shared memory, integer dot products */
-    uint32_t  sh_xq, sh_dx, sh_xs; /* shared arrays: int8 x (K/4 words per token), scale and sum of x per 32 */
-    bool      xstage;           /* float weights in one pass: normalized x staged in shared memory (sh_x) */
-    uint32_t  sh_x;
-    int       xv;               /* values per chunk of the staged layout: value i of chunk c at i * K / xv + c */
-    gv_group  grp[SLOTS];
-    int       n_grp;
-    /* per unit, while emitting one group */
-    int       n_slots;
-    int       slot_sib[SLOTS];  /* matmul index of slot */
-    int       slot_delta[SLOTS];/* column offset from the unit base */
-    uint32_t  col[SLOTS];       /* I32 column of slot */
-    uint32_t  ok[SLOTS];        /* PRED column exists */
-    uint32_t  acc[SLOTS][MC_MAX];
-    uint32_t  t0;               /* I32 first token of the pass */
-    uint32_t  tt[MC_MAX];       /* I32 row of x of each token of the pass (clamped) */
-    bool      hoisted;          /* one pass covers every token: the prologue runs once per block, before
-                                   a grid-stride loop over the virtual blocks (kir.grid_stride) */
-    uint32_t  nsc[MC_MAX];      /* F32 norm scale per token of the pass */
-    uint32_t  memo_key[MEMO], memo_val[MEMO];
-    int       n_memo;
-    bool      failed;
-    char      why[160];
-} gv;
 
 static uint32_t op2(gv *s, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(s->k, op, a, b); }
 static uint32_t ci(gv *s, int32_t v) { return kiln_ki(s->k, v); }
@@ -108,7 +52,7 @@ static unsigned deps(const gv *s, uint32_t node, int depth)
     return m;
 }
 
-static bool analyze(gv *s, char *err, size_t n_err)
+bool kl_gv_analyze(gv *s, char *err, size_t n_err)
 {
     const kiln_graph *g = s->g;
     const kiln_region *r = s->r;
@@ -220,11 +164,6 @@ static bool analyze(gv *s, char *err, size_t n_err)
 
 /* ------------------------------------------------------------------ weights */
 
-typedef struct gv_sub {
-    uint32_t q[16];   /* F32 values (dequantized, or quants to scale) */
-    int      v;       /* how many */
-    uint32_t a, b;    /* contribution = a * dot(q, x) + b * sum(x); b NONE when 0 */
-} gv_sub;
 
 /* Number of 16-byte chunks per row, and sub-steps per chunk. */
 static int64_t chunks_per_row(kiln_dtype t, int64_t K, bool scalar)
@@ -240,13 +179,8 @@ static int64_t chunks_per_row(kiln_dtype t, int64_t K, bool scalar)
 }
 static int subs_of(kiln_dtype t) { return t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K ? 2 : t == KILN_DTYPE_Q6_K ? 4 : 1; }
 
-/* Loaded chunk of one row. */
-typedef struct gv_chunk {
-    uint32_t v[4];   /* V4 loads */
-    uint32_t d;      /* scale word(s) */
-} gv_chunk;
 
-static void load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o)
+void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o)
 {
     int64_t K = s->K;
     if (s->scalar) {
@@ -347,7 +281,7 @@ static uint32_t q6_scale(gv *s, const gv_chunk *ch, uint32_t c, int sub)
     return op2(s, KILN_KOP_MUL, ch->d, cvt(s, KILN_KT_F32, scv));
 }
 
-static void decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
+void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
     o->b = KILN_IDX_NONE;
     if (s->scalar) {
@@ -510,7 +444,7 @@ static int home_sib(const gv *s, uint32_t node)
     return -1;
 }
 
-static void epilogue(gv *s, const gv_group *G, uint32_t m)
+void kl_gv_epilogue(gv *s, const gv_group *G, uint32_t m)
 {
     const kiln_graph *g = s->g;
     for (int t = 0; t < s->mc; t++) {
@@ -555,7 +489,7 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
     int64_t K = s->K;
     for (int sub = 0; sub < subs_of(t); sub++) {
         gv_sub w[SLOTS];
-        for (int r = 0; r < s->n_slots; r++) decode(s, t, &ch[r], c, sub, &w[r]);
+        for (int r = 0; r < s->n_slots; r++) kl_gv_decode(s, t, &ch[r], c, sub, &w[r]);
         int V = w[0].v;
         uint32_t e0 = sub_elem(s, t, c, sub);
         uint32_t nwv[16] = {0};
@@ -869,7 +803,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     gv_chunk ch[2][SLOTS];
     uint32_t cc[2] = {c, two ? op2(s, KILN_KOP_ADD, c, ci(s, 32 * G->wpu)) : KILN_IDX_NONE};
     for (int h = 0; h < (two ? 2 : 1); h++)
-        for (int r = 0; r < s->n_slots; r++) load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
+        for (int r = 0; r < s->n_slots; r++) kl_gv_load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
     for (int h = 0; h < (two ? 2 : 1); h++) {
         if (s->dp4a) gv_chunk_dp4a(s, t, ch[h], cc[h]);
         else gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
@@ -897,7 +831,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         kendif(s);
     }
     kif(s, op2(s, KILN_KOP_PAND, op2(s, KILN_KOP_EQ, lane, ci(s, 0)), op2(s, KILN_KOP_EQ, wi, ci(s, 0))));
-    epilogue(s, G, m);
+    kl_gv_epilogue(s, G, m);
     kendif(s);
     if (!s->hoisted) kl_loop_end(k);
 }
@@ -911,7 +845,7 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
     s->r = r;
     kiln_kir_init(k, "kiln_gemv", 32 * WARPS);
     kiln_status st = KILN_OK;
-    if (!analyze(s, err, n_err)) {
+    if (!kl_gv_analyze(s, err, n_err)) {
         st = KILN_ERR_UNSUPPORTED;
         goto out;
     }

@@ -143,7 +143,7 @@ typedef struct pstate {
     kiln_ptx_stats  st;                       /* what was printed */
 } pstate;
 
-static enum rcls cls_of(uint8_t t) { return t == KILN_KT_PRED ? RC_P : t == KILN_KT_F32 ? RC_F : RC_R; }
+static enum rcls cls_of(uint8_t t) { return t == KILN_KT_PRED ? RC_P : t == KILN_KT_F32 || t == KILN_KT_F4 ? RC_F : RC_R; }
 
 static uint32_t new_reg(pstate *p, enum rcls c) { return p->n_reg[c]++; }
 
@@ -160,16 +160,33 @@ static rname nreg(enum rcls c, uint32_t n)
     return r;
 }
 
-/* The register of value v (lane 0 of a V4). */
+/* The register of value v (lane 0 of a V4 or an F4). */
 static rname vreg(const pstate *p, uint32_t v) { return nreg(cls_of(p->k->ins[v].type), p->reg[v]); }
 
-/* Allocates value i's register(s) (four consecutive R for a V4) and returns its name. */
+/* Allocates value i's register(s) (four consecutive R for a V4, F for an F4) and returns its name. */
 static rname def(pstate *p, uint32_t i)
 {
     uint8_t t = p->k->ins[i].type;
     p->reg[i] = new_reg(p, cls_of(t));
     if (t == KILN_KT_V4) p->n_reg[RC_R] += 3;
+    if (t == KILN_KT_F4) p->n_reg[RC_F] += 3;
     return vreg(p, i);
+}
+
+/* Lane j of an F4 value's registers. */
+static rname f4reg(const pstate *p, uint32_t v, int j) { return nreg(RC_F, p->reg[v] + (uint32_t)j); }
+
+/* D = A . B + C on the tensor cores; the four result registers are fresh (C is read, not reused). */
+static void print_mma(pstate *p, uint32_t i)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    def(p, i);
+    uint32_t a = p->reg[in->a], b = p->reg[in->b] + ((in->imm.u & 2) ? 2 : 0);
+    const char *et = (in->imm.u & 1) ? "bf16" : "f16";
+    put(&p->body, "\tmma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%s, %s, %s, %s}, {%%r%u, %%r%u, %%r%u, %%r%u}, {%%r%u, %%r%u}, {%s, %s, %s, %s};\n",
+        et, et, f4reg(p, i, 0).s, f4reg(p, i, 1).s, f4reg(p, i, 2).s, f4reg(p, i, 3).s, a, a + 1, a + 2, a + 3, b, b + 1,
+        f4reg(p, in->c, 0).s, f4reg(p, in->c, 1).s, f4reg(p, in->c, 2).s, f4reg(p, in->c, 3).s);
+    p->st.mmas++;
 }
 
 /* ------------------------------------------------------------------ the op table */
@@ -279,6 +296,14 @@ static void print_mem(pstate *p, uint32_t i)
         put(&p->body, "\tcvt.u16.u32 %s, %s;\n", h.s, vreg(p, in->b).s);
         put(&p->body, "\tst.global.u16 [%s], %s;\n", a.s, h.s);
         p->st.st16++;
+        break;
+    }
+    case KILN_KOP_LDS4: {
+        rname a = saddr(p, p->sbase[slot], in->a);
+        def(p, i);
+        uint32_t r = p->reg[i];
+        put(&p->body, "\tld.shared.v4.u32 {%%r%u, %%r%u, %%r%u, %%r%u}, [%s];\n", r, r + 1, r + 2, r + 3, a.s);
+        p->st.lds++;
         break;
     }
     case KILN_KOP_LDS: {
@@ -463,7 +488,9 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     switch (in->op) {
     case KILN_KOP_CONST: {
         rname d = def(p, i);
-        if (in->type == KILN_KT_F32) put(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
+        if (in->type == KILN_KT_F4)
+            for (int j = 0; j < 4; j++) put(&p->body, "\tmov.f32 %s, 0f%08X;\n", f4reg(p, i, j).s, in->imm.u);
+        else if (in->type == KILN_KT_F32) put(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
         else if (in->type == KILN_KT_I32) put(&p->body, "\tmov.s32 %s, %d;\n", d.s, in->imm.i);
         else put(&p->body, "\tmov.u32 %s, 0x%X;\n", d.s, in->imm.u);
         return KILN_OK;
@@ -486,10 +513,18 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     case KILN_KOP_PARAM: return KILN_OK; /* loaded at entry; reg[i] set by the prologue */
     case KILN_KOP_VAR: {
         rname d = def(p, i);
+        if (in->type == KILN_KT_F4) {
+            for (int j = 0; j < 4; j++) put(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, i, j).s, f4reg(p, in->a, j).s);
+            return KILN_OK;
+        }
         put(&p->body, "\tmov.%s %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->a).s);
         return KILN_OK;
     }
     case KILN_KOP_ASSIGN:
+        if (p->k->ins[in->a].type == KILN_KT_F4) {
+            for (int j = 0; j < 4; j++) put(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, j).s, f4reg(p, in->b, j).s);
+            return KILN_OK;
+        }
         put(&p->body, "\tmov.%s %s, %s;\n", p->k->ins[in->a].type == KILN_KT_F32 ? "f32" : "b32", vreg(p, in->a).s,
             vreg(p, in->b).s);
         return KILN_OK;
@@ -505,13 +540,21 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         p->st.int_ops++;
         return KILN_OK;
     }
-    case KILN_KOP_LANE: /* an alias of the V4's lane register: V4 values are never reassigned */
+    case KILN_KOP_LANE:
+        if (in->type == KILN_KT_F32) { /* a copy: an F4 variable's registers change after this point */
+            rname d = def(p, i);
+            put(&p->body, "\tmov.f32 %s, %s;\n", d.s, f4reg(p, in->a, in->imm.i).s);
+            return KILN_OK;
+        }
+        /* an alias of the V4's lane register: V4 values are never reassigned */
         p->reg[i] = p->reg[in->a] + (uint32_t)in->imm.i;
         return KILN_OK;
+    case KILN_KOP_MMA: print_mma(p, i); return KILN_OK;
     case KILN_KOP_CVT: case KILN_KOP_H2F: case KILN_KOP_B2F: case KILN_KOP_F2H: case KILN_KOP_F2B: case KILN_KOP_BFE:
         print_convert(p, i);
         return KILN_OK;
     case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_LDS: case KILN_KOP_STS:
+    case KILN_KOP_LDS4:
         print_mem(p, i);
         return KILN_OK;
     case KILN_KOP_BARRIER:

@@ -22,6 +22,7 @@ typedef struct kiln_ptx_stats {
     uint32_t barriers;     /* bar.sync (reductions' own included) */
     uint32_t shuffles;     /* shfl.sync (reductions) */
     uint32_t reduces;      /* REDUCE instructions */
+    uint32_t mmas;         /* mma.sync instructions */
     uint32_t loops;        /* LOOP instructions */
     uint32_t max_depth;    /* deepest loop/if nesting */
     uint32_t ifs;          /* IF instructions */

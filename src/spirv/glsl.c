@@ -96,10 +96,11 @@ static const op_text op_texts[KILN_KOP_COUNT] = {
     [KILN_KOP_LD] = {"b$s.w[$o + uint($a)]"},
     [KILN_KOP_LD4] = {"uvec4(b$s.w[$o + uint($a)], b$s.w[$o + uint($a) + 1u], b$s.w[$o + uint($a) + 2u], b$s.w[$o + uint($a) + 3u])"},
     [KILN_KOP_LDS] = {"s$s[$a]", .f32 = "uintBitsToFloat(s$s[$a])"},
+    [KILN_KOP_LDS4] = {"uvec4(s$s[$a], s$s[$a + 1], s$s[$a + 2], s$s[$a + 3])"},
 };
 
 static const char *const type_names[KILN_KT_COUNT] = {
-    [KILN_KT_PRED] = "bool", [KILN_KT_I32] = "int", [KILN_KT_U32] = "uint", [KILN_KT_F32] = "float", [KILN_KT_V4] = "uvec4",
+    [KILN_KT_PRED] = "bool", [KILN_KT_I32] = "int", [KILN_KT_U32] = "uint", [KILN_KT_F32] = "float", [KILN_KT_V4] = "uvec4", [KILN_KT_F4] = "vec4",
 };
 
 static const char *const helpers =
@@ -132,6 +133,11 @@ static const char *const fma_f64 =
     "// fma rounded (almost always) once on a device whose fma() rounds twice\n"
     "float kiln_fma(float a, float b, float c) { precise double p = double(a) * double(b); return float(p + double(c)); }\n";
 
+static const char *const mma_helpers =
+    "// element e (0: low half) of a word of two f16 / two bf16\n"
+    "float kiln_hf(uint w, uint e) { return unpackHalf2x16(w)[e]; }\n"
+    "float kiln_bf(uint w, uint e) { return uintBitsToFloat(e != 0u ? (w & 0xffff0000u) : (w << 16)); }\n";
+
 static const char *const dp4a_ext =
     "// c + sum of the four signed byte products: the non-saturating packed dot product (OpSDot)\n"
     "spirv_instruction(extensions = [\"SPV_KHR_integer_dot_product\"], capabilities = [6019, 6018], id = 4450)\n"
@@ -140,7 +146,13 @@ static const char *const dp4a_ext =
 
 static void print_const(sbuf *s, const kiln_kinst *in)
 {
-    if (in->type == KILN_KT_U32) {
+    if (in->type == KILN_KT_F4) {
+        kiln_kinst one = *in;
+        one.type = KILN_KT_F32;
+        sb_printf(s, "vec4(");
+        print_const(s, &one);
+        sb_printf(s, ")");
+    } else if (in->type == KILN_KT_U32) {
         sb_printf(s, "%uu", in->imm.u);
     } else if (in->type == KILN_KT_I32) {
         if (in->imm.i == INT32_MIN) sb_printf(s, "(-2147483647 - 1)");
@@ -247,6 +259,27 @@ static void print_reduce(sbuf *s, const kiln_kir *k, const kiln_spv_features *f,
     sb_printf(s, "%s}\n", ind);
 }
 
+/* MMA (m16n8k16, kir.h states the fragment layouts): every thread puts its A and B words into
+ * kiln_mma, and then computes its four D elements from its warp's words. Products of two f16 or
+ * bf16 values are exact in f32, so each step rounds once (D + a*b) whether or not it is fused. */
+static void print_mma(sbuf *s, const kiln_kinst *in, uint32_t id, const char *ind)
+{
+    const char *h = (in->imm.u & 1) ? "kiln_bf" : "kiln_hf";
+    uint32_t b = (in->imm.u & 2) ? 2 : 0;
+    sb_printf(s, "%s{\n%s    uint t_ = gl_LocalInvocationID.x, l_ = t_ & 31u, w_ = t_ - l_, g_ = l_ >> 2, q_ = l_ & 3u;\n", ind, ind);
+    for (int j = 0; j < 4; j++) sb_printf(s, "%s    kiln_mma[t_ * 6u + %du] = v%u[%d];\n", ind, j, in->a, j);
+    for (int j = 0; j < 2; j++) sb_printf(s, "%s    kiln_mma[t_ * 6u + %du] = v%u[%u];\n", ind, 4 + j, in->b, b + (uint32_t)j);
+    sb_printf(s, "%s    memoryBarrierShared();\n%s    barrier();\n%s    vec4 d_ = v%u;\n", ind, ind, ind, in->c);
+    sb_printf(s, "%s    for (uint k_ = 0u; k_ < 16u; k_++) {\n", ind);
+    sb_printf(s, "%s        uint p_ = (k_ & 7u) >> 1, j_ = k_ >> 3, e_ = k_ & 1u;\n", ind);
+    sb_printf(s, "%s        float a0_ = %s(kiln_mma[(w_ + g_ * 4u + p_) * 6u + 2u * j_], e_);\n", ind, h);
+    sb_printf(s, "%s        float a1_ = %s(kiln_mma[(w_ + g_ * 4u + p_) * 6u + 2u * j_ + 1u], e_);\n", ind, h);
+    sb_printf(s, "%s        float b0_ = %s(kiln_mma[(w_ + q_ * 8u + p_) * 6u + 4u + j_], e_);\n", ind, h);
+    sb_printf(s, "%s        float b1_ = %s(kiln_mma[(w_ + q_ * 8u + 4u + p_) * 6u + 4u + j_], e_);\n", ind, h);
+    sb_printf(s, "%s        d_ = vec4(d_.x + a0_ * b0_, d_.y + a0_ * b1_, d_.z + a1_ * b0_, d_.w + a1_ * b1_);\n%s    }\n", ind, ind);
+    sb_printf(s, "%s    memoryBarrierShared();\n%s    barrier(); // kiln_mma is free again\n%s    v%u = d_;\n%s}\n", ind, ind, ind, id, ind);
+}
+
 static void print_st16(sbuf *s, const kiln_spv_features *f, const kiln_kinst *in, const char *ind)
 {
     uint32_t sl = in->imm.u;
@@ -264,11 +297,13 @@ static void print_st16(sbuf *s, const kiln_spv_features *f, const kiln_kinst *in
 static void print_header(sbuf *s, const kiln_kir *k, const kiln_spv_features *f)
 {
     bool st16[KILN_KIR_MAX_BUFS] = {false}, any16 = false, sg = false, sg_basic = false, clustered = false, dp4a = false, fma = false;
+    bool mma = false;
     uint32_t red = 0;
     for (uint32_t i = 0; i < k->n_ins; i++) {
         const kiln_kinst *in = &k->ins[i];
         if (in->op == KILN_KOP_ST16) st16[in->imm.u] = any16 = f && f->storage16;
         if (in->op == KILN_KOP_DP4A) dp4a = true;
+        if (in->op == KILN_KOP_MMA) mma = true;
         if (in->op == KILN_KOP_FMA) fma = f && f->fma_f64;
         if (in->op != KILN_KOP_REDUCE) continue;
         uint32_t grp = in->imm.u & 0xffff;
@@ -308,9 +343,11 @@ static void print_header(sbuf *s, const kiln_kir *k, const kiln_spv_features *f)
     }
     for (uint32_t a = 0; a < k->n_shared; a++) sb_printf(s, "shared uint s%u[%u];\n", a, k->shared[a]);
     if (red) sb_printf(s, "shared float kiln_red[%u];\n", red);
+    if (mma) sb_printf(s, "shared uint kiln_mma[%u]; // MMA: each thread's A and B fragment words\n", 6 * k->block);
     sb_printf(s, "%s", helpers);
     if (dp4a) sb_printf(s, "%s", f && f->int_dot ? dp4a_ext : dp4a_bytes);
     if (fma) sb_printf(s, "%s", fma_f64);
+    if (mma) sb_printf(s, "%s", mma_helpers);
 }
 
 /* One line per type naming every value of that type. */
@@ -362,6 +399,7 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
             break;
         case KILN_KOP_BARRIER: sb_printf(&s, "%smemoryBarrierShared();\n%sbarrier();\n", ind, ind); break;
         case KILN_KOP_REDUCE: print_reduce(&s, k, f, in, i, ind); break;
+        case KILN_KOP_MMA: print_mma(&s, in, i, ind); break;
         case KILN_KOP_LOOP: sb_printf(&s, "%sfor (; v%u < v%u; v%u += v%u) {\n", ind, in->a, in->b, in->a, in->c); break;
         case KILN_KOP_IF: sb_printf(&s, "%sif (v%u) {\n", ind, in->a); break;
         case KILN_KOP_ELSE: sb_printf(&s, "%s} else {\n", ind); break;

@@ -4,6 +4,7 @@
 #include "support/kirtest.h"
 
 #include "graph/dtype.h"
+#include "support/testutil.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -231,6 +232,92 @@ void kt_ref_reduce(const float *in, float *out)
     }
 }
 
+static uint32_t f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* ---------------------------------------------------------------- tensor cores */
+
+void kt_build_mma(kiln_kir *k)
+{
+    kiln_kir_init(k, "kt_mma", KT_MMA_BLOCK);
+    snprintf(k->what, sizeof k->what, "mma and lds4");
+    kiln_kir_buf(k, KILN_KBUF_NODE, 1, false);
+    kiln_kir_buf(k, KILN_KBUF_NODE, 2, false);
+    kiln_kir_buf(k, KILN_KBUF_NODE, 3, true);
+    uint32_t s = kiln_kir_shared(k, 4 * KT_MMA_BLOCK);
+    uint32_t tid = op3(k, KILN_KOP_TID, KILN_KT_I32, NONE, NONE, NONE, 0);
+    uint32_t w4 = kiln_k2(k, KILN_KOP_MUL, tid, kiln_ki(k, 4));
+    uint32_t a = op3(k, KILN_KOP_LD4, KILN_KT_V4, w4, NONE, NONE, 1), b = op3(k, KILN_KOP_LD4, KILN_KT_V4, w4, NONE, NONE, 2);
+    uint32_t zero = op3(k, KILN_KOP_CONST, KILN_KT_F4, NONE, NONE, NONE, 0);
+    uint32_t base = kiln_k2(k, KILN_KOP_MUL, tid, kiln_ki(k, KT_MMA_OUT));
+    int j = 0;
+    for (int bf = 0; bf < 2; bf++) {
+        uint32_t acc = kiln_kvar(k, zero);
+        for (int h = 0; h < 2; h++) {
+            kiln_kset(k, acc, op3(k, KILN_KOP_MMA, KILN_KT_F4, a, b, acc, bf | h << 1));
+            for (int l = 0; l < 4; l++)
+                op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j++)),
+                    cv(k, KILN_KOP_BITCAST, KILN_KT_U32, op3(k, KILN_KOP_LANE, KILN_KT_F32, acc, NONE, NONE, l)), NONE, 3);
+        }
+    }
+    for (int l = 0; l < 4; l++)
+        op3(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, w4, kiln_ki(k, l)), op3(k, KILN_KOP_LANE, KILN_KT_U32, a, NONE, NONE, l), NONE, s);
+    op3(k, KILN_KOP_BARRIER, KILN_KT_NONE, NONE, NONE, NONE, 0);
+    uint32_t nb = kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, 1)), kiln_ki(k, KT_MMA_BLOCK - 1));
+    uint32_t v = op3(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_MUL, nb, kiln_ki(k, 4)), NONE, NONE, s);
+    for (int l = 0; l < 4; l++)
+        op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j++)), op3(k, KILN_KOP_LANE, KILN_KT_U32, v, NONE, NONE, l), NONE, 3);
+}
+
+static double half_of(uint32_t w, int e, bool bf)
+{
+    uint16_t h = (uint16_t)(w >> (16 * e));
+    if (!bf) return kiln_f16_to_f32(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Element (r, kk) of the 16x16 A and (kk, n) of the 16x8 B (B from lanes 2h, 2h+1) of warp w, read
+ * from the lanes' words as kir.h's MMA says (written from the PTX ISA's fragment tables). */
+static double mma_a(const uint32_t *a, int w, int r, int kk, bool bf)
+{
+    int lane = (r % 8) * 4 + (kk % 8) / 2, j = r / 8 + 2 * (kk / 8);
+    return half_of(a[(w * 32 + lane) * 4 + j], kk & 1, bf);
+}
+static double mma_b(const uint32_t *b, int w, int kk, int n, int h, bool bf)
+{
+    int lane = n * 4 + (kk % 8) / 2;
+    return half_of(b[(w * 32 + lane) * 4 + 2 * h + kk / 8], kk & 1, bf);
+}
+
+void kt_ref_mma(const uint32_t *a, const uint32_t *b, uint32_t *out)
+{
+    for (int t = 0; t < KT_MMA_BLOCK; t++) {
+        int w = t / 32, l = t % 32, g = l / 4, q = l % 4, j = 0;
+        for (int bf = 0; bf < 2; bf++) {
+            double acc[4] = {0, 0, 0, 0};
+            for (int h = 0; h < 2; h++)
+                for (int e = 0; e < 4; e++) {
+                    int r = g + 8 * (e >> 1), n = 2 * q + (e & 1);
+                    for (int kk = 0; kk < 16; kk++) acc[e] += mma_a(a, w, r, kk, bf) * mma_b(b, w, kk, n, h, bf);
+                    out[t * KT_MMA_OUT + j++] = f_bits((float)acc[e]);
+                }
+        }
+        for (int e = 0; e < 4; e++) out[t * KT_MMA_OUT + j++] = a[((t + 1) % KT_MMA_BLOCK) * 4 + e];
+    }
+}
+
+uint32_t kt_mma_word(void)
+{
+    uint32_t w = 0;
+    for (int e = 0; e < 2; e++) { /* bf16 sign, exponent 127 or 128, 7 random mantissa bits */
+        uint32_t h = (uint32_t)tu_randint(0, 1) << 15 | (uint32_t)(127 + tu_randint(0, 1)) << 7 | (uint32_t)tu_randint(0, 127);
+        w |= h << (16 * e);
+    }
+    return w;
+}
+
 /* ---------------------------------------------------------------- interpreter */
 
 typedef union kval {
@@ -241,7 +328,6 @@ typedef union kval {
     uint32_t v[4];
 } kval;
 
-static uint32_t f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs, const uint32_t tid, const uint32_t *bid,
                  char *err, size_t n_err)

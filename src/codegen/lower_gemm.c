@@ -1,0 +1,497 @@
+/* GEMM template for matmul regions with many rows (prefill): y_j[t, n] = f(x)[t] . W_j[n] on
+ * tensor-core tiles (kir MMA: m16n8k16, f32 accumulation). A block owns 64 tokens x 128 columns
+ * (the columns of every sibling of one group), 8 warps of 32 x 32 each. The K loop stages x and the
+ * weights in shared memory in fragment order (one LDS4 per fragment), the next tile's loads in
+ * flight in registers while the current one multiplies. x is split into 1..3 f16/bf16 parts so
+ * that its f32 value is kept (the contract's f16/bf16 tolerance); block weights are dequantized to
+ * f16 by gemv's decoders. An rms_norm prologue gets its row scales from a first kernel. The
+ * epilogue goes through shared memory into gemv's per-element epilogue (bias, residual, swiglu,
+ * rope, KV writes). Must not know any target's syntax. */
+#include "codegen/lower_mm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GM_BM 64        /* tokens per block */
+#define GM_BN 128       /* columns per block (all siblings together) */
+#define GM_BK 32        /* k per staged tile */
+#define GM_THREADS 256  /* 8 warps: 2 along M x 4 along N, 32 x 32 each */
+#define GM_CS 132       /* words per row of the C tile in shared memory */
+#define GM_APART 1024   /* words of one part of the A tile (64 x 32 halves) */
+#define GM_BWORDS 2048  /* words of the B tile (128 x 32 halves) */
+
+typedef struct gm {
+    gv        *s;         /* gemv's state: analysis, groups, epilogue */
+    kiln_kir  *k;         /* the GEMM kernel */
+    uint32_t   sh;        /* its shared array */
+    uint32_t   tid, lane, wm, wn; /* I32: thread, lane, warp row (0..1), warp column (0..3) */
+    uint32_t   m, m0, n0; /* I32: rows of x, first row and first column (per sibling) of the block */
+    uint32_t   scr;       /* scratch slot holding the rms scales, or NONE */
+    uint32_t   xs, nws;   /* x's slot, the norm weight's slot (or NONE) */
+    int        parts;     /* x as 1..3 f16/bf16 parts */
+    bool       bf;        /* the group multiplies bf16 (else f16) */
+    kiln_dtype wt;        /* the group's weight dtype */
+    int        bns;       /* columns per sibling per block */
+    int        U;         /* tiles per k-period of the weight format (the decoders' sub-steps) */
+} gm;
+
+/* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
+ * x tile and of the weight tile, their global word offsets without k, and the shared words of
+ * their first pairs (the other pairs are at constant distances: see gm_store). */
+typedef struct gm_plan {
+    uint32_t xbase[2];    /* I32 word of x's item at k = 0 */
+    uint32_t nwoff[2];    /* I32 first k of the item (norm weight offset at k0 = 0) */
+    uint32_t ascale[2];   /* F32 rms scale of the item's row, or NONE */
+    uint32_t aw[2];       /* I32 A-tile word of the item's first pair (part 0) */
+    uint32_t wrow[2];     /* I32 weight row of each weight item */
+    uint32_t wbase[2];    /* I32 word of a float weight item at k = 0 */
+    uint32_t piece[2];    /* I32 piece of a block weight item (0, 1: 16 values each) */
+    uint32_t bw[2];       /* I32 B-tile word of the item's first pair */
+    uint32_t fa, fb;      /* I32 shared words of the warp's first A and B fragments */
+} gm_plan;
+
+/* One tile's global loads, held in registers while the previous tile multiplies. */
+typedef struct gm_raw {
+    uint32_t ax[2];       /* x: V4 per item */
+    uint32_t anw[2][2];   /* V4 of the norm weight, or NONE */
+    gv_chunk b[2];        /* weight chunks, per item */
+    uint32_t bc[2];       /* I32 chunk index of each block-weight item */
+} gm_raw;
+
+static uint32_t ci(gm *g, int32_t v) { return kiln_ki(g->k, v); }
+static uint32_t o2(gm *g, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(g->k, op, a, b); }
+static uint32_t add(gm *g, uint32_t a, uint32_t b) { return o2(g, KILN_KOP_ADD, a, b); }
+static uint32_t mul(gm *g, uint32_t a, uint32_t b) { return o2(g, KILN_KOP_MUL, a, b); }
+static uint32_t addi(gm *g, uint32_t a, int32_t b) { return b ? add(g, a, ci(g, b)) : a; }
+static uint32_t muli(gm *g, uint32_t a, int32_t b) { return b == 1 ? a : mul(g, a, ci(g, b)); }
+static uint32_t shri(gm *g, uint32_t a, int32_t b) { return o2(g, KILN_KOP_SHR, a, ci(g, b)); }
+static uint32_t andi(gm *g, uint32_t a, int32_t b) { return o2(g, KILN_KOP_AND, a, ci(g, b)); }
+static uint32_t op1(gm *g, enum kiln_kop op, enum kiln_kt t, uint32_t a, int32_t imm)
+{
+    return kiln_kir_op(g->k, op, t, a, KILN_IDX_NONE, KILN_IDX_NONE, imm);
+}
+static uint32_t ld4(gm *g, uint32_t slot, uint32_t word) { return op1(g, KILN_KOP_LD4, KILN_KT_V4, word, (int32_t)slot); }
+static uint32_t lanef(gm *g, uint32_t v4, int i) { return op1(g, KILN_KOP_BITCAST, KILN_KT_F32, op1(g, KILN_KOP_LANE, KILN_KT_U32, v4, i), 0); }
+static void sts(gm *g, uint32_t idx, uint32_t v) { kiln_kir_op(g->k, KILN_KOP_STS, KILN_KT_NONE, idx, v, KILN_IDX_NONE, (int32_t)g->sh); }
+static void barrier(gm *g) { kiln_kir_op(g->k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void kif(gm *g, uint32_t p) { kiln_kir_op(g->k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void kendif(gm *g) { kiln_kir_op(g->k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+
+static kiln_dtype wdtype(const gv *s, int j) { return (kiln_dtype)s->g->nodes[s->g->nodes[s->mm[j]].src[1]].dtype; }
+static bool is_float_w(kiln_dtype t) { return t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16; }
+
+/* ------------------------------------------------------------------ fragment-order layouts */
+
+static uint32_t xori(gm *g, uint32_t a, int32_t b) { return b ? o2(g, KILN_KOP_XOR, a, ci(g, b)) : a; }
+
+/* The 16-byte slot of a lane's fragment words in a tile: lane ^ ((lane >> 3) & 3), so that the
+ * 8 rows a staging store instruction writes fall in 8 different bank groups (2-way conflicts at
+ * most, 8-way without it); a warp's LDS4 of one tile still reads 32 distinct slots (no conflict).
+ * It flips only the low 2 bits of the lane, so a store at lane + d (d < 4, no carry) is at
+ * word ^ 4d. */
+static uint32_t slot_of(gm *g, uint32_t lane) { return o2(g, KILN_KOP_XOR, lane, andi(g, shri(g, lane, 3), 3)); }
+
+/* Word of the pair of k (2p, 2p+1) of row r (0..63) in the A tile: m-tile r/16 and k-tile p/8 hold
+ * 128 words, 4 per lane, lane j of the MMA's A operand (kir.h) at word 4 slot_of(lane) + j. */
+static uint32_t a_word(gm *g, uint32_t r, uint32_t p)
+{
+    uint32_t rr = andi(g, r, 15), pp = andi(g, p, 7);
+    uint32_t tile = add(g, muli(g, shri(g, r, 4), 2), shri(g, p, 3));
+    uint32_t ln = slot_of(g, add(g, muli(g, andi(g, rr, 7), 4), andi(g, pp, 3)));
+    uint32_t j = add(g, shri(g, rr, 3), muli(g, shri(g, pp, 2), 2));
+    return add(g, muli(g, add(g, muli(g, tile, 32), ln), 4), j);
+}
+
+/* Word of the pair p of row n (0..127, a block column) in the B tile: n-tile pair n/16 and k-tile
+ * p/8 hold 128 words; lanes 0, 1 of a lane's V4 are the B operand of n-tile 2 (n/16), lanes 2, 3
+ * that of the next n-tile. */
+static uint32_t b_word(gm *g, uint32_t n, uint32_t p)
+{
+    uint32_t nn = andi(g, n, 15), pp = andi(g, p, 7);
+    uint32_t tile = add(g, muli(g, shri(g, n, 4), 2), shri(g, p, 3));
+    uint32_t ln = slot_of(g, add(g, muli(g, andi(g, nn, 7), 4), andi(g, pp, 3)));
+    uint32_t j = add(g, shri(g, pp, 2), muli(g, shri(g, nn, 3), 2));
+    return addi(g, add(g, muli(g, add(g, muli(g, tile, 32), ln), 4), j), g->parts * GM_APART);
+}
+
+/* U32 word of two halves (low = e0) of the mma element type. */
+static uint32_t pack(gm *g, uint32_t e0, uint32_t e1)
+{
+    enum kiln_kop cv = g->bf ? KILN_KOP_F2B : KILN_KOP_F2H;
+    uint32_t lo = op1(g, cv, KILN_KT_U32, e0, 0), hi = op1(g, cv, KILN_KT_U32, e1, 0);
+    return o2(g, KILN_KOP_OR, lo, o2(g, KILN_KOP_SHL, hi, kiln_ku(g->k, 16)));
+}
+
+/* x's f32 value v as parts[0..g->parts): f16/bf16 values whose sum is v (to 2^-22 relative for
+ * two f16 parts, 2^-24 for three bf16 parts; the parts' products with a weight are exact). */
+static void split(gm *g, uint32_t v, uint32_t *part)
+{
+    enum kiln_kop to = g->bf ? KILN_KOP_F2B : KILN_KOP_F2H, back = g->bf ? KILN_KOP_B2F : KILN_KOP_H2F;
+    for (int i = 0; i < g->parts; i++) {
+        part[i] = i + 1 < g->parts ? op1(g, back, KILN_KT_F32, op1(g, to, KILN_KT_U32, v, 0), 0) : v;
+        if (i + 1 < g->parts) v = o2(g, KILN_KOP_SUB, v, part[i]);
+    }
+}
+
+/* ------------------------------------------------------------------ staging */
+
+static bool x_is_f32(const gm *g) { return g->s->xdt == KILN_DTYPE_F32; }
+static int x_items(const gm *g) { return x_is_f32(g) ? 2 : 1; }
+
+/* Chunk index of piece h of a block-weight tile starting at k0 (see gemv's chunk layouts). */
+static uint32_t qchunk(gm *g, uint32_t k0, uint32_t h)
+{
+    switch (g->wt) {
+    case KILN_DTYPE_Q8_0: return add(g, shri(g, k0, 4), h);
+    case KILN_DTYPE_Q6_K: return add(g, add(g, muli(g, shri(g, k0, 8), 4), muli(g, shri(g, andi(g, k0, 255), 7), 2)), h);
+    default: return add(g, add(g, muli(g, shri(g, k0, 8), 8), muli(g, shri(g, andi(g, k0, 255), 6), 2)), h);
+    }
+}
+
+static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
+{
+    gv *s = g->s;
+    int64_t K = s->K;
+    bool f32 = x_is_f32(g);
+    for (int j = 0; j < x_items(g); j++) {
+        uint32_t i = addi(g, g->tid, GM_THREADS * j);
+        uint32_t row = shri(g, i, f32 ? 3 : 2), c = andi(g, i, f32 ? 7 : 3);
+        uint32_t gr = o2(g, KILN_KOP_MIN, add(g, g->m0, row), addi(g, g->m, -1));
+        P->xbase[j] = add(g, muli(g, gr, (int32_t)(f32 ? K : K / 2)), muli(g, c, 4));
+        P->nwoff[j] = muli(g, c, f32 ? 4 : 8);
+        P->ascale[j] = g->scr != KILN_IDX_NONE ? kl_load(g->k, g->scr, KILN_DTYPE_F32, gr) : KILN_IDX_NONE;
+        P->aw[j] = a_word(g, row, muli(g, c, f32 ? 2 : 4));
+    }
+    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
+        int sp = is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j; /* sibling position */
+        uint32_t ris, piece;
+        if (is_float_w(g->wt)) { /* 4 pieces of 8 values per row */
+            ris = shri(g, g->tid, 2);
+            if (G->n_sib == 1) ris = addi(g, ris, 64 * j);
+            piece = andi(g, g->tid, 3);
+        } else { /* 2 pieces of 16 per row; with two siblings threads 128.. repeat 0..127 (same values) */
+            uint32_t li = g->bns * 2 >= GM_THREADS ? g->tid : andi(g, g->tid, g->bns * 2 - 1);
+            ris = shri(g, li, 1);
+            piece = andi(g, li, 1);
+        }
+        uint32_t brow = addi(g, ris, sp * g->bns);
+        P->wrow[j] = o2(g, KILN_KOP_MIN, add(g, g->n0, ris), ci(g, (int32_t)(G->n - 1)));
+        P->wbase[j] = add(g, muli(g, P->wrow[j], (int32_t)(K / 2)), muli(g, piece, 4));
+        P->piece[j] = piece;
+        P->bw[j] = b_word(g, brow, muli(g, piece, is_float_w(g->wt) ? 4 : 8));
+    }
+    uint32_t slot = slot_of(g, g->lane);
+    P->fa = add(g, muli(g, g->wm, 512), muli(g, slot, 4));
+    P->fb = addi(g, add(g, muli(g, g->wn, 512), muli(g, slot, 4)), g->parts * GM_APART);
+}
+
+static void gm_load(gm *g, const gv_group *G, const gm_plan *P, gm_raw *raw, uint32_t k0)
+{
+    gv *s = g->s;
+    bool f32 = x_is_f32(g);
+    uint32_t k0h = shri(g, k0, 1);
+    for (int j = 0; j < x_items(g); j++) {
+        raw->ax[j] = ld4(g, g->xs, add(g, P->xbase[j], f32 ? k0 : k0h));
+        for (int h = 0; h < 2; h++) raw->anw[j][h] = KILN_IDX_NONE;
+        if (g->nws != KILN_IDX_NONE)
+            for (int h = 0; h < (f32 ? 1 : 2); h++) raw->anw[j][h] = ld4(g, g->nws, addi(g, add(g, k0, P->nwoff[j]), 4 * h));
+    }
+    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
+        int sp = is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j;
+        uint32_t slot = kiln_kir_buf(g->k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
+        if (is_float_w(g->wt)) {
+            raw->b[j].v[0] = ld4(g, slot, add(g, P->wbase[j], k0h));
+            continue;
+        }
+        raw->bc[j] = qchunk(g, k0, P->piece[j]);
+        kl_gv_load_chunk(s, g->wt, slot, P->wrow[j], raw->bc[j], G->n, &raw->b[j]);
+    }
+}
+
+static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub)
+{
+    gv *s = g->s;
+    bool f32 = x_is_f32(g);
+    int V = f32 ? 4 : 8;
+    bool raw_words = s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
+    for (int j = 0; j < x_items(g); j++)
+        for (int pp = 0; pp < V / 2; pp++) { /* pair pp: lane + pp of the fragment (see slot_of) */
+            uint32_t w = xori(g, P->aw[j], 4 * pp);
+            if (raw_words) { /* x is already in the mma's element type */
+                sts(g, w, op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp));
+                continue;
+            }
+            uint32_t part[2][3];
+            for (int e = 0; e < 2; e++) {
+                int idx = 2 * pp + e; /* value within the item */
+                uint32_t v = f32 ? lanef(g, raw->ax[j], idx)
+                                 : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
+                                       op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
+                if (P->ascale[j] != KILN_IDX_NONE) v = mul(g, v, P->ascale[j]);
+                if (raw->anw[j][0] != KILN_IDX_NONE) v = mul(g, v, lanef(g, raw->anw[j][idx / 4], idx % 4));
+                split(g, v, part[e]);
+            }
+            for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * GM_APART), pack(g, part[0][q], part[1][q]));
+        }
+    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
+        if (is_float_w(g->wt)) { /* the weight's own words; pair l of the piece: lane + l */
+            for (int l = 0; l < 4; l++) sts(g, xori(g, P->bw[j], 4 * l), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->b[j].v[0], l));
+            continue;
+        }
+        gv_sub d;
+        kl_gv_decode(s, g->wt, &raw->b[j], raw->bc[j], sub, &d);
+        uint32_t val[16];
+        for (int i = 0; i < 16; i++) {
+            uint32_t x = d.q[i];
+            if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
+            val[i] = x;
+        }
+        for (int pp = 0; pp < 8; pp++) /* pair pp of the piece: lane + (pp & 3), word j + (pp >> 2) (j even) */
+            sts(g, xori(g, P->bw[j], 4 * (pp & 3) + (pp >> 2)), pack(g, val[2 * pp], val[2 * pp + 1]));
+    }
+}
+
+/* The warp's 2 x 4 tiles over the staged 32 k (two k16 steps). */
+static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[2][4])
+{
+    kiln_kir *k = g->k;
+    for (int ks = 0; ks < 2; ks++) {
+        uint32_t bf[2];
+        for (int n2 = 0; n2 < 2; n2++) /* block n-tile pair 2 wn + n2 */
+            bf[n2] = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fb, 128 * (2 * n2 + ks)), (int32_t)g->sh);
+        for (int q = 0; q < g->parts; q++)
+            for (int mt = 0; mt < 2; mt++) { /* block m-tile 2 wm + mt */
+                uint32_t af = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fa, q * GM_APART + 128 * (2 * mt + ks)), (int32_t)g->sh);
+                for (int nt = 0; nt < 4; nt++) {
+                    uint32_t d = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, af, bf[nt / 2], acc[mt][nt], (g->bf ? 1 : 0) | ((nt & 1) << 1));
+                    kiln_kset(k, acc[mt][nt], d);
+                }
+            }
+    }
+}
+
+/* ------------------------------------------------------------------ epilogue */
+
+static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[2][4])
+{
+    gv *s = g->s;
+    kiln_kir *k = g->k;
+    uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
+    int upb = GM_BN / 4; /* units per block: 4 slots each */
+    for (int h = 0; h < 2; h++) {
+        kif(g, o2(g, KILN_KOP_EQ, g->wm, ci(g, h)));
+        for (int mt = 0; mt < 2; mt++)
+            for (int nt = 0; nt < 4; nt++)
+                for (int j = 0; j < 4; j++) {
+                    uint32_t row = addi(g, gq, mt * 16 + 8 * (j >> 1));
+                    uint32_t col = add(g, muli(g, g->wn, 32), addi(g, muli(g, qq, 2), nt * 8 + (j & 1)));
+                    sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[mt][nt], j));
+                }
+        kendif(g);
+        barrier(g);
+        uint32_t it = kiln_kvar(k, g->tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, ci(g, 32 * upb), ci(g, GM_THREADS), 0);
+        uint32_t row = o2(g, KILN_KOP_DIV, it, ci(g, upb)), u = o2(g, KILN_KOP_REM, it, ci(g, upb));
+        s->t0 = add(g, g->m0, addi(g, row, 32 * h));
+        s->mc = 1;
+        uint32_t base;
+        int deltas[SLOTS];
+        if (G->rope == 2) {
+            int32_t upp = (int32_t)(G->hd / 4);
+            base = add(g, muli(g, o2(g, KILN_KOP_DIV, u, ci(g, upp)), (int32_t)G->hd), muli(g, o2(g, KILN_KOP_REM, u, ci(g, upp)), 2));
+            int32_t half = (int32_t)(G->hd / 2);
+            deltas[0] = 0, deltas[1] = 1, deltas[2] = half, deltas[3] = half + 1;
+        } else {
+            base = muli(g, u, G->cols);
+            for (int c = 0; c < G->cols; c++) deltas[c] = c;
+        }
+        s->n_slots = 0;
+        for (int q = 0; q < G->n_sib; q++)
+            for (int c = 0; c < G->cols; c++) {
+                int r = s->n_slots++;
+                s->slot_sib[r] = G->sib[q];
+                s->slot_delta[r] = c;
+                uint32_t lc = addi(g, base, deltas[c]);
+                s->col[r] = add(g, g->n0, lc);
+                s->ok[r] = o2(g, KILN_KOP_LT, s->col[r], ci(g, (int32_t)G->n));
+                uint32_t cidx = add(g, muli(g, row, GM_CS), addi(g, lc, q * g->bns));
+                s->acc[r][0] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, cidx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)g->sh);
+            }
+        kl_gv_epilogue(s, G, g->m);
+        kl_loop_end(k);
+        barrier(g);
+    }
+}
+
+/* ------------------------------------------------------------------ kernels */
+
+static void gm_group(gm *g, const gv_group *G, uint32_t nb)
+{
+    gv *s = g->s;
+    kiln_kir *k = g->k;
+    g->wt = wdtype(s, G->sib[0]);
+    g->bf = g->wt == KILN_DTYPE_BF16;
+    bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16);
+    g->parts = !is_float_w(g->wt) || x_exact ? 1 : g->bf ? 3 : 2;
+    g->bns = GM_BN / G->n_sib;
+    g->U = g->wt == KILN_DTYPE_Q6_K ? 4 : g->wt == KILN_DTYPE_Q4_K || g->wt == KILN_DTYPE_Q5_K ? 2 : 1;
+    g->n0 = muli(g, nb, g->bns);
+    uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t acc[2][4];
+    for (int mt = 0; mt < 2; mt++)
+        for (int nt = 0; nt < 4; nt++) acc[mt][nt] = kiln_kvar(k, zero);
+    int64_t K = s->K;
+    gm_plan P;
+    gm_raw raw;
+    memset(&P, 0, sizeof P);
+    memset(&raw, 0, sizeof raw);
+    gm_plan_make(g, G, &P);
+    gm_load(g, G, &P, &raw, ci(g, 0));
+    gm_store(g, G, &P, &raw, 0);
+    barrier(g);
+    uint32_t kk = kiln_kvar(k, ci(g, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, ci(g, (int32_t)K), ci(g, GM_BK * g->U), 0);
+    for (int u = 0; u < g->U; u++) {
+        /* the next tile (past the end: the last one again, loaded and discarded) */
+        uint32_t kn = o2(g, KILN_KOP_MIN, addi(g, kk, GM_BK * (u + 1)), ci(g, (int32_t)(K - GM_BK)));
+        gm_load(g, G, &P, &raw, kn);
+        gm_mma(g, &P, acc);
+        barrier(g);
+        gm_store(g, G, &P, &raw, (u + 1) % g->U);
+        barrier(g);
+    }
+    kl_loop_end(k);
+    gm_epilogue(g, G, acc);
+}
+
+/* The rms_norm scales of x's rows into the scratch (and the normalized x when it is an output). */
+static void rms_kernel(gv *s, kiln_kir *k)
+{
+    const kiln_graph *g = s->g;
+    kiln_kir_init(k, "kiln_gemm_rms", GM_THREADS);
+    snprintf(k->what, sizeof k->what, "rms_norm scales for a gemm");
+    int64_t K = s->K;
+    k->grid[0] = kl_grid_for(s->m_max, 1);
+    k->scratch_bytes = 4 * (uint64_t)s->m_max;
+    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t m = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), kiln_ki(k, (int32_t)K));
+    uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
+    uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
+    uint32_t t = kiln_kvar(k, bid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, t, m, kiln_ki(k, (int32_t)k->grid[0]), 0);
+    uint32_t ss = kiln_kvar(k, kiln_kf(k, 0));
+    uint32_t j = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(k, (int32_t)K), kiln_ki(k, GM_THREADS), 0);
+    uint32_t xv = kl_load(k, xs, s->xdt, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), j));
+    kiln_kset(k, ss, kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, xv, xv, ss, 0));
+    kl_loop_end(k);
+    uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | GM_THREADS);
+    uint32_t sc = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
+                          kiln_k1(k, KILN_KOP_SQRT, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, tot, kiln_kf(k, (float)K)), kiln_kf(k, s->eps))));
+    kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kl_store(k, scr, KILN_DTYPE_F32, t, sc);
+    kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    if (kl_is_out(s->r, s->norm)) {
+        uint32_t e = kiln_kvar(k, tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, e, kiln_ki(k, (int32_t)K), kiln_ki(k, GM_THREADS), 0);
+        uint32_t idx = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), e);
+        uint32_t y = kiln_k2(k, KILN_KOP_MUL, kl_load(k, xs, s->xdt, idx), sc);
+        if (nws != KILN_IDX_NONE) y = kiln_k2(k, KILN_KOP_MUL, y, kl_load(k, nws, KILN_DTYPE_F32, e));
+        kl_store_node(k, g, s->norm, idx, y);
+        kl_loop_end(k);
+    }
+    kl_loop_end(k);
+}
+
+/* Can the GEMM take this region? (Else gemv runs it.) */
+static bool gm_fits(const gv *s, char *err, size_t n_err)
+{
+    if (s->K % GM_BK || s->scalar) return kl_unsupported(err, n_err, "gemm: K = %lld", (long long)s->K), false;
+    if (s->K > (int64_t)1 << 24 || s->m_max > (int64_t)1 << 20) return kl_unsupported(err, n_err, "gemm: too large"), false;
+    for (int q = 0; q < s->n_grp; q++) {
+        const gv_group *G = &s->grp[q];
+        kiln_dtype t = wdtype(s, G->sib[0]);
+        if (t == KILN_DTYPE_F32 || t == KILN_DTYPE_I32) return kl_unsupported(err, n_err, "gemm: %s weights", kiln_dtype_name(t)), false;
+        if (G->n_sib > 2) return kl_unsupported(err, n_err, "gemm: %d fused siblings", G->n_sib), false;
+        if (G->rope == 2 && (GM_BN / G->n_sib) % G->hd) return kl_unsupported(err, n_err, "gemm: neox rope head %lld", (long long)G->hd), false;
+        if (G->n * (int64_t)s->K >= (int64_t)1 << 31) return kl_unsupported(err, n_err, "gemm: weight too large"), false;
+    }
+    return true;
+}
+
+kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
+{
+    gv *s = calloc(1, sizeof *s);
+    if (!s) return KILN_ERR_NOMEM;
+    *n_out = 0;
+    kiln_status st = KILN_OK;
+    int ki = 0;
+    s->g = g;
+    s->r = r;
+    kiln_kir scratch_k; /* gemv's analysis writes its grid into a kernel */
+    kiln_kir_init(&scratch_k, "kiln_gemm", GM_THREADS);
+    s->k = &scratch_k;
+    bool ok = kl_gv_analyze(s, err, n_err) && gm_fits(s, err, n_err);
+    if (ok && s->m_max <= 8) {
+        kl_unsupported(err, n_err, "gemm: %lld rows (gemv takes up to 8 per pass)", (long long)s->m_max);
+        ok = false;
+    }
+    kiln_kir_free(&scratch_k);
+    if (!ok) {
+        free(s);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    if (s->norm != KILN_IDX_NONE) rms_kernel(s, &out[ki++]);
+    kiln_kir *k = &out[ki++];
+    kiln_kir_init(k, "kiln_gemm", GM_THREADS);
+    s->k = k;
+    gm G = {.s = s, .k = k, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE};
+    int parts_max = 1;
+    for (int q = 0; q < s->n_grp; q++) {
+        kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
+        if (is_float_w(t)) parts_max = parts_max > (t == KILN_DTYPE_BF16 ? 3 : 2) ? parts_max : (t == KILN_DTYPE_BF16 ? 3 : 2);
+    }
+    uint32_t words = (uint32_t)(parts_max * GM_APART + GM_BWORDS);
+    if (words < 32 * GM_CS) words = 32 * GM_CS;
+    G.sh = kiln_kir_shared(k, words);
+    snprintf(k->what, sizeof k->what, "gemm %s x%d%s, %u ops", kiln_dtype_name(wdtype(s, 0)), s->n_mm, s->norm != KILN_IDX_NONE ? " + rms_norm" : "",
+             r->n_nodes);
+    G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t by = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    G.lane = andi(&G, G.tid, 31);
+    uint32_t warp = shri(&G, G.tid, 5);
+    G.wm = shri(&G, warp, 2);
+    G.wn = andi(&G, warp, 3);
+    G.m = o2(&G, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(&G, (int32_t)s->K));
+    G.m0 = muli(&G, by, GM_BM);
+    G.xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    if (s->norm != KILN_IDX_NONE) {
+        G.scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
+        if (s->nw != KILN_IDX_NONE) G.nws = kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false);
+        k->scratch_bytes = 4 * (uint64_t)s->m_max;
+    }
+    uint32_t blocks = 0;
+    kif(&G, o2(&G, KILN_KOP_LT, G.m0, G.m));
+    for (int q = 0; q < s->n_grp; q++) {
+        const gv_group *Gq = &s->grp[q];
+        uint32_t nb = (uint32_t)((Gq->n + GM_BN / Gq->n_sib - 1) / (GM_BN / Gq->n_sib));
+        kif(&G, o2(&G, KILN_KOP_PAND, o2(&G, KILN_KOP_LE, ci(&G, (int32_t)blocks), bx), o2(&G, KILN_KOP_LT, bx, ci(&G, (int32_t)(blocks + nb)))));
+        gm_group(&G, Gq, addi(&G, bx, -(int32_t)blocks));
+        kendif(&G);
+        blocks += nb;
+    }
+    kendif(&G);
+    k->grid[0] = blocks;
+    k->grid[1] = (uint32_t)((s->m_max + GM_BM - 1) / GM_BM);
+    if (s->failed) st = kl_unsupported(err, n_err, "gemm: %s", s->why);
+    if (st != KILN_OK) {
+        for (int i = 0; i < ki; i++) kiln_kir_free(&out[i]);
+    } else {
+        *n_out = (uint32_t)ki;
+    }
+    free(s);
+    return st;
+}

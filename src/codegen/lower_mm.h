@@ -1,0 +1,83 @@
+/* Shared by the matmul templates (lower_gemv.c, lower_gemm.c): the region analysis (siblings,
+ * groups joined by epilogue ops, rope, the rms_norm prologue), the per-dtype chunk loads and
+ * decoders of weight rows, and the per-element epilogue. Internal to src/codegen. */
+#pragma once
+
+#include "codegen/lower.h"
+
+#define WARPS 8       /* warps per block */
+#define MC_MAX 8      /* tokens per pass */
+#define SLOTS 4       /* output rows per warp */
+#define MEMO 512
+
+typedef struct gv_group {
+    int      n_sib;          /* siblings in the group (share columns) */
+    int      sib[SLOTS];     /* their matmul indices */
+    int      cols;           /* columns per unit per sibling */
+    int64_t  n;              /* output columns (each sibling) */
+    int      rope;           /* 0 none, 1 normal, 2 neox */
+    int64_t  hd;             /* rope head dim */
+    int64_t  units;          /* units of the group */
+    int      wpu;            /* warps per unit (split-K inside the block: 1, 2, 4 or 8) */
+    uint32_t warp0;          /* first global warp (a multiple of WARPS) */
+} gv_group;
+
+typedef struct gv {
+    kiln_kir          *k;
+    const kiln_graph  *g;
+    const kiln_region *r;
+    int       n_mm;
+    uint32_t  mm[SLOTS];        /* matmul nodes */
+    int       sib_of_node_n;    /* unused */
+    uint32_t  x, norm, nw;      /* activation node, rms_norm node (or NONE), its weight (or NONE) */
+    float     eps;
+    int64_t   K;
+    int64_t   m_max;
+    int       mc;               /* tokens per pass */
+    bool      scalar;           /* float weights with K not a multiple of the vector width: one value per chunk */
+    kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
+    bool      dp4a;             /* block weights only: x quantized per 32 to int8 in shared memory, integer dot products */
+    uint32_t  sh_xq, sh_dx, sh_xs; /* shared arrays: int8 x (K/4 words per token), scale and sum of x per 32 */
+    bool      xstage;           /* float weights in one pass: normalized x staged in shared memory (sh_x) */
+    uint32_t  sh_x;
+    int       xv;               /* values per chunk of the staged layout: value i of chunk c at i * K / xv + c */
+    gv_group  grp[SLOTS];
+    int       n_grp;
+    /* per unit, while emitting one group */
+    int       n_slots;
+    int       slot_sib[SLOTS];  /* matmul index of slot */
+    int       slot_delta[SLOTS];/* column offset from the unit base */
+    uint32_t  col[SLOTS];       /* I32 column of slot */
+    uint32_t  ok[SLOTS];        /* PRED column exists */
+    uint32_t  acc[SLOTS][MC_MAX];
+    uint32_t  t0;               /* I32 first token of the pass */
+    uint32_t  tt[MC_MAX];       /* I32 row of x of each token of the pass (clamped) */
+    bool      hoisted;          /* one pass covers every token: the prologue runs once per block, before
+                                   a grid-stride loop over the virtual blocks (kir.grid_stride) */
+    uint32_t  nsc[MC_MAX];      /* F32 norm scale per token of the pass */
+    uint32_t  memo_key[MEMO], memo_val[MEMO];
+    int       n_memo;
+    bool      failed;
+    char      why[160];
+} gv;
+
+/* Loaded 16-byte chunk(s) of one weight row, and one decoded sub-step of a chunk. */
+typedef struct gv_chunk {
+    uint32_t v[4];   /* V4 loads */
+    uint32_t d;      /* scale word(s) */
+} gv_chunk;
+
+typedef struct gv_sub {
+    uint32_t q[16];   /* F32 values (dequantized, or quants to scale) */
+    int      v;       /* how many */
+    uint32_t a, b;    /* value i = a * q[i] + b (a NONE: q[i]; b NONE: 0); contribution a * dot(q, x) + b * sum(x) */
+} gv_sub;
+
+/* Finds x, the rms_norm prologue, the matmuls and their groups; sets k->grid[0] for the GEMV. */
+bool kl_gv_analyze(gv *s, char *err, size_t n_err);
+/* Loads chunk c (I32) of weight row `row` (I32) of a [rows, K] weight of dtype t in buffer slot `slot`. */
+void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o);
+/* Decodes sub-step `sub` of a loaded chunk (16 values for block dtypes, at kl_gv_sub_elem). */
+void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o);
+/* The epilogue of the current unit (s->col, s->ok, s->acc, s->t0 set) for tokens t0 .. t0 + mc - 1 < m. */
+void kl_gv_epilogue(gv *s, const gv_group *G, uint32_t m);
