@@ -388,6 +388,10 @@ KILN_API kiln_status kiln_plan_profile(kiln_plan *p, bool on);
 KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, char **out);
 /* Milliseconds kiln_compile took for this plan, and the peak bytes of intermediates. */
 KILN_API double kiln_plan_compile_ms(const kiln_plan *p);
+/* Where the plan's compiled code came from: "memory" (an equal graph was compiled in this context:
+ * fusion, placement and kernels shared, only weights and states set up), "disk" (every kernel
+ * loaded from the cache folder), "partial" (some), or "miss" (compiled). Static text. */
+KILN_API const char *kiln_plan_cache(const kiln_plan *p);
 KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p);
 
 /* ---------------------------------------------------------------- GGUF files and models */

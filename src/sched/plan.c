@@ -145,6 +145,7 @@ KILN_API void kiln_plan_free(kiln_plan *p)
 {
     if (!p) return;
     kiln_sched_devices_free(p);
+    kiln_sched_cache_release(p); /* shared parts: the table frees them */
     if (p->kernels)
         for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
             const kiln_backend_i *b = kiln_backends[p->region_be[r]];
@@ -300,7 +301,7 @@ static kiln_status compile_regions(kiln_plan *p)
         int be = p->region_be[r];
         const kiln_backend_i *b = kiln_backends[be];
         if (!b->compile) continue;
-        kiln_status s = b->compile(p->ctx->be_state[be], p->g, reg, &p->kernels[r], err, sizeof err);
+        kiln_status s = kiln_sched_compile_region(p, r, err, sizeof err);
         if (s != KILN_OK) {
             char lab[300];
             return kiln_ctx_fail(p->ctx, s, "%s: compiling region %u (%s): %s", b->name, r,
@@ -325,13 +326,19 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     if (!p) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
     p->ctx = ctx;
     p->what_if = opts && opts->what_if;
-    if (!(p->g = kiln_graph_clone(g))) goto oom;
+    /* The canonical copy: equal graphs get equal node ids, so their compiled parts are shared. */
+    if (!(p->g = kiln_graph_canonical(g, p->ghash))) goto oom;
     if ((s = kiln_graph_materialize_weights(p->g)) != KILN_OK) goto fail; /* random weights: bytes now */
     uint32_t n = g->n_nodes ? g->n_nodes : 1;
-    if ((s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
+    kiln_sched_cache_lookup(p, opts, forced);
+    if (!p->mem_hit && (s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
     uint32_t nr = p->fusion.n_regions ? p->fusion.n_regions : 1;
-    p->region_be = calloc(nr, 1);
-    p->kernels = calloc(nr, sizeof *p->kernels);
+    if (!p->mem_hit) {
+        p->region_be = calloc(nr, 1);
+        p->kernels = calloc(nr, sizeof *p->kernels);
+        p->pred_s = calloc((size_t)nr * KILN_BACKEND_COUNT, sizeof *p->pred_s);
+        p->xfer_s = calloc(nr, sizeof *p->xfer_s);
+    }
     p->root = malloc(n * sizeof *p->root);
     p->offset = malloc(n * sizeof *p->offset);
     p->arena_off = malloc(n * sizeof *p->arena_off);
@@ -339,8 +346,6 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     p->bufs = calloc(n, sizeof *p->bufs);
     p->dims = calloc(n, sizeof *p->dims);
     p->sym_vals = calloc(g->n_syms ? g->n_syms : 1, sizeof *p->sym_vals);
-    p->pred_s = calloc((size_t)nr * KILN_BACKEND_COUNT, sizeof *p->pred_s);
-    p->xfer_s = calloc(nr, sizeof *p->xfer_s);
     p->meas_s = calloc(nr, sizeof *p->meas_s);
     p->n_meas = calloc(nr, sizeof *p->n_meas);
     if (!p->pred_s || !p->xfer_s || !p->meas_s || !p->n_meas) goto oom;
@@ -355,7 +360,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
         !(p->bound_dev_be = calloc(n, 1)))
         goto oom;
     memcpy(p->max_dims, p->dims, g->n_nodes * sizeof *p->max_dims);
-    if ((s = place(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK ||
+    if ((!p->mem_hit && ((s = place(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK)) ||
         (!p->what_if && (s = kiln_sched_devices_setup(p)) != KILN_OK)) {
         kiln_plan_free(p);
         return s;
@@ -365,6 +370,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     p->backend = forced >= 0 ? forced : KILN_BACKEND_REF;
     for (int b = 0; b < KILN_BACKEND_COUNT; b++)
         if (count[b] > count[p->backend]) p->backend = b;
+    kiln_sched_cache_keep(p);
     p->compile_ms = now_ms() - t0;
     ctx->error[0] = 0;
     *out = p;
