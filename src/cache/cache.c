@@ -89,13 +89,7 @@ kiln_cache *kiln_cache_new(const char *dir, bool quiet)
 void kiln_cache_free(kiln_cache *c)
 {
     if (!c) return;
-    kiln_cache_obj *o, *tmp;
-    pthread_mutex_lock(&c->lock);
-    HASH_ITER(hh, c->table, o, tmp) {
-        HASH_DEL(c->table, o);
-        kiln_cache_obj_unref(o);
-    }
-    pthread_mutex_unlock(&c->lock);
+    kiln_cache_mem_clear(c);
     kiln_cache_stats_flush(c);
     pthread_mutex_destroy(&c->lock);
     free(c->dir);
@@ -110,6 +104,17 @@ kiln_cache_obj *kiln_cache_mem_find(kiln_cache *c, const kiln_cache_key *key)
     if (o) kiln_cache_obj_ref(o);
     pthread_mutex_unlock(&c->lock);
     return o;
+}
+
+void kiln_cache_mem_clear(kiln_cache *c)
+{
+    kiln_cache_obj *o, *tmp;
+    pthread_mutex_lock(&c->lock);
+    HASH_ITER(hh, c->table, o, tmp) {
+        HASH_DEL(c->table, o);
+        kiln_cache_obj_unref(o);
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 bool kiln_cache_mem_add(kiln_cache *c, kiln_cache_obj *o)

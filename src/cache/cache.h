@@ -77,6 +77,7 @@ void kiln_cache_free(kiln_cache *c);
  * (the table takes a reference) unless the key is there already; returns whether it did. */
 kiln_cache_obj *kiln_cache_mem_find(kiln_cache *c, const kiln_cache_key *key);
 bool            kiln_cache_mem_add(kiln_cache *c, kiln_cache_obj *o);
+void            kiln_cache_mem_clear(kiln_cache *c); /* drops the table's references (tests, benchmarks) */
 void            kiln_cache_obj_ref(kiln_cache_obj *o);
 void            kiln_cache_obj_unref(kiln_cache_obj *o);
 

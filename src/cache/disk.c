@@ -117,7 +117,8 @@ static void degrade(kiln_cache *c, const char *what, int err)
         fprintf(stderr, "kiln: warning: cache folder '%s': %s: %s; caching in memory only\n", c->dir, what, strerror(err));
 }
 
-static bool refused(int e) { return e == EACCES || e == EROFS || e == ENOSPC || e == EDQUOT || e == EPERM; }
+/* Any failure to make the folder or write in it: read-only, full, no permission, not a folder. */
+static bool refused(int e) { return e != 0 && e != EEXIST && e != EINTR; }
 
 /* mkdir -p of c->dir. */
 static int make_dir(const char *dir)

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define ALIGN 64
@@ -96,6 +97,36 @@ size_t kiln_sched_pack(uint32_t *order, uint32_t n_order, const size_t *size, co
     return total;
 }
 
+/* States: zeroed memory. Large ones are mapped fresh (zero pages, no memset): from the heap, after
+ * an earlier plan freed its states, glibc's raised mmap threshold would make calloc clear megabytes
+ * of recycled memory on every compile. A 64-byte header keeps the size for state_free. */
+#define STATE_HEAD 64
+#define STATE_MAP_MIN ((size_t)1 << 20)
+
+static void *state_new(size_t bytes)
+{
+    size_t total = bytes + STATE_HEAD;
+    unsigned char *m;
+    if (total >= STATE_MAP_MIN) {
+        m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return NULL;
+    } else if (!(m = calloc(1, total))) {
+        return NULL;
+    }
+    memcpy(m, &total, sizeof total);
+    return m + STATE_HEAD;
+}
+
+static void state_free(void *p)
+{
+    if (!p) return;
+    unsigned char *m = (unsigned char *)p - STATE_HEAD;
+    size_t total;
+    memcpy(&total, m, sizeof total);
+    if (total >= STATE_MAP_MIN) munmap(m, total);
+    else free(m);
+}
+
 static kiln_status plan_memory(kiln_plan *p)
 {
     const kiln_graph *g = p->g;
@@ -123,7 +154,7 @@ static kiln_status plan_memory(kiln_plan *p)
         p->offset[i] = 0;
         if (r->op == KILN_OP_STATE) {
             /* calloc: large states come zeroed from fresh pages, so a big KV cache costs no memset. */
-            if (!(p->state_mem[i] = calloc(1, kiln_node_bytes(r, d) + 1))) { st = KILN_ERR_NOMEM; goto out; }
+            if (!(p->state_mem[i] = state_new(kiln_node_bytes(r, d) + 1))) { st = KILN_ERR_NOMEM; goto out; }
         } else if (r->op != KILN_OP_INPUT && r->op != KILN_OP_WEIGHT) {
             size[i] = (kiln_node_bytes(r, d) + ALIGN - 1) / ALIGN * ALIGN;
             order[n_order++] = i;
@@ -152,7 +183,7 @@ KILN_API void kiln_plan_free(kiln_plan *p)
             if (p->kernels[r] && b->kernel_free) b->kernel_free(p->ctx->be_state[p->region_be[r]], p->kernels[r]);
         }
     if (p->state_mem && p->g)
-        for (uint32_t i = 0; i < p->g->n_nodes; i++) free(p->state_mem[i]);
+        for (uint32_t i = 0; i < p->g->n_nodes; i++) state_free(p->state_mem[i]);
     free(p->pred_s); free(p->xfer_s); free(p->meas_s); free(p->n_meas);
     free(p->arena); free(p->state_mem); free(p->kernels); free(p->region_be);
     free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
