@@ -25,6 +25,13 @@ static int cmp_rank(const void *pa, const void *pb)
     return (a->old > b->old) - (a->old < b->old);
 }
 
+static int cmp_out(const void *pa, const void *pb)
+{
+    const kiln_output_rec *a = pa, *b = pb;
+    if (a->node != b->node) return a->node < b->node ? -1 : 1;
+    return strcmp(a->name, b->name); /* one node under two names: either order computes the same */
+}
+
 /* A dim as structure: a constant, or a symbol by its bound (its index is not structural). */
 static void dim_code(const kiln_graph *g, int64_t d, int64_t out[2])
 {
@@ -81,7 +88,8 @@ static bool canonical_order(const kiln_graph *g, uint32_t *new_of)
         up[i] = rk[i].up = up_hash(g, i, up, depth);
     }
     /* Readers add into their sources' accumulators (a sum: the order readers come in is no part). */
-    for (uint32_t o = 0; o < g->n_outs; o++) acc[g->outs[o].node] += mix2(0x6f7574ull /* "out" */, o);
+    /* outputs are found by name, so their declaration order is no part either */
+    for (uint32_t o = 0; o < g->n_outs; o++) acc[g->outs[o].node] += mix2(0x6f7574ull /* "out" */, 0);
     for (uint32_t i = n; i-- > 0;) {
         rk[i].down = mix2(up[i], acc[i]);
         const kiln_node_rec *nd = &g->nodes[i];
@@ -125,6 +133,7 @@ kiln_graph *kiln_graph_canonical(const kiln_graph *g, uint64_t hash[2])
         if (sym_new[s] == KILN_IDX_NONE) sym_new[s] = next++;
     for (uint32_t s = 0; s < ns; s++) syms[sym_new[s]] = c->syms[s];
     for (uint32_t o = 0; o < c->n_outs; o++) c->outs[o].node = new_of[c->outs[o].node];
+    qsort(c->outs, c->n_outs, sizeof *c->outs, cmp_out);
     free(c->nodes);
     free(c->syms);
     c->nodes = nodes;
