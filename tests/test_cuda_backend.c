@@ -162,6 +162,7 @@ Test(cuda_host, pool_rounds_and_reuses)
 Test(cuda_host, out_of_memory_and_jit_errors_say_what)
 {
     setenv("FAKECUDA_MEM", "1073741824", 1);
+    setenv("KILN_CACHE", "off", 1); /* a cubin on disk from another test would need no JIT */
     kiln_ctx *ctx = fake_ctx();
     void *st = ctx->be_state[KILN_BACKEND_CUDA], *a = NULL;
     char err[1024] = "";
@@ -170,7 +171,6 @@ Test(cuda_host, out_of_memory_and_jit_errors_say_what)
     cr_assert_eq(kiln_backend_cuda.alloc(st, 4096, &a, err, sizeof err), KILN_OK, "%s", err);
     kiln_backend_cuda.free(st, a);
     setenv("FAKECUDA_JIT_FAIL", "1", 1);
-    setenv("KILN_CACHE", "off", 1); /* a cubin on disk from another test would need no JIT */
     kiln_graph *g = norm_graph();
     kiln_plan *p = NULL;
     kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p);
