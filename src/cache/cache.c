@@ -64,7 +64,7 @@ const char *kiln_cache_kind_ext(enum kiln_cache_kind k)
 {
     static const char *const ext[KILN_CACHE_KIND_COUNT] = {
         [KILN_CACHE_KIND_NONE] = "none", [KILN_CACHE_KIND_CPU] = "cpu", [KILN_CACHE_KIND_CUDA] = "cuda",
-        [KILN_CACHE_KIND_VULKAN] = "vk"};
+        [KILN_CACHE_KIND_VULKAN] = "vk", [KILN_CACHE_KIND_PLAN] = "plan"};
     return (unsigned)k < KILN_CACHE_KIND_COUNT ? ext[k] : "?";
 }
 

@@ -27,6 +27,7 @@ enum kiln_cache_kind {
     KILN_CACHE_KIND_CPU,    /* a CPU region's dispatch decisions */
     KILN_CACHE_KIND_CUDA,   /* a CUDA region: kernel metadata, PTX text, cubin */
     KILN_CACHE_KIND_VULKAN, /* a Vulkan region: kernel metadata, SPIR-V words */
+    KILN_CACHE_KIND_PLAN,   /* a plan's placement (backend and predicted costs per region) */
     KILN_CACHE_KIND_COUNT
 };
 const char *kiln_cache_kind_ext(enum kiln_cache_kind k); /* "cpu", "cuda", "vk" */
@@ -87,8 +88,9 @@ void            kiln_cache_obj_unref(kiln_cache_obj *o);
 bool kiln_cache_disk_get(kiln_cache *c, enum kiln_cache_kind kind, const kiln_cache_key *key, void **payload, size_t *len);
 void kiln_cache_disk_put(kiln_cache *c, enum kiln_cache_kind kind, const kiln_cache_key *key, const void *payload, size_t len);
 bool kiln_cache_disk_on(const kiln_cache *c);
-/* Disk entries of this kind are used: KILN_CACHE unset or "on": GPU kinds; "all": the CPU's too
- * (its kernels cost less to make than to read; CI turns them on to test the disk path). */
+/* Disk entries of this kind are used: KILN_CACHE unset or "on": GPU kinds and placements; "all":
+ * the CPU's too (its kernels cost less to make than to read; CI turns them on to test the disk
+ * path). */
 bool kiln_cache_disk_for(const kiln_cache *c, enum kiln_cache_kind kind);
 const char *kiln_cache_dir(const kiln_cache *c);
 
@@ -103,7 +105,7 @@ bool kiln_cache_entry_check(const unsigned char *buf, size_t n, enum kiln_cache_
 /* Folder operations for `kiln cache`: each entry file, with its size and whether it is valid. */
 typedef struct kiln_cache_entry_info {
     char     name[64];   /* file name */
-    char     kind[8];    /* "cpu", "cuda", "vk" */
+    char     kind[8];    /* "cpu", "cuda", "vk", "plan" */
     uint64_t bytes;      /* file size */
     bool     ok;         /* header and checksums hold */
     char     why[32];    /* else what is wrong */

@@ -323,6 +323,15 @@ static kiln_status place(kiln_plan *p, int forced)
     return KILN_OK;
 }
 
+/* Placement from its disk entry, else computed (and written there). */
+static kiln_status place_cached(kiln_plan *p, int forced)
+{
+    if (kiln_sched_cache_load_placement(p, forced)) return KILN_OK;
+    kiln_status s = place(p, forced);
+    if (s == KILN_OK) kiln_sched_cache_save_placement(p, forced);
+    return s;
+}
+
 static kiln_status compile_regions(kiln_plan *p)
 {
     char err[1024] = "";
@@ -391,7 +400,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
         !(p->bound_dev_be = calloc(n, 1)))
         goto oom;
     memcpy(p->max_dims, p->dims, g->n_nodes * sizeof *p->max_dims);
-    if ((!p->mem_hit && ((s = place(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK)) ||
+    if ((!p->mem_hit && ((s = place_cached(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK)) ||
         (!p->what_if && (s = kiln_sched_devices_setup(p)) != KILN_OK)) {
         kiln_plan_free(p);
         return s;

@@ -95,5 +95,8 @@ kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, 
 void        kiln_sched_cache_lookup(kiln_plan *p, const kiln_compile_options *opts, int forced);
 void        kiln_sched_cache_keep(kiln_plan *p);
 void        kiln_sched_cache_release(kiln_plan *p);
+/* The placement (region_be, pred_s, xfer_s) from its disk entry: true when read; save writes it. */
+bool        kiln_sched_cache_load_placement(kiln_plan *p, int forced);
+void        kiln_sched_cache_save_placement(const kiln_plan *p, int forced);
 /* Compiles region r on its backend through the disk entries (when the backend can save/load). */
 kiln_status kiln_sched_compile_region(kiln_plan *p, uint32_t r, char *err, size_t n);

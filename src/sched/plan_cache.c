@@ -3,6 +3,7 @@
  * compile input, and shared by each later plan of an equal graph; and the per-region disk entries
  * through the backends' save/load. Weights, states and memory stay per plan: a hit never reuses
  * anything that depends on a weight's bytes or a name. */
+#include "cache/blob.h"
 #include "sched/plan.h"
 
 #include <stdio.h>
@@ -156,6 +157,82 @@ kiln_status kiln_sched_compile_region(kiln_plan *p, uint32_t r, char *err, size_
     if (b->kernel_save(st, p->kernels[r], &out, &len) == KILN_OK) kiln_cache_disk_put(c, kind, &key, out, len);
     free(out);
     return KILN_OK;
+}
+
+/* ------------------------------------------------------------------ placement on disk */
+
+#define PLACE_MAGIC 0x314c504bu /* "KPL1" */
+
+/* Placement runs every GPU backend's supports(), which prints the kernels: a warm start reads the
+ * placement instead, so it prints nothing. Read when a GPU backend may take regions, written when
+ * one did (KILN_CACHE=all: always, to test the path on CPU-only machines). */
+static bool place_disk(const kiln_plan *p, int forced, bool writing)
+{
+    const kiln_ctx *ctx = p->ctx;
+    if (p->what_if || !kiln_cache_disk_on(ctx->cache)) return false;
+    if (kiln_cache_disk_for(ctx->cache, KILN_CACHE_KIND_CPU)) return true;
+    bool gpu = false;
+    if (writing)
+        for (uint32_t r = 0; r < p->fusion.n_regions; r++) gpu |= kind_of(p->region_be[r]) > KILN_CACHE_KIND_CPU;
+    else
+        gpu = (forced < 0 || kind_of(forced) > KILN_CACHE_KIND_CPU) && (ctx->be_ok[KILN_BACKEND_CUDA] || ctx->be_ok[KILN_BACKEND_VULKAN]);
+    return gpu;
+}
+
+/* The plan's key (options, profiles) with the ghash, the region count and every present device. */
+static kiln_cache_key place_key(const kiln_plan *p)
+{
+    kiln_cache_keyer k;
+    kiln_cache_key_begin(&k, "placement");
+    kiln_cache_key_add(&k, &p->key, sizeof p->key);
+    kiln_cache_key_add(&k, &p->fusion.n_regions, sizeof p->fusion.n_regions);
+    for (int b = 0; b < KILN_BACKEND_COUNT; b++) {
+        char ident[512] = "";
+        if (p->ctx->be_ok[b] && kiln_backends[b]->identity) kiln_backends[b]->identity(p->ctx->be_state[b], ident, sizeof ident);
+        kiln_cache_key_str(&k, ident);
+    }
+    return kiln_cache_key_end(&k);
+}
+
+bool kiln_sched_cache_load_placement(kiln_plan *p, int forced)
+{
+    if (!place_disk(p, forced, false)) return false;
+    kiln_cache_key key = place_key(p);
+    void *buf = NULL;
+    size_t len = 0;
+    if (!kiln_cache_disk_get(p->ctx->cache, KILN_CACHE_KIND_PLAN, &key, &buf, &len)) return false;
+    uint32_t nr = p->fusion.n_regions;
+    kiln_blob_r rd = {.p = buf, .n = len};
+    bool ok = kiln_blob_get_u32(&rd) == PLACE_MAGIC && kiln_blob_get_u32(&rd) == nr &&
+              kiln_blob_get_u32(&rd) == KILN_BACKEND_COUNT;
+    const uint8_t *be = kiln_blob_get(&rd, nr);
+    const void *pred = kiln_blob_get(&rd, (size_t)nr * KILN_BACKEND_COUNT * sizeof(double));
+    const void *xfer = kiln_blob_get(&rd, (size_t)nr * sizeof(double));
+    ok = ok && !rd.bad && rd.at == rd.n;
+    for (uint32_t r = 0; ok && r < nr; r++) ok = be[r] < KILN_BACKEND_COUNT && p->ctx->be_ok[be[r]];
+    if (ok) {
+        memcpy(p->region_be, be, nr);
+        memcpy(p->pred_s, pred, (size_t)nr * KILN_BACKEND_COUNT * sizeof(double));
+        memcpy(p->xfer_s, xfer, (size_t)nr * sizeof(double));
+    }
+    free(buf);
+    return ok;
+}
+
+void kiln_sched_cache_save_placement(const kiln_plan *p, int forced)
+{
+    if (!place_disk(p, forced, true)) return;
+    uint32_t nr = p->fusion.n_regions;
+    kiln_blob_w w = {0};
+    kiln_blob_u32(&w, PLACE_MAGIC);
+    kiln_blob_u32(&w, nr);
+    kiln_blob_u32(&w, KILN_BACKEND_COUNT);
+    kiln_blob_put(&w, p->region_be, nr);
+    kiln_blob_put(&w, p->pred_s, (size_t)nr * KILN_BACKEND_COUNT * sizeof(double));
+    kiln_blob_put(&w, p->xfer_s, (size_t)nr * sizeof(double));
+    kiln_cache_key key = place_key(p);
+    if (!w.oom) kiln_cache_disk_put(p->ctx->cache, KILN_CACHE_KIND_PLAN, &key, w.p, w.n);
+    free(w.p);
 }
 
 KILN_API const char *kiln_plan_cache(const kiln_plan *p)
