@@ -514,3 +514,53 @@ Test(cache, cli_ls_stats_clear)
     free(e);
     drop_temp_cache();
 }
+
+/* ------------------------------------------------------------------ vulkan (lavapipe in CI) */
+
+/* SPIR-V entries: a new context makes its pipelines from the words on disk (no GLSL, no glslang)
+ * and computes what the first context computed, bit for bit. */
+Test(cache, vulkan_spirv_from_disk)
+{
+    use_temp_cache(NULL); /* the default mode: GPU entries */
+    kiln_ctx *c1 = new_ctx();
+    kiln_backend_info bi;
+    cr_assert_eq(kiln_backend_get(c1, 3, &bi), KILN_OK);
+    if (!bi.available) {
+        kiln_ctx_free(c1);
+        drop_temp_cache();
+        cr_skip("vulkan is not available: %s", bi.detail);
+    }
+    kiln_graph *g = build(&base, 10);
+    kiln_compile_options vo = {.backend = "vulkan"};
+    kiln_plan *p1 = compile(c1, g, &vo);
+    cr_assert_str_eq(kiln_plan_cache(p1), "miss");
+    float o1[OUT_N], o2[OUT_N], r[OUT_N];
+    run(p1, c1, &base, o1);
+    int kernels = kiln_plan_kernel_count(p1);
+    kiln_plan_free(p1);
+    kiln_ctx_free(c1);
+    kiln_cache_entry_info *e;
+    size_t n;
+    cr_assert_eq(kiln_cache_list(dir, &e, &n), KILN_OK);
+    int vk = 0, plan = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(e[i].ok, "%s: %s", e[i].name, e[i].why);
+        vk += strcmp(e[i].kind, "vk") == 0, plan += strcmp(e[i].kind, "plan") == 0;
+    }
+    free(e);
+    cr_assert_eq(vk, kernels, "%d vk entries for %d kernels", vk, kernels);
+    cr_assert_eq(plan, 1);
+    kiln_ctx *c2 = new_ctx();
+    kiln_plan *p2 = compile(c2, g, &vo);
+    cr_assert_str_eq(kiln_plan_cache(p2), "disk");
+    run(p2, c2, &base, o2);
+    assert_same(o2, o1, "pipelines from the cached SPIR-V");
+    kiln_plan_free(p2);
+    kiln_plan *pr = compile(c2, g, &(kiln_compile_options){.backend = "ref"});
+    run(pr, c2, &base, r);
+    double err = 0, ref = 0;
+    for (int i = 0; i < OUT_N; i++) err += (o2[i] - r[i]) * (double)(o2[i] - r[i]), ref += r[i] * (double)r[i];
+    cr_assert_lt(err / ref, 1e-8, "vulkan against ref: NMSE %g", err / ref);
+    kiln_plan_free(pr), kiln_graph_free(g), kiln_ctx_free(c2);
+    drop_temp_cache();
+}
