@@ -57,8 +57,9 @@ static int cache_ls(const char *dir, bool json, bool stats_only)
             for (size_t i = 0; i < n; i++)
                 printf("%-40s %-5s %10llu%s%s\n", e[i].name, e[i].kind, (unsigned long long)e[i].bytes, e[i].ok ? "" : "  invalid: ",
                        e[i].why);
-        printf("%s: %zu entries (cpu %llu, cuda %llu, vk %llu), %.2f MiB%s", dir, n, (unsigned long long)per_kind[KILN_CACHE_KIND_CPU],
-               (unsigned long long)per_kind[KILN_CACHE_KIND_CUDA], (unsigned long long)per_kind[KILN_CACHE_KIND_VULKAN],
+        printf("%s: %zu entries (cpu %llu, cuda %llu, vk %llu, plan %llu), %.2f MiB%s", dir, n,
+               (unsigned long long)per_kind[KILN_CACHE_KIND_CPU], (unsigned long long)per_kind[KILN_CACHE_KIND_CUDA],
+               (unsigned long long)per_kind[KILN_CACHE_KIND_VULKAN], (unsigned long long)per_kind[KILN_CACHE_KIND_PLAN],
                bytes / 1048576.0, mode && *mode ? "" : "\n");
         if (mode && *mode) printf(", KILN_CACHE=%s\n", mode);
         if (bad) printf("%llu invalid (rebuilt on next use)\n", (unsigned long long)bad);
