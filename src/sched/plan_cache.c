@@ -179,18 +179,15 @@ static bool place_disk(const kiln_plan *p, int forced, bool writing)
     return gpu;
 }
 
-/* The plan's key (options, profiles) with the ghash, the region count and every present device. */
+/* The plan's key (options, profiles) with the region count and every present device as its probe
+ * described it (not the backends' identity(): that may cost a device check the plan never needs). */
 static kiln_cache_key place_key(const kiln_plan *p)
 {
     kiln_cache_keyer k;
     kiln_cache_key_begin(&k, "placement");
     kiln_cache_key_add(&k, &p->key, sizeof p->key);
     kiln_cache_key_add(&k, &p->fusion.n_regions, sizeof p->fusion.n_regions);
-    for (int b = 0; b < KILN_BACKEND_COUNT; b++) {
-        char ident[512] = "";
-        if (p->ctx->be_ok[b] && kiln_backends[b]->identity) kiln_backends[b]->identity(p->ctx->be_state[b], ident, sizeof ident);
-        kiln_cache_key_str(&k, ident);
-    }
+    for (int b = 0; b < KILN_BACKEND_COUNT; b++) kiln_cache_key_str(&k, p->ctx->be_ok[b] ? p->ctx->be_detail[b] : "");
     return kiln_cache_key_end(&k);
 }
 
