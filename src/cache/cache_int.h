@@ -7,7 +7,7 @@
 
 struct kiln_cache {
     char            *dir;     /* folder of the disk entries; owned */
-    bool             disk_on; /* disk entries read and written */
+    atomic_bool      disk_on; /* disk entries read and written (turned off by a refused write) */
     bool             disk_cpu;/* also for the CPU backend (KILN_CACHE=all) */
     bool             quiet;   /* no warning text */
     atomic_bool      warned;  /* the read-only/full warning was given */
