@@ -172,6 +172,12 @@ Test(cache, equal_graphs_hit_and_use_their_own_weights)
     kiln_graph_hash(g1, h1), kiln_graph_hash(g2, h2);
     cr_assert_str_eq(kiln_plan_cache(p1), "miss");
     cr_assert_str_eq(kiln_plan_cache(p2), "memory", "an equal graph built in another order must hit");
+    /* before a run, sizes are at the bounds of the plan's own symbols (renumbered canonically) */
+    kiln_tensor_info ti;
+    cr_assert_eq(kiln_plan_tensor(p2, "other_b", &ti), KILN_OK);
+    cr_assert(ti.dims[0] == 3 && ti.dims[1] == D, "other_b [%lld, %lld] at its bound", (long long)ti.dims[0], (long long)ti.dims[1]);
+    cr_assert_eq(kiln_plan_tensor(p2, "other_x", &ti), KILN_OK);
+    cr_assert(ti.dims[0] == 4, "other_x [%lld, ...] at its bound", (long long)ti.dims[0]);
     float o1[OUT_N], o2[OUT_N], r1[OUT_N], r2[OUT_N];
     run(p1, ctx, &base, o1);
     run(p2, ctx, &re, o2);

@@ -393,7 +393,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
         !p->dims || !p->sym_vals)
         goto oom;
     if ((s = plan_memory(p)) != KILN_OK) goto fail;
-    for (uint32_t i = 0; i < g->n_syms; i++) p->sym_vals[i] = g->syms[i].max;
+    for (uint32_t i = 0; i < p->g->n_syms; i++) p->sym_vals[i] = p->g->syms[i].max; /* canonical numbering */
     for (uint32_t i = 0; i < g->n_nodes; i++) kiln_node_numel(&p->g->nodes[i], p->sym_vals, p->dims[i]);
     p->record_space = -1;
     if (!(p->max_dims = malloc(n * sizeof *p->max_dims)) || !(p->bound_dev = calloc(n, sizeof *p->bound_dev)) ||

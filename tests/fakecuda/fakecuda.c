@@ -111,12 +111,14 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, voi
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { memcpy(d, (void *)(uintptr_t)s, n); return 0; }
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
 
-typedef struct fmod {
-    char *ptx; /* the text */
-} fmod;
 typedef struct ffunc {
     int n_params; /* .param count of the entry */
 } ffunc;
+typedef struct fmod {
+    char  *ptx;      /* the text */
+    ffunc *funcs[8]; /* entries looked up (freed with the module) */
+    int    n_funcs;  /* used */
+} fmod;
 
 /* The fake's "cubin": a magic line, then the PTX it was made from (so modules still find their
  * entries); the real driver's image is ELF. */
@@ -204,6 +206,7 @@ EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int 
 EXPORT CUresult cuModuleUnload(void *m)
 {
     fmod *f = m;
+    for (int i = 0; i < f->n_funcs; i++) free(f->funcs[i]);
     free(f->ptx);
     free(f);
     return 0;
@@ -217,7 +220,8 @@ EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
     if (!e) return 500; /* CUDA_ERROR_NOT_FOUND */
     ffunc *fu = calloc(1, sizeof *fu);
     for (const char *p = e; (p = strstr(p, ".param .u64")) && p < strchr(e, ')'); p++) fu->n_params++;
-    *fn = fu; /* leaked with the module: tests are short */
+    if (f->n_funcs < 8) f->funcs[f->n_funcs++] = fu; /* else leaked: tests look up one entry per module */
+    *fn = fu;
     return 0;
 }
 EXPORT CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
