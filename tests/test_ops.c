@@ -92,6 +92,34 @@ Test(ops, matmul)
     }
 }
 
+/* Block weights on few shapes (kept small: this one also runs on lavapipe in CI): every sub-block
+ * position of the integer-dot GEMV, x quantized in several passes (t up to 40), K = 4096 (more x
+ * words than threads per block), f16 x. */
+Test(ops, matmul_blocks)
+{
+    const int64_t gemv[] = {1, 3, 4}, gemm[] = {9, 40};
+    for (size_t w = 3; w < N_OF(WTS); w++) {
+        kiln_dtype wt = WTS[w];
+        int64_t k0 = kiln_dtype_block(wt) == 32 ? 96 : 256;
+        for (int n = 1; n <= 17; n += 16) matmul_case(KILN_DTYPE_F32, wt, k0, n, 4, gemv, 3, false);
+        matmul_case(KILN_DTYPE_F32, wt, 512, 5, 40, gemm, 2, false);
+        matmul_case(KILN_DTYPE_F32, wt, 4096, 3, 1, gemv, 1, false);
+        matmul_case(KILN_DTYPE_F16, wt, 512, 3, 4, gemv + 1, 2, false);
+    }
+}
+
+/* Float weights in decode shapes (one pass over the tokens: x normalized once per block into
+ * shared memory), small enough for lavapipe too. */
+Test(ops, matmul_float_decode)
+{
+    const int64_t gemv[] = {1, 3, 4};
+    for (size_t w = 0; w < 3; w++) {
+        matmul_case(KILN_DTYPE_F32, WTS[w], 512, 17, 4, gemv, 3, false);
+        matmul_case(KILN_DTYPE_F32, WTS[w], 4096, 3, 1, gemv, 1, false);
+        matmul_case(KILN_DTYPE_BF16, WTS[w], 256, 5, 2, gemv, 1, false);
+    }
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 typedef kiln_node (*unary_fn)(kiln_graph *, kiln_node);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 static const char *const op_names[KILN_KOP_COUNT] = {
-    [KILN_KOP_NONE] = "none", [KILN_KOP_CONST] = "const", [KILN_KOP_TID] = "tid", [KILN_KOP_BID] = "bid",
+    [KILN_KOP_NONE] = "none", [KILN_KOP_CONST] = "const", [KILN_KOP_TID] = "tid", [KILN_KOP_BID] = "bid", [KILN_KOP_NBID] = "nbid",
     [KILN_KOP_PARAM] = "param", [KILN_KOP_VAR] = "var", [KILN_KOP_ASSIGN] = "assign", [KILN_KOP_ADD] = "add",
     [KILN_KOP_SUB] = "sub", [KILN_KOP_MUL] = "mul", [KILN_KOP_DIV] = "div", [KILN_KOP_REM] = "rem",
     [KILN_KOP_MIN] = "min", [KILN_KOP_MAX] = "max", [KILN_KOP_FMA] = "fma", [KILN_KOP_NEG] = "neg",
@@ -161,7 +161,7 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             ta[j] = k->ins[ops[j]].type;
         }
         switch (op) {
-        case KILN_KOP_CONST: case KILN_KOP_PARAM: case KILN_KOP_TID: case KILN_KOP_BID:
+        case KILN_KOP_CONST: case KILN_KOP_PARAM: case KILN_KOP_TID: case KILN_KOP_BID: case KILN_KOP_NBID:
             if (!is_num(t)) FAIL("type %s", kiln_kt_name(t));
             break;
         case KILN_KOP_VAR: if (ta[0] != t || !is_num(t)) FAIL("variable of %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0])); break;

@@ -31,6 +31,7 @@ enum kiln_kop {
     KILN_KOP_CONST,   /* type I32/U32/F32: value imm (f32 as its bits in imm.u) */
     KILN_KOP_TID,     /* I32: thread index in the block, 0 .. block-1 */
     KILN_KOP_BID,     /* I32: block index along grid axis imm (0, 1, 2) */
+    KILN_KOP_NBID,    /* I32: number of blocks launched along grid axis imm (grid-stride kernels) */
     KILN_KOP_PARAM,   /* I32: slot imm of the per-run parameter buffer (symbol values) */
     KILN_KOP_VAR,     /* a mutable variable of the instruction's type, initialized to a */
     KILN_KOP_ASSIGN,  /* NONE: variable a = b (same type) */
@@ -136,6 +137,8 @@ typedef struct kiln_kir {
     char        name[48];                       /* kernel entry name, a C identifier */
     uint32_t    block;                          /* threads per block (1-D), a multiple of 32 */
     uint32_t    grid[3];                        /* blocks along x, y, z: fixed at compile (from symbol bounds) */
+    bool        grid_stride;                    /* grid[0] counts virtual blocks the kernel strides over by
+                                                   NBID: a launcher may run fewer blocks along x (at least 1) */
     kiln_kbuf   bufs[KILN_KIR_MAX_BUFS];        /* buffer slots; slot 0 is the parameter buffer */
     uint32_t    n_bufs;                         /* used */
     uint32_t    shared[KILN_KIR_MAX_SHARED];    /* 32-bit elements of each shared array */

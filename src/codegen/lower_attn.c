@@ -11,6 +11,7 @@
 #define AW 1          /* warps per block: one warp per key split keeps thousands of splits in flight */
 #define ABLK (32 * AW)
 #define VU 8          /* keys per unrolled step of p.v */
+#define CU 8          /* splits per unrolled step of the combine */
 
 typedef struct at {
     kiln_kir *k;
@@ -35,13 +36,23 @@ static uint32_t safe_max(kiln_kir *k, uint32_t m) /* -inf -> 0 so that exp(x - m
     return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, o2(k, KILN_KOP_EQ, m, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), m, 0);
 }
 
+/* Keys per split at run time: n_kv spread over the n_split splits in multiples of 32 (at least
+ * 32), so every split works whatever n_kv is below the cache's bound. */
+static uint32_t split_keys(kiln_kir *k, const at *a, uint32_t n_kv)
+{
+    uint32_t per = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, n_kv, c_(k, (int32_t)a->n_split - 1)), c_(k, (int32_t)a->n_split));
+    per = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, per, c_(k, 31)), c_(k, 32)), c_(k, 32));
+    return o2(k, KILN_KOP_MAX, per, c_(k, 32));
+}
+
 /* Number of keys token t sees: n_kv - n_tok + t + 1. */
 static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t) { return o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_SUB, n_kv, n_tok), o2(k, KILN_KOP_ADD, t, c_(k, 1))); }
 
 static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
 {
     kiln_kir_init(k, "kiln_attn_split", ABLK);
-    snprintf(k->what, sizeof k->what, "attention splits of %lld keys, %lld q heads per kv head", (long long)a->S, (long long)a->G);
+    snprintf(k->what, sizeof k->what, "attention: %lld key splits, %lld q heads per kv head",
+             (long long)a->n_split, (long long)a->G);
     k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
     k->grid[1] = (uint32_t)a->tok_max;
     int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
@@ -61,8 +72,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
-    uint32_t start = o2(k, KILN_KOP_MUL, sp, c_(k, (int32_t)a->S));
-    uint32_t end = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, start, c_(k, (int32_t)a->S)), seen);
+    uint32_t S = split_keys(k, a, n_kv);
+    uint32_t start = o2(k, KILN_KOP_MUL, sp, S);
+    uint32_t end = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, start, S), seen);
     if_(k, o2(k, KILN_KOP_PAND, o2(k, KILN_KOP_LT, t, n_tok), o2(k, KILN_KOP_LT, start, seen)));
     /* q of the group's heads, pre-scaled */
     float scale = n->f[0];
@@ -200,24 +212,52 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
     if_(k, o2(k, KILN_KOP_LT, t, n_tok));
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
-    uint32_t nsp = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, seen, c_(k, (int32_t)a->S - 1)), c_(k, (int32_t)a->S));
+    uint32_t S = split_keys(k, a, n_kv);
+    uint32_t nsp = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_SUB, o2(k, KILN_KOP_ADD, seen, S), c_(k, 1)), S);
     uint32_t row = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, (int32_t)a->n_split));
+    /* the splits' maxima and weights in parallel: thread s takes splits s, s + 128, ... */
+    int32_t nsh = (int32_t)((a->n_split + CU - 1) / CU * CU);
+    uint32_t fsh = kiln_kir_shared(k, (uint32_t)nsh);
+    uint32_t mloc = kiln_kvar(k, kiln_kf(k, -INFINITY));
+    uint32_t s1 = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s1, c_(k, nsh), c_(k, 128), 0);
+    {
+        uint32_t in = o2(k, KILN_KOP_LT, s1, nsp);
+        uint32_t mv = ldf(k, scr, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s1, c_(k, 0), 0)), c_(k, hd + 2)));
+        mv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, mv, kiln_kf(k, -INFINITY), 0);
+        sts(k, fsh, s1, mv);
+        kiln_kset(k, mloc, o2(k, KILN_KOP_MAX, mloc, mv));
+    }
+    kl_loop_end(k);
+    uint32_t ms = safe_max(k, kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, mloc, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_MAX << 16) | 128)));
+    uint32_t lloc = kiln_kvar(k, kiln_kf(k, 0));
+    uint32_t s2 = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s2, c_(k, nsh), c_(k, 128), 0);
+    {
+        uint32_t in = o2(k, KILN_KOP_LT, s2, nsp);
+        uint32_t f = kl_exp(k, o2(k, KILN_KOP_SUB, lds(k, fsh, s2), ms)); /* 0 past nsp: m = -inf */
+        uint32_t lv = ldf(k, scr, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s2, c_(k, 0), 0)), c_(k, hd + 2)), c_(k, 1)));
+        kiln_kset(k, lloc, fma_(k, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, lv, kiln_kf(k, 0), 0), f, lloc));
+        sts(k, fsh, s2, f);
+    }
+    kl_loop_end(k);
+    uint32_t L = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, lloc, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_SUM << 16) | 128));
+    bar(k); /* every weight is in shared memory */
+    /* each thread a head dim: CU splits per step, their loads in flight together (weight 0 past nsp) */
     uint32_t d = kiln_kvar(k, tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, d, c_(k, hd), c_(k, 128), 0);
     {
-        uint32_t M = kiln_kvar(k, kiln_kf(k, -INFINITY));
-        uint32_t s = kiln_kvar(k, c_(k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s, nsp, c_(k, 1), 0);
-        kiln_kset(k, M, o2(k, KILN_KOP_MAX, M, ldf(k, scr, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, s), c_(k, hd + 2)))));
-        kl_loop_end(k);
-        uint32_t ms = safe_max(k, M);
-        uint32_t L = kiln_kvar(k, kiln_kf(k, 0)), O = kiln_kvar(k, kiln_kf(k, 0));
-        uint32_t s2 = kiln_kvar(k, c_(k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s2, nsp, c_(k, 1), 0);
-        uint32_t b = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, s2), c_(k, hd + 2));
-        uint32_t f = kl_exp(k, o2(k, KILN_KOP_SUB, ldf(k, scr, b), ms));
-        kiln_kset(k, L, fma_(k, ldf(k, scr, o2(k, KILN_KOP_ADD, b, c_(k, 1))), f, L));
-        kiln_kset(k, O, fma_(k, ldf(k, scr, o2(k, KILN_KOP_ADD, b, o2(k, KILN_KOP_ADD, d, c_(k, 2)))), f, O));
+        uint32_t O = kiln_kvar(k, kiln_kf(k, 0));
+        uint32_t s3 = kiln_kvar(k, c_(k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s3, nsp, c_(k, CU), 0);
+        uint32_t ov[CU];
+        for (int u = 0; u < CU; u++) {
+            uint32_t si = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, s3, c_(k, u)), o2(k, KILN_KOP_SUB, nsp, c_(k, 1)));
+            ov[u] = ldf(k, scr, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, si), c_(k, hd + 2)), o2(k, KILN_KOP_ADD, d, c_(k, 2))));
+        }
+        uint32_t acc = O;
+        for (int u = 0; u < CU; u++) acc = fma_(k, ov[u], lds(k, fsh, o2(k, KILN_KOP_ADD, s3, c_(k, u))), acc);
+        kiln_kset(k, O, acc);
         kl_loop_end(k);
         uint32_t y = o2(k, KILN_KOP_DIV, O, L);
         uint32_t oi = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, hd)), d);

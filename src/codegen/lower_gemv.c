@@ -40,6 +40,11 @@ typedef struct gv {
     int       mc;               /* tokens per pass */
     bool      scalar;           /* float weights with K not a multiple of the vector width: one value per chunk */
     kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
+    bool      dp4a;             /* block weights only: x quantized per 32 to int8 in shared memory, integer dot products */
+    uint32_t  sh_xq, sh_dx, sh_xs; /* shared arrays: int8 x (K/4 words per token), scale and sum of x per 32 */
+    bool      xstage;           /* float weights in one pass: normalized x staged in shared memory (sh_x) */
+    uint32_t  sh_x;
+    int       xv;               /* values per chunk of the staged layout: value i of chunk c at i * K / xv + c */
     gv_group  grp[SLOTS];
     int       n_grp;
     /* per unit, while emitting one group */
@@ -50,6 +55,9 @@ typedef struct gv {
     uint32_t  ok[SLOTS];        /* PRED column exists */
     uint32_t  acc[SLOTS][MC_MAX];
     uint32_t  t0;               /* I32 first token of the pass */
+    uint32_t  tt[MC_MAX];       /* I32 row of x of each token of the pass (clamped) */
+    bool      hoisted;          /* one pass covers every token: the prologue runs once per block, before
+                                   a grid-stride loop over the virtual blocks (kir.grid_stride) */
     uint32_t  nsc[MC_MAX];      /* F32 norm scale per token of the pass */
     uint32_t  memo_key[MEMO], memo_val[MEMO];
     int       n_memo;
@@ -145,6 +153,12 @@ static bool analyze(gv *s, char *err, size_t n_err)
         if (w->rank != 2 || kiln_dim_is_sym(w->dims[0]) || t == KILN_DTYPE_I32 || s->K % need)
             return kl_unsupported(err, n_err, "gemv: %s weight with K = %lld", kiln_dtype_name(t), (long long)s->K), false;
     }
+    /* Block weights take integer dot products against x quantized per 32 to int8 (as ggml and
+     * kiln's CPU kernels do; contracts/matmul.yaml counts it) when the quantized x of a pass fits in
+     * shared memory: per token K/4 words of quants and K/16 of scales and sums. */
+    s->dp4a = !s->scalar && s->K % 32 == 0 && (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= 32768;
+    for (int j = 0; j < s->n_mm; j++)
+        if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) == 1) s->dp4a = false;
     /* groups: matmuls joined by an epilogue op reading two of them */
     int gid[SLOTS];
     for (int j = 0; j < s->n_mm; j++) gid[j] = j;
@@ -320,6 +334,19 @@ static void scale_min(gv *s, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *
     *mn = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, lo, mn_lo, mn_hi, 0)));
 }
 
+/* q6_K: d * scale of sub-step sub of chunk c (scale index 8h + l0 + 2 sub; is = l / 16 = l0). */
+static uint32_t q6_scale(gv *s, const gv_chunk *ch, uint32_t c, int sub)
+{
+    uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
+    uint32_t si = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 8)), l0), ci(s, 2 * sub));
+    uint32_t word = kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 8)),
+                                kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 4)), lane_of(s, ch->v[3], 0), lane_of(s, ch->v[3], 1), 0),
+                                kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 12)), lane_of(s, ch->v[3], 2), lane_of(s, ch->v[3], 3), 0), 0);
+    uint32_t sh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, si, ci(s, 3)), ci(s, 8)));
+    uint32_t scv = bfe(s, KILN_KT_I32, op2(s, KILN_KOP_SHR, word, sh), 0, 8);
+    return op2(s, KILN_KOP_MUL, ch->d, cvt(s, KILN_KT_F32, scv));
+}
+
 static void decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
     o->b = KILN_IDX_NONE;
@@ -368,15 +395,7 @@ static void decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub,
         return;
     }
     default: { /* q6_K: sub 0..3 = values l, l+32, l+64, l+96: ql word set (sub & 1), nibble (sub >> 1), qh bits 2 sub */
-        uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
-        /* scale index 8h + l0 + 2 sub (is = l / 16 = l0) */
-        uint32_t si = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 8)), l0), ci(s, 2 * sub));
-        uint32_t word = kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 8)),
-                                    kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 4)), lane_of(s, ch->v[3], 0), lane_of(s, ch->v[3], 1), 0),
-                                    kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 12)), lane_of(s, ch->v[3], 2), lane_of(s, ch->v[3], 3), 0), 0);
-        uint32_t sh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, si, ci(s, 3)), ci(s, 8)));
-        uint32_t scv = bfe(s, KILN_KT_I32, op2(s, KILN_KOP_SHR, word, sh), 0, 8);
-        o->a = op2(s, KILN_KOP_MUL, ch->d, cvt(s, KILN_KT_F32, scv));
+        o->a = q6_scale(s, ch, c, sub);
         o->b = op2(s, KILN_KOP_MUL, o->a, cf(s, -32.0f));
         o->v = 16;
         uint32_t ql = ch->v[sub & 1];
@@ -540,6 +559,20 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
         int V = w[0].v;
         uint32_t e0 = sub_elem(s, t, c, sub);
         uint32_t nwv[16] = {0};
+        if (s->xstage) { /* normalized x from shared memory */
+            for (int q = 0; q < s->mc; q++) {
+                uint32_t xv[16] = {0};
+                uint32_t xb = op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), op2(s, KILN_KOP_DIV, e0, ci(s, s->xv)));
+                for (int i = 0; i < V; i++) /* lanes read consecutive words: no bank conflicts */
+                    xv[i] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, op2(s, KILN_KOP_ADD, xb, ci(s, (int32_t)(i * K / s->xv))), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_x);
+                for (int r = 0; r < s->n_slots; r++) {
+                    uint32_t a = s->acc[r][q];
+                    for (int i = 0; i < V; i++) a = fma3(s, w[r].q[i], xv[i], a);
+                    kiln_kset(k, s->acc[r][q], a);
+                }
+            }
+            continue;
+        }
         if (nws != KILN_IDX_NONE && V == 1) nwv[0] = kl_load(k, nws, KILN_DTYPE_F32, e0);
         if (nws != KILN_IDX_NONE && V > 1)
             for (int i = 0; i < V; i += 4) {
@@ -583,6 +616,201 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
     }
 }
 
+/* ------------------------------------------------------------------ integer dot products */
+
+/* dp4a path: the block quantizes (normalized) x of the pass's tokens into shared memory, per 32
+ * values: int8 quants (rint(x * 127 / amax)), the scale amax / 127 and the float sum of the 32
+ * values (for the k-quants' min term). Every thread takes 4 values; 8 threads make a group. */
+static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uint32_t nws)
+{
+    kiln_kir *k = s->k;
+    int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32), nt = 32 * WARPS;
+    kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* the last pass's readers are done */
+    for (int q = 0; q < s->mc; q++) {
+        uint32_t j = kiln_kvar(k, tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (W + nt - 1) / nt * nt), ci(s, nt), 0); /* uniform trip count */
+        uint32_t valid = op2(s, KILN_KOP_LT, j, ci(s, W));
+        uint32_t e = op2(s, KILN_KOP_MUL, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, ci(s, 0), 0), ci(s, 4));
+        uint32_t xb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, W * 4)), e);
+        uint32_t x[4], v4 = s->xdt == KILN_DTYPE_F32 ? ld4(s, xs, xb) : KILN_IDX_NONE;
+        uint32_t n4 = nws != KILN_IDX_NONE ? ld4(s, nws, e) : KILN_IDX_NONE;
+        uint32_t amax = KILN_IDX_NONE, sum = KILN_IDX_NONE;
+        for (int l = 0; l < 4; l++) {
+            x[l] = v4 != KILN_IDX_NONE ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0)
+                                       : kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, xb, ci(s, l)));
+            if (s->nsc[q] != KILN_IDX_NONE) x[l] = op2(s, KILN_KOP_MUL, x[l], s->nsc[q]);
+            if (n4 != KILN_IDX_NONE) x[l] = op2(s, KILN_KOP_MUL, x[l], kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, n4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0));
+            uint32_t a = kiln_k1(k, KILN_KOP_ABS, x[l]);
+            amax = l ? op2(s, KILN_KOP_MAX, amax, a) : a;
+            sum = l ? op2(s, KILN_KOP_ADD, sum, x[l]) : x[l];
+        }
+        amax = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, amax, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_MAX << 16) | 8);
+        sum = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, sum, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | 8);
+        uint32_t pos = op2(s, KILN_KOP_LT, cf(s, 0.0f), amax);
+        uint32_t inv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, pos, op2(s, KILN_KOP_DIV, cf(s, 127.0f), kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, pos, amax, cf(s, 1.0f), 0)), cf(s, 0.0f), 0);
+        uint32_t packed = KILN_IDX_NONE;
+        for (int l = 0; l < 4; l++) {
+            uint32_t qv = cvt(s, KILN_KT_U32, cvt(s, KILN_KT_I32, kiln_k1(k, KILN_KOP_RINT, op2(s, KILN_KOP_MUL, x[l], inv))));
+            qv = op2(s, KILN_KOP_AND, qv, kiln_ku(k, 255));
+            if (l) qv = op2(s, KILN_KOP_SHL, qv, kiln_ku(k, 8u * (uint32_t)l));
+            packed = l ? op2(s, KILN_KOP_OR, packed, qv) : qv;
+        }
+        kif(s, valid);
+        kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, op2(s, KILN_KOP_ADD, ci(s, q * W), j), packed, KILN_IDX_NONE, (int32_t)s->sh_xq);
+        kif(s, op2(s, KILN_KOP_EQ, op2(s, KILN_KOP_AND, j, ci(s, 7)), ci(s, 0)));
+        uint32_t gi = op2(s, KILN_KOP_ADD, ci(s, q * G), op2(s, KILN_KOP_SHR, j, ci(s, 3)));
+        kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, gi, op2(s, KILN_KOP_DIV, amax, cf(s, 127.0f)), KILN_IDX_NONE, (int32_t)s->sh_dx);
+        kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, gi, sum, KILN_IDX_NONE, (int32_t)s->sh_xs);
+        kendif(s);
+        kendif(s);
+        kl_loop_end(k);
+    }
+    kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
+
+static uint32_t lds(gv *s, uint32_t arr, enum kiln_kt t, uint32_t idx) { return kiln_kir_op(s->k, KILN_KOP_LDS, t, idx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)arr); }
+
+/* The int8 bytes of word l of sub-step sub of a chunk (values 0..63, or the q8_0 bytes as they are). */
+static uint32_t dp4a_bytes(gv *s, kiln_dtype t, const gv_chunk *ch, int sub, int l, uint32_t hsh)
+{
+    kiln_kir *k = s->k;
+    switch (t) {
+    case KILN_DTYPE_Q8_0: return lane_of(s, ch->v[0], l);
+    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: {
+        uint32_t w = lane_of(s, ch->v[1], l);
+        if (sub) w = op2(s, KILN_KOP_SHR, w, kiln_ku(k, 4));
+        w = op2(s, KILN_KOP_AND, w, kiln_ku(k, 0x0F0F0F0Fu));
+        if (t == KILN_DTYPE_Q5_K) { /* qh bit 2j + sub of each byte */
+            uint32_t hb = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, lane_of(s, ch->v[2], l), op2(s, KILN_KOP_ADD, hsh, kiln_ku(k, (uint32_t)sub))), kiln_ku(k, 0x01010101u));
+            w = op2(s, KILN_KOP_OR, w, op2(s, KILN_KOP_SHL, hb, kiln_ku(k, 4)));
+        }
+        return w;
+    }
+    default: { /* q6_K: low nibble of ql set (sub & 1) at nibble (sub >> 1), two qh bits at 2 sub */
+        uint32_t lo = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, lane_of(s, ch->v[sub & 1], l), kiln_ku(k, 4u * (uint32_t)(sub >> 1))), kiln_ku(k, 0x0F0F0F0Fu));
+        uint32_t hi = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, lane_of(s, ch->v[2], l), kiln_ku(k, 2u * (uint32_t)sub)), kiln_ku(k, 0x03030303u));
+        return op2(s, KILN_KOP_OR, lo, op2(s, KILN_KOP_SHL, hi, kiln_ku(k, 4)));
+    }
+    }
+}
+
+/* One loaded chunk (every slot) against the quantized x of every token of the pass. */
+static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
+{
+    kiln_kir *k = s->k;
+    int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32);
+    /* per chunk: xq word of sub-step 0, its step per sub, x group of sub-step 0 and its step */
+    uint32_t w0, g0, h0 = KILN_IDX_NONE, hsh = KILN_IDX_NONE;
+    int wstep, gstep, nsub = subs_of(t);
+    switch (t) {
+    case KILN_DTYPE_Q8_0:
+        w0 = op2(s, KILN_KOP_MUL, c, ci(s, 4)), g0 = op2(s, KILN_KOP_SHR, c, ci(s, 1)), wstep = 0, gstep = 0;
+        break;
+    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: { /* e0 = 256 b + 64 j + 16 h; sub 1 at +32 */
+        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7)), j = op2(s, KILN_KOP_SHR, q, ci(s, 1)), b = op2(s, KILN_KOP_SHR, c, ci(s, 3));
+        h0 = op2(s, KILN_KOP_AND, q, ci(s, 1));
+        w0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 64)), op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, j, ci(s, 16)), op2(s, KILN_KOP_MUL, h0, ci(s, 4))));
+        g0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 8)), op2(s, KILN_KOP_MUL, j, ci(s, 2)));
+        wstep = 8, gstep = 1;
+        hsh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, j, ci(s, 2)));
+        break;
+    }
+    default: { /* q6_K: e0 = 256 b + 128 hh + 16 l0; sub at +32 sub */
+        uint32_t b = op2(s, KILN_KOP_SHR, c, ci(s, 2)), hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
+        w0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 64)), op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 32)), op2(s, KILN_KOP_MUL, l0, ci(s, 4))));
+        g0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 8)), op2(s, KILN_KOP_MUL, hh, ci(s, 4)));
+        wstep = 8, gstep = 1;
+        break;
+    }
+    }
+    /* per slot: weight scales of each sub-step (and the k-quants' d, dmin, mins) */
+    uint32_t wa[SLOTS][4], dmin[SLOTS] = {0}, mn[SLOTS][2] = {{0}};
+    for (int r = 0; r < s->n_slots; r++) {
+        if (t == KILN_DTYPE_Q8_0) { wa[r][0] = ch[r].d; continue; }
+        if (t == KILN_DTYPE_Q6_K) {
+            for (int sub = 0; sub < nsub; sub++) wa[r][sub] = q6_scale(s, &ch[r], c, sub);
+            continue;
+        }
+        uint32_t hw = lane_of(s, ch[r].v[0], 0), d = h2f(s, hw, 0);
+        dmin[r] = h2f(s, hw, 1);
+        uint32_t j = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 7)), ci(s, 1));
+        for (int sub = 0; sub < 2; sub++) {
+            uint32_t sc;
+            scale_min(s, ch[r].v[0], op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, j, j), ci(s, sub)), &sc, &mn[r][sub]);
+            wa[r][sub] = op2(s, KILN_KOP_MUL, d, sc);
+        }
+    }
+    for (int q = 0; q < s->mc; q++) {
+        uint32_t part[SLOTS] = {0};
+        for (int sub = 0; sub < nsub; sub++) {
+            uint32_t wb = op2(s, KILN_KOP_ADD, ci(s, q * W + wstep * sub), w0);
+            uint32_t gi = op2(s, KILN_KOP_ADD, ci(s, q * G + gstep * sub), g0);
+            uint32_t xq[4], dx = lds(s, s->sh_dx, KILN_KT_F32, gi), sq = KILN_IDX_NONE;
+            for (int l = 0; l < 4; l++) xq[l] = lds(s, s->sh_xq, KILN_KT_U32, op2(s, KILN_KOP_ADD, wb, ci(s, l)));
+            if (t == KILN_DTYPE_Q6_K) { /* the values are stored + 32: subtract 32 * sum of the x quants */
+                sq = ci(s, 0);
+                for (int l = 0; l < 4; l++) sq = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, kiln_ku(k, 0x01010101u), xq[l], sq, 0);
+                sq = op2(s, KILN_KOP_MUL, sq, ci(s, -32));
+            }
+            for (int r = 0; r < s->n_slots; r++) {
+                uint32_t dot = sq != KILN_IDX_NONE ? sq : ci(s, 0);
+                for (int l = 0; l < 4; l++) dot = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, dp4a_bytes(s, t, &ch[r], sub, l, hsh), xq[l], dot, 0);
+                uint32_t f = op2(s, KILN_KOP_MUL, cvt(s, KILN_KT_F32, dot), op2(s, KILN_KOP_MUL, wa[r][sub], dx));
+                part[r] = sub ? op2(s, KILN_KOP_ADD, part[r], f) : f;
+            }
+        }
+        if (h0 != KILN_IDX_NONE) { /* k-quant mins: the chunk of h = 0 subtracts dmin * min * sum(x) for both sub-blocks */
+            uint32_t first = op2(s, KILN_KOP_EQ, h0, ci(s, 0));
+            uint32_t gi = op2(s, KILN_KOP_ADD, ci(s, q * G), g0);
+            uint32_t xs0 = lds(s, s->sh_xs, KILN_KT_F32, gi), xs1 = lds(s, s->sh_xs, KILN_KT_F32, op2(s, KILN_KOP_ADD, gi, ci(s, 1)));
+            for (int r = 0; r < s->n_slots; r++) {
+                uint32_t m = fma3(s, mn[r][0], xs0, op2(s, KILN_KOP_MUL, mn[r][1], xs1));
+                m = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, first, op2(s, KILN_KOP_MUL, dmin[r], m), cf(s, 0.0f), 0);
+                part[r] = op2(s, KILN_KOP_SUB, part[r], m);
+            }
+        }
+        for (int r = 0; r < s->n_slots; r++) kiln_kset(k, s->acc[r][q], op2(s, KILN_KOP_ADD, s->acc[r][q], part[r]));
+    }
+}
+
+/* The start of a pass over tokens t0 .. t0 + mc - 1: their rows of x, the rms_norm scale of each
+ * (the whole block reduces over x's row) and, for integer dot products, x quantized into shared
+ * memory. Block-uniform: every thread of the block runs it. */
+static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
+{
+    kiln_kir *k = s->k;
+    int64_t K = s->K;
+    uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
+    for (int q = 0; q < s->mc; q++) /* clamped into 0 .. m - 1 (row 0 when m = 0: its stores are all guarded) */
+        s->tt[q] = op2(s, KILN_KOP_MAX, op2(s, KILN_KOP_MIN, tok(s, q), op2(s, KILN_KOP_SUB, m, ci(s, 1))), ci(s, 0));
+    for (int q = 0; q < s->mc; q++) {
+        if (s->norm == KILN_IDX_NONE) { s->nsc[q] = KILN_IDX_NONE; continue; }
+        uint32_t ss = kiln_kvar(k, cf(s, 0));
+        uint32_t j = kiln_kvar(k, tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
+        uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, s->tt[q], ci(s, (int32_t)K)), j));
+        kiln_kset(k, ss, fma3(s, xv, xv, ss));
+        kl_loop_end(k);
+        uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
+        s->nsc[q] = op2(s, KILN_KOP_DIV, cf(s, 1.0f), kiln_k1(k, KILN_KOP_SQRT, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_DIV, tot, cf(s, (float)K)), cf(s, s->eps))));
+    }
+    if (s->dp4a) quantize_x(s, tid, s->tt, xs, nws);
+    if (s->xstage) { /* x * norm scale * norm weight, once per block */
+        for (int q = 0; q < s->mc; q++) {
+            uint32_t j = kiln_kvar(k, tid);
+            kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
+            uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, s->tt[q], ci(s, (int32_t)K)), j));
+            if (s->nsc[q] != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, s->nsc[q]);
+            if (nws != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, kl_load(k, nws, KILN_DTYPE_F32, j));
+            uint32_t at = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_REM, j, ci(s, s->xv)), ci(s, (int32_t)(K / s->xv))), op2(s, KILN_KOP_DIV, j, ci(s, s->xv)));
+            kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), at), xv, KILN_IDX_NONE, (int32_t)s->sh_x);
+            kl_loop_end(k);
+        }
+        kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    }
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
@@ -621,37 +849,31 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
     uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
     int64_t K = s->K, rows = G->n, cpr = chunks_per_row(t, K, s->scalar);
-    s->t0 = kiln_kvar(k, ci(s, 0));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->t0, m, ci(s, s->mc), 0);
-    uint32_t tt[MC_MAX];
-    for (int q = 0; q < s->mc; q++) tt[q] = op2(s, KILN_KOP_MIN, tok(s, q), op2(s, KILN_KOP_SUB, m, ci(s, 1)));
-    /* rms_norm scale per token: the whole block reduces over x's row */
-    for (int q = 0; q < s->mc; q++) {
-        if (s->norm == KILN_IDX_NONE) { s->nsc[q] = KILN_IDX_NONE; continue; }
-        uint32_t ss = kiln_kvar(k, cf(s, 0));
-        uint32_t j = kiln_kvar(k, tid);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
-        uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tt[q], ci(s, (int32_t)K)), j));
-        kiln_kset(k, ss, fma3(s, xv, xv, ss));
-        kl_loop_end(k);
-        uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
-        s->nsc[q] = op2(s, KILN_KOP_DIV, cf(s, 1.0f), kiln_k1(k, KILN_KOP_SQRT, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_DIV, tot, cf(s, (float)K)), cf(s, s->eps))));
+    if (!s->hoisted) {
+        s->t0 = kiln_kvar(k, ci(s, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->t0, m, ci(s, s->mc), 0);
+        pass_prologue(s, tid, m);
     }
+    const uint32_t *tt = s->tt;
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++) s->acc[r][q] = kiln_kvar(k, cf(s, 0));
-    bool two_step = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0) && !s->scalar &&
-                    cpr % (64 * G->wpu) == 0;
-    uint32_t c = kiln_kvar(k, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, wi, ci(s, 32)), lane));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu * (two_step ? 2 : 1)), 0);
     /* Float and q8_0 rows take two chunks per step when the chunk count allows: both chunks' loads
-     * are in flight before the first is used (more bytes in flight per warp). */
-    bool two = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0) && !s->scalar &&
+     * are in flight before the first is used (more bytes in flight per warp). So do q4_K/q5_K rows
+     * with integer dot products (ptxas gives them the same 80 registers either way; q6_K's four
+     * loads per chunk would not fit). */
+    bool two = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0 ||
+                (s->dp4a && (t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K))) && !s->scalar &&
                cpr % (64 * G->wpu) == 0;
+    uint32_t c = kiln_kvar(k, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, wi, ci(s, 32)), lane));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu * (two ? 2 : 1)), 0);
     gv_chunk ch[2][SLOTS];
     uint32_t cc[2] = {c, two ? op2(s, KILN_KOP_ADD, c, ci(s, 32 * G->wpu)) : KILN_IDX_NONE};
     for (int h = 0; h < (two ? 2 : 1); h++)
         for (int r = 0; r < s->n_slots; r++) load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
-    for (int h = 0; h < (two ? 2 : 1); h++) gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
+    for (int h = 0; h < (two ? 2 : 1); h++) {
+        if (s->dp4a) gv_chunk_dp4a(s, t, ch[h], cc[h]);
+        else gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
+    }
     kl_loop_end(k);
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++)
@@ -677,7 +899,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     kif(s, op2(s, KILN_KOP_PAND, op2(s, KILN_KOP_EQ, lane, ci(s, 0)), op2(s, KILN_KOP_EQ, wi, ci(s, 0))));
     epilogue(s, G, m);
     kendif(s);
-    kl_loop_end(k);
+    if (!s->hoisted) kl_loop_end(k);
 }
 
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
@@ -693,13 +915,42 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
         st = KILN_ERR_UNSUPPORTED;
         goto out;
     }
-    snprintf(k->what, sizeof k->what, "gemv %s x%d%s, %u ops", kiln_dtype_name((kiln_dtype)g->nodes[g->nodes[s->mm[0]].src[1]].dtype), s->n_mm,
-             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes);
+    snprintf(k->what, sizeof k->what, "gemv %s x%d%s%s, %u ops", kiln_dtype_name((kiln_dtype)g->nodes[g->nodes[s->mm[0]].src[1]].dtype), s->n_mm,
+             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", s->dp4a ? " (int8 dot)" : "", r->n_nodes);
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t lane = op2(s, KILN_KOP_AND, tid, ci(s, 31));
     uint32_t gw = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, bid, ci(s, WARPS)), op2(s, KILN_KOP_SHR, tid, ci(s, 5)));
     uint32_t m = op2(s, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(s, (int32_t)s->K));
+    if (s->dp4a) {
+        s->sh_xq = kiln_kir_shared(k, (uint32_t)(s->mc * s->K / 4));
+        s->sh_dx = kiln_kir_shared(k, (uint32_t)(s->mc * s->K / 32));
+        s->sh_xs = kiln_kir_shared(k, (uint32_t)(s->mc * s->K / 32));
+    }
+    /* Decode (every token in one pass): the norm and x's quantization run once per block, which
+     * then strides over the virtual blocks; a launcher may run as few blocks as fill the GPU. */
+    s->hoisted = s->m_max <= s->mc;
+    /* Float weights behind an rms_norm, in one pass, read x from shared memory, normalized once per
+     * block: the loop's loads are then all weight streams (32 KB at most: every Vulkan device has
+     * that much). Without a norm the prologue would only delay the first weight loads. */
+    s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= 32768;
+    for (int j = 0; j < s->n_mm; j++) { /* one chunk layout for every weight */
+        kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
+        int v = t == KILN_DTYPE_F32 ? 4 : t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 ? 8 : 0;
+        if (!v || (j && v != s->xv)) s->xstage = false;
+        s->xv = v;
+    }
+    if (s->xstage) s->sh_x = kiln_kir_shared(k, (uint32_t)(s->mc * s->K));
+    uint32_t vb = KILN_IDX_NONE;
+    if (s->hoisted) {
+        s->t0 = ci(s, 0);
+        pass_prologue(s, tid, m);
+        k->grid_stride = true;
+        vb = kiln_kvar(k, bid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, vb, ci(s, (int32_t)k->grid[0]),
+                    kiln_kir_op(k, KILN_KOP_NBID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0), 0);
+        gw = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, vb, ci(s, WARPS)), op2(s, KILN_KOP_SHR, tid, ci(s, 5)));
+    }
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
         uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
@@ -707,6 +958,7 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
         emit_group(s, G, gw, lane, tid, m);
         kendif(s);
     }
+    if (s->hoisted) kl_loop_end(k);
     if (s->failed) st = kl_unsupported(err, n_err, "gemv: %s", s->why);
 out:
     if (st != KILN_OK) kiln_kir_free(k);

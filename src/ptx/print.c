@@ -404,6 +404,11 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         put(&p->body, "\tmov.u32 %s, %%ctaid.%c;\n", d.s, "xyz"[in->imm.i]);
         return KILN_OK;
     }
+    case KILN_KOP_NBID: {
+        rname d = def(p, i);
+        put(&p->body, "\tmov.u32 %s, %%nctaid.%c;\n", d.s, "xyz"[in->imm.i]);
+        return KILN_OK;
+    }
     case KILN_KOP_PARAM: return KILN_OK; /* loaded at entry; reg[i] set by the prologue */
     case KILN_KOP_VAR: {
         rname d = def(p, i);

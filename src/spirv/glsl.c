@@ -351,6 +351,7 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
         switch (op) {
         case KILN_KOP_CONST: sb_printf(&s, "%sv%u = ", ind, i); print_const(&s, in); sb_printf(&s, ";\n"); break;
         case KILN_KOP_BID: sb_printf(&s, "%sv%u = int(gl_WorkGroupID.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
+        case KILN_KOP_NBID: sb_printf(&s, "%sv%u = int(gl_NumWorkGroups.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
         case KILN_KOP_CVT: case KILN_KOP_BITCAST: sb_printf(&s, "%sv%u = ", ind, i); print_convert(&s, k, in); sb_printf(&s, ";\n"); break;
         case KILN_KOP_ASSIGN: sb_printf(&s, "%sv%u = v%u;\n", ind, in->a, in->b); break;
         case KILN_KOP_ST: sb_printf(&s, "%sb%u.w[pc.off[%u] + uint(v%u)] = v%u;\n", ind, in->imm.u, in->imm.u, in->a, in->b); break;

@@ -224,6 +224,13 @@ EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
     *fn = fu;
     return 0;
 }
+EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *fn, int block_size, size_t dynamic_shared)
+{
+    (void)fn, (void)dynamic_shared;
+    if (block_size <= 0 || block_size > 1024) return 1;
+    *blocks = 2048 / block_size;
+    return 0;
+}
 EXPORT CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned sh, void *s, void **params, void **extra)
 {

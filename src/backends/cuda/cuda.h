@@ -88,6 +88,8 @@ enum {
     X(launch, "cuLaunchKernel", NULL, CUresult,                                                         \
       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,      \
        unsigned shared, CUstream s, void **params, void **extra))                                       \
+    X(occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor", NULL, CUresult,                         \
+      (int *blocks, CUfunction f, int block_size, size_t dynamic_shared))                               \
     X(capture_begin, "cuStreamBeginCapture_v2", NULL, CUresult, (CUstream s, int mode))                 \
     X(capture_end, "cuStreamEndCapture", NULL, CUresult, (CUstream s, CUgraph * g))                     \
     X(graph_instantiate, "cuGraphInstantiateWithFlags", NULL, CUresult,                                 \

@@ -193,6 +193,22 @@ static void dump(const char *name, const char *ptx)
     fclose(f);
 }
 
+/* Blocks to launch for a grid-stride kernel: as many as are resident on the whole GPU at once
+ * (the driver's occupancy for this function times the SM count), at most the virtual blocks.
+ * $KILN_GRID_CAP=N caps it at N instead (0: launch every virtual block, for comparisons). */
+static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, uint32_t n, uint32_t block)
+{
+    const char *cap = getenv("KILN_GRID_CAP");
+    if (cap && *cap) {
+        long v = strtol(cap, NULL, 10);
+        return v > 0 && (uint32_t)v < n ? (uint32_t)v : n;
+    }
+    int per_sm = 0;
+    if (c->d.occupancy(&per_sm, fn, (int)block, 0) != KILN_CU_SUCCESS || per_sm <= 0 || c->n_sm <= 0) return n;
+    uint64_t resident = (uint64_t)per_sm * (uint64_t)c->n_sm;
+    return resident < n ? (uint32_t)resident : n;
+}
+
 /* Copies a kernel's launch metadata and uploads its constant tables. */
 static kiln_status setup_fn(kiln_cuda *c, const uint32_t grid[3], uint32_t block, const kiln_kbuf *bufs, uint32_t n_bufs,
                             const char *name, const kiln_ktable *tables, uint32_t n_tables, cuda_fn *f, char *err, size_t n)
@@ -217,8 +233,9 @@ static kiln_status setup_fn(kiln_cuda *c, const uint32_t grid[3], uint32_t block
 /* Appends kernel f's part of the cache entry: launch metadata, tables, PTX and cubin. */
 static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const unsigned char *cubin, size_t cubin_n)
 {
-    for (int d = 0; d < 3; d++) kiln_blob_u32(w, kir->grid[d]);
+    for (int d = 0; d < 3; d++) kiln_blob_u32(w, kir->grid[d]); /* virtual blocks: a grid-stride kernel's launch is sized at load */
     kiln_blob_u32(w, kir->block);
+    kiln_blob_u32(w, kir->grid_stride);
     kiln_blob_u32(w, kir->n_bufs);
     for (uint32_t b = 0; b < kir->n_bufs; b++) {
         kiln_blob_u32(w, kir->bufs[b].kind);
@@ -263,6 +280,7 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
         }
     }
     if (s == KILN_OK) s = setup_fn(c, kir->grid, kir->block, kir->bufs, kir->n_bufs, kir->name, kir->tables, kir->n_tables, f, err, n);
+    if (s == KILN_OK && kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir->grid[0], kir->block);
     if (s == KILN_OK) entry_fn(entry, kir, used, cubin, cubin_n);
     free(cubin);
     free(again);
@@ -343,13 +361,14 @@ kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out,
  * loaded as it is (the JIT does not run). */
 static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, kiln_blob_r *rd, cuda_fn *f, char *err, size_t n)
 {
-    uint32_t grid[3], block, n_bufs, n_tables;
+    uint32_t grid[3], block, stride, n_bufs, n_tables;
     kiln_kbuf bufs[KILN_KIR_MAX_BUFS];
     kiln_ktable tables[KILN_KIR_MAX_TABLES];
     for (int d = 0; d < 3; d++) grid[d] = kiln_blob_get_u32(rd);
     block = kiln_blob_get_u32(rd);
+    stride = kiln_blob_get_u32(rd);
     n_bufs = kiln_blob_get_u32(rd);
-    if (rd->bad || n_bufs > KILN_KIR_MAX_BUFS || !block || block > 1024 || !grid[0] || !grid[1] || !grid[2]) goto bad;
+    if (rd->bad || n_bufs > KILN_KIR_MAX_BUFS || !block || block > 1024 || !grid[0] || !grid[1] || !grid[2] || stride > 1) goto bad;
     for (uint32_t b = 0; b < n_bufs; b++) {
         uint32_t kind = kiln_blob_get_u32(rd), written = kiln_blob_get_u32(rd), node = kiln_blob_get_u32(rd);
         if (kind >= KILN_KBUF_KIND_COUNT || written > 1 || (kind == KILN_KBUF_NODE && node >= g->n_nodes) ||
@@ -389,6 +408,7 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, kiln_blob_r 
         else if ((r = c->d.module_function(&f->fn, f->mod, name)) != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
     }
     if (s == KILN_OK) s = setup_fn(c, grid, block, bufs, n_bufs, name, tables, n_tables, f, err, n);
+    if (s == KILN_OK && stride) f->grid[0] = stride_grid(c, f->fn, grid[0], block);
     free(image);
     for (uint32_t t = 0; t < n_tables; t++) free(copies[t]);
     return s;

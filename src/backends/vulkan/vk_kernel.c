@@ -116,7 +116,8 @@ static kiln_status make_pipeline(kiln_vk *s, const vk_shape *kir, kiln_vk_kernel
 }
 
 /* Device limits a kernel must fit (checked again for kernels loaded from cache entries). */
-static kiln_status check_limits(kiln_vk *s, const char *name, uint32_t block, const uint32_t grid[3], char *err, size_t n)
+static kiln_status check_limits(kiln_vk *s, const char *name, uint32_t block, const uint32_t grid[3], bool stride, char *err,
+                                size_t n)
 {
     const VkPhysicalDeviceLimits *lim = &s->props.limits;
     if (block > lim->maxComputeWorkGroupInvocations || block > lim->maxComputeWorkGroupSize[0]) {
@@ -125,12 +126,22 @@ static kiln_status check_limits(kiln_vk *s, const char *name, uint32_t block, co
         return KILN_ERR_UNSUPPORTED;
     }
     for (int d = 0; d < 3; d++)
-        if (grid[d] > lim->maxComputeWorkGroupCount[d] || !grid[d]) {
+        if ((grid[d] > lim->maxComputeWorkGroupCount[d] && !(d == 0 && stride)) || !grid[d]) {
             snprintf(err, n, "vulkan: kernel %s grid[%d] = %u, %s takes 1..%u", name, d, grid[d], s->props.deviceName,
                      lim->maxComputeWorkGroupCount[d]);
             return KILN_ERR_UNSUPPORTED;
         }
     return KILN_OK;
+}
+
+/* Blocks a grid-stride kernel launches over its n virtual ones: the device's limit, or $KILN_GRID_CAP. */
+static uint32_t stride_blocks(kiln_vk *s, uint32_t n)
+{
+    const char *cap = getenv("KILN_GRID_CAP");
+    long v = cap && *cap ? strtol(cap, NULL, 10) : 0;
+    if (v > 0 && (uint32_t)v < n) n = (uint32_t)v;
+    if (n > s->props.limits.maxComputeWorkGroupCount[0]) n = s->props.limits.maxComputeWorkGroupCount[0];
+    return n;
 }
 
 static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n);
@@ -150,7 +161,7 @@ static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **
         if (st != KILN_OK) return st;
     }
     const VkPhysicalDeviceLimits *lim = &s->props.limits;
-    kiln_status lst = check_limits(s, kir->name, kir->block, kir->grid, err, n);
+    kiln_status lst = check_limits(s, kir->name, kir->block, kir->grid, kir->grid_stride, err, n);
     if (lst != KILN_OK) return lst;
     uint32_t shared = 0;
     for (uint32_t i = 0; i < kir->n_shared; i++) shared += 4 * kir->shared[i];
@@ -165,6 +176,7 @@ static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **
     k->n_bufs = kir->n_bufs;
     memcpy(k->bufs, kir->bufs, sizeof k->bufs);
     memcpy(k->grid, kir->grid, sizeof k->grid);
+    if (kir->grid_stride) k->grid[0] = stride_blocks(s, k->grid[0]);
     kiln_status st = kiln_spv_glsl(kir, &s->feat, &k->glsl, err, n);
     uint32_t *words = NULL;
     size_t n_words = 0;
@@ -178,7 +190,8 @@ static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **
             kiln_blob_u32(entry, kir->bufs[b].written);
             kiln_blob_u32(entry, kir->bufs[b].node);
         }
-        for (int d = 0; d < 3; d++) kiln_blob_u32(entry, kir->grid[d]);
+        for (int d = 0; d < 3; d++) kiln_blob_u32(entry, kir->grid[d]); /* virtual blocks: clamped at load */
+        kiln_blob_u32(entry, kir->grid_stride);
         kiln_blob_u32(entry, kir->block);
         kiln_blob_u32(entry, shape.reduce);
         kiln_blob_u32(entry, kir->n_tables);
@@ -373,14 +386,16 @@ static kiln_status load_one(kiln_vk *s, const kiln_graph *g, kiln_blob_r *rd, ki
         k->bufs[b] = (kiln_kbuf){.kind = (uint8_t)kind, .written = written != 0, .node = node};
     }
     for (int d = 0; d < 3; d++) k->grid[d] = kiln_blob_get_u32(rd);
+    uint32_t stride = kiln_blob_get_u32(rd);
     shape.block = kiln_blob_get_u32(rd);
     uint32_t reduce = kiln_blob_get_u32(rd), n_tables = kiln_blob_get_u32(rd);
-    if (rd->bad || reduce > 1 || n_tables > KILN_KIR_MAX_TABLES || !shape.block) goto bad;
+    if (rd->bad || reduce > 1 || stride > 1 || n_tables > KILN_KIR_MAX_TABLES || !shape.block) goto bad;
     shape.reduce = reduce != 0;
     for (uint32_t b = 0; b < shape.n_bufs; b++)
         if (k->bufs[b].kind == KILN_KBUF_TABLE && k->bufs[b].node >= n_tables) goto bad;
-    kiln_status st = check_limits(s, "from the cache", shape.block, k->grid, err, n);
+    kiln_status st = check_limits(s, "from the cache", shape.block, k->grid, stride, err, n);
     if (st != KILN_OK) return st;
+    if (stride) k->grid[0] = stride_blocks(s, k->grid[0]);
     for (uint32_t t = 0; t < n_tables; t++) {
         size_t bytes;
         const void *w = kiln_blob_get_bytes(rd, &bytes);
