@@ -91,7 +91,8 @@ typedef struct kiln_ctx kiln_ctx;
 
 typedef struct kiln_ctx_options {
     int         n_threads; /* CPU threads; 0 = one per core */
-    const char *cache_dir; /* kernel and profile cache; NULL = $KILN_CACHE_DIR or $XDG_CACHE_HOME/kiln */
+    const char *cache_dir; /* kernel and profile cache; NULL = $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
+                              else ~/.cache/kiln ($KILN_CACHE=off|on|all: docs/cache.md) */
     bool        quiet;     /* true: no progress lines on stderr */
 } kiln_ctx_options;
 
@@ -250,7 +251,11 @@ typedef struct kiln_compile_options {
 } kiln_compile_options;
 
 /* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed
- * weights must stay). States are allocated and zeroed. opts may be NULL. */
+ * weights must stay). States are allocated and zeroed. opts may be NULL. A graph equal to one
+ * compiled before in this context (same structure, options and backends; names, weights and the
+ * order of independent builder calls may differ) reuses that plan's fusion, placement and kernels
+ * and binds only its own weights and states (kiln_plan_cache says so); GPU kernels also come from
+ * the cache folder. Thread-safe for one context's plan cache; the context's error text is shared. */
 KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
                                   kiln_plan **out);
 KILN_API void kiln_plan_free(kiln_plan *p);
