@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/cuda/cuda.h"
+#include "cache/cache.h"
 #include "sched/ctx.h"
 
 typedef struct fakecuda_log {
@@ -21,6 +23,7 @@ typedef struct fakecuda_log {
     unsigned long long last_params[16];
     int      fault_next_sync;
     int      null_params;
+    int      links, cubin_loads;
 } fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
 
 static fakecuda_log *fake(void)
@@ -159,6 +162,7 @@ Test(cuda_host, pool_rounds_and_reuses)
 Test(cuda_host, out_of_memory_and_jit_errors_say_what)
 {
     setenv("FAKECUDA_MEM", "1073741824", 1);
+    setenv("KILN_CACHE", "off", 1); /* a cubin on disk from another test would need no JIT */
     kiln_ctx *ctx = fake_ctx();
     void *st = ctx->be_state[KILN_BACKEND_CUDA], *a = NULL;
     char err[1024] = "";
@@ -247,6 +251,7 @@ Test(cuda_host, decode_layer_compiles_and_replays)
 /* A kernel the JIT reports spilling is loaded again with every register allowed. */
 Test(cuda_host, spilling_kernels_are_reprinted_with_all_registers)
 {
+    setenv("KILN_CACHE", "off", 1); /* an entry of the first compile would serve the second */
     fakecuda_log *f = fake();
     kiln_ctx *ctx = fake_ctx();
     kiln_graph *g = norm_graph();
@@ -256,6 +261,7 @@ Test(cuda_host, spilling_kernels_are_reprinted_with_all_registers)
     cr_assert(!strstr(f->last_ptx, ".minnctapersm"), "%s", f->last_ptx);
     kiln_plan_free(p);
     setenv("FAKECUDA_SPILL", "1", 1);
+    kiln_cache_mem_clear(ctx->cache); /* the driver changed under the context: compile again */
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(f->modules, 3 * plain, "each kernel loaded twice after spilling");
     cr_assert(strstr(f->last_ptx, ".minnctapersm 1\n"), "%s", f->last_ptx);
@@ -263,4 +269,70 @@ Test(cuda_host, spilling_kernels_are_reprinted_with_all_registers)
     kiln_plan_free(p);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
+}
+
+/* The cubin the driver's linker makes is kept on disk: a new context loads it without printing PTX
+ * or running the JIT, launches bind as before, and a damaged entry is linked again and replaced. */
+Test(cuda_host, cubins_from_disk_skip_the_jit)
+{
+    char dir[] = "/tmp/kiln-test-cuda-cache-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    setenv("KILN_CACHE_DIR", dir, 1);
+    unsetenv("KILN_CACHE");
+    fakecuda_log *f = fake();
+    kiln_graph *g = norm_graph();
+    kiln_ctx *ctx = fake_ctx();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    int kernels = f->links;
+    cr_assert(kernels >= 1 && f->cubin_loads == kernels, "%d links, %d cubins loaded", f->links, f->cubin_loads);
+    cr_assert_str_eq(kiln_plan_cache(p), "miss");
+    kiln_plan_free(p);
+    kiln_ctx_free(ctx);
+    kiln_cache_entry_info *e;
+    size_t n;
+    cr_assert_eq(kiln_cache_list(dir, &e, &n), KILN_OK);
+    cr_assert_geq(n, 1);
+    char path[256] = "";
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(e[i].ok, "%s: %s", e[i].name, e[i].why);
+        if (strcmp(e[i].kind, "cuda") == 0) snprintf(path, sizeof path, "%s/%s", dir, e[i].name);
+    }
+    cr_assert(path[0], "no cuda entry");
+    free(e);
+    /* a new context: cubins loaded, nothing linked */
+    ctx = fake_ctx();
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_str_eq(kiln_plan_cache(p), "disk");
+    cr_assert_eq(f->links, kernels, "the JIT ran on a warm start");
+    cr_assert_eq(f->cubin_loads, 2 * kernels);
+    run_norm(p, ctx, 4);
+    cr_assert(f->last_n_params >= 2);
+    for (int i = 0; i < f->last_n_params; i++) cr_assert(f->last_params[i], "parameter %d is NULL", i);
+    cr_assert_eq(f->null_params, 0);
+    kiln_plan_free(p);
+    kiln_ctx_free(ctx);
+    /* a damaged entry: linked again and replaced */
+    FILE *fp = fopen(path, "r+b");
+    cr_assert(fp);
+    fseek(fp, -3, SEEK_END);
+    int ch = fgetc(fp);
+    fseek(fp, -3, SEEK_END);
+    fputc(ch ^ 0x10, fp);
+    fclose(fp);
+    ctx = fake_ctx();
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->links, kernels + 1, "the damaged kernel is linked again, the others load");
+    cr_assert_eq(kiln_cache_stats_get(ctx->cache).disk_rejects, 1);
+    run_norm(p, ctx, 2);
+    kiln_plan_free(p);
+    kiln_ctx_free(ctx);
+    cr_assert_eq(kiln_cache_list(dir, &e, &n), KILN_OK);
+    for (size_t i = 0; i < n; i++) cr_assert(e[i].ok, "%s: %s after the rebuild", e[i].name, e[i].why);
+    free(e);
+    size_t removed;
+    kiln_cache_clear(dir, &removed);
+    rmdir(dir);
+    kiln_graph_free(g);
+    cr_assert_eq(f->live_allocs, 0);
 }

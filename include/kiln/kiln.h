@@ -91,7 +91,8 @@ typedef struct kiln_ctx kiln_ctx;
 
 typedef struct kiln_ctx_options {
     int         n_threads; /* CPU threads; 0 = one per core */
-    const char *cache_dir; /* kernel and profile cache; NULL = $KILN_CACHE_DIR or $XDG_CACHE_HOME/kiln */
+    const char *cache_dir; /* kernel and profile cache; NULL = $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
+                              else ~/.cache/kiln ($KILN_CACHE=off|on|all: docs/cache.md) */
     bool        quiet;     /* true: no progress lines on stderr */
 } kiln_ctx_options;
 
@@ -250,7 +251,11 @@ typedef struct kiln_compile_options {
 } kiln_compile_options;
 
 /* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed
- * weights must stay). States are allocated and zeroed. opts may be NULL. */
+ * weights must stay). States are allocated and zeroed. opts may be NULL. A graph equal to one
+ * compiled before in this context (same structure, options and backends; names, weights and the
+ * order of independent builder calls may differ) reuses that plan's fusion, placement and kernels
+ * and binds only its own weights and states (kiln_plan_cache says so); GPU kernels also come from
+ * the cache folder. Thread-safe for one context's plan cache; the context's error text is shared. */
 KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
                                   kiln_plan **out);
 KILN_API void kiln_plan_free(kiln_plan *p);
@@ -388,6 +393,10 @@ KILN_API kiln_status kiln_plan_profile(kiln_plan *p, bool on);
 KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, char **out);
 /* Milliseconds kiln_compile took for this plan, and the peak bytes of intermediates. */
 KILN_API double kiln_plan_compile_ms(const kiln_plan *p);
+/* Where the plan's compiled code came from: "memory" (an equal graph was compiled in this context:
+ * fusion, placement and kernels shared, only weights and states set up), "disk" (every kernel
+ * loaded from the cache folder), "partial" (some), or "miss" (compiled). Static text. */
+KILN_API const char *kiln_plan_cache(const kiln_plan *p);
 KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p);
 
 /* ---------------------------------------------------------------- GGUF files and models */

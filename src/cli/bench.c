@@ -303,11 +303,11 @@ static void report(const bench_opts *o, const bench_state *st)
         printf(",\"isa\":");
         kiln_cli_json_str(stdout, isa);
         printf(",\"threads\":%d,\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,\"steps\":%lld,\"ctx\":%lld,"
-               "\"tokens\":%lld,\"kernels\":%d,\"compile_ms\":%.3f,\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
+               "\"tokens\":%lld,\"kernels\":%d,\"compile_ms\":%.3f,\"compile_cache\":\"%s\",\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
                "\"gflop_per_s\":%.4f,\"roof_gb_per_s\":%.4f,\"roof_gflop_per_s\":%.4f,\"fraction_of_bw\":%.4f,"
                "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"step_ms\":[",
                (int)o->threads, wt, kt, (long long)o->layers, (long long)o->steps, (long long)o->ctx,
-               (long long)(o->prefill ? o->tokens : 1), kiln_plan_kernel_count(st->plan), st->compile_ms, per_layer,
+               (long long)(o->prefill ? o->tokens : 1), kiln_plan_kernel_count(st->plan), st->compile_ms, kiln_plan_cache(st->plan), per_layer,
                gbps, gfps, roof_bw, roof_gf, frac_bw, frac_gf, gb * 1e9);
         for (size_t i = 0; i < n; i++)
             printf("%s%.6f", i ? "," : "", st->step_ms[i]);
@@ -321,7 +321,8 @@ static void report(const bench_opts *o, const bench_state *st)
         else
             printf("  n_kv %lld..%lld, %lld steps\n", (long long)o->ctx + 2, (long long)(o->ctx + 1 + o->steps),
                    (long long)o->steps);
-        printf("  %.1f MB read and %.2f GFLOP per step, compile %.1f ms\n", gb * 1e3, gf, st->compile_ms);
+        printf("  %.1f MB read and %.2f GFLOP per step, compile %.1f ms (cache: %s)\n", gb * 1e3, gf, st->compile_ms,
+               kiln_plan_cache(st->plan));
         printf("  median %.3f ms/layer-step (min %.3f, max %.3f)   %.2f GB/s   %.2f GFLOP/s\n", per_layer,
                sorted[0] / (double)o->layers, sorted[n - 1] / (double)o->layers, gbps, gfps);
         if (roof_bw > 0)

@@ -20,6 +20,7 @@ static const char usage_main[] =
     "  ptx FILE.kg | --preset NAME    generated PTX per fused kernel, ptxas registers/spills\n"
     "  check                 every op x dtype x backend against the f64 reference\n"
     "  calibrate             measure bandwidth and FLOP/s of each backend for the cost model\n"
+    "  cache ls|stats|clear  the kernel cache folder: entries, sizes, hit/miss counts; remove them\n"
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
     "`kiln COMMAND --help` shows a command's flags. Exit codes: 0 ok, 1 a kiln call failed,\n"
@@ -164,6 +165,18 @@ static const char usage_check[] =
     "  --json        {\"ok\": bool, \"results\": [{\"op\", \"dtype\", \"backend\", \"cases\",\n"
     "                \"worst_nmse\", \"tolerance\", \"ok\"}]}\n";
 
+static const char usage_cache[] =
+    "usage: kiln cache ls|stats|clear [--json]\n"
+    "\n"
+    "The kernel and plan cache folder ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else\n"
+    "~/.cache/kiln): one file per compiled kernel (cuda: PTX and cubin; vk: SPIR-V; cpu: dispatch\n"
+    "decisions, written with KILN_CACHE=all only), each checked (header, key, checksums) before use.\n"
+    "  ls      every entry: file, kind, bytes, and what is wrong with an invalid one; then totals\n"
+    "  stats   totals, and the hit/miss counts every kiln process added up in the folder\n"
+    "  clear   remove every entry, temporary file and the counts\n"
+    "  --json  one JSON object\n"
+    "KILN_CACHE=off turns the disk entries off (plans still share compiled code in memory).\n";
+
 static const struct {
     const char *name;                     /* command name */
     int (*fn)(int argc, char *const *argv); /* entry point */
@@ -178,6 +191,7 @@ static const struct {
     {"ptx", kiln_cli_ptx, usage_ptx},
     {"calibrate", kiln_cli_calibrate, usage_calibrate},
     {"check", kiln_cli_check, usage_check},
+    {"cache", kiln_cli_cache, usage_cache},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

@@ -240,7 +240,7 @@ static int report(const run_opts *o, const run_state *st)
         kiln_cli_json_str(stdout, o->file);
         printf(",\"backend\":");
         kiln_cli_json_str(stdout, kiln_plan_backend(st->plan));
-        printf(",\"kernels\":%d,\"symbols\":{", kiln_plan_kernel_count(st->plan));
+        printf(",\"kernels\":%d,\"cache\":\"%s\",\"symbols\":{", kiln_plan_kernel_count(st->plan), kiln_plan_cache(st->plan));
         for (uint32_t i = 0; i < g->n_syms; i++) {
             printf("%s", i ? "," : "");
             kiln_cli_json_str(stdout, g->syms[i].name);
@@ -248,7 +248,8 @@ static int report(const run_opts *o, const run_state *st)
         }
         printf("},\"outputs\":[");
     } else {
-        printf("backend %s, %d kernels\n", kiln_plan_backend(st->plan), kiln_plan_kernel_count(st->plan));
+        printf("backend %s, %d kernels, cache %s\n", kiln_plan_backend(st->plan), kiln_plan_kernel_count(st->plan),
+               kiln_plan_cache(st->plan));
     }
     for (uint32_t i = 0; i < g->n_outs; i++) {
         kiln_tensor_info ti;

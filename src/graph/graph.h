@@ -138,3 +138,9 @@ const char *kiln_graph_dims_str(const kiln_graph *g, int rank, const int64_t *di
 
 /* The 128-bit graph hash (kiln_graph_hash prints it). */
 kiln_status kiln_graph_hash128(const kiln_graph *g, uint64_t out[2]);
+
+/* The canonical copy of g (canon.c): nodes in an order that depends only on the structure, symbols
+ * renumbered by first use, names and weights kept. hash gets the structural hash of the copy
+ * (the graph hash plus the symbols' bounds and the pins): two graphs built by the same calls in
+ * another order, or with other names or weights, hash equal. NULL on OOM. */
+kiln_graph *kiln_graph_canonical(const kiln_graph *g, uint64_t hash[2]);

@@ -68,6 +68,15 @@ typedef struct kiln_backend_i {
      * timer marks, measured on the device. */
     kiln_status (*timer_mark)(void *state, int slot, char *err, size_t n_err);
     kiln_status (*timer_read)(void *state, int slot_a, int slot_b, double *seconds, char *err, size_t n_err);
+    /* Kernel cache (optional, all three or none): identity writes what a compiled kernel depends
+     * on besides the region (device name and capability, driver version, ISA) into buf; save
+     * serializes a compiled kernel (*out malloc'ed); load rebuilds one from such bytes, already
+     * checksummed, for region r of g. load fails on anything inconsistent (the caller compiles
+     * instead) and must never trust a count or offset it has not checked against len. */
+    void        (*identity)(void *state, char *buf, size_t n);
+    kiln_status (*kernel_save)(void *state, const kiln_kernel *k, void **out, size_t *len);
+    kiln_status (*kernel_load)(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
+                               kiln_kernel **out, char *err, size_t n_err);
 } kiln_backend_i;
 
 /* A device backend runs on its own memory (alloc is set). */

@@ -46,18 +46,6 @@ kiln_status kiln_ctx_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...)
     return s;
 }
 
-static char *default_cache_dir(void)
-{
-    const char *e = getenv("KILN_CACHE_DIR");
-    if (e && *e) return strdup(e);
-    char buf[4096];
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (x && *x) snprintf(buf, sizeof buf, "%s/kiln", x);
-    else if (h && *h) snprintf(buf, sizeof buf, "%s/.cache/kiln", h);
-    else snprintf(buf, sizeof buf, "/tmp/kiln-cache");
-    return strdup(buf);
-}
-
 KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
 {
     if (!out) return KILN_ERR_INVALID_ARG;
@@ -66,9 +54,10 @@ KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
     kiln_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return KILN_ERR_NOMEM;
     if (opts) ctx->opts = *opts;
-    ctx->cache_dir = opts && opts->cache_dir ? strdup(opts->cache_dir) : default_cache_dir();
+    ctx->cache_dir = opts && opts->cache_dir ? strdup(opts->cache_dir) : kiln_cache_default_dir();
     ctx->opts.cache_dir = ctx->cache_dir;
-    if (!ctx->cache_dir) {
+    if (!ctx->cache_dir || !(ctx->cache = kiln_cache_new(ctx->cache_dir, false))) {
+        free(ctx->cache_dir);
         free(ctx);
         return KILN_ERR_NOMEM;
     }
@@ -91,6 +80,7 @@ KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
 KILN_API void kiln_ctx_free(kiln_ctx *ctx)
 {
     if (!ctx) return;
+    kiln_cache_free(ctx->cache); /* compiled kernels go back to their backends first */
     for (int i = KILN_BACKEND_COUNT - 1; i >= 0; i--)
         if (ctx->be_ok[i]) kiln_backends[i]->release(ctx->be_state[i]);
     free(ctx->cache_dir);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kiln/kiln.h"
+#include "cache/cache.h"
 #include "sched/backend.h"
 #include "util/err.h"
 
@@ -15,6 +16,7 @@ struct kiln_ctx {
     };
     kiln_ctx_options opts;                 /* options as given (cache_dir copied) */
     char            *cache_dir;            /* resolved cache directory; owned */
+    kiln_cache      *cache;                /* kernel and plan cache (memory table, disk entries) */
     void            *be_state[KILN_BACKEND_COUNT]; /* each backend's state; NULL when absent */
     char             be_detail[KILN_BACKEND_COUNT][256]; /* device/ISA text, or why absent */
     bool             be_ok[KILN_BACKEND_COUNT];     /* backend usable */

@@ -112,6 +112,9 @@ static void explain_text(const kiln_plan *p, sbuf *b)
     const kiln_graph *g = p->g;
     sb_printf(b, "plan: %u kernels from %u ops, main backend %s, compiled in %.2f ms, intermediates %.2f MiB\n",
               p->fusion.n_regions, n_ops(p), kiln_backends[p->backend]->name, p->compile_ms, p->arena_bytes / 1048576.0);
+    sb_printf(b, "cache: %s", kiln_plan_cache(p));
+    if (p->disk_hits + p->disk_misses) sb_printf(b, " (kernels: %u from disk, %u compiled)", p->disk_hits, p->disk_misses);
+    sb_printf(b, "\n");
     if (g->n_syms) {
         sb_printf(b, "sizes: ");
         for (uint32_t i = 0; i < g->n_syms; i++)
@@ -155,8 +158,10 @@ static void explain_text(const kiln_plan *p, sbuf *b)
 
 static void explain_json(const kiln_plan *p, sbuf *b)
 {
-    sb_printf(b, "{\"backend\": \"%s\", \"kernels\": %u, \"ops\": %u, \"compile_ms\": %.4f, \"peak_bytes\": %zu, \"regions\": [",
-              kiln_backends[p->backend]->name, p->fusion.n_regions, n_ops(p), p->compile_ms, p->arena_bytes);
+    sb_printf(b, "{\"backend\": \"%s\", \"kernels\": %u, \"ops\": %u, \"compile_ms\": %.4f, \"cache\": \"%s\", "
+                 "\"cache_disk_hits\": %u, \"cache_disk_misses\": %u, \"peak_bytes\": %zu, \"regions\": [",
+              kiln_backends[p->backend]->name, p->fusion.n_regions, n_ops(p), p->compile_ms, kiln_plan_cache(p), p->disk_hits,
+              p->disk_misses, p->arena_bytes);
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         kiln_region_info ri;
         kiln_plan_region(p, (int)r, &ri);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define ALIGN 64
@@ -96,6 +97,36 @@ size_t kiln_sched_pack(uint32_t *order, uint32_t n_order, const size_t *size, co
     return total;
 }
 
+/* States: zeroed memory. Large ones are mapped fresh (zero pages, no memset): from the heap, after
+ * an earlier plan freed its states, glibc's raised mmap threshold would make calloc clear megabytes
+ * of recycled memory on every compile. A 64-byte header keeps the size for state_free. */
+#define STATE_HEAD 64
+#define STATE_MAP_MIN ((size_t)1 << 20)
+
+static void *state_new(size_t bytes)
+{
+    size_t total = bytes + STATE_HEAD;
+    unsigned char *m;
+    if (total >= STATE_MAP_MIN) {
+        m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return NULL;
+    } else if (!(m = calloc(1, total))) {
+        return NULL;
+    }
+    memcpy(m, &total, sizeof total);
+    return m + STATE_HEAD;
+}
+
+static void state_free(void *p)
+{
+    if (!p) return;
+    unsigned char *m = (unsigned char *)p - STATE_HEAD;
+    size_t total;
+    memcpy(&total, m, sizeof total);
+    if (total >= STATE_MAP_MIN) munmap(m, total);
+    else free(m);
+}
+
 static kiln_status plan_memory(kiln_plan *p)
 {
     const kiln_graph *g = p->g;
@@ -123,7 +154,7 @@ static kiln_status plan_memory(kiln_plan *p)
         p->offset[i] = 0;
         if (r->op == KILN_OP_STATE) {
             /* calloc: large states come zeroed from fresh pages, so a big KV cache costs no memset. */
-            if (!(p->state_mem[i] = calloc(1, kiln_node_bytes(r, d) + 1))) { st = KILN_ERR_NOMEM; goto out; }
+            if (!(p->state_mem[i] = state_new(kiln_node_bytes(r, d) + 1))) { st = KILN_ERR_NOMEM; goto out; }
         } else if (r->op != KILN_OP_INPUT && r->op != KILN_OP_WEIGHT) {
             size[i] = (kiln_node_bytes(r, d) + ALIGN - 1) / ALIGN * ALIGN;
             order[n_order++] = i;
@@ -145,13 +176,14 @@ KILN_API void kiln_plan_free(kiln_plan *p)
 {
     if (!p) return;
     kiln_sched_devices_free(p);
+    kiln_sched_cache_release(p); /* shared parts: the table frees them */
     if (p->kernels)
         for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
             const kiln_backend_i *b = kiln_backends[p->region_be[r]];
             if (p->kernels[r] && b->kernel_free) b->kernel_free(p->ctx->be_state[p->region_be[r]], p->kernels[r]);
         }
     if (p->state_mem && p->g)
-        for (uint32_t i = 0; i < p->g->n_nodes; i++) free(p->state_mem[i]);
+        for (uint32_t i = 0; i < p->g->n_nodes; i++) state_free(p->state_mem[i]);
     free(p->pred_s); free(p->xfer_s); free(p->meas_s); free(p->n_meas);
     free(p->arena); free(p->state_mem); free(p->kernels); free(p->region_be);
     free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
@@ -291,6 +323,15 @@ static kiln_status place(kiln_plan *p, int forced)
     return KILN_OK;
 }
 
+/* Placement from its disk entry, else computed (and written there). */
+static kiln_status place_cached(kiln_plan *p, int forced)
+{
+    if (kiln_sched_cache_load_placement(p, forced)) return KILN_OK;
+    kiln_status s = place(p, forced);
+    if (s == KILN_OK) kiln_sched_cache_save_placement(p, forced);
+    return s;
+}
+
 static kiln_status compile_regions(kiln_plan *p)
 {
     char err[1024] = "";
@@ -300,7 +341,7 @@ static kiln_status compile_regions(kiln_plan *p)
         int be = p->region_be[r];
         const kiln_backend_i *b = kiln_backends[be];
         if (!b->compile) continue;
-        kiln_status s = b->compile(p->ctx->be_state[be], p->g, reg, &p->kernels[r], err, sizeof err);
+        kiln_status s = kiln_sched_compile_region(p, r, err, sizeof err);
         if (s != KILN_OK) {
             char lab[300];
             return kiln_ctx_fail(p->ctx, s, "%s: compiling region %u (%s): %s", b->name, r,
@@ -325,13 +366,19 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     if (!p) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
     p->ctx = ctx;
     p->what_if = opts && opts->what_if;
-    if (!(p->g = kiln_graph_clone(g))) goto oom;
+    /* The canonical copy: equal graphs get equal node ids, so their compiled parts are shared. */
+    if (!(p->g = kiln_graph_canonical(g, p->ghash))) goto oom;
     if ((s = kiln_graph_materialize_weights(p->g)) != KILN_OK) goto fail; /* random weights: bytes now */
     uint32_t n = g->n_nodes ? g->n_nodes : 1;
-    if ((s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
+    kiln_sched_cache_lookup(p, opts, forced);
+    if (!p->mem_hit && (s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
     uint32_t nr = p->fusion.n_regions ? p->fusion.n_regions : 1;
-    p->region_be = calloc(nr, 1);
-    p->kernels = calloc(nr, sizeof *p->kernels);
+    if (!p->mem_hit) {
+        p->region_be = calloc(nr, 1);
+        p->kernels = calloc(nr, sizeof *p->kernels);
+        p->pred_s = calloc((size_t)nr * KILN_BACKEND_COUNT, sizeof *p->pred_s);
+        p->xfer_s = calloc(nr, sizeof *p->xfer_s);
+    }
     p->root = malloc(n * sizeof *p->root);
     p->offset = malloc(n * sizeof *p->offset);
     p->arena_off = malloc(n * sizeof *p->arena_off);
@@ -339,8 +386,6 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     p->bufs = calloc(n, sizeof *p->bufs);
     p->dims = calloc(n, sizeof *p->dims);
     p->sym_vals = calloc(g->n_syms ? g->n_syms : 1, sizeof *p->sym_vals);
-    p->pred_s = calloc((size_t)nr * KILN_BACKEND_COUNT, sizeof *p->pred_s);
-    p->xfer_s = calloc(nr, sizeof *p->xfer_s);
     p->meas_s = calloc(nr, sizeof *p->meas_s);
     p->n_meas = calloc(nr, sizeof *p->n_meas);
     if (!p->pred_s || !p->xfer_s || !p->meas_s || !p->n_meas) goto oom;
@@ -348,14 +393,14 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
         !p->dims || !p->sym_vals)
         goto oom;
     if ((s = plan_memory(p)) != KILN_OK) goto fail;
-    for (uint32_t i = 0; i < g->n_syms; i++) p->sym_vals[i] = g->syms[i].max;
+    for (uint32_t i = 0; i < p->g->n_syms; i++) p->sym_vals[i] = p->g->syms[i].max; /* canonical numbering */
     for (uint32_t i = 0; i < g->n_nodes; i++) kiln_node_numel(&p->g->nodes[i], p->sym_vals, p->dims[i]);
     p->record_space = -1;
     if (!(p->max_dims = malloc(n * sizeof *p->max_dims)) || !(p->bound_dev = calloc(n, sizeof *p->bound_dev)) ||
         !(p->bound_dev_be = calloc(n, 1)))
         goto oom;
     memcpy(p->max_dims, p->dims, g->n_nodes * sizeof *p->max_dims);
-    if ((s = place(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK ||
+    if ((!p->mem_hit && ((s = place_cached(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK)) ||
         (!p->what_if && (s = kiln_sched_devices_setup(p)) != KILN_OK)) {
         kiln_plan_free(p);
         return s;
@@ -365,6 +410,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     p->backend = forced >= 0 ? forced : KILN_BACKEND_REF;
     for (int b = 0; b < KILN_BACKEND_COUNT; b++)
         if (count[b] > count[p->backend]) p->backend = b;
+    kiln_sched_cache_keep(p);
     p->compile_ms = now_ms() - t0;
     ctx->error[0] = 0;
     *out = p;

@@ -65,6 +65,14 @@ struct kiln_plan {
     kiln_dev_space dev[KILN_BACKEND_COUNT]; /* per device backend */
     void        **bound_dev;   /* per node, per run: caller's device memory bound to an input/output, or NULL */
     int8_t       *bound_dev_be;/* its backend */
+    /* cache (sched/plan_cache.c) */
+    uint64_t      ghash[2];    /* structural hash of the (canonical) graph */
+    kiln_cache_key key;        /* the plan's key in the context's memory table */
+    struct kiln_plan_tmpl *tmpl; /* compiled parts shared through the table (fusion, region_be,
+                                    kernels, pred_s, xfer_s point into it), or NULL: owned */
+    bool          mem_hit;     /* those parts came from the table */
+    uint32_t      disk_hits;   /* kernels loaded from disk entries */
+    uint32_t      disk_misses; /* kernels compiled where a disk entry was looked for */
 };
 
 /* Memory planning helpers shared by the host and device arenas (plan.c). */
@@ -80,3 +88,15 @@ kiln_status kiln_sched_execute(kiln_plan *p);
 kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);
 kiln_status kiln_sched_sync_all(kiln_plan *p);
 kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, size_t bytes);
+
+/* The plan cache (plan_cache.c). lookup computes p->key from p->ghash and the options and, on a
+ * hit, points the plan's fusion, placement and kernels at the shared copy (p->mem_hit). keep
+ * hands a freshly compiled plan's parts to the table. release drops the plan's reference. */
+void        kiln_sched_cache_lookup(kiln_plan *p, const kiln_compile_options *opts, int forced);
+void        kiln_sched_cache_keep(kiln_plan *p);
+void        kiln_sched_cache_release(kiln_plan *p);
+/* The placement (region_be, pred_s, xfer_s) from its disk entry: true when read; save writes it. */
+bool        kiln_sched_cache_load_placement(kiln_plan *p, int forced);
+void        kiln_sched_cache_save_placement(const kiln_plan *p, int forced);
+/* Compiles region r on its backend through the disk entries (when the backend can save/load). */
+kiln_status kiln_sched_compile_region(kiln_plan *p, uint32_t r, char *err, size_t n);

@@ -1,6 +1,6 @@
 /* A stand-in for libcuda.so.1 (loaded through $KILN_LIBCUDA) so the CUDA backend's host side runs
  * on machines with no GPU: device memory is host memory, copies happen at once, modules keep
- * their PTX text, launches and graph replays are counted but run nothing. Failures are injected
+ * their PTX text (cuLink* makes a "cubin" that is the PTX behind a magic line), launches and graph replays are counted but run nothing. Failures are injected
  * with FAKECUDA_DEVICES, FAKECUDA_MEM (bytes), FAKECUDA_JIT_FAIL and fakecuda_fault_next_sync().
  * Must not be linked into kiln: only test_cuda_backend loads it. */
 #include <stdint.h>
@@ -29,6 +29,8 @@ typedef struct fakecuda_log {
     CUdeviceptr last_params[16]; /* its pointer arguments */
     int    fault_next_sync;  /* the next stream sync fails with an illegal address */
     int    null_params;      /* launches with a NULL pointer argument */
+    int    links;            /* cuLinkComplete calls (PTX JIT'ed to a cubin) */
+    int    cubin_loads;      /* modules loaded from a cubin (no JIT) */
 } fakecuda_log;
 
 EXPORT fakecuda_log fakecuda;
@@ -109,16 +111,82 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, voi
 EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { memcpy(d, (void *)(uintptr_t)s, n); return 0; }
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
 
-typedef struct fmod {
-    char *ptx; /* the text */
-} fmod;
 typedef struct ffunc {
     int n_params; /* .param count of the entry */
 } ffunc;
+typedef struct fmod {
+    char  *ptx;      /* the text */
+    ffunc *funcs[8]; /* entries looked up (freed with the module) */
+    int    n_funcs;  /* used */
+} fmod;
+
+/* The fake's "cubin": a magic line, then the PTX it was made from (so modules still find their
+ * entries); the real driver's image is ELF. */
+static const char cubin_magic[] = "FAKECUBIN sm_90\n";
+
+typedef struct flink {
+    char *ptx;         /* the PTX added */
+    char *image;       /* the cubin made by cuLinkComplete */
+    char *elog, *ilog; /* log buffers given at create (64 and 256 bytes are written at most) */
+} flink;
+
+EXPORT CUresult cuLinkCreate_v2(unsigned n, int *opts, void **vals, void **st)
+{
+    flink *l = calloc(1, sizeof *l);
+    for (unsigned i = 0; i < n; i++) {
+        if (opts[i] == 5) l->elog = vals[i];
+        if (opts[i] == 3) l->ilog = vals[i];
+    }
+    *st = l;
+    return 0;
+}
+EXPORT CUresult cuLinkAddData_v2(void *st, int type, void *data, size_t size, const char *name, unsigned n, int *opts, void **vals)
+{
+    flink *l = st;
+    if (type != 1 || !data || !size || ((const char *)data)[size - 1]) return 1; /* PTX, NUL-terminated */
+    if (env_int("FAKECUDA_JIT_FAIL", 0)) {
+        if (l->elog) snprintf(l->elog, 64, "ptxas fatal   : fake JIT failure");
+        return 218;
+    }
+    if (l->ilog) /* the JIT's info log, as ptxas -v writes it */
+        snprintf(l->ilog, 256, "ptxas info    : Function properties for k\n    0 bytes stack frame, %d bytes spill stores, %d bytes spill loads\n",
+                 env_int("FAKECUDA_SPILL", 0) && !strstr(data, ".minnctapersm 1") ? 8 : 0, 0);
+    l->ptx = strdup(data);
+    return 0;
+}
+EXPORT CUresult cuLinkComplete(void *st, void **cubin, size_t *size)
+{
+    flink *l = st;
+    if (!l->ptx) return 1;
+    size_t n = strlen(cubin_magic) + strlen(l->ptx) + 1;
+    l->image = malloc(n);
+    snprintf(l->image, n, "%s%s", cubin_magic, l->ptx);
+    *cubin = l->image;
+    *size = n;
+    fakecuda.links++;
+    return 0;
+}
+EXPORT CUresult cuLinkDestroy(void *st)
+{
+    flink *l = st;
+    free(l->ptx);
+    free(l->image);
+    free(l);
+    return 0;
+}
 
 EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *opts, void **vals)
 {
     const char *ptx = image;
+    if (strncmp(ptx, cubin_magic, strlen(cubin_magic)) == 0) { /* a cubin: no JIT, no log */
+        fmod *f = calloc(1, sizeof *f);
+        f->ptx = strdup(ptx + strlen(cubin_magic));
+        snprintf(fakecuda.last_ptx, sizeof fakecuda.last_ptx, "%s", f->ptx);
+        fakecuda.modules++;
+        fakecuda.cubin_loads++;
+        *m = f;
+        return 0;
+    }
     if (env_int("FAKECUDA_JIT_FAIL", 0)) {
         for (unsigned i = 0; i < n; i++)
             if (opts[i] == 5) snprintf(vals[i], 64, "ptxas fatal   : fake JIT failure");
@@ -138,6 +206,7 @@ EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int 
 EXPORT CUresult cuModuleUnload(void *m)
 {
     fmod *f = m;
+    for (int i = 0; i < f->n_funcs; i++) free(f->funcs[i]);
     free(f->ptx);
     free(f);
     return 0;
@@ -151,7 +220,8 @@ EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
     if (!e) return 500; /* CUDA_ERROR_NOT_FOUND */
     ffunc *fu = calloc(1, sizeof *fu);
     for (const char *p = e; (p = strstr(p, ".param .u64")) && p < strchr(e, ')'); p++) fu->n_params++;
-    *fn = fu; /* leaked with the module: tests are short */
+    if (f->n_funcs < 8) f->funcs[f->n_funcs++] = fu; /* else leaked: tests look up one entry per module */
+    *fn = fu;
     return 0;
 }
 EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *fn, int block_size, size_t dynamic_shared)

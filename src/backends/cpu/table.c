@@ -8,6 +8,7 @@
 #include "sched/ctx.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +234,60 @@ static kiln_status cpu_compile(void *state, const kiln_graph *g, const kiln_regi
 
 static void cpu_kernel_free(void *state, kiln_kernel *k) { free(k); }
 
+/* ------------------------------------------------------------------ cache entries */
+
+static void cpu_identity(void *state, char *buf, size_t n)
+{
+    cpu_state *s = state;
+    snprintf(buf, n, "cpu %s%s", kiln_cpu_isa_name(s->isa), s->isa == KILN_CPU_ISA_AVX512 && kiln_cpu_has_vnni() ? "+vnni" : "");
+}
+
+/* The entry is the kernel's bytes (the binary's identity is in the key, so the layout is this one). */
+static kiln_status cpu_kernel_save(void *state, const kiln_kernel *k, void **out, size_t *len)
+{
+    *len = sizeof *k + k->n_rest * sizeof(uint32_t);
+    if (!(*out = malloc(*len))) return KILN_ERR_NOMEM;
+    memcpy(*out, k, *len);
+    return KILN_OK;
+}
+
+static bool node_ok(const kiln_graph *g, uint32_t i, bool none_ok) { return i < g->n_nodes || (none_ok && i == KILN_IDX_NONE); }
+
+static kiln_status cpu_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
+                                   kiln_kernel **out, char *err, size_t n_err)
+{
+    *out = NULL;
+    const unsigned char *b = buf;
+    struct kiln_kernel head;
+    if (len < sizeof head) goto bad;
+    /* bools are checked as bytes before they are read as bools */
+    const size_t flags[] = {offsetof(struct kiln_kernel, fused), offsetof(struct kiln_kernel, norm_out),
+                            offsetof(struct kiln_kernel, swiglu), offsetof(struct kiln_kernel, sdpa),
+                            offsetof(struct kiln_kernel, sv_rows)};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        if (b[flags[i]] > 1) goto bad;
+    memcpy(&head, b, sizeof head);
+    if (head.n_rest > r->n_nodes || len != sizeof head + head.n_rest * sizeof(uint32_t) || head.n_mm < 0 || head.n_mm > 4) goto bad;
+    bool ok = node_ok(g, head.norm, true) && node_ok(g, head.sq, !head.sdpa) && node_ok(g, head.sk, !head.sdpa) &&
+              node_ok(g, head.sv, !head.sdpa) && node_ok(g, head.smask, true) && node_ok(g, head.sout, !head.sdpa);
+    for (int j = 0; j < head.n_mm; j++)
+        ok = ok && node_ok(g, head.mm[j], false) && node_ok(g, head.dst[j], false) && node_ok(g, head.resid[j], true) &&
+             node_ok(g, head.bias[j], true);
+    struct kiln_kernel *k = malloc(len);
+    if (!k) return KILN_ERR_NOMEM;
+    memcpy(k, b, len);
+    for (uint32_t i = 0; ok && i < k->n_rest; i++) ok = in_region(r, k->rest[i]);
+    if (!ok) {
+        free(k);
+        goto bad;
+    }
+    *out = k;
+    return KILN_OK;
+bad:
+    snprintf(err, n_err, "cpu: cache entry does not fit the region");
+    return KILN_ERR_INVALID_ARG;
+}
+
 static int64_t rows_of(const kiln_exec_view *v, uint32_t node, int64_t *last)
 {
     const kiln_node_rec *n = &v->g->nodes[node];
@@ -403,6 +458,9 @@ const kiln_backend_i kiln_backend_cpu = {
     .calibrate = cpu_calibrate,
     .compile = cpu_compile,
     .kernel_free = cpu_kernel_free,
+    .identity = cpu_identity,
+    .kernel_save = cpu_kernel_save,
+    .kernel_load = cpu_kernel_load,
     .launch = cpu_launch,
 };
 

@@ -22,6 +22,7 @@ typedef struct CUstream_st       *CUstream;
 typedef struct CUevent_st        *CUevent;
 typedef struct CUgraph_st        *CUgraph;
 typedef struct CUgraphExec_st    *CUgraphExec;
+typedef struct CUlinkState_st    *CUlinkState;
 
 enum {
     KILN_CU_SUCCESS = 0,
@@ -45,6 +46,7 @@ enum {
     KILN_CU_JIT_ERROR_LOG_BUFFER = 5,
     KILN_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
     KILN_CU_JIT_LOG_VERBOSE = 12,
+    KILN_CU_JIT_INPUT_PTX = 1,             /* CUjitInputType of cuLinkAddData */
     KILN_CU_STREAM_NON_BLOCKING = 1,
     KILN_CU_STREAM_CAPTURE_MODE_RELAXED = 2,
 };
@@ -76,6 +78,12 @@ enum {
     X(module_load, "cuModuleLoadDataEx", NULL, CUresult,                                                \
       (CUmodule * m, const void *image, unsigned n_opt, int *opts, void **vals))                        \
     X(module_unload, "cuModuleUnload", NULL, CUresult, (CUmodule m))                                    \
+    X(link_create, "cuLinkCreate_v2", "cuLinkCreate", CUresult,                                         \
+      (unsigned n_opt, int *opts, void **vals, CUlinkState *st))                                        \
+    X(link_add, "cuLinkAddData_v2", "cuLinkAddData", CUresult,                                          \
+      (CUlinkState st, int type, void *data, size_t size, const char *name, unsigned n_opt, int *opts, void **vals)) \
+    X(link_complete, "cuLinkComplete", NULL, CUresult, (CUlinkState st, void **cubin, size_t *size))     \
+    X(link_destroy, "cuLinkDestroy", NULL, CUresult, (CUlinkState st))                                  \
     X(module_function, "cuModuleGetFunction", NULL, CUresult, (CUfunction * f, CUmodule m, const char *name)) \
     X(launch, "cuLaunchKernel", NULL, CUresult,                                                         \
       (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,      \
@@ -188,5 +196,11 @@ bool        kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_regi
 kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out, char *err,
                               size_t n);
 void        kiln_cuda_kernel_free(void *state, kiln_kernel *k);
+/* Cache entries (module.c): the device and driver a cubin is for; a compiled kernel's metadata,
+ * PTX and cubin; a kernel rebuilt from them by loading the cubin (no PTX printing, no JIT). */
+void        kiln_cuda_identity(void *state, char *buf, size_t n);
+kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out, size_t *len);
+kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
+                                  kiln_kernel **out, char *err, size_t n);
 kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                              char *err, size_t n);

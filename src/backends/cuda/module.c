@@ -3,6 +3,7 @@
  * a launch binds each buffer slot to a device address and enqueues cuLaunchKernel on the
  * backend's stream. Must not synchronize: completion is the executor's sync. */
 #include "backends/cuda/cuda.h"
+#include "cache/blob.h"
 #include "ptx/ptx.h"
 
 #include <stdio.h>
@@ -25,7 +26,10 @@ struct kiln_kernel {
     cuda_fn     fns[KILN_LOWER_MAX]; /* the region's kernels, launched in order */
     uint32_t    n_fns;               /* used */
     CUdeviceptr scratch;             /* the region's scratch buffer (largest scratch_bytes), or 0 */
+    kiln_blob_w entry;               /* the cache entry made at compile (metadata, PTX, cubin), or empty */
 };
+
+#define ENTRY_MAGIC 0x3155434bu /* "KCU1" */
 
 /* Spill bytes the JIT's info log reports ("N bytes spill stores, M bytes spill loads"), -1 when it
  * says nothing about them. */
@@ -73,6 +77,69 @@ kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, 
     }
     free(elog);
     free(ilog);
+    return s;
+}
+
+/* PTX to cubin through the driver's linker (its JIT; logs as cuModuleLoadDataEx gives them), then
+ * the cubin loaded: the cubin is what a cache entry keeps, so a warm start loads it without the JIT.
+ * *cubin is malloc'ed. */
+static kiln_status link_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
+                            unsigned char **cubin, size_t *cubin_n, int *spills, char *err, size_t n)
+{
+    enum { LOG = 16384 };
+    char *elog = calloc(1, LOG), *ilog = calloc(1, LOG);
+    *cubin = NULL;
+    *cubin_n = 0;
+    *mod = NULL;
+    if (!elog || !ilog) {
+        free(elog), free(ilog);
+        snprintf(err, n, "out of host memory for the JIT log");
+        return KILN_ERR_NOMEM;
+    }
+    int opts[] = {KILN_CU_JIT_ERROR_LOG_BUFFER, KILN_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, KILN_CU_JIT_INFO_LOG_BUFFER,
+                  KILN_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, KILN_CU_JIT_LOG_VERBOSE};
+    void *vals[] = {elog, (void *)(uintptr_t)LOG, ilog, (void *)(uintptr_t)LOG, (void *)(uintptr_t)1};
+    CUlinkState ls = NULL;
+    const char *what = "cuLinkCreate";
+    void *image = NULL;
+    size_t image_n = 0;
+    CUresult r = c->d.link_create(5, opts, vals, &ls);
+    if (r == KILN_CU_SUCCESS) {
+        what = "cuLinkAddData";
+        r = c->d.link_add(ls, KILN_CU_JIT_INPUT_PTX, (void *)ptx, strlen(ptx) + 1, name, 0, NULL, NULL);
+    }
+    if (r == KILN_CU_SUCCESS) {
+        what = "cuLinkComplete";
+        r = c->d.link_complete(ls, &image, &image_n);
+    }
+    kiln_status s = KILN_OK;
+    if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(ilog) : -1;
+    if (r != KILN_CU_SUCCESS) {
+        char whatlog[LOG + 128];
+        snprintf(whatlog, sizeof whatlog, "%s of kernel %s (JIT log: %s%s%s)", what, name, elog[0] ? elog : "empty", ilog[0] ? "; " : "",
+                 ilog);
+        s = kiln_cuda_fail(c, r, whatlog, err, n);
+    } else if (!image || !image_n || !(*cubin = malloc(image_n))) {
+        snprintf(err, n, "cuLinkComplete of kernel %s gave no image", name);
+        s = image && image_n ? KILN_ERR_NOMEM : KILN_ERR_BACKEND;
+    } else {
+        memcpy(*cubin, image, image_n); /* the image belongs to the link state */
+        *cubin_n = image_n;
+    }
+    if (ls) c->d.link_destroy(ls);
+    free(elog);
+    free(ilog);
+    if (s == KILN_OK && (r = c->d.module_load(mod, *cubin, 0, NULL, NULL)) != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleLoadDataEx of a cubin", err, n);
+    if (s == KILN_OK && (r = c->d.module_function(fn, *mod, name)) != KILN_CU_SUCCESS) {
+        s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
+        c->d.module_unload(*mod);
+        *mod = NULL;
+    }
+    if (s != KILN_OK) {
+        free(*cubin);
+        *cubin = NULL;
+        *cubin_n = 0;
+    }
     return s;
 }
 
@@ -129,57 +196,94 @@ static void dump(const char *name, const char *ptx)
 /* Blocks to launch for a grid-stride kernel: as many as are resident on the whole GPU at once
  * (the driver's occupancy for this function times the SM count), at most the virtual blocks.
  * $KILN_GRID_CAP=N caps it at N instead (0: launch every virtual block, for comparisons). */
-static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, const kiln_kir *kir)
+static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, uint32_t n, uint32_t block)
 {
-    uint32_t n = kir->grid[0];
     const char *cap = getenv("KILN_GRID_CAP");
     if (cap && *cap) {
         long v = strtol(cap, NULL, 10);
         return v > 0 && (uint32_t)v < n ? (uint32_t)v : n;
     }
     int per_sm = 0;
-    if (c->d.occupancy(&per_sm, fn, (int)kir->block, 0) != KILN_CU_SUCCESS || per_sm <= 0 || c->n_sm <= 0) return n;
+    if (c->d.occupancy(&per_sm, fn, (int)block, 0) != KILN_CU_SUCCESS || per_sm <= 0 || c->n_sm <= 0) return n;
     uint64_t resident = (uint64_t)per_sm * (uint64_t)c->n_sm;
     return resident < n ? (uint32_t)resident : n;
 }
 
-/* Loads one printed kernel into f and uploads its tables. A kernel the JIT reports spilling under
- * the default register cap is printed again with every register allowed (KILN_PTX_ALL_REGISTERS). */
-static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cuda_fn *f, char *err, size_t n)
+/* Copies a kernel's launch metadata and uploads its constant tables. */
+static kiln_status setup_fn(kiln_cuda *c, const uint32_t grid[3], uint32_t block, const kiln_kbuf *bufs, uint32_t n_bufs,
+                            const char *name, const kiln_ktable *tables, uint32_t n_tables, cuda_fn *f, char *err, size_t n)
+{
+    memcpy(f->grid, grid, sizeof f->grid);
+    f->block = block;
+    f->n_bufs = n_bufs;
+    memcpy(f->bufs, bufs, n_bufs * sizeof *bufs);
+    snprintf(f->name, sizeof f->name, "%s", name);
+    kiln_status s = KILN_OK;
+    for (uint32_t t = 0; s == KILN_OK && t < n_tables; t++) {
+        size_t bytes = (size_t)tables[t].n * 4;
+        s = kiln_cuda_alloc(c, bytes, &f->tables[t], err, n);
+        if (s != KILN_OK || !bytes) continue;
+        CUresult r = c->d.htod(f->tables[t], tables[t].words, bytes, c->stream);
+        if (r == KILN_CU_SUCCESS) r = c->d.stream_sync(c->stream); /* the caller's copy is freed after */
+        if (r != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "uploading a constant table", err, n);
+    }
+    return s;
+}
+
+/* Appends kernel f's part of the cache entry: launch metadata, tables, PTX and cubin. */
+static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const unsigned char *cubin, size_t cubin_n)
+{
+    for (int d = 0; d < 3; d++) kiln_blob_u32(w, kir->grid[d]); /* virtual blocks: a grid-stride kernel's launch is sized at load */
+    kiln_blob_u32(w, kir->block);
+    kiln_blob_u32(w, kir->grid_stride);
+    kiln_blob_u32(w, kir->n_bufs);
+    for (uint32_t b = 0; b < kir->n_bufs; b++) {
+        kiln_blob_u32(w, kir->bufs[b].kind);
+        kiln_blob_u32(w, kir->bufs[b].written);
+        kiln_blob_u32(w, kir->bufs[b].node);
+    }
+    kiln_blob_bytes(w, kir->name, strlen(kir->name) + 1);
+    kiln_blob_u32(w, kir->n_tables);
+    for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(w, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
+    kiln_blob_bytes(w, ptx, strlen(ptx) + 1);
+    kiln_blob_bytes(w, cubin, cubin_n);
+}
+
+/* Links and loads one printed kernel into f, uploads its tables and appends its entry part. A
+ * kernel the JIT reports spilling under the default register cap is printed again with every
+ * register allowed (KILN_PTX_ALL_REGISTERS). */
+static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cuda_fn *f, kiln_blob_w *entry, char *err,
+                           size_t n)
 {
     dump(kir->name, ptx);
     int spills = -1;
-    kiln_status s = kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, &spills, err, n);
+    unsigned char *cubin = NULL;
+    size_t cubin_n = 0;
+    const char *used = ptx;
+    char *again = NULL;
+    kiln_status s = link_ptx(c, ptx, kir->name, &f->mod, &f->fn, &cubin, &cubin_n, &spills, err, n);
     if (s == KILN_OK && spills > 0) {
-        char *again = NULL;
         if (kiln_ptx_print_ex(kir, c->ptx_sm, KILN_PTX_ALL_REGISTERS, &again, NULL, err, n) == KILN_OK) {
             CUmodule mod = NULL;
             CUfunction fn = NULL;
-            if (kiln_cuda_load_ptx(c, again, kir->name, &mod, &fn, NULL, err, n) == KILN_OK) {
+            unsigned char *cubin2 = NULL;
+            size_t cubin2_n = 0;
+            if (link_ptx(c, again, kir->name, &mod, &fn, &cubin2, &cubin2_n, NULL, err, n) == KILN_OK) {
                 c->d.module_unload(f->mod);
                 f->mod = mod, f->fn = fn;
+                free(cubin);
+                cubin = cubin2, cubin_n = cubin2_n;
+                used = again;
                 dump(kir->name, again);
             }
             err[0] = 0; /* the first module still works */
         }
-        free(again);
     }
-    if (s != KILN_OK) return s;
-    memcpy(f->grid, kir->grid, sizeof f->grid);
-    f->block = kir->block;
-    if (kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir);
-    f->n_bufs = kir->n_bufs;
-    memcpy(f->bufs, kir->bufs, sizeof f->bufs);
-    memcpy(f->name, kir->name, sizeof f->name);
-    f->name[sizeof f->name - 1] = 0;
-    for (uint32_t t = 0; s == KILN_OK && t < kir->n_tables; t++) {
-        size_t bytes = (size_t)kir->tables[t].n * 4;
-        s = kiln_cuda_alloc(c, bytes, &f->tables[t], err, n);
-        if (s != KILN_OK || !bytes) continue;
-        CUresult r = c->d.htod(f->tables[t], kir->tables[t].words, bytes, c->stream);
-        if (r == KILN_CU_SUCCESS) r = c->d.stream_sync(c->stream); /* the kir's copy is freed after compile */
-        if (r != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "uploading a constant table", err, n);
-    }
+    if (s == KILN_OK) s = setup_fn(c, kir->grid, kir->block, kir->bufs, kir->n_bufs, kir->name, kir->tables, kir->n_tables, f, err, n);
+    if (s == KILN_OK && kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir->grid[0], kir->block);
+    if (s == KILN_OK) entry_fn(entry, kir, used, cubin, cubin_n);
+    free(cubin);
+    free(again);
     return s;
 }
 
@@ -197,10 +301,16 @@ kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_regio
     kiln_kernel *k = calloc(1, sizeof *k);
     if (!k) s = KILN_ERR_NOMEM;
     uint64_t scratch = 0;
-    for (uint32_t i = 0; s == KILN_OK && i < nk; i++) {
-        s = load_fn(c, &kir[i], ptx[i], &k->fns[i], err, n);
-        k->n_fns = i + 1;
+    for (uint32_t i = 0; s == KILN_OK && i < nk; i++)
         if (kir[i].scratch_bytes > scratch) scratch = kir[i].scratch_bytes;
+    if (k) {
+        kiln_blob_u32(&k->entry, ENTRY_MAGIC);
+        kiln_blob_u32(&k->entry, nk);
+        kiln_blob_u64(&k->entry, scratch);
+    }
+    for (uint32_t i = 0; s == KILN_OK && i < nk; i++) {
+        s = load_fn(c, &kir[i], ptx[i], &k->fns[i], &k->entry, err, n);
+        k->n_fns = i + 1;
     }
     if (s == KILN_OK && scratch) s = kiln_cuda_alloc(c, (size_t)scratch, &k->scratch, err, n);
     free_printed(kir, ptx, nk);
@@ -222,7 +332,122 @@ void kiln_cuda_kernel_free(void *state, kiln_kernel *k)
         if (k->fns[i].mod && usable) c->d.module_unload(k->fns[i].mod);
     }
     kiln_cuda_free(c, k->scratch);
+    free(k->entry.p);
     free(k);
+}
+
+/* ------------------------------------------------------------------ cache entries */
+
+void kiln_cuda_identity(void *state, char *buf, size_t n)
+{
+    kiln_cuda *c = state;
+    int drv = 0;
+    c->d.driver_version(&drv);
+    snprintf(buf, n, "cuda %s sm_%d ptx sm_%d driver %d", c->name, c->sm, c->ptx_sm, drv);
+}
+
+kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    if (!k->entry.n || k->entry.oom) return KILN_ERR_NOMEM;
+    if (!(*out = malloc(k->entry.n))) return KILN_ERR_NOMEM;
+    memcpy(*out, k->entry.p, k->entry.n);
+    *len = k->entry.n;
+    return KILN_OK;
+}
+
+/* Reads one kernel of an entry into f: every count and index is checked before use; the cubin is
+ * loaded as it is (the JIT does not run). */
+static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, kiln_blob_r *rd, cuda_fn *f, char *err, size_t n)
+{
+    uint32_t grid[3], block, stride, n_bufs, n_tables;
+    kiln_kbuf bufs[KILN_KIR_MAX_BUFS];
+    kiln_ktable tables[KILN_KIR_MAX_TABLES];
+    for (int d = 0; d < 3; d++) grid[d] = kiln_blob_get_u32(rd);
+    block = kiln_blob_get_u32(rd);
+    stride = kiln_blob_get_u32(rd);
+    n_bufs = kiln_blob_get_u32(rd);
+    if (rd->bad || n_bufs > KILN_KIR_MAX_BUFS || !block || block > 1024 || !grid[0] || !grid[1] || !grid[2] || stride > 1) goto bad;
+    for (uint32_t b = 0; b < n_bufs; b++) {
+        uint32_t kind = kiln_blob_get_u32(rd), written = kiln_blob_get_u32(rd), node = kiln_blob_get_u32(rd);
+        if (kind >= KILN_KBUF_KIND_COUNT || written > 1 || (kind == KILN_KBUF_NODE && node >= g->n_nodes) ||
+            (kind == KILN_KBUF_TABLE && node >= KILN_KIR_MAX_TABLES))
+            goto bad;
+        bufs[b] = (kiln_kbuf){.kind = (uint8_t)kind, .written = written != 0, .node = node};
+    }
+    size_t name_n, ptx_n, cubin_n;
+    const char *name = kiln_blob_get_bytes(rd, &name_n);
+    if (!name || !name_n || name_n > sizeof f->name || name[name_n - 1] || strlen(name) != name_n - 1) goto bad;
+    n_tables = kiln_blob_get_u32(rd);
+    if (rd->bad || n_tables > KILN_KIR_MAX_TABLES) goto bad;
+    for (uint32_t t = 0; t < n_tables; t++) {
+        size_t bytes;
+        const void *w = kiln_blob_get_bytes(rd, &bytes);
+        if (rd->bad || bytes % 4) goto bad;
+        tables[t] = (kiln_ktable){.words = (uint32_t *)(uintptr_t)w, .n = (uint32_t)(bytes / 4)};
+    }
+    for (uint32_t b = 0; b < n_bufs; b++)
+        if (bufs[b].kind == KILN_KBUF_TABLE && bufs[b].node >= n_tables) goto bad;
+    const char *ptx = kiln_blob_get_bytes(rd, &ptx_n);
+    const unsigned char *cubin = kiln_blob_get_bytes(rd, &cubin_n);
+    if (rd->bad || !ptx_n || ptx[ptx_n - 1] || !cubin_n) goto bad;
+    /* The tables are uploaded from the entry's bytes, which may be unaligned: copy them first. */
+    uint32_t *copies[KILN_KIR_MAX_TABLES] = {0};
+    kiln_status s = KILN_OK;
+    for (uint32_t t = 0; s == KILN_OK && t < n_tables; t++) {
+        if (!(copies[t] = malloc((size_t)tables[t].n * 4 + 4))) s = KILN_ERR_NOMEM;
+        else memcpy(copies[t], tables[t].words, (size_t)tables[t].n * 4), tables[t].words = copies[t];
+    }
+    unsigned char *image = s == KILN_OK ? malloc(cubin_n) : NULL; /* the driver reads an aligned image */
+    if (s == KILN_OK && !image) s = KILN_ERR_NOMEM;
+    if (s == KILN_OK) {
+        memcpy(image, cubin, cubin_n);
+        CUresult r = c->d.module_load(&f->mod, image, 0, NULL, NULL);
+        if (r != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleLoadDataEx of a cached cubin", err, n), f->mod = NULL;
+        else if ((r = c->d.module_function(&f->fn, f->mod, name)) != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
+    }
+    if (s == KILN_OK) s = setup_fn(c, grid, block, bufs, n_bufs, name, tables, n_tables, f, err, n);
+    if (s == KILN_OK && stride) f->grid[0] = stride_grid(c, f->fn, grid[0], block);
+    free(image);
+    for (uint32_t t = 0; t < n_tables; t++) free(copies[t]);
+    return s;
+bad:
+    snprintf(err, n, "cuda: cache entry does not fit the region");
+    return KILN_ERR_INVALID_ARG;
+}
+
+kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
+                                  kiln_kernel **out, char *err, size_t n)
+{
+    kiln_cuda *c = state;
+    *out = NULL;
+    kiln_status s = kiln_cuda_enter(c, err, n);
+    if (s != KILN_OK) return s;
+    kiln_blob_r rd = {.p = buf, .n = len};
+    uint32_t magic = kiln_blob_get_u32(&rd), nk = kiln_blob_get_u32(&rd);
+    uint64_t scratch = kiln_blob_get_u64(&rd);
+    if (rd.bad || magic != ENTRY_MAGIC || nk < 1 || nk > KILN_LOWER_MAX || scratch > ((uint64_t)1 << 40)) {
+        snprintf(err, n, "cuda: cache entry does not fit the region");
+        return KILN_ERR_INVALID_ARG;
+    }
+    kiln_kernel *k = calloc(1, sizeof *k);
+    if (!k) return KILN_ERR_NOMEM;
+    for (uint32_t i = 0; s == KILN_OK && i < nk; i++) {
+        s = load_entry_fn(c, g, &rd, &k->fns[i], err, n);
+        k->n_fns = i + 1;
+    }
+    if (s == KILN_OK && rd.at != rd.n) {
+        snprintf(err, n, "cuda: cache entry has trailing bytes");
+        s = KILN_ERR_INVALID_ARG;
+    }
+    if (s == KILN_OK && scratch) s = kiln_cuda_alloc(c, (size_t)scratch, &k->scratch, err, n);
+    if (s != KILN_OK) {
+        kiln_cuda_kernel_free(c, k);
+        return s;
+    }
+    *out = k;
+    return KILN_OK;
 }
 
 /* Device address of buffer slot b of f. */

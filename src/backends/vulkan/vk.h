@@ -132,3 +132,8 @@ kiln_status kiln_vk_kernel_launch_view(kiln_vk *s, const kiln_vk_kernel *k, cons
 kiln_status kiln_vk_check_fma(kiln_vk *s, char *err, size_t n);
 /* GLSL of the kernel as compiled (for listings). */
 const char *kiln_vk_kernel_glsl(const kiln_vk_kernel *k);
+/* Cache entries: a compiled region's kernels (buffer slots, grid, tables, GLSL, SPIR-V), and
+ * kernels rebuilt from such an entry (pipelines made from the SPIR-V: no printing, no glslang). */
+kiln_status kiln_vk_kernel_save(kiln_vk *s, const kiln_vk_kernel *k, void **out, size_t *len);
+kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const void *buf, size_t len, kiln_vk_kernel **out, char *err,
+                                size_t n);

@@ -344,6 +344,34 @@ static kiln_status vk_compile(void *state, const kiln_graph *g, const kiln_regio
 
 static void vk_kernel_free(void *state, kiln_kernel *k) { kiln_vk_kernel_free(state, (kiln_vk_kernel *)k); }
 
+/* The device, its driver, and what the GLSL printer may use on it (after the FMA check, which
+ * changes the printed code). */
+static void vk_identity(void *state, char *buf, size_t n)
+{
+    kiln_vk *s = state;
+    char err[256];
+    if (!s->fma_checked && !s->recording && !s->lost) kiln_vk_check_fma(s, err, sizeof err);
+    const uint8_t *u = s->props.pipelineCacheUUID;
+    const kiln_spv_features *f = &s->feat;
+    snprintf(buf, n,
+             "vulkan %s %04x:%04x driver %u api %u uuid %02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x%02x "
+             "feat %d%d%u%d%d%d size_control %d",
+             s->props.deviceName, s->props.vendorID, s->props.deviceID, s->props.driverVersion, s->props.apiVersion, u[0], u[1], u[2],
+             u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15], f->storage16, f->int_dot,
+             f->subgroup_size, f->subgroup_arith, f->subgroup_clustered, f->fma_f64, s->size_control);
+}
+
+static kiln_status vk_kernel_save(void *state, const kiln_kernel *k, void **out, size_t *len)
+{
+    return kiln_vk_kernel_save(state, (const kiln_vk_kernel *)k, out, len);
+}
+
+static kiln_status vk_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
+                                  kiln_kernel **out, char *err, size_t n)
+{
+    return kiln_vk_kernel_load(state, g, buf, len, (kiln_vk_kernel **)out, err, n);
+}
+
 static kiln_status vk_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v, char *err, size_t n)
 {
     (void)r;
@@ -362,6 +390,9 @@ const kiln_backend_i kiln_backend_vulkan = {
     .profile = vk_profile,
     .compile = vk_compile,
     .kernel_free = vk_kernel_free,
+    .identity = vk_identity,
+    .kernel_save = vk_kernel_save,
+    .kernel_load = vk_kernel_load,
     .launch = vk_launch,
     .alloc = kiln_vk_alloc_mem,
     .free = kiln_vk_free_mem,

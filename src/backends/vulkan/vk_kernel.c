@@ -3,6 +3,7 @@
  * tables uploaded once; launches bind whole allocations through cached descriptor sets (never
  * updated once made, so recorded command buffers stay valid). Must not submit work. */
 #include "backends/vulkan/vk.h"
+#include "cache/blob.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -37,7 +38,10 @@ struct kiln_kernel {
     uint32_t              pool_left;                 /* sets left in the last pool */
     vk_set               *sets;                      /* cached sets, one per distinct binding */
     uint32_t              n_sets, cap_sets;          /* used / allocated */
+    kiln_blob_w           entry;                     /* first kernel of a compiled region: its cache entry */
 };
+
+#define VK_ENTRY_MAGIC 0x314b564bu /* "KVK1" */
 
 const char *kiln_vk_kernel_glsl(const kiln_vk_kernel *k) { return k->glsl; }
 
@@ -59,6 +63,7 @@ void kiln_vk_kernel_free(kiln_vk *s, kiln_vk_kernel *k)
     free(k->pools);
     free(k->sets);
     free(k->glsl);
+    free(k->entry.p);
     free(k);
 }
 
@@ -69,7 +74,15 @@ static bool uses_reduce(const kiln_kir *k)
     return false;
 }
 
-static kiln_status make_pipeline(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel *k, const uint32_t *words, size_t n_words,
+/* What a pipeline is made from besides the SPIR-V: buffer slots, block size, whether it reduces
+ * (kept in cache entries, so a loaded kernel makes the same pipeline). */
+typedef struct vk_shape {
+    uint32_t n_bufs; /* storage buffer bindings */
+    uint32_t block;  /* threads per workgroup */
+    bool     reduce; /* uses REDUCE (subgroup size pinned) */
+} vk_shape;
+
+static kiln_status make_pipeline(kiln_vk *s, const vk_shape *kir, kiln_vk_kernel *k, const uint32_t *words, size_t n_words,
                                  char *err, size_t n)
 {
     VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = n_words * 4, .pCode = words};
@@ -90,7 +103,7 @@ static kiln_status make_pipeline(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel
     /* subgroup reductions were printed for feat.subgroup_size: make the dispatch use exactly it */
     VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT req = {
         .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT, .requiredSubgroupSize = s->feat.subgroup_size};
-    bool pin = s->size_control && s->feat.subgroup_size && kir->block % s->feat.subgroup_size == 0 && uses_reduce(kir);
+    bool pin = s->size_control && s->feat.subgroup_size && kir->block % s->feat.subgroup_size == 0 && kir->reduce;
     VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .pNext = pin ? &req : NULL,
@@ -102,7 +115,44 @@ static kiln_status make_pipeline(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel
     return KILN_OK;
 }
 
+/* Device limits a kernel must fit (checked again for kernels loaded from cache entries). */
+static kiln_status check_limits(kiln_vk *s, const char *name, uint32_t block, const uint32_t grid[3], bool stride, char *err,
+                                size_t n)
+{
+    const VkPhysicalDeviceLimits *lim = &s->props.limits;
+    if (block > lim->maxComputeWorkGroupInvocations || block > lim->maxComputeWorkGroupSize[0]) {
+        snprintf(err, n, "vulkan: kernel %s has %u threads per block, %s takes %u", name, block, s->props.deviceName,
+                 lim->maxComputeWorkGroupInvocations);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    for (int d = 0; d < 3; d++)
+        if ((grid[d] > lim->maxComputeWorkGroupCount[d] && !(d == 0 && stride)) || !grid[d]) {
+            snprintf(err, n, "vulkan: kernel %s grid[%d] = %u, %s takes 1..%u", name, d, grid[d], s->props.deviceName,
+                     lim->maxComputeWorkGroupCount[d]);
+            return KILN_ERR_UNSUPPORTED;
+        }
+    return KILN_OK;
+}
+
+/* Blocks a grid-stride kernel launches over its n virtual ones: the device's limit, or $KILN_GRID_CAP. */
+static uint32_t stride_blocks(kiln_vk *s, uint32_t n)
+{
+    const char *cap = getenv("KILN_GRID_CAP");
+    long v = cap && *cap ? strtol(cap, NULL, 10) : 0;
+    if (v > 0 && (uint32_t)v < n) n = (uint32_t)v;
+    if (n > s->props.limits.maxComputeWorkGroupCount[0]) n = s->props.limits.maxComputeWorkGroupCount[0];
+    return n;
+}
+
+static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n);
+
 kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, char *err, size_t n)
+{
+    return kernel_new(s, kir, out, NULL, err, n);
+}
+
+/* Makes kernel k from kir; when entry is given, appends k's part of the region's cache entry. */
+static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n)
 {
     *out = NULL;
     if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "compile", err, n);
@@ -111,17 +161,8 @@ kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel *
         if (st != KILN_OK) return st;
     }
     const VkPhysicalDeviceLimits *lim = &s->props.limits;
-    if (kir->block > lim->maxComputeWorkGroupInvocations || kir->block > lim->maxComputeWorkGroupSize[0]) {
-        snprintf(err, n, "vulkan: kernel %s has %u threads per block, %s takes %u", kir->name, kir->block, s->props.deviceName,
-                 lim->maxComputeWorkGroupInvocations);
-        return KILN_ERR_UNSUPPORTED;
-    }
-    for (int d = 0; d < 3; d++)
-        if ((kir->grid[d] > lim->maxComputeWorkGroupCount[d] && !(d == 0 && kir->grid_stride)) || !kir->grid[d]) {
-            snprintf(err, n, "vulkan: kernel %s grid[%d] = %u, %s takes 1..%u", kir->name, d, kir->grid[d], s->props.deviceName,
-                     lim->maxComputeWorkGroupCount[d]);
-            return KILN_ERR_UNSUPPORTED;
-        }
+    kiln_status lst = check_limits(s, kir->name, kir->block, kir->grid, kir->grid_stride, err, n);
+    if (lst != KILN_OK) return lst;
     uint32_t shared = 0;
     for (uint32_t i = 0; i < kir->n_shared; i++) shared += 4 * kir->shared[i];
     if (uses_reduce(kir)) shared += 4 * kir->block;
@@ -135,17 +176,29 @@ kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel *
     k->n_bufs = kir->n_bufs;
     memcpy(k->bufs, kir->bufs, sizeof k->bufs);
     memcpy(k->grid, kir->grid, sizeof k->grid);
-    if (kir->grid_stride) { /* fewer blocks stride over the virtual ones: the device's limit, or $KILN_GRID_CAP */
-        const char *cap = getenv("KILN_GRID_CAP");
-        long v = cap && *cap ? strtol(cap, NULL, 10) : 0;
-        if (v > 0 && (uint32_t)v < k->grid[0]) k->grid[0] = (uint32_t)v;
-        if (k->grid[0] > lim->maxComputeWorkGroupCount[0]) k->grid[0] = lim->maxComputeWorkGroupCount[0];
-    }
+    if (kir->grid_stride) k->grid[0] = stride_blocks(s, k->grid[0]);
     kiln_status st = kiln_spv_glsl(kir, &s->feat, &k->glsl, err, n);
     uint32_t *words = NULL;
     size_t n_words = 0;
     if (st == KILN_OK) st = kiln_spv_compile(k->glsl, &words, &n_words, err, n);
-    if (st == KILN_OK) st = make_pipeline(s, kir, k, words, n_words, err, n);
+    vk_shape shape = {.n_bufs = kir->n_bufs, .block = kir->block, .reduce = uses_reduce(kir)};
+    if (st == KILN_OK) st = make_pipeline(s, &shape, k, words, n_words, err, n);
+    if (st == KILN_OK && entry) {
+        kiln_blob_u32(entry, kir->n_bufs);
+        for (uint32_t b = 0; b < kir->n_bufs; b++) {
+            kiln_blob_u32(entry, kir->bufs[b].kind);
+            kiln_blob_u32(entry, kir->bufs[b].written);
+            kiln_blob_u32(entry, kir->bufs[b].node);
+        }
+        for (int d = 0; d < 3; d++) kiln_blob_u32(entry, kir->grid[d]); /* virtual blocks: clamped at load */
+        kiln_blob_u32(entry, kir->grid_stride);
+        kiln_blob_u32(entry, kir->block);
+        kiln_blob_u32(entry, shape.reduce);
+        kiln_blob_u32(entry, kir->n_tables);
+        for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(entry, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
+        kiln_blob_bytes(entry, k->glsl, strlen(k->glsl) + 1);
+        kiln_blob_bytes(entry, words, n_words * 4);
+    }
     free(words);
     for (uint32_t i = 0; st == KILN_OK && i < kir->n_tables; i++) {
         size_t bytes = (size_t)kir->tables[i].n * 4;
@@ -282,11 +335,115 @@ kiln_status kiln_vk_kernel_new_seq(kiln_vk *s, const kiln_kir *kirs, uint32_t n_
     void *mem = NULL;
     kiln_status st = scratch ? kiln_vk_alloc_mem(s, scratch, &mem, err, n) : KILN_OK;
     kiln_vk_kernel *first = NULL, **tail = &first;
+    kiln_blob_w entry = {0};
+    kiln_blob_u32(&entry, VK_ENTRY_MAGIC);
+    kiln_blob_u32(&entry, n_kirs);
+    kiln_blob_u64(&entry, scratch);
     for (uint32_t i = 0; st == KILN_OK && i < n_kirs; i++) {
-        st = kiln_vk_kernel_new(s, &kirs[i], tail, err, n);
+        st = kernel_new(s, &kirs[i], tail, &entry, err, n);
         if (st != KILN_OK) break;
         (*tail)->scratch = mem;
         tail = &(*tail)->next;
+    }
+    if (first) first->owns_scratch = true;
+    else kiln_vk_free_mem(s, mem);
+    if (st != KILN_OK) {
+        free(entry.p);
+        kiln_vk_kernel_free(s, first);
+        return st;
+    }
+    first->entry = entry;
+    *out = first;
+    return KILN_OK;
+}
+
+/* ------------------------------------------------------------------ cache entries */
+
+kiln_status kiln_vk_kernel_save(kiln_vk *s, const kiln_vk_kernel *k, void **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    if (!k->entry.n || k->entry.oom || !(*out = malloc(k->entry.n))) return KILN_ERR_NOMEM;
+    memcpy(*out, k->entry.p, k->entry.n);
+    *len = k->entry.n;
+    return KILN_OK;
+}
+
+/* One kernel of an entry: every count and index checked before use; the SPIR-V goes straight to
+ * the pipeline (no GLSL printing, no glslang). */
+static kiln_status load_one(kiln_vk *s, const kiln_graph *g, kiln_blob_r *rd, kiln_vk_kernel **out, char *err, size_t n)
+{
+    kiln_vk_kernel *k = calloc(1, sizeof *k);
+    if (!k) return KILN_ERR_NOMEM;
+    *out = k;
+    vk_shape shape;
+    shape.n_bufs = kiln_blob_get_u32(rd);
+    if (rd->bad || shape.n_bufs > KILN_KIR_MAX_BUFS) goto bad;
+    k->n_bufs = shape.n_bufs;
+    for (uint32_t b = 0; b < shape.n_bufs; b++) {
+        uint32_t kind = kiln_blob_get_u32(rd), written = kiln_blob_get_u32(rd), node = kiln_blob_get_u32(rd);
+        if (kind >= KILN_KBUF_KIND_COUNT || written > 1 || (kind == KILN_KBUF_NODE && node >= g->n_nodes)) goto bad;
+        k->bufs[b] = (kiln_kbuf){.kind = (uint8_t)kind, .written = written != 0, .node = node};
+    }
+    for (int d = 0; d < 3; d++) k->grid[d] = kiln_blob_get_u32(rd);
+    uint32_t stride = kiln_blob_get_u32(rd);
+    shape.block = kiln_blob_get_u32(rd);
+    uint32_t reduce = kiln_blob_get_u32(rd), n_tables = kiln_blob_get_u32(rd);
+    if (rd->bad || reduce > 1 || stride > 1 || n_tables > KILN_KIR_MAX_TABLES || !shape.block) goto bad;
+    shape.reduce = reduce != 0;
+    for (uint32_t b = 0; b < shape.n_bufs; b++)
+        if (k->bufs[b].kind == KILN_KBUF_TABLE && k->bufs[b].node >= n_tables) goto bad;
+    kiln_status st = check_limits(s, "from the cache", shape.block, k->grid, stride, err, n);
+    if (st != KILN_OK) return st;
+    if (stride) k->grid[0] = stride_blocks(s, k->grid[0]);
+    for (uint32_t t = 0; t < n_tables; t++) {
+        size_t bytes;
+        const void *w = kiln_blob_get_bytes(rd, &bytes);
+        if (rd->bad || bytes % 4) goto bad;
+        if ((st = kiln_vk_alloc_mem(s, bytes, &k->tables[t], err, n)) != KILN_OK) return st;
+        k->n_tables++;
+        if ((st = kiln_vk_upload(s, k->tables[t], w, bytes, err, n)) != KILN_OK) return st;
+    }
+    size_t glsl_n, spv_n;
+    const char *glsl = kiln_blob_get_bytes(rd, &glsl_n);
+    const void *spv = kiln_blob_get_bytes(rd, &spv_n);
+    if (rd->bad || !glsl_n || glsl[glsl_n - 1] || !spv_n || spv_n % 4) goto bad;
+    uint32_t *words = malloc(spv_n); /* aligned for the driver */
+    if (!(k->glsl = strdup(glsl)) || !words) {
+        free(words);
+        return KILN_ERR_NOMEM;
+    }
+    memcpy(words, spv, spv_n);
+    st = make_pipeline(s, &shape, k, words, spv_n / 4, err, n);
+    free(words);
+    return st;
+bad:
+    snprintf(err, n, "vulkan: cache entry does not fit the region");
+    return KILN_ERR_INVALID_ARG;
+}
+
+kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const void *buf, size_t len, kiln_vk_kernel **out, char *err,
+                                size_t n)
+{
+    *out = NULL;
+    if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "load", err, n);
+    kiln_blob_r rd = {.p = buf, .n = len};
+    uint32_t magic = kiln_blob_get_u32(&rd), nk = kiln_blob_get_u32(&rd);
+    uint64_t scratch = kiln_blob_get_u64(&rd);
+    if (rd.bad || magic != VK_ENTRY_MAGIC || nk < 1 || nk > KILN_LOWER_MAX || scratch > ((uint64_t)1 << 40)) {
+        snprintf(err, n, "vulkan: cache entry does not fit the region");
+        return KILN_ERR_INVALID_ARG;
+    }
+    void *mem = NULL;
+    kiln_status st = scratch ? kiln_vk_alloc_mem(s, scratch, &mem, err, n) : KILN_OK;
+    kiln_vk_kernel *first = NULL, **tail = &first;
+    for (uint32_t i = 0; st == KILN_OK && i < nk; i++) {
+        st = load_one(s, g, &rd, tail, err, n);
+        if (*tail) (*tail)->scratch = mem, tail = &(*tail)->next;
+    }
+    if (st == KILN_OK && rd.at != rd.n) {
+        snprintf(err, n, "vulkan: cache entry has trailing bytes");
+        st = KILN_ERR_INVALID_ARG;
     }
     if (first) first->owns_scratch = true;
     else kiln_vk_free_mem(s, mem);

@@ -1,0 +1,320 @@
+/* Disk entries: <dir>/<32 hex key>.<kind>, a 64-byte header (magic, format, kind, key, payload
+ * length, payload XXH3-64, header XXH3-64) and the payload. Written to a temporary file in the same
+ * folder and renamed, so a reader sees a whole file or none. Every check failing is a miss; a
+ * file is never trusted past its checks. Also the folder operations of `kiln cache`. */
+#include "cache/cache_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HEADER 64
+#define MAX_PAYLOAD ((size_t)1 << 30)
+static const char magic[8] = {'K', 'I', 'L', 'N', 'C', 'A', 'C', 'H'};
+
+static void put_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get_u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static void make_header(unsigned char h[HEADER], enum kiln_cache_kind kind, const kiln_cache_key *key, const void *payload,
+                        size_t len)
+{
+    memset(h, 0, HEADER);
+    memcpy(h, magic, 8);
+    put_u32(h + 8, KILN_CACHE_FORMAT);
+    put_u32(h + 12, (uint32_t)kind);
+    put_u64(h + 16, key->h[0]);
+    put_u64(h + 24, key->h[1]);
+    put_u64(h + 32, len);
+    put_u64(h + 40, XXH3_64bits(payload, len));
+    /* 48..55 reserved, zero */
+    put_u64(h + 56, XXH3_64bits(h, 56));
+}
+
+bool kiln_cache_entry_check(const unsigned char *buf, size_t n, enum kiln_cache_kind kind, const kiln_cache_key *key,
+                            const unsigned char **payload, size_t *len, const char **why)
+{
+    const char *w = NULL;
+    if (n < HEADER) w = "truncated header";
+    else if (memcmp(buf, magic, 8) != 0) w = "not a kiln cache file";
+    else if (get_u64(buf + 56) != XXH3_64bits(buf, 56)) w = "header checksum";
+    else if (get_u32(buf + 8) != KILN_CACHE_FORMAT) w = "format version";
+    else if (get_u32(buf + 12) != (uint32_t)kind) w = "kind";
+    else if (get_u64(buf + 16) != key->h[0] || get_u64(buf + 24) != key->h[1]) w = "key";
+    else if (get_u64(buf + 48) != 0) w = "reserved bytes";
+    else if (get_u64(buf + 32) != n - HEADER) w = n - HEADER < get_u64(buf + 32) ? "truncated payload" : "trailing bytes";
+    else if (get_u64(buf + 40) != XXH3_64bits(buf + HEADER, n - HEADER)) w = "payload checksum";
+    if (why) *why = w ? w : "ok";
+    if (w) return false;
+    *payload = buf + HEADER;
+    *len = n - HEADER;
+    return true;
+}
+
+static void entry_path(const kiln_cache *c, enum kiln_cache_kind kind, const kiln_cache_key *key, char *out, size_t n)
+{
+    char hex[33];
+    kiln_cache_key_hex(key, hex);
+    snprintf(out, n, "%s/%s.%s", c->dir, hex, kiln_cache_kind_ext(kind));
+}
+
+/* Reads a whole file (at most max bytes); NULL when it cannot or is larger. */
+static unsigned char *read_all(const char *path, size_t max, size_t *n)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat st;
+    unsigned char *buf = NULL;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size <= max && (buf = malloc((size_t)st.st_size + 1))) {
+        size_t got = 0;
+        while (got < (size_t)st.st_size) {
+            ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        *n = got;
+    }
+    close(fd);
+    return buf;
+}
+
+bool kiln_cache_disk_get(kiln_cache *c, enum kiln_cache_kind kind, const kiln_cache_key *key, void **payload, size_t *len)
+{
+    *payload = NULL;
+    *len = 0;
+    if (!kiln_cache_disk_on(c)) return false;
+    char path[4200];
+    entry_path(c, kind, key, path, sizeof path);
+    size_t n = 0;
+    unsigned char *buf = read_all(path, MAX_PAYLOAD + HEADER, &n);
+    const unsigned char *p;
+    size_t pl;
+    bool ok = buf && kiln_cache_entry_check(buf, n, kind, key, &p, &pl, NULL);
+    if (buf && !ok) atomic_fetch_add(&c->n.disk_rejects, 1);
+    if (ok) {
+        memmove(buf, p, pl); /* the payload alone, at the start of the block */
+        *payload = buf;
+        *len = pl;
+    } else {
+        free(buf);
+    }
+    kiln_cache_count(c, false, ok);
+    return ok;
+}
+
+/* A folder that refuses writes (read-only, full, no permission): disk off, one warning. */
+static void degrade(kiln_cache *c, const char *what, int err)
+{
+    c->disk_on = false;
+    if (!atomic_exchange(&c->warned, true) && !c->quiet)
+        fprintf(stderr, "kiln: warning: cache folder '%s': %s: %s; caching in memory only\n", c->dir, what, strerror(err));
+}
+
+/* Any failure to make the folder or write in it: read-only, full, no permission, not a folder. */
+static bool refused(int e) { return e != 0 && e != EEXIST && e != EINTR; }
+
+/* mkdir -p of c->dir. */
+static int make_dir(const char *dir)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) return errno;
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) return errno;
+    return 0;
+}
+
+void kiln_cache_disk_put(kiln_cache *c, enum kiln_cache_kind kind, const kiln_cache_key *key, const void *payload, size_t len)
+{
+    if (!kiln_cache_disk_on(c) || len > MAX_PAYLOAD) return;
+    static atomic_uint serial;
+    char path[4200], tmp[4300], hex[33];
+    entry_path(c, kind, key, path, sizeof path);
+    kiln_cache_key_hex(key, hex);
+    snprintf(tmp, sizeof tmp, "%s/.tmp.%ld.%u.%s", c->dir, (long)getpid(), atomic_fetch_add(&serial, 1), hex);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT) {
+        int e = make_dir(c->dir);
+        if (e) {
+            if (refused(e)) degrade(c, "cannot create it", e);
+            return;
+        }
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    }
+    if (fd < 0) {
+        if (refused(errno)) degrade(c, "cannot write an entry", errno);
+        return;
+    }
+    unsigned char h[HEADER];
+    make_header(h, kind, key, payload, len);
+    const unsigned char *parts[2] = {h, payload};
+    size_t sizes[2] = {HEADER, len};
+    int err = 0;
+    for (int i = 0; i < 2 && !err; i++)
+        for (size_t done = 0; done < sizes[i] && !err;) {
+            ssize_t w = write(fd, parts[i] + done, sizes[i] - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) err = w < 0 ? errno : ENOSPC;
+            else done += (size_t)w;
+        }
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) {
+        unlink(tmp);
+        if (refused(err)) degrade(c, "cannot write an entry", err);
+        return;
+    }
+    atomic_fetch_add(&c->n.disk_writes, 1);
+}
+
+/* ------------------------------------------------------------------ stats file */
+
+static const char *const stat_names[6] = {"mem_hits", "mem_misses", "disk_hits", "disk_misses", "disk_rejects", "disk_writes"};
+
+static void stats_parse(const char *text, uint64_t v[6])
+{
+    for (int i = 0; i < 6; i++) {
+        const char *p = strstr(text, stat_names[i]);
+        size_t k = strlen(stat_names[i]);
+        v[i] = p && p[k] == ' ' ? strtoull(p + k + 1, NULL, 10) : 0;
+    }
+}
+
+void kiln_cache_stats_flush(kiln_cache *c)
+{
+    kiln_cache_stats s = kiln_cache_stats_get(c);
+    uint64_t add[6] = {s.mem_hits, s.mem_misses, s.disk_hits, s.disk_misses, s.disk_rejects, s.disk_writes};
+    bool any = false;
+    for (int i = 0; i < 6; i++) any |= add[i] != 0;
+    if (!any || !c->disk_on) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/stats", c->dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    if (flock(fd, LOCK_EX) == 0) {
+        char text[512];
+        ssize_t r = pread(fd, text, sizeof text - 1, 0);
+        text[r > 0 ? r : 0] = 0;
+        uint64_t v[6];
+        stats_parse(text, v);
+        int k = 0;
+        for (int i = 0; i < 6; i++)
+            k += snprintf(text + k, sizeof text - (size_t)k, "%s %llu\n", stat_names[i], (unsigned long long)(v[i] + add[i]));
+        if (ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)k, 0) != k) { /* best effort */ }
+        flock(fd, LOCK_UN);
+    }
+    close(fd);
+}
+
+kiln_cache_stats kiln_cache_folder_stats(const char *dir)
+{
+    char path[4200], text[512] = "";
+    snprintf(path, sizeof path, "%s/stats", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (flock(fd, LOCK_SH) == 0) {
+            ssize_t r = pread(fd, text, sizeof text - 1, 0);
+            text[r > 0 ? r : 0] = 0;
+        }
+        close(fd);
+    }
+    uint64_t v[6];
+    stats_parse(text, v);
+    return (kiln_cache_stats){v[0], v[1], v[2], v[3], v[4], v[5]};
+}
+
+/* ------------------------------------------------------------------ folder */
+
+/* "<32 hex>.<ext>": the key and kind of an entry's file name. */
+static bool entry_name(const char *name, kiln_cache_key *key, enum kiln_cache_kind *kind)
+{
+    if (strlen(name) < 34 || name[32] != '.') return false;
+    for (int i = 0; i < 32; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f'))) return false;
+    for (int k = 1; k < KILN_CACHE_KIND_COUNT; k++)
+        if (strcmp(name + 33, kiln_cache_kind_ext((enum kiln_cache_kind)k)) == 0) {
+            char a[17] = {0}, b[17] = {0};
+            memcpy(a, name, 16);
+            memcpy(b, name + 16, 16);
+            key->h[0] = strtoull(a, NULL, 16);
+            key->h[1] = strtoull(b, NULL, 16);
+            *kind = (enum kiln_cache_kind)k;
+            return true;
+        }
+    return false;
+}
+
+static int cmp_info(const void *a, const void *b)
+{
+    return strcmp(((const kiln_cache_entry_info *)a)->name, ((const kiln_cache_entry_info *)b)->name);
+}
+
+kiln_status kiln_cache_list(const char *dir, kiln_cache_entry_info **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? KILN_OK : KILN_ERR_IO;
+    size_t cap = 0;
+    kiln_status s = KILN_OK;
+    for (struct dirent *e; (e = readdir(d));) {
+        kiln_cache_key key;
+        enum kiln_cache_kind kind;
+        if (!entry_name(e->d_name, &key, &kind)) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 64;
+            kiln_cache_entry_info *g = realloc(*out, cap * sizeof *g);
+            if (!g) { s = KILN_ERR_NOMEM; break; }
+            *out = g;
+        }
+        kiln_cache_entry_info *info = &(*out)[(*n)++];
+        memset(info, 0, sizeof *info);
+        snprintf(info->name, sizeof info->name, "%.40s", e->d_name);
+        snprintf(info->kind, sizeof info->kind, "%s", kiln_cache_kind_ext(kind));
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        size_t bytes = 0;
+        unsigned char *buf = read_all(path, MAX_PAYLOAD + HEADER, &bytes);
+        const unsigned char *p;
+        size_t pl;
+        const char *why = "unreadable";
+        info->bytes = bytes;
+        info->ok = buf && kiln_cache_entry_check(buf, bytes, kind, &key, &p, &pl, &why);
+        snprintf(info->why, sizeof info->why, "%s", info->ok ? "" : why);
+        free(buf);
+    }
+    closedir(d);
+    if (*out) qsort(*out, *n, sizeof **out, cmp_info);
+    return s;
+}
+
+kiln_status kiln_cache_clear(const char *dir, size_t *removed)
+{
+    *removed = 0;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? KILN_OK : KILN_ERR_IO;
+    kiln_status s = KILN_OK;
+    for (struct dirent *e; (e = readdir(d));) {
+        kiln_cache_key key;
+        enum kiln_cache_kind kind;
+        if (!entry_name(e->d_name, &key, &kind) && strncmp(e->d_name, ".tmp.", 5) != 0 && strcmp(e->d_name, "stats") != 0)
+            continue;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0) (*removed)++;
+        else if (errno != ENOENT) s = KILN_ERR_IO;
+    }
+    closedir(d);
+    return s;
+}
