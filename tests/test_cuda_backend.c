@@ -264,3 +264,38 @@ Test(cuda_host, spilling_kernels_are_reprinted_with_all_registers)
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
 }
+
+/* The NaN/Inf guard on cuda: kernels run nothing here, so what a region "stores" is what its
+ * memory held: zeros pass, NaN bytes (FAKECUDA_POISON) are caught after the region, named with
+ * its node, region and backend; the guard launches region by region (no graph replay). */
+Test(cuda_host, check_finite_reads_region_outputs_back)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    kiln_graph *g = norm_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda", .check_finite = true}, &p), KILN_OK, "%s",
+                 kiln_ctx_error(ctx));
+    run_norm(p, ctx, 3);
+    cr_assert(f->launches >= 1 && f->graph_launches == 0, "guarded runs launch region by region");
+    kiln_plan_free(p);
+    kiln_ctx_free(ctx); /* its memory pool holds the zeroed blocks */
+    setenv("FAKECUDA_POISON", "1", 1);
+    ctx = fake_ctx();
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda", .check_finite = true}, &p), KILN_OK, "%s",
+                 kiln_ctx_error(ctx));
+    float x[8 * 64] = {1}, y[8 * 64];
+    kiln_binding b[] = {{.name = "n_tok", .value = 2}, {.name = "x", .data = x, .bytes = 2 * 64 * 4},
+                        {.name = "y", .data = y, .bytes = 2 * 64 * 4}};
+    cr_assert_eq(kiln_run(p, b, 3), KILN_ERR_NONFINITE, "%s", kiln_ctx_error(ctx));
+    const char *e = kiln_ctx_error(ctx);
+    cr_assert(strstr(e, "rms_norm #2 is NaN at element 0 of f32 [2, 64]; region 0 (rows: rms_norm") && strstr(e, ") on cuda"),
+              "%s", e);
+    kiln_plan_free(p);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_run(p, b, 3), KILN_OK, "unguarded: %s", kiln_ctx_error(ctx));
+    kiln_plan_free(p);
+    unsetenv("FAKECUDA_POISON");
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}

@@ -44,6 +44,8 @@ typedef enum kiln_status {
     KILN_ERR_UNSUPPORTED,  /* a backend or op/dtype combination that is not available */
     KILN_ERR_BACKEND,      /* a backend failed at run time (driver error kept in the message) */
     KILN_ERR_INTERNAL,     /* a broken invariant inside kiln: please report it */
+    KILN_ERR_NONFINITE,    /* check_finite: a computed value is NaN or infinite (the message names the
+                              first such node, its element, its fused region and backend) */
     KILN_STATUS_COUNT
 } kiln_status;
 
@@ -247,6 +249,14 @@ typedef struct kiln_compile_options {
     bool        no_fuse;  /* true: one kernel per op (debugging, fused-vs-unfused tests) */
     bool        what_if;  /* place as if every backend with a device profile were present (cost-model
                              experiments): the plan can be explained, not run (KILN_ERR_UNSUPPORTED) */
+    bool        check_finite; /* true: after each kernel, every value it stores (each region output,
+                             and the cache rows a kv_scatter writes on the host) is scanned, and a NaN
+                             or infinity makes kiln_run return KILN_ERR_NONFINITE naming the first such
+                             node (in execution order), the element, its region and backend; later
+                             kernels do not run. Inputs and weights are not scanned (their first
+                             reader is). Device backends then launch kernel by kernel (no replay of a
+                             recording) and copy each region's outputs to the host to scan them.
+                             false (the default) costs nothing. */
 } kiln_compile_options;
 
 /* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed

@@ -348,7 +348,7 @@ kiln_status kiln_sched_execute(kiln_plan *p)
     kiln_status s = prepare_devices(p);
     uint32_t x = 0;
     int rs = p->record_space;
-    if (s == KILN_OK && rs >= 0 && !p->profiling) {
+    if (s == KILN_OK && rs >= 0 && !p->profiling && !p->check_finite) {
         /* every transfer here is an input upload (nothing runs on the host) */
         for (; s == KILN_OK && x < p->n_xfers; x++) s = do_xfer(p, &p->xfers[x]);
         const kiln_backend_i *b = kiln_backends[rs];
@@ -374,6 +374,7 @@ kiln_status kiln_sched_execute(kiln_plan *p)
             p->meas_s[r] += now_s() - t0;
             p->n_meas[r]++;
         }
+        if (s == KILN_OK && p->check_finite) s = kiln_sched_check_finite(p, r);
     }
     return s;
 }

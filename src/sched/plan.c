@@ -156,6 +156,7 @@ KILN_API void kiln_plan_free(kiln_plan *p)
     free(p->arena); free(p->state_mem); free(p->kernels); free(p->region_be);
     free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
     free(p->max_dims); free(p->bound_dev); free(p->bound_dev_be);
+    free(p->finite_buf);
     kiln_fusion_free(&p->fusion);
     kiln_graph_free(p->g);
     free(p);
@@ -325,6 +326,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     if (!p) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
     p->ctx = ctx;
     p->what_if = opts && opts->what_if;
+    p->check_finite = opts && opts->check_finite;
     if (!(p->g = kiln_graph_clone(g))) goto oom;
     if ((s = kiln_graph_materialize_weights(p->g)) != KILN_OK) goto fail; /* random weights: bytes now */
     uint32_t n = g->n_nodes ? g->n_nodes : 1;

@@ -65,6 +65,9 @@ struct kiln_plan {
     kiln_dev_space dev[KILN_BACKEND_COUNT]; /* per device backend */
     void        **bound_dev;   /* per node, per run: caller's device memory bound to an input/output, or NULL */
     int8_t       *bound_dev_be;/* its backend */
+    bool          check_finite;/* scan what each region stores for NaN/Inf (finite.c) */
+    void         *finite_buf;  /* host copy of a device region's output being scanned */
+    size_t        finite_cap;  /* its size */
 };
 
 /* Memory planning helpers shared by the host and device arenas (plan.c). */
@@ -80,3 +83,8 @@ kiln_status kiln_sched_execute(kiln_plan *p);
 kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);
 kiln_status kiln_sched_sync_all(kiln_plan *p);
 kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, size_t bytes);
+
+/* The NaN/Inf guard (finite.c): scans the values region r stored in this run (its outputs; on the
+ * host also the cache rows its kv_scatter wrote) and returns KILN_ERR_NONFINITE naming the first
+ * non-finite node, element, region and backend. Device regions are synced and copied back. */
+kiln_status kiln_sched_check_finite(kiln_plan *p, uint32_t r);
