@@ -7,6 +7,7 @@
 #include "sched/cost.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,12 +145,14 @@ out:
 KILN_API void kiln_plan_free(kiln_plan *p)
 {
     if (!p) return;
+    kiln_sched_lock(p, true); /* device memory and kernels go back to backends other threads use */
     kiln_sched_devices_free(p);
     if (p->kernels)
         for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
             const kiln_backend_i *b = kiln_backends[p->region_be[r]];
             if (p->kernels[r] && b->kernel_free) b->kernel_free(p->ctx->be_state[p->region_be[r]], p->kernels[r]);
         }
+    kiln_sched_lock(p, false);
     if (p->state_mem && p->g)
         for (uint32_t i = 0; i < p->g->n_nodes; i++) free(p->state_mem[i]);
     free(p->pred_s); free(p->xfer_s); free(p->meas_s); free(p->n_meas);
@@ -301,7 +304,10 @@ static kiln_status compile_regions(kiln_plan *p)
         int be = p->region_be[r];
         const kiln_backend_i *b = kiln_backends[be];
         if (!b->compile) continue;
+        bool dev = kiln_backend_is_device(b); /* device backends' state is shared by the context's threads */
+        if (dev) pthread_mutex_lock(&p->ctx->be_mu[be]);
         kiln_status s = b->compile(p->ctx->be_state[be], p->g, reg, &p->kernels[r], err, sizeof err);
+        if (dev) pthread_mutex_unlock(&p->ctx->be_mu[be]);
         if (s != KILN_OK) {
             char lab[300];
             return kiln_ctx_fail(p->ctx, s, "%s: compiling region %u (%s): %s", b->name, r,
@@ -368,7 +374,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     for (int b = 0; b < KILN_BACKEND_COUNT; b++)
         if (count[b] > count[p->backend]) p->backend = b;
     p->compile_ms = now_ms() - t0;
-    ctx->error[0] = 0;
+    kiln_err_clear(&ctx->err);
     *out = p;
     return KILN_OK;
 oom:
@@ -537,6 +543,7 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
     kiln_status s = bind(p, b, nb, out_bind);
     if (s == KILN_OK) s = resolve(p, out_bind, b, nb);
     if (s == KILN_OK) s = check_indices(p);
+    kiln_sched_lock(p, true); /* device backends: this run's work stays together */
     if (s == KILN_OK) s = kiln_sched_execute(p);
     for (uint32_t o = 0; s == KILN_OK && o < g->n_outs; o++) {
         uint32_t i = g->outs[o].node;
@@ -546,10 +553,11 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
         else s = kiln_sched_fetch(p, i, out_bind[o]->data, bytes);
     }
     if (s == KILN_OK) s = kiln_sched_sync_all(p);
+    kiln_sched_lock(p, false);
     free(out_bind);
     if (s == KILN_OK) {
         p->ran = true;
-        p->ctx->error[0] = 0;
+        kiln_err_clear(&p->ctx->err);
     }
     return s;
 }

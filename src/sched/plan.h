@@ -77,6 +77,9 @@ void   kiln_sched_lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last)
 size_t kiln_sched_pack(uint32_t *order, uint32_t n, const size_t *size, const uint32_t *first, const uint32_t *last, size_t *off);
 
 /* The executor (exec.c). */
+/* Takes (lock) or releases the context's lock of every device backend p's regions run on, in
+ * backend order: a thread holds them while it drives those backends. Recursive. */
+void        kiln_sched_lock(const kiln_plan *p, bool lock);
 kiln_status kiln_sched_devices_setup(kiln_plan *p);
 void        kiln_sched_devices_free(kiln_plan *p);
 kiln_status kiln_sched_execute(kiln_plan *p);
