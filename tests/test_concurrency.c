@@ -4,16 +4,24 @@
  * leaves its own message in kiln_ctx_error, not another thread's. cpu and ref plans mixed (8
  * threads), and vulkan plans (3 threads) where a device is present. CI also runs this test under
  * ThreadSanitizer (.ci/run, -DKILN_SANITIZE=thread), where any data race fails it. */
-#include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kiln/kiln.h"
 #include "sched/presets.h"
-#include "support/testutil.h"
+#include "support/plain_test.h" /* Criterion, or a plain main under ThreadSanitizer */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull; /* fresh per process: seeded from the clock in main's first test */
+
+static void fill(float *x, int n)
+{
+    if (rng_state == 0x9E3779B97F4A7C15ull) rng_state ^= (uint64_t)time(NULL);
+    for (int i = 0; i < n; i++) x[i] = kiln_preset_rngf(&rng_state);
+}
 
 enum { MAX_PLANS = 8, T = 4, STEPS = 6, MAX_CTX = 32 }; /* step 0: prefill of T tokens; then decode */
 
@@ -111,7 +119,8 @@ static void concurrent(const char *const *backends, int n_plans, int max_layers)
             }
     }
     static const kiln_dtype wt[] = {KILN_DTYPE_Q8_0, KILN_DTYPE_F16, KILN_DTYPE_F32, KILN_DTYPE_BF16};
-    job *jobs = calloc((size_t)n_plans, sizeof *jobs);
+    static job jobs[MAX_PLANS];
+    cr_assert(n_plans > 0 && n_plans <= MAX_PLANS);
     pthread_barrier_t go;
     pthread_barrier_init(&go, NULL, (unsigned)n_plans);
     for (int i = 0; i < n_plans; i++) {
@@ -123,7 +132,7 @@ static void concurrent(const char *const *backends, int n_plans, int max_layers)
         char err[256] = "";
         cr_assert_eq(kiln_preset_build_ex(&pr, &o, &j->g, err, sizeof err), KILN_OK, "%s", err);
         *j = (job){.ctx = ctx, .g = j->g, .backend = backends[i], .id = i, .go = &go};
-        for (int s = 0; s < STEPS; s++) tu_fill(j->x[s], T * 64, -1, 1);
+        for (int s = 0; s < STEPS; s++) fill(j->x[s], T * 64);
     }
     pthread_t th[MAX_PLANS];
     for (int i = 0; i < n_plans; i++) cr_assert_eq(pthread_create(&th[i], NULL, compile_and_run, &jobs[i]), 0);
@@ -148,7 +157,6 @@ static void concurrent(const char *const *backends, int n_plans, int max_layers)
         kiln_graph_free(jobs[i].g);
     }
     pthread_barrier_destroy(&go);
-    free(jobs);
     kiln_ctx_free(ctx);
 }
 

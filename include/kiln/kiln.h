@@ -1,8 +1,14 @@
 /* kiln — a graph execution engine with lazy op fusion for transformer inference.
  * This is the whole public API. Every handle is opaque; every call that can fail returns a
  * kiln_status and writes results through out-parameters placed last. Nothing here aborts on a
- * caller's mistake. Thread safety: distinct handles may be used from distinct threads; one
- * handle (and the graphs/plans made from one context) must not be used from two threads at once. */
+ * caller's mistake. Thread safety: distinct handles may be used from distinct threads, and so may
+ * the plans of one context: kiln_compile and kiln_run (and the kiln_plan_* calls) on one context
+ * may run on several threads at once, each plan used by one thread at a time, with the same
+ * results bit for bit as one after another (work on one backend is serialized inside: a CPU
+ * region, or a device backend's command stream, at a time). kiln_ctx_error gives the calling
+ * thread's own last message. One graph must not be built on from two threads at once; a context
+ * must not be freed while another thread uses it; kiln_check and kiln_calibrate want the context
+ * to themselves. */
 #pragma once
 
 #include <stdbool.h>
@@ -101,8 +107,9 @@ typedef struct kiln_ctx_options {
 KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out);
 /* Frees a context; NULL does nothing. Plans made from it must be freed first. */
 KILN_API void kiln_ctx_free(kiln_ctx *ctx);
-/* The detail of the last failure of a call on this context (or a plan made from it): names the
- * node, op, file:line or driver log. "" when there was none. Valid until the next call. */
+/* The detail of the last failure of a call on this context (or a plan made from it) made by the
+ * calling thread: names the node, op, file:line or driver log. "" when there was none. Valid
+ * until this thread's next call on the context. */
 KILN_API const char *kiln_ctx_error(const kiln_ctx *ctx);
 
 /* Backends known to kiln, present or not ("ref", "cpu", "cuda", "vulkan"). */
