@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backends/cuda/cuda.h"
 #include "sched/ctx.h"
@@ -296,6 +297,53 @@ Test(cuda_host, check_finite_reads_region_outputs_back)
     cr_assert_eq(kiln_run(p, b, 3), KILN_OK, "unguarded: %s", kiln_ctx_error(ctx));
     kiln_plan_free(p);
     unsetenv("FAKECUDA_POISON");
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+/* Faults through kiln_compile leave the context usable: out of device memory (a 2 GiB weight on a
+ * 1 GiB device: the message names the size and what is free), invalid PTX (the JIT's log), then,
+ * with both gone, the same context compiles and runs on cuda, and on cpu. A missing driver makes
+ * cuda absent, and asking for it says why. */
+Test(cuda_host, compile_faults_leave_the_context_usable)
+{
+    setenv("FAKECUDA_MEM", "1073741824", 1);
+    kiln_ctx *ctx = fake_ctx();
+    const size_t rows = (size_t)1 << 15, k = (size_t)1 << 14, bytes = rows * k * 4; /* 2 GiB f32 */
+    void *w = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    cr_assert(w != MAP_FAILED);
+    kiln_graph *big;
+    cr_assert_eq(kiln_graph_new(&big), KILN_OK);
+    kiln_node x = kiln_input(big, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){1, (kiln_dim)k});
+    kiln_node wn = kiln_weight(big, "w_big", KILN_DTYPE_F32, 2, (kiln_dim[]){(kiln_dim)rows, (kiln_dim)k}, w, KILN_WEIGHT_BORROW);
+    cr_assert_eq(kiln_output(big, kiln_matmul(big, x, wn), "y"), KILN_OK, "%s", kiln_graph_error(big));
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, big, &(kiln_compile_options){.backend = "cuda"}, &p);
+    cr_assert_eq(s, KILN_ERR_NOMEM, "%s: %s", kiln_status_str(s), kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "cuMemAlloc of 2147483648 bytes") && strstr(kiln_ctx_error(ctx), "MiB free"), "%s",
+              kiln_ctx_error(ctx));
+    kiln_graph_free(big);
+    munmap(w, bytes);
+    kiln_graph *g = norm_graph();
+    setenv("FAKECUDA_JIT_FAIL", "1", 1);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_ERR_BACKEND);
+    cr_assert(strstr(kiln_ctx_error(ctx), "fake JIT failure"), "%s", kiln_ctx_error(ctx));
+    unsetenv("FAKECUDA_JIT_FAIL");
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    run_norm(p, ctx, 4);
+    kiln_plan_free(p);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    run_norm(p, ctx, 4);
+    kiln_plan_free(p);
+    kiln_ctx_free(ctx);
+    setenv("KILN_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_ERR_UNSUPPORTED);
+    cr_assert(strstr(kiln_ctx_error(ctx), "backend 'cuda' is not available: ") && strstr(kiln_ctx_error(ctx), "could not be loaded"),
+              "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    run_norm(p, ctx, 2);
+    kiln_plan_free(p);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
 }

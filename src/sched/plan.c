@@ -287,6 +287,13 @@ static kiln_status place(kiln_plan *p, int forced)
                 char e[512] = "";
                 if (kiln_lower_region_seq(p->g, &p->fusion.regions[r], ks, &nk, e, sizeof e) != KILN_OK) snprintf(why, sizeof why, ": %s", e);
                 for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&ks[i]);
+                const kiln_backend_i *fb = kiln_backends[forced];
+                kiln_kernel *k = NULL; /* templates fit: the device's own reason (e.g. lost), from its compile */
+                pthread_mutex_lock(&p->ctx->be_mu[forced]);
+                if (!why[0] && fb->compile && fb->compile(p->ctx->be_state[forced], p->g, &p->fusion.regions[r], &k, e, sizeof e) != KILN_OK)
+                    snprintf(why, sizeof why, ": %s", e);
+                if (k && fb->kernel_free) fb->kernel_free(p->ctx->be_state[forced], k);
+                pthread_mutex_unlock(&p->ctx->be_mu[forced]);
             }
             return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "no backend can run region %u (%s)%s%s", r,
                                  node_label(p->g, p->fusion.regions[r].anchor, lab, sizeof lab),

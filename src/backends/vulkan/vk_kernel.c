@@ -3,6 +3,7 @@
  * tables uploaded once; launches bind whole allocations through cached descriptor sets (never
  * updated once made, so recorded command buffers stay valid). Must not submit work. */
 #include "backends/vulkan/vk.h"
+#include "util/fault.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -102,6 +103,22 @@ static kiln_status make_pipeline(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel
     return KILN_OK;
 }
 
+/* Test-only (KILN_FAULT_INJECT=vk_glsl_error): a statement glslang rejects, at the end of main. */
+static kiln_status inject_glsl_error(char **glsl, char *err, size_t n)
+{
+    char *end = strrchr(*glsl, '}');
+    size_t at = end ? (size_t)(end - *glsl) : strlen(*glsl);
+    static const char bad[] = "    kiln_fault_injected = 1;\n";
+    char *g = malloc(strlen(*glsl) + sizeof bad);
+    if (!g) return KILN_ERR_NOMEM;
+    memcpy(g, *glsl, at);
+    memcpy(g + at, bad, sizeof bad - 1);
+    strcpy(g + at + sizeof bad - 1, *glsl + at);
+    free(*glsl);
+    *glsl = g;
+    return KILN_OK;
+}
+
 kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, char *err, size_t n)
 {
     *out = NULL;
@@ -136,6 +153,7 @@ kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel *
     memcpy(k->bufs, kir->bufs, sizeof k->bufs);
     memcpy(k->grid, kir->grid, sizeof k->grid);
     kiln_status st = kiln_spv_glsl(kir, &s->feat, &k->glsl, err, n);
+    if (st == KILN_OK && kiln_fault("vk_glsl_error")) st = inject_glsl_error(&k->glsl, err, n); /* test-only */
     uint32_t *words = NULL;
     size_t n_words = 0;
     if (st == KILN_OK) st = kiln_spv_compile(k->glsl, &words, &n_words, err, n);
