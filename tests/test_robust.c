@@ -84,6 +84,19 @@ static void pos_vs_n_kv(const char *backend)
 
 Test(robust, attention_pos_disagreement_ref) { pos_vs_n_kv("ref"); }
 Test(robust, attention_pos_disagreement_cpu) { pos_vs_n_kv("cpu"); }
+Test(robust, attention_pos_disagreement_vulkan) /* device backends: checked on the host before upload */
+{
+    kiln_ctx *ctx = NULL;
+    kiln_backend_info bi;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    for (int i = 0; i < kiln_backend_count(ctx); i++)
+        if (kiln_backend_get(ctx, i, &bi) == KILN_OK && !strcmp(bi.name, "vulkan") && !bi.available) {
+            kiln_ctx_free(ctx);
+            cr_skip("no Vulkan device: %s", bi.detail);
+        }
+    kiln_ctx_free(ctx);
+    pos_vs_n_kv("vulkan");
+}
 
 Test(robust, unknown_cpu_isa_is_warned)
 {

@@ -414,6 +414,31 @@ static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: copying an output to device memory: %s", kiln_backends[sp]->name, err);
 }
 
+/* The queries of attention i sit at n_kv - n_tok + t; a kv_scatter feeding its k or v that wrote
+ * token t elsewhere (positions bound as a host input) disagrees: the host backends' kernels
+ * refuse that (kiln_ref_attention_pos_check), and so does this check for device backends. */
+static kiln_status check_attention_pos(kiln_plan *p, uint32_t i, int64_t n_kv, int64_t n_tok)
+{
+    const kiln_graph *g = p->g;
+    for (int k = 1; k <= 2; k++) {
+        const kiln_node_rec *w = &g->nodes[g->nodes[i].src[k]];
+        if (w->op != KILN_OP_KV_SCATTER || p->dims[w->src[2]][0] != n_tok) continue;
+        uint32_t root = p->root[w->src[2]];
+        if (g->nodes[root].op != KILN_OP_INPUT || !p->bufs[root]) continue; /* not known on the host */
+        const int32_t *pos = (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[w->src[2]]);
+        for (int64_t t = 0; t < n_tok; t++)
+            if (pos[t] != n_kv - n_tok + t) {
+                char lab[300];
+                return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING,
+                                     "%s: its queries sit at positions n_kv - n_tok + t = %lld.. (n_kv = %lld, n_tok = %lld) "
+                                     "but the kv_scatter writing %s used pos[%lld] = %d: bind n_kv = pos + n_tok",
+                                     node_label(g, i, lab, sizeof lab), (long long)(n_kv - n_tok), (long long)n_kv,
+                                     (long long)n_tok, k == 1 ? "k" : "v", (long long)t, pos[t]);
+            }
+    }
+    return KILN_OK;
+}
+
 /* Run-time index checks for kernels on devices (the host kernels check their own): positions
  * and ids given as bound host inputs are checked before they are uploaded. */
 static kiln_status check_indices(kiln_plan *p)
@@ -437,6 +462,8 @@ static kiln_status check_indices(kiln_plan *p)
                     return kiln_ctx_fail(p->ctx, KILN_ERR_SHAPE, "%s: n_kv = %lld must be in [n_tok = %lld, max_ctx = %lld]",
                                          node_label(g, i, lab, sizeof lab), (long long)n_kv, (long long)n_tok, (long long)max_ctx);
                 }
+                kiln_status ps = check_attention_pos(p, i, n_kv, n_tok);
+                if (ps != KILN_OK) return ps;
                 continue;
             } else continue;
             uint32_t root = p->root[src];
