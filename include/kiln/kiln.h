@@ -7,8 +7,8 @@
  * results bit for bit as one after another (work on one backend is serialized inside: a CPU
  * region, or a device backend's command stream, at a time). kiln_ctx_error gives the calling
  * thread's own last message. One graph must not be built on from two threads at once; a context
- * must not be freed while another thread uses it; kiln_check and kiln_calibrate want the context
- * to themselves. */
+ * must not be freed while another thread uses it; kiln_check, kiln_calibrate and the profile
+ * setters (kiln_ctx_set_profile, kiln_ctx_load_profile) want the context to themselves. */
 #pragma once
 
 #include <stdbool.h>

@@ -242,7 +242,12 @@ static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, in
     if (b == KILN_BACKEND_REF && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU]) return false;
     if (!ctx->be_ok[b]) return p->what_if && ctx->has_profile[b];
     const kiln_backend_i *bi = kiln_backends[b];
-    return !bi->supports || bi->supports(ctx->be_state[b], p->g, reg);
+    if (!bi->supports) return true;
+    bool dev = kiln_backend_is_device(bi); /* its state (lost, features) changes under other threads */
+    if (dev) pthread_mutex_lock((pthread_mutex_t *)&ctx->be_mu[b]);
+    bool ok = bi->supports(ctx->be_state[b], p->g, reg);
+    if (dev) pthread_mutex_unlock((pthread_mutex_t *)&ctx->be_mu[b]);
+    return ok;
 }
 
 static kiln_status place(kiln_plan *p, int forced)
