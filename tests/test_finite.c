@@ -203,6 +203,37 @@ static void scatter_nan(const char *backend)
 }
 
 /* modes: 1 unfused, 2 fused (vulkan: one each, lavapipe compiles slowly) */
+/* Odd lengths: the value sits in the tail the word-wide scan leaves to the element loop. */
+Test(finite, tails_cpu)
+{
+    kiln_ctx *ctx = context("cpu");
+    for (int n = 1; n <= 9; n++) {
+        for (int t16 = 0; t16 < 2; t16++) {
+            kiln_graph *g;
+            cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+            kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 1, (kiln_dim[]){n});
+            kiln_node y = kiln_scale(g, x, 3.0f);
+            if (t16) y = kiln_cast(g, y, KILN_DTYPE_F16);
+            kiln_name(g, y, "y");
+            cr_assert_eq(kiln_output(g, y, "y"), KILN_OK, "%s", kiln_graph_error(g));
+            kiln_plan *p = compile(ctx, g, "cpu", true, true);
+            float in[9], out[9];
+            tu_fill(in, 9, -1, 1);
+            kiln_binding b[] = {{.name = "x", .data = in, .bytes = sizeof(float) * (size_t)n},
+                                {.name = "y", .data = out, .bytes = sizeof out}};
+            cr_assert_eq(kiln_run(p, b, 2), KILN_OK, "n %d: %s", n, kiln_ctx_error(ctx));
+            in[n - 1] = t16 ? 30000.0f : -INFINITY; /* f16: 90000 overflows */
+            cr_assert_eq(kiln_run(p, b, 2), KILN_ERR_NONFINITE, "n %d f16 %d: %s", n, t16, kiln_ctx_error(ctx));
+            char want[64];
+            snprintf(want, sizeof want, "%s at element %d of %s [%d]", t16 ? "+inf" : "-inf", n - 1, t16 ? "f16" : "f32", n);
+            cr_assert(strstr(kiln_ctx_error(ctx), want), "want '%s': %s", want, kiln_ctx_error(ctx));
+            kiln_plan_free(p);
+            kiln_graph_free(g);
+        }
+    }
+    kiln_ctx_free(ctx);
+}
+
 Test(finite, weight_nan_ref) { weight_nan("ref", 3); }
 Test(finite, weight_nan_cpu) { weight_nan("cpu", 3); }
 Test(finite, weight_nan_vulkan) { weight_nan("vulkan", 2); }
