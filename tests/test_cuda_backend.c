@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #include "backends/cuda/cuda.h"
 #include "cache/cache.h"
@@ -335,4 +336,86 @@ Test(cuda_host, cubins_from_disk_skip_the_jit)
     rmdir(dir);
     kiln_graph_free(g);
     cr_assert_eq(f->live_allocs, 0);
+}
+
+/* The NaN/Inf guard on cuda: kernels run nothing here, so what a region "stores" is what its
+ * memory held: zeros pass, NaN bytes (FAKECUDA_POISON) are caught after the region, named with
+ * its node, region and backend; the guard launches region by region (no graph replay). */
+Test(cuda_host, check_finite_reads_region_outputs_back)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    kiln_graph *g = norm_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda", .check_finite = true}, &p), KILN_OK, "%s",
+                 kiln_ctx_error(ctx));
+    run_norm(p, ctx, 3);
+    cr_assert(f->launches >= 1 && f->graph_launches == 0, "guarded runs launch region by region");
+    kiln_plan_free(p);
+    kiln_ctx_free(ctx); /* its memory pool holds the zeroed blocks */
+    setenv("FAKECUDA_POISON", "1", 1);
+    ctx = fake_ctx();
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda", .check_finite = true}, &p), KILN_OK, "%s",
+                 kiln_ctx_error(ctx));
+    float x[8 * 64] = {1}, y[8 * 64];
+    kiln_binding b[] = {{.name = "n_tok", .value = 2}, {.name = "x", .data = x, .bytes = 2 * 64 * 4},
+                        {.name = "y", .data = y, .bytes = 2 * 64 * 4}};
+    cr_assert_eq(kiln_run(p, b, 3), KILN_ERR_NONFINITE, "%s", kiln_ctx_error(ctx));
+    const char *e = kiln_ctx_error(ctx);
+    cr_assert(strstr(e, "rms_norm #2 is NaN at element 0 of f32 [2, 64]; region 0 (rows: rms_norm") && strstr(e, ") on cuda"),
+              "%s", e);
+    kiln_plan_free(p);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_run(p, b, 3), KILN_OK, "unguarded: %s", kiln_ctx_error(ctx));
+    kiln_plan_free(p);
+    unsetenv("FAKECUDA_POISON");
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+/* Faults through kiln_compile leave the context usable: out of device memory (a 2 GiB weight on a
+ * 1 GiB device: the message names the size and what is free), invalid PTX (the JIT's log), then,
+ * with both gone, the same context compiles and runs on cuda, and on cpu. A missing driver makes
+ * cuda absent, and asking for it says why. */
+Test(cuda_host, compile_faults_leave_the_context_usable)
+{
+    setenv("FAKECUDA_MEM", "1073741824", 1);
+    kiln_ctx *ctx = fake_ctx();
+    const size_t rows = (size_t)1 << 15, k = (size_t)1 << 14, bytes = rows * k * 4; /* 2 GiB f32 */
+    void *w = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    cr_assert(w != MAP_FAILED);
+    kiln_graph *big;
+    cr_assert_eq(kiln_graph_new(&big), KILN_OK);
+    kiln_node x = kiln_input(big, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){1, (kiln_dim)k});
+    kiln_node wn = kiln_weight(big, "w_big", KILN_DTYPE_F32, 2, (kiln_dim[]){(kiln_dim)rows, (kiln_dim)k}, w, KILN_WEIGHT_BORROW);
+    cr_assert_eq(kiln_output(big, kiln_matmul(big, x, wn), "y"), KILN_OK, "%s", kiln_graph_error(big));
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, big, &(kiln_compile_options){.backend = "cuda"}, &p);
+    cr_assert_eq(s, KILN_ERR_NOMEM, "%s: %s", kiln_status_str(s), kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "cuMemAlloc of 2147483648 bytes") && strstr(kiln_ctx_error(ctx), "MiB free"), "%s",
+              kiln_ctx_error(ctx));
+    kiln_graph_free(big);
+    munmap(w, bytes);
+    kiln_graph *g = norm_graph();
+    setenv("FAKECUDA_JIT_FAIL", "1", 1);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_ERR_BACKEND);
+    cr_assert(strstr(kiln_ctx_error(ctx), "fake JIT failure"), "%s", kiln_ctx_error(ctx));
+    unsetenv("FAKECUDA_JIT_FAIL");
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    run_norm(p, ctx, 4);
+    kiln_plan_free(p);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    run_norm(p, ctx, 4);
+    kiln_plan_free(p);
+    kiln_ctx_free(ctx);
+    setenv("KILN_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_ERR_UNSUPPORTED);
+    cr_assert(strstr(kiln_ctx_error(ctx), "backend 'cuda' is not available: ") && strstr(kiln_ctx_error(ctx), "could not be loaded"),
+              "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    run_norm(p, ctx, 2);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
 }

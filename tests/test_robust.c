@@ -1,6 +1,7 @@
 /* Errors where the mistake is made (issue #12): a block-dtype state refused by kiln_state,
- * attention whose queries' positions disagree with the kv_scatter positions (ref and cpu), the
- * rope head_dim message, an unknown KILN_CPU_ISA named with the accepted values. */
+ * attention whose queries' positions disagree with the kv_scatter positions (ref, cpu, vulkan), the
+ * rope head_dim message, an unknown KILN_CPU_ISA named with the accepted values; kiln run
+ * --check-finite naming a NaN. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +85,19 @@ static void pos_vs_n_kv(const char *backend)
 
 Test(robust, attention_pos_disagreement_ref) { pos_vs_n_kv("ref"); }
 Test(robust, attention_pos_disagreement_cpu) { pos_vs_n_kv("cpu"); }
+Test(robust, attention_pos_disagreement_vulkan) /* device backends: checked on the host before upload */
+{
+    kiln_ctx *ctx = NULL;
+    kiln_backend_info bi;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    for (int i = 0; i < kiln_backend_count(ctx); i++)
+        if (kiln_backend_get(ctx, i, &bi) == KILN_OK && !strcmp(bi.name, "vulkan") && !bi.available) {
+            kiln_ctx_free(ctx);
+            cr_skip("no Vulkan device: %s", bi.detail);
+        }
+    kiln_ctx_free(ctx);
+    pos_vs_n_kv("vulkan");
+}
 
 Test(robust, unknown_cpu_isa_is_warned)
 {
@@ -162,4 +176,35 @@ Test(robust, compile_materializes_random_weights_in_the_plan_only)
     kiln_plan_free(p[1]);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
+}
+
+/* kiln run --check-finite: a NaN weight in a .kg is an exit code 1 naming the node; without the
+ * flag the same graph runs (exit 0). */
+Test(robust, cli_check_finite)
+{
+    char path[] = "/tmp/kiln_finite_XXXXXX.kg", self[4096], cmd[8192], out[4096];
+    int fd = mkstemps(path, 3);
+    cr_assert(fd >= 0);
+    static const char kg[] = "input x f32 [2, 2]\n"
+                             "weight w f32 [2, 2] data=hex:0000803f0000c07f000000400000803f\n" /* 1, NaN, 2, 1 */
+                             "h = silu x\ny = matmul h w\noutput y y\n";
+    cr_assert_eq(write(fd, kg, sizeof kg - 1), (ssize_t)(sizeof kg - 1));
+    close(fd);
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert(len > 0);
+    self[len] = 0;
+    *strrchr(self, '/') = 0;
+    for (int guard = 0; guard < 2; guard++) {
+        snprintf(cmd, sizeof cmd, "'%s/kiln' run '%s' --backend cpu%s 2>&1", self, path, guard ? " --check-finite" : "");
+        FILE *f = popen(cmd, "r");
+        cr_assert_not_null(f);
+        size_t k = fread(out, 1, sizeof out - 1, f);
+        out[k] = 0;
+        int st = pclose(f);
+        cr_expect_eq(WIFEXITED(st) ? WEXITSTATUS(st) : -1, guard ? 1 : 0, "%s", out);
+        if (guard)
+            cr_expect(strstr(out, "non-finite value: matmul 'y' (node #3) is NaN at element 0 of f32 [2, 2]") && strstr(out, "on cpu"),
+                      "%s", out);
+    }
+    unlink(path);
 }

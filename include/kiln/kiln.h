@@ -1,8 +1,14 @@
 /* kiln — a graph execution engine with lazy op fusion for transformer inference.
  * This is the whole public API. Every handle is opaque; every call that can fail returns a
  * kiln_status and writes results through out-parameters placed last. Nothing here aborts on a
- * caller's mistake. Thread safety: distinct handles may be used from distinct threads; one
- * handle (and the graphs/plans made from one context) must not be used from two threads at once. */
+ * caller's mistake. Thread safety: distinct handles may be used from distinct threads, and so may
+ * the plans of one context: kiln_compile and kiln_run (and the kiln_plan_* calls) on one context
+ * may run on several threads at once, each plan used by one thread at a time, with the same
+ * results bit for bit as one after another (work on one backend is serialized inside: a CPU
+ * region, or a device backend's command stream, at a time). kiln_ctx_error gives the calling
+ * thread's own last message. One graph must not be built on from two threads at once; a context
+ * must not be freed while another thread uses it; kiln_check, kiln_calibrate and the profile
+ * setters (kiln_ctx_set_profile, kiln_ctx_load_profile) want the context to themselves. */
 #pragma once
 
 #include <stdbool.h>
@@ -44,6 +50,8 @@ typedef enum kiln_status {
     KILN_ERR_UNSUPPORTED,  /* a backend or op/dtype combination that is not available */
     KILN_ERR_BACKEND,      /* a backend failed at run time (driver error kept in the message) */
     KILN_ERR_INTERNAL,     /* a broken invariant inside kiln: please report it */
+    KILN_ERR_NONFINITE,    /* check_finite: a computed value is NaN or infinite (the message names the
+                              first such node, its element, its fused region and backend) */
     KILN_STATUS_COUNT
 } kiln_status;
 
@@ -100,8 +108,9 @@ typedef struct kiln_ctx_options {
 KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out);
 /* Frees a context; NULL does nothing. Plans made from it must be freed first. */
 KILN_API void kiln_ctx_free(kiln_ctx *ctx);
-/* The detail of the last failure of a call on this context (or a plan made from it): names the
- * node, op, file:line or driver log. "" when there was none. Valid until the next call. */
+/* The detail of the last failure of a call on this context (or a plan made from it) made by the
+ * calling thread: names the node, op, file:line or driver log. "" when there was none. Valid
+ * until this thread's next call on the context. */
 KILN_API const char *kiln_ctx_error(const kiln_ctx *ctx);
 
 /* Backends known to kiln, present or not ("ref", "cpu", "cuda", "vulkan"). */
@@ -248,6 +257,14 @@ typedef struct kiln_compile_options {
     bool        no_fuse;  /* true: one kernel per op (debugging, fused-vs-unfused tests) */
     bool        what_if;  /* place as if every backend with a device profile were present (cost-model
                              experiments): the plan can be explained, not run (KILN_ERR_UNSUPPORTED) */
+    bool        check_finite; /* true: after each kernel, every value it stores (each region output,
+                             and the cache rows a kv_scatter writes on the host) is scanned, and a NaN
+                             or infinity makes kiln_run return KILN_ERR_NONFINITE naming the first such
+                             node (in execution order), the element, its region and backend; later
+                             kernels do not run. Inputs and weights are not scanned (their first
+                             reader is). Device backends then launch kernel by kernel (no replay of a
+                             recording) and copy each region's outputs to the host to scan them.
+                             false (the default) costs nothing. */
 } kiln_compile_options;
 
 /* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed

@@ -366,7 +366,7 @@ static double spec_tol(kiln_check_run *r, const kiln_check_spec *s)
     if (!kiln_contract_load(s->op, &c, err, sizeof err)) {
         r->status = KILN_ERR_IO;
         kiln_check_fail_all(r, s->op, s->key, "contract: %s", err);
-        snprintf(r->ctx->error, sizeof r->ctx->error, "%s", err);
+        kiln_ctx_set_error(r->ctx, "%s", err);
         return NAN;
     }
     double t = kiln_contract_tol(&c, s->key);
@@ -561,7 +561,7 @@ KILN_API kiln_status kiln_check(kiln_ctx *ctx, const kiln_check_options *opts, k
         kiln_check_report_free(rep);
         return st;
     }
-    ctx->error[0] = 0;
+    kiln_err_clear(&ctx->err);
     *out = rep;
     return KILN_OK;
 }

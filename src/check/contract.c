@@ -20,7 +20,7 @@
 
 const char *kiln_contract_dir(void)
 {
-    static char buf[4096];
+    static _Thread_local char buf[4096]; /* per thread: kiln_check may run on several contexts at once */
     const char *root = getenv("KILN_SOURCE_DIR");
     struct stat st;
     if (root && *root) {

@@ -25,6 +25,7 @@ typedef struct bench_opts {
     bool               json;    /* --json */
     bool               profile; /* --profile: per-kernel predicted vs measured table */
     bool               no_roof; /* --no-roof: skip measuring the roofline in the same run */
+    bool               check_finite; /* --check-finite: the NaN/Inf guard on (to measure its cost) */
 } bench_opts;
 
 /* Results and the resources of one bench, freed by bench_free. */
@@ -104,8 +105,9 @@ static int parse_one(kiln_cli_args *a, bench_opts *o)
         return r < 0 ? KILN_CLI_USAGE : KILN_CLI_OK;
     }
     if (strcmp(a->argv[a->i], "--json") == 0 || strcmp(a->argv[a->i], "--profile") == 0 ||
-        strcmp(a->argv[a->i], "--no-roof") == 0) {
-        bool *f = a->argv[a->i][2] == 'j' ? &o->json : a->argv[a->i][2] == 'p' ? &o->profile : &o->no_roof;
+        strcmp(a->argv[a->i], "--no-roof") == 0 || strcmp(a->argv[a->i], "--check-finite") == 0) {
+        bool *f = a->argv[a->i][2] == 'j' ? &o->json : a->argv[a->i][2] == 'p' ? &o->profile
+                : a->argv[a->i][2] == 'c' ? &o->check_finite : &o->no_roof;
         *f = true;
         a->i++;
         return KILN_CLI_OK;
@@ -204,7 +206,7 @@ static int setup(bench_opts *o, bench_state *st)
                 kiln_status_str(s), err);
         return KILN_CLI_FAIL;
     }
-    kiln_compile_options copt = {.backend = o->backend};
+    kiln_compile_options copt = {.backend = o->backend, .check_finite = o->check_finite};
     double t0 = kiln_cli_now();
     s = kiln_compile(st->ctx, g, &copt, &st->plan);
     st->compile_ms = (kiln_cli_now() - t0) * 1e3;

@@ -52,7 +52,7 @@ static const char usage_generate[] =
 /* Shared by run.c and bench.c through kiln_cli_usage(). */
 static const char usage_run[] =
     "usage: kiln run FILE.kg [--backend B] [--set SYM=N]... [--seed N] [--threads N] [--no-fuse]\n"
-    "                [--json]\n"
+    "                [--check-finite] [--json]\n"
     "\n"
     "Compiles FILE.kg, fills its inputs with reproducible random data, runs it once and prints\n"
     "each output's dtype, shape and checksums (sum and sum of |x|, in f64).\n"
@@ -64,6 +64,7 @@ static const char usage_run[] =
     "                others get 0..99\n"
     "  --threads N   CPU threads (default: one per core)\n"
     "  --no-fuse     one kernel per op\n"
+    "  --check-finite  fail (exit 1) at the first kernel that stores a NaN or infinity, naming the node\n"
     "  --json        one JSON object instead of text\n";
 
 static const char usage_bench[] =
@@ -71,7 +72,7 @@ static const char usage_bench[] =
     "                  [--backend B] [--threads N] [--profile] [--json]\n"
     "       kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
     "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
-    "                  [--seed N] [--profile] [--no-roof] [--json]\n"
+    "                  [--seed N] [--profile] [--no-roof] [--check-finite] [--json]\n"
     "\n"
     "--model: times a GGUF model's whole decode step (S steps of one token from KV length --ctx,\n"
     "default 256; 16 steps) or prefill (S runs of --tokens, default 128; 4 steps): median ms/step,\n"
@@ -90,6 +91,7 @@ static const char usage_bench[] =
     "  --seed N        seed of the random weights and inputs (default 1)\n"
     "  --profile       per kernel: predicted vs measured time, roofline bound (kiln plan's table)\n"
     "  --no-roof       do not measure the machine's bandwidth and FMA peak after the run\n"
+    "  --check-finite  the NaN/Inf guard on (every kernel's outputs scanned): to measure its cost\n"
     "  --json          one JSON object (no progress line)\n"
     "Prints the median ms per layer-step and GB/s = (weight + KV bytes read) / time, and that as a\n"
     "fraction of the read bandwidth (and FMA peak) measured in the same run.\n";

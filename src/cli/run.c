@@ -22,6 +22,7 @@ typedef struct run_opts {
     uint64_t    seed;             /* --seed */
     int         threads;          /* --threads; 0 = one per core */
     bool        no_fuse;          /* --no-fuse */
+    bool        check_finite;     /* --check-finite */
     bool        json;             /* --json */
 } run_opts;
 
@@ -72,8 +73,9 @@ static int parse_args(int argc, char *const *argv, run_opts *o)
         } else if ((r = kiln_cli_flag_value(&a, "--threads", &v)) != 0) {
             if (r > 0 && !kiln_cli_parse_i64("run", "--threads", v, 1, 256, &threads))
                 return KILN_CLI_USAGE;
-        } else if (strcmp(argv[a.i], "--json") == 0 || strcmp(argv[a.i], "--no-fuse") == 0) {
-            *(argv[a.i][2] == 'j' ? &o->json : &o->no_fuse) = true;
+        } else if (strcmp(argv[a.i], "--json") == 0 || strcmp(argv[a.i], "--no-fuse") == 0 ||
+                   strcmp(argv[a.i], "--check-finite") == 0) {
+            *(argv[a.i][2] == 'j' ? &o->json : argv[a.i][2] == 'c' ? &o->check_finite : &o->no_fuse) = true;
             a.i++;
         } else if (argv[a.i][0] == '-' && argv[a.i][1] != '\0') {
             return kiln_cli_unknown_flag("run", argv[a.i]);
@@ -315,7 +317,7 @@ static int run_file(const run_opts *o, run_state *st)
     for (uint32_t i = 0; i < st->g->n_nodes; i++)
         if (st->g->nodes[i].op == KILN_OP_INPUT && (s = bind_input(st, i, &rng)) != KILN_OK)
             return kiln_cli_fail("run", NULL, s, "filling inputs");
-    kiln_compile_options copt = {.backend = o->backend, .no_fuse = o->no_fuse};
+    kiln_compile_options copt = {.backend = o->backend, .no_fuse = o->no_fuse, .check_finite = o->check_finite};
     if ((s = kiln_compile(st->ctx, st->g, &copt, &st->plan)) != KILN_OK)
         return kiln_cli_fail("run", st->ctx, s, "compiling");
     if ((s = kiln_run(st->plan, st->binds, st->n_binds)) != KILN_OK)

@@ -22,6 +22,7 @@ static const char *const status_text[KILN_STATUS_COUNT] = {
     [KILN_ERR_UNSUPPORTED] = "unsupported",
     [KILN_ERR_BACKEND] = "backend failure",
     [KILN_ERR_INTERNAL] = "internal error",
+    [KILN_ERR_NONFINITE] = "non-finite value",
 };
 
 KILN_API const char *kiln_status_str(kiln_status s)
@@ -53,11 +54,19 @@ KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
     if (opts && (opts->n_threads < 0 || opts->n_threads > 1024)) return KILN_ERR_INVALID_ARG;
     kiln_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return KILN_ERR_NOMEM;
+    kiln_err_init(&ctx->err);
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    for (int i = 0; i < KILN_BACKEND_COUNT; i++) pthread_mutex_init(&ctx->be_mu[i], &ma);
+    pthread_mutexattr_destroy(&ma);
     if (opts) ctx->opts = *opts;
     ctx->cache_dir = opts && opts->cache_dir ? strdup(opts->cache_dir) : kiln_cache_default_dir();
     ctx->opts.cache_dir = ctx->cache_dir;
     if (!ctx->cache_dir || !(ctx->cache = kiln_cache_new(ctx->cache_dir, false))) {
         free(ctx->cache_dir);
+        for (int i = 0; i < KILN_BACKEND_COUNT; i++) pthread_mutex_destroy(&ctx->be_mu[i]);
+        kiln_err_destroy(&ctx->err);
         free(ctx);
         return KILN_ERR_NOMEM;
     }
@@ -72,7 +81,7 @@ KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
         }
     }
     kiln_sched_load_cached_profiles(ctx);
-    ctx->error[0] = 0;
+    kiln_err_clear(&ctx->err);
     *out = ctx;
     return KILN_OK;
 }
@@ -84,10 +93,15 @@ KILN_API void kiln_ctx_free(kiln_ctx *ctx)
     for (int i = KILN_BACKEND_COUNT - 1; i >= 0; i--)
         if (ctx->be_ok[i]) kiln_backends[i]->release(ctx->be_state[i]);
     free(ctx->cache_dir);
+    for (int i = 0; i < KILN_BACKEND_COUNT; i++) pthread_mutex_destroy(&ctx->be_mu[i]);
+    kiln_err_destroy(&ctx->err);
     free(ctx);
 }
 
-KILN_API const char *kiln_ctx_error(const kiln_ctx *ctx) { return ctx ? ctx->error : "context is NULL"; }
+KILN_API const char *kiln_ctx_error(const kiln_ctx *ctx)
+{
+    return ctx ? kiln_err_text((kiln_err *)&ctx->err) : "context is NULL"; /* the sink's lock is not state */
+}
 
 KILN_API int kiln_backend_count(const kiln_ctx *ctx) { return ctx ? KILN_BACKEND_COUNT : 0; }
 

@@ -7,13 +7,12 @@
 #include "sched/backend.h"
 #include "util/err.h"
 
+#include <pthread.h>
 #include <stddef.h>
 
 struct kiln_ctx {
-    union {                                /* first: the error sink the lower layers reach (util/err.h) */
-        kiln_err     err;                  /* as a sink */
-        char         error[KILN_ERR_CAP];  /* the same text: detail of the last failure; "" if none */
-    };
+    kiln_err         err;                  /* first: the error sink the lower layers reach (util/err.h);
+                                              per-thread detail of the last failure */
     kiln_ctx_options opts;                 /* options as given (cache_dir copied) */
     char            *cache_dir;            /* resolved cache directory; owned */
     kiln_cache      *cache;                /* kernel and plan cache (memory table, disk entries) */
@@ -22,6 +21,9 @@ struct kiln_ctx {
     bool             be_ok[KILN_BACKEND_COUNT];     /* backend usable */
     kiln_device_profile profile[KILN_BACKEND_COUNT]; /* what placement assumes of each backend */
     bool             has_profile[KILN_BACKEND_COUNT]; /* profile known (probed, calibrated or loaded) */
+    pthread_mutex_t  be_mu[KILN_BACKEND_COUNT];     /* recursive; held by the thread that drives a device
+                                                       backend (one command stream each): plans of one
+                                                       context may run on several threads at once */
 };
 
 _Static_assert(offsetof(struct kiln_ctx, err) == 0, "kiln_err_of needs the sink first in kiln_ctx");

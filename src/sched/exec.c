@@ -7,6 +7,7 @@
 #include "codegen/kir.h"
 #include "sched/plan.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,18 @@ static kiln_status dev_fail(kiln_plan *p, int be, kiln_status s, const char *wha
 
 /* Root of node i's memory, following aliases. */
 static uint32_t root_of(const kiln_plan *p, uint32_t i) { return p->root[i]; }
+
+void kiln_sched_lock(const kiln_plan *p, bool lock)
+{
+    bool use[KILN_BACKEND_COUNT] = {false};
+    for (uint32_t r = 0; p->region_be && r < p->fusion.n_regions; r++) use[p->region_be[r]] = true;
+    for (int i = 0; i < KILN_BACKEND_COUNT; i++) {
+        int b = lock ? i : KILN_BACKEND_COUNT - 1 - i;
+        if (!use[b] || !kiln_backend_is_device(kiln_backends[b])) continue;
+        if (lock) pthread_mutex_lock(&p->ctx->be_mu[b]);
+        else pthread_mutex_unlock(&p->ctx->be_mu[b]);
+    }
+}
 
 /* ------------------------------------------------------------------ compile-time setup */
 
@@ -189,7 +202,17 @@ static kiln_status upload_state(kiln_plan *p, int sp, uint32_t i)
     return s == KILN_OK || err[0] == 0 ? s : dev_fail(p, sp, s, "uploading a state", err);
 }
 
+static kiln_status devices_setup(kiln_plan *p);
+
 kiln_status kiln_sched_devices_setup(kiln_plan *p)
+{
+    kiln_sched_lock(p, true);
+    kiln_status s = devices_setup(p);
+    kiln_sched_lock(p, false);
+    return s;
+}
+
+static kiln_status devices_setup(kiln_plan *p)
 {
     const kiln_graph *g = p->g;
     if (!(p->home = malloc((g->n_nodes + 1) * sizeof *p->home))) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
@@ -242,7 +265,7 @@ kiln_status kiln_sched_devices_setup(kiln_plan *p)
     return KILN_OK;
 }
 
-void kiln_sched_devices_free(kiln_plan *p)
+void kiln_sched_devices_free(kiln_plan *p) /* the caller (kiln_plan_free) holds the device locks */
 {
     for (int sp = 0; sp < KILN_BACKEND_COUNT; sp++) {
         kiln_dev_space *d = &p->dev[sp];
@@ -348,7 +371,7 @@ kiln_status kiln_sched_execute(kiln_plan *p)
     kiln_status s = prepare_devices(p);
     uint32_t x = 0;
     int rs = p->record_space;
-    if (s == KILN_OK && rs >= 0 && !p->profiling) {
+    if (s == KILN_OK && rs >= 0 && !p->profiling && !p->check_finite) {
         /* every transfer here is an input upload (nothing runs on the host) */
         for (; s == KILN_OK && x < p->n_xfers; x++) s = do_xfer(p, &p->xfers[x]);
         const kiln_backend_i *b = kiln_backends[rs];
@@ -374,6 +397,7 @@ kiln_status kiln_sched_execute(kiln_plan *p)
             p->meas_s[r] += now_s() - t0;
             p->n_meas[r]++;
         }
+        if (s == KILN_OK && p->check_finite) s = kiln_sched_check_finite(p, r);
     }
     return s;
 }
@@ -389,8 +413,10 @@ kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_
     }
     char err[512] = "";
     kiln_plan *mp = (kiln_plan *)p;
+    kiln_sched_lock(p, true);
     kiln_status s = kiln_backends[sp]->download(p->ctx->be_state[sp], dst, dev_addr(p, sp, node), bytes, err, sizeof err);
     if (s == KILN_OK) s = kiln_backends[sp]->sync(p->ctx->be_state[sp], err, sizeof err);
+    kiln_sched_lock(p, false);
     return s == KILN_OK ? s : dev_fail(mp, sp, s, "reading a value back", err);
 }
 
@@ -402,7 +428,17 @@ kiln_status kiln_sched_sync_all(kiln_plan *p)
     return s;
 }
 
+static kiln_status state_put(kiln_plan *p, uint32_t i, const void *src, size_t bytes);
+
 kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t i, const void *src, size_t bytes)
+{
+    kiln_sched_lock(p, true);
+    kiln_status s = state_put(p, i, src, bytes);
+    kiln_sched_lock(p, false);
+    return s;
+}
+
+static kiln_status state_put(kiln_plan *p, uint32_t i, const void *src, size_t bytes)
 {
     memcpy(p->state_mem[i], src, bytes);
     for (int sp = 0; sp < KILN_BACKEND_COUNT; sp++) {

@@ -7,6 +7,7 @@
 #include "sched/cost.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +176,7 @@ out:
 KILN_API void kiln_plan_free(kiln_plan *p)
 {
     if (!p) return;
+    kiln_sched_lock(p, true); /* device memory and kernels go back to backends other threads use */
     kiln_sched_devices_free(p);
     kiln_sched_cache_release(p); /* shared parts: the table frees them */
     if (p->kernels)
@@ -182,12 +184,14 @@ KILN_API void kiln_plan_free(kiln_plan *p)
             const kiln_backend_i *b = kiln_backends[p->region_be[r]];
             if (p->kernels[r] && b->kernel_free) b->kernel_free(p->ctx->be_state[p->region_be[r]], p->kernels[r]);
         }
+    kiln_sched_lock(p, false);
     if (p->state_mem && p->g)
         for (uint32_t i = 0; i < p->g->n_nodes; i++) state_free(p->state_mem[i]);
     free(p->pred_s); free(p->xfer_s); free(p->meas_s); free(p->n_meas);
     free(p->arena); free(p->state_mem); free(p->kernels); free(p->region_be);
     free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
     free(p->max_dims); free(p->bound_dev); free(p->bound_dev_be);
+    free(p->finite_buf);
     kiln_fusion_free(&p->fusion);
     kiln_graph_free(p->g);
     free(p);
@@ -270,7 +274,12 @@ static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, in
     if (b == KILN_BACKEND_REF && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU]) return false;
     if (!ctx->be_ok[b]) return p->what_if && ctx->has_profile[b];
     const kiln_backend_i *bi = kiln_backends[b];
-    return !bi->supports || bi->supports(ctx->be_state[b], p->g, reg);
+    if (!bi->supports) return true;
+    bool dev = kiln_backend_is_device(bi); /* its state (lost, features) changes under other threads */
+    if (dev) pthread_mutex_lock((pthread_mutex_t *)&ctx->be_mu[b]);
+    bool ok = bi->supports(ctx->be_state[b], p->g, reg);
+    if (dev) pthread_mutex_unlock((pthread_mutex_t *)&ctx->be_mu[b]);
+    return ok;
 }
 
 static kiln_status place(kiln_plan *p, int forced)
@@ -315,6 +324,13 @@ static kiln_status place(kiln_plan *p, int forced)
                 char e[512] = "";
                 if (kiln_lower_region_seq(p->g, &p->fusion.regions[r], ks, &nk, e, sizeof e) != KILN_OK) snprintf(why, sizeof why, ": %s", e);
                 for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&ks[i]);
+                const kiln_backend_i *fb = kiln_backends[forced];
+                kiln_kernel *k = NULL; /* templates fit: the device's own reason (e.g. lost), from its compile */
+                pthread_mutex_lock(&p->ctx->be_mu[forced]);
+                if (!why[0] && fb->compile && fb->compile(p->ctx->be_state[forced], p->g, &p->fusion.regions[r], &k, e, sizeof e) != KILN_OK)
+                    snprintf(why, sizeof why, ": %s", e);
+                if (k && fb->kernel_free) fb->kernel_free(p->ctx->be_state[forced], k);
+                pthread_mutex_unlock(&p->ctx->be_mu[forced]);
             }
             return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "no backend can run region %u (%s)%s%s", r,
                                  node_label(p->g, p->fusion.regions[r].anchor, lab, sizeof lab),
@@ -341,7 +357,10 @@ static kiln_status compile_regions(kiln_plan *p)
         int be = p->region_be[r];
         const kiln_backend_i *b = kiln_backends[be];
         if (!b->compile) continue;
-        kiln_status s = kiln_sched_compile_region(p, r, err, sizeof err);
+        bool dev = kiln_backend_is_device(b); /* device backends' state is shared by the context's threads */
+        if (dev) pthread_mutex_lock(&p->ctx->be_mu[be]);
+        kiln_status s = kiln_sched_compile_region(p, r, err, sizeof err); /* a disk entry's load included */
+        if (dev) pthread_mutex_unlock(&p->ctx->be_mu[be]);
         if (s != KILN_OK) {
             char lab[300];
             return kiln_ctx_fail(p->ctx, s, "%s: compiling region %u (%s): %s", b->name, r,
@@ -366,6 +385,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     if (!p) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
     p->ctx = ctx;
     p->what_if = opts && opts->what_if;
+    p->check_finite = opts && opts->check_finite;
     /* The canonical copy: equal graphs get equal node ids, so their compiled parts are shared. */
     if (!(p->g = kiln_graph_canonical(g, p->ghash))) goto oom;
     if ((s = kiln_graph_materialize_weights(p->g)) != KILN_OK) goto fail; /* random weights: bytes now */
@@ -412,7 +432,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
         if (count[b] > count[p->backend]) p->backend = b;
     kiln_sched_cache_keep(p);
     p->compile_ms = now_ms() - t0;
-    ctx->error[0] = 0;
+    kiln_err_clear(&ctx->err);
     *out = p;
     return KILN_OK;
 oom:
@@ -445,6 +465,31 @@ static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: copying an output to device memory: %s", kiln_backends[sp]->name, err);
 }
 
+/* The queries of attention i sit at n_kv - n_tok + t; a kv_scatter feeding its k or v that wrote
+ * token t elsewhere (positions bound as a host input) disagrees: the host backends' kernels
+ * refuse that (kiln_ref_attention_pos_check), and so does this check for device backends. */
+static kiln_status check_attention_pos(kiln_plan *p, uint32_t i, int64_t n_kv, int64_t n_tok)
+{
+    const kiln_graph *g = p->g;
+    for (int k = 1; k <= 2; k++) {
+        const kiln_node_rec *w = &g->nodes[g->nodes[i].src[k]];
+        if (w->op != KILN_OP_KV_SCATTER || p->dims[w->src[2]][0] != n_tok) continue;
+        uint32_t root = p->root[w->src[2]];
+        if (g->nodes[root].op != KILN_OP_INPUT || !p->bufs[root]) continue; /* not known on the host */
+        const int32_t *pos = (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[w->src[2]]);
+        for (int64_t t = 0; t < n_tok; t++)
+            if (pos[t] != n_kv - n_tok + t) {
+                char lab[300];
+                return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING,
+                                     "%s: its queries sit at positions n_kv - n_tok + t = %lld.. (n_kv = %lld, n_tok = %lld) "
+                                     "but the kv_scatter writing %s used pos[%lld] = %d: bind n_kv = pos + n_tok",
+                                     node_label(g, i, lab, sizeof lab), (long long)(n_kv - n_tok), (long long)n_kv,
+                                     (long long)n_tok, k == 1 ? "k" : "v", (long long)t, pos[t]);
+            }
+    }
+    return KILN_OK;
+}
+
 /* Run-time index checks for kernels on devices (the host kernels check their own): positions
  * and ids given as bound host inputs are checked before they are uploaded. */
 static kiln_status check_indices(kiln_plan *p)
@@ -468,6 +513,8 @@ static kiln_status check_indices(kiln_plan *p)
                     return kiln_ctx_fail(p->ctx, KILN_ERR_SHAPE, "%s: n_kv = %lld must be in [n_tok = %lld, max_ctx = %lld]",
                                          node_label(g, i, lab, sizeof lab), (long long)n_kv, (long long)n_tok, (long long)max_ctx);
                 }
+                kiln_status ps = check_attention_pos(p, i, n_kv, n_tok);
+                if (ps != KILN_OK) return ps;
                 continue;
             } else continue;
             uint32_t root = p->root[src];
@@ -581,6 +628,7 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
     kiln_status s = bind(p, b, nb, out_bind);
     if (s == KILN_OK) s = resolve(p, out_bind, b, nb);
     if (s == KILN_OK) s = check_indices(p);
+    kiln_sched_lock(p, true); /* device backends: this run's work stays together */
     if (s == KILN_OK) s = kiln_sched_execute(p);
     for (uint32_t o = 0; s == KILN_OK && o < g->n_outs; o++) {
         uint32_t i = g->outs[o].node;
@@ -590,10 +638,11 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
         else s = kiln_sched_fetch(p, i, out_bind[o]->data, bytes);
     }
     if (s == KILN_OK) s = kiln_sched_sync_all(p);
+    kiln_sched_lock(p, false);
     free(out_bind);
     if (s == KILN_OK) {
         p->ran = true;
-        p->ctx->error[0] = 0;
+        kiln_err_clear(&p->ctx->err);
     }
     return s;
 }

@@ -73,6 +73,9 @@ struct kiln_plan {
     bool          mem_hit;     /* those parts came from the table */
     uint32_t      disk_hits;   /* kernels loaded from disk entries */
     uint32_t      disk_misses; /* kernels compiled where a disk entry was looked for */
+    bool          check_finite;/* scan what each region stores for NaN/Inf (finite.c) */
+    void         *finite_buf;  /* host copy of a device region's output being scanned */
+    size_t        finite_cap;  /* its size */
 };
 
 /* Memory planning helpers shared by the host and device arenas (plan.c). */
@@ -82,6 +85,9 @@ void   kiln_sched_lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last)
 size_t kiln_sched_pack(uint32_t *order, uint32_t n, const size_t *size, const uint32_t *first, const uint32_t *last, size_t *off);
 
 /* The executor (exec.c). */
+/* Takes (lock) or releases the context's lock of every device backend p's regions run on, in
+ * backend order: a thread holds them while it drives those backends. Recursive. */
+void        kiln_sched_lock(const kiln_plan *p, bool lock);
 kiln_status kiln_sched_devices_setup(kiln_plan *p);
 void        kiln_sched_devices_free(kiln_plan *p);
 kiln_status kiln_sched_execute(kiln_plan *p);
@@ -100,3 +106,7 @@ bool        kiln_sched_cache_load_placement(kiln_plan *p, int forced);
 void        kiln_sched_cache_save_placement(const kiln_plan *p, int forced);
 /* Compiles region r on its backend through the disk entries (when the backend can save/load). */
 kiln_status kiln_sched_compile_region(kiln_plan *p, uint32_t r, char *err, size_t n);
+/* The NaN/Inf guard (finite.c): scans the values region r stored in this run (its outputs; on the
+ * host also the cache rows its kv_scatter wrote) and returns KILN_ERR_NONFINITE naming the first
+ * non-finite node, element, region and backend. Device regions are synced and copied back. */
+kiln_status kiln_sched_check_finite(kiln_plan *p, uint32_t r);

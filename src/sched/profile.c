@@ -176,10 +176,10 @@ void kiln_sched_load_cached_profiles(kiln_ctx *ctx)
     cache_path(ctx, path, sizeof path);
     FILE *f = fopen(path, "rb");
     if (!f) return;
-    char saved[sizeof ctx->error];
-    memcpy(saved, ctx->error, sizeof saved);
+    char *saved = strdup(kiln_ctx_error(ctx));
     read_profiles(ctx, f, path); /* a corrupt file keeps the defaults */
-    memcpy(ctx->error, saved, sizeof saved);
+    if (saved) kiln_ctx_set_error(ctx, "%s", saved);
+    free(saved);
     fclose(f);
 }
 

@@ -1,7 +1,8 @@
-/* Test-only fault injection: kernels ask kiln_fault("name") and, when the environment variable
- * KILN_FAULT_INJECT lists that name (comma-separated), compute a deliberately wrong result, so the
- * conformance harness (kiln check, tests/test_check.c) can prove that it catches a wrong kernel.
- * Unset (always, outside those tests) it costs one cached load. Must not be used for anything else. */
+/* Test-only fault injection: kernels and backends ask kiln_fault("name") and, when the environment
+ * variable KILN_FAULT_INJECT lists that name (comma-separated), compute a deliberately wrong result
+ * or fail as the driver would, so the conformance harness (kiln check, tests/test_check.c) can
+ * prove that it catches a wrong kernel and the fault tests that errors stay clear and contained.
+ * Unset (always, outside those tests) it costs one getenv. Must not be used for anything else. */
 #pragma once
 
 #include <stdbool.h>
@@ -9,7 +10,9 @@
 #include <string.h>
 
 /* Faults kernels know: "cpu_softmax_off_by_one" (the last element of each row left out of the
- * sum), "cpu_rms_norm_scale" (the result scaled by 1.001). */
+ * sum), "cpu_rms_norm_scale" (the result scaled by 1.001). Faults of the Vulkan backend that a test
+ * cannot cause on demand (tests/test_faults.c): "vk_glsl_error" (every generated shader gets a line
+ * glslang rejects), "vk_device_lost" (queue submissions fail with VK_ERROR_DEVICE_LOST). */
 static inline bool kiln_fault(const char *name)
 {
     const char *e = getenv("KILN_FAULT_INJECT");

@@ -1,7 +1,8 @@
 /* A stand-in for libcuda.so.1 (loaded through $KILN_LIBCUDA) so the CUDA backend's host side runs
  * on machines with no GPU: device memory is host memory, copies happen at once, modules keep
  * their PTX text (cuLink* makes a "cubin" that is the PTX behind a magic line), launches and graph replays are counted but run nothing. Failures are injected
- * with FAKECUDA_DEVICES, FAKECUDA_MEM (bytes), FAKECUDA_JIT_FAIL and fakecuda_fault_next_sync().
+ * with FAKECUDA_DEVICES, FAKECUDA_MEM (bytes), FAKECUDA_JIT_FAIL and fakecuda_fault_next_sync();
+ * memory comes zeroed, or filled with 0xFF bytes (NaN) under FAKECUDA_POISON=1.
  * Must not be linked into kiln: only test_cuda_backend loads it. */
 #include <stdint.h>
 #include <stdio.h>
@@ -90,6 +91,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n)
     char *m = aligned_alloc(256, 256 + ((n + 255) & ~(size_t)255));
     if (!m) return 2;
     memcpy(m, &n, sizeof n);
+    memset(m + 256, env_int("FAKECUDA_POISON", 0) ? 0xFF : 0, n); /* poisoned: NaN floats, as if a kernel wrote them */
     *p = (CUdeviceptr)(uintptr_t)(m + 256);
     fakecuda.live_allocs++;
     fakecuda.allocated += n;

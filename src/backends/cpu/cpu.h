@@ -1,7 +1,8 @@
 /* The CPU backend's kernel layer: ISA detection and dispatch, a persistent thread pool, fused
  * matmul regions (rms_norm prologue -> sibling matmuls -> residual/swiglu epilogue), attention,
  * row kernels and roofline calibration. The plan executor calls these; they know nothing of
- * graphs, regions or plans. Thread safety: one pool serves one caller at a time. */
+ * graphs, regions or plans. Thread safety: one pool serves one caller at a time (the backend's
+ * launch holds a lock for that). */
 #pragma once
 
 #include <stdbool.h>

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 typedef struct cpu_state {
     kiln_cpu_pool    *pool; /* persistent threads */
     enum kiln_cpu_isa isa;  /* dispatch target */
+    pthread_mutex_t   mu;   /* one region at a time on the pool (and its scratch): plans of one
+                               context may run on several threads at once */
 } cpu_state;
 
 /* A compiled matmul region: which nodes the fused kernel covers; the rest run one by one after. */
@@ -50,6 +53,7 @@ static kiln_status cpu_probe(kiln_ctx *ctx, void **state, char *detail, size_t n
         snprintf(detail, n, "could not start the thread pool");
         return st;
     }
+    pthread_mutex_init(&s->mu, NULL);
     snprintf(detail, n, "%s%s, %d threads", kiln_cpu_isa_name(s->isa),
              s->isa == KILN_CPU_ISA_AVX512 && kiln_cpu_has_vnni() ? "+vnni" : "", kiln_cpu_pool_threads(s->pool));
     *state = s;
@@ -61,6 +65,7 @@ static void cpu_release(void *state)
     cpu_state *s = state;
     if (!s) return;
     kiln_cpu_pool_free(s->pool);
+    pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
@@ -77,7 +82,9 @@ static kiln_status cpu_calibrate(void *state, kiln_device_profile *out)
 {
     cpu_state *s = state;
     cpu_profile(state, out);
+    pthread_mutex_lock(&s->mu);
     double bw = kiln_cpu_measure_read_bw(s->pool), peak = kiln_cpu_measure_fma_peak(s->pool, s->isa);
+    pthread_mutex_unlock(&s->mu);
     if (bw <= 0 || peak <= 0) return KILN_ERR_NOMEM;
     out->mem_bw = bw * 1e9;
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak * 1e9;
@@ -421,10 +428,20 @@ static kiln_status run_sdpa(cpu_state *s, const struct kiln_kernel *k, const kil
     return KILN_OK;
 }
 
+static kiln_status launch_locked(cpu_state *s, const kiln_kernel *k, const kiln_exec_view *v, char *err, size_t n_err);
+
 static kiln_status cpu_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                               char *err, size_t n_err)
 {
     cpu_state *s = state;
+    pthread_mutex_lock(&s->mu);
+    kiln_status st = launch_locked(s, k, v, err, n_err);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+static kiln_status launch_locked(cpu_state *s, const kiln_kernel *k, const kiln_exec_view *v, char *err, size_t n_err)
+{
     if (k->sdpa) {
         kiln_status st = run_sdpa(s, k, v);
         if (st != KILN_OK) snprintf(err, n_err, "attention from ops (#%u) failed: %s", k->sout, kiln_status_str(st));

@@ -4,6 +4,7 @@
  * updated once made, so recorded command buffers stay valid). Must not submit work. */
 #include "backends/vulkan/vk.h"
 #include "cache/blob.h"
+#include "util/fault.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -146,6 +147,22 @@ static uint32_t stride_blocks(kiln_vk *s, uint32_t n)
 
 static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n);
 
+/* Test-only (KILN_FAULT_INJECT=vk_glsl_error): a statement glslang rejects, at the end of main. */
+static kiln_status inject_glsl_error(char **glsl, char *err, size_t n)
+{
+    char *end = strrchr(*glsl, '}');
+    size_t at = end ? (size_t)(end - *glsl) : strlen(*glsl);
+    static const char bad[] = "    kiln_fault_injected = 1;\n";
+    char *g = malloc(strlen(*glsl) + sizeof bad);
+    if (!g) return KILN_ERR_NOMEM;
+    memcpy(g, *glsl, at);
+    memcpy(g + at, bad, sizeof bad - 1);
+    strcpy(g + at + sizeof bad - 1, *glsl + at);
+    free(*glsl);
+    *glsl = g;
+    return KILN_OK;
+}
+
 kiln_status kiln_vk_kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, char *err, size_t n)
 {
     return kernel_new(s, kir, out, NULL, err, n);
@@ -178,6 +195,7 @@ static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **
     memcpy(k->grid, kir->grid, sizeof k->grid);
     if (kir->grid_stride) k->grid[0] = stride_blocks(s, k->grid[0]);
     kiln_status st = kiln_spv_glsl(kir, &s->feat, &k->glsl, err, n);
+    if (st == KILN_OK && kiln_fault("vk_glsl_error")) st = inject_glsl_error(&k->glsl, err, n); /* test-only */
     uint32_t *words = NULL;
     size_t n_words = 0;
     if (st == KILN_OK) st = kiln_spv_compile(k->glsl, &words, &n_words, err, n);

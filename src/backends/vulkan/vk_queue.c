@@ -3,6 +3,7 @@
  * barrier before every command, the fence of sync, and timestamp queries. Must not allocate
  * buffers (vk_memory.c) nor build pipelines (vk_kernel.c). */
 #include "backends/vulkan/vk.h"
+#include "util/fault.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,7 +117,8 @@ static kiln_status submit_immediate(kiln_vk *s, VkCommandBuffer extra, VkFence f
     if (extra) cbs[k++] = extra;
     if (!k && !fence) return KILN_OK;
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = k, .pCommandBuffers = cbs};
-    VkResult r = vkQueueSubmit(s->queue, k ? 1 : 0, k ? &si : NULL, fence);
+    VkResult r = kiln_fault("vk_device_lost") ? VK_ERROR_DEVICE_LOST /* test-only */
+                                              : vkQueueSubmit(s->queue, k ? 1 : 0, k ? &si : NULL, fence);
     if (r != VK_SUCCESS) return kiln_vk_fail(s, r, "vkQueueSubmit", err, n);
     s->submitted = true;
     return KILN_OK;
