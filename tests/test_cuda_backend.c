@@ -379,6 +379,7 @@ Test(cuda_host, check_finite_reads_region_outputs_back)
  * cuda absent, and asking for it says why. */
 Test(cuda_host, compile_faults_leave_the_context_usable)
 {
+    setenv("KILN_CACHE", "off", 1); /* a cubin on disk from another test would skip the failing JIT */
     setenv("FAKECUDA_MEM", "1073741824", 1);
     kiln_ctx *ctx = fake_ctx();
     const size_t rows = (size_t)1 << 15, k = (size_t)1 << 14, bytes = rows * k * 4; /* 2 GiB f32 */
