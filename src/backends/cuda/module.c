@@ -48,35 +48,58 @@ static int log_spills(const char *log)
     return stores + loads;
 }
 
-kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
-                               int *spills, char *err, size_t n)
+/* The JIT's error and info logs and the option arrays that hand them to the driver. */
+enum { JIT_LOG = 16384 };
+typedef struct jit_logs {
+    char *elog, *ilog;
+    int   opts[5];
+    void *vals[5];
+} jit_logs;
+
+static bool jit_logs_new(jit_logs *j, char *err, size_t n)
 {
-    enum { LOG = 16384 };
-    char *elog = calloc(1, LOG), *ilog = calloc(1, LOG);
-    if (!elog || !ilog) {
-        free(elog), free(ilog);
+    j->elog = calloc(1, JIT_LOG), j->ilog = calloc(1, JIT_LOG);
+    if (!j->elog || !j->ilog) {
+        free(j->elog), free(j->ilog);
         snprintf(err, n, "out of host memory for the JIT log");
-        return KILN_ERR_NOMEM;
+        return false;
     }
     int opts[] = {KILN_CU_JIT_ERROR_LOG_BUFFER, KILN_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, KILN_CU_JIT_INFO_LOG_BUFFER,
                   KILN_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, KILN_CU_JIT_LOG_VERBOSE};
-    void *vals[] = {elog, (void *)(uintptr_t)LOG, ilog, (void *)(uintptr_t)LOG, (void *)(uintptr_t)1};
+    void *vals[] = {j->elog, (void *)(uintptr_t)JIT_LOG, j->ilog, (void *)(uintptr_t)JIT_LOG, (void *)(uintptr_t)1};
+    memcpy(j->opts, opts, sizeof opts);
+    memcpy(j->vals, vals, sizeof vals);
+    return true;
+}
+
+static void jit_logs_free(jit_logs *j) { free(j->elog), free(j->ilog); }
+
+/* "WHAT of kernel NAME (JIT log: ...)" through kiln_cuda_fail. */
+static kiln_status jit_fail(kiln_cuda *c, CUresult r, const char *what, const char *name, const jit_logs *j, char *err, size_t n)
+{
+    char whatlog[JIT_LOG + 128];
+    snprintf(whatlog, sizeof whatlog, "%s of kernel %s (JIT log: %s%s%s)", what, name, j->elog[0] ? j->elog : "empty",
+             j->ilog[0] ? "; " : "", j->ilog);
+    return kiln_cuda_fail(c, r, whatlog, err, n);
+}
+
+kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
+                               int *spills, char *err, size_t n)
+{
+    jit_logs j;
+    if (!jit_logs_new(&j, err, n)) return KILN_ERR_NOMEM;
     *mod = NULL;
-    CUresult r = c->d.module_load(mod, ptx, 5, opts, vals);
+    CUresult r = c->d.module_load(mod, ptx, 5, j.opts, j.vals);
     kiln_status s = KILN_OK;
-    if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(ilog) : -1;
+    if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(j.ilog) : -1;
     if (r != KILN_CU_SUCCESS) {
-        char what[LOG + 128];
-        snprintf(what, sizeof what, "cuModuleLoadDataEx of kernel %s (JIT log: %s%s%s)", name, elog[0] ? elog : "empty",
-                 ilog[0] ? "; " : "", ilog);
-        s = kiln_cuda_fail(c, r, what, err, n);
+        s = jit_fail(c, r, "cuModuleLoadDataEx", name, &j, err, n);
     } else if ((r = c->d.module_function(fn, *mod, name)) != KILN_CU_SUCCESS) {
         s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
         c->d.module_unload(*mod);
         *mod = NULL;
     }
-    free(elog);
-    free(ilog);
+    jit_logs_free(&j);
     return s;
 }
 
@@ -86,24 +109,16 @@ kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, 
 static kiln_status link_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
                             unsigned char **cubin, size_t *cubin_n, int *spills, char *err, size_t n)
 {
-    enum { LOG = 16384 };
-    char *elog = calloc(1, LOG), *ilog = calloc(1, LOG);
     *cubin = NULL;
     *cubin_n = 0;
     *mod = NULL;
-    if (!elog || !ilog) {
-        free(elog), free(ilog);
-        snprintf(err, n, "out of host memory for the JIT log");
-        return KILN_ERR_NOMEM;
-    }
-    int opts[] = {KILN_CU_JIT_ERROR_LOG_BUFFER, KILN_CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, KILN_CU_JIT_INFO_LOG_BUFFER,
-                  KILN_CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, KILN_CU_JIT_LOG_VERBOSE};
-    void *vals[] = {elog, (void *)(uintptr_t)LOG, ilog, (void *)(uintptr_t)LOG, (void *)(uintptr_t)1};
+    jit_logs j;
+    if (!jit_logs_new(&j, err, n)) return KILN_ERR_NOMEM;
     CUlinkState ls = NULL;
     const char *what = "cuLinkCreate";
     void *image = NULL;
     size_t image_n = 0;
-    CUresult r = c->d.link_create(5, opts, vals, &ls);
+    CUresult r = c->d.link_create(5, j.opts, j.vals, &ls);
     if (r == KILN_CU_SUCCESS) {
         what = "cuLinkAddData";
         r = c->d.link_add(ls, KILN_CU_JIT_INPUT_PTX, (void *)ptx, strlen(ptx) + 1, name, 0, NULL, NULL);
@@ -113,12 +128,9 @@ static kiln_status link_ptx(kiln_cuda *c, const char *ptx, const char *name, CUm
         r = c->d.link_complete(ls, &image, &image_n);
     }
     kiln_status s = KILN_OK;
-    if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(ilog) : -1;
+    if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(j.ilog) : -1;
     if (r != KILN_CU_SUCCESS) {
-        char whatlog[LOG + 128];
-        snprintf(whatlog, sizeof whatlog, "%s of kernel %s (JIT log: %s%s%s)", what, name, elog[0] ? elog : "empty", ilog[0] ? "; " : "",
-                 ilog);
-        s = kiln_cuda_fail(c, r, whatlog, err, n);
+        s = jit_fail(c, r, what, name, &j, err, n);
     } else if (!image || !image_n || !(*cubin = malloc(image_n))) {
         snprintf(err, n, "cuLinkComplete of kernel %s gave no image", name);
         s = image && image_n ? KILN_ERR_NOMEM : KILN_ERR_BACKEND;
@@ -127,8 +139,7 @@ static kiln_status link_ptx(kiln_cuda *c, const char *ptx, const char *name, CUm
         *cubin_n = image_n;
     }
     if (ls) c->d.link_destroy(ls);
-    free(elog);
-    free(ilog);
+    jit_logs_free(&j);
     if (s == KILN_OK && (r = c->d.module_load(mod, *cubin, 0, NULL, NULL)) != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleLoadDataEx of a cubin", err, n);
     if (s == KILN_OK && (r = c->d.module_function(fn, *mod, name)) != KILN_CU_SUCCESS) {
         s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
