@@ -180,7 +180,6 @@ static bool backend_is_ref(const kiln_ctx *ctx, const char *backend)
     return true;
 }
 
-static kiln_dtype kv_dtype(kiln_dtype w) { return w == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16; }
 
 static int setup(bench_opts *o, bench_state *st)
 {
@@ -194,7 +193,7 @@ static int setup(bench_opts *o, bench_state *st)
     defaults(o, st->is_ref);
     int64_t max_tok = o->prefill ? o->tokens : 1;
     int64_t max_ctx = o->prefill ? o->tokens : o->ctx + o->steps + 2;
-    kiln_preset_build_opts bo = {.wdtype = o->wtype, .kvdtype = kv_dtype(o->wtype), .n_layers = (int)o->layers,
+    kiln_preset_build_opts bo = {.wdtype = o->wtype, .kvdtype = kiln_preset_kv_dtype(o->wtype), .n_layers = (int)o->layers,
                                  .max_ctx = max_ctx, .max_tok = max_tok, .seed = (uint64_t)o->seed};
     kiln_graph *g = NULL;
     char err[512];
@@ -261,7 +260,7 @@ static int timed_loop(const bench_opts *o, bench_state *st)
         s = step(o, st, n_tok, start);
         double t1 = kiln_cli_now();
         st->step_ms[i] = (t1 - t0) * 1e3;
-        size_t kv = (size_t)o->layers * kiln_preset_layer_kv_bytes(o->preset, kv_dtype(o->wtype), start + n_tok);
+        size_t kv = (size_t)o->layers * kiln_preset_layer_kv_bytes(o->preset, kiln_preset_kv_dtype(o->wtype), start + n_tok);
         st->step_gb[i] = (double)(wbytes + kv) * 1e-9;
         st->step_gf[i] = (double)o->layers * kiln_preset_layer_flops(o->preset, n_tok, start + n_tok) * 1e-9;
         if (progress && t1 - t_begin > 1.0)
@@ -292,7 +291,7 @@ static void report(const bench_opts *o, const bench_state *st)
         gb += st->step_gb[i] / (double)n, gf += st->step_gf[i] / (double)n;
     double per_layer = med / (double)o->layers, gbps = gb / (med * 1e-3), gfps = gf / (med * 1e-3);
     const char *be = kiln_plan_backend(st->plan), *isa = kiln_cpu_isa(st->ctx);
-    const char *wt = kiln_dtype_name(o->wtype), *kt = kiln_dtype_name(kv_dtype(o->wtype));
+    const char *wt = kiln_dtype_name(o->wtype), *kt = kiln_dtype_name(kiln_preset_kv_dtype(o->wtype));
     /* The roofline of this machine, measured now, in the same run (memory bandwidth drifts). */
     kiln_device_profile prof = {0};
     double roof_bw = 0, roof_gf = 0;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "kiln/kiln.h"
+#include "sched/presets.h"
 
 enum {
     KILN_CLI_OK = 0,    /* success */
@@ -39,6 +40,17 @@ void kiln_cli_json_str(FILE *f, const char *s);
 double kiln_cli_now(void);
 /* CPU threads kiln uses with n_threads 0 (online cores). */
 int kiln_cli_threads(void);
+
+/* The graph source of plan, spirv and ptx: FILE.kg, or --preset NAME with --wtype T.
+ * preset_flags: 1 when argv[i] was --preset or --wtype (consumed), 0 for another argument, -1
+ * (message printed) for a bad value. one_source: exactly one of FILE and --preset, else a message
+ * and false. load_source: the file's graph, or the preset built with bo (bo->wdtype and the KV
+ * dtype that goes with it are set from wtype); returns KILN_CLI_OK, or prints why and returns the
+ * exit code. */
+int  kiln_cli_preset_flags(kiln_cli_args *a, const kiln_preset **preset, kiln_dtype *wtype);
+bool kiln_cli_one_source(const char *cmd, const char *file, const kiln_preset *preset);
+int  kiln_cli_load_source(const char *cmd, kiln_ctx *ctx, const char *file, const kiln_preset *preset, kiln_dtype wtype,
+                          kiln_preset_build_opts bo, kiln_graph **g);
 
 /* True (and the command's usage printed on stdout) when --help or -h is among its arguments. */
 bool kiln_cli_wants_help(int argc, char *const *argv, const char *cmd);

@@ -29,18 +29,8 @@ static int parse_plan(int argc, char *const *argv, plan_opts *o)
         const char *v, *arg = argv[a.i];
         int r;
         int64_t n;
-        if ((r = kiln_cli_flag_value(&a, "--preset", &v)) != 0) {
+        if ((r = kiln_cli_preset_flags(&a, &o->preset, &o->wtype)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
-            if (!(o->preset = kiln_preset_find(v))) {
-                fprintf(stderr, "kiln plan: unknown preset '%s' (qwen2-0.5b, llama-7b, qwen2-7b)\n", v);
-                return KILN_CLI_USAGE;
-            }
-        } else if ((r = kiln_cli_flag_value(&a, "--wtype", &v)) != 0) {
-            if (r < 0) return KILN_CLI_USAGE;
-            if (!kiln_dtype_parse(v, &o->wtype) || o->wtype == KILN_DTYPE_I32) {
-                fprintf(stderr, "kiln plan: bad --wtype '%s'\n", v);
-                return KILN_CLI_USAGE;
-            }
         } else if ((r = kiln_cli_flag_value(&a, "--layers", &v)) != 0 || (r = kiln_cli_flag_value(&a, "--ctx", &v)) != 0 ||
                    (r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0) {
             if (r < 0 || !kiln_cli_parse_i64("plan", arg, v, 1, 1 << 20, &n)) return KILN_CLI_USAGE;
@@ -67,11 +57,7 @@ static int parse_plan(int argc, char *const *argv, plan_opts *o)
             return KILN_CLI_USAGE;
         }
     }
-    if (!o->file == !o->preset) {
-        fprintf(stderr, "kiln plan: give either FILE.kg or --preset NAME (see kiln plan --help)\n");
-        return KILN_CLI_USAGE;
-    }
-    return KILN_CLI_OK;
+    return kiln_cli_one_source("plan", o->file, o->preset) ? KILN_CLI_OK : KILN_CLI_USAGE;
 }
 
 /* True when the file starts with the GGUF magic (else it is read as .kg text). */
@@ -94,7 +80,7 @@ int kiln_cli_plan(int argc, char *const *argv)
     kiln_graph *g = NULL;
     kiln_plan *p = NULL;
     kiln_gguf *gf = NULL; /* a GGUF model's file: the plan borrows its weights, so it closes last */
-    char *out = NULL, err[512] = "";
+    char *out = NULL;
     kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);
     if (s != KILN_OK) return kiln_cli_fail("plan", ctx, s, "creating the context");
     if (o.profile && (s = kiln_ctx_load_profile(ctx, o.profile)) != KILN_OK) {
@@ -105,17 +91,15 @@ int kiln_cli_plan(int argc, char *const *argv)
         if ((s = kiln_gguf_open(ctx, o.file, &gf)) == KILN_OK)
             s = kiln_model_build(gf, &(kiln_model_options){.max_ctx = o.ctx, .max_tok = o.tokens, .kv_dtype = KILN_DTYPE_F16,
                                                            .n_layers = (int)o.layers, .last_only = true}, &g);
-    } else if (o.file) s = kiln_kg_load(ctx, o.file, &g);
-    else {
-        kiln_preset_build_opts bo = {.wdtype = o.wtype, .kvdtype = o.wtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
-                                     .n_layers = o.layers ? (int)o.layers : 1, .max_ctx = o.ctx, .max_tok = o.tokens,
-                                     .seed = 1};
-        s = kiln_preset_build_ex(o.preset, &bo, &g, err, sizeof err);
-    }
-    if (s != KILN_OK) {
-        if (err[0]) fprintf(stderr, "kiln plan: building the preset: %s: %s\n", kiln_status_str(s), err);
-        rc = err[0] ? KILN_CLI_FAIL : kiln_cli_fail("plan", ctx, s, o.file ? o.file : "building the preset");
-        goto out;
+        if (s != KILN_OK) {
+            rc = kiln_cli_fail("plan", ctx, s, o.file);
+            goto out;
+        }
+    } else {
+        rc = kiln_cli_load_source("plan", ctx, o.file, o.preset, o.wtype,
+                                  (kiln_preset_build_opts){.n_layers = o.layers ? (int)o.layers : 1, .max_ctx = o.ctx,
+                                                           .max_tok = o.tokens, .seed = 1}, &g);
+        if (rc != KILN_CLI_OK) goto out;
     }
     kiln_compile_options co = {.backend = o.backend, .no_fuse = o.no_fuse, .what_if = o.what_if};
     if ((s = kiln_compile(ctx, g, &co, &p)) != KILN_OK) {

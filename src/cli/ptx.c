@@ -31,18 +31,8 @@ static int parse_ptx(int argc, char *const *argv, ptx_opts *o)
     while (a.i < argc) {
         const char *v, *arg = argv[a.i];
         int r;
-        if ((r = kiln_cli_flag_value(&a, "--preset", &v)) != 0) {
+        if ((r = kiln_cli_preset_flags(&a, &o->preset, &o->wtype)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
-            if (!(o->preset = kiln_preset_find(v))) {
-                fprintf(stderr, "kiln ptx: unknown preset '%s' (qwen2-0.5b, llama-7b, qwen2-7b)\n", v);
-                return KILN_CLI_USAGE;
-            }
-        } else if ((r = kiln_cli_flag_value(&a, "--wtype", &v)) != 0) {
-            if (r < 0) return KILN_CLI_USAGE;
-            if (!kiln_dtype_parse(v, &o->wtype) || o->wtype == KILN_DTYPE_I32) {
-                fprintf(stderr, "kiln ptx: bad --wtype '%s'\n", v);
-                return KILN_CLI_USAGE;
-            }
         } else if ((r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0) {
             if (r < 0 || !kiln_cli_parse_i64("ptx", "--tokens", v, 1, 1 << 20, &o->tokens)) return KILN_CLI_USAGE;
         } else if ((r = kiln_cli_flag_value(&a, "--ctx", &v)) != 0) {
@@ -64,11 +54,7 @@ static int parse_ptx(int argc, char *const *argv, ptx_opts *o)
             return KILN_CLI_USAGE;
         }
     }
-    if (!o->file == !o->preset) {
-        fprintf(stderr, "kiln ptx: give either FILE.kg or --preset NAME (see kiln ptx --help)\n");
-        return KILN_CLI_USAGE;
-    }
-    return KILN_CLI_OK;
+    return kiln_cli_one_source("ptx", o->file, o->preset) ? KILN_CLI_OK : KILN_CLI_USAGE;
 }
 
 /* "rms_norm + matmul x3 + rope x2": the region's ops in order of first appearance. */
@@ -232,14 +218,6 @@ static void free_item(ptx_item *it)
     free(it);
 }
 
-static kiln_status load_graph(const ptx_opts *o, kiln_ctx *ctx, kiln_graph **g, char *err, size_t n)
-{
-    if (o->file) return kiln_kg_load(ctx, o->file, g);
-    kiln_preset_build_opts bo = {.wdtype = o->wtype, .kvdtype = o->wtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
-                                 .n_layers = 1, .max_ctx = o->ctx, .max_tok = o->tokens, .seed = 1, .shape_only = true};
-    return kiln_preset_build_ex(o->preset, &bo, g, err, n);
-}
-
 int kiln_cli_ptx(int argc, char *const *argv)
 {
     if (kiln_cli_wants_help(argc, argv, "ptx")) return KILN_CLI_OK;
@@ -248,12 +226,13 @@ int kiln_cli_ptx(int argc, char *const *argv)
     if (rc != KILN_CLI_OK) return rc;
     kiln_ctx *ctx = NULL;
     kiln_graph *g = NULL;
-    char err[512] = "", ptxas[1024];
+    char ptxas[1024];
     kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);
     if (s != KILN_OK) return kiln_cli_fail("ptx", ctx, s, "creating the context");
-    if ((s = load_graph(&o, ctx, &g, err, sizeof err)) != KILN_OK) {
-        if (err[0]) fprintf(stderr, "kiln ptx: building the preset: %s: %s\n", kiln_status_str(s), err);
-        rc = err[0] ? KILN_CLI_FAIL : kiln_cli_fail("ptx", ctx, s, o.file);
+    rc = kiln_cli_load_source("ptx", ctx, o.file, o.preset, o.wtype,
+                              (kiln_preset_build_opts){.n_layers = 1, .max_ctx = o.ctx, .max_tok = o.tokens, .seed = 1,
+                                                       .shape_only = true}, &g);
+    if (rc != KILN_CLI_OK) {
         kiln_ctx_free(ctx);
         return rc;
     }

@@ -30,18 +30,8 @@ static int parse_spirv(int argc, char *const *argv, spirv_opts *o)
         const char *v, *arg = argv[a.i];
         int r;
         int64_t n;
-        if ((r = kiln_cli_flag_value(&a, "--preset", &v)) != 0) {
+        if ((r = kiln_cli_preset_flags(&a, &o->preset, &o->wtype)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
-            if (!(o->preset = kiln_preset_find(v))) {
-                fprintf(stderr, "kiln spirv: unknown preset '%s' (qwen2-0.5b, llama-7b, qwen2-7b)\n", v);
-                return KILN_CLI_USAGE;
-            }
-        } else if ((r = kiln_cli_flag_value(&a, "--wtype", &v)) != 0) {
-            if (r < 0) return KILN_CLI_USAGE;
-            if (!kiln_dtype_parse(v, &o->wtype) || o->wtype == KILN_DTYPE_I32) {
-                fprintf(stderr, "kiln spirv: bad --wtype '%s'\n", v);
-                return KILN_CLI_USAGE;
-            }
         } else if ((r = kiln_cli_flag_value(&a, "--ctx", &v)) != 0 || (r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0) {
             if (r < 0 || !kiln_cli_parse_i64("spirv", arg, v, 1, 1 << 20, &n)) return KILN_CLI_USAGE;
             *(strstr(arg, "ctx") ? &o->ctx : &o->tokens) = n;
@@ -65,11 +55,7 @@ static int parse_spirv(int argc, char *const *argv, spirv_opts *o)
             return KILN_CLI_USAGE;
         }
     }
-    if (!o->file == !o->preset) {
-        fprintf(stderr, "kiln spirv: give either FILE.kg or --preset NAME (see kiln spirv --help)\n");
-        return KILN_CLI_USAGE;
-    }
-    return KILN_CLI_OK;
+    return kiln_cli_one_source("spirv", o->file, o->preset) ? KILN_CLI_OK : KILN_CLI_USAGE;
 }
 
 /* Prints the spirv-dis listing of words; false when spirv-dis cannot be run. */
@@ -141,20 +127,11 @@ int kiln_cli_spirv(int argc, char *const *argv)
     if (rc != KILN_CLI_OK) return rc;
     kiln_ctx *ctx = NULL;
     kiln_graph *g = NULL;
-    char err[512] = "";
     kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);
     if (s != KILN_OK) return kiln_cli_fail("spirv", ctx, s, "creating the context");
-    if (o.file) s = kiln_kg_load(ctx, o.file, &g);
-    else {
-        kiln_preset_build_opts bo = {.wdtype = o.wtype, .kvdtype = o.wtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
-                                     .n_layers = 1, .max_ctx = o.ctx, .max_tok = o.tokens, .seed = 1};
-        s = kiln_preset_build_ex(o.preset, &bo, &g, err, sizeof err);
-    }
-    if (s != KILN_OK) {
-        if (err[0]) fprintf(stderr, "kiln spirv: building the preset: %s: %s\n", kiln_status_str(s), err);
-        rc = err[0] ? KILN_CLI_FAIL : kiln_cli_fail("spirv", ctx, s, o.file ? o.file : "building the preset");
-        goto out;
-    }
+    rc = kiln_cli_load_source("spirv", ctx, o.file, o.preset, o.wtype,
+                              (kiln_preset_build_opts){.n_layers = 1, .max_ctx = o.ctx, .max_tok = o.tokens, .seed = 1}, &g);
+    if (rc != KILN_CLI_OK) goto out;
     kiln_fusion fu;
     if ((s = kiln_fuse(g, !o.no_fuse, &fu)) != KILN_OK) {
         rc = kiln_cli_fail("spirv", ctx, s, "fusing");

@@ -84,3 +84,51 @@ int kiln_cli_threads(void)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
+
+int kiln_cli_preset_flags(kiln_cli_args *a, const kiln_preset **preset, kiln_dtype *wtype)
+{
+    const char *v;
+    int r;
+    if ((r = kiln_cli_flag_value(a, "--preset", &v)) != 0) {
+        if (r < 0) return -1;
+        if (!(*preset = kiln_preset_find(v))) {
+            fprintf(stderr, "kiln %s: unknown preset '%s' (qwen2-0.5b, llama-7b, qwen2-7b)\n", a->cmd, v);
+            return -1;
+        }
+        return 1;
+    }
+    if ((r = kiln_cli_flag_value(a, "--wtype", &v)) != 0) {
+        if (r < 0) return -1;
+        if (!kiln_dtype_parse(v, wtype) || *wtype == KILN_DTYPE_I32) {
+            fprintf(stderr, "kiln %s: bad --wtype '%s'\n", a->cmd, v);
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+bool kiln_cli_one_source(const char *cmd, const char *file, const kiln_preset *preset)
+{
+    if (!file != !preset) return true;
+    fprintf(stderr, "kiln %s: give either FILE.kg or --preset NAME (see kiln %s --help)\n", cmd, cmd);
+    return false;
+}
+
+int kiln_cli_load_source(const char *cmd, kiln_ctx *ctx, const char *file, const kiln_preset *preset, kiln_dtype wtype,
+                         kiln_preset_build_opts bo, kiln_graph **g)
+{
+    char err[512] = "";
+    kiln_status s;
+    if (file) {
+        s = kiln_kg_load(ctx, file, g);
+    } else {
+        bo.wdtype = wtype;
+        bo.kvdtype = kiln_preset_kv_dtype(wtype);
+        s = kiln_preset_build_ex(preset, &bo, g, err, sizeof err);
+    }
+    if (s == KILN_OK) return KILN_CLI_OK;
+    if (!err[0]) return kiln_cli_fail(cmd, ctx, s, file ? file : "building the preset");
+    fprintf(stderr, "kiln %s: building the preset: %s: %s\n", cmd, kiln_status_str(s), err);
+    return KILN_CLI_FAIL;
+}

@@ -211,11 +211,12 @@ kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_o
     return KILN_OK;
 }
 
+kiln_dtype kiln_preset_kv_dtype(kiln_dtype w) { return w == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16; }
+
 kiln_status kiln_preset_build(const kiln_preset *p, kiln_dtype wdtype, int n_layers, int64_t max_ctx,
                               int64_t max_tok, kiln_graph **out)
 {
-    kiln_preset_build_opts o = {.wdtype = wdtype,
-                                .kvdtype = wdtype == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : KILN_DTYPE_F16,
+    kiln_preset_build_opts o = {.wdtype = wdtype, .kvdtype = kiln_preset_kv_dtype(wdtype),
                                 .n_layers = n_layers, .max_ctx = max_ctx, .max_tok = max_tok, .seed = 1};
     return kiln_preset_build_ex(p, &o, out, NULL, 0);
 }

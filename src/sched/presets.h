@@ -46,7 +46,9 @@ const kiln_preset *kiln_preset_find(const char *name);
  * be NULL) gets the builder's message. */
 kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_opts *o, kiln_graph **out,
                                  char *err, size_t n_err);
-/* kiln_preset_build_ex with kvdtype f32 when wdtype is f32 and f16 otherwise, seed 1. */
+/* The KV-cache dtype that goes with matmul weights of dtype w: f32 for f32, else f16. */
+kiln_dtype kiln_preset_kv_dtype(kiln_dtype w);
+/* kiln_preset_build_ex with kvdtype kiln_preset_kv_dtype(wdtype), seed 1. */
 kiln_status kiln_preset_build(const kiln_preset *p, kiln_dtype wdtype, int n_layers, int64_t max_ctx,
                               int64_t max_tok, kiln_graph **out);
 
