@@ -82,6 +82,11 @@ typedef struct kiln_backend_i {
 /* A device backend runs on its own memory (alloc is set). */
 static inline bool kiln_backend_is_device(const kiln_backend_i *b) { return b->alloc != NULL; }
 
+/* Blocks a backend launches for a grid-stride kernel (kir.grid_stride) over n virtual blocks:
+ * $KILN_GRID_CAP=N caps them at N (0: every virtual block, for comparisons); otherwise as many as the
+ * device holds at once (resident; 0 when unknown). Never more than limit (the device's grid bound). */
+uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit);
+
 /* The table of every backend kiln knows, indexed by enum kiln_backend_id. */
 extern const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT];
 extern const kiln_backend_i kiln_backend_ref;

@@ -2,9 +2,23 @@
  * probe says what was found, or why it cannot run, so `kiln info` tells the truth. */
 #include "sched/backend.h"
 
+#include <stdlib.h>
+
 const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT] = {
     [KILN_BACKEND_REF] = &kiln_backend_ref,
     [KILN_BACKEND_CPU] = &kiln_backend_cpu,
     [KILN_BACKEND_CUDA] = &kiln_backend_cuda,
     [KILN_BACKEND_VULKAN] = &kiln_backend_vulkan,
 };
+
+uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit)
+{
+    const char *cap = getenv("KILN_GRID_CAP");
+    if (cap && *cap) {
+        long v = strtol(cap, NULL, 10);
+        if (v > 0 && (uint64_t)v < n) n = (uint32_t)v;
+    } else if (resident > 0 && resident < n) {
+        n = (uint32_t)resident;
+    }
+    return n < limit ? n : limit;
+}

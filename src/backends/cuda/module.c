@@ -205,19 +205,12 @@ static void dump(const char *name, const char *ptx)
 }
 
 /* Blocks to launch for a grid-stride kernel: as many as are resident on the whole GPU at once
- * (the driver's occupancy for this function times the SM count), at most the virtual blocks.
- * $KILN_GRID_CAP=N caps it at N instead (0: launch every virtual block, for comparisons). */
+ * (the driver's occupancy for this function times the SM count), through kiln_stride_blocks. */
 static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, uint32_t n, uint32_t block)
 {
-    const char *cap = getenv("KILN_GRID_CAP");
-    if (cap && *cap) {
-        long v = strtol(cap, NULL, 10);
-        return v > 0 && (uint32_t)v < n ? (uint32_t)v : n;
-    }
     int per_sm = 0;
-    if (c->d.occupancy(&per_sm, fn, (int)block, 0) != KILN_CU_SUCCESS || per_sm <= 0 || c->n_sm <= 0) return n;
-    uint64_t resident = (uint64_t)per_sm * (uint64_t)c->n_sm;
-    return resident < n ? (uint32_t)resident : n;
+    if (c->d.occupancy(&per_sm, fn, (int)block, 0) != KILN_CU_SUCCESS || per_sm <= 0 || c->n_sm <= 0) per_sm = 0;
+    return kiln_stride_blocks(n, (uint64_t)per_sm * (uint64_t)(c->n_sm > 0 ? c->n_sm : 0), UINT32_MAX);
 }
 
 /* Copies a kernel's launch metadata and uploads its constant tables. */

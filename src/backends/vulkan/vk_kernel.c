@@ -136,14 +136,7 @@ static kiln_status check_limits(kiln_vk *s, const char *name, uint32_t block, co
 }
 
 /* Blocks a grid-stride kernel launches over its n virtual ones: the device's limit, or $KILN_GRID_CAP. */
-static uint32_t stride_blocks(kiln_vk *s, uint32_t n)
-{
-    const char *cap = getenv("KILN_GRID_CAP");
-    long v = cap && *cap ? strtol(cap, NULL, 10) : 0;
-    if (v > 0 && (uint32_t)v < n) n = (uint32_t)v;
-    if (n > s->props.limits.maxComputeWorkGroupCount[0]) n = s->props.limits.maxComputeWorkGroupCount[0];
-    return n;
-}
+static uint32_t stride_blocks(kiln_vk *s, uint32_t n) { return kiln_stride_blocks(n, 0, s->props.limits.maxComputeWorkGroupCount[0]); }
 
 static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n);
 
