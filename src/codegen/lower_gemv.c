@@ -707,6 +707,15 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
     }
 }
 
+/* x[idx] * the norm scale of token q of the pass * the norm weight at column j (each when fused). */
+static uint32_t x_normed(gv *s, uint32_t xs, uint32_t nws, int q, uint32_t idx, uint32_t j)
+{
+    uint32_t v = kl_load(s->k, xs, s->xdt, idx);
+    if (s->nsc[q] != KILN_IDX_NONE) v = op2(s, KILN_KOP_MUL, v, s->nsc[q]);
+    if (nws != KILN_IDX_NONE) v = op2(s, KILN_KOP_MUL, v, kl_load(s->k, nws, KILN_DTYPE_F32, j));
+    return v;
+}
+
 /* The start of a pass over tokens t0 .. t0 + mc - 1: their rows of x, the rms_norm scale of each
  * (the whole block reduces over x's row) and, for integer dot products, x quantized into shared
  * memory. Block-uniform: every thread of the block runs it. */
@@ -734,9 +743,7 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
         for (int q = 0; q < s->mc; q++) {
             uint32_t j = kiln_kvar(k, tid);
             kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32 * WARPS), 0);
-            uint32_t xv = kl_load(k, xs, s->xdt, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, s->tt[q], ci(s, (int32_t)K)), j));
-            if (s->nsc[q] != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, s->nsc[q]);
-            if (nws != KILN_IDX_NONE) xv = op2(s, KILN_KOP_MUL, xv, kl_load(k, nws, KILN_DTYPE_F32, j));
+            uint32_t xv = x_normed(s, xs, nws, q, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, s->tt[q], ci(s, (int32_t)K)), j), j);
             uint32_t at = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_REM, j, ci(s, s->xv)), ci(s, (int32_t)(K / s->xv))), op2(s, KILN_KOP_DIV, j, ci(s, s->xv)));
             kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, op2(s, KILN_KOP_ADD, ci(s, (int32_t)(q * K)), at), xv, KILN_IDX_NONE, (int32_t)s->sh_x);
             kl_loop_end(k);
@@ -821,9 +828,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             uint32_t j = kiln_kvar(k, lane);
             kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, ci(s, (int32_t)K), ci(s, 32), 0);
             uint32_t idx = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, tok(s, q), ci(s, (int32_t)K)), j);
-            uint32_t y = op2(s, KILN_KOP_MUL, kl_load(k, xs, s->xdt, idx), s->nsc[q]);
-            if (nws != KILN_IDX_NONE) y = op2(s, KILN_KOP_MUL, y, kl_load(k, nws, KILN_DTYPE_F32, j));
-            kl_store_node(k, g, s->norm, idx, y);
+            kl_store_node(k, g, s->norm, idx, x_normed(s, xs, nws, q, idx, j));
             kl_loop_end(k);
             kendif(s);
         }
