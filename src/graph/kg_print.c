@@ -1,7 +1,6 @@
 /* .kg printer: kiln_graph -> text that kiln_kg_parse reads back to a graph of the same hash, and
  * that prints again byte-identically. Reads the IR; never changes it. Unnamed or doubly named op
  * nodes get generated names (t<index>); a weight whose data cannot be written fails the print. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,13 +8,9 @@
 #include <uthash.h>
 
 #include "graph/kg.h"
+#include "util/sbuf.h"
 
-typedef struct sbuf {
-    char  *p;   /* text; NUL-terminated while !oom */
-    size_t len; /* bytes used, without the NUL */
-    size_t cap; /* bytes allocated */
-    bool   oom; /* an allocation failed; the text is incomplete */
-} sbuf;
+typedef kiln_sbuf sbuf;
 
 typedef struct used_name {
     const char    *key; /* the name (owned by the graph or by names_owned) */
@@ -31,65 +26,36 @@ typedef struct printer {
     used_name        *pool;  /* one entry per node, backing `used` */
 } printer;
 
-static void sb_reserve(sbuf *b, size_t extra)
-{
-    if (b->oom || b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra + 1) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->oom = true;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
-}
-
-__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    va_list ap, ap2;
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n >= 0) sb_reserve(b, (size_t)n);
-    if (n >= 0 && !b->oom) {
-        vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap2);
-        b->len += (size_t)n;
-    }
-    va_end(ap2);
-}
-
 /* A name bare when the lexer reads it back as itself, else quoted with escapes. */
 static void sb_name(sbuf *b, const char *s)
 {
     if (kiln_kg_is_bare_name(s)) {
-        sb_printf(b, "%s", s);
+        kiln_sbuf_printf(b, "%s", s);
         return;
     }
-    sb_printf(b, "\"");
+    kiln_sbuf_printf(b, "\"");
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') sb_printf(b, "\\%c", *c);
-        else if (*c == '\n') sb_printf(b, "\\n");
-        else if (*c == '\t') sb_printf(b, "\\t");
-        else if (*c == '\r') sb_printf(b, "\\r");
-        else if (*c < 0x20 || *c == 0x7f) sb_printf(b, "\\x%02x", *c);
-        else sb_printf(b, "%c", *c);
+        if (*c == '"' || *c == '\\') kiln_sbuf_printf(b, "\\%c", *c);
+        else if (*c == '\n') kiln_sbuf_printf(b, "\\n");
+        else if (*c == '\t') kiln_sbuf_printf(b, "\\t");
+        else if (*c == '\r') kiln_sbuf_printf(b, "\\r");
+        else if (*c < 0x20 || *c == 0x7f) kiln_sbuf_printf(b, "\\x%02x", *c);
+        else kiln_sbuf_printf(b, "%c", *c);
     }
-    sb_printf(b, "\"");
+    kiln_sbuf_printf(b, "\"");
 }
 
 static void sb_float(sbuf *b, const char *key, float v)
 {
     char buf[32];
-    sb_printf(b, " %s=%s", key, kiln_kg_fmt_float(v, buf));
+    kiln_sbuf_printf(b, " %s=%s", key, kiln_kg_fmt_float(v, buf));
 }
 
 /* A dim: a constant, or its symbol's name. False for a symbol the graph does not have. */
 static bool sb_dim(printer *pr, int64_t d)
 {
     if (!kiln_dim_is_sym(d)) {
-        sb_printf(&pr->out, "%lld", (long long)d);
+        kiln_sbuf_printf(&pr->out, "%lld", (long long)d);
         return true;
     }
     if (kiln_sym_index(d) >= pr->g->n_syms) return false;
@@ -99,12 +65,12 @@ static bool sb_dim(printer *pr, int64_t d)
 
 static bool sb_dims(printer *pr, int rank, const int64_t *dims)
 {
-    sb_printf(&pr->out, " [");
+    kiln_sbuf_printf(&pr->out, " [");
     for (int i = 0; i < rank; i++) {
-        if (i) sb_printf(&pr->out, ", ");
+        if (i) kiln_sbuf_printf(&pr->out, ", ");
         if (!sb_dim(pr, dims[i])) return false;
     }
-    sb_printf(&pr->out, "]");
+    kiln_sbuf_printf(&pr->out, "]");
     return true;
 }
 
@@ -171,7 +137,7 @@ static kiln_status print_weight_data(printer *pr, const kiln_node_rec *n)
 {
     sbuf *b = &pr->out;
     if (n->random) { /* kiln_weight_random: its seed, not its bytes */
-        sb_printf(b, " seed=%llu", (unsigned long long)n->seed);
+        kiln_sbuf_printf(b, " seed=%llu", (unsigned long long)n->seed);
         sb_float(b, "scale", n->rand_scale);
         return KILN_OK;
     }
@@ -179,10 +145,10 @@ static kiln_status print_weight_data(printer *pr, const kiln_node_rec *n)
     const char *why;
     if (!kiln_kg_weight_bytes((kiln_dtype)n->dtype, n->rank, n->dims, &bytes, &why)) return KILN_ERR_INTERNAL;
     if (bytes > KILN_KG_MAX_INLINE_BYTES) return KILN_ERR_UNSUPPORTED;
-    sb_reserve(b, 2 * bytes + 16);
+    kiln_sbuf_reserve(b, 2 * bytes + 16);
     if (b->oom) return KILN_ERR_NOMEM;
     static const char hex[] = "0123456789abcdef";
-    char *o = b->p + b->len;
+    char *o = b->s + b->n;
     memcpy(o, " data=hex:", 10);
     o += 10;
     for (size_t k = 0; k < bytes; k++) {
@@ -191,7 +157,7 @@ static kiln_status print_weight_data(printer *pr, const kiln_node_rec *n)
         *o++ = hex[c & 15];
     }
     *o = '\0';
-    b->len = (size_t)(o - b->p);
+    b->n = (size_t)(o - b->s);
     return KILN_OK;
 }
 
@@ -199,12 +165,12 @@ static kiln_status print_leaf(printer *pr, uint32_t i)
 {
     const kiln_node_rec *n = &pr->g->nodes[i];
     sbuf *b = &pr->out;
-    sb_printf(b, "%s ", kiln_op_name((enum kiln_op)n->op));
+    kiln_sbuf_printf(b, "%s ", kiln_op_name((enum kiln_op)n->op));
     sb_name(b, pr->names[i]);
-    sb_printf(b, " %s", kiln_dtype_name((kiln_dtype)n->dtype));
+    kiln_sbuf_printf(b, " %s", kiln_dtype_name((kiln_dtype)n->dtype));
     if (!sb_dims(pr, n->rank, n->dims)) return KILN_ERR_INTERNAL;
     kiln_status s = n->op == KILN_OP_WEIGHT ? print_weight_data(pr, n) : KILN_OK;
-    sb_printf(b, "\n");
+    kiln_sbuf_printf(b, "\n");
     return s;
 }
 
@@ -215,13 +181,13 @@ static kiln_status print_op(printer *pr, uint32_t i)
     sbuf *b = &pr->out;
     if (!sp || n->n_src > KILN_MAX_SRC) return KILN_ERR_INTERNAL;
     sb_name(b, pr->names[i]);
-    sb_printf(b, " = %s", kiln_op_name((enum kiln_op)n->op));
+    kiln_sbuf_printf(b, " = %s", kiln_op_name((enum kiln_op)n->op));
     for (unsigned k = 0; k < sp->n_req + sp->n_opt; k++) {
         uint32_t src = k < n->n_src ? n->src[k] : KILN_IDX_NONE;
         if (src != KILN_IDX_NONE && src >= i) return KILN_ERR_INTERNAL; /* not topological */
         if (src == KILN_IDX_NONE && k < sp->n_req) return KILN_ERR_INTERNAL;
-        sb_printf(b, " ");
-        if (src == KILN_IDX_NONE) sb_printf(b, "_");
+        kiln_sbuf_printf(b, " ");
+        if (src == KILN_IDX_NONE) kiln_sbuf_printf(b, "_");
         else sb_name(b, pr->names[src]);
     }
     char buf[32];
@@ -230,25 +196,25 @@ static kiln_status print_op(printer *pr, uint32_t i)
     case KILN_OP_RMS_NORM:
     case KILN_OP_LAYER_NORM: sb_float(b, "eps", n->f[0]); break;
     case KILN_OP_ROPE:
-        sb_printf(b, " mode=%s theta=%s", n->i[0] == KILN_ROPE_NEOX ? "neox" : "normal",
+        kiln_sbuf_printf(b, " mode=%s theta=%s", n->i[0] == KILN_ROPE_NEOX ? "neox" : "normal",
                   kiln_kg_fmt_float(n->f[0], buf));
         break;
     case KILN_OP_ATTENTION:
-        sb_printf(b, " n_kv=");
+        kiln_sbuf_printf(b, " n_kv=");
         if (!sb_dim(pr, n->dim)) return KILN_ERR_INTERNAL;
         sb_float(b, "scale", n->f[0]);
         break;
-    case KILN_OP_CAST: sb_printf(b, " dtype=%s", kiln_dtype_name((kiln_dtype)n->dtype)); break;
+    case KILN_OP_CAST: kiln_sbuf_printf(b, " dtype=%s", kiln_dtype_name((kiln_dtype)n->dtype)); break;
     case KILN_OP_RESHAPE:
     case KILN_OP_VIEW:
         if (!sb_dims(pr, n->rank, n->dims)) return KILN_ERR_INTERNAL;
-        if (n->op == KILN_OP_VIEW) sb_printf(b, " offset=%lld", (long long)n->dim);
+        if (n->op == KILN_OP_VIEW) kiln_sbuf_printf(b, " offset=%lld", (long long)n->dim);
         break;
-    case KILN_OP_TRANSPOSE: sb_printf(b, " d0=%d d1=%d", (int)n->i[0], (int)n->i[1]); break;
-    case KILN_OP_CONCAT: sb_printf(b, " axis=%d", (int)n->i[0]); break;
+    case KILN_OP_TRANSPOSE: kiln_sbuf_printf(b, " d0=%d d1=%d", (int)n->i[0], (int)n->i[1]); break;
+    case KILN_OP_CONCAT: kiln_sbuf_printf(b, " axis=%d", (int)n->i[0]); break;
     default: break;
     }
-    sb_printf(b, "\n");
+    kiln_sbuf_printf(b, "\n");
     return KILN_OK;
 }
 
@@ -258,19 +224,19 @@ static kiln_status print_all(printer *pr)
     sbuf *b = &pr->out;
     kiln_status s = assign_names(pr);
     for (uint32_t i = 0; s == KILN_OK && i < g->n_syms; i++) {
-        sb_printf(b, "sym ");
+        kiln_sbuf_printf(b, "sym ");
         sb_name(b, g->syms[i].name);
-        sb_printf(b, " %lld\n", (long long)g->syms[i].max);
+        kiln_sbuf_printf(b, " %lld\n", (long long)g->syms[i].max);
     }
     for (uint32_t i = 0; s == KILN_OK && i < g->n_nodes; i++)
         s = is_leaf(&g->nodes[i]) ? print_leaf(pr, i) : print_op(pr, i);
     for (uint32_t i = 0; s == KILN_OK && i < g->n_outs; i++) {
         if (g->outs[i].node >= g->n_nodes) return KILN_ERR_INTERNAL;
-        sb_printf(b, "output ");
+        kiln_sbuf_printf(b, "output ");
         sb_name(b, g->outs[i].name);
-        sb_printf(b, " ");
+        kiln_sbuf_printf(b, " ");
         sb_name(b, pr->names[g->outs[i].node]);
-        sb_printf(b, "\n");
+        kiln_sbuf_printf(b, "\n");
     }
     if (s == KILN_OK && b->oom) s = KILN_ERR_NOMEM;
     return s;
@@ -286,10 +252,10 @@ KILN_API kiln_status kiln_kg_print(const kiln_graph *g, char **out)
     printer pr = {.g = g, .names = calloc(n, sizeof(char *)), .owned = calloc(n, sizeof(char *)),
                   .pool = calloc(n, sizeof(used_name))};
     kiln_status s = pr.names && pr.owned && pr.pool ? KILN_OK : KILN_ERR_NOMEM;
-    sb_reserve(&pr.out, 0);
+    kiln_sbuf_reserve(&pr.out, 0);
     if (s == KILN_OK && pr.out.oom) s = KILN_ERR_NOMEM;
     if (s == KILN_OK) {
-        pr.out.p[0] = '\0';
+        pr.out.s[0] = '\0';
         s = print_all(&pr);
     }
     HASH_CLEAR(hh, pr.used);
@@ -298,9 +264,9 @@ KILN_API kiln_status kiln_kg_print(const kiln_graph *g, char **out)
     free(pr.names);
     free(pr.pool);
     if (s != KILN_OK) {
-        free(pr.out.p);
+        free(pr.out.s);
         return s;
     }
-    *out = pr.out.p;
+    *out = pr.out.s;
     return KILN_OK;
 }

@@ -3,117 +3,15 @@
  * per class in program order, so the same kernel always prints the same bytes. Must not change
  * what the kernel computes (target fix-ups belong to the lowering) and must not call the driver. */
 #include "ptx/ptx.h"
+#include "util/sbuf.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ------------------------------------------------------------------ text buffer */
+/* ------------------------------------------------------------------ text */
 
-typedef struct sbuf {
-    char  *s;   /* text, NUL-terminated */
-    size_t n;   /* length */
-    size_t cap; /* allocated */
-    bool   oom; /* an append failed */
-} sbuf;
-
-/* Room for n more bytes and the NUL; false (oom set) when memory runs out. */
-static bool reserve(sbuf *b, size_t n)
-{
-    if (b->oom) return false;
-    if (b->s && b->n + n < b->cap) return true;
-    size_t cap = b->cap ? b->cap * 2 : 4096;
-    while (cap < b->n + n + 1) cap *= 2;
-    char *grown = realloc(b->s, cap);
-    if (!grown) return b->oom = true, false;
-    b->s = grown;
-    b->cap = cap;
-    return true;
-}
-
-/* The printf subset the printer uses (%s %u %d %c %X %08X %%), formatted without vsnprintf: PTX
- * printing was three quarters vsnprintf. False, with nothing kept, on any other conversion. */
-static bool put_fast(sbuf *b, const char *fmt, va_list ap)
-{
-    size_t n0 = b->n;
-    for (const char *p = fmt; *p;) {
-        const char *q = p;
-        while (*q && *q != '%') q++;
-        if (q > p) {
-            if (!reserve(b, (size_t)(q - p))) return true;
-            memcpy(b->s + b->n, p, (size_t)(q - p));
-            b->n += (size_t)(q - p);
-        }
-        if (!*q) break;
-        char num[16];
-        const char *t = num;
-        size_t len = 0;
-        switch (q[1]) {
-        case 's': t = va_arg(ap, const char *), len = strlen(t), p = q + 2; break;
-        case 'c': num[0] = (char)va_arg(ap, int), len = 1, p = q + 2; break;
-        case '%': num[0] = '%', len = 1, p = q + 2; break;
-        case 'u': case 'd': case 'X': {
-            unsigned v;
-            bool neg = false;
-            if (q[1] == 'd') {
-                int i = va_arg(ap, int);
-                neg = i < 0, v = neg ? 0u - (unsigned)i : (unsigned)i;
-            } else {
-                v = va_arg(ap, unsigned);
-            }
-            unsigned base = q[1] == 'X' ? 16 : 10;
-            char rev[12];
-            int k = 0;
-            do rev[k++] = "0123456789ABCDEF"[v % base], v /= base; while (v);
-            if (neg) num[len++] = '-';
-            while (k) num[len++] = rev[--k];
-            p = q + 2;
-            break;
-        }
-        case '0':
-            if (q[2] == '8' && q[3] == 'X') {
-                unsigned v = va_arg(ap, unsigned);
-                for (int k = 0; k < 8; k++) num[k] = "0123456789ABCDEF"[(v >> (28 - 4 * k)) & 15];
-                len = 8, p = q + 4;
-                break;
-            }
-            b->n = n0;
-            return false;
-        default: b->n = n0; return false;
-        }
-        if (!reserve(b, len)) return true;
-        memcpy(b->s + b->n, t, len);
-        b->n += len;
-    }
-    if (reserve(b, 0)) b->s[b->n] = 0;
-    return true;
-}
-
-static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom) return;
-    va_list ap;
-    va_start(ap, fmt);
-    bool done = put_fast(b, fmt, ap);
-    va_end(ap);
-    if (done) return;
-    for (;;) {
-        va_start(ap, fmt);
-        int len = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (len < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->s && b->n + (size_t)len < b->cap) {
-            b->n += (size_t)len;
-            return;
-        }
-        if (!reserve(b, (size_t)len)) return;
-    }
-}
+typedef kiln_sbuf sbuf;
 
 /* ------------------------------------------------------------------ registers */
 
@@ -183,7 +81,7 @@ static void print_mma(pstate *p, uint32_t i)
     def(p, i);
     uint32_t a = p->reg[in->a], b = p->reg[in->b] + ((in->imm.u & 2) ? 2 : 0);
     const char *et = (in->imm.u & 1) ? "bf16" : "f16";
-    put(&p->body, "\tmma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%s, %s, %s, %s}, {%%r%u, %%r%u, %%r%u, %%r%u}, {%%r%u, %%r%u}, {%s, %s, %s, %s};\n",
+    kiln_sbuf_printf(&p->body, "\tmma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%s, %s, %s, %s}, {%%r%u, %%r%u, %%r%u, %%r%u}, {%%r%u, %%r%u}, {%s, %s, %s, %s};\n",
         et, et, f4reg(p, i, 0).s, f4reg(p, i, 1).s, f4reg(p, i, 2).s, f4reg(p, i, 3).s, a, a + 1, a + 2, a + 3, b, b + 1,
         f4reg(p, in->c, 0).s, f4reg(p, in->c, 1).s, f4reg(p, in->c, 2).s, f4reg(p, in->c, 3).s);
     p->st.mmas++;
@@ -251,8 +149,8 @@ static void count_op(pstate *p, const kiln_kinst *in)
 static rname gaddr(pstate *p, uint32_t slot, uint32_t idx, int scale)
 {
     rname a = nreg(RC_D, new_reg(p, RC_D));
-    put(&p->body, "\tmul.wide.s32 %s, %s, %d;\n", a.s, vreg(p, idx).s, scale);
-    put(&p->body, "\tadd.s64 %s, %s, %s;\n", a.s, nreg(RC_D, slot).s, a.s);
+    kiln_sbuf_printf(&p->body, "\tmul.wide.s32 %s, %s, %d;\n", a.s, vreg(p, idx).s, scale);
+    kiln_sbuf_printf(&p->body, "\tadd.s64 %s, %s, %s;\n", a.s, nreg(RC_D, slot).s, a.s);
     return a;
 }
 
@@ -260,7 +158,7 @@ static rname gaddr(pstate *p, uint32_t slot, uint32_t idx, int scale)
 static rname saddr(pstate *p, uint32_t base, uint32_t idx)
 {
     rname a = nreg(RC_R, new_reg(p, RC_R));
-    put(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", a.s, vreg(p, idx).s, nreg(RC_R, base).s);
+    kiln_sbuf_printf(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", a.s, vreg(p, idx).s, nreg(RC_R, base).s);
     return a;
 }
 
@@ -273,7 +171,7 @@ static void print_mem(pstate *p, uint32_t i)
     switch (in->op) {
     case KILN_KOP_LD: {
         rname a = gaddr(p, slot, in->a, 4), d = def(p, i);
-        put(&p->body, "\tld.%s.u32 %s, [%s];\n", g, d.s, a.s);
+        kiln_sbuf_printf(&p->body, "\tld.%s.u32 %s, [%s];\n", g, d.s, a.s);
         p->st.ld32++, p->st.ld_nc += nc, p->st.loop_loads += p->loop_depth > 0;
         break;
     }
@@ -281,20 +179,20 @@ static void print_mem(pstate *p, uint32_t i)
         rname a = gaddr(p, slot, in->a, 4);
         def(p, i);
         uint32_t r = p->reg[i];
-        put(&p->body, "\tld.%s.v4.u32 {%%r%u, %%r%u, %%r%u, %%r%u}, [%s];\n", g, r, r + 1, r + 2, r + 3, a.s);
+        kiln_sbuf_printf(&p->body, "\tld.%s.v4.u32 {%%r%u, %%r%u, %%r%u, %%r%u}, [%s];\n", g, r, r + 1, r + 2, r + 3, a.s);
         p->st.ld128++, p->st.ld_nc += nc, p->st.loop_loads += p->loop_depth > 0;
         break;
     }
     case KILN_KOP_ST: {
         rname a = gaddr(p, slot, in->a, 4);
-        put(&p->body, "\tst.global.u32 [%s], %s;\n", a.s, vreg(p, in->b).s);
+        kiln_sbuf_printf(&p->body, "\tst.global.u32 [%s], %s;\n", a.s, vreg(p, in->b).s);
         p->st.st32++;
         break;
     }
     case KILN_KOP_ST16: {
         rname a = gaddr(p, slot, in->a, 2), h = nreg(RC_H, new_reg(p, RC_H));
-        put(&p->body, "\tcvt.u16.u32 %s, %s;\n", h.s, vreg(p, in->b).s);
-        put(&p->body, "\tst.global.u16 [%s], %s;\n", a.s, h.s);
+        kiln_sbuf_printf(&p->body, "\tcvt.u16.u32 %s, %s;\n", h.s, vreg(p, in->b).s);
+        kiln_sbuf_printf(&p->body, "\tst.global.u16 [%s], %s;\n", a.s, h.s);
         p->st.st16++;
         break;
     }
@@ -302,19 +200,19 @@ static void print_mem(pstate *p, uint32_t i)
         rname a = saddr(p, p->sbase[slot], in->a);
         def(p, i);
         uint32_t r = p->reg[i];
-        put(&p->body, "\tld.shared.v4.u32 {%%r%u, %%r%u, %%r%u, %%r%u}, [%s];\n", r, r + 1, r + 2, r + 3, a.s);
+        kiln_sbuf_printf(&p->body, "\tld.shared.v4.u32 {%%r%u, %%r%u, %%r%u, %%r%u}, [%s];\n", r, r + 1, r + 2, r + 3, a.s);
         p->st.lds++;
         break;
     }
     case KILN_KOP_LDS: {
         rname a = saddr(p, p->sbase[slot], in->a), d = def(p, i);
-        put(&p->body, "\tld.shared.%s %s, [%s];\n", in->type == KILN_KT_F32 ? "f32" : "u32", d.s, a.s);
+        kiln_sbuf_printf(&p->body, "\tld.shared.%s %s, [%s];\n", in->type == KILN_KT_F32 ? "f32" : "u32", d.s, a.s);
         p->st.lds++;
         break;
     }
     case KILN_KOP_STS: {
         rname a = saddr(p, p->sbase[slot], in->a);
-        put(&p->body, "\tst.shared.%s [%s], %s;\n", p->k->ins[in->b].type == KILN_KT_F32 ? "f32" : "u32", a.s,
+        kiln_sbuf_printf(&p->body, "\tst.shared.%s [%s], %s;\n", p->k->ins[in->b].type == KILN_KT_F32 ? "f32" : "u32", a.s,
             vreg(p, in->b).s);
         p->st.sts++;
         break;
@@ -336,11 +234,11 @@ static void print_reduce(pstate *p, uint32_t i)
     uint32_t grp = in->imm.u & 0xffff;
     const char *op = (in->imm.u >> 16) == KILN_KRED_MAX ? "max.f32" : "add.rn.f32";
     rname x = def(p, i);
-    put(&p->body, "\tmov.f32 %s, %s;\n", x.s, vreg(p, in->a).s);
+    kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", x.s, vreg(p, in->a).s);
     for (uint32_t off = (grp < 32 ? grp : 32) / 2; off >= 1; off /= 2) {
         rname t = nreg(RC_F, new_reg(p, RC_F));
-        put(&p->body, "\tshfl.sync.bfly.b32 %s, %s, %u, 31, 0xffffffff;\n", t.s, x.s, off);
-        put(&p->body, "\t%s %s, %s, %s;\n", op, x.s, x.s, t.s);
+        kiln_sbuf_printf(&p->body, "\tshfl.sync.bfly.b32 %s, %s, %u, 31, 0xffffffff;\n", t.s, x.s, off);
+        kiln_sbuf_printf(&p->body, "\t%s %s, %s, %s;\n", op, x.s, x.s, t.s);
         p->st.shuffles++;
     }
     p->st.reduces++;
@@ -349,22 +247,22 @@ static void print_reduce(pstate *p, uint32_t i)
     rname tid = nreg(RC_R, new_reg(p, RC_R)), lane = nreg(RC_R, new_reg(p, RC_R)), warp = nreg(RC_R, new_reg(p, RC_R));
     rname own = nreg(RC_R, new_reg(p, RC_R)), first = nreg(RC_R, new_reg(p, RC_R)), from = nreg(RC_R, new_reg(p, RC_R));
     rname lead = nreg(RC_P, new_reg(p, RC_P)), base = nreg(RC_R, p->red_base);
-    put(&p->body, "\tmov.u32 %s, %%tid.x;\n", tid.s);
-    put(&p->body, "\tand.b32 %s, %s, 31;\n", lane.s, tid.s);
-    put(&p->body, "\tsetp.eq.u32 %s, %s, 0;\n", lead.s, lane.s);
-    put(&p->body, "\tshr.u32 %s, %s, 5;\n", warp.s, tid.s);
-    put(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", own.s, warp.s, base.s);
-    put(&p->body, "\t@%s st.shared.f32 [%s], %s;\n", lead.s, own.s, x.s);
-    put(&p->body, "\tbar.sync 0;\n");
-    put(&p->body, "\tand.b32 %s, %s, 0x%X;\n", first.s, warp.s, ~(warps - 1));
-    put(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", from.s, first.s, base.s);
-    put(&p->body, "\tld.shared.f32 %s, [%s];\n", x.s, from.s);
+    kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%tid.x;\n", tid.s);
+    kiln_sbuf_printf(&p->body, "\tand.b32 %s, %s, 31;\n", lane.s, tid.s);
+    kiln_sbuf_printf(&p->body, "\tsetp.eq.u32 %s, %s, 0;\n", lead.s, lane.s);
+    kiln_sbuf_printf(&p->body, "\tshr.u32 %s, %s, 5;\n", warp.s, tid.s);
+    kiln_sbuf_printf(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", own.s, warp.s, base.s);
+    kiln_sbuf_printf(&p->body, "\t@%s st.shared.f32 [%s], %s;\n", lead.s, own.s, x.s);
+    kiln_sbuf_printf(&p->body, "\tbar.sync 0;\n");
+    kiln_sbuf_printf(&p->body, "\tand.b32 %s, %s, 0x%X;\n", first.s, warp.s, ~(warps - 1));
+    kiln_sbuf_printf(&p->body, "\tmad.lo.s32 %s, %s, 4, %s;\n", from.s, first.s, base.s);
+    kiln_sbuf_printf(&p->body, "\tld.shared.f32 %s, [%s];\n", x.s, from.s);
     for (uint32_t w = 1; w < warps; w++) {
         rname t = nreg(RC_F, new_reg(p, RC_F));
-        put(&p->body, "\tld.shared.f32 %s, [%s+%u];\n", t.s, from.s, 4 * w);
-        put(&p->body, "\t%s %s, %s, %s;\n", op, x.s, x.s, t.s);
+        kiln_sbuf_printf(&p->body, "\tld.shared.f32 %s, [%s+%u];\n", t.s, from.s, 4 * w);
+        kiln_sbuf_printf(&p->body, "\t%s %s, %s, %s;\n", op, x.s, x.s, t.s);
     }
-    put(&p->body, "\tbar.sync 0;\n");
+    kiln_sbuf_printf(&p->body, "\tbar.sync 0;\n");
     p->st.sts++, p->st.lds += warps, p->st.barriers += 2;
 }
 
@@ -381,33 +279,33 @@ static void print_convert(pstate *p, uint32_t i)
         if (in->type == KILN_KT_F32) text = ta == KILN_KT_I32 ? "cvt.rn.f32.s32" : "cvt.rn.f32.u32";
         else if (ta == KILN_KT_F32) text = in->type == KILN_KT_I32 ? "cvt.rzi.s32.f32" : "cvt.rzi.u32.f32";
         rname d = def(p, i);
-        put(&p->body, "\t%s %s, %s;\n", text, d.s, a.s);
+        kiln_sbuf_printf(&p->body, "\t%s %s, %s;\n", text, d.s, a.s);
         break;
     }
     case KILN_KOP_H2F: {
         uint32_t h = new_reg(p, RC_H);
         new_reg(p, RC_H);
         rname d = def(p, i);
-        put(&p->body, "\tmov.b32 {%%h%u, %%h%u}, %s;\n", h, h + 1, a.s);
-        put(&p->body, "\tcvt.f32.f16 %s, %%h%u;\n", d.s, h + (uint32_t)in->imm.i);
+        kiln_sbuf_printf(&p->body, "\tmov.b32 {%%h%u, %%h%u}, %s;\n", h, h + 1, a.s);
+        kiln_sbuf_printf(&p->body, "\tcvt.f32.f16 %s, %%h%u;\n", d.s, h + (uint32_t)in->imm.i);
         break;
     }
     case KILN_KOP_B2F: {
         rname t = nreg(RC_R, new_reg(p, RC_R)), d = def(p, i);
-        if (in->imm.i == 0) put(&p->body, "\tshl.b32 %s, %s, 16;\n", t.s, a.s);
-        else put(&p->body, "\tand.b32 %s, %s, 0xFFFF0000;\n", t.s, a.s);
-        put(&p->body, "\tmov.b32 %s, %s;\n", d.s, t.s);
+        if (in->imm.i == 0) kiln_sbuf_printf(&p->body, "\tshl.b32 %s, %s, 16;\n", t.s, a.s);
+        else kiln_sbuf_printf(&p->body, "\tand.b32 %s, %s, 0xFFFF0000;\n", t.s, a.s);
+        kiln_sbuf_printf(&p->body, "\tmov.b32 %s, %s;\n", d.s, t.s);
         break;
     }
     case KILN_KOP_F2H: case KILN_KOP_F2B: {
         rname h = nreg(RC_H, new_reg(p, RC_H)), d = def(p, i);
-        put(&p->body, "\tcvt.rn.%s.f32 %s, %s;\n", in->op == KILN_KOP_F2H ? "f16" : "bf16", h.s, a.s);
-        put(&p->body, "\tcvt.u32.u16 %s, %s;\n", d.s, h.s);
+        kiln_sbuf_printf(&p->body, "\tcvt.rn.%s.f32 %s, %s;\n", in->op == KILN_KOP_F2H ? "f16" : "bf16", h.s, a.s);
+        kiln_sbuf_printf(&p->body, "\tcvt.u32.u16 %s, %s;\n", d.s, h.s);
         break;
     }
     case KILN_KOP_BFE: {
         rname d = def(p, i);
-        put(&p->body, "\tbfe.%s %s, %s, %d, %d;\n", in->type == KILN_KT_I32 ? "s32" : "u32", d.s, a.s, in->imm.i & 31,
+        kiln_sbuf_printf(&p->body, "\tbfe.%s %s, %s, %d, %d;\n", in->type == KILN_KT_I32 ? "s32" : "u32", d.s, a.s, in->imm.i & 31,
             in->imm.i >> 8);
         break;
     }
@@ -424,9 +322,9 @@ static void print_flow(pstate *p, uint32_t i)
     switch (in->op) {
     case KILN_KOP_LOOP: {
         rname c = nreg(RC_P, new_reg(p, RC_P));
-        put(&p->body, "$L%u_loop:\n", i);
-        put(&p->body, "\tsetp.lt.s32 %s, %s, %s;\n", c.s, vreg(p, in->a).s, vreg(p, in->b).s);
-        put(&p->body, "\t@!%s bra $L%u_done;\n", c.s, i);
+        kiln_sbuf_printf(&p->body, "$L%u_loop:\n", i);
+        kiln_sbuf_printf(&p->body, "\tsetp.lt.s32 %s, %s, %s;\n", c.s, vreg(p, in->a).s, vreg(p, in->b).s);
+        kiln_sbuf_printf(&p->body, "\t@!%s bra $L%u_done;\n", c.s, i);
         p->open[p->depth] = i;
         p->has_else[p->depth++] = false;
         p->loop_depth++;
@@ -436,26 +334,26 @@ static void print_flow(pstate *p, uint32_t i)
     case KILN_KOP_ENDLOOP: {
         uint32_t l = p->open[--p->depth];
         const kiln_kinst *lp = &p->k->ins[l];
-        put(&p->body, "\tadd.s32 %s, %s, %s;\n", vreg(p, lp->a).s, vreg(p, lp->a).s, vreg(p, lp->c).s);
-        put(&p->body, "\tbra $L%u_loop;\n$L%u_done:\n", l, l);
+        kiln_sbuf_printf(&p->body, "\tadd.s32 %s, %s, %s;\n", vreg(p, lp->a).s, vreg(p, lp->a).s, vreg(p, lp->c).s);
+        kiln_sbuf_printf(&p->body, "\tbra $L%u_loop;\n$L%u_done:\n", l, l);
         p->loop_depth--;
         break;
     }
     case KILN_KOP_IF:
-        put(&p->body, "\t@!%s bra $L%u_else;\n", vreg(p, in->a).s, i);
+        kiln_sbuf_printf(&p->body, "\t@!%s bra $L%u_else;\n", vreg(p, in->a).s, i);
         p->open[p->depth] = i;
         p->has_else[p->depth++] = false;
         p->st.ifs++;
         break;
     case KILN_KOP_ELSE: {
         uint32_t f = p->open[p->depth - 1];
-        put(&p->body, "\tbra $L%u_endif;\n$L%u_else:\n", f, f);
+        kiln_sbuf_printf(&p->body, "\tbra $L%u_endif;\n$L%u_else:\n", f, f);
         p->has_else[p->depth - 1] = true;
         break;
     }
     case KILN_KOP_ENDIF: {
         p->depth--;
-        put(&p->body, "$L%u_%s:\n", p->open[p->depth], p->has_else[p->depth] ? "endif" : "else");
+        kiln_sbuf_printf(&p->body, "$L%u_%s:\n", p->open[p->depth], p->has_else[p->depth] ? "endif" : "else");
         break;
     }
     default: break;
@@ -478,10 +376,10 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         }
         rname a = vreg(p, in->a), b = row->arity > 1 ? vreg(p, in->b) : a, c = row->arity > 2 ? vreg(p, in->c) : a;
         rname d = def(p, i);
-        put(&p->body, "\t%s %s, %s", text, d.s, a.s);
-        if (row->arity > 1) put(&p->body, ", %s", b.s);
-        if (row->arity > 2) put(&p->body, ", %s", c.s);
-        put(&p->body, ";\n");
+        kiln_sbuf_printf(&p->body, "\t%s %s, %s", text, d.s, a.s);
+        if (row->arity > 1) kiln_sbuf_printf(&p->body, ", %s", b.s);
+        if (row->arity > 2) kiln_sbuf_printf(&p->body, ", %s", c.s);
+        kiln_sbuf_printf(&p->body, ";\n");
         count_op(p, in);
         return KILN_OK;
     }
@@ -489,61 +387,61 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     case KILN_KOP_CONST: {
         rname d = def(p, i);
         if (in->type == KILN_KT_F4)
-            for (int j = 0; j < 4; j++) put(&p->body, "\tmov.f32 %s, 0f%08X;\n", f4reg(p, i, j).s, in->imm.u);
-        else if (in->type == KILN_KT_F32) put(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
-        else if (in->type == KILN_KT_I32) put(&p->body, "\tmov.s32 %s, %d;\n", d.s, in->imm.i);
-        else put(&p->body, "\tmov.u32 %s, 0x%X;\n", d.s, in->imm.u);
+            for (int j = 0; j < 4; j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", f4reg(p, i, j).s, in->imm.u);
+        else if (in->type == KILN_KT_F32) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
+        else if (in->type == KILN_KT_I32) kiln_sbuf_printf(&p->body, "\tmov.s32 %s, %d;\n", d.s, in->imm.i);
+        else kiln_sbuf_printf(&p->body, "\tmov.u32 %s, 0x%X;\n", d.s, in->imm.u);
         return KILN_OK;
     }
     case KILN_KOP_TID: {
         rname d = def(p, i);
-        put(&p->body, "\tmov.u32 %s, %%tid.x;\n", d.s);
+        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%tid.x;\n", d.s);
         return KILN_OK;
     }
     case KILN_KOP_BID: {
         rname d = def(p, i);
-        put(&p->body, "\tmov.u32 %s, %%ctaid.%c;\n", d.s, "xyz"[in->imm.i]);
+        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%ctaid.%c;\n", d.s, "xyz"[in->imm.i]);
         return KILN_OK;
     }
     case KILN_KOP_NBID: {
         rname d = def(p, i);
-        put(&p->body, "\tmov.u32 %s, %%nctaid.%c;\n", d.s, "xyz"[in->imm.i]);
+        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%nctaid.%c;\n", d.s, "xyz"[in->imm.i]);
         return KILN_OK;
     }
     case KILN_KOP_PARAM: return KILN_OK; /* loaded at entry; reg[i] set by the prologue */
     case KILN_KOP_VAR: {
         rname d = def(p, i);
         if (in->type == KILN_KT_F4) {
-            for (int j = 0; j < 4; j++) put(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, i, j).s, f4reg(p, in->a, j).s);
+            for (int j = 0; j < 4; j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, i, j).s, f4reg(p, in->a, j).s);
             return KILN_OK;
         }
-        put(&p->body, "\tmov.%s %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->a).s);
+        kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->a).s);
         return KILN_OK;
     }
     case KILN_KOP_ASSIGN:
         if (p->k->ins[in->a].type == KILN_KT_F4) {
-            for (int j = 0; j < 4; j++) put(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, j).s, f4reg(p, in->b, j).s);
+            for (int j = 0; j < 4; j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, j).s, f4reg(p, in->b, j).s);
             return KILN_OK;
         }
-        put(&p->body, "\tmov.%s %s, %s;\n", p->k->ins[in->a].type == KILN_KT_F32 ? "f32" : "b32", vreg(p, in->a).s,
+        kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", p->k->ins[in->a].type == KILN_KT_F32 ? "f32" : "b32", vreg(p, in->a).s,
             vreg(p, in->b).s);
         return KILN_OK;
     case KILN_KOP_SELECT: {
         rname d = def(p, i);
-        put(&p->body, "\tselp.%s %s, %s, %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->b).s,
+        kiln_sbuf_printf(&p->body, "\tselp.%s %s, %s, %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->b).s,
             vreg(p, in->c).s, vreg(p, in->a).s);
         return KILN_OK;
     }
     case KILN_KOP_DP4A: {
         rname d = def(p, i);
-        put(&p->body, "\tdp4a.s32.s32 %s, %s, %s, %s;\n", d.s, vreg(p, in->a).s, vreg(p, in->b).s, vreg(p, in->c).s);
+        kiln_sbuf_printf(&p->body, "\tdp4a.s32.s32 %s, %s, %s, %s;\n", d.s, vreg(p, in->a).s, vreg(p, in->b).s, vreg(p, in->c).s);
         p->st.int_ops++;
         return KILN_OK;
     }
     case KILN_KOP_LANE:
         if (in->type == KILN_KT_F32) { /* a copy: an F4 variable's registers change after this point */
             rname d = def(p, i);
-            put(&p->body, "\tmov.f32 %s, %s;\n", d.s, f4reg(p, in->a, in->imm.i).s);
+            kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", d.s, f4reg(p, in->a, in->imm.i).s);
             return KILN_OK;
         }
         /* an alias of the V4's lane register: V4 values are never reassigned */
@@ -558,7 +456,7 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         print_mem(p, i);
         return KILN_OK;
     case KILN_KOP_BARRIER:
-        put(&p->body, "\tbar.sync 0;\n");
+        kiln_sbuf_printf(&p->body, "\tbar.sync 0;\n");
         p->st.barriers++;
         return KILN_OK;
     case KILN_KOP_REDUCE: print_reduce(p, i); return KILN_OK;
@@ -589,7 +487,7 @@ static void print_prologue(pstate *p)
     const kiln_kir *k = p->k;
     for (uint32_t s = 0; s < k->n_bufs; s++) {
         rname d = nreg(RC_D, new_reg(p, RC_D));
-        put(&p->pro, "\tld.param.u64 %s, [%s_p%u];\n\tcvta.to.global.u64 %s, %s;\n", d.s, k->name, s, d.s, d.s);
+        kiln_sbuf_printf(&p->pro, "\tld.param.u64 %s, [%s_p%u];\n\tcvta.to.global.u64 %s, %s;\n", d.s, k->name, s, d.s, d.s);
     }
     for (uint32_t i = 0; i < k->n_ins; i++) {
         if (k->ins[i].op != KILN_KOP_PARAM) continue;
@@ -600,35 +498,35 @@ static void print_prologue(pstate *p)
             continue;
         }
         rname d = def(p, i);
-        put(&p->pro, "\tld.global.nc.u32 %s, [%%rd0+%u];\n", d.s, 4 * k->ins[i].imm.u);
+        kiln_sbuf_printf(&p->pro, "\tld.global.nc.u32 %s, [%%rd0+%u];\n", d.s, 4 * k->ins[i].imm.u);
         p->st.params++;
     }
     for (uint32_t s = 0; s < k->n_shared; s++) {
         p->sbase[s] = new_reg(p, RC_R);
-        put(&p->pro, "\tmov.u32 %%r%u, %s_s%u;\n", p->sbase[s], k->name, s);
+        kiln_sbuf_printf(&p->pro, "\tmov.u32 %%r%u, %s_s%u;\n", p->sbase[s], k->name, s);
     }
     if (p->red_words) {
         p->red_base = new_reg(p, RC_R);
-        put(&p->pro, "\tmov.u32 %%r%u, %s_red;\n", p->red_base, k->name);
+        kiln_sbuf_printf(&p->pro, "\tmov.u32 %%r%u, %s_red;\n", p->red_base, k->name);
     }
 }
 
 static void print_module(pstate *p, int sm, unsigned flags, sbuf *out)
 {
     const kiln_kir *k = p->k;
-    put(out, "//\n// kiln kernel %s: ", k->name);
-    for (const char *c = k->what; *c; c++) put(out, "%c", *c >= ' ' && *c <= '~' ? *c : '?');
-    put(out, "\n// block %u, grid %u x %u x %u\n//\n\n", k->block, k->grid[0], k->grid[1], k->grid[2]);
-    put(out, ".version 8.0\n.target sm_%d\n.address_size 64\n\n", sm);
-    for (uint32_t s = 0; s < k->n_shared; s++) put(out, ".shared .align 16 .b32 %s_s%u[%u];\n", k->name, s, k->shared[s]);
-    if (p->red_words) put(out, ".shared .align 16 .f32 %s_red[%u];\n", k->name, p->red_words);
-    if (k->n_shared || p->red_words) put(out, "\n");
-    put(out, ".visible .entry %s(\n", k->name);
-    for (uint32_t s = 0; s < k->n_bufs; s++) put(out, "\t.param .u64 %s_p%u%s\n", k->name, s, s + 1 < k->n_bufs ? "," : "");
-    put(out, ")\n.maxntid %u, 1, 1\n%s{\n", k->block, flags & KILN_PTX_ALL_REGISTERS ? ".minnctapersm 1\n" : "");
+    kiln_sbuf_printf(out, "//\n// kiln kernel %s: ", k->name);
+    for (const char *c = k->what; *c; c++) kiln_sbuf_printf(out, "%c", *c >= ' ' && *c <= '~' ? *c : '?');
+    kiln_sbuf_printf(out, "\n// block %u, grid %u x %u x %u\n//\n\n", k->block, k->grid[0], k->grid[1], k->grid[2]);
+    kiln_sbuf_printf(out, ".version 8.0\n.target sm_%d\n.address_size 64\n\n", sm);
+    for (uint32_t s = 0; s < k->n_shared; s++) kiln_sbuf_printf(out, ".shared .align 16 .b32 %s_s%u[%u];\n", k->name, s, k->shared[s]);
+    if (p->red_words) kiln_sbuf_printf(out, ".shared .align 16 .f32 %s_red[%u];\n", k->name, p->red_words);
+    if (k->n_shared || p->red_words) kiln_sbuf_printf(out, "\n");
+    kiln_sbuf_printf(out, ".visible .entry %s(\n", k->name);
+    for (uint32_t s = 0; s < k->n_bufs; s++) kiln_sbuf_printf(out, "\t.param .u64 %s_p%u%s\n", k->name, s, s + 1 < k->n_bufs ? "," : "");
+    kiln_sbuf_printf(out, ")\n.maxntid %u, 1, 1\n%s{\n", k->block, flags & KILN_PTX_ALL_REGISTERS ? ".minnctapersm 1\n" : "");
     for (int c = 0; c < RC_COUNT; c++)
-        if (p->n_reg[c]) put(out, "\t.reg %s %s<%u>;\n", rc_type[c], rc_name[c], p->n_reg[c]);
-    put(out, "\n%s%s\tret;\n}\n", p->pro.s ? p->pro.s : "", p->body.s ? p->body.s : "");
+        if (p->n_reg[c]) kiln_sbuf_printf(out, "\t.reg %s %s<%u>;\n", rc_type[c], rc_name[c], p->n_reg[c]);
+    kiln_sbuf_printf(out, "\n%s%s\tret;\n}\n", p->pro.s ? p->pro.s : "", p->body.s ? p->body.s : "");
 }
 
 kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, unsigned flags, char **out_text, kiln_ptx_stats *stats,

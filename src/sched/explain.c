@@ -3,38 +3,13 @@
  * but the profiling switch. */
 #include "sched/cost.h"
 #include "sched/plan.h"
+#include "util/sbuf.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* A growing string. */
-typedef struct sbuf {
-    char  *s;   /* text, NUL-terminated */
-    size_t n;   /* length */
-    size_t cap; /* allocated */
-    bool   oom; /* an append failed */
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) { b->oom = true; return; }
-        if (b->s && b->n + (size_t)k < b->cap) { b->n += (size_t)k; return; }
-        size_t cap = (b->cap + (size_t)k + 1) * 2;
-        char *s = realloc(b->s, cap);
-        if (!s) { b->oom = true; return; }
-        b->s = s;
-        b->cap = cap;
-    }
-}
+typedef kiln_sbuf sbuf;
 
 /* "rms_norm + matmul x3 + rope x2 + kv_scatter x2": ops in order of first appearance with counts. */
 static void ops_string(const kiln_graph *g, const kiln_region *r, char *out, size_t n)
@@ -110,23 +85,23 @@ static void human(double v, const char *unit, char *out, size_t n)
 static void explain_text(const kiln_plan *p, sbuf *b)
 {
     const kiln_graph *g = p->g;
-    sb_printf(b, "plan: %u kernels from %u ops, main backend %s, compiled in %.2f ms, intermediates %.2f MiB\n",
+    kiln_sbuf_printf(b, "plan: %u kernels from %u ops, main backend %s, compiled in %.2f ms, intermediates %.2f MiB\n",
               p->fusion.n_regions, n_ops(p), kiln_backends[p->backend]->name, p->compile_ms, p->arena_bytes / 1048576.0);
-    sb_printf(b, "cache: %s", kiln_plan_cache(p));
-    if (p->disk_hits + p->disk_misses) sb_printf(b, " (kernels: %u from disk, %u compiled)", p->disk_hits, p->disk_misses);
-    sb_printf(b, "\n");
+    kiln_sbuf_printf(b, "cache: %s", kiln_plan_cache(p));
+    if (p->disk_hits + p->disk_misses) kiln_sbuf_printf(b, " (kernels: %u from disk, %u compiled)", p->disk_hits, p->disk_misses);
+    kiln_sbuf_printf(b, "\n");
     if (g->n_syms) {
-        sb_printf(b, "sizes: ");
+        kiln_sbuf_printf(b, "sizes: ");
         for (uint32_t i = 0; i < g->n_syms; i++)
-            sb_printf(b, "%s%s = %lld%s", i ? ", " : "", g->syms[i].name, (long long)p->sym_vals[i],
+            kiln_sbuf_printf(b, "%s%s = %lld%s", i ? ", " : "", g->syms[i].name, (long long)p->sym_vals[i],
                       p->ran ? "" : " (its bound)");
-        sb_printf(b, "\n");
+        kiln_sbuf_printf(b, "\n");
     }
-    sb_printf(b, "predicted time = max(flops / peak, bytes / bandwidth) + launch, per backend; * = chosen;\n"
+    kiln_sbuf_printf(b, "predicted time = max(flops / peak, bytes / bandwidth) + launch, per backend; * = chosen;\n"
                  "roof = predicted / measured on the chosen backend (100%% = at the roofline)\n\n");
-    sb_printf(b, "%3s  %-9s %-7s %-10s %-10s %-7s", "#", "kind", "runs on", "flops", "bytes", "bound");
-    for (int be = 0; be < KILN_BACKEND_COUNT; be++) sb_printf(b, " %11s", kiln_backends[be]->name);
-    sb_printf(b, " %11s %8s %8s %6s  %s\n", "measured", "GB/s", "GFLOP/s", "roof", "fused ops");
+    kiln_sbuf_printf(b, "%3s  %-9s %-7s %-10s %-10s %-7s", "#", "kind", "runs on", "flops", "bytes", "bound");
+    for (int be = 0; be < KILN_BACKEND_COUNT; be++) kiln_sbuf_printf(b, " %11s", kiln_backends[be]->name);
+    kiln_sbuf_printf(b, " %11s %8s %8s %6s  %s\n", "measured", "GB/s", "GFLOP/s", "roof", "fused ops");
     double tot_pred = 0, tot_meas = 0;
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         kiln_region_info ri;
@@ -134,69 +109,69 @@ static void explain_text(const kiln_plan *p, sbuf *b)
         char fl[32], by[32];
         human(ri.flops, "", fl, sizeof fl);
         human(ri.bytes, "B", by, sizeof by);
-        sb_printf(b, "%3u  %-9s %-7s %-10s %-10s %-7s", r, ri.kind, ri.backend, fl, by,
+        kiln_sbuf_printf(b, "%3u  %-9s %-7s %-10s %-10s %-7s", r, ri.kind, ri.backend, fl, by,
                   ri.compute_bound ? "compute" : "memory");
         for (int be = 0; be < KILN_BACKEND_COUNT; be++) {
-            if (ri.predicted_s[be] < 0) sb_printf(b, " %11s", "-");
-            else sb_printf(b, " %9.1fus%s", ri.predicted_s[be] * 1e6, be == p->region_be[r] ? "*" : " ");
+            if (ri.predicted_s[be] < 0) kiln_sbuf_printf(b, " %11s", "-");
+            else kiln_sbuf_printf(b, " %9.1fus%s", ri.predicted_s[be] * 1e6, be == p->region_be[r] ? "*" : " ");
         }
         tot_pred += ri.predicted_s[p->region_be[r]] + ri.transfer_s;
         tot_meas += ri.measured_s;
         if (ri.n_measured && ri.measured_s > 0) /* roof = predicted (the roofline) / measured */
-            sb_printf(b, " %9.1fus %8.2f %8.2f %5.0f%%", ri.measured_s * 1e6, ri.bytes / ri.measured_s / 1e9,
+            kiln_sbuf_printf(b, " %9.1fus %8.2f %8.2f %5.0f%%", ri.measured_s * 1e6, ri.bytes / ri.measured_s / 1e9,
                       ri.flops / ri.measured_s / 1e9, 100 * ri.predicted_s[p->region_be[r]] / ri.measured_s);
         else
-            sb_printf(b, " %11s %8s %8s %6s", "-", "-", "-", "-");
-        sb_printf(b, "  %s", ri.ops);
-        if (ri.transfer_s > 0) sb_printf(b, "  (+%.1fus transfers in)", ri.transfer_s * 1e6);
-        sb_printf(b, "\n");
+            kiln_sbuf_printf(b, " %11s %8s %8s %6s", "-", "-", "-", "-");
+        kiln_sbuf_printf(b, "  %s", ri.ops);
+        if (ri.transfer_s > 0) kiln_sbuf_printf(b, "  (+%.1fus transfers in)", ri.transfer_s * 1e6);
+        kiln_sbuf_printf(b, "\n");
     }
-    sb_printf(b, "\ntotal predicted %.3f ms", tot_pred * 1e3);
-    if (tot_meas > 0) sb_printf(b, ", measured %.3f ms (%.2fx the prediction)", tot_meas * 1e3, tot_meas / tot_pred);
-    sb_printf(b, "\n");
+    kiln_sbuf_printf(b, "\ntotal predicted %.3f ms", tot_pred * 1e3);
+    if (tot_meas > 0) kiln_sbuf_printf(b, ", measured %.3f ms (%.2fx the prediction)", tot_meas * 1e3, tot_meas / tot_pred);
+    kiln_sbuf_printf(b, "\n");
 }
 
 static void explain_json(const kiln_plan *p, sbuf *b)
 {
-    sb_printf(b, "{\"backend\": \"%s\", \"kernels\": %u, \"ops\": %u, \"compile_ms\": %.4f, \"cache\": \"%s\", "
+    kiln_sbuf_printf(b, "{\"backend\": \"%s\", \"kernels\": %u, \"ops\": %u, \"compile_ms\": %.4f, \"cache\": \"%s\", "
                  "\"cache_disk_hits\": %u, \"cache_disk_misses\": %u, \"peak_bytes\": %zu, \"regions\": [",
               kiln_backends[p->backend]->name, p->fusion.n_regions, n_ops(p), p->compile_ms, kiln_plan_cache(p), p->disk_hits,
               p->disk_misses, p->arena_bytes);
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         kiln_region_info ri;
         kiln_plan_region(p, (int)r, &ri);
-        sb_printf(b, "%s\n  {\"kind\": \"%s\", \"backend\": \"%s\", \"anchor\": \"%s\", \"ops\": \"%s\", \"flops\": %.6g, "
+        kiln_sbuf_printf(b, "%s\n  {\"kind\": \"%s\", \"backend\": \"%s\", \"anchor\": \"%s\", \"ops\": \"%s\", \"flops\": %.6g, "
                      "\"bytes\": %.6g, \"bound\": \"%s\", \"predicted_s\": {",
                   r ? "," : "", ri.kind, ri.backend, ri.anchor, ri.ops, ri.flops, ri.bytes,
                   ri.compute_bound ? "compute" : "memory");
         bool first = true;
         for (int be = 0; be < KILN_BACKEND_COUNT; be++)
             if (ri.predicted_s[be] >= 0) {
-                sb_printf(b, "%s\"%s\": %.6g", first ? "" : ", ", kiln_backends[be]->name, ri.predicted_s[be]);
+                kiln_sbuf_printf(b, "%s\"%s\": %.6g", first ? "" : ", ", kiln_backends[be]->name, ri.predicted_s[be]);
                 first = false;
             }
         double m = ri.measured_s > 0 ? ri.measured_s : 0;
-        sb_printf(b, "}, \"transfer_s\": %.6g, \"measured_s\": %.6g, \"runs_measured\": %d, \"achieved_gb_s\": %.6g, "
+        kiln_sbuf_printf(b, "}, \"transfer_s\": %.6g, \"measured_s\": %.6g, \"runs_measured\": %d, \"achieved_gb_s\": %.6g, "
                      "\"achieved_gflop_s\": %.6g, \"fraction_of_roof\": %.4f}",
                   ri.transfer_s, ri.measured_s, ri.n_measured, m ? ri.bytes / m / 1e9 : 0, m ? ri.flops / m / 1e9 : 0,
                   m ? ri.predicted_s[p->region_be[r]] / m : 0);
     }
-    sb_printf(b, "\n]}\n");
+    kiln_sbuf_printf(b, "\n]}\n");
 }
 
 static void explain_dot(const kiln_plan *p, sbuf *b)
 {
     const kiln_graph *g = p->g;
-    sb_printf(b, "digraph kiln {\n  rankdir=TB;\n  node [fontname=\"monospace\" fontsize=10];\n");
+    kiln_sbuf_printf(b, "digraph kiln {\n  rankdir=TB;\n  node [fontname=\"monospace\" fontsize=10];\n");
     for (uint32_t i = 0; i < g->n_nodes; i++) {
         uint8_t op = g->nodes[i].op;
         if (op == KILN_OP_INPUT || op == KILN_OP_STATE)
-            sb_printf(b, "  n%u [shape=ellipse label=\"%s %s\"];\n", i, kiln_op_name((enum kiln_op)op), g->nodes[i].name);
+            kiln_sbuf_printf(b, "  n%u [shape=ellipse label=\"%s %s\"];\n", i, kiln_op_name((enum kiln_op)op), g->nodes[i].name);
     }
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         char ops[256];
         ops_string(g, &p->fusion.regions[r], ops, sizeof ops);
-        sb_printf(b, "  r%u [shape=box style=rounded label=\"#%u %s on %s\\n%s\"];\n", r, r,
+        kiln_sbuf_printf(b, "  r%u [shape=box style=rounded label=\"#%u %s on %s\\n%s\"];\n", r, r,
                   kiln_region_kind_name((enum kiln_region_kind)p->fusion.regions[r].kind),
                   kiln_backends[p->region_be[r]]->name, ops);
     }
@@ -210,17 +185,17 @@ static void explain_dot(const kiln_plan *p, sbuf *b)
             while (p->fusion.region_of[root] == KILN_IDX_NONE && (g->nodes[root].op == KILN_OP_RESHAPE || g->nodes[root].op == KILN_OP_VIEW))
                 root = g->nodes[root].src[0];
             uint8_t op = g->nodes[root].op;
-            if (op == KILN_OP_INPUT || op == KILN_OP_STATE) sb_printf(b, "  n%u -> r%u;\n", root, r);
+            if (op == KILN_OP_INPUT || op == KILN_OP_STATE) kiln_sbuf_printf(b, "  n%u -> r%u;\n", root, r);
             else if (p->fusion.region_of[root] != KILN_IDX_NONE && p->fusion.region_of[root] != r)
-                sb_printf(b, "  r%u -> r%u;\n", p->fusion.region_of[root], r);
+                kiln_sbuf_printf(b, "  r%u -> r%u;\n", p->fusion.region_of[root], r);
         }
     }
     for (uint32_t o = 0; o < g->n_outs; o++) {
         uint32_t r = p->fusion.region_of[p->root[g->outs[o].node]];
-        sb_printf(b, "  out%u [shape=ellipse label=\"output %s\"];\n", o, g->outs[o].name);
-        if (r != KILN_IDX_NONE) sb_printf(b, "  r%u -> out%u;\n", r, o);
+        kiln_sbuf_printf(b, "  out%u [shape=ellipse label=\"output %s\"];\n", o, g->outs[o].name);
+        if (r != KILN_IDX_NONE) kiln_sbuf_printf(b, "  r%u -> out%u;\n", r, o);
     }
-    sb_printf(b, "}\n");
+    kiln_sbuf_printf(b, "}\n");
 }
 
 KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, char **out)

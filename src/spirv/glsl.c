@@ -4,45 +4,13 @@
  * Must not change what a kernel computes: target fix-ups belong in the lowering, and optional
  * device features are only used where the text computes the same bits as the fallback. */
 #include "spirv/spirv.h"
+#include "util/sbuf.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct sbuf {
-    char  *p;   /* text (NUL-terminated while !oom) */
-    size_t len; /* used, without the NUL */
-    size_t cap; /* allocated */
-    bool   oom; /* an append failed */
-} sbuf;
-
-static void sb_printf(sbuf *s, const char *fmt, ...)
-{
-    if (s->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int w = vsnprintf(s->p + s->len, s->cap - s->len, fmt, ap);
-        va_end(ap);
-        if (w < 0) {
-            s->oom = true;
-            return;
-        }
-        if (s->len + (size_t)w < s->cap) {
-            s->len += (size_t)w;
-            return;
-        }
-        size_t cap = s->cap * 2 + (size_t)w + 256;
-        char *g = realloc(s->p, cap);
-        if (!g) {
-            s->oom = true;
-            return;
-        }
-        s->p = g;
-        s->cap = cap;
-    }
-}
+typedef kiln_sbuf sbuf;
 
 /* Text of each op: $a $b $c are the operands, $i the immediate, $s the slot/array (imm), $o the
  * base word offset of slot $s. A type-specific entry wins over `any`. Ops whose text depends on
@@ -149,14 +117,14 @@ static void print_const(sbuf *s, const kiln_kinst *in)
     if (in->type == KILN_KT_F4) {
         kiln_kinst one = *in;
         one.type = KILN_KT_F32;
-        sb_printf(s, "vec4(");
+        kiln_sbuf_printf(s, "vec4(");
         print_const(s, &one);
-        sb_printf(s, ")");
+        kiln_sbuf_printf(s, ")");
     } else if (in->type == KILN_KT_U32) {
-        sb_printf(s, "%uu", in->imm.u);
+        kiln_sbuf_printf(s, "%uu", in->imm.u);
     } else if (in->type == KILN_KT_I32) {
-        if (in->imm.i == INT32_MIN) sb_printf(s, "(-2147483647 - 1)");
-        else sb_printf(s, "%d", in->imm.i);
+        if (in->imm.i == INT32_MIN) kiln_sbuf_printf(s, "(-2147483647 - 1)");
+        else kiln_sbuf_printf(s, "%d", in->imm.i);
     } else {
         float f;
         memcpy(&f, &in->imm.u, 4);
@@ -164,8 +132,8 @@ static void print_const(sbuf *s, const kiln_kinst *in)
         snprintf(t, sizeof t, "%.9g", f);
         float back = strtof(t, NULL);
         bool exact = f - f == 0 && memcmp(&back, &f, 4) == 0; /* finite and round-trips */
-        if (!exact) sb_printf(s, "uintBitsToFloat(0x%08xu)", in->imm.u);
-        else sb_printf(s, "%s%s", t, strpbrk(t, ".en") ? "" : ".0");
+        if (!exact) kiln_sbuf_printf(s, "uintBitsToFloat(0x%08xu)", in->imm.u);
+        else kiln_sbuf_printf(s, "%s%s", t, strpbrk(t, ".en") ? "" : ".0");
     }
 }
 
@@ -174,18 +142,18 @@ static bool print_template(sbuf *s, const char *t, const kiln_kinst *in)
 {
     for (const char *p = t; *p; p++) {
         if (*p != '$') {
-            sb_printf(s, "%c", *p);
+            kiln_sbuf_printf(s, "%c", *p);
             continue;
         }
         switch (*++p) {
-        case 'a': sb_printf(s, "v%u", in->a); break;
-        case 'b': sb_printf(s, "v%u", in->b); break;
-        case 'c': sb_printf(s, "v%u", in->c); break;
-        case 'i': sb_printf(s, "%d", in->imm.i); break;
-        case 's': sb_printf(s, "%u", in->imm.u); break;
-        case 'o': sb_printf(s, "pc.off[%u]", in->imm.u); break;
-        case 'f': sb_printf(s, "%d", in->imm.i & 31); break;
-        case 'w': sb_printf(s, "%d", in->imm.i >> 8); break;
+        case 'a': kiln_sbuf_printf(s, "v%u", in->a); break;
+        case 'b': kiln_sbuf_printf(s, "v%u", in->b); break;
+        case 'c': kiln_sbuf_printf(s, "v%u", in->c); break;
+        case 'i': kiln_sbuf_printf(s, "%d", in->imm.i); break;
+        case 's': kiln_sbuf_printf(s, "%u", in->imm.u); break;
+        case 'o': kiln_sbuf_printf(s, "pc.off[%u]", in->imm.u); break;
+        case 'f': kiln_sbuf_printf(s, "%d", in->imm.i & 31); break;
+        case 'w': kiln_sbuf_printf(s, "%d", in->imm.i >> 8); break;
         default: return false;
         }
     }
@@ -201,7 +169,7 @@ static void print_convert(sbuf *s, const kiln_kir *k, const kiln_kinst *in)
     else if (to == KILN_KT_F32) f = from == KILN_KT_I32 ? "intBitsToFloat(v%u)" : "uintBitsToFloat(v%u)";
     else if (from == KILN_KT_F32) f = to == KILN_KT_I32 ? "floatBitsToInt(v%u)" : "floatBitsToUint(v%u)";
     else f = to == KILN_KT_I32 ? "int(v%u)" : "uint(v%u)";
-    sb_printf(s, f, in->a);
+    kiln_sbuf_printf(s, f, in->a);
 }
 
 typedef struct reduce_plan {
@@ -226,37 +194,37 @@ static void print_reduce(sbuf *s, const kiln_kir *k, const kiln_spv_features *f,
     const char *comb = max ? "max(%s, %s)" : "%s + %s";
     reduce_plan p = plan_reduce(k, f, grp);
     if (p.subgroup && grp == p.sg) {
-        sb_printf(s, "%sv%u = subgroup%s(v%u);\n", ind, id, sg_op, in->a);
+        kiln_sbuf_printf(s, "%sv%u = subgroup%s(v%u);\n", ind, id, sg_op, in->a);
         return;
     }
     if (p.subgroup && grp < p.sg) {
-        sb_printf(s, "%sv%u = subgroupClustered%s(v%u, %uu);\n", ind, id, sg_op, in->a, grp);
+        kiln_sbuf_printf(s, "%sv%u = subgroupClustered%s(v%u, %uu);\n", ind, id, sg_op, in->a, grp);
         return;
     }
-    sb_printf(s, "%s{\n", ind);
-    sb_printf(s, "%s    uint t_ = gl_LocalInvocationID.x;\n", ind);
+    kiln_sbuf_printf(s, "%s{\n", ind);
+    kiln_sbuf_printf(s, "%s    uint t_ = gl_LocalInvocationID.x;\n", ind);
     char c[64];
     if (p.subgroup) { /* subgroups first, then their partials through shared memory */
-        sb_printf(s, "%s    float r_ = subgroup%s(v%u);\n", ind, sg_op, in->a);
-        sb_printf(s, "%s    if (gl_SubgroupInvocationID == 0u) kiln_red[t_ / %uu] = r_;\n", ind, p.sg);
-        sb_printf(s, "%s    barrier();\n", ind);
-        sb_printf(s, "%s    uint g_ = (t_ & ~%uu) / %uu;\n", ind, grp - 1, p.sg);
-        sb_printf(s, "%s    r_ = kiln_red[g_];\n", ind);
+        kiln_sbuf_printf(s, "%s    float r_ = subgroup%s(v%u);\n", ind, sg_op, in->a);
+        kiln_sbuf_printf(s, "%s    if (gl_SubgroupInvocationID == 0u) kiln_red[t_ / %uu] = r_;\n", ind, p.sg);
+        kiln_sbuf_printf(s, "%s    barrier();\n", ind);
+        kiln_sbuf_printf(s, "%s    uint g_ = (t_ & ~%uu) / %uu;\n", ind, grp - 1, p.sg);
+        kiln_sbuf_printf(s, "%s    r_ = kiln_red[g_];\n", ind);
         snprintf(c, sizeof c, comb, "r_", "kiln_red[g_ + j_]");
-        sb_printf(s, "%s    for (uint j_ = 1u; j_ < %uu; j_++) r_ = %s;\n", ind, grp / p.sg, c);
-        sb_printf(s, "%s    v%u = r_;\n", ind, id);
+        kiln_sbuf_printf(s, "%s    for (uint j_ = 1u; j_ < %uu; j_++) r_ = %s;\n", ind, grp / p.sg, c);
+        kiln_sbuf_printf(s, "%s    v%u = r_;\n", ind, id);
     } else { /* shared-memory tree */
-        sb_printf(s, "%s    kiln_red[t_] = v%u;\n", ind, in->a);
-        sb_printf(s, "%s    barrier();\n", ind);
+        kiln_sbuf_printf(s, "%s    kiln_red[t_] = v%u;\n", ind, in->a);
+        kiln_sbuf_printf(s, "%s    barrier();\n", ind);
         snprintf(c, sizeof c, comb, "kiln_red[t_]", "kiln_red[t_ + s_]");
-        sb_printf(s, "%s    for (uint s_ = %uu; s_ > 0u; s_ >>= 1) {\n", ind, grp / 2);
-        sb_printf(s, "%s        if ((t_ & %uu) < s_) kiln_red[t_] = %s;\n", ind, grp - 1, c);
-        sb_printf(s, "%s        barrier();\n", ind);
-        sb_printf(s, "%s    }\n", ind);
-        sb_printf(s, "%s    v%u = kiln_red[t_ & ~%uu];\n", ind, id, grp - 1);
+        kiln_sbuf_printf(s, "%s    for (uint s_ = %uu; s_ > 0u; s_ >>= 1) {\n", ind, grp / 2);
+        kiln_sbuf_printf(s, "%s        if ((t_ & %uu) < s_) kiln_red[t_] = %s;\n", ind, grp - 1, c);
+        kiln_sbuf_printf(s, "%s        barrier();\n", ind);
+        kiln_sbuf_printf(s, "%s    }\n", ind);
+        kiln_sbuf_printf(s, "%s    v%u = kiln_red[t_ & ~%uu];\n", ind, id, grp - 1);
     }
-    sb_printf(s, "%s    barrier(); // kiln_red is free again\n", ind);
-    sb_printf(s, "%s}\n", ind);
+    kiln_sbuf_printf(s, "%s    barrier(); // kiln_red is free again\n", ind);
+    kiln_sbuf_printf(s, "%s}\n", ind);
 }
 
 /* MMA (m16n8k16, kir.h states the fragment layouts): every thread puts its A and B words into
@@ -266,31 +234,31 @@ static void print_mma(sbuf *s, const kiln_kinst *in, uint32_t id, const char *in
 {
     const char *h = (in->imm.u & 1) ? "kiln_bf" : "kiln_hf";
     uint32_t b = (in->imm.u & 2) ? 2 : 0;
-    sb_printf(s, "%s{\n%s    uint t_ = gl_LocalInvocationID.x, l_ = t_ & 31u, w_ = t_ - l_, g_ = l_ >> 2, q_ = l_ & 3u;\n", ind, ind);
-    for (int j = 0; j < 4; j++) sb_printf(s, "%s    kiln_mma[t_ * 6u + %du] = v%u[%d];\n", ind, j, in->a, j);
-    for (int j = 0; j < 2; j++) sb_printf(s, "%s    kiln_mma[t_ * 6u + %du] = v%u[%u];\n", ind, 4 + j, in->b, b + (uint32_t)j);
-    sb_printf(s, "%s    memoryBarrierShared();\n%s    barrier();\n%s    vec4 d_ = v%u;\n", ind, ind, ind, in->c);
-    sb_printf(s, "%s    for (uint k_ = 0u; k_ < 16u; k_++) {\n", ind);
-    sb_printf(s, "%s        uint p_ = (k_ & 7u) >> 1, j_ = k_ >> 3, e_ = k_ & 1u;\n", ind);
-    sb_printf(s, "%s        float a0_ = %s(kiln_mma[(w_ + g_ * 4u + p_) * 6u + 2u * j_], e_);\n", ind, h);
-    sb_printf(s, "%s        float a1_ = %s(kiln_mma[(w_ + g_ * 4u + p_) * 6u + 2u * j_ + 1u], e_);\n", ind, h);
-    sb_printf(s, "%s        float b0_ = %s(kiln_mma[(w_ + q_ * 8u + p_) * 6u + 4u + j_], e_);\n", ind, h);
-    sb_printf(s, "%s        float b1_ = %s(kiln_mma[(w_ + q_ * 8u + 4u + p_) * 6u + 4u + j_], e_);\n", ind, h);
-    sb_printf(s, "%s        d_ = vec4(d_.x + a0_ * b0_, d_.y + a0_ * b1_, d_.z + a1_ * b0_, d_.w + a1_ * b1_);\n%s    }\n", ind, ind);
-    sb_printf(s, "%s    memoryBarrierShared();\n%s    barrier(); // kiln_mma is free again\n%s    v%u = d_;\n%s}\n", ind, ind, ind, id, ind);
+    kiln_sbuf_printf(s, "%s{\n%s    uint t_ = gl_LocalInvocationID.x, l_ = t_ & 31u, w_ = t_ - l_, g_ = l_ >> 2, q_ = l_ & 3u;\n", ind, ind);
+    for (int j = 0; j < 4; j++) kiln_sbuf_printf(s, "%s    kiln_mma[t_ * 6u + %du] = v%u[%d];\n", ind, j, in->a, j);
+    for (int j = 0; j < 2; j++) kiln_sbuf_printf(s, "%s    kiln_mma[t_ * 6u + %du] = v%u[%u];\n", ind, 4 + j, in->b, b + (uint32_t)j);
+    kiln_sbuf_printf(s, "%s    memoryBarrierShared();\n%s    barrier();\n%s    vec4 d_ = v%u;\n", ind, ind, ind, in->c);
+    kiln_sbuf_printf(s, "%s    for (uint k_ = 0u; k_ < 16u; k_++) {\n", ind);
+    kiln_sbuf_printf(s, "%s        uint p_ = (k_ & 7u) >> 1, j_ = k_ >> 3, e_ = k_ & 1u;\n", ind);
+    kiln_sbuf_printf(s, "%s        float a0_ = %s(kiln_mma[(w_ + g_ * 4u + p_) * 6u + 2u * j_], e_);\n", ind, h);
+    kiln_sbuf_printf(s, "%s        float a1_ = %s(kiln_mma[(w_ + g_ * 4u + p_) * 6u + 2u * j_ + 1u], e_);\n", ind, h);
+    kiln_sbuf_printf(s, "%s        float b0_ = %s(kiln_mma[(w_ + q_ * 8u + p_) * 6u + 4u + j_], e_);\n", ind, h);
+    kiln_sbuf_printf(s, "%s        float b1_ = %s(kiln_mma[(w_ + q_ * 8u + 4u + p_) * 6u + 4u + j_], e_);\n", ind, h);
+    kiln_sbuf_printf(s, "%s        d_ = vec4(d_.x + a0_ * b0_, d_.y + a0_ * b1_, d_.z + a1_ * b0_, d_.w + a1_ * b1_);\n%s    }\n", ind, ind);
+    kiln_sbuf_printf(s, "%s    memoryBarrierShared();\n%s    barrier(); // kiln_mma is free again\n%s    v%u = d_;\n%s}\n", ind, ind, ind, id, ind);
 }
 
 static void print_st16(sbuf *s, const kiln_spv_features *f, const kiln_kinst *in, const char *ind)
 {
     uint32_t sl = in->imm.u;
     if (f && f->storage16) {
-        sb_printf(s, "%sh%u.h[pc.off[%u] * 2u + uint(v%u)] = uint16_t(v%u & 0xffffu);\n", ind, sl, sl, in->a, in->b);
+        kiln_sbuf_printf(s, "%sh%u.h[pc.off[%u] * 2u + uint(v%u)] = uint16_t(v%u & 0xffffu);\n", ind, sl, sl, in->a, in->b);
         return;
     }
     /* the other half of the word may be stored by another thread at the same time */
-    sb_printf(s, "%s{\n%s    uint i_ = uint(v%u), w_ = pc.off[%u] + (i_ >> 1), sh_ = (i_ & 1u) * 16u;\n", ind, ind, in->a, sl);
-    sb_printf(s, "%s    atomicAnd(b%u.w[w_], ~(0xffffu << sh_));\n", ind, sl);
-    sb_printf(s, "%s    atomicOr(b%u.w[w_], (v%u & 0xffffu) << sh_);\n%s}\n", ind, sl, in->b, ind);
+    kiln_sbuf_printf(s, "%s{\n%s    uint i_ = uint(v%u), w_ = pc.off[%u] + (i_ >> 1), sh_ = (i_ & 1u) * 16u;\n", ind, ind, in->a, sl);
+    kiln_sbuf_printf(s, "%s    atomicAnd(b%u.w[w_], ~(0xffffu << sh_));\n", ind, sl);
+    kiln_sbuf_printf(s, "%s    atomicOr(b%u.w[w_], (v%u & 0xffffu) << sh_);\n%s}\n", ind, sl, in->b, ind);
 }
 
 /* Everything before main(): extensions, buffers, shared arrays, helpers. */
@@ -317,37 +285,37 @@ static void print_header(sbuf *s, const kiln_kir *k, const kiln_spv_features *f)
             red = k->block;
         }
     }
-    sb_printf(s, "#version 450\n");
-    if (any16) sb_printf(s, "#extension GL_EXT_shader_16bit_storage : require\n");
-    if (any16) sb_printf(s, "#extension GL_EXT_shader_explicit_arithmetic_types_int16 : require\n");
-    if (sg_basic) sb_printf(s, "#extension GL_KHR_shader_subgroup_basic : require\n");
-    if (sg) sb_printf(s, "#extension GL_KHR_shader_subgroup_arithmetic : require\n");
-    if (clustered) sb_printf(s, "#extension GL_KHR_shader_subgroup_clustered : require\n");
-    if (dp4a && f && f->int_dot) sb_printf(s, "#extension GL_EXT_spirv_intrinsics : require\n");
+    kiln_sbuf_printf(s, "#version 450\n");
+    if (any16) kiln_sbuf_printf(s, "#extension GL_EXT_shader_16bit_storage : require\n");
+    if (any16) kiln_sbuf_printf(s, "#extension GL_EXT_shader_explicit_arithmetic_types_int16 : require\n");
+    if (sg_basic) kiln_sbuf_printf(s, "#extension GL_KHR_shader_subgroup_basic : require\n");
+    if (sg) kiln_sbuf_printf(s, "#extension GL_KHR_shader_subgroup_arithmetic : require\n");
+    if (clustered) kiln_sbuf_printf(s, "#extension GL_KHR_shader_subgroup_clustered : require\n");
+    if (dp4a && f && f->int_dot) kiln_sbuf_printf(s, "#extension GL_EXT_spirv_intrinsics : require\n");
     char what[sizeof k->what];
     snprintf(what, sizeof what, "%s", k->what);
     for (char *c = what; *c; c++)
         if (*c == '\n' || *c == '\r') *c = ' ';
-    sb_printf(s, "// kiln kernel %s: %s\n", k->name, what);
-    sb_printf(s, "layout(local_size_x = %u) in;\n", k->block);
-    sb_printf(s, "// base word offset of each buffer slot, added to every index into it\n");
-    sb_printf(s, "layout(push_constant, std430) uniform kiln_pc { uint off[%u]; } pc;\n", KILN_SPV_PUSH_WORDS);
+    kiln_sbuf_printf(s, "// kiln kernel %s: %s\n", k->name, what);
+    kiln_sbuf_printf(s, "layout(local_size_x = %u) in;\n", k->block);
+    kiln_sbuf_printf(s, "// base word offset of each buffer slot, added to every index into it\n");
+    kiln_sbuf_printf(s, "layout(push_constant, std430) uniform kiln_pc { uint off[%u]; } pc;\n", KILN_SPV_PUSH_WORDS);
     for (uint32_t b = 0; b < k->n_bufs; b++) {
         static const char *const kinds[KILN_KBUF_KIND_COUNT] = {"parameters", "node", "table", "scratch"};
         const kiln_kbuf *kb = &k->bufs[b];
-        sb_printf(s, "layout(std430, set = 0, binding = %u) %sbuffer kiln_b%u { uint w[]; } b%u; // %s", b,
+        kiln_sbuf_printf(s, "layout(std430, set = 0, binding = %u) %sbuffer kiln_b%u { uint w[]; } b%u; // %s", b,
                   kb->written ? "" : "readonly ", b, b, kb->kind < KILN_KBUF_KIND_COUNT ? kinds[kb->kind] : "?");
-        if (kb->kind != KILN_KBUF_PARAMS) sb_printf(s, " %u", kb->node);
-        sb_printf(s, "\n");
-        if (st16[b]) sb_printf(s, "layout(std430, set = 0, binding = %u) buffer kiln_h%u { uint16_t h[]; } h%u;\n", b, b, b);
+        if (kb->kind != KILN_KBUF_PARAMS) kiln_sbuf_printf(s, " %u", kb->node);
+        kiln_sbuf_printf(s, "\n");
+        if (st16[b]) kiln_sbuf_printf(s, "layout(std430, set = 0, binding = %u) buffer kiln_h%u { uint16_t h[]; } h%u;\n", b, b, b);
     }
-    for (uint32_t a = 0; a < k->n_shared; a++) sb_printf(s, "shared uint s%u[%u];\n", a, k->shared[a]);
-    if (red) sb_printf(s, "shared float kiln_red[%u];\n", red);
-    if (mma) sb_printf(s, "shared uint kiln_mma[%u]; // MMA: each thread's A and B fragment words\n", 6 * k->block);
-    sb_printf(s, "%s", helpers);
-    if (dp4a) sb_printf(s, "%s", f && f->int_dot ? dp4a_ext : dp4a_bytes);
-    if (fma) sb_printf(s, "%s", fma_f64);
-    if (mma) sb_printf(s, "%s", mma_helpers);
+    for (uint32_t a = 0; a < k->n_shared; a++) kiln_sbuf_printf(s, "shared uint s%u[%u];\n", a, k->shared[a]);
+    if (red) kiln_sbuf_printf(s, "shared float kiln_red[%u];\n", red);
+    if (mma) kiln_sbuf_printf(s, "shared uint kiln_mma[%u]; // MMA: each thread's A and B fragment words\n", 6 * k->block);
+    kiln_sbuf_printf(s, "%s", helpers);
+    if (dp4a) kiln_sbuf_printf(s, "%s", f && f->int_dot ? dp4a_ext : dp4a_bytes);
+    if (fma) kiln_sbuf_printf(s, "%s", fma_f64);
+    if (mma) kiln_sbuf_printf(s, "%s", mma_helpers);
 }
 
 /* One line per type naming every value of that type. */
@@ -357,14 +325,14 @@ static void print_decls(sbuf *s, const kiln_kir *k)
         uint32_t on_line = 0;
         for (uint32_t i = 0; i < k->n_ins; i++) {
             if (k->ins[i].type != t || k->ins[i].op == KILN_KOP_NONE) continue;
-            if (on_line == 0) sb_printf(s, "    %s v%u", type_names[t], i);
-            else sb_printf(s, ", v%u", i);
+            if (on_line == 0) kiln_sbuf_printf(s, "    %s v%u", type_names[t], i);
+            else kiln_sbuf_printf(s, ", v%u", i);
             if (++on_line == 16) {
-                sb_printf(s, ";\n");
+                kiln_sbuf_printf(s, ";\n");
                 on_line = 0;
             }
         }
-        if (on_line) sb_printf(s, ";\n");
+        if (on_line) kiln_sbuf_printf(s, ";\n");
     }
 }
 
@@ -374,7 +342,7 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
     if (!kiln_kir_verify(k, err, n)) return KILN_ERR_INVALID_ARG;
     sbuf s = {0};
     print_header(&s, k, f);
-    sb_printf(&s, "void main()\n{\n");
+    kiln_sbuf_printf(&s, "void main()\n{\n");
     print_decls(&s, k);
     char spaces[4 * 66 + 1];
     memset(spaces, ' ', sizeof spaces - 1);
@@ -386,24 +354,24 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
         enum kiln_kop op = (enum kiln_kop)in->op;
         if (op == KILN_KOP_ENDLOOP || op == KILN_KOP_ENDIF || op == KILN_KOP_ELSE) ind = spaces + sizeof spaces - 1 - 4 * --depth;
         switch (op) {
-        case KILN_KOP_CONST: sb_printf(&s, "%sv%u = ", ind, i); print_const(&s, in); sb_printf(&s, ";\n"); break;
-        case KILN_KOP_BID: sb_printf(&s, "%sv%u = int(gl_WorkGroupID.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
-        case KILN_KOP_NBID: sb_printf(&s, "%sv%u = int(gl_NumWorkGroups.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
-        case KILN_KOP_CVT: case KILN_KOP_BITCAST: sb_printf(&s, "%sv%u = ", ind, i); print_convert(&s, k, in); sb_printf(&s, ";\n"); break;
-        case KILN_KOP_ASSIGN: sb_printf(&s, "%sv%u = v%u;\n", ind, in->a, in->b); break;
-        case KILN_KOP_ST: sb_printf(&s, "%sb%u.w[pc.off[%u] + uint(v%u)] = v%u;\n", ind, in->imm.u, in->imm.u, in->a, in->b); break;
+        case KILN_KOP_CONST: kiln_sbuf_printf(&s, "%sv%u = ", ind, i); print_const(&s, in); kiln_sbuf_printf(&s, ";\n"); break;
+        case KILN_KOP_BID: kiln_sbuf_printf(&s, "%sv%u = int(gl_WorkGroupID.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
+        case KILN_KOP_NBID: kiln_sbuf_printf(&s, "%sv%u = int(gl_NumWorkGroups.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
+        case KILN_KOP_CVT: case KILN_KOP_BITCAST: kiln_sbuf_printf(&s, "%sv%u = ", ind, i); print_convert(&s, k, in); kiln_sbuf_printf(&s, ";\n"); break;
+        case KILN_KOP_ASSIGN: kiln_sbuf_printf(&s, "%sv%u = v%u;\n", ind, in->a, in->b); break;
+        case KILN_KOP_ST: kiln_sbuf_printf(&s, "%sb%u.w[pc.off[%u] + uint(v%u)] = v%u;\n", ind, in->imm.u, in->imm.u, in->a, in->b); break;
         case KILN_KOP_ST16: print_st16(&s, f, in, ind); break;
         case KILN_KOP_STS:
-            sb_printf(&s, kiln_ktype(k, in->b) == KILN_KT_F32 ? "%ss%u[v%u] = floatBitsToUint(v%u);\n" : "%ss%u[v%u] = v%u;\n", ind,
+            kiln_sbuf_printf(&s, kiln_ktype(k, in->b) == KILN_KT_F32 ? "%ss%u[v%u] = floatBitsToUint(v%u);\n" : "%ss%u[v%u] = v%u;\n", ind,
                       in->imm.u, in->a, in->b);
             break;
-        case KILN_KOP_BARRIER: sb_printf(&s, "%smemoryBarrierShared();\n%sbarrier();\n", ind, ind); break;
+        case KILN_KOP_BARRIER: kiln_sbuf_printf(&s, "%smemoryBarrierShared();\n%sbarrier();\n", ind, ind); break;
         case KILN_KOP_REDUCE: print_reduce(&s, k, f, in, i, ind); break;
         case KILN_KOP_MMA: print_mma(&s, in, i, ind); break;
-        case KILN_KOP_LOOP: sb_printf(&s, "%sfor (; v%u < v%u; v%u += v%u) {\n", ind, in->a, in->b, in->a, in->c); break;
-        case KILN_KOP_IF: sb_printf(&s, "%sif (v%u) {\n", ind, in->a); break;
-        case KILN_KOP_ELSE: sb_printf(&s, "%s} else {\n", ind); break;
-        case KILN_KOP_ENDLOOP: case KILN_KOP_ENDIF: sb_printf(&s, "%s}\n", ind); break;
+        case KILN_KOP_LOOP: kiln_sbuf_printf(&s, "%sfor (; v%u < v%u; v%u += v%u) {\n", ind, in->a, in->b, in->a, in->c); break;
+        case KILN_KOP_IF: kiln_sbuf_printf(&s, "%sif (v%u) {\n", ind, in->a); break;
+        case KILN_KOP_ELSE: kiln_sbuf_printf(&s, "%s} else {\n", ind); break;
+        case KILN_KOP_ENDLOOP: case KILN_KOP_ENDIF: kiln_sbuf_printf(&s, "%s}\n", ind); break;
         default: {
             const op_text *t = op < KILN_KOP_COUNT ? &op_texts[op] : NULL;
             const char *tx = op == KILN_KOP_FMA && f && f->fma_f64 ? "kiln_fma($a, $b, $c)"
@@ -412,27 +380,27 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
                 : in->type == KILN_KT_I32 && t->i32 ? t->i32
                 : in->type == KILN_KT_U32 && t->u32 ? t->u32 : t->any;
             if (!tx) {
-                free(s.p);
+                free(s.s);
                 snprintf(err, n, "kernel %s, instruction %u: the GLSL printer does not take op %s", k->name, i, kiln_kop_name(op));
                 return KILN_ERR_UNSUPPORTED;
             }
-            sb_printf(&s, "%sv%u = ", ind, i);
+            kiln_sbuf_printf(&s, "%sv%u = ", ind, i);
             if (!print_template(&s, tx, in)) {
-                free(s.p);
+                free(s.s);
                 snprintf(err, n, "GLSL printer: bad template for op %s", kiln_kop_name(op));
                 return KILN_ERR_INTERNAL;
             }
-            sb_printf(&s, ";\n");
+            kiln_sbuf_printf(&s, ";\n");
         }
         }
         if (op == KILN_KOP_LOOP || op == KILN_KOP_IF || op == KILN_KOP_ELSE) ind = spaces + sizeof spaces - 1 - 4 * ++depth;
     }
-    sb_printf(&s, "}\n");
+    kiln_sbuf_printf(&s, "}\n");
     if (s.oom) {
-        free(s.p);
+        free(s.s);
         snprintf(err, n, "out of memory printing kernel %s", k->name);
         return KILN_ERR_NOMEM;
     }
-    *out = s.p;
+    *out = s.s;
     return KILN_OK;
 }
