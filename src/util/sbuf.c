@@ -20,6 +20,9 @@ bool kiln_sbuf_reserve(kiln_sbuf *b, size_t extra)
     return true;
 }
 
+/* kiln_sbuf_reserve's common case inline: the room is there. */
+static inline bool room(kiln_sbuf *b, size_t extra) { return (b->s && b->n + extra < b->cap) || kiln_sbuf_reserve(b, extra); }
+
 /* The subset of printf the printers use, without vsnprintf; false, with nothing kept, on any other
  * conversion. True also when memory ran out (oom set). */
 static bool printf_fast(kiln_sbuf *b, const char *fmt, va_list ap)
@@ -29,7 +32,7 @@ static bool printf_fast(kiln_sbuf *b, const char *fmt, va_list ap)
         const char *q = p;
         while (*q && *q != '%') q++;
         if (q > p) {
-            if (!kiln_sbuf_reserve(b, (size_t)(q - p))) return true;
+            if (!room(b, (size_t)(q - p))) return true;
             memcpy(b->s + b->n, p, (size_t)(q - p));
             b->n += (size_t)(q - p);
         }
@@ -74,11 +77,11 @@ static bool printf_fast(kiln_sbuf *b, const char *fmt, va_list ap)
             return false;
         default: b->n = n0; return false;
         }
-        if (!kiln_sbuf_reserve(b, len)) return true;
+        if (!room(b, len)) return true;
         memcpy(b->s + b->n, t, len);
         b->n += len;
     }
-    if (kiln_sbuf_reserve(b, 0)) b->s[b->n] = 0;
+    if (room(b, 0)) b->s[b->n] = 0;
     return true;
 }
 
