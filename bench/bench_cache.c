@@ -10,22 +10,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "kiln/kiln.h"
 #include "sched/ctx.h"
 #include "sched/presets.h"
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static const char *preset = "llama-7b", *backend = "cpu", *wtype = "q8_0";
 static int reps = 50, kernels;
@@ -48,9 +36,9 @@ static kiln_graph *build(void)
 static double compile_once(kiln_ctx *ctx, kiln_graph *g, char cache[16])
 {
     kiln_plan *p = NULL;
-    double t0 = now_us();
+    double t0 = (bench_now_s() * 1e6);
     kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = backend}, &p);
-    double t = now_us() - t0;
+    double t = (bench_now_s() * 1e6) - t0;
     if (s != KILN_OK) {
         fprintf(stderr, "bench_cache: compile: %s: %s\n", kiln_status_str(s), kiln_ctx_error(ctx));
         exit(1);
@@ -63,7 +51,7 @@ static double compile_once(kiln_ctx *ctx, kiln_graph *g, char cache[16])
 
 static double median(double *t, int n)
 {
-    qsort(t, (size_t)n, sizeof *t, cmp);
+    qsort(t, (size_t)n, sizeof *t, bench_cmp_double);
     return t[n / 2];
 }
 
@@ -90,10 +78,10 @@ int main(int argc, char **argv)
         setenv("KILN_CACHE_DIR", dir, 1);
         if (strcmp(backend, "cpu") == 0 || strcmp(backend, "ref") == 0) setenv("KILN_CACHE", "all", 1);
     }
-    double t_ctx = now_us();
+    double t_ctx = (bench_now_s() * 1e6);
     kiln_ctx *ctx;
     if (kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx) != KILN_OK) return 1;
-    t_ctx = now_us() - t_ctx;
+    t_ctx = (bench_now_s() * 1e6) - t_ctx;
     kiln_graph *g = build();
     if (!g) return 1;
     char c0[16], c1[16], c2[16];

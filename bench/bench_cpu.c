@@ -8,26 +8,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "backends/cpu/cpu.h"
 
 #define COLD_BYTES ((size_t)192 << 20) /* weights cycled per GEMV case: 6x a 32 MiB L3 */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     return v[n / 2];
 }
 
@@ -83,10 +71,10 @@ static void bench_gemv(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, double bw, in
     for (int it = -copies; it < iters; it++) {
         kiln_cpu_mm mm = {.x = x, .m = 1, .k = k, .n_out = 1};
         mm.out[0] = (kiln_cpu_mm_out){.w = w + (size_t)((it + copies) % copies) * bytes, .wt = t, .n = n, .y = y};
-        double t0 = now_s();
+        double t0 = bench_now_s();
         kiln_cpu_matmul(pool, isa, &mm);
         if (it >= 0)
-            ts[it] = now_s() - t0;
+            ts[it] = bench_now_s() - t0;
     }
     double med = median(ts, iters), gbs = (double)bytes / med * 1e-9;
     printf("%s    {\"kind\": \"gemv\", \"dtype\": \"%s\", \"n\": %ld, \"k\": %ld, \"ms\": %.4f, \"gb_s\": %.2f, "
@@ -119,10 +107,10 @@ static void bench_attn(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, double bw, ki
     double bwl = kiln_cpu_measure_read_bw(pool);
     for (int it = -copies; it < iters; it++) {
         const char *base = kv + (size_t)((it + copies) % copies) * 2 * cache;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         kiln_cpu_attention(pool, isa, q, 1, n_head, hd, base, base + cache, kt, n_kv_head, ctx, n_kv, 0, y);
         if (it >= 0)
-            ts[it] = now_s() - t0;
+            ts[it] = bench_now_s() - t0;
     }
     double med = median(ts, iters), gbs = 2.0 * (double)cache / med * 1e-9;
     printf("%s    {\"kind\": \"attention_decode\", \"cache\": \"%s\", \"n_head\": %ld, \"hd\": %ld, \"n_kv\": %ld, "
@@ -151,10 +139,10 @@ static void bench_gemm(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, double peak, 
     for (int it = -2; it < iters; it++) {
         kiln_cpu_mm mm = {.x = x, .m = m, .k = k, .n_out = 1};
         mm.out[0] = (kiln_cpu_mm_out){.w = w, .wt = t, .n = n, .y = y};
-        double t0 = now_s();
+        double t0 = bench_now_s();
         kiln_cpu_matmul(pool, isa, &mm);
         if (it >= 0)
-            ts[it] = now_s() - t0;
+            ts[it] = bench_now_s() - t0;
     }
     double med = median(ts, iters), gf = 2.0 * (double)(m * n * k) / med * 1e-9;
     printf("%s    {\"kind\": \"gemm\", \"dtype\": \"%s\", \"m\": %ld, \"n\": %ld, \"k\": %ld, \"ms\": %.4f, "

@@ -8,25 +8,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "sched/plan.h"
 #include "sched/presets.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
@@ -61,14 +49,14 @@ int main(int argc, char **argv)
                             {.name = "y", .data = y, .bytes = sizeof(float) * (size_t)pr->hidden}};
         for (int i = 0; i < 2; i++) {
             int k = (s & 1) ? 1 - i : i; /* alternate which goes first */
-            double t0 = now_s();
+            double t0 = bench_now_s();
             if (kiln_run(p[k], b, 5) != KILN_OK) return fprintf(stderr, "run: %s\n", kiln_ctx_error(ctx)), 1;
-            if (s >= 0) t[k][s] = now_s() - t0;
+            if (s >= 0) t[k][s] = bench_now_s() - t0;
         }
-        double t0 = now_s(); /* the guard's own work on the guarded plan's last run */
+        double t0 = bench_now_s(); /* the guard's own work on the guarded plan's last run */
         for (uint32_t r = 0; r < p[1]->fusion.n_regions; r++)
             if (kiln_sched_check_finite(p[1], r) != KILN_OK) return fprintf(stderr, "scan: %s\n", kiln_ctx_error(ctx)), 1;
-        if (s >= 0) scan[s] = now_s() - t0;
+        if (s >= 0) scan[s] = bench_now_s() - t0;
     }
     double off = median(t[0], steps), on = median(t[1], steps), sc = median(scan, steps);
     printf("{\"preset\": \"%s\", \"backend\": \"%s\", \"wtype\": \"%s\", \"n_kv\": %lld, \"steps\": %d, \"kernels\": %d, "

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "kiln/kiln.h"
 #include "sched/presets.h"
 
@@ -23,19 +24,6 @@ typedef struct cu {
     int (*alloc)(devptr *, size_t);
     int (*free_)(devptr);
 } cu;
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Device allocations through libcuda's primary context; false (and why) when there is none. */
 static bool cu_open(cu *c, char *why, size_t n)
@@ -63,9 +51,9 @@ static double time_runs(kiln_plan *p, const kiln_binding *b, size_t nb, int step
     double *t = malloc(sizeof(double) * (size_t)steps), med = 0;
     *ok = t != NULL;
     for (int i = -3; *ok && i < steps; i++) {
-        double t0 = now_us();
+        double t0 = (bench_now_s() * 1e6);
         kiln_status s = kiln_run(p, b, nb);
-        double t1 = now_us();
+        double t1 = (bench_now_s() * 1e6);
         if (s != KILN_OK) {
             fprintf(stderr, "kiln_run: %s: %s\n", kiln_status_str(s), kiln_ctx_error(ctx));
             *ok = false;
@@ -73,7 +61,7 @@ static double time_runs(kiln_plan *p, const kiln_binding *b, size_t nb, int step
         if (i >= 0) t[i] = t1 - t0;
     }
     if (*ok) {
-        qsort(t, (size_t)steps, sizeof *t, cmp);
+        qsort(t, (size_t)steps, sizeof *t, bench_cmp_double);
         med = t[steps / 2];
     }
     free(t);

@@ -6,24 +6,12 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "bench.h"
 #include "cache/cache.h"
 #include "graph/graph.h"
 #include "kiln/kiln.h"
 #include "sched/ctx.h"
 #include "sched/presets.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv)
 {
@@ -47,18 +35,18 @@ int main(int argc, char **argv)
     for (int r = 0; r < 2 * reps; r++) {
         kiln_plan *p;
         if (r < reps) kiln_cache_mem_clear(ctx->cache);
-        double t0 = now_ms();
+        double t0 = (bench_now_s() * 1e3);
         if (kiln_compile(ctx, g, NULL, &p) != KILN_OK) {
             fprintf(stderr, "compile: %s\n", kiln_ctx_error(ctx));
             return 1;
         }
-        if (r < reps) t[r] = now_ms() - t0;
-        else w[r - reps] = now_ms() - t0;
+        if (r < reps) t[r] = (bench_now_s() * 1e3) - t0;
+        else w[r - reps] = (bench_now_s() * 1e3) - t0;
         kernels = kiln_plan_kernel_count(p);
         kiln_plan_free(p);
     }
-    qsort(t, reps, sizeof *t, cmp);
-    qsort(w, reps, sizeof *w, cmp);
+    qsort(t, reps, sizeof *t, bench_cmp_double);
+    qsort(w, reps, sizeof *w, bench_cmp_double);
     printf("{\"bench\": \"plan\", \"preset\": \"%s\", \"layers\": %d, \"nodes\": %d, \"kernels\": %d, "
            "\"compile_ms_median\": %.3f, \"compile_ms_min\": %.3f, \"warm_compile_ms_median\": %.3f, \"target_ms\": 20}\n",
            name, layers, ops, kernels, t[reps / 2], t[0], w[reps / 2]);

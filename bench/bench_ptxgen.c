@@ -5,24 +5,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "codegen/lower.h"
 #include "fuse/fuse.h"
 #include "kiln/kiln.h"
 #include "ptx/ptx.h"
 #include "sched/presets.h"
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv)
 {
@@ -39,7 +27,7 @@ int main(int argc, char **argv)
     size_t bytes = 0;
     int kernels = 0;
     for (int i = 0; ms && i < reps; i++) {
-        double t0 = now_ms();
+        double t0 = (bench_now_s() * 1e3);
         kiln_fusion f;
         if (kiln_fuse(g, true, &f) != KILN_OK) return 1;
         bytes = 0, kernels = 0;
@@ -56,9 +44,9 @@ int main(int argc, char **argv)
             }
         }
         kiln_fusion_free(&f);
-        ms[i] = now_ms() - t0;
+        ms[i] = (bench_now_s() * 1e3) - t0;
     }
-    qsort(ms, (size_t)reps, sizeof *ms, cmp);
+    qsort(ms, (size_t)reps, sizeof *ms, bench_cmp_double);
     printf("{\"preset\": \"%s\", \"wtype\": \"%s\", \"layers\": 1, \"kernels\": %d, \"ptx_bytes\": %zu, \"median_ms\": %.3f, \"min_ms\": %.3f}\n",
            name, wt, kernels, bytes, ms[reps / 2], ms[0]);
     free(ms);
