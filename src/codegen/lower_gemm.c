@@ -294,17 +294,8 @@ static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[2][4])
         uint32_t row = o2(g, KILN_KOP_DIV, it, ci(g, upb)), u = o2(g, KILN_KOP_REM, it, ci(g, upb));
         s->t0 = add(g, g->m0, addi(g, row, 32 * h));
         s->mc = 1;
-        uint32_t base;
         int deltas[SLOTS];
-        if (G->rope == 2) {
-            int32_t upp = (int32_t)(G->hd / 4);
-            base = add(g, muli(g, o2(g, KILN_KOP_DIV, u, ci(g, upp)), (int32_t)G->hd), muli(g, o2(g, KILN_KOP_REM, u, ci(g, upp)), 2));
-            int32_t half = (int32_t)(G->hd / 2);
-            deltas[0] = 0, deltas[1] = 1, deltas[2] = half, deltas[3] = half + 1;
-        } else {
-            base = muli(g, u, G->cols);
-            for (int c = 0; c < G->cols; c++) deltas[c] = c;
-        }
+        uint32_t base = kl_gv_unit_base(s, G, u, deltas);
         s->n_slots = 0;
         for (int q = 0; q < G->n_sib; q++)
             for (int c = 0; c < G->cols; c++) {

@@ -752,6 +752,19 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
     }
 }
 
+uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS])
+{
+    if (G->rope == 2) {
+        int32_t upp = (int32_t)(G->hd / 4); /* units per head */
+        int32_t half = (int32_t)(G->hd / 2);
+        deltas[0] = 0, deltas[1] = 1, deltas[2] = half, deltas[3] = half + 1;
+        return op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_DIV, u, ci(s, upp)), ci(s, (int32_t)G->hd)),
+                   op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_REM, u, ci(s, upp)), ci(s, 2)));
+    }
+    for (int c = 0; c < G->cols; c++) deltas[c] = c;
+    return op2(s, KILN_KOP_MUL, u, ci(s, G->cols));
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
@@ -761,18 +774,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     uint32_t u = op2(s, KILN_KOP_DIV, gl, ci(s, G->wpu)), wi = op2(s, KILN_KOP_REM, gl, ci(s, G->wpu));
     uint32_t valid = op2(s, KILN_KOP_LT, u, ci(s, (int32_t)G->units));
     /* unit base column and the slots' deltas */
-    uint32_t base;
     int deltas[SLOTS];
-    if (G->rope == 2) {
-        int32_t upp = (int32_t)(G->hd / 4); /* units per head */
-        base = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_DIV, u, ci(s, upp)), ci(s, (int32_t)G->hd)),
-                   op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_REM, u, ci(s, upp)), ci(s, 2)));
-        int32_t half = (int32_t)(G->hd / 2);
-        deltas[0] = 0, deltas[1] = 1, deltas[2] = half, deltas[3] = half + 1;
-    } else {
-        base = op2(s, KILN_KOP_MUL, u, ci(s, G->cols));
-        for (int c = 0; c < G->cols; c++) deltas[c] = c;
-    }
+    uint32_t base = kl_gv_unit_base(s, G, u, deltas);
     s->n_slots = 0;
     for (int q = 0; q < G->n_sib; q++)
         for (int c = 0; c < G->cols; c++) {

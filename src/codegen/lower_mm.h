@@ -81,3 +81,6 @@ void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t
 void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o);
 /* The epilogue of the current unit (s->col, s->ok, s->acc, s->t0 set) for tokens t0 .. t0 + mc - 1 < m. */
 void kl_gv_epilogue(gv *s, const gv_group *G, uint32_t m);
+/* First column of unit u of group G (I32) and each slot's column offset from it (rope partners and
+ * swiglu pairs in one unit). */
+uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS]);
