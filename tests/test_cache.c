@@ -562,6 +562,15 @@ Test(cache, vulkan_spirv_from_disk)
     run(p2, c2, &base, o2);
     assert_same(o2, o1, "pipelines from the cached SPIR-V");
     kiln_plan_free(p2);
+    /* a setting that changes the lowering or the launch must not be served kernels made without it */
+    setenv("KILN_GRID_CAP", "3", 1);
+    kiln_ctx *c3 = new_ctx();
+    kiln_plan *p3 = compile(c3, g, &vo);
+    cr_assert_str_neq(kiln_plan_cache(p3), "disk", "kernels cached without KILN_GRID_CAP served with it");
+    run(p3, c3, &base, o2);
+    assert_same(o2, o1, "KILN_GRID_CAP=3");
+    kiln_plan_free(p3), kiln_ctx_free(c3);
+    unsetenv("KILN_GRID_CAP");
     kiln_plan *pr = compile(c2, g, &(kiln_compile_options){.backend = "ref"});
     run(pr, c2, &base, r);
     double err = 0, ref = 0;

@@ -249,6 +249,40 @@ Test(cuda_host, decode_layer_compiles_and_replays)
     cr_assert_eq(f->live_allocs, 0, "%d device allocations left after the context", f->live_allocs);
 }
 
+/* Inputs and outputs bound as device memory are copied device to device (the fake's device memory
+ * is host memory: a copy from the host side would read the NULL host address and crash). */
+Test(cuda_host, device_bindings_copy_device_to_device)
+{
+    fake();
+    kiln_ctx *ctx = fake_ctx();
+    const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_preset_build(pr, KILN_DTYPE_Q8_0, 1, 64, 1, &g), KILN_OK);
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p);
+    if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
+    cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
+    size_t xb = (size_t)pr->hidden * 4;
+    float *dx = calloc((size_t)pr->hidden, 4), *dy = malloc(xb);
+    memset(dy, 0xff, xb);
+    int32_t pos = 3;
+    kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = pos + 1},
+                        {.name = "x", .data = dx, .bytes = xb, .device = true}, {.name = "pos", .data = &pos, .bytes = 4},
+                        {.name = "y", .data = dy, .bytes = xb, .device = true}};
+    for (int step = 0; step < 2; step++) cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "step %d: %s", step, kiln_ctx_error(ctx));
+    /* a binding that names nothing is refused by name, and the plan stays usable */
+    kiln_binding bad[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = pos + 1},
+                          {.name = "x", .data = dx, .bytes = xb}, {.name = "pos", .data = &pos, .bytes = 4},
+                          {.name = "y", .data = dy, .bytes = xb, .device = true}, {.name = "bogus", .data = dx, .bytes = 4, .device = true}};
+    cr_assert_eq(kiln_run(p, bad, 6), KILN_ERR_NAME);
+    cr_assert(strstr(kiln_ctx_error(ctx), "bogus"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+    free(dx), free(dy);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
 /* A kernel the JIT reports spilling is loaded again with every register allowed. */
 Test(cuda_host, spilling_kernels_are_reprinted_with_all_registers)
 {

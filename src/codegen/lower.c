@@ -313,6 +313,12 @@ bool kl_gemm_enabled(void)
     return e && strcmp(e, "1") == 0;
 }
 
+void kiln_lower_options_tag(char *out, size_t n)
+{
+    const char *cap = getenv("KILN_GRID_CAP");
+    snprintf(out, n, "gemm=%d grid_cap=%s", kl_gemm_enabled() ? 1 : 0, cap ? cap : "-");
+}
+
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err)
 {

@@ -78,6 +78,9 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Whether matmul regions of many rows may use the GEMM: $KILN_GEMM is "1" (opt-in for now). */
 bool kl_gemm_enabled(void);
+/* The environment settings that change what a region lowers to or how it launches ($KILN_GEMM,
+ * $KILN_GRID_CAP), as text for cache keys: a kernel cached under other settings must miss. */
+void kiln_lower_options_tag(char *out, size_t n);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, kiln_kir *k);
 kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);

@@ -446,11 +446,17 @@ fail:
 
 /* Matches bindings to symbols, inputs and outputs; checks kinds, sizes, duplicates, completeness. */
 /* A device-bound input must only be read by kernels on a device. */
-static bool device_input_ok(const kiln_plan *p, uint32_t input)
+/* The device space that reads input `input`, which caller device memory may then be bound to:
+ * -1 when the host reads it, nothing reads it, or two devices do (then it must be host memory). */
+static int device_input_space(const kiln_plan *p, uint32_t input)
 {
-    for (uint32_t x = 0; x < p->n_xfers; x++)
-        if (p->xfers[x].node == input && p->xfers[x].to == KILN_SPACE_HOST) return false;
-    return p->n_xfers > 0;
+    int sp = -1;
+    for (uint32_t x = 0; x < p->n_xfers; x++) {
+        if (p->xfers[x].node != input) continue;
+        if (p->xfers[x].to == KILN_SPACE_HOST || (sp >= 0 && sp != p->xfers[x].to)) return -1;
+        sp = p->xfers[x].to;
+    }
+    return sp;
 }
 
 /* Copies an output into caller device memory of the backend that holds it. */
@@ -555,10 +561,15 @@ static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const ki
         } else if ((idx = kiln_graph_find_leaf(g, name)) != KILN_IDX_NONE && g->nodes[idx].op == KILN_OP_INPUT) {
             if (p->bufs[idx] || p->bound_dev[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound twice", name);
             else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound with NULL data", name);
-            else if (b[k].device && !device_input_ok(p, idx))
-                s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' is bound as device memory, but a kernel on the host reads it", name);
-            if (b[k].device) p->bound_dev[idx] = b[k].data;
-            else p->bufs[idx] = b[k].data;
+            else if (b[k].device && device_input_space(p, idx) < 0)
+                s = kiln_ctx_fail(ctx, KILN_ERR_BINDING,
+                                  "input '%s' is bound as device memory, but the host (or more than one device) reads it", name);
+            if (b[k].device) {
+                p->bound_dev[idx] = b[k].data;
+                p->bound_dev_be[idx] = (int8_t)device_input_space(p, idx);
+            } else {
+                p->bufs[idx] = b[k].data;
+            }
         } else if ((idx = kiln_graph_find_output(g, name)) != KILN_IDX_NONE) {
             if (out_bind[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound twice", name);
             else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound with NULL data", name);

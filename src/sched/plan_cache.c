@@ -4,6 +4,7 @@
  * through the backends' save/load. Weights, states and memory stay per plan: a hit never reuses
  * anything that depends on a weight's bytes or a name. */
 #include "cache/blob.h"
+#include "codegen/lower.h"
 #include "sched/plan.h"
 
 #include <stdio.h>
@@ -121,6 +122,9 @@ static kiln_cache_key region_key(const kiln_plan *p, uint32_t r, int be)
     kiln_cache_key_add(&k, reg->outs, reg->n_outs * sizeof *reg->outs);
     kiln_cache_key_str(&k, b->name);
     kiln_cache_key_str(&k, ident);
+    char opts[128];
+    kiln_lower_options_tag(opts, sizeof opts);
+    kiln_cache_key_str(&k, opts);
     return kiln_cache_key_end(&k);
 }
 
