@@ -18,7 +18,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_EQ] = "eq", [KILN_KOP_NE] = "ne", [KILN_KOP_PAND] = "pand", [KILN_KOP_POR] = "por",
     [KILN_KOP_PNOT] = "pnot", [KILN_KOP_SELECT] = "select", [KILN_KOP_CVT] = "cvt", [KILN_KOP_BITCAST] = "bitcast",
     [KILN_KOP_H2F] = "h2f", [KILN_KOP_B2F] = "b2f", [KILN_KOP_F2H] = "f2h", [KILN_KOP_F2B] = "f2b",
-    [KILN_KOP_BFE] = "bfe", [KILN_KOP_DP4A] = "dp4a", [KILN_KOP_LANE] = "lane", [KILN_KOP_LD] = "ld",
+    [KILN_KOP_BFE] = "bfe", [KILN_KOP_DP4A] = "dp4a", [KILN_KOP_LANE] = "lane", [KILN_KOP_SETLANE] = "setlane", [KILN_KOP_LD] = "ld",
     [KILN_KOP_LD4] = "ld4", [KILN_KOP_ST] = "st", [KILN_KOP_ST16] = "st16", [KILN_KOP_LDS] = "lds",
     [KILN_KOP_STS] = "sts", [KILN_KOP_LDS4] = "lds4", [KILN_KOP_MMA] = "mma", [KILN_KOP_BARRIER] = "barrier", [KILN_KOP_REDUCE] = "reduce", [KILN_KOP_LOOP] = "loop",
     [KILN_KOP_ENDLOOP] = "endloop", [KILN_KOP_IF] = "if", [KILN_KOP_ELSE] = "else", [KILN_KOP_ENDIF] = "endif",
@@ -218,6 +218,11 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         case KILN_KOP_LANE:
             if (!((t == KILN_KT_U32 && ta[0] == KILN_KT_V4) || (t == KILN_KT_F32 && ta[0] == KILN_KT_F4)) || in->imm.i < 0 || in->imm.i > 3)
                 FAIL("lane %d: %s of %s", in->imm.i, kiln_kt_name(t), kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_SETLANE:
+            if (!((t == KILN_KT_V4 && ta[1] == KILN_KT_U32) || (t == KILN_KT_F4 && ta[1] == KILN_KT_F32)) ||
+                (in->a != KILN_IDX_NONE && ta[0] != t) || in->imm.i < 0 || in->imm.i > 3)
+                FAIL("setlane %d: %s from %s, %s", in->imm.i, kiln_kt_name(t), kiln_kt_name(ta[0]), kiln_kt_name(ta[1]));
             break;
         case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16:
             if (in->imm.u >= k->n_bufs || ta[0] != KILN_KT_I32) FAIL("buffer slot %u of %u, index %s", in->imm.u, k->n_bufs, kiln_kt_name(ta[0]));

@@ -64,6 +64,8 @@ enum kiln_kop {
                          or I32 (sign-extended) */
     KILN_KOP_DP4A,    /* I32: c + sum of the four signed-byte products of U32 a and U32 b */
     KILN_KOP_LANE,    /* U32: lane imm (0..3) of V4 a; F32: lane imm of F4 a */
+    KILN_KOP_SETLANE, /* V4 (F4): a copy of V4 (F4) a with lane imm (0..3) replaced by U32 (F32) b; a may
+                         be KILN_IDX_NONE: the other lanes are then 0 */
     /* global memory: buffer slot imm (kiln_kir.bufs), word index a (I32) */
     KILN_KOP_LD,      /* U32: one word */
     KILN_KOP_LD4,     /* V4: four words from a word index that is a multiple of 4 */

@@ -304,6 +304,34 @@ uint32_t kl_grid_for(int64_t n_max, int64_t per_block)
     return g < 1 ? 1 : (uint32_t)g;
 }
 
+/* ------------------------------------------------------------------ fragment-order tiles */
+
+static uint32_t fi(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
+static uint32_t fshr(kiln_kir *k, uint32_t a, int32_t b) { return kiln_k2(k, KILN_KOP_SHR, a, fi(k, b)); }
+static uint32_t fand(kiln_kir *k, uint32_t a, int32_t b) { return kiln_k2(k, KILN_KOP_AND, a, fi(k, b)); }
+static uint32_t fmul(kiln_kir *k, uint32_t a, int32_t b) { return b == 1 ? a : kiln_k2(k, KILN_KOP_MUL, a, fi(k, b)); }
+static uint32_t fadd(kiln_kir *k, uint32_t a, uint32_t b) { return kiln_k2(k, KILN_KOP_ADD, a, b); }
+
+uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane) { return kiln_k2(k, KILN_KOP_XOR, lane, fand(k, fshr(k, lane, 3), 3)); }
+
+uint32_t kl_frag_a_word(kiln_kir *k, uint32_t r, uint32_t p, int kt)
+{
+    uint32_t rr = fand(k, r, 15), pp = fand(k, p, 7);
+    uint32_t tile = fadd(k, fmul(k, fshr(k, r, 4), kt), fshr(k, p, 3));
+    uint32_t ln = kl_frag_slot(k, fadd(k, fmul(k, fand(k, rr, 7), 4), fand(k, pp, 3)));
+    uint32_t j = fadd(k, fshr(k, rr, 3), fmul(k, fshr(k, pp, 2), 2));
+    return fadd(k, fmul(k, fadd(k, fmul(k, tile, 32), ln), 4), j);
+}
+
+uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt)
+{
+    uint32_t nn = fand(k, n, 15), pp = fand(k, p, 7);
+    uint32_t tile = fadd(k, fmul(k, fshr(k, n, 4), kt), fshr(k, p, 3));
+    uint32_t ln = kl_frag_slot(k, fadd(k, fmul(k, fand(k, nn, 7), 4), fand(k, pp, 3)));
+    uint32_t j = fadd(k, fshr(k, pp, 2), fmul(k, fshr(k, nn, 3), 2));
+    return fadd(k, fmul(k, fadd(k, fmul(k, tile, 32), ln), 4), j);
+}
+
 /* ------------------------------------------------------------------ entry point */
 
 /* Opt-in until the GEMM is faster than gemv's passes on the devices it runs on (see lower_gemm.c). */

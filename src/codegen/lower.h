@@ -61,6 +61,18 @@ uint32_t kl_eval_node(kl_eval *e, uint32_t node);
 /* Uniform 1-D grid-stride loop over [0, n): returns the I32 index variable; close with kl_loop_end. */
 uint32_t kl_grid_loop(kiln_kir *k, uint32_t n);
 void     kl_loop_end(kiln_kir *k);
+/* Tiles of MMA operands in shared memory in fragment order (kir.h states the fragment layouts), so
+ * that one LDS4 gives a lane its A fragment, or the B fragments of two n-tiles. A tile of 16 rows x
+ * 16 k holds 128 words (32 lanes x 4), tiles ordered row-tile major with kt k-tiles per row tile.
+ * kl_frag_slot: the 16-byte slot of a lane's words, lane ^ ((lane >> 3) & 3): the 8 rows one
+ * staging store writes fall in different bank groups, and a warp's LDS4 still reads 32 distinct
+ * slots; it flips only the low 2 bits, so the pair p + d (d < 4, p % 4 == 0) is at word ^ 4d.
+ * kl_frag_a_word: word of the pair of k (2p, 2p+1) of row r in an A tile (row-major A).
+ * kl_frag_b_word: word of the pair p of row n (an n column of B, k pairs contiguous in memory):
+ * lanes 0, 1 of a lane's V4 are the B operand of n-tile 2 (n / 16), lanes 2, 3 that of the next. */
+uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane);
+uint32_t kl_frag_a_word(kiln_kir *k, uint32_t r, uint32_t p, int kt);
+uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt);
 /* Grid size (x) for n_max elements at `per_block` elements per block, capped for grid-stride loops. */
 uint32_t kl_grid_for(int64_t n_max, int64_t per_block);
 /* Upper bound of a dim (symbols at their bound). */
@@ -82,5 +94,10 @@ bool kl_gemm_enabled(void);
  * $KILN_GRID_CAP), as text for cache keys: a kernel cached under other settings must miss. */
 void kiln_lower_options_tag(char *out, size_t n);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+/* Causal flash attention on tensor cores for prefill (lower_flash.c): whether it takes attention
+ * node n (f16 caches, head_dim 32, 64 or 128, more than 8 query rows at the bound),
+ * and the kernel. */
+bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n);
+void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k);
 kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, kiln_kir *k);
 kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);

@@ -84,35 +84,10 @@ static bool is_float_w(kiln_dtype t) { return t == KILN_DTYPE_F16 || t == KILN_D
 
 static uint32_t xori(gm *g, uint32_t a, int32_t b) { return b ? o2(g, KILN_KOP_XOR, a, ci(g, b)) : a; }
 
-/* The 16-byte slot of a lane's fragment words in a tile: lane ^ ((lane >> 3) & 3), so that the
- * 8 rows a staging store instruction writes fall in 8 different bank groups (2-way conflicts at
- * most, 8-way without it); a warp's LDS4 of one tile still reads 32 distinct slots (no conflict).
- * It flips only the low 2 bits of the lane, so a store at lane + d (d < 4, no carry) is at
- * word ^ 4d. */
-static uint32_t slot_of(gm *g, uint32_t lane) { return o2(g, KILN_KOP_XOR, lane, andi(g, shri(g, lane, 3), 3)); }
-
-/* Word of the pair of k (2p, 2p+1) of row r (0..63) in the A tile: m-tile r/16 and k-tile p/8 hold
- * 128 words, 4 per lane, lane j of the MMA's A operand (kir.h) at word 4 slot_of(lane) + j. */
-static uint32_t a_word(gm *g, uint32_t r, uint32_t p)
-{
-    uint32_t rr = andi(g, r, 15), pp = andi(g, p, 7);
-    uint32_t tile = add(g, muli(g, shri(g, r, 4), 2), shri(g, p, 3));
-    uint32_t ln = slot_of(g, add(g, muli(g, andi(g, rr, 7), 4), andi(g, pp, 3)));
-    uint32_t j = add(g, shri(g, rr, 3), muli(g, shri(g, pp, 2), 2));
-    return add(g, muli(g, add(g, muli(g, tile, 32), ln), 4), j);
-}
-
-/* Word of the pair p of row n (0..127, a block column) in the B tile: n-tile pair n/16 and k-tile
- * p/8 hold 128 words; lanes 0, 1 of a lane's V4 are the B operand of n-tile 2 (n/16), lanes 2, 3
- * that of the next n-tile. */
-static uint32_t b_word(gm *g, uint32_t n, uint32_t p)
-{
-    uint32_t nn = andi(g, n, 15), pp = andi(g, p, 7);
-    uint32_t tile = add(g, muli(g, shri(g, n, 4), 2), shri(g, p, 3));
-    uint32_t ln = slot_of(g, add(g, muli(g, andi(g, nn, 7), 4), andi(g, pp, 3)));
-    uint32_t j = add(g, shri(g, pp, 2), muli(g, shri(g, nn, 3), 2));
-    return addi(g, add(g, muli(g, add(g, muli(g, tile, 32), ln), 4), j), g->parts * GM_APART);
-}
+/* Tiles in fragment order (kl_frag_*): A tiles of 64 rows x 32 k, B tiles of 128 columns x 32 k. */
+static uint32_t slot_of(gm *g, uint32_t lane) { return kl_frag_slot(g->k, lane); }
+static uint32_t a_word(gm *g, uint32_t r, uint32_t p) { return kl_frag_a_word(g->k, r, p, 2); }
+static uint32_t b_word(gm *g, uint32_t n, uint32_t p) { return addi(g, kl_frag_b_word(g->k, n, p, 2), g->parts * GM_APART); }
 
 /* U32 word of two halves (low = e0) of the mma element type. */
 static uint32_t pack(gm *g, uint32_t e0, uint32_t e1)
@@ -450,8 +425,11 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
     snprintf(k->what, sizeof k->what, "gemm %s x%d%s, %u ops", kiln_dtype_name(wdtype(s, 0)), s->n_mm, s->norm != KILN_IDX_NONE ? " + rms_norm" : "",
              r->n_nodes);
     G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t by = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    /* x (fastest) walks the token blocks: the blocks in flight share a few column blocks, so each
+     * weight tile comes from DRAM once and from L2 for the other token blocks (with the token
+     * blocks outer, every token block read the whole weight again: 8x the bytes at 512 tokens) */
+    uint32_t by = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     G.lane = andi(&G, G.tid, 31);
     uint32_t warp = shri(&G, G.tid, 5);
     G.wm = shri(&G, warp, 2);
@@ -475,8 +453,9 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
         blocks += nb;
     }
     kendif(&G);
-    k->grid[0] = blocks;
-    k->grid[1] = (uint32_t)((s->m_max + GM_BM - 1) / GM_BM);
+    if (blocks > 65535) st = kl_unsupported(err, n_err, "gemm: %u column blocks (a grid's y is at most 65535)", blocks);
+    k->grid[0] = (uint32_t)((s->m_max + GM_BM - 1) / GM_BM);
+    k->grid[1] = blocks;
     if (s->failed) st = kl_unsupported(err, n_err, "gemm: %s", s->why);
     if (st != KILN_OK) {
         for (int i = 0; i < ki; i++) kiln_kir_free(&out[i]);

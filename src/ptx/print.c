@@ -447,6 +447,18 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         /* an alias of the V4's lane register: V4 values are never reassigned */
         p->reg[i] = p->reg[in->a] + (uint32_t)in->imm.i;
         return KILN_OK;
+    case KILN_KOP_SETLANE: { /* fresh registers: V4 values are never reassigned, F4 variables are */
+        def(p, i);
+        bool f = in->type == KILN_KT_F4;
+        enum rcls c = f ? RC_F : RC_R;
+        for (int j = 0; j < 4; j++) {
+            rname d = nreg(c, p->reg[i] + (uint32_t)j);
+            if (j == in->imm.i) kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", f ? "f32" : "b32", d.s, vreg(p, in->b).s);
+            else if (in->a != KILN_IDX_NONE) kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", f ? "f32" : "b32", d.s, nreg(c, p->reg[in->a] + (uint32_t)j).s);
+            else kiln_sbuf_printf(&p->body, f ? "\tmov.f32 %s, 0f00000000;\n" : "\tmov.b32 %s, 0;\n", d.s);
+        }
+        return KILN_OK;
+    }
     case KILN_KOP_MMA: print_mma(p, i); return KILN_OK;
     case KILN_KOP_CVT: case KILN_KOP_H2F: case KILN_KOP_B2F: case KILN_KOP_F2H: case KILN_KOP_F2B: case KILN_KOP_BFE:
         print_convert(p, i);

@@ -368,6 +368,11 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
         case KILN_KOP_BARRIER: kiln_sbuf_printf(&s, "%smemoryBarrierShared();\n%sbarrier();\n", ind, ind); break;
         case KILN_KOP_REDUCE: print_reduce(&s, k, f, in, i, ind); break;
         case KILN_KOP_MMA: print_mma(&s, in, i, ind); break;
+        case KILN_KOP_SETLANE:
+            if (in->a != KILN_IDX_NONE) kiln_sbuf_printf(&s, "%sv%u = v%u;\n", ind, i, in->a);
+            else kiln_sbuf_printf(&s, in->type == KILN_KT_F4 ? "%sv%u = vec4(0.0);\n" : "%sv%u = uvec4(0u);\n", ind, i);
+            kiln_sbuf_printf(&s, "%sv%u[%d] = v%u;\n", ind, i, in->imm.i, in->b);
+            break;
         case KILN_KOP_LOOP: kiln_sbuf_printf(&s, "%sfor (; v%u < v%u; v%u += v%u) {\n", ind, in->a, in->b, in->a, in->c); break;
         case KILN_KOP_IF: kiln_sbuf_printf(&s, "%sif (v%u) {\n", ind, in->a); break;
         case KILN_KOP_ELSE: kiln_sbuf_printf(&s, "%s} else {\n", ind); break;

@@ -1,0 +1,242 @@
+/* Flash attention for prefill on tensor cores (kir MMA m16n8k16, f32 accumulation), over a
+ * head-major f16 KV cache. A block of 4 warps owns 64 query rows of one query head (16 per warp);
+ * it walks the keys the causal mask lets its last row see in tiles of 64 (32 for head dims over 64), staged in shared memory
+ * in fragment order (K as is, V transposed into key pairs). Per tile a warp computes S = q . K^T
+ * (16 x 64) in registers, masks it (key < n_kv - n_tok + t + 1, computed, never stored), updates
+ * the rows' running max and sum (online softmax in base 2), and adds P . V into its 16 x hd
+ * output fragments; P goes from S's accumulator layout straight into A fragments (no shared
+ * memory). q and P enter the MMA as two f16 parts each (hi + lo, the sum within 2^-22 of the f32
+ * value), K and V are f16 already: the result meets the contract's f32 tolerance. Query blocks
+ * run latest first (they see the most keys). Must not know any target's syntax. */
+#include "codegen/lower.h"
+
+#include <math.h>
+
+#define FQ 64      /* query rows per block */
+#define FKMAX 64   /* keys per tile: 64, or 32 for head dims over 64 (K and V tiles in 16 KB) */
+#define FT 128     /* threads: 4 warps of 16 rows */
+#define FP 2       /* f16 parts of q and of P */
+#define FHD 128    /* largest head dim (registers: q parts, output fragments) */
+
+typedef struct fl {
+    kiln_kir *k;
+    int64_t   n_head, G, hd, max_ctx;
+} fl;
+
+static uint32_t c_(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
+static uint32_t cu(kiln_kir *k, uint32_t v) { return kiln_ku(k, v); }
+static uint32_t o2(kiln_kir *k, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(k, op, a, b); }
+static uint32_t op1(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, int32_t imm)
+{
+    return kiln_kir_op(k, op, t, a, KILN_IDX_NONE, KILN_IDX_NONE, imm);
+}
+static uint32_t sel(kiln_kir *k, enum kiln_kt t, uint32_t p, uint32_t a, uint32_t b) { return kiln_kir_op(k, KILN_KOP_SELECT, t, p, a, b, 0); }
+static uint32_t setlane(kiln_kir *k, enum kiln_kt t, uint32_t v, uint32_t x, int j) { return kiln_kir_op(k, KILN_KOP_SETLANE, t, v, x, KILN_IDX_NONE, j); }
+static uint32_t lanef(kiln_kir *k, uint32_t f4, int j) { return op1(k, KILN_KOP_LANE, KILN_KT_F32, f4, j); }
+static uint32_t laneu(kiln_kir *k, uint32_t v4, int j) { return op1(k, KILN_KOP_LANE, KILN_KT_U32, v4, j); }
+static void sts(kiln_kir *k, uint32_t arr, uint32_t i, uint32_t v) { kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, i, v, KILN_IDX_NONE, (int32_t)arr); }
+static void bar(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void if_(kiln_kir *k, uint32_t p) { kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void endif_(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static uint32_t red4(kiln_kir *k, uint32_t v, enum kiln_kred op) /* over the 4 lanes that hold one row */
+{
+    return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
+}
+
+/* The two f16 parts (hi, lo) of f32 x, each in the low half of a U32. */
+static void split2(kiln_kir *k, uint32_t x, uint32_t part[FP])
+{
+    part[0] = op1(k, KILN_KOP_F2H, KILN_KT_U32, x, 0);
+    part[1] = op1(k, KILN_KOP_F2H, KILN_KT_U32, o2(k, KILN_KOP_SUB, x, op1(k, KILN_KOP_H2F, KILN_KT_F32, part[0], 0)), 0);
+}
+
+/* A word of two halves, e0 low. */
+static uint32_t pack(kiln_kir *k, uint32_t e0, uint32_t e1) { return o2(k, KILN_KOP_OR, e0, o2(k, KILN_KOP_SHL, e1, cu(k, 16))); }
+
+/* The A fragments (one per part) of the 16 x 16 block whose lane j elements are x[j][0..1]. */
+static void a_frags(kiln_kir *k, uint32_t x[4][2], uint32_t out[FP])
+{
+    for (int q = 0; q < FP; q++) out[q] = KILN_IDX_NONE;
+    for (int j = 0; j < 4; j++) {
+        uint32_t p0[FP], p1[FP];
+        split2(k, x[j][0], p0);
+        split2(k, x[j][1], p1);
+        for (int q = 0; q < FP; q++) out[q] = setlane(k, KILN_KT_V4, out[q], pack(k, p0[q], p1[q]), j);
+    }
+}
+
+/* Word index (in the cache, f16 pairs) of dims [0, hd) of key `key` of kv head `kvh`. */
+static uint32_t cache_word(kiln_kir *k, const fl *f, uint32_t kvh, uint32_t key)
+{
+    return o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kvh, c_(k, (int32_t)f->max_ctx)), key), c_(k, (int32_t)(f->hd / 2)));
+}
+
+static int32_t keys_per_tile(int64_t hd) { return hd <= 64 ? 64 : 32; }
+
+bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
+{
+    const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
+    int64_t hd = q->dims[2];
+    /* whole staging items per thread: K takes fk * hd / 8 items, V half as many */
+    bool items = hd % 32 == 0 && hd <= FHD && (keys_per_tile(hd) / 2 * (hd / 8)) % FT == 0;
+    return kc->dtype == KILN_DTYPE_F16 && vc->dtype == KILN_DTYPE_F16 && items && kl_dim_max(g, q->dims[0]) > 8 &&
+           kc->dims[1] < ((int64_t)1 << 24);
+}
+
+void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
+{
+    const kiln_node_rec *n = &g->nodes[node];
+    const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
+    fl f = {.k = k, .n_head = q->dims[1], .hd = q->dims[2], .max_ctx = kc->dims[1]};
+    f.G = f.n_head / kc->dims[0];
+    int32_t hd = (int32_t)f.hd, FK = keys_per_tile(hd), KT = hd / 16, VT = FK / 16, nqb = (int32_t)((kl_dim_max(g, q->dims[0]) + FQ - 1) / FQ);
+    kiln_kir_init(k, "kiln_attn_flash", FT);
+    snprintf(k->what, sizeof k->what, "attention: causal flash, tensor cores, %lld q heads per kv head", (long long)f.G);
+    k->grid[0] = (uint32_t)f.n_head;
+    k->grid[1] = (uint32_t)nqb;
+    uint32_t ksh = kiln_kir_shared(k, (uint32_t)(FK * hd / 2)), vsh = kiln_kir_shared(k, (uint32_t)(FK * hd / 2));
+    uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
+    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false), vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
+    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t head = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bq = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    uint32_t lane = o2(k, KILN_KOP_AND, tid, c_(k, 31)), warp = o2(k, KILN_KOP_SHR, tid, c_(k, 5));
+    uint32_t gq = o2(k, KILN_KOP_SHR, lane, c_(k, 2)), qq = o2(k, KILN_KOP_AND, lane, c_(k, 3));
+    uint32_t t0 = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_SUB, c_(k, nqb - 1), bq), c_(k, FQ));
+    uint32_t kvh = o2(k, KILN_KOP_DIV, head, c_(k, (int32_t)f.G));
+    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
+    if_(k, o2(k, KILN_KOP_LT, t0, n_tok));
+    uint32_t row[2];
+    row[0] = o2(k, KILN_KOP_ADD, t0, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, 16)), gq));
+    row[1] = o2(k, KILN_KOP_ADD, row[0], c_(k, 8));
+    uint32_t past = o2(k, KILN_KOP_SUB, n_kv, n_tok); /* keys before the first query */
+    uint32_t seen[2];                                  /* keys row r sees */
+    for (int r = 0; r < 2; r++) seen[r] = o2(k, KILN_KOP_ADD, past, o2(k, KILN_KOP_ADD, row[r], c_(k, 1)));
+    uint32_t kend = o2(k, KILN_KOP_ADD, past, o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, t0, c_(k, FQ)), n_tok));
+    /* q's A fragments, pre-scaled to base-2 logits, for the whole key loop */
+    uint32_t qf[FHD / 16][FP];
+    float qscale = n->f[0] * 1.44269504088896341f;
+    uint32_t qrow[2];
+    for (int r = 0; r < 2; r++) qrow[r] = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_MIN, row[r], o2(k, KILN_KOP_SUB, n_tok, c_(k, 1))), c_(k, (int32_t)f.n_head)), head), c_(k, hd));
+    for (int kk = 0; kk < KT; kk++) {
+        uint32_t x[4][2];
+        for (int j = 0; j < 4; j++)
+            for (int e = 0; e < 2; e++) {
+                uint32_t d = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, qq, c_(k, 2)), c_(k, kk * 16 + 8 * (j >> 1) + e));
+                x[j][e] = o2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, o2(k, KILN_KOP_ADD, qrow[j & 1], d)), kiln_kf(k, qscale));
+            }
+        a_frags(k, x, qf[kk]);
+    }
+    uint32_t m[2], l[2], o[FHD / 8];
+    uint32_t zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    for (int r = 0; r < 2; r++) m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY)), l[r] = kiln_kvar(k, kiln_kf(k, 0));
+    for (int dt = 0; dt < hd / 8; dt++) o[dt] = kiln_kvar(k, zero4);
+    uint32_t frag = o2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), c_(k, 4)); /* the lane's words in a tile */
+    uint32_t kb = kiln_kvar(k, c_(k, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, kend, c_(k, FK), 0);
+    {
+        bar(k); /* every warp is done with the previous tile */
+        /* K: a thread stages 8 dims (4 pairs) of a key per item; keys past n_kv are 0 */
+        int32_t cpr = hd / 8; /* items per key */
+        for (int u = 0; u < FK * cpr / FT; u++) {
+            uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
+            uint32_t key = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
+            uint32_t kg = o2(k, KILN_KOP_ADD, kb, key);
+            uint32_t ok = o2(k, KILN_KOP_LT, kg, n_kv);
+            uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
+                                      o2(k, KILN_KOP_ADD, cache_word(k, &f, kvh, o2(k, KILN_KOP_MIN, kg, c_(k, (int32_t)f.max_ctx - 1))), o2(k, KILN_KOP_MUL, c, c_(k, 4))),
+                                      KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
+            uint32_t w0 = kl_frag_b_word(k, key, o2(k, KILN_KOP_MUL, c, c_(k, 4)), KT);
+            for (int p = 0; p < 4; p++)
+                sts(k, ksh, p ? o2(k, KILN_KOP_XOR, w0, c_(k, 4 * p)) : w0, sel(k, KILN_KT_U32, ok, laneu(k, v4, p), cu(k, 0)));
+        }
+        /* V transposed: a thread takes 8 dims of two neighbouring keys and stores 8 key pairs */
+        for (int u = 0; u < FK / 2 * cpr / FT; u++) {
+            uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
+            uint32_t kp = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
+            uint32_t v4[2], ok[2];
+            for (int h = 0; h < 2; h++) {
+                uint32_t kg = o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kp, c_(k, 2)), c_(k, h)));
+                ok[h] = o2(k, KILN_KOP_LT, kg, n_kv);
+                v4[h] = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
+                                    o2(k, KILN_KOP_ADD, cache_word(k, &f, kvh, o2(k, KILN_KOP_MIN, kg, c_(k, (int32_t)f.max_ctx - 1))), o2(k, KILN_KOP_MUL, c, c_(k, 4))),
+                                    KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vs);
+            }
+            for (int w = 0; w < 4; w++) {
+                uint32_t a = sel(k, KILN_KT_U32, ok[0], laneu(k, v4[0], w), cu(k, 0)), b = sel(k, KILN_KT_U32, ok[1], laneu(k, v4[1], w), cu(k, 0));
+                uint32_t lo = o2(k, KILN_KOP_OR, o2(k, KILN_KOP_AND, a, cu(k, 0xffffu)), o2(k, KILN_KOP_SHL, b, cu(k, 16)));
+                uint32_t hi = o2(k, KILN_KOP_OR, o2(k, KILN_KOP_SHR, a, cu(k, 16)), o2(k, KILN_KOP_AND, b, cu(k, 0xffff0000u)));
+                uint32_t dim = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 8)), c_(k, 2 * w));
+                sts(k, vsh, kl_frag_b_word(k, dim, kp, VT), lo);
+                sts(k, vsh, kl_frag_b_word(k, o2(k, KILN_KOP_ADD, dim, c_(k, 1)), kp, VT), hi);
+            }
+        }
+        bar(k);
+        /* S = q . K^T: n-tiles of 8 keys */
+        uint32_t s[FKMAX / 8];
+        for (int nt = 0; nt < FK / 8; nt++) s[nt] = zero4;
+        for (int np = 0; np < FK / 16; np++)
+            for (int kk = 0; kk < KT; kk++) {
+                uint32_t bf = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (np * KT + kk) * 128)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
+                for (int p = 0; p < FP; p++)
+                    for (int h = 0; h < 2; h++)
+                        s[2 * np + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, qf[kk][p], bf, s[2 * np + h], h << 1);
+            }
+        /* the causal mask, the rows' maxima, P (base 2) and the rows' running sums */
+        uint32_t sv[FKMAX / 8][4], mx[2] = {kiln_kf(k, -INFINITY), kiln_kf(k, -INFINITY)};
+        uint32_t key0 = o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_MUL, qq, c_(k, 2)));
+        for (int nt = 0; nt < FK / 8; nt++)
+            for (int j = 0; j < 4; j++) {
+                uint32_t key = o2(k, KILN_KOP_ADD, key0, c_(k, 8 * nt + (j & 1)));
+                sv[nt][j] = sel(k, KILN_KT_F32, o2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j), kiln_kf(k, -INFINITY));
+                mx[j >> 1] = o2(k, KILN_KOP_MAX, mx[j >> 1], sv[nt][j]);
+            }
+        uint32_t ms[2], alpha[2], sum[2];
+        for (int r = 0; r < 2; r++) {
+            uint32_t mn = o2(k, KILN_KOP_MAX, m[r], red4(k, mx[r], KILN_KRED_MAX));
+            /* -inf -> 0 so that exp2(x - m) stays 0, not NaN */
+            ms[r] = sel(k, KILN_KT_F32, o2(k, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn);
+            alpha[r] = kiln_k1(k, KILN_KOP_EX2, o2(k, KILN_KOP_SUB, m[r], ms[r]));
+            kiln_kset(k, m[r], mn);
+            sum[r] = kiln_kf(k, 0);
+        }
+        uint32_t pv[FKMAX / 8][4];
+        for (int nt = 0; nt < FK / 8; nt++)
+            for (int j = 0; j < 4; j++) {
+                pv[nt][j] = kiln_k1(k, KILN_KOP_EX2, o2(k, KILN_KOP_SUB, sv[nt][j], ms[j >> 1]));
+                sum[j >> 1] = o2(k, KILN_KOP_ADD, sum[j >> 1], pv[nt][j]);
+            }
+        for (int r = 0; r < 2; r++) kiln_kset(k, l[r], kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, l[r], alpha[r], sum[r], 0));
+        uint32_t on[FHD / 8];
+        for (int dt = 0; dt < hd / 8; dt++) {
+            on[dt] = KILN_IDX_NONE;
+            for (int j = 0; j < 4; j++) on[dt] = setlane(k, KILN_KT_F4, on[dt], o2(k, KILN_KOP_MUL, lanef(k, o[dt], j), alpha[j >> 1]), j);
+        }
+        /* O += P . V: P's A fragments from S's accumulator layout (n-tiles 2 kk and 2 kk + 1) */
+        for (int kk = 0; kk < VT; kk++) {
+            uint32_t x[4][2] = {{pv[2 * kk][0], pv[2 * kk][1]}, {pv[2 * kk][2], pv[2 * kk][3]},
+                                {pv[2 * kk + 1][0], pv[2 * kk + 1][1]}, {pv[2 * kk + 1][2], pv[2 * kk + 1][3]}};
+            uint32_t pf[FP];
+            a_frags(k, x, pf);
+            for (int dp = 0; dp < hd / 16; dp++) {
+                uint32_t bf = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (dp * VT + kk) * 128)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
+                for (int p = 0; p < FP; p++)
+                    for (int h = 0; h < 2; h++) on[2 * dp + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, pf[p], bf, on[2 * dp + h], h << 1);
+            }
+        }
+        for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, o[dt], on[dt]);
+    }
+    kl_loop_end(k);
+    /* rows' sums over their 4 lanes; every row sees at least its own key, so the sum is >= 1 */
+    for (int r = 0; r < 2; r++) {
+        uint32_t inv = o2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(k, l[r], KILN_KRED_SUM));
+        if_(k, o2(k, KILN_KOP_LT, row[r], n_tok));
+        uint32_t ob = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, row[r], c_(k, (int32_t)f.n_head)), head), c_(k, hd)),
+                         o2(k, KILN_KOP_MUL, qq, c_(k, 2)));
+        for (int dt = 0; dt < hd / 8; dt++)
+            for (int e = 0; e < 2; e++)
+                kl_store_node(k, g, node, o2(k, KILN_KOP_ADD, ob, c_(k, 8 * dt + e)), o2(k, KILN_KOP_MUL, lanef(k, o[dt], 2 * r + e), inv));
+        endif_(k);
+    }
+    endif_(k);
+}
