@@ -88,7 +88,7 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
  * (gemv then takes the region) for fewer rows, f32 weights, K not a multiple of 32, more than two
  * fused siblings, a neox rope head wider than a block's columns. */
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
-/* Whether matmul regions of many rows may use the GEMM: $KILN_GEMM is "1" (opt-in for now). */
+/* Whether matmul regions of many rows may use the GEMM: yes unless $KILN_GEMM is "0". */
 bool kl_gemm_enabled(void);
 /* The environment settings that change what a region lowers to or how it launches ($KILN_GEMM,
  * $KILN_GRID_CAP), as text for cache keys: a kernel cached under other settings must miss. */

@@ -250,6 +250,7 @@ void kt_build_mma(kiln_kir *k)
     uint32_t zero = op3(k, KILN_KOP_CONST, KILN_KT_F4, NONE, NONE, NONE, 0);
     uint32_t base = kiln_k2(k, KILN_KOP_MUL, tid, kiln_ki(k, KT_MMA_OUT));
     int j = 0;
+    uint32_t rev = NONE; /* the last D, lanes reversed */
     for (int bf = 0; bf < 2; bf++) {
         uint32_t acc = kiln_kvar(k, zero);
         for (int h = 0; h < 2; h++) {
@@ -258,14 +259,21 @@ void kt_build_mma(kiln_kir *k)
                 op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j++)),
                     cv(k, KILN_KOP_BITCAST, KILN_KT_U32, op3(k, KILN_KOP_LANE, KILN_KT_F32, acc, NONE, NONE, l)), NONE, 3);
         }
+        if (bf == 1)
+            for (int l = 0; l < 4; l++) rev = op3(k, KILN_KOP_SETLANE, KILN_KT_F4, rev, op3(k, KILN_KOP_LANE, KILN_KT_F32, acc, NONE, NONE, 3 - l), NONE, l);
     }
     for (int l = 0; l < 4; l++)
         op3(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, w4, kiln_ki(k, l)), op3(k, KILN_KOP_LANE, KILN_KT_U32, a, NONE, NONE, l), NONE, s);
     op3(k, KILN_KOP_BARRIER, KILN_KT_NONE, NONE, NONE, NONE, 0);
     uint32_t nb = kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, 1)), kiln_ki(k, KT_MMA_BLOCK - 1));
     uint32_t v = op3(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_MUL, nb, kiln_ki(k, 4)), NONE, NONE, s);
+    uint32_t vr = NONE;
+    for (int l = 0; l < 4; l++) vr = op3(k, KILN_KOP_SETLANE, KILN_KT_V4, vr, op3(k, KILN_KOP_LANE, KILN_KT_U32, v, NONE, NONE, 3 - l), NONE, l);
     for (int l = 0; l < 4; l++)
-        op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j++)), op3(k, KILN_KOP_LANE, KILN_KT_U32, v, NONE, NONE, l), NONE, 3);
+        op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j++)), op3(k, KILN_KOP_LANE, KILN_KT_U32, vr, NONE, NONE, l), NONE, 3);
+    for (int l = 0; l < 4; l++)
+        op3(k, KILN_KOP_ST, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, j++)),
+            cv(k, KILN_KOP_BITCAST, KILN_KT_U32, op3(k, KILN_KOP_LANE, KILN_KT_F32, rev, NONE, NONE, l)), NONE, 3);
 }
 
 static double half_of(uint32_t w, int e, bool bf)
@@ -295,6 +303,7 @@ void kt_ref_mma(const uint32_t *a, const uint32_t *b, uint32_t *out)
 {
     for (int t = 0; t < KT_MMA_BLOCK; t++) {
         int w = t / 32, l = t % 32, g = l / 4, q = l % 4, j = 0;
+        uint32_t rev[4];
         for (int bf = 0; bf < 2; bf++) {
             double acc[4] = {0, 0, 0, 0};
             for (int h = 0; h < 2; h++)
@@ -303,8 +312,10 @@ void kt_ref_mma(const uint32_t *a, const uint32_t *b, uint32_t *out)
                     for (int kk = 0; kk < 16; kk++) acc[e] += mma_a(a, w, r, kk, bf) * mma_b(b, w, kk, n, h, bf);
                     out[t * KT_MMA_OUT + j++] = f_bits((float)acc[e]);
                 }
+            for (int e = 0; e < 4; e++) rev[e] = f_bits((float)acc[3 - e]);
         }
-        for (int e = 0; e < 4; e++) out[t * KT_MMA_OUT + j++] = a[((t + 1) % KT_MMA_BLOCK) * 4 + e];
+        for (int e = 0; e < 4; e++) out[t * KT_MMA_OUT + j++] = a[((t + 1) % KT_MMA_BLOCK) * 4 + 3 - e];
+        for (int e = 0; e < 4; e++) out[t * KT_MMA_OUT + j++] = rev[e];
     }
 }
 
@@ -402,6 +413,11 @@ static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs,
         for (int j = 0; j < 4; j++) r.u += (uint32_t)((int8_t)(a.u >> 8 * j) * (int8_t)(b.u >> 8 * j));
         break;
     case KILN_KOP_LANE: r.u = a.v[in->imm.u]; break;
+    case KILN_KOP_SETLANE:
+        if (in->a == KILN_IDX_NONE) memset(r.v, 0, sizeof r.v);
+        else memcpy(r.v, a.v, sizeof r.v);
+        r.v[in->imm.u] = b.u;
+        break;
     case KILN_KOP_LD: r.u = bufs[in->imm.u][a.i]; break;
     case KILN_KOP_LD4: memcpy(r.v, &bufs[in->imm.u][a.i], 16); break;
     case KILN_KOP_ST: bufs[in->imm.u][a.i] = b.u; return true;

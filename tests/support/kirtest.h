@@ -32,10 +32,13 @@ void kt_ref_reduce(const float *in, float *out);
 /* The tensor-core kernel: block KT_MMA_BLOCK (2 warps), grid 1. Slots: 1 A words, 2 B words (4
  * per thread each: a thread's MMA operands a and b), 3 output (KT_MMA_OUT words per thread):
  * D1 = A.B (f16, B from lanes 0, 1), D2 = A.B' + D1 (f16, B' from lanes 2, 3), the same two with
- * bf16 elements, then the V4 that LDS4 reads at the next thread's A words after STS and a barrier.
- * kt_ref_mma computes the outputs from kir.h's fragment layouts (f64 sums, rounded once). */
+ * bf16 elements, then the V4 that LDS4 reads at the next thread's A words after STS and a barrier
+ * with its lanes reversed by SETLANE (words 16..19), then the last bf16 D with its lanes reversed
+ * by SETLANE (words 20..23). kt_ref_mma computes the outputs from kir.h's fragment layouts (f64
+ * sums, rounded once). Words 16..19 are exact, the others f32 sums. */
 #define KT_MMA_BLOCK 64
-#define KT_MMA_OUT 20
+#define KT_MMA_OUT 24
+#define KT_MMA_EXACT(w) ((w) >= 16 && (w) < 20)
 void kt_build_mma(kiln_kir *k);
 void kt_ref_mma(const uint32_t *a, const uint32_t *b, uint32_t *out);
 /* Words whose two halves are values in +-[1, 4) as bf16 and also as f16 (for kt_build_mma). */
