@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "sched/backend.h"
+#include "sched/ctx.h"
 #include "sched/presets.h"
 
 typedef struct bench_opts {
@@ -26,6 +28,7 @@ typedef struct bench_opts {
     bool               profile; /* --profile: per-kernel predicted vs measured table */
     bool               no_roof; /* --no-roof: skip measuring the roofline in the same run */
     bool               check_finite; /* --check-finite: the NaN/Inf guard on (to measure its cost) */
+    bool               host_io; /* --host-io: x and y in host memory on cuda too (copied every step) */
 } bench_opts;
 
 /* Results and the resources of one bench, freed by bench_free. */
@@ -40,6 +43,9 @@ typedef struct bench_state {
     double    *step_gf;   /* FLOPs of each timed step, in GFLOP */
     double     compile_ms; /* kiln_compile time */
     bool       is_ref;    /* running on the reference backend */
+    int        io_be;     /* backend whose device memory holds dx, dy (cuda), or -1: x, y on the host */
+    void      *dx, *dy;   /* device copies of x and y: a layer stack inside an engine reads and
+                             writes device activations, not host memory */
 } bench_state;
 
 static int parse_mode(const char *v, bench_opts *o)
@@ -105,9 +111,10 @@ static int parse_one(kiln_cli_args *a, bench_opts *o)
         return r < 0 ? KILN_CLI_USAGE : KILN_CLI_OK;
     }
     if (strcmp(a->argv[a->i], "--json") == 0 || strcmp(a->argv[a->i], "--profile") == 0 ||
-        strcmp(a->argv[a->i], "--no-roof") == 0 || strcmp(a->argv[a->i], "--check-finite") == 0) {
+        strcmp(a->argv[a->i], "--no-roof") == 0 || strcmp(a->argv[a->i], "--check-finite") == 0 ||
+        strcmp(a->argv[a->i], "--host-io") == 0) {
         bool *f = a->argv[a->i][2] == 'j' ? &o->json : a->argv[a->i][2] == 'p' ? &o->profile
-                : a->argv[a->i][2] == 'c' ? &o->check_finite : &o->no_roof;
+                : a->argv[a->i][2] == 'c' ? &o->check_finite : a->argv[a->i][2] == 'h' ? &o->host_io : &o->no_roof;
         *f = true;
         a->i++;
         return KILN_CLI_OK;
@@ -227,6 +234,18 @@ static int setup(bench_opts *o, bench_state *st)
     uint64_t rng = (uint64_t)o->seed ^ 0x5eedull;
     for (size_t i = 0; i < rows; i++)
         st->x[i] = kiln_preset_rngf(&rng);
+    st->io_be = -1;
+    if (!o->host_io && strcmp(kiln_plan_backend(st->plan), "cuda") == 0) {
+        const kiln_backend_i *b = kiln_backends[KILN_BACKEND_CUDA];
+        void *bs = st->ctx->be_state[KILN_BACKEND_CUDA];
+        size_t xb = rows * sizeof *st->x;
+        if (b->alloc(bs, xb, &st->dx, err, sizeof err) != KILN_OK || b->alloc(bs, xb, &st->dy, err, sizeof err) != KILN_OK ||
+            b->upload(bs, st->dx, st->x, xb, err, sizeof err) != KILN_OK || b->sync(bs, err, sizeof err) != KILN_OK) {
+            fprintf(stderr, "kiln bench: device memory for x and y: %s\n", err);
+            return KILN_CLI_FAIL;
+        }
+        st->io_be = KILN_BACKEND_CUDA;
+    }
     return KILN_CLI_OK;
 }
 
@@ -236,12 +255,13 @@ static kiln_status step(const bench_opts *o, bench_state *st, int64_t n_tok, int
     for (int64_t t = 0; t < n_tok; t++)
         st->pos[t] = (int32_t)(start + t);
     size_t xb = (size_t)n_tok * (size_t)o->preset->hidden * sizeof(float);
+    bool dev = st->io_be >= 0;
     kiln_binding b[5] = {
         {.name = "n_tok", .value = n_tok},
         {.name = "n_kv", .value = start + n_tok},
-        {.name = "x", .data = st->x, .bytes = xb},
+        {.name = "x", .data = dev ? st->dx : st->x, .bytes = xb, .device = dev},
         {.name = "pos", .data = st->pos, .bytes = (size_t)n_tok * sizeof(int32_t)},
-        {.name = "y", .data = st->y, .bytes = xb},
+        {.name = "y", .data = dev ? st->dy : st->y, .bytes = xb, .device = dev},
     };
     return kiln_run(st->plan, b, 5);
 }
@@ -306,10 +326,10 @@ static void report(const bench_opts *o, const bench_state *st)
         printf(",\"threads\":%d,\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,\"steps\":%lld,\"ctx\":%lld,"
                "\"tokens\":%lld,\"kernels\":%d,\"compile_ms\":%.3f,\"compile_cache\":\"%s\",\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
                "\"gflop_per_s\":%.4f,\"roof_gb_per_s\":%.4f,\"roof_gflop_per_s\":%.4f,\"fraction_of_bw\":%.4f,"
-               "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"step_ms\":[",
+               "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"io\":\"%s\",\"step_ms\":[",
                (int)o->threads, wt, kt, (long long)o->layers, (long long)o->steps, (long long)o->ctx,
                (long long)(o->prefill ? o->tokens : 1), kiln_plan_kernel_count(st->plan), st->compile_ms, kiln_plan_cache(st->plan), per_layer,
-               gbps, gfps, roof_bw, roof_gf, frac_bw, frac_gf, gb * 1e9);
+               gbps, gfps, roof_bw, roof_gf, frac_bw, frac_gf, gb * 1e9, st->io_be >= 0 ? "device" : "host");
         for (size_t i = 0; i < n; i++)
             printf("%s%.6f", i ? "," : "", st->step_ms[i]);
         printf("]}\n");
@@ -322,8 +342,8 @@ static void report(const bench_opts *o, const bench_state *st)
         else
             printf("  n_kv %lld..%lld, %lld steps\n", (long long)o->ctx + 2, (long long)(o->ctx + 1 + o->steps),
                    (long long)o->steps);
-        printf("  %.1f MB read and %.2f GFLOP per step, compile %.1f ms (cache: %s)\n", gb * 1e3, gf, st->compile_ms,
-               kiln_plan_cache(st->plan));
+        printf("  %.1f MB read and %.2f GFLOP per step, compile %.1f ms (cache: %s), x and y in %s memory\n", gb * 1e3, gf,
+               st->compile_ms, kiln_plan_cache(st->plan), st->io_be >= 0 ? "device" : "host");
         printf("  median %.3f ms/layer-step (min %.3f, max %.3f)   %.2f GB/s   %.2f GFLOP/s\n", per_layer,
                sorted[0] / (double)o->layers, sorted[n - 1] / (double)o->layers, gbps, gfps);
         if (roof_bw > 0)
@@ -351,7 +371,7 @@ int kiln_cli_bench(int argc, char *const *argv)
     int rc = parse_args(argc, argv, &o);
     if (rc != KILN_CLI_OK)
         return rc;
-    bench_state st = {0};
+    bench_state st = {.io_be = -1};
     rc = setup(&o, &st);
     if (rc == KILN_CLI_OK)
         rc = timed_loop(&o, &st);
@@ -363,6 +383,10 @@ int kiln_cli_bench(int argc, char *const *argv)
     free(st.step_ms);
     free(st.step_gb);
     free(st.step_gf);
+    if (st.io_be >= 0) {
+        kiln_backends[st.io_be]->free(st.ctx->be_state[st.io_be], st.dx);
+        kiln_backends[st.io_be]->free(st.ctx->be_state[st.io_be], st.dy);
+    }
     kiln_plan_free(st.plan);
     kiln_ctx_free(st.ctx);
     return rc;

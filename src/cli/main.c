@@ -72,7 +72,7 @@ static const char usage_bench[] =
     "                  [--backend B] [--threads N] [--profile] [--json]\n"
     "       kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
     "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
-    "                  [--seed N] [--profile] [--no-roof] [--check-finite] [--json]\n"
+    "                  [--seed N] [--profile] [--no-roof] [--check-finite] [--host-io] [--json]\n"
     "\n"
     "--model: times a GGUF model's whole decode step (S steps of one token from KV length --ctx,\n"
     "default 256; 16 steps) or prefill (S runs of --tokens, default 128; 4 steps): median ms/step,\n"
@@ -92,6 +92,8 @@ static const char usage_bench[] =
     "  --profile       per kernel: predicted vs measured time, roofline bound (kiln plan's table)\n"
     "  --no-roof       do not measure the machine's bandwidth and FMA peak after the run\n"
     "  --check-finite  the NaN/Inf guard on (every kernel's outputs scanned): to measure its cost\n"
+    "  --host-io       on cuda, x and y in host memory (copied in and out every step); by default they\n"
+    "                  stay in device memory, as the activations of a layer stack inside an engine do\n"
     "  --json          one JSON object (no progress line)\n"
     "Prints the median ms per layer-step and GB/s = (weight + KV bytes read) / time, and that as a\n"
     "fraction of the read bandwidth (and FMA peak) measured in the same run.\n";
