@@ -152,6 +152,10 @@ typedef struct kiln_kir {
     char        name[48];                       /* kernel entry name, a C identifier */
     uint32_t    block;                          /* threads per block (1-D), a multiple of 32 */
     uint32_t    grid[3];                        /* blocks along x, y, z: fixed at compile (from symbol bounds) */
+    uint32_t    min_blocks;                     /* blocks per SM the kernel is written for (0: the
+                                                   assembler's choice): caps its registers (PTX
+                                                   .minnctapersm) so that many resident blocks hide
+                                                   latency, as the GEMM's barriers need */
     bool        grid_stride;                    /* grid[0] counts virtual blocks the kernel strides over by
                                                    NBID: a launcher may run fewer blocks along x (at least 1) */
     kiln_kbuf   bufs[KILN_KIR_MAX_BUFS];        /* buffer slots; slot 0 is the parameter buffer */

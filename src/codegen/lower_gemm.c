@@ -422,6 +422,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
     uint32_t words = (uint32_t)(parts_max * GM_APART + GM_BWORDS);
     if (words < 32 * GM_CS) words = 32 * GM_CS;
     G.sh = kiln_kir_shared(k, words);
+    k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
     snprintf(k->what, sizeof k->what, "gemm %s x%d%s, %u ops", kiln_dtype_name(wdtype(s, 0)), s->n_mm, s->norm != KILN_IDX_NONE ? " + rms_norm" : "",
              r->n_nodes);
     G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);

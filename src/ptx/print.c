@@ -535,7 +535,10 @@ static void print_module(pstate *p, int sm, unsigned flags, sbuf *out)
     if (k->n_shared || p->red_words) kiln_sbuf_printf(out, "\n");
     kiln_sbuf_printf(out, ".visible .entry %s(\n", k->name);
     for (uint32_t s = 0; s < k->n_bufs; s++) kiln_sbuf_printf(out, "\t.param .u64 %s_p%u%s\n", k->name, s, s + 1 < k->n_bufs ? "," : "");
-    kiln_sbuf_printf(out, ")\n.maxntid %u, 1, 1\n%s{\n", k->block, flags & KILN_PTX_ALL_REGISTERS ? ".minnctapersm 1\n" : "");
+    kiln_sbuf_printf(out, ")\n.maxntid %u, 1, 1\n", k->block);
+    if (flags & KILN_PTX_ALL_REGISTERS) kiln_sbuf_printf(out, ".minnctapersm 1\n");
+    else if (k->min_blocks > 1) kiln_sbuf_printf(out, ".minnctapersm %u\n", k->min_blocks);
+    kiln_sbuf_printf(out, "{\n");
     for (int c = 0; c < RC_COUNT; c++)
         if (p->n_reg[c]) kiln_sbuf_printf(out, "\t.reg %s %s<%u>;\n", rc_type[c], rc_name[c], p->n_reg[c]);
     kiln_sbuf_printf(out, "\n%s%s\tret;\n}\n", p->pro.s ? p->pro.s : "", p->body.s ? p->body.s : "");
