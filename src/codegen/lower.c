@@ -342,10 +342,16 @@ bool kl_gemm_enabled(void)
     return !(e && strcmp(e, "0") == 0);
 }
 
+int kl_gemm_rows(void)
+{
+    const char *e = getenv("KILN_GEMM_BM");
+    return e && strcmp(e, "64") == 0 ? 64 : 128;
+}
+
 void kiln_lower_options_tag(char *out, size_t n)
 {
     const char *cap = getenv("KILN_GRID_CAP");
-    snprintf(out, n, "gemm=%d grid_cap=%s", kl_gemm_enabled() ? 1 : 0, cap ? cap : "-");
+    snprintf(out, n, "gemm=%d bm=%d grid_cap=%s", kl_gemm_enabled() ? 1 : 0, kl_gemm_rows(), cap ? cap : "-");
 }
 
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,

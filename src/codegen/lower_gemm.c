@@ -1,6 +1,7 @@
 /* GEMM template for matmul regions with many rows (prefill): y_j[t, n] = f(x)[t] . W_j[n] on
- * tensor-core tiles (kir MMA: m16n8k16, f32 accumulation). A block owns 64 tokens x 128 columns
- * (the columns of every sibling of one group), 8 warps of 32 x 32 each. The K loop stages x and the
+ * tensor-core tiles (kir MMA: m16n8k16, f32 accumulation). A block owns 128 tokens (64 for short
+ * x or x in three parts) x 128 columns (the columns of every sibling of one group), 8 warps of
+ * 64 (32) x 32 each; blocks along x walk the tokens, so a weight tile is read from DRAM once. The K loop stages x and the
  * weights in shared memory in fragment order (one LDS4 per fragment), the next tile's loads in
  * flight in registers while the current one multiplies. x is split into 1..3 f16/bf16 parts so
  * that its f32 value is kept (the contract's f16/bf16 tolerance); block weights are dequantized to
@@ -12,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GM_BM 64        /* tokens per block */
+#define GM_BMAX 128     /* tokens per block: 128, or 64 for short x or three x parts (bm) */
 #define GM_BN 128       /* columns per block (all siblings together) */
 #define GM_BK 32        /* k per staged tile */
 #define GM_THREADS 256  /* 8 warps: 2 along M x 4 along N, 32 x 32 each */
 #define GM_CS 132       /* words per row of the C tile in shared memory */
-#define GM_APART 1024   /* words of one part of the A tile (64 x 32 halves) */
+#define GM_MT (GM_BMAX / 32) /* m-tiles per warp at most (a warp owns bm / 2 rows) */
 #define GM_BWORDS 2048  /* words of the B tile (128 x 32 halves) */
 
 typedef struct gm {
@@ -33,16 +34,18 @@ typedef struct gm {
     kiln_dtype wt;        /* the group's weight dtype */
     int        bns;       /* columns per sibling per block */
     int        U;         /* tiles per k-period of the weight format (the decoders' sub-steps) */
+    int        bm;        /* tokens per block (64 or 128): a warp owns bm / 2 rows, bm / 32 m-tiles */
+    int        apart;     /* words of one part of the A tile (bm x 32 halves) */
 } gm;
 
 /* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
  * x tile and of the weight tile, their global word offsets without k, and the shared words of
  * their first pairs (the other pairs are at constant distances: see gm_store). */
 typedef struct gm_plan {
-    uint32_t xbase[2];    /* I32 word of x's item at k = 0 */
-    uint32_t nwoff[2];    /* I32 first k of the item (norm weight offset at k0 = 0) */
-    uint32_t ascale[2];   /* F32 rms scale of the item's row, or NONE */
-    uint32_t aw[2];       /* I32 A-tile word of the item's first pair (part 0) */
+    uint32_t xbase[4];    /* I32 word of x's item at k = 0 */
+    uint32_t nwoff[4];    /* I32 first k of the item (norm weight offset at k0 = 0) */
+    uint32_t ascale[4];   /* F32 rms scale of the item's row, or NONE */
+    uint32_t aw[4];       /* I32 A-tile word of the item's first pair (part 0) */
     uint32_t wrow[2];     /* I32 weight row of each weight item */
     uint32_t wbase[2];    /* I32 word of a float weight item at k = 0 */
     uint32_t piece[2];    /* I32 piece of a block weight item (0, 1: 16 values each) */
@@ -52,8 +55,8 @@ typedef struct gm_plan {
 
 /* One tile's global loads, held in registers while the previous tile multiplies. */
 typedef struct gm_raw {
-    uint32_t ax[2];       /* x: V4 per item */
-    uint32_t anw[2][2];   /* V4 of the norm weight, or NONE */
+    uint32_t ax[4];       /* x: V4 per item */
+    uint32_t anw[4][2];   /* V4 of the norm weight, or NONE */
     gv_chunk b[2];        /* weight chunks, per item */
     uint32_t bc[2];       /* I32 chunk index of each block-weight item */
 } gm_raw;
@@ -87,7 +90,7 @@ static uint32_t xori(gm *g, uint32_t a, int32_t b) { return b ? o2(g, KILN_KOP_X
 /* Tiles in fragment order (kl_frag_*): A tiles of 64 rows x 32 k, B tiles of 128 columns x 32 k. */
 static uint32_t slot_of(gm *g, uint32_t lane) { return kl_frag_slot(g->k, lane); }
 static uint32_t a_word(gm *g, uint32_t r, uint32_t p) { return kl_frag_a_word(g->k, r, p, 2); }
-static uint32_t b_word(gm *g, uint32_t n, uint32_t p) { return addi(g, kl_frag_b_word(g->k, n, p, 2), g->parts * GM_APART); }
+static uint32_t b_word(gm *g, uint32_t n, uint32_t p) { return addi(g, kl_frag_b_word(g->k, n, p, 2), g->parts * g->apart); }
 
 /* U32 word of two halves (low = e0) of the mma element type. */
 static uint32_t pack(gm *g, uint32_t e0, uint32_t e1)
@@ -111,7 +114,7 @@ static void split(gm *g, uint32_t v, uint32_t *part)
 /* ------------------------------------------------------------------ staging */
 
 static bool x_is_f32(const gm *g) { return g->s->xdt == KILN_DTYPE_F32; }
-static int x_items(const gm *g) { return x_is_f32(g) ? 2 : 1; }
+static int x_items(const gm *g) { return (x_is_f32(g) ? 2 : 1) * g->bm / 64; }
 
 /* Chunk index of piece h of a block-weight tile starting at k0 (see gemv's chunk layouts). */
 static uint32_t qchunk(gm *g, uint32_t k0, uint32_t h)
@@ -156,8 +159,8 @@ static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
         P->bw[j] = b_word(g, brow, muli(g, piece, is_float_w(g->wt) ? 4 : 8));
     }
     uint32_t slot = slot_of(g, g->lane);
-    P->fa = add(g, muli(g, g->wm, 512), muli(g, slot, 4));
-    P->fb = addi(g, add(g, muli(g, g->wn, 512), muli(g, slot, 4)), g->parts * GM_APART);
+    P->fa = add(g, muli(g, g->wm, g->bm * 8), muli(g, slot, 4)); /* bm / 32 m-tiles x 2 k-tiles x 128 words */
+    P->fb = addi(g, add(g, muli(g, g->wn, 512), muli(g, slot, 4)), g->parts * g->apart);
 }
 
 static void gm_load(gm *g, const gv_group *G, const gm_plan *P, gm_raw *raw, uint32_t k0)
@@ -206,7 +209,7 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
                 if (raw->anw[j][0] != KILN_IDX_NONE) v = mul(g, v, lanef(g, raw->anw[j][idx / 4], idx % 4));
                 split(g, v, part[e]);
             }
-            for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * GM_APART), pack(g, part[0][q], part[1][q]));
+            for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart), pack(g, part[0][q], part[1][q]));
         }
     for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
         if (is_float_w(g->wt)) { /* the weight's own words; pair l of the piece: lane + l */
@@ -226,8 +229,8 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
     }
 }
 
-/* The warp's 2 x 4 tiles over the staged 32 k (two k16 steps). */
-static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[2][4])
+/* The warp's bm / 32 x 4 tiles over the staged 32 k (two k16 steps). */
+static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[GM_MT][4])
 {
     kiln_kir *k = g->k;
     for (int ks = 0; ks < 2; ks++) {
@@ -235,8 +238,8 @@ static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[2][4])
         for (int n2 = 0; n2 < 2; n2++) /* block n-tile pair 2 wn + n2 */
             bf[n2] = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fb, 128 * (2 * n2 + ks)), (int32_t)g->sh);
         for (int q = 0; q < g->parts; q++)
-            for (int mt = 0; mt < 2; mt++) { /* block m-tile 2 wm + mt */
-                uint32_t af = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fa, q * GM_APART + 128 * (2 * mt + ks)), (int32_t)g->sh);
+            for (int mt = 0; mt < g->bm / 32; mt++) { /* block m-tile (bm / 32) wm + mt */
+                uint32_t af = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fa, q * g->apart + 128 * (2 * mt + ks)), (int32_t)g->sh);
                 for (int nt = 0; nt < 4; nt++) {
                     uint32_t d = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, af, bf[nt / 2], acc[mt][nt], (g->bf ? 1 : 0) | ((nt & 1) << 1));
                     kiln_kset(k, acc[mt][nt], d);
@@ -247,20 +250,21 @@ static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[2][4])
 
 /* ------------------------------------------------------------------ epilogue */
 
-static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[2][4])
+static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[GM_MT][4])
 {
     gv *s = g->s;
     kiln_kir *k = g->k;
     uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
     int upb = GM_BN / 4; /* units per block: 4 slots each */
-    for (int h = 0; h < 2; h++) {
-        kif(g, o2(g, KILN_KOP_EQ, g->wm, ci(g, h)));
+    int hpw = g->bm / 64; /* 32-row passes per warp row */
+    for (int h = 0; h < g->bm / 32; h++) { /* pass h: block rows 32 h .. 32 h + 31, m-tiles 2 (h % hpw) + 0, 1 of warp row h / hpw */
+        kif(g, o2(g, KILN_KOP_EQ, g->wm, ci(g, h / hpw)));
         for (int mt = 0; mt < 2; mt++)
             for (int nt = 0; nt < 4; nt++)
                 for (int j = 0; j < 4; j++) {
                     uint32_t row = addi(g, gq, mt * 16 + 8 * (j >> 1));
                     uint32_t col = add(g, muli(g, g->wn, 32), addi(g, muli(g, qq, 2), nt * 8 + (j & 1)));
-                    sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[mt][nt], j));
+                    sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[2 * (h % hpw) + mt][nt], j));
                 }
         kendif(g);
         barrier(g);
@@ -303,8 +307,8 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     g->U = g->wt == KILN_DTYPE_Q6_K ? 4 : g->wt == KILN_DTYPE_Q4_K || g->wt == KILN_DTYPE_Q5_K ? 2 : 1;
     g->n0 = muli(g, nb, g->bns);
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t acc[2][4];
-    for (int mt = 0; mt < 2; mt++)
+    uint32_t acc[GM_MT][4];
+    for (int mt = 0; mt < g->bm / 32; mt++)
         for (int nt = 0; nt < 4; nt++) acc[mt][nt] = kiln_kvar(k, zero);
     int64_t K = s->K;
     gm_plan P;
@@ -419,7 +423,11 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
         if (is_float_w(t)) parts_max = parts_max > (t == KILN_DTYPE_BF16 ? 3 : 2) ? parts_max : (t == KILN_DTYPE_BF16 ? 3 : 2);
     }
-    uint32_t words = (uint32_t)(parts_max * GM_APART + GM_BWORDS);
+    /* 128 tokens per block (half the weight staging and dequantization per token) unless x is
+     * short or split in three parts (the A tile would pass lavapipe's 32 KB of shared memory) */
+    G.bm = s->m_max <= 64 || parts_max > 2 || kl_gemm_rows() == 64 ? 64 : 128;
+    G.apart = G.bm * 16;
+    uint32_t words = (uint32_t)(parts_max * G.apart + GM_BWORDS);
     if (words < 32 * GM_CS) words = 32 * GM_CS;
     G.sh = kiln_kir_shared(k, words);
     k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
@@ -436,7 +444,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
     G.wm = shri(&G, warp, 2);
     G.wn = andi(&G, warp, 3);
     G.m = o2(&G, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(&G, (int32_t)s->K));
-    G.m0 = muli(&G, by, GM_BM);
+    G.m0 = muli(&G, by, G.bm);
     G.xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
     if (s->norm != KILN_IDX_NONE) {
         G.scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
@@ -455,7 +463,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
     }
     kendif(&G);
     if (blocks > 65535) st = kl_unsupported(err, n_err, "gemm: %u column blocks (a grid's y is at most 65535)", blocks);
-    k->grid[0] = (uint32_t)((s->m_max + GM_BM - 1) / GM_BM);
+    k->grid[0] = (uint32_t)((s->m_max + G.bm - 1) / G.bm);
     k->grid[1] = blocks;
     if (s->failed) st = kl_unsupported(err, n_err, "gemm: %s", s->why);
     if (st != KILN_OK) {
