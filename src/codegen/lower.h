@@ -90,7 +90,7 @@ kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir 
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Whether matmul regions of many rows may use the GEMM: yes unless $KILN_GEMM is "0". */
 bool kl_gemm_enabled(void);
-/* Tokens per GEMM block where the shape allows 128: 128, or 64 with $KILN_GEMM_BM=64 (A/B runs). */
+/* Tokens per GEMM block where the shape takes 128 (lower_gemm.c): 128, or 64 with $KILN_GEMM_BM=64 (A/B runs). */
 int kl_gemm_rows(void);
 /* The environment settings that change what a region lowers to or how it launches ($KILN_GEMM,
  * $KILN_GEMM_BM, $KILN_GRID_CAP), as text for cache keys: a kernel cached under other settings must miss. */

@@ -1,6 +1,6 @@
 /* GEMM template for matmul regions with many rows (prefill): y_j[t, n] = f(x)[t] . W_j[n] on
- * tensor-core tiles (kir MMA: m16n8k16, f32 accumulation). A block owns 128 tokens (64 for short
- * x or x in three parts) x 128 columns (the columns of every sibling of one group), 8 warps of
+ * tensor-core tiles (kir MMA: m16n8k16, f32 accumulation). A block owns 128 tokens (block weights
+ * with enough blocks; else 64) x 128 columns (the columns of every sibling of one group), 8 warps of
  * 64 (32) x 32 each; blocks along x walk the tokens, so a weight tile is read from DRAM once. The K loop stages x and the
  * weights in shared memory in fragment order (one LDS4 per fragment), the next tile's loads in
  * flight in registers while the current one multiplies. x is split into 1..3 f16/bf16 parts so
@@ -423,9 +423,19 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
         if (is_float_w(t)) parts_max = parts_max > (t == KILN_DTYPE_BF16 ? 3 : 2) ? parts_max : (t == KILN_DTYPE_BF16 ? 3 : 2);
     }
-    /* 128 tokens per block (half the weight staging and dequantization per token) unless x is
-     * short or split in three parts (the A tile would pass lavapipe's 32 KB of shared memory) */
-    G.bm = s->m_max <= 64 || parts_max > 2 || kl_gemm_rows() == 64 ? 64 : 128;
+    /* 128 tokens per block halves the dequantization per token of block weights (H100, 512-token
+     * llama-7b layer: q4_k QKV 503 -> 474 us, gate/up 1173 -> 947 us), but costs float weights
+     * occupancy (f16 QKV 499 -> 584 us) and leaves too few blocks for narrow outputs (down,
+     * 4096 columns: 128 blocks, 373 -> 485 us). So: block weights only, and only with at least
+     * 264 blocks (two per SM of a 132-SM GPU); never for x in three parts (the A tile would pass
+     * lavapipe's 32 KB of shared memory). */
+    int64_t col_blocks = 0;
+    bool all_blocks = true;
+    for (int q = 0; q < s->n_grp; q++) {
+        col_blocks += (s->grp[q].n + GM_BN / s->grp[q].n_sib - 1) / (GM_BN / s->grp[q].n_sib);
+        if (is_float_w(wdtype(s, s->grp[q].sib[0]))) all_blocks = false;
+    }
+    G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 264 && kl_gemm_rows() == 128 ? 128 : 64;
     G.apart = G.bm * 16;
     uint32_t words = (uint32_t)(parts_max * G.apart + GM_BWORDS);
     if (words < 32 * GM_CS) words = 32 * GM_CS;
