@@ -424,7 +424,6 @@ static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, 
 
 Test(ptx, every_preset_region_assembles, .timeout = 1200)
 {
-    setenv("KILN_GEMM", "1", 1); /* prefill regions on the (opt-in) tensor-core GEMM */
     char ptxas[1024];
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
     static seen_set seen;

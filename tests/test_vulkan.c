@@ -401,7 +401,6 @@ Test(vulkan, preset_layer_prefill_gemm_matches_ref, .timeout = 600)
                                .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
     const kiln_preset normal = {.name = "small-normal-rope", .hidden = 64, .n_head = 2, .n_kv_head = 1, .head_dim = 32,
                                 .ffn = 96, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
-    setenv("KILN_GEMM", "1", 1); /* opt-in (src/codegen/lower.c) */
     preset_steps(&small, KILN_DTYPE_F16, 12);
     preset_steps(&normal, KILN_DTYPE_Q8_0, 12);
 }
@@ -413,7 +412,6 @@ Test(vulkan, cuda_preset_layer_prefill_gemm_matches_ref, .timeout = 600)
                                .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
     const kiln_preset wide = {.name = "wide-normal-rope", .hidden = 256, .n_head = 4, .n_kv_head = 2, .head_dim = 64,
                               .ffn = 512, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
-    setenv("KILN_GEMM", "1", 1);
     preset_steps_on(&small, KILN_DTYPE_F16, 12, "cuda");
     preset_steps_on(&wide, KILN_DTYPE_Q4_K, 16, "cuda");
     preset_steps_on(&wide, KILN_DTYPE_BF16, 16, "cuda");

@@ -67,6 +67,33 @@ uint32_t kiln_kir_op(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, 
     return k->n_ins++;
 }
 
+void kiln_kir_guard(kiln_kir *k, const kiln_kir *cond, uint32_t pred)
+{
+    if (k->oom || cond->oom) {
+        k->oom = true;
+        return;
+    }
+    uint32_t head = cond->n_ins + 1, n = head + k->n_ins + 1;
+    kiln_kinst *ins = malloc((size_t)n * sizeof *ins);
+    if (!ins) {
+        k->oom = true;
+        return;
+    }
+    memcpy(ins, cond->ins, cond->n_ins * sizeof *ins);
+    ins[cond->n_ins] = (kiln_kinst){.op = KILN_KOP_IF, .type = KILN_KT_NONE, .a = pred, .b = KILN_IDX_NONE, .c = KILN_IDX_NONE};
+    for (uint32_t i = 0; i < k->n_ins; i++) {
+        kiln_kinst in = k->ins[i];
+        if (in.a != KILN_IDX_NONE) in.a += head;
+        if (in.b != KILN_IDX_NONE) in.b += head;
+        if (in.c != KILN_IDX_NONE) in.c += head;
+        ins[head + i] = in;
+    }
+    ins[n - 1] = (kiln_kinst){.op = KILN_KOP_ENDIF, .type = KILN_KT_NONE, .a = KILN_IDX_NONE, .b = KILN_IDX_NONE, .c = KILN_IDX_NONE};
+    free(k->ins);
+    k->ins = ins;
+    k->n_ins = k->cap_ins = n;
+}
+
 uint32_t kiln_kir_buf(kiln_kir *k, enum kiln_kbuf_kind kind, uint32_t node, bool written)
 {
     for (uint32_t i = 0; i < k->n_bufs; i++)

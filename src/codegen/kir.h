@@ -184,6 +184,11 @@ uint32_t kiln_kir_buf(kiln_kir *k, enum kiln_kbuf_kind kind, uint32_t node, bool
 uint32_t kiln_kir_shared(kiln_kir *k, uint32_t n);
 /* Adds a constant table of n words (copied) and its buffer slot; returns the slot. */
 uint32_t kiln_kir_table(kiln_kir *k, const uint32_t *words, uint32_t n);
+/* Wraps k's whole body in `if (pred)`: cond holds the instructions that compute PRED pred (leaves
+ * and arithmetic only: no buffers, shared arrays or tables); they are put first, k's instructions
+ * after them (operands renumbered), and an ENDIF last. A kernel whose condition is false for a run
+ * does nothing (its blocks exit at once). Sets k->oom on failure. */
+void     kiln_kir_guard(kiln_kir *k, const kiln_kir *cond, uint32_t pred);
 /* Checks operand types, control-flow nesting and slot ranges; returns false and a message. */
 bool     kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err);
 /* Name of an op / type for listings and printers' errors. */
@@ -211,7 +216,7 @@ enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
  * one region share one scratch buffer (slot kind KILN_KBUF_SCRATCH) of the largest scratch_bytes
  * among them. KILN_ERR_UNSUPPORTED (with err naming the op/dtype) when the region has a shape no
  * template takes; placement then runs it elsewhere. */
-#define KILN_LOWER_MAX 2
+#define KILN_LOWER_MAX 3
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err);
 /* The same for regions that lower to one kernel (others fail with KILN_ERR_UNSUPPORTED). On any

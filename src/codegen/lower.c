@@ -332,6 +332,16 @@ uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt)
     return fadd(k, fmul(k, fadd(k, fmul(k, tile, 32), ln), 4), j);
 }
 
+void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, bool small)
+{
+    kiln_kir c;
+    kiln_kir_init(&c, k->name, k->block);
+    uint32_t rows = kiln_k2(&c, KILN_KOP_DIV, kl_numel_from(&c, &g->nodes[node], 0), kiln_ki(&c, (int32_t)per_row));
+    uint32_t p = small ? kiln_k2(&c, KILN_KOP_LE, rows, kiln_ki(&c, (int32_t)cap)) : kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, (int32_t)cap), rows);
+    kiln_kir_guard(k, &c, p);
+    kiln_kir_free(&c);
+}
+
 /* ------------------------------------------------------------------ entry point */
 
 /* On unless $KILN_GEMM is "0" (gemv's passes then take every matmul region, for A/B runs): on the
@@ -354,6 +364,14 @@ void kiln_lower_options_tag(char *out, size_t n)
     snprintf(out, n, "gemm=%d bm=%d grid_cap=%s", kl_gemm_enabled() ? 1 : 0, kl_gemm_rows(), cap ? cap : "-");
 }
 
+/* The x of a matmul region's first matmul (any node of its shape gives the run's rows). */
+static uint32_t matmul_x(const kiln_graph *g, const kiln_region *r)
+{
+    for (uint32_t i = 0; i < r->n_nodes; i++)
+        if (g->nodes[r->nodes[i]].op == KILN_OP_MATMUL) return g->nodes[r->nodes[i]].src[0];
+    return g->nodes[r->anchor].src[0];
+}
+
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err)
 {
@@ -371,6 +389,17 @@ kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kil
             err[0] = 0;
             n = 1;
             s = kiln_lower_gemv(g, r, out, err, n_err);
+        } else if (s == KILN_OK) { /* runs of few rows (decode through a prefill plan) take gemv */
+            char e2[160];
+            if (kiln_lower_gemv_cap(g, r, &out[n], KL_SMALL_ROWS, e2, sizeof e2) == KILN_OK) {
+                uint32_t x = matmul_x(g, r);
+                int64_t K = g->nodes[x].dims[g->nodes[x].rank - 1];
+                for (uint32_t i = 0; i < n; i++) kl_guard_rows(&out[i], g, x, K, KL_SMALL_ROWS, false);
+                kl_guard_rows(&out[n], g, x, K, KL_SMALL_ROWS, true);
+                n++;
+            } else {
+                kiln_kir_free(&out[n]);
+            }
         }
         break;
     case KILN_REGION_ATTENTION: s = kiln_lower_attention(g, r, out, &n, err, n_err); break;

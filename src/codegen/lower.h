@@ -84,6 +84,14 @@ kiln_status kl_unsupported(char *err, size_t n_err, const char *fmt, ...) __attr
 kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+/* gemv for runs of at most m_cap rows (the caller guards the kernel so: kl_guard_rows). */
+kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, kiln_kir *k, int64_t m_cap, char *err, size_t n_err);
+/* Runs kernel k only when node's rows (its elements / per_row, at run time) are at most `cap`
+ * (small) or more than cap (!small): the other kernel of a region takes the other runs. */
+void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, bool small);
+/* Rows up to which gemv and the split attention kernels take a run; the GEMM and the flash kernel
+ * take longer runs. */
+#define KL_SMALL_ROWS 8
 /* Tensor-core GEMM for matmul regions of more than 8 rows (1 or 2 kernels); KILN_ERR_UNSUPPORTED
  * (gemv then takes the region) for fewer rows, f32 weights, K not a multiple of 32, more than two
  * fused siblings, a neox rope head wider than a block's columns. */

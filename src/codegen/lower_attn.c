@@ -1,4 +1,4 @@
-/* Attention template (prefill graphs with f16 caches take lower_flash.c instead): split-KV flash-decoding over a head-major cache, grouped-query heads
+/* Attention template (prefill graphs with f16 caches add lower_flash.c for runs of many rows): split-KV flash-decoding over a head-major cache, grouped-query heads
  * sharing each K/V read. Kernel 1: one block per (kv head, key split, token) computes, for every
  * query head of the group, the split's running max, sum and weighted V (online softmax over tiles
  * of 128 keys: a lane per key for q.k, lanes over head dims for p.v) into the region's scratch.
@@ -285,11 +285,11 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln
     if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 || a.vt == KILN_DTYPE_I32 ||
         kiln_dtype_block((kiln_dtype)q->dtype) != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)
         return kl_unsupported(err, n_err, "attention: cache dtype %s", kiln_dtype_name(a.kt));
-    if (kl_flash_fits(g, n)) { /* prefill: tensor cores, no split */
-        kl_lower_flash(g, node, &k[0]);
-        *n_out = 1;
-        return KILN_OK;
-    }
+    /* Prefill (more than KL_SMALL_ROWS query rows at the bound): the flash kernel on the tensor
+     * cores takes runs of many rows; the split kernels, sized for few, take the others (decode
+     * through a prefill plan), each guarded by the run's row count. */
+    bool flash = kl_flash_fits(g, n);
+    if (flash && a.tok_max > KL_SMALL_ROWS) a.tok_max = KL_SMALL_ROWS;
     /* Key split: enough blocks to fill a large GPU (about 1056) at the cache's bound, >= 32 keys;
      * when there are still too few blocks, the query heads of a group split over blocks too
      * (each re-reads the group's K/V, mostly from L2). */
@@ -311,5 +311,13 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln
     partial(g, n, &a, &k[0]);
     combine(g, node, n, &a, &k[1]);
     *n_out = 2;
+    if (flash) {
+        int64_t per_row = a.n_head * a.hd;
+        kl_guard_rows(&k[0], g, n->src[0], per_row, KL_SMALL_ROWS, true);
+        kl_guard_rows(&k[1], g, n->src[0], per_row, KL_SMALL_ROWS, true);
+        kl_lower_flash(g, node, &k[2]);
+        kl_guard_rows(&k[2], g, n->src[0], per_row, KL_SMALL_ROWS, false);
+        *n_out = 3;
+    }
     return KILN_OK;
 }

@@ -81,6 +81,7 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
     s->K = xn->dims[xn->rank - 1];
     if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
     s->m_max = kl_numel_max(g, xn) / (s->K ? s->K : 1);
+    if (s->m_cap > 0 && s->m_max > s->m_cap) s->m_max = s->m_cap;
     int mc_cap = MC_MAX; /* k-quant decoders hold more registers: 4 tokens per pass keep them unspilled */
     for (int j = 0; j < s->n_mm; j++)
         if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) == 256) mc_cap = 4;
@@ -846,8 +847,14 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
 
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
 {
+    return kiln_lower_gemv_cap(g, r, k, 0, err, n_err);
+}
+
+kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, kiln_kir *k, int64_t m_cap, char *err, size_t n_err)
+{
     gv *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
+    s->m_cap = m_cap;
     s->k = k;
     s->g = g;
     s->r = r;

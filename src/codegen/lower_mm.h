@@ -33,6 +33,7 @@ typedef struct gv {
     float     eps;
     int64_t   K;
     int64_t   m_max;
+    int64_t   m_cap;     /* > 0: rows are at most this at run time (a guard says so): m_max capped */
     int       mc;               /* tokens per pass */
     bool      scalar;           /* float weights with K not a multiple of the vector width: one value per chunk */
     kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
