@@ -540,6 +540,33 @@ Test(ops, get_rows)
     }
 }
 
+/* Rows of activations (a table with symbolic rows, as a model's last-token pick before its head). */
+Test(ops, get_rows_of_activations)
+{
+    for (size_t d = 0; d < N_OF(ACT); d++) {
+        kiln_graph *g = graph();
+        kiln_dim T = kiln_sym(g, "t", 9), n = kiln_sym(g, "n", 3);
+        kiln_node x = kiln_input(g, "x", ACT[d], 2, (kiln_dim[]){T, 40});
+        out(g, kiln_get_rows(g, x, kiln_input(g, "ids", KILN_DTYPE_I32, 1, &n)), "y");
+        tu_sess *s = tu_sess_new(g, lab("get_rows of activations %s", dn(ACT[d])));
+        const int64_t tv[] = {9, 4};
+        for (int i = 0; i < 2; i++) {
+            float ids[3] = {(float)(tv[i] - 1), 0, (float)tu_randint(0, tv[i] - 1)};
+            tu_sym(s, "t", tv[i]);
+            tu_sym(s, "n", 3);
+            tu_input_random(s, "x", -1, 1);
+            tu_input_f32(s, "ids", ids, 3);
+            tu_run(s);
+            tu_check(s, "y", "get_rows", ACT[d]);
+        }
+        float bad[3] = {0, 4, 1}; /* row 4 of 4 */
+        tu_input_f32(s, "ids", bad, 3);
+        cr_assert(tu_run_status(s) != KILN_OK, "get_rows of activations %s: id 4 of 4 rows accepted", dn(ACT[d]));
+        tu_sess_free(s);
+        kiln_graph_free(g);
+    }
+}
+
 Test(ops, argmax)
 {
     for (size_t d = 0; d < N_OF(ACT); d++)

@@ -83,8 +83,12 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, kil
     kiln_dtype t = (kiln_dtype)tab->dtype;
     if (r->n_nodes != 1) return kl_unsupported(err, n_err, "get_rows with fused ops");
     if (t == KILN_DTYPE_I32) return kl_unsupported(err, n_err, "get_rows of %s", kiln_dtype_name(t));
-    if (tab->rank != 2 || kiln_dim_is_sym(tab->dims[0]) || kiln_dim_is_sym(tab->dims[1])) return kl_unsupported(err, n_err, "get_rows: table must be a constant [V, D]");
-    int64_t V = tab->dims[0], D = tab->dims[1];
+    /* a float table may have symbolic rows (picking rows of activations, e.g. the last token's
+     * hidden state before the head); block tables are weights, their layout needs V */
+    bool plain = kiln_dtype_block(t) == 1;
+    if (tab->rank != 2 || (kiln_dim_is_sym(tab->dims[0]) && !plain) || kiln_dim_is_sym(tab->dims[1]))
+        return kl_unsupported(err, n_err, "get_rows: table must be [V, D] with D constant (and V constant for block dtypes)");
+    int64_t V = kl_dim_max(g, tab->dims[0]), D = tab->dims[1];
     kiln_kir_init(k, "kiln_get_rows", 256);
     snprintf(k->what, sizeof k->what, "get_rows %s", kiln_dtype_name(t));
     k->grid[0] = kl_grid_for(kl_numel_max(g, n), 256);
@@ -95,7 +99,7 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, kil
     uint32_t id = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32,
                               kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, row, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false)),
                               KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), id), kiln_k2(k, KILN_KOP_LT, id, kiln_ki(k, (int32_t)V)));
+    uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), id), kiln_k2(k, KILN_KOP_LT, id, kl_dim(k, tab->dims[0])));
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, ok, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_store_node(k, g, node, i, load_block_elem(k, slot, t, D, V, id, col));
     kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
