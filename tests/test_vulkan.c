@@ -324,7 +324,7 @@ Test(vulkan, out_of_memory_leaves_it_usable)
 /* A llama-style layer (a small preset: lavapipe is slow) run for several steps (prefill of 4
  * tokens, then decode with growing n_kv) on vulkan and on ref through the public API: outputs
  * agree (ref, not cpu: cpu quantizes activations for q8_0 weights). */
-static void preset_steps_on(const kiln_preset *p, kiln_dtype wt, int T, const char *dev)
+static void preset_steps_vs(const kiln_preset *p, kiln_dtype wt, int T, const char *dev, const char *against)
 {
     const char *name = p->name;
     kiln_ctx *ctx;
@@ -335,22 +335,22 @@ static void preset_steps_on(const kiln_preset *p, kiln_dtype wt, int T, const ch
             kiln_ctx_free(ctx);
             cr_skip("no %s device", dev);
         }
-    enum { T_MAX = 16, STEPS = 4 };
+    enum { STEPS = 4 };
     int64_t hid = p->hidden;
     kiln_plan *plan[2];
-    const char *bk[2] = {"ref", dev};
+    const char *bk[2] = {against, dev};
     for (int b = 0; b < 2; b++) {
         kiln_graph *g;
-        cr_assert_eq(kiln_preset_build(p, wt, 1, 32, T, &g), KILN_OK);
+        cr_assert_eq(kiln_preset_build(p, wt, 1, T + 16, T, &g), KILN_OK);
         kiln_compile_options co = {.backend = bk[b]};
         cr_assert_eq(kiln_compile(ctx, g, &co, &plan[b]), KILN_OK, "%s on %s: %s", name, bk[b], kiln_ctx_error(ctx));
         kiln_graph_free(g);
     }
     float *x = malloc(sizeof(float) * T * hid), *y[2] = {malloc(sizeof(float) * T * hid), malloc(sizeof(float) * T * hid)};
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
     int n_kv = 0;
     for (int step = 0; step < STEPS; step++) {
         int n_tok = step == 0 ? T : 1;
-        int32_t pos[T_MAX];
         for (int t = 0; t < n_tok; t++) pos[t] = n_kv + t;
         n_kv += n_tok;
         tu_fill(x, n_tok * hid, -1.0f, 1.0f);
@@ -364,25 +364,26 @@ static void preset_steps_on(const kiln_preset *p, kiln_dtype wt, int T, const ch
         }
         double worst = 0, top = 0, se = 0, sr = 0;
         for (int64_t i = 0; i < n_tok * hid; i++) {
-            cr_assert(isfinite(y[1][i]), "%s step %d: y[%ld] = %g on vulkan", name, step, (long)i, y[1][i]);
+            cr_assert(isfinite(y[1][i]), "%s step %d: y[%ld] = %g on %s", name, step, (long)i, y[1][i], dev);
             double d = (double)y[1][i] - y[0][i];
             worst = fmax(worst, fabs(d));
             top = fmax(top, fabs(y[0][i]));
             se += d * d, sr += (double)y[0][i] * y[0][i];
         }
         if (kiln_dtype_block(wt) == 1) /* float weights: x is never rounded */
-            cr_assert_leq(worst, 1e-4 * top, "%s %s step %d (n_tok %d, n_kv %d): max |vulkan - ref| %g of max |y| %g", name,
-                          kiln_dtype_name(wt), step, n_tok, n_kv, worst, top);
+            cr_assert_leq(worst, 1e-4 * top, "%s %s step %d (n_tok %d, n_kv %d): max |%s - %s| %g of max |y| %g", name,
+                          kiln_dtype_name(wt), step, n_tok, n_kv, dev, against, worst, top);
         else /* block weights: x quantized per 32 to int8 (contracts/matmul.yaml: NMSE 1e-4) */
-            cr_assert_leq(se / fmax(sr, 1e-30), 1e-4, "%s %s step %d (n_tok %d, n_kv %d): NMSE %g (max |vulkan - ref| %g of %g)",
-                          name, kiln_dtype_name(wt), step, n_tok, n_kv, se / fmax(sr, 1e-30), worst, top);
+            cr_assert_leq(se / fmax(sr, 1e-30), 1e-4, "%s %s step %d (n_tok %d, n_kv %d): NMSE %g (max |%s - %s| %g of %g)",
+                          name, kiln_dtype_name(wt), step, n_tok, n_kv, se / fmax(sr, 1e-30), dev, against, worst, top);
     }
-    free(x), free(y[0]), free(y[1]);
+    free(x), free(y[0]), free(y[1]), free(pos);
     kiln_plan_free(plan[0]);
     kiln_plan_free(plan[1]);
     kiln_ctx_free(ctx);
 }
 
+static void preset_steps_on(const kiln_preset *p, kiln_dtype wt, int T, const char *dev) { preset_steps_vs(p, wt, T, dev, "ref"); }
 static void preset_steps(const kiln_preset *p, kiln_dtype wt, int T) { preset_steps_on(p, wt, T, "vulkan"); }
 
 Test(vulkan, preset_layer_matches_ref, .timeout = 600)
@@ -403,6 +404,17 @@ Test(vulkan, preset_layer_prefill_gemm_matches_ref, .timeout = 600)
                                 .ffn = 96, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
     preset_steps(&small, KILN_DTYPE_F16, 12);
     preset_steps(&normal, KILN_DTYPE_Q8_0, 12);
+}
+
+/* Every real preset's layer on CUDA against the cpu backend (skipped without a device): a prefill of
+ * 100 tokens (the GEMM and the flash kernel), then 3 decode steps through the same plan (the
+ * guarded gemv and split-attention kernels), for f16, q8_0 and q4_k weights. */
+Test(vulkan, cuda_real_presets_prefill_match_cpu, .timeout = 900)
+{
+    static const char *names[] = {"qwen2-0.5b", "llama-7b", "qwen2-7b"};
+    static const kiln_dtype wts[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        for (size_t w = 0; w < sizeof wts / sizeof *wts; w++) preset_steps_vs(kiln_preset_find(names[i]), wts[w], 100, "cuda", "cpu");
 }
 
 /* The same prefill on CUDA (skipped without a device): the GEMM on the tensor cores. */
