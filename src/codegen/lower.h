@@ -105,7 +105,7 @@ int kl_gemm_rows(void);
 void kiln_lower_options_tag(char *out, size_t n);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Causal flash attention on tensor cores for prefill (lower_flash.c): whether it takes attention
- * node n (f16 caches, head_dim 32, 64 or 128, more than 8 query rows at the bound),
+ * node n (f16 or f32 caches, head_dim 32, 64 or 128, more than 8 query rows at the bound),
  * and the kernel. */
 bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n);
 void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k);

@@ -1,19 +1,21 @@
 /* Flash attention for prefill on tensor cores (kir MMA m16n8k16, f32 accumulation), over a
- * head-major f16 KV cache. A block of 4 warps owns 64 query rows of one query head (16 per warp);
- * it walks the keys the causal mask lets its last row see in tiles of 64 (32 for head dims over 64), staged in shared memory
+ * head-major f16 or f32 KV cache. A block of 4 warps owns 64 query rows of one query head (16 per warp);
+ * it walks the keys the causal mask lets its last row see in tiles of up to 64 (K and V in 16 KB), staged in shared memory
  * in fragment order (K as is, V transposed into key pairs). Per tile a warp computes S = q . K^T
  * (16 x 64) in registers, masks it (key < n_kv - n_tok + t + 1, computed, never stored), updates
  * the rows' running max and sum (online softmax in base 2), and adds P . V into its 16 x hd
  * output fragments; P goes from S's accumulator layout straight into A fragments (no shared
  * memory). q and P enter the MMA as two f16 parts each (hi + lo, the sum within 2^-22 of the f32
- * value), K and V are f16 already: the result meets the contract's f32 tolerance. Query blocks
+ * value); K and V are f16 already, or, from an f32 cache, staged as two parts too (the hi.hi,
+ * hi.lo and lo.hi products: three MMAs where f16 takes two): the result meets the contract's f32
+ * tolerance. Query blocks
  * run latest first (they see the most keys). Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
 
 #define FQ 64      /* query rows per block */
-#define FKMAX 64   /* keys per tile: 64, or 32 for head dims over 64 (K and V tiles in 16 KB) */
+#define FKMAX 64   /* keys per tile at most (keys_per_tile) */
 #define FT 128     /* threads: 4 warps of 16 rows */
 #define FP 2       /* f16 parts of q and of P */
 #define FHD 128    /* largest head dim (registers: q parts, output fragments) */
@@ -21,6 +23,7 @@
 typedef struct fl {
     kiln_kir *k;
     int64_t   n_head, G, hd, max_ctx;
+    int       kp;     /* f16 parts of K and V in shared memory: 1 (f16 cache) or 2 (f32 cache: hi + lo) */
 } fl;
 
 static uint32_t c_(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
@@ -65,36 +68,53 @@ static void a_frags(kiln_kir *k, uint32_t x[4][2], uint32_t out[FP])
     }
 }
 
-/* Word index (in the cache, f16 pairs) of dims [0, hd) of key `key` of kv head `kvh`. */
+/* Word index of dims [0, hd) of key `key` of kv head `kvh` (f16 caches: two values a word). */
 static uint32_t cache_word(kiln_kir *k, const fl *f, uint32_t kvh, uint32_t key)
 {
-    return o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kvh, c_(k, (int32_t)f->max_ctx)), key), c_(k, (int32_t)(f->hd / 2)));
+    return o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kvh, c_(k, (int32_t)f->max_ctx)), key), c_(k, (int32_t)(f->hd / (3 - f->kp))));
 }
 
-static int32_t keys_per_tile(int64_t hd) { return hd <= 64 ? 64 : 32; }
+/* Keys per tile: the K and V tiles (kp f16 parts each) in 16 KB, at most 64. */
+static int32_t keys_per_tile(int64_t hd, int kp)
+{
+    int64_t fk = 4096 / (hd * kp);
+    return (int32_t)(fk > 64 ? 64 : fk);
+}
 
 bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
 {
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
     int64_t hd = q->dims[2];
-    /* whole staging items per thread: K takes fk * hd / 8 items, V half as many */
-    bool items = hd % 32 == 0 && hd <= FHD && (keys_per_tile(hd) / 2 * (hd / 8)) % FT == 0;
-    return kc->dtype == KILN_DTYPE_F16 && vc->dtype == KILN_DTYPE_F16 && items && kl_dim_max(g, q->dims[0]) > 8 &&
-           kc->dims[1] < ((int64_t)1 << 24);
+    if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_F32) || hd % 32 || hd > FHD) return false;
+    int kp = kc->dtype == KILN_DTYPE_F32 ? 2 : 1;
+    /* whole staging items per thread: K takes fk * hd / (8 / kp) 16-byte items, V half as many */
+    bool items = (keys_per_tile(hd, kp) / 2 * (hd * kp / 8)) % FT == 0;
+    return items && kl_dim_max(g, q->dims[0]) > 8 && kc->dims[1] < ((int64_t)1 << 24);
+}
+
+/* The kp f16 words (parts) of the f32 pair (a, b): the pair's halves of each part. */
+static void part_words(kiln_kir *k, uint32_t a, uint32_t b, uint32_t w[2])
+{
+    uint32_t pa[FP], pb[FP];
+    split2(k, a, pa);
+    split2(k, b, pb);
+    for (int q = 0; q < FP; q++) w[q] = pack(k, pa[q], pb[q]);
 }
 
 void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
 {
     const kiln_node_rec *n = &g->nodes[node];
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
-    fl f = {.k = k, .n_head = q->dims[1], .hd = q->dims[2], .max_ctx = kc->dims[1]};
+    fl f = {.k = k, .n_head = q->dims[1], .hd = q->dims[2], .max_ctx = kc->dims[1], .kp = kc->dtype == KILN_DTYPE_F32 ? 2 : 1};
     f.G = f.n_head / kc->dims[0];
-    int32_t hd = (int32_t)f.hd, FK = keys_per_tile(hd), KT = hd / 16, VT = FK / 16, nqb = (int32_t)((kl_dim_max(g, q->dims[0]) + FQ - 1) / FQ);
+    int KP = f.kp;
+    int32_t hd = (int32_t)f.hd, FK = keys_per_tile(hd, KP), KT = hd / 16, VT = FK / 16, nqb = (int32_t)((kl_dim_max(g, q->dims[0]) + FQ - 1) / FQ);
+    int32_t tw = FK * hd / 2; /* words of one part of a K or V tile */
     kiln_kir_init(k, "kiln_attn_flash", FT);
     snprintf(k->what, sizeof k->what, "attention: causal flash, tensor cores, %lld q heads per kv head", (long long)f.G);
     k->grid[0] = (uint32_t)f.n_head;
     k->grid[1] = (uint32_t)nqb;
-    uint32_t ksh = kiln_kir_shared(k, (uint32_t)(FK * hd / 2)), vsh = kiln_kir_shared(k, (uint32_t)(FK * hd / 2));
+    uint32_t ksh = kiln_kir_shared(k, (uint32_t)(KP * tw)), vsh = kiln_kir_shared(k, (uint32_t)(KP * tw));
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
     uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false), vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -136,8 +156,9 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, kend, c_(k, FK), 0);
     {
         bar(k); /* every warp is done with the previous tile */
-        /* K: a thread stages 8 dims (4 pairs) of a key per item; keys past n_kv are 0 */
-        int32_t cpr = hd / 8; /* items per key */
+        /* K: a thread stages 16 bytes of a key per item (8 f16 or 4 f32 dims: 4 or 2 pairs); keys
+         * past n_kv are 0 */
+        int32_t dpi = 8 / KP, cpr = hd / dpi; /* dims per item, items per key */
         for (int u = 0; u < FK * cpr / FT; u++) {
             uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
             uint32_t key = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
@@ -146,11 +167,22 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
             uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
                                       o2(k, KILN_KOP_ADD, cache_word(k, &f, kvh, o2(k, KILN_KOP_MIN, kg, c_(k, (int32_t)f.max_ctx - 1))), o2(k, KILN_KOP_MUL, c, c_(k, 4))),
                                       KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
-            uint32_t w0 = kl_frag_b_word(k, key, o2(k, KILN_KOP_MUL, c, c_(k, 4)), KT);
-            for (int p = 0; p < 4; p++)
-                sts(k, ksh, p ? o2(k, KILN_KOP_XOR, w0, c_(k, 4 * p)) : w0, sel(k, KILN_KT_U32, ok, laneu(k, v4, p), cu(k, 0)));
+            uint32_t w[4];
+            for (int j = 0; j < 4; j++) w[j] = sel(k, KILN_KT_U32, ok, laneu(k, v4, j), cu(k, 0));
+            if (KP == 1) {
+                uint32_t w0 = kl_frag_b_word(k, key, o2(k, KILN_KOP_MUL, c, c_(k, 4)), KT);
+                for (int p = 0; p < 4; p++) sts(k, ksh, p ? o2(k, KILN_KOP_XOR, w0, c_(k, 4 * p)) : w0, w[p]);
+                continue;
+            }
+            for (int p = 0; p < 2; p++) { /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
+                uint32_t pw[FP];
+                part_words(k, op1(k, KILN_KOP_BITCAST, KILN_KT_F32, w[2 * p], 0), op1(k, KILN_KOP_BITCAST, KILN_KT_F32, w[2 * p + 1], 0), pw);
+                uint32_t at = kl_frag_b_word(k, key, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 2)), c_(k, p)), KT);
+                for (int pt = 0; pt < KP; pt++) sts(k, ksh, pt ? o2(k, KILN_KOP_ADD, at, c_(k, pt * tw)) : at, pw[pt]);
+            }
         }
-        /* V transposed: a thread takes 8 dims of two neighbouring keys and stores 8 key pairs */
+        /* V transposed: a thread takes 16 bytes of two neighbouring keys and stores their key pairs
+         * of each dim (kp parts) */
         for (int u = 0; u < FK / 2 * cpr / FT; u++) {
             uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
             uint32_t kp = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
@@ -164,6 +196,13 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
             }
             for (int w = 0; w < 4; w++) {
                 uint32_t a = sel(k, KILN_KT_U32, ok[0], laneu(k, v4[0], w), cu(k, 0)), b = sel(k, KILN_KT_U32, ok[1], laneu(k, v4[1], w), cu(k, 0));
+                if (KP == 2) { /* dim 4c + w: the two keys' f32 values as hi and lo parts */
+                    uint32_t pw[FP];
+                    part_words(k, op1(k, KILN_KOP_BITCAST, KILN_KT_F32, a, 0), op1(k, KILN_KOP_BITCAST, KILN_KT_F32, b, 0), pw);
+                    uint32_t at = kl_frag_b_word(k, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 4)), c_(k, w)), kp, VT);
+                    for (int pt = 0; pt < KP; pt++) sts(k, vsh, pt ? o2(k, KILN_KOP_ADD, at, c_(k, pt * tw)) : at, pw[pt]);
+                    continue;
+                }
                 uint32_t lo = o2(k, KILN_KOP_OR, o2(k, KILN_KOP_AND, a, cu(k, 0xffffu)), o2(k, KILN_KOP_SHL, b, cu(k, 16)));
                 uint32_t hi = o2(k, KILN_KOP_OR, o2(k, KILN_KOP_SHR, a, cu(k, 16)), o2(k, KILN_KOP_AND, b, cu(k, 0xffff0000u)));
                 uint32_t dim = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 8)), c_(k, 2 * w));
@@ -177,10 +216,13 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
         for (int nt = 0; nt < FK / 8; nt++) s[nt] = zero4;
         for (int np = 0; np < FK / 16; np++)
             for (int kk = 0; kk < KT; kk++) {
-                uint32_t bf = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (np * KT + kk) * 128)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
+                uint32_t bf[2];
+                for (int pt = 0; pt < KP; pt++)
+                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (np * KT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
                 for (int p = 0; p < FP; p++)
-                    for (int h = 0; h < 2; h++)
-                        s[2 * np + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, qf[kk][p], bf, s[2 * np + h], h << 1);
+                    for (int pt = 0; pt + p < 2 && pt < KP; pt++) /* hi.hi, hi.lo, lo.hi: lo.lo is below f32's rounding */
+                        for (int h = 0; h < 2; h++)
+                            s[2 * np + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, qf[kk][p], bf[pt], s[2 * np + h], h << 1);
             }
         /* the causal mask, the rows' maxima, P (base 2) and the rows' running sums */
         uint32_t sv[FKMAX / 8][4], mx[2] = {kiln_kf(k, -INFINITY), kiln_kf(k, -INFINITY)};
@@ -219,9 +261,12 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
             uint32_t pf[FP];
             a_frags(k, x, pf);
             for (int dp = 0; dp < hd / 16; dp++) {
-                uint32_t bf = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (dp * VT + kk) * 128)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
+                uint32_t bf[2];
+                for (int pt = 0; pt < KP; pt++)
+                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (dp * VT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
                 for (int p = 0; p < FP; p++)
-                    for (int h = 0; h < 2; h++) on[2 * dp + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, pf[p], bf, on[2 * dp + h], h << 1);
+                    for (int pt = 0; pt + p < 2 && pt < KP; pt++)
+                        for (int h = 0; h < 2; h++) on[2 * dp + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, pf[p], bf[pt], on[2 * dp + h], h << 1);
             }
         }
         for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, o[dt], on[dt]);
