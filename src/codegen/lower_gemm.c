@@ -35,6 +35,11 @@ typedef struct gm {
     int        bns;       /* columns per sibling per block */
     int        U;         /* tiles per k-period of the weight format (the decoders' sub-steps) */
     int        bm;        /* tokens per block (64 or 128): a warp owns bm / 2 rows, bm / 32 m-tiles */
+    bool       xp;        /* x prepared by the rms kernel: normalized, split into parts, in the
+                             mma's element type, in the scratch (xp_word: part q of row r at word
+                             xp_word + (q * m_max + r) * K / 2) */
+    int32_t    xp_word;   /* word of the first part in the scratch */
+    int32_t    xp_part;   /* words of one part (m_max * K / 2) */
     int        apart;     /* words of one part of the A tile (bm x 32 halves) */
 } gm;
 
@@ -56,6 +61,7 @@ typedef struct gm_plan {
 /* One tile's global loads, held in registers while the previous tile multiplies. */
 typedef struct gm_raw {
     uint32_t ax[4];       /* x: V4 per item */
+    uint32_t axp[4][3];   /* prepared x: V4 per item and part */
     uint32_t anw[4][2];   /* V4 of the norm weight, or NONE */
     gv_chunk b[2];        /* weight chunks, per item */
     uint32_t bc[2];       /* I32 chunk index of each block-weight item */
@@ -113,7 +119,7 @@ static void split(gm *g, uint32_t v, uint32_t *part)
 
 /* ------------------------------------------------------------------ staging */
 
-static bool x_is_f32(const gm *g) { return g->s->xdt == KILN_DTYPE_F32; }
+static bool x_is_f32(const gm *g) { return !g->xp && g->s->xdt == KILN_DTYPE_F32; }
 static int x_items(const gm *g) { return (x_is_f32(g) ? 2 : 1) * g->bm / 64; }
 
 /* Chunk index of piece h of a block-weight tile starting at k0 (see gemv's chunk layouts). */
@@ -136,6 +142,7 @@ static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
         uint32_t row = shri(g, i, f32 ? 3 : 2), c = andi(g, i, f32 ? 7 : 3);
         uint32_t gr = o2(g, KILN_KOP_MIN, add(g, g->m0, row), addi(g, g->m, -1));
         P->xbase[j] = add(g, muli(g, gr, (int32_t)(f32 ? K : K / 2)), muli(g, c, 4));
+        if (g->xp) P->xbase[j] = addi(g, P->xbase[j], g->xp_word);
         P->nwoff[j] = muli(g, c, f32 ? 4 : 8);
         P->ascale[j] = g->scr != KILN_IDX_NONE ? kl_load(g->k, g->scr, KILN_DTYPE_F32, gr) : KILN_IDX_NONE;
         P->aw[j] = a_word(g, row, muli(g, c, f32 ? 2 : 4));
@@ -169,6 +176,10 @@ static void gm_load(gm *g, const gv_group *G, const gm_plan *P, gm_raw *raw, uin
     bool f32 = x_is_f32(g);
     uint32_t k0h = shri(g, k0, 1);
     for (int j = 0; j < x_items(g); j++) {
+        if (g->xp) {
+            for (int q = 0; q < g->parts; q++) raw->axp[j][q] = ld4(g, g->xs, add(g, addi(g, P->xbase[j], q * g->xp_part), k0h));
+            continue;
+        }
         raw->ax[j] = ld4(g, g->xs, add(g, P->xbase[j], f32 ? k0 : k0h));
         for (int h = 0; h < 2; h++) raw->anw[j][h] = KILN_IDX_NONE;
         if (g->nws != KILN_IDX_NONE)
@@ -195,6 +206,10 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
     for (int j = 0; j < x_items(g); j++)
         for (int pp = 0; pp < V / 2; pp++) { /* pair pp: lane + pp of the fragment (see slot_of) */
             uint32_t w = xori(g, P->aw[j], 4 * pp);
+            if (g->xp) { /* normalized and split by the rms kernel */
+                for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->axp[j][q], pp));
+                continue;
+            }
             if (raw_words) { /* x is already in the mma's element type */
                 sts(g, w, op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp));
                 continue;
@@ -302,7 +317,7 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     g->wt = wdtype(s, G->sib[0]);
     g->bf = g->wt == KILN_DTYPE_BF16;
     bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16);
-    g->parts = !is_float_w(g->wt) || x_exact ? 1 : g->bf ? 3 : 2;
+    g->parts = !is_float_w(g->wt) || x_exact ? 1 : g->bf ? 3 : 2; /* with xp: what gm_prepare found for every group */
     g->bns = GM_BN / G->n_sib;
     g->U = g->wt == KILN_DTYPE_Q6_K ? 4 : g->wt == KILN_DTYPE_Q4_K || g->wt == KILN_DTYPE_Q5_K ? 2 : 1;
     g->n0 = muli(g, nb, g->bns);
@@ -335,14 +350,19 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
 }
 
 /* The rms_norm scales of x's rows into the scratch (and the normalized x when it is an output). */
-static void rms_kernel(gv *s, kiln_kir *k)
+/* The rms_norm of x's rows for the GEMM: with xp (gm_prepare), x normalized and split into the
+ * GEMM's parts in its element type, written to the scratch once (each column block of the GEMM
+ * then stages raw words instead of loading x, the norm weight and the scale and converting);
+ * else only the row scales. */
+static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
 {
     const kiln_graph *g = s->g;
     kiln_kir_init(k, "kiln_gemm_rms", GM_THREADS);
-    snprintf(k->what, sizeof k->what, "rms_norm scales for a gemm");
+    snprintf(k->what, sizeof k->what, G->xp ? "rms_norm of x, in %d %s parts, for a gemm" : "rms_norm scales for a gemm", G->parts,
+             G->bf ? "bf16" : "f16");
     int64_t K = s->K;
     k->grid[0] = kl_grid_for(s->m_max, 1);
-    k->scratch_bytes = 4 * (uint64_t)s->m_max;
+    k->scratch_bytes = G->xp ? 4 * ((uint64_t)G->xp_word + (uint64_t)G->parts * (uint64_t)G->xp_part) : 4 * (uint64_t)s->m_max;
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t m = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), kiln_ki(k, (int32_t)K));
@@ -363,6 +383,28 @@ static void rms_kernel(gv *s, kiln_kir *k)
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_store(k, scr, KILN_DTYPE_F32, t, sc);
     kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    if (G->xp) { /* a thread per pair of values: one word per part */
+        enum kiln_kop to = G->bf ? KILN_KOP_F2B : KILN_KOP_F2H, back = G->bf ? KILN_KOP_B2F : KILN_KOP_H2F;
+        uint32_t e = kiln_kvar(k, tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, e, kiln_ki(k, (int32_t)(K / 2)), kiln_ki(k, GM_THREADS), 0);
+        uint32_t part[2][3];
+        for (int h = 0; h < 2; h++) {
+            uint32_t col = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, e, kiln_ki(k, 2)), kiln_ki(k, h));
+            uint32_t v = kiln_k2(k, KILN_KOP_MUL, kl_load(k, xs, s->xdt, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), col)), sc);
+            if (nws != KILN_IDX_NONE) v = kiln_k2(k, KILN_KOP_MUL, v, kl_load(k, nws, KILN_DTYPE_F32, col));
+            for (int q = 0; q < G->parts; q++) { /* the same split as the GEMM's own (split) */
+                uint32_t hb = kiln_kir_op(k, to, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                part[h][q] = hb;
+                if (q + 1 < G->parts) v = kiln_k2(k, KILN_KOP_SUB, v, kiln_kir_op(k, back, KILN_KT_F32, hb, KILN_IDX_NONE, KILN_IDX_NONE, 0));
+            }
+        }
+        for (int q = 0; q < G->parts; q++) {
+            uint32_t w = kiln_k2(k, KILN_KOP_OR, part[0][q], kiln_k2(k, KILN_KOP_SHL, part[1][q], kiln_ku(k, 16)));
+            uint32_t at = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, G->xp_word + q * G->xp_part), kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)(K / 2)))), e);
+            kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, at, w, KILN_IDX_NONE, (int32_t)scr);
+        }
+        kl_loop_end(k);
+    }
     if (kl_is_out(s->r, s->norm)) {
         uint32_t e = kiln_kvar(k, tid);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, e, kiln_ki(k, (int32_t)K), kiln_ki(k, GM_THREADS), 0);
@@ -373,6 +415,25 @@ static void rms_kernel(gv *s, kiln_kir *k)
         kl_loop_end(k);
     }
     kl_loop_end(k);
+}
+
+/* Whether the rms kernel prepares x for every group (G->xp): a norm leads and every group takes x
+ * in the same element type and number of parts; sets G->bf, G->parts and the scratch layout. */
+static void gm_prepare(gm *G)
+{
+    gv *s = G->s;
+    G->xp = false;
+    if (s->norm == KILN_IDX_NONE || s->m_max * s->K / 2 >= ((int64_t)1 << 29) / 3) return;
+    for (int q = 0; q < s->n_grp; q++) {
+        kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
+        bool bf = t == KILN_DTYPE_BF16;
+        int parts = !is_float_w(t) ? 1 : bf ? 3 : 2; /* x_exact is false behind a norm */
+        if (q && (bf != G->bf || parts != G->parts)) return;
+        G->bf = bf, G->parts = parts;
+    }
+    G->xp = true;
+    G->xp_word = (int32_t)((s->m_max + 3) / 4 * 4); /* after the row scales, 16-byte aligned */
+    G->xp_part = (int32_t)(s->m_max * s->K / 2);
 }
 
 /* Can the GEMM take this region? (Else gemv runs it.) */
@@ -413,11 +474,13 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
         free(s);
         return KILN_ERR_UNSUPPORTED;
     }
-    if (s->norm != KILN_IDX_NONE) rms_kernel(s, &out[ki++]);
-    kiln_kir *k = &out[ki++];
+    kiln_kir *k = &out[s->norm != KILN_IDX_NONE ? 1 : 0];
+    gm G = {.s = s, .k = k, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE};
+    gm_prepare(&G);
+    if (s->norm != KILN_IDX_NONE) rms_kernel(s, &out[ki++], &G);
+    ki++;
     kiln_kir_init(k, "kiln_gemm", GM_THREADS);
     s->k = k;
-    gm G = {.s = s, .k = k, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE};
     int parts_max = 1;
     for (int q = 0; q < s->n_grp; q++) {
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
@@ -455,8 +518,13 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
     G.wn = andi(&G, warp, 3);
     G.m = o2(&G, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(&G, (int32_t)s->K));
     G.m0 = muli(&G, by, G.bm);
-    G.xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
-    if (s->norm != KILN_IDX_NONE) {
+    if (G.xp) {
+        G.xs = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
+        k->scratch_bytes = 4 * ((uint64_t)G.xp_word + (uint64_t)G.parts * (uint64_t)G.xp_part);
+    } else {
+        G.xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    }
+    if (s->norm != KILN_IDX_NONE && !G.xp) {
         G.scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
         if (s->nw != KILN_IDX_NONE) G.nws = kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false);
         k->scratch_bytes = 4 * (uint64_t)s->m_max;
