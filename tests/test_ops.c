@@ -121,15 +121,16 @@ Test(ops, matmul_float_decode)
 }
 
 /* The prefill GEMM (tensor-core template on the GPU backends: more than 8 rows, K a multiple of
- * 32): every weight dtype it takes, a column tail (N = 72) and a row tail (64- or 128-row tiles,
+ * 32): every weight dtype (f32 weights in two f16 parts), a column tail (N = 72) and a row tail (64- or 128-row tiles,
  * the last partial), x in f16/bf16 (the mma then takes x as it is), and a run of 5 rows through
  * the same plan (its guarded gemv kernel takes it). Small enough for lavapipe. */
 Test(ops, matmul_gemm)
 {
     const int64_t t[] = {80, 9, 5};
-    for (size_t w = 1; w < N_OF(WTS); w++)
+    for (size_t w = 0; w < N_OF(WTS); w++)
         matmul_case(KILN_DTYPE_F32, WTS[w], 256, 72, 80, t, 1, false);
     matmul_case(KILN_DTYPE_F16, KILN_DTYPE_F16, 64, 72, 80, t, 3, false);
+    matmul_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 64, 72, 80, t, 2, false); /* x exact: one x part, two weight parts */
     matmul_case(KILN_DTYPE_BF16, KILN_DTYPE_Q4_K, 256, 16, 40, t + 1, 1, true);
 }
 

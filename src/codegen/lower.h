@@ -93,7 +93,7 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
  * take longer runs. */
 #define KL_SMALL_ROWS 8
 /* Tensor-core GEMM for matmul regions of more than 8 rows (1 or 2 kernels); KILN_ERR_UNSUPPORTED
- * (gemv then takes the region) for fewer rows, f32 weights, K not a multiple of 32, more than two
+ * (gemv then takes the region) for fewer rows, i32 weights, K not a multiple of 32, more than two
  * fused siblings, a neox rope head wider than a block's columns. */
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Whether matmul regions of many rows may use the GEMM: yes unless $KILN_GEMM is "0". */

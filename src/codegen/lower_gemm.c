@@ -4,7 +4,8 @@
  * 64 (32) x 32 each; blocks along x walk the tokens, so a weight tile is read from DRAM once. The K loop stages x and the
  * weights in shared memory in fragment order (one LDS4 per fragment), the next tile's loads in
  * flight in registers while the current one multiplies. x is split into 1..3 f16/bf16 parts so
- * that its f32 value is kept (the contract's f16/bf16 tolerance); block weights are dequantized to
+ * that its f32 value is kept (the contract's f16/bf16 tolerance); f32 weights are split into two
+ * f16 parts too (three products: hi.hi, hi.lo, lo.hi); block weights are dequantized to
  * f16 by gemv's decoders. An rms_norm prologue gets its row scales from a first kernel. The
  * epilogue goes through shared memory into gemv's per-element epilogue (bias, residual, swiglu,
  * rope, KV writes). Must not know any target's syntax. */
@@ -33,6 +34,7 @@ typedef struct gm {
     bool       bf;        /* the group multiplies bf16 (else f16) */
     kiln_dtype wt;        /* the group's weight dtype */
     int        bns;       /* columns per sibling per block */
+    int        wparts;    /* f16 parts of the weights in the B tile: 2 for f32 weights (hi, lo), else 1 */
     int        U;         /* tiles per k-period of the weight format (the decoders' sub-steps) */
     int        bm;        /* tokens per block (64 or 128): a warp owns bm / 2 rows, bm / 32 m-tiles */
     bool       xp;        /* x prepared by the rms kernel: normalized, split into parts, in the
@@ -51,10 +53,10 @@ typedef struct gm_plan {
     uint32_t nwoff[4];    /* I32 first k of the item (norm weight offset at k0 = 0) */
     uint32_t ascale[4];   /* F32 rms scale of the item's row, or NONE */
     uint32_t aw[4];       /* I32 A-tile word of the item's first pair (part 0) */
-    uint32_t wrow[2];     /* I32 weight row of each weight item */
-    uint32_t wbase[2];    /* I32 word of a float weight item at k = 0 */
-    uint32_t piece[2];    /* I32 piece of a block weight item (0, 1: 16 values each) */
-    uint32_t bw[2];       /* I32 B-tile word of the item's first pair */
+    uint32_t wrow[4];     /* I32 weight row of each weight item */
+    uint32_t wbase[4];    /* I32 word of a float weight item at k = 0 */
+    uint32_t piece[4];    /* I32 piece of a block weight item (0, 1: 16 values each) */
+    uint32_t bw[4];       /* I32 B-tile word of the item's first pair */
     uint32_t fa, fb;      /* I32 shared words of the warp's first A and B fragments */
 } gm_plan;
 
@@ -64,6 +66,7 @@ typedef struct gm_raw {
     uint32_t axp[4][3];   /* prepared x: V4 per item and part */
     uint32_t anw[4][2];   /* V4 of the norm weight, or NONE */
     gv_chunk b[2];        /* weight chunks, per item */
+    uint32_t b32[4];      /* f32 weights: V4 (4 values) per item */
     uint32_t bc[2];       /* I32 chunk index of each block-weight item */
 } gm_raw;
 
@@ -88,6 +91,11 @@ static void kendif(gm *g) { kiln_kir_op(g->k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN
 
 static kiln_dtype wdtype(const gv *s, int j) { return (kiln_dtype)s->g->nodes[s->g->nodes[s->mm[j]].src[1]].dtype; }
 static bool is_float_w(kiln_dtype t) { return t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16; }
+/* f16/bf16 weights: 2 items of 8 values a thread; f32: 4 items of 4 values (two f16 parts each);
+ * block weights: one chunk per sibling. */
+static int w_items(const gm *g, const gv_group *G) { return g->wt == KILN_DTYPE_F32 ? 4 : is_float_w(g->wt) ? 2 : G->n_sib; }
+/* x parts for weights t (x is split so that its f32 value is kept, unless it is already exact). */
+static int x_parts(kiln_dtype t, bool x_exact) { return kiln_dtype_block(t) > 1 || x_exact ? 1 : t == KILN_DTYPE_BF16 ? 3 : 2; }
 
 /* ------------------------------------------------------------------ fragment-order layouts */
 
@@ -147,10 +155,14 @@ static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
         P->ascale[j] = g->scr != KILN_IDX_NONE ? kl_load(g->k, g->scr, KILN_DTYPE_F32, gr) : KILN_IDX_NONE;
         P->aw[j] = a_word(g, row, muli(g, c, f32 ? 2 : 4));
     }
-    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
-        int sp = is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j; /* sibling position */
+    for (int j = 0; j < w_items(g, G); j++) {
+        int sp = g->wt == KILN_DTYPE_F32 ? (G->n_sib == 2 ? j >> 1 : 0) : is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j; /* sibling position */
         uint32_t ris, piece;
-        if (is_float_w(g->wt)) { /* 4 pieces of 8 values per row */
+        if (g->wt == KILN_DTYPE_F32) { /* 8 pieces of 4 values per row */
+            uint32_t i = addi(g, g->tid, GM_THREADS * (G->n_sib == 2 ? j & 1 : j));
+            ris = shri(g, i, 3);
+            piece = andi(g, i, 7);
+        } else if (is_float_w(g->wt)) { /* 4 pieces of 8 values per row */
             ris = shri(g, g->tid, 2);
             if (G->n_sib == 1) ris = addi(g, ris, 64 * j);
             piece = andi(g, g->tid, 3);
@@ -161,9 +173,9 @@ static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
         }
         uint32_t brow = addi(g, ris, sp * g->bns);
         P->wrow[j] = o2(g, KILN_KOP_MIN, add(g, g->n0, ris), ci(g, (int32_t)(G->n - 1)));
-        P->wbase[j] = add(g, muli(g, P->wrow[j], (int32_t)(K / 2)), muli(g, piece, 4));
+        P->wbase[j] = add(g, muli(g, P->wrow[j], (int32_t)(g->wt == KILN_DTYPE_F32 ? K : K / 2)), muli(g, piece, 4));
         P->piece[j] = piece;
-        P->bw[j] = b_word(g, brow, muli(g, piece, is_float_w(g->wt) ? 4 : 8));
+        P->bw[j] = b_word(g, brow, muli(g, piece, g->wt == KILN_DTYPE_F32 ? 2 : is_float_w(g->wt) ? 4 : 8));
     }
     uint32_t slot = slot_of(g, g->lane);
     P->fa = add(g, muli(g, g->wm, g->bm * 8), muli(g, slot, 4)); /* bm / 32 m-tiles x 2 k-tiles x 128 words */
@@ -185,9 +197,13 @@ static void gm_load(gm *g, const gv_group *G, const gm_plan *P, gm_raw *raw, uin
         if (g->nws != KILN_IDX_NONE)
             for (int h = 0; h < (f32 ? 1 : 2); h++) raw->anw[j][h] = ld4(g, g->nws, addi(g, add(g, k0, P->nwoff[j]), 4 * h));
     }
-    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
-        int sp = is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j;
+    for (int j = 0; j < w_items(g, G); j++) {
+        int sp = g->wt == KILN_DTYPE_F32 ? (G->n_sib == 2 ? j >> 1 : 0) : is_float_w(g->wt) ? (G->n_sib == 2 ? j : 0) : j;
         uint32_t slot = kiln_kir_buf(g->k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
+        if (g->wt == KILN_DTYPE_F32) {
+            raw->b32[j] = ld4(g, slot, add(g, P->wbase[j], k0));
+            continue;
+        }
         if (is_float_w(g->wt)) {
             raw->b[j].v[0] = ld4(g, slot, add(g, P->wbase[j], k0h));
             continue;
@@ -226,7 +242,23 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
             }
             for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart), pack(g, part[0][q], part[1][q]));
         }
-    for (int j = 0; j < (is_float_w(g->wt) ? 2 : G->n_sib); j++) {
+    for (int j = 0; j < w_items(g, G); j++) {
+        if (g->wt == KILN_DTYPE_F32) { /* two pairs, each as hi and lo f16 words; pair l of the piece: lane + l */
+            for (int l = 0; l < 2; l++) {
+                uint32_t h0[2], h1[2];
+                for (int e = 0; e < 2; e++) {
+                    uint32_t v = lanef(g, raw->b32[j], 2 * l + e);
+                    uint32_t hi = op1(g, KILN_KOP_F2H, KILN_KT_U32, v, 0);
+                    uint32_t lo = op1(g, KILN_KOP_F2H, KILN_KT_U32, o2(g, KILN_KOP_SUB, v, op1(g, KILN_KOP_H2F, KILN_KT_F32, hi, 0)), 0);
+                    if (e == 0) h0[0] = hi, h0[1] = lo;
+                    else h1[0] = hi, h1[1] = lo;
+                }
+                uint32_t w = xori(g, P->bw[j], 4 * l);
+                for (int q = 0; q < 2; q++)
+                    sts(g, q ? addi(g, w, GM_BWORDS) : w, o2(g, KILN_KOP_OR, h0[q], o2(g, KILN_KOP_SHL, h1[q], kiln_ku(g->k, 16))));
+            }
+            continue;
+        }
         if (is_float_w(g->wt)) { /* the weight's own words; pair l of the piece: lane + l */
             for (int l = 0; l < 4; l++) sts(g, xori(g, P->bw[j], 4 * l), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->b[j].v[0], l));
             continue;
@@ -249,16 +281,18 @@ static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[GM_MT][4])
 {
     kiln_kir *k = g->k;
     for (int ks = 0; ks < 2; ks++) {
-        uint32_t bf[2];
-        for (int n2 = 0; n2 < 2; n2++) /* block n-tile pair 2 wn + n2 */
-            bf[n2] = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fb, 128 * (2 * n2 + ks)), (int32_t)g->sh);
+        uint32_t bf[2][2];
+        for (int wq = 0; wq < g->wparts; wq++)
+            for (int n2 = 0; n2 < 2; n2++) /* block n-tile pair 2 wn + n2 */
+                bf[wq][n2] = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fb, 128 * (2 * n2 + ks) + wq * GM_BWORDS), (int32_t)g->sh);
         for (int q = 0; q < g->parts; q++)
             for (int mt = 0; mt < g->bm / 32; mt++) { /* block m-tile (bm / 32) wm + mt */
                 uint32_t af = op1(g, KILN_KOP_LDS4, KILN_KT_V4, addi(g, P->fa, q * g->apart + 128 * (2 * mt + ks)), (int32_t)g->sh);
-                for (int nt = 0; nt < 4; nt++) {
-                    uint32_t d = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, af, bf[nt / 2], acc[mt][nt], (g->bf ? 1 : 0) | ((nt & 1) << 1));
-                    kiln_kset(k, acc[mt][nt], d);
-                }
+                for (int wq = 0; wq < g->wparts && q + wq < 2; wq++) /* f32 weights: x.hi w.hi, x.hi w.lo, x.lo w.hi */
+                    for (int nt = 0; nt < 4; nt++) {
+                        uint32_t d = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, af, bf[wq][nt / 2], acc[mt][nt], (g->bf ? 1 : 0) | ((nt & 1) << 1));
+                        kiln_kset(k, acc[mt][nt], d);
+                    }
             }
     }
 }
@@ -317,7 +351,8 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     g->wt = wdtype(s, G->sib[0]);
     g->bf = g->wt == KILN_DTYPE_BF16;
     bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16);
-    g->parts = !is_float_w(g->wt) || x_exact ? 1 : g->bf ? 3 : 2; /* with xp: what gm_prepare found for every group */
+    g->parts = x_parts(g->wt, x_exact); /* with xp: what gm_prepare found for every group */
+    g->wparts = g->wt == KILN_DTYPE_F32 ? 2 : 1;
     g->bns = GM_BN / G->n_sib;
     g->U = g->wt == KILN_DTYPE_Q6_K ? 4 : g->wt == KILN_DTYPE_Q4_K || g->wt == KILN_DTYPE_Q5_K ? 2 : 1;
     g->n0 = muli(g, nb, g->bns);
@@ -427,7 +462,7 @@ static void gm_prepare(gm *G)
     for (int q = 0; q < s->n_grp; q++) {
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
         bool bf = t == KILN_DTYPE_BF16;
-        int parts = !is_float_w(t) ? 1 : bf ? 3 : 2; /* x_exact is false behind a norm */
+        int parts = x_parts(t, false); /* x_exact is false behind a norm */
         if (q && (bf != G->bf || parts != G->parts)) return;
         G->bf = bf, G->parts = parts;
     }
@@ -444,7 +479,7 @@ static bool gm_fits(const gv *s, char *err, size_t n_err)
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
         kiln_dtype t = wdtype(s, G->sib[0]);
-        if (t == KILN_DTYPE_F32 || t == KILN_DTYPE_I32) return kl_unsupported(err, n_err, "gemm: %s weights", kiln_dtype_name(t)), false;
+        if (t == KILN_DTYPE_I32) return kl_unsupported(err, n_err, "gemm: %s weights", kiln_dtype_name(t)), false;
         if (G->n_sib > 2) return kl_unsupported(err, n_err, "gemm: %d fused siblings", G->n_sib), false;
         if (G->rope == 2 && (GM_BN / G->n_sib) % G->hd) return kl_unsupported(err, n_err, "gemm: neox rope head %lld", (long long)G->hd), false;
         if (G->n * (int64_t)s->K >= (int64_t)1 << 31) return kl_unsupported(err, n_err, "gemm: weight too large"), false;
@@ -481,10 +516,11 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
     ki++;
     kiln_kir_init(k, "kiln_gemm", GM_THREADS);
     s->k = k;
-    int parts_max = 1;
+    int parts_max = 1, wparts_max = 1;
     for (int q = 0; q < s->n_grp; q++) {
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
-        if (is_float_w(t)) parts_max = parts_max > (t == KILN_DTYPE_BF16 ? 3 : 2) ? parts_max : (t == KILN_DTYPE_BF16 ? 3 : 2);
+        if (x_parts(t, false) > parts_max) parts_max = x_parts(t, false);
+        if (t == KILN_DTYPE_F32) wparts_max = 2;
     }
     /* 128 tokens per block halves the dequantization per token of block weights (H100, 512-token
      * llama-7b layer: q4_k QKV 503 -> 474 us, gate/up 1173 -> 947 us), but costs float weights
@@ -496,11 +532,11 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
     bool all_blocks = true;
     for (int q = 0; q < s->n_grp; q++) {
         col_blocks += (s->grp[q].n + GM_BN / s->grp[q].n_sib - 1) / (GM_BN / s->grp[q].n_sib);
-        if (is_float_w(wdtype(s, s->grp[q].sib[0]))) all_blocks = false;
+        if (kiln_dtype_block(wdtype(s, s->grp[q].sib[0])) == 1) all_blocks = false;
     }
     G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 264 && kl_gemm_rows() == 128 ? 128 : 64;
     G.apart = G.bm * 16;
-    uint32_t words = (uint32_t)(parts_max * G.apart + GM_BWORDS);
+    uint32_t words = (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);
     if (words < 32 * GM_CS) words = 32 * GM_CS;
     G.sh = kiln_kir_shared(k, words);
     k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
