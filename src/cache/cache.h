@@ -17,7 +17,7 @@
 /* Bump when lowering or printing (PTX, GLSL, CPU dispatch decisions) changes what a cached
  * artifact means. The binary's own identity (size, mtime) is also part of every key, so a
  * rebuilt kiln never loads code printed by an older build. */
-#define KILN_CODEGEN_VERSION 3
+#define KILN_CODEGEN_VERSION 4
 #define KILN_CACHE_FORMAT 1 /* on-disk header layout */
 #define KILN_CACHE_MEM_MAX 128 /* plans kept in a context's memory table (oldest leave first) */
 
