@@ -1,15 +1,15 @@
 /* Flash attention for prefill on tensor cores (kir MMA m16n8k16, f32 accumulation), over a
- * head-major f16 or f32 KV cache. A block of 4 warps owns 64 query rows of one query head (16 per warp);
- * it walks the keys the causal mask lets its last row see in tiles of up to 64 (K and V in 16 KB), staged in shared memory
- * in fragment order (K as is, V transposed into key pairs). Per tile a warp computes S = q . K^T
- * (16 x 64) in registers, masks it (key < n_kv - n_tok + t + 1, computed, never stored), updates
- * the rows' running max and sum (online softmax in base 2), and adds P . V into its 16 x hd
- * output fragments; P goes from S's accumulator layout straight into A fragments (no shared
- * memory). q and P enter the MMA as two f16 parts each (hi + lo, the sum within 2^-22 of the f32
- * value); K and V are f16 already, or, from an f32 cache, staged as two parts too (the hi.hi,
- * hi.lo and lo.hi products: three MMAs where f16 takes two): the result meets the contract's f32
- * tolerance. Query blocks
- * run latest first (they see the most keys). Must not know any target's syntax. */
+ * head-major f16 or f32 KV cache. A block of 4 warps owns 64 query rows of one query head (16 per
+ * warp); it walks the keys the causal mask lets its last row see in tiles of up to 64 keys (K and
+ * V tiles in 16 KB), staged in shared memory in fragment order (K as is, V transposed into key
+ * pairs). Per tile a warp computes S = q . K^T (16 x tile) in registers, masks it (key < n_kv -
+ * n_tok + t + 1, computed, never stored), updates the rows' running max and sum (online softmax in
+ * base 2), and adds P . V into its 16 x hd output fragments; P goes from S's accumulator layout
+ * straight into A fragments (no shared memory). q and P enter the MMA as two f16 parts each (hi +
+ * lo, the sum within 2^-22 of the f32 value); K and V are f16 already, or, from an f32 cache,
+ * staged as two parts too (the hi.hi, hi.lo and lo.hi products: three MMAs where f16 takes two):
+ * the result meets the contract's f32 tolerance. Query blocks run latest first (they see the most
+ * keys). Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
