@@ -304,7 +304,20 @@ uint32_t kl_grid_for(int64_t n_max, int64_t per_block)
     return g < 1 ? 1 : (uint32_t)g;
 }
 
-/* ------------------------------------------------------------------ fragment-order tiles */
+/* ------------------------------------------------------------------ MMA operands */
+
+void kl_split_pair(kiln_kir *k, uint32_t a, uint32_t b, int n, bool bf, uint32_t word[])
+{
+    enum kiln_kop to = bf ? KILN_KOP_F2B : KILN_KOP_F2H, back = bf ? KILN_KOP_B2F : KILN_KOP_H2F;
+    uint32_t v[2] = {a, b}, h[2][3];
+    for (int e = 0; e < 2; e++)
+        for (int i = 0; i < n; i++) {
+            h[e][i] = kiln_kir_op(k, to, KILN_KT_U32, v[e], KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            if (i + 1 < n) v[e] = kiln_k2(k, KILN_KOP_SUB, v[e], kiln_kir_op(k, back, KILN_KT_F32, h[e][i], KILN_IDX_NONE, KILN_IDX_NONE, 0));
+        }
+    for (int i = 0; i < n; i++) word[i] = kiln_k2(k, KILN_KOP_OR, h[0][i], kiln_k2(k, KILN_KOP_SHL, h[1][i], kiln_ku(k, 16)));
+}
+
 
 static uint32_t fi(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
 static uint32_t fshr(kiln_kir *k, uint32_t a, int32_t b) { return kiln_k2(k, KILN_KOP_SHR, a, fi(k, b)); }
@@ -314,23 +327,19 @@ static uint32_t fadd(kiln_kir *k, uint32_t a, uint32_t b) { return kiln_k2(k, KI
 
 uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane) { return kiln_k2(k, KILN_KOP_XOR, lane, fand(k, fshr(k, lane, 3), 3)); }
 
-uint32_t kl_frag_a_word(kiln_kir *k, uint32_t r, uint32_t p, int kt)
+/* Word of pair p of row r (an A row, or a B column with b) in a fragment-order tile: the two
+ * layouts differ only in which of the row's and the pair's high bits pick the lane's word j. */
+static uint32_t frag_word(kiln_kir *k, uint32_t r, uint32_t p, int kt, bool b)
 {
     uint32_t rr = fand(k, r, 15), pp = fand(k, p, 7);
     uint32_t tile = fadd(k, fmul(k, fshr(k, r, 4), kt), fshr(k, p, 3));
     uint32_t ln = kl_frag_slot(k, fadd(k, fmul(k, fand(k, rr, 7), 4), fand(k, pp, 3)));
-    uint32_t j = fadd(k, fshr(k, rr, 3), fmul(k, fshr(k, pp, 2), 2));
+    uint32_t j = b ? fadd(k, fshr(k, pp, 2), fmul(k, fshr(k, rr, 3), 2)) : fadd(k, fshr(k, rr, 3), fmul(k, fshr(k, pp, 2), 2));
     return fadd(k, fmul(k, fadd(k, fmul(k, tile, 32), ln), 4), j);
 }
 
-uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt)
-{
-    uint32_t nn = fand(k, n, 15), pp = fand(k, p, 7);
-    uint32_t tile = fadd(k, fmul(k, fshr(k, n, 4), kt), fshr(k, p, 3));
-    uint32_t ln = kl_frag_slot(k, fadd(k, fmul(k, fand(k, nn, 7), 4), fand(k, pp, 3)));
-    uint32_t j = fadd(k, fshr(k, pp, 2), fmul(k, fshr(k, nn, 3), 2));
-    return fadd(k, fmul(k, fadd(k, fmul(k, tile, 32), ln), 4), j);
-}
+uint32_t kl_frag_a_word(kiln_kir *k, uint32_t r, uint32_t p, int kt) { return frag_word(k, r, p, kt, false); }
+uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt) { return frag_word(k, n, p, kt, true); }
 
 void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, bool small)
 {

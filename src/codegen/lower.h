@@ -71,6 +71,11 @@ void     kl_loop_end(kiln_kir *k);
  * kl_frag_b_word: word of the pair p of row n (an n column of B, k pairs contiguous in memory):
  * lanes 0, 1 of a lane's V4 are the B operand of n-tile 2 (n / 16), lanes 2, 3 that of the next. */
 uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane);
+/* The MMA words of the f32 pair (a, b) in n parts (1..3) of f16, or bf16 with bf: part i holds the
+ * rounded remainder of a and of b after parts 0..i-1 (a in the low half), so the parts sum to
+ * the f32 values within 2^-22 (two f16 parts) or 2^-24 (three bf16 parts), and each part's
+ * product with an f16/bf16 value is exact. */
+void     kl_split_pair(kiln_kir *k, uint32_t a, uint32_t b, int n, bool bf, uint32_t word[]);
 uint32_t kl_frag_a_word(kiln_kir *k, uint32_t r, uint32_t p, int kt);
 uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt);
 /* Grid size (x) for n_max elements at `per_block` elements per block, capped for grid-stride loops. */

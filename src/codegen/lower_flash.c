@@ -46,25 +46,14 @@ static uint32_t red4(kiln_kir *k, uint32_t v, enum kiln_kred op) /* over the 4 l
     return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
 }
 
-/* The two f16 parts (hi, lo) of f32 x, each in the low half of a U32. */
-static void split2(kiln_kir *k, uint32_t x, uint32_t part[FP])
-{
-    part[0] = op1(k, KILN_KOP_F2H, KILN_KT_U32, x, 0);
-    part[1] = op1(k, KILN_KOP_F2H, KILN_KT_U32, o2(k, KILN_KOP_SUB, x, op1(k, KILN_KOP_H2F, KILN_KT_F32, part[0], 0)), 0);
-}
-
-/* A word of two halves, e0 low. */
-static uint32_t pack(kiln_kir *k, uint32_t e0, uint32_t e1) { return o2(k, KILN_KOP_OR, e0, o2(k, KILN_KOP_SHL, e1, cu(k, 16))); }
-
 /* The A fragments (one per part) of the 16 x 16 block whose lane j elements are x[j][0..1]. */
 static void a_frags(kiln_kir *k, uint32_t x[4][2], uint32_t out[FP])
 {
     for (int q = 0; q < FP; q++) out[q] = KILN_IDX_NONE;
     for (int j = 0; j < 4; j++) {
-        uint32_t p0[FP], p1[FP];
-        split2(k, x[j][0], p0);
-        split2(k, x[j][1], p1);
-        for (int q = 0; q < FP; q++) out[q] = setlane(k, KILN_KT_V4, out[q], pack(k, p0[q], p1[q]), j);
+        uint32_t word[FP];
+        kl_split_pair(k, x[j][0], x[j][1], FP, false, word);
+        for (int q = 0; q < FP; q++) out[q] = setlane(k, KILN_KT_V4, out[q], word[q], j);
     }
 }
 
@@ -81,6 +70,26 @@ static int32_t keys_per_tile(int64_t hd, int kp)
     return (int32_t)(fk > 64 ? 64 : fk);
 }
 
+/* The 4 words of staging item c (16 bytes) of key kg of kv head kvh in cache slot `slot`; 0 for a
+ * key past n_kv (the load reads a row of the cache that exists). */
+static void key_item(kiln_kir *k, const fl *f, uint32_t slot, uint32_t kvh, uint32_t kg, uint32_t n_kv, uint32_t c, uint32_t w[4])
+{
+    uint32_t ok = o2(k, KILN_KOP_LT, kg, n_kv);
+    uint32_t row = cache_word(k, f, kvh, o2(k, KILN_KOP_MIN, kg, c_(k, (int32_t)f->max_ctx - 1)));
+    uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, o2(k, KILN_KOP_ADD, row, o2(k, KILN_KOP_MUL, c, c_(k, 4))), KILN_IDX_NONE,
+                              KILN_IDX_NONE, (int32_t)slot);
+    for (int j = 0; j < 4; j++) w[j] = sel(k, KILN_KT_U32, ok, laneu(k, v4, j), cu(k, 0));
+}
+
+/* The f32 pair of words (a, b) as hi and lo f16 parts, stored at word `at` of part 0 of a tile
+ * array whose parts are tw words apart. */
+static void store_parts(kiln_kir *k, uint32_t arr, uint32_t at, int32_t tw, uint32_t a, uint32_t b)
+{
+    uint32_t pw[FP];
+    kl_split_pair(k, op1(k, KILN_KOP_BITCAST, KILN_KT_F32, a, 0), op1(k, KILN_KOP_BITCAST, KILN_KT_F32, b, 0), FP, false, pw);
+    for (int pt = 0; pt < FP; pt++) sts(k, arr, pt ? o2(k, KILN_KOP_ADD, at, c_(k, pt * tw)) : at, pw[pt]);
+}
+
 bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
 {
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
@@ -90,15 +99,6 @@ bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
     /* whole staging items per thread: K takes fk * hd / (8 / kp) 16-byte items, V half as many */
     bool items = (keys_per_tile(hd, kp) / 2 * (hd * kp / 8)) % FT == 0;
     return items && kl_dim_max(g, q->dims[0]) > 8 && kc->dims[1] < ((int64_t)1 << 24);
-}
-
-/* The kp f16 words (parts) of the f32 pair (a, b): the pair's halves of each part. */
-static void part_words(kiln_kir *k, uint32_t a, uint32_t b, uint32_t w[2])
-{
-    uint32_t pa[FP], pb[FP];
-    split2(k, a, pa);
-    split2(k, b, pb);
-    for (int q = 0; q < FP; q++) w[q] = pack(k, pa[q], pb[q]);
 }
 
 void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
@@ -162,45 +162,29 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
         for (int u = 0; u < FK * cpr / FT; u++) {
             uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
             uint32_t key = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
-            uint32_t kg = o2(k, KILN_KOP_ADD, kb, key);
-            uint32_t ok = o2(k, KILN_KOP_LT, kg, n_kv);
-            uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
-                                      o2(k, KILN_KOP_ADD, cache_word(k, &f, kvh, o2(k, KILN_KOP_MIN, kg, c_(k, (int32_t)f.max_ctx - 1))), o2(k, KILN_KOP_MUL, c, c_(k, 4))),
-                                      KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
             uint32_t w[4];
-            for (int j = 0; j < 4; j++) w[j] = sel(k, KILN_KT_U32, ok, laneu(k, v4, j), cu(k, 0));
+            key_item(k, &f, ks, kvh, o2(k, KILN_KOP_ADD, kb, key), n_kv, c, w);
             if (KP == 1) {
                 uint32_t w0 = kl_frag_b_word(k, key, o2(k, KILN_KOP_MUL, c, c_(k, 4)), KT);
                 for (int p = 0; p < 4; p++) sts(k, ksh, p ? o2(k, KILN_KOP_XOR, w0, c_(k, 4 * p)) : w0, w[p]);
                 continue;
             }
-            for (int p = 0; p < 2; p++) { /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
-                uint32_t pw[FP];
-                part_words(k, op1(k, KILN_KOP_BITCAST, KILN_KT_F32, w[2 * p], 0), op1(k, KILN_KOP_BITCAST, KILN_KT_F32, w[2 * p + 1], 0), pw);
-                uint32_t at = kl_frag_b_word(k, key, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 2)), c_(k, p)), KT);
-                for (int pt = 0; pt < KP; pt++) sts(k, ksh, pt ? o2(k, KILN_KOP_ADD, at, c_(k, pt * tw)) : at, pw[pt]);
-            }
+            for (int p = 0; p < 2; p++) /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
+                store_parts(k, ksh, kl_frag_b_word(k, key, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 2)), c_(k, p)), KT), tw, w[2 * p],
+                            w[2 * p + 1]);
         }
         /* V transposed: a thread takes 16 bytes of two neighbouring keys and stores their key pairs
          * of each dim (kp parts) */
         for (int u = 0; u < FK / 2 * cpr / FT; u++) {
             uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
             uint32_t kp = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
-            uint32_t v4[2], ok[2];
-            for (int h = 0; h < 2; h++) {
-                uint32_t kg = o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kp, c_(k, 2)), c_(k, h)));
-                ok[h] = o2(k, KILN_KOP_LT, kg, n_kv);
-                v4[h] = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
-                                    o2(k, KILN_KOP_ADD, cache_word(k, &f, kvh, o2(k, KILN_KOP_MIN, kg, c_(k, (int32_t)f.max_ctx - 1))), o2(k, KILN_KOP_MUL, c, c_(k, 4))),
-                                    KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vs);
-            }
+            uint32_t vw[2][4];
+            for (int h = 0; h < 2; h++)
+                key_item(k, &f, vs, kvh, o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kp, c_(k, 2)), c_(k, h))), n_kv, c, vw[h]);
             for (int w = 0; w < 4; w++) {
-                uint32_t a = sel(k, KILN_KT_U32, ok[0], laneu(k, v4[0], w), cu(k, 0)), b = sel(k, KILN_KT_U32, ok[1], laneu(k, v4[1], w), cu(k, 0));
+                uint32_t a = vw[0][w], b = vw[1][w];
                 if (KP == 2) { /* dim 4c + w: the two keys' f32 values as hi and lo parts */
-                    uint32_t pw[FP];
-                    part_words(k, op1(k, KILN_KOP_BITCAST, KILN_KT_F32, a, 0), op1(k, KILN_KOP_BITCAST, KILN_KT_F32, b, 0), pw);
-                    uint32_t at = kl_frag_b_word(k, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 4)), c_(k, w)), kp, VT);
-                    for (int pt = 0; pt < KP; pt++) sts(k, vsh, pt ? o2(k, KILN_KOP_ADD, at, c_(k, pt * tw)) : at, pw[pt]);
+                    store_parts(k, vsh, kl_frag_b_word(k, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 4)), c_(k, w)), kp, VT), tw, a, b);
                     continue;
                 }
                 uint32_t lo = o2(k, KILN_KOP_OR, o2(k, KILN_KOP_AND, a, cu(k, 0xffffu)), o2(k, KILN_KOP_SHL, b, cu(k, 16)));

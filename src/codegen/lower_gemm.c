@@ -106,25 +106,6 @@ static uint32_t slot_of(gm *g, uint32_t lane) { return kl_frag_slot(g->k, lane);
 static uint32_t a_word(gm *g, uint32_t r, uint32_t p) { return kl_frag_a_word(g->k, r, p, 2); }
 static uint32_t b_word(gm *g, uint32_t n, uint32_t p) { return addi(g, kl_frag_b_word(g->k, n, p, 2), g->parts * g->apart); }
 
-/* U32 word of two halves (low = e0) of the mma element type. */
-static uint32_t pack(gm *g, uint32_t e0, uint32_t e1)
-{
-    enum kiln_kop cv = g->bf ? KILN_KOP_F2B : KILN_KOP_F2H;
-    uint32_t lo = op1(g, cv, KILN_KT_U32, e0, 0), hi = op1(g, cv, KILN_KT_U32, e1, 0);
-    return o2(g, KILN_KOP_OR, lo, o2(g, KILN_KOP_SHL, hi, kiln_ku(g->k, 16)));
-}
-
-/* x's f32 value v as parts[0..g->parts): f16/bf16 values whose sum is v (to 2^-22 relative for
- * two f16 parts, 2^-24 for three bf16 parts; the parts' products with a weight are exact). */
-static void split(gm *g, uint32_t v, uint32_t *part)
-{
-    enum kiln_kop to = g->bf ? KILN_KOP_F2B : KILN_KOP_F2H, back = g->bf ? KILN_KOP_B2F : KILN_KOP_H2F;
-    for (int i = 0; i < g->parts; i++) {
-        part[i] = i + 1 < g->parts ? op1(g, back, KILN_KT_F32, op1(g, to, KILN_KT_U32, v, 0), 0) : v;
-        if (i + 1 < g->parts) v = o2(g, KILN_KOP_SUB, v, part[i]);
-    }
-}
-
 /* ------------------------------------------------------------------ staging */
 
 static bool x_is_f32(const gm *g) { return !g->xp && g->s->xdt == KILN_DTYPE_F32; }
@@ -230,32 +211,24 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
                 sts(g, w, op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp));
                 continue;
             }
-            uint32_t part[2][3];
+            uint32_t v[2], word[3];
             for (int e = 0; e < 2; e++) {
                 int idx = 2 * pp + e; /* value within the item */
-                uint32_t v = f32 ? lanef(g, raw->ax[j], idx)
-                                 : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
-                                       op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
-                if (P->ascale[j] != KILN_IDX_NONE) v = mul(g, v, P->ascale[j]);
-                if (raw->anw[j][0] != KILN_IDX_NONE) v = mul(g, v, lanef(g, raw->anw[j][idx / 4], idx % 4));
-                split(g, v, part[e]);
+                v[e] = f32 ? lanef(g, raw->ax[j], idx)
+                           : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
+                                 op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
+                if (P->ascale[j] != KILN_IDX_NONE) v[e] = mul(g, v[e], P->ascale[j]);
+                if (raw->anw[j][0] != KILN_IDX_NONE) v[e] = mul(g, v[e], lanef(g, raw->anw[j][idx / 4], idx % 4));
             }
-            for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart), pack(g, part[0][q], part[1][q]));
+            kl_split_pair(g->k, v[0], v[1], g->parts, g->bf, word);
+            for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart), word[q]);
         }
     for (int j = 0; j < w_items(g, G); j++) {
         if (g->wt == KILN_DTYPE_F32) { /* two pairs, each as hi and lo f16 words; pair l of the piece: lane + l */
             for (int l = 0; l < 2; l++) {
-                uint32_t h0[2], h1[2];
-                for (int e = 0; e < 2; e++) {
-                    uint32_t v = lanef(g, raw->b32[j], 2 * l + e);
-                    uint32_t hi = op1(g, KILN_KOP_F2H, KILN_KT_U32, v, 0);
-                    uint32_t lo = op1(g, KILN_KOP_F2H, KILN_KT_U32, o2(g, KILN_KOP_SUB, v, op1(g, KILN_KOP_H2F, KILN_KT_F32, hi, 0)), 0);
-                    if (e == 0) h0[0] = hi, h0[1] = lo;
-                    else h1[0] = hi, h1[1] = lo;
-                }
-                uint32_t w = xori(g, P->bw[j], 4 * l);
-                for (int q = 0; q < 2; q++)
-                    sts(g, q ? addi(g, w, GM_BWORDS) : w, o2(g, KILN_KOP_OR, h0[q], o2(g, KILN_KOP_SHL, h1[q], kiln_ku(g->k, 16))));
+                uint32_t word[2], w = xori(g, P->bw[j], 4 * l);
+                kl_split_pair(g->k, lanef(g, raw->b32[j], 2 * l), lanef(g, raw->b32[j], 2 * l + 1), 2, false, word);
+                for (int q = 0; q < 2; q++) sts(g, q ? addi(g, w, GM_BWORDS) : w, word[q]);
             }
             continue;
         }
@@ -271,8 +244,11 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
             if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
             val[i] = x;
         }
-        for (int pp = 0; pp < 8; pp++) /* pair pp of the piece: lane + (pp & 3), word j + (pp >> 2) (j even) */
-            sts(g, xori(g, P->bw[j], 4 * (pp & 3) + (pp >> 2)), pack(g, val[2 * pp], val[2 * pp + 1]));
+        for (int pp = 0; pp < 8; pp++) { /* pair pp of the piece: lane + (pp & 3), word j + (pp >> 2) (j even) */
+            uint32_t word;
+            kl_split_pair(g->k, val[2 * pp], val[2 * pp + 1], 1, g->bf, &word);
+            sts(g, xori(g, P->bw[j], 4 * (pp & 3) + (pp >> 2)), word);
+        }
     }
 }
 
@@ -418,23 +394,18 @@ static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_store(k, scr, KILN_DTYPE_F32, t, sc);
     kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    if (G->xp) { /* a thread per pair of values: one word per part */
-        enum kiln_kop to = G->bf ? KILN_KOP_F2B : KILN_KOP_F2H, back = G->bf ? KILN_KOP_B2F : KILN_KOP_H2F;
+    if (G->xp) { /* a thread per pair of values: one word per part, split as the GEMM's staging splits */
         uint32_t e = kiln_kvar(k, tid);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, e, kiln_ki(k, (int32_t)(K / 2)), kiln_ki(k, GM_THREADS), 0);
-        uint32_t part[2][3];
+        uint32_t v[2], word[3];
         for (int h = 0; h < 2; h++) {
             uint32_t col = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, e, kiln_ki(k, 2)), kiln_ki(k, h));
-            uint32_t v = kiln_k2(k, KILN_KOP_MUL, kl_load(k, xs, s->xdt, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), col)), sc);
-            if (nws != KILN_IDX_NONE) v = kiln_k2(k, KILN_KOP_MUL, v, kl_load(k, nws, KILN_DTYPE_F32, col));
-            for (int q = 0; q < G->parts; q++) { /* the same split as the GEMM's own (split) */
-                uint32_t hb = kiln_kir_op(k, to, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-                part[h][q] = hb;
-                if (q + 1 < G->parts) v = kiln_k2(k, KILN_KOP_SUB, v, kiln_kir_op(k, back, KILN_KT_F32, hb, KILN_IDX_NONE, KILN_IDX_NONE, 0));
-            }
+            v[h] = kiln_k2(k, KILN_KOP_MUL, kl_load(k, xs, s->xdt, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), col)), sc);
+            if (nws != KILN_IDX_NONE) v[h] = kiln_k2(k, KILN_KOP_MUL, v[h], kl_load(k, nws, KILN_DTYPE_F32, col));
         }
+        kl_split_pair(k, v[0], v[1], G->parts, G->bf, word);
         for (int q = 0; q < G->parts; q++) {
-            uint32_t w = kiln_k2(k, KILN_KOP_OR, part[0][q], kiln_k2(k, KILN_KOP_SHL, part[1][q], kiln_ku(k, 16)));
+            uint32_t w = word[q];
             uint32_t at = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, G->xp_word + q * G->xp_part), kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)(K / 2)))), e);
             kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, at, w, KILN_IDX_NONE, (int32_t)scr);
         }
