@@ -1,4 +1,4 @@
-/* Attention template (prefill graphs with f16 caches add lower_flash.c for runs of many rows): split-KV flash-decoding over a head-major cache, grouped-query heads
+/* Attention template (prefill graphs with f16 or f32 caches add lower_flash.c for runs of many rows): split-KV flash-decoding over a head-major cache, grouped-query heads
  * sharing each K/V read. Kernel 1: one block per (kv head, key split, token) computes, for every
  * query head of the group, the split's running max, sum and weighted V (online softmax over tiles
  * of 128 keys: a lane per key for q.k, lanes over head dims for p.v) into the region's scratch.
@@ -289,7 +289,7 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln
      * cores takes runs of many rows; the split kernels, sized for few, take the others (decode
      * through a prefill plan), each guarded by the run's row count. */
     bool flash = kl_flash_fits(g, n);
-    if (flash && a.tok_max > KL_SMALL_ROWS) a.tok_max = KL_SMALL_ROWS;
+    if (flash) a.tok_max = KL_SMALL_ROWS; /* kl_flash_fits: more rows than that at the bound */
     /* Key split: enough blocks to fill a large GPU (about 1056) at the cache's bound, >= 32 keys;
      * when there are still too few blocks, the query heads of a group split over blocks too
      * (each re-reads the group's K/V, mostly from L2). */

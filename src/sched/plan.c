@@ -561,12 +561,13 @@ static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const ki
         } else if ((idx = kiln_graph_find_leaf(g, name)) != KILN_IDX_NONE && g->nodes[idx].op == KILN_OP_INPUT) {
             if (p->bufs[idx] || p->bound_dev[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound twice", name);
             else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound with NULL data", name);
-            else if (b[k].device && device_input_space(p, idx) < 0)
+            int dsp = b[k].device ? device_input_space(p, idx) : -1;
+            if (s == KILN_OK && b[k].device && dsp < 0)
                 s = kiln_ctx_fail(ctx, KILN_ERR_BINDING,
                                   "input '%s' is bound as device memory, but the host (or more than one device) reads it", name);
             if (b[k].device) {
                 p->bound_dev[idx] = b[k].data;
-                p->bound_dev_be[idx] = (int8_t)device_input_space(p, idx);
+                p->bound_dev_be[idx] = (int8_t)dsp;
             } else {
                 p->bufs[idx] = b[k].data;
             }
