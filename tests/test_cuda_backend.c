@@ -215,6 +215,17 @@ Test(cuda_host, sticky_fault_stops_the_backend)
 
 #include "sched/presets.h"
 
+/* One decode layer of preset pr (q8_0 weights, 64 KV rows) compiled onto cuda; *g is its graph. */
+static kiln_plan *decode_layer_plan(kiln_ctx *ctx, const kiln_preset *pr, kiln_graph **g)
+{
+    cr_assert_eq(kiln_preset_build(pr, KILN_DTYPE_Q8_0, 1, 64, 1, g), KILN_OK);
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, *g, &(kiln_compile_options){.backend = "cuda"}, &p);
+    if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
+    cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
+    return p;
+}
+
 /* A whole qwen2-0.5b decode layer forced onto cuda: every region compiles (attention as two
  * kernels sharing a scratch buffer), one recording is replayed per step, no argument is NULL. */
 Test(cuda_host, decode_layer_compiles_and_replays)
@@ -223,11 +234,7 @@ Test(cuda_host, decode_layer_compiles_and_replays)
     kiln_ctx *ctx = fake_ctx();
     const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
     kiln_graph *g = NULL;
-    cr_assert_eq(kiln_preset_build(pr, KILN_DTYPE_Q8_0, 1, 64, 1, &g), KILN_OK);
-    kiln_plan *p = NULL;
-    kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p);
-    if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
-    cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan *p = decode_layer_plan(ctx, pr, &g);
     int modules = f->modules;
     cr_assert(modules >= 4, "%d modules for a decode layer", modules);
     float *x = calloc((size_t)pr->hidden, 4), *y = calloc((size_t)pr->hidden, 4);
@@ -257,11 +264,7 @@ Test(cuda_host, device_bindings_copy_device_to_device)
     kiln_ctx *ctx = fake_ctx();
     const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
     kiln_graph *g = NULL;
-    cr_assert_eq(kiln_preset_build(pr, KILN_DTYPE_Q8_0, 1, 64, 1, &g), KILN_OK);
-    kiln_plan *p = NULL;
-    kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p);
-    if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
-    cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan *p = decode_layer_plan(ctx, pr, &g);
     size_t xb = (size_t)pr->hidden * 4;
     float *dx = calloc((size_t)pr->hidden, 4), *dy = malloc(xb);
     memset(dy, 0xff, xb);

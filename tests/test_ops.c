@@ -358,19 +358,22 @@ Test(ops, rope)
 
 /* ---------------------------------------------------------------- attention, kv_scatter */
 
-static void attention_case(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, float scale)
+/* attention of q [t, H, hd] over K/V caches [Hkv, C, hd] for each (t, n_kv) of tv, fresh q per run. */
+static void attention_runs(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, float scale, int64_t C, const int64_t (*tv)[2], size_t n_tv,
+                           const char *what)
 {
-    const int64_t C = 40, tv[][2] = {{1, 1}, {1, 23}, {4, 17}, {4, 40}, {1, 40}, {3, 3}};
     kiln_graph *g = graph();
-    kiln_dim T = kiln_sym(g, "t", 4), NKV = kiln_sym(g, "n_kv", C);
+    int64_t tmax = 0;
+    for (size_t i = 0; i < n_tv; i++) tmax = tv[i][0] > tmax ? tv[i][0] : tmax;
+    kiln_dim T = kiln_sym(g, "t", tmax), NKV = kiln_sym(g, "n_kv", C);
     kiln_node q = kiln_input(g, "q", dt, 3, (kiln_dim[]){T, H, hd});
     kiln_node k = kiln_state(g, "k", dt, 3, (kiln_dim[]){Hkv, C, hd}), v = kiln_state(g, "v", dt, 3, (kiln_dim[]){Hkv, C, hd});
     out(g, kiln_attention(g, q, k, v, NKV, scale), "y");
-    tu_sess *s = tu_sess_new(g, lab("attention %s H %lld Hkv %lld hd %lld scale %g", dn(dt), (long long)H, (long long)Hkv,
+    tu_sess *s = tu_sess_new(g, lab("%s %s H %lld Hkv %lld hd %lld scale %g", what, dn(dt), (long long)H, (long long)Hkv,
                                     (long long)hd, (double)scale));
     tu_state_random(s, "k", -1, 1);
     tu_state_random(s, "v", -0.5f, 1.5f); /* mean 0.5: outputs (averages of v) are never all ~0 */
-    for (size_t i = 0; i < N_OF(tv); i++) {
+    for (size_t i = 0; i < n_tv; i++) {
         tu_sym(s, "t", tv[i][0]);
         tu_sym(s, "n_kv", tv[i][1]);
         tu_input_random(s, "q", -2, 2);
@@ -379,6 +382,12 @@ static void attention_case(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, fl
     }
     tu_sess_free(s);
     kiln_graph_free(g);
+}
+
+static void attention_case(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, float scale)
+{
+    static const int64_t tv[][2] = {{1, 1}, {1, 23}, {4, 17}, {4, 40}, {1, 40}, {3, 3}};
+    attention_runs(dt, H, Hkv, hd, scale, 40, tv, N_OF(tv), "attention");
 }
 
 Test(ops, attention)
@@ -391,43 +400,20 @@ Test(ops, attention)
     }
 }
 
-/* Prefill: many query rows at once (the GPU backends' tensor-core flash kernel takes f16 caches
- * with head_dim 32..128; other dtypes keep the split kernel), grouped-query ratios 1, 4 and 7,
+/* Prefill: many query rows at once (the GPU backends' tensor-core flash kernel takes f16 and f32
+ * caches with head_dim 32..128; bf16 keeps the split kernel), grouped-query ratios 1, 4 and 7,
  * n_tok not a multiple of the 64-row tile, and keys before the first query (n_kv > n_tok). On
  * cuda also 512 and 1000 tokens (lavapipe's MMA emulation is too slow for them). */
-static void attention_prefill_case(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, int64_t C, const int64_t (*tv)[2], size_t n_tv)
-{
-    kiln_graph *g = graph();
-    int64_t tmax = 0;
-    for (size_t i = 0; i < n_tv; i++) tmax = tv[i][0] > tmax ? tv[i][0] : tmax;
-    kiln_dim T = kiln_sym(g, "t", tmax), NKV = kiln_sym(g, "n_kv", C);
-    kiln_node q = kiln_input(g, "q", dt, 3, (kiln_dim[]){T, H, hd});
-    kiln_node k = kiln_state(g, "k", dt, 3, (kiln_dim[]){Hkv, C, hd}), v = kiln_state(g, "v", dt, 3, (kiln_dim[]){Hkv, C, hd});
-    out(g, kiln_attention(g, q, k, v, NKV, 0), "y");
-    tu_sess *s = tu_sess_new(g, lab("attention prefill %s H %lld Hkv %lld hd %lld", dn(dt), (long long)H, (long long)Hkv, (long long)hd));
-    tu_state_random(s, "k", -1, 1);
-    tu_state_random(s, "v", -0.5f, 1.5f);
-    for (size_t i = 0; i < n_tv; i++) {
-        tu_sym(s, "t", tv[i][0]);
-        tu_sym(s, "n_kv", tv[i][1]);
-        tu_input_random(s, "q", -2, 2);
-        tu_run(s);
-        tu_check(s, "y", "attention", dt);
-    }
-    tu_sess_free(s);
-    kiln_graph_free(g);
-}
-
 Test(ops, attention_prefill)
 {
     static const int64_t small[][2] = {{9, 9}, {17, 40}, {70, 70}, {127, 150}, {3, 20}};
     static const int64_t big[][2] = {{512, 512}, {1000, 1000}, {300, 1000}};
     bool gpu = strcmp(tu_backend(), "cuda") == 0;
     for (size_t d = 0; d < N_OF(ACT); d++) {
-        attention_prefill_case(ACT[d], 2, 2, 64, 160, small, N_OF(small));
-        attention_prefill_case(ACT[d], 8, 2, 128, 160, small, 3);
-        attention_prefill_case(ACT[d], 7, 1, 32, 160, small + 1, 2);
-        if (gpu) attention_prefill_case(ACT[d], 28, 4, 128, 1024, big, N_OF(big));
+        attention_runs(ACT[d], 2, 2, 64, 0, 160, small, N_OF(small), "attention prefill");
+        attention_runs(ACT[d], 8, 2, 128, 0, 160, small, 3, "attention prefill");
+        attention_runs(ACT[d], 7, 1, 32, 0, 160, small + 1, 2, "attention prefill");
+        if (gpu) attention_runs(ACT[d], 28, 4, 128, 0, 1024, big, N_OF(big), "attention prefill");
     }
 }
 
