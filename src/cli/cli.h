@@ -63,7 +63,7 @@ int kiln_cli_plan(int argc, char *const *argv);
 int kiln_cli_calibrate(int argc, char *const *argv);
 int kiln_cli_spirv(int argc, char *const *argv);
 int kiln_cli_ptx(int argc, char *const *argv);
-/* GGUF model commands (model.c): generate, info MODEL.gguf, bench --model. */
+/* GGUF model commands: generate (generate.c), info MODEL.gguf and bench --model (model.c). */
 int kiln_cli_generate(int argc, char *const *argv);
 int kiln_cli_info_model(const char *path, bool json);
 int kiln_cli_bench_model(int argc, char *const *argv);

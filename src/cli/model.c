@@ -1,264 +1,11 @@
-/* GGUF model commands of the kiln tool: `kiln generate MODEL.gguf --ids ...` (prefill, then greedy
- * decode with one compiled plan), `kiln info MODEL.gguf` (architecture, sizes, tensor types, where
- * kiln would run it) and `kiln bench --model MODEL.gguf` (timed prefill or decode steps). Must not
- * abort on user input or a malformed file; prints a progress line only on a terminal. */
+/* GGUF model commands of the kiln tool: `kiln info MODEL.gguf` (architecture, sizes, tensor types,
+ * where kiln would run it) and `kiln bench --model MODEL.gguf` (timed prefill or decode steps);
+ * loading is in model_run.c, `kiln generate` in generate.c. Must not abort on user input or a
+ * malformed file. */
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "cli/cli.h"
-
-/* A loaded model: file, its info, the compiled plan and run buffers. */
-typedef struct model_run {
-    kiln_ctx        *ctx;    /* context */
-    kiln_gguf       *file;   /* the mapped file */
-    kiln_model_info  info;   /* metadata */
-    kiln_plan       *plan;   /* compiled decoder */
-    int32_t         *pos;    /* positions [max_tok] */
-    int32_t         *next;   /* argmax of the last token [1] */
-    double           load_s; /* open + page-in + build + compile */
-} model_run;
-
-/* Shared flags of generate and bench --model. */
-typedef struct model_opts {
-    const char *path;    /* MODEL.gguf */
-    const char *backend; /* --backend or NULL (auto) */
-    int64_t     threads; /* --threads; 0 = one per core */
-    bool        json;    /* --json */
-} model_opts;
-
-static void model_free(model_run *m)
-{
-    kiln_plan_free(m->plan);
-    kiln_gguf_close(m->file);
-    kiln_ctx_free(m->ctx);
-    free(m->pos);
-    free(m->next);
-}
-
-/* Touches every page of the tensor data once (so the first run does not pay the page faults),
- * with a progress line on a terminal for files over 64 MiB. */
-static void page_in(const kiln_gguf *f, bool progress)
-{
-    int64_t n = kiln_gguf_tensor_count(f);
-    size_t total = kiln_gguf_size(f), done = 0, shown = 0;
-    progress = progress && total > ((size_t)64 << 20);
-    volatile unsigned char sink = 0;
-    for (int64_t i = 0; i < n; i++) {
-        kiln_gguf_tensor t;
-        if (kiln_gguf_tensor_at(f, i, &t) != KILN_OK) continue;
-        const unsigned char *p = t.data;
-        for (size_t off = 0; off < t.bytes; off += 4096) sink ^= p[off];
-        done += t.bytes;
-        if (progress && done - shown > total / 50) {
-            shown = done;
-            fprintf(stderr, "\r  loading %.0f/%.0f MiB (%.0f%%)   ", (double)done / 1048576, (double)total / 1048576,
-                    100.0 * (double)done / (double)total);
-        }
-    }
-    if (progress) fprintf(stderr, "\r%60s\r", "");
-    (void)sink;
-}
-
-/* Opens, pages in, builds (max_ctx rows, max_tok tokens) and compiles. Exit code. */
-static int model_load(const char *cmd, const model_opts *o, int64_t max_ctx, int64_t max_tok, model_run *m)
-{
-    double t0 = kiln_cli_now();
-    kiln_ctx_options co = {.quiet = true, .n_threads = (int)o->threads};
-    kiln_status s = kiln_ctx_new(&co, &m->ctx);
-    if (s != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "creating the context");
-    if ((s = kiln_gguf_open(m->ctx, o->path, &m->file)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "opening the model");
-    if ((s = kiln_model_info_get(m->file, &m->info)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "reading the model");
-    if (max_ctx > m->info.n_ctx_train) {
-        fprintf(stderr, "kiln %s: %lld positions asked (%s), the model's context is %lld\n", cmd, (long long)max_ctx,
-                strcmp(cmd, "generate") == 0 ? "prompt + -n" : "--ctx + --steps + 1, or --tokens",
-                (long long)m->info.n_ctx_train);
-        return KILN_CLI_USAGE;
-    }
-    page_in(m->file, !o->json && isatty(2));
-    kiln_model_options mo = {.max_ctx = max_ctx, .max_tok = max_tok, .kv_dtype = KILN_DTYPE_F16, .last_only = true};
-    kiln_graph *g = NULL;
-    if ((s = kiln_model_build(m->file, &mo, &g)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "building the graph");
-    s = kiln_compile(m->ctx, g, &(kiln_compile_options){.backend = o->backend}, &m->plan);
-    kiln_graph_free(g);
-    if (s != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "compiling");
-    m->pos = malloc((size_t)max_tok * sizeof *m->pos);
-    m->next = malloc(sizeof *m->next);
-    if (!m->pos || !m->next) return kiln_cli_fail(cmd, NULL, KILN_ERR_NOMEM, "allocating buffers");
-    m->load_s = kiln_cli_now() - t0;
-    return KILN_CLI_OK;
-}
-
-/* One run of n ids at positions start..; *out = the argmax after the last one. */
-static kiln_status model_step(model_run *m, const int32_t *ids, int64_t n, int64_t start, int32_t *out)
-{
-    for (int64_t i = 0; i < n; i++) m->pos[i] = (int32_t)(start + i);
-    int32_t last = (int32_t)(n - 1);
-    kiln_binding b[6] = {{.name = "n_tok", .value = n},
-                         {.name = "n_kv", .value = start + n},
-                         {.name = "ids", .data = (void *)ids, .bytes = (size_t)n * sizeof *ids},
-                         {.name = "pos", .data = m->pos, .bytes = (size_t)n * sizeof *m->pos},
-                         {.name = "last", .data = &last, .bytes = sizeof last},
-                         {.name = "next", .data = m->next, .bytes = sizeof *m->next}};
-    kiln_status s = kiln_run(m->plan, b, 6);
-    if (s == KILN_OK && out) *out = m->next[0];
-    return s;
-}
-
-/* Parses --backend/--threads/--json and the model path; 1 when a->argv[a->i] was one, 0 when not,
- * or an exit code (negative: KILN_CLI_USAGE). */
-static int common_flag(kiln_cli_args *a, model_opts *o)
-{
-    const char *v = NULL;
-    int r;
-    if ((r = kiln_cli_flag_value(a, "--backend", &v)) != 0) {
-        o->backend = v;
-        return r < 0 ? -KILN_CLI_USAGE : 1;
-    }
-    if ((r = kiln_cli_flag_value(a, "--threads", &v)) != 0)
-        return r < 0 || !kiln_cli_parse_i64(a->cmd, "--threads", v, 1, 256, &o->threads) ? -KILN_CLI_USAGE : 1;
-    if (strcmp(a->argv[a->i], "--json") == 0) {
-        o->json = true;
-        a->i++;
-        return 1;
-    }
-    return 0;
-}
-
-/* Parses "1,2,3" into ids (malloc'ed). */
-static bool parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n)
-{
-    int64_t cap = 1;
-    for (const char *p = s; *p; p++) cap += *p == ',';
-    *ids = malloc((size_t)cap * sizeof **ids);
-    *n = 0;
-    if (!*ids) return false;
-    char buf[32];
-    for (const char *p = s;; p++) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        int64_t v;
-        if (len == 0 || len >= sizeof buf) {
-            fprintf(stderr, "kiln %s: --ids wants comma-separated token ids, got '%s'\n", cmd, s);
-            return false;
-        }
-        memcpy(buf, p, len);
-        buf[len] = 0;
-        if (!kiln_cli_parse_i64(cmd, "--ids", buf, 0, INT32_MAX, &v)) return false;
-        (*ids)[(*n)++] = (int32_t)v;
-        if (!e) return true;
-        p = e;
-    }
-}
-
-/* Prints token id's text (sentencepiece "▁" and byte-level "Ġ"/"Ċ" shown as space/newline, byte
- * tokens "<0xHH>" as their byte). */
-static void print_token(FILE *out, const kiln_gguf *f, int32_t id)
-{
-    const char *s;
-    size_t len;
-    if (kiln_gguf_get_arr_str(f, "tokenizer.ggml.tokens", (uint64_t)id, &s, &len) != KILN_OK) return;
-    unsigned byte;
-    char hex[7] = {0};
-    if (len == 6 && (memcpy(hex, s, 6), sscanf(hex, "<0x%2x>", &byte) == 1) && hex[5] == '>') { /* byte token */
-        fputc((int)byte, out);
-        return;
-    }
-    for (size_t i = 0; i < len; i++) {
-        if (i + 2 < len && (unsigned char)s[i] == 0xe2 && (unsigned char)s[i + 1] == 0x96 && (unsigned char)s[i + 2] == 0x81)
-            fputc(' ', out), i += 2;
-        else if (i + 1 < len && (unsigned char)s[i] == 0xc4 && (unsigned char)s[i + 1] == 0xa0)
-            fputc(' ', out), i += 1;
-        else if (i + 1 < len && (unsigned char)s[i] == 0xc4 && (unsigned char)s[i + 1] == 0x8a)
-            fputc('\n', out), i += 1;
-        else
-            fputc(s[i], out);
-    }
-}
-
-static void gen_report(const model_opts *o, model_run *m, const int32_t *out, int64_t n_out, int64_t n_prompt,
-                       double prefill_s, double decode_s)
-{
-    double pf = prefill_s > 0 ? (double)n_prompt / prefill_s : 0;
-    double dc = n_out > 1 && decode_s > 0 ? (double)(n_out - 1) / decode_s : 0;
-    double ms = n_out > 1 ? decode_s * 1e3 / (double)(n_out - 1) : 0;
-    bool has_text = kiln_gguf_kv_find(m->file, "tokenizer.ggml.tokens") >= 0;
-    if (o->json) {
-        printf("{\"ids\": [");
-        for (int64_t i = 0; i < n_out; i++) printf("%s%d", i ? ", " : "", out[i]);
-        printf("], \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ms_per_token\": %.4f, \"backend\": ", pf, dc, ms);
-        kiln_cli_json_str(stdout, kiln_plan_backend(m->plan));
-        printf("}\n");
-        return;
-    }
-    printf("ids:");
-    for (int64_t i = 0; i < n_out; i++) printf(" %d", out[i]);
-    printf("\n");
-    if (has_text) {
-        printf("text: ");
-        for (int64_t i = 0; i < n_out; i++) print_token(stdout, m->file, out[i]);
-        printf("\n");
-    }
-    printf("%s on %s, %d kernels, loaded in %.0f ms\n", m->info.arch, kiln_plan_backend(m->plan),
-           kiln_plan_kernel_count(m->plan), m->load_s * 1e3);
-    printf("prefill: %lld tokens in %.2f ms (%.1f tok/s)\n", (long long)n_prompt, prefill_s * 1e3, pf);
-    printf("decode:  %lld tokens in %.2f ms (%.1f tok/s, %.3f ms/token)\n", (long long)(n_out - 1), decode_s * 1e3, dc,
-           ms);
-}
-
-int kiln_cli_generate(int argc, char *const *argv)
-{
-    if (kiln_cli_wants_help(argc, argv, "generate")) return KILN_CLI_OK;
-    model_opts o = {0};
-    int64_t n_gen = 32, n_ids = 0;
-    int32_t *ids = NULL;
-    kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "generate"};
-    int rc = KILN_CLI_OK;
-    while (rc == KILN_CLI_OK && a.i < argc) {
-        const char *v = NULL;
-        int r = common_flag(&a, &o);
-        if (r < 0) rc = -r;
-        else if (r > 0) continue;
-        else if ((r = kiln_cli_flag_value(&a, "-n", &v)) != 0)
-            rc = r < 0 || !kiln_cli_parse_i64("generate", "-n", v, 1, 1 << 20, &n_gen) ? KILN_CLI_USAGE : KILN_CLI_OK;
-        else if ((r = kiln_cli_flag_value(&a, "--ids", &v)) != 0) {
-            free(ids);
-            rc = r < 0 || !parse_ids("generate", v, &ids, &n_ids) ? KILN_CLI_USAGE : KILN_CLI_OK;
-        } else if (argv[a.i][0] == '-')
-            rc = kiln_cli_unknown_flag("generate", argv[a.i]);
-        else if (o.path)
-            fprintf(stderr, "kiln generate: unexpected argument '%s'\n", argv[a.i]), rc = KILN_CLI_USAGE;
-        else
-            o.path = argv[a.i++];
-    }
-    if (rc == KILN_CLI_OK && (!o.path || !n_ids)) {
-        fprintf(stderr, "kiln generate: needs MODEL.gguf and --ids (see kiln generate --help)\n");
-        rc = KILN_CLI_USAGE;
-    }
-    model_run m = {0};
-    if (rc == KILN_CLI_OK) rc = model_load("generate", &o, n_ids + n_gen, n_ids, &m);
-    for (int64_t i = 0; rc == KILN_CLI_OK && i < n_ids; i++)
-        if (ids[i] >= m.info.n_vocab) {
-            fprintf(stderr, "kiln generate: --ids: id %d is past the vocabulary (%lld tokens)\n", ids[i],
-                    (long long)m.info.n_vocab);
-            rc = KILN_CLI_USAGE;
-        }
-    int32_t *out = rc == KILN_CLI_OK ? malloc((size_t)n_gen * sizeof *out) : NULL;
-    if (rc == KILN_CLI_OK && !out) rc = kiln_cli_fail("generate", NULL, KILN_ERR_NOMEM, "allocating");
-    if (rc == KILN_CLI_OK) {
-        double t0 = kiln_cli_now();
-        kiln_status s = model_step(&m, ids, n_ids, 0, &out[0]);
-        double t1 = kiln_cli_now();
-        for (int64_t i = 1; s == KILN_OK && i < n_gen; i++) s = model_step(&m, &out[i - 1], 1, n_ids + i - 1, &out[i]);
-        double t2 = kiln_cli_now();
-        if (s != KILN_OK) rc = kiln_cli_fail("generate", m.ctx, s, "running");
-        else gen_report(&o, &m, out, n_gen, n_ids, t1 - t0, t2 - t1);
-    }
-    free(out);
-    free(ids);
-    model_free(&m);
-    return rc;
-}
+#include "cli/model_run.h"
 
 /* Tensor count and bytes per type, for info. */
 typedef struct type_stat {
@@ -404,7 +151,7 @@ static int bench_model_args(int argc, char *const *argv, bench_model_opts *b)
     int rc = KILN_CLI_OK;
     while (rc == KILN_CLI_OK && a.i < argc) {
         const char *v = NULL;
-        int r = common_flag(&a, &b->common);
+        int r = kiln_cli_model_flag(&a, &b->common);
         if (r < 0) rc = -r;
         else if (r > 0) continue;
         else if ((r = kiln_cli_flag_value(&a, "--model", &v)) != 0) b->common.path = v, rc = r < 0 ? KILN_CLI_USAGE : rc;
@@ -474,20 +221,20 @@ int kiln_cli_bench_model(int argc, char *const *argv)
     model_run m = {0};
     double *ms = calloc((size_t)b.steps, sizeof *ms);
     int32_t *ids = calloc((size_t)max_tok, sizeof *ids);
-    rc = ms && ids ? model_load("bench", &b.common, max_ctx, max_tok, &m)
+    rc = ms && ids ? kiln_cli_model_load("bench", &b.common, max_ctx, max_tok, &m)
                    : kiln_cli_fail("bench", NULL, KILN_ERR_NOMEM, "allocating");
     for (int64_t i = 0; rc == KILN_CLI_OK && i < max_tok; i++) ids[i] = (int32_t)(i % m.info.n_vocab);
-    kiln_status s = rc == KILN_CLI_OK ? model_step(&m, ids, max_tok, b.prefill ? 0 : b.ctx0, NULL) : KILN_OK; /* warm-up */
+    kiln_status s = rc == KILN_CLI_OK ? kiln_cli_model_step(&m, ids, max_tok, b.prefill ? 0 : b.ctx0, NULL) : KILN_OK; /* warm-up */
     if (rc == KILN_CLI_OK && b.profile) kiln_plan_profile(m.plan, true);
     for (int64_t i = 0; rc == KILN_CLI_OK && s == KILN_OK && i < b.steps; i++) {
         double t0 = kiln_cli_now();
-        s = model_step(&m, ids, max_tok, b.prefill ? 0 : b.ctx0 + 1 + i, NULL);
+        s = kiln_cli_model_step(&m, ids, max_tok, b.prefill ? 0 : b.ctx0 + 1 + i, NULL);
         ms[i] = (kiln_cli_now() - t0) * 1e3;
     }
     if (rc == KILN_CLI_OK && s != KILN_OK) rc = kiln_cli_fail("bench", m.ctx, s, "running a step");
     if (rc == KILN_CLI_OK) bench_model_report(&b, &m, ms, max_tok);
     free(ms);
     free(ids);
-    model_free(&m);
+    kiln_cli_model_free(&m);
     return rc;
 }
