@@ -186,7 +186,8 @@ static bool do_region(const kiln_graph *g, const kiln_fusion *f, uint32_t r, int
     it->kind = kiln_region_kind_name((enum kiln_region_kind)f->regions[r].kind);
     ops_text(g, &f->regions[r], it->ops, sizeof it->ops);
     kiln_kir kir[KILN_LOWER_MAX];
-    it->status = kiln_lower_region_seq(g, &f->regions[r], kir, &it->n, it->err, sizeof it->err);
+    kiln_lower_target t = kiln_lower_target_for_sm(sm);
+    it->status = kiln_lower_region_for(g, &f->regions[r], &t, kir, &it->n, it->err, sizeof it->err);
     if (it->status != KILN_OK) return it->status == KILN_ERR_UNSUPPORTED;
     bool ok = true;
     for (uint32_t i = 0; i < it->n; i++) {

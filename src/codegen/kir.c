@@ -22,13 +22,15 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_LD4] = "ld4", [KILN_KOP_ST] = "st", [KILN_KOP_ST16] = "st16", [KILN_KOP_LDS] = "lds",
     [KILN_KOP_STS] = "sts", [KILN_KOP_LDS4] = "lds4", [KILN_KOP_MMA] = "mma", [KILN_KOP_BARRIER] = "barrier", [KILN_KOP_REDUCE] = "reduce", [KILN_KOP_LOOP] = "loop",
     [KILN_KOP_ENDLOOP] = "endloop", [KILN_KOP_IF] = "if", [KILN_KOP_ELSE] = "else", [KILN_KOP_ENDIF] = "endif",
+    [KILN_KOP_STS4] = "sts4", [KILN_KOP_SADDR] = "saddr", [KILN_KOP_FENCE_ASYNC] = "fence_async", [KILN_KOP_WG_FENCE] = "wg_fence",
+    [KILN_KOP_WGMMA] = "wgmma", [KILN_KOP_WG_COMMIT] = "wg_commit", [KILN_KOP_WG_WAIT] = "wg_wait",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
 
 const char *kiln_kt_name(enum kiln_kt t)
 {
-    static const char *const n[KILN_KT_COUNT] = {"none", "pred", "i32", "u32", "f32", "v4", "f4"};
+    static const char *const n[KILN_KT_COUNT] = {"none", "pred", "i32", "u32", "f32", "v4", "f4", "w64"};
     return t < KILN_KT_COUNT ? n[t] : "?";
 }
 
@@ -189,10 +191,10 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         }
         switch (op) {
         case KILN_KOP_CONST: case KILN_KOP_PARAM: case KILN_KOP_TID: case KILN_KOP_BID: case KILN_KOP_NBID:
-            if (!is_num(t) && !(op == KILN_KOP_CONST && t == KILN_KT_F4)) FAIL("type %s", kiln_kt_name(t));
+            if (!is_num(t) && !(op == KILN_KOP_CONST && (t == KILN_KT_F4 || t == KILN_KT_W64))) FAIL("type %s", kiln_kt_name(t));
             break;
         case KILN_KOP_VAR:
-            if (ta[0] != t || !(is_num(t) || t == KILN_KT_F4)) FAIL("variable of %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0]));
+            if (ta[0] != t || !(is_num(t) || t == KILN_KT_F4 || t == KILN_KT_W64)) FAIL("variable of %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0]));
             break;
         case KILN_KOP_ASSIGN:
             if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != ta[1]) FAIL("assigns %s to a non-variable or %s", kiln_kt_name(ta[1]), kiln_kt_name(ta[0]));
@@ -243,7 +245,8 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             if (t != KILN_KT_I32 || ta[0] != KILN_KT_U32 || ta[1] != KILN_KT_U32 || ta[2] != KILN_KT_I32) FAIL("dp4a types");
             break;
         case KILN_KOP_LANE:
-            if (!((t == KILN_KT_U32 && ta[0] == KILN_KT_V4) || (t == KILN_KT_F32 && ta[0] == KILN_KT_F4)) || in->imm.i < 0 || in->imm.i > 3)
+            if (!((t == KILN_KT_U32 && ta[0] == KILN_KT_V4) || (t == KILN_KT_F32 && ta[0] == KILN_KT_F4) ||
+                  (t == KILN_KT_F32 && ta[0] == KILN_KT_W64)) || in->imm.i < 0 || in->imm.i > (ta[0] == KILN_KT_W64 ? 63 : 3))
                 FAIL("lane %d: %s of %s", in->imm.i, kiln_kt_name(t), kiln_kt_name(ta[0]));
             break;
         case KILN_KOP_SETLANE:
@@ -273,7 +276,21 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
                      kiln_kt_name(ta[1]), kiln_kt_name(ta[2]), in->imm.u);
             if (k->block % 32) FAIL("mma in a block that is not whole warps");
             break;
-        case KILN_KOP_BARRIER: break;
+        case KILN_KOP_BARRIER: case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: case KILN_KOP_WG_COMMIT: break;
+        case KILN_KOP_WG_WAIT: if (in->imm.i < 0 || in->imm.i > 7) FAIL("wait for %d groups", in->imm.i); break;
+        case KILN_KOP_STS4:
+            if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32 || ta[1] != KILN_KT_V4 || k->shared[in->imm.u] % 4)
+                FAIL("sts4 of %s into shared array %u of %u (its size a multiple of 4)", kiln_kt_name(ta[1]), in->imm.u, k->n_shared);
+            break;
+        case KILN_KOP_SADDR:
+            if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32 || t != KILN_KT_U32) FAIL("saddr of shared array %u of %u", in->imm.u, k->n_shared);
+            break;
+        case KILN_KOP_WGMMA:
+            if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != KILN_KT_W64 || ta[1] != KILN_KT_U32 || ta[2] != KILN_KT_U32 ||
+                (in->imm.u & ~0xff01u) || !(in->imm.u >> 8))
+                FAIL("wgmma needs a w64 variable and two u32 shared addresses (flags %#x)", in->imm.u);
+            if (k->block % 128) FAIL("wgmma in a block that is not whole warpgroups");
+            break;
         case KILN_KOP_REDUCE: {
             uint32_t grp = in->imm.u & 0xffff, rop = in->imm.u >> 16;
             if (t != KILN_KT_F32 || ta[0] != t || rop >= KILN_KRED_COUNT || !grp || (grp & (grp - 1)) || k->block % grp)
@@ -308,6 +325,15 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
     return true;
 }
 
+bool kiln_kir_needs_sm90a(const kiln_kir *k)
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_WGMMA || k->ins[i].op == KILN_KOP_WG_FENCE || k->ins[i].op == KILN_KOP_WG_COMMIT ||
+            k->ins[i].op == KILN_KOP_WG_WAIT)
+            return true;
+    return false;
+}
+
 /* ------------------------------------------------------------------ listing */
 
 void kiln_kir_dump(const kiln_kir *k, FILE *f)
@@ -323,7 +349,7 @@ void kiln_kir_dump(const kiln_kir *k, FILE *f)
         const uint32_t ops[3] = {in->a, in->b, in->c};
         for (int j = 0; j < 3; j++)
             if (ops[j] != KILN_IDX_NONE) fprintf(f, " %%%u", ops[j]);
-        if (in->op == KILN_KOP_CONST && (in->type == KILN_KT_F32 || in->type == KILN_KT_F4)) {
+        if (in->op == KILN_KOP_CONST && (in->type == KILN_KT_F32 || in->type == KILN_KT_F4 || in->type == KILN_KT_W64)) {
             float v;
             memcpy(&v, &in->imm.u, 4);
             fprintf(f, " #%g", v);

@@ -21,6 +21,8 @@ enum kiln_kt {
     KILN_KT_F32,      /* IEEE binary32 */
     KILN_KT_V4,       /* four U32 (a 16-byte load); read its lanes with KILN_KOP_LANE */
     KILN_KT_F4,       /* four F32 (an mma accumulator fragment); read its lanes with KILN_KOP_LANE */
+    KILN_KT_W64,      /* 64 F32: a thread's part of a warpgroup MMA accumulator (wgmma m64n128, see
+                         KILN_KOP_WGMMA); a CONST or VAR; read its lanes (0..63) with KILN_KOP_LANE */
     KILN_KT_COUNT
 };
 
@@ -97,6 +99,25 @@ enum kiln_kop {
     KILN_KOP_IF,      /* NONE: if (PRED a) */
     KILN_KOP_ELSE,    /* NONE */
     KILN_KOP_ENDIF,   /* NONE */
+    /* Hopper (sm_90a) warpgroup MMA; kernels that use these print only for sm_90 (kiln_lower_target.wgmma) */
+    KILN_KOP_STS4,    /* NONE: shared array imm, elements a .. a+3 (a a multiple of 4) = V4 b (one 16-byte store) */
+    KILN_KOP_SADDR,   /* U32: byte address in the shared window of element a (I32) of shared array imm */
+    KILN_KOP_FENCE_ASYNC, /* NONE: this thread's shared-memory stores become visible to the async proxy
+                         (WGMMA's operand reads); put before the barrier that precedes the WGMMA */
+    KILN_KOP_WG_FENCE,/* NONE: orders this warpgroup's register accesses before the WGMMAs that follow */
+    /* NONE: W64 variable a += A . B over k = 16, issued asynchronously by the 128 threads of a
+     * warpgroup (threads 128 w .. 128 w + 127); a must not be read or assigned until a WG_WAIT
+     * retires it. A is 64 x 16 (rows x k), B is 128 x 16 (columns x k), both K-major in shared
+     * memory without swizzle, as 8 x 8 core matrices of 128 contiguous bytes (row r of a core
+     * at byte 16 r): element (i, kk) of A is at byte address b + (i >> 3) * SBO + (kk >> 3) * 128 +
+     * (i & 7) * 16 + (kk & 7) * 2, B's (n, kk) the same from byte address c (U32 values from
+     * SADDR, multiples of 16); SBO = 16 * (imm >> 8 & 0xff). imm bit 0: bf16 elements (else f16).
+     * Lane j of a (thread t of the warpgroup: warp w = t >> 5, g = (t & 31) >> 2, q = t & 3) is
+     * D[16 w + g + 8 ((j >> 1) & 1)][8 (j >> 2) + 2 q + (j & 1)]. Must be reached by all 128
+     * threads in uniform control flow. */
+    KILN_KOP_WGMMA,
+    KILN_KOP_WG_COMMIT, /* NONE: closes the group of this thread's WGMMAs issued since the last commit */
+    KILN_KOP_WG_WAIT, /* NONE: waits until at most imm of this thread's committed groups are pending */
     KILN_KOP_COUNT
 };
 
@@ -212,6 +233,11 @@ enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
 /* Per-run parameter slots: slot i < n_syms holds symbol i's value. */
 #define KILN_PARAM_SLOTS_MIN 8
 
+/* What the lowering may use on the device it lowers for (filled by the backend). */
+typedef struct kiln_lower_target {
+    bool wgmma; /* Hopper warpgroup MMA (PTX for sm_90a): the GEMM takes the KILN_KOP_WGMMA template */
+} kiln_lower_target;
+
 /* Lowers region r of g into 1..KILN_LOWER_MAX kernels that run in order (out[0..*n_out)); kernels of
  * one region share one scratch buffer (slot kind KILN_KBUF_SCRATCH) of the largest scratch_bytes
  * among them. KILN_ERR_UNSUPPORTED (with err naming the op/dtype) when the region has a shape no
@@ -219,6 +245,13 @@ enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
 #define KILN_LOWER_MAX 3
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err);
+/* The same for a target (NULL: the portable kernels kiln_lower_region_seq gives). */
+kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *t,
+                                  kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+/* The target of PTX for sm (80..90): warpgroup MMA on sm_90 (the H100; $KILN_WGMMA=0 turns it off). */
+kiln_lower_target kiln_lower_target_for_sm(int sm);
+/* Whether kernel k uses sm_90a-only instructions (WGMMA and its fences). */
+bool kiln_kir_needs_sm90a(const kiln_kir *k);
 /* The same for regions that lower to one kernel (others fail with KILN_ERR_UNSUPPORTED). On any
  * failure *out (and every out[i] above) is zeroed: kiln_kir_free on it does nothing. */
 kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err);

@@ -367,11 +367,21 @@ int kl_gemm_rows(void)
     return e && strcmp(e, "64") == 0 ? 64 : 128;
 }
 
+/* On unless $KILN_WGMMA is "0": the GEMM on a target with warpgroup MMA takes it (A/B runs). */
+bool kl_wgmma_enabled(void)
+{
+    const char *e = getenv("KILN_WGMMA");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 void kiln_lower_options_tag(char *out, size_t n)
 {
     const char *cap = getenv("KILN_GRID_CAP");
-    snprintf(out, n, "gemm=%d bm=%d grid_cap=%s", kl_gemm_enabled() ? 1 : 0, kl_gemm_rows(), cap ? cap : "-");
+    snprintf(out, n, "gemm=%d bm=%d grid_cap=%s wgmma=%d", kl_gemm_enabled() ? 1 : 0, kl_gemm_rows(), cap ? cap : "-",
+             kl_wgmma_enabled() ? 1 : 0);
 }
+
+kiln_lower_target kiln_lower_target_for_sm(int sm) { return (kiln_lower_target){.wgmma = sm == 90}; }
 
 /* The x of a matmul region's first matmul (any node of its shape gives the run's rows). */
 static uint32_t matmul_x(const kiln_graph *g, const kiln_region *r)
@@ -384,6 +394,12 @@ static uint32_t matmul_x(const kiln_graph *g, const kiln_region *r)
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err)
 {
+    return kiln_lower_region_for(g, r, NULL, out, n_out, err, n_err);
+}
+
+kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *t,
+                                  kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
+{
     memset(out, 0, KILN_LOWER_MAX * sizeof *out);
     *n_out = 0;
     err[0] = 0;
@@ -393,7 +409,7 @@ kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kil
     case KILN_REGION_MAP: s = kiln_lower_map(g, r, out, err, n_err); break;
     case KILN_REGION_ROWS: s = kiln_lower_rows(g, r, out, err, n_err); break;
     case KILN_REGION_MATMUL:
-        s = kl_gemm_enabled() ? kiln_lower_gemm(g, r, out, &n, err, n_err) : KILN_ERR_UNSUPPORTED;
+        s = kl_gemm_enabled() ? kiln_lower_gemm(g, r, t && t->wgmma && kl_wgmma_enabled(), out, &n, err, n_err) : KILN_ERR_UNSUPPORTED;
         if (s == KILN_ERR_UNSUPPORTED) { /* few rows, or a shape the GEMM does not take */
             err[0] = 0;
             n = 1;

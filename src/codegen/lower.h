@@ -100,11 +100,14 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
 /* Tensor-core GEMM for matmul regions of more than 8 rows (1 or 2 kernels); KILN_ERR_UNSUPPORTED
  * (gemv then takes the region) for fewer rows, i32 weights, K not a multiple of 32, more than two
  * fused siblings, a neox rope head wider than a block's columns. */
-kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+/* wgmma: Hopper's warpgroup MMA for the shapes it takes (f16/block weights; else mma.sync) */
+kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, bool wgmma, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out,
+                            char *err, size_t n_err);
 /* Whether matmul regions of many rows may use the GEMM: yes unless $KILN_GEMM is "0". */
 bool kl_gemm_enabled(void);
 /* Tokens per GEMM block where the shape takes 128 (lower_gemm.c): 128, or 64 with $KILN_GEMM_BM=64 (A/B runs). */
 int kl_gemm_rows(void);
+bool kl_wgmma_enabled(void);
 /* The environment settings that change what a region lowers to or how it launches ($KILN_GEMM,
  * $KILN_GEMM_BM, $KILN_GRID_CAP), as text for cache keys: a kernel cached under other settings must miss. */
 void kiln_lower_options_tag(char *out, size_t n);

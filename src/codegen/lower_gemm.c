@@ -43,6 +43,7 @@ typedef struct gm {
     int32_t    xp_word;   /* word of the first part in the scratch */
     int32_t    xp_part;   /* words of one part (m_max * K / 2) */
     int        apart;     /* words of one part of the A tile (bm x 32 halves) */
+    bool       wg;        /* Hopper: warpgroup MMA from core-matrix tiles, two stages (gw_*) */
 } gm;
 
 /* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
@@ -275,12 +276,39 @@ static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[GM_MT][4])
 
 /* ------------------------------------------------------------------ epilogue */
 
-static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[GM_MT][4])
+/* Runs gemv's per-element epilogue over the C tile in shared memory (block rows 32 h .. 32 h + 31,
+ * GM_CS words a row), every thread a unit at a time; barriers on both sides are the caller's. */
+static void gm_drain(gm *g, const gv_group *G, int h)
 {
     gv *s = g->s;
     kiln_kir *k = g->k;
-    uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
     int upb = GM_BN / 4; /* units per block: 4 slots each */
+    uint32_t it = kiln_kvar(k, g->tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, ci(g, 32 * upb), ci(g, GM_THREADS), 0);
+    uint32_t row = o2(g, KILN_KOP_DIV, it, ci(g, upb)), u = o2(g, KILN_KOP_REM, it, ci(g, upb));
+    s->t0 = add(g, g->m0, addi(g, row, 32 * h));
+    s->mc = 1;
+    int deltas[SLOTS];
+    uint32_t base = kl_gv_unit_base(s, G, u, deltas);
+    s->n_slots = 0;
+    for (int q = 0; q < G->n_sib; q++)
+        for (int c = 0; c < G->cols; c++) {
+            int r = s->n_slots++;
+            s->slot_sib[r] = G->sib[q];
+            s->slot_delta[r] = c;
+            uint32_t lc = addi(g, base, deltas[c]);
+            s->col[r] = add(g, g->n0, lc);
+            s->ok[r] = o2(g, KILN_KOP_LT, s->col[r], ci(g, (int32_t)G->n));
+            uint32_t cidx = add(g, muli(g, row, GM_CS), addi(g, lc, q * g->bns));
+            s->acc[r][0] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, cidx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)g->sh);
+        }
+    kl_gv_epilogue(s, G, g->m);
+    kl_loop_end(k);
+}
+
+static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[GM_MT][4])
+{
+    uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
     int hpw = g->bm / 64; /* 32-row passes per warp row */
     for (int h = 0; h < g->bm / 32; h++) { /* pass h: block rows 32 h .. 32 h + 31, m-tiles 2 (h % hpw) + 0, 1 of warp row h / hpw */
         kif(g, o2(g, KILN_KOP_EQ, g->wm, ci(g, h / hpw)));
@@ -293,29 +321,206 @@ static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[GM_MT][4])
                 }
         kendif(g);
         barrier(g);
-        uint32_t it = kiln_kvar(k, g->tid);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, ci(g, 32 * upb), ci(g, GM_THREADS), 0);
-        uint32_t row = o2(g, KILN_KOP_DIV, it, ci(g, upb)), u = o2(g, KILN_KOP_REM, it, ci(g, upb));
-        s->t0 = add(g, g->m0, addi(g, row, 32 * h));
-        s->mc = 1;
-        int deltas[SLOTS];
-        uint32_t base = kl_gv_unit_base(s, G, u, deltas);
-        s->n_slots = 0;
-        for (int q = 0; q < G->n_sib; q++)
-            for (int c = 0; c < G->cols; c++) {
-                int r = s->n_slots++;
-                s->slot_sib[r] = G->sib[q];
-                s->slot_delta[r] = c;
-                uint32_t lc = addi(g, base, deltas[c]);
-                s->col[r] = add(g, g->n0, lc);
-                s->ok[r] = o2(g, KILN_KOP_LT, s->col[r], ci(g, (int32_t)G->n));
-                uint32_t cidx = add(g, muli(g, row, GM_CS), addi(g, lc, q * g->bns));
-                s->acc[r][0] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, cidx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)g->sh);
-            }
-        kl_gv_epilogue(s, G, g->m);
-        kl_loop_end(k);
+        gm_drain(g, G, h);
         barrier(g);
     }
+}
+
+/* ------------------------------------------------------------------ Hopper: warpgroup MMA */
+
+/* With wg (sm_90a): 128 tokens x 128 columns a block, warpgroup w (threads 128 w ..) owns tokens
+ * 64 w .. 64 w + 63 in one W64 accumulator (wgmma m64n128k16). Tiles are K-major 8 x 8 core
+ * matrices of 128 bytes (4 along the 32 staged k, then the next 8 rows: SBO 512 bytes), in two
+ * stages of GW_STAGE(parts) words: the x parts, then the weights. A thread stages 16-byte items
+ * whose tile word is 4 x its item index (8 threads fill one core matrix: conflict-free STS4). The
+ * next tile's global loads are issued before the current tile's WGMMAs and stored into the other
+ * stage while they run. */
+#define GW_TILE 2048 /* words of one 128 x 32-half tile */
+#define GW_STAGE(parts) (((parts) + 1) * GW_TILE)
+
+/* Row (or column) and 8-half core column of 16-byte item i of a tile: 8 consecutive items are the
+ * 8 rows of one core matrix, the next 8 the next core along k, then the next 8 rows. */
+static uint32_t gw_item_row(gm *g, uint32_t i) { return o2(g, KILN_KOP_OR, muli(g, shri(g, i, 5), 8), andi(g, i, 7)); }
+static uint32_t gw_item_core(gm *g, uint32_t i) { return andi(g, shri(g, i, 3), 3); }
+
+static void gw_plan_make(gm *g, const gv_group *G, gm_plan *P)
+{
+    gv *s = g->s;
+    int64_t K = s->K;
+    bool f32 = x_is_f32(g);
+    for (int j = 0; j < x_items(g); j++) {
+        uint32_t i = addi(g, g->tid, GM_THREADS * j), i2 = f32 ? shri(g, i, 1) : i;
+        uint32_t row = gw_item_row(g, i2), c = gw_item_core(g, i2); /* f32 x: items of 4 values, two per core row */
+        if (f32) c = add(g, muli(g, c, 2), andi(g, i, 1));
+        uint32_t gr = o2(g, KILN_KOP_MIN, add(g, g->m0, row), addi(g, g->m, -1));
+        P->xbase[j] = add(g, muli(g, gr, (int32_t)(f32 ? K : K / 2)), muli(g, c, 4));
+        if (g->xp) P->xbase[j] = addi(g, P->xbase[j], g->xp_word);
+        P->nwoff[j] = muli(g, c, f32 ? 4 : 8);
+        P->ascale[j] = g->scr != KILN_IDX_NONE ? kl_load(g->k, g->scr, KILN_DTYPE_F32, gr) : KILN_IDX_NONE;
+        P->aw[j] = muli(g, i, f32 ? 2 : 4);
+    }
+    int boff = g->parts * g->apart;
+    for (int j = 0; j < w_items(g, G); j++) {
+        uint32_t ris, piece, bw;
+        int sp;
+        if (is_float_w(g->wt)) { /* items of 8 values; two siblings: item j is sibling j's 64 rows */
+            uint32_t i = addi(g, g->tid, GM_THREADS * j), brow = gw_item_row(g, i);
+            sp = G->n_sib == 2 ? j : 0;
+            ris = sp ? addi(g, brow, -sp * g->bns) : brow;
+            piece = gw_item_core(g, i);
+            bw = addi(g, muli(g, i, 4), boff);
+        } else { /* pieces of 16 values (two cores); two siblings: threads 128.. repeat 0..127 (same values) */
+            uint32_t li = g->bns * 2 >= GM_THREADS ? g->tid : andi(g, g->tid, g->bns * 2 - 1);
+            sp = j;
+            ris = o2(g, KILN_KOP_OR, muli(g, shri(g, li, 4), 8), andi(g, li, 7));
+            piece = andi(g, shri(g, li, 3), 1);
+            uint32_t brow = addi(g, ris, sp * g->bns);
+            bw = addi(g, add(g, muli(g, add(g, muli(g, shri(g, brow, 3), 4), muli(g, piece, 2)), 32), muli(g, andi(g, brow, 7), 4)), boff);
+        }
+        P->wrow[j] = o2(g, KILN_KOP_MIN, add(g, g->n0, ris), ci(g, (int32_t)(G->n - 1)));
+        P->wbase[j] = add(g, muli(g, P->wrow[j], (int32_t)(K / 2)), muli(g, piece, 4));
+        P->piece[j] = piece;
+        P->bw[j] = bw;
+    }
+}
+
+static void sts4(gm *g, uint32_t idx, uint32_t v4)
+{
+    kiln_kir_op(g->k, KILN_KOP_STS4, KILN_KT_NONE, idx, v4, KILN_IDX_NONE, (int32_t)g->sh);
+}
+
+/* Stores one tile's loads into the stage at word `base` (I32). */
+static void gw_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub, uint32_t base)
+{
+    gv *s = g->s;
+    bool f32 = x_is_f32(g);
+    bool raw_words = s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
+    for (int j = 0; j < x_items(g); j++) {
+        uint32_t w = add(g, base, P->aw[j]);
+        if (g->xp) { /* normalized and split by the rms kernel */
+            for (int q = 0; q < g->parts; q++) sts4(g, addi(g, w, q * g->apart), raw->axp[j][q]);
+            continue;
+        }
+        if (raw_words) {
+            sts4(g, w, raw->ax[j]);
+            continue;
+        }
+        int V = f32 ? 4 : 8;
+        for (int pp = 0; pp < V / 2; pp++) {
+            uint32_t v[2], word[3];
+            for (int e = 0; e < 2; e++) {
+                int idx = 2 * pp + e;
+                v[e] = f32 ? lanef(g, raw->ax[j], idx)
+                           : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
+                                 op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
+                if (P->ascale[j] != KILN_IDX_NONE) v[e] = mul(g, v[e], P->ascale[j]);
+                if (raw->anw[j][0] != KILN_IDX_NONE) v[e] = mul(g, v[e], lanef(g, raw->anw[j][idx / 4], idx % 4));
+            }
+            kl_split_pair(g->k, v[0], v[1], g->parts, g->bf, word);
+            for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart + pp), word[q]);
+        }
+    }
+    for (int j = 0; j < w_items(g, G); j++) {
+        uint32_t w = add(g, base, P->bw[j]);
+        if (is_float_w(g->wt)) {
+            sts4(g, w, raw->b[j].v[0]);
+            continue;
+        }
+        gv_sub d;
+        kl_gv_decode(s, g->wt, &raw->b[j], raw->bc[j], sub, &d);
+        uint32_t val[16];
+        for (int i = 0; i < 16; i++) {
+            uint32_t x = d.q[i];
+            if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
+            val[i] = x;
+        }
+        for (int c = 0; c < 2; c++) { /* the piece's two core matrices: 8 values each */
+            uint32_t v4 = KILN_IDX_NONE;
+            for (int pp = 0; pp < 4; pp++) {
+                uint32_t word;
+                kl_split_pair(g->k, val[8 * c + 2 * pp], val[8 * c + 2 * pp + 1], 1, g->bf, &word);
+                v4 = kiln_kir_op(g->k, KILN_KOP_SETLANE, KILN_KT_V4, v4, word, KILN_IDX_NONE, pp);
+            }
+            sts4(g, addi(g, w, 32 * c), v4);
+        }
+    }
+}
+
+/* acc += the staged tile at word `base`: two k16 steps per x part. */
+static void gw_mma(gm *g, uint32_t acc, uint32_t base)
+{
+    kiln_kir *k = g->k;
+    uint32_t wg = shri(g, g->tid, 7);
+    int32_t flags = (512 / 16) << 8 | (g->bf ? 1 : 0);
+    for (int q = 0; q < g->parts; q++)
+        for (int ks = 0; ks < 2; ks++) {
+            uint32_t ai = add(g, addi(g, base, q * g->apart + ks * 64), muli(g, wg, 1024));
+            uint32_t bi = addi(g, base, g->parts * g->apart + ks * 64);
+            uint32_t a = op1(g, KILN_KOP_SADDR, KILN_KT_U32, ai, (int32_t)g->sh), b = op1(g, KILN_KOP_SADDR, KILN_KT_U32, bi, (int32_t)g->sh);
+            kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, acc, a, b, flags);
+        }
+}
+
+static void gw_sync(gm *g, enum kiln_kop op, int32_t imm)
+{
+    kiln_kir_op(g->k, op, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, imm);
+}
+
+/* The accumulators through the C tile (32 rows a pass: two warps of one warpgroup write) into
+ * gemv's epilogue. */
+static void gw_epilogue(gm *g, const gv_group *G, uint32_t acc)
+{
+    uint32_t wg = shri(g, g->tid, 7), wq = andi(g, shri(g, g->tid, 5), 3);
+    uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
+    for (int h = 0; h < 4; h++) {
+        kif(g, o2(g, KILN_KOP_PAND, o2(g, KILN_KOP_EQ, wg, ci(g, h >> 1)), o2(g, KILN_KOP_EQ, shri(g, wq, 1), ci(g, h & 1))));
+        uint32_t r0 = add(g, muli(g, andi(g, wq, 1), 16), gq);
+        for (int j = 0; j < 64; j++) {
+            uint32_t row = addi(g, r0, 8 * ((j >> 1) & 1));
+            uint32_t col = addi(g, muli(g, qq, 2), 8 * (j >> 2) + (j & 1));
+            sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc, j));
+        }
+        kendif(g);
+        barrier(g);
+        gm_drain(g, G, h);
+        barrier(g);
+    }
+}
+
+static void gw_group(gm *g, const gv_group *G)
+{
+    kiln_kir *k = g->k;
+    uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t acc = kiln_kvar(k, zero);
+    int64_t K = g->s->K;
+    int32_t stage = GW_STAGE(g->parts);
+    gm_plan P;
+    gm_raw raw;
+    memset(&P, 0, sizeof P);
+    memset(&raw, 0, sizeof raw);
+    gw_plan_make(g, G, &P);
+    uint32_t cur = kiln_kvar(k, ci(g, 0));
+    gm_load(g, G, &P, &raw, ci(g, 0));
+    gw_store(g, G, &P, &raw, 0, cur);
+    gw_sync(g, KILN_KOP_FENCE_ASYNC, 0);
+    barrier(g);
+    uint32_t kk = kiln_kvar(k, ci(g, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, ci(g, (int32_t)K), ci(g, GM_BK * g->U), 0);
+    for (int u = 0; u < g->U; u++) {
+        uint32_t kn = o2(g, KILN_KOP_MIN, addi(g, kk, GM_BK * (u + 1)), ci(g, (int32_t)(K - GM_BK)));
+        gm_load(g, G, &P, &raw, kn); /* in flight while the tensor cores work */
+        uint32_t nxt = o2(g, KILN_KOP_SUB, ci(g, stage), cur);
+        gw_sync(g, KILN_KOP_WG_FENCE, 0);
+        gw_mma(g, acc, cur);
+        gw_sync(g, KILN_KOP_WG_COMMIT, 0);
+        gw_store(g, G, &P, &raw, (u + 1) % g->U, nxt);
+        gw_sync(g, KILN_KOP_FENCE_ASYNC, 0);
+        gw_sync(g, KILN_KOP_WG_WAIT, 0);
+        barrier(g); /* the other stage is filled, and no WGMMA reads this one any more */
+        kiln_kset(k, cur, nxt);
+    }
+    kl_loop_end(k);
+    gw_epilogue(g, G, acc);
 }
 
 /* ------------------------------------------------------------------ kernels */
@@ -332,6 +537,10 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     g->bns = GM_BN / G->n_sib;
     g->U = g->wt == KILN_DTYPE_Q6_K ? 4 : g->wt == KILN_DTYPE_Q4_K || g->wt == KILN_DTYPE_Q5_K ? 2 : 1;
     g->n0 = muli(g, nb, g->bns);
+    if (g->wg) {
+        gw_group(g, G);
+        return;
+    }
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t acc[GM_MT][4];
     for (int mt = 0; mt < g->bm / 32; mt++)
@@ -458,7 +667,8 @@ static bool gm_fits(const gv *s, char *err, size_t n_err)
     return true;
 }
 
-kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
+kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, bool wgmma, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
+                            char *err, size_t n_err)
 {
     gv *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
@@ -506,12 +716,17 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, kiln_kir 
         if (kiln_dtype_block(wdtype(s, s->grp[q].sib[0])) == 1) all_blocks = false;
     }
     G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 264 && kl_gemm_rows() == 128 ? 128 : 64;
+    /* Hopper: the warpgroup template takes x in up to two parts and 16-bit or block weights (two
+     * stages of x parts + weights fit the 48 KB of static shared memory) */
+    G.wg = wgmma && parts_max <= 2 && wparts_max == 1;
+    if (G.wg) G.bm = 128;
     G.apart = G.bm * 16;
-    uint32_t words = (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);
+    uint32_t words = G.wg ? (uint32_t)(2 * GW_STAGE(parts_max)) : (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);
     if (words < 32 * GM_CS) words = 32 * GM_CS;
     G.sh = kiln_kir_shared(k, words);
+    if (G.wg) snprintf(k->name, sizeof k->name, "kiln_gemm_wg");
     k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
-    snprintf(k->what, sizeof k->what, "gemm %s x%d%s, %u ops", kiln_dtype_name(wdtype(s, 0)), s->n_mm, s->norm != KILN_IDX_NONE ? " + rms_norm" : "",
+    snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops", G.wg ? " (wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm, s->norm != KILN_IDX_NONE ? " + rms_norm" : "",
              r->n_nodes);
     G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     /* x (fastest) walks the token blocks: the blocks in flight share a few column blocks, so each

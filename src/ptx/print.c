@@ -41,7 +41,7 @@ typedef struct pstate {
     kiln_ptx_stats  st;                       /* what was printed */
 } pstate;
 
-static enum rcls cls_of(uint8_t t) { return t == KILN_KT_PRED ? RC_P : t == KILN_KT_F32 || t == KILN_KT_F4 ? RC_F : RC_R; }
+static enum rcls cls_of(uint8_t t) { return t == KILN_KT_PRED ? RC_P : t == KILN_KT_F32 || t == KILN_KT_F4 || t == KILN_KT_W64 ? RC_F : RC_R; }
 
 static uint32_t new_reg(pstate *p, enum rcls c) { return p->n_reg[c]++; }
 
@@ -68,8 +68,12 @@ static rname def(pstate *p, uint32_t i)
     p->reg[i] = new_reg(p, cls_of(t));
     if (t == KILN_KT_V4) p->n_reg[RC_R] += 3;
     if (t == KILN_KT_F4) p->n_reg[RC_F] += 3;
+    if (t == KILN_KT_W64) p->n_reg[RC_F] += 63;
     return vreg(p, i);
 }
+
+/* Lanes of an F4 or W64 value. */
+static int lanes_of(uint8_t t) { return t == KILN_KT_F4 ? 4 : t == KILN_KT_W64 ? 64 : 1; }
 
 /* Lane j of an F4 value's registers. */
 static rname f4reg(const pstate *p, uint32_t v, int j) { return nreg(RC_F, p->reg[v] + (uint32_t)j); }
@@ -84,6 +88,30 @@ static void print_mma(pstate *p, uint32_t i)
     kiln_sbuf_printf(&p->body, "\tmma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%s, %s, %s, %s}, {%%r%u, %%r%u, %%r%u, %%r%u}, {%%r%u, %%r%u}, {%s, %s, %s, %s};\n",
         et, et, f4reg(p, i, 0).s, f4reg(p, i, 1).s, f4reg(p, i, 2).s, f4reg(p, i, 3).s, a, a + 1, a + 2, a + 3, b, b + 1,
         f4reg(p, in->c, 0).s, f4reg(p, in->c, 1).s, f4reg(p, in->c, 2).s, f4reg(p, in->c, 3).s);
+    p->st.mmas++;
+}
+
+/* The 64-bit shared-memory matrix descriptor of the tile at byte address `addr` (no swizzle,
+ * leading byte offset 128: the next core matrix along k; stride byte offset sbo16 * 16). */
+static rname wg_desc(pstate *p, uint32_t addr, uint32_t sbo16)
+{
+    rname d = nreg(RC_D, new_reg(p, RC_D));
+    kiln_sbuf_printf(&p->body, "\tcvt.u64.u32 %s, %s;\n\tshr.u64 %s, %s, 4;\n\tand.b64 %s, %s, 0x3FFF;\n", d.s, vreg(p, addr).s, d.s, d.s,
+        d.s, d.s);
+    kiln_sbuf_printf(&p->body, "\tor.b64 %s, %s, 0x%llX;\n", d.s, d.s, (unsigned long long)(8ull << 16 | (uint64_t)sbo16 << 32));
+    return d;
+}
+
+/* W64 variable a += A . B: wgmma.mma_async m64n128k16, both operands from shared memory. */
+static void print_wgmma(pstate *p, uint32_t i)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    uint32_t sbo16 = in->imm.u >> 8 & 0xff;
+    rname da = wg_desc(p, in->b, sbo16), db = wg_desc(p, in->c, sbo16);
+    const char *et = (in->imm.u & 1) ? "bf16" : "f16";
+    kiln_sbuf_printf(&p->body, "\twgmma.mma_async.sync.aligned.m64n128k16.f32.%s.%s {", et, et);
+    for (int j = 0; j < 64; j++) kiln_sbuf_printf(&p->body, "%s%s", j ? ", " : "", nreg(RC_F, p->reg[in->a] + (uint32_t)j).s);
+    kiln_sbuf_printf(&p->body, "}, %s, %s, 1, 1, 1, 0, 0;\n", da.s, db.s);
     p->st.mmas++;
 }
 
@@ -208,6 +236,13 @@ static void print_mem(pstate *p, uint32_t i)
         rname a = saddr(p, p->sbase[slot], in->a), d = def(p, i);
         kiln_sbuf_printf(&p->body, "\tld.shared.%s %s, [%s];\n", in->type == KILN_KT_F32 ? "f32" : "u32", d.s, a.s);
         p->st.lds++;
+        break;
+    }
+    case KILN_KOP_STS4: {
+        rname a = saddr(p, p->sbase[slot], in->a);
+        uint32_t r = p->reg[in->b];
+        kiln_sbuf_printf(&p->body, "\tst.shared.v4.u32 [%s], {%%r%u, %%r%u, %%r%u, %%r%u};\n", a.s, r, r + 1, r + 2, r + 3);
+        p->st.sts++;
         break;
     }
     case KILN_KOP_STS: {
@@ -386,8 +421,8 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     switch (in->op) {
     case KILN_KOP_CONST: {
         rname d = def(p, i);
-        if (in->type == KILN_KT_F4)
-            for (int j = 0; j < 4; j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", f4reg(p, i, j).s, in->imm.u);
+        if (in->type == KILN_KT_F4 || in->type == KILN_KT_W64)
+            for (int j = 0; j < lanes_of(in->type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", f4reg(p, i, j).s, in->imm.u);
         else if (in->type == KILN_KT_F32) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
         else if (in->type == KILN_KT_I32) kiln_sbuf_printf(&p->body, "\tmov.s32 %s, %d;\n", d.s, in->imm.i);
         else kiln_sbuf_printf(&p->body, "\tmov.u32 %s, 0x%X;\n", d.s, in->imm.u);
@@ -411,16 +446,16 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     case KILN_KOP_PARAM: return KILN_OK; /* loaded at entry; reg[i] set by the prologue */
     case KILN_KOP_VAR: {
         rname d = def(p, i);
-        if (in->type == KILN_KT_F4) {
-            for (int j = 0; j < 4; j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, i, j).s, f4reg(p, in->a, j).s);
+        if (in->type == KILN_KT_F4 || in->type == KILN_KT_W64) {
+            for (int j = 0; j < lanes_of(in->type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, i, j).s, f4reg(p, in->a, j).s);
             return KILN_OK;
         }
         kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->a).s);
         return KILN_OK;
     }
     case KILN_KOP_ASSIGN:
-        if (p->k->ins[in->a].type == KILN_KT_F4) {
-            for (int j = 0; j < 4; j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, j).s, f4reg(p, in->b, j).s);
+        if (p->k->ins[in->a].type == KILN_KT_F4 || p->k->ins[in->a].type == KILN_KT_W64) {
+            for (int j = 0; j < lanes_of(p->k->ins[in->a].type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, j).s, f4reg(p, in->b, j).s);
             return KILN_OK;
         }
         kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", p->k->ins[in->a].type == KILN_KT_F32 ? "f32" : "b32", vreg(p, in->a).s,
@@ -439,7 +474,7 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         return KILN_OK;
     }
     case KILN_KOP_LANE:
-        if (in->type == KILN_KT_F32) { /* a copy: an F4 variable's registers change after this point */
+        if (in->type == KILN_KT_F32) { /* a copy: an F4/W64 variable's registers change after this point */
             rname d = def(p, i);
             kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", d.s, f4reg(p, in->a, in->imm.i).s);
             return KILN_OK;
@@ -460,11 +495,21 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         return KILN_OK;
     }
     case KILN_KOP_MMA: print_mma(p, i); return KILN_OK;
+    case KILN_KOP_WGMMA: print_wgmma(p, i); return KILN_OK;
+    case KILN_KOP_FENCE_ASYNC: kiln_sbuf_printf(&p->body, "\tfence.proxy.async.shared::cta;\n"); return KILN_OK;
+    case KILN_KOP_WG_FENCE: kiln_sbuf_printf(&p->body, "\twgmma.fence.sync.aligned;\n"); return KILN_OK;
+    case KILN_KOP_WG_COMMIT: kiln_sbuf_printf(&p->body, "\twgmma.commit_group.sync.aligned;\n"); return KILN_OK;
+    case KILN_KOP_WG_WAIT: kiln_sbuf_printf(&p->body, "\twgmma.wait_group.sync.aligned %d;\n", in->imm.i); return KILN_OK;
+    case KILN_KOP_SADDR: {
+        rname d = def(p, i);
+        kiln_sbuf_printf(&p->body, "\tmad.lo.s32 %s, %s, 4, %%r%u;\n", d.s, vreg(p, in->a).s, p->sbase[in->imm.u]);
+        return KILN_OK;
+    }
     case KILN_KOP_CVT: case KILN_KOP_H2F: case KILN_KOP_B2F: case KILN_KOP_F2H: case KILN_KOP_F2B: case KILN_KOP_BFE:
         print_convert(p, i);
         return KILN_OK;
     case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_LDS: case KILN_KOP_STS:
-    case KILN_KOP_LDS4:
+    case KILN_KOP_LDS4: case KILN_KOP_STS4:
         print_mem(p, i);
         return KILN_OK;
     case KILN_KOP_BARRIER:
@@ -529,7 +574,7 @@ static void print_module(pstate *p, int sm, unsigned flags, sbuf *out)
     kiln_sbuf_printf(out, "//\n// kiln kernel %s: ", k->name);
     for (const char *c = k->what; *c; c++) kiln_sbuf_printf(out, "%c", *c >= ' ' && *c <= '~' ? *c : '?');
     kiln_sbuf_printf(out, "\n// block %u, grid %u x %u x %u\n//\n\n", k->block, k->grid[0], k->grid[1], k->grid[2]);
-    kiln_sbuf_printf(out, ".version 8.0\n.target sm_%d\n.address_size 64\n\n", sm);
+    kiln_sbuf_printf(out, ".version 8.0\n.target sm_%d%s\n.address_size 64\n\n", sm, kiln_kir_needs_sm90a(k) ? "a" : "");
     for (uint32_t s = 0; s < k->n_shared; s++) kiln_sbuf_printf(out, ".shared .align 16 .b32 %s_s%u[%u];\n", k->name, s, k->shared[s]);
     if (p->red_words) kiln_sbuf_printf(out, ".shared .align 16 .f32 %s_red[%u];\n", k->name, p->red_words);
     if (k->n_shared || p->red_words) kiln_sbuf_printf(out, "\n");
@@ -553,6 +598,10 @@ kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, unsigned flags, char **
         return KILN_ERR_UNSUPPORTED;
     }
     if (!kiln_kir_verify(k, err, n)) return KILN_ERR_INTERNAL;
+    if (kiln_kir_needs_sm90a(k) && sm != 90) {
+        snprintf(err, n, "kernel %s uses warpgroup MMA (sm_90a): no PTX for sm_%d", k->name, sm);
+        return KILN_ERR_UNSUPPORTED;
+    }
     if (!is_ident(k->name)) {
         snprintf(err, n, "kernel name '%s' is not an identifier", k->name);
         return KILN_ERR_INTERNAL;

@@ -101,7 +101,7 @@ kiln_status kiln_ptx_assemble(const char *ptxas, const char *ptx, int sm, kiln_p
         s = KILN_ERR_IO;
     } else {
         char arch[32];
-        snprintf(arch, sizeof arch, "-arch=sm_%d", sm);
+        snprintf(arch, sizeof arch, "-arch=sm_%d%s", sm, strstr(ptx, ".target sm_90a") ? "a" : ""); /* wgmma kernels */
         char *argv[] = {(char *)ptxas, arch, "-v", "-o", "/dev/null", src, NULL};
         int rc = run_to(argv, fl);
         lseek(fl, 0, SEEK_SET);

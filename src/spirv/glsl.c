@@ -340,6 +340,11 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
 {
     *out = NULL;
     if (!kiln_kir_verify(k, err, n)) return KILN_ERR_INVALID_ARG;
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op >= KILN_KOP_STS4) { /* Hopper's warpgroup MMA and its helpers: sm_90a only */
+            snprintf(err, n, "kernel %s, instruction %u: the GLSL printer does not take op %s", k->name, i, kiln_kop_name(k->ins[i].op));
+            return KILN_ERR_UNSUPPORTED;
+        }
     sbuf s = {0};
     print_header(&s, k, f);
     kiln_sbuf_printf(&s, "void main()\n{\n");

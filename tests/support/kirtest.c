@@ -469,3 +469,289 @@ bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err
     if (!match || !v) snprintf(err, n_err, "kt_interp: out of memory");
     return ok;
 }
+
+/* ---------------------------------------------------------------- block interpreter */
+
+enum { TS_RUN = 0, TS_BAR, TS_RED, TS_DONE };
+
+typedef struct wg_op {
+    uint32_t acc;   /* W64 slot of the accumulator variable */
+    uint32_t a, b;  /* shared byte addresses of the tiles */
+    uint32_t imm;   /* flags (bf16, SBO) */
+    uint32_t group; /* commit group (0: not committed yet) */
+} wg_op;
+
+typedef struct bthread {
+    kval    *v;        /* values */
+    uint32_t pc;       /* next instruction */
+    int      state;    /* TS_* */
+    float   *w;        /* W64 slots, 64 floats each */
+    wg_op   *pend;     /* WGMMAs issued and not run */
+    uint32_t n_pend, cap_pend, groups;
+} bthread;
+
+typedef struct bstate {
+    const kiln_kir *k;
+    uint32_t *match, *wslot; /* control-flow partners; W64 slot of each W64 instruction */
+    uint32_t  n_w;
+    uint8_t  *sh;            /* the block's shared window */
+    uint32_t  sh_bytes, sh_off[KILN_KIR_MAX_SHARED];
+    bthread  *t;
+    char     *err;
+    size_t    n_err;
+} bstate;
+
+static float half_f(uint16_t h, bool bf)
+{
+    if (bf) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    return kiln_f16_to_f32(h);
+}
+
+static bool wg_run(bstate *S, uint32_t t, const wg_op *o)
+{
+    uint32_t sbo = 16 * (o->imm >> 8 & 0xff), tw = t % 128, w = tw / 32, l = tw % 32, g = l / 4, q = l % 4;
+    bool bf = o->imm & 1;
+    float *acc = S->t[t].w + 64 * (size_t)o->acc;
+    for (int j = 0; j < 64; j++) {
+        uint32_t row = 16 * w + g + 8 * ((j >> 1) & 1), col = 8 * (j >> 2) + 2 * q + (j & 1);
+        double sum = 0;
+        for (uint32_t kk = 0; kk < 16; kk++) {
+            uint32_t aa = o->a + (row >> 3) * sbo + (kk >> 3) * 128 + (row & 7) * 16 + (kk & 7) * 2;
+            uint32_t ba = o->b + (col >> 3) * sbo + (kk >> 3) * 128 + (col & 7) * 16 + (kk & 7) * 2;
+            if (aa + 2 > S->sh_bytes || ba + 2 > S->sh_bytes || (o->a | o->b) % 16) {
+                snprintf(S->err, S->n_err, "kt_interp_block: wgmma tile outside shared memory or misaligned (A %u, B %u)", o->a, o->b);
+                return false;
+            }
+            uint16_t ha, hb;
+            memcpy(&ha, S->sh + aa, 2);
+            memcpy(&hb, S->sh + ba, 2);
+            sum += (double)half_f(ha, bf) * (double)half_f(hb, bf);
+        }
+        acc[j] = (float)((double)acc[j] + sum);
+    }
+    return true;
+}
+
+static bool pending_on(const bthread *th, uint32_t slot)
+{
+    for (uint32_t i = 0; i < th->n_pend; i++)
+        if (th->pend[i].acc == slot) return true;
+    return false;
+}
+
+/* One instruction of thread t that the one-thread interpreter does not take. */
+static bool bstep(bstate *S, uint32_t t, uint32_t pc)
+{
+    const kiln_kir *k = S->k;
+    const kiln_kinst *in = &k->ins[pc];
+    bthread *th = &S->t[t];
+    kval *v = th->v;
+    enum kiln_kt ta = in->a != NONE ? (enum kiln_kt)k->ins[in->a].type : KILN_KT_NONE;
+    uint32_t off = in->op == KILN_KOP_WGMMA || in->op >= KILN_KOP_WG_COMMIT || in->op == KILN_KOP_FENCE_ASYNC || in->op == KILN_KOP_WG_FENCE
+                       ? 0 : S->sh_off[in->imm.u < KILN_KIR_MAX_SHARED ? in->imm.u : 0];
+    uint32_t words = in->imm.u < k->n_shared ? k->shared[in->imm.u] : 0;
+    switch (in->op) {
+    case KILN_KOP_LDS: case KILN_KOP_STS: case KILN_KOP_LDS4: case KILN_KOP_STS4: {
+        uint32_t n = in->op == KILN_KOP_LDS4 || in->op == KILN_KOP_STS4 ? 4 : 1;
+        if (v[in->a].i < 0 || (uint32_t)v[in->a].i + n > words || (n == 4 && v[in->a].i % 4)) {
+            snprintf(S->err, S->n_err, "kt_interp_block: instruction %u (%s): element %d of a shared array of %u", pc,
+                     kiln_kop_name(in->op), v[in->a].i, words);
+            return false;
+        }
+        uint8_t *at = S->sh + off + 4 * (uint32_t)v[in->a].i;
+        if (in->op == KILN_KOP_LDS) memcpy(&v[pc].u, at, 4);
+        else if (in->op == KILN_KOP_LDS4) memcpy(v[pc].v, at, 16);
+        else if (in->op == KILN_KOP_STS) memcpy(at, &v[in->b].u, 4);
+        else memcpy(at, v[in->b].v, 16);
+        return true;
+    }
+    case KILN_KOP_SADDR: v[pc].u = off + 4 * (uint32_t)v[in->a].i; return true;
+    case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: return true;
+    case KILN_KOP_WGMMA:
+        if (th->n_pend == th->cap_pend) {
+            uint32_t cap = th->cap_pend ? 2 * th->cap_pend : 16;
+            wg_op *g = realloc(th->pend, cap * sizeof *g);
+            if (!g) return snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
+            th->pend = g, th->cap_pend = cap;
+        }
+        th->pend[th->n_pend++] = (wg_op){.acc = S->wslot[in->a], .a = v[in->b].u, .b = v[in->c].u, .imm = in->imm.u};
+        return true;
+    case KILN_KOP_WG_COMMIT:
+        th->groups++;
+        for (uint32_t i = 0; i < th->n_pend; i++)
+            if (!th->pend[i].group) th->pend[i].group = th->groups;
+        return true;
+    case KILN_KOP_WG_WAIT: {
+        uint32_t keep = 0;
+        for (uint32_t i = 0; i < th->n_pend; i++) {
+            wg_op o = th->pend[i];
+            if (o.group && o.group + (uint32_t)in->imm.i <= th->groups) {
+                if (!wg_run(S, t, &o)) return false;
+            } else {
+                th->pend[keep++] = o;
+            }
+        }
+        th->n_pend = keep;
+        return true;
+    }
+    default: break;
+    }
+    /* W64 values: CONST, VAR, ASSIGN, LANE */
+    if (in->type == KILN_KT_W64 || ta == KILN_KT_W64) {
+        uint32_t src = in->op == KILN_KOP_ASSIGN ? in->b : in->a;
+        if (src != NONE && k->ins[src].type == KILN_KT_W64 && pending_on(th, S->wslot[src])) {
+            snprintf(S->err, S->n_err, "kt_interp_block: instruction %u (%s) reads an accumulator a WGMMA in flight writes", pc, kiln_kop_name(in->op));
+            return false;
+        }
+        float *w = th->w;
+        switch (in->op) {
+        case KILN_KOP_CONST: { float f; memcpy(&f, &in->imm.u, 4); for (int j = 0; j < 64; j++) w[64 * S->wslot[pc] + j] = f; return true; }
+        case KILN_KOP_VAR: memcpy(w + 64 * S->wslot[pc], w + 64 * S->wslot[in->a], 256); return true;
+        case KILN_KOP_ASSIGN:
+            if (pending_on(th, S->wslot[in->a])) return snprintf(S->err, S->n_err, "kt_interp_block: assigns an accumulator in flight"), false;
+            memcpy(w + 64 * S->wslot[in->a], w + 64 * S->wslot[in->b], 256);
+            return true;
+        case KILN_KOP_LANE: memcpy(&v[pc].u, &w[64 * S->wslot[in->a] + in->imm.u], 4); return true;
+        default: break;
+        }
+    }
+    uint32_t bid[3] = {0, 0, 0};
+    (void)bid;
+    return false; /* not ours */
+}
+
+/* Runs thread t until it meets a barrier, a reduction or its end. */
+static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bid[3], uint64_t *budget)
+{
+    const kiln_kir *k = S->k;
+    bthread *th = &S->t[t];
+    kval *v = th->v;
+    while (th->pc < k->n_ins) {
+        if (!(*budget)--) return snprintf(S->err, S->n_err, "kt_interp_block: step budget exhausted (a loop that never ends?)"), false;
+        uint32_t pc = th->pc;
+        const kiln_kinst *in = &k->ins[pc];
+        switch (in->op) {
+        case KILN_KOP_LOOP: th->pc = v[in->a].i < v[in->b].i ? pc + 1 : S->match[pc] + 1; continue;
+        case KILN_KOP_ENDLOOP: {
+            const kiln_kinst *l = &k->ins[S->match[pc]];
+            v[l->a].i = (int32_t)((uint32_t)v[l->a].i + (uint32_t)v[l->c].i);
+            th->pc = S->match[pc];
+            continue;
+        }
+        case KILN_KOP_IF: th->pc = v[in->a].p ? pc + 1 : S->match[pc] + 1; continue;
+        case KILN_KOP_ELSE: th->pc = S->match[pc] + 1; continue;
+        case KILN_KOP_ENDIF: th->pc++; continue;
+        case KILN_KOP_BARRIER: th->state = TS_BAR; return true;
+        case KILN_KOP_REDUCE: th->state = TS_RED; return true;
+        case KILN_KOP_MMA: return snprintf(S->err, S->n_err, "kt_interp_block: mma.sync is not interpreted"), false;
+        default: break;
+        }
+        bool mine = in->op >= KILN_KOP_STS4 || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
+                    in->type == KILN_KT_W64 || (in->a != NONE && k->ins[in->a].type == KILN_KT_W64 && in->op != KILN_KOP_WGMMA);
+        if (mine) {
+            if (!bstep(S, t, pc)) {
+                if (!S->err[0]) snprintf(S->err, S->n_err, "kt_interp_block: op %s not interpreted", kiln_kop_name(in->op));
+                return false;
+            }
+        } else if (!step(k, pc, v, bufs, t, bid, S->err, S->n_err)) {
+            return false;
+        }
+        th->pc++;
+    }
+    th->state = TS_DONE;
+    return true;
+}
+
+/* Every waiting thread has met: a barrier lets them on; a reduction computes its groups. */
+static bool bmeet(bstate *S)
+{
+    const kiln_kir *k = S->k;
+    uint32_t red_pc = NONE;
+    for (uint32_t t = 0; t < k->block; t++)
+        if (S->t[t].state == TS_RED) {
+            if (red_pc != NONE && S->t[t].pc != red_pc)
+                return snprintf(S->err, S->n_err, "kt_interp_block: threads at different reductions"), false;
+            red_pc = S->t[t].pc;
+        }
+    if (red_pc != NONE) {
+        const kiln_kinst *in = &k->ins[red_pc];
+        uint32_t grp = in->imm.u & 0xffff;
+        bool mx = (in->imm.u >> 16) == KILN_KRED_MAX;
+        for (uint32_t g0 = 0; g0 < k->block; g0 += grp) {
+            float acc = 0;
+            for (uint32_t t = g0; t < g0 + grp; t++) {
+                if (S->t[t].state != TS_RED) return snprintf(S->err, S->n_err, "kt_interp_block: a reduction's group not all there"), false;
+                float x = S->t[t].v[in->a].f;
+                acc = t == g0 ? x : mx ? fmaxf(acc, x) : acc + x;
+            }
+            for (uint32_t t = g0; t < g0 + grp; t++) S->t[t].v[red_pc].f = acc;
+        }
+    }
+    for (uint32_t t = 0; t < k->block; t++)
+        if (S->t[t].state == TS_BAR || S->t[t].state == TS_RED) S->t[t].state = TS_RUN, S->t[t].pc++;
+    return true;
+}
+
+bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err)
+{
+    if (!kiln_kir_verify(k, err, n_err)) return false;
+    err[0] = 0;
+    bstate S = {.k = k, .err = err, .n_err = n_err};
+    S.match = calloc(k->n_ins + 1, sizeof *S.match);
+    S.wslot = calloc(k->n_ins + 1, sizeof *S.wslot);
+    S.t = calloc(k->block, sizeof *S.t);
+    bool ok = S.match && S.wslot && S.t;
+    uint32_t stack[64], depth = 0;
+    for (uint32_t i = 0; ok && i < k->n_ins; i++) {
+        uint8_t op = k->ins[i].op;
+        if (op == KILN_KOP_LOOP || op == KILN_KOP_IF) stack[depth++] = i;
+        else if (op == KILN_KOP_ELSE) { S.match[stack[depth - 1]] = i; stack[depth - 1] = i; }
+        else if (op == KILN_KOP_ENDLOOP || op == KILN_KOP_ENDIF) { S.match[stack[--depth]] = i; S.match[i] = op == KILN_KOP_ENDLOOP ? stack[depth] : i; }
+        if (k->ins[i].type == KILN_KT_W64) S.wslot[i] = S.n_w++;
+    }
+    for (uint32_t s = 0; s < k->n_shared; s++) {
+        S.sh_off[s] = S.sh_bytes;
+        S.sh_bytes += (4 * k->shared[s] + 127) / 128 * 128;
+    }
+    S.sh = calloc(S.sh_bytes ? S.sh_bytes : 1, 1);
+    ok = ok && S.sh;
+    for (uint32_t t = 0; ok && t < k->block; t++) {
+        S.t[t].v = calloc(k->n_ins + 1, sizeof *S.t[t].v);
+        S.t[t].w = calloc((size_t)S.n_w * 64 + 1, sizeof *S.t[t].w);
+        ok = S.t[t].v && S.t[t].w;
+    }
+    if (!ok) snprintf(err, n_err, "kt_interp_block: out of memory");
+    uint64_t budget = (uint64_t)1 << 34;
+    for (uint32_t bz = 0; ok && bz < k->grid[2]; bz++)
+        for (uint32_t by = 0; ok && by < k->grid[1]; by++)
+            for (uint32_t bx = 0; ok && bx < k->grid[0]; bx++) {
+                uint32_t bid[3] = {bx, by, bz};
+                memset(S.sh, 0xA5, S.sh_bytes); /* stale shared memory from an earlier block */
+                for (uint32_t t = 0; t < k->block; t++) {
+                    S.t[t].pc = 0, S.t[t].state = TS_RUN, S.t[t].n_pend = 0, S.t[t].groups = 0;
+                    memset(S.t[t].v, 0, (k->n_ins + 1) * sizeof *S.t[t].v);
+                }
+                for (;;) {
+                    bool any = false;
+                    for (uint32_t t = 0; ok && t < k->block; t++)
+                        if (S.t[t].state == TS_RUN) ok = brun(&S, t, bufs, bid, &budget), any = true;
+                    if (!ok) break;
+                    uint32_t done = 0;
+                    for (uint32_t t = 0; t < k->block; t++) done += S.t[t].state == TS_DONE;
+                    if (done == k->block) break;
+                    if (!any && done) { /* bar.sync counts the threads that have not exited */
+                    }
+                    ok = bmeet(&S);
+                }
+                for (uint32_t t = 0; ok && t < k->block; t++)
+                    if (S.t[t].n_pend) ok = false, snprintf(err, n_err, "kt_interp_block: thread %u ended with %u WGMMAs never waited for", t, S.t[t].n_pend);
+            }
+    for (uint32_t t = 0; S.t && t < k->block; t++) free(S.t[t].v), free(S.t[t].w), free(S.t[t].pend);
+    free(S.t), free(S.sh), free(S.match), free(S.wslot);
+    return ok;
+}

@@ -160,7 +160,8 @@ static kiln_status lower_and_print(int sm, const kiln_graph *g, const kiln_regio
                                    char *ptx[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
     memset(ptx, 0, KILN_LOWER_MAX * sizeof *ptx);
-    kiln_status s = kiln_lower_region_seq(g, r, kir, n, err, n_err);
+    kiln_lower_target t = kiln_lower_target_for_sm(sm);
+    kiln_status s = kiln_lower_region_for(g, r, &t, kir, n, err, n_err);
     for (uint32_t i = 0; s == KILN_OK && i < *n; i++) s = kiln_ptx_print(&kir[i], sm, &ptx[i], err, n_err);
     if (s != KILN_OK) {
         for (uint32_t i = 0; i < *n; i++) {

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""PyTorch on the same GPU as kiln, for the comparisons in bench/ and scripts/device-check: cuBLAS
+GEMM rates (torch.matmul, f16) at kiln's shapes, and one llama-7b decoder layer's 512-token prefill
+in eager PyTorch and torch.compile (f16 weights and activations, SDPA attention, RoPE, SwiGLU).
+JSON, one object per line. Needs torch with CUDA; prints an error object otherwise.
+Usage: bench/torch_ref.py [gemm] [layer] [--compile]"""
+import json, sys, time
+
+def timed(fn, reps=20):
+    import torch
+    for _ in range(3): fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2] * 1e-3
+
+def gemm():
+    import torch
+    for m, n, k in [(4096, 4096, 4096), (8192, 8192, 4096), (512, 12288, 4096), (512, 4096, 4096),
+                    (512, 22016, 4096), (512, 4096, 11008), (128, 4096, 4096), (64, 4096, 4096)]:
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        s = timed(lambda: x @ w.t())
+        print(json.dumps({"torch": "matmul", "m": m, "n": n, "k": k, "dtype": "f16", "ms": round(s * 1e3, 4),
+                          "tflop_per_s": round(2 * m * n * k / s * 1e-12, 1)}), flush=True)
+
+def layer(compile_too):
+    import torch, torch.nn.functional as F
+    D, H, KV, HD, FF, T = 4096, 32, 32, 128, 11008, 512
+    dt = torch.float16
+    p = {n: (torch.randn(*s, device="cuda", dtype=dt) * 0.02) for n, s in
+         [("wqkv", (3 * D, D)), ("wo", (D, D)), ("wgu", (2 * FF, D)), ("wd", (D, FF))]}
+    n1 = torch.ones(D, device="cuda", dtype=dt); n2 = torch.ones(D, device="cuda", dtype=dt)
+    pos = torch.arange(T, device="cuda")
+    inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, device="cuda").float() / HD))
+    ang = pos[:, None].float() * inv[None, :]
+    cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+    def rms(x, w): return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dt) * w
+    def rope(x):
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+    def f(x):
+        h = rms(x, n1) @ p["wqkv"].t()
+        q, k, v = h.split(D, -1)
+        q = rope(q.view(T, H, HD)).transpose(0, 1); k = rope(k.view(T, KV, HD)).transpose(0, 1); v = v.view(T, KV, HD).transpose(0, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).reshape(T, D)
+        x = x + a @ p["wo"].t()
+        g, u = (rms(x, n2) @ p["wgu"].t()).split(FF, -1)
+        return x + (F.silu(g) * u) @ p["wd"].t()
+    x = torch.randn(T, D, device="cuda", dtype=dt)
+    with torch.no_grad():
+        s = timed(lambda: f(x))
+        print(json.dumps({"torch": "llama-7b layer prefill", "mode": "eager", "tokens": T, "ms_per_layer": round(s * 1e3, 4)}), flush=True)
+        if compile_too:
+            t0 = time.time()
+            fc = torch.compile(f)
+            fc(x); torch.cuda.synchronize()
+            s = timed(lambda: fc(x))
+            print(json.dumps({"torch": "llama-7b layer prefill", "mode": "torch.compile", "tokens": T,
+                              "ms_per_layer": round(s * 1e3, 4), "compile_s": round(time.time() - t0, 1)}), flush=True)
+
+if __name__ == "__main__":
+    try:
+        import torch
+        assert torch.cuda.is_available()
+    except Exception as e:  # noqa: BLE001
+        print(json.dumps({"error": f"torch with CUDA unavailable: {e}"})); sys.exit(0)
+    args = sys.argv[1:] or ["gemm", "layer"]
+    if "gemm" in args: gemm()
+    if "layer" in args: layer("--compile" in args)

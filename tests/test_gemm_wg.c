@@ -1,0 +1,194 @@
+/* The Hopper warpgroup GEMM template (kiln_gemm_wg: WGMMA over core-matrix tiles in shared
+ * memory) executed here, without a GPU, by the block interpreter of tests/support/kirtest.c, which
+ * runs WGMMA from kir.h's contract (descriptor layout, accumulator fragment, deferred until its
+ * WG_WAIT): a wrong tile layout, fragment mapping or missing wait fails these tests in CI, not only
+ * on the H100. Every kernel of the region runs in order on fresh random data and the output is
+ * compared with the f64 reference (ref64) at the matmul contract's tolerance. */
+#include <criterion/criterion.h>
+
+#include "codegen/kir.h"
+#include "fuse/fuse.h"
+#include "graph/graph.h"
+#include "support/kirtest.h"
+#include "support/ref64.h"
+#include "support/testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXB 24
+
+typedef struct wg_case {
+    kiln_graph *g;
+    kiln_binding b[8];
+    size_t       nb;
+    void        *in[8];
+} wg_case;
+
+/* Memory of node i at its max dims: an input's bound bytes, a weight in its device layout, else poison. */
+static uint32_t *node_mem(const kiln_graph *g, uint32_t i, const wg_case *c)
+{
+    const kiln_node_rec *n = &g->nodes[i];
+    int64_t dims[KILN_MAX_RANK];
+    for (int d = 0; d < n->rank; d++) dims[d] = n->dims[d] < 0 ? g->syms[kiln_sym_index(n->dims[d])].max : n->dims[d];
+    size_t bytes = kiln_node_bytes(n, dims);
+    if (n->op == KILN_OP_WEIGHT) {
+        size_t dev = kiln_lower_weight_bytes((kiln_dtype)n->dtype, dims[0], dims[1]);
+        uint32_t *m = calloc(dev / 4 + 4, 4);
+        kiln_lower_weight_repack((kiln_dtype)n->dtype, dims[0], dims[1], n->data, m);
+        return m;
+    }
+    uint32_t *m = malloc(bytes + 16);
+    memset(m, 0xFF, bytes + 16); /* NaN poison */
+    const char *name = n->name;
+    for (size_t j = 0; name && j < c->nb; j++)
+        if (c->b[j].data && strcmp(c->b[j].name, name) == 0) memcpy(m, c->b[j].data, c->b[j].bytes);
+    return m;
+}
+
+/* Lowers the graph's matmul region for a wgmma target, runs its kernels, checks output `out`. */
+static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, const char *what)
+{
+    kiln_graph *g = c->g;
+    kiln_fusion f;
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+    uint32_t *mem[1024] = {0};
+    cr_assert(g->n_nodes < 1024);
+    uint32_t params[64] = {0};
+    for (size_t j = 0; j < c->nb; j++)
+        if (!c->b[j].data)
+            for (uint32_t s = 0; s < g->n_syms; s++)
+                if (strcmp(g->syms[s].name, c->b[j].name) == 0) params[s] = (uint32_t)c->b[j].value;
+    bool saw_wg = false;
+    for (uint32_t r = 0; r < f.n_regions; r++) {
+        kiln_kir ks[KILN_LOWER_MAX];
+        uint32_t n = 0;
+        char err[1024];
+        kiln_lower_target t = {.wgmma = true};
+        cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
+        uint64_t scratch_bytes = 0;
+        for (uint32_t i = 0; i < n; i++) scratch_bytes = ks[i].scratch_bytes > scratch_bytes ? ks[i].scratch_bytes : scratch_bytes;
+        uint32_t *scratch = calloc(scratch_bytes / 4 + 4, 4);
+        for (uint32_t i = 0; i < n; i++) {
+            saw_wg |= strcmp(ks[i].name, "kiln_gemm_wg") == 0;
+            uint32_t *bufs[MAXB] = {params};
+            for (uint32_t s = 1; s < ks[i].n_bufs; s++) {
+                const kiln_kbuf *kb = &ks[i].bufs[s];
+                if (kb->kind == KILN_KBUF_SCRATCH) bufs[s] = scratch;
+                else if (kb->kind == KILN_KBUF_TABLE) bufs[s] = ks[i].tables[kb->node].words;
+                else {
+                    if (!mem[kb->node]) mem[kb->node] = node_mem(g, kb->node, c);
+                    bufs[s] = mem[kb->node];
+                }
+            }
+            cr_assert(kt_interp_block(&ks[i], bufs, err, sizeof err), "%s, kernel %s: %s", what, ks[i].name, err);
+            kiln_kir_free(&ks[i]);
+        }
+        free(scratch);
+    }
+    cr_assert(saw_wg, "%s: no kiln_gemm_wg kernel", what);
+    ref64 *rf = ref64_new(g);
+    char err[256];
+    cr_assert_eq(ref64_run(rf, c->b, c->nb, err, sizeof err), 0, "%s", err);
+    int64_t dims[KILN_MAX_RANK], numel;
+    const double *ref = ref64_output(rf, out, dims, &numel);
+    uint32_t yi = KILN_IDX_NONE;
+    for (uint32_t i = 0; i < g->n_outs; i++)
+        if (strcmp(g->outs[i].name, out) == 0) yi = g->outs[i].node;
+    cr_assert(yi != KILN_IDX_NONE && mem[yi], "%s: output %s not written by any kernel", what, out);
+    double *got = malloc((size_t)numel * sizeof *got);
+    for (int64_t e = 0; e < numel; e++) {
+        float v;
+        memcpy(&v, &mem[yi][e], 4);
+        got[e] = v;
+    }
+    cr_assert_eq(numel % m, 0);
+    tu_compare(what, got, ref, numel, tu_tol("matmul", key));
+    free(got);
+    ref64_free(rf);
+    for (uint32_t i = 0; i < g->n_nodes; i++) free(mem[i]);
+    kiln_fusion_free(&f);
+}
+
+static void bind_random(wg_case *c, const char *name, int64_t n, float lo, float hi)
+{
+    float *v = malloc((size_t)n * sizeof *v);
+    tu_fill(v, n, lo, hi);
+    c->in[c->nb] = v;
+    c->b[c->nb++] = (kiln_binding){.name = name, .data = v, .bytes = (size_t)n * 4};
+}
+
+static void case_free(wg_case *c)
+{
+    for (size_t j = 0; j < c->nb; j++) free(c->in[j]);
+    kiln_graph_free(c->g);
+}
+
+/* x f32 (two f16 parts staged from registers), one weight, a residual epilogue; a row tail (130
+ * of 160 rows: two token blocks, the second partial) and a column tail (136 = 128 + 8). */
+static void plain_case(kiln_dtype wt, int64_t K)
+{
+    wg_case c = {0};
+    cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
+    kiln_dim M = kiln_sym(c.g, "m", 160);
+    const int64_t N = 136, m = 130;
+    kiln_node x = kiln_input(c.g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, K});
+    kiln_node r = kiln_input(c.g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){M, N});
+    kiln_node w = tu_weight(c.g, "w", wt, 2, (kiln_dim[]){N, K}, -1.0f, 1.0f);
+    kiln_output(c.g, kiln_add(c.g, kiln_matmul(c.g, x, w), r), "y");
+    c.b[c.nb++] = (kiln_binding){.name = "m", .value = m};
+    bind_random(&c, "x", m * K, -1.0f, 1.0f);
+    bind_random(&c, "r", m * N, -1.0f, 1.0f);
+    char what[64];
+    snprintf(what, sizeof what, "wgmma gemm %s K=%lld + residual", kiln_dtype_name(wt), (long long)K);
+    run_case(&c, "y", m, wt, what);
+    case_free(&c);
+}
+
+Test(gemm_wg, f16_weights_residual) { plain_case(KILN_DTYPE_F16, 96); }
+Test(gemm_wg, q8_0_weights) { plain_case(KILN_DTYPE_Q8_0, 64); }
+Test(gemm_wg, q4_k_weights) { plain_case(KILN_DTYPE_Q4_K, 256); }
+Test(gemm_wg, q6_k_weights) { plain_case(KILN_DTYPE_Q6_K, 256); }
+
+/* rms_norm prologue (x normalized and split once by the rms kernel) and two siblings with a
+ * swiglu epilogue: the gate/up shape of a llama layer. */
+Test(gemm_wg, rms_norm_siblings_swiglu)
+{
+    wg_case c = {0};
+    cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
+    kiln_dim M = kiln_sym(c.g, "m", 144);
+    const int64_t K = 64, F = 72, m = 137;
+    kiln_node x = kiln_input(c.g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, K});
+    kiln_node nw = tu_weight(c.g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){K}, 0.5f, 1.5f);
+    kiln_node h = kiln_rms_norm(c.g, x, nw, 1e-5f);
+    kiln_node wg = tu_weight(c.g, "wg", KILN_DTYPE_F16, 2, (kiln_dim[]){F, K}, -1.0f, 1.0f);
+    kiln_node wu = tu_weight(c.g, "wu", KILN_DTYPE_F16, 2, (kiln_dim[]){F, K}, -1.0f, 1.0f);
+    kiln_output(c.g, kiln_swiglu(c.g, kiln_matmul(c.g, h, wg), kiln_matmul(c.g, h, wu)), "y");
+    c.b[c.nb++] = (kiln_binding){.name = "m", .value = m};
+    bind_random(&c, "x", m * K, -1.0f, 1.0f);
+    run_case(&c, "y", m, KILN_DTYPE_F16, "wgmma gemm rms_norm + gate/up + swiglu");
+    case_free(&c);
+}
+
+/* A WGMMA whose accumulator is read before its wait is caught by the interpreter. */
+Test(gemm_wg, interpreter_catches_read_in_flight)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "bad", 128);
+    uint32_t sh = kiln_kir_shared(&k, 4096);
+    uint32_t acc = kiln_kvar(&k, kiln_kir_op(&k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0));
+    uint32_t a = kiln_kir_op(&k, KILN_KOP_SADDR, KILN_KT_U32, kiln_ki(&k, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)sh);
+    kiln_kir_op(&k, KILN_KOP_WGMMA, KILN_KT_NONE, acc, a, a, 32 << 8);
+    kiln_kir_op(&k, KILN_KOP_WG_COMMIT, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t y = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, true);
+    uint32_t v = kiln_kir_op(&k, KILN_KOP_LANE, KILN_KT_F32, acc, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0),
+                kiln_kir_op(&k, KILN_KOP_BITCAST, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE, (int32_t)y);
+    kiln_kir_op(&k, KILN_KOP_WG_WAIT, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t params[8] = {0}, out[128];
+    uint32_t *bufs[2] = {params, out};
+    char err[256];
+    cr_assert(!kt_interp_block(&k, bufs, err, sizeof err));
+    cr_assert(strstr(err, "in flight"), "%s", err);
+    kiln_kir_free(&k);
+}
