@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "sched/cost.h"
+#include "sched/presets.h"
 #include "support/testutil.h"
 
 /* Independent total: sum of region times plus, per edge whose ends differ in location, the link
@@ -246,5 +247,37 @@ Test(explain, text_json_dot_describe_every_kernel)
     free(dot);
     kiln_plan_free(p);
     kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+/* The public preset builder is the internal one with defaults and errors that name the problem. */
+Test(preset, public_builder_matches_internal_and_names_errors)
+{
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    cr_assert_str_eq(kiln_preset_name(0), kiln_preset_at(0)->name);
+    cr_assert_null(kiln_preset_name(kiln_preset_count()));
+    cr_assert_null(kiln_preset_name(-1));
+    kiln_graph *pub, *in;
+    cr_assert_eq(kiln_preset_graph(ctx, "qwen2-0.5b", &(kiln_preset_options){.wdtype = KILN_DTYPE_Q8_0, .n_layers = 2}, &pub),
+                 KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_preset_build(kiln_preset_find("qwen2-0.5b"), KILN_DTYPE_Q8_0, 2, 1024, 1, &in), KILN_OK);
+    char h1[33], h2[33];
+    kiln_graph_hash(pub, h1);
+    kiln_graph_hash(in, h2);
+    cr_assert_str_eq(h1, h2, "defaults: max_ctx 1024, max_tok 1, f16 cache for q8_0 weights");
+    kiln_graph_free(pub);
+    kiln_graph_free(in);
+
+    kiln_graph *g = (kiln_graph *)1;
+    cr_assert_eq(kiln_preset_graph(ctx, "gpt-5", NULL, &g), KILN_ERR_NAME);
+    cr_assert_null(g);
+    cr_assert(strstr(kiln_ctx_error(ctx), "'gpt-5'") && strstr(kiln_ctx_error(ctx), "llama-7b"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_preset_graph(ctx, "llama-7b", &(kiln_preset_options){.max_ctx = 4, .max_tok = 8}, &g),
+                 KILN_ERR_INVALID_ARG);
+    cr_assert(strstr(kiln_ctx_error(ctx), "max_tok"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_preset_graph(ctx, "llama-7b", &(kiln_preset_options){.wdtype = KILN_DTYPE_I32}, &g),
+                 KILN_ERR_DTYPE);
+    cr_assert_eq(kiln_preset_graph(NULL, "nope", NULL, &g), KILN_ERR_NAME, "a NULL context only loses the message");
     kiln_ctx_free(ctx);
 }

@@ -416,6 +416,35 @@ KILN_API double kiln_plan_compile_ms(const kiln_plan *p);
 KILN_API const char *kiln_plan_cache(const kiln_plan *p);
 KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p);
 
+/* ---------------------------------------------------------------- model presets */
+
+/* Built-in shapes of well-known llama-style models ("qwen2-0.5b", "llama-7b", "qwen2-7b") and a
+ * builder of an N-layer decoder stack with reproducible random weights: benchmarks and cost-model
+ * experiments without a model file (the graphs of `kiln bench --preset` and `kiln plan --preset`). */
+
+/* Name of preset i (0, 1, ...); NULL past the end. Static text. Thread-safe. */
+KILN_API const char *kiln_preset_name(int i);
+
+typedef struct kiln_preset_options {
+    kiln_dtype wdtype;   /* matmul weight dtype (default f32). A block dtype whose block does not divide
+                            a matmul's input width falls back to q8_0 (or f16) for that matmul, as GGUF
+                            converters do. Norm weights and biases stay f32. */
+    int        n_layers; /* decoder layers; 0 = 1 */
+    int64_t    max_ctx;  /* KV-cache rows, bound of symbol n_kv; 0 = 1024 */
+    int64_t    max_tok;  /* bound of symbol n_tok; 0 = 1 (decode) */
+    uint64_t   seed;     /* seed of the random weights; 0 = 1 */
+} kiln_preset_options;
+
+/* Builds preset `name`'s decoder stack. Interface: symbols `n_tok`, `n_kv`; inputs `x` f32
+ * [n_tok, hidden] and `pos` i32 [n_tok] (positions n_kv - n_tok .. n_kv - 1); states `k<L>`, `v<L>`
+ * [n_kv_head, max_ctx, head_dim] (f32 with f32 weights, else f16); output `y` f32 [n_tok, hidden].
+ * Per layer: rms_norm, q/k/v (+ f32 biases for qwen2), rope, kv_scatter, attention over n_kv, o,
+ * residual add, rms_norm, gate/up, swiglu, down, residual add. An unknown name is KILN_ERR_NAME
+ * (the message lists the presets). Errors go to kiln_ctx_error(ctx) (ctx may be NULL: no message);
+ * opts may be NULL. *out is NULL on error; free the graph with kiln_graph_free. Thread-safe. */
+KILN_API kiln_status kiln_preset_graph(kiln_ctx *ctx, const char *name, const kiln_preset_options *opts,
+                                       kiln_graph **out);
+
 /* ---------------------------------------------------------------- GGUF files and models */
 
 /* A GGUF file (v2 or v3) mapped read-only: its metadata key-values, and its tensors by name.
