@@ -2,7 +2,9 @@
  * and compute with their own weights; any change of op, dtype, shape, symbol bound, parameter,
  * option or pin misses; disk entries serve a new context; 1,000 mutated entry files are all
  * refused and rebuilt with correct results; 8 processes share one folder; an unwritable folder
- * degrades with one warning; `kiln cache`. Every test uses its own temporary folder. */
+ * degrades with one warning; `kiln cache`; a FIFO in place of an entry, the stats file or the
+ * profiles neither hangs nor is used, and a symlinked or hard-linked stats file is replaced, never
+ * written through (issue #17). Every test uses its own temporary folder. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <dirent.h>
@@ -483,7 +485,7 @@ static int kiln_cmd(const char *args, char *out, size_t n)
     cr_assert_gt(len, 0);
     self[len] = 0;
     *strrchr(self, '/') = 0;
-    snprintf(cmd, sizeof cmd, "'%s/kiln' %s 2>&1", self, args);
+    snprintf(cmd, sizeof cmd, "timeout -s KILL 60 '%s/kiln' %s 2>&1", self, args); /* a hang fails, not blocks CI */
     FILE *f = popen(cmd, "r");
     cr_assert(f);
     size_t got = fread(out, 1, n - 1, f);
@@ -518,6 +520,81 @@ Test(cache, cli_ls_stats_clear)
     cr_assert_eq(kiln_cache_list(dir, &e, &n), KILN_OK);
     cr_assert_eq(n, 0);
     free(e);
+    drop_temp_cache();
+}
+
+/* ------------------------------------------------------------------ planted files (issue #17) */
+
+/* A FIFO in place of an entry, of `stats` and of `profiles.json`: the run compiles (the FIFO entry
+ * counted refused, then replaced by a real entry), `kiln cache ls` finishes and calls it invalid.
+ * Both once blocked in open() forever; the alarm turns a hang into a failure. */
+Test(cache, fifo_in_place_of_files_is_refused_not_waited_on)
+{
+    alarm(120);
+    use_temp_cache("all");
+    kiln_ctx *ctx = new_ctx();
+    kiln_graph *g = build(&base, 10);
+    kiln_plan_free(compile(ctx, g, NULL));
+    kiln_ctx_free(ctx);
+    kiln_cache_entry_info *e;
+    size_t n;
+    cr_assert_eq(kiln_cache_list(dir, &e, &n), KILN_OK);
+    cr_assert_geq(n, 2);
+    char fifo[256], sfifo[256], pfifo[256];
+    snprintf(fifo, sizeof fifo, "%s/%s", dir, e[0].name);
+    snprintf(sfifo, sizeof sfifo, "%s/stats", dir);
+    snprintf(pfifo, sizeof pfifo, "%s/profiles.json", dir);
+    cr_assert_eq(unlink(fifo), 0);
+    unlink(sfifo);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    cr_assert_eq(mkfifo(sfifo, 0644), 0);
+    cr_assert_eq(mkfifo(pfifo, 0644), 0);
+    char out[16384];
+    cr_assert_eq(kiln_cmd("cache ls --json", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "\"invalid\": 1,") && strstr(out, "not a regular file"), "%s", out);
+    ctx = new_ctx();
+    kiln_plan *p = compile(ctx, g, NULL);
+    cr_assert_eq(kiln_cache_stats_get(ctx->cache).disk_rejects, 1, "the FIFO entry is counted refused");
+    float o[OUT_N], r[OUT_N];
+    run(p, ctx, &base, o);
+    reference(&base, 10, r);
+    assert_same(o, r, "after a FIFO entry");
+    kiln_plan_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
+    struct stat st;
+    cr_assert(lstat(fifo, &st) == 0 && S_ISREG(st.st_mode), "the entry was rebuilt as a regular file");
+    cr_assert(lstat(sfifo, &st) == 0 && S_ISREG(st.st_mode), "the stats FIFO was replaced");
+    free(e);
+    unlink(pfifo);
+    drop_temp_cache();
+}
+
+/* `stats` as a symlink to a file outside the folder, then as a hard link to one: the victim keeps
+ * its bytes, and `stats` becomes a regular file of its own holding the counts. */
+Test(cache, stats_file_is_never_written_through_a_link)
+{
+    use_temp_cache(NULL);
+    char victim[256], stats[256];
+    snprintf(victim, sizeof victim, "%s.victim", dir);
+    snprintf(stats, sizeof stats, "%s/stats", dir);
+    const char precious[] = "precious bytes, not kiln's\n";
+    for (int hard = 0; hard < 2; hard++) {
+        spit(victim, precious, sizeof precious - 1);
+        unlink(stats);
+        cr_assert_eq(hard ? link(victim, stats) : symlink(victim, stats), 0);
+        kiln_ctx *ctx = new_ctx();
+        kiln_graph *g = build(&base, 11);
+        kiln_plan_free(compile(ctx, g, NULL));
+        kiln_graph_free(g), kiln_ctx_free(ctx); /* flushes the counters into stats */
+        size_t got;
+        unsigned char *now = slurp(victim, &got);
+        cr_assert(got == sizeof precious - 1 && memcmp(now, precious, got) == 0, "%s link: the victim was written: %.*s",
+                  hard ? "hard" : "symbolic", (int)got, now);
+        free(now);
+        struct stat st;
+        cr_assert(lstat(stats, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1, "stats is a file of its own");
+        cr_assert_eq(kiln_cache_folder_stats(dir).mem_misses, 1, "the counts went to the new stats file");
+    }
+    unlink(victim);
     drop_temp_cache();
 }
 

@@ -259,6 +259,55 @@ Test(gguf, unsupported_tensor_type_opens_but_fails_by_name)
     free(bytes);
 }
 
+/* general.alignment 1, 2 or 4 (the format requires a multiple of 8) made kernels load f32 and f16
+ * data from odd addresses (issue #17): refused naming the key, whether opened from a file or from
+ * memory; 8 and 64 open. A buffer that is not 8-byte aligned itself is refused too. */
+Test(gguf, alignment_not_a_multiple_of_8_is_refused)
+{
+    const uint32_t aligns[] = {1, 2, 4, 8, 64};
+    for (int i = 0; i < 5; i++) {
+        gw *w = gw_new(3, aligns[i]);
+        uint16_t h = 0x3c00;   /* 1.0 in f16: the next tensor starts 2 bytes in at alignment 1 or 2 */
+        float x[3] = {1, 2, 3};
+        gw_tensor(w, "a", 1, 1, (int64_t[]){1}, &h, sizeof h);
+        gw_tensor(w, "b", 0, 1, (int64_t[]){3}, x, sizeof x);
+        char path[] = "/tmp/kiln-test-align-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        close(fd);
+        cr_assert_eq(gw_write(w, path), 0);
+        size_t n;
+        uint8_t *bytes = gw_bytes(w, &n);
+        gw_free(w);
+        kiln_gguf *f = NULL;
+        kiln_status s = kiln_gguf_open(ctx, path, &f);
+        unlink(path);
+        if (aligns[i] % 8) {
+            cr_expect_eq(s, KILN_ERR_PARSE, "alignment %u: %s", aligns[i], kiln_status_str(s));
+            cr_expect(strstr(kiln_ctx_error(ctx), "general.alignment") && strstr(kiln_ctx_error(ctx), "not a multiple of 8"),
+                      "alignment %u: %s", aligns[i], kiln_ctx_error(ctx));
+            FAIL(bytes, n, "alignment not a multiple of 8", "general.alignment", "not a multiple of 8");
+        } else {
+            cr_expect_eq(s, KILN_OK, "alignment %u: %s", aligns[i], kiln_ctx_error(ctx));
+            kiln_gguf_tensor t;
+            cr_expect_eq(kiln_gguf_tensor_get(f, "b", &t), KILN_OK, "%s", kiln_ctx_error(ctx));
+            cr_expect_eq((uintptr_t)t.data % 8, 0, "tensor data aligned");
+            cr_expect(memcmp(t.data, x, sizeof x) == 0);
+            kiln_gguf_close(f);
+        }
+        if (aligns[i] == 8) { /* the same bytes one byte into a buffer */
+            uint8_t *odd = malloc(n + 8);
+            memcpy(odd + 1, bytes, n);
+            f = (kiln_gguf *)1;
+            cr_expect_eq(kiln_gguf_open_memory(ctx, odd + 1, n, &f), KILN_ERR_INVALID_ARG);
+            cr_expect_null(f);
+            cr_expect(strstr(kiln_ctx_error(ctx), "not 8-byte aligned"), "%s", kiln_ctx_error(ctx));
+            free(odd);
+        }
+        free(bytes);
+    }
+}
+
 Test(gguf, open_file_maps_and_reports_io_errors)
 {
     char path[] = "/tmp/kiln_gguf_XXXXXX";

@@ -476,7 +476,10 @@ KILN_API const char *kiln_gguf_type_name(kiln_gguf_type t);
 /* Opens and parses the file at path (mmap). Errors: KILN_ERR_IO (cannot open/map), KILN_ERR_PARSE
  * (malformed: "FILE: byte N: FIELD: what"), KILN_ERR_NOMEM. *out is NULL on error. */
 KILN_API kiln_status kiln_gguf_open(kiln_ctx *ctx, const char *path, kiln_gguf **out);
-/* Same over a caller's buffer (borrowed: it must outlive the file). For tests and fuzzing. */
+/* Same over a caller's buffer (borrowed: it must outlive the file; 8-byte aligned when the file
+ * holds tensors, else KILN_ERR_INVALID_ARG, because tensor data is used in place). For tests and
+ * fuzzing. A file whose general.alignment is not a multiple of 8 is refused (KILN_ERR_PARSE), as
+ * the format requires. */
 KILN_API kiln_status kiln_gguf_open_memory(kiln_ctx *ctx, const void *data, size_t bytes, kiln_gguf **out);
 /* Unmaps and frees; NULL does nothing. */
 KILN_API void kiln_gguf_close(kiln_gguf *f);

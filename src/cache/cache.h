@@ -67,6 +67,11 @@ typedef struct kiln_cache_stats {
 
 typedef struct kiln_cache kiln_cache;
 
+/* open(2) for files in a cache folder (entries, stats, profiles.json): never follows a symlink at
+ * the last component, never blocks on a FIFO, and returns -1 (errno EINVAL) for anything but a
+ * regular file. The descriptor is blocking and close-on-exec. */
+int kiln_cache_open_file(const char *path, int flags, unsigned mode);
+
 /* Opens the cache of a context on folder dir (created on first write). KILN_CACHE=off turns the
  * disk off. quiet: no warning text on stderr. NULL on OOM. */
 kiln_cache *kiln_cache_new(const char *dir, bool quiet);

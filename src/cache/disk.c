@@ -65,14 +65,33 @@ static void entry_path(const kiln_cache *c, enum kiln_cache_kind kind, const kil
     snprintf(out, n, "%s/%s.%s", c->dir, hex, kiln_cache_kind_ext(kind));
 }
 
-/* Reads a whole file (at most max bytes); NULL when it cannot or is larger. */
-static unsigned char *read_all(const char *path, size_t max, size_t *n)
+int kiln_cache_open_file(const char *path, int flags, unsigned mode)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever (issue #17);
+     * O_NOFOLLOW: a symlink planted in the folder must not redirect a write (or a read). */
+    int fd = open(path, flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, (mode_t)mode);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl != -1) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+/* Reads a whole regular file (at most max bytes); NULL when it cannot, is not a regular file (a
+ * FIFO, device or symlink), or is larger. *absent: there was no file of that name at all. */
+static unsigned char *read_all(const char *path, size_t max, size_t *n, bool *absent)
+{
+    int fd = kiln_cache_open_file(path, O_RDONLY, 0);
+    *absent = fd < 0 && errno == ENOENT;
     if (fd < 0) return NULL;
     struct stat st;
     unsigned char *buf = NULL;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size <= max && (buf = malloc((size_t)st.st_size + 1))) {
+    if (fstat(fd, &st) == 0 && (size_t)st.st_size <= max && (buf = malloc((size_t)st.st_size + 1))) {
         size_t got = 0;
         while (got < (size_t)st.st_size) {
             ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
@@ -93,11 +112,12 @@ bool kiln_cache_disk_get(kiln_cache *c, enum kiln_cache_kind kind, const kiln_ca
     char path[4200];
     entry_path(c, kind, key, path, sizeof path);
     size_t n = 0;
-    unsigned char *buf = read_all(path, MAX_PAYLOAD + HEADER, &n);
+    bool absent;
+    unsigned char *buf = read_all(path, MAX_PAYLOAD + HEADER, &n, &absent);
     const unsigned char *p;
     size_t pl;
     bool ok = buf && kiln_cache_entry_check(buf, n, kind, key, &p, &pl, NULL);
-    if (buf && !ok) atomic_fetch_add(&c->n.disk_rejects, 1);
+    if (!ok && !absent) atomic_fetch_add(&c->n.disk_rejects, 1); /* there, but refused */
     if (ok) {
         memmove(buf, p, pl); /* the payload alone, at the start of the block */
         *payload = buf;
@@ -191,6 +211,21 @@ static void stats_parse(const char *text, uint64_t v[6])
     }
 }
 
+/* The stats file's text ("" when absent, unreadable or not a regular file). */
+static const char *read_stats(const char *path, char *text, size_t n)
+{
+    text[0] = 0;
+    int fd = kiln_cache_open_file(path, O_RDONLY, 0);
+    if (fd < 0) return text;
+    ssize_t r = pread(fd, text, n - 1, 0);
+    text[r > 0 ? r : 0] = 0;
+    close(fd);
+    return text;
+}
+
+/* The folder's counters plus this process's: read-modify-write under an exclusive lock on the
+ * folder itself, the new text written to a fresh temporary file and renamed over `stats`, so a
+ * symlink, FIFO or hard link planted as `stats` is replaced, never written through (issue #17). */
 void kiln_cache_stats_flush(kiln_cache *c)
 {
     kiln_cache_stats s = kiln_cache_stats_get(c);
@@ -198,39 +233,35 @@ void kiln_cache_stats_flush(kiln_cache *c)
     bool any = false;
     for (int i = 0; i < 6; i++) any |= add[i] != 0;
     if (!any || !c->disk_on) return;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/stats", c->dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return;
-    if (flock(fd, LOCK_EX) == 0) {
-        char text[512];
-        ssize_t r = pread(fd, text, sizeof text - 1, 0);
-        text[r > 0 ? r : 0] = 0;
+    int dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return;
+    if (flock(dfd, LOCK_EX) == 0) {
+        char path[4200], tmp[4300], text[512];
+        snprintf(path, sizeof path, "%s/stats", c->dir);
+        snprintf(tmp, sizeof tmp, "%s/.tmp.%ld.stats", c->dir, (long)getpid());
         uint64_t v[6];
-        stats_parse(text, v);
+        stats_parse(read_stats(path, text, sizeof text), v);
         int k = 0;
         for (int i = 0; i < 6; i++)
             k += snprintf(text + k, sizeof text - (size_t)k, "%s %llu\n", stat_names[i], (unsigned long long)(v[i] + add[i]));
-        if (ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)k, 0) != k) { /* best effort */ }
-        flock(fd, LOCK_UN);
+        unlink(tmp); /* a leftover of a killed process with this pid */
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd >= 0) { /* best effort: counters are advisory */
+            bool ok = write(fd, text, (size_t)k) == k;
+            ok = close(fd) == 0 && ok;
+            if (!ok || rename(tmp, path) != 0) unlink(tmp);
+        }
+        flock(dfd, LOCK_UN);
     }
-    close(fd);
+    close(dfd);
 }
 
 kiln_cache_stats kiln_cache_folder_stats(const char *dir)
 {
-    char path[4200], text[512] = "";
+    char path[4200], text[512];
     snprintf(path, sizeof path, "%s/stats", dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (flock(fd, LOCK_SH) == 0) {
-            ssize_t r = pread(fd, text, sizeof text - 1, 0);
-            text[r > 0 ? r : 0] = 0;
-        }
-        close(fd);
-    }
     uint64_t v[6];
-    stats_parse(text, v);
+    stats_parse(read_stats(path, text, sizeof text), v); /* replaced by rename: whole, without a lock */
     return (kiln_cache_stats){v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
@@ -285,10 +316,11 @@ kiln_status kiln_cache_list(const char *dir, kiln_cache_entry_info **out, size_t
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         size_t bytes = 0;
-        unsigned char *buf = read_all(path, MAX_PAYLOAD + HEADER, &bytes);
+        bool absent;
+        unsigned char *buf = read_all(path, MAX_PAYLOAD + HEADER, &bytes, &absent);
         const unsigned char *p;
         size_t pl;
-        const char *why = "unreadable";
+        const char *why = errno == EINVAL || errno == ELOOP ? "not a regular file" : "unreadable";
         info->bytes = bytes;
         info->ok = buf && kiln_cache_entry_check(buf, bytes, kind, &key, &p, &pl, &why);
         snprintf(info->why, sizeof info->why, "%s", info->ok ? "" : why);

@@ -280,6 +280,11 @@ static bool rd_alignment(rd *r)
     memcpy(&a, r->f->base + kv->off, 4);
     if (a == 0 || (a & (a - 1)))
         return fail(r, kv->off, "general.alignment", "%u is not a power of two", a), false;
+    /* The format requires a multiple of 8, and kernels load f32/f16/bf16/q8_0 data in place:
+     * a smaller alignment would make those loads misaligned (issue #17). */
+    if (a % 8)
+        return fail(r, kv->off, "general.alignment", "%u is not a multiple of 8 (the format requires it; tensor data "
+                    "would be loaded from misaligned addresses)", a), false;
     r->f->alignment = a;
     return true;
 }
@@ -342,7 +347,14 @@ KILN_API kiln_status kiln_gguf_open_memory(kiln_ctx *ctx, const void *data, size
     f->ctx = ctx;
     f->base = data ? data : (const uint8_t *)"";
     f->size = bytes;
-    return open_common(ctx, f, out);
+    kiln_status s = open_common(ctx, f, out);
+    if (s == KILN_OK && f->n_tensors && (uintptr_t)data % 8) { /* tensor data is used in place */
+        kiln_gguf_close(f);
+        *out = NULL;
+        return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "kiln_gguf_open_memory: the buffer at %p holds tensors but is not 8-byte aligned",
+                             data);
+    }
+    return s;
 }
 
 KILN_API kiln_status kiln_gguf_open(kiln_ctx *ctx, const char *path, kiln_gguf **out)

@@ -82,7 +82,26 @@ static void set_shape(build *b, uint8_t dtype, int rank, const int64_t *dims)
     for (int i = 0; i < rank; i++) b->r.dims[i] = dims[i];
 }
 
-static kiln_node finish(build *b) { return b->ok ? kiln_graph_append(b->g, &b->r) : KILN_NODE_NONE; }
+/* Every result's size at its symbols' bounds must fit the limit leaves have (2^50 bytes): op
+ * shapes multiply (matmul rows x outputs, reshape targets), and an unchecked product wraps
+ * (issue #17). The product saturates early, so it never overflows 128 bits. */
+static bool size_fits(build *b)
+{
+    const kiln_node_rec *r = &b->r;
+    if (!b->ok || r->rank < 1) return b->ok;
+    const unsigned __int128 lim = (unsigned __int128)1 << 50;
+    int64_t blk = kiln_dtype_block((kiln_dtype)r->dtype);
+    unsigned __int128 bytes = kiln_dtype_block_bytes((kiln_dtype)r->dtype);
+    for (int i = 0; i < r->rank && bytes <= lim; i++) {
+        int64_t d = kiln_dim_is_sym(r->dims[i]) ? b->g->syms[kiln_sym_index(r->dims[i])].max : r->dims[i];
+        bytes *= (unsigned __int128)(i == r->rank - 1 ? (d + blk - 1) / blk : d);
+    }
+    if (bytes <= lim) return true;
+    return fail(b, KILN_ERR_SHAPE, "result %s (%s) is larger than 2^50 bytes", DIMS_STR(b->g, r),
+                kiln_dtype_name((kiln_dtype)r->dtype));
+}
+
+static kiln_node finish(build *b) { return size_fits(b) ? kiln_graph_append(b->g, &b->r) : KILN_NODE_NONE; }
 
 static kiln_node unary(kiln_graph *g, enum kiln_op op, kiln_node x, float f0)
 {
@@ -328,7 +347,8 @@ KILN_API kiln_node kiln_cast(kiln_graph *g, kiln_node x, kiln_dtype t)
     return finish(&b);
 }
 
-/* Splits dims into (product of constants, multiset of symbols as a sorted list). */
+/* Splits dims into (product of constants, multiset of symbols as a sorted list). The product is -1
+ * when it overflows int64 (target dims are each at most 2^40: four of them reach 2^160). */
 static int64_t split_dims(int rank, const int64_t *dims, int64_t *syms, int *n_syms)
 {
     int64_t p = 1;
@@ -338,8 +358,8 @@ static int64_t split_dims(int rank, const int64_t *dims, int64_t *syms, int *n_s
             int j = (*n_syms)++;
             while (j > 0 && syms[j - 1] > dims[i]) syms[j] = syms[j - 1], j--;
             syms[j] = dims[i];
-        } else {
-            p *= dims[i];
+        } else if (p >= 0 && __builtin_mul_overflow(p, dims[i], &p)) {
+            p = -1;
         }
     }
     return p;
@@ -372,7 +392,10 @@ KILN_API kiln_node kiln_reshape(kiln_graph *g, kiln_node x, int rank, const kiln
         int64_t s0[KILN_MAX_RANK], s1[KILN_MAX_RANK];
         int n0, n1;
         int64_t p0 = split_dims(a->rank, a->dims, s0, &n0), p1 = split_dims(rank, dims, s1, &n1);
-        if (p0 != p1 || n0 != n1 || memcmp(s0, s1, (size_t)n0 * sizeof *s0))
+        if (p1 < 0)
+            fail(&b, KILN_ERR_SHAPE, "cannot reshape %s to %s (the target's element count overflows int64)", DIMS_STR(g, a),
+                 kiln_graph_dims_str(g, rank, dims, (char[160]){0}, 160));
+        else if (p0 != p1 || n0 != n1 || memcmp(s0, s1, (size_t)n0 * sizeof *s0))
             fail(&b, KILN_ERR_SHAPE, "cannot reshape %s to %s (element counts differ, or symbols do not match)",
                  DIMS_STR(g, a), kiln_graph_dims_str(g, rank, dims, (char[160]){0}, 160));
     }
@@ -390,8 +413,11 @@ KILN_API kiln_node kiln_view(kiln_graph *g, kiln_node x, int rank, const kiln_di
         int64_t syms[KILN_MAX_RANK], n_src = 1, n = 1;
         int ns;
         n_src = split_dims(a->rank, a->dims, syms, &ns);
-        for (int i = 0; i < rank; i++) n *= dims[i];
+        n = split_dims(rank, dims, (int64_t[KILN_MAX_RANK]){0}, &(int){0}); /* constant: target_dims said so */
         if (ns) fail(&b, KILN_ERR_SHAPE, "x %s has symbolic dims; views need constant ones", DIMS_STR(g, a));
+        else if (n < 0)
+            fail(&b, KILN_ERR_SHAPE, "view %s: the element count overflows int64",
+                 kiln_graph_dims_str(g, rank, dims, (char[160]){0}, 160));
         else if (offset < 0 || offset > n_src || n > n_src - offset)
             fail(&b, KILN_ERR_SHAPE, "%lld elements at offset %lld do not fit in x %s", (long long)n, (long long)offset,
                  DIMS_STR(g, a));

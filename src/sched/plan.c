@@ -264,14 +264,15 @@ static kiln_place_edge *place_edges(const kiln_plan *p, uint32_t *n_out)
 static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, int b)
 {
     const kiln_ctx *ctx = p->ctx;
-    for (uint32_t i = 0; i < reg->n_nodes; i++) {
-        uint8_t pin = p->g->nodes[reg->nodes[i]].pin;
-        if (pin) return pin - 1 == b;
-    }
-    if (forced >= 0 && b != forced) return false;
+    int pinned = -1;
+    for (uint32_t i = 0; i < reg->n_nodes && pinned < 0; i++) pinned = p->g->nodes[reg->nodes[i]].pin - 1;
+    if (pinned >= 0 && b != pinned) return false;
+    if (pinned < 0 && forced >= 0 && b != forced) return false;
     /* The reference backend is the oracle: used when asked for (forced or pinned), or when the cpu
-     * backend is missing; never picked by the cost model over a real backend. */
-    if (b == KILN_BACKEND_REF && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU]) return false;
+     * backend is missing; never picked by the cost model over a real backend. A pin is honoured
+     * only where its backend is present (check_pins names the node otherwise): an absent backend
+     * has no state to call (issue #17). */
+    if (b == KILN_BACKEND_REF && pinned < 0 && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU]) return false;
     if (!ctx->be_ok[b]) return p->what_if && ctx->has_profile[b];
     const kiln_backend_i *bi = kiln_backends[b];
     if (!bi->supports) return true;
@@ -339,9 +340,27 @@ static kiln_status place(kiln_plan *p, int forced)
     return KILN_OK;
 }
 
+/* A node pinned to a backend this context does not have is the caller's error, named before
+ * placement (which would otherwise report only "no backend can run region N"). */
+static kiln_status check_pins(kiln_plan *p)
+{
+    const kiln_ctx *ctx = p->ctx;
+    for (uint32_t i = 0; i < p->g->n_nodes; i++) {
+        int b = p->g->nodes[i].pin - 1;
+        if (b < 0 || ctx->be_ok[b] || (p->what_if && ctx->has_profile[b])) continue;
+        char lab[300];
+        return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "%s is pinned to backend '%s', which is not available here (%s)",
+                             node_label(p->g, i, lab, sizeof lab), kiln_backends[b]->name,
+                             ctx->be_detail[b][0] ? ctx->be_detail[b] : "its probe failed");
+    }
+    return KILN_OK;
+}
+
 /* Placement from its disk entry, else computed (and written there). */
 static kiln_status place_cached(kiln_plan *p, int forced)
 {
+    kiln_status ps = check_pins(p);
+    if (ps != KILN_OK) return ps;
     if (kiln_sched_cache_load_placement(p, forced)) return KILN_OK;
     kiln_status s = place(p, forced);
     if (s == KILN_OK) kiln_sched_cache_save_placement(p, forced);

@@ -2,9 +2,11 @@
  * (profiles.json, written by kiln_calibrate), and JSON overrides for cost-model experiments.
  * JSON is read with libyaml (JSON is YAML). Also kiln_pin. Must not run kernels itself. */
 #include "sched/ctx.h"
+#include "cache/cache.h"
 #include "graph/graph.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,8 +176,12 @@ void kiln_sched_load_cached_profiles(kiln_ctx *ctx)
 {
     char path[4200];
     cache_path(ctx, path, sizeof path);
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
+    int fd = kiln_cache_open_file(path, O_RDONLY, 0); /* a FIFO or symlink planted there is ignored */
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return;
+    }
     char *saved = strdup(kiln_ctx_error(ctx));
     read_profiles(ctx, f, path); /* a corrupt file keeps the defaults */
     if (saved) kiln_ctx_set_error(ctx, "%s", saved);
@@ -225,8 +231,14 @@ KILN_API kiln_status kiln_calibrate(kiln_ctx *ctx, bool save)
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (mkdirs(ctx->cache_dir) != 0)
         return kiln_ctx_fail(ctx, KILN_ERR_IO, "cannot create cache dir '%s': %s", ctx->cache_dir, strerror(errno));
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return kiln_ctx_fail(ctx, KILN_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    unlink(tmp); /* a leftover of a killed process with this pid; never written through */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return kiln_ctx_fail(ctx, KILN_ERR_IO, "cannot write '%s': %s", tmp, strerror(e));
+    }
     int last = -1;
     for (int b = 0; b < KILN_BACKEND_COUNT; b++)
         if (ctx->has_profile[b]) last = b;
