@@ -551,15 +551,22 @@ typedef struct kiln_model_info {
     float          theta;       /* {arch}.rope.freq_base (default 10000) */
     float          eps;         /* {arch}.attention.layer_norm_rms_epsilon */
     kiln_rope_mode rope;        /* NORMAL for llama, NEOX for qwen2 */
-    bool           qkv_bias;    /* q/k/v biases present (qwen2) */
+    bool           qkv_bias;    /* q/k/v biases present (qwen2; optional in llama) */
     bool           tied_output; /* no output.weight: the head reuses token_embd.weight */
     size_t         weight_bytes; /* bytes of all tensors the graph reads */
+    bool           out_bias;    /* attn_output.bias present (added after the output projection) */
+    bool           ffn_bias;    /* ffn_gate/ffn_up/ffn_down biases present (any of the three) */
 } kiln_model_info;
 
-/* Reads and checks a file's model metadata and every tensor the graph needs (KILN_ERR_UNSUPPORTED
- * for another architecture or a feature the graph does not compute: mixture of experts, rotary
- * scaling, rope_freqs.weight, partial rotary dims; KILN_ERR_NAME for a missing key or tensor,
- * KILN_ERR_SHAPE for inconsistent sizes; the message names the key or tensor). */
+/* Reads and checks a file's model metadata and every tensor the graph needs. A file is either
+ * computed exactly as its architecture defines or refused, never run approximately:
+ * - KILN_ERR_UNSUPPORTED for another architecture; a tensor the graph would not use (named); a
+ *   metadata key under "<arch>." that kiln does not know, or one naming a feature it does not
+ *   build at a value that turns the feature on (mixture of experts, rotary scaling types other
+ *   than none, sliding windows, soft-capping, ...; named with its value); rope_freqs.weight;
+ *   partial rotary dims; a tensor type kiln has no dtype for (named with the type);
+ * - KILN_ERR_NAME for a missing key (including {arch}.attention.layer_norm_rms_epsilon, which
+ *   llama.cpp requires too) or tensor; KILN_ERR_SHAPE for inconsistent sizes. */
 KILN_API kiln_status kiln_model_info_get(const kiln_gguf *f, kiln_model_info *out);
 
 typedef struct kiln_model_options {

@@ -52,5 +52,7 @@ size_t kiln_gguf_scalar_size(kiln_gguf_type t);
 kiln_dtype kiln_gguf_dtype_of(uint32_t ggml_type);
 /* Block values and block bytes of a ggml type id; false for an id kiln does not know at all. */
 bool kiln_gguf_type_size(uint32_t ggml_type, int64_t *block, size_t *block_bytes);
+/* Index (file order) of tensor name, or -1; sets no error. */
+int64_t kiln_gguf_tensor_index(const kiln_gguf *f, const char *name);
 /* ggml's name of a type id ("q4_K", "f16"), "?" when unknown. */
 const char *kiln_gguf_type_label(uint32_t ggml_type);

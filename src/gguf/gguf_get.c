@@ -282,6 +282,13 @@ KILN_API kiln_status kiln_gguf_tensor_at(const kiln_gguf *f, int64_t i, kiln_ggu
     return KILN_OK;
 }
 
+int64_t kiln_gguf_tensor_index(const kiln_gguf *f, const char *name)
+{
+    gguf_tensor *t = NULL;
+    if (f && name) HASH_FIND_STR(f->t_by_name, name, t);
+    return t ? t - f->tensors : -1;
+}
+
 KILN_API kiln_status kiln_gguf_tensor_get(const kiln_gguf *f, const char *name, kiln_gguf_tensor *out)
 {
     if (!f || !name || !out) return KILN_ERR_INVALID_ARG;

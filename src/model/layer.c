@@ -30,16 +30,16 @@ static kiln_node attn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_l
     kiln_node vc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), v, io->pos);
     kiln_node a = kiln_attention(g, q, kc, vc, io->n_kv, 0.0f);
     kiln_dim ad[2] = {io->n_tok, qd};
-    a = kiln_matmul(g, kiln_reshape(g, a, 2, ad), w->wo);
+    a = add_bias(g, kiln_matmul(g, kiln_reshape(g, a, 2, ad), w->wo), w->bo);
     return kiln_add(g, x, a);
 }
 
 static kiln_node ffn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_weights *w, kiln_node x)
 {
     kiln_node h = kiln_rms_norm(g, x, w->ffn_norm, d->eps);
-    kiln_node gt = kiln_matmul(g, h, w->wg);
-    kiln_node up = kiln_matmul(g, h, w->wu);
-    return kiln_add(g, x, kiln_matmul(g, kiln_swiglu(g, gt, up), w->wd));
+    kiln_node gt = add_bias(g, kiln_matmul(g, h, w->wg), w->bg);
+    kiln_node up = add_bias(g, kiln_matmul(g, h, w->wu), w->bu);
+    return kiln_add(g, x, add_bias(g, kiln_matmul(g, kiln_swiglu(g, gt, up), w->wd), w->bd));
 }
 
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,

@@ -186,7 +186,7 @@ gw *gw_model_new(const gw_model *m)
     gw_kv_u32(w, ARCH_KEY("attention.head_count"), (uint32_t)m->n_head);
     gw_kv_u32(w, ARCH_KEY("attention.head_count_kv"), (uint32_t)m->n_kv_head);
     gw_kv_f32(w, ARCH_KEY("rope.freq_base"), strcmp(m->arch, "qwen2") == 0 ? 1e6f : 1e4f);
-    gw_kv_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    if (!m->no_eps) gw_kv_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
 #undef ARCH_KEY
     if (m->tokens) {
         char **tok = malloc((size_t)m->n_vocab * sizeof *tok);
@@ -200,7 +200,7 @@ gw *gw_model_new(const gw_model *m)
         for (int64_t i = 0; i < m->n_vocab; i++) free(tok[i]);
         free(tok);
     }
-    bool bias = strcmp(m->arch, "qwen2") == 0;
+    bool bias = strcmp(m->arch, "qwen2") == 0 || m->qkv_bias;
     int64_t hd = m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
     rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
     float sh = 1.0f / sqrtf((float)m->hidden), sq = 1.0f / sqrtf((float)qd), sf = 1.0f / sqrtf((float)m->ffn);
@@ -217,10 +217,16 @@ gw *gw_model_new(const gw_model *m)
             rand_tensor(w, T("attn_v.bias"), KILN_DTYPE_F32, 0, kvd, 0, 0.5f, &s);
         }
         rand_tensor(w, T("attn_output.weight"), m->wtype, m->hidden, qd, 0, sq, &s);
+        if (m->out_bias) rand_tensor(w, T("attn_output.bias"), KILN_DTYPE_F32, 0, m->hidden, 0, 0.5f, &s);
         rand_tensor(w, T("ffn_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
         rand_tensor(w, T("ffn_gate.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
         rand_tensor(w, T("ffn_up.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
         rand_tensor(w, T("ffn_down.weight"), m->wtype, m->hidden, m->ffn, 0, sf, &s);
+        if (m->ffn_bias) {
+            rand_tensor(w, T("ffn_gate.bias"), KILN_DTYPE_F32, 0, m->ffn, 0, 0.5f, &s);
+            rand_tensor(w, T("ffn_up.bias"), KILN_DTYPE_F32, 0, m->ffn, 0, 0.5f, &s);
+            rand_tensor(w, T("ffn_down.bias"), KILN_DTYPE_F32, 0, m->hidden, 0, 0.5f, &s);
+        }
 #undef T
     }
     rand_tensor(w, "output_norm.weight", KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);

@@ -46,6 +46,10 @@ typedef struct gw_model {
     uint64_t    seed;      /* weights */
     int         meta_n_layer; /* block_count written (0: n_layer), for inconsistent-file tests */
     int64_t     meta_ffn;     /* feed_forward_length written (0: ffn) */
+    bool        qkv_bias;     /* write attn_q/k/v.bias (always for qwen2) */
+    bool        out_bias;     /* write attn_output.bias */
+    bool        ffn_bias;     /* write ffn_gate/ffn_up/ffn_down.bias */
+    bool        no_eps;       /* leave out attention.layer_norm_rms_epsilon */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */

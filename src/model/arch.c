@@ -1,0 +1,100 @@
+/* The architecture table (see arch.h): one row per architecture kiln builds, the layer tensor
+ * names and shapes, and the metadata keys each architecture's loader knows. Adding an
+ * architecture is a row here plus what its layer needs in layer.c; must not hold logic beyond lookups. */
+#include "model/arch.h"
+
+#include <string.h>
+
+#define B KILN_ROLE_BIT
+
+static const kiln_role_info roles[KILN_ROLE_COUNT] = {
+    [KILN_ROLE_ATTN_NORM] = {"attn_norm.weight", {KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WQ] = {"attn_q.weight", {KILN_SIZE_QD, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WK] = {"attn_k.weight", {KILN_SIZE_KVD, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WV] = {"attn_v.weight", {KILN_SIZE_KVD, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_BQ] = {"attn_q.bias", {KILN_SIZE_QD}},
+    [KILN_ROLE_BK] = {"attn_k.bias", {KILN_SIZE_KVD}},
+    [KILN_ROLE_BV] = {"attn_v.bias", {KILN_SIZE_KVD}},
+    [KILN_ROLE_Q_NORM] = {"attn_q_norm.weight", {KILN_SIZE_HEAD}},
+    [KILN_ROLE_K_NORM] = {"attn_k_norm.weight", {KILN_SIZE_HEAD}},
+    [KILN_ROLE_WO] = {"attn_output.weight", {KILN_SIZE_HIDDEN, KILN_SIZE_QD}},
+    [KILN_ROLE_BO] = {"attn_output.bias", {KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_FFN_NORM] = {"ffn_norm.weight", {KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WG] = {"ffn_gate.weight", {KILN_SIZE_FFN, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WU] = {"ffn_up.weight", {KILN_SIZE_FFN, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WD] = {"ffn_down.weight", {KILN_SIZE_HIDDEN, KILN_SIZE_FFN}},
+    [KILN_ROLE_BG] = {"ffn_gate.bias", {KILN_SIZE_FFN}},
+    [KILN_ROLE_BU] = {"ffn_up.bias", {KILN_SIZE_FFN}},
+    [KILN_ROLE_BD] = {"ffn_down.bias", {KILN_SIZE_HIDDEN}},
+};
+
+/* The keys of the llama family (llama.cpp's LLM_KV names). READ keys are honoured in model.c;
+ * NEUTRAL ones name features kiln does not build, accepted only at the value that turns them off.
+ * A key under "<arch>." that is not listed makes the loader refuse the file. */
+static const kiln_arch_key llama_keys[] = {
+    {"block_count", KILN_KEY_READ, 0},
+    {"context_length", KILN_KEY_READ, 0},
+    {"embedding_length", KILN_KEY_READ, 0},
+    {"feed_forward_length", KILN_KEY_READ, 0},
+    {"vocab_size", KILN_KEY_READ, 0},
+    {"attention.head_count", KILN_KEY_READ, 0},
+    {"attention.head_count_kv", KILN_KEY_READ, 0},
+    {"attention.key_length", KILN_KEY_READ, 0},
+    {"attention.value_length", KILN_KEY_READ, 0},
+    {"attention.layer_norm_rms_epsilon", KILN_KEY_READ, 0},
+    {"rope.dimension_count", KILN_KEY_READ, 0},
+    {"rope.freq_base", KILN_KEY_READ, 0},
+    {"rope.scaling.type", KILN_KEY_READ, 0},
+    {"rope.scaling.factor", KILN_KEY_READ, 0},
+    {"rope.scale_linear", KILN_KEY_READ, 0},
+    {"rope.scaling.original_context_length", KILN_KEY_INFO, 0}, /* used by yarn only (refused) */
+    {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
+    {"tensor_data_layout", KILN_KEY_INFO, 0},
+    {"expert_count", KILN_KEY_NEUTRAL, 0},
+    {"expert_used_count", KILN_KEY_NEUTRAL, 0},
+    {"expert_shared_count", KILN_KEY_NEUTRAL, 0},
+    {"rope.scaling.attn_factor", KILN_KEY_NEUTRAL, 1},
+    {"attention.causal", KILN_KEY_NEUTRAL, 1},
+    {"attention.clamp_kqv", KILN_KEY_NEUTRAL, 0},
+    {"attention.max_alibi_bias", KILN_KEY_NEUTRAL, 0},
+    {"attention.sliding_window", KILN_KEY_NEUTRAL, 0},
+    {"attn_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {"final_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {"use_parallel_residual", KILN_KEY_NEUTRAL, 0},
+    {"logit_scale", KILN_KEY_NEUTRAL, 1},
+    {"embedding_scale", KILN_KEY_NEUTRAL, 1},
+    {"residual_scale", KILN_KEY_NEUTRAL, 1},
+    {NULL, KILN_KEY_READ, 0},
+};
+
+#define NORMS (B(KILN_ROLE_ATTN_NORM) | B(KILN_ROLE_FFN_NORM))
+#define MATS (B(KILN_ROLE_WQ) | B(KILN_ROLE_WK) | B(KILN_ROLE_WV) | B(KILN_ROLE_WO) | B(KILN_ROLE_WG) | \
+              B(KILN_ROLE_WU) | B(KILN_ROLE_WD))
+#define QKV_BIAS (B(KILN_ROLE_BQ) | B(KILN_ROLE_BK) | B(KILN_ROLE_BV))
+#define OUT_FFN_BIAS (B(KILN_ROLE_BO) | B(KILN_ROLE_BG) | B(KILN_ROLE_BU) | B(KILN_ROLE_BD))
+
+/* Which tensors are required follows llama.cpp's loader for each architecture: a file it would
+ * refuse for a missing tensor, kiln refuses too; an optional one is used when present. */
+static const kiln_arch archs[] = {
+    {.name = "llama", .rope = KILN_ROPE_NORMAL, .required = NORMS | MATS, .optional = QKV_BIAS | OUT_FFN_BIAS,
+     .keys = llama_keys},
+    {.name = "qwen2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys},
+};
+
+const kiln_arch *kiln_arch_find(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof archs / sizeof archs[0]; i++)
+        if (strcmp(archs[i].name, name) == 0) return &archs[i];
+    return NULL;
+}
+
+const char *kiln_arch_names(void) { return "llama, qwen2"; }
+
+const kiln_role_info *kiln_arch_roles(void) { return roles; }
+
+const kiln_arch_key *kiln_arch_key_find(const kiln_arch *a, const char *suffix)
+{
+    for (const kiln_arch_key *k = a->keys; k->suffix; k++)
+        if (strcmp(k->suffix, suffix) == 0) return k;
+    return NULL;
+}

@@ -1,0 +1,283 @@
+/* The GGUF model loader's checks: every metadata key under "<arch>." is honoured or refused, every
+ * tensor the architecture needs is there with its shape and a kiln dtype, and every tensor of the
+ * file is used by the graph (a file kiln would run approximately is refused, naming the key or
+ * tensor). Reads the parsed file only; must not build graphs or touch weight bytes. */
+#include "model/model.h"
+#include "sched/ctx.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Reads {arch}.<key> as an integer in [1, 2^31] into *out; required unless *out holds a default. */
+static kiln_status arch_int(const kiln_gguf *f, const char *arch, const char *key, bool required, int64_t *out)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int64_t v;
+    kiln_status s = kiln_gguf_get_i64(f, full, &v);
+    if (s == KILN_ERR_NAME && !required) return KILN_OK;
+    if (s != KILN_OK) return s;
+    if (v < 1 || v > (1ll << 31))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s' = %lld is out of range", f->path, full, (long long)v);
+    *out = v;
+    return KILN_OK;
+}
+
+/* Reads {arch}.<key> as a positive finite float; required unless *out holds a default. */
+static kiln_status arch_float(const kiln_gguf *f, const char *arch, const char *key, bool required, float *out)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    kiln_status s = kiln_gguf_get_f32(f, full, out);
+    if (s == KILN_ERR_NAME && required)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_NAME, "%s: no metadata key '%s' (llama.cpp refuses such a file too)",
+                             f->path, full);
+    if (s == KILN_ERR_NAME) return KILN_OK; /* keep the default */
+    if (s == KILN_OK && !(isfinite(*out) && *out > 0))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s' = %g must be positive", f->path, full, *out);
+    return s;
+}
+
+/* The value of a numeric or bool scalar key as a double; false for strings and arrays. */
+static bool key_number(const kiln_gguf *f, const char *key, double *v)
+{
+    int64_t i;
+    uint64_t u;
+    bool b;
+    if (kiln_gguf_get_f64(f, key, v) == KILN_OK) return true;
+    if (kiln_gguf_get_i64(f, key, &i) == KILN_OK) return *v = (double)i, true;
+    if (kiln_gguf_get_u64(f, key, &u) == KILN_OK) return *v = (double)u, true;
+    if (kiln_gguf_get_bool(f, key, &b) == KILN_OK) return *v = b, true;
+    return false;
+}
+
+/* One metadata key: "<arch>." keys must be in the architecture's table (NEUTRAL ones at their
+ * neutral value); general/tokenizer/quantize keys do not change the arithmetic; anything else is
+ * refused, since kiln cannot tell what it would change. */
+static kiln_status check_key(const kiln_gguf *f, const kiln_arch *a, const char *key)
+{
+    size_t al = strlen(a->name);
+    if (strncmp(key, "general.", 8) == 0 || strncmp(key, "tokenizer.", 10) == 0 || strncmp(key, "quantize.", 9) == 0)
+        return KILN_OK;
+    if (strncmp(key, "split.", 6) == 0) {
+        double n = 1;
+        if (strcmp(key, "split.count") != 0 || !key_number(f, key, &n) || n <= 1) return KILN_OK;
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata 'split.count' = %g: split GGUF files are not "
+                             "supported (merge them with llama-gguf-split --merge)", f->path, n);
+    }
+    const kiln_arch_key *k = strncmp(key, a->name, al) == 0 && key[al] == '.' ? kiln_arch_key_find(a, key + al + 1) : NULL;
+    if (!k)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata key '%s' is not one kiln's %s loader knows; "
+                             "it may change what the model computes, so the file is refused", f->path, key, a->name);
+    double v;
+    if (k->use != KILN_KEY_NEUTRAL) return KILN_OK;
+    if (!key_number(f, key, &v))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: metadata '%s' is not a number", f->path, key);
+    if (v != k->neutral)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g turns on a feature kiln does not "
+                             "build (only %g is accepted)", f->path, key, v, k->neutral);
+    return KILN_OK;
+}
+
+/* Rotary scaling: type absent (llama.cpp reads that as linear), "none" or "linear"; the linear
+ * factor (rope.scaling.factor, else rope.scale_linear) must be 1 (0: unset). */
+static kiln_status read_rope_scaling(const kiln_gguf *f, const char *arch)
+{
+    char key[128];
+    const char *type = "linear";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (kiln_gguf_kv_find(f, key) >= 0 && kiln_gguf_get_str(f, key, &type, NULL) != KILN_OK) return KILN_ERR_DTYPE;
+    if (strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = '%.32s': rotary scaling of that type "
+                             "is not supported (kiln builds none and linear)", f->path, key, type);
+    if (strcmp(type, "none") == 0) return KILN_OK; /* llama.cpp ignores the factor then */
+    const char *names[2] = {"rope.scaling.factor", "rope.scale_linear"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, names[i]);
+        float factor = 0;
+        if (kiln_gguf_kv_find(f, key) < 0) continue;
+        kiln_status s = kiln_gguf_get_f32(f, key, &factor);
+        if (s != KILN_OK) return s;
+        if (factor != 0 && factor != 1)
+            return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g: linear rotary scaling is not "
+                                 "supported", f->path, key, factor);
+        return KILN_OK; /* the first key found wins, as in llama.cpp */
+    }
+    return KILN_OK;
+}
+
+/* Sizes from the metadata into m (see kiln_model_info). */
+static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_info *m)
+{
+    const char *arch = a->name;
+    int64_t n_layer = 0, n_ctx = 0, rot = 0, key_len = 0, val_len = 0;
+    kiln_status s;
+    if ((s = arch_int(f, arch, "block_count", true, &n_layer)) != KILN_OK ||
+        (s = arch_int(f, arch, "embedding_length", true, &m->hidden)) != KILN_OK ||
+        (s = arch_int(f, arch, "feed_forward_length", true, &m->ffn)) != KILN_OK ||
+        (s = arch_int(f, arch, "attention.head_count", true, &m->n_head)) != KILN_OK ||
+        (s = arch_int(f, arch, "context_length", true, &n_ctx)) != KILN_OK ||
+        (s = arch_float(f, arch, "attention.layer_norm_rms_epsilon", true, &m->eps)) != KILN_OK)
+        return s;
+    m->n_layer = (int)n_layer;
+    m->n_ctx_train = n_ctx;
+    m->n_kv_head = m->n_head;
+    m->theta = 10000.0f;
+    if ((s = arch_int(f, arch, "attention.head_count_kv", false, &m->n_kv_head)) != KILN_OK ||
+        (s = arch_int(f, arch, "rope.dimension_count", false, &rot)) != KILN_OK ||
+        (s = arch_int(f, arch, "attention.key_length", false, &key_len)) != KILN_OK ||
+        (s = arch_int(f, arch, "attention.value_length", false, &val_len)) != KILN_OK ||
+        (s = arch_float(f, arch, "rope.freq_base", false, &m->theta)) != KILN_OK ||
+        (s = read_rope_scaling(f, arch)) != KILN_OK)
+        return s;
+    m->head_dim = key_len ? key_len : m->hidden / m->n_head;
+    if ((!key_len && m->hidden % m->n_head) || m->n_head % m->n_kv_head || m->head_dim % 2)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE,
+                             "%s: embedding_length %lld, head_count %lld, head_count_kv %lld, key_length %lld do not "
+                             "give an even head size shared by the KV heads", f->path, (long long)m->hidden,
+                             (long long)m->n_head, (long long)m->n_kv_head, (long long)key_len);
+    if ((rot && rot != m->head_dim) || (val_len && val_len != m->head_dim))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED,
+                             "%s: rotary dims %lld / value length %lld differ from the head size %lld (not supported)",
+                             f->path, (long long)rot, (long long)val_len, (long long)m->head_dim);
+    m->rope = a->rope;
+    return KILN_OK;
+}
+
+/* Tensor bookkeeping while checking: which of the file's tensors the graph reads. */
+typedef struct tensor_use {
+    const kiln_gguf *f;     /* file */
+    bool            *used;  /* [tensor count] */
+    size_t           bytes; /* of the used tensors */
+} tensor_use;
+
+/* Checks tensor name has dims (rank 1: d0; rank 2: d0 x d1) and a kiln dtype; marks it used. */
+static kiln_status want_tensor(tensor_use *u, const char *name, int rank, int64_t d0, int64_t d1)
+{
+    const kiln_gguf *f = u->f;
+    kiln_gguf_tensor t;
+    kiln_status s = kiln_gguf_tensor_get(f, name, &t);
+    if (s != KILN_OK) return s;
+    if (t.rank != rank || t.dims[0] != d0 || (rank == 2 && t.dims[1] != d1))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: tensor '%s' has dims [%lld%s%lld], expected [%lld%s%lld]",
+                             f->path, name, (long long)t.dims[0], t.rank > 1 ? ", " : "",
+                             t.rank > 1 ? (long long)t.dims[1] : 0ll, (long long)d0, rank > 1 ? ", " : "",
+                             rank > 1 ? (long long)d1 : 0ll);
+    int64_t i = kiln_gguf_tensor_index(f, name);
+    if (!u->used[i]) u->bytes += t.bytes;
+    u->used[i] = true;
+    return KILN_OK;
+}
+
+static int64_t size_of(const kiln_model_info *m, kiln_size z)
+{
+    switch (z) {
+    case KILN_SIZE_HIDDEN: return m->hidden;
+    case KILN_SIZE_QD: return m->n_head * m->head_dim;
+    case KILN_SIZE_KVD: return m->n_kv_head * m->head_dim;
+    case KILN_SIZE_FFN: return m->ffn;
+    case KILN_SIZE_HEAD: return m->head_dim;
+    default: return 0;
+    }
+}
+
+static bool has_tensor(const kiln_gguf *f, const char *name) { return kiln_gguf_tensor_index(f, name) >= 0; }
+
+/* Every layer's tensors: the required roles, and the optional ones blk.0 carries (then every layer
+ * must carry them). */
+static kiln_status check_layers(tensor_use *u, kiln_model_desc *d)
+{
+    const kiln_role_info *roles = kiln_arch_roles();
+    const kiln_model_info *m = &d->info;
+    char name[96];
+    d->roles = d->arch->required;
+    for (int r = 0; r < KILN_ROLE_COUNT; r++) {
+        snprintf(name, sizeof name, "blk.0.%s", roles[r].suffix);
+        if ((d->arch->optional & KILN_ROLE_BIT(r)) && has_tensor(u->f, name)) d->roles |= KILN_ROLE_BIT(r);
+    }
+    for (int l = 0; l < m->n_layer; l++)
+        for (int r = 0; r < KILN_ROLE_COUNT; r++) {
+            if (!(d->roles & KILN_ROLE_BIT(r))) continue;
+            snprintf(name, sizeof name, "blk.%d.%s", l, roles[r].suffix);
+            int64_t d0 = size_of(m, roles[r].dims[0]), d1 = size_of(m, roles[r].dims[1]);
+            kiln_status s = want_tensor(u, name, d1 ? 2 : 1, d0, d1);
+            if (s != KILN_OK) return s;
+        }
+    return KILN_OK;
+}
+
+/* The first tensor of the file the graph would not read is an error naming it. */
+static kiln_status check_all_used(const tensor_use *u, const kiln_arch *a)
+{
+    for (int64_t i = 0; i < kiln_gguf_tensor_count(u->f); i++) {
+        kiln_gguf_tensor t;
+        if (u->used[i] || kiln_gguf_tensor_at(u->f, i, &t) != KILN_OK) continue;
+        return kiln_ctx_fail(u->f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' is not used by kiln's %s graph; running "
+                             "without it would compute something else, so the file is refused", u->f->path, t.name,
+                             a->name);
+    }
+    return KILN_OK;
+}
+
+static kiln_status check_tensors(tensor_use *u, kiln_model_desc *d)
+{
+    const kiln_gguf *f = u->f;
+    kiln_model_info *m = &d->info;
+    kiln_gguf_tensor t;
+    kiln_status s;
+    if (has_tensor(f, "rope_freqs.weight"))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor 'rope_freqs.weight' (rotary frequency factors, "
+                             "llama 3.1 style) is not supported", f->path);
+    if ((s = kiln_gguf_tensor_get(f, "token_embd.weight", &t)) != KILN_OK) return s;
+    m->n_vocab = t.dims[0];
+    int64_t vocab = 0;
+    if ((s = arch_int(f, d->arch->name, "vocab_size", false, &vocab)) != KILN_OK) return s;
+    if (vocab && vocab != m->n_vocab)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s.vocab_size' = %lld but token_embd.weight has "
+                             "%lld rows", f->path, d->arch->name, (long long)vocab, (long long)m->n_vocab);
+    if ((s = want_tensor(u, "token_embd.weight", 2, m->n_vocab, m->hidden)) != KILN_OK ||
+        (s = want_tensor(u, "output_norm.weight", 1, m->hidden, 0)) != KILN_OK)
+        return s;
+    m->tied_output = !has_tensor(f, "output.weight");
+    if (!m->tied_output && (s = want_tensor(u, "output.weight", 2, m->n_vocab, m->hidden)) != KILN_OK) return s;
+    if ((s = check_layers(u, d)) != KILN_OK) return s;
+    m->qkv_bias = d->roles & KILN_ROLE_BIT(KILN_ROLE_BQ);
+    m->out_bias = d->roles & KILN_ROLE_BIT(KILN_ROLE_BO);
+    m->ffn_bias = d->roles & (KILN_ROLE_BIT(KILN_ROLE_BG) | KILN_ROLE_BIT(KILN_ROLE_BU) | KILN_ROLE_BIT(KILN_ROLE_BD));
+    m->weight_bytes = u->bytes;
+    return check_all_used(u, d->arch);
+}
+
+kiln_status kiln_model_desc_read(const kiln_gguf *f, kiln_model_desc *out)
+{
+    kiln_model_desc d = {0};
+    const char *arch;
+    kiln_status s = kiln_gguf_get_str(f, "general.architecture", &arch, NULL);
+    if (s != KILN_OK) return s;
+    if (!(d.arch = kiln_arch_find(arch)))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: architecture '%.64s' (kiln builds %s)", f->path, arch,
+                             kiln_arch_names());
+    snprintf(d.info.arch, sizeof d.info.arch, "%s", arch);
+    for (int64_t i = 0; i < kiln_gguf_kv_count(f); i++)
+        if ((s = check_key(f, d.arch, kiln_gguf_kv_key(f, i))) != KILN_OK) return s;
+    if ((s = read_dims(f, d.arch, &d.info)) != KILN_OK) return s;
+    tensor_use u = {.f = f, .used = calloc((size_t)kiln_gguf_tensor_count(f) + 1, sizeof(bool))};
+    if (!u.used) return kiln_ctx_fail(f->ctx, KILN_ERR_NOMEM, "%s: out of memory", f->path);
+    s = check_tensors(&u, &d);
+    free(u.used);
+    if (s != KILN_OK) return s;
+    kiln_ctx_set_error(f->ctx, "%s", "");
+    *out = d;
+    return KILN_OK;
+}
+
+KILN_API kiln_status kiln_model_info_get(const kiln_gguf *f, kiln_model_info *out)
+{
+    if (!f || !out) return KILN_ERR_INVALID_ARG;
+    kiln_model_desc d;
+    kiln_status s = kiln_model_desc_read(f, &d);
+    if (s == KILN_OK) *out = d.info;
+    return s;
+}

@@ -1,0 +1,245 @@
+/* f64 reference forward of llama-family GGUF models (see model_ref.h): embedding, per layer
+ * rms_norm -> q/k/v (+bias) -> [per-head q/k norm] -> rope -> causal GQA attention -> output
+ * (+bias) -> residual, rms_norm -> gate/up (+bias) -> silu(gate)*up -> down (+bias) -> residual;
+ * final norm and head. Must not call kiln's model builder or graph API. */
+#include "support/model_ref.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct mref {
+    const kiln_gguf *f;
+    char            *err;
+    size_t           nerr;
+    const char      *arch;
+    int64_t          hidden, n_head, n_kv, hd, ffn, vocab, n_layer, window;
+    double           eps, theta, freq_scale;
+    bool             neox;
+    double          *freq_factors; /* [hd/2] or NULL */
+} mref;
+
+static void fail(mref *m, const char *fmt, ...)
+{
+    if (!m->err || !m->nerr || m->err[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->err, m->nerr, fmt, ap);
+    va_end(ap);
+}
+
+static int64_t key_int(mref *m, const char *suffix, int64_t dflt)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch, suffix);
+    int64_t v;
+    return kiln_gguf_get_i64(m->f, key, &v) == KILN_OK ? v : dflt;
+}
+
+static double key_f(mref *m, const char *suffix, double dflt)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch, suffix);
+    double v;
+    return kiln_gguf_get_f64(m->f, key, &v) == KILN_OK ? v : dflt;
+}
+
+/* Tensor name dequantized to f64 (NULL when absent; *numel its element count). */
+static double *tensor(mref *m, const char *name, int64_t *numel)
+{
+    kiln_gguf_tensor t;
+    if (kiln_gguf_tensor_get(m->f, name, &t) != KILN_OK) return NULL;
+    int64_t n = 1;
+    for (int d = 0; d < t.rank; d++) n *= t.dims[d];
+    float *v = malloc((size_t)n * sizeof *v);
+    double *out = malloc((size_t)n * sizeof *out);
+    if (!v || !out || kiln_dequantize(t.t, t.data, v, n) != KILN_OK) {
+        fail(m, "cannot dequantize %s", name);
+        free(v), free(out);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = v[i];
+    free(v);
+    if (numel) *numel = n;
+    return out;
+}
+
+static double *layer_tensor(mref *m, int l, const char *suffix)
+{
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);
+    return tensor(m, name, NULL);
+}
+
+/* y[t, o] = sum_i x[t, i] w[o, i] (+ b[o]). */
+static void matmul(const double *x, const double *w, const double *b, double *y, int64_t n, int64_t in, int64_t out)
+{
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t o = 0; o < out; o++) {
+            double s = 0;
+            for (int64_t i = 0; i < in; i++) s += x[t * in + i] * w[o * in + i];
+            y[t * out + o] = s + (b ? b[o] : 0);
+        }
+}
+
+/* rows of width d normalized by their rms, times w. */
+static void rms_norm(const double *x, const double *w, double *y, int64_t rows, int64_t d, double eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < d; i++) ss += x[r * d + i] * x[r * d + i];
+        double inv = 1.0 / sqrt(ss / (double)d + eps);
+        for (int64_t i = 0; i < d; i++) y[r * d + i] = x[r * d + i] * inv * w[i];
+    }
+}
+
+/* Rotary embedding of one head vector at position p: pair i rotated by
+ * p * freq_scale * theta^(-2i/hd) / freq_factor[i]. */
+static void rope(const mref *m, double *v, int64_t p)
+{
+    int64_t half = m->hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        double ang = (double)p * m->freq_scale * pow(m->theta, -2.0 * (double)i / (double)m->hd);
+        if (m->freq_factors) ang /= m->freq_factors[i];
+        int64_t a = m->neox ? i : 2 * i, b = m->neox ? i + half : 2 * i + 1;
+        double x0 = v[a], x1 = v[b], c = cos(ang), s = sin(ang);
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+    }
+}
+
+/* Causal GQA attention over all n tokens (sliding window when m->window). */
+static void attention(const mref *m, const double *q, const double *k, const double *v, double *o, int64_t n)
+{
+    int64_t qd = m->n_head * m->hd, kvd = m->n_kv * m->hd, grp = m->n_head / m->n_kv;
+    double *s = malloc((size_t)n * sizeof *s), scale = 1.0 / sqrt((double)m->hd);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t h = 0; h < m->n_head; h++) {
+            const double *qv = q + t * qd + h * m->hd;
+            int64_t kh = h / grp, lo = m->window ? t - m->window + 1 : 0;
+            if (lo < 0) lo = 0;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = lo; j <= t; j++) {
+                double d = 0;
+                for (int64_t i = 0; i < m->hd; i++) d += qv[i] * k[j * kvd + kh * m->hd + i];
+                s[j] = d * scale;
+                mx = s[j] > mx ? s[j] : mx;
+            }
+            for (int64_t j = lo; j <= t; j++) sum += s[j] = exp(s[j] - mx);
+            for (int64_t i = 0; i < m->hd; i++) {
+                double acc = 0;
+                for (int64_t j = lo; j <= t; j++) acc += s[j] * v[j * kvd + kh * m->hd + i];
+                o[t * qd + h * m->hd + i] = acc / sum;
+            }
+        }
+    free(s);
+}
+
+/* The attention half of layer l on x [n, hidden], in place. */
+static void attn_half(mref *m, int l, double *x, int64_t n)
+{
+    int64_t H = m->hidden, qd = m->n_head * m->hd, kvd = m->n_kv * m->hd;
+    double *h = malloc((size_t)(n * H) * sizeof *h), *q = malloc((size_t)(n * qd) * sizeof *q);
+    double *k = malloc((size_t)(n * kvd) * sizeof *k), *v = malloc((size_t)(n * kvd) * sizeof *v);
+    double *a = malloc((size_t)(n * qd) * sizeof *a), *o = malloc((size_t)(n * H) * sizeof *o);
+    double *w[12] = {layer_tensor(m, l, "attn_norm.weight"), layer_tensor(m, l, "attn_q.weight"),
+                     layer_tensor(m, l, "attn_k.weight"),    layer_tensor(m, l, "attn_v.weight"),
+                     layer_tensor(m, l, "attn_q.bias"),      layer_tensor(m, l, "attn_k.bias"),
+                     layer_tensor(m, l, "attn_v.bias"),      layer_tensor(m, l, "attn_output.weight"),
+                     layer_tensor(m, l, "attn_output.bias"), layer_tensor(m, l, "attn_q_norm.weight"),
+                     layer_tensor(m, l, "attn_k_norm.weight"), NULL};
+    rms_norm(x, w[0], h, n, H, m->eps);
+    matmul(h, w[1], w[4], q, n, H, qd);
+    matmul(h, w[2], w[5], k, n, H, kvd);
+    matmul(h, w[3], w[6], v, n, H, kvd);
+    if (w[9]) rms_norm(q, w[9], q, n * m->n_head, m->hd, m->eps);
+    if (w[10]) rms_norm(k, w[10], k, n * m->n_kv, m->hd, m->eps);
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t hh = 0; hh < m->n_head; hh++) rope(m, q + t * qd + hh * m->hd, t);
+        for (int64_t hh = 0; hh < m->n_kv; hh++) rope(m, k + t * kvd + hh * m->hd, t);
+    }
+    attention(m, q, k, v, a, n);
+    matmul(a, w[7], w[8], o, n, qd, H);
+    for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
+    for (int i = 0; i < 12; i++) free(w[i]);
+    free(h), free(q), free(k), free(v), free(a), free(o);
+}
+
+/* The feed-forward half of layer l on x [n, hidden], in place. */
+static void ffn_half(mref *m, int l, double *x, int64_t n)
+{
+    int64_t H = m->hidden, F = m->ffn;
+    double *h = malloc((size_t)(n * H) * sizeof *h), *g = malloc((size_t)(n * F) * sizeof *g);
+    double *u = malloc((size_t)(n * F) * sizeof *u), *o = malloc((size_t)(n * H) * sizeof *o);
+    double *w[8] = {layer_tensor(m, l, "ffn_norm.weight"), layer_tensor(m, l, "ffn_gate.weight"),
+                    layer_tensor(m, l, "ffn_up.weight"),   layer_tensor(m, l, "ffn_down.weight"),
+                    layer_tensor(m, l, "ffn_gate.bias"),   layer_tensor(m, l, "ffn_up.bias"),
+                    layer_tensor(m, l, "ffn_down.bias"),   NULL};
+    rms_norm(x, w[0], h, n, H, m->eps);
+    matmul(h, w[1], w[4], g, n, H, F);
+    matmul(h, w[2], w[5], u, n, H, F);
+    for (int64_t i = 0; i < n * F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+    matmul(g, w[3], w[6], o, n, F, H);
+    for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
+    for (int i = 0; i < 8; i++) free(w[i]);
+    free(h), free(g), free(u), free(o);
+}
+
+/* Reads the sizes and rotary settings the forward needs. */
+static bool read_meta(mref *m)
+{
+    if (kiln_gguf_get_str(m->f, "general.architecture", &m->arch, NULL) != KILN_OK) return fail(m, "no arch"), false;
+    m->neox = strcmp(m->arch, "llama") != 0; /* qwen2, qwen3: NEOX pairing in llama.cpp */
+    m->hidden = key_int(m, "embedding_length", 0);
+    m->n_head = key_int(m, "attention.head_count", 0);
+    m->n_kv = key_int(m, "attention.head_count_kv", m->n_head);
+    m->hd = key_int(m, "attention.key_length", m->n_head ? m->hidden / m->n_head : 0);
+    m->ffn = key_int(m, "feed_forward_length", 0);
+    m->n_layer = key_int(m, "block_count", 0);
+    m->window = key_int(m, "attention.sliding_window", 0);
+    m->eps = key_f(m, "attention.layer_norm_rms_epsilon", 1e-5);
+    m->theta = key_f(m, "rope.freq_base", 10000.0);
+    double factor = key_f(m, "rope.scaling.factor", key_f(m, "rope.scale_linear", 0.0));
+    const char *type = "linear";
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch);
+    kiln_gguf_get_str(m->f, key, &type, NULL);
+    m->freq_scale = strcmp(type, "none") != 0 && factor != 0 ? 1.0 / factor : 1.0;
+    int64_t nf = 0;
+    m->freq_factors = tensor(m, "rope_freqs.weight", &nf);
+    if (m->freq_factors && nf != m->hd / 2) return fail(m, "rope_freqs has %lld values", (long long)nf), false;
+    if (!m->hidden || !m->n_head || !m->hd || !m->ffn || !m->n_layer) return fail(m, "missing sizes"), false;
+    return true;
+}
+
+double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *n_vocab, char *err, size_t nerr)
+{
+    mref m = {.f = f, .err = err, .nerr = nerr};
+    if (err && nerr) err[0] = 0;
+    if (!read_meta(&m)) return NULL;
+    int64_t ne = 0;
+    double *embd = tensor(&m, "token_embd.weight", &ne), *x = NULL, *logits = NULL;
+    if (!embd) return fail(&m, "no token_embd.weight"), free(m.freq_factors), NULL;
+    m.vocab = ne / m.hidden;
+    x = malloc((size_t)(n * m.hidden) * sizeof *x);
+    for (int64_t t = 0; t < n; t++) memcpy(x + t * m.hidden, embd + ids[t] * m.hidden, (size_t)m.hidden * sizeof *x);
+    for (int l = 0; l < m.n_layer; l++) {
+        attn_half(&m, l, x, n);
+        ffn_half(&m, l, x, n);
+    }
+    double *norm = tensor(&m, "output_norm.weight", NULL), *head = tensor(&m, "output.weight", NULL);
+    logits = malloc((size_t)(n * m.vocab) * sizeof *logits);
+    if (norm && logits) {
+        rms_norm(x, norm, x, n, m.hidden, m.eps);
+        matmul(x, head ? head : embd, NULL, logits, n, m.hidden, m.vocab);
+    } else {
+        fail(&m, "no output_norm.weight");
+        free(logits);
+        logits = NULL;
+    }
+    if (n_vocab) *n_vocab = m.vocab;
+    free(norm), free(head), free(embd), free(x), free(m.freq_factors);
+    return logits;
+}

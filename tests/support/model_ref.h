@@ -1,0 +1,16 @@
+/* An f64 forward pass of a llama-family GGUF model, written from the architectures' definitions
+ * (llama.cpp's graphs), independent of kiln's model builder: it reads the file's metadata and
+ * tensors itself, so a tensor or key kiln's graph ignores changes this reference's answer. Test
+ * support only: slow (dequantizes every weight to f64), returns NULL with a message on trouble. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/kiln.h"
+
+/* Logits [n, n_vocab] (malloc'ed) of tokens ids[0..n) at positions 0..n-1, causal. Weights are
+ * dequantized with kiln_dequantize (bit-exact with ggml's dequantizers, tested on their own), every
+ * other step in f64. Honours: q/k/v/output/ffn biases, per-head q/k rms norms, rope_freqs.weight
+ * and linear rotary scaling, a sliding window, tied output; rope mode by architecture. */
+double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *n_vocab, char *err, size_t nerr);

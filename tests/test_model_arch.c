@@ -1,0 +1,153 @@
+/* Model files against an f64 forward written from the architecture's definition
+ * (tests/support/model_ref.c, which reads the file itself and never calls kiln's model builder):
+ * random-weight GGUF files with biases on every projection, on ref and cpu, prefill then decode
+ * steps. A tensor or key the graph ignored would change the reference's answer, not kiln's, and
+ * fail here. Also checks that biases fuse (no extra kernels). Never asserts on speed. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/kiln.h"
+#include "support/gguf_writer.h"
+#include "support/model_ref.h"
+#include "support/testutil.h"
+
+static kiln_ctx *ctx;
+static void setup(void) { cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.n_threads = 2, .quiet = true}, &ctx), KILN_OK); }
+static void teardown(void) { kiln_ctx_free(ctx); }
+TestSuite(model_arch, .init = setup, .fini = teardown);
+
+#define N_PREFILL 12 /* more than 8 rows: the prefill GEMM path */
+#define N_DECODE 3
+#define N_ALL (N_PREFILL + N_DECODE)
+
+static bool backend_present(const char *name)
+{
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        if (kiln_backend_get(ctx, i, &b) == KILN_OK && strcmp(b.name, name) == 0) return b.available;
+    }
+    return false;
+}
+
+static kiln_gguf *open_model(const gw_model *m, uint8_t **bytes)
+{
+    gw *w = gw_model_new(m);
+    size_t n;
+    *bytes = gw_bytes(w, &n);
+    gw_free(w);
+    kiln_gguf *f;
+    cr_assert_eq(kiln_gguf_open_memory(ctx, *bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+    return f;
+}
+
+/* Runs a prefill of N_PREFILL tokens and N_DECODE decode steps of m on backend be (logits of
+ * every token into got [N_ALL, V]); the ids fed are fixed so the f64 forward sees the same ones. */
+static void run_kiln(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V, double *got, int *kernels)
+{
+    kiln_graph *g;
+    kiln_model_options o = {.max_ctx = 32, .max_tok = 16, .logits = true};
+    cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan *p;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = be}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    if (kernels) *kernels = kiln_plan_kernel_count(p);
+    float *logits = malloc((size_t)(N_PREFILL * V) * sizeof *logits);
+    int32_t next[N_PREFILL], pos[N_PREFILL];
+    for (int64_t start = 0, n = N_PREFILL; start < N_ALL; start += n, n = 1) {
+        for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)(start + i);
+        size_t lb = (size_t)(n * V) * sizeof *logits;
+        kiln_binding b[6] = {{.name = "n_tok", .value = n}, {.name = "n_kv", .value = start + n},
+                             {.name = "ids", .data = (void *)(ids + start), .bytes = (size_t)n * 4},
+                             {.name = "pos", .data = pos, .bytes = (size_t)n * 4},
+                             {.name = "logits", .data = logits, .bytes = lb},
+                             {.name = "next", .data = next, .bytes = (size_t)n * 4}};
+        tu_poison(logits, lb);
+        cr_assert_eq(kiln_run(p, b, 6), KILN_OK, "%s", kiln_ctx_error(ctx));
+        for (int64_t i = 0; i < n * V; i++) got[start * V + i] = logits[i];
+    }
+    free(logits);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+}
+
+/* Every token's logits of model m on backend be against the f64 forward, NMSE <= tol. */
+static void check_model(gw_model m, const char *be, double tol)
+{
+    if (!backend_present(be)) cr_skip("backend %s absent", be);
+    m.seed = tu_next(); /* fresh weights each run (the seed is printed on failure) */
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    int32_t ids[N_ALL];
+    for (int i = 0; i < N_ALL; i++) ids[i] = (int32_t)tu_randint(0, m.n_vocab);
+    char err[256];
+    int64_t V = 0;
+    double *want = mref_logits(f, ids, N_ALL, &V, err, sizeof err);
+    cr_assert(want, "f64 forward: %s", err);
+    cr_assert_eq(V, m.n_vocab);
+    double *got = malloc((size_t)(N_ALL * V) * sizeof *got);
+    run_kiln(f, be, ids, V, got, NULL);
+    char what[128];
+    snprintf(what, sizeof what, "%s (%s weights) on %s, seed %llu", m.arch, kiln_dtype_name(m.wtype), be,
+             (unsigned long long)tu_seed());
+    double e = tu_compare(what, got, want, N_ALL * V, tol);
+    cr_log_info("%s: NMSE %.3g (bound %.3g)", what, e, tol);
+    free(got);
+    free(want);
+    kiln_gguf_close(f);
+    free(bytes);
+}
+
+/* Tolerances: the matmul contract's bound for the weight dtype (what one projection may add),
+ * times 10 for the ~8 projections a token's logits pass through in two layers. */
+static double model_tol(kiln_dtype w, const char *be)
+{
+    double t = tu_tol("matmul", w) * 10;
+    return strcmp(be, "ref") == 0 && t < 1e-8 ? 1e-8 : t;
+}
+
+static const gw_model biased = {.arch = "llama", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 96,
+                                .n_vocab = 48, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                                .qkv_bias = true, .out_bias = true, .ffn_bias = true};
+
+Test(model_arch, llama_with_every_bias_matches_f64_on_ref) { check_model(biased, "ref", model_tol(KILN_DTYPE_F32, "ref")); }
+Test(model_arch, llama_with_every_bias_matches_f64_on_cpu) { check_model(biased, "cpu", model_tol(KILN_DTYPE_F32, "cpu")); }
+
+Test(model_arch, llama_q8_0_out_and_ffn_bias_match_f64_on_cpu)
+{
+    gw_model m = biased;
+    m.wtype = KILN_DTYPE_Q8_0, m.qkv_bias = false;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_Q8_0, "cpu"));
+}
+
+Test(model_arch, qwen2_matches_f64_on_cpu)
+{
+    gw_model m = biased;
+    m.arch = "qwen2", m.out_bias = m.ffn_bias = false, m.tied = true;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+}
+
+/* A bias add right after a matmul is an epilogue of that matmul's kernel: the file with every
+ * bias compiles to as many kernels as the file without. */
+Test(model_arch, biases_fuse_as_matmul_epilogues)
+{
+    const char *bes[2] = {"ref", "cpu"};
+    for (int b = 0; b < 2; b++) {
+        if (!backend_present(bes[b])) continue;
+        int k[2];
+        for (int with = 0; with < 2; with++) {
+            gw_model m = biased;
+            m.seed = 5;
+            m.qkv_bias = m.out_bias = m.ffn_bias = with;
+            uint8_t *bytes;
+            kiln_gguf *f = open_model(&m, &bytes);
+            int32_t ids[N_ALL] = {0};
+            double *got = malloc((size_t)(N_ALL * m.n_vocab) * sizeof *got);
+            run_kiln(f, bes[b], ids, m.n_vocab, got, &k[with]);
+            free(got);
+            kiln_gguf_close(f);
+            free(bytes);
+        }
+        cr_assert_eq(k[1], k[0], "%s: %d kernels with biases, %d without", bes[b], k[1], k[0]);
+    }
+}
