@@ -639,15 +639,20 @@ Test(cache, vulkan_spirv_from_disk)
     run(p2, c2, &base, o2);
     assert_same(o2, o1, "pipelines from the cached SPIR-V");
     kiln_plan_free(p2);
-    /* a setting that changes the lowering or the launch must not be served kernels made without it */
-    setenv("KILN_GRID_CAP", "3", 1);
+    /* an option that changes the lowering or the launch must not be served kernels made without it,
+     * nor its environment variable (which fills the options left at zero) */
     kiln_ctx *c3 = new_ctx();
-    kiln_plan *p3 = compile(c3, g, &vo);
-    cr_assert_str_neq(kiln_plan_cache(p3), "disk", "kernels cached without KILN_GRID_CAP served with it");
+    kiln_plan *p3 = compile(c3, g, &(kiln_compile_options){.backend = "vulkan", .codegen.grid_cap = 3});
+    cr_assert_str_neq(kiln_plan_cache(p3), "disk", "kernels cached without grid_cap served with it");
     run(p3, c3, &base, o2);
-    assert_same(o2, o1, "KILN_GRID_CAP=3");
+    assert_same(o2, o1, "grid_cap 3");
     kiln_plan_free(p3), kiln_ctx_free(c3);
-    unsetenv("KILN_GRID_CAP");
+    setenv("KILN_GEMM", "0", 1);
+    c3 = new_ctx();
+    p3 = compile(c3, g, &vo);
+    cr_assert_str_neq(kiln_plan_cache(p3), "disk", "kernels cached without KILN_GEMM=0 served with it");
+    kiln_plan_free(p3), kiln_ctx_free(c3);
+    unsetenv("KILN_GEMM");
     kiln_plan *pr = compile(c2, g, &(kiln_compile_options){.backend = "ref"});
     run(pr, c2, &base, r);
     double err = 0, ref = 0;

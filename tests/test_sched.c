@@ -10,6 +10,7 @@
 
 #include "sched/cost.h"
 #include "sched/presets.h"
+#include "util/env.h"
 #include "support/testutil.h"
 
 /* Independent total: sum of region times plus, per edge whose ends differ in location, the link
@@ -280,4 +281,34 @@ Test(preset, public_builder_matches_internal_and_names_errors)
                  KILN_ERR_DTYPE);
     cr_assert_eq(kiln_preset_graph(NULL, "nope", NULL, &g), KILN_ERR_NAME, "a NULL context only loses the message");
     kiln_ctx_free(ctx);
+}
+
+/* The code-changing environment variables only fill the options a caller left at zero. */
+Test(sched, env_fills_options_left_at_zero)
+{
+    setenv("KILN_GEMM", "0", 1);
+    setenv("KILN_GEMM_BM", "64", 1);
+    setenv("KILN_GRID_CAP", "0", 1);
+    setenv("KILN_VK_DISABLE", "dot,16bit", 1);
+    setenv("KILN_NO_RECORD", "1", 1);
+    kiln_compile_options o;
+    kiln_env_options(NULL, &o);
+    cr_assert_eq(o.codegen.gemm, KILN_GEMM_OFF);
+    cr_assert_eq(o.codegen.gemm_rows, 64);
+    cr_assert_eq(o.codegen.grid_cap, -1, "KILN_GRID_CAP=0 means every virtual block");
+    cr_assert_eq(o.codegen.vk_disable, KILN_VK_NO_DOT | KILN_VK_NO_16BIT);
+    cr_assert(o.no_record);
+    setenv("KILN_GRID_CAP", "7", 1);
+    kiln_compile_options in = {.no_fuse = true, .codegen.gemm_rows = 128, .codegen.grid_cap = 3};
+    kiln_env_options(&in, &o);
+    cr_assert(o.no_fuse);
+    cr_assert_eq(o.codegen.gemm_rows, 128, "a set option wins over the environment");
+    cr_assert_eq(o.codegen.grid_cap, 3);
+    const char *vars[] = {"KILN_GEMM", "KILN_GEMM_BM", "KILN_GRID_CAP", "KILN_VK_DISABLE", "KILN_NO_RECORD"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
+    kiln_env_options(NULL, &o);
+    kiln_compile_options zero;
+    memset(&zero, 0, sizeof zero);
+    cr_assert(memcmp(&o.codegen, &zero.codegen, sizeof o.codegen) == 0 && !o.no_record, "unset: all defaults");
+    cr_assert_str_eq(kiln_env_name(KILN_ENV_GEMM), "KILN_GEMM");
 }

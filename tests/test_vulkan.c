@@ -2,7 +2,7 @@
  * kernels that use every op run on the device and are compared with the kir interpreter (bit for
  * bit, except the approximate math ops) and with C references; memory at any 4-byte offset,
  * copies, record/replay with per-run parameters, timers, address errors. Each case runs with the
- * device's optional features and with them disabled (KILN_VK_DISABLE). Skips, saying why, when
+ * device's optional features and with them disabled (kiln_codegen_options.vk_disable). Skips, saying why, when
  * no Vulkan device is present. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -23,13 +23,19 @@
 
 static const kiln_backend_i *be = &kiln_backend_vulkan;
 
+/* The backend, its kernels made without the features named in disable ("16bit,subgroup,dot"), as
+ * a compile with those vk_disable options makes them. */
 static void *open_vk(const char *disable)
 {
-    if (disable) setenv("KILN_VK_DISABLE", disable, 1);
-    else unsetenv("KILN_VK_DISABLE");
     void *st = NULL;
     char detail[256];
     if (be->probe(NULL, &st, detail, sizeof detail) != KILN_OK) cr_skip("no Vulkan device: %s", detail);
+#ifdef KILN_HAVE_VULKAN
+    if (disable)
+        ((kiln_vk *)st)->cg.vk_disable = (strstr(disable, "16bit") ? KILN_VK_NO_16BIT : 0) |
+                                         (strstr(disable, "subgroup") ? KILN_VK_NO_SUBGROUP : 0) |
+                                         (strstr(disable, "dot") ? KILN_VK_NO_DOT : 0);
+#endif
     return st;
 }
 

@@ -252,6 +252,25 @@ KILN_API kiln_status kiln_kg_print(const kiln_graph *g, char **out);
 
 typedef struct kiln_plan kiln_plan;
 
+/* Code-generation and launch choices of GPU backends: zero is the default; every field is an
+ * int32_t, so the struct has no padding and the kernel caches hash it whole (a new field is in the
+ * keys by construction). Fields left at zero take $KILN_GEMM, $KILN_GEMM_BM, $KILN_GRID_CAP,
+ * $KILN_VK_DISABLE and $KILN_WGMMA when set (docs/env.md). */
+enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1 };
+enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
+typedef struct kiln_codegen_options {
+    int32_t gemm;       /* KILN_GEMM_AUTO: matmul regions of more than 8 rows use the tensor-core GEMM;
+                           KILN_GEMM_OFF: gemv's passes take every matmul region (A/B runs) */
+    int32_t gemm_rows;  /* tokens per GEMM block where a shape takes 128: 0 (128) or 64 (A/B runs) */
+    int32_t grid_cap;   /* blocks launched for a grid-stride kernel: 0 as many as the device holds at
+                           once; N > 0 at most N; -1 every virtual block (comparisons) */
+    int32_t vk_disable; /* vulkan: optional device features not to use (KILN_VK_NO_* bits): the
+                           kernels fall back to plain 32-bit stores, shared-memory reductions and
+                           byte-wise dot products (tests cover both paths on one device) */
+    int32_t wgmma;      /* KILN_GEMM_AUTO: the GEMM uses Hopper's warpgroup MMA where the device has
+                           it (sm_90); KILN_GEMM_OFF: mma.sync everywhere (A/B runs) */
+} kiln_codegen_options;
+
 typedef struct kiln_compile_options {
     const char *backend;  /* "auto" (NULL): placement picks per kernel; or "ref", "cpu", "cuda", "vulkan" */
     bool        no_fuse;  /* true: one kernel per op (debugging, fused-vs-unfused tests) */
@@ -265,6 +284,9 @@ typedef struct kiln_compile_options {
                              reader is). Device backends then launch kernel by kernel (no replay of a
                              recording) and copy each region's outputs to the host to scan them.
                              false (the default) costs nothing. */
+    kiln_codegen_options codegen; /* see above */
+    bool        no_record; /* device backends launch kernel by kernel each run instead of replaying
+                             one recording ($KILN_NO_RECORD) */
 } kiln_compile_options;
 
 /* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed

@@ -2,6 +2,7 @@
  * binary's identity, a uthash table of refcounted objects behind one mutex, the process's
  * counters. Disk entries are in disk.c. Must not know what the objects are. */
 #define _GNU_SOURCE /* dladdr */
+#include "util/env.h"
 #include "cache/cache.h"
 
 #include <dlfcn.h>
@@ -79,7 +80,7 @@ kiln_cache *kiln_cache_new(const char *dir, bool quiet)
         return NULL;
     }
     pthread_mutex_init(&c->lock, NULL);
-    const char *e = getenv("KILN_CACHE");
+    const char *e = kiln_env(KILN_ENV_CACHE);
     c->disk_on = dir && *dir && !(e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0));
     c->disk_cpu = c->disk_on && e && strcmp(e, "all") == 0;
     c->quiet = quiet;
@@ -167,10 +168,10 @@ const char *kiln_cache_dir(const kiln_cache *c) { return c ? c->dir : ""; }
 
 char *kiln_cache_default_dir(void)
 {
-    const char *e = getenv("KILN_CACHE_DIR");
-    if (e && *e) return strdup(e);
+    const char *e = kiln_env(KILN_ENV_CACHE_DIR);
+    if (e) return strdup(e);
     char buf[4096];
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    const char *x = kiln_env(KILN_ENV_XDG_CACHE_HOME), *h = kiln_env(KILN_ENV_HOME);
     if (x && *x) snprintf(buf, sizeof buf, "%s/kiln", x);
     else if (h && *h) snprintf(buf, sizeof buf, "%s/.cache/kiln", h);
     else snprintf(buf, sizeof buf, "/tmp/kiln-cache");

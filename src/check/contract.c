@@ -1,6 +1,7 @@
 /* Loads contracts/<op>.yaml through libyaml's document API into a flat `contract` struct.
  * Strict about what tests rely on (op name, tolerance map of known dtypes with numbers >= 0);
  * lenient about prose fields. Must not depend on any kiln internals beyond dtype names. */
+#include "util/env.h"
 #include "check/contract.h"
 
 #include <errno.h>
@@ -21,7 +22,7 @@
 const char *kiln_contract_dir(void)
 {
     static _Thread_local char buf[4096]; /* per thread: kiln_check may run on several contexts at once */
-    const char *root = getenv("KILN_SOURCE_DIR");
+    const char *root = kiln_env(KILN_ENV_SOURCE_DIR);
     struct stat st;
     if (root && *root) {
         snprintf(buf, sizeof buf, "%s/contracts", root);

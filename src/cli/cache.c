@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/env.h"
 #include "cache/cache.h"
 #include "cli/cli.h"
 
@@ -34,7 +35,7 @@ static int cache_ls(const char *dir, bool json, bool stats_only)
             if (strcmp(e[i].kind, kiln_cache_kind_ext((enum kiln_cache_kind)k)) == 0) per_kind[k]++;
     }
     kiln_cache_stats st = kiln_cache_folder_stats(dir);
-    const char *mode = getenv("KILN_CACHE");
+    const char *mode = kiln_env(KILN_ENV_CACHE);
     if (json) {
         printf("{\"dir\": ");
         kiln_cli_json_str(stdout, dir);

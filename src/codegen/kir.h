@@ -5,6 +5,7 @@
  * target fix-up is done here, never in a printer. Must not know about any backend or driver. */
 #pragma once
 
+#include "codegen/target.h"
 #include "fuse/fuse.h"
 #include "graph/graph.h"
 
@@ -233,28 +234,21 @@ enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
 /* Per-run parameter slots: slot i < n_syms holds symbol i's value. */
 #define KILN_PARAM_SLOTS_MIN 8
 
-/* What the lowering may use on the device it lowers for (filled by the backend). */
-typedef struct kiln_lower_target {
-    bool wgmma; /* Hopper warpgroup MMA (PTX for sm_90a): the GEMM takes the KILN_KOP_WGMMA template */
-} kiln_lower_target;
-
 /* Lowers region r of g into 1..KILN_LOWER_MAX kernels that run in order (out[0..*n_out)); kernels of
  * one region share one scratch buffer (slot kind KILN_KBUF_SCRATCH) of the largest scratch_bytes
  * among them. KILN_ERR_UNSUPPORTED (with err naming the op/dtype) when the region has a shape no
- * template takes; placement then runs it elsewhere. */
+ * template takes; placement then runs it elsewhere. t: the device and the compile's choices (codegen/target.h;
+ * NULL: the default target).
+ * On any failure every out[i] is zeroed: kiln_kir_free on it does nothing. */
 #define KILN_LOWER_MAX 3
-kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
-                                  char *err, size_t n_err);
-/* The same for a target (NULL: the portable kernels kiln_lower_region_seq gives). */
 kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *t,
                                   kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
-/* The target of PTX for sm (80..90): warpgroup MMA on sm_90 (the H100; $KILN_WGMMA=0 turns it off). */
-kiln_lower_target kiln_lower_target_for_sm(int sm);
+/* The same for the default target (kiln_lower_target_default: the portable kernels listings and
+ * the golden test print). */
+kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
+                                  char *err, size_t n_err);
 /* Whether kernel k uses sm_90a-only instructions (WGMMA and its fences). */
 bool kiln_kir_needs_sm90a(const kiln_kir *k);
-/* The same for regions that lower to one kernel (others fail with KILN_ERR_UNSUPPORTED). On any
- * failure *out (and every out[i] above) is zeroed: kiln_kir_free on it does nothing. */
-kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err);
 
 /* The device layout kernels expect for a weight of dtype t, and its repacking (dst holds
  * kiln_lower_weight_bytes bytes). Weights are [rows, k] in their GGUF row layout on the host. */

@@ -60,14 +60,6 @@ uint32_t kl_numel_from(kiln_kir *k, const kiln_node_rec *n, int from)
     return c == 1 ? v : kiln_k2(k, KILN_KOP_MUL, v, kiln_ki(k, (int32_t)c));
 }
 
-bool kl_same_dims(const kiln_node_rec *a, const kiln_node_rec *b)
-{
-    if (a->rank != b->rank) return false;
-    for (int i = 0; i < a->rank; i++)
-        if (a->dims[i] != b->dims[i]) return false;
-    return true;
-}
-
 /* Same element count for every symbol value: same constant product and the same symbols. */
 bool kl_same_numel(const kiln_node_rec *a, const kiln_node_rec *b)
 {
@@ -297,10 +289,10 @@ uint32_t kl_grid_loop(kiln_kir *k, uint32_t n)
 
 void kl_loop_end(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
 
-uint32_t kl_grid_for(int64_t n_max, int64_t per_block)
+uint32_t kl_grid_for(const kiln_lower_target *tg, int64_t n_max, int64_t per_block)
 {
     int64_t g = (n_max + per_block - 1) / per_block;
-    if (g > 4096) g = 4096; /* grid-stride loops cover the rest; 4096 blocks fill any GPU */
+    if (g > tg->grid_max) g = tg->grid_max; /* grid-stride loops cover the rest */
     return g < 1 ? 1 : (uint32_t)g;
 }
 
@@ -353,35 +345,7 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
 
 /* ------------------------------------------------------------------ entry point */
 
-/* On unless $KILN_GEMM is "0" (gemv's passes then take every matmul region, for A/B runs): on the
- * H100 the GEMM runs a 512-token llama-7b layer's matmuls 19x faster than gemv's passes. */
-bool kl_gemm_enabled(void)
-{
-    const char *e = getenv("KILN_GEMM");
-    return !(e && strcmp(e, "0") == 0);
-}
-
-int kl_gemm_rows(void)
-{
-    const char *e = getenv("KILN_GEMM_BM");
-    return e && strcmp(e, "64") == 0 ? 64 : 128;
-}
-
-/* On unless $KILN_WGMMA is "0": the GEMM on a target with warpgroup MMA takes it (A/B runs). */
-bool kl_wgmma_enabled(void)
-{
-    const char *e = getenv("KILN_WGMMA");
-    return !(e && strcmp(e, "0") == 0);
-}
-
-void kiln_lower_options_tag(char *out, size_t n)
-{
-    const char *cap = getenv("KILN_GRID_CAP");
-    snprintf(out, n, "gemm=%d bm=%d grid_cap=%s wgmma=%d", kl_gemm_enabled() ? 1 : 0, kl_gemm_rows(), cap ? cap : "-",
-             kl_wgmma_enabled() ? 1 : 0);
-}
-
-kiln_lower_target kiln_lower_target_for_sm(int sm) { return (kiln_lower_target){.wgmma = sm == 90}; }
+int kl_gemm_rows(const kiln_lower_target *tg) { return tg->opts.gemm_rows == 64 ? 64 : 128; }
 
 /* The x of a matmul region's first matmul (any node of its shape gives the run's rows). */
 static uint32_t matmul_x(const kiln_graph *g, const kiln_region *r)
@@ -400,23 +364,26 @@ kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kil
 kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *t,
                                   kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
 {
+    const kiln_lower_target def = kiln_lower_target_default(), *tg = t ? t : &def;
     memset(out, 0, KILN_LOWER_MAX * sizeof *out);
     *n_out = 0;
     err[0] = 0;
     kiln_status s;
     uint32_t n = 1;
     switch ((enum kiln_region_kind)r->kind) {
-    case KILN_REGION_MAP: s = kiln_lower_map(g, r, out, err, n_err); break;
-    case KILN_REGION_ROWS: s = kiln_lower_rows(g, r, out, err, n_err); break;
+    case KILN_REGION_MAP: s = kiln_lower_map(g, r, tg, out, err, n_err); break;
+    case KILN_REGION_ROWS: s = kiln_lower_rows(g, r, tg, out, err, n_err); break;
     case KILN_REGION_MATMUL:
-        s = kl_gemm_enabled() ? kiln_lower_gemm(g, r, t && t->wgmma && kl_wgmma_enabled(), out, &n, err, n_err) : KILN_ERR_UNSUPPORTED;
+        /* The GEMM unless the options say gemv (A/B runs): on the H100 it runs a 512-token llama-7b
+         * layer's matmuls 19x faster than gemv's passes. */
+        s = tg->opts.gemm != KILN_GEMM_OFF && tg->mma ? kiln_lower_gemm(g, r, tg, out, &n, err, n_err) : KILN_ERR_UNSUPPORTED;
         if (s == KILN_ERR_UNSUPPORTED) { /* few rows, or a shape the GEMM does not take */
             err[0] = 0;
             n = 1;
-            s = kiln_lower_gemv(g, r, out, err, n_err);
+            s = kiln_lower_gemv(g, r, tg, out, err, n_err);
         } else if (s == KILN_OK) { /* runs of few rows (decode through a prefill plan) take gemv */
             char e2[160];
-            if (kiln_lower_gemv_cap(g, r, &out[n], KL_SMALL_ROWS, e2, sizeof e2) == KILN_OK) {
+            if (kiln_lower_gemv_cap(g, r, tg, &out[n], KL_SMALL_ROWS, e2, sizeof e2) == KILN_OK) {
                 uint32_t x = matmul_x(g, r);
                 int64_t K = g->nodes[x].dims[g->nodes[x].rank - 1];
                 for (uint32_t i = 0; i < n; i++) kl_guard_rows(&out[i], g, x, K, KL_SMALL_ROWS, false);
@@ -427,8 +394,8 @@ kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, con
             }
         }
         break;
-    case KILN_REGION_ATTENTION: s = kiln_lower_attention(g, r, out, &n, err, n_err); break;
-    case KILN_REGION_SCATTER: case KILN_REGION_MOVE: s = kiln_lower_move(g, r, out, err, n_err); break;
+    case KILN_REGION_ATTENTION: s = kiln_lower_attention(g, r, tg, out, &n, err, n_err); break;
+    case KILN_REGION_SCATTER: case KILN_REGION_MOVE: s = kiln_lower_move(g, r, tg, out, err, n_err); break;
     default: s = kl_unsupported(err, n_err, "region kind %s has no kernel template", kiln_region_kind_name((enum kiln_region_kind)r->kind));
     }
     for (uint32_t i = 0; s == KILN_OK && i < n; i++)
@@ -438,21 +405,6 @@ kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, con
         return s;
     }
     *n_out = n;
-    return KILN_OK;
-}
-
-kiln_status kiln_lower_region(const kiln_graph *g, const kiln_region *r, kiln_kir *out, char *err, size_t n_err)
-{
-    kiln_kir ks[KILN_LOWER_MAX];
-    uint32_t n = 0;
-    memset(out, 0, sizeof *out); /* on failure the caller may kiln_kir_free it */
-    kiln_status s = kiln_lower_region_seq(g, r, ks, &n, err, n_err);
-    if (s != KILN_OK) return s;
-    if (n != 1) {
-        for (uint32_t i = 0; i < n; i++) kiln_kir_free(&ks[i]);
-        return kl_unsupported(err, n_err, "region lowers to %u kernels: use kiln_lower_region_seq", n);
-    }
-    *out = ks[0];
     return KILN_OK;
 }
 

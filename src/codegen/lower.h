@@ -30,8 +30,6 @@ bool     kl_is_elementwise(enum kiln_op op);
 uint32_t kl_dim(kiln_kir *k, int64_t d);
 /* I32 product of dims [from, rank) of node n. */
 uint32_t kl_numel_from(kiln_kir *k, const kiln_node_rec *n, int from);
-/* True when the two nodes have the same dims (constants and symbols alike). */
-bool     kl_same_dims(const kiln_node_rec *a, const kiln_node_rec *b);
 bool     kl_same_numel(const kiln_node_rec *a, const kiln_node_rec *b);
 /* F32 element `idx` of a plain-dtype (f32/f16/bf16/i32) buffer slot. */
 uint32_t kl_load(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx);
@@ -79,18 +77,18 @@ void     kl_split_pair(kiln_kir *k, uint32_t a, uint32_t b, int n, bool bf, uint
 uint32_t kl_frag_a_word(kiln_kir *k, uint32_t r, uint32_t p, int kt);
 uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt);
 /* Grid size (x) for n_max elements at `per_block` elements per block, capped for grid-stride loops. */
-uint32_t kl_grid_for(int64_t n_max, int64_t per_block);
+uint32_t kl_grid_for(const kiln_lower_target *tg, int64_t n_max, int64_t per_block);
 /* Upper bound of a dim (symbols at their bound). */
 int64_t  kl_dim_max(const kiln_graph *g, int64_t d);
 int64_t  kl_numel_max(const kiln_graph *g, const kiln_node_rec *n);
 
 kiln_status kl_unsupported(char *err, size_t n_err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
-kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
-kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);
 /* gemv for runs of at most m_cap rows (the caller guards the kernel so: kl_guard_rows). */
-kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, kiln_kir *k, int64_t m_cap, char *err, size_t n_err);
+kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, int64_t m_cap, char *err, size_t n_err);
 /* Runs kernel k only when node's rows (its elements / per_row, at run time) are at most `cap`
  * (small) or more than cap (!small): the other kernel of a region takes the other runs. */
 void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, bool small);
@@ -100,22 +98,16 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
 /* Tensor-core GEMM for matmul regions of more than 8 rows (1 or 2 kernels); KILN_ERR_UNSUPPORTED
  * (gemv then takes the region) for fewer rows, i32 weights, K not a multiple of 32, more than two
  * fused siblings, a neox rope head wider than a block's columns. */
-/* wgmma: Hopper's warpgroup MMA for the shapes it takes (f16/block weights; else mma.sync) */
-kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, bool wgmma, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out,
-                            char *err, size_t n_err);
-/* Whether matmul regions of many rows may use the GEMM: yes unless $KILN_GEMM is "0". */
-bool kl_gemm_enabled(void);
-/* Tokens per GEMM block where the shape takes 128 (lower_gemm.c): 128, or 64 with $KILN_GEMM_BM=64 (A/B runs). */
-int kl_gemm_rows(void);
-bool kl_wgmma_enabled(void);
-/* The environment settings that change what a region lowers to or how it launches ($KILN_GEMM,
- * $KILN_GEMM_BM, $KILN_GRID_CAP), as text for cache keys: a kernel cached under other settings must miss. */
-void kiln_lower_options_tag(char *out, size_t n);
-kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+/* tg->wgmma (and not opts.wgmma off): Hopper's warpgroup MMA for the shapes it takes (f16/block
+ * weights; else mma.sync) */
+kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+/* Tokens per GEMM block where the shape takes 128 (lower_gemm.c): 128, or 64 by the options (A/B runs). */
+int kl_gemm_rows(const kiln_lower_target *t);
+kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Causal flash attention on tensor cores for prefill (lower_flash.c): whether it takes attention
  * node n (f16 or f32 caches, head_dim 32, 64 or 128, more than 8 query rows at the bound),
  * and the kernel. */
 bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n);
 void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k);
-kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, kiln_kir *k);
-kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err);
+kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k);
+kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);

@@ -267,7 +267,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     endif_(k);
 }
 
-kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
+kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node];
@@ -290,18 +290,18 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, kiln
      * through a prefill plan), each guarded by the run's row count. */
     bool flash = kl_flash_fits(g, n);
     if (flash) a.tok_max = KL_SMALL_ROWS; /* kl_flash_fits: more rows than that at the bound */
-    /* Key split: enough blocks to fill a large GPU (about 1056) at the cache's bound, >= 32 keys;
-     * when there are still too few blocks, the query heads of a group split over blocks too
-     * (each re-reads the group's K/V, mostly from L2). */
-    int64_t tok = a.tok_max < 8 ? a.tok_max : 8;
-    int64_t want = 1056 / (a.n_kvh * tok); /* about 8 one-warp blocks per SM of an H100 */
+    /* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
+     * at the cache's bound, >= 32 keys; when there are still too few blocks, the query heads of a
+     * group split over blocks too (each re-reads the group's K/V, mostly from L2). */
+    int64_t tok = a.tok_max < 8 ? a.tok_max : 8, fill = 8 * (int64_t)tg->sm_count;
+    int64_t want = fill / (a.n_kvh * tok);
     if (want < 1) want = 1;
     a.S = (a.max_ctx + want - 1) / want;
     a.S = (a.S + ABLK - 1) / ABLK * ABLK;
     if (a.S < ABLK) a.S = ABLK;
     a.n_split = (a.max_ctx + a.S - 1) / a.S;
     a.HB = a.G;
-    while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < 1056) {
+    while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < fill) {
         int64_t hb = a.HB - 1;
         while (hb > 1 && a.G % hb) hb--;
         if (hb < 1 || hb == a.HB) break;

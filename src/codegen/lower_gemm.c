@@ -581,7 +581,7 @@ static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
     snprintf(k->what, sizeof k->what, G->xp ? "rms_norm of x, in %d %s parts, for a gemm" : "rms_norm scales for a gemm", G->parts,
              G->bf ? "bf16" : "f16");
     int64_t K = s->K;
-    k->grid[0] = kl_grid_for(s->m_max, 1);
+    k->grid[0] = kl_grid_for(s->tgt, s->m_max, 1);
     k->scratch_bytes = G->xp ? 4 * ((uint64_t)G->xp_word + (uint64_t)G->parts * (uint64_t)G->xp_part) : 4 * (uint64_t)s->m_max;
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -667,8 +667,7 @@ static bool gm_fits(const gv *s, char *err, size_t n_err)
     return true;
 }
 
-kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, bool wgmma, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
-                            char *err, size_t n_err)
+kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
 {
     gv *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
@@ -677,6 +676,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, bool wgmm
     int ki = 0;
     s->g = g;
     s->r = r;
+    s->tgt = tg;
     kiln_kir scratch_k; /* gemv's analysis writes its grid into a kernel */
     kiln_kir_init(&scratch_k, "kiln_gemm", GM_THREADS);
     s->k = &scratch_k;
@@ -707,7 +707,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, bool wgmm
      * llama-7b layer: q4_k QKV 503 -> 474 us, gate/up 1173 -> 947 us), but costs float weights
      * occupancy (f16 QKV 499 -> 584 us) and leaves too few blocks for narrow outputs (down,
      * 4096 columns: 128 blocks, 373 -> 485 us). So: block weights only, and only with at least
-     * 264 blocks (two per SM of a 132-SM GPU); never for x in three parts (the A tile would pass
+     * two blocks per SM (264 on a 132-SM H100); never for x in three parts (the A tile would pass
      * lavapipe's 32 KB of shared memory). */
     int64_t col_blocks = 0;
     bool all_blocks = true;
@@ -715,10 +715,11 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, bool wgmm
         col_blocks += (s->grp[q].n + GM_BN / s->grp[q].n_sib - 1) / (GM_BN / s->grp[q].n_sib);
         if (kiln_dtype_block(wdtype(s, s->grp[q].sib[0])) == 1) all_blocks = false;
     }
-    G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 264 && kl_gemm_rows() == 128 ? 128 : 64;
+    G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 2 * (int64_t)tg->sm_count &&
+                   kl_gemm_rows(tg) == 128 ? 128 : 64;
     /* Hopper: the warpgroup template takes x in up to two parts and 16-bit or block weights (two
      * stages of x parts + weights fit the 48 KB of static shared memory) */
-    G.wg = wgmma && parts_max <= 2 && wparts_max == 1;
+    G.wg = tg->wgmma && tg->opts.wgmma != KILN_GEMM_OFF && parts_max <= 2 && wparts_max == 1;
     if (G.wg) G.bm = 128;
     G.apart = G.bm * 16;
     uint32_t words = G.wg ? (uint32_t)(2 * GW_STAGE(parts_max)) : (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);

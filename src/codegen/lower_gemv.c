@@ -101,7 +101,7 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
     /* Block weights take integer dot products against x quantized per 32 to int8 (as ggml and
      * kiln's CPU kernels do; contracts/matmul.yaml counts it) when the quantized x of a pass fits in
      * shared memory: per token K/4 words of quants and K/16 of scales and sums. */
-    s->dp4a = !s->scalar && s->K % 32 == 0 && (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= 32768;
+    s->dp4a = s->tgt->dp4a && !s->scalar && s->K % 32 == 0 && (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++)
         if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) == 1) s->dp4a = false;
     /* groups: matmuls joined by an epilogue op reading two of them */
@@ -146,10 +146,10 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
         G->units = (G->n + G->cols - 1) / G->cols;
         if (G->rope == 2) G->units = G->n / 4; /* (hd/4 units per head) */
         /* Split K over more warps when the group has few units, so a small or tall matrix still
-         * keeps thousands of warps streaming (an H100 holds 8448). */
+         * keeps the target's busy_warps streaming. */
         int64_t cpr = chunks_per_row(t0, s->K, s->scalar);
         G->wpu = 1;
-        while (G->wpu < WARPS && G->units * G->wpu < 4096 && cpr > 32 * G->wpu) G->wpu *= 2; /* each warp keeps > 16 chunks a row */
+        while (G->wpu < WARPS && G->units * G->wpu < s->tgt->busy_warps && cpr > 32 * G->wpu) G->wpu *= 2; /* each warp keeps > 16 chunks a row */
         G->warp0 = warp;
         warp += (uint32_t)((G->units * G->wpu + WARPS - 1) / WARPS * WARPS);
     }
@@ -845,15 +845,17 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     if (!s->hoisted) kl_loop_end(k);
 }
 
-kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
 {
-    return kiln_lower_gemv_cap(g, r, k, 0, err, n_err);
+    return kiln_lower_gemv_cap(g, r, tg, k, 0, err, n_err);
 }
 
-kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, kiln_kir *k, int64_t m_cap, char *err, size_t n_err)
+kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, int64_t m_cap,
+                                char *err, size_t n_err)
 {
     gv *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
+    s->tgt = tg;
     s->m_cap = m_cap;
     s->k = k;
     s->g = g;
@@ -880,9 +882,9 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, kiln_
      * then strides over the virtual blocks; a launcher may run as few blocks as fill the GPU. */
     s->hoisted = s->m_max <= s->mc;
     /* Float weights behind an rms_norm, in one pass, read x from shared memory, normalized once per
-     * block: the loop's loads are then all weight streams (32 KB at most: every Vulkan device has
-     * that much). Without a norm the prologue would only delay the first weight loads. */
-    s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= 32768;
+     * block: the loop's loads are then all weight streams (within the target's shared memory).
+     * Without a norm the prologue would only delay the first weight loads. */
+    s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++) { /* one chunk layout for every weight */
         kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
         int v = t == KILN_DTYPE_F32 ? 4 : t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 ? 8 : 0;

@@ -3,11 +3,11 @@
  * Must not handle row ops (lower_rows.c) or matmul epilogues (lower_gemv.c). */
 #include "codegen/lower.h"
 
-kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
 {
     uint32_t space = r->nodes[r->n_nodes - 1];
     const kiln_node_rec *a = &g->nodes[r->anchor];
-    if (r->n_nodes == 1 && a->op == KILN_OP_CAST && a->dtype == g->nodes[a->src[0]].dtype) return kiln_lower_copy(g, r, k);
+    if (r->n_nodes == 1 && a->op == KILN_OP_CAST && a->dtype == g->nodes[a->src[0]].dtype) return kiln_lower_copy(g, r, tg, k);
     for (uint32_t i = 0; i < r->n_nodes; i++) {
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
         if (!kl_is_elementwise((enum kiln_op)n->op))
@@ -19,7 +19,7 @@ kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, kiln_kir *
             return kl_unsupported(err, n_err, "map kernel: %s result", kiln_dtype_name((kiln_dtype)n->dtype));
     }
     kiln_kir_init(k, "kiln_map", 256);
-    k->grid[0] = kl_grid_for(kl_numel_max(g, &g->nodes[space]), 256);
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, &g->nodes[space]), 256);
     snprintf(k->what, sizeof k->what, "map: %u ops", r->n_nodes);
     uint32_t n = kl_numel_from(k, &g->nodes[space], 0);
     uint32_t i = kl_grid_loop(k, n);

@@ -26,9 +26,9 @@ typedef struct gv {
     kiln_kir          *k;
     const kiln_graph  *g;
     const kiln_region *r;
+    const kiln_lower_target *tgt; /* the device and the compile's choices */
     int       n_mm;
     uint32_t  mm[SLOTS];        /* matmul nodes */
-    int       sib_of_node_n;    /* unused */
     uint32_t  x, norm, nw;      /* activation node, rms_norm node (or NONE), its weight (or NONE) */
     float     eps;
     int64_t   K;

@@ -76,7 +76,7 @@ static uint32_t load_block_elem(kiln_kir *k, uint32_t slot, kiln_dtype t, int64_
     return kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MUL, d, f_sc), f_q), kiln_k2(k, KILN_KOP_MUL, dm, f_mn));
 }
 
-static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node], *tab = &g->nodes[n->src[0]];
@@ -91,7 +91,7 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, kil
     int64_t V = kl_dim_max(g, tab->dims[0]), D = tab->dims[1];
     kiln_kir_init(k, "kiln_get_rows", 256);
     snprintf(k->what, sizeof k->what, "get_rows %s", kiln_dtype_name(t));
-    k->grid[0] = kl_grid_for(kl_numel_max(g, n), 256);
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n), 256);
     uint32_t total = kl_numel_from(k, n, 0);
     uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
     uint32_t i = kl_grid_loop(k, total);
@@ -109,7 +109,7 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, kil
 
 /* kv_scatter: state[h, pos[t], :] = rows[t, h, :]. The region may carry elementwise ops that
  * produce the rows (evaluated per element). */
-static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
 {
     uint32_t node = KILN_IDX_NONE;
     for (uint32_t i = 0; i < r->n_nodes; i++) {
@@ -130,7 +130,7 @@ static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, kiln
     int64_t n_kvh = st->dims[0], max_ctx = st->dims[1], hd = st->dims[2];
     kiln_kir_init(k, "kiln_kv_scatter", 256);
     snprintf(k->what, sizeof k->what, "kv_scatter %s", kiln_dtype_name((kiln_dtype)st->dtype));
-    k->grid[0] = kl_grid_for(kl_numel_max(g, rows), 256);
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, rows), 256);
     uint32_t total = kl_numel_from(k, rows, 0);
     uint32_t i = kl_grid_loop(k, total);
     uint32_t per_tok = kiln_ki(k, (int32_t)(n_kvh * hd));
@@ -173,7 +173,7 @@ static void copy_elem(kiln_kir *k, const kiln_graph *g, uint32_t src, uint32_t s
 }
 
 /* transpose and concat: one output element per thread, its source found from its coordinates. */
-static kiln_status lower_layout(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_layout(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node];
@@ -181,7 +181,7 @@ static kiln_status lower_layout(const kiln_graph *g, const kiln_region *r, kiln_
     bool tr = n->op == KILN_OP_TRANSPOSE;
     kiln_kir_init(k, tr ? "kiln_transpose" : "kiln_concat", 256);
     snprintf(k->what, sizeof k->what, "%s %s", kiln_op_name((enum kiln_op)n->op), kiln_dtype_name((kiln_dtype)n->dtype));
-    k->grid[0] = kl_grid_for(kl_numel_max(g, n), 256);
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n), 256);
     int rank = n->rank;
     uint32_t total = kl_numel_from(k, n, 0);
     uint32_t i = kl_grid_loop(k, total);
@@ -222,24 +222,24 @@ static kiln_status lower_layout(const kiln_graph *g, const kiln_region *r, kiln_
 }
 
 /* A cast to the dtype it already has (i32 -> i32 cannot go through f32): a bit copy. */
-kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, kiln_kir *k)
+kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k)
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node];
     kiln_kir_init(k, "kiln_copy", 256);
     snprintf(k->what, sizeof k->what, "copy %s", kiln_dtype_name((kiln_dtype)n->dtype));
-    k->grid[0] = kl_grid_for(kl_numel_max(g, n), 256);
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n), 256);
     uint32_t i = kl_grid_loop(k, kl_numel_from(k, n, 0));
     copy_elem(k, g, n->src[0], i, node, i);
     kl_loop_end(k);
     return KILN_OK;
 }
 
-kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
 {
     enum kiln_op op = (enum kiln_op)g->nodes[r->anchor].op;
-    if (op == KILN_OP_TRANSPOSE || op == KILN_OP_CONCAT) return lower_layout(g, r, k, err, n_err);
-    if (op == KILN_OP_GET_ROWS) return lower_get_rows(g, r, k, err, n_err);
-    if (op == KILN_OP_KV_SCATTER || r->kind == KILN_REGION_SCATTER) return lower_scatter(g, r, k, err, n_err);
+    if (op == KILN_OP_TRANSPOSE || op == KILN_OP_CONCAT) return lower_layout(g, r, tg, k, err, n_err);
+    if (op == KILN_OP_GET_ROWS) return lower_get_rows(g, r, tg, k, err, n_err);
+    if (op == KILN_OP_KV_SCATTER || r->kind == KILN_REGION_SCATTER) return lower_scatter(g, r, tg, k, err, n_err);
     return kl_unsupported(err, n_err, "no GPU kernel for %s yet", kiln_op_name(op));
 }

@@ -30,13 +30,13 @@ static void store_outs(kiln_kir *k, const kiln_graph *g, const kiln_region *r, u
     for (uint32_t o = 0; o < r->n_outs; o++) kl_store_node(k, g, r->outs[o], idx, kl_eval_node(e, r->outs[o]));
 }
 
-static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, uint32_t anchor, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, uint32_t anchor, kiln_kir *k, char *err, size_t n_err)
 {
     const kiln_node_rec *n = &g->nodes[anchor];
     int64_t hd = n->dims[n->rank - 1];
     if (kiln_dim_is_sym(hd) || hd % 2 || hd > 8192) return kl_unsupported(err, n_err, "rope: head_dim must be a constant even number");
     kiln_kir_init(k, "kiln_rope", 256);
-    k->grid[0] = kl_grid_for(kl_numel_max(g, n) / 2, 256);
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n) / 2, 256);
     snprintf(k->what, sizeof k->what, "rope %s, %u ops", n->i[0] == KILN_ROPE_NEOX ? "neox" : "normal", r->n_nodes);
     uint32_t tab = kl_rope_table(k, n->f[0], hd);
     uint32_t pairs = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, n, 0), kiln_ki(k, 2));
@@ -81,7 +81,7 @@ static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, uint32_
     return KILN_OK;
 }
 
-kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
 {
     uint32_t anchor = r->anchor;
     const kiln_node_rec *n = &g->nodes[anchor];
@@ -89,7 +89,7 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir 
     for (uint32_t i = 0; i < r->n_nodes; i++)
         if (r->nodes[i] != anchor && !kl_is_elementwise((enum kiln_op)g->nodes[r->nodes[i]].op))
             return kl_unsupported(err, n_err, "row kernel: two row ops in one region");
-    if (op == KILN_OP_ROPE) return lower_rope(g, r, anchor, k, err, n_err);
+    if (op == KILN_OP_ROPE) return lower_rope(g, r, tg, anchor, k, err, n_err);
     if (op != KILN_OP_RMS_NORM && op != KILN_OP_LAYER_NORM && op != KILN_OP_SOFTMAX && op != KILN_OP_ARGMAX)
         return kl_unsupported(err, n_err, "row kernel: %s", kiln_op_name(op));
     const kiln_node_rec *x = &g->nodes[n->src[0]];
@@ -97,7 +97,7 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, kiln_kir 
     kiln_kir_init(k, op == KILN_OP_SOFTMAX ? "kiln_softmax" : op == KILN_OP_ARGMAX ? "kiln_argmax" : "kiln_norm", ROW_BLOCK);
     snprintf(k->what, sizeof k->what, "%s, %u ops", kiln_op_name(op), r->n_nodes);
     int64_t rows_max = kl_numel_max(g, x) / (kl_dim_max(g, d_const) ? kl_dim_max(g, d_const) : 1);
-    k->grid[0] = kl_grid_for(rows_max, 1);
+    k->grid[0] = kl_grid_for(tg, rows_max, 1);
     uint32_t d = kl_dim(k, d_const);
     uint32_t rows = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, x, 0), kiln_k2(k, KILN_KOP_MAX, d, kiln_ki(k, 1)));
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);

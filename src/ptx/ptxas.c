@@ -1,6 +1,7 @@
 /* Finding and running NVIDIA's ptxas on printed PTX: assembles it for one sm with -v and reads the
  * register, spill, stack and shared-memory report. Used by the tests and `kiln ptx`, never by the
  * CUDA backend (the driver JITs PTX itself). Must not need a GPU or the CUDA driver. */
+#include "util/env.h"
 #include "ptx/ptx.h"
 
 #include <errno.h>
@@ -15,12 +16,12 @@ static bool executable(const char *path) { return path[0] && access(path, X_OK) 
 
 bool kiln_ptx_find_ptxas(char *path, size_t n)
 {
-    const char *env = getenv("KILN_PTXAS");
+    const char *env = kiln_env(KILN_ENV_PTXAS);
     if (env && env[0]) {
         snprintf(path, n, "%s", env);
         if (executable(path)) return true;
     }
-    const char *dirs = getenv("PATH");
+    const char *dirs = kiln_env(KILN_ENV_PATH);
     while (dirs && *dirs) {
         size_t len = strcspn(dirs, ":");
         if (len) {

@@ -35,12 +35,14 @@ typedef struct kiln_backend_i {
      * on failure detail says why the backend is absent. Required. */
     kiln_status (*probe)(kiln_ctx *ctx, void **state, char *detail, size_t n);
     void (*release)(void *state);                                     /* frees the state; required */
-    bool (*supports)(void *state, const kiln_graph *g, const kiln_region *r); /* can run region r */
+    /* Can run region r with the compile's options o (environment defaults filled in). */
+    bool (*supports)(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o);
     void (*profile)(void *state, kiln_device_profile *out);           /* default device profile */
     kiln_status (*calibrate)(void *state, kiln_device_profile *out);  /* measures it (optional) */
-    /* Compiles region r into a kernel (optional: NULL means launch works from the region itself). */
-    kiln_status (*compile)(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out,
-                           char *err, size_t n_err);
+    /* Compiles region r into a kernel under options o (optional: NULL means launch works from the
+     * region itself). */
+    kiln_status (*compile)(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                           kiln_kernel **out, char *err, size_t n_err);
     void (*kernel_free)(void *state, kiln_kernel *k);                 /* optional with compile */
     /* Runs region r (with its kernel, or NULL) over buffers in the backend's memory. Device
      * backends only enqueue: the work completes by the next sync. Required. */
@@ -75,17 +77,18 @@ typedef struct kiln_backend_i {
      * instead) and must never trust a count or offset it has not checked against len. */
     void        (*identity)(void *state, char *buf, size_t n);
     kiln_status (*kernel_save)(void *state, const kiln_kernel *k, void **out, size_t *len);
-    kiln_status (*kernel_load)(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
-                               kiln_kernel **out, char *err, size_t n_err);
+    kiln_status (*kernel_load)(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                               const void *buf, size_t len, kiln_kernel **out, char *err, size_t n_err);
 } kiln_backend_i;
 
 /* A device backend runs on its own memory (alloc is set). */
 static inline bool kiln_backend_is_device(const kiln_backend_i *b) { return b->alloc != NULL; }
 
-/* Blocks a backend launches for a grid-stride kernel (kir.grid_stride) over n virtual blocks:
- * $KILN_GRID_CAP=N caps them at N (0: every virtual block, for comparisons); otherwise as many as the
- * device holds at once (resident; 0 when unknown). Never more than limit (the device's grid bound). */
-uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit);
+/* Blocks a backend launches for a grid-stride kernel (kir.grid_stride) over n virtual blocks: cap
+ * (kiln_codegen_options.grid_cap) N > 0 caps them at N, -1 launches every virtual block (for
+ * comparisons); 0: as many as the device holds at once (resident; 0 when unknown). Never more than
+ * limit (the device's grid bound). */
+uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap);
 
 /* The table of every backend kiln knows, indexed by enum kiln_backend_id. */
 extern const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT];

@@ -11,13 +11,11 @@ const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT] = {
     [KILN_BACKEND_VULKAN] = &kiln_backend_vulkan,
 };
 
-uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit)
+uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap)
 {
-    const char *cap = getenv("KILN_GRID_CAP");
-    if (cap && *cap) {
-        long v = strtol(cap, NULL, 10);
-        if (v > 0 && (uint64_t)v < n) n = (uint32_t)v;
-    } else if (resident > 0 && resident < n) {
+    if (cap > 0) {
+        if ((uint32_t)cap < n) n = (uint32_t)cap;
+    } else if (cap == 0 && resident > 0 && resident < n) {
         n = (uint32_t)resident;
     }
     return n < limit ? n : limit;

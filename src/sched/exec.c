@@ -260,7 +260,7 @@ static kiln_status devices_setup(kiln_plan *p)
             if (s2 == KILN_SPACE_HOST) all = false;
             else sp = s2;
         }
-        if (all && sp >= 0 && kiln_backends[sp]->record_begin && !getenv("KILN_NO_RECORD")) p->record_space = sp;
+        if (all && sp >= 0 && kiln_backends[sp]->record_begin && !p->opts.no_record) p->record_space = sp;
     }
     return KILN_OK;
 }

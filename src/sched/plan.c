@@ -3,8 +3,8 @@
  * then each run binds symbols/inputs/outputs, resolves shapes and launches the regions in order.
  * Must not contain kernels. */
 #include "sched/plan.h"
-#include "codegen/kir.h"
 #include "sched/cost.h"
+#include "util/env.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -278,7 +278,7 @@ static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, in
     if (!bi->supports) return true;
     bool dev = kiln_backend_is_device(bi); /* its state (lost, features) changes under other threads */
     if (dev) pthread_mutex_lock((pthread_mutex_t *)&ctx->be_mu[b]);
-    bool ok = bi->supports(ctx->be_state[b], p->g, reg);
+    bool ok = bi->supports(ctx->be_state[b], p->g, reg, &p->opts);
     if (dev) pthread_mutex_unlock((pthread_mutex_t *)&ctx->be_mu[b]);
     return ok;
 }
@@ -319,16 +319,13 @@ static kiln_status place(kiln_plan *p, int forced)
     for (uint32_t r = bad; r < nr; r++)
         if (time[(size_t)r * KILN_BACKEND_COUNT + p->region_be[r]] < 0 || !(total < INFINITY)) {
             char lab[300], why[600] = "";
-            if (forced >= 0 && kiln_backend_is_device(kiln_backends[forced])) { /* say what the kernel templates lack */
-                kiln_kir ks[KILN_LOWER_MAX];
-                uint32_t nk = 0;
+            if (forced >= 0 && kiln_backend_is_device(kiln_backends[forced])) { /* say why: its compile names what the
+                                                                                   kernel templates lack, or the device's reason (e.g. lost) */
                 char e[512] = "";
-                if (kiln_lower_region_seq(p->g, &p->fusion.regions[r], ks, &nk, e, sizeof e) != KILN_OK) snprintf(why, sizeof why, ": %s", e);
-                for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&ks[i]);
                 const kiln_backend_i *fb = kiln_backends[forced];
-                kiln_kernel *k = NULL; /* templates fit: the device's own reason (e.g. lost), from its compile */
+                kiln_kernel *k = NULL;
                 pthread_mutex_lock(&p->ctx->be_mu[forced]);
-                if (!why[0] && fb->compile && fb->compile(p->ctx->be_state[forced], p->g, &p->fusion.regions[r], &k, e, sizeof e) != KILN_OK)
+                if (fb->compile && fb->compile(p->ctx->be_state[forced], p->g, &p->fusion.regions[r], &p->opts, &k, e, sizeof e) != KILN_OK)
                     snprintf(why, sizeof why, ": %s", e);
                 if (k && fb->kernel_free) fb->kernel_free(p->ctx->be_state[forced], k);
                 pthread_mutex_unlock(&p->ctx->be_mu[forced]);
@@ -403,14 +400,16 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     kiln_plan *p = calloc(1, sizeof *p);
     if (!p) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
     p->ctx = ctx;
-    p->what_if = opts && opts->what_if;
-    p->check_finite = opts && opts->check_finite;
+    kiln_env_options(opts, &p->opts);
+    p->opts.backend = NULL; /* the caller's string: used above only */
+    p->what_if = p->opts.what_if;
+    p->check_finite = p->opts.check_finite;
     /* The canonical copy: equal graphs get equal node ids, so their compiled parts are shared. */
     if (!(p->g = kiln_graph_canonical(g, p->ghash))) goto oom;
     if ((s = kiln_graph_materialize_weights(p->g)) != KILN_OK) goto fail; /* random weights: bytes now */
     uint32_t n = g->n_nodes ? g->n_nodes : 1;
-    kiln_sched_cache_lookup(p, opts, forced);
-    if (!p->mem_hit && (s = kiln_fuse(p->g, !(opts && opts->no_fuse), &p->fusion)) != KILN_OK) goto fail;
+    kiln_sched_cache_lookup(p, forced);
+    if (!p->mem_hit && (s = kiln_fuse(p->g, !p->opts.no_fuse, &p->fusion)) != KILN_OK) goto fail;
     uint32_t nr = p->fusion.n_regions ? p->fusion.n_regions : 1;
     if (!p->mem_hit) {
         p->region_be = calloc(nr, 1);

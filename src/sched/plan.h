@@ -74,6 +74,8 @@ struct kiln_plan {
     uint32_t      disk_hits;   /* kernels loaded from disk entries */
     uint32_t      disk_misses; /* kernels compiled where a disk entry was looked for */
     bool          check_finite;/* scan what each region stores for NaN/Inf (finite.c) */
+    kiln_compile_options opts; /* the options compiled with, environment defaults filled in
+                                  (kiln_env_options; .backend is not kept) */
     void         *finite_buf;  /* host copy of a device region's output being scanned */
     size_t        finite_cap;  /* its size */
 };
@@ -98,7 +100,7 @@ kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, 
 /* The plan cache (plan_cache.c). lookup computes p->key from p->ghash and the options and, on a
  * hit, points the plan's fusion, placement and kernels at the shared copy (p->mem_hit). keep
  * hands a freshly compiled plan's parts to the table. release drops the plan's reference. */
-void        kiln_sched_cache_lookup(kiln_plan *p, const kiln_compile_options *opts, int forced);
+void        kiln_sched_cache_lookup(kiln_plan *p, int forced);
 void        kiln_sched_cache_keep(kiln_plan *p);
 void        kiln_sched_cache_release(kiln_plan *p);
 /* The placement (region_be, pred_s, xfer_s) from its disk entry: true when read; save writes it. */

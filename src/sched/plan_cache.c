@@ -4,7 +4,6 @@
  * through the backends' save/load. Weights, states and memory stay per plan: a hit never reuses
  * anything that depends on a weight's bytes or a name. */
 #include "cache/blob.h"
-#include "codegen/lower.h"
 #include "sched/plan.h"
 
 #include <stdio.h>
@@ -37,14 +36,17 @@ static void tmpl_destroy(kiln_cache_obj *o, void *arg)
     free(t);
 }
 
-void kiln_sched_cache_lookup(kiln_plan *p, const kiln_compile_options *opts, int forced)
+_Static_assert(sizeof(kiln_codegen_options) % sizeof(int32_t) == 0, "kiln_codegen_options is hashed whole: int32_t fields only");
+
+void kiln_sched_cache_lookup(kiln_plan *p, int forced)
 {
     const kiln_ctx *ctx = p->ctx;
     kiln_cache_keyer k;
     kiln_cache_key_begin(&k, "plan");
     kiln_cache_key_add(&k, p->ghash, sizeof p->ghash);
-    uint8_t o[3] = {(uint8_t)(forced + 1), opts && opts->no_fuse, opts && opts->what_if};
+    uint8_t o[3] = {(uint8_t)(forced + 1), p->opts.no_fuse, p->opts.what_if};
     kiln_cache_key_add(&k, o, sizeof o);
+    kiln_cache_key_add(&k, &p->opts.codegen, sizeof p->opts.codegen); /* every code-generation choice, by construction */
     for (int b = 0; b < KILN_BACKEND_COUNT; b++) { /* placement reads which backends run and their profiles */
         uint8_t f[2] = {ctx->be_ok[b], ctx->has_profile[b]};
         kiln_cache_key_add(&k, f, sizeof f);
@@ -106,7 +108,7 @@ static enum kiln_cache_kind kind_of(int be)
 }
 
 /* A region's kernel depends on the canonical graph, the region (its nodes: fusion options show
- * there), the backend and its device. */
+ * there), the backend and its device, and the code-generation options (hashed whole). */
 static kiln_cache_key region_key(const kiln_plan *p, uint32_t r, int be)
 {
     const kiln_region *reg = &p->fusion.regions[r];
@@ -122,9 +124,7 @@ static kiln_cache_key region_key(const kiln_plan *p, uint32_t r, int be)
     kiln_cache_key_add(&k, reg->outs, reg->n_outs * sizeof *reg->outs);
     kiln_cache_key_str(&k, b->name);
     kiln_cache_key_str(&k, ident);
-    char opts[128];
-    kiln_lower_options_tag(opts, sizeof opts);
-    kiln_cache_key_str(&k, opts);
+    kiln_cache_key_add(&k, &p->opts.codegen, sizeof p->opts.codegen);
     return kiln_cache_key_end(&k);
 }
 
@@ -144,7 +144,7 @@ kiln_status kiln_sched_compile_region(kiln_plan *p, uint32_t r, char *err, size_
         size_t len = 0;
         if (kiln_cache_disk_get(c, kind, &key, &buf, &len)) {
             char lerr[256] = "";
-            kiln_status s = b->kernel_load(st, p->g, reg, buf, len, &p->kernels[r], lerr, sizeof lerr);
+            kiln_status s = b->kernel_load(st, p->g, reg, &p->opts, buf, len, &p->kernels[r], lerr, sizeof lerr);
             free(buf);
             if (s == KILN_OK) {
                 p->disk_hits++;
@@ -154,7 +154,7 @@ kiln_status kiln_sched_compile_region(kiln_plan *p, uint32_t r, char *err, size_
         }
         p->disk_misses++;
     }
-    kiln_status s = b->compile(st, p->g, reg, &p->kernels[r], err, n);
+    kiln_status s = b->compile(st, p->g, reg, &p->opts, &p->kernels[r], err, n);
     if (s != KILN_OK || !disk) return s;
     void *out = NULL;
     size_t len = 0;

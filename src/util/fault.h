@@ -2,11 +2,12 @@
  * variable KILN_FAULT_INJECT lists that name (comma-separated), compute a deliberately wrong result
  * or fail as the driver would, so the conformance harness (kiln check, tests/test_check.c) can
  * prove that it catches a wrong kernel and the fault tests that errors stay clear and contained.
- * Unset (always, outside those tests) it costs one getenv. Must not be used for anything else. */
+ * Unset (always, outside those tests) it costs one getenv (util/env.c). Must not be used for anything else. */
 #pragma once
 
+#include "util/env.h"
+
 #include <stdbool.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* Faults kernels know: "cpu_softmax_off_by_one" (the last element of each row left out of the
@@ -15,8 +16,8 @@
  * glslang rejects), "vk_device_lost" (queue submissions fail with VK_ERROR_DEVICE_LOST). */
 static inline bool kiln_fault(const char *name)
 {
-    const char *e = getenv("KILN_FAULT_INJECT");
-    if (!e || !*e) return false;
+    const char *e = kiln_env(KILN_ENV_FAULT_INJECT);
+    if (!e) return false;
     size_t n = strlen(name);
     for (const char *p = strstr(e, name); p; p = strstr(p + 1, name))
         if ((p == e || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return true;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "util/env.h"
 #include "backends/cpu/cpu.h"
 #include "backends/cpu/kern.h"
 
@@ -116,8 +117,8 @@ bool kiln_cpu_has_vnni(void)
 enum kiln_cpu_isa kiln_cpu_isa_detect(void)
 {
     enum kiln_cpu_isa m = kiln_cpu_isa_max();
-    const char *e = getenv("KILN_CPU_ISA");
-    if (e && *e && strcmp(e, "best") != 0) {
+    const char *e = kiln_env(KILN_ENV_CPU_ISA);
+    if (e && strcmp(e, "best") != 0) {
         for (int i = 0; i < KILN_CPU_ISA_COUNT; i++)
             if (strcmp(e, kiln_cpu_isa_name((enum kiln_cpu_isa)i)) == 0)
                 return (enum kiln_cpu_isa)i < m ? (enum kiln_cpu_isa)i : m;

@@ -69,7 +69,7 @@ static void cpu_release(void *state)
     free(s);
 }
 
-static bool cpu_supports(void *state, const kiln_graph *g, const kiln_region *r) { return true; }
+static bool cpu_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o) { return true; }
 
 static void cpu_profile(void *state, kiln_device_profile *out)
 {
@@ -210,8 +210,8 @@ static bool plan_sdpa(const kiln_graph *g, const kiln_region *r, struct kiln_ker
     return k->sdpa = true;
 }
 
-static kiln_status cpu_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out,
-                               char *err, size_t n_err)
+static kiln_status cpu_compile(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                               kiln_kernel **out, char *err, size_t n_err)
 {
     struct kiln_kernel *k = calloc(1, sizeof *k + r->n_nodes * sizeof(uint32_t));
     bool *covered = calloc(r->n_nodes + 1, sizeof *covered);
@@ -260,8 +260,8 @@ static kiln_status cpu_kernel_save(void *state, const kiln_kernel *k, void **out
 
 static bool node_ok(const kiln_graph *g, uint32_t i, bool none_ok) { return i < g->n_nodes || (none_ok && i == KILN_IDX_NONE); }
 
-static kiln_status cpu_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
-                                   kiln_kernel **out, char *err, size_t n_err)
+static kiln_status cpu_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                                   const void *buf, size_t len, kiln_kernel **out, char *err, size_t n_err)
 {
     *out = NULL;
     const unsigned char *b = buf;

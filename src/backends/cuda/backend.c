@@ -2,6 +2,7 @@
  * device memory and copies on that stream, recording launches into a CUDA graph by stream capture
  * and replaying it, device timers from events. Every driver result goes through kiln_cuda_fail;
  * after a sticky error every entry fails fast. Must not print or exit: errors go back in err. */
+#include "util/env.h"
 #include "backends/cuda/cuda.h"
 
 #include <stdio.h>
@@ -22,8 +23,8 @@ static kiln_status open_device(kiln_cuda *c, char *detail, size_t n)
         snprintf(detail, n, "%s", err);
         return KILN_ERR_UNSUPPORTED;
     }
-    const char *env = getenv("KILN_CUDA_DEVICE");
-    int ordinal = env && env[0] ? atoi(env) : 0;
+    const char *env = kiln_env(KILN_ENV_CUDA_DEVICE);
+    int ordinal = env ? atoi(env) : 0;
     if (ordinal < 0 || ordinal >= count) {
         snprintf(detail, n, "KILN_CUDA_DEVICE=%d but there are %d CUDA devices", ordinal, count);
         return KILN_ERR_UNSUPPORTED;
@@ -51,6 +52,8 @@ static kiln_status open_device(kiln_cuda *c, char *detail, size_t n)
         snprintf(detail, n, "%s is sm_%d; kiln's PTX needs sm_80 or newer", c->name, c->sm);
         return KILN_ERR_UNSUPPORTED;
     }
+    c->target = kiln_lower_target_for_sm(c->ptx_sm); /* the numbers the templates were tuned with, and this SM count */
+    if (c->n_sm > 0) c->target.sm_count = (uint32_t)c->n_sm;
     TRY(primary_retain(&c->ctx, c->dev), "cuDevicePrimaryCtxRetain");
     TRY(ctx_set_current(c->ctx), "cuCtxSetCurrent");
     TRY(stream_create(&c->stream, KILN_CU_STREAM_NON_BLOCKING), "cuStreamCreate");

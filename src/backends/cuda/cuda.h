@@ -4,6 +4,7 @@
  * translation every driver call goes through. Must not include <cuda.h> or link libcuda. */
 #pragma once
 
+#include "codegen/target.h"
 #include "kiln/kiln.h"
 
 #include <stdbool.h>
@@ -129,6 +130,9 @@ typedef struct kiln_cuda {
     int              sm;         /* compute capability, major * 10 + minor */
     int              ptx_sm;     /* target of printed PTX: min(sm, 90) (the driver JITs forward) */
     int              n_sm;       /* multiprocessors */
+    kiln_lower_target target;    /* what the lowering knows of this device (set at probe) */
+    kiln_codegen_options cg;     /* options of the compile or load in progress (set at its start,
+                                    under the context's device lock) */
     int              clock_khz;  /* SM clock, 0 when unknown */
     int              mem_khz;    /* memory clock, 0 when unknown */
     int              bus_bits;   /* memory bus width, 0 when unknown */
@@ -192,15 +196,15 @@ kiln_status kiln_cuda_measure(kiln_cuda *c, kiln_device_profile *out, char *err,
 
 #include "sched/backend.h"
 
-bool        kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r);
-kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out, char *err,
-                              size_t n);
+bool        kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o);
+kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                              kiln_kernel **out, char *err, size_t n);
 void        kiln_cuda_kernel_free(void *state, kiln_kernel *k);
 /* Cache entries (module.c): the device and driver a cubin is for; a compiled kernel's metadata,
  * PTX and cubin; a kernel rebuilt from them by loading the cubin (no PTX printing, no JIT). */
 void        kiln_cuda_identity(void *state, char *buf, size_t n);
 kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out, size_t *len);
-kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
-                                  kiln_kernel **out, char *err, size_t n);
+kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                                  const void *buf, size_t len, kiln_kernel **out, char *err, size_t n);
 kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                              char *err, size_t n);

@@ -2,6 +2,7 @@
  * name) and translating its results once, at this boundary: the driver's error name and text, out
  * of memory as KILN_ERR_NOMEM, sticky errors marking the backend dead. Must not be linked against
  * libcuda: a build without the NVIDIA driver or toolkit must run everywhere. */
+#include "util/env.h"
 #include "backends/cuda/cuda.h"
 
 #include <dlfcn.h>
@@ -12,8 +13,8 @@
 bool kiln_cuda_load(kiln_cuda_driver *d, char *msg, size_t n)
 {
     memset(d, 0, sizeof *d);
-    const char *path = getenv("KILN_LIBCUDA");
-    if (!path || !path[0]) path = "libcuda.so.1";
+    const char *path = kiln_env(KILN_ENV_LIBCUDA);
+    if (!path) path = "libcuda.so.1";
     d->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!d->lib) {
         if (!strcmp(path, "libcuda.so.1")) snprintf(msg, n, "libcuda.so.1 not found (no NVIDIA driver)");

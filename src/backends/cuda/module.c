@@ -2,6 +2,7 @@
  * JIT'ed with cuModuleLoadDataEx (its log kept in the error), its constant tables uploaded once;
  * a launch binds each buffer slot to a device address and enqueues cuLaunchKernel on the
  * backend's stream. Must not synchronize: completion is the executor's sync. */
+#include "util/env.h"
 #include "backends/cuda/cuda.h"
 #include "cache/blob.h"
 #include "ptx/ptx.h"
@@ -156,13 +157,13 @@ static kiln_status link_ptx(kiln_cuda *c, const char *ptx, const char *name, CUm
 
 /* Lowers region r into its kernels and prints each; on success the caller frees kir[0..*n) and
  * ptx[0..*n). */
-static kiln_status lower_and_print(int sm, const kiln_graph *g, const kiln_region *r, kiln_kir kir[KILN_LOWER_MAX],
-                                   char *ptx[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
+static kiln_status lower_and_print(const kiln_cuda *c, const kiln_codegen_options *o, const kiln_graph *g, const kiln_region *r,
+                                   kiln_kir kir[KILN_LOWER_MAX], char *ptx[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
     memset(ptx, 0, KILN_LOWER_MAX * sizeof *ptx);
-    kiln_lower_target t = kiln_lower_target_for_sm(sm);
+    kiln_lower_target t = kiln_lower_target_with(&c->target, o);
     kiln_status s = kiln_lower_region_for(g, r, &t, kir, n, err, n_err);
-    for (uint32_t i = 0; s == KILN_OK && i < *n; i++) s = kiln_ptx_print(&kir[i], sm, &ptx[i], err, n_err);
+    for (uint32_t i = 0; s == KILN_OK && i < *n; i++) s = kiln_ptx_print(&kir[i], c->ptx_sm, &ptx[i], err, n_err);
     if (s != KILN_OK) {
         for (uint32_t i = 0; i < *n; i++) {
             free(ptx[i]);
@@ -181,13 +182,13 @@ static void free_printed(kiln_kir kir[KILN_LOWER_MAX], char *ptx[KILN_LOWER_MAX]
     }
 }
 
-bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r)
+bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o)
 {
     kiln_cuda *c = state;
     kiln_kir kir[KILN_LOWER_MAX];
     char *ptx[KILN_LOWER_MAX], err[256];
     uint32_t n = 0;
-    if (c->dead || lower_and_print(c->ptx_sm, g, r, kir, ptx, &n, err, sizeof err) != KILN_OK) return false;
+    if (c->dead || lower_and_print(c, &o->codegen, g, r, kir, ptx, &n, err, sizeof err) != KILN_OK) return false;
     free_printed(kir, ptx, n);
     return true;
 }
@@ -195,8 +196,8 @@ bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r)
 /* $KILN_PTX_DUMP=DIR: every compiled kernel's PTX is also written to DIR/<name>.ptx. */
 static void dump(const char *name, const char *ptx)
 {
-    const char *dir = getenv("KILN_PTX_DUMP");
-    if (!dir || !dir[0]) return;
+    const char *dir = kiln_env(KILN_ENV_PTX_DUMP);
+    if (!dir) return;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.ptx", dir, name);
     FILE *f = fopen(path, "w");
@@ -211,7 +212,7 @@ static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, uint32_t n, uint32_t bl
 {
     int per_sm = 0;
     if (c->d.occupancy(&per_sm, fn, (int)block, 0) != KILN_CU_SUCCESS || per_sm <= 0 || c->n_sm <= 0) per_sm = 0;
-    return kiln_stride_blocks(n, (uint64_t)per_sm * (uint64_t)(c->n_sm > 0 ? c->n_sm : 0), UINT32_MAX);
+    return kiln_stride_blocks(n, (uint64_t)per_sm * (uint64_t)(c->n_sm > 0 ? c->n_sm : 0), UINT32_MAX, c->cg.grid_cap);
 }
 
 /* Copies a kernel's launch metadata and uploads its constant tables. */
@@ -292,17 +293,18 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
     return s;
 }
 
-kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out, char *err,
-                              size_t n)
+kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                              kiln_kernel **out, char *err, size_t n)
 {
     kiln_cuda *c = state;
     *out = NULL;
+    c->cg = o->codegen;
     kiln_status s = kiln_cuda_enter(c, err, n);
     if (s != KILN_OK) return s;
     kiln_kir kir[KILN_LOWER_MAX];
     char *ptx[KILN_LOWER_MAX];
     uint32_t nk = 0;
-    if ((s = lower_and_print(c->ptx_sm, g, r, kir, ptx, &nk, err, n)) != KILN_OK) return s;
+    if ((s = lower_and_print(c, &o->codegen, g, r, kir, ptx, &nk, err, n)) != KILN_OK) return s;
     kiln_kernel *k = calloc(1, sizeof *k);
     if (!k) s = KILN_ERR_NOMEM;
     uint64_t scratch = 0;
@@ -422,11 +424,12 @@ bad:
     return KILN_ERR_INVALID_ARG;
 }
 
-kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
-                                  kiln_kernel **out, char *err, size_t n)
+kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                                  const void *buf, size_t len, kiln_kernel **out, char *err, size_t n)
 {
     kiln_cuda *c = state;
     *out = NULL;
+    c->cg = o->codegen;
     kiln_status s = kiln_cuda_enter(c, err, n);
     if (s != KILN_OK) return s;
     kiln_blob_r rd = {.p = buf, .n = len};

@@ -46,7 +46,10 @@ typedef struct kiln_vk {
     VkPhysicalDeviceProperties props; /* name, type, limits, vendor */
     VkPhysicalDeviceMemoryProperties mem_props; /* heaps and types */
     char              driver[128];    /* driver name and info */
-    kiln_spv_features feat;           /* what the printer may use */
+    kiln_spv_features feat;           /* what the device offers the printer (kiln_vk_features masks it) */
+    kiln_codegen_options cg;          /* options of the compile or load in progress (set under the
+                                         context's device lock; zero: defaults) */
+    kiln_lower_target target;         /* what the lowering knows of this device (set at probe) */
     bool              has_f64;        /* shaderFloat64 is enabled */
     bool              fma_checked;    /* kiln_vk_check_fma ran (or is running) */
     bool              size_control;   /* pipelines may require the subgroup size (feat.subgroup_size) */
@@ -130,6 +133,8 @@ kiln_status kiln_vk_kernel_launch_view(kiln_vk *s, const kiln_vk_kernel *k, cons
  * twice, FMA is printed through doubles (feat.fma_f64) when the device has them. Runs once per
  * device and process, before the first kernel is printed (it syncs: never while recording). */
 kiln_status kiln_vk_check_fma(kiln_vk *s, char *err, size_t n);
+/* The features the printer uses under options' vk_disable bits (KILN_VK_NO_*). */
+kiln_spv_features kiln_vk_features(const kiln_vk *s, int32_t disable);
 /* GLSL of the kernel as compiled (for listings). */
 const char *kiln_vk_kernel_glsl(const kiln_vk_kernel *k);
 /* Cache entries: a compiled region's kernels (buffer slots, grid, tables, GLSL, SPIR-V), and

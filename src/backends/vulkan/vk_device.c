@@ -2,6 +2,7 @@
  * KILN_VK_DEVICE=index|name), optional features probed for the GLSL printer, VkResult names,
  * the default profile, and the backend table. Must not record commands (vk_queue.c) nor manage
  * buffers (vk_memory.c) or pipelines (vk_kernel.c). */
+#include "util/env.h"
 #include "backends/vulkan/vk.h"
 
 #include <pthread.h>
@@ -101,18 +102,11 @@ static int compute_family(VkPhysicalDevice p)
     return -1;
 }
 
-/* A feature listed in $KILN_VK_DISABLE (comma list of 16bit, subgroup, dot) is not used. */
-static bool disabled(const char *what)
-{
-    const char *e = getenv("KILN_VK_DISABLE");
-    return e && strstr(e, what);
-}
-
 /* Picks the device: KILN_VK_DEVICE (index or name substring), else the best type with Vulkan 1.1
  * and a compute queue. Writes the device list into detail. */
 static int choose(VkPhysicalDevice *devs, uint32_t n, char *list, size_t n_list, char *why, size_t n_why)
 {
-    const char *want = getenv("KILN_VK_DEVICE");
+    const char *want = kiln_env(KILN_ENV_VK_DEVICE);
     int best = -1, best_rank = 99;
     size_t l = 0;
     list[0] = 0;
@@ -146,9 +140,9 @@ static int choose(VkPhysicalDevice *devs, uint32_t n, char *list, size_t n_list,
 /* Probes the optional features and creates the device with them enabled. */
 static VkResult create_device(kiln_vk *s)
 {
-    bool ext_dot = has_ext(s->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) && !disabled("dot");
+    bool ext_dot = has_ext(s->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) ;
     bool v13 = s->props.apiVersion >= VK_API_VERSION_1_3;
-    bool ext_sc = (v13 || has_ext(s->phys, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) && !disabled("subgroup");
+    bool ext_sc = (v13 || has_ext(s->phys, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) ;
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
     VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sc = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
     VkPhysicalDevice16BitStorageFeatures st16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
@@ -165,8 +159,9 @@ static VkResult create_device(kiln_vk *s)
 
     /* what is enabled: only what is used */
     VkPhysicalDevice16BitStorageFeatures en16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
-                                                .storageBuffer16BitAccess = st16.storageBuffer16BitAccess && !disabled("16bit")};
+                                                .storageBuffer16BitAccess = st16.storageBuffer16BitAccess};
     s->feat.storage16 = en16.storageBuffer16BitAccess;
+    s->target = kiln_lower_target_default(); /* Vulkan does not say how many compute units: the H100's numbers */
     VkPhysicalDeviceFeatures2 en_f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &en16};
     en_f2.features.shaderFloat64 = f2.features.shaderFloat64; /* for FMA where fma() rounds twice */
     s->has_f64 = f2.features.shaderFloat64;
@@ -181,7 +176,7 @@ static VkResult create_device(kiln_vk *s)
         exts[n_ext++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
         s->feat.int_dot = true;
     }
-    bool sg_ok = !disabled("subgroup") && (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+    bool sg_ok = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                  (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
     VkPhysicalDeviceSubgroupSizeControlFeaturesEXT en_sc = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
     if (sg_ok && ext_sc && sc.subgroupSizeControl && sc.computeFullSubgroups &&
@@ -317,27 +312,32 @@ static void vk_profile(void *state, kiln_device_profile *out)
 }
 
 /* A region runs here when the lowering has a template for it. */
-static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r)
+static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o)
 {
     kiln_vk *s = state;
     if (s->lost) return false;
     kiln_kir k[KILN_LOWER_MAX];
     uint32_t nk = 0;
     char err[256];
-    bool ok = kiln_lower_region_seq(g, r, k, &nk, err, sizeof err) == KILN_OK;
+    kiln_lower_target t = kiln_lower_target_with(&s->target, &o->codegen);
+    bool ok = kiln_lower_region_for(g, r, &t, k, &nk, err, sizeof err) == KILN_OK;
     for (uint32_t i = 0; ok && i < nk; i++) kiln_kir_free(&k[i]);
     return ok;
 }
 
-static kiln_status vk_compile(void *state, const kiln_graph *g, const kiln_region *r, kiln_kernel **out, char *err, size_t n)
+static kiln_status vk_compile(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                              kiln_kernel **out, char *err, size_t n)
 {
     kiln_vk *s = state;
     *out = NULL;
     kiln_kir k[KILN_LOWER_MAX];
     uint32_t nk = 0;
-    kiln_status st = kiln_lower_region_seq(g, r, k, &nk, err, n);
+    kiln_lower_target t = kiln_lower_target_with(&s->target, &o->codegen);
+    kiln_status st = kiln_lower_region_for(g, r, &t, k, &nk, err, n);
     if (st != KILN_OK) return st;
+    s->cg = o->codegen;
     st = kiln_vk_kernel_new_seq(s, k, nk, (kiln_vk_kernel **)out, err, n);
+    s->cg = (kiln_codegen_options){0};
     for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&k[i]);
     return st;
 }
@@ -366,10 +366,14 @@ static kiln_status vk_kernel_save(void *state, const kiln_kernel *k, void **out,
     return kiln_vk_kernel_save(state, (const kiln_vk_kernel *)k, out, len);
 }
 
-static kiln_status vk_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const void *buf, size_t len,
-                                  kiln_kernel **out, char *err, size_t n)
+static kiln_status vk_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                                  const void *buf, size_t len, kiln_kernel **out, char *err, size_t n)
 {
-    return kiln_vk_kernel_load(state, g, buf, len, (kiln_vk_kernel **)out, err, n);
+    kiln_vk *s = state;
+    s->cg = o->codegen;
+    kiln_status st = kiln_vk_kernel_load(s, g, buf, len, (kiln_vk_kernel **)out, err, n);
+    s->cg = (kiln_codegen_options){0};
+    return st;
 }
 
 static kiln_status vk_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v, char *err, size_t n)

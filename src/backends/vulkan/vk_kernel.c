@@ -81,6 +81,7 @@ typedef struct vk_shape {
     uint32_t n_bufs; /* storage buffer bindings */
     uint32_t block;  /* threads per workgroup */
     bool     reduce; /* uses REDUCE (subgroup size pinned) */
+    uint32_t subgroup; /* subgroup size the GLSL was printed for (0: shared-memory reductions) */
 } vk_shape;
 
 static kiln_status make_pipeline(kiln_vk *s, const vk_shape *kir, kiln_vk_kernel *k, const uint32_t *words, size_t n_words,
@@ -103,8 +104,8 @@ static kiln_status make_pipeline(kiln_vk *s, const vk_shape *kir, kiln_vk_kernel
     if (r != VK_SUCCESS) return kiln_vk_fail(s, r, "vkCreatePipelineLayout", err, n);
     /* subgroup reductions were printed for feat.subgroup_size: make the dispatch use exactly it */
     VkPipelineShaderStageRequiredSubgroupSizeCreateInfoEXT req = {
-        .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT, .requiredSubgroupSize = s->feat.subgroup_size};
-    bool pin = s->size_control && s->feat.subgroup_size && kir->block % s->feat.subgroup_size == 0 && kir->reduce;
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO_EXT, .requiredSubgroupSize = kir->subgroup};
+    bool pin = s->size_control && kir->subgroup && kir->block % kir->subgroup == 0 && kir->reduce;
     VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .pNext = pin ? &req : NULL,
@@ -135,8 +136,20 @@ static kiln_status check_limits(kiln_vk *s, const char *name, uint32_t block, co
     return KILN_OK;
 }
 
-/* Blocks a grid-stride kernel launches over its n virtual ones: the device's limit, or $KILN_GRID_CAP. */
-static uint32_t stride_blocks(kiln_vk *s, uint32_t n) { return kiln_stride_blocks(n, 0, s->props.limits.maxComputeWorkGroupCount[0]); }
+/* Blocks a grid-stride kernel launches over its n virtual ones: the device's limit, or the options' grid_cap. */
+static uint32_t stride_blocks(kiln_vk *s, uint32_t n)
+{
+    return kiln_stride_blocks(n, 0, s->props.limits.maxComputeWorkGroupCount[0], s->cg.grid_cap);
+}
+
+kiln_spv_features kiln_vk_features(const kiln_vk *s, int32_t disable)
+{
+    kiln_spv_features f = s->feat;
+    if (disable & KILN_VK_NO_16BIT) f.storage16 = false;
+    if (disable & KILN_VK_NO_DOT) f.int_dot = false;
+    if (disable & KILN_VK_NO_SUBGROUP) f.subgroup_size = 0, f.subgroup_arith = f.subgroup_clustered = false;
+    return f;
+}
 
 static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n);
 
@@ -187,12 +200,13 @@ static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **
     memcpy(k->bufs, kir->bufs, sizeof k->bufs);
     memcpy(k->grid, kir->grid, sizeof k->grid);
     if (kir->grid_stride) k->grid[0] = stride_blocks(s, k->grid[0]);
-    kiln_status st = kiln_spv_glsl(kir, &s->feat, &k->glsl, err, n);
+    kiln_spv_features feat = kiln_vk_features(s, s->cg.vk_disable);
+    kiln_status st = kiln_spv_glsl(kir, &feat, &k->glsl, err, n);
     if (st == KILN_OK && kiln_fault("vk_glsl_error")) st = inject_glsl_error(&k->glsl, err, n); /* test-only */
     uint32_t *words = NULL;
     size_t n_words = 0;
     if (st == KILN_OK) st = kiln_spv_compile(k->glsl, &words, &n_words, err, n);
-    vk_shape shape = {.n_bufs = kir->n_bufs, .block = kir->block, .reduce = uses_reduce(kir)};
+    vk_shape shape = {.n_bufs = kir->n_bufs, .block = kir->block, .reduce = uses_reduce(kir), .subgroup = feat.subgroup_size};
     if (st == KILN_OK) st = make_pipeline(s, &shape, k, words, n_words, err, n);
     if (st == KILN_OK && entry) {
         kiln_blob_u32(entry, kir->n_bufs);
@@ -402,6 +416,7 @@ static kiln_status load_one(kiln_vk *s, const kiln_graph *g, kiln_blob_r *rd, ki
     uint32_t reduce = kiln_blob_get_u32(rd), n_tables = kiln_blob_get_u32(rd);
     if (rd->bad || reduce > 1 || stride > 1 || n_tables > KILN_KIR_MAX_TABLES || !shape.block) goto bad;
     shape.reduce = reduce != 0;
+    shape.subgroup = kiln_vk_features(s, s->cg.vk_disable).subgroup_size; /* the region key holds vk_disable */
     for (uint32_t b = 0; b < shape.n_bufs; b++)
         if (k->bufs[b].kind == KILN_KBUF_TABLE && k->bufs[b].node >= n_tables) goto bad;
     kiln_status st = check_limits(s, "from the cache", shape.block, k->grid, stride, err, n);

@@ -1,0 +1,23 @@
+/* The default lowering target (an H100's numbers, which the templates were tuned on) and the
+ * merge of compile options into a backend's target. Must not probe any device. */
+#include "codegen/target.h"
+
+kiln_lower_target kiln_lower_target_default(void)
+{
+    return (kiln_lower_target){.sm_count = 132, .busy_warps = 4096, .grid_max = 4096, .smem_bytes = 32768, .warp = 32,
+                               .mma = true, .dp4a = true};
+}
+
+kiln_lower_target kiln_lower_target_for_sm(int sm)
+{
+    kiln_lower_target t = kiln_lower_target_default();
+    t.wgmma = sm == 90;
+    return t;
+}
+
+kiln_lower_target kiln_lower_target_with(const kiln_lower_target *t, const kiln_codegen_options *o)
+{
+    kiln_lower_target r = *t;
+    if (o) r.opts = *o;
+    return r;
+}

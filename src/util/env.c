@@ -1,0 +1,57 @@
+/* The one table of environment variables (documented in docs/env.md) and the translation of the
+ * code-changing ones into kiln_compile_options. The only getenv call in src/. Must not keep state:
+ * every call reads the environment as it is. */
+#include "util/env.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const names[KILN_ENV_COUNT] = {
+    [KILN_ENV_CPU_ISA] = "KILN_CPU_ISA",
+    [KILN_ENV_CUDA_DEVICE] = "KILN_CUDA_DEVICE",
+    [KILN_ENV_LIBCUDA] = "KILN_LIBCUDA",
+    [KILN_ENV_PTX_DUMP] = "KILN_PTX_DUMP",
+    [KILN_ENV_PTXAS] = "KILN_PTXAS",
+    [KILN_ENV_PATH] = "PATH",
+    [KILN_ENV_VK_DEVICE] = "KILN_VK_DEVICE",
+    [KILN_ENV_CACHE] = "KILN_CACHE",
+    [KILN_ENV_CACHE_DIR] = "KILN_CACHE_DIR",
+    [KILN_ENV_XDG_CACHE_HOME] = "XDG_CACHE_HOME",
+    [KILN_ENV_HOME] = "HOME",
+    [KILN_ENV_SOURCE_DIR] = "KILN_SOURCE_DIR",
+    [KILN_ENV_FAULT_INJECT] = "KILN_FAULT_INJECT",
+    [KILN_ENV_GEMM] = "KILN_GEMM",
+    [KILN_ENV_GEMM_BM] = "KILN_GEMM_BM",
+    [KILN_ENV_GRID_CAP] = "KILN_GRID_CAP",
+    [KILN_ENV_VK_DISABLE] = "KILN_VK_DISABLE",
+    [KILN_ENV_NO_RECORD] = "KILN_NO_RECORD",
+    [KILN_ENV_WGMMA] = "KILN_WGMMA",
+};
+
+const char *kiln_env(enum kiln_env_var v)
+{
+    if ((unsigned)v >= KILN_ENV_COUNT) return NULL;
+    const char *e = getenv(names[v]);
+    return e && *e ? e : NULL;
+}
+
+const char *kiln_env_name(enum kiln_env_var v) { return (unsigned)v < KILN_ENV_COUNT ? names[v] : "?"; }
+
+void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
+{
+    if (in) *out = *in;
+    else memset(out, 0, sizeof *out);
+    kiln_codegen_options *c = &out->codegen;
+    const char *e;
+    if (!c->gemm && (e = kiln_env(KILN_ENV_GEMM)) && !strcmp(e, "0")) c->gemm = KILN_GEMM_OFF;
+    if (!c->gemm_rows && (e = kiln_env(KILN_ENV_GEMM_BM)) && !strcmp(e, "64")) c->gemm_rows = 64;
+    if (!c->wgmma && (e = kiln_env(KILN_ENV_WGMMA)) && !strcmp(e, "0")) c->wgmma = KILN_GEMM_OFF;
+    if (!c->grid_cap && (e = kiln_env(KILN_ENV_GRID_CAP))) {
+        long v = strtol(e, NULL, 10);
+        c->grid_cap = v > 0 && v <= INT32_MAX ? (int32_t)v : v == 0 ? -1 : 0; /* "0": every virtual block */
+    }
+    if (!c->vk_disable && (e = kiln_env(KILN_ENV_VK_DISABLE)))
+        c->vk_disable = (strstr(e, "16bit") ? KILN_VK_NO_16BIT : 0) | (strstr(e, "subgroup") ? KILN_VK_NO_SUBGROUP : 0) |
+                        (strstr(e, "dot") ? KILN_VK_NO_DOT : 0);
+    if (!out->no_record && kiln_env(KILN_ENV_NO_RECORD)) out->no_record = true;
+}

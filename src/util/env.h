@@ -1,0 +1,39 @@
+/* The environment: every variable kiln reads, in one table (env.c) and one doc (docs/env.md). No
+ * other file calls getenv. Variables that change generated code or launches only fill the
+ * kiln_compile_options fields a caller left at zero (kiln_env_options); the rest are read where
+ * they act, through kiln_env. Must not depend on anything but kiln.h. */
+#pragma once
+
+#include "kiln/kiln.h"
+
+enum kiln_env_var {
+    KILN_ENV_CPU_ISA = 0,    /* cap on the cpu backend's SIMD path */
+    KILN_ENV_CUDA_DEVICE,    /* CUDA device ordinal */
+    KILN_ENV_LIBCUDA,        /* another libcuda (the tests' stand-in driver) */
+    KILN_ENV_PTX_DUMP,       /* folder that gets every compiled kernel's PTX */
+    KILN_ENV_PTXAS,          /* ptxas for `kiln ptx` and the tests */
+    KILN_ENV_PATH,           /* where else to look for ptxas */
+    KILN_ENV_VK_DEVICE,      /* Vulkan device by index or name */
+    KILN_ENV_CACHE,          /* kernel cache: off / on / all */
+    KILN_ENV_CACHE_DIR,      /* kernel cache folder */
+    KILN_ENV_XDG_CACHE_HOME, /* its default parent */
+    KILN_ENV_HOME,           /* its parent when XDG_CACHE_HOME is unset */
+    KILN_ENV_SOURCE_DIR,     /* where contracts/ is */
+    KILN_ENV_FAULT_INJECT,   /* test-only faults (util/fault.h) */
+    KILN_ENV_GEMM,           /* kiln_compile_options.codegen.gemm */
+    KILN_ENV_GEMM_BM,        /* kiln_compile_options.codegen.gemm_rows */
+    KILN_ENV_GRID_CAP,       /* kiln_compile_options.codegen.grid_cap */
+    KILN_ENV_VK_DISABLE,     /* kiln_compile_options.codegen.vk_disable */
+    KILN_ENV_NO_RECORD,      /* kiln_compile_options.no_record */
+    KILN_ENV_WGMMA,          /* kiln_compile_options.codegen.wgmma */
+    KILN_ENV_COUNT
+};
+
+/* The variable's value, or NULL when unset or empty. Read at each call (tests set some of them
+ * between calls: KILN_FAULT_INJECT, KILN_LIBCUDA). */
+const char *kiln_env(enum kiln_env_var v);
+/* Its name ("KILN_GEMM"), for messages. */
+const char *kiln_env_name(enum kiln_env_var v);
+/* The options a compile runs with: *o (or zeros for NULL) with every code-generation field left at
+ * zero, and no_record, filled from its variable. */
+void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out);
