@@ -162,6 +162,29 @@ uint32_t kiln_k1(kiln_kir *k, enum kiln_kop op, uint32_t a) { return kiln_kir_op
 uint32_t kiln_kvar(kiln_kir *k, uint32_t init) { return kiln_kir_op(k, KILN_KOP_VAR, kiln_ktype(k, init), init, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
 void kiln_kset(kiln_kir *k, uint32_t var, uint32_t v) { kiln_kir_op(k, KILN_KOP_ASSIGN, KILN_KT_NONE, var, v, KILN_IDX_NONE, 0); }
 
+#define N KILN_IDX_NONE
+uint32_t kiln_kaddi(kiln_kir *k, uint32_t a, int32_t b) { return b ? kiln_k2(k, KILN_KOP_ADD, a, kiln_ki(k, b)) : a; }
+uint32_t kiln_kmuli(kiln_kir *k, uint32_t a, int32_t b) { return b == 1 ? a : kiln_k2(k, KILN_KOP_MUL, a, kiln_ki(k, b)); }
+uint32_t kiln_kfma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, b, c, 0); }
+uint32_t kiln_kcvt(kiln_kir *k, enum kiln_kt t, uint32_t v) { return kiln_kir_op(k, KILN_KOP_CVT, t, v, N, N, 0); }
+uint32_t kiln_kbitcast(kiln_kir *k, enum kiln_kt t, uint32_t v) { return kiln_kir_op(k, KILN_KOP_BITCAST, t, v, N, N, 0); }
+uint32_t kiln_kbfe(kiln_kir *k, enum kiln_kt t, uint32_t v, int off, int width) { return kiln_kir_op(k, KILN_KOP_BFE, t, v, N, N, off | (width << 8)); }
+uint32_t kiln_kh2f(kiln_kir *k, uint32_t w, int half) { return kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32, w, N, N, half); }
+uint32_t kiln_klane(kiln_kir *k, uint32_t v4, int i) { return kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, N, N, i); }
+uint32_t kiln_klanef(kiln_kir *k, uint32_t v4, int i) { return kiln_kbitcast(k, KILN_KT_F32, kiln_klane(k, v4, i)); }
+uint32_t kiln_ksel(kiln_kir *k, enum kiln_kt t, uint32_t p, uint32_t a, uint32_t b) { return kiln_kir_op(k, KILN_KOP_SELECT, t, p, a, b, 0); }
+uint32_t kiln_kld(kiln_kir *k, uint32_t slot, uint32_t word) { return kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, word, N, N, (int32_t)slot); }
+uint32_t kiln_kld4(kiln_kir *k, uint32_t slot, uint32_t word) { return kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, word, N, N, (int32_t)slot); }
+uint32_t kiln_klds(kiln_kir *k, uint32_t arr, enum kiln_kt t, uint32_t idx) { return kiln_kir_op(k, KILN_KOP_LDS, t, idx, N, N, (int32_t)arr); }
+void     kiln_ksts(kiln_kir *k, uint32_t arr, uint32_t idx, uint32_t v) { kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, idx, v, N, (int32_t)arr); }
+void     kiln_kif(kiln_kir *k, uint32_t pred) { kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, pred, N, N, 0); }
+void     kiln_kelse(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ELSE, KILN_KT_NONE, N, N, N, 0); }
+void     kiln_kendif(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, N, N, N, 0); }
+void     kiln_kloop(kiln_kir *k, uint32_t var, uint32_t end, uint32_t step) { kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, var, end, step, 0); }
+void     kiln_kendloop(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, N, N, N, 0); }
+void     kiln_kbarrier(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, N, N, N, 0); }
+#undef N
+
 /* ------------------------------------------------------------------ verification */
 
 #define FAIL(...) do { snprintf(err, n_err, "kernel %s, instruction %u (%s): ", k->name, i, kiln_kop_name(op)); \

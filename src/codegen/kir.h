@@ -228,6 +228,27 @@ uint32_t kiln_k1(kiln_kir *k, enum kiln_kop op, uint32_t a);             /* unar
 uint32_t kiln_kvar(kiln_kir *k, uint32_t init);          /* variable initialized to init (its type) */
 void     kiln_kset(kiln_kir *k, uint32_t var, uint32_t v);
 enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
+/* The rest of the vocabulary: every lowering writes kir through these (no private wrappers). */
+uint32_t kiln_kaddi(kiln_kir *k, uint32_t a, int32_t b);  /* a + b (a itself for b = 0) */
+uint32_t kiln_kmuli(kiln_kir *k, uint32_t a, int32_t b);  /* a * b (a itself for b = 1) */
+uint32_t kiln_kfma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c);        /* F32 a * b + c */
+uint32_t kiln_kcvt(kiln_kir *k, enum kiln_kt t, uint32_t v);                /* CVT to t */
+uint32_t kiln_kbitcast(kiln_kir *k, enum kiln_kt t, uint32_t v);            /* BITCAST to t */
+uint32_t kiln_kbfe(kiln_kir *k, enum kiln_kt t, uint32_t v, int off, int width); /* bit field */
+uint32_t kiln_kh2f(kiln_kir *k, uint32_t w, int half);                       /* F32 of f16 half 0/1 of w */
+uint32_t kiln_klane(kiln_kir *k, uint32_t v4, int i);                        /* U32 lane i of a V4 */
+uint32_t kiln_klanef(kiln_kir *k, uint32_t v4, int i);                       /* the same as F32 bits */
+uint32_t kiln_ksel(kiln_kir *k, enum kiln_kt t, uint32_t p, uint32_t a, uint32_t b); /* p ? a : b */
+uint32_t kiln_kld(kiln_kir *k, uint32_t slot, uint32_t word);               /* U32 word of a buffer slot */
+uint32_t kiln_kld4(kiln_kir *k, uint32_t slot, uint32_t word);              /* V4 from word (multiple of 4) */
+uint32_t kiln_klds(kiln_kir *k, uint32_t arr, enum kiln_kt t, uint32_t idx); /* shared element */
+void     kiln_ksts(kiln_kir *k, uint32_t arr, uint32_t idx, uint32_t v);
+void     kiln_kif(kiln_kir *k, uint32_t pred);
+void     kiln_kelse(kiln_kir *k);
+void     kiln_kendif(kiln_kir *k);
+void     kiln_kloop(kiln_kir *k, uint32_t var, uint32_t end, uint32_t step); /* for (var; var < end; var += step) */
+void     kiln_kendloop(kiln_kir *k);
+void     kiln_kbarrier(kiln_kir *k);
 
 /* ------------------------------------------------------------------ lowering (lower_*.c) */
 

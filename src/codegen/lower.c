@@ -1,7 +1,7 @@
 /* Lowering entry point and shared helpers: picks the template for a region (map, rows, gemv,
  * attention, move), and gives every template the same element loads/stores, elementwise math and
- * expression evaluator, so fused prologues/epilogues mean the same thing in every kernel. Also
- * the device layout of weights. Must not print any target's text. */
+ * expression evaluator, so fused prologues/epilogues mean the same thing in every kernel. Must
+ * not print any target's text. */
 #include "codegen/lower.h"
 #include "graph/dtype.h"
 
@@ -406,49 +406,4 @@ kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, con
     }
     *n_out = n;
     return KILN_OK;
-}
-
-/* ------------------------------------------------------------------ weight layouts */
-
-enum kiln_klayout kiln_lower_weight_layout(kiln_dtype t)
-{
-    return t == KILN_DTYPE_Q8_0 ? KILN_KLAYOUT_Q8_0_SPLIT : t == KILN_DTYPE_Q6_K ? KILN_KLAYOUT_Q6_K_SPLIT : KILN_KLAYOUT_RAW;
-}
-
-static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
-
-size_t kiln_lower_weight_bytes(kiln_dtype t, int64_t rows, int64_t k)
-{
-    size_t nb = (size_t)(rows * (k / kiln_dtype_block(t)));
-    switch (kiln_lower_weight_layout(t)) {
-    case KILN_KLAYOUT_Q8_0_SPLIT: return align16((size_t)(rows * k)) + align16(2 * nb);
-    case KILN_KLAYOUT_Q6_K_SPLIT: return align16(208 * nb) + align16(2 * nb);
-    default: return (size_t)rows * kiln_row_bytes(t, k);
-    }
-}
-
-void kiln_lower_weight_repack(kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst)
-{
-    const unsigned char *s = src;
-    unsigned char *d = dst;
-    size_t nb = (size_t)(rows * (k / kiln_dtype_block(t)));
-    switch (kiln_lower_weight_layout(t)) {
-    case KILN_KLAYOUT_Q8_0_SPLIT: { /* block: f16 d, 32 x int8 */
-        unsigned char *q = d, *sc = d + align16((size_t)(rows * k));
-        for (size_t b = 0; b < nb; b++) {
-            memcpy(sc + 2 * b, s + 34 * b, 2);
-            memcpy(q + 32 * b, s + 34 * b + 2, 32);
-        }
-        break;
-    }
-    case KILN_KLAYOUT_Q6_K_SPLIT: { /* block: ql[128] qh[64] scales[16] f16 d */
-        unsigned char *dd = d + align16(208 * nb);
-        for (size_t b = 0; b < nb; b++) {
-            memcpy(d + 208 * b, s + 210 * b, 208);
-            memcpy(dd + 2 * b, s + 210 * b + 208, 2);
-        }
-        break;
-    }
-    default: memcpy(d, s, (size_t)rows * kiln_row_bytes(t, k)); break;
-    }
 }

@@ -112,15 +112,8 @@ static uint32_t b_word(gm *g, uint32_t n, uint32_t p) { return addi(g, kl_frag_b
 static bool x_is_f32(const gm *g) { return !g->xp && g->s->xdt == KILN_DTYPE_F32; }
 static int x_items(const gm *g) { return (x_is_f32(g) ? 2 : 1) * g->bm / 64; }
 
-/* Chunk index of piece h of a block-weight tile starting at k0 (see gemv's chunk layouts). */
-static uint32_t qchunk(gm *g, uint32_t k0, uint32_t h)
-{
-    switch (g->wt) {
-    case KILN_DTYPE_Q8_0: return add(g, shri(g, k0, 4), h);
-    case KILN_DTYPE_Q6_K: return add(g, add(g, muli(g, shri(g, k0, 8), 4), muli(g, shri(g, andi(g, k0, 255), 7), 2)), h);
-    default: return add(g, add(g, muli(g, shri(g, k0, 8), 8), muli(g, shri(g, andi(g, k0, 255), 6), 2)), h);
-    }
-}
+/* Chunk index of piece h of a block-weight tile starting at k0 (the format's chunk layout). */
+static uint32_t qchunk(gm *g, uint32_t k0, uint32_t h) { return kl_wfmt_of(g->wt)->gemm_chunk(g->k, k0, h); }
 
 static void gm_plan_make(gm *g, const gv_group *G, gm_plan *P)
 {
@@ -535,7 +528,7 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     g->parts = x_parts(g->wt, x_exact); /* with xp: what gm_prepare found for every group */
     g->wparts = g->wt == KILN_DTYPE_F32 ? 2 : 1;
     g->bns = GM_BN / G->n_sib;
-    g->U = g->wt == KILN_DTYPE_Q6_K ? 4 : g->wt == KILN_DTYPE_Q4_K || g->wt == KILN_DTYPE_Q5_K ? 2 : 1;
+    g->U = kl_wfmt_of(g->wt)->subs;
     g->n0 = muli(g, nb, g->bns);
     if (g->wg) {
         gw_group(g, G);
@@ -659,7 +652,8 @@ static bool gm_fits(const gv *s, char *err, size_t n_err)
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
         kiln_dtype t = wdtype(s, G->sib[0]);
-        if (t == KILN_DTYPE_I32) return kl_unsupported(err, n_err, "gemm: %s weights", kiln_dtype_name(t)), false;
+        const kl_wfmt *f = kl_wfmt_of(t); /* gemv's analysis refused dtypes without a row */
+        if (f->block && !f->gemm_chunk) return kl_unsupported(err, n_err, "gemm: %s weights", kiln_dtype_name(t)), false;
         if (G->n_sib > 2) return kl_unsupported(err, n_err, "gemm: %d fused siblings", G->n_sib), false;
         if (G->rope == 2 && (GM_BN / G->n_sib) % G->hd) return kl_unsupported(err, n_err, "gemm: neox rope head %lld", (long long)G->hd), false;
         if (G->n * (int64_t)s->K >= (int64_t)1 << 31) return kl_unsupported(err, n_err, "gemm: weight too large"), false;

@@ -2,9 +2,10 @@
  * y_j[t, n] = f(x)[t] . W_j[n] for up to 4 sibling weights sharing x, with the rms_norm prologue
  * and the epilogues (bias/residual add, swiglu, rope, KV-cache write) applied by the warp that
  * owns the output. A warp owns a unit of up to 4 output rows (rope partners and swiglu pairs
- * together), its 32 lanes stride over 16-byte chunks of the rows; per-dtype decoders turn chunks
+ * together), its 32 lanes stride over 16-byte chunks of the rows; the format rows (wfmt.h) turn chunks
  * into values. Must not know any target's syntax. */
 #include "codegen/lower_mm.h"
+#include "codegen/wfmt.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +15,9 @@ static uint32_t ci(gv *s, int32_t v) { return kiln_ki(s->k, v); }
 static uint32_t cf(gv *s, float v) { return kiln_kf(s->k, v); }
 static uint32_t cvt(gv *s, enum kiln_kt t, uint32_t v) { return kiln_kir_op(s->k, KILN_KOP_CVT, t, v, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
 static uint32_t fma3(gv *s, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(s->k, KILN_KOP_FMA, KILN_KT_F32, a, b, c, 0); }
-static uint32_t bfe(gv *s, enum kiln_kt t, uint32_t v, int off, int w) { return kiln_kir_op(s->k, KILN_KOP_BFE, t, v, KILN_IDX_NONE, KILN_IDX_NONE, off | (w << 8)); }
 static uint32_t lane_of(gv *s, uint32_t v4, int i) { return kiln_kir_op(s->k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, i); }
 static uint32_t ld4(gv *s, uint32_t slot, uint32_t word) { return kiln_kir_op(s->k, KILN_KOP_LD4, KILN_KT_V4, word, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot); }
 static uint32_t ld1(gv *s, uint32_t slot, uint32_t word) { return kiln_kir_op(s->k, KILN_KOP_LD, KILN_KT_U32, word, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot); }
-static uint32_t h2f(gv *s, uint32_t w, int half) { return kiln_kir_op(s->k, KILN_KOP_H2F, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, half); }
 static void kif(gv *s, uint32_t p) { kiln_kir_op(s->k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
 static void kendif(gv *s) { kiln_kir_op(s->k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
 static void fail(gv *s, const char *why)
@@ -28,6 +27,8 @@ static void fail(gv *s, const char *why)
 }
 
 static int64_t chunks_per_row(kiln_dtype t, int64_t K, bool scalar);
+/* The format row of weight dtype t (kl_gv_analyze refused those without one). */
+static const kl_wfmt *fmt(kiln_dtype t) { return kl_wfmt_of(t); }
 
 /* ------------------------------------------------------------------ analysis */
 
@@ -82,20 +83,25 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
     if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
     s->m_max = kl_numel_max(g, xn) / (s->K ? s->K : 1);
     if (s->m_cap > 0 && s->m_max > s->m_cap) s->m_max = s->m_cap;
-    int mc_cap = MC_MAX; /* k-quant decoders hold more registers: 4 tokens per pass keep them unspilled */
-    for (int j = 0; j < s->n_mm; j++)
-        if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) == 256) mc_cap = 4;
+    int mc_cap = MC_MAX; /* the format's decoders may hold more registers (wfmt.h mc_cap) */
+    for (int j = 0; j < s->n_mm; j++) {
+        kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
+        const kl_wfmt *f = kl_wfmt_of(t);
+        if (!f) return kl_unsupported(err, n_err, "gemv: no GPU kernel for %s weights", kiln_dtype_name(t)), false;
+        if (f->mc_cap < mc_cap) mc_cap = f->mc_cap;
+    }
     s->mc = s->m_max < mc_cap ? (int)s->m_max : mc_cap;
     if (s->mc < 1) s->mc = 1;
     for (int j = 0; j < s->n_mm; j++) {
         const kiln_node_rec *w = &g->nodes[g->nodes[s->mm[j]].src[1]];
         kiln_dtype t = (kiln_dtype)w->dtype;
-        int64_t need = t == KILN_DTYPE_F32 ? 4 : t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 ? 8 : t == KILN_DTYPE_Q8_0 ? 32 : 256;
-        if (s->K % need && kiln_dtype_block(t) == 1 && t != KILN_DTYPE_I32) {
+        const kl_wfmt *f = kl_wfmt_of(t);
+        int64_t need = f->k_align;
+        if (s->K % need && !f->block) { /* float weights: one value per chunk */
             s->scalar = true;
             need = 1;
         }
-        if (w->rank != 2 || kiln_dim_is_sym(w->dims[0]) || t == KILN_DTYPE_I32 || s->K % need)
+        if (w->rank != 2 || kiln_dim_is_sym(w->dims[0]) || s->K % need)
             return kl_unsupported(err, n_err, "gemv: %s weight with K = %lld", kiln_dtype_name(t), (long long)s->K), false;
     }
     /* Block weights take integer dot products against x quantized per 32 to int8 (as ggml and
@@ -103,7 +109,7 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
      * shared memory: per token K/4 words of quants and K/16 of scales and sums. */
     s->dp4a = s->tgt->dp4a && !s->scalar && s->K % 32 == 0 && (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++)
-        if (kiln_dtype_block((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype) == 1) s->dp4a = false;
+        if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->dp4a_at) s->dp4a = false; /* float weights */
     /* groups: matmuls joined by an epilogue op reading two of them */
     int gid[SLOTS];
     for (int j = 0; j < s->n_mm; j++) gid[j] = j;
@@ -163,23 +169,11 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
     return true;
 }
 
-/* ------------------------------------------------------------------ weights */
+/* ------------------------------------------------------------------ weights (their rows in wfmt.c) */
 
-
-/* Number of 16-byte chunks per row, and sub-steps per chunk. */
-static int64_t chunks_per_row(kiln_dtype t, int64_t K, bool scalar)
-{
-    if (scalar) return K;
-    switch (t) {
-    case KILN_DTYPE_F32: return K / 4;
-    case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return K / 8;
-    case KILN_DTYPE_Q8_0: return K / 16;
-    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: return K / 256 * 8;
-    default: return K / 256 * 4; /* q6_K: (half, l0) */
-    }
-}
-static int subs_of(kiln_dtype t) { return t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K ? 2 : t == KILN_DTYPE_Q6_K ? 4 : 1; }
-
+/* Number of 16-byte chunks per row (one value each when scalar), and sub-steps per chunk. */
+static int64_t chunks_per_row(kiln_dtype t, int64_t K, bool scalar) { return scalar ? K : kl_wfmt_chunks(fmt(t), K); }
+static int subs_of(kiln_dtype t) { return fmt(t)->subs; }
 
 void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o)
 {
@@ -188,99 +182,11 @@ void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t
         o->d = kl_load(s->k, slot, t, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)K)), c));
         return;
     }
-    switch (t) {
-    case KILN_DTYPE_F32: o->v[0] = ld4(s, slot, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)K)), op2(s, KILN_KOP_MUL, c, ci(s, 4)))); break;
-    case KILN_DTYPE_F16: case KILN_DTYPE_BF16:
-        o->v[0] = ld4(s, slot, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 2))), op2(s, KILN_KOP_MUL, c, ci(s, 4))));
-        break;
-    case KILN_DTYPE_Q8_0: {
-        uint32_t wq = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 4))), op2(s, KILN_KOP_MUL, c, ci(s, 4)));
-        o->v[0] = ld4(s, slot, wq);
-        int64_t qbytes = (rows * K + 15) / 16 * 16;
-        uint32_t blk = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 32))), op2(s, KILN_KOP_SHR, c, ci(s, 1)));
-        o->d = kl_load(s->k, slot, KILN_DTYPE_F16, op2(s, KILN_KOP_ADD, ci(s, (int32_t)(qbytes / 2)), blk));
-        break;
-    }
-    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: {
-        int bw = t == KILN_DTYPE_Q4_K ? 36 : 44; /* block words */
-        uint32_t blk = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 256))), op2(s, KILN_KOP_SHR, c, ci(s, 3)));
-        uint32_t base = op2(s, KILN_KOP_MUL, blk, ci(s, bw));
-        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7));
-        o->v[0] = ld4(s, slot, base); /* d, dmin, scales */
-        o->v[1] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, ci(s, t == KILN_DTYPE_Q4_K ? 4 : 12), op2(s, KILN_KOP_MUL, q, ci(s, 4)))));
-        if (t == KILN_DTYPE_Q5_K) /* qh[16h .. 16h+15], h = q & 1 */
-            o->v[2] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, ci(s, 4), op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, q, ci(s, 1)), ci(s, 4)))));
-        break;
-    }
-    default: { /* q6_K split: 52 words per block, then the f16 d array */
-        uint32_t blk = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, row, ci(s, (int32_t)(K / 256))), op2(s, KILN_KOP_SHR, c, ci(s, 2)));
-        uint32_t base = op2(s, KILN_KOP_MUL, blk, ci(s, 52));
-        uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
-        /* ql[64h + 16 l0], ql[64h + 32 + 16 l0], qh[32h + 16 l0] (words: 16h + 4 l0, +8, 32 + 8h + 4 l0), scales at word 48 */
-        uint32_t w0 = op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 16)), op2(s, KILN_KOP_MUL, l0, ci(s, 4))));
-        o->v[0] = ld4(s, slot, w0);
-        o->v[1] = ld4(s, slot, op2(s, KILN_KOP_ADD, w0, ci(s, 8)));
-        o->v[2] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, op2(s, KILN_KOP_ADD, ci(s, 32), op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 8)), op2(s, KILN_KOP_MUL, l0, ci(s, 4))))));
-        o->v[3] = ld4(s, slot, op2(s, KILN_KOP_ADD, base, ci(s, 48)));
-        int64_t nb = rows * (K / 256);
-        o->d = kl_load(s->k, slot, KILN_DTYPE_F16, op2(s, KILN_KOP_ADD, ci(s, (int32_t)((nb * 208 + 15) / 16 * 16 / 2)), blk));
-        break;
-    }
-    }
+    fmt(t)->load(s->k, slot, row, c, K, rows, o);
 }
 
 /* First element (within the row) of sub-step `sub` of chunk c. */
-static uint32_t sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub)
-{
-    if (s->scalar) return c;
-    switch (t) {
-    case KILN_DTYPE_F32: return op2(s, KILN_KOP_MUL, c, ci(s, 4));
-    case KILN_DTYPE_F16: case KILN_DTYPE_BF16: return op2(s, KILN_KOP_MUL, c, ci(s, 8));
-    case KILN_DTYPE_Q8_0: return op2(s, KILN_KOP_MUL, c, ci(s, 16));
-    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: { /* block*256 + 64 j + 32 sub + 16 h, q = c & 7 = 2 j + h */
-        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7));
-        uint32_t e = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_SHR, c, ci(s, 3)), ci(s, 256)),
-                         op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_SHR, q, ci(s, 1)), ci(s, 64)), op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, q, ci(s, 1)), ci(s, 16))));
-        return op2(s, KILN_KOP_ADD, e, ci(s, 32 * sub));
-    }
-    default: { /* block*256 + 128 h + 16 l0 + 32 sub */
-        uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
-        uint32_t e = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_SHR, c, ci(s, 2)), ci(s, 256)),
-                         op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 128)), op2(s, KILN_KOP_MUL, l0, ci(s, 16))));
-        return op2(s, KILN_KOP_ADD, e, ci(s, 32 * sub));
-    }
-    }
-}
-
-static uint32_t byte_i(gv *s, uint32_t v4, int i, enum kiln_kt t) { return bfe(s, t, lane_of(s, v4, i / 4), 8 * (i % 4), 8); }
-
-/* q4_K/q5_K 6-bit scale and min of sub-block sb (I32, runtime 0..7) from the header V4. */
-static void scale_min(gv *s, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *mn)
-{
-    uint32_t sh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, sb, ci(s, 3)), ci(s, 8)));
-    uint32_t b1 = op2(s, KILN_KOP_SHR, lane_of(s, hdr, 1), sh), b2 = op2(s, KILN_KOP_SHR, lane_of(s, hdr, 2), sh), b3 = op2(s, KILN_KOP_SHR, lane_of(s, hdr, 3), sh);
-    uint32_t lo = op2(s, KILN_KOP_LT, sb, ci(s, 4));
-    uint32_t sc_lo = op2(s, KILN_KOP_AND, b1, kiln_ku(s->k, 63)), mn_lo = op2(s, KILN_KOP_AND, b2, kiln_ku(s->k, 63));
-    uint32_t hi1 = op2(s, KILN_KOP_SHL, op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, b1, kiln_ku(s->k, 6)), kiln_ku(s->k, 3)), kiln_ku(s->k, 4));
-    uint32_t hi2 = op2(s, KILN_KOP_SHL, op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, b2, kiln_ku(s->k, 6)), kiln_ku(s->k, 3)), kiln_ku(s->k, 4));
-    uint32_t sc_hi = op2(s, KILN_KOP_OR, op2(s, KILN_KOP_AND, b3, kiln_ku(s->k, 15)), hi1);
-    uint32_t mn_hi = op2(s, KILN_KOP_OR, op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, b3, kiln_ku(s->k, 4)), kiln_ku(s->k, 15)), hi2);
-    *sc = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, lo, sc_lo, sc_hi, 0)));
-    *mn = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, lo, mn_lo, mn_hi, 0)));
-}
-
-/* q6_K: d * scale of sub-step sub of chunk c (scale index 8h + l0 + 2 sub; is = l / 16 = l0). */
-static uint32_t q6_scale(gv *s, const gv_chunk *ch, uint32_t c, int sub)
-{
-    uint32_t hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
-    uint32_t si = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 8)), l0), ci(s, 2 * sub));
-    uint32_t word = kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 8)),
-                                kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 4)), lane_of(s, ch->v[3], 0), lane_of(s, ch->v[3], 1), 0),
-                                kiln_kir_op(s->k, KILN_KOP_SELECT, KILN_KT_U32, op2(s, KILN_KOP_LT, si, ci(s, 12)), lane_of(s, ch->v[3], 2), lane_of(s, ch->v[3], 3), 0), 0);
-    uint32_t sh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, op2(s, KILN_KOP_AND, si, ci(s, 3)), ci(s, 8)));
-    uint32_t scv = bfe(s, KILN_KT_I32, op2(s, KILN_KOP_SHR, word, sh), 0, 8);
-    return op2(s, KILN_KOP_MUL, ch->d, cvt(s, KILN_KT_F32, scv));
-}
+static uint32_t sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub) { return s->scalar ? c : fmt(t)->sub_elem(s->k, c, sub); }
 
 void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
@@ -291,57 +197,7 @@ void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, 
         o->a = KILN_IDX_NONE;
         return;
     }
-    switch (t) {
-    case KILN_DTYPE_F32:
-        o->v = 4;
-        for (int i = 0; i < 4; i++) o->q[i] = kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, lane_of(s, ch->v[0], i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
-        o->a = KILN_IDX_NONE;
-        return;
-    case KILN_DTYPE_F16: case KILN_DTYPE_BF16:
-        o->v = 8;
-        for (int i = 0; i < 8; i++)
-            o->q[i] = kiln_kir_op(s->k, t == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, lane_of(s, ch->v[0], i / 2), KILN_IDX_NONE, KILN_IDX_NONE, i % 2);
-        o->a = KILN_IDX_NONE;
-        return;
-    case KILN_DTYPE_Q8_0:
-        o->v = 16;
-        for (int i = 0; i < 16; i++) o->q[i] = cvt(s, KILN_KT_F32, byte_i(s, ch->v[0], i, KILN_KT_I32));
-        o->a = ch->d;
-        return;
-    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: {
-        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7));
-        uint32_t j = op2(s, KILN_KOP_SHR, q, ci(s, 1));
-        uint32_t sb = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, j, j), ci(s, sub));
-        uint32_t sc, mn;
-        scale_min(s, ch->v[0], sb, &sc, &mn);
-        uint32_t hw = lane_of(s, ch->v[0], 0);
-        o->a = op2(s, KILN_KOP_MUL, h2f(s, hw, 0), sc);
-        o->b = kiln_k1(s->k, KILN_KOP_NEG, op2(s, KILN_KOP_MUL, h2f(s, hw, 1), mn));
-        o->v = 16;
-        uint32_t hsh = t == KILN_DTYPE_Q5_K ? cvt(s, KILN_KT_U32, sb) : KILN_IDX_NONE; /* qh bit 2j + sub */
-        for (int i = 0; i < 16; i++) {
-            uint32_t nib = bfe(s, KILN_KT_U32, lane_of(s, ch->v[1], i / 4), 8 * (i % 4) + 4 * sub, 4);
-            if (t == KILN_DTYPE_Q5_K) {
-                uint32_t hb = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, byte_i(s, ch->v[2], i, KILN_KT_U32), hsh), kiln_ku(s->k, 1));
-                nib = op2(s, KILN_KOP_OR, nib, op2(s, KILN_KOP_SHL, hb, kiln_ku(s->k, 4)));
-            }
-            o->q[i] = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, nib));
-        }
-        return;
-    }
-    default: { /* q6_K: sub 0..3 = values l, l+32, l+64, l+96: ql word set (sub & 1), nibble (sub >> 1), qh bits 2 sub */
-        o->a = q6_scale(s, ch, c, sub);
-        o->b = op2(s, KILN_KOP_MUL, o->a, cf(s, -32.0f));
-        o->v = 16;
-        uint32_t ql = ch->v[sub & 1];
-        for (int i = 0; i < 16; i++) {
-            uint32_t lo = bfe(s, KILN_KT_U32, lane_of(s, ql, i / 4), 8 * (i % 4) + 4 * (sub >> 1), 4);
-            uint32_t hi = bfe(s, KILN_KT_U32, lane_of(s, ch->v[2], i / 4), 8 * (i % 4) + 2 * sub, 2);
-            o->q[i] = cvt(s, KILN_KT_F32, cvt(s, KILN_KT_I32, op2(s, KILN_KOP_OR, lo, op2(s, KILN_KOP_SHL, hi, kiln_ku(s->k, 4)))));
-        }
-        return;
-    }
-    }
+    fmt(t)->decode(s->k, ch, c, sub, o);
 }
 
 
@@ -605,76 +461,21 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
 
 static uint32_t lds(gv *s, uint32_t arr, enum kiln_kt t, uint32_t idx) { return kiln_kir_op(s->k, KILN_KOP_LDS, t, idx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)arr); }
 
-/* The int8 bytes of word l of sub-step sub of a chunk (values 0..63, or the q8_0 bytes as they are). */
-static uint32_t dp4a_bytes(gv *s, kiln_dtype t, const gv_chunk *ch, int sub, int l, uint32_t hsh)
-{
-    kiln_kir *k = s->k;
-    switch (t) {
-    case KILN_DTYPE_Q8_0: return lane_of(s, ch->v[0], l);
-    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: {
-        uint32_t w = lane_of(s, ch->v[1], l);
-        if (sub) w = op2(s, KILN_KOP_SHR, w, kiln_ku(k, 4));
-        w = op2(s, KILN_KOP_AND, w, kiln_ku(k, 0x0F0F0F0Fu));
-        if (t == KILN_DTYPE_Q5_K) { /* qh bit 2j + sub of each byte */
-            uint32_t hb = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, lane_of(s, ch->v[2], l), op2(s, KILN_KOP_ADD, hsh, kiln_ku(k, (uint32_t)sub))), kiln_ku(k, 0x01010101u));
-            w = op2(s, KILN_KOP_OR, w, op2(s, KILN_KOP_SHL, hb, kiln_ku(k, 4)));
-        }
-        return w;
-    }
-    default: { /* q6_K: low nibble of ql set (sub & 1) at nibble (sub >> 1), two qh bits at 2 sub */
-        uint32_t lo = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, lane_of(s, ch->v[sub & 1], l), kiln_ku(k, 4u * (uint32_t)(sub >> 1))), kiln_ku(k, 0x0F0F0F0Fu));
-        uint32_t hi = op2(s, KILN_KOP_AND, op2(s, KILN_KOP_SHR, lane_of(s, ch->v[2], l), kiln_ku(k, 2u * (uint32_t)sub)), kiln_ku(k, 0x03030303u));
-        return op2(s, KILN_KOP_OR, lo, op2(s, KILN_KOP_SHL, hi, kiln_ku(k, 4)));
-    }
-    }
-}
-
 /* One loaded chunk (every slot) against the quantized x of every token of the pass. */
 static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
 {
     kiln_kir *k = s->k;
     int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32);
     /* per chunk: xq word of sub-step 0, its step per sub, x group of sub-step 0 and its step */
-    uint32_t w0, g0, h0 = KILN_IDX_NONE, hsh = KILN_IDX_NONE;
-    int wstep, gstep, nsub = subs_of(t);
-    switch (t) {
-    case KILN_DTYPE_Q8_0:
-        w0 = op2(s, KILN_KOP_MUL, c, ci(s, 4)), g0 = op2(s, KILN_KOP_SHR, c, ci(s, 1)), wstep = 0, gstep = 0;
-        break;
-    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: { /* e0 = 256 b + 64 j + 16 h; sub 1 at +32 */
-        uint32_t q = op2(s, KILN_KOP_AND, c, ci(s, 7)), j = op2(s, KILN_KOP_SHR, q, ci(s, 1)), b = op2(s, KILN_KOP_SHR, c, ci(s, 3));
-        h0 = op2(s, KILN_KOP_AND, q, ci(s, 1));
-        w0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 64)), op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, j, ci(s, 16)), op2(s, KILN_KOP_MUL, h0, ci(s, 4))));
-        g0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 8)), op2(s, KILN_KOP_MUL, j, ci(s, 2)));
-        wstep = 8, gstep = 1;
-        hsh = cvt(s, KILN_KT_U32, op2(s, KILN_KOP_MUL, j, ci(s, 2)));
-        break;
-    }
-    default: { /* q6_K: e0 = 256 b + 128 hh + 16 l0; sub at +32 sub */
-        uint32_t b = op2(s, KILN_KOP_SHR, c, ci(s, 2)), hh = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 3)), ci(s, 1)), l0 = op2(s, KILN_KOP_AND, c, ci(s, 1));
-        w0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 64)), op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, hh, ci(s, 32)), op2(s, KILN_KOP_MUL, l0, ci(s, 4))));
-        g0 = op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, b, ci(s, 8)), op2(s, KILN_KOP_MUL, hh, ci(s, 4)));
-        wstep = 8, gstep = 1;
-        break;
-    }
-    }
+    const kl_wfmt *f = fmt(t);
+    kl_dp4a_at at = {.h0 = KILN_IDX_NONE, .hsh = KILN_IDX_NONE};
+    f->dp4a_at(k, c, &at);
+    uint32_t w0 = at.w0, g0 = at.g0, h0 = at.h0, hsh = at.hsh;
+    int wstep = at.wstep, gstep = at.gstep, nsub = f->subs;
     /* per slot: weight scales of each sub-step (and the k-quants' d, dmin, mins) */
-    uint32_t wa[SLOTS][4], dmin[SLOTS] = {0}, mn[SLOTS][2] = {{0}};
-    for (int r = 0; r < s->n_slots; r++) {
-        if (t == KILN_DTYPE_Q8_0) { wa[r][0] = ch[r].d; continue; }
-        if (t == KILN_DTYPE_Q6_K) {
-            for (int sub = 0; sub < nsub; sub++) wa[r][sub] = q6_scale(s, &ch[r], c, sub);
-            continue;
-        }
-        uint32_t hw = lane_of(s, ch[r].v[0], 0), d = h2f(s, hw, 0);
-        dmin[r] = h2f(s, hw, 1);
-        uint32_t j = op2(s, KILN_KOP_SHR, op2(s, KILN_KOP_AND, c, ci(s, 7)), ci(s, 1));
-        for (int sub = 0; sub < 2; sub++) {
-            uint32_t sc;
-            scale_min(s, ch[r].v[0], op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_ADD, j, j), ci(s, sub)), &sc, &mn[r][sub]);
-            wa[r][sub] = op2(s, KILN_KOP_MUL, d, sc);
-        }
-    }
+    kl_dp4a_scales sc[SLOTS];
+    memset(sc, 0, sizeof sc);
+    for (int r = 0; r < s->n_slots; r++) f->dp4a_scales(k, &ch[r], c, &sc[r]);
     for (int q = 0; q < s->mc; q++) {
         uint32_t part[SLOTS] = {0};
         for (int sub = 0; sub < nsub; sub++) {
@@ -682,16 +483,16 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
             uint32_t gi = op2(s, KILN_KOP_ADD, ci(s, q * G + gstep * sub), g0);
             uint32_t xq[4], dx = lds(s, s->sh_dx, KILN_KT_F32, gi), sq = KILN_IDX_NONE;
             for (int l = 0; l < 4; l++) xq[l] = lds(s, s->sh_xq, KILN_KT_U32, op2(s, KILN_KOP_ADD, wb, ci(s, l)));
-            if (t == KILN_DTYPE_Q6_K) { /* the values are stored + 32: subtract 32 * sum of the x quants */
+            if (f->dp4a_offset32) { /* the values are stored + 32: subtract 32 * sum of the x quants */
                 sq = ci(s, 0);
                 for (int l = 0; l < 4; l++) sq = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, kiln_ku(k, 0x01010101u), xq[l], sq, 0);
                 sq = op2(s, KILN_KOP_MUL, sq, ci(s, -32));
             }
             for (int r = 0; r < s->n_slots; r++) {
                 uint32_t dot = sq != KILN_IDX_NONE ? sq : ci(s, 0);
-                for (int l = 0; l < 4; l++) dot = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, dp4a_bytes(s, t, &ch[r], sub, l, hsh), xq[l], dot, 0);
-                uint32_t f = op2(s, KILN_KOP_MUL, cvt(s, KILN_KT_F32, dot), op2(s, KILN_KOP_MUL, wa[r][sub], dx));
-                part[r] = sub ? op2(s, KILN_KOP_ADD, part[r], f) : f;
+                for (int l = 0; l < 4; l++) dot = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, f->dp4a_bytes(k, &ch[r], sub, l, hsh), xq[l], dot, 0);
+                uint32_t v = op2(s, KILN_KOP_MUL, cvt(s, KILN_KT_F32, dot), op2(s, KILN_KOP_MUL, sc[r].wa[sub], dx));
+                part[r] = sub ? op2(s, KILN_KOP_ADD, part[r], v) : v;
             }
         }
         if (h0 != KILN_IDX_NONE) { /* k-quant mins: the chunk of h = 0 subtracts dmin * min * sum(x) for both sub-blocks */
@@ -699,8 +500,8 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
             uint32_t gi = op2(s, KILN_KOP_ADD, ci(s, q * G), g0);
             uint32_t xs0 = lds(s, s->sh_xs, KILN_KT_F32, gi), xs1 = lds(s, s->sh_xs, KILN_KT_F32, op2(s, KILN_KOP_ADD, gi, ci(s, 1)));
             for (int r = 0; r < s->n_slots; r++) {
-                uint32_t m = fma3(s, mn[r][0], xs0, op2(s, KILN_KOP_MUL, mn[r][1], xs1));
-                m = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, first, op2(s, KILN_KOP_MUL, dmin[r], m), cf(s, 0.0f), 0);
+                uint32_t m = fma3(s, sc[r].mn[0], xs0, op2(s, KILN_KOP_MUL, sc[r].mn[1], xs1));
+                m = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, first, op2(s, KILN_KOP_MUL, sc[r].dmin, m), cf(s, 0.0f), 0);
                 part[r] = op2(s, KILN_KOP_SUB, part[r], m);
             }
         }
@@ -806,9 +607,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
      * are in flight before the first is used (more bytes in flight per warp). So do q4_K/q5_K rows
      * with integer dot products (ptxas gives them the same 80 registers either way; q6_K's four
      * loads per chunk would not fit). */
-    bool two = (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 || t == KILN_DTYPE_Q8_0 ||
-                (s->dp4a && (t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K))) && !s->scalar &&
-               cpr % (64 * G->wpu) == 0;
+    bool two = (fmt(t)->two || (s->dp4a && fmt(t)->two_dp4a)) && !s->scalar && cpr % (64 * G->wpu) == 0;
     uint32_t c = kiln_kvar(k, op2(s, KILN_KOP_ADD, op2(s, KILN_KOP_MUL, wi, ci(s, 32)), lane));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, ci(s, (int32_t)cpr), ci(s, 32 * G->wpu * (two ? 2 : 1)), 0);
     gv_chunk ch[2][SLOTS];
@@ -887,7 +686,7 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++) { /* one chunk layout for every weight */
         kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
-        int v = t == KILN_DTYPE_F32 ? 4 : t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16 ? 8 : 0;
+        int v = fmt(t)->block ? 0 : fmt(t)->vec;
         if (!v || (j && v != s->xv)) s->xstage = false;
         s->xv = v;
     }

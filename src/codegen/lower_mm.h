@@ -1,9 +1,11 @@
 /* Shared by the matmul templates (lower_gemv.c, lower_gemm.c): the region analysis (siblings,
- * groups joined by epilogue ops, rope, the rms_norm prologue), the per-dtype chunk loads and
- * decoders of weight rows, and the per-element epilogue. Internal to src/codegen. */
+ * groups joined by epilogue ops, rope, the rms_norm prologue), the chunk loads and decoders of
+ * weight rows (through the format rows of wfmt.h), and the per-element epilogue. Internal to
+ * src/codegen. */
 #pragma once
 
 #include "codegen/lower.h"
+#include "codegen/wfmt.h"
 
 #define WARPS 8       /* warps per block */
 #define MC_MAX 8      /* tokens per pass */
@@ -61,18 +63,6 @@ typedef struct gv {
     bool      failed;
     char      why[160];
 } gv;
-
-/* Loaded 16-byte chunk(s) of one weight row, and one decoded sub-step of a chunk. */
-typedef struct gv_chunk {
-    uint32_t v[4];   /* V4 loads */
-    uint32_t d;      /* scale word(s) */
-} gv_chunk;
-
-typedef struct gv_sub {
-    uint32_t q[16];   /* F32 values (dequantized, or quants to scale) */
-    int      v;       /* how many */
-    uint32_t a, b;    /* value i = a * q[i] + b (a NONE: q[i]; b NONE: 0); contribution a * dot(q, x) + b * sum(x) */
-} gv_sub;
 
 /* Finds x, the rms_norm prologue, the matmuls and their groups; sets k->grid[0] for the GEMV. */
 bool kl_gv_analyze(gv *s, char *err, size_t n_err);

@@ -3,77 +3,15 @@
  * and ids out of range are skipped, never written out of bounds (the executor checks bound inputs
  * on the host first and reports them). Must not compute anything but copies and dequantization. */
 #include "codegen/lower.h"
+#include "codegen/wfmt.h"
 
-/* I32 field (x >> shift) & mask of byte `byte` (I32) of the block at word `base` of a buffer slot. */
-static uint32_t kl_byte_field(kiln_kir *k, uint32_t slot, uint32_t base, uint32_t byte, uint32_t shift, int32_t mask)
-{
-    uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_ADD, base, kiln_k2(k, KILN_KOP_SHR, byte, kiln_ki(k, 2))), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
-    uint32_t sh = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_AND, byte, kiln_ki(k, 3)), kiln_ki(k, 8)), shift);
-    uint32_t v = kiln_k2(k, KILN_KOP_SHR, w, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_U32, sh, KILN_IDX_NONE, KILN_IDX_NONE, 0));
-    return kiln_k2(k, KILN_KOP_AND, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), kiln_ki(k, mask));
-}
-
-/* F32 value of element `col` (0..k-1) of row `row` of a weight of dtype t in its device layout. */
+/* F32 value of element `col` (0..k-1) of row `row` of a weight of dtype t in its device layout
+ * (block formats: their row of the weight-format table). */
 static uint32_t load_block_elem(kiln_kir *k, uint32_t slot, kiln_dtype t, int64_t kdim, int64_t rows, uint32_t row, uint32_t col)
 {
     if (kiln_dtype_block(t) == 1)
         return kl_load(k, slot, t, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row, kiln_ki(k, (int32_t)kdim)), col));
-    int64_t nb_row = kdim / kiln_dtype_block(t);
-    if (t == KILN_DTYPE_Q8_0) {
-        uint32_t e = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row, kiln_ki(k, (int32_t)kdim)), col); /* flat value index */
-        uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_SHR, e, kiln_ki(k, 2)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
-        uint32_t sh = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_U32, kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_AND, e, kiln_ki(k, 3)), kiln_ki(k, 3)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
-        uint32_t q = kiln_kir_op(k, KILN_KOP_BFE, KILN_KT_I32, kiln_k2(k, KILN_KOP_SHR, w, sh), KILN_IDX_NONE, KILN_IDX_NONE, 8 << 8);
-        int64_t qbytes = (rows * kdim + 15) / 16 * 16;
-        uint32_t b = kiln_k2(k, KILN_KOP_SHR, e, kiln_ki(k, 5)); /* block index = flat / 32 */
-        uint32_t d = kl_load(k, slot, KILN_DTYPE_F16, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, (int32_t)(qbytes / 2)), b));
-        return kiln_k2(k, KILN_KOP_MUL, d, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, q, KILN_IDX_NONE, KILN_IDX_NONE, 0));
-    }
-    uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row, kiln_ki(k, (int32_t)nb_row)), kiln_k2(k, KILN_KOP_SHR, col, kiln_ki(k, 8)));
-    uint32_t e = kiln_k2(k, KILN_KOP_AND, col, kiln_ki(k, 255));
-    if (t == KILN_DTYPE_Q6_K) {
-        uint32_t base = kiln_k2(k, KILN_KOP_MUL, blk, kiln_ki(k, 52));
-        uint32_t h = kiln_k2(k, KILN_KOP_SHR, e, kiln_ki(k, 7)), ee = kiln_k2(k, KILN_KOP_AND, e, kiln_ki(k, 127));
-        uint32_t g4 = kiln_k2(k, KILN_KOP_SHR, ee, kiln_ki(k, 5)), l = kiln_k2(k, KILN_KOP_AND, ee, kiln_ki(k, 31));
-        uint32_t qli = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, 64)),
-                                                        kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_AND, g4, kiln_ki(k, 1)), kiln_ki(k, 32))), l);
-        uint32_t nib = kl_byte_field(k, slot, base, qli, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SHR, g4, kiln_ki(k, 1)), kiln_ki(k, 4)), 15);
-        uint32_t qhi = kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, 128), kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, 32)), l));
-        uint32_t hb = kl_byte_field(k, slot, base, qhi, kiln_k2(k, KILN_KOP_MUL, g4, kiln_ki(k, 2)), 3);
-        uint32_t q = kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_OR, nib, kiln_k2(k, KILN_KOP_SHL, hb, kiln_ki(k, 4))), kiln_ki(k, 32));
-        uint32_t si = kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, 192), kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, 8)),
-                                                                       kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SHR, l, kiln_ki(k, 4)), kiln_k2(k, KILN_KOP_MUL, g4, kiln_ki(k, 2)))));
-        uint32_t sc = kl_byte_field(k, slot, base, si, kiln_ki(k, 0), 255);
-        sc = kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_XOR, sc, kiln_ki(k, 128)), kiln_ki(k, 128)); /* sign-extend the int8 */
-        int64_t nb = rows * nb_row;
-        uint32_t d = kl_load(k, slot, KILN_DTYPE_F16, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, (int32_t)((nb * 208 + 15) / 16 * 16 / 2)), blk));
-        return kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MUL, d, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, sc, KILN_IDX_NONE, KILN_IDX_NONE, 0)),
-                       kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, q, KILN_IDX_NONE, KILN_IDX_NONE, 0));
-    }
-    /* q4_K / q5_K */
-    bool q5 = t == KILN_DTYPE_Q5_K;
-    uint32_t base = kiln_k2(k, KILN_KOP_MUL, blk, kiln_ki(k, q5 ? 44 : 36));
-    uint32_t sb = kiln_k2(k, KILN_KOP_SHR, e, kiln_ki(k, 5)), j = kiln_k2(k, KILN_KOP_SHR, e, kiln_ki(k, 6));
-    uint32_t hi = kiln_k2(k, KILN_KOP_AND, sb, kiln_ki(k, 1)), l = kiln_k2(k, KILN_KOP_AND, e, kiln_ki(k, 31));
-    uint32_t qsi = kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, q5 ? 48 : 16), kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, j, kiln_ki(k, 32)), l));
-    uint32_t q = kl_byte_field(k, slot, base, qsi, kiln_k2(k, KILN_KOP_MUL, hi, kiln_ki(k, 4)), 15);
-    if (q5) q = kiln_k2(k, KILN_KOP_OR, q, kiln_k2(k, KILN_KOP_SHL, kl_byte_field(k, slot, base, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, 16), l), sb, 1), kiln_ki(k, 4)));
-    /* 6-bit scale and min of sub-block sb (ggml's get_scale_min_k4) from bytes 4..15 */
-    uint32_t lo = kiln_k2(k, KILN_KOP_LT, sb, kiln_ki(k, 4)), s3 = kiln_k2(k, KILN_KOP_AND, sb, kiln_ki(k, 3));
-    uint32_t b1 = kl_byte_field(k, slot, base, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, 4), s3), kiln_ki(k, 0), 255);
-    uint32_t b2 = kl_byte_field(k, slot, base, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, 8), s3), kiln_ki(k, 0), 255);
-    uint32_t b3 = kl_byte_field(k, slot, base, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, 12), s3), kiln_ki(k, 0), 255);
-    uint32_t sc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, lo, kiln_k2(k, KILN_KOP_AND, b1, kiln_ki(k, 63)),
-                              kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, b3, kiln_ki(k, 15)), kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_SHR, b1, kiln_ki(k, 6)), kiln_ki(k, 4))), 0);
-    uint32_t mn = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, lo, kiln_k2(k, KILN_KOP_AND, b2, kiln_ki(k, 63)),
-                              kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, b3, kiln_ki(k, 4)), kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_SHR, b2, kiln_ki(k, 6)), kiln_ki(k, 4))), 0);
-    uint32_t hw = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, base, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
-    uint32_t d = kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32, hw, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t dm = kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32, hw, KILN_IDX_NONE, KILN_IDX_NONE, 1);
-    uint32_t f_sc = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, sc, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t f_mn = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, mn, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t f_q = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, q, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    return kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MUL, d, f_sc), f_q), kiln_k2(k, KILN_KOP_MUL, dm, f_mn));
+    return kl_wfmt_of(t)->elem(k, slot, kdim, rows, row, col);
 }
 
 static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
@@ -82,7 +20,9 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, con
     const kiln_node_rec *n = &g->nodes[node], *tab = &g->nodes[n->src[0]];
     kiln_dtype t = (kiln_dtype)tab->dtype;
     if (r->n_nodes != 1) return kl_unsupported(err, n_err, "get_rows with fused ops");
-    if (t == KILN_DTYPE_I32) return kl_unsupported(err, n_err, "get_rows of %s", kiln_dtype_name(t));
+    const kl_wfmt *wf = kl_wfmt_of(t);
+    if (t == KILN_DTYPE_I32 || (kiln_dtype_block(t) != 1 && (!wf || !wf->elem)))
+        return kl_unsupported(err, n_err, "get_rows of %s", kiln_dtype_name(t));
     /* a float table may have symbolic rows (picking rows of activations, e.g. the last token's
      * hidden state before the head); block tables are weights, their layout needs V */
     bool plain = kiln_dtype_block(t) == 1;
