@@ -71,7 +71,9 @@ Test(spirv, every_op_covered)
     for (uint32_t i = 0; i < r.n_ins; i++) seen[r.ins[i].op] = true;
     for (uint32_t i = 0; i < m.n_ins; i++) seen[m.ins[i].op] = true;
     kiln_kir_free(&m);
-    for (int op = 1; op < KILN_KOP_COUNT; op++) cr_expect(seen[op], "no test kernel uses op %s", kiln_kop_name(op));
+    /* the warpgroup ops are sm_90a-only: the GLSL printer refuses them (test_gemm_wg covers them) */
+    for (int op = 1; op < KILN_KOP_COUNT; op++)
+        if (op < KILN_KOP_STS4 || op > KILN_KOP_WG_WAIT) cr_expect(seen[op], "no test kernel uses op %s", kiln_kop_name(op));
     cr_assert_leq(n_out, 128);
     kiln_kir_free(&a);
     kiln_kir_free(&r);
