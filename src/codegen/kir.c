@@ -165,6 +165,8 @@ void kiln_kset(kiln_kir *k, uint32_t var, uint32_t v) { kiln_kir_op(k, KILN_KOP_
 #define N KILN_IDX_NONE
 uint32_t kiln_kaddi(kiln_kir *k, uint32_t a, int32_t b) { return b ? kiln_k2(k, KILN_KOP_ADD, a, kiln_ki(k, b)) : a; }
 uint32_t kiln_kmuli(kiln_kir *k, uint32_t a, int32_t b) { return b == 1 ? a : kiln_k2(k, KILN_KOP_MUL, a, kiln_ki(k, b)); }
+uint32_t kiln_kshri(kiln_kir *k, uint32_t a, int32_t b) { return kiln_k2(k, KILN_KOP_SHR, a, kiln_ki(k, b)); }
+uint32_t kiln_kandi(kiln_kir *k, uint32_t a, int32_t b) { return kiln_k2(k, KILN_KOP_AND, a, kiln_ki(k, b)); }
 uint32_t kiln_kfma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, b, c, 0); }
 uint32_t kiln_kcvt(kiln_kir *k, enum kiln_kt t, uint32_t v) { return kiln_kir_op(k, KILN_KOP_CVT, t, v, N, N, 0); }
 uint32_t kiln_kbitcast(kiln_kir *k, enum kiln_kt t, uint32_t v) { return kiln_kir_op(k, KILN_KOP_BITCAST, t, v, N, N, 0); }

@@ -231,6 +231,9 @@ enum kiln_kt kiln_ktype(const kiln_kir *k, uint32_t v);  /* type of value v */
 /* The rest of the vocabulary: every lowering writes kir through these (no private wrappers). */
 uint32_t kiln_kaddi(kiln_kir *k, uint32_t a, int32_t b);  /* a + b (a itself for b = 0) */
 uint32_t kiln_kmuli(kiln_kir *k, uint32_t a, int32_t b);  /* a * b (a itself for b = 1) */
+uint32_t kiln_kshri(kiln_kir *k, uint32_t a, int32_t b);  /* a >> b */
+uint32_t kiln_kandi(kiln_kir *k, uint32_t a, int32_t b);  /* a & b */
+/* (the k*i forms make their constant after a: a nested call's order is kept) */
 uint32_t kiln_kfma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c);        /* F32 a * b + c */
 uint32_t kiln_kcvt(kiln_kir *k, enum kiln_kt t, uint32_t v);                /* CVT to t */
 uint32_t kiln_kbitcast(kiln_kir *k, enum kiln_kt t, uint32_t v);            /* BITCAST to t */

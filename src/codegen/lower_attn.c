@@ -20,33 +20,23 @@ typedef struct at {
     kiln_dtype kt, vt;
 } at;
 
-static uint32_t o2(kiln_kir *k, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(k, op, a, b); }
-static uint32_t c_(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
-static void if_(kiln_kir *k, uint32_t p) { kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
-static void endif_(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
-static void bar(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
-static uint32_t lds(kiln_kir *k, uint32_t arr, uint32_t i) { return kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, i, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)arr); }
-static void sts(kiln_kir *k, uint32_t arr, uint32_t i, uint32_t v) { kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, i, v, KILN_IDX_NONE, (int32_t)arr); }
 static uint32_t red(kiln_kir *k, uint32_t v, enum kiln_kred op) { return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 32)); }
-static uint32_t fma_(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, b, c, 0); }
-static uint32_t ldf(kiln_kir *k, uint32_t slot, uint32_t i) { return kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, i, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot), KILN_IDX_NONE, KILN_IDX_NONE, 0); }
-static void stf(kiln_kir *k, uint32_t slot, uint32_t i, uint32_t v) { kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, i, kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE, (int32_t)slot); }
 static uint32_t safe_max(kiln_kir *k, uint32_t m) /* -inf -> 0 so that exp(x - m) stays 0, not NaN */
 {
-    return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, o2(k, KILN_KOP_EQ, m, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), m, 0);
+    return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_EQ, m, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), m, 0);
 }
 
 /* Keys per split at run time: n_kv spread over the n_split splits in multiples of 32 (at least
  * 32), so every split works whatever n_kv is below the cache's bound. */
 static uint32_t split_keys(kiln_kir *k, const at *a, uint32_t n_kv)
 {
-    uint32_t per = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, n_kv, c_(k, (int32_t)a->n_split - 1)), c_(k, (int32_t)a->n_split));
-    per = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_ADD, per, c_(k, 31)), c_(k, 32)), c_(k, 32));
-    return o2(k, KILN_KOP_MAX, per, c_(k, 32));
+    uint32_t per = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_ADD, n_kv, kiln_ki(k, (int32_t)a->n_split - 1)), kiln_ki(k, (int32_t)a->n_split));
+    per = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_ADD, per, kiln_ki(k, 31)), kiln_ki(k, 32)), kiln_ki(k, 32));
+    return kiln_k2(k, KILN_KOP_MAX, per, kiln_ki(k, 32));
 }
 
 /* Number of keys token t sees: n_kv - n_tok + t + 1. */
-static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t) { return o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_SUB, n_kv, n_tok), o2(k, KILN_KOP_ADD, t, c_(k, 1))); }
+static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t) { return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SUB, n_kv, n_tok), kiln_k2(k, KILN_KOP_ADD, t, kiln_ki(k, 1))); }
 
 static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
 {
@@ -64,90 +54,89 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
-    uint32_t lane = o2(k, KILN_KOP_AND, tid, c_(k, 31)), warp = o2(k, KILN_KOP_SHR, tid, c_(k, 5));
-    uint32_t hg = o2(k, KILN_KOP_DIV, bx, c_(k, (int32_t)a->n_split)), sp = o2(k, KILN_KOP_REM, bx, c_(k, (int32_t)a->n_split));
-    uint32_t h = o2(k, KILN_KOP_DIV, hg, c_(k, (int32_t)a->GB));                    /* kv head */
-    uint32_t qh0 = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, h, c_(k, (int32_t)a->G)),   /* first query head of the block */
-                      o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_REM, hg, c_(k, (int32_t)a->GB)), c_(k, G)));
+    uint32_t lane = kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, tid, kiln_ki(k, 5));
+    uint32_t hg = kiln_k2(k, KILN_KOP_DIV, bx, kiln_ki(k, (int32_t)a->n_split)), sp = kiln_k2(k, KILN_KOP_REM, bx, kiln_ki(k, (int32_t)a->n_split));
+    uint32_t h = kiln_k2(k, KILN_KOP_DIV, hg, kiln_ki(k, (int32_t)a->GB));                    /* kv head */
+    uint32_t qh0 = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->G)), /* first query head of the block */
+                      kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
     uint32_t S = split_keys(k, a, n_kv);
-    uint32_t start = o2(k, KILN_KOP_MUL, sp, S);
-    uint32_t end = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, start, S), seen);
-    if_(k, o2(k, KILN_KOP_PAND, o2(k, KILN_KOP_LT, t, n_tok), o2(k, KILN_KOP_LT, start, seen)));
+    uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
+    uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
+    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
     /* q of the group's heads, pre-scaled */
     float scale = n->f[0];
     uint32_t i = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, c_(k, G * hd), c_(k, ABLK), 0);
-    uint32_t qi = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), qh0), c_(k, hd)), i);
-    sts(k, qsh, i, o2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, kiln_ki(k, G * hd), kiln_ki(k, ABLK), 0);
+    uint32_t qi = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), qh0), kiln_ki(k, hd)), i);
+    kiln_ksts(k, qsh, i, kiln_k2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
     kl_loop_end(k);
-    bar(k);
+    kiln_kbarrier(k);
     uint32_t m[8], l[8], o[8][8];
     for (int gg = 0; gg < G; gg++) {
         m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
         l[gg] = kiln_kvar(k, kiln_kf(k, 0));
         for (int d = 0; d < dpl; d++) o[gg][d] = kiln_kvar(k, kiln_kf(k, 0));
     }
-    uint32_t head_row = o2(k, KILN_KOP_MUL, h, c_(k, (int32_t)a->max_ctx));
+    uint32_t head_row = kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->max_ctx));
     uint32_t kb = kiln_kvar(k, start);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, end, c_(k, ABLK), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, end, kiln_ki(k, ABLK), 0);
     {
-        uint32_t j = o2(k, KILN_KOP_ADD, kb, tid);
-        uint32_t valid = o2(k, KILN_KOP_LT, j, end);
+        uint32_t j = kiln_k2(k, KILN_KOP_ADD, kb, tid);
+        uint32_t valid = kiln_k2(k, KILN_KOP_LT, j, end);
         uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
-        uint32_t krow = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, head_row, jc), c_(k, hd));
+        uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, jc), kiln_ki(k, hd));
         uint32_t s[8];
         for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
         int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
         if (hd % per == 0) { /* 16-byte loads of the key row */
-            uint32_t kw = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_MUL, krow, c_(k, esz)), c_(k, 4));
+            uint32_t kw = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_MUL, krow, kiln_ki(k, esz)), kiln_ki(k, 4));
             for (int d = 0; d < hd; d += per) {
-                uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, o2(k, KILN_KOP_ADD, kw, c_(k, d * esz / 4)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
+                uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, kw, kiln_ki(k, d * esz / 4)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
                 for (int e = 0; e < per; e++) {
                     uint32_t w = kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, esz == 4 ? e : e / 2);
                     uint32_t kv = esz == 4 ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0)
                                            : kiln_kir_op(k, a->kt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, e % 2);
-                    for (int gg = 0; gg < G; gg++) s[gg] = fma_(k, lds(k, qsh, c_(k, gg * hd + d + e)), kv, s[gg]);
+                    for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d + e)), kv, s[gg]);
                 }
             }
         } else {
             for (int d = 0; d < hd; d++) {
-                uint32_t kv = kl_load(k, ks, a->kt, o2(k, KILN_KOP_ADD, krow, c_(k, d)));
-                for (int gg = 0; gg < G; gg++) s[gg] = fma_(k, lds(k, qsh, c_(k, gg * hd + d)), kv, s[gg]);
+                uint32_t kv = kl_load(k, ks, a->kt, kiln_k2(k, KILN_KOP_ADD, krow, kiln_ki(k, d)));
+                for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d)), kv, s[gg]);
             }
         }
-        bar(k); /* the previous tile's p is consumed */
+        kiln_kbarrier(k); /* the previous tile's p is consumed */
         uint32_t alpha[8];
         for (int gg = 0; gg < G; gg++) {
             uint32_t sv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, valid, s[gg], kiln_kf(k, -INFINITY), 0);
-            uint32_t mn = o2(k, KILN_KOP_MAX, m[gg], red(k, sv, KILN_KRED_MAX));
+            uint32_t mn = kiln_k2(k, KILN_KOP_MAX, m[gg], red(k, sv, KILN_KRED_MAX));
             uint32_t ms = safe_max(k, mn);
-            alpha[gg] = kl_exp(k, o2(k, KILN_KOP_SUB, m[gg], ms));
-            uint32_t p = kl_exp(k, o2(k, KILN_KOP_SUB, sv, ms));
-            kiln_kset(k, l[gg], fma_(k, l[gg], alpha[gg], red(k, p, KILN_KRED_SUM)));
+            alpha[gg] = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, m[gg], ms));
+            uint32_t p = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, sv, ms));
+            kiln_kset(k, l[gg], kiln_kfma(k, l[gg], alpha[gg], red(k, p, KILN_KRED_SUM)));
             kiln_kset(k, m[gg], mn);
-            sts(k, psh, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, G * 32)), o2(k, KILN_KOP_ADD, c_(k, gg * 32), lane)), p);
+            kiln_ksts(k, psh, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32), lane)), p);
         }
-        bar(k);
+        kiln_kbarrier(k);
         for (int gg = 0; gg < G; gg++)
-            for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], o2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
-        uint32_t kk = kiln_kvar(k, c_(k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, c_(k, 32), c_(k, VU), 0);
+            for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_k2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
+        uint32_t kk = kiln_kvar(k, kiln_ki(k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, kiln_ki(k, 32), kiln_ki(k, VU), 0);
         { /* VU keys per iteration: their V loads are all in flight before the first use */
             uint32_t vv[VU][8];
             for (int u = 0; u < VU; u++) {
-                uint32_t key = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_MUL, warp, c_(k, 32))), o2(k, KILN_KOP_ADD, kk, c_(k, u))),
-                                  c_(k, (int32_t)a->max_ctx - 1));
-                uint32_t vrow = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, head_row, key), c_(k, hd));
+                uint32_t key = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))), kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))), kiln_ki(k, (int32_t)a->max_ctx - 1));
+                uint32_t vrow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key), kiln_ki(k, hd));
                 for (int d = 0; d < dpl; d++)
-                    vv[u][d] = kl_load(k, vs, a->vt, o2(k, KILN_KOP_ADD, vrow, o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, lane, c_(k, 32 * d)), c_(k, hd - 1))));
+                    vv[u][d] = kl_load(k, vs, a->vt, kiln_k2(k, KILN_KOP_ADD, vrow, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, lane, kiln_ki(k, 32 * d)), kiln_ki(k, hd - 1))));
             }
             for (int u = 0; u < VU; u++)
                 for (int gg = 0; gg < G; gg++) {
-                    uint32_t p = lds(k, psh, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, G * 32)), o2(k, KILN_KOP_ADD, c_(k, gg * 32 + u), kk)));
-                    for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], fma_(k, p, vv[u][d], o[gg][d]));
+                    uint32_t p = kiln_klds(k, psh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32 + u), kk)));
+                    for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_kfma(k, p, vv[u][d], o[gg][d]));
                 }
         }
         kl_loop_end(k);
@@ -156,43 +145,43 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     /* combine the block's warps, then write the split's partial result */
     int32_t cw = G * (hd + 2);
     for (int gg = 0; gg < G; gg++) {
-        uint32_t b0 = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, cw)), c_(k, gg * (hd + 2)));
-        if_(k, o2(k, KILN_KOP_EQ, lane, c_(k, 0)));
-        sts(k, csh, b0, m[gg]);
-        sts(k, csh, o2(k, KILN_KOP_ADD, b0, c_(k, 1)), l[gg]);
-        endif_(k);
+        uint32_t b0 = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, cw)), kiln_ki(k, gg * (hd + 2)));
+        kiln_kif(k, kiln_k2(k, KILN_KOP_EQ, lane, kiln_ki(k, 0)));
+        kiln_ksts(k, csh, b0, m[gg]);
+        kiln_ksts(k, csh, kiln_k2(k, KILN_KOP_ADD, b0, kiln_ki(k, 1)), l[gg]);
+        kiln_kendif(k);
         for (int d = 0; d < dpl; d++) {
-            uint32_t dd = o2(k, KILN_KOP_ADD, lane, c_(k, 32 * d));
-            if_(k, o2(k, KILN_KOP_LT, dd, c_(k, hd)));
-            sts(k, csh, o2(k, KILN_KOP_ADD, b0, o2(k, KILN_KOP_ADD, dd, c_(k, 2))), o[gg][d]);
-            endif_(k);
+            uint32_t dd = kiln_k2(k, KILN_KOP_ADD, lane, kiln_ki(k, 32 * d));
+            kiln_kif(k, kiln_k2(k, KILN_KOP_LT, dd, kiln_ki(k, hd)));
+            kiln_ksts(k, csh, kiln_k2(k, KILN_KOP_ADD, b0, kiln_k2(k, KILN_KOP_ADD, dd, kiln_ki(k, 2))), o[gg][d]);
+            kiln_kendif(k);
         }
     }
-    bar(k);
+    kiln_kbarrier(k);
     uint32_t x = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, x, c_(k, G * hd), c_(k, ABLK), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, x, kiln_ki(k, G * hd), kiln_ki(k, ABLK), 0);
     {
-        uint32_t gg = o2(k, KILN_KOP_DIV, x, c_(k, hd)), d = o2(k, KILN_KOP_REM, x, c_(k, hd));
-        uint32_t gb = o2(k, KILN_KOP_MUL, gg, c_(k, hd + 2));
+        uint32_t gg = kiln_k2(k, KILN_KOP_DIV, x, kiln_ki(k, hd)), d = kiln_k2(k, KILN_KOP_REM, x, kiln_ki(k, hd));
+        uint32_t gb = kiln_k2(k, KILN_KOP_MUL, gg, kiln_ki(k, hd + 2));
         uint32_t mm = kiln_kf(k, -INFINITY);
-        for (int w = 0; w < AW; w++) mm = o2(k, KILN_KOP_MAX, mm, lds(k, csh, o2(k, KILN_KOP_ADD, c_(k, w * cw), gb)));
+        for (int w = 0; w < AW; w++) mm = kiln_k2(k, KILN_KOP_MAX, mm, kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, w * cw), gb)));
         uint32_t ms = safe_max(k, mm), L = kiln_kf(k, 0), O = kiln_kf(k, 0);
         for (int w = 0; w < AW; w++) {
-            uint32_t wb = o2(k, KILN_KOP_ADD, c_(k, w * cw), gb);
-            uint32_t f = kl_exp(k, o2(k, KILN_KOP_SUB, lds(k, csh, wb), ms));
-            L = fma_(k, lds(k, csh, o2(k, KILN_KOP_ADD, wb, c_(k, 1))), f, L);
-            O = fma_(k, lds(k, csh, o2(k, KILN_KOP_ADD, wb, o2(k, KILN_KOP_ADD, d, c_(k, 2)))), f, O);
+            uint32_t wb = kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, w * cw), gb);
+            uint32_t f = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, kiln_klds(k, csh, KILN_KT_F32, wb), ms));
+            L = kiln_kfma(k, kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, wb, kiln_ki(k, 1))), f, L);
+            O = kiln_kfma(k, kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, wb, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2)))), f, O);
         }
-        uint32_t head = o2(k, KILN_KOP_ADD, qh0, gg);
-        uint32_t base = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, (int32_t)a->n_split)), sp), c_(k, hd + 2));
-        if_(k, o2(k, KILN_KOP_EQ, d, c_(k, 0)));
-        stf(k, scr, base, mm);
-        stf(k, scr, o2(k, KILN_KOP_ADD, base, c_(k, 1)), L);
-        endif_(k);
-        stf(k, scr, o2(k, KILN_KOP_ADD, base, o2(k, KILN_KOP_ADD, d, c_(k, 2))), O);
+        uint32_t head = kiln_k2(k, KILN_KOP_ADD, qh0, gg);
+        uint32_t base = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head), kiln_ki(k, (int32_t)a->n_split)), sp), kiln_ki(k, hd + 2));
+        kiln_kif(k, kiln_k2(k, KILN_KOP_EQ, d, kiln_ki(k, 0)));
+        kl_store(k, scr, KILN_DTYPE_F32, base, mm);
+        kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, 1)), L);
+        kiln_kendif(k);
+        kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))), O);
     }
     kl_loop_end(k);
-    endif_(k);
+    kiln_kendif(k);
     k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
 }
 
@@ -210,61 +199,61 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
-    if_(k, o2(k, KILN_KOP_LT, t, n_tok));
+    kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t, n_tok));
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
     uint32_t S = split_keys(k, a, n_kv);
-    uint32_t nsp = o2(k, KILN_KOP_DIV, o2(k, KILN_KOP_SUB, o2(k, KILN_KOP_ADD, seen, S), c_(k, 1)), S);
-    uint32_t row = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, (int32_t)a->n_split));
+    uint32_t nsp = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, seen, S), kiln_ki(k, 1)), S);
+    uint32_t row = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head), kiln_ki(k, (int32_t)a->n_split));
     /* the splits' maxima and weights in parallel: thread s takes splits s, s + 128, ... */
     int32_t nsh = (int32_t)((a->n_split + CU - 1) / CU * CU);
     uint32_t fsh = kiln_kir_shared(k, (uint32_t)nsh);
     uint32_t mloc = kiln_kvar(k, kiln_kf(k, -INFINITY));
     uint32_t s1 = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s1, c_(k, nsh), c_(k, 128), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s1, kiln_ki(k, nsh), kiln_ki(k, 128), 0);
     {
-        uint32_t in = o2(k, KILN_KOP_LT, s1, nsp);
-        uint32_t mv = ldf(k, scr, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s1, c_(k, 0), 0)), c_(k, hd + 2)));
+        uint32_t in = kiln_k2(k, KILN_KOP_LT, s1, nsp);
+        uint32_t mv = kl_load(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s1, kiln_ki(k, 0), 0)), kiln_ki(k, hd + 2)));
         mv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, mv, kiln_kf(k, -INFINITY), 0);
-        sts(k, fsh, s1, mv);
-        kiln_kset(k, mloc, o2(k, KILN_KOP_MAX, mloc, mv));
+        kiln_ksts(k, fsh, s1, mv);
+        kiln_kset(k, mloc, kiln_k2(k, KILN_KOP_MAX, mloc, mv));
     }
     kl_loop_end(k);
     uint32_t ms = safe_max(k, kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, mloc, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_MAX << 16) | 128)));
     uint32_t lloc = kiln_kvar(k, kiln_kf(k, 0));
     uint32_t s2 = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s2, c_(k, nsh), c_(k, 128), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s2, kiln_ki(k, nsh), kiln_ki(k, 128), 0);
     {
-        uint32_t in = o2(k, KILN_KOP_LT, s2, nsp);
-        uint32_t f = kl_exp(k, o2(k, KILN_KOP_SUB, lds(k, fsh, s2), ms)); /* 0 past nsp: m = -inf */
-        uint32_t lv = ldf(k, scr, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s2, c_(k, 0), 0)), c_(k, hd + 2)), c_(k, 1)));
-        kiln_kset(k, lloc, fma_(k, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, lv, kiln_kf(k, 0), 0), f, lloc));
-        sts(k, fsh, s2, f);
+        uint32_t in = kiln_k2(k, KILN_KOP_LT, s2, nsp);
+        uint32_t f = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, kiln_klds(k, fsh, KILN_KT_F32, s2), ms)); /* 0 past nsp: m = -inf */
+        uint32_t lv = kl_load(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s2, kiln_ki(k, 0), 0)), kiln_ki(k, hd + 2)), kiln_ki(k, 1)));
+        kiln_kset(k, lloc, kiln_kfma(k, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, lv, kiln_kf(k, 0), 0), f, lloc));
+        kiln_ksts(k, fsh, s2, f);
     }
     kl_loop_end(k);
     uint32_t L = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, lloc, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_SUM << 16) | 128));
-    bar(k); /* every weight is in shared memory */
+    kiln_kbarrier(k); /* every weight is in shared memory */
     /* each thread a head dim: CU splits per step, their loads in flight together (weight 0 past nsp) */
     uint32_t d = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, d, c_(k, hd), c_(k, 128), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, d, kiln_ki(k, hd), kiln_ki(k, 128), 0);
     {
         uint32_t O = kiln_kvar(k, kiln_kf(k, 0));
-        uint32_t s3 = kiln_kvar(k, c_(k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s3, nsp, c_(k, CU), 0);
+        uint32_t s3 = kiln_kvar(k, kiln_ki(k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s3, nsp, kiln_ki(k, CU), 0);
         uint32_t ov[CU];
         for (int u = 0; u < CU; u++) {
-            uint32_t si = o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, s3, c_(k, u)), o2(k, KILN_KOP_SUB, nsp, c_(k, 1)));
-            ov[u] = ldf(k, scr, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, row, si), c_(k, hd + 2)), o2(k, KILN_KOP_ADD, d, c_(k, 2))));
+            uint32_t si = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u)), kiln_k2(k, KILN_KOP_SUB, nsp, kiln_ki(k, 1)));
+            ov[u] = kl_load(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, si), kiln_ki(k, hd + 2)), kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))));
         }
         uint32_t acc = O;
-        for (int u = 0; u < CU; u++) acc = fma_(k, ov[u], lds(k, fsh, o2(k, KILN_KOP_ADD, s3, c_(k, u))), acc);
+        for (int u = 0; u < CU; u++) acc = kiln_kfma(k, ov[u], kiln_klds(k, fsh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u))), acc);
         kiln_kset(k, O, acc);
         kl_loop_end(k);
-        uint32_t y = o2(k, KILN_KOP_DIV, O, L);
-        uint32_t oi = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, t, c_(k, (int32_t)a->n_head)), head), c_(k, hd)), d);
+        uint32_t y = kiln_k2(k, KILN_KOP_DIV, O, L);
+        uint32_t oi = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head), kiln_ki(k, hd)), d);
         kl_store_node(k, g, node, oi, y);
     }
     kl_loop_end(k);
-    endif_(k);
+    kiln_kendif(k);
 }
 
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)

@@ -26,21 +26,12 @@ typedef struct fl {
     int       kp;     /* f16 parts of K and V in shared memory: 1 (f16 cache) or 2 (f32 cache: hi + lo) */
 } fl;
 
-static uint32_t c_(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
-static uint32_t cu(kiln_kir *k, uint32_t v) { return kiln_ku(k, v); }
-static uint32_t o2(kiln_kir *k, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(k, op, a, b); }
 static uint32_t op1(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, int32_t imm)
 {
     return kiln_kir_op(k, op, t, a, KILN_IDX_NONE, KILN_IDX_NONE, imm);
 }
-static uint32_t sel(kiln_kir *k, enum kiln_kt t, uint32_t p, uint32_t a, uint32_t b) { return kiln_kir_op(k, KILN_KOP_SELECT, t, p, a, b, 0); }
 static uint32_t setlane(kiln_kir *k, enum kiln_kt t, uint32_t v, uint32_t x, int j) { return kiln_kir_op(k, KILN_KOP_SETLANE, t, v, x, KILN_IDX_NONE, j); }
 static uint32_t lanef(kiln_kir *k, uint32_t f4, int j) { return op1(k, KILN_KOP_LANE, KILN_KT_F32, f4, j); }
-static uint32_t laneu(kiln_kir *k, uint32_t v4, int j) { return op1(k, KILN_KOP_LANE, KILN_KT_U32, v4, j); }
-static void sts(kiln_kir *k, uint32_t arr, uint32_t i, uint32_t v) { kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, i, v, KILN_IDX_NONE, (int32_t)arr); }
-static void bar(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
-static void if_(kiln_kir *k, uint32_t p) { kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
-static void endif_(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
 static uint32_t red4(kiln_kir *k, uint32_t v, enum kiln_kred op) /* over the 4 lanes that hold one row */
 {
     return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
@@ -60,7 +51,7 @@ static void a_frags(kiln_kir *k, uint32_t x[4][2], uint32_t out[FP])
 /* Word index of dims [0, hd) of key `key` of kv head `kvh` (f16 caches: two values a word). */
 static uint32_t cache_word(kiln_kir *k, const fl *f, uint32_t kvh, uint32_t key)
 {
-    return o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kvh, c_(k, (int32_t)f->max_ctx)), key), c_(k, (int32_t)(f->hd / (3 - f->kp))));
+    return kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kvh, kiln_ki(k, (int32_t)f->max_ctx)), key), kiln_ki(k, (int32_t)(f->hd / (3 - f->kp))));
 }
 
 /* Keys per tile: the K and V tiles (kp f16 parts each) in 16 KB, at most 64. */
@@ -74,11 +65,11 @@ static int32_t keys_per_tile(int64_t hd, int kp)
  * key past n_kv (the load reads a row of the cache that exists). */
 static void key_item(kiln_kir *k, const fl *f, uint32_t slot, uint32_t kvh, uint32_t kg, uint32_t n_kv, uint32_t c, uint32_t w[4])
 {
-    uint32_t ok = o2(k, KILN_KOP_LT, kg, n_kv);
-    uint32_t row = cache_word(k, f, kvh, o2(k, KILN_KOP_MIN, kg, c_(k, (int32_t)f->max_ctx - 1)));
-    uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, o2(k, KILN_KOP_ADD, row, o2(k, KILN_KOP_MUL, c, c_(k, 4))), KILN_IDX_NONE,
+    uint32_t ok = kiln_k2(k, KILN_KOP_LT, kg, n_kv);
+    uint32_t row = cache_word(k, f, kvh, kiln_k2(k, KILN_KOP_MIN, kg, kiln_ki(k, (int32_t)f->max_ctx - 1)));
+    uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, row, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4))), KILN_IDX_NONE,
                               KILN_IDX_NONE, (int32_t)slot);
-    for (int j = 0; j < 4; j++) w[j] = sel(k, KILN_KT_U32, ok, laneu(k, v4, j), cu(k, 0));
+    for (int j = 0; j < 4; j++) w[j] = kiln_ksel(k, KILN_KT_U32, ok, kiln_klane(k, v4, j), kiln_ku(k, 0));
 }
 
 /* The f32 pair of words (a, b) as hi and lo f16 parts, stored at word `at` of part 0 of a tile
@@ -87,7 +78,7 @@ static void store_parts(kiln_kir *k, uint32_t arr, uint32_t at, int32_t tw, uint
 {
     uint32_t pw[FP];
     kl_split_pair(k, op1(k, KILN_KOP_BITCAST, KILN_KT_F32, a, 0), op1(k, KILN_KOP_BITCAST, KILN_KT_F32, b, 0), FP, false, pw);
-    for (int pt = 0; pt < FP; pt++) sts(k, arr, pt ? o2(k, KILN_KOP_ADD, at, c_(k, pt * tw)) : at, pw[pt]);
+    for (int pt = 0; pt < FP; pt++) kiln_ksts(k, arr, pt ? kiln_k2(k, KILN_KOP_ADD, at, kiln_ki(k, pt * tw)) : at, pw[pt]);
 }
 
 bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
@@ -120,30 +111,30 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t head = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bq = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
-    uint32_t lane = o2(k, KILN_KOP_AND, tid, c_(k, 31)), warp = o2(k, KILN_KOP_SHR, tid, c_(k, 5));
-    uint32_t gq = o2(k, KILN_KOP_SHR, lane, c_(k, 2)), qq = o2(k, KILN_KOP_AND, lane, c_(k, 3));
-    uint32_t t0 = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_SUB, c_(k, nqb - 1), bq), c_(k, FQ));
-    uint32_t kvh = o2(k, KILN_KOP_DIV, head, c_(k, (int32_t)f.G));
+    uint32_t lane = kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, tid, kiln_ki(k, 5));
+    uint32_t gq = kiln_k2(k, KILN_KOP_SHR, lane, kiln_ki(k, 2)), qq = kiln_k2(k, KILN_KOP_AND, lane, kiln_ki(k, 3));
+    uint32_t t0 = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, kiln_ki(k, nqb - 1), bq), kiln_ki(k, FQ));
+    uint32_t kvh = kiln_k2(k, KILN_KOP_DIV, head, kiln_ki(k, (int32_t)f.G));
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
-    if_(k, o2(k, KILN_KOP_LT, t0, n_tok));
+    kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t0, n_tok));
     uint32_t row[2];
-    row[0] = o2(k, KILN_KOP_ADD, t0, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, warp, c_(k, 16)), gq));
-    row[1] = o2(k, KILN_KOP_ADD, row[0], c_(k, 8));
-    uint32_t past = o2(k, KILN_KOP_SUB, n_kv, n_tok); /* keys before the first query */
+    row[0] = kiln_k2(k, KILN_KOP_ADD, t0, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 16)), gq));
+    row[1] = kiln_k2(k, KILN_KOP_ADD, row[0], kiln_ki(k, 8));
+    uint32_t past = kiln_k2(k, KILN_KOP_SUB, n_kv, n_tok); /* keys before the first query */
     uint32_t seen[2];                                  /* keys row r sees */
-    for (int r = 0; r < 2; r++) seen[r] = o2(k, KILN_KOP_ADD, past, o2(k, KILN_KOP_ADD, row[r], c_(k, 1)));
-    uint32_t kend = o2(k, KILN_KOP_ADD, past, o2(k, KILN_KOP_MIN, o2(k, KILN_KOP_ADD, t0, c_(k, FQ)), n_tok));
+    for (int r = 0; r < 2; r++) seen[r] = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_ADD, row[r], kiln_ki(k, 1)));
+    uint32_t kend = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, t0, kiln_ki(k, FQ)), n_tok));
     /* q's A fragments, pre-scaled to base-2 logits, for the whole key loop */
     uint32_t qf[FHD / 16][FP];
     float qscale = n->f[0] * 1.44269504088896341f;
     uint32_t qrow[2];
-    for (int r = 0; r < 2; r++) qrow[r] = o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_MIN, row[r], o2(k, KILN_KOP_SUB, n_tok, c_(k, 1))), c_(k, (int32_t)f.n_head)), head), c_(k, hd));
+    for (int r = 0; r < 2; r++) qrow[r] = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MIN, row[r], kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1))), kiln_ki(k, (int32_t)f.n_head)), head), kiln_ki(k, hd));
     for (int kk = 0; kk < KT; kk++) {
         uint32_t x[4][2];
         for (int j = 0; j < 4; j++)
             for (int e = 0; e < 2; e++) {
-                uint32_t d = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, qq, c_(k, 2)), c_(k, kk * 16 + 8 * (j >> 1) + e));
-                x[j][e] = o2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, o2(k, KILN_KOP_ADD, qrow[j & 1], d)), kiln_kf(k, qscale));
+                uint32_t d = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)), kiln_ki(k, kk * 16 + 8 * (j >> 1) + e));
+                x[j][e] = kiln_k2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, kiln_k2(k, KILN_KOP_ADD, qrow[j & 1], d)), kiln_kf(k, qscale));
             }
         a_frags(k, x, qf[kk]);
     }
@@ -151,50 +142,50 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
     uint32_t zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     for (int r = 0; r < 2; r++) m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY)), l[r] = kiln_kvar(k, kiln_kf(k, 0));
     for (int dt = 0; dt < hd / 8; dt++) o[dt] = kiln_kvar(k, zero4);
-    uint32_t frag = o2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), c_(k, 4)); /* the lane's words in a tile */
-    uint32_t kb = kiln_kvar(k, c_(k, 0));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, kend, c_(k, FK), 0);
+    uint32_t frag = kiln_k2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), kiln_ki(k, 4)); /* the lane's words in a tile */
+    uint32_t kb = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, kend, kiln_ki(k, FK), 0);
     {
-        bar(k); /* every warp is done with the previous tile */
+        kiln_kbarrier(k); /* every warp is done with the previous tile */
         /* K: a thread stages 16 bytes of a key per item (8 f16 or 4 f32 dims: 4 or 2 pairs); keys
          * past n_kv are 0 */
         int32_t dpi = 8 / KP, cpr = hd / dpi; /* dims per item, items per key */
         for (int u = 0; u < FK * cpr / FT; u++) {
-            uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
-            uint32_t key = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
+            uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
+            uint32_t key = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
             uint32_t w[4];
-            key_item(k, &f, ks, kvh, o2(k, KILN_KOP_ADD, kb, key), n_kv, c, w);
+            key_item(k, &f, ks, kvh, kiln_k2(k, KILN_KOP_ADD, kb, key), n_kv, c, w);
             if (KP == 1) {
-                uint32_t w0 = kl_frag_b_word(k, key, o2(k, KILN_KOP_MUL, c, c_(k, 4)), KT);
-                for (int p = 0; p < 4; p++) sts(k, ksh, p ? o2(k, KILN_KOP_XOR, w0, c_(k, 4 * p)) : w0, w[p]);
+                uint32_t w0 = kl_frag_b_word(k, key, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), KT);
+                for (int p = 0; p < 4; p++) kiln_ksts(k, ksh, p ? kiln_k2(k, KILN_KOP_XOR, w0, kiln_ki(k, 4 * p)) : w0, w[p]);
                 continue;
             }
             for (int p = 0; p < 2; p++) /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
-                store_parts(k, ksh, kl_frag_b_word(k, key, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 2)), c_(k, p)), KT), tw, w[2 * p],
+                store_parts(k, ksh, kl_frag_b_word(k, key, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 2)), kiln_ki(k, p)), KT), tw, w[2 * p],
                             w[2 * p + 1]);
         }
         /* V transposed: a thread takes 16 bytes of two neighbouring keys and stores their key pairs
          * of each dim (kp parts) */
         for (int u = 0; u < FK / 2 * cpr / FT; u++) {
-            uint32_t i = o2(k, KILN_KOP_ADD, tid, c_(k, FT * u));
-            uint32_t kp = o2(k, KILN_KOP_DIV, i, c_(k, cpr)), c = o2(k, KILN_KOP_REM, i, c_(k, cpr));
+            uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
+            uint32_t kp = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
             uint32_t vw[2][4];
             for (int h = 0; h < 2; h++)
-                key_item(k, &f, vs, kvh, o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, kp, c_(k, 2)), c_(k, h))), n_kv, c, vw[h]);
+                key_item(k, &f, vs, kvh, kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kp, kiln_ki(k, 2)), kiln_ki(k, h))), n_kv, c, vw[h]);
             for (int w = 0; w < 4; w++) {
                 uint32_t a = vw[0][w], b = vw[1][w];
                 if (KP == 2) { /* dim 4c + w: the two keys' f32 values as hi and lo parts */
-                    store_parts(k, vsh, kl_frag_b_word(k, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 4)), c_(k, w)), kp, VT), tw, a, b);
+                    store_parts(k, vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), kiln_ki(k, w)), kp, VT), tw, a, b);
                     continue;
                 }
-                uint32_t lo = o2(k, KILN_KOP_OR, o2(k, KILN_KOP_AND, a, cu(k, 0xffffu)), o2(k, KILN_KOP_SHL, b, cu(k, 16)));
-                uint32_t hi = o2(k, KILN_KOP_OR, o2(k, KILN_KOP_SHR, a, cu(k, 16)), o2(k, KILN_KOP_AND, b, cu(k, 0xffff0000u)));
-                uint32_t dim = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, c, c_(k, 8)), c_(k, 2 * w));
-                sts(k, vsh, kl_frag_b_word(k, dim, kp, VT), lo);
-                sts(k, vsh, kl_frag_b_word(k, o2(k, KILN_KOP_ADD, dim, c_(k, 1)), kp, VT), hi);
+                uint32_t lo = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, a, kiln_ku(k, 0xffffu)), kiln_k2(k, KILN_KOP_SHL, b, kiln_ku(k, 16)));
+                uint32_t hi = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, a, kiln_ku(k, 16)), kiln_k2(k, KILN_KOP_AND, b, kiln_ku(k, 0xffff0000u)));
+                uint32_t dim = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 8)), kiln_ki(k, 2 * w));
+                kiln_ksts(k, vsh, kl_frag_b_word(k, dim, kp, VT), lo);
+                kiln_ksts(k, vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, dim, kiln_ki(k, 1)), kp, VT), hi);
             }
         }
-        bar(k);
+        kiln_kbarrier(k);
         /* S = q . K^T: n-tiles of 8 keys */
         uint32_t s[FKMAX / 8];
         for (int nt = 0; nt < FK / 8; nt++) s[nt] = zero4;
@@ -202,7 +193,7 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
             for (int kk = 0; kk < KT; kk++) {
                 uint32_t bf[2];
                 for (int pt = 0; pt < KP; pt++)
-                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (np * KT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
+                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (np * KT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
                 for (int p = 0; p < FP; p++)
                     for (int pt = 0; pt + p < 2 && pt < KP; pt++) /* hi.hi, hi.lo, lo.hi: lo.lo is below f32's rounding */
                         for (int h = 0; h < 2; h++)
@@ -210,33 +201,33 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
             }
         /* the causal mask, the rows' maxima, P (base 2) and the rows' running sums */
         uint32_t sv[FKMAX / 8][4], mx[2] = {kiln_kf(k, -INFINITY), kiln_kf(k, -INFINITY)};
-        uint32_t key0 = o2(k, KILN_KOP_ADD, kb, o2(k, KILN_KOP_MUL, qq, c_(k, 2)));
+        uint32_t key0 = kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)));
         for (int nt = 0; nt < FK / 8; nt++)
             for (int j = 0; j < 4; j++) {
-                uint32_t key = o2(k, KILN_KOP_ADD, key0, c_(k, 8 * nt + (j & 1)));
-                sv[nt][j] = sel(k, KILN_KT_F32, o2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j), kiln_kf(k, -INFINITY));
-                mx[j >> 1] = o2(k, KILN_KOP_MAX, mx[j >> 1], sv[nt][j]);
+                uint32_t key = kiln_k2(k, KILN_KOP_ADD, key0, kiln_ki(k, 8 * nt + (j & 1)));
+                sv[nt][j] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j), kiln_kf(k, -INFINITY));
+                mx[j >> 1] = kiln_k2(k, KILN_KOP_MAX, mx[j >> 1], sv[nt][j]);
             }
         uint32_t ms[2], alpha[2], sum[2];
         for (int r = 0; r < 2; r++) {
-            uint32_t mn = o2(k, KILN_KOP_MAX, m[r], red4(k, mx[r], KILN_KRED_MAX));
+            uint32_t mn = kiln_k2(k, KILN_KOP_MAX, m[r], red4(k, mx[r], KILN_KRED_MAX));
             /* -inf -> 0 so that exp2(x - m) stays 0, not NaN */
-            ms[r] = sel(k, KILN_KT_F32, o2(k, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn);
-            alpha[r] = kiln_k1(k, KILN_KOP_EX2, o2(k, KILN_KOP_SUB, m[r], ms[r]));
+            ms[r] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn);
+            alpha[r] = kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_SUB, m[r], ms[r]));
             kiln_kset(k, m[r], mn);
             sum[r] = kiln_kf(k, 0);
         }
         uint32_t pv[FKMAX / 8][4];
         for (int nt = 0; nt < FK / 8; nt++)
             for (int j = 0; j < 4; j++) {
-                pv[nt][j] = kiln_k1(k, KILN_KOP_EX2, o2(k, KILN_KOP_SUB, sv[nt][j], ms[j >> 1]));
-                sum[j >> 1] = o2(k, KILN_KOP_ADD, sum[j >> 1], pv[nt][j]);
+                pv[nt][j] = kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_SUB, sv[nt][j], ms[j >> 1]));
+                sum[j >> 1] = kiln_k2(k, KILN_KOP_ADD, sum[j >> 1], pv[nt][j]);
             }
         for (int r = 0; r < 2; r++) kiln_kset(k, l[r], kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, l[r], alpha[r], sum[r], 0));
         uint32_t on[FHD / 8];
         for (int dt = 0; dt < hd / 8; dt++) {
             on[dt] = KILN_IDX_NONE;
-            for (int j = 0; j < 4; j++) on[dt] = setlane(k, KILN_KT_F4, on[dt], o2(k, KILN_KOP_MUL, lanef(k, o[dt], j), alpha[j >> 1]), j);
+            for (int j = 0; j < 4; j++) on[dt] = setlane(k, KILN_KT_F4, on[dt], kiln_k2(k, KILN_KOP_MUL, lanef(k, o[dt], j), alpha[j >> 1]), j);
         }
         /* O += P . V: P's A fragments from S's accumulator layout (n-tiles 2 kk and 2 kk + 1) */
         for (int kk = 0; kk < VT; kk++) {
@@ -247,7 +238,7 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
             for (int dp = 0; dp < hd / 16; dp++) {
                 uint32_t bf[2];
                 for (int pt = 0; pt < KP; pt++)
-                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, o2(k, KILN_KOP_ADD, frag, c_(k, (dp * VT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
+                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (dp * VT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
                 for (int p = 0; p < FP; p++)
                     for (int pt = 0; pt + p < 2 && pt < KP; pt++)
                         for (int h = 0; h < 2; h++) on[2 * dp + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, pf[p], bf[pt], on[2 * dp + h], h << 1);
@@ -258,14 +249,13 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
     kl_loop_end(k);
     /* rows' sums over their 4 lanes; every row sees at least its own key, so the sum is >= 1 */
     for (int r = 0; r < 2; r++) {
-        uint32_t inv = o2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(k, l[r], KILN_KRED_SUM));
-        if_(k, o2(k, KILN_KOP_LT, row[r], n_tok));
-        uint32_t ob = o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, o2(k, KILN_KOP_ADD, o2(k, KILN_KOP_MUL, row[r], c_(k, (int32_t)f.n_head)), head), c_(k, hd)),
-                         o2(k, KILN_KOP_MUL, qq, c_(k, 2)));
+        uint32_t inv = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(k, l[r], KILN_KRED_SUM));
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, row[r], n_tok));
+        uint32_t ob = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row[r], kiln_ki(k, (int32_t)f.n_head)), head), kiln_ki(k, hd)), kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)));
         for (int dt = 0; dt < hd / 8; dt++)
             for (int e = 0; e < 2; e++)
-                kl_store_node(k, g, node, o2(k, KILN_KOP_ADD, ob, c_(k, 8 * dt + e)), o2(k, KILN_KOP_MUL, lanef(k, o[dt], 2 * r + e), inv));
-        endif_(k);
+                kl_store_node(k, g, node, kiln_k2(k, KILN_KOP_ADD, ob, kiln_ki(k, 8 * dt + e)), kiln_k2(k, KILN_KOP_MUL, lanef(k, o[dt], 2 * r + e), inv));
+        kiln_kendif(k);
     }
-    endif_(k);
+    kiln_kendif(k);
 }

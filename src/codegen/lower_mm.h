@@ -64,6 +64,12 @@ typedef struct gv {
     char      why[160];
 } gv;
 
+/* 16-byte chunks per row of K values of dtype t (one value each when scalar), and the first element
+ * (I32, within the row) of sub-step `sub` of chunk c. */
+int64_t  kl_gv_chunks_per_row(kiln_dtype t, int64_t K, bool scalar);
+uint32_t kl_gv_sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub);
+/* I32 token t0 + t of the current pass. */
+uint32_t kl_gv_tok(gv *s, int t);
 /* Finds x, the rms_norm prologue, the matmuls and their groups; sets k->grid[0] for the GEMV. */
 bool kl_gv_analyze(gv *s, char *err, size_t n_err);
 /* Loads chunk c (I32) of weight row `row` (I32) of a [rows, K] weight of dtype t in buffer slot `slot`. */
