@@ -194,7 +194,7 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_node tab = kiln_weight_random(g, "table", KILN_DTYPE_Q4_K, 2, (kiln_dim[]){10, 256}, 98, 1.0f);
     kiln_node m = kiln_matmul(g, x, w);
     kiln_node s = kiln_scale(g, kiln_mul(g, kiln_add(g, m, x), gm), -0.3f);
-    kiln_node sw = kiln_swiglu(g, kiln_gelu(g, kiln_silu(g, s)), s);
+    kiln_node sw = kiln_swiglu(g, kiln_sigmoid(g, kiln_gelu(g, kiln_silu(g, s))), s);
     kiln_name(g, sw, "dup");
     kiln_node rn = kiln_rms_norm(g, sw, KILN_NODE_NONE, 1e-6f);
     kiln_name(g, rn, "dup");

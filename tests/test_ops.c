@@ -210,6 +210,12 @@ Test(ops, gelu)
     large_inputs("gelu", kiln_gelu);
 }
 
+Test(ops, sigmoid)
+{
+    unary_cases("sigmoid", kiln_sigmoid, -6, 6);
+    large_inputs("sigmoid", kiln_sigmoid);
+}
+
 typedef kiln_node (*binary_fn)(kiln_graph *, kiln_node, kiln_node);
 
 /* a [t, D] with b [D] (broadcast) or b [t, D]; and a [2, 3, 17] with b [3, 17]. */

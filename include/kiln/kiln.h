@@ -188,6 +188,8 @@ KILN_API kiln_node kiln_scale(kiln_graph *g, kiln_node x, float s);
 KILN_API kiln_node kiln_silu(kiln_graph *g, kiln_node x);
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 KILN_API kiln_node kiln_gelu(kiln_graph *g, kiln_node x);
+/* Logistic sigmoid: 1 / (1 + e^-x) (gates of gated attention and MoE routers). */
+KILN_API kiln_node kiln_sigmoid(kiln_graph *g, kiln_node x);
 /* silu(gate) * up; equal shapes. */
 KILN_API kiln_node kiln_swiglu(kiln_graph *g, kiln_node gate, kiln_node up);
 /* x / sqrt(mean(x^2 over the last dim) + eps) * w; w [D] or KILN_NODE_NONE. */

@@ -193,6 +193,7 @@ static int op_elementwise(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int
         case KILN_OP_SCALE: y[i] = s * x; break;
         case KILN_OP_SILU: y[i] = silu(x); break;
         case KILN_OP_GELU: y[i] = 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x))); break;
+        case KILN_OP_SIGMOID: y[i] = 1.0 / (1.0 + exp(-x)); break;
         case KILN_OP_SWIGLU: y[i] = silu(x) * b[i % nb]; break;
         default: FAIL("ref64: op %d is not elementwise", nd->op);
         }
@@ -484,7 +485,7 @@ static int eval_node(kiln_ref64 *r, uint32_t i, char *err, size_t en)
     switch (nd->op) {
     case KILN_OP_MATMUL: return op_matmul(r, nd, y, ne, err, en);
     case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
-    case KILN_OP_SWIGLU: return op_elementwise(r, nd, y, ne, err, en);
+    case KILN_OP_SWIGLU: case KILN_OP_SIGMOID: return op_elementwise(r, nd, y, ne, err, en);
     case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_SOFTMAX: return op_rows(r, nd, y, ne, err, en);
     case KILN_OP_ROPE: return op_rope(r, nd, y, ne, err, en);
     case KILN_OP_ATTENTION: return op_attention(r, nd, y, ne, err, en);

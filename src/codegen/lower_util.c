@@ -32,14 +32,7 @@ bool kl_is_out(const kiln_region *r, uint32_t node)
     return false;
 }
 
-bool kl_is_elementwise(enum kiln_op op)
-{
-    switch (op) {
-    case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
-    case KILN_OP_SWIGLU: case KILN_OP_CAST: return true;
-    default: return false;
-    }
-}
+bool kl_is_elementwise(enum kiln_op op) { return kiln_op_is_elementwise(op); }
 
 uint32_t kl_dim(kiln_kir *k, int64_t d)
 {
@@ -203,6 +196,7 @@ uint32_t kl_apply(kiln_kir *k, const kiln_node_rec *n, uint32_t a, uint32_t b)
     case KILN_OP_SCALE: y = kiln_k2(k, KILN_KOP_MUL, a, kiln_kf(k, n->f[0])); break;
     case KILN_OP_SILU: y = kl_silu(k, a); break;
     case KILN_OP_GELU: y = kl_gelu(k, a); break;
+    case KILN_OP_SIGMOID: y = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, 1.0f), kl_exp(k, kiln_k1(k, KILN_KOP_NEG, a)))); break;
     case KILN_OP_SWIGLU: y = kiln_k2(k, KILN_KOP_MUL, kl_silu(k, a), b); break;
     default: y = a; break; /* cast: the value is rounded to the target dtype below */
     }

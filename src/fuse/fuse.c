@@ -24,18 +24,11 @@ bool kiln_op_is_alias(enum kiln_op op)
 
 enum kiln_region_kind kiln_fuse_kind_of(enum kiln_op op)
 {
-    switch (op) {
-    case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
-    case KILN_OP_SWIGLU: case KILN_OP_CAST:
-        return KILN_REGION_MAP;
-    case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_SOFTMAX: case KILN_OP_ARGMAX: case KILN_OP_ROPE:
-        return KILN_REGION_ROWS;
-    case KILN_OP_MATMUL: return KILN_REGION_MATMUL;
-    case KILN_OP_ATTENTION: return KILN_REGION_ATTENTION;
-    case KILN_OP_KV_SCATTER: return KILN_REGION_SCATTER;
-    case KILN_OP_GET_ROWS: case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT: return KILN_REGION_MOVE;
-    default: return KILN_REGION_NONE;
-    }
+    static const uint8_t kind[KILN_OPC_COUNT] = {
+        [KILN_OPC_ELEMENTWISE] = KILN_REGION_MAP, [KILN_OPC_ROW] = KILN_REGION_ROWS, [KILN_OPC_MATMUL] = KILN_REGION_MATMUL,
+        [KILN_OPC_ATTENTION] = KILN_REGION_ATTENTION, [KILN_OPC_SCATTER] = KILN_REGION_SCATTER, [KILN_OPC_MOVE] = KILN_REGION_MOVE,
+    };
+    return (enum kiln_region_kind)kind[kiln_op_class_of(op)]; /* leaves and aliases: KILN_REGION_NONE */
 }
 
 void kiln_fusion_free(kiln_fusion *f)

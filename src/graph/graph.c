@@ -12,15 +12,27 @@
 static atomic_uint g_next_graph_id = 1;
 
 static const char *const op_names[KILN_OP_COUNT] = {
-    [KILN_OP_NONE] = "none",         [KILN_OP_INPUT] = "input",           [KILN_OP_WEIGHT] = "weight",
-    [KILN_OP_STATE] = "state",       [KILN_OP_MATMUL] = "matmul",         [KILN_OP_ADD] = "add",
-    [KILN_OP_MUL] = "mul",           [KILN_OP_SCALE] = "scale",           [KILN_OP_SILU] = "silu",
-    [KILN_OP_GELU] = "gelu",         [KILN_OP_SWIGLU] = "swiglu",         [KILN_OP_RMS_NORM] = "rms_norm",
-    [KILN_OP_LAYER_NORM] = "layer_norm", [KILN_OP_SOFTMAX] = "softmax",   [KILN_OP_ROPE] = "rope",
-    [KILN_OP_ATTENTION] = "attention", [KILN_OP_KV_SCATTER] = "kv_scatter", [KILN_OP_GET_ROWS] = "get_rows",
-    [KILN_OP_ARGMAX] = "argmax",     [KILN_OP_CAST] = "cast",             [KILN_OP_RESHAPE] = "reshape",
-    [KILN_OP_VIEW] = "view",         [KILN_OP_TRANSPOSE] = "transpose",   [KILN_OP_CONCAT] = "concat",
+#define KILN_OP_NAME(id, name, cls, flops, nreq, nopt, params, req, usage) [KILN_OP_##id] = name,
+    KILN_OPS(KILN_OP_NAME)
+#undef KILN_OP_NAME
 };
+
+static const uint8_t op_class[KILN_OP_COUNT] = {
+#define KILN_OP_CLASS(id, name, cls, flops, nreq, nopt, params, req, usage) [KILN_OP_##id] = KILN_OPC_##cls,
+    KILN_OPS(KILN_OP_CLASS)
+#undef KILN_OP_CLASS
+};
+
+static const double op_flops[KILN_OP_COUNT] = {
+#define KILN_OP_FLOPS(id, name, cls, flops, nreq, nopt, params, req, usage) [KILN_OP_##id] = flops,
+    KILN_OPS(KILN_OP_FLOPS)
+#undef KILN_OP_FLOPS
+};
+
+enum kiln_op_class kiln_op_class_of(enum kiln_op op) { return (unsigned)op < KILN_OP_COUNT ? (enum kiln_op_class)op_class[op] : KILN_OPC_LEAF; }
+bool kiln_op_is_elementwise(enum kiln_op op) { return kiln_op_class_of(op) == KILN_OPC_ELEMENTWISE; }
+double kiln_op_flops(enum kiln_op op) { return (unsigned)op < KILN_OP_COUNT ? op_flops[op] : 0; }
+
 
 const char *kiln_op_name(enum kiln_op op)
 {

@@ -7,37 +7,71 @@
 
 #define KILN_IDX_NONE UINT32_MAX /* "no node" inside the IR */
 
+/* What kind of work an op is: fusion makes regions of it (elementwise ops fuse into any anchor's
+ * prologue or epilogue), the cost model and the reference evaluators read it. */
+enum kiln_op_class {
+    KILN_OPC_LEAF = 0,     /* none, input, weight, state: no work */
+    KILN_OPC_ELEMENTWISE,  /* y[i] = f(a[i], b[i % |b|]): a map region, fusable */
+    KILN_OPC_ROW,          /* per-row reduction or row op: a rows region */
+    KILN_OPC_MATMUL,       /* the matmul anchor */
+    KILN_OPC_ATTENTION,    /* the attention anchor */
+    KILN_OPC_SCATTER,      /* kv_scatter */
+    KILN_OPC_MOVE,         /* data movement: get_rows, transpose, concat */
+    KILN_OPC_ALIAS,        /* reshape, view: no kernel */
+    KILN_OPC_COUNT
+};
+
+/* Every op, once: X(ID, "name", class, flops per result element (0: the cost model computes it,
+ * or none), then its .kg form: operands required, optional, parameter bits accepted and required
+ * (KILN_KG_P_*: kg.h), usage text). Sources and parameters of each op are in the comment of its
+ * builder in kiln.h. Adding an op: a row here, its builder (ops.c, kiln.h), its ref kernel
+ * (backends/ref), its f64 reference (check/ref64.c), its lowering formula (codegen kl_apply for
+ * elementwise ops) and its contract (contracts/NAME.yaml). */
+#define KILN_OPS(X)                                                                                   \
+    X(NONE,       "none",       LEAF,        0, 0, 0, 0, 0, NULL)                                    \
+    X(INPUT,      "input",      LEAF,        0, 0, 0, 0, 0, NULL) /* bound at each run */            \
+    X(WEIGHT,     "weight",     LEAF,        0, 0, 0, 0, 0, NULL) /* constant data */                \
+    X(STATE,      "state",      LEAF,        0, 0, 0, 0, 0, NULL) /* persistent in the plan */       \
+    X(MATMUL,     "matmul",     MATMUL,      0, 2, 0, 0, 0, "x w")                                   \
+    X(ADD,        "add",        ELEMENTWISE, 1, 2, 0, 0, 0, "a b") /* b broadcast over leading dims */ \
+    X(MUL,        "mul",        ELEMENTWISE, 1, 2, 0, 0, 0, "a b")                                   \
+    X(SCALE,      "scale",      ELEMENTWISE, 1, 1, 0, P(S), P(S), "x s=FLOAT") /* f[0] = s */       \
+    X(SILU,       "silu",       ELEMENTWISE, 5, 1, 0, 0, 0, "x")                                     \
+    X(GELU,       "gelu",       ELEMENTWISE, 5, 1, 0, 0, 0, "x") /* tanh approximation */           \
+    X(SWIGLU,     "swiglu",     ELEMENTWISE, 5, 2, 0, 0, 0, "gate up")                               \
+    X(RMS_NORM,   "rms_norm",   ROW,         5, 1, 1, P(EPS), 0, "x [w] [eps=FLOAT]")              \
+    X(LAYER_NORM, "layer_norm", ROW,         5, 1, 2, P(EPS), 0, "x [w] [b] [eps=FLOAT]")          \
+    X(SOFTMAX,    "softmax",    ROW,         5, 1, 0, 0, 0, "x")                                     \
+    X(ROPE,       "rope",       ROW,         5, 2, 0, P(MODE) | P(THETA), 0, "x pos [mode=normal|neox] [theta=FLOAT]") \
+    X(ATTENTION,  "attention",  ATTENTION,   0, 3, 0, P(NKV) | P(SCALE), P(NKV), "q k v n_kv=DIM [scale=FLOAT]") \
+    X(KV_SCATTER, "kv_scatter", SCATTER,     0, 3, 0, 0, 0, "state rows pos") /* aliases the state */ \
+    X(GET_ROWS,   "get_rows",   MOVE,        0, 2, 0, 0, 0, "table ids")                             \
+    X(ARGMAX,     "argmax",     ROW,         1, 1, 0, 0, 0, "x")                                     \
+    X(CAST,       "cast",       ELEMENTWISE, 1, 1, 0, P(DTYPE), P(DTYPE), "x dtype=DTYPE")           \
+    X(RESHAPE,    "reshape",    ALIAS,       0, 1, 0, P(DIMS), P(DIMS), "x [dims]")                 \
+    X(VIEW,       "view",       ALIAS,       0, 1, 0, P(DIMS) | P(OFFSET), P(DIMS), "x [dims] [offset=INT]") \
+    X(TRANSPOSE,  "transpose",  MOVE,        0, 1, 0, P(D0) | P(D1), P(D0) | P(D1), "x d0=INT d1=INT") \
+    X(CONCAT,     "concat",     MOVE,        0, 2, 0, P(AXIS), P(AXIS), "a b axis=INT")             \
+    X(SIGMOID,    "sigmoid",    ELEMENTWISE, 4, 1, 0, 0, 0, "x") /* 1 / (1 + e^-x) */
+
 enum kiln_op {
-    KILN_OP_NONE = 0,
-    KILN_OP_INPUT,      /* leaf bound at each run */
-    KILN_OP_WEIGHT,     /* leaf with constant data */
-    KILN_OP_STATE,      /* leaf persistent in the plan */
-    KILN_OP_MATMUL,     /* src: x, w */
-    KILN_OP_ADD,        /* src: a, b (b broadcast over leading dims) */
-    KILN_OP_MUL,        /* src: a, b */
-    KILN_OP_SCALE,      /* src: x; f[0] = s */
-    KILN_OP_SILU,       /* src: x */
-    KILN_OP_GELU,       /* src: x */
-    KILN_OP_SWIGLU,     /* src: gate, up */
-    KILN_OP_RMS_NORM,   /* src: x, w?; f[0] = eps */
-    KILN_OP_LAYER_NORM, /* src: x, w?, b?; f[0] = eps */
-    KILN_OP_SOFTMAX,    /* src: x */
-    KILN_OP_ROPE,       /* src: x, pos; i[0] = mode, f[0] = theta */
-    KILN_OP_ATTENTION,  /* src: q, k, v; dim = n_kv, f[0] = scale (resolved, never 0) */
-    KILN_OP_KV_SCATTER, /* src: state, rows, pos; result aliases the state */
-    KILN_OP_GET_ROWS,   /* src: table, ids */
-    KILN_OP_ARGMAX,     /* src: x */
-    KILN_OP_CAST,       /* src: x; node dtype is the target */
-    KILN_OP_RESHAPE,    /* src: x; aliases x */
-    KILN_OP_VIEW,       /* src: x; dim = element offset; aliases x */
-    KILN_OP_TRANSPOSE,  /* src: x; i[0], i[1] = swapped dims */
-    KILN_OP_CONCAT,     /* src: a, b; i[0] = axis */
+#define KILN_OP_ENUM(id, name, cls, flops, nreq, nopt, params, req, usage) KILN_OP_##id,
+    KILN_OPS(KILN_OP_ENUM)
+#undef KILN_OP_ENUM
     KILN_OP_COUNT
 };
 
-/* Number of sources an op takes at most, and its .kg/message name. */
+/* The op's .kg/message name; parse is its inverse. */
 const char *kiln_op_name(enum kiln_op op);
 bool        kiln_op_parse(const char *name, enum kiln_op *out);
+/* Its class (KILN_OPC_LEAF for out-of-range values), whether it is elementwise, and the FLOPs the
+ * cost model counts per result element (0 for leaves, aliases and the anchors it sizes itself). */
+enum kiln_op_class kiln_op_class_of(enum kiln_op op);
+bool               kiln_op_is_elementwise(enum kiln_op op);
+double             kiln_op_flops(enum kiln_op op);
+/* Builds a unary elementwise op without parameters (silu, gelu, sigmoid, ...): the .kg parser and
+ * the kiln.h builders share it. */
+kiln_node          kiln_op_unary(kiln_graph *g, enum kiln_op op, kiln_node x);
 
 typedef struct kiln_node_rec {
     uint8_t  op;                       /* enum kiln_op */

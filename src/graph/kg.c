@@ -16,26 +16,9 @@
 #define P(x) KILN_KG_P_##x
 
 static const kiln_kg_op_spec op_specs[KILN_OP_COUNT] = {
-    [KILN_OP_MATMUL] = {2, 0, 0, 0, "x w"},
-    [KILN_OP_ADD] = {2, 0, 0, 0, "a b"},
-    [KILN_OP_MUL] = {2, 0, 0, 0, "a b"},
-    [KILN_OP_SCALE] = {1, 0, P(S), P(S), "x s=FLOAT"},
-    [KILN_OP_SILU] = {1, 0, 0, 0, "x"},
-    [KILN_OP_GELU] = {1, 0, 0, 0, "x"},
-    [KILN_OP_SWIGLU] = {2, 0, 0, 0, "gate up"},
-    [KILN_OP_RMS_NORM] = {1, 1, P(EPS), 0, "x [w] [eps=FLOAT]"},
-    [KILN_OP_LAYER_NORM] = {1, 2, P(EPS), 0, "x [w] [b] [eps=FLOAT]"},
-    [KILN_OP_SOFTMAX] = {1, 0, 0, 0, "x"},
-    [KILN_OP_ROPE] = {2, 0, P(MODE) | P(THETA), 0, "x pos [mode=normal|neox] [theta=FLOAT]"},
-    [KILN_OP_ATTENTION] = {3, 0, P(NKV) | P(SCALE), P(NKV), "q k v n_kv=DIM [scale=FLOAT]"},
-    [KILN_OP_KV_SCATTER] = {3, 0, 0, 0, "state rows pos"},
-    [KILN_OP_GET_ROWS] = {2, 0, 0, 0, "table ids"},
-    [KILN_OP_ARGMAX] = {1, 0, 0, 0, "x"},
-    [KILN_OP_CAST] = {1, 0, P(DTYPE), P(DTYPE), "x dtype=DTYPE"},
-    [KILN_OP_RESHAPE] = {1, 0, P(DIMS), P(DIMS), "x [dims]"},
-    [KILN_OP_VIEW] = {1, 0, P(DIMS) | P(OFFSET), P(DIMS), "x [dims] [offset=INT]"},
-    [KILN_OP_TRANSPOSE] = {1, 0, P(D0) | P(D1), P(D0) | P(D1), "x d0=INT d1=INT"},
-    [KILN_OP_CONCAT] = {2, 0, P(AXIS), P(AXIS), "a b axis=INT"},
+#define KILN_OP_SPEC(id, name, cls, flops, nreq, nopt, params, req, usage) [KILN_OP_##id] = {nreq, nopt, params, req, usage},
+    KILN_OPS(KILN_OP_SPEC)
+#undef KILN_OP_SPEC
 };
 
 const kiln_kg_op_spec *kiln_kg_op_spec_of(enum kiln_op op)

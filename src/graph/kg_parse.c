@@ -609,8 +609,6 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_ADD: return kiln_add(g, s[0], s[1]);
     case KILN_OP_MUL: return kiln_mul(g, s[0], s[1]);
     case KILN_OP_SCALE: return kiln_scale(g, s[0], a->s);
-    case KILN_OP_SILU: return kiln_silu(g, s[0]);
-    case KILN_OP_GELU: return kiln_gelu(g, s[0]);
     case KILN_OP_SWIGLU: return kiln_swiglu(g, s[0], s[1]);
     case KILN_OP_RMS_NORM: return kiln_rms_norm(g, s[0], s[1], a->eps);
     case KILN_OP_LAYER_NORM: return kiln_layer_norm(g, s[0], s[1], s[2], a->eps);
@@ -625,7 +623,10 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_VIEW: return kiln_view(g, s[0], a->rank, a->dims, a->offset);
     case KILN_OP_TRANSPOSE: return kiln_transpose(g, s[0], a->d0, a->d1);
     case KILN_OP_CONCAT: return kiln_concat(g, s[0], s[1], a->axis);
-    default: return KILN_NODE_NONE; /* leaves have no spec and never get here */
+    default: /* unary elementwise ops without parameters (silu, gelu, sigmoid): the op table's builder */
+        if (kiln_op_is_elementwise(op) && kiln_kg_op_spec_of(op)->n_req == 1 && !kiln_kg_op_spec_of(op)->params)
+            return kiln_op_unary(g, op, s[0]);
+        return KILN_NODE_NONE; /* leaves have no spec and never get here */
     }
 }
 

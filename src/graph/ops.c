@@ -142,6 +142,14 @@ KILN_API kiln_node kiln_swiglu(kiln_graph *g, kiln_node gate, kiln_node up)
 }
 KILN_API kiln_node kiln_silu(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_SILU, x, 0); }
 KILN_API kiln_node kiln_gelu(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_GELU, x, 0); }
+KILN_API kiln_node kiln_sigmoid(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_SIGMOID, x, 0); }
+
+kiln_node kiln_op_unary(kiln_graph *g, enum kiln_op op, kiln_node x)
+{
+    if (g && g->status == KILN_OK && !kiln_op_is_elementwise(op))
+        return kiln_graph_fail(g, KILN_ERR_INVALID_ARG, "%s is not a unary elementwise op", kiln_op_name(op));
+    return unary(g, op, x, 0);
+}
 KILN_API kiln_node kiln_softmax(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_SOFTMAX, x, 0); }
 
 KILN_API kiln_node kiln_scale(kiln_graph *g, kiln_node x, float s)

@@ -39,13 +39,8 @@ static double op_flops(const kiln_graph *g, uint32_t i, const int64_t (*dims)[KI
         double n_kv = (double)(kiln_dim_is_sym(n->dim) ? sym[kiln_sym_index(n->dim)] : n->dim);
         return 4.0 * (double)d[0] * (double)d[1] * n_kv * (double)d[2];
     }
-    case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_SOFTMAX: case KILN_OP_ROPE: case KILN_OP_GELU:
-    case KILN_OP_SILU: case KILN_OP_SWIGLU:
-        return 5.0 * numel(n, d);
-    case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SCALE: case KILN_OP_ARGMAX: case KILN_OP_CAST:
-        return numel(n, d);
     default:
-        return 0;
+        return kiln_op_flops((enum kiln_op)n->op) * numel(n, d); /* the op table's flops per element */
     }
 }
 

@@ -128,7 +128,7 @@ static float gelu(float x)
     return x / (1.0f + expf(-2.0f * k * (x + 0.044715f * x * x * x)));
 }
 
-/* add, mul, swiglu (b broadcast over a's leading dims), scale, silu, gelu. */
+/* add, mul, swiglu (b broadcast over a's leading dims), scale, silu, gelu, sigmoid. */
 static kiln_status elementwise(const kiln_ref_ctx *c)
 {
     const kiln_node_rec *n = c->node;
@@ -152,7 +152,9 @@ static kiln_status elementwise(const kiln_ref_ctx *c)
             case KILN_OP_SWIGLU: a[i] = silu(x) * y; break;
             case KILN_OP_SCALE: a[i] = x * n->f[0]; break;
             case KILN_OP_SILU: a[i] = silu(x); break;
-            default: a[i] = gelu(x); break;
+            case KILN_OP_GELU: a[i] = gelu(x); break;
+            case KILN_OP_SIGMOID: a[i] = 1.0f / (1.0f + expf(-x)); break;
+            default: a[i] = NAN; break; /* kiln_ref_exec sends only the ops above */
             }
         }
         st = kiln_ref_store(c, (kiln_dtype)n->dtype, c->v->bufs[c->idx], 0, na, a);
@@ -397,7 +399,8 @@ kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size
     case KILN_OP_SCALE:
     case KILN_OP_SILU:
     case KILN_OP_GELU:
-    case KILN_OP_SWIGLU: return elementwise(&c);
+    case KILN_OP_SWIGLU:
+    case KILN_OP_SIGMOID: return elementwise(&c);
     case KILN_OP_RMS_NORM:
     case KILN_OP_LAYER_NORM:
     case KILN_OP_SOFTMAX: return row_op(&c);
