@@ -30,7 +30,10 @@ static void ref_probs(const float *logits, const kiln_sample_params *p, const in
     int from = n_hist > p->repeat_last_n ? n_hist - p->repeat_last_n : 0;
     bool done[NV] = {0};
     for (int i = from; i < n_hist; i++)
-        if (!done[hist[i]]) done[hist[i]] = true, l[hist[i]] = l[hist[i]] > 0 ? l[hist[i]] / p->repeat_penalty : l[hist[i]] * p->repeat_penalty;
+        if (!done[hist[i]]) { /* in f32, as the logits are */
+            float v = logits[hist[i]];
+            done[hist[i]] = true, l[hist[i]] = v > 0 ? v / p->repeat_penalty : v * p->repeat_penalty;
+        }
     for (int i = 0; i < NV; i++) /* selection sort: best first, ties by lower id */
         for (int j = i + 1; j < NV; j++)
             if (l[order[j]] > l[order[i]] || (l[order[j]] == l[order[i]] && order[j] < order[i])) {

@@ -14,6 +14,7 @@ void kiln_cli_model_free(model_run *m)
     kiln_ctx_free(m->ctx);
     free(m->pos);
     free(m->next);
+    free(m->logits);
 }
 
 /* Touches every page of the tensor data once (so the first run does not pay the page faults),
@@ -56,7 +57,8 @@ int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, i
         return KILN_CLI_USAGE;
     }
     page_in(m->file, !o->json && isatty(2));
-    kiln_model_options mo = {.max_ctx = max_ctx, .max_tok = max_tok, .kv_dtype = KILN_DTYPE_F16, .last_only = true};
+    kiln_model_options mo = {.max_ctx = max_ctx, .max_tok = max_tok, .kv_dtype = KILN_DTYPE_F16, .last_only = true,
+                             .logits = o->logits};
     kiln_graph *g = NULL;
     if ((s = kiln_model_build(m->file, &mo, &g)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "building the graph");
     s = kiln_compile(m->ctx, g, &(kiln_compile_options){.backend = o->backend}, &m->plan);
@@ -64,7 +66,8 @@ int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, i
     if (s != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "compiling");
     m->pos = malloc((size_t)max_tok * sizeof *m->pos);
     m->next = malloc(sizeof *m->next);
-    if (!m->pos || !m->next) return kiln_cli_fail(cmd, NULL, KILN_ERR_NOMEM, "allocating buffers");
+    m->logits = o->logits ? malloc((size_t)m->info.n_vocab * sizeof *m->logits) : NULL;
+    if (!m->pos || !m->next || (o->logits && !m->logits)) return kiln_cli_fail(cmd, NULL, KILN_ERR_NOMEM, "allocating buffers");
     m->load_s = kiln_cli_now() - t0;
     return KILN_CLI_OK;
 }
@@ -74,13 +77,14 @@ kiln_status kiln_cli_model_step(model_run *m, const int32_t *ids, int64_t n, int
 {
     for (int64_t i = 0; i < n; i++) m->pos[i] = (int32_t)(start + i);
     int32_t last = (int32_t)(n - 1);
-    kiln_binding b[6] = {{.name = "n_tok", .value = n},
+    kiln_binding b[7] = {{.name = "n_tok", .value = n},
                          {.name = "n_kv", .value = start + n},
                          {.name = "ids", .data = (void *)ids, .bytes = (size_t)n * sizeof *ids},
                          {.name = "pos", .data = m->pos, .bytes = (size_t)n * sizeof *m->pos},
                          {.name = "last", .data = &last, .bytes = sizeof last},
-                         {.name = "next", .data = m->next, .bytes = sizeof *m->next}};
-    kiln_status s = kiln_run(m->plan, b, 6);
+                         {.name = "next", .data = m->next, .bytes = sizeof *m->next},
+                         {.name = "logits", .data = m->logits, .bytes = (size_t)m->info.n_vocab * sizeof *m->logits}};
+    kiln_status s = kiln_run(m->plan, b, m->logits ? 7 : 6);
     if (s == KILN_OK && out) *out = m->next[0];
     return s;
 }

@@ -13,6 +13,7 @@ typedef struct model_run {
     kiln_plan       *plan;   /* compiled decoder */
     int32_t         *pos;    /* positions [max_tok] */
     int32_t         *next;   /* argmax of the last token [1] */
+    float           *logits; /* the last token's logits [n_vocab] (model_opts.logits), else NULL */
     double           load_s; /* open + page-in + build + compile */
 } model_run;
 
@@ -22,13 +23,15 @@ typedef struct model_opts {
     const char *backend; /* --backend or NULL (auto) */
     int64_t     threads; /* --threads; 0 = one per core */
     bool        json;    /* --json */
+    bool        logits;  /* build the graph with a logits output (generate samples from it) */
 } model_opts;
 
 /* Frees what kiln_cli_model_load made (each member may be NULL). */
 void kiln_cli_model_free(model_run *m);
 /* Opens, pages in, builds (max_ctx rows, max_tok tokens) and compiles. Exit code. */
 int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, int64_t max_tok, model_run *m);
-/* One run of n ids at positions start..; *out (may be NULL) = the argmax after the last one. */
+/* One run of n ids at positions start..; *out (may be NULL) = the argmax after the last one; with
+ * model_opts.logits, m->logits gets the last token's logits. */
 kiln_status kiln_cli_model_step(model_run *m, const int32_t *ids, int64_t n, int64_t start, int32_t *out);
 /* Parses --backend/--threads/--json; 1 when a->argv[a->i] was one, 0 when not, or an exit code
  * (negative: KILN_CLI_USAGE). */

@@ -41,7 +41,7 @@ static bool has(const char *t, const char *m) { return !*m || strstr(t, m) != NU
 static kiln_status refuse(kiln_ctx *ctx, const char *what)
 {
     return kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED,
-                         "--chat: the model's chat template is %s; kiln writes prompts for llama-3, chatml (qwen), gemma "
+                         "chat template: the model's is %s; kiln writes prompts for llama-3, chatml (qwen), gemma "
                          "and mistral/llama-2 [INST] templates only",
                          what);
 }
@@ -59,7 +59,7 @@ static kiln_chat_kind inst_kind(const char *t)
 
 kiln_status kiln_chat_detect(kiln_ctx *ctx, const char *t, kiln_chat_kind *out)
 {
-    if (!t) return kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "--chat: the model has no tokenizer.chat_template");
+    if (!t) return kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "chat template: the model has none (no tokenizer.chat_template)");
     if (has(t, "<|im_start|>")) {
         if (has(t, "<|im_sep|>")) return refuse(ctx, "phi-4's");
         if (has(t, "<end_of_utterance>")) return refuse(ctx, "smolvlm's");
