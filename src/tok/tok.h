@@ -39,7 +39,8 @@ void        kiln_tok_free(kiln_tok *t);
 /* Text to ids (*ids malloc'ed, the caller frees; *n may be 0). add_special: BOS/EOS as the file's
  * add_bos_token / add_eos_token say; parse_special: control tokens written in the text ("<|im_end|>")
  * become their ids (user-defined tokens always do, as in llama.cpp). KILN_ERR_INVALID_ARG when the
- * text is not valid UTF-8 (naming the byte offset). Safe to call from several threads. */
+ * text is not valid UTF-8 (naming the byte offset). t is only read: threads may share it, with the
+ * context's rule for error messages (the last failure's text). */
 kiln_status kiln_tok_encode(const kiln_tok *t, const char *text, size_t len, bool add_special, bool parse_special,
                             int32_t **ids, int64_t *n);
 
@@ -61,10 +62,11 @@ typedef struct kiln_tok_stream {
     int           n_held;  /* how many */
 } kiln_tok_stream;
 
-/* Appends the complete part of held + piece to out (room for len + 8 bytes, plus 2 per invalid
- * byte: len * 3 + 8 is always enough) and returns the bytes written. */
+/* Appends the complete part of held + piece to out and returns the bytes written; out needs room
+ * for 3 * len + 8 bytes (every byte may become a 3-byte U+FFFD). */
 size_t kiln_tok_stream_put(kiln_tok_stream *s, const char *piece, size_t len, char *out);
-/* Flushes what is held at the end of the stream (as U+FFFD each); returns the bytes written (<= 12). */
+/* Ends the stream: an incomplete sequence still held becomes one U+FFFD; returns the bytes written
+ * (0 or 3). */
 size_t kiln_tok_stream_end(kiln_tok_stream *s, char *out);
 
 kiln_tok_kind kiln_tok_kind_of(const kiln_tok *t);
