@@ -364,3 +364,69 @@ Test(tok, tiny_bpe_merges_by_rank)
     cr_assert(n == 4 && memcmp(got, want, sizeof want) == 0, "got %lld ids: %d %d %d", (long long)n, got[0], got[1], got[2]);
     kiln_tok_free(t);
 }
+
+/* Random bytes (invalid UTF-8 refused, nothing else) and random text mixed with the vocabulary's
+ * control tokens: with parse_special every control token written comes out as its id, and (BPE)
+ * decode(encode(s), special) == s. */
+/* True when text is a control token of t (it decodes to nothing unless asked). */
+static bool is_control(const kiln_tok *t, const char *text)
+{
+    int32_t id = kiln_tok_find(t, text, strlen(text));
+    size_t l = 1;
+    if (id >= 0) kiln_tok_piece(t, id, false, &l);
+    return id >= 0 && l == 0;
+}
+
+static void hostile_texts(const char *name)
+{
+    kiln_gguf *f = NULL;
+    kiln_tok *t = open_vocab(name, &f);
+    char text[2048];
+    for (int k = 0; k < 200; k++) {
+        size_t n = (size_t)tu_randint(0, 300);
+        for (size_t i = 0; i < n; i++) text[i] = (char)tu_randint(0, 256);
+        int32_t *ids = NULL;
+        int64_t ni = 0;
+        kiln_status s = kiln_tok_encode(t, text, n, true, true, &ids, &ni);
+        cr_assert(s == KILN_OK || s == KILN_ERR_INVALID_ARG, "random bytes: %s", kiln_status_str(s));
+        for (int64_t i = 0; i < ni; i++) cr_assert(ids[i] >= 0 && ids[i] < kiln_tok_n_vocab(t));
+        free(ids);
+    }
+    const char *specials[] = {"<s>", "</s>", "<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
+                              "<|eot_id|>", "<|start_header_id|>"};
+    for (int k = 0; k < 200; k++) {
+        size_t n = 0;
+        int n_sp = 0;
+        for (int c = (int)tu_randint(1, 40); c > 0; c--) {
+            if (tu_randint(0, 4) == 0) {
+                const char *sp = specials[tu_randint(0, sizeof specials / sizeof *specials)];
+                if (!is_control(t, sp)) continue; /* absent, or a normal token in this vocabulary */
+                memcpy(text + n, sp, strlen(sp)), n += strlen(sp), n_sp++;
+            } else {
+                n += put_cp(random_cp(), text + n);
+            }
+        }
+        int32_t *ids = NULL;
+        int64_t ni = 0;
+        cr_assert_eq(kiln_tok_encode(t, text, n, false, true, &ids, &ni), KILN_OK, "%s", kiln_ctx_error(ctx));
+        int found = 0;
+        for (int64_t i = 0; i < ni; i++)
+            for (size_t j = 0; j < sizeof specials / sizeof *specials; j++)
+                found += is_control(t, specials[j]) && ids[i] == kiln_tok_find(t, specials[j], strlen(specials[j]));
+        cr_assert_geq(found, n_sp, "%s: %d special tokens written, %d of their ids out", name, n_sp, found);
+        if (kiln_tok_kind_of(t) == KILN_TOK_BPE) { /* SPM puts a space after each special token */
+            char *back = NULL;
+            size_t nb = 0;
+            cr_assert_eq(kiln_tok_decode(t, ids, ni, true, &back, &nb), KILN_OK);
+            cr_assert(nb == n && memcmp(back, text, n) == 0, "%s: text with special tokens came back changed", name);
+            free(back);
+        }
+        free(ids);
+    }
+    kiln_tok_free(t);
+    kiln_gguf_close(f);
+}
+
+Test(tok, hostile_texts_llama_spm) { hostile_texts("llama-spm"); }
+Test(tok, hostile_texts_llama_bpe) { hostile_texts("llama-bpe"); }
+Test(tok, hostile_texts_qwen2) { hostile_texts("qwen2"); }
