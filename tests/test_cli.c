@@ -682,6 +682,15 @@ Test(cli, generate_text_and_logits_match_the_api, .timeout = 600)
     char say[128];
     snprintf(say, sizeof say, "prompt %lld tokens", (long long)np);
     cr_assert(strstr(o.err, say) && strstr(o.err, "tok/s"), "%s", o.err);
+    char ppath[] = "/tmp/kiln_cli_promptXXXXXX"; /* -f: the same prompt from a file */
+    fd = mkstemp(ppath);
+    cr_assert(fd >= 0 && write(fd, prompt, strlen(prompt)) == (ssize_t)strlen(prompt));
+    close(fd);
+    snprintf(args, sizeof args, "generate %s -f %s -n %d --temp 0 --backend ref", path, ppath, N);
+    kiln_cli(&o, args);
+    unlink(ppath);
+    cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+    cr_assert_str_eq(o.out, text, "-f gave another text than -p");
     /* --logits: one row per drawn token (the EOS one too), equal to the API's */
     FILE *lf = fopen(lpath, "rb");
     cr_assert(lf);
@@ -738,6 +747,13 @@ Test(cli, generate_stops_at_eos_and_stop_strings, .timeout = 600)
     for (int i = 0; i < k; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? ", " : "", want[i]);
     strcat(ids, "]");
     cr_assert(strstr(o.out, ids), "want %s in %s", ids, o.out);
+    snprintf(args, sizeof args, "generate %s -p 'Once upon a time' -n %d --temp 0 --backend ref --json --ignore-eos", path2, N);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    strcpy(ids, "\"ids\": [");
+    for (int i = 0; i < N; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? ", " : "", want[i]);
+    strcat(ids, "]");
+    cr_assert(strstr(o.out, ids) && strstr(o.out, "\"stop\": \"-n\""), "--ignore-eos: want %s in %s", ids, o.out);
     /* --stop: two ASCII letters from the middle of the text; the output is cut before their first occurrence */
     static char text[1 << 16];
     size_t len = ids_text(t, want, n, text);
@@ -868,12 +884,14 @@ Test(cli, model_errors_name_the_culprit)
         int         rc;  /* exit code */
         const char *say; /* in stderr */
     } cases[] = {{"generate %s", 2, "--ids"},
-                 {"generate %s -p hi --ids 1", 2, "not both"},
+                 {"generate %s -p hi --ids 1", 2, "one of -p, -f and --ids"},
                  {"generate %s --ids 1 --chat", 2, "--chat needs -p"},
                  {"generate %s --ids 1 --temp -1", 2, "--temp"},
                  {"generate %s --ids 1 --top-p 2", 2, "--top-p"},
                  {"generate %s --ids 1 --stop ''", 2, "--stop"},
                  {"generate %s -p hi", 1, "tokenizer.ggml.model"},
+                 {"generate %s -p hi -f /nonexistent", 2, "one of -p, -f"},
+                 {"generate %s -f /nonexistent", 2, "cannot read"},
                  {"generate %s --ids 1,x", 2, "'x'"},
                  {"generate %s --ids 1,,2", 2, "--ids"},
                  {"generate %s --ids 1,50", 2, "id 50"},

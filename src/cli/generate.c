@@ -19,7 +19,9 @@
 /* Flags of generate. */
 typedef struct gen_opts {
     model_opts         common;          /* model, backend, threads, json */
-    const char        *prompt;          /* -p */
+    const char        *prompt;          /* -p, or the text of -f */
+    char              *prompt_file;     /* -f FILE's text (malloc'ed) */
+    bool               ignore_eos;      /* --ignore-eos: always -n tokens (for timing) */
     const char        *system;          /* --system (with --chat) */
     int32_t           *ids;             /* --ids (malloc'ed) */
     int64_t            n_ids;           /* their count */
@@ -109,12 +111,48 @@ static int sample_flag(kiln_cli_args *a, gen_opts *o)
     return 0;
 }
 
+/* Reads the prompt file of -f (NUL-terminated, malloc'ed). */
+static bool read_prompt(const char *path, char **out)
+{
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    size_t n = 0, cap = 0;
+    bool ok = f != NULL;
+    while (ok) {
+        if (n + 4096 + 1 > cap) {
+            char *nb = realloc(b, cap = 2 * cap + 8192);
+            if (!(ok = nb != NULL)) break;
+            b = nb;
+        }
+        size_t got = fread(b + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) {
+            ok = !ferror(f);
+            break;
+        }
+    }
+    if (f) fclose(f);
+    if (!ok) {
+        fprintf(stderr, "kiln generate: -f: cannot read '%s'\n", path);
+        free(b);
+        return false;
+    }
+    b[n] = 0;
+    *out = b;
+    return true;
+}
+
 /* Prompt, output and mode flags; same return convention. */
 static int text_flag(kiln_cli_args *a, gen_opts *o)
 {
     const char *v = NULL;
     int r;
-    if ((r = kiln_cli_flag_value(a, "-p", &v)) != 0) return r < 0 ? -1 : (o->prompt = v, 1);
+    bool p = (r = kiln_cli_flag_value(a, "-p", &v)) != 0, f = !p && (r = kiln_cli_flag_value(a, "-f", &v)) != 0;
+    if ((p || f) && r > 0 && o->prompt) fprintf(stderr, "kiln generate: takes one of -p, -f and --ids\n");
+    if ((p || f) && (r < 0 || o->prompt)) return -1;
+    if (p) return o->prompt = v, 1;
+    if (f) return read_prompt(v, &o->prompt_file) ? (o->prompt = o->prompt_file, 1) : -1;
+    if (strcmp(a->argv[a->i], "--ignore-eos") == 0) return a->i++, o->ignore_eos = true, 1;
     if ((r = kiln_cli_flag_value(a, "--system", &v)) != 0) return r < 0 ? -1 : (o->system = v, 1);
     if ((r = kiln_cli_flag_value(a, "--logits", &v)) != 0) return r < 0 ? -1 : (o->logits_path = v, 1);
     if ((r = kiln_cli_flag_value(a, "--stop", &v)) != 0) {
@@ -154,9 +192,9 @@ static int gen_args(int argc, char *const *argv, gen_opts *o)
     }
     const char *why = NULL;
     if (rc != KILN_CLI_OK) return rc;
-    if (!o->common.path || (!o->prompt && !o->n_ids)) why = "needs MODEL.gguf and -p TEXT or --ids 1,2,3";
-    else if (o->prompt && o->n_ids) why = "takes -p or --ids, not both";
-    else if (o->chat && !o->prompt) why = "--chat needs -p TEXT";
+    if (!o->common.path || (!o->prompt && !o->n_ids)) why = "needs MODEL.gguf and -p TEXT, -f FILE or --ids 1,2,3";
+    else if (o->prompt && o->n_ids) why = "takes one of -p, -f and --ids";
+    else if (o->chat && !o->prompt) why = "--chat needs -p TEXT or -f FILE";
     else if (o->system && !o->chat) why = "--system goes with --chat";
     if (why) fprintf(stderr, "kiln generate: %s (see kiln generate --help)\n", why);
     if (!o->seeded) o->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
@@ -312,7 +350,7 @@ static kiln_status gen_loop(const gen_opts *o, model_run *m, const gen_tok *gt, 
             return KILN_ERR_IO;
         }
         int32_t id = kiln_sampler_next(smp, m->logits, all, n_all);
-        if (gt->tok && kiln_tok_is_eog(gt->tok, id)) {
+        if (gt->tok && !o->ignore_eos && kiln_tok_is_eog(gt->tok, id)) {
             g->why = "eos";
             break;
         }
@@ -416,6 +454,7 @@ int kiln_cli_generate(int argc, char *const *argv)
     if (rc == KILN_CLI_OK) rc = prompt_ids(&o, &gt);
     if (rc == KILN_CLI_OK) rc = gen_main(&o, &gt);
     free(o.ids);
+    free(o.prompt_file);
     free(gt.prompt);
     free(gt.tmpl);
     kiln_tok_free(gt.tok);

@@ -350,7 +350,11 @@ static kiln_status bpe_word(const kiln_tok *t, bpe_work *w, const char *word, si
 {
     if (!work_fit(w, len)) return kiln_ctx_fail(t->ctx, KILN_ERR_NOMEM, "tokenizing");
     size_t n = 0;
-    for (size_t i = 0; i < len; i++) n += (size_t)kiln_tok_utf8_put(kiln_tok_byte_cp((unsigned char)word[i]), w->enc + n);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)word[i];
+        memcpy(w->enc + n, t->byte_chr[b], 2); /* enc has 4 bytes per input byte */
+        n += t->byte_len[b];
+    }
     if (t->ignore_merges) {
         int32_t id = kiln_tok_find(t, w->enc, n);
         if (id >= 0) {

@@ -34,6 +34,8 @@ struct kiln_tok {
     uint32_t     *merge_split;  /* [n merges] byte offset of the separating space */
     tok_map       by_merge;     /* "left right" -> rank */
     int32_t       byte_tok[256]; /* token of each byte (SPM <0xXX>, BPE its mapped character), -1 */
+    char          byte_chr[256][2]; /* BPE: the UTF-8 of each byte's mapped character */
+    uint8_t       byte_len[256]; /* its length (1 or 2) */
     int32_t      *special;      /* control / user-defined / unknown ids, longest text first */
     int64_t       n_special;    /* their count */
     int32_t       bos, eos, eot, unk; /* special ids, -1 when none */

@@ -306,8 +306,10 @@ static void byte_tokens(kiln_tok *t)
             t->byte_tok[b] = kiln_tok_find(t, buf, (size_t)n);
             if (t->byte_tok[b] < 0) buf[0] = (char)b, t->byte_tok[b] = kiln_tok_find(t, buf, 1);
         } else {
-            n = kiln_tok_utf8_put(kiln_tok_byte_cp(b), buf);
+            n = kiln_tok_utf8_put(kiln_tok_byte_cp(b), buf); /* code points below 512: 1 or 2 bytes */
             t->byte_tok[b] = kiln_tok_find(t, buf, (size_t)n);
+            memcpy(t->byte_chr[b], buf, 2);
+            t->byte_len[b] = (uint8_t)n;
         }
     }
 }
