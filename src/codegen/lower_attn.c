@@ -38,111 +38,103 @@ static uint32_t split_keys(kiln_kir *k, const at *a, uint32_t n_kv)
 /* Number of keys token t sees: n_kv - n_tok + t + 1. */
 static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t) { return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SUB, n_kv, n_tok), kiln_k2(k, KILN_KOP_ADD, t, kiln_ki(k, 1))); }
 
-static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
+/* The values the phases of one split-attention kernel share. */
+typedef struct attn_st {
+    kiln_kir *k;
+    const at *a;
+    int32_t   G, hd, dpl;            /* query heads of the block, head dim, dims per lane */
+    uint32_t  qsh, psh, csh;         /* shared: q, p, the warps' partial results */
+    uint32_t  scr, ks, vs;           /* slots: scratch, K and V caches */
+    uint32_t  tid, t, lane, warp;    /* I32: thread, query row, lane, warp */
+    uint32_t  qh0, sp, start, end;   /* I32: first query head, split, its key range */
+    uint32_t  head_row, kb;          /* I32: the kv head's first cache row; the tile's first key */
+    uint32_t  m[8], l[8], o[8][8];   /* F32 variables: running max, sum and output of each head */
+} attn_st;
+
+/* s[gg] = q_gg . K[key] of this thread's key of the tile; *valid: the key is in the split. */
+static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
 {
-    kiln_kir_init(k, "kiln_attn_split", ABLK);
-    snprintf(k->what, sizeof k->what, "attention: %lld key splits, %lld q heads per kv head",
-             (long long)a->n_split, (long long)a->G);
-    k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
-    k->grid[1] = (uint32_t)a->tok_max;
-    int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
-    uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(AW * G * 32));
-    uint32_t csh = kiln_kir_shared(k, (uint32_t)(AW * G * (hd + 2)));
-    uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
-    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false), vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
-    uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
-    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
-    uint32_t lane = kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, tid, kiln_ki(k, 5));
-    uint32_t hg = kiln_k2(k, KILN_KOP_DIV, bx, kiln_ki(k, (int32_t)a->n_split)), sp = kiln_k2(k, KILN_KOP_REM, bx, kiln_ki(k, (int32_t)a->n_split));
-    uint32_t h = kiln_k2(k, KILN_KOP_DIV, hg, kiln_ki(k, (int32_t)a->GB));                    /* kv head */
-    uint32_t qh0 = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->G)), /* first query head of the block */
-                      kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
-    const kiln_node_rec *q = &g->nodes[n->src[0]];
-    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
-    uint32_t seen = n_seen(k, n_kv, n_tok, t);
-    uint32_t S = split_keys(k, a, n_kv);
-    uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
-    uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
-    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
-    /* q of the group's heads, pre-scaled */
-    float scale = n->f[0];
-    uint32_t i = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, kiln_ki(k, G * hd), kiln_ki(k, ABLK), 0);
-    uint32_t qi = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), qh0), kiln_ki(k, hd)), i);
-    kiln_ksts(k, qsh, i, kiln_k2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
-    kl_loop_end(k);
-    kiln_kbarrier(k);
-    uint32_t m[8], l[8], o[8][8];
+    kiln_kir *k = st->k;
+    const at *a = st->a;
+    int32_t G = st->G, hd = st->hd;
+    uint32_t kb = st->kb, tid = st->tid, end = st->end, start = st->start, head_row = st->head_row, ks = st->ks, qsh = st->qsh;
+    uint32_t j = kiln_k2(k, KILN_KOP_ADD, kb, tid);
+    uint32_t valid = kiln_k2(k, KILN_KOP_LT, j, end);
+    uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
+    uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, jc), kiln_ki(k, hd));
+    for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
+    int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
+    if (hd % per == 0) { /* 16-byte loads of the key row */
+        uint32_t kw = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_MUL, krow, kiln_ki(k, esz)), kiln_ki(k, 4));
+        for (int d = 0; d < hd; d += per) {
+            uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, kw, kiln_ki(k, d * esz / 4)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
+            for (int e = 0; e < per; e++) {
+                uint32_t w = kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, esz == 4 ? e : e / 2);
+                uint32_t kv = esz == 4 ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0)
+                                       : kiln_kir_op(k, a->kt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, e % 2);
+                for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d + e)), kv, s[gg]);
+            }
+        }
+    } else {
+        for (int d = 0; d < hd; d++) {
+            uint32_t kv = kl_load(k, ks, a->kt, kiln_k2(k, KILN_KOP_ADD, krow, kiln_ki(k, d)));
+            for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d)), kv, s[gg]);
+        }
+    }
+    *valid_out = valid;
+}
+
+/* The online softmax over the tile's scores (p through shared memory), then O += P . V, VU keys
+ * per step with their V loads in flight together. */
+static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
+{
+    kiln_kir *k = st->k;
+    const at *a = st->a;
+    int32_t G = st->G, hd = st->hd, dpl = st->dpl;
+    uint32_t kb = st->kb, lane = st->lane, warp = st->warp, head_row = st->head_row, psh = st->psh, vs = st->vs;
+    uint32_t *m = st->m, *l = st->l, (*o)[8] = st->o;
+    kiln_kbarrier(k); /* the previous tile's p is consumed */
+    uint32_t alpha[8];
     for (int gg = 0; gg < G; gg++) {
-        m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
-        l[gg] = kiln_kvar(k, kiln_kf(k, 0));
-        for (int d = 0; d < dpl; d++) o[gg][d] = kiln_kvar(k, kiln_kf(k, 0));
+        uint32_t sv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, valid, s[gg], kiln_kf(k, -INFINITY), 0);
+        uint32_t mn = kiln_k2(k, KILN_KOP_MAX, m[gg], red(k, sv, KILN_KRED_MAX));
+        uint32_t ms = safe_max(k, mn);
+        alpha[gg] = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, m[gg], ms));
+        uint32_t p = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, sv, ms));
+        kiln_kset(k, l[gg], kiln_kfma(k, l[gg], alpha[gg], red(k, p, KILN_KRED_SUM)));
+        kiln_kset(k, m[gg], mn);
+        kiln_ksts(k, psh, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32), lane)), p);
     }
-    uint32_t head_row = kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->max_ctx));
-    uint32_t kb = kiln_kvar(k, start);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, end, kiln_ki(k, ABLK), 0);
-    {
-        uint32_t j = kiln_k2(k, KILN_KOP_ADD, kb, tid);
-        uint32_t valid = kiln_k2(k, KILN_KOP_LT, j, end);
-        uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
-        uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, jc), kiln_ki(k, hd));
-        uint32_t s[8];
-        for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
-        int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
-        if (hd % per == 0) { /* 16-byte loads of the key row */
-            uint32_t kw = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_MUL, krow, kiln_ki(k, esz)), kiln_ki(k, 4));
-            for (int d = 0; d < hd; d += per) {
-                uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, kw, kiln_ki(k, d * esz / 4)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
-                for (int e = 0; e < per; e++) {
-                    uint32_t w = kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, esz == 4 ? e : e / 2);
-                    uint32_t kv = esz == 4 ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0)
-                                           : kiln_kir_op(k, a->kt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, e % 2);
-                    for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d + e)), kv, s[gg]);
-                }
-            }
-        } else {
-            for (int d = 0; d < hd; d++) {
-                uint32_t kv = kl_load(k, ks, a->kt, kiln_k2(k, KILN_KOP_ADD, krow, kiln_ki(k, d)));
-                for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d)), kv, s[gg]);
-            }
+    kiln_kbarrier(k);
+    for (int gg = 0; gg < G; gg++)
+        for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_k2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
+    uint32_t kk = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, kiln_ki(k, 32), kiln_ki(k, VU), 0);
+    { /* VU keys per iteration: their V loads are all in flight before the first use */
+        uint32_t vv[VU][8];
+        for (int u = 0; u < VU; u++) {
+            uint32_t key = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))), kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))), kiln_ki(k, (int32_t)a->max_ctx - 1));
+            uint32_t vrow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key), kiln_ki(k, hd));
+            for (int d = 0; d < dpl; d++)
+                vv[u][d] = kl_load(k, vs, a->vt, kiln_k2(k, KILN_KOP_ADD, vrow, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, lane, kiln_ki(k, 32 * d)), kiln_ki(k, hd - 1))));
         }
-        kiln_kbarrier(k); /* the previous tile's p is consumed */
-        uint32_t alpha[8];
-        for (int gg = 0; gg < G; gg++) {
-            uint32_t sv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, valid, s[gg], kiln_kf(k, -INFINITY), 0);
-            uint32_t mn = kiln_k2(k, KILN_KOP_MAX, m[gg], red(k, sv, KILN_KRED_MAX));
-            uint32_t ms = safe_max(k, mn);
-            alpha[gg] = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, m[gg], ms));
-            uint32_t p = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, sv, ms));
-            kiln_kset(k, l[gg], kiln_kfma(k, l[gg], alpha[gg], red(k, p, KILN_KRED_SUM)));
-            kiln_kset(k, m[gg], mn);
-            kiln_ksts(k, psh, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32), lane)), p);
-        }
-        kiln_kbarrier(k);
-        for (int gg = 0; gg < G; gg++)
-            for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_k2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
-        uint32_t kk = kiln_kvar(k, kiln_ki(k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, kiln_ki(k, 32), kiln_ki(k, VU), 0);
-        { /* VU keys per iteration: their V loads are all in flight before the first use */
-            uint32_t vv[VU][8];
-            for (int u = 0; u < VU; u++) {
-                uint32_t key = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))), kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))), kiln_ki(k, (int32_t)a->max_ctx - 1));
-                uint32_t vrow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key), kiln_ki(k, hd));
-                for (int d = 0; d < dpl; d++)
-                    vv[u][d] = kl_load(k, vs, a->vt, kiln_k2(k, KILN_KOP_ADD, vrow, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, lane, kiln_ki(k, 32 * d)), kiln_ki(k, hd - 1))));
+        for (int u = 0; u < VU; u++)
+            for (int gg = 0; gg < G; gg++) {
+                uint32_t p = kiln_klds(k, psh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32 + u), kk)));
+                for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_kfma(k, p, vv[u][d], o[gg][d]));
             }
-            for (int u = 0; u < VU; u++)
-                for (int gg = 0; gg < G; gg++) {
-                    uint32_t p = kiln_klds(k, psh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32 + u), kk)));
-                    for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_kfma(k, p, vv[u][d], o[gg][d]));
-                }
-        }
-        kl_loop_end(k);
     }
     kl_loop_end(k);
-    /* combine the block's warps, then write the split's partial result */
+}
+
+/* Combines the block's warps, then writes the split's partial result (max, sum, output). */
+static void write_partial(attn_st *st)
+{
+    kiln_kir *k = st->k;
+    const at *a = st->a;
+    int32_t G = st->G, hd = st->hd, dpl = st->dpl;
+    uint32_t tid = st->tid, t = st->t, lane = st->lane, warp = st->warp, qh0 = st->qh0, sp = st->sp, csh = st->csh, scr = st->scr;
+    uint32_t *m = st->m, *l = st->l, (*o)[8] = st->o;
     int32_t cw = G * (hd + 2);
     for (int gg = 0; gg < G; gg++) {
         uint32_t b0 = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, cw)), kiln_ki(k, gg * (hd + 2)));
@@ -181,6 +173,63 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
         kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))), O);
     }
     kl_loop_end(k);
+}
+
+static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
+{
+    kiln_kir_init(k, "kiln_attn_split", ABLK);
+    snprintf(k->what, sizeof k->what, "attention: %lld key splits, %lld q heads per kv head",
+             (long long)a->n_split, (long long)a->G);
+    k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
+    k->grid[1] = (uint32_t)a->tok_max;
+    int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
+    uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(AW * G * 32));
+    uint32_t csh = kiln_kir_shared(k, (uint32_t)(AW * G * (hd + 2)));
+    uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
+    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false), vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
+    uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
+    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    uint32_t lane = kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, tid, kiln_ki(k, 5));
+    uint32_t hg = kiln_k2(k, KILN_KOP_DIV, bx, kiln_ki(k, (int32_t)a->n_split)), sp = kiln_k2(k, KILN_KOP_REM, bx, kiln_ki(k, (int32_t)a->n_split));
+    uint32_t h = kiln_k2(k, KILN_KOP_DIV, hg, kiln_ki(k, (int32_t)a->GB));                    /* kv head */
+    uint32_t qh0 = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->G)), /* first query head of the block */
+                      kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
+    const kiln_node_rec *q = &g->nodes[n->src[0]];
+    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
+    uint32_t seen = n_seen(k, n_kv, n_tok, t);
+    uint32_t S = split_keys(k, a, n_kv);
+    uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
+    uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
+    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
+    /* q of the group's heads, pre-scaled */
+    float scale = n->f[0];
+    uint32_t i = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, kiln_ki(k, G * hd), kiln_ki(k, ABLK), 0);
+    uint32_t qi = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), qh0), kiln_ki(k, hd)), i);
+    kiln_ksts(k, qsh, i, kiln_k2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
+    kl_loop_end(k);
+    kiln_kbarrier(k);
+    attn_st st = {.k = k, .a = a, .G = G, .hd = hd, .dpl = dpl, .qsh = qsh, .psh = psh, .csh = csh, .scr = scr, .ks = ks, .vs = vs,
+                  .tid = tid, .t = t, .lane = lane, .warp = warp, .qh0 = qh0, .sp = sp, .start = start, .end = end};
+    for (int gg = 0; gg < G; gg++) {
+        st.m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
+        st.l[gg] = kiln_kvar(k, kiln_kf(k, 0));
+        for (int d = 0; d < dpl; d++) st.o[gg][d] = kiln_kvar(k, kiln_kf(k, 0));
+    }
+    uint32_t head_row = kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->max_ctx));
+    uint32_t kb = kiln_kvar(k, start);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, end, kiln_ki(k, ABLK), 0);
+    st.head_row = head_row;
+    st.kb = kb;
+    {
+        uint32_t s[8], valid;
+        tile_scores(&st, s, &valid);
+        tile_softmax_pv(&st, s, valid);
+    }
+    kl_loop_end(k);
+    write_partial(&st);
     kiln_kendif(k);
     k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
 }

@@ -13,6 +13,7 @@
 #include "codegen/lower.h"
 
 #include <math.h>
+#include <string.h>
 
 #define FQ 64      /* query rows per block */
 #define FKMAX 64   /* keys per tile at most (keys_per_tile) */
@@ -92,6 +93,154 @@ bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
     return items && kl_dim_max(g, q->dims[0]) > 8 && kc->dims[1] < ((int64_t)1 << 24);
 }
 
+/* One flash kernel being written: its geometry, slots and the values its phases share. */
+typedef struct flash_st {
+    kiln_kir *k;
+    fl        f;
+    int       KP;                 /* f16 parts of K and V (f.kp) */
+    int32_t   hd, FK, KT, VT, tw; /* head dim, keys per tile, k-tiles of q, k-tiles of V, words of a tile part */
+    uint32_t  ksh, vsh, ks, vs;   /* shared K and V tiles; the caches' slots */
+    uint32_t  tid, kvh, n_kv, kb; /* I32: thread, kv head, keys, first key of the tile (loop variable) */
+    uint32_t  qq, frag, zero4;    /* I32 lane & 3; the lane's words in a tile; F4 zero */
+    uint32_t  seen[2];            /* I32 keys each of the lane's two rows sees */
+    uint32_t  m[2], l[2];         /* F32 variables: running max and sum of the rows */
+    uint32_t  o[FHD / 8];         /* F4 variables: output fragments */
+    uint32_t  qf[FHD / 16][FP];   /* q's A fragments, pre-scaled */
+} flash_st;
+
+/* Stages the tile at key kb: K as is, V transposed into key pairs (fragment order). */
+static void flash_stage(flash_st *st)
+{
+    kiln_kir *k = st->k;
+    const fl f = st->f;
+    int KP = st->KP;
+    int32_t hd = st->hd, FK = st->FK, KT = st->KT, VT = st->VT, tw = st->tw;
+    uint32_t ksh = st->ksh, vsh = st->vsh, ks = st->ks, vs = st->vs, tid = st->tid, kvh = st->kvh, n_kv = st->n_kv, kb = st->kb;
+    kiln_kbarrier(k); /* every warp is done with the previous tile */
+    /* K: a thread stages 16 bytes of a key per item (8 f16 or 4 f32 dims: 4 or 2 pairs); keys
+     * past n_kv are 0 */
+    int32_t dpi = 8 / KP, cpr = hd / dpi; /* dims per item, items per key */
+    for (int u = 0; u < FK * cpr / FT; u++) {
+        uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
+        uint32_t key = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
+        uint32_t w[4];
+        key_item(k, &f, ks, kvh, kiln_k2(k, KILN_KOP_ADD, kb, key), n_kv, c, w);
+        if (KP == 1) {
+            uint32_t w0 = kl_frag_b_word(k, key, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), KT);
+            for (int p = 0; p < 4; p++) kiln_ksts(k, ksh, p ? kiln_k2(k, KILN_KOP_XOR, w0, kiln_ki(k, 4 * p)) : w0, w[p]);
+            continue;
+        }
+        for (int p = 0; p < 2; p++) /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
+            store_parts(k, ksh, kl_frag_b_word(k, key, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 2)), kiln_ki(k, p)), KT), tw, w[2 * p],
+                        w[2 * p + 1]);
+    }
+    /* V transposed: a thread takes 16 bytes of two neighbouring keys and stores their key pairs
+     * of each dim (kp parts) */
+    for (int u = 0; u < FK / 2 * cpr / FT; u++) {
+        uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
+        uint32_t kp = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
+        uint32_t vw[2][4];
+        for (int h = 0; h < 2; h++)
+            key_item(k, &f, vs, kvh, kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kp, kiln_ki(k, 2)), kiln_ki(k, h))), n_kv, c, vw[h]);
+        for (int w = 0; w < 4; w++) {
+            uint32_t a = vw[0][w], b = vw[1][w];
+            if (KP == 2) { /* dim 4c + w: the two keys' f32 values as hi and lo parts */
+                store_parts(k, vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), kiln_ki(k, w)), kp, VT), tw, a, b);
+                continue;
+            }
+            uint32_t lo = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, a, kiln_ku(k, 0xffffu)), kiln_k2(k, KILN_KOP_SHL, b, kiln_ku(k, 16)));
+            uint32_t hi = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, a, kiln_ku(k, 16)), kiln_k2(k, KILN_KOP_AND, b, kiln_ku(k, 0xffff0000u)));
+            uint32_t dim = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 8)), kiln_ki(k, 2 * w));
+            kiln_ksts(k, vsh, kl_frag_b_word(k, dim, kp, VT), lo);
+            kiln_ksts(k, vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, dim, kiln_ki(k, 1)), kp, VT), hi);
+        }
+    }
+    kiln_kbarrier(k);
+}
+
+/* S = q . K^T of the tile into s[] (n-tiles of 8 keys). */
+static void flash_scores(flash_st *st, uint32_t s[FKMAX / 8])
+{
+    kiln_kir *k = st->k;
+    int KP = st->KP;
+    int32_t FK = st->FK, KT = st->KT, tw = st->tw;
+    uint32_t ksh = st->ksh, frag = st->frag, zero4 = st->zero4;
+    /* S = q . K^T: n-tiles of 8 keys */
+    for (int nt = 0; nt < FK / 8; nt++) s[nt] = zero4;
+    for (int np = 0; np < FK / 16; np++)
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t bf[2];
+            for (int pt = 0; pt < KP; pt++)
+                bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (np * KT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
+            for (int p = 0; p < FP; p++)
+                for (int pt = 0; pt + p < 2 && pt < KP; pt++) /* hi.hi, hi.lo, lo.hi: lo.lo is below f32's rounding */
+                    for (int h = 0; h < 2; h++)
+                        s[2 * np + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, st->qf[kk][p], bf[pt], s[2 * np + h], h << 1);
+        }
+}
+
+/* The causal mask, the rows' running max and sum (base 2), P into pv[] and the rescaled output
+ * fragments into on[]. */
+static void flash_softmax(flash_st *st, const uint32_t s[FKMAX / 8], uint32_t pv[FKMAX / 8][4], uint32_t on[FHD / 8])
+{
+    kiln_kir *k = st->k;
+    int32_t hd = st->hd, FK = st->FK;
+    uint32_t kb = st->kb, qq = st->qq, *m = st->m, *l = st->l, *o = st->o;
+    const uint32_t *seen = st->seen;
+    /* the causal mask, the rows' maxima, P (base 2) and the rows' running sums */
+    uint32_t sv[FKMAX / 8][4], mx[2] = {kiln_kf(k, -INFINITY), kiln_kf(k, -INFINITY)};
+    uint32_t key0 = kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)));
+    for (int nt = 0; nt < FK / 8; nt++)
+        for (int j = 0; j < 4; j++) {
+            uint32_t key = kiln_k2(k, KILN_KOP_ADD, key0, kiln_ki(k, 8 * nt + (j & 1)));
+            sv[nt][j] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j), kiln_kf(k, -INFINITY));
+            mx[j >> 1] = kiln_k2(k, KILN_KOP_MAX, mx[j >> 1], sv[nt][j]);
+        }
+    uint32_t ms[2], alpha[2], sum[2];
+    for (int r = 0; r < 2; r++) {
+        uint32_t mn = kiln_k2(k, KILN_KOP_MAX, m[r], red4(k, mx[r], KILN_KRED_MAX));
+        /* -inf -> 0 so that exp2(x - m) stays 0, not NaN */
+        ms[r] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn);
+        alpha[r] = kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_SUB, m[r], ms[r]));
+        kiln_kset(k, m[r], mn);
+        sum[r] = kiln_kf(k, 0);
+    }
+    for (int nt = 0; nt < FK / 8; nt++)
+        for (int j = 0; j < 4; j++) {
+            pv[nt][j] = kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_SUB, sv[nt][j], ms[j >> 1]));
+            sum[j >> 1] = kiln_k2(k, KILN_KOP_ADD, sum[j >> 1], pv[nt][j]);
+        }
+    for (int r = 0; r < 2; r++) kiln_kset(k, l[r], kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, l[r], alpha[r], sum[r], 0));
+    for (int dt = 0; dt < hd / 8; dt++) {
+        on[dt] = KILN_IDX_NONE;
+        for (int j = 0; j < 4; j++) on[dt] = setlane(k, KILN_KT_F4, on[dt], kiln_k2(k, KILN_KOP_MUL, lanef(k, o[dt], j), alpha[j >> 1]), j);
+    }
+}
+
+/* O += P . V: P's A fragments from S's accumulator layout (n-tiles 2 kk and 2 kk + 1). */
+static void flash_pv(flash_st *st, uint32_t pv[FKMAX / 8][4], uint32_t on[FHD / 8])
+{
+    kiln_kir *k = st->k;
+    int KP = st->KP;
+    int32_t hd = st->hd, VT = st->VT, tw = st->tw;
+    uint32_t vsh = st->vsh, frag = st->frag;
+    for (int kk = 0; kk < VT; kk++) {
+        uint32_t x[4][2] = {{pv[2 * kk][0], pv[2 * kk][1]}, {pv[2 * kk][2], pv[2 * kk][3]},
+                            {pv[2 * kk + 1][0], pv[2 * kk + 1][1]}, {pv[2 * kk + 1][2], pv[2 * kk + 1][3]}};
+        uint32_t pf[FP];
+        a_frags(k, x, pf);
+        for (int dp = 0; dp < hd / 16; dp++) {
+            uint32_t bf[2];
+            for (int pt = 0; pt < KP; pt++)
+                bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (dp * VT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
+            for (int p = 0; p < FP; p++)
+                for (int pt = 0; pt + p < 2 && pt < KP; pt++)
+                    for (int h = 0; h < 2; h++) on[2 * dp + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, pf[p], bf[pt], on[2 * dp + h], h << 1);
+        }
+    }
+    for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, st->o[dt], on[dt]);
+}
+
 void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
 {
     const kiln_node_rec *n = &g->nodes[node];
@@ -125,7 +274,7 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
     for (int r = 0; r < 2; r++) seen[r] = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_ADD, row[r], kiln_ki(k, 1)));
     uint32_t kend = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, t0, kiln_ki(k, FQ)), n_tok));
     /* q's A fragments, pre-scaled to base-2 logits, for the whole key loop */
-    uint32_t qf[FHD / 16][FP];
+    uint32_t qf[FHD / 16][FP] = {{0}};
     float qscale = n->f[0] * 1.44269504088896341f;
     uint32_t qrow[2];
     for (int r = 0; r < 2; r++) qrow[r] = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MIN, row[r], kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1))), kiln_ki(k, (int32_t)f.n_head)), head), kiln_ki(k, hd));
@@ -138,113 +287,24 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
             }
         a_frags(k, x, qf[kk]);
     }
-    uint32_t m[2], l[2], o[FHD / 8];
+    uint32_t m[2], l[2], o[FHD / 8] = {0};
     uint32_t zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     for (int r = 0; r < 2; r++) m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY)), l[r] = kiln_kvar(k, kiln_kf(k, 0));
     for (int dt = 0; dt < hd / 8; dt++) o[dt] = kiln_kvar(k, zero4);
     uint32_t frag = kiln_k2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), kiln_ki(k, 4)); /* the lane's words in a tile */
     uint32_t kb = kiln_kvar(k, kiln_ki(k, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, kend, kiln_ki(k, FK), 0);
+    flash_st st = {.k = k, .f = f, .KP = KP, .hd = hd, .FK = FK, .KT = KT, .VT = VT, .tw = tw, .ksh = ksh, .vsh = vsh,
+                   .ks = ks, .vs = vs, .tid = tid, .kvh = kvh, .n_kv = n_kv, .kb = kb, .qq = qq, .frag = frag, .zero4 = zero4,
+                   .seen = {seen[0], seen[1]}, .m = {m[0], m[1]}, .l = {l[0], l[1]}};
+    memcpy(st.o, o, sizeof o);
+    memcpy(st.qf, qf, sizeof qf);
     {
-        kiln_kbarrier(k); /* every warp is done with the previous tile */
-        /* K: a thread stages 16 bytes of a key per item (8 f16 or 4 f32 dims: 4 or 2 pairs); keys
-         * past n_kv are 0 */
-        int32_t dpi = 8 / KP, cpr = hd / dpi; /* dims per item, items per key */
-        for (int u = 0; u < FK * cpr / FT; u++) {
-            uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
-            uint32_t key = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
-            uint32_t w[4];
-            key_item(k, &f, ks, kvh, kiln_k2(k, KILN_KOP_ADD, kb, key), n_kv, c, w);
-            if (KP == 1) {
-                uint32_t w0 = kl_frag_b_word(k, key, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), KT);
-                for (int p = 0; p < 4; p++) kiln_ksts(k, ksh, p ? kiln_k2(k, KILN_KOP_XOR, w0, kiln_ki(k, 4 * p)) : w0, w[p]);
-                continue;
-            }
-            for (int p = 0; p < 2; p++) /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
-                store_parts(k, ksh, kl_frag_b_word(k, key, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 2)), kiln_ki(k, p)), KT), tw, w[2 * p],
-                            w[2 * p + 1]);
-        }
-        /* V transposed: a thread takes 16 bytes of two neighbouring keys and stores their key pairs
-         * of each dim (kp parts) */
-        for (int u = 0; u < FK / 2 * cpr / FT; u++) {
-            uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
-            uint32_t kp = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
-            uint32_t vw[2][4];
-            for (int h = 0; h < 2; h++)
-                key_item(k, &f, vs, kvh, kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kp, kiln_ki(k, 2)), kiln_ki(k, h))), n_kv, c, vw[h]);
-            for (int w = 0; w < 4; w++) {
-                uint32_t a = vw[0][w], b = vw[1][w];
-                if (KP == 2) { /* dim 4c + w: the two keys' f32 values as hi and lo parts */
-                    store_parts(k, vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), kiln_ki(k, w)), kp, VT), tw, a, b);
-                    continue;
-                }
-                uint32_t lo = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, a, kiln_ku(k, 0xffffu)), kiln_k2(k, KILN_KOP_SHL, b, kiln_ku(k, 16)));
-                uint32_t hi = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, a, kiln_ku(k, 16)), kiln_k2(k, KILN_KOP_AND, b, kiln_ku(k, 0xffff0000u)));
-                uint32_t dim = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 8)), kiln_ki(k, 2 * w));
-                kiln_ksts(k, vsh, kl_frag_b_word(k, dim, kp, VT), lo);
-                kiln_ksts(k, vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, dim, kiln_ki(k, 1)), kp, VT), hi);
-            }
-        }
-        kiln_kbarrier(k);
-        /* S = q . K^T: n-tiles of 8 keys */
-        uint32_t s[FKMAX / 8];
-        for (int nt = 0; nt < FK / 8; nt++) s[nt] = zero4;
-        for (int np = 0; np < FK / 16; np++)
-            for (int kk = 0; kk < KT; kk++) {
-                uint32_t bf[2];
-                for (int pt = 0; pt < KP; pt++)
-                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (np * KT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
-                for (int p = 0; p < FP; p++)
-                    for (int pt = 0; pt + p < 2 && pt < KP; pt++) /* hi.hi, hi.lo, lo.hi: lo.lo is below f32's rounding */
-                        for (int h = 0; h < 2; h++)
-                            s[2 * np + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, qf[kk][p], bf[pt], s[2 * np + h], h << 1);
-            }
-        /* the causal mask, the rows' maxima, P (base 2) and the rows' running sums */
-        uint32_t sv[FKMAX / 8][4], mx[2] = {kiln_kf(k, -INFINITY), kiln_kf(k, -INFINITY)};
-        uint32_t key0 = kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)));
-        for (int nt = 0; nt < FK / 8; nt++)
-            for (int j = 0; j < 4; j++) {
-                uint32_t key = kiln_k2(k, KILN_KOP_ADD, key0, kiln_ki(k, 8 * nt + (j & 1)));
-                sv[nt][j] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j), kiln_kf(k, -INFINITY));
-                mx[j >> 1] = kiln_k2(k, KILN_KOP_MAX, mx[j >> 1], sv[nt][j]);
-            }
-        uint32_t ms[2], alpha[2], sum[2];
-        for (int r = 0; r < 2; r++) {
-            uint32_t mn = kiln_k2(k, KILN_KOP_MAX, m[r], red4(k, mx[r], KILN_KRED_MAX));
-            /* -inf -> 0 so that exp2(x - m) stays 0, not NaN */
-            ms[r] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn);
-            alpha[r] = kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_SUB, m[r], ms[r]));
-            kiln_kset(k, m[r], mn);
-            sum[r] = kiln_kf(k, 0);
-        }
-        uint32_t pv[FKMAX / 8][4];
-        for (int nt = 0; nt < FK / 8; nt++)
-            for (int j = 0; j < 4; j++) {
-                pv[nt][j] = kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_SUB, sv[nt][j], ms[j >> 1]));
-                sum[j >> 1] = kiln_k2(k, KILN_KOP_ADD, sum[j >> 1], pv[nt][j]);
-            }
-        for (int r = 0; r < 2; r++) kiln_kset(k, l[r], kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, l[r], alpha[r], sum[r], 0));
-        uint32_t on[FHD / 8];
-        for (int dt = 0; dt < hd / 8; dt++) {
-            on[dt] = KILN_IDX_NONE;
-            for (int j = 0; j < 4; j++) on[dt] = setlane(k, KILN_KT_F4, on[dt], kiln_k2(k, KILN_KOP_MUL, lanef(k, o[dt], j), alpha[j >> 1]), j);
-        }
-        /* O += P . V: P's A fragments from S's accumulator layout (n-tiles 2 kk and 2 kk + 1) */
-        for (int kk = 0; kk < VT; kk++) {
-            uint32_t x[4][2] = {{pv[2 * kk][0], pv[2 * kk][1]}, {pv[2 * kk][2], pv[2 * kk][3]},
-                                {pv[2 * kk + 1][0], pv[2 * kk + 1][1]}, {pv[2 * kk + 1][2], pv[2 * kk + 1][3]}};
-            uint32_t pf[FP];
-            a_frags(k, x, pf);
-            for (int dp = 0; dp < hd / 16; dp++) {
-                uint32_t bf[2];
-                for (int pt = 0; pt < KP; pt++)
-                    bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (dp * VT + kk) * 128 + pt * tw)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
-                for (int p = 0; p < FP; p++)
-                    for (int pt = 0; pt + p < 2 && pt < KP; pt++)
-                        for (int h = 0; h < 2; h++) on[2 * dp + h] = kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, pf[p], bf[pt], on[2 * dp + h], h << 1);
-            }
-        }
-        for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, o[dt], on[dt]);
+        flash_stage(&st);
+        uint32_t s[FKMAX / 8], pv[FKMAX / 8][4], on[FHD / 8];
+        flash_scores(&st, s);
+        flash_softmax(&st, s, pv, on);
+        flash_pv(&st, pv, on);
     }
     kl_loop_end(k);
     /* rows' sums over their 4 lanes; every row sees at least its own key, so the sum is >= 1 */

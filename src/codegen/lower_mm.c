@@ -41,7 +41,8 @@ static unsigned deps(const gv *s, uint32_t node, int depth)
     return m;
 }
 
-bool kl_gv_analyze(gv *s, char *err, size_t n_err)
+/* The matmuls (sharing x), x itself and the rms_norm prologue; K, rows and tokens per pass. */
+static bool find_x(gv *s, char *err, size_t n_err)
 {
     const kiln_graph *g = s->g;
     const kiln_region *r = s->r;
@@ -71,6 +72,13 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
     if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
     s->m_max = kl_numel_max(g, xn) / (s->K ? s->K : 1);
     if (s->m_cap > 0 && s->m_max > s->m_cap) s->m_max = s->m_cap;
+    return true;
+}
+
+/* Every weight has a format row and a K it takes; tokens per pass, scalar loads, integer dots. */
+static bool check_weights(gv *s, char *err, size_t n_err)
+{
+    const kiln_graph *g = s->g;
     int mc_cap = MC_MAX; /* the format's decoders may hold more registers (wfmt.h mc_cap) */
     for (int j = 0; j < s->n_mm; j++) {
         kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
@@ -98,7 +106,33 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
     s->dp4a = s->tgt->dp4a && !s->scalar && s->K % 32 == 0 && (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++)
         if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->dp4a_at) s->dp4a = false; /* float weights */
-    /* groups: matmuls joined by an epilogue op reading two of them */
+    return true;
+}
+
+/* The rope epilogue of group G (the matmuls of sibling j's group): mode and head width. */
+static bool group_rope(gv *s, gv_group *G, int j, char *err, size_t n_err)
+{
+    const kiln_graph *g = s->g;
+    const kiln_region *r = s->r;
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
+        if (n->op != KILN_OP_ROPE || !(deps(s, r->nodes[i], 0) & (1u << j))) continue;
+        int mode = n->i[0] == KILN_ROPE_NEOX ? 2 : 1;
+        int64_t hd = n->dims[n->rank - 1];
+        if ((G->rope && (G->rope != mode || G->hd != hd)) || G->cols != 4 || hd % 4 || G->n % hd)
+            return kl_unsupported(err, n_err, "gemv: rope epilogue of this shape"), false;
+        G->rope = mode;
+        G->hd = hd;
+    }
+    return true;
+}
+
+/* Groups: matmuls joined by an epilogue op reading two of them share a unit's columns; each group
+ * gets its units, split-K and first warp; *warps: the warps of all groups. */
+static bool make_groups(gv *s, uint32_t *warps, char *err, size_t n_err)
+{
+    const kiln_graph *g = s->g;
+    const kiln_region *r = s->r;
     int gid[SLOTS];
     for (int j = 0; j < s->n_mm; j++) gid[j] = j;
     for (uint32_t i = 0; i < r->n_nodes; i++) {
@@ -126,17 +160,7 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
             if (w->dims[0] != G->n || w->dtype != t0) return kl_unsupported(err, n_err, "gemv: fused siblings of other shapes or dtypes"), false;
         }
         G->cols = SLOTS / G->n_sib;
-        /* rope on this group? */
-        for (uint32_t i = 0; i < r->n_nodes; i++) {
-            const kiln_node_rec *n = &g->nodes[r->nodes[i]];
-            if (n->op != KILN_OP_ROPE || !(deps(s, r->nodes[i], 0) & (1u << j))) continue;
-            int mode = n->i[0] == KILN_ROPE_NEOX ? 2 : 1;
-            int64_t hd = n->dims[n->rank - 1];
-            if ((G->rope && (G->rope != mode || G->hd != hd)) || G->cols != 4 || hd % 4 || G->n % hd)
-                return kl_unsupported(err, n_err, "gemv: rope epilogue of this shape"), false;
-            G->rope = mode;
-            G->hd = hd;
-        }
+        if (!group_rope(s, G, j, err, n_err)) return false;
         G->units = (G->n + G->cols - 1) / G->cols;
         if (G->rope == 2) G->units = G->n / 4; /* (hd/4 units per head) */
         /* Split K over more warps when the group has few units, so a small or tall matrix still
@@ -147,7 +171,17 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
         G->warp0 = warp;
         warp += (uint32_t)((G->units * G->wpu + WARPS - 1) / WARPS * WARPS);
     }
-    for (uint32_t i = 0; i < r->n_nodes; i++) {
+    *warps = warp;
+    return true;
+}
+
+bool kl_gv_analyze(gv *s, char *err, size_t n_err)
+{
+    uint32_t warp = 0;
+    if (!find_x(s, err, n_err) || !check_weights(s, err, n_err) || !make_groups(s, &warp, err, n_err)) return false;
+    const kiln_graph *g = s->g;
+    const kiln_region *r = s->r;
+    for (uint32_t i = 0; i < r->n_nodes; i++) { /* the rest is a per-element epilogue */
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
         if (n->op == KILN_OP_MATMUL || r->nodes[i] == s->norm || n->op == KILN_OP_ROPE || n->op == KILN_OP_KV_SCATTER) continue;
         if (!kl_is_elementwise((enum kiln_op)n->op)) return kl_unsupported(err, n_err, "gemv: %s in the epilogue", kiln_op_name((enum kiln_op)n->op)), false;
