@@ -13,7 +13,7 @@
 #include "bench.h"
 #include "kiln/kiln.h"
 #include "sched/ctx.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 static const char *preset = "llama-7b", *backend = "cpu", *wtype = "q8_0";
 static int reps = 50, kernels;

@@ -10,7 +10,7 @@
 
 #include "bench.h"
 #include "sched/plan.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 static double median(double *v, int n)
 {

@@ -12,7 +12,7 @@
 
 #include "bench.h"
 #include "kiln/kiln.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 typedef unsigned long long devptr;
 typedef struct cu {

@@ -11,7 +11,7 @@
 #include "graph/graph.h"
 #include "kiln/kiln.h"
 #include "sched/ctx.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 int main(int argc, char **argv)
 {

@@ -10,7 +10,7 @@
 #include "fuse/fuse.h"
 #include "kiln/kiln.h"
 #include "ptx/ptx.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 int main(int argc, char **argv)
 {

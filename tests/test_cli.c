@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "kiln/kiln.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "support/gguf_writer.h"
 #include "tok/tok.h"
 

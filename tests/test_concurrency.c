@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "kiln/kiln.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "support/plain_test.h" /* Criterion, or a plain main under ThreadSanitizer */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull; /* fresh per process: seeded from the clock in main's first test */

@@ -213,7 +213,7 @@ Test(cuda_host, sticky_fault_stops_the_backend)
     kiln_ctx_free(ctx);
 }
 
-#include "sched/presets.h"
+#include "model/presets.h"
 
 /* One decode layer of preset pr (q8_0 weights, 64 KV rows) compiled onto cuda; *g is its graph. */
 static kiln_plan *decode_layer_plan(kiln_ctx *ctx, const kiln_preset *pr, kiln_graph **g)

@@ -6,7 +6,7 @@
 #include "codegen/kir.h"
 #include "fuse/fuse.h"
 #include "ptx/ptx.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "spirv/spirv.h"
 
 #include <criterion/criterion.h>

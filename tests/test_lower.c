@@ -3,7 +3,7 @@
  * a GPU (matmul, attention, map, rows, scatter) never fall back; lowering is deterministic. */
 #include "codegen/kir.h"
 #include "fuse/fuse.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

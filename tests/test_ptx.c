@@ -348,7 +348,7 @@ Test(ptx, refuses_what_it_cannot_print)
 #include <xxhash.h>
 
 #include "fuse/fuse.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 /* Texts already assembled (by hash): most regions print the same across weight dtypes. */
 typedef struct seen_set {

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "sched/cost.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "util/env.h"
 #include "support/testutil.h"
 

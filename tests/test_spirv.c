@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "fuse/fuse.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "spirv/spirv.h"
 #include "support/kirtest.h"
 

@@ -12,7 +12,7 @@
 
 #include "graph/dtype.h"
 #include "sched/backend.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "support/kirtest.h"
 #include "support/testutil.h"
 #ifdef KILN_HAVE_VULKAN

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check/check.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 static const kiln_dtype PW[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
 #define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))

@@ -11,7 +11,7 @@
 #include "cli/cli.h"
 #include "sched/backend.h"
 #include "sched/ctx.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 typedef struct bench_opts {
     const kiln_preset *preset;  /* --preset */

@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "kiln/kiln.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 enum {
     KILN_CLI_OK = 0,    /* success */

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 typedef struct plan_opts {
     const char        *file;     /* FILE.kg, or NULL with --preset */

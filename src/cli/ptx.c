@@ -8,7 +8,7 @@
 #include "codegen/kir.h"
 #include "fuse/fuse.h"
 #include "ptx/ptx.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 typedef struct ptx_opts {
     const char        *file;    /* FILE.kg, or NULL with --preset */

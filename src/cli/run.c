@@ -8,7 +8,7 @@
 
 #include "cli/cli.h"
 #include "graph/graph.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 #define MAX_SETS 32 /* most --set flags */
 

@@ -8,7 +8,7 @@
 #include "cli/cli.h"
 #include "codegen/kir.h"
 #include "fuse/fuse.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "spirv/spirv.h"
 
 typedef struct spirv_opts {

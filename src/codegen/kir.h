@@ -255,8 +255,7 @@ void     kiln_kbarrier(kiln_kir *k);
 
 /* ------------------------------------------------------------------ lowering (lower_*.c) */
 
-/* Per-run parameter slots: slot i < n_syms holds symbol i's value. */
-#define KILN_PARAM_SLOTS_MIN 8
+/* KILN_KOP_PARAM slot i holds symbol i's value (the executor's parameter buffer: sched/backend.h). */
 
 /* Lowers region r of g into 1..KILN_LOWER_MAX kernels that run in order (out[0..*n_out)); kernels of
  * one region share one scratch buffer (slot kind KILN_KBUF_SCRATCH) of the largest scratch_bytes
@@ -278,4 +277,7 @@ bool kiln_kir_needs_sm90a(const kiln_kir *k);
  * kiln_lower_weight_bytes bytes). Weights are [rows, k] in their GGUF row layout on the host. */
 enum kiln_klayout kiln_lower_weight_layout(kiln_dtype t);
 size_t            kiln_lower_weight_bytes(kiln_dtype t, int64_t rows, int64_t k);
+/* The same shaped for a backend table's weight_bytes / weight_repack members (0: the host layout). */
+size_t            kiln_lower_weight_dev_bytes(void *state, kiln_dtype t, int64_t rows, int64_t k);
+void              kiln_lower_weight_dev_repack(void *state, kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst);
 void              kiln_lower_weight_repack(kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst);

@@ -15,6 +15,16 @@ kiln_lower_target kiln_lower_target_for_sm(int sm)
     return t;
 }
 
+uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap)
+{
+    if (cap > 0) {
+        if ((uint32_t)cap < n) n = (uint32_t)cap;
+    } else if (cap == 0 && resident > 0 && resident < n) {
+        n = (uint32_t)resident;
+    }
+    return n < limit ? n : limit;
+}
+
 kiln_lower_target kiln_lower_target_with(const kiln_lower_target *t, const kiln_codegen_options *o)
 {
     kiln_lower_target r = *t;

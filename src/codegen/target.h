@@ -29,5 +29,10 @@ typedef struct kiln_lower_target {
 kiln_lower_target kiln_lower_target_default(void);
 /* The default target for PTX of sm (80..90): warpgroup MMA on sm_90 (sm_90a PTX). */
 kiln_lower_target kiln_lower_target_for_sm(int sm);
+/* Blocks a backend launches for a grid-stride kernel (kir.grid_stride) over n virtual blocks: cap
+ * (kiln_codegen_options.grid_cap) N > 0 caps them at N, -1 launches every virtual block (for
+ * comparisons); 0: as many as the device holds at once (resident; 0 when unknown). Never more than
+ * limit (the device's grid bound). Launch policy of the kernels the lowering writes. */
+uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap);
 /* t with the code-generation choices of o (NULL: defaults). */
 kiln_lower_target kiln_lower_target_with(const kiln_lower_target *t, const kiln_codegen_options *o);

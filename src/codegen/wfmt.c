@@ -469,6 +469,16 @@ size_t kiln_lower_weight_bytes(kiln_dtype t, int64_t rows, int64_t k)
     return f ? f->dev_bytes(rows, k) : raw_bytes(t, rows, k);
 }
 
+size_t kiln_lower_weight_dev_bytes(void *state, kiln_dtype t, int64_t rows, int64_t k)
+{
+    return kiln_lower_weight_layout(t) == KILN_KLAYOUT_RAW ? 0 : kiln_lower_weight_bytes(t, rows, k);
+}
+
+void kiln_lower_weight_dev_repack(void *state, kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst)
+{
+    kiln_lower_weight_repack(t, rows, k, src, dst);
+}
+
 void kiln_lower_weight_repack(kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst)
 {
     const kl_wfmt *f = kl_wfmt_of(t);

@@ -1,8 +1,8 @@
 /* The public face of the model presets (kiln_preset_name, kiln_preset_graph in kiln.h): defaults,
  * checks that name what is wrong, and errors into the context. The presets and the stack builder
- * are sched/presets.c; this file must not build graphs itself. */
+ * are model/presets.c; this file must not build graphs itself. */
 #include "sched/ctx.h"
-#include "sched/presets.h"
+#include "model/presets.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* Model presets and the llama-style stack builder (see presets.h). Uses only the public builder
  * API, so the graphs it makes are exactly what a user could write. Must not compile, run, or
  * reach into graph internals. */
-#include "sched/presets.h"
+#include "model/presets.h"
 #include "model/layer.h"
 
 #include <math.h>

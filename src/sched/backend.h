@@ -35,8 +35,10 @@ typedef struct kiln_backend_i {
      * on failure detail says why the backend is absent. Required. */
     kiln_status (*probe)(kiln_ctx *ctx, void **state, char *detail, size_t n);
     void (*release)(void *state);                                     /* frees the state; required */
-    /* Can run region r with the compile's options o (environment defaults filled in). */
-    bool (*supports)(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o);
+    /* Can run region r with the compile's options o (environment defaults filled in); when not, why
+     * says why (what the kernel templates lack, a lost device). */
+    bool (*supports)(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
+                     size_t n_why);
     void (*profile)(void *state, kiln_device_profile *out);           /* default device profile */
     kiln_status (*calibrate)(void *state, kiln_device_profile *out);  /* measures it (optional) */
     /* Compiles region r into a kernel under options o (optional: NULL means launch works from the
@@ -79,18 +81,21 @@ typedef struct kiln_backend_i {
     kiln_status (*kernel_save)(void *state, const kiln_kernel *k, void **out, size_t *len);
     kiln_status (*kernel_load)(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
                                const void *buf, size_t len, kiln_kernel **out, char *err, size_t n_err);
+    /* Device layout of weights (optional, both or none; NULL: the host bytes as they are).
+     * weight_bytes: bytes a [rows, k] weight of dtype t takes in the backend's memory, 0 when that
+     * is the host layout; weight_repack writes those bytes from the host's (dst holds them). */
+    size_t (*weight_bytes)(void *state, kiln_dtype t, int64_t rows, int64_t k);
+    void   (*weight_repack)(void *state, kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst);
 } kiln_backend_i;
+
+/* The per-run parameter buffer of device backends: int32 slot i holds symbol i's value; at least
+ * this many slots (kernels may read a slot of a symbol the graph lacks as 0). */
+#define KILN_PARAM_SLOTS_MIN 8
 
 /* A device backend runs on its own memory (alloc is set). */
 static inline bool kiln_backend_is_device(const kiln_backend_i *b) { return b->alloc != NULL; }
 
-/* Blocks a backend launches for a grid-stride kernel (kir.grid_stride) over n virtual blocks: cap
- * (kiln_codegen_options.grid_cap) N > 0 caps them at N, -1 launches every virtual block (for
- * comparisons); 0: as many as the device holds at once (resident; 0 when unknown). Never more than
- * limit (the device's grid bound). */
-uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap);
-
-/* The table of every backend kiln knows, indexed by enum kiln_backend_id. */
+/* The table of every backend kiln knows, indexed by enum kiln_backend_id (backends/registry.c). */
 extern const kiln_backend_i *const kiln_backends[KILN_BACKEND_COUNT];
 extern const kiln_backend_i kiln_backend_ref;
 extern const kiln_backend_i kiln_backend_cpu;

@@ -4,7 +4,7 @@
  * resident states (on the backend that writes them), a per-run parameter buffer, explicit
  * transfers where a value crosses memories, and a recording of its launches replayed each run.
  * Must not contain kernels or know any backend's internals. */
-#include "codegen/kir.h"
+#include "graph/dtype.h"
 #include "sched/plan.h"
 
 #include <pthread.h>
@@ -162,7 +162,8 @@ static kiln_status dev_alloc(kiln_plan *p, int be, size_t bytes, void **out)
     return KILN_OK;
 }
 
-/* Uploads weight w for space sp in the device layout kernels read (repacked GGUF blocks). */
+/* Uploads weight w for space sp in the device layout its kernels read (the backend's weight_bytes /
+ * weight_repack: e.g. GGUF blocks split into aligned words). */
 static kiln_status upload_weight(kiln_plan *p, int sp, uint32_t w)
 {
     kiln_dev_space *d = &p->dev[sp];
@@ -171,12 +172,14 @@ static kiln_status upload_weight(kiln_plan *p, int sp, uint32_t w)
     kiln_dtype t = (kiln_dtype)n->dtype;
     int64_t k = n->rank ? p->max_dims[w][n->rank - 1] : 1, rows = 1;
     for (int i = 0; i + 1 < n->rank; i++) rows *= p->max_dims[w][i];
-    size_t bytes = kiln_lower_weight_bytes(t, rows, k);
+    const kiln_backend_i *b = kiln_backends[sp];
+    size_t dev = b->weight_bytes ? b->weight_bytes(p->ctx->be_state[sp], t, rows, k) : 0;
+    size_t bytes = dev ? dev : (size_t)rows * kiln_row_bytes(t, k);
     kiln_status s;
     void *host = (void *)n->data, *tmp = NULL;
-    if (kiln_lower_weight_layout(t) != KILN_KLAYOUT_RAW) {
+    if (dev) {
         if (!(tmp = malloc(bytes))) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory repacking weight '%s'", n->name);
-        kiln_lower_weight_repack(t, rows, k, n->data, tmp);
+        b->weight_repack(p->ctx->be_state[sp], t, rows, k, n->data, tmp);
         host = tmp;
     }
     char err[512] = "";

@@ -80,7 +80,12 @@ struct kiln_plan {
     size_t        finite_cap;  /* its size */
 };
 
-/* Memory planning helpers shared by the host and device arenas (plan.c). */
+/* memplan.c: the host memory plan of p (arena offsets of computed roots, zeroed states), and the
+ * release of one state buffer. */
+kiln_status kiln_sched_plan_memory(kiln_plan *p);
+void        kiln_sched_state_free(void *p);
+
+/* Memory planning helpers shared by the host and device arenas (memplan.c). */
 void   kiln_sched_lifetimes(const kiln_plan *p, uint32_t *first, uint32_t *last);
 /* Greedy packing (largest first, lowest offset free over each buffer's lifetime) of the n buffers
  * order[], sizes size[i]: writes off[i], returns the total. Sorts order[]. */

@@ -69,7 +69,11 @@ static void cpu_release(void *state)
     free(s);
 }
 
-static bool cpu_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o) { return true; }
+static bool cpu_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
+                         size_t n_why)
+{
+    return true;
+}
 
 static void cpu_profile(void *state, kiln_device_profile *out)
 {

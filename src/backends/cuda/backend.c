@@ -4,6 +4,7 @@
  * after a sticky error every entry fails fast. Must not print or exit: errors go back in err. */
 #include "util/env.h"
 #include "backends/cuda/cuda.h"
+#include "codegen/kir.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -283,6 +284,8 @@ const kiln_backend_i kiln_backend_cuda = {
     .identity = kiln_cuda_identity,
     .kernel_save = kiln_cuda_kernel_save,
     .kernel_load = kiln_cuda_kernel_load,
+    .weight_bytes = kiln_lower_weight_dev_bytes,
+    .weight_repack = kiln_lower_weight_dev_repack,
     .launch = kiln_cuda_launch,
     .alloc = cuda_alloc,
     .free = cuda_free,

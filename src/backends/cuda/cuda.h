@@ -196,7 +196,8 @@ kiln_status kiln_cuda_measure(kiln_cuda *c, kiln_device_profile *out, char *err,
 
 #include "sched/backend.h"
 
-bool        kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o);
+bool        kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
+                               char *why, size_t n_why);
 kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
                               kiln_kernel **out, char *err, size_t n);
 void        kiln_cuda_kernel_free(void *state, kiln_kernel *k);

@@ -182,13 +182,18 @@ static void free_printed(kiln_kir kir[KILN_LOWER_MAX], char *ptx[KILN_LOWER_MAX]
     }
 }
 
-bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o)
+bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
+                        size_t n_why)
 {
     kiln_cuda *c = state;
     kiln_kir kir[KILN_LOWER_MAX];
-    char *ptx[KILN_LOWER_MAX], err[256];
+    char *ptx[KILN_LOWER_MAX];
     uint32_t n = 0;
-    if (c->dead || lower_and_print(c, &o->codegen, g, r, kir, ptx, &n, err, sizeof err) != KILN_OK) return false;
+    if (c->dead) {
+        kiln_cuda_enter(c, why, n_why); /* writes the sticky error */
+        return false;
+    }
+    if (lower_and_print(c, &o->codegen, g, r, kir, ptx, &n, why, n_why) != KILN_OK) return false;
     free_printed(kir, ptx, n);
     return true;
 }

@@ -14,7 +14,11 @@ static kiln_status ref_probe(kiln_ctx *ctx, void **state, char *detail, size_t n
 
 static void ref_release(void *state) {}
 
-static bool ref_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o) { return true; }
+static bool ref_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
+                         size_t n_why)
+{
+    return true;
+}
 
 static void ref_profile(void *state, kiln_device_profile *out)
 {

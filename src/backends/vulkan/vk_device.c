@@ -312,15 +312,18 @@ static void vk_profile(void *state, kiln_device_profile *out)
 }
 
 /* A region runs here when the lowering has a template for it. */
-static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o)
+static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
+                        size_t n_why)
 {
     kiln_vk *s = state;
-    if (s->lost) return false;
+    if (s->lost) {
+        kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "compile", why, n_why); /* the lost device's text */
+        return false;
+    }
     kiln_kir k[KILN_LOWER_MAX];
     uint32_t nk = 0;
-    char err[256];
     kiln_lower_target t = kiln_lower_target_with(&s->target, &o->codegen);
-    bool ok = kiln_lower_region_for(g, r, &t, k, &nk, err, sizeof err) == KILN_OK;
+    bool ok = kiln_lower_region_for(g, r, &t, k, &nk, why, n_why) == KILN_OK;
     for (uint32_t i = 0; ok && i < nk; i++) kiln_kir_free(&k[i]);
     return ok;
 }
@@ -397,6 +400,8 @@ const kiln_backend_i kiln_backend_vulkan = {
     .identity = vk_identity,
     .kernel_save = vk_kernel_save,
     .kernel_load = vk_kernel_load,
+    .weight_bytes = kiln_lower_weight_dev_bytes,
+    .weight_repack = kiln_lower_weight_dev_repack,
     .launch = vk_launch,
     .alloc = kiln_vk_alloc_mem,
     .free = kiln_vk_free_mem,
