@@ -10,22 +10,22 @@
 typedef kiln_status (*kl_template)(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
                                    kiln_kir out[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err);
 
-static kiln_status map_1(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX],
-                         uint32_t *n, char *err, size_t n_err)
+static kiln_status map_1(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                         kiln_kir out[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
     *n = 1;
     return kiln_lower_map(g, r, tg, out, err, n_err);
 }
 
-static kiln_status rows_1(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX],
-                          uint32_t *n, char *err, size_t n_err)
+static kiln_status rows_1(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                          kiln_kir out[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
     *n = 1;
     return kiln_lower_rows(g, r, tg, out, err, n_err);
 }
 
-static kiln_status move_1(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX],
-                          uint32_t *n, char *err, size_t n_err)
+static kiln_status move_1(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                          kiln_kir out[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
     *n = 1;
     return kiln_lower_move(g, r, tg, out, err, n_err);
@@ -42,10 +42,11 @@ static uint32_t matmul_x(const kiln_graph *g, const kiln_region *r)
 /* The GEMM unless the options say gemv (A/B runs): on the H100 it runs a 512-token llama-7b
  * layer's matmuls 19x faster than gemv's passes. gemv takes what the GEMM does not (few rows,
  * other shapes), and, guarded by the run's rows, the short runs of a prefill plan. */
-static kiln_status matmul(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX],
-                          uint32_t *n, char *err, size_t n_err)
+static kiln_status matmul(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                          kiln_kir out[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
-    kiln_status s = tg->opts.gemm != KILN_GEMM_OFF && tg->mma ? kiln_lower_gemm(g, r, tg, out, n, err, n_err) : KILN_ERR_UNSUPPORTED;
+    kiln_status s = tg->opts.gemm != KILN_GEMM_OFF && tg->mma ? kiln_lower_gemm(g, r, tg, out, n, err, n_err)
+                                                              : KILN_ERR_UNSUPPORTED;
     if (s == KILN_ERR_UNSUPPORTED) {
         err[0] = 0;
         *n = 1;
@@ -66,16 +67,13 @@ static kiln_status matmul(const kiln_graph *g, const kiln_region *r, const kiln_
 }
 
 static const kl_template templates[KILN_REGION_KIND_COUNT] = {
-    [KILN_REGION_MAP] = map_1,
-    [KILN_REGION_ROWS] = rows_1,
-    [KILN_REGION_MATMUL] = matmul,
-    [KILN_REGION_ATTENTION] = kiln_lower_attention,
-    [KILN_REGION_SCATTER] = move_1,
-    [KILN_REGION_MOVE] = move_1,
+    [KILN_REGION_MAP] = map_1,      [KILN_REGION_ROWS] = rows_1,
+    [KILN_REGION_MATMUL] = matmul,  [KILN_REGION_ATTENTION] = kiln_lower_attention,
+    [KILN_REGION_SCATTER] = move_1, [KILN_REGION_MOVE] = move_1,
 };
 
-kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
-                                  char *err, size_t n_err)
+kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX],
+                                  uint32_t *n_out, char *err, size_t n_err)
 {
     return kiln_lower_region_for(g, r, NULL, out, n_out, err, n_err);
 }

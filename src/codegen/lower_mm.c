@@ -17,7 +17,6 @@ static void fail(gv *s, const char *why)
 /* The format row of weight dtype t (kl_gv_analyze refused those without one). */
 static const kl_wfmt *fmt(kiln_dtype t) { return kl_wfmt_of(t); }
 
-
 /* ------------------------------------------------------------------ analysis */
 
 static int mm_index(const gv *s, uint32_t node)
@@ -50,7 +49,8 @@ static bool find_x(gv *s, char *err, size_t n_err)
     for (uint32_t i = 0; i < r->n_nodes; i++) {
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
         if (n->op != KILN_OP_MATMUL) continue;
-        if (s->n_mm == SLOTS || (s->x != KILN_IDX_NONE && n->src[0] != s->x)) return kl_unsupported(err, n_err, "gemv: matmuls with different inputs"), false;
+        if (s->n_mm == SLOTS || (s->x != KILN_IDX_NONE && n->src[0] != s->x))
+            return kl_unsupported(err, n_err, "gemv: matmuls with different inputs"), false;
         s->x = n->src[0];
         s->mm[s->n_mm++] = r->nodes[i];
     }
@@ -63,10 +63,12 @@ static bool find_x(gv *s, char *err, size_t n_err)
         s->x = xn->src[0];
         xn = &g->nodes[s->x];
     } else if (kl_in_region(r, s->x)) {
-        return kl_unsupported(err, n_err, "gemv: x computed by %s in the region", kiln_op_name((enum kiln_op)xn->op)), false;
+        return kl_unsupported(err, n_err, "gemv: x computed by %s in the region", kiln_op_name((enum kiln_op)xn->op)),
+               false;
     }
     s->xdt = (kiln_dtype)xn->dtype;
-    if (kiln_dtype_block(s->xdt) != 1 || s->xdt == KILN_DTYPE_I32 || (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
+    if (kiln_dtype_block(s->xdt) != 1 || s->xdt == KILN_DTYPE_I32 ||
+        (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
         return kl_unsupported(err, n_err, "gemv: x of %s", kiln_dtype_name(s->xdt)), false;
     s->K = xn->dims[xn->rank - 1];
     if (kiln_dim_is_sym(s->K)) return kl_unsupported(err, n_err, "gemv: symbolic K"), false;
@@ -98,12 +100,14 @@ static bool check_weights(gv *s, char *err, size_t n_err)
             need = 1;
         }
         if (w->rank != 2 || kiln_dim_is_sym(w->dims[0]) || s->K % need)
-            return kl_unsupported(err, n_err, "gemv: %s weight with K = %lld", kiln_dtype_name(t), (long long)s->K), false;
+            return kl_unsupported(err, n_err, "gemv: %s weight with K = %lld", kiln_dtype_name(t), (long long)s->K),
+                   false;
     }
     /* Block weights take integer dot products against x quantized per 32 to int8 (as ggml and
      * kiln's CPU kernels do; contracts/matmul.yaml counts it) when the quantized x of a pass fits in
      * shared memory: per token K/4 words of quants and K/16 of scales and sums. */
-    s->dp4a = s->tgt->dp4a && !s->scalar && s->K % 32 == 0 && (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
+    s->dp4a = s->tgt->dp4a && !s->scalar && s->K % 32 == 0 &&
+              (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++)
         if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->dp4a_at) s->dp4a = false; /* float weights */
     return true;
@@ -157,7 +161,8 @@ static bool make_groups(gv *s, uint32_t *warps, char *err, size_t n_err)
         kiln_dtype t0 = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
         for (int q = 1; q < G->n_sib; q++) {
             const kiln_node_rec *w = &g->nodes[g->nodes[s->mm[G->sib[q]]].src[1]];
-            if (w->dims[0] != G->n || w->dtype != t0) return kl_unsupported(err, n_err, "gemv: fused siblings of other shapes or dtypes"), false;
+            if (w->dims[0] != G->n || w->dtype != t0)
+                return kl_unsupported(err, n_err, "gemv: fused siblings of other shapes or dtypes"), false;
         }
         G->cols = SLOTS / G->n_sib;
         if (!group_rope(s, G, j, err, n_err)) return false;
@@ -167,7 +172,8 @@ static bool make_groups(gv *s, uint32_t *warps, char *err, size_t n_err)
          * keeps the target's busy_warps streaming. */
         int64_t cpr = kl_gv_chunks_per_row(t0, s->K, s->scalar);
         G->wpu = 1;
-        while (G->wpu < WARPS && G->units * G->wpu < s->tgt->busy_warps && cpr > 32 * G->wpu) G->wpu *= 2; /* each warp keeps > 16 chunks a row */
+        while (G->wpu < WARPS && G->units * G->wpu < s->tgt->busy_warps && cpr > 32 * G->wpu)
+            G->wpu *= 2; /* each warp keeps > 16 chunks a row */
         G->warp0 = warp;
         warp += (uint32_t)((G->units * G->wpu + WARPS - 1) / WARPS * WARPS);
     }
@@ -183,9 +189,12 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
     const kiln_region *r = s->r;
     for (uint32_t i = 0; i < r->n_nodes; i++) { /* the rest is a per-element epilogue */
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
-        if (n->op == KILN_OP_MATMUL || r->nodes[i] == s->norm || n->op == KILN_OP_ROPE || n->op == KILN_OP_KV_SCATTER) continue;
-        if (!kl_is_elementwise((enum kiln_op)n->op)) return kl_unsupported(err, n_err, "gemv: %s in the epilogue", kiln_op_name((enum kiln_op)n->op)), false;
-        if (!deps(s, r->nodes[i], 0)) return kl_unsupported(err, n_err, "gemv: an elementwise op before the matmul"), false;
+        if (n->op == KILN_OP_MATMUL || r->nodes[i] == s->norm || n->op == KILN_OP_ROPE || n->op == KILN_OP_KV_SCATTER)
+            continue;
+        if (!kl_is_elementwise((enum kiln_op)n->op))
+            return kl_unsupported(err, n_err, "gemv: %s in the epilogue", kiln_op_name((enum kiln_op)n->op)), false;
+        if (!deps(s, r->nodes[i], 0))
+            return kl_unsupported(err, n_err, "gemv: an elementwise op before the matmul"), false;
     }
     s->k->grid[0] = warp / WARPS;
     return true;
@@ -200,14 +209,18 @@ void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t
 {
     int64_t K = s->K;
     if (s->scalar) {
-        o->d = kl_load(s->k, slot, t, kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, row, kiln_ki(s->k, (int32_t)K)), c));
+        o->d = kl_load(s->k, slot, t,
+                       kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, row, kiln_ki(s->k, (int32_t)K)), c));
         return;
     }
     fmt(t)->load(s->k, slot, row, c, K, rows, o);
 }
 
 /* First element (within the row) of sub-step `sub` of chunk c. */
-uint32_t kl_gv_sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub) { return s->scalar ? c : fmt(t)->sub_elem(s->k, c, sub); }
+uint32_t kl_gv_sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub)
+{
+    return s->scalar ? c : fmt(t)->sub_elem(s->k, c, sub);
+}
 
 void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
@@ -220,7 +233,6 @@ void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, 
     }
     fmt(t)->decode(s->k, ch, c, sub, o);
 }
-
 
 /* ------------------------------------------------------------------ epilogue */
 
@@ -250,7 +262,8 @@ static void memo_put(gv *s, uint32_t key, uint32_t v)
 uint32_t kl_gv_tok(gv *s, int t) { return kiln_k2(s->k, KILN_KOP_ADD, s->t0, kiln_ki(s->k, t)); }
 static uint32_t flat(gv *s, int t, int r, int64_t n)
 {
-    return kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, t), kiln_ki(s->k, (int32_t)n)), s->col[r]);
+    return kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, t), kiln_ki(s->k, (int32_t)n)),
+                   s->col[r]);
 }
 
 static uint32_t ev(gv *s, const gv_group *G, uint32_t node, int t, int r, int depth);
@@ -258,16 +271,18 @@ static uint32_t ev(gv *s, const gv_group *G, uint32_t node, int t, int r, int de
 static uint32_t ev_rope(gv *s, const gv_group *G, const kiln_node_rec *n, int t, int r, int depth)
 {
     int d = s->slot_delta[r];
-    int pd = G->rope == 2 ? (d >= 2 ? d - 2 : d + 2) : (d ^ 1);      /* partner's delta (neox: +-hd/2 is slot +-2) */
+    int pd = G->rope == 2 ? (d >= 2 ? d - 2 : d + 2) : (d ^ 1); /* partner's delta (neox: +-hd/2 is slot +-2) */
     int pr = find_slot(s, s->slot_sib[r], pd);
     if (pr < 0) return fail(s, "rope partner"), kiln_kf(s->k, 0);
     bool first = d < pd;
-    uint32_t x0 = ev(s, G, n->src[0], t, first ? r : pr, depth + 1), x1 = ev(s, G, n->src[0], t, first ? pr : r, depth + 1);
+    uint32_t x0 = ev(s, G, n->src[0], t, first ? r : pr, depth + 1),
+             x1 = ev(s, G, n->src[0], t, first ? pr : r, depth + 1);
     /* pair index i within the head: neox i = col % hd (first half), normal i = (col % hd) / 2 */
     uint32_t cin = kiln_k2(s->k, KILN_KOP_REM, s->col[first ? r : pr], kiln_ki(s->k, (int32_t)G->hd));
     uint32_t i = G->rope == 2 ? cin : kiln_k2(s->k, KILN_KOP_SHR, cin, kiln_ki(s->k, 1));
     uint32_t tab = kl_rope_table(s->k, n->f[0], G->hd);
-    uint32_t freq = kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, tab, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t freq =
+        kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, tab, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t pos = kl_load_node(s->k, s->g, n->src[1], kl_gv_tok(s, t));
     uint32_t sn, cs;
     kl_sincos(s->k, kiln_k2(s->k, KILN_KOP_MUL, pos, freq), &sn, &cs);
@@ -340,12 +355,23 @@ void kl_gv_epilogue(gv *s, const gv_group *G, uint32_t m)
                     const kiln_node_rec *st = &g->nodes[n->src[0]];
                     int64_t max_ctx = st->dims[1], hd = st->dims[2];
                     uint32_t val = ev(s, G, n->src[1], t, r, 0);
-                    uint32_t pos = kiln_kcvt(s->k, KILN_KT_I32, kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[2], false), kl_gv_tok(s, t)));
-                    uint32_t okp = kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_LE, kiln_ki(s->k, 0), pos), kiln_k2(s->k, KILN_KOP_LT, pos, kiln_ki(s->k, (int32_t)max_ctx)));
+                    uint32_t pos = kiln_kcvt(
+                        s->k, KILN_KT_I32,
+                        kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[2], false), kl_gv_tok(s, t)));
+                    uint32_t okp = kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_LE, kiln_ki(s->k, 0), pos),
+                                           kiln_k2(s->k, KILN_KOP_LT, pos, kiln_ki(s->k, (int32_t)max_ctx)));
                     kiln_kif(s->k, okp);
-                    uint32_t h = kiln_k2(s->k, KILN_KOP_DIV, s->col[r], kiln_ki(s->k, (int32_t)hd)), e = kiln_k2(s->k, KILN_KOP_REM, s->col[r], kiln_ki(s->k, (int32_t)hd));
-                    uint32_t dst = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, h, kiln_ki(s->k, (int32_t)max_ctx)), pos), kiln_ki(s->k, (int32_t)hd)), e);
-                    kl_store(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[0], true), (kiln_dtype)st->dtype, dst, val);
+                    uint32_t h = kiln_k2(s->k, KILN_KOP_DIV, s->col[r], kiln_ki(s->k, (int32_t)hd)),
+                             e = kiln_k2(s->k, KILN_KOP_REM, s->col[r], kiln_ki(s->k, (int32_t)hd));
+                    uint32_t dst =
+                        kiln_k2(s->k, KILN_KOP_ADD,
+                                kiln_k2(s->k, KILN_KOP_MUL,
+                                        kiln_k2(s->k, KILN_KOP_ADD,
+                                                kiln_k2(s->k, KILN_KOP_MUL, h, kiln_ki(s->k, (int32_t)max_ctx)), pos),
+                                        kiln_ki(s->k, (int32_t)hd)),
+                                e);
+                    kl_store(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[0], true), (kiln_dtype)st->dtype, dst,
+                             val);
                     kiln_kendif(s->k);
                     continue;
                 }
@@ -364,8 +390,11 @@ uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS]
         int32_t upp = (int32_t)(G->hd / 4); /* units per head */
         int32_t half = (int32_t)(G->hd / 2);
         deltas[0] = 0, deltas[1] = 1, deltas[2] = half, deltas[3] = half + 1;
-        return kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, u, kiln_ki(s->k, upp)), kiln_ki(s->k, (int32_t)G->hd)),
-                   kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_REM, u, kiln_ki(s->k, upp)), kiln_ki(s->k, 2)));
+        return kiln_k2(
+            s->k, KILN_KOP_ADD,
+            kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, u, kiln_ki(s->k, upp)),
+                    kiln_ki(s->k, (int32_t)G->hd)),
+            kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_REM, u, kiln_ki(s->k, upp)), kiln_ki(s->k, 2)));
     }
     for (int c = 0; c < G->cols; c++) deltas[c] = c;
     return kiln_k2(s->k, KILN_KOP_MUL, u, kiln_ki(s->k, G->cols));

@@ -36,7 +36,9 @@ bool kl_is_elementwise(enum kiln_op op) { return kiln_op_is_elementwise(op); }
 
 uint32_t kl_dim(kiln_kir *k, int64_t d)
 {
-    if (kiln_dim_is_sym(d)) return kiln_kir_op(k, KILN_KOP_PARAM, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)kiln_sym_index(d));
+    if (kiln_dim_is_sym(d))
+        return kiln_kir_op(k, KILN_KOP_PARAM, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE,
+                           (int32_t)kiln_sym_index(d));
     return kiln_ki(k, (int32_t)d);
 }
 
@@ -45,8 +47,10 @@ uint32_t kl_numel_from(kiln_kir *k, const kiln_node_rec *n, int from)
     int64_t c = 1;
     uint32_t v = KILN_IDX_NONE;
     for (int i = from; i < n->rank; i++) {
-        if (kiln_dim_is_sym(n->dims[i])) v = v == KILN_IDX_NONE ? kl_dim(k, n->dims[i]) : kiln_k2(k, KILN_KOP_MUL, v, kl_dim(k, n->dims[i]));
-        else c *= n->dims[i];
+        if (kiln_dim_is_sym(n->dims[i]))
+            v = v == KILN_IDX_NONE ? kl_dim(k, n->dims[i]) : kiln_k2(k, KILN_KOP_MUL, v, kl_dim(k, n->dims[i]));
+        else
+            c *= n->dims[i];
     }
     if (v == KILN_IDX_NONE) return kiln_ki(k, (int32_t)c);
     return c == 1 ? v : kiln_k2(k, KILN_KOP_MUL, v, kiln_ki(k, (int32_t)c));
@@ -58,12 +62,16 @@ bool kl_same_numel(const kiln_node_rec *a, const kiln_node_rec *b)
     int64_t ca = 1, cb = 1, sa[KILN_MAX_RANK], sb[KILN_MAX_RANK];
     int na = 0, nb = 0;
     for (int i = 0; i < a->rank; i++) {
-        if (kiln_dim_is_sym(a->dims[i])) sa[na++] = a->dims[i];
-        else ca *= a->dims[i];
+        if (kiln_dim_is_sym(a->dims[i]))
+            sa[na++] = a->dims[i];
+        else
+            ca *= a->dims[i];
     }
     for (int i = 0; i < b->rank; i++) {
-        if (kiln_dim_is_sym(b->dims[i])) sb[nb++] = b->dims[i];
-        else cb *= b->dims[i];
+        if (kiln_dim_is_sym(b->dims[i]))
+            sb[nb++] = b->dims[i];
+        else
+            cb *= b->dims[i];
     }
     if (ca != cb || na != nb) return false;
     bool used[KILN_MAX_RANK] = {false};
@@ -89,17 +97,22 @@ uint32_t kl_load(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx)
 {
     switch (t) {
     case KILN_DTYPE_F32:
-        return kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, idx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        return kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32,
+                           kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, idx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot),
+                           KILN_IDX_NONE, KILN_IDX_NONE, 0);
     case KILN_DTYPE_I32: {
         uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, idx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
         uint32_t i = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0);
         return kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, i, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     }
     default: { /* f16, bf16: the half (idx & 1) of word idx >> 1 */
-        uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_SHR, idx, kiln_ki(k, 1)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
-        uint32_t sh = kiln_kcvt(k, KILN_KT_U32, kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_AND, idx, kiln_ki(k, 1)), kiln_ki(k, 4)));
+        uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_SHR, idx, kiln_ki(k, 1)),
+                                 KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+        uint32_t sh = kiln_kcvt(k, KILN_KT_U32,
+                                kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_AND, idx, kiln_ki(k, 1)), kiln_ki(k, 4)));
         uint32_t h = kiln_k2(k, KILN_KOP_SHR, w, sh);
-        return kiln_kir_op(k, t == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, h, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        return kiln_kir_op(k, t == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, h, KILN_IDX_NONE,
+                           KILN_IDX_NONE, 0);
     }
     }
 }
@@ -108,11 +121,14 @@ void kl_store(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx, uint32_t v
 {
     switch (t) {
     case KILN_DTYPE_F32:
-        kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, idx, kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE, (int32_t)slot);
+        kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, idx,
+                    kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE,
+                    (int32_t)slot);
         return;
     case KILN_DTYPE_I32: { /* round half to even, saturate, NaN -> 0 (the reference's cast) */
         uint32_t r = kiln_k1(k, KILN_KOP_RINT, v);
-        r = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, r, kiln_kf(k, -2147483648.0f)), kiln_kf(k, 2147483520.0f));
+        r = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, r, kiln_kf(k, -2147483648.0f)),
+                    kiln_kf(k, 2147483520.0f));
         uint32_t i = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32, r, KILN_IDX_NONE, KILN_IDX_NONE, 0);
         uint32_t big = kiln_k2(k, KILN_KOP_LE, kiln_kf(k, 2147483647.0f), v);
         i = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, big, kiln_ki(k, INT32_MAX), i, 0);
@@ -122,7 +138,8 @@ void kl_store(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx, uint32_t v
     }
     default:
         kiln_kir_op(k, KILN_KOP_ST16, KILN_KT_NONE, idx,
-                    kiln_kir_op(k, t == KILN_DTYPE_F16 ? KILN_KOP_F2H : KILN_KOP_F2B, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0),
+                    kiln_kir_op(k, t == KILN_DTYPE_F16 ? KILN_KOP_F2H : KILN_KOP_F2B, KILN_KT_U32, v, KILN_IDX_NONE,
+                                KILN_IDX_NONE, 0),
                     KILN_IDX_NONE, (int32_t)slot);
     }
 }
@@ -139,7 +156,10 @@ void kl_store_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx
 
 /* ------------------------------------------------------------------ math */
 
-uint32_t kl_exp(kiln_kir *k, uint32_t x) { return kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_MUL, x, kiln_kf(k, 1.44269504088896341f))); }
+uint32_t kl_exp(kiln_kir *k, uint32_t x)
+{
+    return kiln_k1(k, KILN_KOP_EX2, kiln_k2(k, KILN_KOP_MUL, x, kiln_kf(k, 1.44269504088896341f)));
+}
 
 uint32_t kl_silu(kiln_kir *k, uint32_t x)
 {
@@ -150,11 +170,14 @@ uint32_t kl_silu(kiln_kir *k, uint32_t x)
 uint32_t kl_gelu(kiln_kir *k, uint32_t x)
 {
     uint32_t x3 = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MUL, x, x), x);
-    uint32_t z = kiln_k2(k, KILN_KOP_MUL, kiln_kf(k, 0.7978845608028654f), kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, kiln_kf(k, 0.044715f), x3, x, 0));
+    uint32_t z = kiln_k2(k, KILN_KOP_MUL, kiln_kf(k, 0.7978845608028654f),
+                         kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, kiln_kf(k, 0.044715f), x3, x, 0));
     /* tanh z = 1 - 2 / (e^{2z} + 1): exact limits at +-inf */
     uint32_t e = kl_exp(k, kiln_k2(k, KILN_KOP_ADD, z, z));
-    uint32_t th = kiln_k2(k, KILN_KOP_SUB, kiln_kf(k, 1.0f), kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 2.0f), kiln_k2(k, KILN_KOP_ADD, e, kiln_kf(k, 1.0f))));
-    return kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MUL, kiln_kf(k, 0.5f), x), kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, 1.0f), th));
+    uint32_t th = kiln_k2(k, KILN_KOP_SUB, kiln_kf(k, 1.0f),
+                          kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 2.0f), kiln_k2(k, KILN_KOP_ADD, e, kiln_kf(k, 1.0f))));
+    return kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MUL, kiln_kf(k, 0.5f), x),
+                   kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, 1.0f), th));
 }
 
 void kl_sincos(kiln_kir *k, uint32_t ang, uint32_t *s, uint32_t *c)
@@ -182,8 +205,14 @@ uint32_t kl_rope_table(kiln_kir *k, float theta, int64_t d)
 
 static uint32_t round_to(kiln_kir *k, kiln_dtype t, uint32_t v)
 {
-    if (t == KILN_DTYPE_F16) return kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32, kiln_kir_op(k, KILN_KOP_F2H, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    if (t == KILN_DTYPE_BF16) return kiln_kir_op(k, KILN_KOP_B2F, KILN_KT_F32, kiln_kir_op(k, KILN_KOP_F2B, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    if (t == KILN_DTYPE_F16)
+        return kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32,
+                           kiln_kir_op(k, KILN_KOP_F2H, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE,
+                           KILN_IDX_NONE, 0);
+    if (t == KILN_DTYPE_BF16)
+        return kiln_kir_op(k, KILN_KOP_B2F, KILN_KT_F32,
+                           kiln_kir_op(k, KILN_KOP_F2B, KILN_KT_U32, v, KILN_IDX_NONE, KILN_IDX_NONE, 0), KILN_IDX_NONE,
+                           KILN_IDX_NONE, 0);
     return v;
 }
 
@@ -196,7 +225,10 @@ uint32_t kl_apply(kiln_kir *k, const kiln_node_rec *n, uint32_t a, uint32_t b)
     case KILN_OP_SCALE: y = kiln_k2(k, KILN_KOP_MUL, a, kiln_kf(k, n->f[0])); break;
     case KILN_OP_SILU: y = kl_silu(k, a); break;
     case KILN_OP_GELU: y = kl_gelu(k, a); break;
-    case KILN_OP_SIGMOID: y = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, 1.0f), kl_exp(k, kiln_k1(k, KILN_KOP_NEG, a)))); break;
+    case KILN_OP_SIGMOID:
+        y = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
+                    kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, 1.0f), kl_exp(k, kiln_k1(k, KILN_KOP_NEG, a))));
+        break;
     case KILN_OP_SWIGLU: y = kiln_k2(k, KILN_KOP_MUL, kl_silu(k, a), b); break;
     default: y = a; break; /* cast: the value is rounded to the target dtype below */
     }
@@ -237,7 +269,8 @@ uint32_t kl_eval_node(kl_eval *e, uint32_t node)
     } else if (kl_in_region(e->r, node) && kl_is_elementwise((enum kiln_op)n->op)) {
         if (!kl_same_numel(n, &e->g->nodes[e->space])) {
             e->failed = true;
-            snprintf(e->err, sizeof e->err, "%s #%u has another shape than the kernel's elements", kiln_op_name((enum kiln_op)n->op), node);
+            snprintf(e->err, sizeof e->err, "%s #%u has another shape than the kernel's elements",
+                     kiln_op_name((enum kiln_op)n->op), node);
             return kiln_kf(e->k, 0);
         }
         if (n->op == KILN_OP_CAST && n->dtype == KILN_DTYPE_I32 && e->g->nodes[n->src[0]].dtype == KILN_DTYPE_I32) {
@@ -259,7 +292,8 @@ uint32_t kl_eval_node(kl_eval *e, uint32_t node)
             return kiln_kf(e->k, 0);
         }
         uint32_t idx = e->idx;
-        if (!kl_same_numel(n, &e->g->nodes[e->space])) idx = kiln_k2(e->k, KILN_KOP_REM, idx, kl_numel_from(e->k, n, 0));
+        if (!kl_same_numel(n, &e->g->nodes[e->space]))
+            idx = kiln_k2(e->k, KILN_KOP_REM, idx, kl_numel_from(e->k, n, 0));
         v = kl_load_node(e->k, e->g, node, idx);
     }
     kl_eval_set(e, node, v);
@@ -272,13 +306,17 @@ uint32_t kl_grid_loop(kiln_kir *k, uint32_t n)
 {
     uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t i = kiln_kvar(k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, bid, kiln_ki(k, (int32_t)k->block)), tid));
+    uint32_t i =
+        kiln_kvar(k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, bid, kiln_ki(k, (int32_t)k->block)), tid));
     uint32_t step = kiln_ki(k, (int32_t)(k->block * k->grid[0]));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, n, step, 0);
     return i;
 }
 
-void kl_loop_end(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+void kl_loop_end(kiln_kir *k)
+{
+    kiln_kir_op(k, KILN_KOP_ENDLOOP, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
 
 uint32_t kl_grid_for(const kiln_lower_target *tg, int64_t n_max, int64_t per_block)
 {
@@ -296,14 +334,18 @@ void kl_split_pair(kiln_kir *k, uint32_t a, uint32_t b, int n, bool bf, uint32_t
     for (int e = 0; e < 2; e++)
         for (int i = 0; i < n; i++) {
             h[e][i] = kiln_kir_op(k, to, KILN_KT_U32, v[e], KILN_IDX_NONE, KILN_IDX_NONE, 0);
-            if (i + 1 < n) v[e] = kiln_k2(k, KILN_KOP_SUB, v[e], kiln_kir_op(k, back, KILN_KT_F32, h[e][i], KILN_IDX_NONE, KILN_IDX_NONE, 0));
+            if (i + 1 < n)
+                v[e] = kiln_k2(k, KILN_KOP_SUB, v[e],
+                               kiln_kir_op(k, back, KILN_KT_F32, h[e][i], KILN_IDX_NONE, KILN_IDX_NONE, 0));
         }
-    for (int i = 0; i < n; i++) word[i] = kiln_k2(k, KILN_KOP_OR, h[0][i], kiln_k2(k, KILN_KOP_SHL, h[1][i], kiln_ku(k, 16)));
+    for (int i = 0; i < n; i++)
+        word[i] = kiln_k2(k, KILN_KOP_OR, h[0][i], kiln_k2(k, KILN_KOP_SHL, h[1][i], kiln_ku(k, 16)));
 }
 
-
-
-uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane) { return kiln_k2(k, KILN_KOP_XOR, lane, kiln_kandi(k, kiln_kshri(k, lane, 3), 3)); }
+uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane)
+{
+    return kiln_k2(k, KILN_KOP_XOR, lane, kiln_kandi(k, kiln_kshri(k, lane, 3), 3));
+}
 
 /* Word of pair p of row r (an A row, or a B column with b) in a fragment-order tile: the two
  * layouts differ only in which of the row's and the pair's high bits pick the lane's word j. */
@@ -311,8 +353,10 @@ static uint32_t frag_word(kiln_kir *k, uint32_t r, uint32_t p, int kt, bool b)
 {
     uint32_t rr = kiln_kandi(k, r, 15), pp = kiln_kandi(k, p, 7);
     uint32_t tile = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_kshri(k, r, 4), kt), kiln_kshri(k, p, 3));
-    uint32_t ln = kl_frag_slot(k, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_kandi(k, rr, 7), 4), kiln_kandi(k, pp, 3)));
-    uint32_t j = b ? kiln_k2(k, KILN_KOP_ADD, kiln_kshri(k, pp, 2), kiln_kmuli(k, kiln_kshri(k, rr, 3), 2)) : kiln_k2(k, KILN_KOP_ADD, kiln_kshri(k, rr, 3), kiln_kmuli(k, kiln_kshri(k, pp, 2), 2));
+    uint32_t ln =
+        kl_frag_slot(k, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_kandi(k, rr, 7), 4), kiln_kandi(k, pp, 3)));
+    uint32_t j = b ? kiln_k2(k, KILN_KOP_ADD, kiln_kshri(k, pp, 2), kiln_kmuli(k, kiln_kshri(k, rr, 3), 2))
+                   : kiln_k2(k, KILN_KOP_ADD, kiln_kshri(k, rr, 3), kiln_kmuli(k, kiln_kshri(k, pp, 2), 2));
     return kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, tile, 32), ln), 4), j);
 }
 
@@ -324,7 +368,8 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
     kiln_kir c;
     kiln_kir_init(&c, k->name, k->block);
     uint32_t rows = kiln_k2(&c, KILN_KOP_DIV, kl_numel_from(&c, &g->nodes[node], 0), kiln_ki(&c, (int32_t)per_row));
-    uint32_t p = small ? kiln_k2(&c, KILN_KOP_LE, rows, kiln_ki(&c, (int32_t)cap)) : kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, (int32_t)cap), rows);
+    uint32_t p = small ? kiln_k2(&c, KILN_KOP_LE, rows, kiln_ki(&c, (int32_t)cap))
+                       : kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, (int32_t)cap), rows);
     kiln_kir_guard(k, &c, p);
     kiln_kir_free(&c);
 }

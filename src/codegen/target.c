@@ -4,8 +4,13 @@
 
 kiln_lower_target kiln_lower_target_default(void)
 {
-    return (kiln_lower_target){.sm_count = 132, .busy_warps = 4096, .grid_max = 4096, .smem_bytes = 32768, .warp = 32,
-                               .mma = true, .dp4a = true};
+    return (kiln_lower_target){.sm_count = 132,
+                               .busy_warps = 4096,
+                               .grid_max = 4096,
+                               .smem_bytes = 32768,
+                               .warp = 32,
+                               .mma = true,
+                               .dp4a = true};
 }
 
 kiln_lower_target kiln_lower_target_for_sm(int sm)
