@@ -8,47 +8,57 @@
 
 #include <math.h>
 
-#define AW 1          /* warps per block: one warp per key split keeps thousands of splits in flight */
+#define AW   1 /* warps per block: one warp per key split keeps thousands of splits in flight */
 #define ABLK (32 * AW)
-#define VU 8          /* keys per unrolled step of p.v */
-#define CU 8          /* splits per unrolled step of the combine */
+#define VU   8 /* keys per unrolled step of p.v */
+#define CU   8 /* splits per unrolled step of the combine */
 
 typedef struct at {
     kiln_kir *k;
-    int64_t   n_head, n_kvh, G, hd, max_ctx, tok_max, S, n_split;
-    int64_t   HB, GB;   /* query heads per block, blocks per kv head (HB * GB = G) */
+    int64_t n_head, n_kvh, G, hd, max_ctx, tok_max, S, n_split;
+    int64_t HB, GB; /* query heads per block, blocks per kv head (HB * GB = G) */
     kiln_dtype kt, vt;
 } at;
 
-static uint32_t red(kiln_kir *k, uint32_t v, enum kiln_kred op) { return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 32)); }
+static uint32_t red(kiln_kir *k, uint32_t v, enum kiln_kred op)
+{
+    return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 32));
+}
 static uint32_t safe_max(kiln_kir *k, uint32_t m) /* -inf -> 0 so that exp(x - m) stays 0, not NaN */
 {
-    return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_EQ, m, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), m, 0);
+    return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_EQ, m, kiln_kf(k, -INFINITY)),
+                       kiln_kf(k, 0), m, 0);
 }
 
 /* Keys per split at run time: n_kv spread over the n_split splits in multiples of 32 (at least
  * 32), so every split works whatever n_kv is below the cache's bound. */
 static uint32_t split_keys(kiln_kir *k, const at *a, uint32_t n_kv)
 {
-    uint32_t per = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_ADD, n_kv, kiln_ki(k, (int32_t)a->n_split - 1)), kiln_ki(k, (int32_t)a->n_split));
-    per = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_ADD, per, kiln_ki(k, 31)), kiln_ki(k, 32)), kiln_ki(k, 32));
+    uint32_t per = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_ADD, n_kv, kiln_ki(k, (int32_t)a->n_split - 1)),
+                           kiln_ki(k, (int32_t)a->n_split));
+    per = kiln_k2(k, KILN_KOP_MUL,
+                  kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_ADD, per, kiln_ki(k, 31)), kiln_ki(k, 32)),
+                  kiln_ki(k, 32));
     return kiln_k2(k, KILN_KOP_MAX, per, kiln_ki(k, 32));
 }
 
 /* Number of keys token t sees: n_kv - n_tok + t + 1. */
-static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t) { return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SUB, n_kv, n_tok), kiln_k2(k, KILN_KOP_ADD, t, kiln_ki(k, 1))); }
+static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t)
+{
+    return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SUB, n_kv, n_tok), kiln_k2(k, KILN_KOP_ADD, t, kiln_ki(k, 1)));
+}
 
 /* The values the phases of one split-attention kernel share. */
 typedef struct attn_st {
     kiln_kir *k;
     const at *a;
-    int32_t   G, hd, dpl;            /* query heads of the block, head dim, dims per lane */
-    uint32_t  qsh, psh, csh;         /* shared: q, p, the warps' partial results */
-    uint32_t  scr, ks, vs;           /* slots: scratch, K and V caches */
-    uint32_t  tid, t, lane, warp;    /* I32: thread, query row, lane, warp */
-    uint32_t  qh0, sp, start, end;   /* I32: first query head, split, its key range */
-    uint32_t  head_row, kb;          /* I32: the kv head's first cache row; the tile's first key */
-    uint32_t  m[8], l[8], o[8][8];   /* F32 variables: running max, sum and output of each head */
+    int32_t G, hd, dpl;           /* query heads of the block, head dim, dims per lane */
+    uint32_t qsh, psh, csh;       /* shared: q, p, the warps' partial results */
+    uint32_t scr, ks, vs;         /* slots: scratch, K and V caches */
+    uint32_t tid, t, lane, warp;  /* I32: thread, query row, lane, warp */
+    uint32_t qh0, sp, start, end; /* I32: first query head, split, its key range */
+    uint32_t head_row, kb;        /* I32: the kv head's first cache row; the tile's first key */
+    uint32_t m[8], l[8], o[8][8]; /* F32 variables: running max, sum and output of each head */
 } attn_st;
 
 /* s[gg] = q_gg . K[key] of this thread's key of the tile; *valid: the key is in the split. */
@@ -57,28 +67,36 @@ static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
     kiln_kir *k = st->k;
     const at *a = st->a;
     int32_t G = st->G, hd = st->hd;
-    uint32_t kb = st->kb, tid = st->tid, end = st->end, start = st->start, head_row = st->head_row, ks = st->ks, qsh = st->qsh;
+    uint32_t kb = st->kb, tid = st->tid, end = st->end, start = st->start, head_row = st->head_row, ks = st->ks,
+             qsh = st->qsh;
     uint32_t j = kiln_k2(k, KILN_KOP_ADD, kb, tid);
     uint32_t valid = kiln_k2(k, KILN_KOP_LT, j, end);
     uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
     uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, jc), kiln_ki(k, hd));
     for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
     int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
-    if (hd % per == 0) { /* 16-byte loads of the key row */
+    if (hd % per == 0) {                                          /* 16-byte loads of the key row */
         uint32_t kw = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_MUL, krow, kiln_ki(k, esz)), kiln_ki(k, 4));
         for (int d = 0; d < hd; d += per) {
-            uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, kw, kiln_ki(k, d * esz / 4)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
+            uint32_t v4 =
+                kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, kw, kiln_ki(k, d * esz / 4)),
+                            KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ks);
             for (int e = 0; e < per; e++) {
-                uint32_t w = kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, esz == 4 ? e : e / 2);
-                uint32_t kv = esz == 4 ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0)
-                                       : kiln_kir_op(k, a->kt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, e % 2);
-                for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d + e)), kv, s[gg]);
+                uint32_t w =
+                    kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, KILN_IDX_NONE, KILN_IDX_NONE, esz == 4 ? e : e / 2);
+                uint32_t kv = esz == 4
+                                  ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0)
+                                  : kiln_kir_op(k, a->kt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
+                                                w, KILN_IDX_NONE, KILN_IDX_NONE, e % 2);
+                for (int gg = 0; gg < G; gg++)
+                    s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d + e)), kv, s[gg]);
             }
         }
     } else {
         for (int d = 0; d < hd; d++) {
             uint32_t kv = kl_load(k, ks, a->kt, kiln_k2(k, KILN_KOP_ADD, krow, kiln_ki(k, d)));
-            for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d)), kv, s[gg]);
+            for (int gg = 0; gg < G; gg++)
+                s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d)), kv, s[gg]);
         }
     }
     *valid_out = valid;
@@ -103,7 +121,10 @@ static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
         uint32_t p = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, sv, ms));
         kiln_kset(k, l[gg], kiln_kfma(k, l[gg], alpha[gg], red(k, p, KILN_KRED_SUM)));
         kiln_kset(k, m[gg], mn);
-        kiln_ksts(k, psh, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32), lane)), p);
+        kiln_ksts(k, psh,
+                  kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)),
+                          kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32), lane)),
+                  p);
     }
     kiln_kbarrier(k);
     for (int gg = 0; gg < G; gg++)
@@ -113,14 +134,23 @@ static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
     { /* VU keys per iteration: their V loads are all in flight before the first use */
         uint32_t vv[VU][8];
         for (int u = 0; u < VU; u++) {
-            uint32_t key = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))), kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))), kiln_ki(k, (int32_t)a->max_ctx - 1));
+            uint32_t key = kiln_k2(k, KILN_KOP_MIN,
+                                   kiln_k2(k, KILN_KOP_ADD,
+                                           kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))),
+                                           kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))),
+                                   kiln_ki(k, (int32_t)a->max_ctx - 1));
             uint32_t vrow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key), kiln_ki(k, hd));
             for (int d = 0; d < dpl; d++)
-                vv[u][d] = kl_load(k, vs, a->vt, kiln_k2(k, KILN_KOP_ADD, vrow, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, lane, kiln_ki(k, 32 * d)), kiln_ki(k, hd - 1))));
+                vv[u][d] = kl_load(k, vs, a->vt,
+                                   kiln_k2(k, KILN_KOP_ADD, vrow,
+                                           kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, lane, kiln_ki(k, 32 * d)),
+                                                   kiln_ki(k, hd - 1))));
         }
         for (int u = 0; u < VU; u++)
             for (int gg = 0; gg < G; gg++) {
-                uint32_t p = kiln_klds(k, psh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)), kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32 + u), kk)));
+                uint32_t p = kiln_klds(k, psh, KILN_KT_F32,
+                                       kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)),
+                                               kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32 + u), kk)));
                 for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_kfma(k, p, vv[u][d], o[gg][d]));
             }
     }
@@ -133,11 +163,13 @@ static void write_partial(attn_st *st)
     kiln_kir *k = st->k;
     const at *a = st->a;
     int32_t G = st->G, hd = st->hd, dpl = st->dpl;
-    uint32_t tid = st->tid, t = st->t, lane = st->lane, warp = st->warp, qh0 = st->qh0, sp = st->sp, csh = st->csh, scr = st->scr;
+    uint32_t tid = st->tid, t = st->t, lane = st->lane, warp = st->warp, qh0 = st->qh0, sp = st->sp, csh = st->csh,
+             scr = st->scr;
     uint32_t *m = st->m, *l = st->l, (*o)[8] = st->o;
     int32_t cw = G * (hd + 2);
     for (int gg = 0; gg < G; gg++) {
-        uint32_t b0 = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, cw)), kiln_ki(k, gg * (hd + 2)));
+        uint32_t b0 =
+            kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, cw)), kiln_ki(k, gg * (hd + 2)));
         kiln_kif(k, kiln_k2(k, KILN_KOP_EQ, lane, kiln_ki(k, 0)));
         kiln_ksts(k, csh, b0, m[gg]);
         kiln_ksts(k, csh, kiln_k2(k, KILN_KOP_ADD, b0, kiln_ki(k, 1)), l[gg]);
@@ -156,16 +188,28 @@ static void write_partial(attn_st *st)
         uint32_t gg = kiln_k2(k, KILN_KOP_DIV, x, kiln_ki(k, hd)), d = kiln_k2(k, KILN_KOP_REM, x, kiln_ki(k, hd));
         uint32_t gb = kiln_k2(k, KILN_KOP_MUL, gg, kiln_ki(k, hd + 2));
         uint32_t mm = kiln_kf(k, -INFINITY);
-        for (int w = 0; w < AW; w++) mm = kiln_k2(k, KILN_KOP_MAX, mm, kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, w * cw), gb)));
+        for (int w = 0; w < AW; w++)
+            mm = kiln_k2(k, KILN_KOP_MAX, mm,
+                         kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, w * cw), gb)));
         uint32_t ms = safe_max(k, mm), L = kiln_kf(k, 0), O = kiln_kf(k, 0);
         for (int w = 0; w < AW; w++) {
             uint32_t wb = kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, w * cw), gb);
             uint32_t f = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, kiln_klds(k, csh, KILN_KT_F32, wb), ms));
             L = kiln_kfma(k, kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, wb, kiln_ki(k, 1))), f, L);
-            O = kiln_kfma(k, kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, wb, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2)))), f, O);
+            O = kiln_kfma(k,
+                          kiln_klds(k, csh, KILN_KT_F32,
+                                    kiln_k2(k, KILN_KOP_ADD, wb, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2)))),
+                          f, O);
         }
         uint32_t head = kiln_k2(k, KILN_KOP_ADD, qh0, gg);
-        uint32_t base = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head), kiln_ki(k, (int32_t)a->n_split)), sp), kiln_ki(k, hd + 2));
+        uint32_t base = kiln_k2(
+            k, KILN_KOP_MUL,
+            kiln_k2(k, KILN_KOP_ADD,
+                    kiln_k2(k, KILN_KOP_MUL,
+                            kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head),
+                            kiln_ki(k, (int32_t)a->n_split)),
+                    sp),
+            kiln_ki(k, hd + 2));
         kiln_kif(k, kiln_k2(k, KILN_KOP_EQ, d, kiln_ki(k, 0)));
         kl_store(k, scr, KILN_DTYPE_F32, base, mm);
         kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, 1)), L);
@@ -178,24 +222,27 @@ static void write_partial(attn_st *st)
 static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
 {
     kiln_kir_init(k, "kiln_attn_split", ABLK);
-    snprintf(k->what, sizeof k->what, "attention: %lld key splits, %lld q heads per kv head",
-             (long long)a->n_split, (long long)a->G);
+    snprintf(k->what, sizeof k->what, "attention: %lld key splits, %lld q heads per kv head", (long long)a->n_split,
+             (long long)a->G);
     k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
     k->grid[1] = (uint32_t)a->tok_max;
     int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
     uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(AW * G * 32));
     uint32_t csh = kiln_kir_shared(k, (uint32_t)(AW * G * (hd + 2)));
     uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
-    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false), vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
+    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false),
+             vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     uint32_t lane = kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, tid, kiln_ki(k, 5));
-    uint32_t hg = kiln_k2(k, KILN_KOP_DIV, bx, kiln_ki(k, (int32_t)a->n_split)), sp = kiln_k2(k, KILN_KOP_REM, bx, kiln_ki(k, (int32_t)a->n_split));
-    uint32_t h = kiln_k2(k, KILN_KOP_DIV, hg, kiln_ki(k, (int32_t)a->GB));                    /* kv head */
-    uint32_t qh0 = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->G)), /* first query head of the block */
-                      kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
+    uint32_t hg = kiln_k2(k, KILN_KOP_DIV, bx, kiln_ki(k, (int32_t)a->n_split)),
+             sp = kiln_k2(k, KILN_KOP_REM, bx, kiln_ki(k, (int32_t)a->n_split));
+    uint32_t h = kiln_k2(k, KILN_KOP_DIV, hg, kiln_ki(k, (int32_t)a->GB)); /* kv head */
+    uint32_t qh0 = kiln_k2(
+        k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->G)), /* first query head of the block */
+        kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
@@ -207,12 +254,34 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     float scale = n->f[0];
     uint32_t i = kiln_kvar(k, tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, kiln_ki(k, G * hd), kiln_ki(k, ABLK), 0);
-    uint32_t qi = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), qh0), kiln_ki(k, hd)), i);
+    uint32_t qi =
+        kiln_k2(k, KILN_KOP_ADD,
+                kiln_k2(k, KILN_KOP_MUL,
+                        kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), qh0),
+                        kiln_ki(k, hd)),
+                i);
     kiln_ksts(k, qsh, i, kiln_k2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
     kl_loop_end(k);
     kiln_kbarrier(k);
-    attn_st st = {.k = k, .a = a, .G = G, .hd = hd, .dpl = dpl, .qsh = qsh, .psh = psh, .csh = csh, .scr = scr, .ks = ks, .vs = vs,
-                  .tid = tid, .t = t, .lane = lane, .warp = warp, .qh0 = qh0, .sp = sp, .start = start, .end = end};
+    attn_st st = {.k = k,
+                  .a = a,
+                  .G = G,
+                  .hd = hd,
+                  .dpl = dpl,
+                  .qsh = qsh,
+                  .psh = psh,
+                  .csh = csh,
+                  .scr = scr,
+                  .ks = ks,
+                  .vs = vs,
+                  .tid = tid,
+                  .t = t,
+                  .lane = lane,
+                  .warp = warp,
+                  .qh0 = qh0,
+                  .sp = sp,
+                  .start = start,
+                  .end = end};
     for (int gg = 0; gg < G; gg++) {
         st.m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
         st.l[gg] = kiln_kvar(k, kiln_kf(k, 0));
@@ -251,8 +320,11 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t, n_tok));
     uint32_t seen = n_seen(k, n_kv, n_tok, t);
     uint32_t S = split_keys(k, a, n_kv);
-    uint32_t nsp = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, seen, S), kiln_ki(k, 1)), S);
-    uint32_t row = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head), kiln_ki(k, (int32_t)a->n_split));
+    uint32_t nsp =
+        kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, seen, S), kiln_ki(k, 1)), S);
+    uint32_t row = kiln_k2(k, KILN_KOP_MUL,
+                           kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head),
+                           kiln_ki(k, (int32_t)a->n_split));
     /* the splits' maxima and weights in parallel: thread s takes splits s, s + 128, ... */
     int32_t nsh = (int32_t)((a->n_split + CU - 1) / CU * CU);
     uint32_t fsh = kiln_kir_shared(k, (uint32_t)nsh);
@@ -261,25 +333,40 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s1, kiln_ki(k, nsh), kiln_ki(k, 128), 0);
     {
         uint32_t in = kiln_k2(k, KILN_KOP_LT, s1, nsp);
-        uint32_t mv = kl_load(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s1, kiln_ki(k, 0), 0)), kiln_ki(k, hd + 2)));
+        uint32_t mv = kl_load(k, scr, KILN_DTYPE_F32,
+                              kiln_k2(k, KILN_KOP_MUL,
+                                      kiln_k2(k, KILN_KOP_ADD, row,
+                                              kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s1, kiln_ki(k, 0), 0)),
+                                      kiln_ki(k, hd + 2)));
         mv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, mv, kiln_kf(k, -INFINITY), 0);
         kiln_ksts(k, fsh, s1, mv);
         kiln_kset(k, mloc, kiln_k2(k, KILN_KOP_MAX, mloc, mv));
     }
     kl_loop_end(k);
-    uint32_t ms = safe_max(k, kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, mloc, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_MAX << 16) | 128)));
+    uint32_t ms = safe_max(k, kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, mloc, KILN_IDX_NONE, KILN_IDX_NONE,
+                                          (int32_t)((KILN_KRED_MAX << 16) | 128)));
     uint32_t lloc = kiln_kvar(k, kiln_kf(k, 0));
     uint32_t s2 = kiln_kvar(k, tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s2, kiln_ki(k, nsh), kiln_ki(k, 128), 0);
     {
         uint32_t in = kiln_k2(k, KILN_KOP_LT, s2, nsp);
-        uint32_t f = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, kiln_klds(k, fsh, KILN_KT_F32, s2), ms)); /* 0 past nsp: m = -inf */
-        uint32_t lv = kl_load(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s2, kiln_ki(k, 0), 0)), kiln_ki(k, hd + 2)), kiln_ki(k, 1)));
-        kiln_kset(k, lloc, kiln_kfma(k, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, lv, kiln_kf(k, 0), 0), f, lloc));
+        uint32_t f =
+            kl_exp(k, kiln_k2(k, KILN_KOP_SUB, kiln_klds(k, fsh, KILN_KT_F32, s2), ms)); /* 0 past nsp: m = -inf */
+        uint32_t lv =
+            kl_load(k, scr, KILN_DTYPE_F32,
+                    kiln_k2(k, KILN_KOP_ADD,
+                            kiln_k2(k, KILN_KOP_MUL,
+                                    kiln_k2(k, KILN_KOP_ADD, row,
+                                            kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, in, s2, kiln_ki(k, 0), 0)),
+                                    kiln_ki(k, hd + 2)),
+                            kiln_ki(k, 1)));
+        kiln_kset(k, lloc,
+                  kiln_kfma(k, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, in, lv, kiln_kf(k, 0), 0), f, lloc));
         kiln_ksts(k, fsh, s2, f);
     }
     kl_loop_end(k);
-    uint32_t L = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, lloc, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_SUM << 16) | 128));
+    uint32_t L = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, lloc, KILN_IDX_NONE, KILN_IDX_NONE,
+                             (int32_t)((KILN_KRED_SUM << 16) | 128));
     kiln_kbarrier(k); /* every weight is in shared memory */
     /* each thread a head dim: CU splits per step, their loads in flight together (weight 0 past nsp) */
     uint32_t d = kiln_kvar(k, tid);
@@ -290,38 +377,57 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s3, nsp, kiln_ki(k, CU), 0);
         uint32_t ov[CU];
         for (int u = 0; u < CU; u++) {
-            uint32_t si = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u)), kiln_k2(k, KILN_KOP_SUB, nsp, kiln_ki(k, 1)));
-            ov[u] = kl_load(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, si), kiln_ki(k, hd + 2)), kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))));
+            uint32_t si = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u)),
+                                  kiln_k2(k, KILN_KOP_SUB, nsp, kiln_ki(k, 1)));
+            ov[u] = kl_load(k, scr, KILN_DTYPE_F32,
+                            kiln_k2(k, KILN_KOP_ADD,
+                                    kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, si), kiln_ki(k, hd + 2)),
+                                    kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))));
         }
         uint32_t acc = O;
-        for (int u = 0; u < CU; u++) acc = kiln_kfma(k, ov[u], kiln_klds(k, fsh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u))), acc);
+        for (int u = 0; u < CU; u++)
+            acc = kiln_kfma(k, ov[u], kiln_klds(k, fsh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u))), acc);
         kiln_kset(k, O, acc);
         kl_loop_end(k);
         uint32_t y = kiln_k2(k, KILN_KOP_DIV, O, L);
-        uint32_t oi = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head), kiln_ki(k, hd)), d);
+        uint32_t oi =
+            kiln_k2(k, KILN_KOP_ADD,
+                    kiln_k2(k, KILN_KOP_MUL,
+                            kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head),
+                            kiln_ki(k, hd)),
+                    d);
         kl_store_node(k, g, node, oi, y);
     }
     kl_loop_end(k);
     kiln_kendif(k);
 }
 
-kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
+kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                                 kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node];
-    if (r->n_nodes != 1 || n->op != KILN_OP_ATTENTION) return kl_unsupported(err, n_err, "attention written as ops has no GPU kernel yet");
+    if (r->n_nodes != 1 || n->op != KILN_OP_ATTENTION)
+        return kl_unsupported(err, n_err, "attention written as ops has no GPU kernel yet");
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
-    at a = {.n_head = q->dims[1], .hd = q->dims[2], .n_kvh = kc->dims[0], .max_ctx = kc->dims[1],
-            .kt = (kiln_dtype)kc->dtype, .vt = (kiln_dtype)vc->dtype, .tok_max = kl_dim_max(g, q->dims[0])};
+    at a = {.n_head = q->dims[1],
+            .hd = q->dims[2],
+            .n_kvh = kc->dims[0],
+            .max_ctx = kc->dims[1],
+            .kt = (kiln_dtype)kc->dtype,
+            .vt = (kiln_dtype)vc->dtype,
+            .tok_max = kl_dim_max(g, q->dims[0])};
     if (kiln_dim_is_sym(a.n_head) || kiln_dim_is_sym(a.hd) || kiln_dim_is_sym(a.n_kvh) || kiln_dim_is_sym(a.max_ctx) ||
         kiln_dim_is_sym(vc->dims[1]) || vc->dims[2] != a.hd || vc->dims[0] != a.n_kvh)
         return kl_unsupported(err, n_err, "attention: head counts, head_dim and cache sizes must be constants");
     if (a.n_kvh < 1 || a.n_head % a.n_kvh) return kl_unsupported(err, n_err, "attention: heads do not group");
     a.G = a.n_head / a.n_kvh;
     if (a.hd < 1 || a.hd > 256 || a.G > 8 || (a.hd + 31) / 32 * a.G > 32)
-        return kl_unsupported(err, n_err, "attention: head_dim %lld with %lld heads per kv head", (long long)a.hd, (long long)a.G);
-    if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 || a.vt == KILN_DTYPE_I32 ||
-        kiln_dtype_block((kiln_dtype)q->dtype) != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)
+        return kl_unsupported(err, n_err, "attention: head_dim %lld with %lld heads per kv head", (long long)a.hd,
+                              (long long)a.G);
+    if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 ||
+        a.vt == KILN_DTYPE_I32 || kiln_dtype_block((kiln_dtype)q->dtype) != 1 ||
+        kiln_dtype_block((kiln_dtype)n->dtype) != 1)
         return kl_unsupported(err, n_err, "attention: cache dtype %s", kiln_dtype_name(a.kt));
     /* Prefill (more than KL_SMALL_ROWS query rows at the bound): the flash kernel on the tensor
      * cores takes runs of many rows; the split kernels, sized for few, take the others (decode

@@ -16,7 +16,8 @@ static const kl_wfmt *fmt(kiln_dtype t) { return kl_wfmt_of(t); }
 /* ------------------------------------------------------------------ kernel */
 
 /* Multiplies one loaded chunk (every slot) with x for every token of the pass, into the accumulators. */
-static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, uint32_t xs, uint32_t nws, const uint32_t *tt)
+static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, uint32_t xs, uint32_t nws,
+                         const uint32_t *tt)
 {
     kiln_kir *k = s->k;
     int64_t K = s->K;
@@ -29,9 +30,12 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
         if (s->xstage) { /* normalized x from shared memory */
             for (int q = 0; q < s->mc; q++) {
                 uint32_t xv[16] = {0};
-                uint32_t xb = kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, (int32_t)(q * K)), kiln_k2(s->k, KILN_KOP_DIV, e0, kiln_ki(s->k, s->xv)));
+                uint32_t xb = kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, (int32_t)(q * K)),
+                                      kiln_k2(s->k, KILN_KOP_DIV, e0, kiln_ki(s->k, s->xv)));
                 for (int i = 0; i < V; i++) /* lanes read consecutive words: no bank conflicts */
-                    xv[i] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, (int32_t)(i * K / s->xv))), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_x);
+                    xv[i] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32,
+                                        kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, (int32_t)(i * K / s->xv))),
+                                        KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_x);
                 for (int r = 0; r < s->n_slots; r++) {
                     uint32_t a = s->acc[r][q];
                     for (int i = 0; i < V; i++) a = kiln_kfma(s->k, w[r].q[i], xv[i], a);
@@ -44,17 +48,22 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
         if (nws != KILN_IDX_NONE && V > 1)
             for (int i = 0; i < V; i += 4) {
                 uint32_t v4 = kiln_kld4(s->k, nws, kiln_k2(s->k, KILN_KOP_ADD, e0, kiln_ki(s->k, i)));
-                for (int l = 0; l < 4; l++) nwv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                for (int l = 0; l < 4; l++)
+                    nwv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l), KILN_IDX_NONE,
+                                             KILN_IDX_NONE, 0);
             }
         for (int q = 0; q < s->mc; q++) {
             uint32_t xv[16] = {0};
-            uint32_t xb = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, tt[q], kiln_ki(s->k, (int32_t)K)), e0);
+            uint32_t xb =
+                kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, tt[q], kiln_ki(s->k, (int32_t)K)), e0);
             for (int i = 0; i < V; i += 4) {
                 bool vec = V > 1 && s->xdt == KILN_DTYPE_F32;
-                uint32_t v4 = vec ? kiln_kld4(s->k, xs, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, i))) : KILN_IDX_NONE;
+                uint32_t v4 =
+                    vec ? kiln_kld4(s->k, xs, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, i))) : KILN_IDX_NONE;
                 for (int l = 0; l < 4 && i + l < V; l++) {
                     xv[i + l] = !vec ? kl_load(k, xs, s->xdt, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, i + l)))
-                                     : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                                     : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l),
+                                                   KILN_IDX_NONE, KILN_IDX_NONE, 0);
                     if (s->nsc[q] != KILN_IDX_NONE) {
                         xv[i + l] = kiln_k2(s->k, KILN_KOP_MUL, xv[i + l], s->nsc[q]);
                         if (nws != KILN_IDX_NONE) xv[i + l] = kiln_k2(s->k, KILN_KOP_MUL, xv[i + l], nwv[i + l]);
@@ -92,41 +101,60 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
 {
     kiln_kir *k = s->k;
     int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32), nt = 32 * WARPS;
-    kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* the last pass's readers are done */
+    kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE,
+                0); /* the last pass's readers are done */
     for (int q = 0; q < s->mc; q++) {
         uint32_t j = kiln_kvar(k, tid);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (W + nt - 1) / nt * nt), kiln_ki(s->k, nt), 0); /* uniform trip count */
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (W + nt - 1) / nt * nt), kiln_ki(s->k, nt),
+                    0); /* uniform trip count */
         uint32_t valid = kiln_k2(s->k, KILN_KOP_LT, j, kiln_ki(s->k, W));
-        uint32_t e = kiln_k2(s->k, KILN_KOP_MUL, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, kiln_ki(s->k, 0), 0), kiln_ki(s->k, 4));
+        uint32_t e =
+            kiln_k2(s->k, KILN_KOP_MUL, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, kiln_ki(s->k, 0), 0),
+                    kiln_ki(s->k, 4));
         uint32_t xb = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, tt[q], kiln_ki(s->k, W * 4)), e);
         uint32_t x[4], v4 = s->xdt == KILN_DTYPE_F32 ? kiln_kld4(s->k, xs, xb) : KILN_IDX_NONE;
         uint32_t n4 = nws != KILN_IDX_NONE ? kiln_kld4(s->k, nws, e) : KILN_IDX_NONE;
         uint32_t amax = KILN_IDX_NONE, sum = KILN_IDX_NONE;
         for (int l = 0; l < 4; l++) {
-            x[l] = v4 != KILN_IDX_NONE ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0)
+            x[l] = v4 != KILN_IDX_NONE ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l),
+                                                     KILN_IDX_NONE, KILN_IDX_NONE, 0)
                                        : kl_load(k, xs, s->xdt, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, l)));
             if (s->nsc[q] != KILN_IDX_NONE) x[l] = kiln_k2(s->k, KILN_KOP_MUL, x[l], s->nsc[q]);
-            if (n4 != KILN_IDX_NONE) x[l] = kiln_k2(s->k, KILN_KOP_MUL, x[l], kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, n4, l), KILN_IDX_NONE, KILN_IDX_NONE, 0));
+            if (n4 != KILN_IDX_NONE)
+                x[l] = kiln_k2(s->k, KILN_KOP_MUL, x[l],
+                               kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, n4, l), KILN_IDX_NONE,
+                                           KILN_IDX_NONE, 0));
             uint32_t a = kiln_k1(k, KILN_KOP_ABS, x[l]);
             amax = l ? kiln_k2(s->k, KILN_KOP_MAX, amax, a) : a;
             sum = l ? kiln_k2(s->k, KILN_KOP_ADD, sum, x[l]) : x[l];
         }
-        amax = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, amax, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_MAX << 16) | 8);
-        sum = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, sum, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | 8);
+        amax =
+            kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, amax, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_MAX << 16) | 8);
+        sum =
+            kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, sum, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | 8);
         uint32_t pos = kiln_k2(s->k, KILN_KOP_LT, kiln_kf(s->k, 0.0f), amax);
-        uint32_t inv = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, pos, kiln_k2(s->k, KILN_KOP_DIV, kiln_kf(s->k, 127.0f), kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, pos, amax, kiln_kf(s->k, 1.0f), 0)), kiln_kf(s->k, 0.0f), 0);
+        uint32_t inv =
+            kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, pos,
+                        kiln_k2(s->k, KILN_KOP_DIV, kiln_kf(s->k, 127.0f),
+                                kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, pos, amax, kiln_kf(s->k, 1.0f), 0)),
+                        kiln_kf(s->k, 0.0f), 0);
         uint32_t packed = KILN_IDX_NONE;
         for (int l = 0; l < 4; l++) {
-            uint32_t qv = kiln_kcvt(s->k, KILN_KT_U32, kiln_kcvt(s->k, KILN_KT_I32, kiln_k1(k, KILN_KOP_RINT, kiln_k2(s->k, KILN_KOP_MUL, x[l], inv))));
+            uint32_t qv = kiln_kcvt(
+                s->k, KILN_KT_U32,
+                kiln_kcvt(s->k, KILN_KT_I32, kiln_k1(k, KILN_KOP_RINT, kiln_k2(s->k, KILN_KOP_MUL, x[l], inv))));
             qv = kiln_k2(s->k, KILN_KOP_AND, qv, kiln_ku(k, 255));
             if (l) qv = kiln_k2(s->k, KILN_KOP_SHL, qv, kiln_ku(k, 8u * (uint32_t)l));
             packed = l ? kiln_k2(s->k, KILN_KOP_OR, packed, qv) : qv;
         }
         kiln_kif(s->k, valid);
-        kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * W), j), packed, KILN_IDX_NONE, (int32_t)s->sh_xq);
+        kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * W), j), packed,
+                    KILN_IDX_NONE, (int32_t)s->sh_xq);
         kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, kiln_k2(s->k, KILN_KOP_AND, j, kiln_ki(s->k, 7)), kiln_ki(s->k, 0)));
-        uint32_t gi = kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * G), kiln_k2(s->k, KILN_KOP_SHR, j, kiln_ki(s->k, 3)));
-        kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, gi, kiln_k2(s->k, KILN_KOP_DIV, amax, kiln_kf(s->k, 127.0f)), KILN_IDX_NONE, (int32_t)s->sh_dx);
+        uint32_t gi =
+            kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * G), kiln_k2(s->k, KILN_KOP_SHR, j, kiln_ki(s->k, 3)));
+        kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, gi, kiln_k2(s->k, KILN_KOP_DIV, amax, kiln_kf(s->k, 127.0f)),
+                    KILN_IDX_NONE, (int32_t)s->sh_dx);
         kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, gi, sum, KILN_IDX_NONE, (int32_t)s->sh_xs);
         kiln_kendif(s->k);
         kiln_kendif(s->k);
@@ -134,7 +162,6 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
     }
     kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
 }
-
 
 /* One loaded chunk (every slot) against the quantized x of every token of the pass. */
 static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
@@ -157,30 +184,39 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
             uint32_t wb = kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * W + wstep * sub), w0);
             uint32_t gi = kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * G + gstep * sub), g0);
             uint32_t xq[4], dx = kiln_klds(s->k, s->sh_dx, KILN_KT_F32, gi), sq = KILN_IDX_NONE;
-            for (int l = 0; l < 4; l++) xq[l] = kiln_klds(s->k, s->sh_xq, KILN_KT_U32, kiln_k2(s->k, KILN_KOP_ADD, wb, kiln_ki(s->k, l)));
+            for (int l = 0; l < 4; l++)
+                xq[l] = kiln_klds(s->k, s->sh_xq, KILN_KT_U32, kiln_k2(s->k, KILN_KOP_ADD, wb, kiln_ki(s->k, l)));
             if (f->dp4a_offset32) { /* the values are stored + 32: subtract 32 * sum of the x quants */
                 sq = kiln_ki(s->k, 0);
-                for (int l = 0; l < 4; l++) sq = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, kiln_ku(k, 0x01010101u), xq[l], sq, 0);
+                for (int l = 0; l < 4; l++)
+                    sq = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, kiln_ku(k, 0x01010101u), xq[l], sq, 0);
                 sq = kiln_k2(s->k, KILN_KOP_MUL, sq, kiln_ki(s->k, -32));
             }
             for (int r = 0; r < s->n_slots; r++) {
                 uint32_t dot = sq != KILN_IDX_NONE ? sq : kiln_ki(s->k, 0);
-                for (int l = 0; l < 4; l++) dot = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, f->dp4a_bytes(k, &ch[r], sub, l, hsh), xq[l], dot, 0);
-                uint32_t v = kiln_k2(s->k, KILN_KOP_MUL, kiln_kcvt(s->k, KILN_KT_F32, dot), kiln_k2(s->k, KILN_KOP_MUL, sc[r].wa[sub], dx));
+                for (int l = 0; l < 4; l++)
+                    dot = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, f->dp4a_bytes(k, &ch[r], sub, l, hsh), xq[l], dot,
+                                      0);
+                uint32_t v = kiln_k2(s->k, KILN_KOP_MUL, kiln_kcvt(s->k, KILN_KT_F32, dot),
+                                     kiln_k2(s->k, KILN_KOP_MUL, sc[r].wa[sub], dx));
                 part[r] = sub ? kiln_k2(s->k, KILN_KOP_ADD, part[r], v) : v;
             }
         }
-        if (h0 != KILN_IDX_NONE) { /* k-quant mins: the chunk of h = 0 subtracts dmin * min * sum(x) for both sub-blocks */
+        if (h0 !=
+            KILN_IDX_NONE) { /* k-quant mins: the chunk of h = 0 subtracts dmin * min * sum(x) for both sub-blocks */
             uint32_t first = kiln_k2(s->k, KILN_KOP_EQ, h0, kiln_ki(s->k, 0));
             uint32_t gi = kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * G), g0);
-            uint32_t xs0 = kiln_klds(s->k, s->sh_xs, KILN_KT_F32, gi), xs1 = kiln_klds(s->k, s->sh_xs, KILN_KT_F32, kiln_k2(s->k, KILN_KOP_ADD, gi, kiln_ki(s->k, 1)));
+            uint32_t xs0 = kiln_klds(s->k, s->sh_xs, KILN_KT_F32, gi),
+                     xs1 = kiln_klds(s->k, s->sh_xs, KILN_KT_F32, kiln_k2(s->k, KILN_KOP_ADD, gi, kiln_ki(s->k, 1)));
             for (int r = 0; r < s->n_slots; r++) {
                 uint32_t m = kiln_kfma(s->k, sc[r].mn[0], xs0, kiln_k2(s->k, KILN_KOP_MUL, sc[r].mn[1], xs1));
-                m = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, first, kiln_k2(s->k, KILN_KOP_MUL, sc[r].dmin, m), kiln_kf(s->k, 0.0f), 0);
+                m = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, first, kiln_k2(s->k, KILN_KOP_MUL, sc[r].dmin, m),
+                                kiln_kf(s->k, 0.0f), 0);
                 part[r] = kiln_k2(s->k, KILN_KOP_SUB, part[r], m);
             }
         }
-        for (int r = 0; r < s->n_slots; r++) kiln_kset(k, s->acc[r][q], kiln_k2(s->k, KILN_KOP_ADD, s->acc[r][q], part[r]));
+        for (int r = 0; r < s->n_slots; r++)
+            kiln_kset(k, s->acc[r][q], kiln_k2(s->k, KILN_KOP_ADD, s->acc[r][q], part[r]));
     }
 }
 
@@ -203,26 +239,45 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
     uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
     for (int q = 0; q < s->mc; q++) /* clamped into 0 .. m - 1 (row 0 when m = 0: its stores are all guarded) */
-        s->tt[q] = kiln_k2(s->k, KILN_KOP_MAX, kiln_k2(s->k, KILN_KOP_MIN, kl_gv_tok(s, q), kiln_k2(s->k, KILN_KOP_SUB, m, kiln_ki(s->k, 1))), kiln_ki(s->k, 0));
+        s->tt[q] =
+            kiln_k2(s->k, KILN_KOP_MAX,
+                    kiln_k2(s->k, KILN_KOP_MIN, kl_gv_tok(s, q), kiln_k2(s->k, KILN_KOP_SUB, m, kiln_ki(s->k, 1))),
+                    kiln_ki(s->k, 0));
     for (int q = 0; q < s->mc; q++) {
-        if (s->norm == KILN_IDX_NONE) { s->nsc[q] = KILN_IDX_NONE; continue; }
+        if (s->norm == KILN_IDX_NONE) {
+            s->nsc[q] = KILN_IDX_NONE;
+            continue;
+        }
         uint32_t ss = kiln_kvar(k, kiln_kf(s->k, 0));
         uint32_t j = kiln_kvar(k, tid);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32 * WARPS), 0);
-        uint32_t xv = kl_load(k, xs, s->xdt, kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, s->tt[q], kiln_ki(s->k, (int32_t)K)), j));
+        uint32_t xv =
+            kl_load(k, xs, s->xdt,
+                    kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, s->tt[q], kiln_ki(s->k, (int32_t)K)), j));
         kiln_kset(k, ss, kiln_kfma(s->k, xv, xv, ss));
         kl_loop_end(k);
-        uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * WARPS));
-        s->nsc[q] = kiln_k2(s->k, KILN_KOP_DIV, kiln_kf(s->k, 1.0f), kiln_k1(k, KILN_KOP_SQRT, kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_DIV, tot, kiln_kf(s->k, (float)K)), kiln_kf(s->k, s->eps))));
+        uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE,
+                                   (KILN_KRED_SUM << 16) | (32 * WARPS));
+        s->nsc[q] =
+            kiln_k2(s->k, KILN_KOP_DIV, kiln_kf(s->k, 1.0f),
+                    kiln_k1(k, KILN_KOP_SQRT,
+                            kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_DIV, tot, kiln_kf(s->k, (float)K)),
+                                    kiln_kf(s->k, s->eps))));
     }
     if (s->dp4a) quantize_x(s, tid, s->tt, xs, nws);
     if (s->xstage) { /* x * norm scale * norm weight, once per block */
         for (int q = 0; q < s->mc; q++) {
             uint32_t j = kiln_kvar(k, tid);
             kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32 * WARPS), 0);
-            uint32_t xv = x_normed(s, xs, nws, q, kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, s->tt[q], kiln_ki(s->k, (int32_t)K)), j), j);
-            uint32_t at = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_REM, j, kiln_ki(s->k, s->xv)), kiln_ki(s->k, (int32_t)(K / s->xv))), kiln_k2(s->k, KILN_KOP_DIV, j, kiln_ki(s->k, s->xv)));
-            kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, (int32_t)(q * K)), at), xv, KILN_IDX_NONE, (int32_t)s->sh_x);
+            uint32_t xv = x_normed(
+                s, xs, nws, q,
+                kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, s->tt[q], kiln_ki(s->k, (int32_t)K)), j), j);
+            uint32_t at = kiln_k2(s->k, KILN_KOP_ADD,
+                                  kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_REM, j, kiln_ki(s->k, s->xv)),
+                                          kiln_ki(s->k, (int32_t)(K / s->xv))),
+                                  kiln_k2(s->k, KILN_KOP_DIV, j, kiln_ki(s->k, s->xv)));
+            kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, (int32_t)(q * K)), at),
+                        xv, KILN_IDX_NONE, (int32_t)s->sh_x);
             kl_loop_end(k);
         }
         kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -235,7 +290,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     const kiln_graph *g = s->g;
     kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
     uint32_t gl = kiln_k2(s->k, KILN_KOP_SUB, gw, kiln_ki(s->k, (int32_t)G->warp0));
-    uint32_t u = kiln_k2(s->k, KILN_KOP_DIV, gl, kiln_ki(s->k, G->wpu)), wi = kiln_k2(s->k, KILN_KOP_REM, gl, kiln_ki(s->k, G->wpu));
+    uint32_t u = kiln_k2(s->k, KILN_KOP_DIV, gl, kiln_ki(s->k, G->wpu)),
+             wi = kiln_k2(s->k, KILN_KOP_REM, gl, kiln_ki(s->k, G->wpu));
     uint32_t valid = kiln_k2(s->k, KILN_KOP_LT, u, kiln_ki(s->k, (int32_t)G->units));
     /* unit base column and the slots' deltas */
     int deltas[SLOTS];
@@ -247,7 +303,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             s->slot_sib[r] = G->sib[q];
             s->slot_delta[r] = c; /* the same position in every sibling of the group */
             s->col[r] = kiln_k2(s->k, KILN_KOP_ADD, base, kiln_ki(s->k, deltas[c]));
-            s->ok[r] = kiln_k2(s->k, KILN_KOP_PAND, valid, kiln_k2(s->k, KILN_KOP_LT, s->col[r], kiln_ki(s->k, (int32_t)G->n)));
+            s->ok[r] = kiln_k2(s->k, KILN_KOP_PAND, valid,
+                               kiln_k2(s->k, KILN_KOP_LT, s->col[r], kiln_ki(s->k, (int32_t)G->n)));
         }
     uint32_t slot_w[SLOTS], row[SLOTS];
     for (int r = 0; r < s->n_slots; r++) {
@@ -271,28 +328,36 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
      * loads per chunk would not fit). */
     bool two = (fmt(t)->two || (s->dp4a && fmt(t)->two_dp4a)) && !s->scalar && cpr % (64 * G->wpu) == 0;
     uint32_t c = kiln_kvar(k, kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, wi, kiln_ki(s->k, 32)), lane));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, kiln_ki(s->k, (int32_t)cpr), kiln_ki(s->k, 32 * G->wpu * (two ? 2 : 1)), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, kiln_ki(s->k, (int32_t)cpr),
+                kiln_ki(s->k, 32 * G->wpu * (two ? 2 : 1)), 0);
     gv_chunk ch[2][SLOTS];
     uint32_t cc[2] = {c, two ? kiln_k2(s->k, KILN_KOP_ADD, c, kiln_ki(s->k, 32 * G->wpu)) : KILN_IDX_NONE};
     for (int h = 0; h < (two ? 2 : 1); h++)
         for (int r = 0; r < s->n_slots; r++) kl_gv_load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
     for (int h = 0; h < (two ? 2 : 1); h++) {
-        if (s->dp4a) gv_chunk_dp4a(s, t, ch[h], cc[h]);
-        else gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
+        if (s->dp4a)
+            gv_chunk_dp4a(s, t, ch[h], cc[h]);
+        else
+            gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
     }
     kl_loop_end(k);
     for (int r = 0; r < s->n_slots; r++)
         for (int q = 0; q < s->mc; q++)
-            kiln_kset(k, s->acc[r][q], kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | (32 * G->wpu)));
+            kiln_kset(k, s->acc[r][q],
+                      kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE,
+                                  (KILN_KRED_SUM << 16) | (32 * G->wpu)));
     /* the normalized x is a region output too: block 0 of the first group writes it */
     if (s->norm != KILN_IDX_NONE && kl_is_out(s->r, s->norm) && G == &s->grp[0]) {
-        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, gw, kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, gw, kiln_ki(s->k, WARPS)), kiln_ki(s->k, WARPS))));
+        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, gw,
+                               kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, gw, kiln_ki(s->k, WARPS)),
+                                       kiln_ki(s->k, WARPS))));
         kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, u, kiln_ki(s->k, 0)));
         for (int q = 0; q < s->mc; q++) {
             kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, q), m));
             uint32_t j = kiln_kvar(k, lane);
             kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32), 0);
-            uint32_t idx = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, q), kiln_ki(s->k, (int32_t)K)), j);
+            uint32_t idx =
+                kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, q), kiln_ki(s->k, (int32_t)K)), j);
             kl_store_node(k, g, s->norm, idx, x_normed(s, xs, nws, q, idx, j));
             kl_loop_end(k);
             kiln_kendif(s->k);
@@ -300,19 +365,21 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         kiln_kendif(s->k);
         kiln_kendif(s->k);
     }
-    kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_EQ, lane, kiln_ki(s->k, 0)), kiln_k2(s->k, KILN_KOP_EQ, wi, kiln_ki(s->k, 0))));
+    kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_EQ, lane, kiln_ki(s->k, 0)),
+                           kiln_k2(s->k, KILN_KOP_EQ, wi, kiln_ki(s->k, 0))));
     kl_gv_epilogue(s, G, m);
     kiln_kendif(s->k);
     if (!s->hoisted) kl_loop_end(k);
 }
 
-kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                            char *err, size_t n_err)
 {
     return kiln_lower_gemv_cap(g, r, tg, k, 0, err, n_err);
 }
 
-kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, int64_t m_cap,
-                                char *err, size_t n_err)
+kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                                int64_t m_cap, char *err, size_t n_err)
 {
     gv *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
@@ -327,12 +394,14 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
         st = KILN_ERR_UNSUPPORTED;
         goto out;
     }
-    snprintf(k->what, sizeof k->what, "gemv %s x%d%s%s, %u ops", kiln_dtype_name((kiln_dtype)g->nodes[g->nodes[s->mm[0]].src[1]].dtype), s->n_mm,
+    snprintf(k->what, sizeof k->what, "gemv %s x%d%s%s, %u ops",
+             kiln_dtype_name((kiln_dtype)g->nodes[g->nodes[s->mm[0]].src[1]].dtype), s->n_mm,
              s->norm != KILN_IDX_NONE ? " + rms_norm" : "", s->dp4a ? " (int8 dot)" : "", r->n_nodes);
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t lane = kiln_k2(s->k, KILN_KOP_AND, tid, kiln_ki(s->k, 31));
-    uint32_t gw = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, bid, kiln_ki(s->k, WARPS)), kiln_k2(s->k, KILN_KOP_SHR, tid, kiln_ki(s->k, 5)));
+    uint32_t gw = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, bid, kiln_ki(s->k, WARPS)),
+                          kiln_k2(s->k, KILN_KOP_SHR, tid, kiln_ki(s->k, 5)));
     uint32_t m = kiln_k2(s->k, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), kiln_ki(s->k, (int32_t)s->K));
     if (s->dp4a) {
         s->sh_xq = kiln_kir_shared(k, (uint32_t)(s->mc * s->K / 4));
@@ -345,7 +414,8 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     /* Float weights behind an rms_norm, in one pass, read x from shared memory, normalized once per
      * block: the loop's loads are then all weight streams (within the target's shared memory).
      * Without a norm the prologue would only delay the first weight loads. */
-    s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar && (uint64_t)s->mc * (uint64_t)s->K * 4 <= s->tgt->smem_bytes;
+    s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar &&
+                (uint64_t)s->mc * (uint64_t)s->K * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++) { /* one chunk layout for every weight */
         kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
         int v = fmt(t)->block ? 0 : fmt(t)->vec;
@@ -361,12 +431,14 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
         vb = kiln_kvar(k, bid);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, vb, kiln_ki(s->k, (int32_t)k->grid[0]),
                     kiln_kir_op(k, KILN_KOP_NBID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0), 0);
-        gw = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, vb, kiln_ki(s->k, WARPS)), kiln_k2(s->k, KILN_KOP_SHR, tid, kiln_ki(s->k, 5)));
+        gw = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, vb, kiln_ki(s->k, WARPS)),
+                     kiln_k2(s->k, KILN_KOP_SHR, tid, kiln_ki(s->k, 5)));
     }
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
         uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
-        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_LE, kiln_ki(s->k, (int32_t)G->warp0), gw), kiln_k2(s->k, KILN_KOP_LT, gw, kiln_ki(s->k, (int32_t)end))));
+        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_LE, kiln_ki(s->k, (int32_t)G->warp0), gw),
+                               kiln_k2(s->k, KILN_KOP_LT, gw, kiln_ki(s->k, (int32_t)end))));
         emit_group(s, G, gw, lane, tid, m);
         kiln_kendif(s->k);
     }

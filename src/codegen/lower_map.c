@@ -3,11 +3,13 @@
  * Must not handle row ops (lower_rows.c) or matmul epilogues (lower_gemv.c). */
 #include "codegen/lower.h"
 
-kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                           char *err, size_t n_err)
 {
     uint32_t space = r->nodes[r->n_nodes - 1];
     const kiln_node_rec *a = &g->nodes[r->anchor];
-    if (r->n_nodes == 1 && a->op == KILN_OP_CAST && a->dtype == g->nodes[a->src[0]].dtype) return kiln_lower_copy(g, r, tg, k);
+    if (r->n_nodes == 1 && a->op == KILN_OP_CAST && a->dtype == g->nodes[a->src[0]].dtype)
+        return kiln_lower_copy(g, r, tg, k);
     for (uint32_t i = 0; i < r->n_nodes; i++) {
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
         if (!kl_is_elementwise((enum kiln_op)n->op))

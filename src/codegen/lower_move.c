@@ -7,14 +7,17 @@
 
 /* F32 value of element `col` (0..k-1) of row `row` of a weight of dtype t in its device layout
  * (block formats: their row of the weight-format table). */
-static uint32_t load_block_elem(kiln_kir *k, uint32_t slot, kiln_dtype t, int64_t kdim, int64_t rows, uint32_t row, uint32_t col)
+static uint32_t load_block_elem(kiln_kir *k, uint32_t slot, kiln_dtype t, int64_t kdim, int64_t rows, uint32_t row,
+                                uint32_t col)
 {
     if (kiln_dtype_block(t) == 1)
-        return kl_load(k, slot, t, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row, kiln_ki(k, (int32_t)kdim)), col));
+        return kl_load(k, slot, t,
+                       kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row, kiln_ki(k, (int32_t)kdim)), col));
     return kl_wfmt_of(t)->elem(k, slot, kdim, rows, row, col);
 }
 
-static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                                  char *err, size_t n_err)
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node], *tab = &g->nodes[n->src[0]];
@@ -27,7 +30,8 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, con
      * hidden state before the head); block tables are weights, their layout needs V */
     bool plain = kiln_dtype_block(t) == 1;
     if (tab->rank != 2 || (kiln_dim_is_sym(tab->dims[0]) && !plain) || kiln_dim_is_sym(tab->dims[1]))
-        return kl_unsupported(err, n_err, "get_rows: table must be [V, D] with D constant (and V constant for block dtypes)");
+        return kl_unsupported(err, n_err,
+                              "get_rows: table must be [V, D] with D constant (and V constant for block dtypes)");
     int64_t V = kl_dim_max(g, tab->dims[0]), D = tab->dims[1];
     kiln_kir_init(k, "kiln_get_rows", 256);
     snprintf(k->what, sizeof k->what, "get_rows %s", kiln_dtype_name(t));
@@ -35,11 +39,14 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, con
     uint32_t total = kl_numel_from(k, n, 0);
     uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
     uint32_t i = kl_grid_loop(k, total);
-    uint32_t row = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, (int32_t)D)), col = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, (int32_t)D));
+    uint32_t row = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, (int32_t)D)),
+             col = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, (int32_t)D));
     uint32_t id = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32,
-                              kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, row, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false)),
+                              kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, row, KILN_IDX_NONE, KILN_IDX_NONE,
+                                          (int32_t)kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false)),
                               KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), id), kiln_k2(k, KILN_KOP_LT, id, kl_dim(k, tab->dims[0])));
+    uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), id),
+                          kiln_k2(k, KILN_KOP_LT, id, kl_dim(k, tab->dims[0])));
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, ok, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_store_node(k, g, node, i, load_block_elem(k, slot, t, D, V, id, col));
     kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -49,7 +56,8 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, con
 
 /* kv_scatter: state[h, pos[t], :] = rows[t, h, :]. The region may carry elementwise ops that
  * produce the rows (evaluated per element). */
-static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                                 char *err, size_t n_err)
 {
     uint32_t node = KILN_IDX_NONE;
     for (uint32_t i = 0; i < r->n_nodes; i++) {
@@ -75,16 +83,24 @@ static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, cons
     uint32_t i = kl_grid_loop(k, total);
     uint32_t per_tok = kiln_ki(k, (int32_t)(n_kvh * hd));
     uint32_t t = kiln_k2(k, KILN_KOP_DIV, i, per_tok), rem = kiln_k2(k, KILN_KOP_REM, i, per_tok);
-    uint32_t h = kiln_k2(k, KILN_KOP_DIV, rem, kiln_ki(k, (int32_t)hd)), e = kiln_k2(k, KILN_KOP_REM, rem, kiln_ki(k, (int32_t)hd));
+    uint32_t h = kiln_k2(k, KILN_KOP_DIV, rem, kiln_ki(k, (int32_t)hd)),
+             e = kiln_k2(k, KILN_KOP_REM, rem, kiln_ki(k, (int32_t)hd));
     uint32_t pos = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32,
-                               kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, t, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false)),
+                               kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, t, KILN_IDX_NONE, KILN_IDX_NONE,
+                                           (int32_t)kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false)),
                                KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), pos), kiln_k2(k, KILN_KOP_LT, pos, kiln_ki(k, (int32_t)max_ctx)));
+    uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), pos),
+                          kiln_k2(k, KILN_KOP_LT, pos, kiln_ki(k, (int32_t)max_ctx)));
     kl_eval ev;
     kl_eval_init(&ev, k, g, r, n->src[1], i);
     uint32_t v = kl_eval_node(&ev, n->src[1]);
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, ok, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t dst = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)max_ctx)), pos), kiln_ki(k, (int32_t)hd)), e);
+    uint32_t dst =
+        kiln_k2(k, KILN_KOP_ADD,
+                kiln_k2(k, KILN_KOP_MUL,
+                        kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)max_ctx)), pos),
+                        kiln_ki(k, (int32_t)hd)),
+                e);
     /* the scatter's result aliases its state: store through the state's own slot */
     kl_store(k, kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], true), (kiln_dtype)st->dtype, dst, v);
     kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -104,23 +120,31 @@ static void copy_elem(kiln_kir *k, const kiln_graph *g, uint32_t src, uint32_t s
     kiln_dtype t = (kiln_dtype)g->nodes[dst].dtype;
     uint32_t ss = kiln_kir_buf(k, KILN_KBUF_NODE, src, false), ds = kiln_kir_buf(k, KILN_KBUF_NODE, dst, true);
     if (kiln_dtype_block_bytes(t) == 4) {
-        kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, di, kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, si, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ss), KILN_IDX_NONE, (int32_t)ds);
+        kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, di,
+                    kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, si, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ss),
+                    KILN_IDX_NONE, (int32_t)ds);
     } else {
-        uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_SHR, si, kiln_ki(k, 1)), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ss);
-        uint32_t sh = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_U32, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_AND, si, kiln_ki(k, 1)), kiln_ki(k, 16)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_k2(k, KILN_KOP_SHR, si, kiln_ki(k, 1)),
+                                 KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ss);
+        uint32_t sh = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_U32,
+                                  kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_AND, si, kiln_ki(k, 1)), kiln_ki(k, 16)),
+                                  KILN_IDX_NONE, KILN_IDX_NONE, 0);
         kiln_kir_op(k, KILN_KOP_ST16, KILN_KT_NONE, di, kiln_k2(k, KILN_KOP_SHR, w, sh), KILN_IDX_NONE, (int32_t)ds);
     }
 }
 
 /* transpose and concat: one output element per thread, its source found from its coordinates. */
-static kiln_status lower_layout(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_layout(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                                char *err, size_t n_err)
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node];
-    if (r->n_nodes != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1) return kl_unsupported(err, n_err, "%s with fused ops", kiln_op_name((enum kiln_op)n->op));
+    if (r->n_nodes != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)
+        return kl_unsupported(err, n_err, "%s with fused ops", kiln_op_name((enum kiln_op)n->op));
     bool tr = n->op == KILN_OP_TRANSPOSE;
     kiln_kir_init(k, tr ? "kiln_transpose" : "kiln_concat", 256);
-    snprintf(k->what, sizeof k->what, "%s %s", kiln_op_name((enum kiln_op)n->op), kiln_dtype_name((kiln_dtype)n->dtype));
+    snprintf(k->what, sizeof k->what, "%s %s", kiln_op_name((enum kiln_op)n->op),
+             kiln_dtype_name((kiln_dtype)n->dtype));
     k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n), 256);
     int rank = n->rank;
     uint32_t total = kl_numel_from(k, n, 0);
@@ -138,7 +162,8 @@ static kiln_status lower_layout(const kiln_graph *g, const kiln_region *r, const
         c[a] = c[b];
         c[b] = t;
         uint32_t si = kiln_ki(k, 0);
-        for (int d = 0; d < rank; d++) si = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, si, kl_dim(k, x->dims[d])), c[d]);
+        for (int d = 0; d < rank; d++)
+            si = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, si, kl_dim(k, x->dims[d])), c[d]);
         copy_elem(k, g, n->src[0], si, node, i);
     } else {
         int ax = n->i[0];
@@ -175,7 +200,8 @@ kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, const kil
     return KILN_OK;
 }
 
-kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                            char *err, size_t n_err)
 {
     enum kiln_op op = (enum kiln_op)g->nodes[r->anchor].op;
     if (op == KILN_OP_TRANSPOSE || op == KILN_OP_CONCAT) return lower_layout(g, r, tg, k, err, n_err);

@@ -11,18 +11,21 @@
 
 static uint32_t reduce(kiln_kir *k, uint32_t v, enum kiln_kred op)
 {
-    return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | ROW_BLOCK));
+    return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE,
+                       (int32_t)((op << 16) | ROW_BLOCK));
 }
 
 /* Value of the anchor's input x at flat element idx (prologue evaluated). */
-static uint32_t input_at(kiln_kir *k, const kiln_graph *g, const kiln_region *r, uint32_t anchor, uint32_t idx, kl_eval *e)
+static uint32_t input_at(kiln_kir *k, const kiln_graph *g, const kiln_region *r, uint32_t anchor, uint32_t idx,
+                         kl_eval *e)
 {
     kl_eval_init(e, k, g, r, g->nodes[anchor].src[0], idx);
     return kl_eval_node(e, g->nodes[anchor].src[0]);
 }
 
 /* Stores every region output at flat element idx, with the anchor's value preset (epilogue). */
-static void store_outs(kiln_kir *k, const kiln_graph *g, const kiln_region *r, uint32_t anchor, uint32_t idx, uint32_t y, kl_eval *pro, kl_eval *e)
+static void store_outs(kiln_kir *k, const kiln_graph *g, const kiln_region *r, uint32_t anchor, uint32_t idx,
+                       uint32_t y, kl_eval *pro, kl_eval *e)
 {
     kl_eval_init(e, k, g, r, anchor, idx);
     for (int i = 0; i < pro->n_memo; i++) kl_eval_set(e, pro->memo_node[i], pro->memo_val[i]);
@@ -30,11 +33,13 @@ static void store_outs(kiln_kir *k, const kiln_graph *g, const kiln_region *r, u
     for (uint32_t o = 0; o < r->n_outs; o++) kl_store_node(k, g, r->outs[o], idx, kl_eval_node(e, r->outs[o]));
 }
 
-static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, uint32_t anchor, kiln_kir *k, char *err, size_t n_err)
+static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, uint32_t anchor,
+                              kiln_kir *k, char *err, size_t n_err)
 {
     const kiln_node_rec *n = &g->nodes[anchor];
     int64_t hd = n->dims[n->rank - 1];
-    if (kiln_dim_is_sym(hd) || hd % 2 || hd > 8192) return kl_unsupported(err, n_err, "rope: head_dim must be a constant even number");
+    if (kiln_dim_is_sym(hd) || hd % 2 || hd > 8192)
+        return kl_unsupported(err, n_err, "rope: head_dim must be a constant even number");
     kiln_kir_init(k, "kiln_rope", 256);
     k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n) / 2, 256);
     snprintf(k->what, sizeof k->what, "rope %s, %u ops", n->i[0] == KILN_ROPE_NEOX ? "neox" : "normal", r->n_nodes);
@@ -56,12 +61,15 @@ static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const k
     }
     uint32_t tok = kiln_k2(k, KILN_KOP_DIV, e0, per_tok);
     uint32_t pos = kl_load_node(k, g, n->src[1], tok);
-    uint32_t freq = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, i, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)tab), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t freq = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32,
+                                kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, i, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)tab),
+                                KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t sn, cs;
     kl_sincos(k, kiln_k2(k, KILN_KOP_MUL, pos, freq), &sn, &cs);
     kl_eval pa, pb, ea, eb;
     uint32_t a = input_at(k, g, r, anchor, e0, &pa), b = input_at(k, g, r, anchor, e1, &pb);
-    uint32_t y0 = kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, cs, kiln_k1(k, KILN_KOP_NEG, kiln_k2(k, KILN_KOP_MUL, b, sn)), 0);
+    uint32_t y0 =
+        kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, cs, kiln_k1(k, KILN_KOP_NEG, kiln_k2(k, KILN_KOP_MUL, b, sn)), 0);
     uint32_t y1 = kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, sn, kiln_k2(k, KILN_KOP_MUL, b, cs), 0);
     kiln_dtype t = (kiln_dtype)n->dtype;
     if (t != KILN_DTYPE_F32) { /* the rope result is rounded to its dtype before any epilogue */
@@ -81,7 +89,8 @@ static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const k
     return KILN_OK;
 }
 
-kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err)
+kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                            char *err, size_t n_err)
 {
     uint32_t anchor = r->anchor;
     const kiln_node_rec *n = &g->nodes[anchor];
@@ -94,32 +103,38 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
         return kl_unsupported(err, n_err, "row kernel: %s", kiln_op_name(op));
     const kiln_node_rec *x = &g->nodes[n->src[0]];
     int64_t d_const = x->dims[x->rank - 1];
-    kiln_kir_init(k, op == KILN_OP_SOFTMAX ? "kiln_softmax" : op == KILN_OP_ARGMAX ? "kiln_argmax" : "kiln_norm", ROW_BLOCK);
+    kiln_kir_init(k,
+                  op == KILN_OP_SOFTMAX  ? "kiln_softmax"
+                  : op == KILN_OP_ARGMAX ? "kiln_argmax"
+                                         : "kiln_norm",
+                  ROW_BLOCK);
     snprintf(k->what, sizeof k->what, "%s, %u ops", kiln_op_name(op), r->n_nodes);
     int64_t rows_max = kl_numel_max(g, x) / (kl_dim_max(g, d_const) ? kl_dim_max(g, d_const) : 1);
     k->grid[0] = kl_grid_for(tg, rows_max, 1);
     uint32_t d = kl_dim(k, d_const);
     uint32_t rows = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, x, 0), kiln_k2(k, KILN_KOP_MAX, d, kiln_ki(k, 1)));
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t row = kiln_kvar(k, kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0));
+    uint32_t row =
+        kiln_kvar(k, kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, row, rows, kiln_ki(k, (int32_t)k->grid[0]), 0);
     uint32_t base = kiln_k2(k, KILN_KOP_MUL, row, d);
     uint32_t df = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, d, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_eval pe, ee;
     bool failed = false;
     char why[160] = "";
-#define PASS_BEGIN()                                                                                     \
-    uint32_t j = kiln_kvar(k, tid);                                                                      \
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, d, kiln_ki(k, ROW_BLOCK), 0);                          \
-    uint32_t idx = kiln_k2(k, KILN_KOP_ADD, base, j);                                                     \
-    uint32_t xv = input_at(k, g, r, anchor, idx, &pe);                                                     \
+#define PASS_BEGIN()                                                                                                   \
+    uint32_t j = kiln_kvar(k, tid);                                                                                    \
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, d, kiln_ki(k, ROW_BLOCK), 0);                                       \
+    uint32_t idx = kiln_k2(k, KILN_KOP_ADD, base, j);                                                                  \
+    uint32_t xv = input_at(k, g, r, anchor, idx, &pe);                                                                 \
     if (pe.failed) failed = true, memcpy(why, pe.err, sizeof why);
     if (op == KILN_OP_ARGMAX) {
         uint32_t best = kiln_kvar(k, kiln_kf(k, -INFINITY)), bi = kiln_kvar(k, kiln_ki(k, -1));
         {
             PASS_BEGIN();
-            uint32_t take = kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, best, xv),
-                                    kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, bi, kiln_ki(k, 0)), kiln_k2(k, KILN_KOP_EQ, xv, xv)));
+            uint32_t take = kiln_k2(
+                k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, best, xv),
+                kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, bi, kiln_ki(k, 0)), kiln_k2(k, KILN_KOP_EQ, xv, xv)));
             kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, take, KILN_IDX_NONE, KILN_IDX_NONE, 0);
             kiln_kset(k, best, xv);
             kiln_kset(k, bi, j);
@@ -127,12 +142,16 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
             kl_loop_end(k);
         }
         uint32_t m = reduce(k, best, KILN_KRED_MAX);
-        uint32_t cand = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, best, m), kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), bi));
-        uint32_t negi = kiln_k1(k, KILN_KOP_NEG, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, bi, KILN_IDX_NONE, KILN_IDX_NONE, 0));
+        uint32_t cand =
+            kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, best, m), kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), bi));
+        uint32_t negi =
+            kiln_k1(k, KILN_KOP_NEG, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, bi, KILN_IDX_NONE, KILN_IDX_NONE, 0));
         uint32_t prop = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, cand, negi, kiln_kf(k, -INFINITY), 0);
         uint32_t win = kiln_k1(k, KILN_KOP_NEG, reduce(k, prop, KILN_KRED_MAX)); /* +inf when every value is NaN */
-        win = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, win, kiln_kf(k, 16777216.0f)), win, kiln_kf(k, 0.0f), 0);
-        kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        win = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, win, kiln_kf(k, 16777216.0f)), win,
+                          kiln_kf(k, 0.0f), 0);
+        kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE,
+                    KILN_IDX_NONE, 0);
         kl_store_node(k, g, anchor, row, win);
         kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
         if (r->n_outs != 1 || r->outs[0] != anchor) failed = true, snprintf(why, sizeof why, "argmax with an epilogue");
@@ -145,8 +164,10 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
                 kiln_kset(k, acc, kiln_k2(k, op == KILN_OP_SOFTMAX ? KILN_KOP_MAX : KILN_KOP_ADD, acc, xv));
                 kl_loop_end(k);
             }
-            if (op == KILN_OP_SOFTMAX) mx = reduce(k, acc, KILN_KRED_MAX);
-            else mean = kiln_k2(k, KILN_KOP_DIV, reduce(k, acc, KILN_KRED_SUM), df);
+            if (op == KILN_OP_SOFTMAX)
+                mx = reduce(k, acc, KILN_KRED_MAX);
+            else
+                mean = kiln_k2(k, KILN_KOP_DIV, reduce(k, acc, KILN_KRED_SUM), df);
         }
         uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f));
         {
@@ -160,8 +181,12 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
             kl_loop_end(k);
         }
         uint32_t sum = reduce(k, acc, KILN_KRED_SUM);
-        if (op == KILN_OP_SOFTMAX) scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), sum);
-        else scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), kiln_k1(k, KILN_KOP_SQRT, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, sum, df), kiln_kf(k, n->f[0]))));
+        if (op == KILN_OP_SOFTMAX)
+            scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), sum);
+        else
+            scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
+                            kiln_k1(k, KILN_KOP_SQRT,
+                                    kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, sum, df), kiln_kf(k, n->f[0]))));
         {
             PASS_BEGIN();
             uint32_t y;
@@ -169,8 +194,10 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
                 y = kiln_k2(k, KILN_KOP_MUL, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx)), scale);
             } else {
                 y = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, xv, mean), scale);
-                if (n->n_src > 1 && n->src[1] != KILN_IDX_NONE) y = kiln_k2(k, KILN_KOP_MUL, y, kl_load_node(k, g, n->src[1], j));
-                if (n->n_src > 2 && n->src[2] != KILN_IDX_NONE) y = kiln_k2(k, KILN_KOP_ADD, y, kl_load_node(k, g, n->src[2], j));
+                if (n->n_src > 1 && n->src[1] != KILN_IDX_NONE)
+                    y = kiln_k2(k, KILN_KOP_MUL, y, kl_load_node(k, g, n->src[1], j));
+                if (n->n_src > 2 && n->src[2] != KILN_IDX_NONE)
+                    y = kiln_k2(k, KILN_KOP_ADD, y, kl_load_node(k, g, n->src[2], j));
             }
             kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
             y = kl_apply(k, &tmp, y, KILN_IDX_NONE);
