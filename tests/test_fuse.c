@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuse/fuse.h"
 #include "kiln/kiln.h"
+#include "model/presets.h"
 #include "support/testutil.h"
 
 static kiln_ctx *g_ctx;
@@ -394,4 +396,52 @@ Test(fuse, random_dags_fused_equals_unfused, .timeout = 900)
     }
     cr_log_info("1000 random DAGs: %d kernels fused vs %d unfused", total_fused, total_unfused);
     cr_assert_lt(total_fused, total_unfused, "fusion merged nothing in 1000 DAGs");
+}
+
+/* Fusion hands every consumer the region's structure (fuse/spec.c): a qwen2 decode layer has one
+ * q/k/v region (3 siblings behind the attention norm, reading x), one gate/up region (2 behind the
+ * ffn norm), o and down alone, and its attention groups 14 query heads over 2 kv heads. */
+Test(fuse, region_specs_of_a_decode_layer)
+{
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_preset_build(kiln_preset_find("qwen2-0.5b"), KILN_DTYPE_Q8_0, 1, 256, 1, &g), KILN_OK);
+    kiln_fusion f;
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+    int by_n[KILN_SPEC_MM + 1] = {0}, norms = 0, attn = 0;
+    uint32_t x = KILN_IDX_NONE;
+    for (uint32_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].name && !strcmp(g->nodes[i].name, "x")) x = i;
+    for (uint32_t r = 0; r < f.n_regions; r++) {
+        const kiln_region *reg = &f.regions[r];
+        const kiln_region_spec *s = &reg->spec;
+        if (reg->kind == KILN_REGION_MATMUL) {
+            cr_assert(!s->mm_mixed && s->n_mm >= 1 && s->n_mm <= KILN_SPEC_MM, "region %u: %u matmuls", r, s->n_mm);
+            by_n[s->n_mm]++;
+            for (uint32_t j = 0; j < s->n_mm; j++) {
+                cr_assert(kiln_region_has(reg, s->mm[j]) && g->nodes[s->mm[j]].op == KILN_OP_MATMUL);
+                cr_assert_eq(g->nodes[s->mm[j]].src[0], s->x_in, "siblings share x");
+            }
+            if (s->norm != KILN_IDX_NONE) {
+                norms++;
+                cr_assert(kiln_region_has(reg, s->norm) && g->nodes[s->norm].op == KILN_OP_RMS_NORM);
+                cr_assert_eq(s->x, g->nodes[s->norm].src[0]);
+                cr_assert_eq(s->norm_w, g->nodes[s->norm].src[1]);
+                cr_assert_float_eq(s->eps, g->nodes[s->norm].f[0], 0);
+            } else {
+                cr_assert_eq(s->x, s->x_in);
+            }
+            if (s->n_mm == 3) cr_assert_eq(s->x, x, "q/k/v read the layer's input");
+        } else if (reg->kind == KILN_REGION_ATTENTION) {
+            attn++;
+            cr_assert_eq(s->heads_per_group, 7);
+            cr_assert_eq(g->nodes[s->q].op, KILN_OP_ROPE);
+            cr_assert_eq(s->n_kv, g->nodes[reg->anchor].dim);
+        } else {
+            cr_assert_eq(s->n_mm, 0);
+        }
+    }
+    cr_assert(by_n[3] == 1 && by_n[2] == 1 && by_n[1] == 2 && norms == 2 && attn == 1, "%d x3, %d x2, %d x1, %d norms, %d attention",
+              by_n[3], by_n[2], by_n[1], norms, attn);
+    kiln_fusion_free(&f);
+    kiln_graph_free(g);
 }

@@ -23,8 +23,6 @@ typedef struct kl_eval {
     char               err[160];           /* why */
 } kl_eval;
 
-bool     kl_in_region(const kiln_region *r, uint32_t node);
-bool     kl_is_out(const kiln_region *r, uint32_t node);
 bool     kl_is_elementwise(enum kiln_op op);
 /* I32 value of dim d of a node (constant, or the symbol's parameter slot). */
 uint32_t kl_dim(kiln_kir *k, int64_t d);

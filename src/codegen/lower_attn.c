@@ -409,7 +409,8 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     const kiln_node_rec *n = &g->nodes[node];
     if (r->n_nodes != 1 || n->op != KILN_OP_ATTENTION)
         return kl_unsupported(err, n_err, "attention written as ops has no GPU kernel yet");
-    const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
+    const kiln_region_spec *sp = &r->spec; /* q, the caches and the grouping, found by fusion */
+    const kiln_node_rec *q = &g->nodes[sp->q], *kc = &g->nodes[sp->k], *vc = &g->nodes[sp->v];
     at a = {.n_head = q->dims[1],
             .hd = q->dims[2],
             .n_kvh = kc->dims[0],
@@ -420,8 +421,8 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     if (kiln_dim_is_sym(a.n_head) || kiln_dim_is_sym(a.hd) || kiln_dim_is_sym(a.n_kvh) || kiln_dim_is_sym(a.max_ctx) ||
         kiln_dim_is_sym(vc->dims[1]) || vc->dims[2] != a.hd || vc->dims[0] != a.n_kvh)
         return kl_unsupported(err, n_err, "attention: head counts, head_dim and cache sizes must be constants");
-    if (a.n_kvh < 1 || a.n_head % a.n_kvh) return kl_unsupported(err, n_err, "attention: heads do not group");
-    a.G = a.n_head / a.n_kvh;
+    if (!sp->heads_per_group) return kl_unsupported(err, n_err, "attention: heads do not group");
+    a.G = sp->heads_per_group;
     if (a.hd < 1 || a.hd > 256 || a.G > 8 || (a.hd + 31) / 32 * a.G > 32)
         return kl_unsupported(err, n_err, "attention: head_dim %lld with %lld heads per kv head", (long long)a.hd,
                               (long long)a.G);

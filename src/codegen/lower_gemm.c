@@ -613,7 +613,7 @@ static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
         }
         kl_loop_end(k);
     }
-    if (kl_is_out(s->r, s->norm)) {
+    if (kiln_region_is_out(s->r, s->norm)) {
         uint32_t e = kiln_kvar(k, tid);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, e, kiln_ki(k, (int32_t)K), kiln_ki(k, GM_THREADS), 0);
         uint32_t idx = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), e);

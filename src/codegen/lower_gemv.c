@@ -347,7 +347,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
                       kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE,
                                   (KILN_KRED_SUM << 16) | (32 * G->wpu)));
     /* the normalized x is a region output too: block 0 of the first group writes it */
-    if (s->norm != KILN_IDX_NONE && kl_is_out(s->r, s->norm) && G == &s->grp[0]) {
+    if (s->norm != KILN_IDX_NONE && kiln_region_is_out(s->r, s->norm) && G == &s->grp[0]) {
         kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, gw,
                                kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, gw, kiln_ki(s->k, WARPS)),
                                        kiln_ki(s->k, WARPS))));

@@ -33,7 +33,7 @@ static unsigned deps(const gv *s, uint32_t node, int depth)
     int j = mm_index(s, node);
     if (j >= 0) return 1u << j;
     const kiln_node_rec *n = &s->g->nodes[node];
-    if (n->op != KILN_OP_RESHAPE && !kl_in_region(s->r, node)) return 0;
+    if (n->op != KILN_OP_RESHAPE && !kiln_region_has(s->r, node)) return 0;
     unsigned m = 0;
     for (int i = 0; i < n->n_src; i++)
         if (n->src[i] != KILN_IDX_NONE && !(n->op == KILN_OP_KV_SCATTER && i != 1)) m |= deps(s, n->src[i], depth + 1);
@@ -45,27 +45,16 @@ static bool find_x(gv *s, char *err, size_t n_err)
 {
     const kiln_graph *g = s->g;
     const kiln_region *r = s->r;
-    s->x = s->norm = s->nw = KILN_IDX_NONE;
-    for (uint32_t i = 0; i < r->n_nodes; i++) {
-        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
-        if (n->op != KILN_OP_MATMUL) continue;
-        if (s->n_mm == SLOTS || (s->x != KILN_IDX_NONE && n->src[0] != s->x))
-            return kl_unsupported(err, n_err, "gemv: matmuls with different inputs"), false;
-        s->x = n->src[0];
-        s->mm[s->n_mm++] = r->nodes[i];
-    }
-    if (!s->n_mm) return kl_unsupported(err, n_err, "gemv: no matmul"), false;
+    const kiln_region_spec *sp = &r->spec; /* fusion's analysis of the region (fuse/spec.c) */
+    if (sp->mm_mixed) return kl_unsupported(err, n_err, "gemv: matmuls with different inputs"), false;
+    if (!sp->n_mm) return kl_unsupported(err, n_err, "gemv: no matmul"), false;
+    s->n_mm = (int)sp->n_mm;
+    memcpy(s->mm, sp->mm, sizeof s->mm);
+    s->x = sp->x, s->norm = sp->norm, s->nw = sp->norm_w, s->eps = sp->eps;
     const kiln_node_rec *xn = &g->nodes[s->x];
-    if (xn->op == KILN_OP_RMS_NORM && kl_in_region(r, s->x)) {
-        s->norm = s->x;
-        s->nw = xn->src[1];
-        s->eps = xn->f[0];
-        s->x = xn->src[0];
-        xn = &g->nodes[s->x];
-    } else if (kl_in_region(r, s->x)) {
+    if (s->norm == KILN_IDX_NONE && kiln_region_has(r, s->x))
         return kl_unsupported(err, n_err, "gemv: x computed by %s in the region", kiln_op_name((enum kiln_op)xn->op)),
                false;
-    }
     s->xdt = (kiln_dtype)xn->dtype;
     if (kiln_dtype_block(s->xdt) != 1 || s->xdt == KILN_DTYPE_I32 ||
         (s->nw != KILN_IDX_NONE && g->nodes[s->nw].dtype != KILN_DTYPE_F32))
@@ -309,13 +298,13 @@ static uint32_t ev(gv *s, const gv_group *G, uint32_t node, int t, int r, int de
         v = kl_apply(s->k, &tmp, v, KILN_IDX_NONE);
     } else if (n->op == KILN_OP_RESHAPE) {
         v = ev(s, G, n->src[0], t, r, depth + 1);
-    } else if (n->op == KILN_OP_ROPE && kl_in_region(s->r, node)) {
+    } else if (n->op == KILN_OP_ROPE && kiln_region_has(s->r, node)) {
         v = ev_rope(s, G, n, t, r, depth);
-    } else if (kl_in_region(s->r, node) && kl_is_elementwise((enum kiln_op)n->op)) {
+    } else if (kiln_region_has(s->r, node) && kl_is_elementwise((enum kiln_op)n->op)) {
         uint32_t a = ev(s, G, n->src[0], t, r, depth + 1);
         uint32_t b = n->n_src > 1 && n->src[1] != KILN_IDX_NONE ? ev(s, G, n->src[1], t, r, depth + 1) : KILN_IDX_NONE;
         v = kl_apply(s->k, n, a, b);
-    } else if (!kl_in_region(s->r, node) && kiln_dtype_block((kiln_dtype)n->dtype) == 1) {
+    } else if (!kiln_region_has(s->r, node) && kiln_dtype_block((kiln_dtype)n->dtype) == 1) {
         /* an operand from outside: [.., N] per token, or broadcast (a bias [N]) */
         int64_t numel_max = kl_numel_max(s->g, n);
         uint32_t idx = flat(s, t, r, N);

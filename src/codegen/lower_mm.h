@@ -10,6 +10,7 @@
 #define WARPS 8       /* warps per block */
 #define MC_MAX 8      /* tokens per pass */
 #define SLOTS 4       /* output rows per warp */
+_Static_assert(SLOTS == KILN_SPEC_MM, "gemv's matmul slots are the region spec's siblings");
 #define MEMO 512
 
 typedef struct gv_group {

@@ -18,20 +18,6 @@ kiln_status kl_unsupported(char *err, size_t n_err, const char *fmt, ...)
     return KILN_ERR_UNSUPPORTED;
 }
 
-bool kl_in_region(const kiln_region *r, uint32_t node)
-{
-    for (uint32_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i] == node) return true;
-    return false;
-}
-
-bool kl_is_out(const kiln_region *r, uint32_t node)
-{
-    for (uint32_t i = 0; i < r->n_outs; i++)
-        if (r->outs[i] == node) return true;
-    return false;
-}
-
 bool kl_is_elementwise(enum kiln_op op) { return kiln_op_is_elementwise(op); }
 
 uint32_t kl_dim(kiln_kir *k, int64_t d)
@@ -266,7 +252,7 @@ uint32_t kl_eval_node(kl_eval *e, uint32_t node)
     uint32_t v;
     if (n->op == KILN_OP_RESHAPE) {
         v = kl_eval_node(e, n->src[0]);
-    } else if (kl_in_region(e->r, node) && kl_is_elementwise((enum kiln_op)n->op)) {
+    } else if (kiln_region_has(e->r, node) && kl_is_elementwise((enum kiln_op)n->op)) {
         if (!kl_same_numel(n, &e->g->nodes[e->space])) {
             e->failed = true;
             snprintf(e->err, sizeof e->err, "%s #%u has another shape than the kernel's elements",
@@ -280,7 +266,7 @@ uint32_t kl_eval_node(kl_eval *e, uint32_t node)
         uint32_t a = kl_eval_node(e, n->src[0]);
         uint32_t b = n->n_src > 1 && n->src[1] != KILN_IDX_NONE ? kl_eval_node(e, n->src[1]) : KILN_IDX_NONE;
         v = kl_apply(e->k, n, a, b);
-    } else if (kl_in_region(e->r, node)) {
+    } else if (kiln_region_has(e->r, node)) {
         e->failed = true;
         snprintf(e->err, sizeof e->err, "%s #%u cannot be fused here", kiln_op_name((enum kiln_op)n->op), node);
         return kiln_kf(e->k, 0);

@@ -101,6 +101,7 @@ kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *g
             if (used_outside[i] || g->nodes[i].op == KILN_OP_KV_SCATTER) reg->outs[reg->n_outs++] = i;
         }
         off += reg->n_outs;
+        kiln_fuse_spec(g, reg); /* computed once, read by every consumer */
     }
     free(count);
     free(gid2reg);

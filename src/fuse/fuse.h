@@ -16,6 +16,30 @@ enum kiln_region_kind {
     KILN_REGION_KIND_COUNT
 };
 
+#define KILN_SPEC_MM 4 /* sibling matmuls a matmul region's spec lists at most */
+
+/* The structure of a region, computed once by kiln_fuse (fuse/spec.c) so that the GPU lowering,
+ * the cpu backend and the cost model read it instead of re-deriving it. Fields of other kinds are
+ * KILN_IDX_NONE / 0. */
+typedef struct kiln_region_spec {
+    /* KILN_REGION_MATMUL */
+    uint32_t n_mm;             /* matmuls sharing one input, in region order; 0 with mm_mixed */
+    bool     mm_mixed;         /* the region's matmuls read different inputs, or more than KILN_SPEC_MM */
+    uint32_t mm[KILN_SPEC_MM]; /* the matmul nodes */
+    uint32_t x_in;             /* their input (the fused norm when there is one) */
+    uint32_t x;                /* the activation read from memory: x_in, or the fused norm's input */
+    uint32_t norm;             /* the rms_norm prologue (x_in, computed in the region), or NONE */
+    uint32_t norm_w;           /* its weight, or NONE */
+    float    eps;              /* its epsilon */
+    /* KILN_REGION_ATTENTION (an attention node anchor) */
+    uint32_t q, k, v;          /* queries [n_tok, n_head, hd], the K and V caches [n_kv_head, max_ctx, hd] */
+    int64_t  n_kv;             /* kiln_dim: keys attended (the symbol n_kv, or a constant) */
+    int64_t  heads_per_group;  /* query heads per kv head (GQA), 0 when they do not group */
+    float    scale;            /* score scale (resolved) */
+    /* KILN_REGION_ROWS: the anchor's op over the last axis */
+    uint8_t  row_op;           /* enum kiln_op */
+} kiln_region_spec;
+
 typedef struct kiln_region {
     uint8_t   kind;     /* enum kiln_region_kind */
     uint32_t  anchor;   /* node index of the anchor (first matmul of a sibling group) */
@@ -23,6 +47,7 @@ typedef struct kiln_region {
     uint32_t  n_nodes;  /* count */
     uint32_t *outs;     /* nodes whose values leave the region (need memory) — also into pool */
     uint32_t  n_outs;   /* count */
+    kiln_region_spec spec; /* its structure (fuse/spec.c) */
 } kiln_region;
 
 typedef struct kiln_fusion {
@@ -37,6 +62,10 @@ typedef struct kiln_fusion {
 kiln_status kiln_fuse(const kiln_graph *g, bool fuse, kiln_fusion *out);
 void        kiln_fusion_free(kiln_fusion *f);
 
+/* Whether node is computed by region r / leaves it (is one of its outs). */
+bool kiln_region_has(const kiln_region *r, uint32_t node);
+bool kiln_region_is_out(const kiln_region *r, uint32_t node);
+
 /* Name of a region kind ("matmul", ...). */
 const char *kiln_region_kind_name(enum kiln_region_kind k);
 /* Aliasing ops: their result shares memory with source 0 (reshape, view, kv_scatter). */
@@ -47,5 +76,7 @@ enum kiln_region_kind kiln_fuse_kind_of(enum kiln_op op);
 /* Applies the fusion rules: merges nodes into groups (group[i] = group id, anchor_of[gid] = anchor,
  * kind_of[gid] = region kind when a rule decides it, else 0 = the anchor op's kind). */
 void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *anchor_of, uint8_t *kind_of);
+/* Fills r->spec from the graph (spec.c). */
+void kiln_fuse_spec(const kiln_graph *g, kiln_region *r);
 kiln_status kiln_fuse_regions_from_groups(const kiln_graph *g, const uint32_t *group, const uint32_t *anchor_of,
                                           const uint8_t *kind_of, kiln_fusion *out);

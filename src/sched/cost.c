@@ -18,13 +18,6 @@ static double node_bytes(const kiln_node_rec *n, const int64_t *d)
     return (double)kiln_node_bytes(n, d);
 }
 
-static bool member(const kiln_region *r, uint32_t x)
-{
-    for (uint32_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i] == x) return true;
-    return false;
-}
-
 static double op_flops(const kiln_graph *g, uint32_t i, const int64_t (*dims)[KILN_MAX_RANK], const int64_t *sym)
 {
     const kiln_node_rec *n = &g->nodes[i];
@@ -76,7 +69,7 @@ void kiln_sched_region_cost(const kiln_graph *g, const kiln_region *r, const int
         if (n->op == KILN_OP_MATMUL) out->peak_dtype = g->nodes[n->src[1]].dtype;
         for (int s = 0; s < n->n_src; s++) {
             uint32_t src = n->src[s];
-            if (src == KILN_IDX_NONE || member(r, src)) continue;
+            if (src == KILN_IDX_NONE || kiln_region_has(r, src)) continue;
             bool dup = false;
             for (uint32_t j = 0; j < n_seen && !dup; j++) dup = seen[j] == src;
             if (dup) continue;

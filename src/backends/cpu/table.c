@@ -102,19 +102,8 @@ static kiln_status cpu_calibrate(void *state, kiln_device_profile *out)
     return KILN_OK;
 }
 
-static bool in_region(const kiln_region *r, uint32_t node)
-{
-    for (uint32_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i] == node) return true;
-    return false;
-}
-
-static bool is_out(const kiln_region *r, uint32_t node)
-{
-    for (uint32_t i = 0; i < r->n_outs; i++)
-        if (r->outs[i] == node) return true;
-    return false;
-}
+static bool in_region(const kiln_region *r, uint32_t node) { return kiln_region_has(r, node); }
+static bool is_out(const kiln_region *r, uint32_t node) { return kiln_region_is_out(r, node); }
 
 /* Operand slots inside region r that read node (aliases are outside any region, so a reshape
  * reading node counts as a reader only through is_out). */
@@ -132,19 +121,17 @@ static bool mm_dtype_ok(uint8_t t) { return t != KILN_DTYPE_I32 && t < KILN_DTYP
  * epilogues the fused kernel can take. Returns false when the region does not fit the kernel. */
 static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_kernel *k, bool *covered)
 {
-    uint32_t x = KILN_IDX_NONE;
+    const kiln_region_spec *sp = &r->spec; /* the matmuls and their shared x, found by fusion */
+    uint32_t x = sp->x_in;
     k->norm = KILN_IDX_NONE;
-    for (uint32_t i = 0; i < r->n_nodes; i++) {
-        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
-        if (n->op != KILN_OP_MATMUL) continue;
-        if (k->n_mm == 4 || (x != KILN_IDX_NONE && n->src[0] != x) || !mm_dtype_ok(g->nodes[n->src[1]].dtype)) return false;
-        x = n->src[0];
-        k->mm[k->n_mm] = k->dst[k->n_mm] = r->nodes[i];
+    if (r->kind != KILN_REGION_MATMUL || sp->n_mm == 0) return false;
+    for (uint32_t j = 0; j < sp->n_mm; j++) {
+        if (!mm_dtype_ok(g->nodes[g->nodes[sp->mm[j]].src[1]].dtype)) return false;
+        k->mm[k->n_mm] = k->dst[k->n_mm] = sp->mm[j];
         k->bias[k->n_mm] = KILN_IDX_NONE;
         k->resid[k->n_mm++] = KILN_IDX_NONE;
-        covered[i] = true;
     }
-    if (k->n_mm == 0) return false;
+    for (uint32_t i = 0; i < r->n_nodes; i++) covered[i] |= g->nodes[r->nodes[i]].op == KILN_OP_MATMUL;
     const kiln_node_rec *xn = &g->nodes[x];
     if (xn->op == KILN_OP_RMS_NORM && in_region(r, x)) {
         const kiln_node_rec *src = &g->nodes[xn->src[0]];
