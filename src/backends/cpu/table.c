@@ -102,8 +102,6 @@ static kiln_status cpu_calibrate(void *state, kiln_device_profile *out)
     return KILN_OK;
 }
 
-static bool in_region(const kiln_region *r, uint32_t node) { return kiln_region_has(r, node); }
-static bool is_out(const kiln_region *r, uint32_t node) { return kiln_region_is_out(r, node); }
 
 /* Operand slots inside region r that read node (aliases are outside any region, so a reshape
  * reading node counts as a reader only through is_out). */
@@ -133,14 +131,14 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
     }
     for (uint32_t i = 0; i < r->n_nodes; i++) covered[i] |= g->nodes[r->nodes[i]].op == KILN_OP_MATMUL;
     const kiln_node_rec *xn = &g->nodes[x];
-    if (xn->op == KILN_OP_RMS_NORM && in_region(r, x)) {
+    if (xn->op == KILN_OP_RMS_NORM && kiln_region_has(r, x)) {
         const kiln_node_rec *src = &g->nodes[xn->src[0]];
         if (src->dtype != KILN_DTYPE_F32) return false;
         if (xn->src[1] != KILN_IDX_NONE && g->nodes[xn->src[1]].dtype != KILN_DTYPE_F32) return false;
         k->norm = x;
-        k->norm_out = is_out(r, x);
+        k->norm_out = kiln_region_is_out(r, x);
         for (uint32_t i = 0; i < r->n_nodes; i++) covered[i] |= r->nodes[i] == x;
-    } else if (xn->dtype != KILN_DTYPE_F32 || in_region(r, x)) {
+    } else if (xn->dtype != KILN_DTYPE_F32 || kiln_region_has(r, x)) {
         return false;
     }
     /* Epilogues: bias add (a broadcast add of an f32 [N] operand right after the matmul), residual
@@ -149,24 +147,24 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
         for (int j = 0; j < k->n_mm && !covered[i]; j++) {
             uint32_t b = n->op == KILN_OP_ADD && n->src[0] == k->mm[j] ? n->src[1] : KILN_IDX_NONE;
-            if (b != KILN_IDX_NONE && k->dst[j] == k->mm[j] && n->dtype == KILN_DTYPE_F32 && !is_out(r, k->mm[j]) &&
+            if (b != KILN_IDX_NONE && k->dst[j] == k->mm[j] && n->dtype == KILN_DTYPE_F32 && !kiln_region_is_out(r, k->mm[j]) &&
                 readers_in(g, r, k->mm[j]) == 1 && g->nodes[b].rank == 1 && g->nodes[b].dtype == KILN_DTYPE_F32 &&
-                g->nodes[b].dims[0] == g->nodes[k->mm[j]].dims[g->nodes[k->mm[j]].rank - 1] && !in_region(r, b)) {
+                g->nodes[b].dims[0] == g->nodes[k->mm[j]].dims[g->nodes[k->mm[j]].rank - 1] && !kiln_region_has(r, b)) {
                 k->bias[j] = b;
                 k->dst[j] = r->nodes[i];
                 covered[i] = true;
             } else if (n->op == KILN_OP_ADD && n->dtype == KILN_DTYPE_F32 && k->resid[j] == KILN_IDX_NONE &&
-                !is_out(r, k->dst[j]) && readers_in(g, r, k->dst[j]) == 1 && (n->src[0] == k->dst[j]) != (n->src[1] == k->dst[j]) &&
+                !kiln_region_is_out(r, k->dst[j]) && readers_in(g, r, k->dst[j]) == 1 && (n->src[0] == k->dst[j]) != (n->src[1] == k->dst[j]) &&
                 g->nodes[n->src[0]].rank == g->nodes[n->src[1]].rank) {
                 uint32_t other = n->src[0] == k->dst[j] ? n->src[1] : n->src[0];
-                if (in_region(r, other)) continue;
+                if (kiln_region_has(r, other)) continue;
                 k->resid[j] = other;
                 k->dst[j] = r->nodes[i];
                 covered[i] = true;
             } else if (n->op == KILN_OP_SWIGLU && j == 0 && k->n_mm == 2 && !k->swiglu && n->src[0] == k->dst[0] &&
                        n->src[1] == k->dst[1] && k->resid[0] == KILN_IDX_NONE && k->resid[1] == KILN_IDX_NONE &&
                        k->bias[0] == KILN_IDX_NONE && k->bias[1] == KILN_IDX_NONE &&
-                       !is_out(r, k->mm[0]) && !is_out(r, k->mm[1]) && readers_in(g, r, k->mm[0]) == 1 &&
+                       !kiln_region_is_out(r, k->mm[0]) && !kiln_region_is_out(r, k->mm[1]) && readers_in(g, r, k->mm[0]) == 1 &&
                        readers_in(g, r, k->mm[1]) == 1) {
                 k->swiglu = true;
                 k->dst[0] = r->nodes[i];
@@ -184,14 +182,14 @@ static bool plan_sdpa(const kiln_graph *g, const kiln_region *r, struct kiln_ker
     if (o->op != KILN_OP_MATMUL) return false;
     k->sout = r->anchor;
     uint32_t p = o->src[0], w = o->src[1];
-    k->sv_rows = g->nodes[w].op == KILN_OP_TRANSPOSE && in_region(r, w);
+    k->sv_rows = g->nodes[w].op == KILN_OP_TRANSPOSE && kiln_region_has(r, w);
     k->sv = k->sv_rows ? g->nodes[w].src[0] : w;
     uint32_t s = g->nodes[p].src[0];
     k->smask = KILN_IDX_NONE;
     k->sscale = 1;
-    if (g->nodes[s].op == KILN_OP_ADD && in_region(r, s)) k->smask = g->nodes[s].src[1], s = g->nodes[s].src[0];
-    if (g->nodes[s].op == KILN_OP_SCALE && in_region(r, s)) k->sscale = g->nodes[s].f[0], s = g->nodes[s].src[0];
-    if (g->nodes[s].op != KILN_OP_MATMUL || !in_region(r, s)) return false;
+    if (g->nodes[s].op == KILN_OP_ADD && kiln_region_has(r, s)) k->smask = g->nodes[s].src[1], s = g->nodes[s].src[0];
+    if (g->nodes[s].op == KILN_OP_SCALE && kiln_region_has(r, s)) k->sscale = g->nodes[s].f[0], s = g->nodes[s].src[0];
+    if (g->nodes[s].op != KILN_OP_MATMUL || !kiln_region_has(r, s)) return false;
     k->sq = g->nodes[s].src[0];
     k->sk = g->nodes[s].src[1];
     const uint32_t f32[] = {k->sq, k->sk, k->sv, k->smask};
@@ -274,7 +272,7 @@ static kiln_status cpu_kernel_load(void *state, const kiln_graph *g, const kiln_
     struct kiln_kernel *k = malloc(len);
     if (!k) return KILN_ERR_NOMEM;
     memcpy(k, b, len);
-    for (uint32_t i = 0; ok && i < k->n_rest; i++) ok = in_region(r, k->rest[i]);
+    for (uint32_t i = 0; ok && i < k->n_rest; i++) ok = kiln_region_has(r, k->rest[i]);
     if (!ok) {
         free(k);
         goto bad;
