@@ -482,10 +482,10 @@ static int eval_node(kiln_ref64 *r, uint32_t i, char *err, size_t en)
         FAIL("ref64: out of memory");
     r->val[i] = y;
     r->own[i] = true;
+    if (kiln_op_is_elementwise((enum kiln_op)nd->op) && nd->op != KILN_OP_CAST) /* the op table's class */
+        return op_elementwise(r, nd, y, ne, err, en);
     switch (nd->op) {
     case KILN_OP_MATMUL: return op_matmul(r, nd, y, ne, err, en);
-    case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
-    case KILN_OP_SWIGLU: case KILN_OP_SIGMOID: return op_elementwise(r, nd, y, ne, err, en);
     case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_SOFTMAX: return op_rows(r, nd, y, ne, err, en);
     case KILN_OP_ROPE: return op_rope(r, nd, y, ne, err, en);
     case KILN_OP_ATTENTION: return op_attention(r, nd, y, ne, err, en);

@@ -389,18 +389,12 @@ kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size
     if (err && n_err)
         err[0] = '\0';
     kiln_ref_ctx c = {.v = v, .idx = idx, .node = &v->g->nodes[idx], .err = err, .n_err = n_err};
+    if (kiln_op_is_elementwise((enum kiln_op)c.node->op) && c.node->op != KILN_OP_CAST) return elementwise(&c); /* the op table's class */
     switch ((enum kiln_op)c.node->op) {
     case KILN_OP_INPUT:
     case KILN_OP_WEIGHT:
     case KILN_OP_STATE: return KILN_OK;
     case KILN_OP_MATMUL: return kiln_ref_matmul(&c);
-    case KILN_OP_ADD:
-    case KILN_OP_MUL:
-    case KILN_OP_SCALE:
-    case KILN_OP_SILU:
-    case KILN_OP_GELU:
-    case KILN_OP_SWIGLU:
-    case KILN_OP_SIGMOID: return elementwise(&c);
     case KILN_OP_RMS_NORM:
     case KILN_OP_LAYER_NORM:
     case KILN_OP_SOFTMAX: return row_op(&c);
