@@ -164,7 +164,6 @@ bool kiln_cache_disk_for(const kiln_cache *c, enum kiln_cache_kind kind)
 {
     return kiln_cache_disk_on(c) && kind != KILN_CACHE_KIND_NONE && (kind != KILN_CACHE_KIND_CPU || c->disk_cpu);
 }
-const char *kiln_cache_dir(const kiln_cache *c) { return c ? c->dir : ""; }
 
 char *kiln_cache_default_dir(void)
 {

@@ -97,7 +97,6 @@ bool kiln_cache_disk_on(const kiln_cache *c);
  * the CPU's too (its kernels cost less to make than to read; CI turns them on to test the disk
  * path). */
 bool kiln_cache_disk_for(const kiln_cache *c, enum kiln_cache_kind kind);
-const char *kiln_cache_dir(const kiln_cache *c);
 
 void kiln_cache_count(kiln_cache *c, bool mem, bool hit); /* counts a lookup done by the caller */
 kiln_cache_stats kiln_cache_stats_get(const kiln_cache *c);

@@ -155,8 +155,6 @@ typedef struct kiln_cuda {
  * returns false with why in msg ("libcuda.so.1 not found (no NVIDIA driver)"). */
 bool kiln_cuda_load(kiln_cuda_driver *d, char *msg, size_t n);
 void kiln_cuda_unload(kiln_cuda_driver *d);
-/* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for r (the driver's name and text). */
-void kiln_cuda_error_text(const kiln_cuda_driver *d, CUresult r, char *buf, size_t n);
 /* Translates a failed call: err = "<what>: <name>: <text>"; a sticky error (illegal address,
  * launch failure, ...) marks the backend dead. Returns KILN_ERR_NOMEM for out of memory, else
  * KILN_ERR_BACKEND. r must not be success. */

@@ -42,7 +42,8 @@ void kiln_cuda_unload(kiln_cuda_driver *d)
     memset(d, 0, sizeof *d);
 }
 
-void kiln_cuda_error_text(const kiln_cuda_driver *d, CUresult r, char *buf, size_t n)
+/* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for r (the driver's name and text). */
+static void error_text(const kiln_cuda_driver *d, CUresult r, char *buf, size_t n)
 {
     const char *name = NULL, *text = NULL;
     if (d->error_name) d->error_name(r, &name);
@@ -61,7 +62,7 @@ static bool sticky(CUresult r)
 kiln_status kiln_cuda_fail(kiln_cuda *c, CUresult r, const char *what, char *err, size_t n)
 {
     char text[256];
-    kiln_cuda_error_text(&c->d, r, text, sizeof text);
+    error_text(&c->d, r, text, sizeof text);
     if (sticky(r) && !c->dead) {
         c->dead = true;
         snprintf(c->dead_why, sizeof c->dead_why, "%s: %s", what, text);
