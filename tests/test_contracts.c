@@ -16,7 +16,8 @@
 #define B(t) (1u << KILN_DTYPE_##t)
 #define ACT (B(F32) | B(F16) | B(BF16))
 #define PLAIN (ACT | B(I32))
-#define WTS (ACT | B(Q8_0) | B(Q4_K) | B(Q5_K) | B(Q6_K))
+#define WTS (ACT | B(Q8_0) | B(Q4_K) | B(Q5_K) | B(Q6_K) | B(Q4_0) | B(Q4_1) | B(Q5_0) | B(Q5_1) | B(IQ4_NL) | \
+             B(Q2_K) | B(Q3_K) | B(IQ4_XS))
 
 /* Dtypes keying each op's tolerance, from kiln.h (see each contract's tolerance_key). */
 static unsigned key_dtypes(enum kiln_op op)
@@ -76,7 +77,7 @@ Test(contracts, float_tolerances_are_tight)
         char err[512];
         cr_assert(contract_load(kiln_op_name((enum kiln_op)op), &c, err, sizeof err), "%s", err);
         const double q = op == KILN_OP_MATMUL ? 1e-4 : 1e-8;
-        const double lim[KILN_DTYPE_COUNT] = {1e-8, 0x1p-21, 0x1p-15, 0, q, q, q, q};
+        const double lim[KILN_DTYPE_COUNT] = {1e-8, 0x1p-21, 0x1p-15, 0, q, q, q, q, q, q, q, q, q, q, q, q};
         for (int t = 0; t < KILN_DTYPE_COUNT; t++)
             cr_assert(isnan(c.tol[t]) || c.tol[t] <= lim[t], "%s: %s tolerance %g is looser than %g", c.op,
                       kiln_dtype_name((kiln_dtype)t), c.tol[t], lim[t]);

@@ -113,7 +113,8 @@ static void guarded_check_free(uint8_t *q, size_t n)
 
 Test(dtype, names_round_trip)
 {
-    static const char *names[KILN_DTYPE_COUNT] = {"f32", "f16", "bf16", "i32", "q8_0", "q4_k", "q5_k", "q6_k"};
+    static const char *names[KILN_DTYPE_COUNT] = {"f32",  "f16",  "bf16", "i32",    "q8_0", "q4_k", "q5_k", "q6_k",
+                                                  "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "iq4_xs"};
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) {
         cr_assert_str_eq(kiln_dtype_name((kiln_dtype)t), names[t]);
         kiln_dtype out = KILN_DTYPE_COUNT;
@@ -130,7 +131,7 @@ Test(dtype, names_round_trip)
         cr_assert(kiln_dtype_parse(alt[i].s, &out), "%s", alt[i].s);
         cr_assert_eq(out, alt[i].t, "%s", alt[i].s);
     }
-    static const char *bad[] = {"", "f", "f64", "q4", "q4_k ", " q4_k", "q4_0", "q8_k", "float", "f32x"};
+    static const char *bad[] = {"", "f", "f64", "q4", "q4_k ", " q4_k", "q4_2", "q8_k", "float", "f32x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kiln_dtype out = KILN_DTYPE_Q6_K;
         cr_assert_not(kiln_dtype_parse(bad[i], &out), "'%s' parsed", bad[i]);
@@ -147,8 +148,8 @@ Test(dtype, names_round_trip)
 
 Test(dtype, block_sizes_and_layouts)
 {
-    static const int64_t block[KILN_DTYPE_COUNT] = {1, 1, 1, 1, 32, 256, 256, 256};
-    static const size_t bytes[KILN_DTYPE_COUNT] = {4, 2, 2, 4, 34, 144, 176, 210};
+    static const int64_t block[KILN_DTYPE_COUNT] = {1, 1, 1, 1, 32, 256, 256, 256, 32, 32, 32, 32, 32, 256, 256, 256};
+    static const size_t bytes[KILN_DTYPE_COUNT] = {4, 2, 2, 4, 34, 144, 176, 210, 18, 20, 22, 24, 18, 84, 110, 136};
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) {
         cr_assert_eq(kiln_dtype_block((kiln_dtype)t), block[t], "%s", kiln_dtype_name((kiln_dtype)t));
         cr_assert_eq(kiln_dtype_block_bytes((kiln_dtype)t), bytes[t], "%s", kiln_dtype_name((kiln_dtype)t));

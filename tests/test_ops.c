@@ -16,7 +16,12 @@ static const kiln_dtype ACT[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16
 static const kiln_dtype PLAIN[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_I32};
 static const kiln_dtype WTS[] = {KILN_DTYPE_F32,  KILN_DTYPE_F16,  KILN_DTYPE_BF16, KILN_DTYPE_Q8_0,
                                  KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K};
+/* The block formats the GPU backends refuse (the dtype table's gpu member): ref and cpu only. */
+static const kiln_dtype HOST_WTS[] = {KILN_DTYPE_Q4_0,   KILN_DTYPE_Q4_1, KILN_DTYPE_Q5_0, KILN_DTYPE_Q5_1,
+                                      KILN_DTYPE_IQ4_NL, KILN_DTYPE_Q2_K, KILN_DTYPE_Q3_K, KILN_DTYPE_IQ4_XS};
 static const int64_t ODD[] = {1, 3, 17, 4097};
+
+static bool gpu_backend(void) { return strcmp(tu_backend(), "ref") != 0 && strcmp(tu_backend(), "cpu") != 0; }
 #define N_OF(a) (sizeof(a) / sizeof *(a))
 
 static const char *lab(const char *fmt, ...)
@@ -104,6 +109,24 @@ Test(ops, matmul_blocks)
         for (int n = 1; n <= 17; n += 16) matmul_case(KILN_DTYPE_F32, wt, k0, n, 4, gemv, 3, false);
         matmul_case(KILN_DTYPE_F32, wt, 512, 5, 40, gemm, 2, false);
         matmul_case(KILN_DTYPE_F32, wt, 4096, 3, 1, gemv, 1, false);
+        matmul_case(KILN_DTYPE_F16, wt, 512, 3, 4, gemv + 1, 2, false);
+    }
+}
+
+/* The formats only ref and cpu run: every K shape class of their block size, the GEMV (few rows)
+ * and GEMM (more than 8 rows) paths, rank-3 and f16 x. */
+Test(ops, matmul_host_formats)
+{
+    if (gpu_backend()) cr_skip("%s refuses these formats (tests/test_model_formats.c checks that)", tu_backend());
+    const int64_t gemv[] = {1, 3, 4}, gemm[] = {9, 40};
+    for (size_t w = 0; w < N_OF(HOST_WTS); w++) {
+        kiln_dtype wt = HOST_WTS[w];
+        const int64_t k32[] = {32, 96, 4096}, k256[] = {256, 512, 4096};
+        const int64_t *ks = kiln_dtype_block(wt) == 32 ? k32 : k256;
+        for (int k = 0; k < 3; k++)
+            for (int n = 1; n <= 17; n += 16) matmul_case(KILN_DTYPE_F32, wt, ks[k], n, 4, gemv, 3, false);
+        matmul_case(KILN_DTYPE_F32, wt, 512, 64, 40, gemm, 2, false);
+        matmul_case(KILN_DTYPE_F32, wt, ks[0], 3, 4, gemv + 1, 2, true);
         matmul_case(KILN_DTYPE_F16, wt, 512, 3, 4, gemv + 1, 2, false);
     }
 }
@@ -503,34 +526,43 @@ Test(ops, kv_scatter)
 
 /* ---------------------------------------------------------------- get_rows, argmax, cast */
 
-Test(ops, get_rows)
+static void get_rows_case(kiln_dtype wt)
 {
     const int64_t V = 50;
-    for (size_t w = 0; w < N_OF(WTS); w++) {
-        int64_t blk = kiln_dtype_block(WTS[w]);
-        const int64_t plain_d[] = {1, 3, 17}, q8_d[] = {32, 96, 256}, k_d[] = {256, 512, 256};
-        const int64_t *ds = blk == 1 ? plain_d : blk == 32 ? q8_d : k_d;
-        for (int k = 0; k < (blk == 256 ? 2 : 3); k++) {
-            kiln_graph *g = graph();
-            kiln_dim n = kiln_sym(g, "n", 6);
-            kiln_node tab = tu_weight(g, "table", WTS[w], 2, (kiln_dim[]){V, ds[k]}, -1, 1);
-            out(g, kiln_get_rows(g, tab, kiln_input(g, "ids", KILN_DTYPE_I32, 1, &n)), "y");
-            tu_sess *s = tu_sess_new(g, lab("get_rows %s [%lld, %lld]", dn(WTS[w]), (long long)V, (long long)ds[k]));
-            for (int64_t t = 3; t <= 6; t += 3) {
-                float ids[6] = {0, (float)(V - 1), 0, (float)tu_randint(0, V), (float)tu_randint(0, V), (float)(V - 1)};
-                tu_sym(s, "n", t);
-                tu_input_f32(s, "ids", ids, t);
-                tu_run(s);
-                tu_check(s, "y", "get_rows", WTS[w]);
-            }
-            float bad[3] = {1, (float)V, 2};
-            tu_sym(s, "n", 3);
-            tu_input_f32(s, "ids", bad, 3);
-            cr_assert(tu_run_status(s) != KILN_OK, "get_rows %s: id %lld accepted", dn(WTS[w]), (long long)V);
-            tu_sess_free(s);
-            kiln_graph_free(g);
+    int64_t blk = kiln_dtype_block(wt);
+    const int64_t plain_d[] = {1, 3, 17}, q8_d[] = {32, 96, 256}, k_d[] = {256, 512, 256};
+    const int64_t *ds = blk == 1 ? plain_d : blk == 32 ? q8_d : k_d;
+    for (int k = 0; k < (blk == 256 ? 2 : 3); k++) {
+        kiln_graph *g = graph();
+        kiln_dim n = kiln_sym(g, "n", 6);
+        kiln_node tab = tu_weight(g, "table", wt, 2, (kiln_dim[]){V, ds[k]}, -1, 1);
+        out(g, kiln_get_rows(g, tab, kiln_input(g, "ids", KILN_DTYPE_I32, 1, &n)), "y");
+        tu_sess *s = tu_sess_new(g, lab("get_rows %s [%lld, %lld]", dn(wt), (long long)V, (long long)ds[k]));
+        for (int64_t t = 3; t <= 6; t += 3) {
+            float ids[6] = {0, (float)(V - 1), 0, (float)tu_randint(0, V), (float)tu_randint(0, V), (float)(V - 1)};
+            tu_sym(s, "n", t);
+            tu_input_f32(s, "ids", ids, t);
+            tu_run(s);
+            tu_check(s, "y", "get_rows", wt);
         }
+        float bad[3] = {1, (float)V, 2};
+        tu_sym(s, "n", 3);
+        tu_input_f32(s, "ids", bad, 3);
+        cr_assert(tu_run_status(s) != KILN_OK, "get_rows %s: id %lld accepted", dn(wt), (long long)V);
+        tu_sess_free(s);
+        kiln_graph_free(g);
     }
+}
+
+Test(ops, get_rows)
+{
+    for (size_t w = 0; w < N_OF(WTS); w++) get_rows_case(WTS[w]);
+}
+
+Test(ops, get_rows_host_formats)
+{
+    if (gpu_backend()) cr_skip("%s refuses these formats (tests/test_model_formats.c checks that)", tu_backend());
+    for (size_t w = 0; w < N_OF(HOST_WTS); w++) get_rows_case(HOST_WTS[w]);
 }
 
 /* Rows of activations (a table with symbolic rows, as a model's last-token pick before its head). */

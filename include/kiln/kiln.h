@@ -69,6 +69,14 @@ typedef enum kiln_dtype {
     KILN_DTYPE_Q4_K, /* GGUF q4_K: blocks of 256 values, 144 bytes                              */
     KILN_DTYPE_Q5_K, /* GGUF q5_K: blocks of 256 values, 176 bytes                              */
     KILN_DTYPE_Q6_K, /* GGUF q6_K: blocks of 256 values, 210 bytes                              */
+    KILN_DTYPE_Q4_0, /* GGUF q4_0: blocks of 32 values, 18 bytes (f16 scale + 16 bytes of nibbles)  */
+    KILN_DTYPE_Q4_1, /* GGUF q4_1: blocks of 32 values, 20 bytes (f16 scale and min + nibbles)      */
+    KILN_DTYPE_Q5_0, /* GGUF q5_0: blocks of 32 values, 22 bytes                                   */
+    KILN_DTYPE_Q5_1, /* GGUF q5_1: blocks of 32 values, 24 bytes                                   */
+    KILN_DTYPE_IQ4_NL, /* GGUF iq4_nl: blocks of 32 values, 18 bytes (non-linear 4-bit codebook)   */
+    KILN_DTYPE_Q2_K, /* GGUF q2_K: blocks of 256 values, 84 bytes                               */
+    KILN_DTYPE_Q3_K, /* GGUF q3_K: blocks of 256 values, 110 bytes                              */
+    KILN_DTYPE_IQ4_XS, /* GGUF iq4_xs: blocks of 256 values, 136 bytes                           */
     KILN_DTYPE_COUNT
 } kiln_dtype;
 
@@ -76,21 +84,24 @@ typedef enum kiln_dtype {
 KILN_API const char *kiln_dtype_name(kiln_dtype t);
 /* Parses a dtype name; returns false (and leaves *out alone) for an unknown name. */
 KILN_API bool kiln_dtype_parse(const char *name, kiln_dtype *out);
-/* Values per block: 1 for plain types, 32 for q8_0, 256 for the k-quants. */
+/* Values per block: 1 for plain types, 32 for q8_0/q4_0/q4_1/q5_0/q5_1/iq4_nl, 256 for the k-quants and iq4_xs. */
 KILN_API int64_t kiln_dtype_block(kiln_dtype t);
-/* Bytes per block (4, 2, 2, 4, 34, 144, 176, 210). */
+/* Bytes per block (f32 4, f16 2, bf16 2, i32 4, q8_0 34, q4_k 144, q5_k 176, q6_k 210, q4_0 18, q4_1 20,
+ * q5_0 22, q5_1 24, iq4_nl 18, q2_k 84, q3_k 110, iq4_xs 136). */
 KILN_API size_t kiln_dtype_block_bytes(kiln_dtype t);
 /* Bytes of a row of n values; 0 when n is not a multiple of the block size or t is invalid. */
 KILN_API size_t kiln_row_bytes(kiln_dtype t, int64_t n);
 
-/* Reference conversion from f32 to t (f16, bf16, and the four GGUF block formats; f32 copies).
- * n must be a multiple of kiln_dtype_block(t). Bit-exact with the GGUF reference quantizers.
+/* Reference conversion from f32 to t (f16, bf16 and every block format; f32 copies). n must be a
+ * multiple of kiln_dtype_block(t). Bit-exact with ggml's reference quantizers for q8_0, q4_k, q5_k,
+ * q6_k, q4_0, q4_1, q5_0 and q5_1; iq4_nl, iq4_xs, q2_k and q3_k use a plain rounding quantizer
+ * (valid blocks, decoded exactly, but not ggml's search: not byte-equal with llama-quantize).
  * src is one flat run of n values cut into blocks of kiln_dtype_block(t): for a matrix, blocks
  * must not straddle rows, so the row length must itself be a multiple of the block (896 x 896 as
  * q4_k passes this call, 802816 = 3136 blocks, but its 896-wide rows are not whole blocks and
  * kiln_weight/kiln_matmul refuse that matrix). Quantize row by row, or check kiln_row_bytes(t, row) != 0. */
 KILN_API kiln_status kiln_quantize(kiln_dtype t, const float *src, void *dst, int64_t n);
-/* Reference conversion from t to f32 (every dtype; i32 converts values). */
+/* Reference conversion from t to f32 (every dtype; i32 converts values); bit-exact with ggml's dequantizers. */
 KILN_API kiln_status kiln_dequantize(kiln_dtype t, const void *src, float *dst, int64_t n);
 
 /* ---------------------------------------------------------------- context */

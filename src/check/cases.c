@@ -11,7 +11,9 @@
 static const kiln_dtype ACT[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
 static const kiln_dtype PLAIN[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_I32};
 static const kiln_dtype WTS[] = {KILN_DTYPE_F32,  KILN_DTYPE_F16,  KILN_DTYPE_BF16, KILN_DTYPE_Q8_0,
-                                 KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K};
+                                 KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K, KILN_DTYPE_Q4_0,
+                                 KILN_DTYPE_Q4_1, KILN_DTYPE_Q5_0, KILN_DTYPE_Q5_1, KILN_DTYPE_IQ4_NL,
+                                 KILN_DTYPE_Q2_K, KILN_DTYPE_Q3_K, KILN_DTYPE_IQ4_XS}; /* GPU backends must refuse the last 8 */
 /* Row widths: 1, odd, primes, around powers of two, large. */
 static const int64_t WIDTH[] = {1, 2, 3, 5, 7, 13, 17, 31, 32, 33, 63, 64, 97, 127, 128, 251, 256, 257, 509, 1021, 4093, 4097};
 #define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))

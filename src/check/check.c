@@ -14,6 +14,7 @@
 
 #include "check/contract.h"
 #include "check/ref64.h"
+#include "graph/dtype.h"
 #include "sched/ctx.h"
 
 #define GUARD 64         /* guard bytes each side of every output buffer */
@@ -475,6 +476,30 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
     kiln_ref64_free(ref);
 }
 
+/* True when g reads a dtype the GPU templates do not have (q4_0, q5_0, iq4_nl, q2_K, ...). */
+static bool host_only(const kiln_graph *g)
+{
+    for (uint32_t i = 0; i < g->n_nodes; i++)
+        if (!kiln_dtype_on_gpu((kiln_dtype)g->nodes[i].dtype)) return true;
+    return false;
+}
+
+/* On cuda/vulkan such a graph must be refused (a plan would misread the format): the compile has
+ * to fail with KILN_ERR_UNSUPPORTED naming the format. Recorded as "refused:<op>". */
+static void refused_on(kiln_check_run *r, const kiln_check_spec *s, const char *be)
+{
+    kiln_plan *p = NULL;
+    kiln_status st = kiln_compile(r->ctx, s->g, &(kiln_compile_options){.backend = be}, &p);
+    char name[64], why[512] = "";
+    bool ok = st == KILN_ERR_UNSUPPORTED && strstr(kiln_ctx_error(r->ctx), kiln_dtype_name(s->key));
+    if (!ok)
+        snprintf(why, sizeof why, "%s: %s must refuse %s, got %s: %s", s->label, be, kiln_dtype_name(s->key),
+                 kiln_status_str(st), st == KILN_OK ? "a plan" : kiln_ctx_error(r->ctx));
+    snprintf(name, sizeof name, "refused:%s", s->op);
+    record(r, name, s->key, be, 0, ok ? 0 : INFINITY, ok ? NULL : why);
+    kiln_plan_free(p);
+}
+
 void kiln_check_case(kiln_check_run *r, const kiln_check_spec *s)
 {
     if (r->status != KILN_OK) return;
@@ -484,7 +509,11 @@ void kiln_check_case(kiln_check_run *r, const kiln_check_spec *s)
     }
     double tol = spec_tol(r, s);
     if (isnan(tol)) return;
-    for (int b = 0; b < r->n_be; b++) case_on(r, s, r->be[b], tol);
+    bool host = host_only(s->g);
+    for (int b = 0; b < r->n_be; b++) {
+        if (host && strcmp(r->be[b], "ref") != 0 && strcmp(r->be[b], "cpu") != 0) refused_on(r, s, r->be[b]);
+        else case_on(r, s, r->be[b], tol);
+    }
 }
 
 /* ---------------------------------------------------------------- public API */

@@ -73,7 +73,7 @@ static int parse_wtype(const char *v, bench_opts *o)
 {
     if (kiln_dtype_parse(v, &o->wtype) && o->wtype != KILN_DTYPE_I32)
         return KILN_CLI_OK;
-    fprintf(stderr, "kiln bench: --wtype wants f32, f16, bf16, q8_0, q4_k, q5_k or q6_k, got '%s'\n", v);
+    fprintf(stderr, "kiln bench: --wtype wants f32, f16, bf16 or a block format (q8_0, q4_k, q5_k, q6_k, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, iq4_xs), got '%s'\n", v);
     return KILN_CLI_USAGE;
 }
 

@@ -72,6 +72,23 @@ static const kl_template templates[KILN_REGION_KIND_COUNT] = {
     [KILN_REGION_SCATTER] = move_1, [KILN_REGION_MOVE] = move_1,
 };
 
+/* A block format the GPU templates do not read (the dtype table's gpu member: q4_0, q5_0,
+ * iq4_nl, q2_K, ...) would be misread as raw bytes, so a region touching one is refused by name
+ * and placement keeps it on the cpu. */
+static kiln_status check_dtypes(const kiln_graph *g, const kiln_region *r, char *err, size_t n_err)
+{
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
+        for (int k = 0; k < n->n_src; k++) {
+            const kiln_node_rec *s = n->src[k] != KILN_IDX_NONE ? &g->nodes[n->src[k]] : NULL;
+            if (s && !kiln_dtype_on_gpu((kiln_dtype)s->dtype))
+                return kl_unsupported(err, n_err, "'%s' is %s: the GPU backends have no kernel for that format (it runs "
+                                      "on cpu)", s->name ? s->name : "a weight", kiln_dtype_name((kiln_dtype)s->dtype));
+        }
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX],
                                   uint32_t *n_out, char *err, size_t n_err)
 {
@@ -85,11 +102,13 @@ kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, con
     memset(out, 0, KILN_LOWER_MAX * sizeof *out);
     *n_out = 0;
     err[0] = 0;
+    kiln_status s = check_dtypes(g, r, err, n_err);
+    if (s != KILN_OK) return s;
     uint32_t n = 1;
     kl_template fn = r->kind < KILN_REGION_KIND_COUNT ? templates[r->kind] : NULL;
-    kiln_status s = fn ? fn(g, r, tg, out, &n, err, n_err)
-                       : kl_unsupported(err, n_err, "region kind %s has no kernel template",
-                                        kiln_region_kind_name((enum kiln_region_kind)r->kind));
+    s = fn ? fn(g, r, tg, out, &n, err, n_err)
+           : kl_unsupported(err, n_err, "region kind %s has no kernel template",
+                            kiln_region_kind_name((enum kiln_region_kind)r->kind));
     for (uint32_t i = 0; s == KILN_OK && i < n; i++)
         if (!kiln_kir_verify(&out[i], err, n_err)) s = KILN_ERR_INTERNAL;
     if (s != KILN_OK) {

@@ -1,5 +1,6 @@
-/* dtypes: names, block sizes, row bytes, and the reference f32 <-> dtype conversions, including
- * ggml's reference quantizers for q8_0, q4_K, q5_K, q6_K (and q8_K for activations), followed
+/* dtypes: the one-row-per-dtype table (names, block sizes, one-block conversion routines), row
+ * bytes, kiln_quantize / kiln_dequantize, and ggml's reference quantizers for q8_0, q4_K, q5_K,
+ * q6_K (and q8_K for activations; the other block formats live in dtype_q.c), followed
  * step by step (same float operations in the same order) so the bytes match GGUF files.
  * Scalar code only; must not allocate, must not abort on a caller's mistake. */
 #include "graph/dtype.h"
@@ -11,22 +12,60 @@
 
 /* ---------------------------------------------------------------- table */
 
+/* One block's conversions (the block is ggml's struct of that dtype; x and y hold `block` floats). */
+typedef void (*quant_fn)(const float *x, void *blk);
+typedef void (*dequant_fn)(const void *blk, float *y);
+
 typedef struct dtype_info {
-    const char *name;  /* canonical lower-case name */
-    int64_t     block; /* values per block */
-    size_t      bytes; /* bytes per block */
+    const char *name;    /* canonical lower-case name */
+    int64_t     block;   /* values per block */
+    size_t      bytes;   /* bytes per block */
+    quant_fn    quant;   /* block formats: f32 -> block (NULL for plain dtypes) */
+    dequant_fn  dequant; /* block formats: block -> f32 (NULL for plain dtypes) */
+    bool        gpu;     /* the GPU templates (src/codegen) read it; false: cuda/vulkan refuse it */
 } dtype_info;
 
+/* Typed one-block routines behind the table's untyped members (no function-pointer casts). */
+#define BLOCK_FNS(NAME, T)                                                                           \
+    static void quant_##NAME(const float *x, void *b) { kiln_dtype_quant_##NAME(x, (T *)b); }         \
+    static void dequant_##NAME(const void *b, float *y) { kiln_dtype_dequant_##NAME((const T *)b, y); }
+BLOCK_FNS(q8_0, kiln_block_q8_0)
+BLOCK_FNS(q4_k, kiln_block_q4_k)
+BLOCK_FNS(q5_k, kiln_block_q5_k)
+BLOCK_FNS(q6_k, kiln_block_q6_k)
+BLOCK_FNS(q4_0, kiln_block_q4_0)
+BLOCK_FNS(q4_1, kiln_block_q4_1)
+BLOCK_FNS(q5_0, kiln_block_q5_0)
+BLOCK_FNS(q5_1, kiln_block_q5_1)
+BLOCK_FNS(iq4_nl, kiln_block_iq4_nl)
+BLOCK_FNS(q2_k, kiln_block_q2_k)
+BLOCK_FNS(q3_k, kiln_block_q3_k)
+BLOCK_FNS(iq4_xs, kiln_block_iq4_xs)
+#undef BLOCK_FNS
+
+#define BLOCK_ROW(NAME, QK, T, GPU) {#NAME, QK, sizeof(T), quant_##NAME, dequant_##NAME, GPU}
+
+/* One row per dtype (ggml's type_traits idea): adding a block format is its struct and routines
+ * in dtype.h / dtype_q.c and a row here. */
 static const dtype_info dtype_table[KILN_DTYPE_COUNT] = {
-    [KILN_DTYPE_F32] = {"f32", 1, 4},
-    [KILN_DTYPE_F16] = {"f16", 1, 2},
-    [KILN_DTYPE_BF16] = {"bf16", 1, 2},
-    [KILN_DTYPE_I32] = {"i32", 1, 4},
-    [KILN_DTYPE_Q8_0] = {"q8_0", KILN_QK8_0, sizeof(kiln_block_q8_0)},
-    [KILN_DTYPE_Q4_K] = {"q4_k", KILN_QK_K, sizeof(kiln_block_q4_k)},
-    [KILN_DTYPE_Q5_K] = {"q5_k", KILN_QK_K, sizeof(kiln_block_q5_k)},
-    [KILN_DTYPE_Q6_K] = {"q6_k", KILN_QK_K, sizeof(kiln_block_q6_k)},
+    [KILN_DTYPE_F32] = {"f32", 1, 4, NULL, NULL, true},
+    [KILN_DTYPE_F16] = {"f16", 1, 2, NULL, NULL, true},
+    [KILN_DTYPE_BF16] = {"bf16", 1, 2, NULL, NULL, true},
+    [KILN_DTYPE_I32] = {"i32", 1, 4, NULL, NULL, true},
+    [KILN_DTYPE_Q8_0] = BLOCK_ROW(q8_0, KILN_QK8_0, kiln_block_q8_0, true),
+    [KILN_DTYPE_Q4_K] = BLOCK_ROW(q4_k, KILN_QK_K, kiln_block_q4_k, true),
+    [KILN_DTYPE_Q5_K] = BLOCK_ROW(q5_k, KILN_QK_K, kiln_block_q5_k, true),
+    [KILN_DTYPE_Q6_K] = BLOCK_ROW(q6_k, KILN_QK_K, kiln_block_q6_k, true),
+    [KILN_DTYPE_Q4_0] = BLOCK_ROW(q4_0, KILN_QK8_0, kiln_block_q4_0, false),
+    [KILN_DTYPE_Q4_1] = BLOCK_ROW(q4_1, KILN_QK8_0, kiln_block_q4_1, false),
+    [KILN_DTYPE_Q5_0] = BLOCK_ROW(q5_0, KILN_QK8_0, kiln_block_q5_0, false),
+    [KILN_DTYPE_Q5_1] = BLOCK_ROW(q5_1, KILN_QK8_0, kiln_block_q5_1, false),
+    [KILN_DTYPE_IQ4_NL] = BLOCK_ROW(iq4_nl, KILN_QK8_0, kiln_block_iq4_nl, false),
+    [KILN_DTYPE_Q2_K] = BLOCK_ROW(q2_k, KILN_QK_K, kiln_block_q2_k, false),
+    [KILN_DTYPE_Q3_K] = BLOCK_ROW(q3_k, KILN_QK_K, kiln_block_q3_k, false),
+    [KILN_DTYPE_IQ4_XS] = BLOCK_ROW(iq4_xs, KILN_QK_K, kiln_block_iq4_xs, false),
 };
+#undef BLOCK_ROW
 
 static bool dtype_valid(kiln_dtype t)
 {
@@ -49,6 +88,11 @@ KILN_API bool kiln_dtype_parse(const char *name, kiln_dtype *out)
         }
     }
     return false;
+}
+
+bool kiln_dtype_on_gpu(kiln_dtype t)
+{
+    return dtype_valid(t) && dtype_table[t].gpu;
 }
 
 KILN_API int64_t kiln_dtype_block(kiln_dtype t)
@@ -524,23 +568,11 @@ KILN_API kiln_status kiln_quantize(kiln_dtype t, const float *src, void *dst, in
         for (int64_t i = 0; i < n; i++)
             ((uint16_t *)dst)[i] = kiln_f32_to_bf16(src[i]);
         break;
-    case KILN_DTYPE_Q8_0:
+    default:
+        if (!dtype_table[t].quant)
+            return KILN_ERR_DTYPE; /* i32: not a quantization target */
         for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_quant_q8_0(src + i * KILN_QK8_0, (kiln_block_q8_0 *)dst + i);
-        break;
-    case KILN_DTYPE_Q4_K:
-        for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_quant_q4_k(src + i * KILN_QK_K, (kiln_block_q4_k *)dst + i);
-        break;
-    case KILN_DTYPE_Q5_K:
-        for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_quant_q5_k(src + i * KILN_QK_K, (kiln_block_q5_k *)dst + i);
-        break;
-    case KILN_DTYPE_Q6_K:
-        for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_quant_q6_k(src + i * KILN_QK_K, (kiln_block_q6_k *)dst + i);
-        break;
-    default: return KILN_ERR_DTYPE; /* i32: not a quantization target */
+            dtype_table[t].quant(src + i * dtype_table[t].block, (char *)dst + (size_t)i * dtype_table[t].bytes);
     }
     return KILN_OK;
 }
@@ -565,23 +597,11 @@ KILN_API kiln_status kiln_dequantize(kiln_dtype t, const void *src, float *dst, 
         for (int64_t i = 0; i < n; i++)
             dst[i] = (float)((const int32_t *)src)[i];
         break;
-    case KILN_DTYPE_Q8_0:
+    default:
+        if (!dtype_table[t].dequant)
+            return KILN_ERR_INTERNAL;
         for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_dequant_q8_0((const kiln_block_q8_0 *)src + i, dst + i * KILN_QK8_0);
-        break;
-    case KILN_DTYPE_Q4_K:
-        for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_dequant_q4_k((const kiln_block_q4_k *)src + i, dst + i * KILN_QK_K);
-        break;
-    case KILN_DTYPE_Q5_K:
-        for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_dequant_q5_k((const kiln_block_q5_k *)src + i, dst + i * KILN_QK_K);
-        break;
-    case KILN_DTYPE_Q6_K:
-        for (int64_t i = 0; i < nb; i++)
-            kiln_dtype_dequant_q6_k((const kiln_block_q6_k *)src + i, dst + i * KILN_QK_K);
-        break;
-    default: return KILN_ERR_INTERNAL;
+            dtype_table[t].dequant((const char *)src + (size_t)i * dtype_table[t].bytes, dst + i * dtype_table[t].block);
     }
     return KILN_OK;
 }

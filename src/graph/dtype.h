@@ -59,11 +59,91 @@ typedef struct kiln_block_q8_k {
     int16_t bsums[KILN_QK_K / 16]; /* sums of groups of 16 quants */
 } kiln_block_q8_k;
 
+/* q4_0: y[j] = d * (q_j - 8), q_j 4 bits: qs[l] low nibble = value l, high nibble = value l + 16. */
+typedef struct kiln_block_q4_0 {
+    uint16_t d;                  /* f16 scale */
+    uint8_t  qs[KILN_QK8_0 / 2]; /* nibbles, layout above */
+} kiln_block_q4_0;
+
+/* q4_1: y[j] = d * q_j + m, q_j 4 bits (nibbles as q4_0). */
+typedef struct kiln_block_q4_1 {
+    uint16_t d;                  /* f16 scale */
+    uint16_t m;                  /* f16 min */
+    uint8_t  qs[KILN_QK8_0 / 2]; /* nibbles as q4_0 */
+} kiln_block_q4_1;
+
+/* q5_0: y[j] = d * (q_j - 16), q_j 5 bits: low 4 as q4_0, bit 4 of value j is bit j of qh (a
+ * little-endian u32). */
+typedef struct kiln_block_q5_0 {
+    uint16_t d;                  /* f16 scale */
+    uint8_t  qh[4];              /* fifth bits, u32 little-endian */
+    uint8_t  qs[KILN_QK8_0 / 2]; /* low nibbles as q4_0 */
+} kiln_block_q5_0;
+
+/* q5_1: y[j] = d * q_j + m, q_j 5 bits laid out as q5_0. */
+typedef struct kiln_block_q5_1 {
+    uint16_t d;                  /* f16 scale */
+    uint16_t m;                  /* f16 min */
+    uint8_t  qh[4];              /* fifth bits, u32 little-endian */
+    uint8_t  qs[KILN_QK8_0 / 2]; /* low nibbles as q4_0 */
+} kiln_block_q5_1;
+
+/* iq4_nl: y[j] = d * kiln_iq4nl_values[q_j], q_j 4 bits laid out as q4_0. */
+typedef struct kiln_block_iq4_nl {
+    uint16_t d;                  /* f16 scale */
+    uint8_t  qs[KILN_QK8_0 / 2]; /* codebook indices, layout as q4_0 */
+} kiln_block_iq4_nl;
+
+/* ggml's kvalues_iq4nl: the 16 levels of iq4_nl and iq4_xs. */
+extern const int8_t kiln_iq4nl_values[16];
+
+/* q2_K: 16 sub-blocks of 16; scales[s] low nibble = scale, high nibble = min of sub-block s;
+ * y = d * sc * q - dmin * mn, q 2 bits: for half h (128 values) and shift 2c (c = 0..3), qs[32h + l]
+ * bits 2c..2c+1 hold value 128h + 32c + l. */
+typedef struct kiln_block_q2_k {
+    uint8_t  scales[KILN_QK_K / 16]; /* 4-bit scale and min per sub-block */
+    uint8_t  qs[KILN_QK_K / 4];      /* 2-bit quants, layout above */
+    uint16_t d;                      /* f16 super-scale of the scales */
+    uint16_t dmin;                   /* f16 super-scale of the mins */
+} kiln_block_q2_k;
+
+/* q3_K: 16 sub-blocks of 16 with 6-bit signed scales (stored + 32, packed in 12 bytes); q 3 bits:
+ * low 2 bits as q2_K's qs, the third bit of value 32c' + l (c' = 0..7) is bit c' of hmask[l], and
+ * a clear bit subtracts 4: y = d * (sc - 32) * (q2 - (bit ? 0 : 4)). */
+typedef struct kiln_block_q3_k {
+    uint8_t  hmask[KILN_QK_K / 8]; /* high bits (inverted) */
+    uint8_t  qs[KILN_QK_K / 4];    /* low 2 bits */
+    uint8_t  scales[12];           /* 16 x 6-bit scales, packed */
+    uint16_t d;                    /* f16 super-scale */
+} kiln_block_q3_k;
+
+/* iq4_xs: 8 sub-blocks of 32 with 6-bit scales ls (low nibble in scales_l, high 2 bits in
+ * scales_h); y = d * (ls - 32) * kiln_iq4nl_values[q], nibbles per sub-block as iq4_nl. */
+typedef struct kiln_block_iq4_xs {
+    uint16_t d;                    /* f16 super-scale */
+    uint16_t scales_h;             /* high 2 bits of the 8 scales */
+    uint8_t  scales_l[KILN_QK_K / 64]; /* low 4 bits of the 8 scales */
+    uint8_t  qs[KILN_QK_K / 2];    /* codebook indices */
+} kiln_block_iq4_xs;
+
+_Static_assert(sizeof(kiln_block_q4_0) == 18, "q4_0 block must be 18 bytes");
+_Static_assert(sizeof(kiln_block_q4_1) == 20, "q4_1 block must be 20 bytes");
+_Static_assert(sizeof(kiln_block_q5_0) == 22, "q5_0 block must be 22 bytes");
+_Static_assert(sizeof(kiln_block_q5_1) == 24, "q5_1 block must be 24 bytes");
+_Static_assert(sizeof(kiln_block_iq4_nl) == 18, "iq4_nl block must be 18 bytes");
+_Static_assert(sizeof(kiln_block_q2_k) == 84, "q2_K block must be 84 bytes");
+_Static_assert(sizeof(kiln_block_q3_k) == 110, "q3_K block must be 110 bytes");
+_Static_assert(sizeof(kiln_block_iq4_xs) == 136, "iq4_xs block must be 136 bytes");
 _Static_assert(sizeof(kiln_block_q8_0) == 34, "q8_0 block must be 34 bytes");
 _Static_assert(sizeof(kiln_block_q4_k) == 144, "q4_K block must be 144 bytes");
 _Static_assert(sizeof(kiln_block_q5_k) == 176, "q5_K block must be 176 bytes");
 _Static_assert(sizeof(kiln_block_q6_k) == 210, "q6_K block must be 210 bytes");
 _Static_assert(sizeof(kiln_block_q8_k) == 292, "q8_K block must be 292 bytes");
+
+/* The dtype table's GPU member: true when the GPU templates (src/codegen) read t. The formats
+ * without one (q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, iq4_xs) are refused by cuda/vulkan by
+ * name, so placement keeps their regions on the cpu. */
+bool kiln_dtype_on_gpu(kiln_dtype t);
 
 /* ---------------------------------------------------------------- scalar conversions */
 
@@ -173,6 +253,16 @@ void kiln_dtype_dequant_q4_k(const kiln_block_q4_k *b, float *y);
 void kiln_dtype_dequant_q5_k(const kiln_block_q5_k *b, float *y);
 void kiln_dtype_dequant_q6_k(const kiln_block_q6_k *b, float *y);
 void kiln_dtype_dequant_q8_k(const kiln_block_q8_k *b, float *y);
+void kiln_dtype_dequant_q4_0(const kiln_block_q4_0 *b, float *y);
+void kiln_dtype_dequant_q4_1(const kiln_block_q4_1 *b, float *y);
+void kiln_dtype_dequant_q5_0(const kiln_block_q5_0 *b, float *y);
+void kiln_dtype_dequant_q5_1(const kiln_block_q5_1 *b, float *y);
+void kiln_dtype_dequant_iq4_nl(const kiln_block_iq4_nl *b, float *y);
+void kiln_dtype_dequant_q2_k(const kiln_block_q2_k *b, float *y);
+void kiln_dtype_dequant_q3_k(const kiln_block_q3_k *b, float *y);
+void kiln_dtype_dequant_iq4_xs(const kiln_block_iq4_xs *b, float *y);
+/* The 16 signed 6-bit scales (already - 32) of a q3_K block, as ggml unpacks them. */
+void kiln_q3_k_scales(const kiln_block_q3_k *b, int8_t out[16]);
 
 /* Quantize one block from x, bit-exact with ggml's quantize_row_*_ref for finite inputs
  * (non-finite inputs give an unspecified block, never a crash). */
@@ -181,3 +271,15 @@ void kiln_dtype_quant_q4_k(const float *x, kiln_block_q4_k *b);
 void kiln_dtype_quant_q5_k(const float *x, kiln_block_q5_k *b);
 void kiln_dtype_quant_q6_k(const float *x, kiln_block_q6_k *b);
 void kiln_dtype_quant_q8_k(const float *x, kiln_block_q8_k *b);
+void kiln_dtype_quant_q4_0(const float *x, kiln_block_q4_0 *b);
+void kiln_dtype_quant_q4_1(const float *x, kiln_block_q4_1 *b);
+void kiln_dtype_quant_q5_0(const float *x, kiln_block_q5_0 *b);
+void kiln_dtype_quant_q5_1(const float *x, kiln_block_q5_1 *b);
+/* iq4_nl: ggml's quantize_row_iq4_nl_ref algorithm (no importance weights: weights x^2, 7 tries
+ * each side); iq4_xs likewise per 32 with ggml's 6-bit scale quantization. q2_K and q3_K: a plain
+ * per-sub-block min/max (q2_K) or absmax (q3_K) quantizer, NOT ggml's search (their blocks are
+ * valid and dequantize exactly; only the choice of quants differs). */
+void kiln_dtype_quant_iq4_nl(const float *x, kiln_block_iq4_nl *b);
+void kiln_dtype_quant_q2_k(const float *x, kiln_block_q2_k *b);
+void kiln_dtype_quant_q3_k(const float *x, kiln_block_q3_k *b);
+void kiln_dtype_quant_iq4_xs(const float *x, kiln_block_iq4_xs *b);

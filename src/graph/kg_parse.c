@@ -260,7 +260,7 @@ static kiln_status read_dtype(kg_parser *p, size_t *i, kiln_dtype *out)
     tok *t = at(p, *i);
     if (!t) return perr(p, p->end_col, "missing dtype");
     if (t->kind != TK_WORD || !kiln_dtype_parse(t->s, out))
-        return perr(p, t->col, "bad dtype '%.60s' (f32 f16 bf16 i32 q8_0 q4_k q5_k q6_k)", tok_text(t));
+        return perr(p, t->col, "bad dtype '%.60s' (f32 f16 bf16 i32 q8_0 q4_k q5_k q6_k q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k iq4_xs)", tok_text(t));
     (*i)++;
     return KILN_OK;
 }

@@ -140,7 +140,10 @@ static uint32_t ggml_id(kiln_dtype t)
 {
     static const uint32_t id[KILN_DTYPE_COUNT] = {[KILN_DTYPE_F32] = 0, [KILN_DTYPE_F16] = 1, [KILN_DTYPE_BF16] = 30,
                                                   [KILN_DTYPE_Q8_0] = 8, [KILN_DTYPE_Q4_K] = 12,
-                                                  [KILN_DTYPE_Q5_K] = 13, [KILN_DTYPE_Q6_K] = 14};
+                                                  [KILN_DTYPE_Q5_K] = 13, [KILN_DTYPE_Q6_K] = 14,
+                                                  [KILN_DTYPE_Q4_0] = 2, [KILN_DTYPE_Q4_1] = 3, [KILN_DTYPE_Q5_0] = 6,
+                                                  [KILN_DTYPE_Q5_1] = 7, [KILN_DTYPE_IQ4_NL] = 20, [KILN_DTYPE_Q2_K] = 10,
+                                                  [KILN_DTYPE_Q3_K] = 11, [KILN_DTYPE_IQ4_XS] = 23};
     return id[t];
 }
 

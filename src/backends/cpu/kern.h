@@ -13,8 +13,8 @@
 /* Activation formats a weight dtype's kernel reads. */
 enum kiln_cpu_act {
     KILN_CPU_ACT_F32 = 0, /* f32 rows (f32, f16, bf16 weights) */
-    KILN_CPU_ACT_Q8_0,    /* kiln_cpu_q8a blocks of 32 (q8_0 weights) */
-    KILN_CPU_ACT_Q8_K,    /* kiln_block_q8_k blocks of 256 (q4_k, q5_k, q6_k weights) */
+    KILN_CPU_ACT_Q8_0,    /* kiln_cpu_q8a blocks of 32 (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl weights) */
+    KILN_CPU_ACT_Q8_K,    /* kiln_block_q8_k blocks of 256 (q4_k, q5_k, q6_k, q2_k, q3_k, iq4_xs weights) */
     KILN_CPU_ACT_COUNT
 };
 
@@ -27,10 +27,18 @@ typedef struct kiln_cpu_q8a {
 static inline enum kiln_cpu_act kiln_cpu_act_of(kiln_dtype wt)
 {
     switch (wt) {
-    case KILN_DTYPE_Q8_0: return KILN_CPU_ACT_Q8_0;
+    case KILN_DTYPE_Q8_0:
+    case KILN_DTYPE_Q4_0:
+    case KILN_DTYPE_Q4_1:
+    case KILN_DTYPE_Q5_0:
+    case KILN_DTYPE_Q5_1:
+    case KILN_DTYPE_IQ4_NL: return KILN_CPU_ACT_Q8_0;
     case KILN_DTYPE_Q4_K:
     case KILN_DTYPE_Q5_K:
-    case KILN_DTYPE_Q6_K: return KILN_CPU_ACT_Q8_K;
+    case KILN_DTYPE_Q6_K:
+    case KILN_DTYPE_Q2_K:
+    case KILN_DTYPE_Q3_K:
+    case KILN_DTYPE_IQ4_XS: return KILN_CPU_ACT_Q8_K;
     default: return KILN_CPU_ACT_F32;
     }
 }

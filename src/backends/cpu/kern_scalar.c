@@ -161,6 +161,138 @@ static float dot_q6_k(int64_t nb, const kiln_block_q6_k *w, const kiln_block_q8_
     return acc;
 }
 
+/* The 32-value formats against q8 activations: sum_l w_l * x_l with w = d * q (+ m). */
+static int32_t sum_x(const kiln_cpu_q8a *x)
+{
+    int32_t s = 0;
+    for (int l = 0; l < KILN_QK8_0; l++) s += x->qs[l];
+    return s;
+}
+
+/* Quant l (0..31) of a nibble-packed block: low nibbles hold 0..15, high nibbles 16..31. */
+static inline int nib(const uint8_t *qs, int l) { return l < 16 ? qs[l] & 0xf : qs[l - 16] >> 4; }
+
+static float dot_q4_0(int64_t nb, const kiln_block_q4_0 *w, const kiln_cpu_q8a *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int l = 0; l < KILN_QK8_0; l++) s += (nib(w[b].qs, l) - 8) * x[b].qs[l];
+        acc += kiln_f16_to_f32(w[b].d) * x[b].d * (float)s;
+    }
+    return acc;
+}
+
+static float dot_q4_1(int64_t nb, const kiln_block_q4_1 *w, const kiln_cpu_q8a *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int l = 0; l < KILN_QK8_0; l++) s += nib(w[b].qs, l) * x[b].qs[l];
+        acc += x[b].d * (kiln_f16_to_f32(w[b].d) * (float)s + kiln_f16_to_f32(w[b].m) * (float)sum_x(&x[b]));
+    }
+    return acc;
+}
+
+/* Quant l of a q5 block: nibble plus bit l of qh as 16. */
+static inline int q5(const uint8_t *qs, const uint8_t *qh, int l)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return nib(qs, l) | (int)(((h >> l) & 1) << 4);
+}
+
+static float dot_q5_0(int64_t nb, const kiln_block_q5_0 *w, const kiln_cpu_q8a *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int l = 0; l < KILN_QK8_0; l++) s += (q5(w[b].qs, w[b].qh, l) - 16) * x[b].qs[l];
+        acc += kiln_f16_to_f32(w[b].d) * x[b].d * (float)s;
+    }
+    return acc;
+}
+
+static float dot_q5_1(int64_t nb, const kiln_block_q5_1 *w, const kiln_cpu_q8a *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int l = 0; l < KILN_QK8_0; l++) s += q5(w[b].qs, w[b].qh, l) * x[b].qs[l];
+        acc += x[b].d * (kiln_f16_to_f32(w[b].d) * (float)s + kiln_f16_to_f32(w[b].m) * (float)sum_x(&x[b]));
+    }
+    return acc;
+}
+
+static float dot_iq4_nl(int64_t nb, const kiln_block_iq4_nl *w, const kiln_cpu_q8a *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int l = 0; l < KILN_QK8_0; l++) s += kiln_iq4nl_values[nib(w[b].qs, l)] * x[b].qs[l];
+        acc += kiln_f16_to_f32(w[b].d) * x[b].d * (float)s;
+    }
+    return acc;
+}
+
+/* The 256-value formats against q8_K activations. Value v = 128h + 32c + l of q2_K/q3_K takes
+ * bits 2c..2c+1 of qs[32h + l]; sub-block s = v / 16. */
+static float dot_q2_k(int64_t nb, const kiln_block_q2_k *w, const kiln_block_q8_k *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sumi = 0, summ = 0;
+        for (int s = 0; s < 16; s++) {
+            int32_t t = 0;
+            for (int i = 0; i < 16; i++) {
+                int v = 16 * s + i, h = v / 128, c = (v % 128) / 32, l = v % 32;
+                t += ((w[b].qs[32 * h + l] >> (2 * c)) & 3) * x[b].qs[v];
+            }
+            sumi += (w[b].scales[s] & 0xf) * t;
+            summ += (w[b].scales[s] >> 4) * x[b].bsums[s];
+        }
+        acc += x[b].d * (kiln_f16_to_f32(w[b].d) * (float)sumi - kiln_f16_to_f32(w[b].dmin) * (float)summ);
+    }
+    return acc;
+}
+
+static float dot_q3_k(int64_t nb, const kiln_block_q3_k *w, const kiln_block_q8_k *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int8_t sc[16];
+        kiln_q3_k_scales(&w[b], sc);
+        int32_t sumi = 0;
+        for (int s = 0; s < 16; s++) {
+            int32_t t = 0;
+            for (int i = 0; i < 16; i++) {
+                int v = 16 * s + i, h = v / 128, c = (v % 128) / 32, l = v % 32;
+                int q = ((w[b].qs[32 * h + l] >> (2 * c)) & 3) - ((w[b].hmask[l] >> (v / 32)) & 1 ? 0 : 4);
+                t += q * x[b].qs[v];
+            }
+            sumi += sc[s] * t;
+        }
+        acc += x[b].d * kiln_f16_to_f32(w[b].d) * (float)sumi;
+    }
+    return acc;
+}
+
+static float dot_iq4_xs(int64_t nb, const kiln_block_iq4_xs *w, const kiln_block_q8_k *x)
+{
+    float acc = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sumi = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            int ls = ((w[b].scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((w[b].scales_h >> 2 * ib) & 3) << 4);
+            int32_t t = 0;
+            for (int l = 0; l < 32; l++) t += kiln_iq4nl_values[nib(w[b].qs + 16 * ib, l)] * x[b].qs[32 * ib + l];
+            sumi += (ls - 32) * t;
+        }
+        acc += x[b].d * kiln_f16_to_f32(w[b].d) * (float)sumi;
+    }
+    return acc;
+}
+
 #define DEF_MM_QUANT(NAME, DOT, WT, XT, QK)                                                            \
     static void NAME(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs,      \
                      int64_t m, float *y, int64_t ldy)                                                 \
@@ -174,6 +306,14 @@ DEF_MM_QUANT(mm_q8_0, dot_q8_0, kiln_block_q8_0, kiln_cpu_q8a, KILN_QK8_0)
 DEF_MM_QUANT(mm_q4_k, dot_q4_k, kiln_block_q4_k, kiln_block_q8_k, KILN_QK_K)
 DEF_MM_QUANT(mm_q5_k, dot_q5_k, kiln_block_q5_k, kiln_block_q8_k, KILN_QK_K)
 DEF_MM_QUANT(mm_q6_k, dot_q6_k, kiln_block_q6_k, kiln_block_q8_k, KILN_QK_K)
+DEF_MM_QUANT(mm_q4_0, dot_q4_0, kiln_block_q4_0, kiln_cpu_q8a, KILN_QK8_0)
+DEF_MM_QUANT(mm_q4_1, dot_q4_1, kiln_block_q4_1, kiln_cpu_q8a, KILN_QK8_0)
+DEF_MM_QUANT(mm_q5_0, dot_q5_0, kiln_block_q5_0, kiln_cpu_q8a, KILN_QK8_0)
+DEF_MM_QUANT(mm_q5_1, dot_q5_1, kiln_block_q5_1, kiln_cpu_q8a, KILN_QK8_0)
+DEF_MM_QUANT(mm_iq4_nl, dot_iq4_nl, kiln_block_iq4_nl, kiln_cpu_q8a, KILN_QK8_0)
+DEF_MM_QUANT(mm_q2_k, dot_q2_k, kiln_block_q2_k, kiln_block_q8_k, KILN_QK_K)
+DEF_MM_QUANT(mm_q3_k, dot_q3_k, kiln_block_q3_k, kiln_block_q8_k, KILN_QK_K)
+DEF_MM_QUANT(mm_iq4_xs, dot_iq4_xs, kiln_block_iq4_xs, kiln_block_q8_k, KILN_QK_K)
 
 /* ---------------------------------------------------------------- attention vectors */
 
@@ -246,6 +386,14 @@ const kiln_cpu_kern kiln_cpu_kern_scalar = {
         [KILN_DTYPE_Q4_K] = mm_q4_k,
         [KILN_DTYPE_Q5_K] = mm_q5_k,
         [KILN_DTYPE_Q6_K] = mm_q6_k,
+        [KILN_DTYPE_Q4_0] = mm_q4_0,
+        [KILN_DTYPE_Q4_1] = mm_q4_1,
+        [KILN_DTYPE_Q5_0] = mm_q5_0,
+        [KILN_DTYPE_Q5_1] = mm_q5_1,
+        [KILN_DTYPE_IQ4_NL] = mm_iq4_nl,
+        [KILN_DTYPE_Q2_K] = mm_q2_k,
+        [KILN_DTYPE_Q3_K] = mm_q3_k,
+        [KILN_DTYPE_IQ4_XS] = mm_iq4_xs,
     },
     .kv_dot = {kv_dot_f32, kv_dot_f16},
     .kv_axpy = {kv_axpy_f32, kv_axpy_f16},
