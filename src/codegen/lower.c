@@ -3,6 +3,7 @@
  * for the few; attention: its own three kernels). Every template lives in its own file; the
  * helpers they share are in lower_util.c. Must not print any target's text. */
 #include "codegen/lower.h"
+#include "graph/dtype.h"
 
 #include <string.h>
 
