@@ -245,3 +245,63 @@ Test(gen, prompts_of_each_family)
     prompt_is(KILN_CHAT_LLAMA2_SYS, "S", "Hi", "[INST] <<SYS>>\nS\n<</SYS>>\n\nHi [/INST]");
     prompt_is(KILN_CHAT_LLAMA2, "S", "Hi", "[INST] S\nHi [/INST]");
 }
+
+static int cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* A wide vocabulary whose logits span 30 nats: top-p without top-k only sorts the tokens near the
+ * best; the distribution must still be the nucleus of the full softmax. */
+Test(gen, wide_vocabulary_nucleus_without_top_k)
+{
+    enum { N = 6000 };
+    static float l[N];
+    static double p[N], sorted[N], got[N];
+    tu_fill(l, N, -25, 5);
+    kiln_sample_params sp = params(0.9f, 0, 0.9f, 0);
+    kiln_sampler *s = NULL;
+    cr_assert_eq(kiln_sampler_new(ctx, &sp, N, &s), KILN_OK);
+    kiln_sampler_next(s, l, NULL, 0);
+    kiln_sampler_probs(s, got);
+    double mx = -1e300, z = 0, cum = 0, cut = 0;
+    for (int i = 0; i < N; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = 0; i < N; i++) z += p[i] = exp(l[i] - mx);
+    for (int i = 0; i < N; i++) sorted[i] = p[i] /= z;
+    qsort(sorted, N, sizeof *sorted, cmp_desc);
+    int kept = 0;
+    while (cum < 0.9) cum += cut = sorted[kept++]; /* the nucleus: everything at least as likely as cut */
+    double zt = 0;
+    for (int i = 0; i < N; i++) zt += p[i] >= cut ? exp((l[i] - mx) / 0.9) : 0;
+    int n_got = 0;
+    for (int i = 0; i < N; i++) {
+        double want = p[i] >= cut ? exp((l[i] - mx) / 0.9) / zt : 0;
+        n_got += got[i] > 0;
+        cr_assert(fabs(got[i] - want) < 1e-9, "token %d: p %g, reference %g", i, got[i], want);
+    }
+    cr_assert_eq(n_got, kept);
+    kiln_sampler_free(s);
+}
+
+Test(gen, nan_and_infinite_logits_are_never_drawn)
+{
+    float l[NV];
+    tu_fill(l, NV, -2, 2);
+    l[3] = NAN, l[7] = -INFINITY, l[9] = NAN;
+    kiln_sample_params ps[] = {params(1, 0, 1, 0), params(1, 5, 1, 0), params(0, 0, 1, 0), params(1, 0, 0.5f, 0.01f)};
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
+        kiln_sampler *s = NULL;
+        cr_assert_eq(kiln_sampler_new(ctx, &ps[k], NV, &s), KILN_OK);
+        for (int i = 0; i < 2000; i++) {
+            int32_t id = kiln_sampler_next(s, l, NULL, 0);
+            cr_assert(id >= 0 && id < NV && id != 3 && id != 7 && id != 9, "drew %d", id);
+        }
+        kiln_sampler_free(s);
+    }
+    for (int i = 0; i < NV; i++) l[i] = i % 2 ? NAN : -INFINITY; /* nothing to choose: token 0, no crash */
+    kiln_sampler *s = NULL;
+    cr_assert_eq(kiln_sampler_new(ctx, &ps[0], NV, &s), KILN_OK);
+    cr_assert_eq(kiln_sampler_next(s, l, NULL, 0), 0);
+    kiln_sampler_free(s);
+}

@@ -17,8 +17,9 @@ typedef struct cand {
 struct kiln_sampler {
     kiln_sample_params p;       /* settings */
     int64_t            n;       /* vocabulary */
-    cand              *c;       /* [n] candidates, best first after filtering */
+    cand              *c;       /* [n] candidates, best first */
     double            *prob;    /* [n] probabilities of the last draw (0: excluded) */
+    float             *work;    /* [n] the logits after a penalty */
     uint8_t           *seen;    /* [n] penalty applied already (cleared after each call) */
     int64_t            n_prob;  /* candidates whose prob is set (to clear them next time) */
     uint64_t           rng[4];  /* xoshiro256** state */
@@ -57,8 +58,9 @@ kiln_status kiln_sampler_new(kiln_ctx *ctx, const kiln_sample_params *p, int64_t
         s->c = malloc((size_t)n_vocab * sizeof *s->c);
         s->prob = calloc((size_t)n_vocab, sizeof *s->prob);
         s->seen = calloc((size_t)n_vocab, 1);
+        s->work = malloc((size_t)n_vocab * sizeof *s->work);
     }
-    if (!s || !s->c || !s->prob || !s->seen) {
+    if (!s || !s->c || !s->prob || !s->seen || !s->work) {
         kiln_sampler_free(s);
         return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "sampler for %lld tokens", (long long)n_vocab);
     }
@@ -76,101 +78,140 @@ void kiln_sampler_free(kiln_sampler *s)
     free(s->c);
     free(s->prob);
     free(s->seen);
+    free(s->work);
     free(s);
 }
 
-/* Better first: higher logit, then lower id; NaN after everything. */
-static bool better(const cand *a, const cand *b)
-{
-    if (isnan(a->logit) || isnan(b->logit)) return !isnan(a->logit) && isnan(b->logit);
-    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
-}
-
+/* Better first: higher logit, then lower id (NaN logits never get here). */
 static int cmp_cand(const void *x, const void *y)
 {
     const cand *a = x, *b = y;
-    return better(a, b) ? -1 : better(b, a) ? 1 : 0;
+    if (a->logit != b->logit) return a->logit > b->logit ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
 }
 
-/* Moves the k best of c[0..n) to the front, sorted: a min-heap of the k best so far, O(n log k). */
-static void keep_best(cand *c, int64_t n, int64_t k)
-{
-    for (int64_t i = 0; i < k; i++) { /* heapify c[0..k) with the worst on top */
-        for (int64_t j = i; j > 0 && better(&c[(j - 1) / 2], &c[j]); j = (j - 1) / 2) {
-            cand t = c[j];
-            c[j] = c[(j - 1) / 2], c[(j - 1) / 2] = t;
-        }
-    }
-    for (int64_t i = k; i < n; i++) {
-        if (!better(&c[i], &c[0])) continue;
-        c[0] = c[i];
-        for (int64_t j = 0;;) { /* sift down */
-            int64_t l = 2 * j + 1, w = j;
-            if (l < k && better(&c[w], &c[l])) w = l;
-            if (l + 1 < k && better(&c[w], &c[l + 1])) w = l + 1;
-            if (w == j) break;
-            cand t = c[j];
-            c[j] = c[w], c[w] = t, j = w;
-        }
-    }
-    qsort(c, (size_t)k, sizeof *c, cmp_cand);
-}
-
-static void penalize(kiln_sampler *s, const int32_t *hist, int64_t n_hist)
+/* The logits with the repetition penalty applied (once per distinct recent token): logits itself
+ * when there is no penalty, else s->work. */
+static const float *penalize(kiln_sampler *s, const float *logits, const int32_t *hist, int64_t n_hist)
 {
     float pen = s->p.repeat_penalty;
-    if (pen == 1.0f || !s->p.repeat_last_n) return;
     int64_t from = n_hist > s->p.repeat_last_n ? n_hist - s->p.repeat_last_n : 0;
-    for (int64_t i = from; i < n_hist; i++) { /* once per distinct token, as llama.cpp does */
+    if (pen == 1.0f || from == n_hist) return logits;
+    memcpy(s->work, logits, (size_t)s->n * sizeof *s->work);
+    for (int64_t i = from; i < n_hist; i++) {
         int32_t id = hist[i];
         if (id < 0 || id >= s->n || s->seen[id]) continue;
         s->seen[id] = 1;
-        float *l = &s->c[id].logit;
+        float *l = &s->work[id];
         *l = *l > 0 ? *l / pen : *l * pen;
     }
     for (int64_t i = from; i < n_hist; i++)
         if (hist[i] >= 0 && hist[i] < s->n) s->seen[hist[i]] = 0;
+    return s->work;
 }
 
-/* Softmax of c[0..n) (sorted best first) at temperature t into prob (f64). */
-static void softmax(kiln_sampler *s, int64_t n, double t)
+/* The k best of work into c[0..k), sorted: one pass with a min-heap of the best so far (a later
+ * token must be strictly better, so ties keep the lower id; NaN is never better). Returns the count
+ * (less than k when fewer tokens are not NaN). */
+static int64_t top_k(kiln_sampler *s, const float *w, int64_t k)
 {
-    if (n == 1) { /* also when every logit is -inf or NaN */
-        s->prob[s->c[0].id] = 1;
-        return;
+    cand *h = s->c;
+    int64_t n = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        float v = w[i];
+        if (n == k ? !(v > h[0].logit) : isnan(v)) continue;
+        int64_t j = n < k ? n++ : 0;
+        if (j) /* still filling: sift up */
+            for (; j > 0 && h[(j - 1) / 2].logit >= v; j = (j - 1) / 2) h[j] = h[(j - 1) / 2]; /* ties: v, the later id, is worse */
+        else
+            for (;;) { /* replace the worst: sift down */
+                int64_t c = 2 * j + 1;
+                if (c >= n) break;
+                if (c + 1 < n && (h[c + 1].logit < h[c].logit || (h[c + 1].logit == h[c].logit && h[c + 1].id > h[c].id))) c++;
+                if (!(h[c].logit < v || (h[c].logit == v && h[c].id > (int32_t)i))) break;
+                h[j] = h[c], j = c;
+            }
+        h[j] = (cand){.logit = v, .id = (int32_t)i};
     }
+    qsort(h, (size_t)n, sizeof *h, cmp_cand);
+    return n;
+}
+
+/* Without top-k: the tokens that can survive top-p and min-p, sorted, into c; *z = the softmax
+ * denominator over every token (relative to the best). Only tokens within a factor of the best are
+ * sorted: min-p's floor when set (nothing below it survives), else the widest of 1e-4, 1e-8, ...
+ * whose tokens already hold top-p of the mass (the nucleus lies inside it). */
+static int64_t all_tokens(kiln_sampler *s, const float *w, double *z)
+{
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < s->n; i++)
+        if (w[i] > mx) mx = w[i];
+    if (mx == -INFINITY) return 0; /* every logit -inf or NaN */
+    double sum = 0;
+    for (int64_t i = 0; i < s->n; i++)
+        if (w[i] == w[i]) sum += exp((double)w[i] - mx);
+    *z = sum;
+    bool all = s->p.top_p >= 1 && s->p.min_p <= 0;
+    double floor = s->p.min_p > 0 ? log(s->p.min_p) : -4 * M_LN10;
+    for (;; floor -= 4 * M_LN10) {
+        int64_t n = 0;
+        double mass = 0;
+        for (int64_t i = 0; i < s->n; i++)
+            if (w[i] == w[i] && (all || (double)w[i] - mx >= floor)) { /* never NaN */
+                s->c[n++] = (cand){.logit = w[i], .id = (int32_t)i};
+                mass += exp((double)w[i] - mx);
+            }
+        if (all || s->p.min_p > 0 || mass >= s->p.top_p * sum || floor < -700) {
+            qsort(s->c, (size_t)n, sizeof *s->c, cmp_cand);
+            return n;
+        }
+    }
+}
+
+/* prob of c[0..n) = softmax at temperature t (f64), relative to z when given (else their own sum). */
+static void softmax(kiln_sampler *s, int64_t n, double t, double z)
+{
     double mx = s->c[0].logit, sum = 0;
     for (int64_t i = 0; i < n; i++) sum += s->prob[s->c[i].id] = exp(((double)s->c[i].logit - mx) / t);
+    if (z > 0) sum = z;
     for (int64_t i = 0; i < n; i++) s->prob[s->c[i].id] /= sum;
 }
 
-int32_t kiln_sampler_next(kiln_sampler *s, const float *logits, const int32_t *history, int64_t n_hist)
+/* top-p then min-p over c[0..n) (probabilities in prob); returns the survivors' count (>= 1). */
+static int64_t nucleus(kiln_sampler *s, int64_t n)
 {
-    for (int64_t i = 0; i < s->n_prob; i++) s->prob[s->c[i].id] = 0;
-    for (int64_t i = 0; i < s->n; i++) s->c[i] = (cand){.logit = logits[i], .id = (int32_t)i};
-    penalize(s, history, n_hist);
-    int64_t n = s->n;
-    if (s->p.temp <= 0) n = 1; /* greedy */
-    else if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
-    keep_best(s->c, s->n, n);
-    if (isnan(s->c[0].logit) || s->c[0].logit == -INFINITY) n = 1; /* nothing to choose from: the first */
-    softmax(s, n, 1.0);
     if (s->p.top_p < 1) {
         double cum = 0;
         int64_t m = 0;
         while (m < n && cum < s->p.top_p) cum += s->prob[s->c[m++].id];
-        for (int64_t i = m < 1 ? 1 : m; i < n; i++) s->prob[s->c[i].id] = 0;
         n = m < 1 ? 1 : m;
     }
     if (s->p.min_p > 0) {
         double floor = s->p.min_p * s->prob[s->c[0].id];
         int64_t m = 1;
         while (m < n && s->prob[s->c[m].id] >= floor) m++;
-        for (int64_t i = m; i < n; i++) s->prob[s->c[i].id] = 0;
         n = m;
     }
-    if (s->p.temp > 0) softmax(s, n, s->p.temp);
-    s->n_prob = n;
+    return n;
+}
+
+int32_t kiln_sampler_next(kiln_sampler *s, const float *logits, const int32_t *history, int64_t n_hist)
+{
+    for (int64_t i = 0; i < s->n_prob; i++) s->prob[s->c[i].id] = 0;
+    const float *w = penalize(s, logits, history, n_hist);
+    double z = 0;
+    int64_t n = s->p.temp <= 0 ? top_k(s, w, 1) /* greedy */
+              : s->p.top_k > 0 && s->p.top_k < s->n ? top_k(s, w, s->p.top_k) : all_tokens(s, w, &z);
+    if (n == 0 || s->c[0].logit == -INFINITY) { /* nothing to choose from: the first token */
+        s->c[0] = (cand){.logit = 0, .id = 0};
+        n = 1;
+    }
+    int64_t all = n;
+    softmax(s, n, 1.0, z);
+    n = nucleus(s, n);
+    for (int64_t i = n; i < all; i++) s->prob[s->c[i].id] = 0;
+    if (s->p.temp > 0) softmax(s, n, s->p.temp, 0);
+    s->n_prob = all;
     double u = uniform(s->rng), cum = 0;
     for (int64_t i = 0; i < n; i++)
         if ((cum += s->prob[s->c[i].id]) > u) return s->c[i].id;
