@@ -219,6 +219,23 @@ static void write_partial(attn_st *st)
     kl_loop_end(k);
 }
 
+/* q of the block's G heads, pre-scaled, into shared memory (then a barrier). */
+static void stage_q(kiln_kir *k, const at *a, float scale, uint32_t qs, kiln_dtype qt, uint32_t qsh, uint32_t tid,
+                    uint32_t t, uint32_t qh0, int32_t G, int32_t hd)
+{
+    uint32_t i = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, kiln_ki(k, G * hd), kiln_ki(k, ABLK), 0);
+    uint32_t qi =
+        kiln_k2(k, KILN_KOP_ADD,
+                kiln_k2(k, KILN_KOP_MUL,
+                        kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), qh0),
+                        kiln_ki(k, hd)),
+                i);
+    kiln_ksts(k, qsh, i, kiln_k2(k, KILN_KOP_MUL, kl_load(k, qs, qt, qi), kiln_kf(k, scale)));
+    kl_loop_end(k);
+    kiln_kbarrier(k);
+}
+
 static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
 {
     kiln_kir_init(k, "kiln_attn_split", ABLK);
@@ -250,19 +267,7 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
     uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
     kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
-    /* q of the group's heads, pre-scaled */
-    float scale = n->f[0];
-    uint32_t i = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, kiln_ki(k, G * hd), kiln_ki(k, ABLK), 0);
-    uint32_t qi =
-        kiln_k2(k, KILN_KOP_ADD,
-                kiln_k2(k, KILN_KOP_MUL,
-                        kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), qh0),
-                        kiln_ki(k, hd)),
-                i);
-    kiln_ksts(k, qsh, i, kiln_k2(k, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, qi), kiln_kf(k, scale)));
-    kl_loop_end(k);
-    kiln_kbarrier(k);
+    stage_q(k, a, n->f[0], qs, (kiln_dtype)q->dtype, qsh, tid, t, qh0, G, hd);
     attn_st st = {.k = k,
                   .a = a,
                   .G = G,
@@ -301,6 +306,44 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     write_partial(&st);
     kiln_kendif(k);
     k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
+}
+
+/* Each thread a head dim: O = sum over the splits of their weighted outputs, CU splits per step with
+ * their loads in flight together (weight 0 past nsp), divided by L. */
+static void combine_out(kiln_kir *k, const kiln_graph *g, uint32_t node, const at *a, uint32_t scr, uint32_t fsh,
+                        uint32_t tid, uint32_t t, uint32_t head, uint32_t row, uint32_t nsp, uint32_t L)
+{
+    int32_t hd = (int32_t)a->hd;
+    uint32_t d = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, d, kiln_ki(k, hd), kiln_ki(k, 128), 0);
+    {
+        uint32_t O = kiln_kvar(k, kiln_kf(k, 0));
+        uint32_t s3 = kiln_kvar(k, kiln_ki(k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s3, nsp, kiln_ki(k, CU), 0);
+        uint32_t ov[CU];
+        for (int u = 0; u < CU; u++) {
+            uint32_t si = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u)),
+                                  kiln_k2(k, KILN_KOP_SUB, nsp, kiln_ki(k, 1)));
+            ov[u] = kl_load(k, scr, KILN_DTYPE_F32,
+                            kiln_k2(k, KILN_KOP_ADD,
+                                    kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, si), kiln_ki(k, hd + 2)),
+                                    kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))));
+        }
+        uint32_t acc = O;
+        for (int u = 0; u < CU; u++)
+            acc = kiln_kfma(k, ov[u], kiln_klds(k, fsh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u))), acc);
+        kiln_kset(k, O, acc);
+        kl_loop_end(k);
+        uint32_t y = kiln_k2(k, KILN_KOP_DIV, O, L);
+        uint32_t oi =
+            kiln_k2(k, KILN_KOP_ADD,
+                    kiln_k2(k, KILN_KOP_MUL,
+                            kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head),
+                            kiln_ki(k, hd)),
+                    d);
+        kl_store_node(k, g, node, oi, y);
+    }
+    kl_loop_end(k);
 }
 
 static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, at *a, kiln_kir *k)
@@ -368,37 +411,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t L = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, lloc, KILN_IDX_NONE, KILN_IDX_NONE,
                              (int32_t)((KILN_KRED_SUM << 16) | 128));
     kiln_kbarrier(k); /* every weight is in shared memory */
-    /* each thread a head dim: CU splits per step, their loads in flight together (weight 0 past nsp) */
-    uint32_t d = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, d, kiln_ki(k, hd), kiln_ki(k, 128), 0);
-    {
-        uint32_t O = kiln_kvar(k, kiln_kf(k, 0));
-        uint32_t s3 = kiln_kvar(k, kiln_ki(k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s3, nsp, kiln_ki(k, CU), 0);
-        uint32_t ov[CU];
-        for (int u = 0; u < CU; u++) {
-            uint32_t si = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u)),
-                                  kiln_k2(k, KILN_KOP_SUB, nsp, kiln_ki(k, 1)));
-            ov[u] = kl_load(k, scr, KILN_DTYPE_F32,
-                            kiln_k2(k, KILN_KOP_ADD,
-                                    kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, row, si), kiln_ki(k, hd + 2)),
-                                    kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))));
-        }
-        uint32_t acc = O;
-        for (int u = 0; u < CU; u++)
-            acc = kiln_kfma(k, ov[u], kiln_klds(k, fsh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, s3, kiln_ki(k, u))), acc);
-        kiln_kset(k, O, acc);
-        kl_loop_end(k);
-        uint32_t y = kiln_k2(k, KILN_KOP_DIV, O, L);
-        uint32_t oi =
-            kiln_k2(k, KILN_KOP_ADD,
-                    kiln_k2(k, KILN_KOP_MUL,
-                            kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head),
-                            kiln_ki(k, hd)),
-                    d);
-        kl_store_node(k, g, node, oi, y);
-    }
-    kl_loop_end(k);
+    combine_out(k, g, node, a, scr, fsh, tid, t, head, row, nsp, L);
     kiln_kendif(k);
 }
 

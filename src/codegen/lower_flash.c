@@ -277,6 +277,65 @@ static void flash_pv(flash_st *st, uint32_t pv[FKMAX / 8][4], uint32_t on[FHD / 
     for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, st->o[dt], on[dt]);
 }
 
+/* q's A fragments for the lane's two rows (row[], clamped to n_tok - 1), pre-scaled to base-2
+ * logits by the attention's scale, for the whole key loop. */
+static void flash_q_frags(kiln_kir *k, const fl *fp, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs,
+                          const uint32_t row[2], uint32_t n_tok, uint32_t head, uint32_t qq, int32_t KT,
+                          uint32_t qf[FHD / 16][FP])
+{
+    const fl f = *fp;
+    int32_t hd = (int32_t)f.hd;
+    float qscale = n->f[0] * 1.44269504088896341f;
+    uint32_t qrow[2];
+    for (int r = 0; r < 2; r++)
+        qrow[r] =
+            kiln_k2(k, KILN_KOP_MUL,
+                    kiln_k2(k, KILN_KOP_ADD,
+                            kiln_k2(k, KILN_KOP_MUL,
+                                    kiln_k2(k, KILN_KOP_MIN, row[r], kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1))),
+                                    kiln_ki(k, (int32_t)f.n_head)),
+                            head),
+                    kiln_ki(k, hd));
+    for (int kk = 0; kk < KT; kk++) {
+        uint32_t x[4][2];
+        for (int j = 0; j < 4; j++)
+            for (int e = 0; e < 2; e++) {
+                uint32_t d = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)),
+                                     kiln_ki(k, kk * 16 + 8 * (j >> 1) + e));
+                x[j][e] = kiln_k2(k, KILN_KOP_MUL,
+                                  kl_load(k, qs, (kiln_dtype)q->dtype, kiln_k2(k, KILN_KOP_ADD, qrow[j & 1], d)),
+                                  kiln_kf(k, qscale));
+            }
+        a_frags(k, x, qf[kk]);
+    }
+}
+
+/* The rows' outputs: O / (their sums over the 4 lanes; every row sees at least its own key, so the
+ * sum is >= 1). */
+static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const flash_st *st, const uint32_t row[2],
+                        uint32_t n_tok, uint32_t head)
+{
+    const fl f = st->f;
+    int32_t hd = st->hd;
+    uint32_t qq = st->qq;
+    const uint32_t *l = st->l, *o = st->o;
+    for (int r = 0; r < 2; r++) {
+        uint32_t inv = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(k, l[r], KILN_KRED_SUM));
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, row[r], n_tok));
+        uint32_t ob = kiln_k2(
+            k, KILN_KOP_ADD,
+            kiln_k2(k, KILN_KOP_MUL,
+                    kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row[r], kiln_ki(k, (int32_t)f.n_head)), head),
+                    kiln_ki(k, hd)),
+            kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)));
+        for (int dt = 0; dt < hd / 8; dt++)
+            for (int e = 0; e < 2; e++)
+                kl_store_node(k, g, node, kiln_k2(k, KILN_KOP_ADD, ob, kiln_ki(k, 8 * dt + e)),
+                              kiln_k2(k, KILN_KOP_MUL, lanef(k, o[dt], 2 * r + e), inv));
+        kiln_kendif(k);
+    }
+}
+
 void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
 {
     const kiln_node_rec *n = &g->nodes[node];
@@ -320,29 +379,7 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
         kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, t0, kiln_ki(k, FQ)), n_tok));
     /* q's A fragments, pre-scaled to base-2 logits, for the whole key loop */
     uint32_t qf[FHD / 16][FP] = {{0}};
-    float qscale = n->f[0] * 1.44269504088896341f;
-    uint32_t qrow[2];
-    for (int r = 0; r < 2; r++)
-        qrow[r] =
-            kiln_k2(k, KILN_KOP_MUL,
-                    kiln_k2(k, KILN_KOP_ADD,
-                            kiln_k2(k, KILN_KOP_MUL,
-                                    kiln_k2(k, KILN_KOP_MIN, row[r], kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1))),
-                                    kiln_ki(k, (int32_t)f.n_head)),
-                            head),
-                    kiln_ki(k, hd));
-    for (int kk = 0; kk < KT; kk++) {
-        uint32_t x[4][2];
-        for (int j = 0; j < 4; j++)
-            for (int e = 0; e < 2; e++) {
-                uint32_t d = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)),
-                                     kiln_ki(k, kk * 16 + 8 * (j >> 1) + e));
-                x[j][e] = kiln_k2(k, KILN_KOP_MUL,
-                                  kl_load(k, qs, (kiln_dtype)q->dtype, kiln_k2(k, KILN_KOP_ADD, qrow[j & 1], d)),
-                                  kiln_kf(k, qscale));
-            }
-        a_frags(k, x, qf[kk]);
-    }
+    flash_q_frags(k, &f, n, q, qs, row, n_tok, head, qq, KT, qf);
     uint32_t m[2], l[2], o[FHD / 8] = {0};
     uint32_t zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     for (int r = 0; r < 2; r++) m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY)), l[r] = kiln_kvar(k, kiln_kf(k, 0));
@@ -350,28 +387,11 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
     uint32_t frag = kiln_k2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), kiln_ki(k, 4)); /* the lane's words in a tile */
     uint32_t kb = kiln_kvar(k, kiln_ki(k, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, kend, kiln_ki(k, FK), 0);
-    flash_st st = {.k = k,
-                   .f = f,
-                   .KP = KP,
-                   .hd = hd,
-                   .FK = FK,
-                   .KT = KT,
-                   .VT = VT,
-                   .tw = tw,
-                   .ksh = ksh,
-                   .vsh = vsh,
-                   .ks = ks,
-                   .vs = vs,
-                   .tid = tid,
-                   .kvh = kvh,
-                   .n_kv = n_kv,
-                   .kb = kb,
-                   .qq = qq,
-                   .frag = frag,
-                   .zero4 = zero4,
-                   .seen = {seen[0], seen[1]},
-                   .m = {m[0], m[1]},
-                   .l = {l[0], l[1]}};
+    /* clang-format off */
+    flash_st st = {.k = k, .f = f, .KP = KP, .hd = hd, .FK = FK, .KT = KT, .VT = VT, .tw = tw, .ksh = ksh, .vsh = vsh,
+                   .ks = ks, .vs = vs, .tid = tid, .kvh = kvh, .n_kv = n_kv, .kb = kb, .qq = qq, .frag = frag,
+                   .zero4 = zero4, .seen = {seen[0], seen[1]}, .m = {m[0], m[1]}, .l = {l[0], l[1]}};
+    /* clang-format on */
     memcpy(st.o, o, sizeof o);
     memcpy(st.qf, qf, sizeof qf);
     {
@@ -382,21 +402,6 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
         flash_pv(&st, pv, on);
     }
     kl_loop_end(k);
-    /* rows' sums over their 4 lanes; every row sees at least its own key, so the sum is >= 1 */
-    for (int r = 0; r < 2; r++) {
-        uint32_t inv = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(k, l[r], KILN_KRED_SUM));
-        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, row[r], n_tok));
-        uint32_t ob = kiln_k2(
-            k, KILN_KOP_ADD,
-            kiln_k2(k, KILN_KOP_MUL,
-                    kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row[r], kiln_ki(k, (int32_t)f.n_head)), head),
-                    kiln_ki(k, hd)),
-            kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)));
-        for (int dt = 0; dt < hd / 8; dt++)
-            for (int e = 0; e < 2; e++)
-                kl_store_node(k, g, node, kiln_k2(k, KILN_KOP_ADD, ob, kiln_ki(k, 8 * dt + e)),
-                              kiln_k2(k, KILN_KOP_MUL, lanef(k, o[dt], 2 * r + e), inv));
-        kiln_kendif(k);
-    }
+    flash_store(k, g, node, &st, row, n_tok, head);
     kiln_kendif(k);
 }

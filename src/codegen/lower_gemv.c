@@ -284,6 +284,33 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
     }
 }
 
+/* The normalized x is a region output too: block 0 of the first group writes it (pass tokens
+ * t0 .. t0 + mc - 1 below m). */
+static void store_normed_x(gv *s, uint32_t gw, uint32_t u, uint32_t lane, uint32_t m)
+{
+    kiln_kir *k = s->k;
+    const kiln_graph *g = s->g;
+    int64_t K = s->K;
+    uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
+    kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, gw,
+                           kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, gw, kiln_ki(s->k, WARPS)),
+                                   kiln_ki(s->k, WARPS))));
+    kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, u, kiln_ki(s->k, 0)));
+    for (int q = 0; q < s->mc; q++) {
+        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, q), m));
+        uint32_t j = kiln_kvar(k, lane);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32), 0);
+        uint32_t idx =
+            kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, q), kiln_ki(s->k, (int32_t)K)), j);
+        kl_store_node(k, g, s->norm, idx, x_normed(s, xs, nws, q, idx, j));
+        kl_loop_end(k);
+        kiln_kendif(s->k);
+    }
+    kiln_kendif(s->k);
+    kiln_kendif(s->k);
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
@@ -346,25 +373,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             kiln_kset(k, s->acc[r][q],
                       kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE,
                                   (KILN_KRED_SUM << 16) | (32 * G->wpu)));
-    /* the normalized x is a region output too: block 0 of the first group writes it */
-    if (s->norm != KILN_IDX_NONE && kiln_region_is_out(s->r, s->norm) && G == &s->grp[0]) {
-        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, gw,
-                               kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, gw, kiln_ki(s->k, WARPS)),
-                                       kiln_ki(s->k, WARPS))));
-        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, u, kiln_ki(s->k, 0)));
-        for (int q = 0; q < s->mc; q++) {
-            kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, q), m));
-            uint32_t j = kiln_kvar(k, lane);
-            kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32), 0);
-            uint32_t idx =
-                kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, q), kiln_ki(s->k, (int32_t)K)), j);
-            kl_store_node(k, g, s->norm, idx, x_normed(s, xs, nws, q, idx, j));
-            kl_loop_end(k);
-            kiln_kendif(s->k);
-        }
-        kiln_kendif(s->k);
-        kiln_kendif(s->k);
-    }
+    if (s->norm != KILN_IDX_NONE && kiln_region_is_out(s->r, s->norm) && G == &s->grp[0])
+        store_normed_x(s, gw, u, lane, m);
     kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_EQ, lane, kiln_ki(s->k, 0)),
                            kiln_k2(s->k, KILN_KOP_EQ, wi, kiln_ki(s->k, 0))));
     kl_gv_epilogue(s, G, m);

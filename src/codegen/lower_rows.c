@@ -89,6 +89,120 @@ static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const k
     return KILN_OK;
 }
 
+/* One row kernel being written: the loop over rows is open; each pass walks the row's d elements. */
+typedef struct rows_ctx {
+    kiln_kir *k;
+    const kiln_graph *g;
+    const kiln_region *r;
+    uint32_t anchor;                /* the row op's node */
+    uint32_t tid, d, base, df, row; /* I32 thread, row length, first element, F32 d, the row */
+    kl_eval pe, ee;                 /* prologue and epilogue evaluation */
+    bool failed;                    /* a fused op could not be evaluated (why) */
+    char why[160];
+} rows_ctx;
+
+#define PASS_BEGIN()                                                                                                   \
+    uint32_t j = kiln_kvar(k, c->tid);                                                                                 \
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, c->d, kiln_ki(k, ROW_BLOCK), 0);                                    \
+    uint32_t idx = kiln_k2(k, KILN_KOP_ADD, c->base, j);                                                               \
+    uint32_t xv = input_at(k, c->g, c->r, c->anchor, idx, &c->pe);                                                     \
+    if (c->pe.failed) c->failed = true, memcpy(c->why, c->pe.err, sizeof c->why);
+
+/* argmax: the first index of the row's largest value (NaN only when every value is NaN: index 0). */
+static void rows_argmax(rows_ctx *c)
+{
+    kiln_kir *k = c->k;
+    const kiln_graph *g = c->g;
+    const kiln_region *r = c->r;
+    uint32_t anchor = c->anchor, tid = c->tid, row = c->row;
+    uint32_t best = kiln_kvar(k, kiln_kf(k, -INFINITY)), bi = kiln_kvar(k, kiln_ki(k, -1));
+    {
+        PASS_BEGIN();
+        uint32_t take = kiln_k2(
+            k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, best, xv),
+            kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, bi, kiln_ki(k, 0)), kiln_k2(k, KILN_KOP_EQ, xv, xv)));
+        kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, take, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        kiln_kset(k, best, xv);
+        kiln_kset(k, bi, j);
+        kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        kl_loop_end(k);
+    }
+    uint32_t m = reduce(k, best, KILN_KRED_MAX);
+    uint32_t cand =
+        kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, best, m), kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), bi));
+    uint32_t negi =
+        kiln_k1(k, KILN_KOP_NEG, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, bi, KILN_IDX_NONE, KILN_IDX_NONE, 0));
+    uint32_t prop = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, cand, negi, kiln_kf(k, -INFINITY), 0);
+    uint32_t win = kiln_k1(k, KILN_KOP_NEG, reduce(k, prop, KILN_KRED_MAX)); /* +inf when every value is NaN */
+    win = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, win, kiln_kf(k, 16777216.0f)), win,
+                      kiln_kf(k, 0.0f), 0);
+    kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE,
+                0);
+    kl_store_node(k, g, anchor, row, win);
+    kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    if (r->n_outs != 1 || r->outs[0] != anchor)
+        c->failed = true, snprintf(c->why, sizeof c->why, "argmax with an epilogue");
+}
+
+/* rms_norm, layer_norm, softmax: one or two reduction passes, then the pass that stores. */
+static void rows_norm(rows_ctx *c, const kiln_node_rec *n, enum kiln_op op)
+{
+    kiln_kir *k = c->k;
+    const kiln_graph *g = c->g;
+    const kiln_region *r = c->r;
+    uint32_t anchor = c->anchor, df = c->df;
+    uint32_t mean = kiln_kf(k, 0.0f), scale, mx = KILN_IDX_NONE;
+    if (op == KILN_OP_LAYER_NORM || op == KILN_OP_SOFTMAX) {
+        uint32_t acc = kiln_kvar(k, kiln_kf(k, op == KILN_OP_SOFTMAX ? -INFINITY : 0.0f));
+        {
+            PASS_BEGIN();
+            kiln_kset(k, acc, kiln_k2(k, op == KILN_OP_SOFTMAX ? KILN_KOP_MAX : KILN_KOP_ADD, acc, xv));
+            kl_loop_end(k);
+        }
+        if (op == KILN_OP_SOFTMAX)
+            mx = reduce(k, acc, KILN_KRED_MAX);
+        else
+            mean = kiln_k2(k, KILN_KOP_DIV, reduce(k, acc, KILN_KRED_SUM), df);
+    }
+    uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f));
+    {
+        PASS_BEGIN();
+        if (op == KILN_OP_SOFTMAX) {
+            kiln_kset(k, acc, kiln_k2(k, KILN_KOP_ADD, acc, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx))));
+        } else {
+            uint32_t cx = kiln_k2(k, KILN_KOP_SUB, xv, mean);
+            kiln_kset(k, acc, kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, cx, cx, acc, 0));
+        }
+        kl_loop_end(k);
+    }
+    uint32_t sum = reduce(k, acc, KILN_KRED_SUM);
+    if (op == KILN_OP_SOFTMAX)
+        scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), sum);
+    else
+        scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
+                        kiln_k1(k, KILN_KOP_SQRT,
+                                kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, sum, df), kiln_kf(k, n->f[0]))));
+    {
+        PASS_BEGIN();
+        uint32_t y;
+        if (op == KILN_OP_SOFTMAX) {
+            y = kiln_k2(k, KILN_KOP_MUL, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx)), scale);
+        } else {
+            y = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, xv, mean), scale);
+            if (n->n_src > 1 && n->src[1] != KILN_IDX_NONE)
+                y = kiln_k2(k, KILN_KOP_MUL, y, kl_load_node(k, g, n->src[1], j));
+            if (n->n_src > 2 && n->src[2] != KILN_IDX_NONE)
+                y = kiln_k2(k, KILN_KOP_ADD, y, kl_load_node(k, g, n->src[2], j));
+        }
+        kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
+        y = kl_apply(k, &tmp, y, KILN_IDX_NONE);
+        store_outs(k, g, r, anchor, idx, y, &c->pe, &c->ee);
+        if (c->ee.failed) c->failed = true, memcpy(c->why, c->ee.err, sizeof c->why);
+        kl_loop_end(k);
+    }
+}
+#undef PASS_BEGIN
+
 kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
                             char *err, size_t n_err)
 {
@@ -119,98 +233,15 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, row, rows, kiln_ki(k, (int32_t)k->grid[0]), 0);
     uint32_t base = kiln_k2(k, KILN_KOP_MUL, row, d);
     uint32_t df = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, d, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    kl_eval pe, ee;
-    bool failed = false;
-    char why[160] = "";
-#define PASS_BEGIN()                                                                                                   \
-    uint32_t j = kiln_kvar(k, tid);                                                                                    \
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, d, kiln_ki(k, ROW_BLOCK), 0);                                       \
-    uint32_t idx = kiln_k2(k, KILN_KOP_ADD, base, j);                                                                  \
-    uint32_t xv = input_at(k, g, r, anchor, idx, &pe);                                                                 \
-    if (pe.failed) failed = true, memcpy(why, pe.err, sizeof why);
-    if (op == KILN_OP_ARGMAX) {
-        uint32_t best = kiln_kvar(k, kiln_kf(k, -INFINITY)), bi = kiln_kvar(k, kiln_ki(k, -1));
-        {
-            PASS_BEGIN();
-            uint32_t take = kiln_k2(
-                k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, best, xv),
-                kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, bi, kiln_ki(k, 0)), kiln_k2(k, KILN_KOP_EQ, xv, xv)));
-            kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, take, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-            kiln_kset(k, best, xv);
-            kiln_kset(k, bi, j);
-            kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-            kl_loop_end(k);
-        }
-        uint32_t m = reduce(k, best, KILN_KRED_MAX);
-        uint32_t cand =
-            kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, best, m), kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), bi));
-        uint32_t negi =
-            kiln_k1(k, KILN_KOP_NEG, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, bi, KILN_IDX_NONE, KILN_IDX_NONE, 0));
-        uint32_t prop = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, cand, negi, kiln_kf(k, -INFINITY), 0);
-        uint32_t win = kiln_k1(k, KILN_KOP_NEG, reduce(k, prop, KILN_KRED_MAX)); /* +inf when every value is NaN */
-        win = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, win, kiln_kf(k, 16777216.0f)), win,
-                          kiln_kf(k, 0.0f), 0);
-        kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE,
-                    KILN_IDX_NONE, 0);
-        kl_store_node(k, g, anchor, row, win);
-        kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-        if (r->n_outs != 1 || r->outs[0] != anchor) failed = true, snprintf(why, sizeof why, "argmax with an epilogue");
-    } else {
-        uint32_t mean = kiln_kf(k, 0.0f), scale, mx = KILN_IDX_NONE;
-        if (op == KILN_OP_LAYER_NORM || op == KILN_OP_SOFTMAX) {
-            uint32_t acc = kiln_kvar(k, kiln_kf(k, op == KILN_OP_SOFTMAX ? -INFINITY : 0.0f));
-            {
-                PASS_BEGIN();
-                kiln_kset(k, acc, kiln_k2(k, op == KILN_OP_SOFTMAX ? KILN_KOP_MAX : KILN_KOP_ADD, acc, xv));
-                kl_loop_end(k);
-            }
-            if (op == KILN_OP_SOFTMAX)
-                mx = reduce(k, acc, KILN_KRED_MAX);
-            else
-                mean = kiln_k2(k, KILN_KOP_DIV, reduce(k, acc, KILN_KRED_SUM), df);
-        }
-        uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f));
-        {
-            PASS_BEGIN();
-            if (op == KILN_OP_SOFTMAX) {
-                kiln_kset(k, acc, kiln_k2(k, KILN_KOP_ADD, acc, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx))));
-            } else {
-                uint32_t c = kiln_k2(k, KILN_KOP_SUB, xv, mean);
-                kiln_kset(k, acc, kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, c, c, acc, 0));
-            }
-            kl_loop_end(k);
-        }
-        uint32_t sum = reduce(k, acc, KILN_KRED_SUM);
-        if (op == KILN_OP_SOFTMAX)
-            scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), sum);
-        else
-            scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
-                            kiln_k1(k, KILN_KOP_SQRT,
-                                    kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, sum, df), kiln_kf(k, n->f[0]))));
-        {
-            PASS_BEGIN();
-            uint32_t y;
-            if (op == KILN_OP_SOFTMAX) {
-                y = kiln_k2(k, KILN_KOP_MUL, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx)), scale);
-            } else {
-                y = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, xv, mean), scale);
-                if (n->n_src > 1 && n->src[1] != KILN_IDX_NONE)
-                    y = kiln_k2(k, KILN_KOP_MUL, y, kl_load_node(k, g, n->src[1], j));
-                if (n->n_src > 2 && n->src[2] != KILN_IDX_NONE)
-                    y = kiln_k2(k, KILN_KOP_ADD, y, kl_load_node(k, g, n->src[2], j));
-            }
-            kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
-            y = kl_apply(k, &tmp, y, KILN_IDX_NONE);
-            store_outs(k, g, r, anchor, idx, y, &pe, &ee);
-            if (ee.failed) failed = true, memcpy(why, ee.err, sizeof why);
-            kl_loop_end(k);
-        }
-    }
-#undef PASS_BEGIN
+    rows_ctx c = {.k = k, .g = g, .r = r, .anchor = anchor, .tid = tid, .d = d, .base = base, .df = df, .row = row};
+    if (op == KILN_OP_ARGMAX)
+        rows_argmax(&c);
+    else
+        rows_norm(&c, n, op);
     kl_loop_end(k);
-    if (failed) {
+    if (c.failed) {
         kiln_kir_free(k);
-        return kl_unsupported(err, n_err, "row kernel: %s", why);
+        return kl_unsupported(err, n_err, "row kernel: %s", c.why);
     }
     return KILN_OK;
 }
