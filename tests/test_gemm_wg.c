@@ -33,9 +33,11 @@ static uint32_t *node_mem(const kiln_graph *g, uint32_t i, const wg_case *c)
     for (int d = 0; d < n->rank; d++) dims[d] = n->dims[d] < 0 ? g->syms[kiln_sym_index(n->dims[d])].max : n->dims[d];
     size_t bytes = kiln_node_bytes(n, dims);
     if (n->op == KILN_OP_WEIGHT) {
-        size_t dev = kiln_lower_weight_bytes((kiln_dtype)n->dtype, dims[0], dims[1]);
+        int64_t rows = 1, k = dims[n->rank - 1]; /* [rows, k]; a norm's weight is [k] */
+        for (int d = 0; d + 1 < n->rank; d++) rows *= dims[d];
+        size_t dev = kiln_lower_weight_bytes((kiln_dtype)n->dtype, rows, k);
         uint32_t *m = calloc(dev / 4 + 4, 4);
-        kiln_lower_weight_repack((kiln_dtype)n->dtype, dims[0], dims[1], n->data, m);
+        kiln_lower_weight_repack((kiln_dtype)n->dtype, rows, k, n->data, m);
         return m;
     }
     uint32_t *m = malloc(bytes + 16);
