@@ -2,6 +2,8 @@
  * sample graphs lowers to kernels that pass the kir verifier; the regions a decode layer needs on
  * a GPU (matmul, attention, map, rows, scatter) never fall back; lowering is deterministic. */
 #include "codegen/kir.h"
+#include "codegen/wfmt.h"
+#include "graph/dtype.h"
 #include "fuse/fuse.h"
 #include "model/presets.h"
 
@@ -82,5 +84,22 @@ Test(lower, sample_graphs)
         cr_assert(ok > 0);
         kiln_graph_free(g);
         kiln_ctx_free(ctx);
+    }
+}
+
+/* The GPU weight-format rows (codegen/wfmt.c) and the dtype table's GPU flag (graph/dtype.c) say
+ * the same: a float or block dtype has a row exactly when the GPU backends take it, and the row's
+ * geometry matches the dtype's block. */
+Test(lower, weight_format_rows_match_the_dtype_table)
+{
+    for (int t = 0; t < KILN_DTYPE_COUNT; t++) {
+        const kl_wfmt *f = kl_wfmt_of((kiln_dtype)t);
+        bool gpu = kiln_dtype_on_gpu((kiln_dtype)t) && t != KILN_DTYPE_I32;
+        cr_expect_eq(f != NULL, gpu, "%s: format row %s, dtype table GPU %s", kiln_dtype_name((kiln_dtype)t), f ? "yes" : "no",
+                     gpu ? "yes" : "no");
+        if (!f) continue;
+        cr_expect_eq(f->block, kiln_dtype_block((kiln_dtype)t) > 1, "%s", kiln_dtype_name((kiln_dtype)t));
+        if (f->block) cr_expect_eq(kiln_dtype_block((kiln_dtype)t) % (f->vec * f->subs), 0, "%s: chunks split blocks", kiln_dtype_name((kiln_dtype)t));
+        cr_expect(f->load && f->decode && f->sub_elem && f->dev_bytes && f->repack, "%s", kiln_dtype_name((kiln_dtype)t));
     }
 }
