@@ -198,7 +198,8 @@ static int gen_args(int argc, char *const *argv, gen_opts *o)
     else if (o->system && !o->chat) why = "--system goes with --chat";
     if (why) fprintf(stderr, "kiln generate: %s (see kiln generate --help)\n", why);
     if (!o->seeded) o->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    o->common.logits = true;
+    /* greedy without a penalty takes the plan's own argmax (`next`): no logits leave the device */
+    o->common.logits = o->logits_path || o->sp.temp > 0 || o->sp.repeat_penalty != 1.0f;
     return why ? KILN_CLI_USAGE : KILN_CLI_OK;
 }
 
@@ -349,7 +350,7 @@ static kiln_status gen_loop(const gen_opts *o, model_run *m, const gen_tok *gt, 
             fprintf(stderr, "kiln generate: --logits %s: write failed\n", o->logits_path);
             return KILN_ERR_IO;
         }
-        int32_t id = kiln_sampler_next(smp, m->logits, all, n_all);
+        int32_t id = m->logits ? kiln_sampler_next(smp, m->logits, all, n_all) : m->next[0];
         if (gt->tok && !o->ignore_eos && kiln_tok_is_eog(gt->tok, id)) {
             g->why = "eos";
             break;
