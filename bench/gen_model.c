@@ -1,34 +1,104 @@
-/* Writes a random GGUF model (tests/support/gguf_writer.c's generator) for timing `kiln generate`
- * and `kiln bench --model` on real-model-shaped files without a download.
- * Usage: gen_model PATH [llama|qwen2] [layers] [wtype] [shape]   shape: 7b (4096 wide, 32 heads,
- * ffn 11008, vocab 32000; default) or 0.5b (qwen2-0.5b: 896 wide, 14/2 heads, ffn 4864, 151936). */
+/* gen_model: writes a random GGUF model (tests/support/gguf_writer.c's generator) with the tensors,
+ * metadata and tokenizer list of a llama or qwen2 file, for `kiln generate`, `kiln bench --model`
+ * and `kiln info` without a download. Must never write a file it was not clearly asked for: an
+ * unknown option or a path that looks like one is a usage error (exit 2). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "support/gguf_writer.h"
 
+static const char USAGE[] =
+    "usage: gen_model [options] OUT.gguf [ARCH [LAYERS [WTYPE [SHAPE]]]]\n"
+    "Writes a GGUF model with random weights (reproducible from --seed) to OUT.gguf.\n"
+    "  --arch llama|qwen2   architecture (default llama)\n"
+    "  --layers N           decoder blocks, 1..200 (default 4)\n"
+    "  --wtype T            matmul weight dtype: f32 f16 bf16 q8_0 q4_k q5_k q6_k (default q4_k)\n"
+    "  --shape 7b|0.5b|tiny 7b: 4096 wide, 32 heads, ffn 11008, vocab 32000 (about 100 MiB a q4_k layer);\n"
+    "                       0.5b: qwen2-0.5b's 896 wide, 14/2 heads, ffn 4864, vocab 151936;\n"
+    "                       tiny: 256 wide, 4/2 heads, ffn 512, vocab 64, context 128 (tests) (default 7b)\n"
+    "  --seed N             weight seed (default 7)\n"
+    "  -h, --help           this text\n"
+    "The positional ARCH LAYERS WTYPE SHAPE are the same settings (older scripts use them).\n"
+    "Example: gen_model --arch qwen2 --shape 0.5b --layers 24 --wtype q8_0 qwen2-0.5b-random.gguf\n";
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "gen_model: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (gen_model --help)\n");
+    return 2;
+}
+
+/* The value of option argv[*i] (consumed with it), or NULL when missing. */
+static const char *value(int argc, char **argv, int *i)
+{
+    return *i + 1 < argc ? argv[++*i] : NULL;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: gen_model PATH [llama|qwen2] [layers] [f16|q8_0|q4_k|...] [7b|0.5b]\n");
-        return 2;
+    const char *arch = "llama", *wt = "q4_k", *shape = "7b", *out = NULL, *pos[4] = {0};
+    long layers = 4;
+    unsigned long long seed = 7;
+    int n_pos = 0;
+    bool only_paths = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!only_paths && (!strcmp(a, "-h") || !strcmp(a, "--help"))) {
+            fputs(USAGE, stdout);
+            return 0;
+        } else if (!only_paths && !strcmp(a, "--")) {
+            only_paths = true;
+        } else if (!only_paths && a[0] == '-' && a[1]) {
+            if (!(v = value(argc, argv, &i))) return usage_error("%s needs a value", a);
+            char *end;
+            if (!strcmp(a, "--arch")) arch = v;
+            else if (!strcmp(a, "--wtype")) wt = v;
+            else if (!strcmp(a, "--shape")) shape = v;
+            else if (!strcmp(a, "--layers")) {
+                layers = strtol(v, &end, 10);
+                if (*end) return usage_error("--layers takes a number, not '%s'", v);
+            } else if (!strcmp(a, "--seed")) {
+                seed = strtoull(v, &end, 10);
+                if (*end) return usage_error("--seed takes a number, not '%s'", v);
+            } else
+                return usage_error("unknown option '%s'", a);
+        } else if (!out) {
+            out = a;
+        } else if (n_pos < 4) {
+            pos[n_pos++] = a;
+        } else {
+            return usage_error("too many arguments ('%s')", a);
+        }
     }
-    const char *arch = argc > 2 ? argv[2] : "llama", *wt = argc > 4 ? argv[4] : "q4_k", *shape = argc > 5 ? argv[5] : "7b";
-    int layers = argc > 3 ? atoi(argv[3]) : 4;
+    if (!out) return usage_error("%s", "no output path given");
+    if (pos[0]) arch = pos[0];
+    if (pos[1]) layers = atol(pos[1]);
+    if (pos[2]) wt = pos[2];
+    if (pos[3]) shape = pos[3];
     kiln_dtype t;
-    if (!kiln_dtype_parse(wt, &t) || layers < 1 || layers > 200) {
-        fprintf(stderr, "gen_model: bad weight type '%s' or layer count %d\n", wt, layers);
-        return 2;
-    }
-    bool small = !strcmp(shape, "0.5b");
-    gw_model m = {.arch = arch, .n_layer = layers, .hidden = small ? 896 : 4096, .n_head = small ? 14 : 32,
+    if (strcmp(arch, "llama") && strcmp(arch, "qwen2")) return usage_error("unknown architecture '%s' (llama, qwen2)", arch);
+    if (!kiln_dtype_parse(wt, &t) || t == KILN_DTYPE_I32) return usage_error("unknown weight dtype '%s'", wt);
+    if (strcmp(shape, "7b") && strcmp(shape, "0.5b") && strcmp(shape, "tiny"))
+        return usage_error("unknown shape '%s' (7b, 0.5b, tiny)", shape);
+    char got[32];
+    snprintf(got, sizeof got, "%ld", layers);
+    if (layers < 1 || layers > 200) return usage_error("layers must be 1..200 (got %s)", got);
+    struct stat st;
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) return usage_error("'%s' is a directory", out);
+    bool small = !strcmp(shape, "0.5b"), tiny = !strcmp(shape, "tiny");
+    gw_model m = {.arch = arch, .n_layer = (int)layers, .hidden = small ? 896 : 4096, .n_head = small ? 14 : 32,
                   .n_kv_head = small ? 2 : 32, .ffn = small ? 4864 : 11008, .n_vocab = small ? 151936 : 32000,
-                  .n_ctx = 4096, .wtype = t, .embtype = KILN_DTYPE_F16, .tied = small, .tokens = true, .seed = 7};
-    fprintf(stderr, "gen_model: writing %s (%s, %d layers, %s weights, %s shape)...\n", argv[1], arch, layers, wt, shape);
-    if (gw_model_write(&m, argv[1]) != 0) {
-        fprintf(stderr, "gen_model: could not write %s\n", argv[1]);
+                  .n_ctx = 4096, .wtype = t, .embtype = KILN_DTYPE_F16, .tied = small, .tokens = true, .seed = seed};
+    if (tiny) /* rows of 256: whole blocks of every weight dtype */
+        m.hidden = 256, m.n_head = 4, m.n_kv_head = 2, m.ffn = 512, m.n_vocab = 64, m.n_ctx = 128;
+    fprintf(stderr, "gen_model: writing %s (%s, %ld layers, %s weights, %s shape)...\n", out, arch, layers, wt, shape);
+    if (gw_model_write(&m, out) != 0) {
+        fprintf(stderr, "gen_model: could not write %s\n", out);
         return 1;
     }
+    if (stat(out, &st) == 0) fprintf(stderr, "gen_model: wrote %s, %.1f MiB\n", out, (double)st.st_size / (1 << 20));
     return 0;
 }

@@ -87,7 +87,7 @@ Test(check, json_shape, .init = setup, .fini = teardown)
     kiln_check_report *r = run("cpu", "scale");
     char *j = NULL;
     cr_assert_eq(kiln_check_report_json(r, &j), KILN_OK);
-    const char *head = "{\"ok\": true, \"results\": [{\"op\": \"scale\", \"dtype\": \"f32\", \"backend\": \"cpu\", \"cases\": ";
+    const char *head = "{\"ok\": true, \"note\": \"\", \"results\": [{\"op\": \"scale\", \"dtype\": \"f32\", \"backend\": \"cpu\", \"cases\": ";
     cr_expect(!strncmp(j, head, strlen(head)), "%s", j);
     cr_expect(strstr(j, "\"worst_nmse\": ") && strstr(j, "\"tolerance\": ") && strstr(j, "\"ok\": true}]}"), "%s", j);
     free(j);
@@ -104,4 +104,67 @@ Test(check, same_seed_same_report, .init = setup, .fini = teardown)
     cr_expect_eq(r[0]->seed, 42);
     kiln_check_report_free(r[0]);
     kiln_check_report_free(r[1]);
+}
+
+/* on_result streams the report: each row once, in report order, complete when handed over. */
+typedef struct seen {
+    kiln_check_result rows[256]; /* copies as handed over */
+    int               n;         /* count */
+} seen;
+
+static void collect(const kiln_check_result *x, void *user)
+{
+    seen *s = user;
+    cr_assert_lt(s->n, 256);
+    s->rows[s->n++] = *x;
+}
+
+Test(check, streams_rows_as_they_complete, .init = setup, .fini = teardown)
+{
+    static seen s; /* large: not on the stack */
+    s.n = 0;
+    kiln_check_report *r = NULL;
+    kiln_check_options o = {.backend = "cpu", .op = "fused", .quick = true, .seed = 7, .on_result = collect, .user = &s};
+    cr_assert_eq(kiln_check(g_ctx, &o, &r), KILN_OK, "%s", kiln_ctx_error(g_ctx));
+    cr_assert_eq(s.n, r->n_results, "every row handed over once");
+    for (int i = 0; i < s.n; i++) {
+        cr_assert_str_eq(s.rows[i].op, r->results[i].op);
+        cr_assert_str_eq(s.rows[i].dtype, r->results[i].dtype);
+        cr_assert_eq(s.rows[i].cases, r->results[i].cases, "row %s %s handed over before it was complete",
+                     s.rows[i].op, s.rows[i].dtype);
+    }
+    kiln_check_report_free(r);
+}
+
+/* Quick mode runs one small case per op x dtype on vulkan when it is named (lavapipe compiles each
+ * case's kernels), and leaves a CPU Vulkan device out when it is not. */
+Test(check, quick_caps_vulkan, .init = setup, .fini = teardown, .timeout = 600)
+{
+    kiln_backend_info bi = {0};
+    for (int i = 0; i < kiln_backend_count(g_ctx); i++) {
+        kiln_backend_get(g_ctx, i, &bi);
+        if (!strcmp(bi.name, "vulkan")) break;
+    }
+    if (!bi.name || strcmp(bi.name, "vulkan") || !bi.available) cr_skip("vulkan backend absent: %s", bi.detail ? bi.detail : "");
+    kiln_check_report *q = run("vulkan", "silu"), *c = run("cpu", "silu");
+    for (int i = 0; i < q->n_results; i++) {
+        const kiln_check_result *v = &q->results[i], *u = find(c, v->op, v->dtype, "cpu");
+        cr_assert(v->ok, "%s %s: %s", v->op, v->dtype, v->detail);
+        cr_assert(v->cases >= 1 && v->cases * 3 <= u->cases, "%s %s: %d vulkan cases vs %d on cpu", v->op, v->dtype,
+                  v->cases, u->cases);
+    }
+    kiln_check_report_free(q);
+    kiln_check_report_free(c);
+    /* not named, a CPU device (lavapipe) is left out of a quick run, and the report says so */
+    kiln_check_report *all = NULL;
+    cr_assert_eq(kiln_check(g_ctx, &(kiln_check_options){.op = "silu", .quick = true}, &all), KILN_OK);
+    bool cpu_device = strstr(bi.detail, " (cpu, ") != NULL, any_vk = false;
+    for (int i = 0; i < all->n_results; i++) any_vk |= !strcmp(all->results[i].backend, "vulkan");
+    cr_assert_eq(any_vk, !cpu_device, "%s", bi.detail);
+    cr_assert_eq(strstr(all->note, "vulkan skipped") != NULL, cpu_device, "note: '%s'", all->note);
+    char *js = NULL;
+    cr_assert_eq(kiln_check_report_json(all, &js), KILN_OK);
+    cr_assert(strstr(js, "\"note\": \"") != NULL, "%s", js);
+    free(js);
+    kiln_check_report_free(all);
 }

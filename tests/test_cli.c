@@ -917,3 +917,110 @@ Test(cli, model_errors_name_the_culprit)
     unlink(path);
     unlink(bad);
 }
+
+/* ------------------------------------------------------------------ errors that name the real problem */
+
+/* Writes text (n bytes) to a new temp file named from tmpl (mkstemps: suffix kept). */
+static void write_temp(char *tmpl, int suffix, const char *text, size_t n)
+{
+    int fd = mkstemps(tmpl, suffix);
+    cr_assert(fd >= 0, "mkstemps %s", tmpl);
+    cr_assert_eq(write(fd, text, n), (ssize_t)n);
+    close(fd);
+}
+
+Test(cli, errors_point_at_the_real_problem, .timeout = 300)
+{
+    char model[] = "/tmp/kiln_cli_modelXXXXXX", text_gguf[] = "/tmp/kiln_cli_textXXXXXX.gguf",
+         empty[] = "/tmp/kiln_cli_emptyXXXXXX.kg", kg[] = "/tmp/kiln_cli_okXXXXXX.kg", args[1024];
+    write_model(model);
+    write_temp(text_gguf, 5, "hello\n", 6);
+    write_temp(empty, 3, "", 0);
+    write_temp(kg, 3, "input x f32 [4]\ny = silu x\noutput y y\n", 38);
+    struct {
+        const char *fmt; /* args; %1$s model, %2$s text .gguf, %3$s empty .kg, %4$s good .kg */
+        int         rc;  /* exit code */
+        const char *say; /* in stderr */
+    } cases[] = {
+        {"run %1$s", 1, "is a GGUF model file, not a .kg graph"},
+        {"ptx %1$s", 1, "is a GGUF model file, not a .kg graph"},
+        {"spirv %1$s", 1, "is a GGUF model file, not a .kg graph"},
+        {"plan %2$s", 1, "is named .gguf but is not a GGUF file"},
+        {"run %3$s", 1, "is empty: a .kg graph declares inputs"},
+        {"run %4$s --backend bogus", 2, "unknown backend 'bogus' (known: ref, cpu"},
+        {"plan %4$s --backend=nope", 2, "unknown backend 'nope'"},
+        {"check --backend bogus", 2, "unknown backend 'bogus'"},
+        {"plan %4$s --json --dot", 2, "--json and --dot"},
+        {"plan %4$s --dot --json", 2, "--json and --dot"},
+        {"plan %4$s --what-if", 2, "--profile"},
+        {"run /dev/stdin < /dev/zero", 1, "NUL byte"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_out o;
+        snprintf(args, sizeof args, cases[i].fmt, model, text_gguf, empty, kg);
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, cases[i].rc, "kiln %s: rc %d: %s", args, o.rc, o.err);
+        cr_assert(strstr(o.err, cases[i].say), "kiln %s: stderr lacks '%s': %s", args, cases[i].say, o.err);
+    }
+    cli_out o; /* the same flags alone are fine */
+    snprintf(args, sizeof args, "plan %s --json --json --backend cpu", kg);
+    kiln_cli(&o, args);
+    cr_assert(o.rc == 0 && strstr(o.out, "\"kernels\""), "kiln %s: %s", args, o.err);
+
+    /* --disasm without spirv-dis on PATH says so before any output; with it, the listing comes */
+    char exe[PATH_MAX], cmd[2 * PATH_MAX], outp[] = "/tmp/kiln_cli_disXXXXXX";
+    kiln_exe(exe, sizeof exe);
+    int fd = mkstemp(outp);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "PATH=/nonexistent '%s' spirv '%s' --disasm >%s 2>&1", exe, kg, outp);
+    int st = system(cmd);
+    slurp(outp, o.err, sizeof o.err);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s", o.err);
+    cr_assert(strstr(o.err, "spirv-dis, which is not on PATH"), "%s", o.err);
+    unlink(outp);
+    unlink(model);
+    unlink(text_gguf);
+    unlink(empty);
+    unlink(kg);
+}
+
+/* bench says why it chose its layer count; gen_model has options and --help (and never writes a
+ * file named after an option). */
+Test(cli, bench_layers_reason_and_gen_model_usage, .timeout = 300)
+{
+    cli_out o;
+    kiln_cli(&o, "bench --preset qwen2-0.5b --backend ref --wtype f32 --steps 1 --ctx 8 --no-roof");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.out, "1 layers") && strstr(o.out, "1 layer: the reference backend is slow"), "%s", o.out);
+    kiln_cli(&o, "bench --preset qwen2-0.5b --backend ref --wtype f32 --steps 1 --ctx 8 --no-roof --layers 1");
+    cr_assert(o.rc == 0 && !strstr(o.out, "reference backend is slow"), "--layers given: no reason needed: %s", o.out);
+
+    char exe[PATH_MAX], cmd[2 * PATH_MAX + 64], dir[] = "/tmp/kiln_genXXXXXX", outp[PATH_MAX];
+    kiln_exe(exe, sizeof exe);
+    strcpy(strrchr(exe, '/') + 1, "gen_model");
+    cr_assert(access(exe, X_OK) == 0, "%s not built", exe);
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(outp, sizeof outp, "%s/out.txt", dir);
+    const char *args[] = {"--help", "-h", "--bogus x.gguf", "--layers", "--layers 0 x.gguf", "--wtype q9 x.gguf",
+                          "--arch gpt x.gguf", "", "--shape 13b x.gguf", "--layers 2x x.gguf"};
+    const int rcs[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
+    const char *say[] = {"usage: gen_model", "--shape", "--bogus", "--layers", "1..200", "q9", "gpt", "no output path",
+                         "13b", "2x"};
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
+        snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >out.txt 2>&1", dir, exe, args[i]);
+        int st = system(cmd);
+        slurp(outp, o.out, sizeof o.out);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == rcs[i], "gen_model %s: %s", args[i], o.out);
+        cr_assert(strstr(o.out, say[i]), "gen_model %s: lacks '%s': %s", args[i], say[i], o.out);
+    }
+    snprintf(cmd, sizeof cmd, "ls -A '%s'", dir); /* nothing but out.txt was written */
+    FILE *p = popen(cmd, "r");
+    char listing[256] = "";
+    size_t got = fread(listing, 1, sizeof listing - 1, p);
+    listing[got] = '\0';
+    pclose(p);
+    cr_assert_str_eq(listing, "out.txt\n", "gen_model wrote files on usage errors: %s", listing);
+    unlink(outp);
+    rmdir(dir);
+}

@@ -358,12 +358,19 @@ KILN_API int kiln_plan_kernel_count(const kiln_plan *p);
  * prefill layers against the reference, fused against unfused, and determinism (one plan run 10
  * times gives bit-identical outputs). New backends take part as soon as kiln_backend_get reports
  * them available. */
+struct kiln_check_result; /* one row of the report, below */
 typedef struct kiln_check_options {
     const char *backend; /* NULL: every available backend; else one name ("cpu") */
     const char *op;      /* NULL: everything; else one op ("matmul") or group ("fused", "preset",
                             "determinism") */
-    bool        quick;   /* 12 shapes per op x dtype and a small preset layer (for CI) */
+    bool        quick;   /* 12 shapes per op x dtype and a small preset layer (for CI). Vulkan compiles
+                            every case's kernels (seconds each on lavapipe): named with `backend` it
+                            runs one small case per op x dtype (no fused patterns or presets); not
+                            named, a Vulkan device that is a CPU (lavapipe) is skipped (report.note) */
     uint64_t    seed;    /* data seed; 0 = from the clock (the report says which) */
+    void      (*on_result)(const struct kiln_check_result *res, void *user); /* NULL, or called on the
+                            calling thread as each result row is complete (to stream a report) */
+    void       *user;    /* passed to on_result */
 } kiln_check_options;
 
 typedef struct kiln_check_result {
@@ -384,6 +391,7 @@ typedef struct kiln_check_report {
     double             seconds;   /* wall time */
     int                n_results; /* entries in results */
     kiln_check_result *results;   /* one per (op, dtype, backend), in the order run */
+    char               note[256]; /* what the run left out and why ("" when nothing) */
 } kiln_check_report;
 
 /* Runs the check. Returns KILN_OK when the check ran (read report->ok for the verdict), or an
@@ -392,8 +400,8 @@ typedef struct kiln_check_report {
  * not to be called on ctx from two threads at once. */
 KILN_API kiln_status kiln_check(kiln_ctx *ctx, const kiln_check_options *opts, kiln_check_report **out);
 KILN_API void kiln_check_report_free(kiln_check_report *r);
-/* The report as JSON: {"ok": bool, "results": [{"op", "dtype", "backend", "cases", "worst_nmse",
- * "tolerance", "ok"}]} (malloc'ed; the caller frees). */
+/* The report as JSON: {"ok": bool, "note": "...", "results": [{"op", "dtype", "backend", "cases",
+ * "worst_nmse", "tolerance", "ok"}]} (malloc'ed; the caller frees). */
 KILN_API kiln_status kiln_check_report_json(const kiln_check_report *r, char **out);
 
 /* ---------------------------------------------------------------- cost model and placement */

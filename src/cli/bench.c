@@ -29,6 +29,7 @@ typedef struct bench_opts {
     bool               no_roof; /* --no-roof: skip measuring the roofline in the same run */
     bool               check_finite; /* --check-finite: the NaN/Inf guard on (to measure its cost) */
     bool               host_io; /* --host-io: x and y in host memory on cuda too (copied every step) */
+    char               layers_why[160]; /* why the default layer count ("" when --layers gave it) */
 } bench_opts;
 
 /* Results and the resources of one bench, freed by bench_free. */
@@ -171,6 +172,15 @@ static void defaults(bench_opts *o, bool is_ref)
         o->layers = is_ref ? 1 : (int64_t)((want + lb - 1) / lb);
         while (o->layers > 1 && (size_t)o->layers * lb * 3 > ram / 2) /* graph copy + plan + slack */
             o->layers--;
+        /* The preset's own depth does not matter for a per-layer figure; what does is that the weights
+         * do not fit in the caches, so every step reads them from memory as a real model's do. */
+        if (is_ref)
+            snprintf(o->layers_why, sizeof o->layers_why, "1 layer: the reference backend is slow; --layers N for more");
+        else
+            snprintf(o->layers_why, sizeof o->layers_why,
+                     "%lld layers of %.1f MiB: weights over twice the %.0f MiB L3 cache, so each step reads memory "
+                     "(not the model's depth; --layers N to change)", (long long)o->layers, (double)lb / (1 << 20),
+                     (double)l3_bytes() / (1 << 20));
     }
 }
 
@@ -298,6 +308,20 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The device text of a backend ("NVIDIA H100 ...", "llvmpipe ..."), cut at 120 characters. */
+static const char *backend_detail(const kiln_ctx *ctx, const char *be)
+{
+    static char buf[128];
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        if (kiln_backend_get(ctx, i, &b) == KILN_OK && !strcmp(b.name, be)) {
+            snprintf(buf, sizeof buf, "%.120s", b.detail);
+            return buf;
+        }
+    }
+    return be;
+}
+
 static void report(const bench_opts *o, const bench_state *st)
 {
     size_t n = (size_t)o->steps;
@@ -313,10 +337,20 @@ static void report(const bench_opts *o, const bench_state *st)
     const char *be = kiln_plan_backend(st->plan), *isa = kiln_cpu_isa(st->ctx);
     const char *wt = kiln_dtype_name(o->wtype), *kt = kiln_dtype_name(kiln_preset_kv_dtype(o->wtype));
     /* The roofline of this machine, measured now, in the same run (memory bandwidth drifts). */
-    kiln_device_profile prof = {0};
+    kiln_device_profile prof = {0}, before = {0};
     double roof_bw = 0, roof_gf = 0;
-    if (!o->no_roof && strcmp(be, "ref") != 0 && kiln_calibrate(st->ctx, false) == KILN_OK && kiln_ctx_profile(st->ctx, be, &prof) == KILN_OK)
+    bool roof_measured = false; /* a backend without calibration keeps its default profile: say it is assumed */
+    if (!o->no_roof && strcmp(be, "ref") != 0 && kiln_ctx_profile(st->ctx, be, &before) == KILN_OK &&
+        kiln_calibrate(st->ctx, false) == KILN_OK && kiln_ctx_profile(st->ctx, be, &prof) == KILN_OK) {
         roof_bw = prof.mem_bw * 1e-9, roof_gf = prof.peak_flops[KILN_DTYPE_F32] * 1e-9;
+        roof_measured = memcmp(&prof, &before, sizeof prof) != 0;
+    }
+    /* The header names the device the plan runs on: the CPU's ISA and threads only for cpu. */
+    char where[200];
+    if (!strcmp(be, "cpu"))
+        snprintf(where, sizeof where, "%s, %d threads", isa, (int)o->threads);
+    else
+        snprintf(where, sizeof where, "%s", backend_detail(st->ctx, be));
     double frac_bw = roof_bw > 0 ? gbps / roof_bw : 0, frac_gf = roof_gf > 0 ? gfps / roof_gf : 0;
     if (o->json) {
         printf("{\"preset\":\"%s\",\"mode\":\"%s\",\"backend\":", o->preset->name, o->prefill ? "prefill" : "decode");
@@ -325,18 +359,19 @@ static void report(const bench_opts *o, const bench_state *st)
         kiln_cli_json_str(stdout, isa);
         printf(",\"threads\":%d,\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,\"steps\":%lld,\"ctx\":%lld,"
                "\"tokens\":%lld,\"kernels\":%d,\"compile_ms\":%.3f,\"compile_cache\":\"%s\",\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
-               "\"gflop_per_s\":%.4f,\"roof_gb_per_s\":%.4f,\"roof_gflop_per_s\":%.4f,\"fraction_of_bw\":%.4f,"
+               "\"gflop_per_s\":%.4f,\"roof_gb_per_s\":%.4f,\"roof_gflop_per_s\":%.4f,\"roof_measured\":%s,\"fraction_of_bw\":%.4f,"
                "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"io\":\"%s\",\"step_ms\":[",
                (int)o->threads, wt, kt, (long long)o->layers, (long long)o->steps, (long long)o->ctx,
                (long long)(o->prefill ? o->tokens : 1), kiln_plan_kernel_count(st->plan), st->compile_ms, kiln_plan_cache(st->plan), per_layer,
-               gbps, gfps, roof_bw, roof_gf, frac_bw, frac_gf, gb * 1e9, st->io_be >= 0 ? "device" : "host");
+               gbps, gfps, roof_bw, roof_gf, roof_measured ? "true" : "false", frac_bw, frac_gf, gb * 1e9, st->io_be >= 0 ? "device" : "host");
         for (size_t i = 0; i < n; i++)
             printf("%s%.6f", i ? "," : "", st->step_ms[i]);
         printf("]}\n");
     } else {
-        printf("%s %s on %s (%s, %d threads), %s weights, %s KV, %lld layers, %d kernels\n", o->preset->name,
-               o->prefill ? "prefill" : "decode", be, isa, (int)o->threads, wt, kt, (long long)o->layers,
-               kiln_plan_kernel_count(st->plan));
+        printf("%s %s on %s (%s), %s weights, %s KV, %lld layers, %d kernels\n", o->preset->name,
+               o->prefill ? "prefill" : "decode", be, where, wt, kt, (long long)o->layers, kiln_plan_kernel_count(st->plan));
+        if (o->layers_why[0])
+            printf("  %s\n", o->layers_why);
         if (o->prefill)
             printf("  %lld tokens, %lld steps\n", (long long)o->tokens, (long long)o->steps);
         else
@@ -347,8 +382,9 @@ static void report(const bench_opts *o, const bench_state *st)
         printf("  median %.3f ms/layer-step (min %.3f, max %.3f)   %.2f GB/s   %.2f GFLOP/s\n", per_layer,
                sorted[0] / (double)o->layers, sorted[n - 1] / (double)o->layers, gbps, gfps);
         if (roof_bw > 0)
-            printf("  roofline measured now: %.1f GB/s read, %.1f GFLOP/s f32 -> %.0f%% of bandwidth, %.0f%% of peak\n",
-                   roof_bw, roof_gf, 100 * frac_bw, 100 * frac_gf);
+            printf("  roofline %s: %.1f GB/s read, %.1f GFLOP/s f32 -> %.0f%% of %s bandwidth, %.0f%% of its peak\n",
+                   roof_measured ? "measured now" : "assumed (kiln's default profile: this backend has no calibration)",
+                   roof_bw, roof_gf, 100 * frac_bw, be, 100 * frac_gf);
     }
     if (o->profile) {
         char *txt = NULL;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "sched/backend.h"
 
 static const char usage_main[] =
     "usage: kiln COMMAND [FLAGS]\n"
@@ -131,7 +132,7 @@ static const char usage_plan[] =
     "  --backend B     force one backend (default: placement chooses per kernel)\n"
     "  --no-fuse       one kernel per op\n"
     "  --profile FILE  JSON device profiles overriding the measured ones (cost-model experiments)\n"
-    "  --what-if       also place on backends absent here that FILE gives a profile for\n"
+    "  --what-if       also place on backends absent here that --profile FILE describes (needs --profile)\n"
     "  --json, --dot   JSON, or a Graphviz graph of the fused kernels (kiln plan ... --dot | dot -Tpng)\n";
 
 static const char usage_spirv[] =
@@ -310,6 +311,26 @@ static int help(int argc, char *const *argv)
     return KILN_CLI_USAGE;
 }
 
+/* Every command's --backend names a backend kiln knows (or auto): a misspelt one is a usage error
+ * (exit 2) naming the known ones, whether or not that backend is present on this machine. */
+static bool backend_flag_ok(const char *cmd, int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) v = argv[i + 1];
+        else if (!strncmp(argv[i], "--backend=", 10)) v = argv[i] + 10;
+        if (!v || !strcmp(v, "auto")) continue;
+        bool known = false;
+        for (int b = 0; b < KILN_BACKEND_COUNT; b++) known |= !strcmp(v, kiln_backends[b]->name);
+        if (known) continue;
+        fprintf(stderr, "kiln %s: unknown backend '%s' (known: ", cmd, v);
+        for (int b = 0; b < KILN_BACKEND_COUNT; b++) fprintf(stderr, "%s, ", kiln_backends[b]->name);
+        fprintf(stderr, "auto)\n");
+        return false;
+    }
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -325,7 +346,7 @@ int main(int argc, char **argv)
     }
     for (int c = 0; c < N_COMMANDS; c++)
         if (strcmp(commands[c].name, cmd) == 0)
-            return commands[c].fn(argc - 1, argv + 1);
+            return backend_flag_ok(cmd, argc, argv) ? commands[c].fn(argc - 1, argv + 1) : KILN_CLI_USAGE;
     fprintf(stderr, "kiln: unknown command '%s' (see kiln help)\n", cmd);
     return KILN_CLI_USAGE;
 }

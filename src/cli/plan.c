@@ -42,6 +42,10 @@ static int parse_plan(int argc, char *const *argv, plan_opts *o)
             if (r < 0) return KILN_CLI_USAGE;
             o->profile = v;
         } else if (!strcmp(arg, "--json") || !strcmp(arg, "--dot")) {
+            if (strcmp(o->format, "text") && strcmp(o->format, arg + 2)) {
+                fprintf(stderr, "kiln plan: --json and --dot are two formats: give one of them\n");
+                return KILN_CLI_USAGE;
+            }
             o->format = arg + 2;
             a.i++;
         } else if (!strcmp(arg, "--no-fuse") || !strcmp(arg, "--what-if")) {
@@ -56,6 +60,11 @@ static int parse_plan(int argc, char *const *argv, plan_opts *o)
             fprintf(stderr, "kiln plan: unexpected argument '%s' (see kiln plan --help)\n", arg);
             return KILN_CLI_USAGE;
         }
+    }
+    if (o->what_if && !o->profile) { /* without one, a what-if plan is the plan of the devices present */
+        fprintf(stderr, "kiln plan: --what-if places kernels on the absent devices that --profile FILE describes: "
+                        "give --profile (a JSON file of device profiles, see kiln plan --help)\n");
+        return KILN_CLI_USAGE;
     }
     return kiln_cli_one_source("plan", o->file, o->preset) ? KILN_CLI_OK : KILN_CLI_USAGE;
 }

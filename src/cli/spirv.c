@@ -3,6 +3,7 @@
  * disassembly through spirv-dis). Reports only; never runs a graph and needs no device. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -58,7 +59,21 @@ static int parse_spirv(int argc, char *const *argv, spirv_opts *o)
     return kiln_cli_one_source("spirv", o->file, o->preset) ? KILN_CLI_OK : KILN_CLI_USAGE;
 }
 
-/* Prints the spirv-dis listing of words; false when spirv-dis cannot be run. */
+/* Whether an executable spirv-dis is on PATH (asked once, before any output). */
+static bool have_spirv_dis(void)
+{
+    const char *path = getenv("PATH");
+    char dir[4096];
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        snprintf(dir, sizeof dir, "%.*s/spirv-dis", (int)(n ? n : 1), n ? path : ".");
+        if (access(dir, X_OK) == 0) return true;
+        path += n + (path[n] == ':');
+    }
+    return false;
+}
+
+/* Prints the spirv-dis listing of words; false (with spirv-dis's exit status said) when it fails. */
 static bool disasm(const uint32_t *words, size_t n)
 {
     char path[] = "/tmp/kiln_spirv_XXXXXX";
@@ -69,9 +84,14 @@ static bool disasm(const uint32_t *words, size_t n)
     char cmd[128];
     snprintf(cmd, sizeof cmd, "spirv-dis --no-color '%s'", path);
     fflush(stdout);
-    ok = ok && system(cmd) == 0;
+    int st = ok ? system(cmd) : -1;
     unlink(path);
-    return ok;
+    if (st != 0)
+        fprintf(stderr, "kiln spirv: %s\n", !ok ? "cannot write the SPIR-V to a temporary file"
+                                         : st == -1 ? "cannot start a shell for spirv-dis"
+                                         : WIFEXITED(st) ? "spirv-dis failed (its message is above)"
+                                                         : "spirv-dis was stopped by a signal (output closed?)");
+    return st == 0;
 }
 
 /* Prints kernel j of region i; false on failure. */
@@ -88,10 +108,8 @@ static bool print_kernel(const kiln_kir *k, uint32_t i, uint32_t j, const spirv_
     bool ok = s == KILN_OK;
     if (!ok) printf("// error: %s: %s\n", kiln_status_str(s), err);
     else if (!o->disasm) fputs(glsl, stdout);
-    else if (!disasm(words, n_words)) {
-        fprintf(stderr, "kiln spirv: spirv-dis failed or is not installed (apt-get install spirv-tools)\n");
+    else if (!disasm(words, n_words))
         ok = false;
-    }
     printf("\n");
     free(words);
     free(glsl);
@@ -125,6 +143,10 @@ int kiln_cli_spirv(int argc, char *const *argv)
     spirv_opts o;
     int rc = parse_spirv(argc, argv, &o);
     if (rc != KILN_CLI_OK) return rc;
+    if (o.disasm && !have_spirv_dis()) {
+        fprintf(stderr, "kiln spirv: --disasm runs spirv-dis, which is not on PATH (apt-get install spirv-tools)\n");
+        return KILN_CLI_FAIL;
+    }
     kiln_ctx *ctx = NULL;
     kiln_graph *g = NULL;
     kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);

@@ -109,16 +109,24 @@ kiln_status kiln_kg_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...)
     return kiln_err_set(kiln_err_of(ctx), s, "%s", msg);
 }
 
-/* Reads a whole file into a NUL-terminated malloc'ed buffer. */
+#define KG_MAX_BYTES ((size_t)1 << 30) /* a .kg file larger than this is refused, not read on forever */
+
+/* Reads a file into a NUL-terminated buffer. Stops at the first NUL byte (the caller reports it by
+ * line and column) or past KG_MAX_BYTES, so an endless stream (`kiln run /dev/stdin < /dev/zero`)
+ * fails at once instead of filling memory. */
 static kiln_status read_text(kiln_ctx *ctx, const char *path, char **out, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return kiln_kg_fail(ctx, KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
+    bool nul = false, huge = false;
     while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        nul = memchr(buf + n, '\0', got) != NULL;
+        n += got;
+        if (nul || n < cap - 1) break;
+        if ((huge = n > KG_MAX_BYTES)) break;
         char *bigger = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
         if (!bigger) free(buf);
         buf = bigger;
@@ -127,13 +135,34 @@ static kiln_status read_text(kiln_ctx *ctx, const char *path, char **out, size_t
     bool bad = ferror(f) != 0;
     fclose(f);
     if (!buf) return kiln_kg_fail(ctx, KILN_ERR_NOMEM, "%s: out of memory reading the file", path);
-    if (bad) {
+    if (bad || huge) {
         free(buf);
+        if (huge) return kiln_kg_fail(ctx, KILN_ERR_PARSE, "%s: more than %zu MiB: not a .kg graph", path, KG_MAX_BYTES >> 20);
         return kiln_kg_fail(ctx, KILN_ERR_IO, "%s: read error", path);
     }
     buf[n] = '\0';
     *out = buf;
     *len = n;
+    return KILN_OK;
+}
+
+/* Files that are not .kg text, named for what they are (a model file, an empty file). */
+static kiln_status not_kg(kiln_ctx *ctx, const char *path, const char *text, size_t len)
+{
+    if (len >= 4 && memcmp(text, "GGUF", 4) == 0)
+        return kiln_kg_fail(ctx, KILN_ERR_PARSE,
+                            "%s is a GGUF model file, not a .kg graph (models are read by kiln_gguf_open and "
+                            "kiln_model_build; the kiln tool takes them in generate, bench --model, plan and info)", path);
+    size_t pl = strlen(path);
+    if (pl >= 5 && strcmp(path + pl - 5, ".gguf") == 0)
+        return kiln_kg_fail(ctx, KILN_ERR_PARSE,
+                            "%s is named .gguf but is not a GGUF file (it does not start with the GGUF magic), "
+                            "and a .kg graph is not read from a .gguf name", path);
+    size_t i = 0;
+    while (i < len && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r')) i++;
+    if (i == len)
+        return kiln_kg_fail(ctx, KILN_ERR_PARSE,
+                            "%s is empty: a .kg graph declares inputs, ops and `output NAME NODE` lines", path);
     return KILN_OK;
 }
 
@@ -146,6 +175,10 @@ KILN_API kiln_status kiln_kg_load(kiln_ctx *ctx, const char *path, kiln_graph **
     size_t len = 0;
     kiln_status s = read_text(ctx, path, &text, &len);
     if (s != KILN_OK) return s;
+    if ((s = not_kg(ctx, path, text, len)) != KILN_OK) {
+        free(text);
+        return s;
+    }
     const char *nul = memchr(text, '\0', len);
     if (nul) { /* the parser takes a C string: a NUL would silently end the file */
         size_t line = 1, col = 1;

@@ -267,7 +267,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     *out = NULL;
     double t0 = now_ms();
     if (g->status != KILN_OK) return kiln_ctx_fail(ctx, g->status, "graph has an error: %s", g->error);
-    if (g->n_outs == 0) return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "graph has no outputs (mark some with kiln_output)");
+    if (g->n_outs == 0) return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "graph has no outputs: nothing to compute (mark some with kiln_output; in .kg text, `output NAME NODE` lines)");
     int forced = -1;
     kiln_status s = pick_backend(ctx, opts ? opts->backend : NULL, &forced);
     if (s != KILN_OK) return s;
