@@ -24,6 +24,7 @@ MAX_BACKENDS = 8
 NODE_NONE = 0
 
 # ---------------------------------------------------------------- structs
+# Field by field as in kiln.h (python/tests/test_header.py compares the names and order with it).
 
 
 class CtxOptions(C.Structure):
@@ -34,9 +35,14 @@ class BackendInfo(C.Structure):
     _fields_ = [("name", C.c_char_p), ("available", C.c_bool), ("detail", C.c_char_p)]
 
 
+class CodegenOptions(C.Structure):
+    _fields_ = [("gemm", C.c_int32), ("gemm_rows", C.c_int32), ("grid_cap", C.c_int32), ("vk_disable", C.c_int32),
+                ("wgmma", C.c_int32)]
+
+
 class CompileOptions(C.Structure):
     _fields_ = [("backend", C.c_char_p), ("no_fuse", C.c_bool), ("what_if", C.c_bool),
-                ("check_finite", C.c_bool)]
+                ("check_finite", C.c_bool), ("codegen", CodegenOptions), ("no_record", C.c_bool)]
 
 
 class Binding(C.Structure):
@@ -65,14 +71,16 @@ class PresetOptions(C.Structure):
 
 
 class CheckOptions(C.Structure):
-    _fields_ = [("backend", C.c_char_p), ("op", C.c_char_p), ("quick", C.c_bool), ("seed", C.c_uint64)]
+    _fields_ = [("backend", C.c_char_p), ("op", C.c_char_p), ("quick", C.c_bool), ("seed", C.c_uint64),
+                ("on_result", C.c_void_p), ("user", C.c_void_p)]
 
 
 class ModelInfo(C.Structure):
     _fields_ = [("arch", C.c_char * 32), ("n_layer", C.c_int), ("hidden", C.c_int64), ("n_head", C.c_int64),
                 ("n_kv_head", C.c_int64), ("head_dim", C.c_int64), ("ffn", C.c_int64), ("n_vocab", C.c_int64),
                 ("n_ctx_train", C.c_int64), ("theta", C.c_float), ("eps", C.c_float), ("rope", C.c_int),
-                ("qkv_bias", C.c_bool), ("tied_output", C.c_bool), ("weight_bytes", C.c_size_t)]
+                ("qkv_bias", C.c_bool), ("tied_output", C.c_bool), ("weight_bytes", C.c_size_t),
+                ("out_bias", C.c_bool), ("ffn_bias", C.c_bool)]
 
 
 class ModelOptions(C.Structure):

@@ -33,7 +33,8 @@ class Model:
                      "n_kv_head": mi.n_kv_head, "head_dim": mi.head_dim, "ffn": mi.ffn, "n_vocab": mi.n_vocab,
                      "n_ctx_train": mi.n_ctx_train, "theta": mi.theta, "eps": mi.eps,
                      "rope": "neox" if mi.rope == 1 else "normal", "qkv_bias": bool(mi.qkv_bias),
-                     "tied_output": bool(mi.tied_output), "weight_bytes": mi.weight_bytes}
+                     "tied_output": bool(mi.tied_output), "weight_bytes": mi.weight_bytes,
+                     "out_bias": bool(mi.out_bias), "ffn_bias": bool(mi.ffn_bias)}
 
     @classmethod
     def load(cls, path: str, ctx: Context | None = None) -> "Model":

@@ -130,7 +130,7 @@ class Context:
     def check(self, backend: str | None = None, op: str | None = None, quick: bool = True, seed: int = 0) -> dict:
         """kiln_check: ops, fused patterns and presets against kiln's f64 reference. Returns the JSON
         report as a dict ({"ok": bool, "results": [...]})."""
-        o = _capi.CheckOptions(backend.encode() if backend else None, op.encode() if op else None, quick, seed)
+        o = _capi.CheckOptions(backend.encode() if backend else None, op.encode() if op else None, quick, seed, None, None)
         rep = C.c_void_p()
         self._check(lib.kiln_check(self.handle, C.byref(o), C.byref(rep)), "kiln_check")
         try:
