@@ -23,8 +23,17 @@ run() { # run NAME EXE [args]: runs an example (cpu), fails with its output
     echo "$name failed:"; echo "$out"; exit 1
   fi
 }
+# ldd's output is read whole before grep looks at it: `ldd | grep -q` under pipefail fails at random
+# (grep exits at the first match, ldd gets SIGPIPE).
 static_ok() { # static_ok NAME EXE: the binary must not need libkiln.so
-  if ldd "$2" | grep -q 'libkiln\.so'; then echo "$1 links libkiln.so but should be static"; exit 1; fi
+  local deps
+  deps="$(ldd "$2")"
+  if grep -q 'libkiln\.so' <<<"$deps"; then echo "$1 links libkiln.so but should be static"; exit 1; fi
+}
+uses_prefix() { # uses_prefix NAME EXE: the binary loads the prefix's libkiln.so
+  local deps
+  deps="$(ldd "$2")"
+  grep -q "$lib/libkiln.so" <<<"$deps" || { echo "$1 does not use the prefix's libkiln.so:"; echo "$deps"; exit 1; }
 }
 
 # 1) CMake: find_package(kiln), shared and static.
@@ -33,7 +42,7 @@ cmake -S "$src/tests/install" -B "$tmp/cm" -DCMAKE_PREFIX_PATH="$prefix" -DKILN_
 cmake --build "$tmp/cm" -j 2 >/dev/null
 for e in decode_layer cost_model_experiment; do
   static_ok "cmake ${e}_static" "$tmp/cm/${e}_static"
-  ldd "$tmp/cm/${e}_shared" | grep -q "$lib/libkiln.so" || { echo "cmake ${e}_shared does not use the prefix's libkiln.so"; exit 1; }
+  uses_prefix "cmake ${e}_shared" "$tmp/cm/${e}_shared"
 done
 run "cmake decode_layer_shared" "$tmp/cm/decode_layer_shared" cpu
 run "cmake decode_layer_static" "$tmp/cm/decode_layer_static" cpu
@@ -48,6 +57,7 @@ $cc -O1 -o "$tmp/pc_shared" "$src/examples/decode_layer.c" $(pkg-config --cflags
 $cc -O1 -o "$tmp/pc_static" "$src/examples/decode_layer.c" \
   $(pkg-config --cflags --static --define-variable=kilnlib=:libkiln.a --libs kiln) -lm
 static_ok "pkg-config static" "$tmp/pc_static"
+uses_prefix "pkg-config shared" "$tmp/pc_shared"
 run "pkg-config decode_layer_shared" "$tmp/pc_shared" cpu
 run "pkg-config decode_layer_static" "$tmp/pc_static" cpu
 echo "install: find_package and pkg-config, shared and static: ok"
