@@ -144,3 +144,21 @@ def test_cost_model_rows_and_what_if(ctx):
 def test_help_reads_like_the_header():
     assert "y[.., n] = sum_k x[.., k] * w[n, k]" in kiln.Graph.matmul.__doc__
     assert "Causal grouped-query attention" in kiln.Graph.attention.__doc__
+
+
+def test_cost_helpers_measure_and_what_if(ctx):
+    g = ctx.preset("qwen2-0.5b", wdtype="q8_0", n_layers=1, max_ctx=64)
+    plan = ctx.compile(g, backend="cpu")
+    xv = np.random.default_rng().uniform(-1, 1, (1, 896)).astype(np.float32)
+    rows = kiln.cost.measure(plan, {"x": xv, "pos": np.array([7], np.int32)}, {"n_tok": 1, "n_kv": 8}, runs=4)
+    assert [r["n_measured"] for r in rows] == [4] * plan.kernel_count
+    table = kiln.cost.frame(rows)
+    assert len(table) == plan.kernel_count
+    with kiln.Context() as wctx:
+        gpu = {"peak_flops": 4e14, "launch_s": 4e-6, "h2d_bw": 25e9, "d2h_bw": 25e9, "xfer_latency_s": 1e-5}
+        res = kiln.cost.what_if(wctx, g, {"fast": {"cuda": {**gpu, "mem_bw": 3e12}},
+                                          "slow": {"cuda": {**gpu, "mem_bw": 1e6}}})
+        by = {r["scenario"]: r for r in res}
+        assert by["fast"].get("on_cuda", 0) > 0 and by["slow"].get("on_cuda", 0) == 0, res
+        assert by["fast"]["predicted_ms"] < by["slow"]["predicted_ms"]
+        assert sum(v for k, v in by["slow"].items() if k.startswith("on_")) == len(by["slow"]["kernels"])
