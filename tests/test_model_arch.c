@@ -153,6 +153,54 @@ Test(model_arch, biases_fuse_as_matmul_epilogues)
     }
 }
 
+/* ---------------------------------------------------------------- architectures */
+
+/* qwen3: per-head q/k rms norms before rope, neox rotary, a head size from key_length that is not
+ * hidden / n_head (q is 128 wide on a 64-wide model), tied output head. */
+static const gw_model qwen3 = {.arch = "qwen3", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 96,
+                               .n_vocab = 48, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                               .head_dim = 32, .tied = true};
+
+Test(model_arch, qwen3_matches_f64_on_ref) { check_model(qwen3, "ref", model_tol(KILN_DTYPE_F32, "ref")); }
+Test(model_arch, qwen3_matches_f64_on_cpu) { check_model(qwen3, "cpu", model_tol(KILN_DTYPE_F32, "cpu")); }
+
+Test(model_arch, qwen3_q8_0_matches_f64_on_cpu)
+{
+    gw_model m = qwen3;
+    m.wtype = m.embtype = KILN_DTYPE_Q8_0;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_Q8_0, "cpu"));
+}
+
+/* Tied embeddings in llama (no output.weight: the head is token_embd.weight). */
+Test(model_arch, llama_tied_head_matches_f64_on_cpu)
+{
+    gw_model m = biased;
+    m.tied = true, m.qkv_bias = m.out_bias = m.ffn_bias = false;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+}
+
+/* qwen3 without its q/k norms is refused by name (llama.cpp requires them too). */
+Test(model_arch, qwen3_without_qk_norm_is_refused)
+{
+    gw_model m = qwen3;
+    gw *w = gw_model_new(&m);
+    size_t n;
+    uint8_t *bytes = gw_bytes(w, &n);
+    gw_free(w);
+    /* rename layer 1's q norm (same length): the file then lacks blk.1.attn_q_norm.weight */
+    uint8_t *p = NULL;
+    for (size_t i = 0; !p && i + 24 <= n; i++) p = memcmp(bytes + i, "blk.1.attn_q_norm.weight", 24) ? NULL : bytes + i;
+    cr_assert(p);
+    memcpy(p, "blk.1.attn_q_xorm", 17);
+    kiln_gguf *f;
+    cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph *g;
+    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_NAME, "%s", kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "blk.1.attn_q_norm.weight"), "%s", kiln_ctx_error(ctx));
+    kiln_gguf_close(f);
+    free(bytes);
+}
+
 /* ---------------------------------------------------------------- weight formats */
 
 /* Every block format kiln reads, as the matmul weights of a small llama file (width 256, so the
@@ -200,3 +248,4 @@ Test(model_arch, q5_0_file_runs_on_cpu_or_is_refused_by_gpu_backends)
         free(bytes);
     }
 }
+

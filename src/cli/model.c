@@ -67,12 +67,13 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
     } else {
         printf(",\"arch\":\"%s\",\"layers\":%d,\"hidden\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,"
                "\"ffn\":%lld,\"vocab\":%lld,\"context\":%lld,\"rope\":\"%s\",\"rope_theta\":%g,\"rms_eps\":%g,"
-               "\"qkv_bias\":%s,\"out_bias\":%s,\"ffn_bias\":%s,\"tied_output\":%s,\"weight_bytes\":%zu,"
+               "\"qkv_bias\":%s,\"qk_norm\":%s,\"out_bias\":%s,\"ffn_bias\":%s,\"tied_output\":%s,\"weight_bytes\":%zu,"
                "\"backend\":\"%s\",\"kernels\":%d",
                mi->arch, mi->n_layer, (long long)mi->hidden, (long long)mi->n_head, (long long)mi->n_kv_head,
                (long long)mi->head_dim, (long long)mi->ffn, (long long)mi->n_vocab, (long long)mi->n_ctx_train,
                mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? "true" : "false",
-               mi->out_bias ? "true" : "false", mi->ffn_bias ? "true" : "false", mi->tied_output ? "true" : "false",
+               mi->qk_norm ? "true" : "false", mi->out_bias ? "true" : "false", mi->ffn_bias ? "true" : "false",
+               mi->tied_output ? "true" : "false",
                mi->weight_bytes, be, kernels);
     }
     printf("}\n");
@@ -97,9 +98,9 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
     printf("model:  %s, %d layers, hidden %lld, %lld heads (%lld KV, head dim %lld), ffn %lld, vocab %lld\n", mi->arch,
            mi->n_layer, (long long)mi->hidden, (long long)mi->n_head, (long long)mi->n_kv_head, (long long)mi->head_dim,
            (long long)mi->ffn, (long long)mi->n_vocab);
-    printf("        context %lld, rope %s theta %g, rms eps %g%s%s%s%s\n", (long long)mi->n_ctx_train,
+    printf("        context %lld, rope %s theta %g, rms eps %g%s%s%s%s%s\n", (long long)mi->n_ctx_train,
            mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? ", q/k/v biases" : "",
-           mi->out_bias ? ", output bias" : "", mi->ffn_bias ? ", ffn biases" : "",
+           mi->qk_norm ? ", q/k head norms" : "", mi->out_bias ? ", output bias" : "", mi->ffn_bias ? ", ffn biases" : "",
            mi->tied_output ? ", tied output head" : "");
     printf("kiln would run it on: %s (%s), %d kernels per decode step (%.1f per layer), %.1f MiB of weights read "
            "per token\n", be, strcmp(be, "cpu") == 0 ? kiln_cpu_isa(ctx) : "-", kernels,

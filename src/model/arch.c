@@ -79,6 +79,8 @@ static const kiln_arch archs[] = {
     {.name = "llama", .rope = KILN_ROPE_NORMAL, .required = NORMS | MATS, .optional = QKV_BIAS | OUT_FFN_BIAS,
      .keys = llama_keys},
     {.name = "qwen2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys},
+    {.name = "qwen3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
+     .optional = 0, .keys = llama_keys},
 };
 
 const kiln_arch *kiln_arch_find(const char *name)
@@ -88,7 +90,7 @@ const kiln_arch *kiln_arch_find(const char *name)
     return NULL;
 }
 
-const char *kiln_arch_names(void) { return "llama, qwen2"; }
+const char *kiln_arch_names(void) { return "llama, qwen2, qwen3"; }
 
 const kiln_role_info *kiln_arch_roles(void) { return roles; }
 

@@ -19,8 +19,13 @@ static kiln_node attn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_l
     kiln_node k = add_bias(g, kiln_matmul(g, h, w->wk), w->bk);
     kiln_node v = add_bias(g, kiln_matmul(g, h, w->wv), w->bv);
     kiln_dim qh[3] = {io->n_tok, d->n_head, d->head_dim}, kh[3] = {io->n_tok, d->n_kv_head, d->head_dim};
-    q = kiln_rope(g, kiln_reshape(g, q, 3, qh), io->pos, d->rope, d->theta);
-    k = kiln_rope(g, kiln_reshape(g, k, 3, kh), io->pos, d->rope, d->theta);
+    /* q then k, each reshape -> [norm] -> rope: the node order fusion and the golden kernels expect */
+    q = kiln_reshape(g, q, 3, qh);
+    if (w->q_norm != KILN_NODE_NONE) q = kiln_rms_norm(g, q, w->q_norm, d->eps); /* per head: the last dim */
+    q = kiln_rope(g, q, io->pos, d->rope, d->theta);
+    k = kiln_reshape(g, k, 3, kh);
+    if (w->k_norm != KILN_NODE_NONE) k = kiln_rms_norm(g, k, w->k_norm, d->eps);
+    k = kiln_rope(g, k, io->pos, d->rope, d->theta);
     v = kiln_reshape(g, v, 3, kh);
     kiln_dim sd[3] = {d->n_kv_head, d->max_ctx, d->head_dim};
     char name[64];

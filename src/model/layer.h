@@ -31,6 +31,7 @@ typedef struct kiln_layer_weights {
     kiln_node attn_norm;      /* [hidden] */
     kiln_node wq, wk, wv;     /* [n_head*hd, hidden], [n_kv_head*hd, hidden] x2 */
     kiln_node bq, bk, bv;     /* optional [n_head*hd], [n_kv_head*hd] x2 (qwen2) */
+    kiln_node q_norm, k_norm; /* optional [hd]: rms norm of every q / k head before rope (qwen3) */
     kiln_node wo;             /* [hidden, n_head*hd] */
     kiln_node bo;             /* optional [hidden] */
     kiln_node ffn_norm;       /* [hidden] */
@@ -38,9 +39,10 @@ typedef struct kiln_layer_weights {
     kiln_node bg, bu, bd;     /* optional [ffn] x2, [hidden] */
 } kiln_layer_weights;
 
-/* Layer l on x f32 [n_tok, hidden]: x += o(attention(rope(q + bq), kv_scatter(rope(k + bk)),
+/* Layer l on x f32 [n_tok, hidden]: x += o(attention(rope(qn(q + bq)), kv_scatter(rope(kn(k + bk))),
  * kv_scatter(v + bv))) + bo with q/k/v of rms_norm(x); then x += down(swiglu(gate(h) + bg,
- * up(h) + bu)) + bd with h = rms_norm(x). Each bias is added right after its matmul (an
+ * up(h) + bu)) + bd with h = rms_norm(x); qn/kn: per-head rms_norm with q_norm/k_norm when given
+ * (identity otherwise). Each bias is added right after its matmul (an
  * epilogue). Creates states k<l>, v<l>. Returns the new x (KILN_NODE_NONE after an error, which
  * sticks to g). */
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,

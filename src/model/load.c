@@ -246,6 +246,7 @@ static kiln_status check_tensors(tensor_use *u, kiln_model_desc *d)
     m->qkv_bias = d->roles & KILN_ROLE_BIT(KILN_ROLE_BQ);
     m->out_bias = d->roles & KILN_ROLE_BIT(KILN_ROLE_BO);
     m->ffn_bias = d->roles & (KILN_ROLE_BIT(KILN_ROLE_BG) | KILN_ROLE_BIT(KILN_ROLE_BU) | KILN_ROLE_BIT(KILN_ROLE_BD));
+    m->qk_norm = d->roles & KILN_ROLE_BIT(KILN_ROLE_Q_NORM);
     m->weight_bytes = u->bytes;
     return check_all_used(u, d->arch);
 }

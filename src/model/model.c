@@ -31,7 +31,8 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
     }
     return (kiln_layer_weights){
         .attn_norm = n[KILN_ROLE_ATTN_NORM], .wq = n[KILN_ROLE_WQ], .wk = n[KILN_ROLE_WK], .wv = n[KILN_ROLE_WV],
-        .bq = n[KILN_ROLE_BQ], .bk = n[KILN_ROLE_BK], .bv = n[KILN_ROLE_BV], .wo = n[KILN_ROLE_WO],
+        .bq = n[KILN_ROLE_BQ], .bk = n[KILN_ROLE_BK], .bv = n[KILN_ROLE_BV], .q_norm = n[KILN_ROLE_Q_NORM],
+        .k_norm = n[KILN_ROLE_K_NORM], .wo = n[KILN_ROLE_WO],
         .bo = n[KILN_ROLE_BO], .ffn_norm = n[KILN_ROLE_FFN_NORM], .wg = n[KILN_ROLE_WG], .wu = n[KILN_ROLE_WU],
         .wd = n[KILN_ROLE_WD], .bg = n[KILN_ROLE_BG], .bu = n[KILN_ROLE_BU], .bd = n[KILN_ROLE_BD]};
 }

@@ -188,7 +188,11 @@ gw *gw_model_new(const gw_model *m)
     gw_kv_u32(w, ARCH_KEY("feed_forward_length"), (uint32_t)(m->meta_ffn ? m->meta_ffn : m->ffn));
     gw_kv_u32(w, ARCH_KEY("attention.head_count"), (uint32_t)m->n_head);
     gw_kv_u32(w, ARCH_KEY("attention.head_count_kv"), (uint32_t)m->n_kv_head);
-    gw_kv_f32(w, ARCH_KEY("rope.freq_base"), strcmp(m->arch, "qwen2") == 0 ? 1e6f : 1e4f);
+    gw_kv_f32(w, ARCH_KEY("rope.freq_base"), strcmp(m->arch, "llama") != 0 ? 1e6f : 1e4f);
+    if (m->head_dim) {
+        gw_kv_u32(w, ARCH_KEY("attention.key_length"), (uint32_t)m->head_dim);
+        gw_kv_u32(w, ARCH_KEY("attention.value_length"), (uint32_t)m->head_dim);
+    }
     if (!m->no_eps) gw_kv_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
 #undef ARCH_KEY
     if (m->tokens) {
@@ -204,7 +208,8 @@ gw *gw_model_new(const gw_model *m)
         free(tok);
     }
     bool bias = strcmp(m->arch, "qwen2") == 0 || m->qkv_bias;
-    int64_t hd = m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
+    bool qk_norm = strcmp(m->arch, "qwen3") == 0 || m->qk_norm;
+    int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
     rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
     float sh = 1.0f / sqrtf((float)m->hidden), sq = 1.0f / sqrtf((float)qd), sf = 1.0f / sqrtf((float)m->ffn);
     for (int l = 0; l < m->n_layer; l++) {
@@ -218,6 +223,10 @@ gw *gw_model_new(const gw_model *m)
             rand_tensor(w, T("attn_q.bias"), KILN_DTYPE_F32, 0, qd, 0, 0.5f, &s);
             rand_tensor(w, T("attn_k.bias"), KILN_DTYPE_F32, 0, kvd, 0, 0.5f, &s);
             rand_tensor(w, T("attn_v.bias"), KILN_DTYPE_F32, 0, kvd, 0, 0.5f, &s);
+        }
+        if (qk_norm) {
+            rand_tensor(w, T("attn_q_norm.weight"), KILN_DTYPE_F32, 0, hd, 1.0f, 0.25f, &s);
+            rand_tensor(w, T("attn_k_norm.weight"), KILN_DTYPE_F32, 0, hd, 1.0f, 0.25f, &s);
         }
         rand_tensor(w, T("attn_output.weight"), m->wtype, m->hidden, qd, 0, sq, &s);
         if (m->out_bias) rand_tensor(w, T("attn_output.bias"), KILN_DTYPE_F32, 0, m->hidden, 0, 0.5f, &s);

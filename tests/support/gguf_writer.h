@@ -31,7 +31,7 @@ int gw_write(gw *w, const char *path);
 
 /* A random model. */
 typedef struct gw_model {
-    const char *arch;      /* "llama" or "qwen2" */
+    const char *arch;      /* "llama", "qwen2" or "qwen3" */
     int         n_layer;   /* blocks */
     int64_t     hidden;    /* embedding_length */
     int64_t     n_head;    /* head_count */
@@ -50,6 +50,8 @@ typedef struct gw_model {
     bool        out_bias;     /* write attn_output.bias */
     bool        ffn_bias;     /* write ffn_gate/ffn_up/ffn_down.bias */
     bool        no_eps;       /* leave out attention.layer_norm_rms_epsilon */
+    int64_t     head_dim;     /* 0: hidden / n_head; else written as attention.key_length/value_length */
+    bool        qk_norm;      /* write attn_q_norm/attn_k_norm.weight [head_dim] (always for qwen3) */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */
