@@ -2,8 +2,9 @@
  * fuzz-chosen dtypes and dims, every op on fuzz-chosen earlier nodes, now and then a bad handle),
  * then outputs; a graph that builds and fits the cap is compiled on ref (unfused) and cpu (fused),
  * both run on the same inputs drawn from the bytes, and where both succeed and the reference is
- * finite the outputs must agree (NMSE <= 1e-2: a loose bound that only catches gross errors).
- * Every input must give a status: no crash, leak, or allocation over 1 GiB. */
+ * finite the outputs must agree (NMSE <= 1e-2: a loose bound that only catches gross errors); then
+ * both run again with bindings broken on purpose, which must be refused with a message, and once
+ * more correctly. Every input must give a status: no crash, leak, or allocation over 1 GiB. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +186,72 @@ static void run_and_compare(prog *p, kiln_plan *ref, kiln_plan *cpu)
     for (size_t i = 0; i < nb; i++) free(own[i]);
 }
 
+/* Bindings made wrong on purpose, from the bytes (issue #17: every broken binding must be refused
+ * with a status): a symbol or input left out, bound twice, an unknown or NULL name, an input of the
+ * wrong size or with NULL data, an output buffer too small, a symbol out of [1, max], host memory
+ * flagged as device memory. Each plan must refuse the run; then a correct run must still succeed
+ * (on error the plan stays usable). */
+static void hostile(prog *p, kiln_plan *ref, kiln_plan *cpu)
+{
+    const kiln_graph *g = p->g;
+    kiln_binding b[72];
+    void *own[72] = {0};
+    int64_t sv[8] = {0};
+    size_t nb = bind(p, b, own, sv), n_in = nb;
+    float *outs[4] = {0};
+    for (uint32_t o = 0; o < g->n_outs && o < 4 && nb < 70; o++) { /* outputs at their bound's size */
+        kiln_tensor_info ti;
+        if (kiln_plan_tensor(ref, g->outs[o].name, &ti) != KILN_OK || !(outs[o] = malloc(ti.bytes + 1))) continue;
+        b[nb++] = (kiln_binding){.name = g->outs[o].name, .data = outs[o], .bytes = ti.bytes};
+    }
+    if (!nb) goto out;
+    unsigned kind = u8(&p->r) % 9, at = u8(&p->r) % (unsigned)nb;
+    kiln_binding bad[72];
+    memcpy(bad, b, nb * sizeof *b);
+    size_t nbad = nb;
+    bool is_sym = !b[at].data, is_in = at < n_in && !is_sym, must_fail = true;
+    switch (kind) {
+    case 0: /* left out: outputs may be */
+        memmove(&bad[at], &bad[at + 1], (nb - at - 1) * sizeof *bad), nbad--;
+        must_fail = at < n_in;
+        break;
+    case 1: bad[nbad++] = b[at]; break; /* twice */
+    case 2: bad[at].name = "no_such_binding"; break;
+    case 3: bad[at].name = NULL; break;
+    case 4: /* a size off by one: too small fails everywhere; larger only an input */
+        if (is_sym) bad[at].value = 0;
+        else if (u8(&p->r) & 1 || !bad[at].bytes) bad[at].bytes += 1, must_fail = is_in;
+        else bad[at].bytes -= 1;
+        break;
+    case 5: if (is_sym) bad[at].value = -1; else bad[at].data = NULL, must_fail = bad[at].bytes > 0; break;
+    case 6: {
+        uint32_t s = kiln_graph_find_sym(g, b[at].name);
+        if (is_sym && s != KILN_IDX_NONE) bad[at].value = g->syms[s].max + 1 + (int64_t)(u8(&p->r) % 3) * ((int64_t)1 << 40);
+        else must_fail = false; /* unchanged */
+        break;
+    }
+    case 7: if (!is_sym) bad[at].device = true; else bad[at].value = INT64_MIN; break;
+    default:
+        if (is_sym) bad[at].value = INT64_MAX;
+        else bad[at].bytes = SIZE_MAX;
+        break;
+    }
+    kiln_plan *plans[2] = {ref, cpu};
+    for (int k = 0; k < 2; k++) {
+        kiln_status first = kiln_run(plans[k], b, nb), s = kiln_run(plans[k], bad, nbad);
+        if (must_fail)
+            FUZZ_CHECK(s != KILN_OK, "%s plan ran with a broken binding (kind %u on '%s')", k ? "cpu" : "ref", kind,
+                       b[at].name ? b[at].name : "(null)");
+        if (s != KILN_OK) FUZZ_CHECK(*kiln_ctx_error(fuzz_ctx()), "a refused binding without a message (kind %u)", kind);
+        kiln_status again = kiln_run(plans[k], b, nb);
+        FUZZ_CHECK(again == first, "a correct run after a refused one: %s, before it %s: %s", kiln_status_str(again),
+                   kiln_status_str(first), kiln_ctx_error(fuzz_ctx()));
+    }
+out:
+    for (int o = 0; o < 4; o++) free(outs[o]);
+    for (size_t i = 0; i < n_in; i++) free(own[i]);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size > 4096) return 0;
@@ -212,6 +279,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kiln_status s2 = kiln_compile(ctx, p.g, &(kiln_compile_options){.backend = "cpu"}, &cpu);
         FUZZ_CHECK((s1 == KILN_OK) == (s2 == KILN_OK), "ref compile %d, cpu compile %d: %s", (int)s1, (int)s2, kiln_ctx_error(ctx));
         if (s1 == KILN_OK && s2 == KILN_OK) run_and_compare(&p, ref, cpu);
+        if (s1 == KILN_OK && s2 == KILN_OK) hostile(&p, ref, cpu);
         kiln_plan_free(ref);
         kiln_plan_free(cpu);
     }

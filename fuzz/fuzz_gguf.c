@@ -1,14 +1,45 @@
 /* libFuzzer target for the GGUF parser: opens arbitrary bytes as a GGUF file, and when they parse,
- * walks every metadata getter, tensor and (for model files) the model builder. Any crash, leak or
- * sanitizer report is a bug. Built only with clang and -DKILN_FUZZ=ON; not part of CI. */
+ * walks every metadata getter, tensor and (for model files) the model builder; a model that builds
+ * and fits the size cap is compiled on cpu and decodes two steps, and a token id past the vocabulary
+ * and a position past the cache must be refused (issue #17). Any crash, leak or sanitizer report is
+ * a bug. Built only with clang and -DKILN_FUZZ=ON; CI replays tests/fuzz/corpus/gguf. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz/fuzz.h"
 #include "kiln/kiln.h"
 
 static kiln_ctx *ctx;
+
+/* A model that builds is compiled on cpu and decodes two steps (token ids from its vocabulary);
+ * then an id past the vocabulary and a position past the cache must be refused with a status. */
+static void compile_and_run(const kiln_gguf *f, kiln_graph *g)
+{
+    kiln_model_info mi;
+    kiln_plan *p = NULL;
+    if (kiln_model_info_get(f, &mi) != KILN_OK || kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p) != KILN_OK)
+        return;
+    int32_t next[4], ids[4] = {0, (int32_t)(mi.n_vocab - 1), 1 % (int32_t)mi.n_vocab, 0}, pos[4] = {0, 1, 2, 3};
+    for (int step = 0; step < 2; step++) {
+        int64_t nt = step ? 3 : 1, nkv = step ? 4 : 1;
+        kiln_binding b[] = {{.name = "n_tok", .value = nt}, {.name = "n_kv", .value = nkv},
+                            {.name = "ids", .data = ids + step, .bytes = (size_t)nt * 4},
+                            {.name = "pos", .data = pos + step, .bytes = (size_t)nt * 4},
+                            {.name = "next", .data = next, .bytes = (size_t)nt * 4}};
+        kiln_status s = kiln_run(p, b, 5);
+        FUZZ_CHECK(s == KILN_OK, "decode step %d of a model that compiled: %s: %s", step, kiln_status_str(s), kiln_ctx_error(ctx));
+        for (int i = 0; i < nt; i++) FUZZ_CHECK(next[i] >= 0 && next[i] < mi.n_vocab, "token %d out of the vocabulary", next[i]);
+    }
+    int32_t bad_id = (int32_t)mi.n_vocab, bad_pos = 100;
+    kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = 1}, {.name = "ids", .data = &bad_id, .bytes = 4},
+                        {.name = "pos", .data = pos, .bytes = 4}, {.name = "next", .data = next, .bytes = 4}};
+    FUZZ_CHECK(kiln_run(p, b, 5) != KILN_OK, "token id %d of a %lld-token vocabulary was accepted", bad_id, (long long)mi.n_vocab);
+    b[2].data = ids, b[3].data = &bad_pos;
+    FUZZ_CHECK(kiln_run(p, b, 5) != KILN_OK, "position 100 in an 8-row cache was accepted");
+    kiln_plan_free(p);
+}
 
 static void walk(const kiln_gguf *f)
 {
@@ -37,7 +68,10 @@ static void walk(const kiln_gguf *f)
     }
     (void)sink;
     kiln_graph *g = NULL;
-    if (kiln_model_build(f, &(kiln_model_options){.max_ctx = 8, .max_tok = 4}, &g) == KILN_OK) kiln_graph_free(g);
+    if (kiln_model_build(f, &(kiln_model_options){.max_ctx = 8, .max_tok = 4}, &g) == KILN_OK) {
+        if (fuzz_graph_fits(g, FUZZ_CAP_BYTES)) compile_and_run(f, g);
+        kiln_graph_free(g);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

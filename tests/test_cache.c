@@ -3,8 +3,8 @@
  * option or pin misses; disk entries serve a new context; 1,000 mutated entry files are all
  * refused and rebuilt with correct results; 8 processes share one folder; an unwritable folder
  * degrades with one warning; `kiln cache`; a FIFO in place of an entry, the stats file or the
- * profiles neither hangs nor is used, and a symlinked or hard-linked stats file is replaced, never
- * written through (issue #17). Every test uses its own temporary folder. */
+ * profiles neither hangs nor is used, a symlinked or hard-linked stats file is replaced, never
+ * written through, and entries edited with their checksums recomputed are refused (issue #17). Every test uses its own temporary folder. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <dirent.h>
@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "graph/graph.h"
 #include "sched/ctx.h"
 #include "support/testutil.h"
 
@@ -609,9 +610,11 @@ Test(cache, vulkan_spirv_from_disk)
     kiln_backend_info bi;
     cr_assert_eq(kiln_backend_get(c1, 3, &bi), KILN_OK);
     if (!bi.available) {
+        char why[256]; /* bi.detail lives in the context */
+        snprintf(why, sizeof why, "%s", bi.detail);
         kiln_ctx_free(c1);
         drop_temp_cache();
-        cr_skip("vulkan is not available: %s", bi.detail);
+        cr_skip("vulkan is not available: %s", why);
     }
     kiln_graph *g = build(&base, 10);
     kiln_compile_options vo = {.backend = "vulkan"};
@@ -660,4 +663,173 @@ Test(cache, vulkan_spirv_from_disk)
     cr_assert_lt(err / ref, 1e-8, "vulkan against ref: NMSE %g", err / ref);
     kiln_plan_free(pr), kiln_graph_free(g), kiln_ctx_free(c2);
     drop_temp_cache();
+}
+
+/* ------------------------------------------------------------------ forged entries (issue #17) */
+
+/* Rewrites an entry's checksums over its (edited) payload, as a forger or another build would. */
+static void reseal(unsigned char *m, size_t n)
+{
+    uint64_t pc = XXH3_64bits(m + 64, n - 64), len = n - 64;
+    memcpy(m + 32, &len, 8);
+    memcpy(m + 40, &pc, 8);
+    uint64_t hc = XXH3_64bits(m, 56);
+    memcpy(m + 56, &hc, 8);
+}
+
+/* One u32 word of payload at byte off replaced by what a forger tries: another node's index, no
+ * node, a small count, a flipped bit. Returns whether the bytes changed. */
+static bool forge_word(unsigned char *m, size_t off, uint32_t n_nodes)
+{
+    uint32_t v, old;
+    memcpy(&old, m + off, 4);
+    switch (tu_randint(0, 4)) {
+    case 0: v = (uint32_t)tu_randint(0, n_nodes); break;
+    case 1: v = UINT32_MAX; break;
+    case 2: v = (uint32_t)tu_randint(0, 6); break;
+    default: v = old ^ (1u << tu_randint(0, 32)); break;
+    }
+    memcpy(m + off, &v, 4);
+    return v != old;
+}
+
+/* cpu dispatch tables and the placement, edited with their checksums recomputed (the fuzzer's
+ * forged entries: SIGSEGV in run_fused, wrong results, a graph that never compiled again). Every
+ * edited cpu table is refused and rebuilt; an edited placement is used only if placement could
+ * have written it (then the results are the same); the results always equal the reference. */
+Test(cache, forged_entries_with_valid_checksums_are_refused)
+{
+    use_temp_cache("all");
+    kiln_ctx *ctx = new_ctx();
+    kiln_graph *g = build(&base, 12);
+    kiln_plan_free(compile(ctx, g, NULL));
+    uint32_t n_nodes = g->n_nodes;
+    float r[OUT_N], o[OUT_N];
+    reference(&base, 12, r);
+    kiln_cache_entry_info *e;
+    size_t ne;
+    cr_assert_eq(kiln_cache_list(dir, &e, &ne), KILN_OK);
+    int refused = 0, tried = 0;
+    for (int it = 0; it < 300; it++) {
+        size_t f = (size_t)it % ne, n;
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s", dir, e[f].name);
+        unsigned char *orig = slurp(path, &n), *m = malloc(n);
+        memcpy(m, orig, n);
+        bool plan = strcmp(e[f].kind, "plan") == 0, changed;
+        if (plan && tu_randint(0, 2)) { /* a region moved to another backend */
+            size_t at = 64 + 12 + (size_t)tu_randint(0, (int64_t)m[64 + 4]);
+            uint8_t old = m[at];
+            m[at] = (uint8_t)tu_randint(0, 5);
+            changed = m[at] != old;
+        } else {
+            changed = forge_word(m, 64 + 4 * (size_t)tu_randint(0, (int64_t)(n - 64) / 4), n_nodes);
+        }
+        if (!changed) {
+            free(orig), free(m);
+            continue;
+        }
+        tried++;
+        reseal(m, n);
+        spit(path, m, n);
+        kiln_cache_mem_clear(ctx->cache);
+        kiln_plan *p = NULL;
+        kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p);
+        cr_assert_eq(s, KILN_OK, "forgery %d of %s: compile failed: %s", it, e[f].name, kiln_ctx_error(ctx));
+        bool from_disk = strcmp(kiln_plan_cache(p), "disk") == 0;
+        run(p, ctx, &base, o);
+        assert_same(o, r, plan ? "forged placement" : "forged cpu table");
+        kiln_plan_free(p);
+        size_t got;
+        unsigned char *now = slurp(path, &got);
+        bool rebuilt = got == n && memcmp(now, orig, n) == 0;
+        free(now);
+        if (!plan) cr_assert(!from_disk && rebuilt, "forgery %d of cpu entry %s was used", it, e[f].name);
+        refused += rebuilt;
+        if (!rebuilt) spit(path, orig, n); /* a harmless cost edit kept: restore for the next round */
+        free(orig), free(m);
+    }
+    cr_assert_gt(tried, 200);
+    cr_assert_gt(refused, tried / 2, "%d of %d forgeries refused", refused, tried);
+    free(e);
+    kiln_graph_free(g), kiln_ctx_free(ctx);
+    drop_temp_cache();
+}
+
+/* Vulkan entries whose launch metadata (buffer slots, grid, block, tables) was edited and resealed:
+ * refused (the region's lowering says otherwise), compiled again, results bit-identical. */
+Test(cache, forged_vulkan_entries_are_refused)
+{
+    use_temp_cache(NULL);
+    kiln_ctx *ctx = new_ctx();
+    kiln_backend_info bi;
+    cr_assert_eq(kiln_backend_get(ctx, 3, &bi), KILN_OK);
+    if (!bi.available) {
+        char why[256]; /* bi.detail lives in the context */
+        snprintf(why, sizeof why, "%s", bi.detail);
+        kiln_ctx_free(ctx);
+        drop_temp_cache();
+        cr_skip("vulkan is not available: %s", why);
+    }
+    kiln_graph *g = build(&base, 13);
+    kiln_compile_options vo = {.backend = "vulkan"};
+    kiln_plan *p = compile(ctx, g, &vo);
+    float want[OUT_N], o[OUT_N];
+    run(p, ctx, &base, want);
+    kiln_plan_free(p);
+    uint32_t n_nodes = g->n_nodes;
+    kiln_cache_entry_info *e;
+    size_t ne;
+    cr_assert_eq(kiln_cache_list(dir, &e, &ne), KILN_OK);
+    int tried = 0;
+    for (int it = 0; it < 24; it++) {
+        size_t f = (size_t)it % ne, n;
+        if (strcmp(e[f].kind, "vk") != 0) continue;
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s", dir, e[f].name);
+        unsigned char *orig = slurp(path, &n), *m = malloc(n);
+        memcpy(m, orig, n);
+        uint32_t n_bufs;
+        memcpy(&n_bufs, m + 64 + 16, 4);
+        /* words of the header (magic, count, scratch) and the first kernel's metadata up to its tables */
+        size_t words = 4 + 1 + 3 * (size_t)n_bufs + 7, w = (size_t)tu_randint(1, (int64_t)words);
+        if (!forge_word(m, 64 + 4 * w, n_nodes)) {
+            free(orig), free(m);
+            continue;
+        }
+        tried++;
+        reseal(m, n);
+        spit(path, m, n);
+        kiln_cache_mem_clear(ctx->cache);
+        p = compile(ctx, g, &vo);
+        cr_assert_str_eq(kiln_plan_cache(p), "partial", "forgery %d (word %zu of %s) was used", it, w, e[f].name);
+        run(p, ctx, &base, o);
+        assert_same(o, want, "after a forged vulkan entry");
+        kiln_plan_free(p);
+        size_t got;
+        unsigned char *now = slurp(path, &got);
+        cr_assert(got == n && memcmp(now, orig, n) == 0, "forgery %d: the entry was not rebuilt", it);
+        free(now), free(orig), free(m);
+    }
+    cr_assert_gt(tried, 3);
+    free(e);
+    kiln_graph_free(g), kiln_ctx_free(ctx);
+    drop_temp_cache();
+}
+
+/* The build identity every key carries: it was (size, mtime) of dladdr's file name, which for the
+ * main program is argv[0]; Criterion's workers run as "boxfort-worker" and a kiln found through
+ * PATH runs as "kiln", so stat failed and the identity was silently zero: another build's entries
+ * matched (issue #17: a test binary with other kernels was served this one's). It must be the
+ * size and hash of the file that holds this code: here, this test program. */
+Test(cache, build_identity_is_this_binary)
+{
+    uint64_t id[3];
+    kiln_cache_build_identity(id);
+    size_t n;
+    unsigned char *self = slurp("/proc/self/exe", &n);
+    cr_assert_eq(id[2], 1, "the identity is unknown");
+    cr_assert_eq(id[0], (uint64_t)n);
+    cr_assert_eq(id[1], XXH3_64bits(self, n), "the identity is not this binary's bytes");
+    free(self);
 }

@@ -4,6 +4,7 @@
  * shape. The full check on cpu runs as its own ctest entry (kiln_check_cpu). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +70,24 @@ static void catches(const char *fault, const char *op)
 Test(check, catches_off_by_one_softmax, .init = setup, .fini = teardown) { catches("cpu_softmax_off_by_one", "softmax"); }
 Test(check, catches_wrong_scale_rms_norm, .init = setup, .fini = teardown) { catches("cpu_rms_norm_scale", "rms_norm"); }
 
+/* A mild failure first, then NaNs (issue #17: a worst NMSE of inf was reported with the detail of
+ * the first, mild failure): the detail names the NaN, in the report and in its JSON with the seed. */
+Test(check, infinite_nmse_comes_with_its_reason, .init = setup, .fini = teardown)
+{
+    setenv("KILN_FAULT_INJECT", "cpu_rms_norm_scale,cpu_rms_norm_nan_late", 1);
+    kiln_check_report *r = run("cpu", "rms_norm");
+    unsetenv("KILN_FAULT_INJECT");
+    const kiln_check_result *cpu = find(r, "rms_norm", "f32", "cpu");
+    cr_expect(!cpu->ok && isinf(cpu->worst_nmse), "worst %g", cpu->worst_nmse);
+    cr_expect(strstr(cpu->detail, "NaN at element"), "the worst case's reason: %s", cpu->detail);
+    char *j = NULL, seed[48];
+    cr_assert_eq(kiln_check_report_json(r, &j), KILN_OK);
+    snprintf(seed, sizeof seed, "\"seed\": %llu,", (unsigned long long)r->seed);
+    cr_expect(strstr(j, seed) && strstr(j, "\"worst_nmse\": 1e999") && strstr(j, "NaN at element"), "%s", j);
+    free(j);
+    kiln_check_report_free(r);
+}
+
 Test(check, rejects_bad_options, .init = setup, .fini = teardown)
 {
     kiln_check_report *r = (kiln_check_report *)1;
@@ -87,9 +106,11 @@ Test(check, json_shape, .init = setup, .fini = teardown)
     kiln_check_report *r = run("cpu", "scale");
     char *j = NULL;
     cr_assert_eq(kiln_check_report_json(r, &j), KILN_OK);
-    const char *head = "{\"ok\": true, \"note\": \"\", \"results\": [{\"op\": \"scale\", \"dtype\": \"f32\", \"backend\": \"cpu\", \"cases\": ";
-    cr_expect(!strncmp(j, head, strlen(head)), "%s", j);
-    cr_expect(strstr(j, "\"worst_nmse\": ") && strstr(j, "\"tolerance\": ") && strstr(j, "\"ok\": true}]}"), "%s", j);
+    char head[200];
+    snprintf(head, sizeof head, "{\"ok\": true, \"seed\": %llu, \"seconds\": ", (unsigned long long)r->seed);
+    cr_expect(r->seed != 0 && !strncmp(j, head, strlen(head)), "the seed leads: %s", j);
+    cr_expect(strstr(j, "\"note\": \"\", \"results\": [{\"op\": \"scale\", \"dtype\": \"f32\", \"backend\": \"cpu\", \"cases\": "), "%s", j);
+    cr_expect(strstr(j, "\"worst_nmse\": ") && strstr(j, "\"tolerance\": ") && strstr(j, "\"ok\": true, \"detail\": \"\"}]}"), "%s", j);
     free(j);
     kiln_check_report_free(r);
 }

@@ -136,9 +136,10 @@ static int kiln_cmd(const char *args, char *out, size_t n)
 Test(robust, cli_check_json_and_exit_codes)
 {
     static char out[1 << 16];
-    cr_expect_eq(kiln_cmd("check --backend cpu --op silu --quick --json", out, sizeof out), 0, "%s", out);
-    const char *head = "{\"ok\": true, \"note\": \"\", \"results\": [{\"op\": \"silu\"";
-    cr_expect(!strncmp(out, head, strlen(head)), "%s", out);
+    cr_expect_eq(kiln_cmd("check --backend cpu --op silu --quick --seed 77 --json", out, sizeof out), 0, "%s", out);
+    cr_expect(!strncmp(out, "{\"ok\": true, \"seed\": 77, \"seconds\": ", 36) &&
+                  strstr(out, "\"note\": \"\", \"results\": [{\"op\": \"silu\""),
+              "the JSON carries the seed and the note: %s", out);
     cr_expect_eq(kiln_cmd("check --op silu --quick", out, sizeof out), 0, "%s", out);
     cr_expect(strstr(out, "silu") && strstr(out, "OK"), "%s", out);
     cr_expect_eq(kiln_cmd("check --bogus", out, sizeof out), 2);

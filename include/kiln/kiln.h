@@ -307,7 +307,9 @@ typedef struct kiln_compile_options {
  * compiled before in this context (same structure, options and backends; names, weights and the
  * order of independent builder calls may differ) reuses that plan's fusion, placement and kernels
  * and binds only its own weights and states (kiln_plan_cache says so); GPU kernels also come from
- * the cache folder. Thread-safe for one context's plan cache; the context's error text is shared. */
+ * the cache folder. Thread-safe for one context's plan cache; the context's error text is shared.
+ * A plan whose states and largest intermediate, at the symbols' bounds, exceed the machine's memory
+ * is refused before anything is allocated (KILN_ERR_NOMEM, the sizes and the node named). */
 KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
                                   kiln_plan **out);
 KILN_API void kiln_plan_free(kiln_plan *p);
@@ -382,7 +384,7 @@ typedef struct kiln_check_result {
     double worst_nmse;   /* largest NMSE seen (infinity when a NaN/guard/status failure occurred) */
     double tolerance;    /* the NMSE bound */
     bool   ok;           /* every case passed */
-    char   detail[256];  /* the first failure ("" when ok): case, element, values, seed */
+    char   detail[256];  /* why the worst failing case failed ("" when ok): case, element, values, seed */
 } kiln_check_result;
 
 typedef struct kiln_check_report {
@@ -400,8 +402,9 @@ typedef struct kiln_check_report {
  * not to be called on ctx from two threads at once. */
 KILN_API kiln_status kiln_check(kiln_ctx *ctx, const kiln_check_options *opts, kiln_check_report **out);
 KILN_API void kiln_check_report_free(kiln_check_report *r);
-/* The report as JSON: {"ok": bool, "note": "...", "results": [{"op", "dtype", "backend", "cases",
- * "worst_nmse", "tolerance", "ok"}]} (malloc'ed; the caller frees). */
+/* The report as JSON: {"ok": bool, "seed": the data seed, "seconds", "note": "...", "results":
+ * [{"op", "dtype", "backend", "cases", "worst_nmse" (1e999 for infinity), "tolerance", "ok",
+ * "detail" (why the worst case failed, "" when ok)}]} (malloc'ed; the caller frees). */
 KILN_API kiln_status kiln_check_report_json(const kiln_check_report *r, char **out);
 
 /* ---------------------------------------------------------------- cost model and placement */

@@ -1,33 +1,73 @@
 /* The cache's keys and in-memory table: XXH3-128 keys that carry the codegen version and the
  * binary's identity, a uthash table of refcounted objects behind one mutex, the process's
  * counters. Disk entries are in disk.c. Must not know what the objects are. */
-#define _GNU_SOURCE /* dladdr */
+#define _GNU_SOURCE /* dl_iterate_phdr */
 #include "util/env.h"
 #include "cache/cache.h"
 
-#include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cache/cache_int.h"
 
 /* ------------------------------------------------------------------ keys */
 
 static pthread_once_t ident_once = PTHREAD_ONCE_INIT;
-static uint64_t       ident[3]; /* size, mtime s, mtime ns of the file holding this code */
+static uint64_t       ident[3]; /* size, XXH3-64 of the bytes, 1 when known: the file holding this code */
 
+/* dl_iterate_phdr callback: the name of the loaded object whose segments hold *addr ("" for the
+ * main program). */
+static int holder(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    const char **io = data;
+    uintptr_t a = (uintptr_t)io[0];
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && a >= lo && a < lo + ph->p_memsz) {
+            io[1] = info->dlpi_name ? info->dlpi_name : "";
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The identity of the file holding kiln's code: its size and a hash of its bytes, so a rebuilt kiln
+ * never loads what another build printed. The file is found through the loader's own list: dladdr
+ * names the main program by its argv[0], which Criterion's workers and a tool started through PATH
+ * change or leave relative (the identity then silently was zero: issue #17). */
 static void ident_init(void)
 {
-    Dl_info di;
+    const char *io[2] = {(const char *)(uintptr_t)&kiln_cache_key_begin, NULL};
+    dl_iterate_phdr(holder, io);
+    const char *path = io[1] && io[1][0] ? io[1] : "/proc/self/exe";
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (dladdr((void *)&kiln_cache_key_begin, &di) && di.dli_fname && stat(di.dli_fname, &st) == 0) {
-        ident[0] = (uint64_t)st.st_size;
-        ident[1] = (uint64_t)st.st_mtim.tv_sec;
-        ident[2] = (uint64_t)st.st_mtim.tv_nsec;
+    if (fd < 0) return;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m != MAP_FAILED) {
+            ident[0] = (uint64_t)st.st_size;
+            ident[1] = XXH3_64bits(m, (size_t)st.st_size);
+            ident[2] = 1;
+            munmap(m, (size_t)st.st_size);
+        }
     }
+    close(fd);
+}
+
+void kiln_cache_build_identity(uint64_t out[3])
+{
+    pthread_once(&ident_once, ident_init);
+    memcpy(out, ident, sizeof ident);
 }
 
 void kiln_cache_key_begin(kiln_cache_keyer *k, const char *what)

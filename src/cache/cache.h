@@ -15,9 +15,9 @@
 #include <xxhash.h>
 
 /* Bump when lowering or printing (PTX, GLSL, CPU dispatch decisions) changes what a cached
- * artifact means. The binary's own identity (size, mtime) is also part of every key, so a
- * rebuilt kiln never loads code printed by an older build. */
-#define KILN_CODEGEN_VERSION 4
+ * artifact means. The binary's own identity (size and a hash of its bytes) is also part of every
+ * key, so a rebuilt kiln never loads code printed by another build. */
+#define KILN_CODEGEN_VERSION 5
 #define KILN_CACHE_FORMAT 1 /* on-disk header layout */
 #define KILN_CACHE_MEM_MAX 128 /* plans kept in a context's memory table (oldest leave first) */
 
@@ -42,6 +42,9 @@ typedef struct kiln_cache_keyer {
     XXH3_state_t st; /* streaming XXH3-128 */
 } kiln_cache_keyer;
 void kiln_cache_key_begin(kiln_cache_keyer *k, const char *what);
+/* What every key carries of the binary: size and XXH3-64 of the file holding kiln's code, and 1
+ * when they are known (0, 0, 0 when that file could not be read). */
+void kiln_cache_build_identity(uint64_t out[3]);
 void kiln_cache_key_add(kiln_cache_keyer *k, const void *p, size_t n);
 void kiln_cache_key_str(kiln_cache_keyer *k, const char *s); /* with its length: "ab"+"c" != "a"+"bc" */
 kiln_cache_key kiln_cache_key_end(kiln_cache_keyer *k);

@@ -110,16 +110,22 @@ static kiln_check_result *row(kiln_check_run *r, const char *op, kiln_dtype key,
     return x;
 }
 
-/* Records one case: nmse (INFINITY for a hard failure) and, on the first failure, why. */
+/* Records one case: nmse (INFINITY for a hard failure) and why it failed. The detail is that of the
+ * worst failing case, so a worst NMSE of inf always comes with its reason (a NaN, a status, a
+ * guard), never with the text of an earlier, milder failure (issue #17). */
 static void record(kiln_check_run *r, const char *op, kiln_dtype key, const char *be, double tol, double nmse,
                    const char *why)
 {
     kiln_check_result *x = row(r, op, key, be, tol);
     if (!x) return;
     x->cases++;
-    if (!(nmse <= x->worst_nmse)) x->worst_nmse = nmse; /* NaN-safe: NaN never stays below */
+    bool worst = !(nmse <= x->worst_nmse); /* NaN-safe: NaN never stays below */
+    if (worst) x->worst_nmse = nmse;
     if (why && *why) {
-        if (x->ok) snprintf(x->detail, sizeof x->detail, "%s (seed %llu)", why, (unsigned long long)r->opt.seed);
+        if (x->ok || worst) snprintf(x->detail, sizeof x->detail, "%s (seed %llu)", why, (unsigned long long)r->opt.seed);
+        x->ok = false;
+    } else if (worst && !(nmse < INFINITY)) { /* cannot happen by construction; say so if it ever does */
+        snprintf(x->detail, sizeof x->detail, "NMSE %g with no failure recorded (seed %llu)", nmse, (unsigned long long)r->opt.seed);
         x->ok = false;
     }
 }
@@ -397,6 +403,7 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
     char why[512] = "", name[64];
     kiln_plan *p[2] = {NULL, NULL};
     int np = s->fused_vs_unfused ? 2 : 1;
+    double fail_nmse = INFINITY; /* what a failure records: infinity for hard failures (why says which) */
     kiln_ref64 *ref = kiln_ref64_new(s->g);
     binds bd = {.n = 0};
     outs o[2] = {{.n = 0}, {.n = 0}};
@@ -421,8 +428,10 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
                 const double *x = kiln_ref64_output(ref, s->g->outs[j].name, NULL, NULL);
                 double e = x ? compare(o[v].val[j], x, o[v].numel[j], why, sizeof why) : INFINITY;
                 if (!x) snprintf(why, sizeof why, "reference has no output '%s'", s->g->outs[j].name);
-                if (!(e <= tol) && !*why)
-                    snprintf(why, sizeof why, "%s: output '%s' NMSE %.3g > %.3g", s->label, s->g->outs[j].name, e, tol);
+                if (!(e <= tol) && !*why) {
+                    snprintf(why, sizeof why, "output '%s' NMSE %.3g > %.3g", s->g->outs[j].name, e, tol);
+                    fail_nmse = e; /* a measured excess is reported as measured, not as infinity */
+                }
                 if (e > worst[v] || isnan(e)) worst[v] = e;
                 ok = !*why;
             }
@@ -472,7 +481,7 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
         char lab[600];
         snprintf(lab, sizeof lab, "%s: %s", s->label, why);
         snprintf(name, sizeof name, "%s%s", np == 2 ? "fused:" : "", s->op);
-        record(r, name, s->key, be, tol, INFINITY, lab);
+        record(r, name, s->key, be, tol, fail_nmse, lab);
     }
     for (int v = 0; v < 2; v++) free_outs(&o[v]);
     free_binds(&bd);
@@ -659,13 +668,27 @@ static int jnum(char *b, size_t n, double v)
     return snprintf(b, n, "%.6g", v);
 }
 
+/* src as the inside of a JSON string (quotes, backslashes and control bytes escaped); dst holds
+ * 6 * strlen(src) + 1. */
+static void json_text(char *dst, const char *src)
+{
+    for (; *src; src++) {
+        unsigned char c = (unsigned char)*src;
+        if (c == '"' || c == '\\') *dst++ = '\\', *dst++ = (char)c;
+        else if (c < 0x20) dst += sprintf(dst, "\\u%04x", c);
+        else *dst++ = (char)c;
+    }
+    *dst = 0;
+}
+
 KILN_API kiln_status kiln_check_report_json(const kiln_check_report *r, char **out)
 {
     if (!r || !out) return KILN_ERR_INVALID_ARG;
-    size_t cap = 640 + (size_t)r->n_results * 256, len = 0;
+    size_t cap = 640 + (size_t)r->n_results * (256 + 6 * sizeof r->results[0].detail), len = 0;
     char *s = malloc(cap);
     if (!s) return KILN_ERR_NOMEM;
-    len += (size_t)snprintf(s + len, cap - len, "{\"ok\": %s, \"note\": \"", r->ok ? "true" : "false");
+    len += (size_t)snprintf(s + len, cap - len, "{\"ok\": %s, \"seed\": %llu, \"seconds\": %.3f, \"note\": \"",
+                            r->ok ? "true" : "false", (unsigned long long)r->seed, r->seconds);
     for (const char *c = r->note; *c && len + 8 < cap; c++) { /* the note is ours, a device name is not */
         if (*c == '"' || *c == '\\') s[len++] = '\\';
         s[len++] = (unsigned char)*c < 0x20 ? '?' : *c;
@@ -673,13 +696,14 @@ KILN_API kiln_status kiln_check_report_json(const kiln_check_report *r, char **o
     len += (size_t)snprintf(s + len, cap - len, "\", \"results\": [");
     for (int i = 0; i < r->n_results; i++) {
         const kiln_check_result *x = &r->results[i];
-        char a[40], b[40];
+        char a[40], b[40], d[6 * sizeof x->detail + 1];
         jnum(a, sizeof a, x->worst_nmse);
         jnum(b, sizeof b, x->tolerance);
+        json_text(d, x->detail);
         len += (size_t)snprintf(s + len, cap - len,
                                 "%s{\"op\": \"%s\", \"dtype\": \"%s\", \"backend\": \"%s\", \"cases\": %d, "
-                                "\"worst_nmse\": %s, \"tolerance\": %s, \"ok\": %s}",
-                                i ? ", " : "", x->op, x->dtype, x->backend, x->cases, a, b, x->ok ? "true" : "false");
+                                "\"worst_nmse\": %s, \"tolerance\": %s, \"ok\": %s, \"detail\": \"%s\"}",
+                                i ? ", " : "", x->op, x->dtype, x->backend, x->cases, a, b, x->ok ? "true" : "false", d);
     }
     snprintf(s + len, cap - len, "]}");
     *out = s;

@@ -95,12 +95,21 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
 /* ------------------------------------------------------------------ integer dot products */
 
 /* dp4a path: the block quantizes (normalized) x of the pass's tokens into shared memory, per 32
- * values: int8 quants (rint(x * 127 / amax)), the scale amax / 127 and the float sum of the 32
- * values (for the k-quants' min term). Every thread takes 4 values; 8 threads make a group. */
+ * values: int8 quants (rint(x * 127 / amax)), the scale amax / 127 and, for q4_K/q5_K, the sum of
+ * the 32 values *as quantized* (their min term). The min term must see the same x as the scale
+ * term: with the exact sum, the rounding error of x is weighted by w + dmin * min (all >= 0)
+ * instead of w, several times the contract's NMSE for weights centred on 0 (issue #17; ggml's
+ * q8_K bsums and kiln's CPU kernels sum the quants too). Every thread takes 4 values; 8 threads
+ * make a group. */
 static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uint32_t nws)
 {
     kiln_kir *k = s->k;
     int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32), nt = 32 * WARPS;
+    bool qsum = false; /* a q4_K/q5_K weight reads the sums; q8_0 and q6_K kernels print as before */
+    for (int j = 0; j < s->n_mm; j++) {
+        uint8_t t = s->g->nodes[s->g->nodes[s->mm[j]].src[1]].dtype;
+        qsum |= t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K;
+    }
     kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE,
                 0); /* the last pass's readers are done */
     for (int q = 0; q < s->mc; q++) {
@@ -126,12 +135,13 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
                                            KILN_IDX_NONE, 0));
             uint32_t a = kiln_k1(k, KILN_KOP_ABS, x[l]);
             amax = l ? kiln_k2(s->k, KILN_KOP_MAX, amax, a) : a;
-            sum = l ? kiln_k2(s->k, KILN_KOP_ADD, sum, x[l]) : x[l];
+            if (!qsum) sum = l ? kiln_k2(s->k, KILN_KOP_ADD, sum, x[l]) : x[l];
         }
         amax =
             kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, amax, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_MAX << 16) | 8);
-        sum =
-            kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, sum, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | 8);
+        if (!qsum)
+            sum = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, sum, KILN_IDX_NONE, KILN_IDX_NONE,
+                              (KILN_KRED_SUM << 16) | 8);
         uint32_t pos = kiln_k2(s->k, KILN_KOP_LT, kiln_kf(s->k, 0.0f), amax);
         uint32_t inv =
             kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, pos,
@@ -140,13 +150,18 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
                         kiln_kf(s->k, 0.0f), 0);
         uint32_t packed = KILN_IDX_NONE;
         for (int l = 0; l < 4; l++) {
-            uint32_t qv = kiln_kcvt(
-                s->k, KILN_KT_U32,
-                kiln_kcvt(s->k, KILN_KT_I32, kiln_k1(k, KILN_KOP_RINT, kiln_k2(s->k, KILN_KOP_MUL, x[l], inv))));
+            uint32_t qf = kiln_k1(k, KILN_KOP_RINT, kiln_k2(s->k, KILN_KOP_MUL, x[l], inv));
+            if (qsum) sum = l ? kiln_k2(s->k, KILN_KOP_ADD, sum, qf) : qf; /* integers: exact in f32 */
+            uint32_t qv = kiln_kcvt(s->k, KILN_KT_U32, kiln_kcvt(s->k, KILN_KT_I32, qf));
             qv = kiln_k2(s->k, KILN_KOP_AND, qv, kiln_ku(k, 255));
             if (l) qv = kiln_k2(s->k, KILN_KOP_SHL, qv, kiln_ku(k, 8u * (uint32_t)l));
             packed = l ? kiln_k2(s->k, KILN_KOP_OR, packed, qv) : qv;
         }
+        if (qsum)
+            sum = kiln_k2(s->k, KILN_KOP_MUL,
+                          kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, sum, KILN_IDX_NONE, KILN_IDX_NONE,
+                                      (KILN_KRED_SUM << 16) | 8),
+                          kiln_k2(s->k, KILN_KOP_DIV, amax, kiln_kf(s->k, 127.0f))); /* the quants' sum, as x */
         kiln_kif(s->k, valid);
         kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * W), j), packed,
                     KILN_IDX_NONE, (int32_t)s->sh_xq);

@@ -1,11 +1,14 @@
 /* The memory plan of a compiled plan: when each value is first and last needed, the liveness
  * packing of intermediates into one arena (the host's here; each device backend's in exec.c
- * through the same two functions), and the states' own zeroed buffers. Must not run anything. */
+ * through the same two functions), the states' own zeroed buffers, and the refusal of a plan
+ * larger than the machine's memory before anything is allocated. Must not run anything. */
 #include "sched/plan.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define ALIGN 64
 
@@ -86,6 +89,42 @@ void kiln_sched_state_free(void *p)
     else free(m);
 }
 
+/* Host memory a plan will hold at its symbols' bounds, against the machine's: a legal graph too
+ * large to run is refused before anything is allocated, with the sizes named (issue #17), instead
+ * of an allocation failing (or succeeding lazily and dying later). The states and the largest
+ * intermediate must fit together (intermediates share the arena by liveness, so their sum is not
+ * a floor). */
+static kiln_status check_host_memory(const kiln_plan *p, const int64_t *maxv)
+{
+    const kiln_graph *g = p->g;
+    unsigned __int128 states = 0, big = 0;
+    uint32_t big_i = KILN_IDX_NONE;
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        const kiln_node_rec *r = &g->nodes[i];
+        if (kiln_op_is_alias((enum kiln_op)r->op) || r->op == KILN_OP_INPUT || r->op == KILN_OP_WEIGHT) continue;
+        int64_t d[KILN_MAX_RANK];
+        kiln_node_numel(r, maxv, d);
+        size_t b = kiln_node_bytes(r, d);
+        if (r->op == KILN_OP_STATE) states += b;
+        else if (b > big) big = b, big_i = i;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0) return KILN_OK; /* unknown: the allocations decide */
+    unsigned __int128 have = (unsigned __int128)pages * (unsigned __int128)psz;
+    if (states + big <= have) return KILN_OK;
+    char lab[300] = "none";
+    if (big_i != KILN_IDX_NONE) {
+        const kiln_node_rec *r = &g->nodes[big_i];
+        if (r->name) snprintf(lab, sizeof lab, "%s '%s'", kiln_op_name((enum kiln_op)r->op), r->name);
+        else snprintf(lab, sizeof lab, "%s #%u", kiln_op_name((enum kiln_op)r->op), big_i);
+    }
+    const double gib = 1073741824.0;
+    return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM,
+                         "kiln_compile: the plan needs more host memory than this machine has: states %.4g GiB and its "
+                         "largest intermediate %.4g GiB (%s) at the symbols' bounds, %.4g GiB of memory",
+                         (double)states / gib, (double)big / gib, lab, (double)have / gib);
+}
+
 kiln_status kiln_sched_plan_memory(kiln_plan *p)
 {
     const kiln_graph *g = p->g;
@@ -95,8 +134,12 @@ kiln_status kiln_sched_plan_memory(kiln_plan *p)
     uint32_t *order = malloc((n + 1) * sizeof *order);
     size_t *size = calloc(n + 1, sizeof *size);
     kiln_status st = KILN_OK;
-    if (!maxv || !first || !last || !order || !size) { st = KILN_ERR_NOMEM; goto out; }
+    if (!maxv || !first || !last || !order || !size) {
+        st = kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "kiln_compile: out of memory");
+        goto out;
+    }
     for (uint32_t i = 0; i < g->n_syms; i++) maxv[i] = g->syms[i].max;
+    if ((st = check_host_memory(p, maxv)) != KILN_OK) goto out;
     uint32_t n_order = 0;
     for (uint32_t i = 0; i < n; i++) {
         const kiln_node_rec *r = &g->nodes[i];
@@ -113,7 +156,11 @@ kiln_status kiln_sched_plan_memory(kiln_plan *p)
         p->offset[i] = 0;
         if (r->op == KILN_OP_STATE) {
             /* calloc: large states come zeroed from fresh pages, so a big KV cache costs no memset. */
-            if (!(p->state_mem[i] = state_new(kiln_node_bytes(r, d) + 1))) { st = KILN_ERR_NOMEM; goto out; }
+            if (!(p->state_mem[i] = state_new(kiln_node_bytes(r, d) + 1))) {
+                st = kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "kiln_compile: out of memory for state '%s' (%zu bytes)", r->name,
+                                   kiln_node_bytes(r, d));
+                goto out;
+            }
         } else if (r->op != KILN_OP_INPUT && r->op != KILN_OP_WEIGHT) {
             size[i] = (kiln_node_bytes(r, d) + ALIGN - 1) / ALIGN * ALIGN;
             order[n_order++] = i;
@@ -122,7 +169,8 @@ kiln_status kiln_sched_plan_memory(kiln_plan *p)
     kiln_sched_lifetimes(p, first, last);
     size_t total = kiln_sched_pack(order, n_order, size, first, last, p->arena_off);
     p->arena_bytes = total;
-    if (!(p->arena = aligned_alloc(ALIGN, total ? total : ALIGN))) st = KILN_ERR_NOMEM;
+    if (!(p->arena = aligned_alloc(ALIGN, total ? total : ALIGN)))
+        st = kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "kiln_compile: out of memory for %zu bytes of intermediates", total);
 out:
     if (maxv != max_syms) free(maxv);
     free(first); free(last); free(order); free(size);

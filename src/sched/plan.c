@@ -135,9 +135,9 @@ static kiln_place_edge *place_edges(const kiln_plan *p, uint32_t *n_out)
     return l.e;
 }
 
-/* Which backends may take region r: the forced one, a pin of any of its nodes, else every usable
- * backend (in what-if mode: every backend with a profile) whose supports() accepts it. */
-static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, int b)
+/* The rules of candidate() that need no backend call: pins, the forced backend, ref only as the
+ * oracle, the backend present (or profiled, what-if). A placement read from disk must obey them. */
+static bool allowed(const kiln_plan *p, int forced, const kiln_region *reg, int b)
 {
     const kiln_ctx *ctx = p->ctx;
     int pinned = -1;
@@ -149,7 +149,16 @@ static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, in
      * only where its backend is present (check_pins names the node otherwise): an absent backend
      * has no state to call (issue #17). */
     if (b == KILN_BACKEND_REF && pinned < 0 && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU]) return false;
-    if (!ctx->be_ok[b]) return p->what_if && ctx->has_profile[b];
+    return ctx->be_ok[b] || (p->what_if && ctx->has_profile[b]);
+}
+
+/* Which backends may take region r: the forced one, a pin of any of its nodes, else every usable
+ * backend (in what-if mode: every backend with a profile) whose supports() accepts it. */
+static bool candidate(const kiln_plan *p, int forced, const kiln_region *reg, int b)
+{
+    const kiln_ctx *ctx = p->ctx;
+    if (!allowed(p, forced, reg, b)) return false;
+    if (!ctx->be_ok[b]) return true; /* what-if: a profile only */
     const kiln_backend_i *bi = kiln_backends[b];
     if (!bi->supports) return true;
     bool dev = kiln_backend_is_device(bi); /* its state (lost, features) changes under other threads */
@@ -227,16 +236,45 @@ static kiln_status check_pins(kiln_plan *p)
     return KILN_OK;
 }
 
-/* Placement from its disk entry, else computed (and written there). */
-static kiln_status place_cached(kiln_plan *p, int forced)
+/* A placement read from disk passed its checksums; it is used only if every region's backend is
+ * one placement could have chosen (pins, forced backend, present) and its costs are numbers
+ * placement could have written (issue #17: a forged entry must not move work). */
+static bool placement_sane(const kiln_plan *p, int forced)
 {
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        int be = p->region_be[r];
+        if (!allowed(p, forced, &p->fusion.regions[r], be) || !(p->pred_s[(size_t)r * KILN_BACKEND_COUNT + be] >= 0) ||
+            !isfinite(p->xfer_s[r]) || p->xfer_s[r] < 0)
+            return false;
+        for (int b = 0; b < KILN_BACKEND_COUNT; b++) {
+            double t = p->pred_s[(size_t)r * KILN_BACKEND_COUNT + b];
+            if (!(t == -1 || (t >= 0 && isfinite(t)))) return false;
+        }
+    }
+    return true;
+}
+
+/* Placement from its disk entry (*from_disk), else computed (and written there). */
+static kiln_status place_cached(kiln_plan *p, int forced, bool *from_disk)
+{
+    *from_disk = false;
     kiln_status ps = check_pins(p);
     if (ps != KILN_OK) return ps;
-    if (kiln_sched_cache_load_placement(p, forced)) return KILN_OK;
+    if (kiln_sched_cache_load_placement(p, forced) && placement_sane(p, forced)) return *from_disk = true, KILN_OK;
     kiln_status s = place(p, forced);
     if (s == KILN_OK) kiln_sched_cache_save_placement(p, forced);
     return s;
 }
+
+static void free_kernels(kiln_plan *p)
+{
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        const kiln_backend_i *b = kiln_backends[p->region_be[r]];
+        if (p->kernels[r] && b->kernel_free) b->kernel_free(p->ctx->be_state[p->region_be[r]], p->kernels[r]);
+        p->kernels[r] = NULL;
+    }
+}
+
 
 static kiln_status compile_regions(kiln_plan *p)
 {
@@ -258,6 +296,22 @@ static kiln_status compile_regions(kiln_plan *p)
         }
     }
     return KILN_OK;
+}
+
+/* Placement, then every region's kernel. A placement from disk whose kernels do not compile (a
+ * region on a backend that cannot run it) is replaced by a fresh one, written back: one bad entry
+ * must not make every later compile of the graph fail. */
+static kiln_status place_and_compile(kiln_plan *p, int forced)
+{
+    bool from_disk;
+    kiln_status s = place_cached(p, forced, &from_disk);
+    if (s == KILN_OK) s = compile_regions(p);
+    if (s == KILN_OK || !from_disk) return s;
+    free_kernels(p);
+    p->disk_hits = p->disk_misses = 0;
+    if ((s = place(p, forced)) != KILN_OK) return s;
+    kiln_sched_cache_save_placement(p, forced);
+    return compile_regions(p);
 }
 
 KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
@@ -304,7 +358,10 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     if (!p->region_be || !p->kernels || !p->root || !p->offset || !p->arena_off || !p->state_mem || !p->bufs ||
         !p->dims || !p->sym_vals)
         goto oom;
-    if ((s = kiln_sched_plan_memory(p)) != KILN_OK) goto fail;
+    if ((s = kiln_sched_plan_memory(p)) != KILN_OK) { /* the message names the sizes */
+        kiln_plan_free(p);
+        return s;
+    }
     for (uint32_t i = 0; i < p->g->n_syms; i++) p->sym_vals[i] = p->g->syms[i].max; /* canonical numbering */
     for (uint32_t i = 0; i < g->n_nodes; i++) kiln_node_numel(&p->g->nodes[i], p->sym_vals, p->dims[i]);
     p->record_space = -1;
@@ -312,7 +369,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
         !(p->bound_dev_be = calloc(n, 1)))
         goto oom;
     memcpy(p->max_dims, p->dims, g->n_nodes * sizeof *p->max_dims);
-    if ((!p->mem_hit && ((s = place_cached(p, forced)) != KILN_OK || (s = compile_regions(p)) != KILN_OK)) ||
+    if ((!p->mem_hit && (s = place_and_compile(p, forced)) != KILN_OK) ||
         (!p->what_if && (s = kiln_sched_devices_setup(p)) != KILN_OK)) {
         kiln_plan_free(p);
         return s;

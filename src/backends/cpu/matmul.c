@@ -70,13 +70,13 @@ static void prep_row(mm_job *j, int64_t i)
         for (; t < mm->k; t++)
             s4[0] += (double)xr[t] * xr[t];
         double ss = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-        float r = (float)(1.0 / sqrt(ss / (double)mm->k + (double)mm->eps));
+        double r = 1.0 / sqrt(ss / (double)mm->k + (double)mm->eps); /* f64: below f32's normals for huge rows */
         if (mm->norm_w)
             for (t = 0; t < mm->k; t++)
-                h[t] = xr[t] * r * mm->norm_w[t];
+                h[t] = (float)(xr[t] * r * mm->norm_w[t]);
         else
             for (t = 0; t < mm->k; t++)
-                h[t] = xr[t] * r;
+                h[t] = (float)(xr[t] * r);
         xr = h;
     }
     for (int a = KILN_CPU_ACT_Q8_0; a < KILN_CPU_ACT_COUNT; a++)

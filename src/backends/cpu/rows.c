@@ -2,6 +2,7 @@
  * vectorize the inner loops at the baseline ISA; single-threaded (the executor splits rows over
  * the pool when it wants to). Must not contain ISA intrinsics. */
 #include <math.h>
+#include <stdatomic.h>
 
 #include "backends/cpu/cpu.h"
 #include "util/fault.h"
@@ -15,10 +16,14 @@ void kiln_cpu_rms_norm(const float *x, const float *w, float eps, int64_t rows, 
         double ss = 0;
         for (int64_t i = 0; i < d; i++)
             ss += (double)xr[i] * xr[i];
-        float s = (float)(fault / sqrt(ss / (double)d + (double)eps));
+        /* The scale stays in f64: for |x| near the f32 limit it is below the smallest normal f32
+         * (a denormal f32 scale loses digits, or flushes to zero). */
+        double s = fault / sqrt(ss / (double)d + (double)eps);
         for (int64_t i = 0; i < d; i++)
-            yr[i] = xr[i] * s * (w ? w[i] : 1.0f);
+            yr[i] = (float)(xr[i] * s * (w ? w[i] : 1.0f));
     }
+    static atomic_int calls; /* test-only: every call after the first puts a NaN first */
+    if (kiln_fault("cpu_rms_norm_nan_late") && atomic_fetch_add(&calls, 1) > 0 && rows > 0 && d > 0) y[0] = NAN;
 }
 
 void kiln_cpu_softmax(const float *x, int64_t rows, int64_t d, float *y)

@@ -247,41 +247,24 @@ static kiln_status cpu_kernel_save(void *state, const kiln_kernel *k, void **out
     return KILN_OK;
 }
 
-static bool node_ok(const kiln_graph *g, uint32_t i, bool none_ok) { return i < g->n_nodes || (none_ok && i == KILN_IDX_NONE); }
-
+/* An entry is accepted only when it is, byte for byte, the table this build plans for this region
+ * of this graph: a table is cheap to plan, and any other check leaves roles unverified (a node
+ * index in range can still name a weight where the kernel writes its output: issue #17). So a
+ * forged entry, or one whose checksums were recomputed over edited bytes, is refused as a whole. */
 static kiln_status cpu_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
                                    const void *buf, size_t len, kiln_kernel **out, char *err, size_t n_err)
 {
     *out = NULL;
-    const unsigned char *b = buf;
-    struct kiln_kernel head;
-    if (len < sizeof head) goto bad;
-    /* bools are checked as bytes before they are read as bools */
-    const size_t flags[] = {offsetof(struct kiln_kernel, fused), offsetof(struct kiln_kernel, norm_out),
-                            offsetof(struct kiln_kernel, swiglu), offsetof(struct kiln_kernel, sdpa),
-                            offsetof(struct kiln_kernel, sv_rows)};
-    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
-        if (b[flags[i]] > 1) goto bad;
-    memcpy(&head, b, sizeof head);
-    if (head.n_rest > r->n_nodes || len != sizeof head + head.n_rest * sizeof(uint32_t) || head.n_mm < 0 || head.n_mm > 4) goto bad;
-    bool ok = node_ok(g, head.norm, true) && node_ok(g, head.sq, !head.sdpa) && node_ok(g, head.sk, !head.sdpa) &&
-              node_ok(g, head.sv, !head.sdpa) && node_ok(g, head.smask, true) && node_ok(g, head.sout, !head.sdpa);
-    for (int j = 0; j < head.n_mm; j++)
-        ok = ok && node_ok(g, head.mm[j], false) && node_ok(g, head.dst[j], false) && node_ok(g, head.resid[j], true) &&
-             node_ok(g, head.bias[j], true);
-    struct kiln_kernel *k = malloc(len);
-    if (!k) return KILN_ERR_NOMEM;
-    memcpy(k, b, len);
-    for (uint32_t i = 0; ok && i < k->n_rest; i++) ok = kiln_region_has(r, k->rest[i]);
-    if (!ok) {
+    kiln_kernel *k = NULL;
+    kiln_status s = cpu_compile(state, g, r, o, &k, err, n_err);
+    if (s != KILN_OK) return s;
+    if (len != sizeof *k + k->n_rest * sizeof(uint32_t) || memcmp(k, buf, len) != 0) {
         free(k);
-        goto bad;
+        snprintf(err, n_err, "cpu: cache entry is not the table planned for this region");
+        return KILN_ERR_INVALID_ARG;
     }
     *out = k;
     return KILN_OK;
-bad:
-    snprintf(err, n_err, "cpu: cache entry does not fit the region");
-    return KILN_ERR_INVALID_ARG;
 }
 
 static int64_t rows_of(const kiln_exec_view *v, uint32_t node, int64_t *last)

@@ -241,8 +241,9 @@ static kiln_status setup_fn(kiln_cuda *c, const uint32_t grid[3], uint32_t block
     return s;
 }
 
-/* Appends kernel f's part of the cache entry: launch metadata, tables, PTX and cubin. */
-static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const unsigned char *cubin, size_t cubin_n)
+/* A kernel's launch metadata in its cache entry: grid, block, buffer slots, name, tables. Written
+ * at compile and, at load, written again from the region's lowering and compared with the entry. */
+static void entry_meta(kiln_blob_w *w, const kiln_kir *kir)
 {
     for (int d = 0; d < 3; d++) kiln_blob_u32(w, kir->grid[d]); /* virtual blocks: a grid-stride kernel's launch is sized at load */
     kiln_blob_u32(w, kir->block);
@@ -256,6 +257,12 @@ static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const
     kiln_blob_bytes(w, kir->name, strlen(kir->name) + 1);
     kiln_blob_u32(w, kir->n_tables);
     for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(w, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
+}
+
+/* Appends kernel f's part of the cache entry: launch metadata, tables, PTX and cubin. */
+static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const unsigned char *cubin, size_t cubin_n)
+{
+    entry_meta(w, kir);
     kiln_blob_bytes(w, ptx, strlen(ptx) + 1);
     kiln_blob_bytes(w, cubin, cubin_n);
 }
@@ -371,8 +378,17 @@ kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out,
 
 /* Reads one kernel of an entry into f: every count and index is checked before use; the cubin is
  * loaded as it is (the JIT does not run). */
-static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, kiln_blob_r *rd, cuda_fn *f, char *err, size_t n)
+static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_kir *want, kiln_blob_r *rd, cuda_fn *f, char *err,
+                                 size_t n)
 {
+    kiln_blob_w meta = {0}; /* what this build's lowering says the slots, grid, name and tables are */
+    entry_meta(&meta, want);
+    bool same = !meta.oom && meta.n <= rd->n - rd->at && memcmp(rd->p + rd->at, meta.p, meta.n) == 0;
+    free(meta.p);
+    if (!same) {
+        snprintf(err, n, "cuda: cache entry's launch metadata is not this region's (kernel %s)", want->name);
+        return KILN_ERR_INVALID_ARG;
+    }
     uint32_t grid[3], block, stride, n_bufs, n_tables;
     kiln_kbuf bufs[KILN_KIR_MAX_BUFS];
     kiln_ktable tables[KILN_KIR_MAX_TABLES];
@@ -437,19 +453,28 @@ kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_r
     c->cg = o->codegen;
     kiln_status s = kiln_cuda_enter(c, err, n);
     if (s != KILN_OK) return s;
+    kiln_kir kir[KILN_LOWER_MAX]; /* the region's lowering, to check the entry against (no PTX printing) */
+    uint32_t n_kir = 0;
+    kiln_lower_target t = kiln_lower_target_with(&c->target, &o->codegen); /* as kiln_cuda_compile lowers */
+    if ((s = kiln_lower_region_for(g, r, &t, kir, &n_kir, err, n)) != KILN_OK) return s;
     kiln_blob_r rd = {.p = buf, .n = len};
     uint32_t magic = kiln_blob_get_u32(&rd), nk = kiln_blob_get_u32(&rd);
-    uint64_t scratch = kiln_blob_get_u64(&rd);
-    if (rd.bad || magic != ENTRY_MAGIC || nk < 1 || nk > KILN_LOWER_MAX || scratch > ((uint64_t)1 << 40)) {
+    uint64_t scratch = kiln_blob_get_u64(&rd), want_scratch = 0;
+    for (uint32_t i = 0; i < n_kir; i++)
+        if (kir[i].scratch_bytes > want_scratch) want_scratch = kir[i].scratch_bytes;
+    kiln_kernel *k = NULL;
+    if (rd.bad || magic != ENTRY_MAGIC || nk != n_kir || scratch != want_scratch) {
         snprintf(err, n, "cuda: cache entry does not fit the region");
-        return KILN_ERR_INVALID_ARG;
+        s = KILN_ERR_INVALID_ARG;
+    } else if (!(k = calloc(1, sizeof *k))) {
+        s = KILN_ERR_NOMEM;
     }
-    kiln_kernel *k = calloc(1, sizeof *k);
-    if (!k) return KILN_ERR_NOMEM;
-    for (uint32_t i = 0; s == KILN_OK && i < nk; i++) {
-        s = load_entry_fn(c, g, &rd, &k->fns[i], err, n);
+    for (uint32_t i = 0; k && s == KILN_OK && i < nk; i++) {
+        s = load_entry_fn(c, g, &kir[i], &rd, &k->fns[i], err, n);
         k->n_fns = i + 1;
     }
+    for (uint32_t i = 0; i < n_kir; i++) kiln_kir_free(&kir[i]);
+    if (!k) return s;
     if (s == KILN_OK && rd.at != rd.n) {
         snprintf(err, n, "cuda: cache entry has trailing bytes");
         s = KILN_ERR_INVALID_ARG;

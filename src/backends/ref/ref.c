@@ -166,26 +166,29 @@ static kiln_status elementwise(const kiln_ref_ctx *c)
 
 /* ---------------------------------------------------------------- row reductions */
 
-/* Normalizes one row in place: rms_norm or layer_norm with optional weight w and bias b. */
+/* Normalizes one row in place: rms_norm or layer_norm with optional weight w and bias b. The
+ * reference must be the most robust backend: the mean, the sum of squares and the normalized value
+ * are formed in f64, where the square of any f32 (up to 1.2e77) times any row length is finite; in
+ * f32 the squares of |x| >~ 1.8e19 overflow and the row came out all zeros (issue #17). */
 static void norm_row(float *x, int64_t d, bool layer, float eps, const float *w, const float *b)
 {
-    float mean = 0.0f;
+    double mean = 0.0;
     if (layer) {
         for (int64_t j = 0; j < d; j++)
             mean += x[j];
-        mean /= (float)d;
+        mean /= (double)d;
     }
-    float ss = 0.0f;
+    double ss = 0.0;
     for (int64_t j = 0; j < d; j++)
-        ss += (x[j] - mean) * (x[j] - mean);
-    float inv = 1.0f / sqrtf(ss / (float)d + eps);
+        ss += ((double)x[j] - mean) * ((double)x[j] - mean);
+    double inv = 1.0 / sqrt(ss / (double)d + (double)eps);
     for (int64_t j = 0; j < d; j++) {
-        float y = (x[j] - mean) * inv;
+        double y = ((double)x[j] - mean) * inv;
         if (w)
             y *= w[j];
         if (b)
             y += b[j];
-        x[j] = y;
+        x[j] = (float)y;
     }
 }
 

@@ -138,7 +138,9 @@ kiln_spv_features kiln_vk_features(const kiln_vk *s, int32_t disable);
 /* GLSL of the kernel as compiled (for listings). */
 const char *kiln_vk_kernel_glsl(const kiln_vk_kernel *k);
 /* Cache entries: a compiled region's kernels (buffer slots, grid, tables, GLSL, SPIR-V), and
- * kernels rebuilt from such an entry (pipelines made from the SPIR-V: no printing, no glslang). */
+ * kernels rebuilt from such an entry (pipelines made from the SPIR-V: no printing, no glslang).
+ * load takes the region's lowering (kirs): the entry's kernel count, scratch size, buffer slots,
+ * grid, block and tables must equal what it says, or the entry is refused. */
 kiln_status kiln_vk_kernel_save(kiln_vk *s, const kiln_vk_kernel *k, void **out, size_t *len);
-kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const void *buf, size_t len, kiln_vk_kernel **out, char *err,
-                                size_t n);
+kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const kiln_kir *kirs, uint32_t n_kirs, const void *buf, size_t len,
+                                kiln_vk_kernel **out, char *err, size_t n);

@@ -373,9 +373,14 @@ static kiln_status vk_kernel_load(void *state, const kiln_graph *g, const kiln_r
                                   const void *buf, size_t len, kiln_kernel **out, char *err, size_t n)
 {
     kiln_vk *s = state;
+    kiln_kir k[KILN_LOWER_MAX]; /* the region's lowering, to check the entry against: cheap next to GLSL and glslang */
+    uint32_t nk = 0;
+    kiln_lower_target t = kiln_lower_target_with(&s->target, &o->codegen); /* as vk_compile lowers */
+    kiln_status st = kiln_lower_region_for(g, r, &t, k, &nk, err, n);
     s->cg = o->codegen;
-    kiln_status st = kiln_vk_kernel_load(s, g, buf, len, (kiln_vk_kernel **)out, err, n);
+    if (st == KILN_OK) st = kiln_vk_kernel_load(s, g, k, nk, buf, len, (kiln_vk_kernel **)out, err, n);
     s->cg = (kiln_codegen_options){0};
+    for (uint32_t i = 0; i < nk; i++) kiln_kir_free(&k[i]);
     return st;
 }
 

@@ -153,6 +153,24 @@ kiln_spv_features kiln_vk_features(const kiln_vk *s, int32_t disable)
 
 static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n);
 
+/* A kernel's launch metadata in its cache entry: buffer slots, grid, block, tables. Written at
+ * compile and, at load, written again from the region's lowering and compared with the entry. */
+static void entry_meta(kiln_blob_w *w, const kiln_kir *kir)
+{
+    kiln_blob_u32(w, kir->n_bufs);
+    for (uint32_t b = 0; b < kir->n_bufs; b++) {
+        kiln_blob_u32(w, kir->bufs[b].kind);
+        kiln_blob_u32(w, kir->bufs[b].written);
+        kiln_blob_u32(w, kir->bufs[b].node);
+    }
+    for (int d = 0; d < 3; d++) kiln_blob_u32(w, kir->grid[d]); /* virtual blocks: clamped at load */
+    kiln_blob_u32(w, kir->grid_stride);
+    kiln_blob_u32(w, kir->block);
+    kiln_blob_u32(w, uses_reduce(kir));
+    kiln_blob_u32(w, kir->n_tables);
+    for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(w, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
+}
+
 /* Test-only (KILN_FAULT_INJECT=vk_glsl_error): a statement glslang rejects, at the end of main. */
 static kiln_status inject_glsl_error(char **glsl, char *err, size_t n)
 {
@@ -209,18 +227,7 @@ static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **
     vk_shape shape = {.n_bufs = kir->n_bufs, .block = kir->block, .reduce = uses_reduce(kir), .subgroup = feat.subgroup_size};
     if (st == KILN_OK) st = make_pipeline(s, &shape, k, words, n_words, err, n);
     if (st == KILN_OK && entry) {
-        kiln_blob_u32(entry, kir->n_bufs);
-        for (uint32_t b = 0; b < kir->n_bufs; b++) {
-            kiln_blob_u32(entry, kir->bufs[b].kind);
-            kiln_blob_u32(entry, kir->bufs[b].written);
-            kiln_blob_u32(entry, kir->bufs[b].node);
-        }
-        for (int d = 0; d < 3; d++) kiln_blob_u32(entry, kir->grid[d]); /* virtual blocks: clamped at load */
-        kiln_blob_u32(entry, kir->grid_stride);
-        kiln_blob_u32(entry, kir->block);
-        kiln_blob_u32(entry, shape.reduce);
-        kiln_blob_u32(entry, kir->n_tables);
-        for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(entry, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
+        entry_meta(entry, kir);
         kiln_blob_bytes(entry, k->glsl, strlen(k->glsl) + 1);
         kiln_blob_bytes(entry, words, n_words * 4);
     }
@@ -396,8 +403,17 @@ kiln_status kiln_vk_kernel_save(kiln_vk *s, const kiln_vk_kernel *k, void **out,
 
 /* One kernel of an entry: every count and index checked before use; the SPIR-V goes straight to
  * the pipeline (no GLSL printing, no glslang). */
-static kiln_status load_one(kiln_vk *s, const kiln_graph *g, kiln_blob_r *rd, kiln_vk_kernel **out, char *err, size_t n)
+static kiln_status load_one(kiln_vk *s, const kiln_graph *g, const kiln_kir *want, kiln_blob_r *rd, kiln_vk_kernel **out,
+                            char *err, size_t n)
 {
+    kiln_blob_w meta = {0}; /* what this build's lowering says the slots, grid and tables are */
+    entry_meta(&meta, want);
+    bool same = !meta.oom && meta.n <= rd->n - rd->at && memcmp(rd->p + rd->at, meta.p, meta.n) == 0;
+    free(meta.p);
+    if (!same) {
+        snprintf(err, n, "vulkan: cache entry's launch metadata is not this region's (kernel %s)", want->name);
+        return KILN_ERR_INVALID_ARG;
+    }
     kiln_vk_kernel *k = calloc(1, sizeof *k);
     if (!k) return KILN_ERR_NOMEM;
     *out = k;
@@ -448,15 +464,17 @@ bad:
     return KILN_ERR_INVALID_ARG;
 }
 
-kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const void *buf, size_t len, kiln_vk_kernel **out, char *err,
-                                size_t n)
+kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const kiln_kir *kirs, uint32_t n_kirs, const void *buf, size_t len,
+                                kiln_vk_kernel **out, char *err, size_t n)
 {
     *out = NULL;
     if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "load", err, n);
     kiln_blob_r rd = {.p = buf, .n = len};
     uint32_t magic = kiln_blob_get_u32(&rd), nk = kiln_blob_get_u32(&rd);
-    uint64_t scratch = kiln_blob_get_u64(&rd);
-    if (rd.bad || magic != VK_ENTRY_MAGIC || nk < 1 || nk > KILN_LOWER_MAX || scratch > ((uint64_t)1 << 40)) {
+    uint64_t scratch = kiln_blob_get_u64(&rd), want_scratch = 0;
+    for (uint32_t i = 0; i < n_kirs; i++)
+        if (kirs[i].scratch_bytes > want_scratch) want_scratch = kirs[i].scratch_bytes;
+    if (rd.bad || magic != VK_ENTRY_MAGIC || nk != n_kirs || scratch != want_scratch) {
         snprintf(err, n, "vulkan: cache entry does not fit the region");
         return KILN_ERR_INVALID_ARG;
     }
@@ -464,7 +482,7 @@ kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const void *buf
     kiln_status st = scratch ? kiln_vk_alloc_mem(s, scratch, &mem, err, n) : KILN_OK;
     kiln_vk_kernel *first = NULL, **tail = &first;
     for (uint32_t i = 0; st == KILN_OK && i < nk; i++) {
-        st = load_one(s, g, &rd, tail, err, n);
+        st = load_one(s, g, &kirs[i], &rd, tail, err, n);
         if (*tail) (*tail)->scratch = mem, tail = &(*tail)->next;
     }
     if (st == KILN_OK && rd.at != rd.n) {
