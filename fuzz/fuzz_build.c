@@ -231,9 +231,9 @@ static void hostile(prog *p, kiln_plan *ref, kiln_plan *cpu)
         break;
     }
     case 7: if (!is_sym) bad[at].device = true; else bad[at].value = INT64_MIN; break;
-    default:
+    default: /* an output may be larger than its tensor: only a symbol or an input must fail */
         if (is_sym) bad[at].value = INT64_MAX;
-        else bad[at].bytes = SIZE_MAX;
+        else bad[at].bytes = SIZE_MAX, must_fail = is_in;
         break;
     }
     kiln_plan *plans[2] = {ref, cpu};
