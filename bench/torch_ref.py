@@ -38,7 +38,7 @@ def layer(compile_too):
     pos = torch.arange(T, device="cuda")
     inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, device="cuda").float() / HD))
     ang = pos[:, None].float() * inv[None, :]
-    cos, sin = ang.cos().to(dt), ang.sin().to(dt)
+    cos, sin = ang.cos().to(dt)[:, None, :], ang.sin().to(dt)[:, None, :]
     def rms(x, w): return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dt) * w
     def rope(x):
         x1, x2 = x[..., ::2], x[..., 1::2]

@@ -66,7 +66,8 @@ static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, con
         kiln_kir ks[KILN_LOWER_MAX];
         uint32_t n = 0;
         char err[1024];
-        kiln_lower_target t = kiln_lower_target_for_sm(90); /* the H100: warpgroup MMA */
+        kiln_lower_target t = kiln_lower_target_for_sm(90); /* the H100: warpgroup MMA, asked for */
+        t.opts.wgmma = KILN_GEMM_ON;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
         uint64_t scratch_bytes = 0;
         for (uint32_t i = 0; i < n; i++) scratch_bytes = ks[i].scratch_bytes > scratch_bytes ? ks[i].scratch_bytes : scratch_bytes;

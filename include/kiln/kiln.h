@@ -269,7 +269,7 @@ typedef struct kiln_plan kiln_plan;
  * int32_t, so the struct has no padding and the kernel caches hash it whole (a new field is in the
  * keys by construction). Fields left at zero take $KILN_GEMM, $KILN_GEMM_BM, $KILN_GRID_CAP,
  * $KILN_VK_DISABLE and $KILN_WGMMA when set (docs/env.md). */
-enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1 };
+enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1, KILN_GEMM_ON = 1 };
 enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
 typedef struct kiln_codegen_options {
     int32_t gemm;       /* KILN_GEMM_AUTO: matmul regions of more than 8 rows use the tensor-core GEMM;
@@ -280,8 +280,10 @@ typedef struct kiln_codegen_options {
     int32_t vk_disable; /* vulkan: optional device features not to use (KILN_VK_NO_* bits): the
                            kernels fall back to plain 32-bit stores, shared-memory reductions and
                            byte-wise dot products (tests cover both paths on one device) */
-    int32_t wgmma;      /* KILN_GEMM_AUTO: the GEMM uses Hopper's warpgroup MMA where the device has
-                           it (sm_90); KILN_GEMM_OFF: mma.sync everywhere (A/B runs) */
+    int32_t wgmma;      /* KILN_GEMM_ON: the GEMM uses Hopper's warpgroup MMA where the device has it
+                           (sm_90); KILN_GEMM_AUTO/OFF: mma.sync everywhere. Opt-in while the
+                           warpgroup template measures slower than mma.sync (H100: 110 vs 150
+                           TFLOP/s at 512 x 12288 x 4096, docs/kernels.md) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -8,6 +8,7 @@
 #include "codegen/kir.h"
 #include "fuse/fuse.h"
 #include "ptx/ptx.h"
+#include "util/env.h"
 #include "model/presets.h"
 
 typedef struct ptx_opts {
@@ -186,7 +187,9 @@ static bool do_region(const kiln_graph *g, const kiln_fusion *f, uint32_t r, int
     it->kind = kiln_region_kind_name((enum kiln_region_kind)f->regions[r].kind);
     ops_text(g, &f->regions[r], it->ops, sizeof it->ops);
     kiln_kir kir[KILN_LOWER_MAX];
-    kiln_lower_target t = kiln_lower_target_for_sm(sm);
+    kiln_compile_options co;
+    kiln_env_options(NULL, &co); /* $KILN_GEMM, $KILN_WGMMA, ... as a compile reads them */
+    kiln_lower_target t0 = kiln_lower_target_for_sm(sm), t = kiln_lower_target_with(&t0, &co.codegen);
     it->status = kiln_lower_region_for(g, &f->regions[r], &t, kir, &it->n, it->err, sizeof it->err);
     if (it->status != KILN_OK) return it->status == KILN_ERR_UNSUPPORTED;
     bool ok = true;

@@ -713,7 +713,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
                    kl_gemm_rows(tg) == 128 ? 128 : 64;
     /* Hopper: the warpgroup template takes x in up to two parts and 16-bit or block weights (two
      * stages of x parts + weights fit the 48 KB of static shared memory) */
-    G.wg = tg->wgmma && tg->opts.wgmma != KILN_GEMM_OFF && parts_max <= 2 && wparts_max == 1;
+    G.wg = tg->wgmma && tg->opts.wgmma == KILN_GEMM_ON && parts_max <= 2 && wparts_max == 1;
     if (G.wg) G.bm = 128;
     G.apart = G.bm * 16;
     uint32_t words = G.wg ? (uint32_t)(2 * GW_STAGE(parts_max)) : (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);

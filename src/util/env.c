@@ -45,7 +45,7 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     const char *e;
     if (!c->gemm && (e = kiln_env(KILN_ENV_GEMM)) && !strcmp(e, "0")) c->gemm = KILN_GEMM_OFF;
     if (!c->gemm_rows && (e = kiln_env(KILN_ENV_GEMM_BM)) && !strcmp(e, "64")) c->gemm_rows = 64;
-    if (!c->wgmma && (e = kiln_env(KILN_ENV_WGMMA)) && !strcmp(e, "0")) c->wgmma = KILN_GEMM_OFF;
+    if (!c->wgmma && (e = kiln_env(KILN_ENV_WGMMA))) c->wgmma = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->grid_cap && (e = kiln_env(KILN_ENV_GRID_CAP))) {
         long v = strtol(e, NULL, 10);
         c->grid_cap = v > 0 && v <= INT32_MAX ? (int32_t)v : v == 0 ? -1 : 0; /* "0": every virtual block */
