@@ -188,12 +188,45 @@ static void gm_load(gm *g, const gv_group *G, const gm_plan *P, gm_raw *raw, uin
     }
 }
 
-static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub)
+/* x staged as it comes: already the MMA's element type in one part, with no norm to apply. */
+static bool x_raw_words(const gm *g)
+{
+    return g->s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
+}
+
+/* Pair pp of x item j (norm scale and weight applied) split into the GEMM's parts: word[0..parts). */
+static void x_pair_words(gm *g, const gm_plan *P, const gm_raw *raw, int j, int pp, uint32_t word[3])
 {
     gv *s = g->s;
     bool f32 = x_is_f32(g);
-    int V = f32 ? 4 : 8;
-    bool raw_words = s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
+    uint32_t v[2];
+    for (int e = 0; e < 2; e++) {
+        int idx = 2 * pp + e; /* value within the item */
+        v[e] = f32 ? lanef(g, raw->ax[j], idx)
+                   : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
+                         op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
+        if (P->ascale[j] != KILN_IDX_NONE) v[e] = mul(g, v[e], P->ascale[j]);
+        if (raw->anw[j][0] != KILN_IDX_NONE) v[e] = mul(g, v[e], lanef(g, raw->anw[j][idx / 4], idx % 4));
+    }
+    kl_split_pair(g->k, v[0], v[1], g->parts, g->bf, word);
+}
+
+/* The 16 f32 values of block-weight item j at sub-step sub (gemv's decoder, scale and min applied). */
+static void w_block_values(gm *g, const gm_raw *raw, int j, int sub, uint32_t val[16])
+{
+    gv_sub d;
+    kl_gv_decode(g->s, g->wt, &raw->b[j], raw->bc[j], sub, &d);
+    for (int i = 0; i < 16; i++) {
+        uint32_t x = d.q[i];
+        if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
+        val[i] = x;
+    }
+}
+
+static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub)
+{
+    int V = x_is_f32(g) ? 4 : 8;
+    bool raw_words = x_raw_words(g);
     for (int j = 0; j < x_items(g); j++)
         for (int pp = 0; pp < V / 2; pp++) { /* pair pp: lane + pp of the fragment (see slot_of) */
             uint32_t w = xori(g, P->aw[j], 4 * pp);
@@ -205,16 +238,8 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
                 sts(g, w, op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp));
                 continue;
             }
-            uint32_t v[2], word[3];
-            for (int e = 0; e < 2; e++) {
-                int idx = 2 * pp + e; /* value within the item */
-                v[e] = f32 ? lanef(g, raw->ax[j], idx)
-                           : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
-                                 op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
-                if (P->ascale[j] != KILN_IDX_NONE) v[e] = mul(g, v[e], P->ascale[j]);
-                if (raw->anw[j][0] != KILN_IDX_NONE) v[e] = mul(g, v[e], lanef(g, raw->anw[j][idx / 4], idx % 4));
-            }
-            kl_split_pair(g->k, v[0], v[1], g->parts, g->bf, word);
+            uint32_t word[3];
+            x_pair_words(g, P, raw, j, pp, word);
             for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart), word[q]);
         }
     for (int j = 0; j < w_items(g, G); j++) {
@@ -230,14 +255,8 @@ static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
             for (int l = 0; l < 4; l++) sts(g, xori(g, P->bw[j], 4 * l), op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->b[j].v[0], l));
             continue;
         }
-        gv_sub d;
-        kl_gv_decode(s, g->wt, &raw->b[j], raw->bc[j], sub, &d);
         uint32_t val[16];
-        for (int i = 0; i < 16; i++) {
-            uint32_t x = d.q[i];
-            if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
-            val[i] = x;
-        }
+        w_block_values(g, raw, j, sub, val);
         for (int pp = 0; pp < 8; pp++) { /* pair pp of the piece: lane + (pp & 3), word j + (pp >> 2) (j even) */
             uint32_t word;
             kl_split_pair(g->k, val[2 * pp], val[2 * pp + 1], 1, g->bf, &word);
@@ -385,9 +404,7 @@ static void sts4(gm *g, uint32_t idx, uint32_t v4)
 /* Stores one tile's loads into the stage at word `base` (I32). */
 static void gw_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub, uint32_t base)
 {
-    gv *s = g->s;
-    bool f32 = x_is_f32(g);
-    bool raw_words = s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && g->parts == 1 && g->nws == KILN_IDX_NONE && g->scr == KILN_IDX_NONE;
+    bool raw_words = x_raw_words(g);
     for (int j = 0; j < x_items(g); j++) {
         uint32_t w = add(g, base, P->aw[j]);
         if (g->xp) { /* normalized and split by the rms kernel */
@@ -398,18 +415,10 @@ static void gw_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
             sts4(g, w, raw->ax[j]);
             continue;
         }
-        int V = f32 ? 4 : 8;
+        int V = x_is_f32(g) ? 4 : 8;
         for (int pp = 0; pp < V / 2; pp++) {
-            uint32_t v[2], word[3];
-            for (int e = 0; e < 2; e++) {
-                int idx = 2 * pp + e;
-                v[e] = f32 ? lanef(g, raw->ax[j], idx)
-                           : op1(g, s->xdt == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32,
-                                 op1(g, KILN_KOP_LANE, KILN_KT_U32, raw->ax[j], pp), e);
-                if (P->ascale[j] != KILN_IDX_NONE) v[e] = mul(g, v[e], P->ascale[j]);
-                if (raw->anw[j][0] != KILN_IDX_NONE) v[e] = mul(g, v[e], lanef(g, raw->anw[j][idx / 4], idx % 4));
-            }
-            kl_split_pair(g->k, v[0], v[1], g->parts, g->bf, word);
+            uint32_t word[3];
+            x_pair_words(g, P, raw, j, pp, word);
             for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart + pp), word[q]);
         }
     }
@@ -419,14 +428,8 @@ static void gw_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *r
             sts4(g, w, raw->b[j].v[0]);
             continue;
         }
-        gv_sub d;
-        kl_gv_decode(s, g->wt, &raw->b[j], raw->bc[j], sub, &d);
         uint32_t val[16];
-        for (int i = 0; i < 16; i++) {
-            uint32_t x = d.q[i];
-            if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
-            val[i] = x;
-        }
+        w_block_values(g, raw, j, sub, val);
         for (int c = 0; c < 2; c++) { /* the piece's two core matrices: 8 values each */
             uint32_t v4 = KILN_IDX_NONE;
             for (int pp = 0; pp < 4; pp++) {

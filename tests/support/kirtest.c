@@ -620,8 +620,6 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
         default: break;
         }
     }
-    uint32_t bid[3] = {0, 0, 0};
-    (void)bid;
     return false; /* not ours */
 }
 
@@ -737,16 +735,13 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
                     memset(S.t[t].v, 0, (k->n_ins + 1) * sizeof *S.t[t].v);
                 }
                 for (;;) {
-                    bool any = false;
                     for (uint32_t t = 0; ok && t < k->block; t++)
-                        if (S.t[t].state == TS_RUN) ok = brun(&S, t, bufs, bid, &budget), any = true;
+                        if (S.t[t].state == TS_RUN) ok = brun(&S, t, bufs, bid, &budget);
                     if (!ok) break;
                     uint32_t done = 0;
                     for (uint32_t t = 0; t < k->block; t++) done += S.t[t].state == TS_DONE;
                     if (done == k->block) break;
-                    if (!any && done) { /* bar.sync counts the threads that have not exited */
-                    }
-                    ok = bmeet(&S);
+                    ok = bmeet(&S); /* bar.sync counts the threads that have not exited */
                 }
                 for (uint32_t t = 0; ok && t < k->block; t++)
                     if (S.t[t].n_pend) ok = false, snprintf(err, n_err, "kt_interp_block: thread %u ended with %u WGMMAs never waited for", t, S.t[t].n_pend);
