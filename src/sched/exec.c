@@ -337,10 +337,16 @@ static kiln_status launch_region(kiln_plan *p, uint32_t r)
     int be = p->region_be[r];
     int sp = space_of_be(be);
     char err[1024] = "";
+    const kiln_region *reg = &p->fusion.regions[r];
+    for (uint32_t a = 0; sp == KILN_SPACE_HOST && a < reg->n_nodes; a++) /* devices': at bind (plan.c) */
+        if (p->g->nodes[reg->nodes[a]].op == KILN_OP_ATTENTION) {
+            kiln_status s = kiln_sched_check_attention_pos(p, reg->nodes[a], true);
+            if (s != KILN_OK) return s;
+        }
     kiln_exec_view v = {.g = p->g, .bufs = sp == KILN_SPACE_HOST ? p->bufs : p->dev[sp].bufs,
                         .dims = (const int64_t(*)[KILN_MAX_RANK])p->dims, .sym_vals = p->sym_vals,
                         .params = sp == KILN_SPACE_HOST ? NULL : p->dev[sp].params};
-    kiln_status s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], &p->fusion.regions[r], &v, err, sizeof err);
+    kiln_status s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], reg, &v, err, sizeof err);
     if (s != KILN_OK) return kiln_ctx_fail(p->ctx, s, "%s kernel %u: %s", kiln_backends[be]->name, r, err);
     return KILN_OK;
 }

@@ -135,7 +135,15 @@ static kiln_place_edge *place_edges(const kiln_plan *p, uint32_t *n_out)
     return l.e;
 }
 
-/* The rules of candidate() that need no backend call: pins, the forced backend, ref only as the
+/* Whether the cpu backend has a kernel for every op of region reg (its supports() needs no lock). */
+static bool cpu_runs(const kiln_plan *p, const kiln_region *reg)
+{
+    const kiln_backend_i *cpu = kiln_backends[KILN_BACKEND_CPU];
+    char why[256];
+    return !cpu->supports || cpu->supports(p->ctx->be_state[KILN_BACKEND_CPU], p->g, reg, &p->opts, why, sizeof why);
+}
+
+/* The rules of candidate() that need no device call: pins, the forced backend, ref only as the
  * oracle, the backend present (or profiled, what-if). A placement read from disk must obey them. */
 static bool allowed(const kiln_plan *p, int forced, const kiln_region *reg, int b)
 {
@@ -144,11 +152,12 @@ static bool allowed(const kiln_plan *p, int forced, const kiln_region *reg, int 
     for (uint32_t i = 0; i < reg->n_nodes && pinned < 0; i++) pinned = p->g->nodes[reg->nodes[i]].pin - 1;
     if (pinned >= 0 && b != pinned) return false;
     if (pinned < 0 && forced >= 0 && b != forced) return false;
-    /* The reference backend is the oracle: used when asked for (forced or pinned), or when the cpu
-     * backend is missing; never picked by the cost model over a real backend. A pin is honoured
-     * only where its backend is present (check_pins names the node otherwise): an absent backend
-     * has no state to call (issue #17). */
-    if (b == KILN_BACKEND_REF && pinned < 0 && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU]) return false;
+    /* The reference backend is the oracle: used when asked for (forced or pinned), when the cpu
+     * backend is missing, or for a region with an op the cpu has no kernel for (its supports()
+     * says so); never picked by the cost model over a real backend. A pin is honoured only where
+     * its backend is present (check_pins names the node otherwise): an absent backend has no state
+     * to call (issue #17). */
+    if (b == KILN_BACKEND_REF && pinned < 0 && forced < 0 && ctx->be_ok[KILN_BACKEND_CPU] && cpu_runs(p, reg)) return false;
     return ctx->be_ok[b] || (p->what_if && ctx->has_profile[b]);
 }
 
@@ -421,18 +430,24 @@ static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_
 }
 
 /* The queries of attention i sit at n_kv - n_tok + t; a kv_scatter feeding its k or v that wrote
- * token t elsewhere (positions bound as a host input) disagrees: the host backends' kernels
- * refuse that (kiln_ref_attention_pos_check), and so does this check for device backends. */
-static kiln_status check_attention_pos(kiln_plan *p, uint32_t i, int64_t n_kv, int64_t n_tok)
+ * token t elsewhere disagrees, and the run fails naming both. Checked once here for every backend:
+ * for a device region at bind, from positions bound as a host input (check_indices); for a host
+ * region by the executor right before its launch (host_ran: the positions are then in p->bufs,
+ * wherever on the host they were computed). */
+kiln_status kiln_sched_check_attention_pos(kiln_plan *p, uint32_t i, bool host_ran)
 {
     const kiln_graph *g = p->g;
+    const kiln_node_rec *n = &g->nodes[i];
+    int64_t n_kv = kiln_dim_is_sym(n->dim) ? p->sym_vals[kiln_sym_index(n->dim)] : n->dim, n_tok = p->dims[n->src[0]][0];
     for (int k = 1; k <= 2; k++) {
-        const kiln_node_rec *w = &g->nodes[g->nodes[i].src[k]];
+        const kiln_node_rec *w = &g->nodes[n->src[k]];
         if (w->op != KILN_OP_KV_SCATTER || p->dims[w->src[2]][0] != n_tok) continue;
         uint32_t root = p->root[w->src[2]];
-        if (g->nodes[root].op != KILN_OP_INPUT || !p->bufs[root]) continue; /* not known on the host */
-        const int32_t *pos = (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[w->src[2]]);
-        for (int64_t t = 0; t < n_tok; t++)
+        const int32_t *pos = host_ran ? p->bufs[w->src[2]]
+                             : g->nodes[root].op == KILN_OP_INPUT && p->bufs[root]
+                                 ? (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[w->src[2]])
+                                 : NULL; /* not known on the host before the run */
+        for (int64_t t = 0; pos && t < n_tok; t++)
             if (pos[t] != n_kv - n_tok + t) {
                 char lab[300];
                 return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING,
@@ -468,7 +483,7 @@ static kiln_status check_indices(kiln_plan *p)
                     return kiln_ctx_fail(p->ctx, KILN_ERR_SHAPE, "%s: n_kv = %lld must be in [n_tok = %lld, max_ctx = %lld]",
                                          node_label(g, i, lab, sizeof lab), (long long)n_kv, (long long)n_tok, (long long)max_ctx);
                 }
-                kiln_status ps = check_attention_pos(p, i, n_kv, n_tok);
+                kiln_status ps = kiln_sched_check_attention_pos(p, i, false);
                 if (ps != KILN_OK) return ps;
                 continue;
             } else continue;

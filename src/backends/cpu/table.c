@@ -1,9 +1,10 @@
 /* The CPU backend: maps fused regions onto the SIMD kernels. A matmul region's rms_norm prologue,
  * sibling matmuls, residual add and swiglu run as one kiln_cpu_matmul pass (weights read once);
- * its rope and kv_scatter epilogues then run on the small outputs; attention, norms, softmax and
- * rope have SIMD/threaded kernels; every other op runs through the reference kernels. */
+ * its rope and kv_scatter epilogues then run on the small outputs; every other node runs through
+ * the cpu's per-node kernels (node.c). Must not call another backend: a region with an op the cpu
+ * has no kernel for is refused by supports(), and placement puts it on the reference backend. */
 #include "backends/cpu/cpu.h"
-#include "backends/ref/ref.h"
+#include "backends/cpu/node.h"
 #include "sched/backend.h"
 #include "sched/ctx.h"
 
@@ -72,6 +73,8 @@ static void cpu_release(void *state)
 static bool cpu_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
                          size_t n_why)
 {
+    for (uint32_t i = 0; i < r->n_nodes; i++)
+        if (!kiln_cpu_node_supported(g, r->nodes[i], why, n_why)) return false;
     return true;
 }
 
@@ -301,56 +304,6 @@ static kiln_status run_fused(cpu_state *s, const struct kiln_kernel *k, const ki
     return kiln_cpu_matmul(s->pool, s->isa, &mm);
 }
 
-/* One op with a SIMD kernel where there is one for its dtypes, else the reference kernel. */
-static kiln_status run_node(cpu_state *s, const kiln_exec_view *v, uint32_t idx, char *err, size_t n_err)
-{
-    const kiln_graph *g = v->g;
-    const kiln_node_rec *n = &g->nodes[idx];
-    const kiln_node_rec *a = n->n_src ? &g->nodes[n->src[0]] : NULL;
-    int64_t d = 0, rows = n->rank ? rows_of(v, idx, &d) : 0;
-    switch (n->op) {
-    case KILN_OP_ATTENTION: {
-        const kiln_node_rec *kc = &g->nodes[n->src[1]];
-        if (a->dtype != KILN_DTYPE_F32 || (kc->dtype != KILN_DTYPE_F32 && kc->dtype != KILN_DTYPE_F16)) break;
-        int64_t n_kv = kiln_dim_is_sym(n->dim) ? v->sym_vals[kiln_sym_index(n->dim)] : n->dim;
-        const int64_t *qd = v->dims[n->src[0]], *cd = v->dims[n->src[1]];
-        if (n_kv < 1 || n_kv > cd[1] || qd[0] > n_kv) break; /* the reference kernel reports it */
-        if (kiln_ref_attention_pos_check(v, idx, err, n_err) != KILN_OK) return KILN_ERR_BINDING;
-        return kiln_cpu_attention(s->pool, s->isa, v->bufs[n->src[0]], qd[0], qd[1], qd[2], v->bufs[n->src[1]],
-                                  v->bufs[n->src[2]], (kiln_dtype)kc->dtype, cd[0], cd[1], n_kv, n->f[0], v->bufs[idx]);
-    }
-    case KILN_OP_RMS_NORM:
-        if (a->dtype != KILN_DTYPE_F32 || (n->src[1] != KILN_IDX_NONE && g->nodes[n->src[1]].dtype != KILN_DTYPE_F32)) break;
-        kiln_cpu_rms_norm(v->bufs[n->src[0]], n->src[1] != KILN_IDX_NONE ? v->bufs[n->src[1]] : NULL, n->f[0], rows, d,
-                          v->bufs[idx]);
-        return KILN_OK;
-    case KILN_OP_SOFTMAX:
-        if (a->dtype != KILN_DTYPE_F32) break;
-        kiln_cpu_softmax(v->bufs[n->src[0]], rows, d, v->bufs[idx]);
-        return KILN_OK;
-    case KILN_OP_ROPE: {
-        if (a->dtype != KILN_DTYPE_F32) break;
-        const int64_t *xd = v->dims[idx];
-        size_t bytes = (size_t)(xd[0] * xd[1] * xd[2]) * sizeof(float);
-        if (v->bufs[idx] != v->bufs[n->src[0]]) memcpy(v->bufs[idx], v->bufs[n->src[0]], bytes);
-        kiln_cpu_rope(v->bufs[idx], v->bufs[n->src[1]], xd[0], xd[1], xd[2], n->i[0], n->f[0]);
-        return KILN_OK;
-    }
-    case KILN_OP_MATMUL: {
-        const kiln_node_rec *w = &g->nodes[n->src[1]];
-        if (a->dtype != KILN_DTYPE_F32 || !mm_dtype_ok(w->dtype)) break;
-        kiln_cpu_mm mm = {.x = v->bufs[n->src[0]], .n_out = 1};
-        mm.m = rows_of(v, n->src[0], &mm.k);
-        mm.out[0] = (kiln_cpu_mm_out){.w = v->bufs[n->src[1]], .wt = (kiln_dtype)w->dtype,
-                                      .n = v->dims[n->src[1]][0], .y = v->bufs[idx]};
-        return kiln_cpu_matmul(s->pool, s->isa, &mm);
-    }
-    default:
-        break;
-    }
-    return kiln_ref_exec(v, idx, err, n_err);
-}
-
 /* Attention written as ops, one pass: per query row, scores over S keys (never stored), softmax,
  * weighted sum of v. Rows are split over the threads. */
 typedef struct sdpa_job {
@@ -428,7 +381,7 @@ static kiln_status launch_locked(cpu_state *s, const kiln_kernel *k, const kiln_
         }
     }
     for (uint32_t i = 0; i < k->n_rest; i++) {
-        kiln_status st = run_node(s, v, k->rest[i], err, n_err);
+        kiln_status st = kiln_cpu_node_run(s->pool, s->isa, v, k->rest[i], err, n_err);
         if (st != KILN_OK) {
             if (!err[0]) snprintf(err, n_err, "%s kernel failed: %s", kiln_op_name((enum kiln_op)v->g->nodes[k->rest[i]].op),
                                   kiln_status_str(st));

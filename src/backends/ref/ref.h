@@ -11,8 +11,3 @@
  * and view do nothing and kv_scatter writes in place). Runtime checks (positions, ids, n_kv
  * ranges) fail with a status and a message in err naming the node. */
 kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size_t n_err);
-
-/* Where attention reads k or v straight from a kv_scatter with n_tok positions, those positions
- * must be the ones attention gives its queries (n_kv - n_tok + t): pos = 5 with n_kv = 9 is a
- * KILN_ERR_BINDING naming both, not a silent wrong result. The cpu backend calls it too. */
-kiln_status kiln_ref_attention_pos_check(const kiln_exec_view *v, uint32_t idx, char *err, size_t n_err);
