@@ -398,6 +398,33 @@ Test(fuse, random_dags_fused_equals_unfused, .timeout = 900)
     cr_assert_lt(total_fused, total_unfused, "fusion merged nothing in 1000 DAGs");
 }
 
+/* Each output's epilogue in a qwen2 layer's spec: q/k/v take their bias adds (right after the
+ * matmul), q and k then a rope, k and v a KV-cache write (of the roped k); gate/up are a swiglu
+ * pair stored at the swiglu; o and down store their residual add. */
+static void check_epilogues(const kiln_graph *g, const kiln_region *reg)
+{
+    const kiln_region_spec *s = &reg->spec;
+    for (uint32_t j = 0; j < s->n_mm; j++) {
+        const kiln_spec_out *o = &s->out[j];
+        cr_assert(kiln_region_has(reg, o->dst), "out %u's dst is in the region", j);
+        if (s->n_mm == 3) {
+            cr_assert(o->bias_add == o->dst && g->nodes[o->dst].op == KILN_OP_ADD && g->nodes[o->dst].src[0] == s->mm[j] &&
+                      g->nodes[o->dst].src[1] == o->bias && g->nodes[o->bias].rank == 1, "q/k/v out %u: bias add", j);
+            cr_assert_eq(o->resid, KILN_IDX_NONE);
+            cr_assert_eq(o->rope != KILN_IDX_NONE, j < 2, "rope on q and k only (out %u)", j);
+            cr_assert_eq(o->kv != KILN_IDX_NONE, j > 0, "KV writes of k and v only (out %u)", j);
+            if (j == 1) cr_assert_eq(g->nodes[o->kv].src[1], o->rope, "the roped k is cached");
+            if (j == 2) cr_assert_eq(g->nodes[o->kv].src[1] == o->dst || g->nodes[g->nodes[o->kv].src[1]].src[0] == o->dst, 1);
+        } else if (s->n_mm == 2) {
+            cr_assert(s->swiglu && (j == 1 || g->nodes[o->dst].op == KILN_OP_SWIGLU), "gate/up: swiglu pair");
+            cr_assert(o->bias == KILN_IDX_NONE && o->resid == KILN_IDX_NONE && o->rope == KILN_IDX_NONE && o->kv == KILN_IDX_NONE);
+        } else {
+            cr_assert(!s->swiglu && o->bias == KILN_IDX_NONE && o->resid != KILN_IDX_NONE && o->resid_add == o->dst &&
+                      g->nodes[o->dst].op == KILN_OP_ADD, "o/down: residual add stored");
+        }
+    }
+}
+
 /* Fusion hands every consumer the region's structure (fuse/spec.c): a qwen2 decode layer has one
  * q/k/v region (3 siblings behind the attention norm, reading x), one gate/up region (2 behind the
  * ffn norm), o and down alone, and its attention groups 14 query heads over 2 kv heads. */
@@ -431,6 +458,7 @@ Test(fuse, region_specs_of_a_decode_layer)
                 cr_assert_eq(s->x, s->x_in);
             }
             if (s->n_mm == 3) cr_assert_eq(s->x, x, "q/k/v read the layer's input");
+            check_epilogues(g, reg);
         } else if (reg->kind == KILN_REGION_ATTENTION) {
             attn++;
             cr_assert_eq(s->heads_per_group, 7);

@@ -18,9 +18,23 @@ enum kiln_region_kind {
 
 #define KILN_SPEC_MM 4 /* sibling matmuls a matmul region's spec lists at most */
 
+/* The epilogue of one matmul output inside its region: y = x̂·Wᵀ (+ bias) (+ residual), stored at
+ * dst; then optionally rope and a KV-cache write of that value. Nodes not in the region are
+ * KILN_IDX_NONE. */
+typedef struct kiln_spec_out {
+    uint32_t dst;      /* the node whose buffer receives the output: the matmul, its last add, or
+                          (out 0 of a swiglu pair) the swiglu */
+    uint32_t bias;     /* [N] operand of an add right after the matmul (read only by it), or NONE */
+    uint32_t bias_add; /* that add */
+    uint32_t resid;    /* other operand of an add after that (the residual), or NONE */
+    uint32_t resid_add;/* that add */
+    uint32_t rope;     /* a rope in the region of dst's value (through reshapes), or NONE */
+    uint32_t kv;       /* a kv_scatter in the region writing the roped (or plain) value, or NONE */
+} kiln_spec_out;
+
 /* The structure of a region, computed once by kiln_fuse (fuse/spec.c) so that the GPU lowering,
  * the cpu backend and the cost model read it instead of re-deriving it. Fields of other kinds are
- * KILN_IDX_NONE / 0. */
+ * KILN_IDX_NONE / 0. What a consumer's kernels can take (dtypes, shapes) it still decides itself. */
 typedef struct kiln_region_spec {
     /* KILN_REGION_MATMUL */
     uint32_t n_mm;             /* matmuls sharing one input, in region order; 0 with mm_mixed */
@@ -31,6 +45,9 @@ typedef struct kiln_region_spec {
     uint32_t norm;             /* the rms_norm prologue (x_in, computed in the region), or NONE */
     uint32_t norm_w;           /* its weight, or NONE */
     float    eps;              /* its epsilon */
+    kiln_spec_out out[KILN_SPEC_MM]; /* per matmul: its epilogue */
+    bool     swiglu;           /* out 0 = silu(mm 0) * mm 1, stored at out[0].dst (two matmuls, no adds);
+                                  out 1 then stores nothing */
     /* KILN_REGION_ATTENTION (an attention node anchor) */
     uint32_t q, k, v;          /* queries [n_tok, n_head, hd], the K and V caches [n_kv_head, max_ctx, hd] */
     int64_t  n_kv;             /* kiln_dim: keys attended (the symbol n_kv, or a constant) */

@@ -59,14 +59,15 @@ void kiln_sched_region_cost(const kiln_graph *g, const kiln_region *r, const int
                             const int64_t *sym_vals, kiln_region_cost *out)
 {
     memset(out, 0, sizeof *out);
-    out->peak_dtype = KILN_DTYPE_F32;
+    const kiln_region_spec *sp = &r->spec; /* a matmul region's siblings, found by fusion */
+    out->peak_dtype = sp->n_mm ? g->nodes[g->nodes[sp->mm[sp->n_mm - 1]].src[1]].dtype : KILN_DTYPE_F32;
     uint32_t seen[64];
     uint32_t n_seen = 0;
     for (uint32_t k = 0; k < r->n_nodes; k++) {
         uint32_t i = r->nodes[k];
         const kiln_node_rec *n = &g->nodes[i];
         out->flops += op_flops(g, i, dims, sym_vals);
-        if (n->op == KILN_OP_MATMUL) out->peak_dtype = g->nodes[n->src[1]].dtype;
+        if (n->op == KILN_OP_MATMUL && !r->spec.n_mm) out->peak_dtype = g->nodes[n->src[1]].dtype; /* mixed inputs */
         for (int s = 0; s < n->n_src; s++) {
             uint32_t src = n->src[s];
             if (src == KILN_IDX_NONE || kiln_region_has(r, src)) continue;

@@ -106,74 +106,38 @@ static kiln_status cpu_calibrate(void *state, kiln_device_profile *out)
 }
 
 
-/* Operand slots inside region r that read node (aliases are outside any region, so a reshape
- * reading node counts as a reader only through is_out). */
-static int readers_in(const kiln_graph *g, const kiln_region *r, uint32_t node)
-{
-    int c = 0;
-    for (uint32_t i = 0; i < r->n_nodes; i++)
-        for (int s = 0; s < g->nodes[r->nodes[i]].n_src; s++) c += g->nodes[r->nodes[i]].src[s] == node;
-    return c;
-}
-
 static bool mm_dtype_ok(uint8_t t) { return t != KILN_DTYPE_I32 && t < KILN_DTYPE_COUNT; }
 
-/* Finds the matmuls, the shared x (maybe an rms_norm in the region) and the residual/swiglu
- * epilogues the fused kernel can take. Returns false when the region does not fit the kernel. */
+static void cover(const kiln_region *r, bool *covered, uint32_t node)
+{
+    for (uint32_t i = 0; node != KILN_IDX_NONE && i < r->n_nodes; i++) covered[i] |= r->nodes[i] == node;
+}
+
+/* The fused pass from the region's spec (fusion found the matmuls, their shared x, the rms_norm
+ * and each output's bias/residual/swiglu chain): false when the kernel cannot take it (dtypes). */
 static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_kernel *k, bool *covered)
 {
-    const kiln_region_spec *sp = &r->spec; /* the matmuls and their shared x, found by fusion */
-    uint32_t x = sp->x_in;
+    const kiln_region_spec *sp = &r->spec;
     k->norm = KILN_IDX_NONE;
     if (r->kind != KILN_REGION_MATMUL || sp->n_mm == 0) return false;
+    const kiln_node_rec *xn = &g->nodes[sp->x];
+    if (xn->dtype != KILN_DTYPE_F32 || (sp->norm == KILN_IDX_NONE && kiln_region_has(r, sp->x))) return false;
+    if (sp->norm_w != KILN_IDX_NONE && g->nodes[sp->norm_w].dtype != KILN_DTYPE_F32) return false;
     for (uint32_t j = 0; j < sp->n_mm; j++) {
         if (!mm_dtype_ok(g->nodes[g->nodes[sp->mm[j]].src[1]].dtype)) return false;
-        k->mm[k->n_mm] = k->dst[k->n_mm] = sp->mm[j];
-        k->bias[k->n_mm] = KILN_IDX_NONE;
-        k->resid[k->n_mm++] = KILN_IDX_NONE;
+        const kiln_spec_out *o = &sp->out[j];
+        k->mm[j] = sp->mm[j], k->dst[j] = o->dst, k->bias[j] = o->bias, k->resid[j] = o->resid;
+        cover(r, covered, sp->mm[j]);
+        cover(r, covered, o->bias_add);
+        cover(r, covered, o->resid_add);
     }
-    for (uint32_t i = 0; i < r->n_nodes; i++) covered[i] |= g->nodes[r->nodes[i]].op == KILN_OP_MATMUL;
-    const kiln_node_rec *xn = &g->nodes[x];
-    if (xn->op == KILN_OP_RMS_NORM && kiln_region_has(r, x)) {
-        const kiln_node_rec *src = &g->nodes[xn->src[0]];
-        if (src->dtype != KILN_DTYPE_F32) return false;
-        if (xn->src[1] != KILN_IDX_NONE && g->nodes[xn->src[1]].dtype != KILN_DTYPE_F32) return false;
-        k->norm = x;
-        k->norm_out = kiln_region_is_out(r, x);
-        for (uint32_t i = 0; i < r->n_nodes; i++) covered[i] |= r->nodes[i] == x;
-    } else if (xn->dtype != KILN_DTYPE_F32 || kiln_region_has(r, x)) {
-        return false;
-    }
-    /* Epilogues: bias add (a broadcast add of an f32 [N] operand right after the matmul), residual
-     * add on an out (matmul read only by that add), swiglu of outs 0 and 1. */
-    for (uint32_t i = 0; i < r->n_nodes; i++) {
-        const kiln_node_rec *n = &g->nodes[r->nodes[i]];
-        for (int j = 0; j < k->n_mm && !covered[i]; j++) {
-            uint32_t b = n->op == KILN_OP_ADD && n->src[0] == k->mm[j] ? n->src[1] : KILN_IDX_NONE;
-            if (b != KILN_IDX_NONE && k->dst[j] == k->mm[j] && n->dtype == KILN_DTYPE_F32 && !kiln_region_is_out(r, k->mm[j]) &&
-                readers_in(g, r, k->mm[j]) == 1 && g->nodes[b].rank == 1 && g->nodes[b].dtype == KILN_DTYPE_F32 &&
-                g->nodes[b].dims[0] == g->nodes[k->mm[j]].dims[g->nodes[k->mm[j]].rank - 1] && !kiln_region_has(r, b)) {
-                k->bias[j] = b;
-                k->dst[j] = r->nodes[i];
-                covered[i] = true;
-            } else if (n->op == KILN_OP_ADD && n->dtype == KILN_DTYPE_F32 && k->resid[j] == KILN_IDX_NONE &&
-                !kiln_region_is_out(r, k->dst[j]) && readers_in(g, r, k->dst[j]) == 1 && (n->src[0] == k->dst[j]) != (n->src[1] == k->dst[j]) &&
-                g->nodes[n->src[0]].rank == g->nodes[n->src[1]].rank) {
-                uint32_t other = n->src[0] == k->dst[j] ? n->src[1] : n->src[0];
-                if (kiln_region_has(r, other)) continue;
-                k->resid[j] = other;
-                k->dst[j] = r->nodes[i];
-                covered[i] = true;
-            } else if (n->op == KILN_OP_SWIGLU && j == 0 && k->n_mm == 2 && !k->swiglu && n->src[0] == k->dst[0] &&
-                       n->src[1] == k->dst[1] && k->resid[0] == KILN_IDX_NONE && k->resid[1] == KILN_IDX_NONE &&
-                       k->bias[0] == KILN_IDX_NONE && k->bias[1] == KILN_IDX_NONE &&
-                       !kiln_region_is_out(r, k->mm[0]) && !kiln_region_is_out(r, k->mm[1]) && readers_in(g, r, k->mm[0]) == 1 &&
-                       readers_in(g, r, k->mm[1]) == 1) {
-                k->swiglu = true;
-                k->dst[0] = r->nodes[i];
-                covered[i] = true;
-            }
-        }
+    k->n_mm = (int)sp->n_mm;
+    k->swiglu = sp->swiglu;
+    if (sp->swiglu) cover(r, covered, sp->out[0].dst);
+    if (sp->norm != KILN_IDX_NONE) {
+        k->norm = sp->norm;
+        k->norm_out = kiln_region_is_out(r, sp->norm);
+        cover(r, covered, sp->norm);
     }
     return true;
 }
