@@ -232,6 +232,27 @@ static double json_key(const char *json, const char *key)
     return strtod(p + strlen(pat), NULL);
 }
 
+/* --profile with --json: the plan's per-kernel report inside the bench object, each kernel's
+ * achieved bandwidth = its cost-model bytes / its measured time. */
+Test(cli, bench_json_profile_has_each_kernels_bandwidth, .timeout = 300)
+{
+    cli_out o;
+    kiln_cli(&o, "bench --preset qwen2-0.5b --mode decode --layers 1 --steps 2 --ctx 8 --backend ref --wtype f32 --json --profile --no-roof");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    const char *prof = strstr(o.out, ",\"profile\":{");
+    cr_assert(prof && o.out[strlen(o.out) - 2] == '}', "%s", o.out);
+    int kernels = 0;
+    for (const char *r = strstr(prof, "\"kind\": "); r; r = strstr(r + 1, "\"kind\": ")) {
+        const char *b = strstr(r, "\"bytes\": "), *m = strstr(r, "\"measured_s\": "), *g = strstr(r, "\"achieved_gb_s\": ");
+        cr_assert(b && m && g, "%s", r);
+        double bytes = strtod(b + 9, NULL), meas = strtod(m + 14, NULL), gbs = strtod(g + 17, NULL);
+        cr_assert(bytes > 0 && meas > 0 && gbs > 0, "kernel %d: %g bytes, %g s, %g GB/s", kernels, bytes, meas, gbs);
+        cr_assert(fabs(gbs - bytes / meas / 1e9) <= 1e-3 * gbs, "kernel %d: %g GB/s, %g / %g s", kernels, gbs, bytes, meas);
+        kernels++;
+    }
+    cr_assert_eq(kernels, (int)json_key(o.out, "kernels"), "%s", o.out);
+}
+
 Test(cli, bench_json_decode_and_prefill, .timeout = 600)
 {
     const char *args[] = {

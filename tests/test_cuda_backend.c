@@ -4,6 +4,7 @@
  * memory naming the size, JIT logs in errors, and a sticky fault that stops the backend. Nothing
  * here runs a kernel: test_cuda does that on a real GPU. */
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@ typedef struct fakecuda_log {
     int      fault_next_sync;
     int      null_params;
     int      links, cubin_loads;
+    int      ex_launches, pdl_launches, pdl_without_wait, pdl_captured;
 } fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
 
 static fakecuda_log *fake(void)
@@ -456,4 +458,130 @@ Test(cuda_host, compile_faults_leave_the_context_usable)
     kiln_plan_free(p);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
+}
+
+/* ------------------------------------------------------------------ programmatic dependent launch */
+
+/* Runs `steps` decode steps of a qwen2-0.5b layer compiled for cuda with codegen.pdl = pdl and
+ * no_record = !record; returns the status of the first failed step (KILN_OK when all ran). */
+static kiln_status pdl_steps(kiln_ctx *ctx, int32_t pdl, bool record, int steps, int *modules)
+{
+    const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_preset_build(pr, KILN_DTYPE_Q8_0, 1, 64, 1, &g), KILN_OK);
+    kiln_plan *p = NULL;
+    kiln_compile_options o = {.backend = "cuda", .no_record = !record, .codegen.pdl = pdl};
+    kiln_status s = kiln_compile(ctx, g, &o, &p);
+    if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
+    cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
+    if (modules) *modules = fake()->modules;
+    float *x = calloc((size_t)pr->hidden, 4), *y = calloc((size_t)pr->hidden, 4);
+    for (int step = 0; s == KILN_OK && step < steps; step++) {
+        int32_t pos = 10 + step;
+        kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = pos + 1},
+                            {.name = "x", .data = x, .bytes = (size_t)pr->hidden * 4}, {.name = "pos", .data = &pos, .bytes = 4},
+                            {.name = "y", .data = y, .bytes = (size_t)pr->hidden * 4}};
+        s = kiln_run(p, b, 5);
+    }
+    free(x), free(y);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    return s;
+}
+
+/* codegen.pdl on an sm_90 device: every kernel carries griddepcontrol and is launched through
+ * cuLaunchKernelEx with programmatic stream serialization, recorded into the CUDA graph; no kernel
+ * without a grid wait is ever launched so. */
+Test(cuda_host, pdl_kernels_launch_programmatically_and_record)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    int modules = 0;
+    cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, true, 3, &modules), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(strstr(f->last_ptx, "\tgriddepcontrol.launch_dependents;\n") && strstr(f->last_ptx, "\tgriddepcontrol.wait;\n"),
+              "%s", f->last_ptx);
+    cr_assert(f->captured >= modules, "%d kernels recorded, %d modules", f->captured, modules);
+    cr_assert_eq(f->pdl_captured, f->captured, "%d of %d recorded launches were programmatic", f->pdl_captured, f->captured);
+    cr_assert_eq(f->pdl_without_wait, 0, "%d programmatic launches of kernels that do not wait", f->pdl_without_wait);
+    cr_assert_eq(f->graph_launches, 3);
+    cr_assert_eq(f->null_params, 0);
+    kiln_ctx_free(ctx);
+    cr_assert_eq(f->live_allocs, 0);
+}
+
+/* The same launched kernel by kernel (no recording), and the default (pdl off): plain launches of
+ * kernels without griddepcontrol. */
+Test(cuda_host, pdl_without_recording_and_off_by_default)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, false, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(f->launches > 0 && f->pdl_launches == f->launches && f->captured == 0, "%d launches, %d programmatic", f->launches,
+              f->pdl_launches);
+    cr_assert_eq(f->pdl_without_wait, 0);
+    int before = f->launches;
+    kiln_ctx_free(ctx);
+    ctx = fake_ctx();
+    cr_assert_eq(pdl_steps(ctx, KILN_GEMM_AUTO, false, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->pdl_launches, before, "pdl is opt-in");
+    cr_assert_eq(f->ex_launches, before);
+    cr_assert_null(strstr(f->last_ptx, "griddepcontrol"), "%s", f->last_ptx);
+    kiln_ctx_free(ctx);
+}
+
+/* An sm_80 device has no programmatic dependent launch: the option changes nothing there. */
+Test(cuda_host, pdl_is_for_sm90_only)
+{
+    fakecuda_log *f = fake();
+    setenv("FAKECUDA_CC", "80", 1);
+    kiln_ctx *ctx = fake_ctx();
+    cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, true, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->ex_launches, 0);
+    cr_assert(f->captured > 0);
+    cr_assert_null(strstr(f->last_ptx, "griddepcontrol"), "%s", f->last_ptx);
+    kiln_ctx_free(ctx);
+    unsetenv("FAKECUDA_CC");
+}
+
+/* A driver that refuses the attribute, one before 12.3, and a graph capture that refuses
+ * programmatic edges: plain launches take over (the capture's run fails once, saying so), the
+ * results are the same kernels' and the warning is printed once. */
+Test(cuda_host, pdl_falls_back_to_plain_launches, .init = cr_redirect_stderr)
+{
+    fakecuda_log *f = fake();
+    setenv("FAKECUDA_EX_FAIL", "1", 1);
+    kiln_ctx *ctx = fake_ctx();
+    cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, true, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->pdl_launches, 0);
+    cr_assert(f->captured > 0 && f->graph_launches == 2);
+    kiln_ctx_free(ctx);
+    unsetenv("FAKECUDA_EX_FAIL");
+
+    setenv("FAKECUDA_DRIVER", "12020", 1);
+    ctx = fake_ctx();
+    int ex = f->ex_launches;
+    cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, false, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->ex_launches, ex, "a 12.2 driver gets plain launches");
+    kiln_ctx_free(ctx);
+    unsetenv("FAKECUDA_DRIVER");
+
+    setenv("FAKECUDA_GRAPH_NO_PDL", "1", 1);
+    ctx = fake_ctx();
+    int graphs = f->graph_launches;
+    kiln_status s = pdl_steps(ctx, KILN_GEMM_ON, true, 1, NULL);
+    cr_assert_eq(s, KILN_ERR_BACKEND);
+    cr_assert(strstr(kiln_ctx_error(ctx), "programmatic launches captured"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, true, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->graph_launches, graphs + 2, "the next recording is plain and replays");
+    kiln_ctx_free(ctx);
+    unsetenv("FAKECUDA_GRAPH_NO_PDL");
+    fflush(stderr);
+    char buf[4096] = "";
+    size_t n = fread(buf, 1, sizeof buf - 1, cr_get_redirected_stderr());
+    buf[n] = 0;
+    int said = 0;
+    for (const char *q = buf; (q = strstr(q, "programmatic dependent launch")); q++) said++;
+    cr_assert_eq(said, 3, "one warning per backend (three contexts): %s", buf);
+    cr_assert(strstr(buf, "CUDA_ERROR_NOT_SUPPORTED") && strstr(buf, "12.3") && strstr(buf, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"),
+              "%s", buf);
 }

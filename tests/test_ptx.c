@@ -376,8 +376,10 @@ static bool seen_before(seen_set *s, const char *txt)
     return false;
 }
 
-/* Lowers every region of g, prints it for sm_80 and sm_90 and assembles each new text. */
-static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, seen_set *seen, lower_tally *t)
+/* Lowers every region of g for target tg (NULL: the default), prints it for sm_80 (unless tg is
+ * for sm_90 only) and sm_90 and assembles each new text. */
+static void lower_all_for(const kiln_graph *g, const kiln_lower_target *tg, const char *what, const char *ptxas, seen_set *seen,
+                          lower_tally *t)
 {
     kiln_fusion f;
     cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK, "%s: fusion failed", what);
@@ -385,7 +387,7 @@ static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, 
         kiln_kir ks[KILN_LOWER_MAX];
         uint32_t nk = 0;
         char err[8192] = "";
-        kiln_status s = kiln_lower_region_seq(g, &f.regions[r], ks, &nk, err, sizeof err);
+        kiln_status s = kiln_lower_region_for(g, &f.regions[r], tg, ks, &nk, err, sizeof err);
         if (s == KILN_ERR_UNSUPPORTED) {
             if (!t->unsupported++) snprintf(t->first_unsupported, sizeof t->first_unsupported, "%.64s region %u: %.160s", what, r, err);
             continue;
@@ -394,7 +396,7 @@ static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, 
         t->lowered++;
         for (uint32_t i = 0; i < nk; i++) {
             kiln_kir *k = &ks[i];
-            for (int sm = 80; sm <= 90; sm += 10) {
+            for (int sm = tg && tg->griddep ? 90 : 80; sm <= 90; sm += 10) {
                 char *txt = NULL;
                 s = kiln_ptx_print(k, sm, &txt, err, sizeof err);
                 cr_assert_eq(s, KILN_OK, "%s region %u (%s): printing: %s", what, r, k->what, err);
@@ -420,6 +422,11 @@ static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, 
         }
     }
     kiln_fusion_free(&f);
+}
+
+static void lower_all(const kiln_graph *g, const char *what, const char *ptxas, seen_set *seen, lower_tally *t)
+{
+    lower_all_for(g, NULL, what, ptxas, seen, t);
 }
 
 Test(ptx, every_preset_region_assembles, .timeout = 1200)
@@ -470,4 +477,64 @@ Test(ptx, every_kg_region_assembles, .timeout = 600)
                 t.lowered, t.assembled, t.max_regs, t.all_regs, t.unsupported, t.unsupported ? "; first: " : "", t.first_unsupported);
     cr_assert_eq(t.n_spilling, 0, "%d .kg kernels spill:\n%s", t.n_spilling, t.spills);
     if (!t.lowered) cr_skip("no .kg region lowers yet (%s)", t.first_unsupported);
+}
+
+/* Programmatic dependent launch (codegen.pdl on sm_90): every decode region of the presets (the
+ * gemv with its L2 prefetches), and qwen2-0.5b's prefill regions, with griddepcontrol, assemble
+ * with no spills. (q6_k's prefill gemv for short runs spills with or without pdl: not here.) */
+Test(ptx, pdl_kernels_assemble_for_sm90, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static seen_set seen;
+    lower_tally t = {0};
+    kiln_lower_target tg = kiln_lower_target_for_sm(90);
+    tg.opts.pdl = KILN_GEMM_ON;
+    static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K, KILN_DTYPE_Q6_K};
+    int with_prefetch = 0;
+    for (int p = 0; p < kiln_preset_count(); p++)
+        for (int w = 0; w < 4; w++)
+            for (int prefill = 0; prefill < (p == 0 && wt[w] != KILN_DTYPE_Q6_K ? 2 : 1); prefill++) {
+                kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+                                            .max_tok = prefill ? 512 : 1, .seed = 1, .shape_only = true};
+                kiln_graph *g = NULL;
+                char err[512] = "", what[128];
+                cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+                snprintf(what, sizeof what, "pdl %s %s %s", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), prefill ? "prefill" : "decode");
+                int before = t.assembled;
+                lower_all_for(g, &tg, what, ptxas, &seen, &t);
+                with_prefetch += !prefill && t.assembled > before;
+                kiln_graph_free(g);
+            }
+    cr_log_info("pdl presets: %d regions lowered, %d distinct kernels assembled for sm_90 (max %d registers)", t.lowered, t.assembled,
+                t.max_regs);
+    cr_assert_eq(t.unsupported, 0, "%s", t.first_unsupported);
+    cr_assert_eq(t.n_spilling, 0, "%d pdl kernels spill:\n%s", t.n_spilling, t.spills);
+    cr_assert(with_prefetch > 0);
+}
+
+/* The three ops print as PTX ISA 7.8 text, only for sm_90. */
+Test(ptx, pdl_ops_print_for_sm90_only)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "pdl_ops", 32);
+    uint32_t w = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, false), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 2, true);
+    k.pdl = true;
+    k.pdl_const = 1u | 1u << w;
+    op(&k, KILN_KOP_GRID_LAUNCH, KILN_KT_NONE, N, N, N, 0);
+    uint32_t tid = op(&k, KILN_KOP_TID, KILN_KT_I32, N, N, N, 0);
+    op(&k, KILN_KOP_PREFETCH, KILN_KT_NONE, tid, N, N, (int32_t)w);
+    op(&k, KILN_KOP_GRID_WAIT, KILN_KT_NONE, N, N, N, 0);
+    op(&k, KILN_KOP_ST, KILN_KT_NONE, tid, op(&k, KILN_KOP_LD, KILN_KT_U32, tid, N, N, (int32_t)w), N, (int32_t)y);
+    char *txt = print_ok(&k, 90);
+    const char *l = strstr(txt, "\tgriddepcontrol.launch_dependents;\n"), *pf = strstr(txt, "\tprefetch.global.L2 [%rd"),
+               *wt = strstr(txt, "\tgriddepcontrol.wait;\n"), *st = strstr(txt, "\tst.global.u32");
+    cr_assert(l && pf && wt && st && l < pf && pf < wt && wt < st, "%s", txt);
+    cr_assert(strstr(txt, "ld.global.nc.u32"), "a weight keeps its read-only loads: %s", txt);
+    assemble_ok(txt, 90, "pdl ops");
+    free(txt);
+    char err[256] = "";
+    cr_assert_eq(kiln_ptx_print(&k, 80, &txt, err, sizeof err), KILN_ERR_UNSUPPORTED);
+    cr_assert(strstr(err, "griddepcontrol"), "%s", err);
+    kiln_kir_free(&k);
 }

@@ -291,8 +291,10 @@ Test(sched, env_fills_options_left_at_zero)
     setenv("KILN_GRID_CAP", "0", 1);
     setenv("KILN_VK_DISABLE", "dot,16bit", 1);
     setenv("KILN_NO_RECORD", "1", 1);
+    setenv("KILN_PDL", "1", 1);
     kiln_compile_options o;
     kiln_env_options(NULL, &o);
+    cr_assert_eq(o.codegen.pdl, KILN_GEMM_ON);
     cr_assert_eq(o.codegen.gemm, KILN_GEMM_OFF);
     cr_assert_eq(o.codegen.gemm_rows, 64);
     cr_assert_eq(o.codegen.grid_cap, -1, "KILN_GRID_CAP=0 means every virtual block");
@@ -304,7 +306,7 @@ Test(sched, env_fills_options_left_at_zero)
     cr_assert(o.no_fuse);
     cr_assert_eq(o.codegen.gemm_rows, 128, "a set option wins over the environment");
     cr_assert_eq(o.codegen.grid_cap, 3);
-    const char *vars[] = {"KILN_GEMM", "KILN_GEMM_BM", "KILN_GRID_CAP", "KILN_VK_DISABLE", "KILN_NO_RECORD"};
+    const char *vars[] = {"KILN_GEMM", "KILN_GEMM_BM", "KILN_GRID_CAP", "KILN_VK_DISABLE", "KILN_NO_RECORD", "KILN_PDL"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
     kiln_env_options(NULL, &o);
     kiln_compile_options zero;

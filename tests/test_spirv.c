@@ -71,12 +71,38 @@ Test(spirv, every_op_covered)
     for (uint32_t i = 0; i < r.n_ins; i++) seen[r.ins[i].op] = true;
     for (uint32_t i = 0; i < m.n_ins; i++) seen[m.ins[i].op] = true;
     kiln_kir_free(&m);
-    /* the warpgroup ops are sm_90a-only: the GLSL printer refuses them (test_gemm_wg covers them) */
+    /* the warpgroup ops are sm_90a-only: the GLSL printer refuses them (test_gemm_wg covers them);
+     * the programmatic-launch ops print nothing (spirv/pdl_ops_print_nothing) */
     for (int op = 1; op < KILN_KOP_COUNT; op++)
-        if (op < KILN_KOP_STS4 || op > KILN_KOP_WG_WAIT) cr_expect(seen[op], "no test kernel uses op %s", kiln_kop_name(op));
+        if ((op < KILN_KOP_STS4 || op > KILN_KOP_WG_WAIT) && op != KILN_KOP_GRID_WAIT && op != KILN_KOP_GRID_LAUNCH &&
+            op != KILN_KOP_PREFETCH)
+            cr_expect(seen[op], "no test kernel uses op %s", kiln_kop_name(op));
     cr_assert_leq(n_out, 128);
     kiln_kir_free(&a);
     kiln_kir_free(&r);
+}
+
+/* A kernel lowered for programmatic dependent launch (CUDA's) prints for Vulkan as if it were not:
+ * its grid wait, trigger and L2 prefetches leave no trace, and it compiles and validates. */
+Test(spirv, pdl_ops_print_nothing)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "pdl_ops", 64);
+    uint32_t w = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, false), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 2, true);
+    k.pdl = true;
+    k.pdl_const = 1u | 1u << w;
+    kiln_kir_op(&k, KILN_KOP_GRID_LAUNCH, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t tid = kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kiln_kir_op(&k, KILN_KOP_PREFETCH, KILN_KT_NONE, tid, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)w);
+    kiln_kir_op(&k, KILN_KOP_GRID_WAIT, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, tid, kiln_kld(&k, w, tid), KILN_IDX_NONE, (int32_t)y);
+    char *glsl = NULL;
+    size_t n = 0;
+    free(build(&k, &feat_all, &n, &glsl));
+    cr_assert(glsl && strstr(glsl, "b2.w[") && !strstr(glsl, "v0 ") && !strstr(glsl, "v2 ") && !strstr(glsl, "v3 "),
+              "the three ops left text:\n%s", glsl);
+    free(glsl);
+    kiln_kir_free(&k);
 }
 
 Test(spirv, kernels_compile_and_validate)

@@ -268,7 +268,7 @@ typedef struct kiln_plan kiln_plan;
 /* Code-generation and launch choices of GPU backends: zero is the default; every field is an
  * int32_t, so the struct has no padding and the kernel caches hash it whole (a new field is in the
  * keys by construction). Fields left at zero take $KILN_GEMM, $KILN_GEMM_BM, $KILN_GRID_CAP,
- * $KILN_VK_DISABLE and $KILN_WGMMA when set (docs/env.md). */
+ * $KILN_VK_DISABLE, $KILN_WGMMA and $KILN_PDL when set (docs/env.md). */
 enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1, KILN_GEMM_ON = 1 };
 enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
 typedef struct kiln_codegen_options {
@@ -284,6 +284,10 @@ typedef struct kiln_codegen_options {
                            (sm_90); KILN_GEMM_AUTO/OFF: mma.sync everywhere. Opt-in while the
                            warpgroup template measures slower than mma.sync (H100: 110 vs 150
                            TFLOP/s at 512 x 12288 x 4096, docs/kernels.md) */
+    int32_t pdl;        /* KILN_GEMM_ON: on sm_90 every kernel of a plan is written and launched for
+                           programmatic dependent launch (it may start while the previous kernel ends:
+                           weight prefetches first, a grid wait before it touches anything a kernel
+                           writes); KILN_GEMM_AUTO/OFF: plain launches. Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

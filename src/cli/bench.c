@@ -366,7 +366,15 @@ static void report(const bench_opts *o, const bench_state *st)
                gbps, gfps, roof_bw, roof_gf, roof_measured ? "true" : "false", frac_bw, frac_gf, gb * 1e9, st->io_be >= 0 ? "device" : "host");
         for (size_t i = 0; i < n; i++)
             printf("%s%.6f", i ? "," : "", st->step_ms[i]);
-        printf("]}\n");
+        printf("]");
+        char *kp = NULL; /* per kernel: bytes (cost model), measured_s (device time where it has timers), achieved_gb_s */
+        if (o->profile && kiln_plan_explain(st->plan, "json", &kp) == KILN_OK) {
+            size_t l = strlen(kp);
+            while (l && kp[l - 1] == '\n') kp[--l] = 0;
+            printf(",\"profile\":%s", kp);
+        }
+        free(kp);
+        printf("}\n");
     } else {
         printf("%s %s on %s (%s), %s weights, %s KV, %lld layers, %d kernels\n", o->preset->name,
                o->prefill ? "prefill" : "decode", be, where, wt, kt, (long long)o->layers, kiln_plan_kernel_count(st->plan));
@@ -386,7 +394,7 @@ static void report(const bench_opts *o, const bench_state *st)
                    roof_measured ? "measured now" : "assumed (kiln's default profile: this backend has no calibration)",
                    roof_bw, roof_gf, 100 * frac_bw, be, 100 * frac_gf);
     }
-    if (o->profile) {
+    if (o->profile && !o->json) { /* with --json it is the object's "profile" */
         char *txt = NULL;
         if (kiln_plan_explain(st->plan, "text", &txt) == KILN_OK) {
             printf("\nper kernel, all %lld layers (measured = mean over the timed steps):\n%s", (long long)o->layers, txt);

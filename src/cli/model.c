@@ -198,7 +198,15 @@ static void bench_model_report(const bench_model_opts *b, const model_run *m, co
                m->info.arch, mode, be, threads, (long long)n, (long long)n_tok, (long long)(b->prefill ? 0 : b->ctx0),
                kiln_plan_kernel_count(m->plan), med, tok_s, gbps);
         for (int64_t i = 0; i < n; i++) printf("%s%.6f", i ? "," : "", ms[i]);
-        printf("]}\n");
+        printf("]");
+        char *kp = NULL; /* per kernel: bytes (cost model), measured_s, achieved_gb_s */
+        if (b->profile && kiln_plan_explain(m->plan, "json", &kp) == KILN_OK) {
+            size_t l = strlen(kp);
+            while (l && kp[l - 1] == '\n') kp[--l] = 0;
+            printf(",\"profile\":%s", kp);
+        }
+        free(kp);
+        printf("}\n");
     } else {
         printf("%s (%s, %d layers) %s on %s, %d threads, %d kernels\n", b->common.path, m->info.arch, m->info.n_layer,
                mode, be, threads, kiln_plan_kernel_count(m->plan));
@@ -209,7 +217,7 @@ static void bench_model_report(const bench_model_opts *b, const model_run *m, co
     }
     free(sorted);
     char *txt = NULL;
-    if (b->profile && kiln_plan_explain(m->plan, "text", &txt) == KILN_OK) {
+    if (b->profile && !b->common.json && kiln_plan_explain(m->plan, "text", &txt) == KILN_OK) {
         printf("\nper kernel (measured = mean over the timed steps):\n%s", txt);
         free(txt);
     }

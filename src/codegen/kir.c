@@ -24,6 +24,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_ENDLOOP] = "endloop", [KILN_KOP_IF] = "if", [KILN_KOP_ELSE] = "else", [KILN_KOP_ENDIF] = "endif",
     [KILN_KOP_STS4] = "sts4", [KILN_KOP_SADDR] = "saddr", [KILN_KOP_FENCE_ASYNC] = "fence_async", [KILN_KOP_WG_FENCE] = "wg_fence",
     [KILN_KOP_WGMMA] = "wgmma", [KILN_KOP_WG_COMMIT] = "wg_commit", [KILN_KOP_WG_WAIT] = "wg_wait",
+    [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
@@ -195,9 +196,20 @@ void     kiln_kbarrier(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_N
 static bool is_num(uint8_t t) { return t == KILN_KT_I32 || t == KILN_KT_U32 || t == KILN_KT_F32; }
 static bool is_int(uint8_t t) { return t == KILN_KT_I32 || t == KILN_KT_U32; }
 
+/* Programmatic dependent launch: a kernel may start while the previous one still runs, so until
+ * its first top-level GRID_WAIT (one every thread runs) it may read only slots no kernel writes
+ * (kiln_kir.pdl_const) and store nothing. */
+static bool pdl_order_ok(const kiln_kir *k, const kiln_kinst *in, bool waited)
+{
+    if (!k->pdl || waited) return true;
+    if (in->op == KILN_KOP_ST || in->op == KILN_KOP_ST16) return false;
+    return in->imm.u < 32 && (k->pdl_const >> in->imm.u & 1);
+}
+
 bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
 {
     uint32_t i = 0;
+    bool waited = false; /* a top-level GRID_WAIT was seen (programmatic dependent launch) */
     enum kiln_kop op = KILN_KOP_NONE;
     if (k->oom) FAIL("out of memory while lowering");
     if (k->block == 0 || k->block % 32 || k->block > 1024) FAIL("block size %u is not a multiple of 32 in 32..1024", k->block);
@@ -279,12 +291,17 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
                 (in->a != KILN_IDX_NONE && ta[0] != t) || in->imm.i < 0 || in->imm.i > 3)
                 FAIL("setlane %d: %s from %s, %s", in->imm.i, kiln_kt_name(t), kiln_kt_name(ta[0]), kiln_kt_name(ta[1]));
             break;
-        case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16:
+        case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_PREFETCH:
             if (in->imm.u >= k->n_bufs || ta[0] != KILN_KT_I32) FAIL("buffer slot %u of %u, index %s", in->imm.u, k->n_bufs, kiln_kt_name(ta[0]));
+            if (!pdl_order_ok(k, in, waited))
+                FAIL("%s buffer slot %u before the kernel's top-level grid wait (programmatic dependent launch: the "
+                     "previous kernel may still write or read it)", op == KILN_KOP_ST || op == KILN_KOP_ST16 ? "stores to" : "reads",
+                     in->imm.u);
             if ((op == KILN_KOP_ST || op == KILN_KOP_ST16) && (ta[1] != KILN_KT_U32 || !k->bufs[in->imm.u].written))
                 FAIL("stores %s into a buffer not marked written", kiln_kt_name(ta[1]));
             if (op == KILN_KOP_LD && t != KILN_KT_U32) FAIL("ld gives u32");
             if (op == KILN_KOP_LD4 && t != KILN_KT_V4) FAIL("ld4 gives v4");
+            if (op == KILN_KOP_PREFETCH && t != KILN_KT_NONE) FAIL("prefetch gives no value");
             break;
         case KILN_KOP_LDS: case KILN_KOP_STS:
             if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32) FAIL("shared array %u of %u", in->imm.u, k->n_shared);
@@ -302,6 +319,8 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             if (k->block % 32) FAIL("mma in a block that is not whole warps");
             break;
         case KILN_KOP_BARRIER: case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: case KILN_KOP_WG_COMMIT: break;
+        case KILN_KOP_GRID_WAIT: waited |= depth == 0; break;
+        case KILN_KOP_GRID_LAUNCH: break;
         case KILN_KOP_WG_WAIT: if (in->imm.i < 0 || in->imm.i > 7) FAIL("wait for %d groups", in->imm.i); break;
         case KILN_KOP_STS4:
             if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32 || ta[1] != KILN_KT_V4 || k->shared[in->imm.u] % 4)
@@ -347,7 +366,20 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         op = KILN_KOP_NONE;
         FAIL("%d unclosed loop/if blocks", depth);
     }
+    if (k->pdl && !waited) {
+        i = k->n_ins;
+        op = KILN_KOP_NONE;
+        FAIL("a kernel for programmatic dependent launch has no grid wait at its top level (every thread must wait, or "
+             "the next kernel's wait would not cover this one's predecessor)");
+    }
     return true;
+}
+
+bool kiln_kir_needs_sm90(const kiln_kir *k)
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_GRID_WAIT || k->ins[i].op == KILN_KOP_GRID_LAUNCH) return true;
+    return false;
 }
 
 bool kiln_kir_needs_sm90a(const kiln_kir *k)

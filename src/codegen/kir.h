@@ -119,6 +119,13 @@ enum kiln_kop {
     KILN_KOP_WGMMA,
     KILN_KOP_WG_COMMIT, /* NONE: closes the group of this thread's WGMMAs issued since the last commit */
     KILN_KOP_WG_WAIT, /* NONE: waits until at most imm of this thread's committed groups are pending */
+    /* Hopper programmatic dependent launch (sm_90, kernels with kiln_kir.pdl; see codegen/lower_pdl.c) */
+    KILN_KOP_GRID_WAIT,   /* NONE: waits until the grids this one depends on have completed and their memory
+                             is visible (PTX griddepcontrol.wait); a no-op when launched without the attribute */
+    KILN_KOP_GRID_LAUNCH, /* NONE: lets the next grid launch early (griddepcontrol.launch_dependents); carries no
+                             memory fence: that grid still waits with GRID_WAIT for this one's completion */
+    KILN_KOP_PREFETCH,    /* NONE: hint to bring word a (I32) of buffer slot imm into L2 (prefetch.global.L2);
+                             changes no value */
     KILN_KOP_COUNT
 };
 
@@ -192,6 +199,12 @@ typedef struct kiln_kir {
     uint64_t    scratch_bytes;                  /* size of the region's scratch buffer (0: none) */
     bool        oom;                            /* an append failed: the kernel is unusable */
     char        what[96];                       /* what it computes, for listings ("gemv q4_k x3 + rope") */
+    bool        pdl;                            /* programmatic dependent launch: launched with programmatic
+                                                   stream serialization; the verifier checks that a top-level
+                                                   GRID_WAIT comes before every store and every read of a slot
+                                                   not in pdl_const (codegen/lower_pdl.c) */
+    uint32_t    pdl_const;                      /* with pdl: bit s set when no kernel writes slot s (weights,
+                                                   tables, the host-written parameter buffer): read before the wait */
 } kiln_kir;
 
 /* ------------------------------------------------------------------ building (kir.c) */
@@ -272,6 +285,8 @@ kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kil
                                   char *err, size_t n_err);
 /* Whether kernel k uses sm_90a-only instructions (WGMMA and its fences). */
 bool kiln_kir_needs_sm90a(const kiln_kir *k);
+/* Whether kernel k uses sm_90 instructions (griddepcontrol, for programmatic dependent launch). */
+bool kiln_kir_needs_sm90(const kiln_kir *k);
 
 /* The device layout kernels expect for a weight of dtype t, and its repacking (dst holds
  * kiln_lower_weight_bytes bytes). Weights are [rows, k] in their GGUF row layout on the host. */

@@ -110,6 +110,7 @@ kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, con
     s = fn ? fn(g, r, tg, out, &n, err, n_err)
            : kl_unsupported(err, n_err, "region kind %s has no kernel template",
                             kiln_region_kind_name((enum kiln_region_kind)r->kind));
+    for (uint32_t i = 0; s == KILN_OK && i < n && kiln_lower_target_pdl(tg); i++) kl_pdl_apply(&out[i], g);
     for (uint32_t i = 0; s == KILN_OK && i < n; i++)
         if (!kiln_kir_verify(&out[i], err, n_err)) s = KILN_ERR_INTERNAL;
     if (s != KILN_OK) {

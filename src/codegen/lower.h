@@ -82,6 +82,15 @@ int64_t  kl_numel_max(const kiln_graph *g, const kiln_node_rec *n);
 
 kiln_status kl_unsupported(char *err, size_t n_err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Programmatic dependent launch (lower_pdl.c). kl_pdl_apply: GRID_LAUNCH first, GRID_WAIT at the
+ * top level before the first store or read of a buffer a kernel writes, kiln_kir.pdl and pdl_const
+ * set; run on a finished kernel (after any kiln_kir_guard). kl_pdl_prefetch_tail: the instructions
+ * appended since index `from` (straight-line code that loads, e.g. a weight format's chunk load)
+ * become L2 prefetches of the same words: every LD/LD4 a PREFETCH, what was computed from a loaded
+ * value removed. */
+void kl_pdl_apply(kiln_kir *k, const kiln_graph *g);
+void kl_pdl_prefetch_tail(kiln_kir *k, uint32_t from);
+
 kiln_status kiln_lower_map(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);

@@ -397,6 +397,44 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     if (!s->hoisted) kl_loop_end(k);
 }
 
+/* Programmatic dependent launch (lower_pdl.c): before its grid wait, each lane asks L2 for the
+ * weight chunks of its first GV_PREFETCH steps in the block's first virtual block (every row of
+ * its unit), through the format's own chunk load turned into prefetches. The weight stream then
+ * starts while the previous kernel ends; x, which that kernel writes, is read after the wait. */
+#define GV_PREFETCH 4
+static void prefetch_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
+{
+    kiln_kir *k = s->k;
+    const kiln_graph *g = s->g;
+    uint32_t gw = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, bid, WARPS), kiln_kshri(k, tid, 5));
+    for (int q = 0; q < s->n_grp; q++) {
+        const gv_group *G = &s->grp[q];
+        kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
+        int64_t cpr = kl_gv_chunks_per_row(t, s->K, s->scalar), step = 32 * (int64_t)G->wpu;
+        uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
+        uint32_t gl = kiln_k2(k, KILN_KOP_SUB, gw, kiln_ki(k, (int32_t)G->warp0));
+        uint32_t u = kiln_k2(k, KILN_KOP_DIV, gl, kiln_ki(k, G->wpu)), wi = kiln_k2(k, KILN_KOP_REM, gl, kiln_ki(k, G->wpu));
+        kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, (int32_t)G->warp0), gw),
+                            kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, gw, kiln_ki(k, (int32_t)end)),
+                                    kiln_k2(k, KILN_KOP_LT, u, kiln_ki(k, (int32_t)G->units)))));
+        int deltas[SLOTS];
+        uint32_t base = kl_gv_unit_base(s, G, u, deltas), c0 = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, wi, 32), lane);
+        for (int64_t h = 0; h < GV_PREFETCH && h * step < cpr; h++) {
+            uint32_t c = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, c0, (int32_t)(h * step)), kiln_ki(k, (int32_t)(cpr - 1)));
+            for (int sb = 0; sb < G->n_sib; sb++)
+                for (int cl = 0; cl < G->cols; cl++) {
+                    uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, g->nodes[s->mm[G->sib[sb]]].src[1], false);
+                    uint32_t row = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, base, deltas[cl]), kiln_ki(k, (int32_t)(G->n - 1)));
+                    gv_chunk ch;
+                    uint32_t from = k->n_ins;
+                    kl_gv_load_chunk(s, t, slot, row, c, G->n, &ch);
+                    kl_pdl_prefetch_tail(k, from);
+                }
+        }
+        kiln_kendif(k);
+    }
+}
+
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
                             char *err, size_t n_err)
 {
@@ -450,6 +488,7 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     if (s->xstage) s->sh_x = kiln_kir_shared(k, (uint32_t)(s->mc * s->K));
     uint32_t vb = KILN_IDX_NONE;
     if (s->hoisted) {
+        if (kiln_lower_target_pdl(tg)) prefetch_first(s, bid, tid, lane);
         s->t0 = kiln_ki(s->k, 0);
         pass_prologue(s, tid, m);
         k->grid_stride = true;

@@ -17,8 +17,11 @@ kiln_lower_target kiln_lower_target_for_sm(int sm)
 {
     kiln_lower_target t = kiln_lower_target_default();
     t.wgmma = sm == 90;
+    t.griddep = sm == 90;
     return t;
 }
+
+bool kiln_lower_target_pdl(const kiln_lower_target *t) { return t->griddep && t->opts.pdl == KILN_GEMM_ON; }
 
 uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap)
 {

@@ -21,6 +21,8 @@ typedef struct kiln_lower_target {
     bool     mma;        /* KILN_KOP_MMA is worth using (printers emulate it where the device lacks it) */
     bool     dp4a;       /* KILN_KOP_DP4A is worth using (likewise) */
     bool     wgmma;      /* Hopper warpgroup MMA (sm_90a) */
+    bool     griddep;    /* programmatic dependent launch (PTX griddepcontrol, sm_90): kernels take part
+                            when the options ask for it (kiln_lower_target_pdl) */
     kiln_codegen_options opts; /* the compile's choices (gemm, gemm_rows; zero: defaults) */
 } kiln_lower_target;
 
@@ -34,5 +36,8 @@ kiln_lower_target kiln_lower_target_for_sm(int sm);
  * comparisons); 0: as many as the device holds at once (resident; 0 when unknown). Never more than
  * limit (the device's grid bound). Launch policy of the kernels the lowering writes. */
 uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap);
+/* Whether kernels for t are lowered for programmatic dependent launch: the device has it and the
+ * options turn it on (codegen.pdl = KILN_GEMM_ON; opt-in until measured on the H100). */
+bool kiln_lower_target_pdl(const kiln_lower_target *t);
 /* t with the code-generation choices of o (NULL: defaults). */
 kiln_lower_target kiln_lower_target_with(const kiln_lower_target *t, const kiln_codegen_options *o);

@@ -194,7 +194,9 @@ static void print_mem(pstate *p, uint32_t i)
 {
     const kiln_kinst *in = &p->k->ins[i];
     uint32_t slot = in->imm.u;
-    bool nc = slot < p->k->n_bufs && !p->k->bufs[slot].written;
+    /* .nc promises the data is read-only for the kernel's lifetime: under programmatic dependent
+     * launch that holds only for slots no kernel writes (the previous one may still be writing) */
+    bool nc = slot < p->k->n_bufs && !p->k->bufs[slot].written && (!p->k->pdl || (slot < 32 && (p->k->pdl_const >> slot & 1)));
     const char *g = nc ? "global.nc" : "global";
     switch (in->op) {
     case KILN_KOP_LD: {
@@ -222,6 +224,11 @@ static void print_mem(pstate *p, uint32_t i)
         kiln_sbuf_printf(&p->body, "\tcvt.u16.u32 %s, %s;\n", h.s, vreg(p, in->b).s);
         kiln_sbuf_printf(&p->body, "\tst.global.u16 [%s], %s;\n", a.s, h.s);
         p->st.st16++;
+        break;
+    }
+    case KILN_KOP_PREFETCH: {
+        rname a = gaddr(p, slot, in->a, 4);
+        kiln_sbuf_printf(&p->body, "\tprefetch.global.L2 [%s];\n", a.s);
         break;
     }
     case KILN_KOP_LDS4: {
@@ -500,6 +507,8 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     case KILN_KOP_WG_FENCE: kiln_sbuf_printf(&p->body, "\twgmma.fence.sync.aligned;\n"); return KILN_OK;
     case KILN_KOP_WG_COMMIT: kiln_sbuf_printf(&p->body, "\twgmma.commit_group.sync.aligned;\n"); return KILN_OK;
     case KILN_KOP_WG_WAIT: kiln_sbuf_printf(&p->body, "\twgmma.wait_group.sync.aligned %d;\n", in->imm.i); return KILN_OK;
+    case KILN_KOP_GRID_WAIT: kiln_sbuf_printf(&p->body, "\tgriddepcontrol.wait;\n"); return KILN_OK;
+    case KILN_KOP_GRID_LAUNCH: kiln_sbuf_printf(&p->body, "\tgriddepcontrol.launch_dependents;\n"); return KILN_OK;
     case KILN_KOP_SADDR: {
         rname d = def(p, i);
         kiln_sbuf_printf(&p->body, "\tmad.lo.s32 %s, %s, 4, %%r%u;\n", d.s, vreg(p, in->a).s, p->sbase[in->imm.u]);
@@ -509,7 +518,7 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         print_convert(p, i);
         return KILN_OK;
     case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_LDS: case KILN_KOP_STS:
-    case KILN_KOP_LDS4: case KILN_KOP_STS4:
+    case KILN_KOP_LDS4: case KILN_KOP_STS4: case KILN_KOP_PREFETCH:
         print_mem(p, i);
         return KILN_OK;
     case KILN_KOP_BARRIER:
@@ -600,6 +609,10 @@ kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, unsigned flags, char **
     if (!kiln_kir_verify(k, err, n)) return KILN_ERR_INTERNAL;
     if (kiln_kir_needs_sm90a(k) && sm != 90) {
         snprintf(err, n, "kernel %s uses warpgroup MMA (sm_90a): no PTX for sm_%d", k->name, sm);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    if (kiln_kir_needs_sm90(k) && sm != 90) {
+        snprintf(err, n, "kernel %s uses griddepcontrol (programmatic dependent launch, sm_90): no PTX for sm_%d", k->name, sm);
         return KILN_ERR_UNSUPPORTED;
     }
     if (!is_ident(k->name)) {

@@ -341,7 +341,7 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
     *out = NULL;
     if (!kiln_kir_verify(k, err, n)) return KILN_ERR_INVALID_ARG;
     for (uint32_t i = 0; i < k->n_ins; i++)
-        if (k->ins[i].op >= KILN_KOP_STS4) { /* Hopper's warpgroup MMA and its helpers: sm_90a only */
+        if (k->ins[i].op >= KILN_KOP_STS4 && k->ins[i].op <= KILN_KOP_WG_WAIT) { /* Hopper's warpgroup MMA and its helpers: sm_90a only */
             snprintf(err, n, "kernel %s, instruction %u: the GLSL printer does not take op %s", k->name, i, kiln_kop_name(k->ins[i].op));
             return KILN_ERR_UNSUPPORTED;
         }
@@ -382,6 +382,8 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
         case KILN_KOP_IF: kiln_sbuf_printf(&s, "%sif (v%u) {\n", ind, in->a); break;
         case KILN_KOP_ELSE: kiln_sbuf_printf(&s, "%s} else {\n", ind); break;
         case KILN_KOP_ENDLOOP: case KILN_KOP_ENDIF: kiln_sbuf_printf(&s, "%s}\n", ind); break;
+        /* programmatic dependent launch is CUDA's: a Vulkan queue runs dispatches in order anyway */
+        case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: break;
         default: {
             const op_text *t = op < KILN_KOP_COUNT ? &op_texts[op] : NULL;
             const char *tx = op == KILN_KOP_FMA && f && f->fma_f64 ? "kiln_fma($a, $b, $c)"

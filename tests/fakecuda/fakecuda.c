@@ -1,7 +1,8 @@
 /* A stand-in for libcuda.so.1 (loaded through $KILN_LIBCUDA) so the CUDA backend's host side runs
  * on machines with no GPU: device memory is host memory, copies happen at once, modules keep
  * their PTX text (cuLink* makes a "cubin" that is the PTX behind a magic line), launches and graph replays are counted but run nothing. Failures are injected
- * with FAKECUDA_DEVICES, FAKECUDA_MEM (bytes), FAKECUDA_JIT_FAIL and fakecuda_fault_next_sync();
+ * with FAKECUDA_DEVICES, FAKECUDA_MEM (bytes), FAKECUDA_JIT_FAIL, FAKECUDA_EX_FAIL, FAKECUDA_GRAPH_NO_PDL,
+ * FAKECUDA_DRIVER (the version it reports) and fakecuda_fault_next_sync();
  * memory comes zeroed, or filled with 0xFF bytes (NaN) under FAKECUDA_POISON=1.
  * Must not be linked into kiln: only test_cuda_backend loads it. */
 #include <stdint.h>
@@ -32,6 +33,10 @@ typedef struct fakecuda_log {
     int    null_params;      /* launches with a NULL pointer argument */
     int    links;            /* cuLinkComplete calls (PTX JIT'ed to a cubin) */
     int    cubin_loads;      /* modules loaded from a cubin (no JIT) */
+    int    ex_launches;      /* cuLaunchKernelEx calls that launched (run or captured) */
+    int    pdl_launches;     /* of those, with programmatic stream serialization */
+    int    pdl_without_wait; /* programmatic launches of a kernel whose PTX has no griddepcontrol.wait */
+    int    pdl_captured;     /* programmatic launches captured into graphs */
 } fakecuda_log;
 
 EXPORT fakecuda_log fakecuda;
@@ -49,7 +54,7 @@ static size_t mem_limit(void)
 }
 
 EXPORT CUresult cuInit(unsigned f) { return env_int("FAKECUDA_DEVICES", 1) ? 0 : 100; }
-EXPORT CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+EXPORT CUresult cuDriverGetVersion(int *v) { *v = env_int("FAKECUDA_DRIVER", 13000); return 0; }
 EXPORT CUresult cuDeviceGetCount(int *n) { *n = env_int("FAKECUDA_DEVICES", 1); return 0; }
 EXPORT CUresult cuDeviceGet(int *d, int o) { *d = o; return o < env_int("FAKECUDA_DEVICES", 1) ? 0 : 101; }
 EXPORT CUresult cuDeviceGetAttribute(int *v, int a, int d)
@@ -73,7 +78,8 @@ EXPORT CUresult cuCtxSetCurrent(void *c) { return 0; }
 EXPORT CUresult cuStreamCreate(void **s, unsigned f) { *s = malloc(1); return 0; }
 EXPORT CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
 
-static int capturing;
+static int capturing;         /* between cuStreamBeginCapture and cuStreamEndCapture */
+static int capture_pdl_start; /* pdl_captured when the capture began */
 
 EXPORT CUresult cuStreamSynchronize(void *s)
 {
@@ -115,6 +121,7 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, voi
 
 typedef struct ffunc {
     int n_params; /* .param count of the entry */
+    int waits;    /* its module's PTX has griddepcontrol.wait */
 } ffunc;
 typedef struct fmod {
     char  *ptx;      /* the text */
@@ -222,6 +229,7 @@ EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
     if (!e) return 500; /* CUDA_ERROR_NOT_FOUND */
     ffunc *fu = calloc(1, sizeof *fu);
     for (const char *p = e; (p = strstr(p, ".param .u64")) && p < strchr(e, ')'); p++) fu->n_params++;
+    fu->waits = strstr(f->ptx, "\tgriddepcontrol.wait;\n") != NULL;
     if (f->n_funcs < 8) f->funcs[f->n_funcs++] = fu; /* else leaked: tests look up one entry per module */
     *fn = fu;
     return 0;
@@ -251,6 +259,42 @@ EXPORT CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, 
     return 0;
 }
 
+/* cuda.h's CUlaunchAttribute and CUlaunchConfig (CUDA 12), written from the driver API reference. */
+typedef struct fattr {
+    int  id;    /* CUlaunchAttributeID: 6 = programmatic stream serialization */
+    char pad[4];
+    union {
+        char  raw[64];
+        int   programmatic; /* programmaticStreamSerializationAllowed */
+        void *align;
+    } val;
+} fattr;
+typedef struct fconfig {
+    unsigned gx, gy, gz, bx, by, bz, shared;
+    void    *stream;
+    fattr   *attrs;
+    unsigned n_attrs;
+} fconfig;
+
+/* FAKECUDA_EX_FAIL=1: refuses programmatic launches (CUDA_ERROR_NOT_SUPPORTED), as a driver might. */
+EXPORT CUresult cuLaunchKernelEx(const fconfig *cfg, void *fn, void **params, void **extra)
+{
+    if (!cfg || cfg->n_attrs > 8 || (cfg->n_attrs && !cfg->attrs)) return 1;
+    int pdl = 0;
+    for (unsigned i = 0; i < cfg->n_attrs; i++) {
+        if (cfg->attrs[i].id < 0 || cfg->attrs[i].id > 14) return 1;
+        if (cfg->attrs[i].id == 6) pdl = cfg->attrs[i].val.programmatic != 0;
+    }
+    if (pdl && env_int("FAKECUDA_EX_FAIL", 0)) return 801;
+    CUresult r = cuLaunchKernel(fn, cfg->gx, cfg->gy, cfg->gz, cfg->bx, cfg->by, cfg->bz, cfg->shared, cfg->stream, params, extra);
+    if (r) return r;
+    fakecuda.ex_launches++;
+    fakecuda.pdl_launches += pdl;
+    fakecuda.pdl_captured += pdl && capturing;
+    if (pdl && !((ffunc *)fn)->waits) fakecuda.pdl_without_wait++;
+    return 0;
+}
+
 typedef struct fgraph {
     int kernels; /* launches captured */
 } fgraph;
@@ -261,12 +305,16 @@ EXPORT CUresult cuStreamBeginCapture_v2(void *s, int mode)
     if (capturing) return 900;
     capturing = 1;
     capture_start = fakecuda.captured;
+    capture_pdl_start = fakecuda.pdl_captured;
     return 0;
 }
+/* FAKECUDA_GRAPH_NO_PDL=1: a capture with programmatic launches ends invalidated, as a driver
+ * before 12.3 would. */
 EXPORT CUresult cuStreamEndCapture(void *s, void **g)
 {
     if (!capturing) return 901;
     capturing = 0;
+    if (env_int("FAKECUDA_GRAPH_NO_PDL", 0) && fakecuda.pdl_captured > capture_pdl_start) return 901;
     fgraph *fg = calloc(1, sizeof *fg);
     fg->kernels = fakecuda.captured - capture_start;
     *g = fg;
@@ -302,6 +350,8 @@ EXPORT CUresult cuGetErrorName(CUresult r, const char **s)
     case 100: *s = "CUDA_ERROR_NO_DEVICE"; return 0;
     case 218: *s = "CUDA_ERROR_INVALID_PTX"; return 0;
     case 700: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; return 0;
+    case 801: *s = "CUDA_ERROR_NOT_SUPPORTED"; return 0;
+    case 901: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; return 0;
     default: *s = NULL; return 1;
     }
 }
@@ -312,6 +362,8 @@ EXPORT CUresult cuGetErrorString(CUresult r, const char **s)
     case 100: *s = "no CUDA-capable device is detected"; return 0;
     case 218: *s = "a PTX JIT compilation failed"; return 0;
     case 700: *s = "an illegal memory access was encountered"; return 0;
+    case 801: *s = "operation not supported"; return 0;
+    case 901: *s = "operation failed due to a previous error during capture"; return 0;
     default: *s = NULL; return 1;
     }
 }

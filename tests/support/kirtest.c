@@ -422,6 +422,7 @@ static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs,
     case KILN_KOP_LD4: memcpy(r.v, &bufs[in->imm.u][a.i], 16); break;
     case KILN_KOP_ST: bufs[in->imm.u][a.i] = b.u; return true;
     case KILN_KOP_ST16: ((uint16_t *)bufs[in->imm.u])[a.i] = (uint16_t)b.u; return true;
+    case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* one kernel at a time: nothing overlaps */
     default:
         snprintf(err, n_err, "kt_interp: op %s not interpreted", kiln_kop_name((enum kiln_kop)in->op));
         return false;
@@ -572,6 +573,7 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
     }
     case KILN_KOP_SADDR: v[pc].u = off + 4 * (uint32_t)v[in->a].i; return true;
     case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: return true;
+    case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* kernels run one after another */
     case KILN_KOP_WGMMA:
         if (th->n_pend == th->cap_pend) {
             uint32_t cap = th->cap_pend ? 2 * th->cap_pend : 16;

@@ -183,6 +183,7 @@ static kiln_status cuda_record_begin(void *state, char *err, size_t n)
     }
     KILN_CUDA_TRY(c, capture_begin(c->stream, KILN_CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture", err, n);
     c->capturing = true;
+    c->pdl_captured = 0;
     return KILN_OK;
 }
 
@@ -200,10 +201,23 @@ static kiln_status cuda_record_end(void *state, void **rec, char *err, size_t n)
     CUgraph graph = NULL;
     CUgraphExec exec = NULL;
     /* end the capture even when a launch inside it failed, so the stream is usable again */
-    KILN_CUDA_TRY(c, capture_end(c->stream, &graph), "cuStreamEndCapture", err, n);
-    CUresult r = c->d.graph_instantiate(&exec, graph, 0);
-    c->d.graph_destroy(graph); /* the executable graph does not need it */
-    if (r != KILN_CU_SUCCESS) return kiln_cuda_fail(c, r, "cuGraphInstantiateWithFlags", err, n);
+    CUresult r = c->d.capture_end(c->stream, &graph);
+    const char *what = "cuStreamEndCapture";
+    if (r == KILN_CU_SUCCESS) {
+        what = "cuGraphInstantiateWithFlags";
+        r = c->d.graph_instantiate(&exec, graph, 0);
+        c->d.graph_destroy(graph); /* the executable graph does not need it */
+    }
+    if (r != KILN_CU_SUCCESS && c->pdl_captured && !kiln_cuda_sticky(r)) {
+        /* the driver would not record programmatic edges: plain launches from the next recording on */
+        kiln_cuda_pdl_refused(c, r, what);
+        char text[256];
+        kiln_cuda_fail(c, r, what, text, sizeof text);
+        snprintf(err, n, "%s (with %d programmatic launches captured: they are off now, the next run records plain launches)", text,
+                 c->pdl_captured);
+        return KILN_ERR_BACKEND;
+    }
+    if (r != KILN_CU_SUCCESS) return kiln_cuda_fail(c, r, what, err, n);
     *rec = exec;
     return KILN_OK;
 }

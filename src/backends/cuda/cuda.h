@@ -50,7 +50,28 @@ enum {
     KILN_CU_JIT_INPUT_PTX = 1,             /* CUjitInputType of cuLinkAddData */
     KILN_CU_STREAM_NON_BLOCKING = 1,
     KILN_CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+    KILN_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, /* CUlaunchAttributeID */
+    KILN_CU_PDL_DRIVER = 12030, /* cuDriverGetVersion from which CUDA graphs capture programmatic launches (12.3) */
 };
+
+/* cuLaunchKernelEx's configuration (cuda.h's CUlaunchAttribute and CUlaunchConfig, same layout). */
+typedef struct kiln_cu_launch_attr {
+    int  id;     /* CUlaunchAttributeID */
+    char pad[4]; /* to 8 bytes, as cuda.h */
+    union {
+        char raw[64];     /* CUlaunchAttributeValue is 64 bytes */
+        int  value;       /* programmaticStreamSerializationAllowed, cooperative, ... */
+        void *align;      /* its pointer members align it to 8 */
+    } val;
+} kiln_cu_launch_attr;
+typedef struct kiln_cu_launch_config {
+    unsigned             grid[3];  /* gridDimX, Y, Z */
+    unsigned             block[3]; /* blockDimX, Y, Z */
+    unsigned             shared;   /* sharedMemBytes (dynamic) */
+    CUstream             stream;   /* hStream */
+    kiln_cu_launch_attr *attrs;    /* attrs */
+    unsigned             n_attrs;  /* numAttrs */
+} kiln_cu_launch_config;
 
 /* ------------------------------------------------------------------ entry points */
 
@@ -110,6 +131,8 @@ enum {
 typedef struct kiln_cuda_driver {
     void *lib; /* dlopen handle of libcuda.so.1 */
     KILN_CUDA_ENTRY_POINTS(KILN_CUDA_FIELD)
+    /* optional (CUDA 12.0+): NULL when the driver lacks it; programmatic dependent launch needs it */
+    CUresult (*launch_ex)(const kiln_cu_launch_config *cfg, CUfunction f, void **params, void **extra);
 } kiln_cuda_driver;
 #undef KILN_CUDA_FIELD
 
@@ -147,6 +170,10 @@ typedef struct kiln_cuda {
     size_t           cached;     /* bytes held in the cache */
     CUevent         *timers;     /* timer slots (created on first mark) */
     int              n_timers;   /* slots allocated */
+    bool             pdl_off;    /* programmatic dependent launch unusable here (no cuLaunchKernelEx, a
+                                    driver before 12.3, or the driver refused it once): plain launches */
+    bool             pdl_said;   /* that was reported (once per backend) */
+    int              pdl_captured; /* programmatic launches in the recording being captured */
 } kiln_cuda;
 
 /* ------------------------------------------------------------------ driver.c */
@@ -159,6 +186,8 @@ void kiln_cuda_unload(kiln_cuda_driver *d);
  * launch failure, ...) marks the backend dead. Returns KILN_ERR_NOMEM for out of memory, else
  * KILN_ERR_BACKEND. r must not be success. */
 kiln_status kiln_cuda_fail(kiln_cuda *c, CUresult r, const char *what, char *err, size_t n);
+/* Whether r is an error after which the context is unusable (illegal address, launch failure...). */
+bool        kiln_cuda_sticky(CUresult r);
 /* Makes the context current; fails fast (KILN_ERR_BACKEND, the first error in err) when dead. */
 kiln_status kiln_cuda_enter(kiln_cuda *c, char *err, size_t n);
 
@@ -177,6 +206,17 @@ void        kiln_cuda_pool_destroy(kiln_cuda *c);
  * NULL) gets the spill bytes the JIT reported, -1 when its log does not say. */
 kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
                                int *spills, char *err, size_t n);
+
+/* ------------------------------------------------------------------ launch.c */
+
+/* Enqueues fn on the backend's stream: with pdl (a kernel lowered for programmatic dependent
+ * launch, kiln_kir.pdl) through cuLaunchKernelEx with programmatic stream serialization where the
+ * driver takes it, else (and after any refusal, said once on stderr) with cuLaunchKernel. */
+CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUfunction fn, const uint32_t grid[3], uint32_t block, void **args, bool pdl);
+/* Whether launches of pdl kernels use the attribute now (the driver can; nothing refused it yet). */
+bool     kiln_cuda_pdl_usable(kiln_cuda *c);
+/* After a failed capture that held programmatic launches: they are off from now on (said once). */
+void     kiln_cuda_pdl_refused(kiln_cuda *c, CUresult r, const char *what);
 
 /* ------------------------------------------------------------------ calib.c */
 

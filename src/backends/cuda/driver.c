@@ -33,6 +33,8 @@ bool kiln_cuda_load(kiln_cuda_driver *d, char *msg, size_t n)
     memcpy(&d->field, &fn, sizeof fn);
     KILN_CUDA_ENTRY_POINTS(KILN_CUDA_RESOLVE)
 #undef KILN_CUDA_RESOLVE
+    fn = dlsym(d->lib, "cuLaunchKernelEx"); /* optional: programmatic dependent launch */
+    memcpy(&d->launch_ex, &fn, sizeof fn);
     return true;
 }
 
@@ -53,7 +55,7 @@ static void error_text(const kiln_cuda_driver *d, CUresult r, char *buf, size_t 
 }
 
 /* Errors after which the context is unusable until the process exits. */
-static bool sticky(CUresult r)
+bool kiln_cuda_sticky(CUresult r)
 {
     return r == KILN_CU_ERROR_ILLEGAL_ADDRESS || r == KILN_CU_ERROR_LAUNCH_TIMEOUT ||
            (r >= KILN_CU_ERROR_HARDWARE_STACK_ERROR && r <= KILN_CU_ERROR_LAUNCH_FAILED);
@@ -63,7 +65,7 @@ kiln_status kiln_cuda_fail(kiln_cuda *c, CUresult r, const char *what, char *err
 {
     char text[256];
     error_text(&c->d, r, text, sizeof text);
-    if (sticky(r) && !c->dead) {
+    if (kiln_cuda_sticky(r) && !c->dead) {
         c->dead = true;
         snprintf(c->dead_why, sizeof c->dead_why, "%s: %s", what, text);
     }

@@ -21,6 +21,7 @@ typedef struct cuda_fn {
     uint32_t    n_bufs;                       /* parameters */
     CUdeviceptr tables[KILN_KIR_MAX_TABLES];  /* uploaded constant tables */
     char        name[48];                     /* entry name, for errors */
+    bool        pdl;                          /* lowered for programmatic dependent launch (kiln_kir.pdl) */
 } cuda_fn;
 
 struct kiln_kernel {
@@ -299,6 +300,7 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
     }
     if (s == KILN_OK) s = setup_fn(c, kir->grid, kir->block, kir->bufs, kir->n_bufs, kir->name, kir->tables, kir->n_tables, f, err, n);
     if (s == KILN_OK && kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir->grid[0], kir->block);
+    f->pdl = kir->pdl;
     if (s == KILN_OK) entry_fn(entry, kir, used, cubin, cubin_n);
     free(cubin);
     free(again);
@@ -437,6 +439,7 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
     }
     if (s == KILN_OK) s = setup_fn(c, grid, block, bufs, n_bufs, name, tables, n_tables, f, err, n);
     if (s == KILN_OK && stride) f->grid[0] = stride_grid(c, f->fn, grid[0], block);
+    f->pdl = want->pdl; /* the entry's key holds the options that made it so */
     free(image);
     for (uint32_t t = 0; t < n_tables; t++) free(copies[t]);
     return s;
@@ -525,7 +528,7 @@ kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_regio
             }
             args[j] = &ptr[j];
         }
-        CUresult rr = c->d.launch(f->fn, f->grid[0], f->grid[1], f->grid[2], f->block, 1, 1, 0, c->stream, args, NULL);
+        CUresult rr = kiln_cuda_launch_fn(c, f->fn, f->grid, f->block, args, f->pdl);
         if (rr != KILN_CU_SUCCESS) {
             char what[160];
             snprintf(what, sizeof what, "cuLaunchKernel of %s (grid %u x %u x %u, block %u)", f->name, f->grid[0],
