@@ -26,7 +26,7 @@ static uint32_t const_slots(const kiln_kir *k, const kiln_graph *g)
     uint32_t m = 0;
     for (uint32_t s = 0; s < k->n_bufs && s < 32; s++) {
         const kiln_kbuf *b = &k->bufs[s];
-        bool c = b->kind == KILN_KBUF_PARAMS || b->kind == KILN_KBUF_TABLE || (b->kind == KILN_KBUF_NODE && !b->written && is_weight(g, b->node));
+        bool c = !b->written && (b->kind == KILN_KBUF_PARAMS || b->kind == KILN_KBUF_TABLE || (b->kind == KILN_KBUF_NODE && is_weight(g, b->node)));
         m |= (uint32_t)c << s;
     }
     return m;

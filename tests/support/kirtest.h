@@ -46,7 +46,8 @@ uint32_t kt_mma_word(void);
 
 /* Runs kernel k over its whole grid in C, threads one after the other. bufs[slot] are the
  * buffers' words (slot 0: the parameters). False, with err, for an op the interpreter does not
- * run (LDS, STS, BARRIER, REDUCE). */
+ * run (LDS, STS, BARRIER, REDUCE). GRID_WAIT, GRID_LAUNCH and PREFETCH do nothing here (kernels run
+ * one after another), in kt_interp_block too. */
 bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err);
 
 /* Runs kernel k over its whole grid a block at a time, every thread with its own state: shared
