@@ -85,6 +85,15 @@ Test(pdl, verifier_wants_the_wait_before_dependent_reads_and_stores)
     kiln_kir_op(&k, KILN_KOP_GRID_LAUNCH, KILN_KT_NONE, N, N, N, 0);
     cr_assert(!kiln_kir_verify(&k, err, sizeof err) && strstr(err, "no grid wait at its top level"), "%s", err);
     kiln_kir_free(&k);
+    /* parameters are loaded at entry: the parameter buffer must be one no kernel writes */
+    kiln_kir_init(&k, "pdl_param", 32);
+    k.pdl = true;
+    kiln_kir_op(&k, KILN_KOP_GRID_WAIT, KILN_KT_NONE, N, N, N, 0);
+    kiln_kir_op(&k, KILN_KOP_PARAM, KILN_KT_I32, N, N, N, 0);
+    cr_assert(!kiln_kir_verify(&k, err, sizeof err) && strstr(err, "parameter buffer"), "%s", err);
+    k.pdl_const = 1;
+    cr_assert(kiln_kir_verify(&k, err, sizeof err), "%s", err);
+    kiln_kir_free(&k);
 }
 
 /* Index of the first top-level GRID_WAIT of k (n_ins when none). */

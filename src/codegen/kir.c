@@ -229,6 +229,8 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         switch (op) {
         case KILN_KOP_CONST: case KILN_KOP_PARAM: case KILN_KOP_TID: case KILN_KOP_BID: case KILN_KOP_NBID:
             if (!is_num(t) && !(op == KILN_KOP_CONST && (t == KILN_KT_F4 || t == KILN_KT_W64))) FAIL("type %s", kiln_kt_name(t));
+            if (op == KILN_KOP_PARAM && k->pdl && !(k->pdl_const & 1)) /* printers load parameters at entry */
+                FAIL("reads the parameter buffer at entry, before the grid wait, but it is not marked constant");
             break;
         case KILN_KOP_VAR:
             if (ta[0] != t || !(is_num(t) || t == KILN_KT_F4 || t == KILN_KT_W64)) FAIL("variable of %s from %s", kiln_kt_name(t), kiln_kt_name(ta[0]));

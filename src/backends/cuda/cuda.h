@@ -72,6 +72,10 @@ typedef struct kiln_cu_launch_config {
     kiln_cu_launch_attr *attrs;    /* attrs */
     unsigned             n_attrs;  /* numAttrs */
 } kiln_cu_launch_config;
+/* cuda.h's sizes and offsets on LP64 (the driver reads these bytes) */
+_Static_assert(sizeof(kiln_cu_launch_attr) == 72 && offsetof(kiln_cu_launch_attr, val) == 8, "CUlaunchAttribute layout");
+_Static_assert(offsetof(kiln_cu_launch_config, stream) == 32 && offsetof(kiln_cu_launch_config, attrs) == 40 &&
+               offsetof(kiln_cu_launch_config, n_attrs) == 48 && sizeof(kiln_cu_launch_config) == 56, "CUlaunchConfig layout");
 
 /* ------------------------------------------------------------------ entry points */
 
