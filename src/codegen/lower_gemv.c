@@ -398,19 +398,27 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
 }
 
 /* Programmatic dependent launch (lower_pdl.c): before its grid wait, each lane asks L2 for the
- * weight chunks of its first GV_PREFETCH steps in the block's first virtual block (every row of
- * its unit), through the format's own chunk load turned into prefetches. The weight stream then
- * starts while the previous kernel ends; x, which that kernel writes, is read after the wait. */
+ * weight chunks of its first steps in the block's first virtual block (every row of its unit),
+ * through the format's own chunk load turned into prefetches. The weight stream then starts while
+ * the previous kernel ends; x, which that kernel writes, is read after the wait. Steps: 1 to
+ * GV_PREFETCH, so that all resident blocks together ask for about GV_PREFETCH_BYTES (what ~1.5 us
+ * of an H100's previous-kernel tail streams): more would push lines out of L2 before their use
+ * (a llama-7b gate/up matrix is 180 MB). Tuning knobs until measured. */
 #define GV_PREFETCH 4
+#define GV_PREFETCH_BYTES (4 << 20)
 static void prefetch_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
 {
     kiln_kir *k = s->k;
     const kiln_graph *g = s->g;
     uint32_t gw = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, bid, WARPS), kiln_kshri(k, tid, 5));
+    int64_t resident = (int64_t)s->tgt->sm_count * (2048 / (32 * WARPS)); /* blocks of 256 threads an SM holds at most */
+    int64_t blocks = k->grid[0] < resident ? k->grid[0] : resident, per_warp = GV_PREFETCH_BYTES / (blocks > 0 ? blocks : 1) / WARPS;
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
         kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
         int64_t cpr = kl_gv_chunks_per_row(t, s->K, s->scalar), step = 32 * (int64_t)G->wpu;
+        int64_t steps = per_warp / (512 * G->n_sib * G->cols); /* a step: 16 bytes a lane of every row */
+        steps = steps < 1 ? 1 : steps > GV_PREFETCH ? GV_PREFETCH : steps;
         uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
         uint32_t gl = kiln_k2(k, KILN_KOP_SUB, gw, kiln_ki(k, (int32_t)G->warp0));
         uint32_t u = kiln_k2(k, KILN_KOP_DIV, gl, kiln_ki(k, G->wpu)), wi = kiln_k2(k, KILN_KOP_REM, gl, kiln_ki(k, G->wpu));
@@ -419,7 +427,7 @@ static void prefetch_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
                                     kiln_k2(k, KILN_KOP_LT, u, kiln_ki(k, (int32_t)G->units)))));
         int deltas[SLOTS];
         uint32_t base = kl_gv_unit_base(s, G, u, deltas), c0 = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, wi, 32), lane);
-        for (int64_t h = 0; h < GV_PREFETCH && h * step < cpr; h++) {
+        for (int64_t h = 0; h < steps && h * step < cpr; h++) {
             uint32_t c = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, c0, (int32_t)(h * step)), kiln_ki(k, (int32_t)(cpr - 1)));
             for (int sb = 0; sb < G->n_sib; sb++)
                 for (int cl = 0; cl < G->cols; cl++) {
