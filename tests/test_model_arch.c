@@ -249,3 +249,74 @@ Test(model_arch, q5_0_file_runs_on_cpu_or_is_refused_by_gpu_backends)
     }
 }
 
+
+/* ---------------------------------------------------------------- rotary scaling, sliding window */
+
+/* llama 3.1: rope_freqs.weight divides pair i's angle by its factor (random factors in [0.5, 7.5],
+ * so a graph that ignored them would be far off); with linear scaling as well, both divide. */
+static const gw_model llama31 = {.arch = "llama", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 96,
+                                 .n_vocab = 48, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                                 .rope_freqs = true};
+
+Test(model_arch, llama3_rope_freqs_match_f64_on_ref) { check_model(llama31, "ref", model_tol(KILN_DTYPE_F32, "ref")); }
+Test(model_arch, llama3_rope_freqs_match_f64_on_cpu) { check_model(llama31, "cpu", model_tol(KILN_DTYPE_F32, "cpu")); }
+
+Test(model_arch, linear_rope_scaling_matches_f64_on_cpu)
+{
+    gw_model m = qwen3; /* neox pairing */
+    m.rope_scale = 8.0f;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+    m = llama31;
+    m.rope_scale = 2.5f, m.wtype = KILN_DTYPE_Q8_0;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_Q8_0, "cpu"));
+}
+
+/* A bad rope_freqs tensor is refused by name: wrong length, a factor that is not > 0. */
+Test(model_arch, bad_rope_freqs_are_refused)
+{
+    for (int k = 0; k < 2; k++) {
+        gw_model m = llama31;
+        m.rope_freqs = false, m.seed = 3;
+        gw *w = gw_model_new(&m);
+        float v[8] = {1, 2, 3, 4, 5, 6, 7, k == 0 ? 8.0f : -1.0f}; /* head size 16: 8 factors */
+        gw_tensor(w, "rope_freqs.weight", 0 /* f32 */, 1, (int64_t[]){k == 0 ? 7 : 8}, v, (size_t)(k == 0 ? 28 : 32));
+        size_t n;
+        uint8_t *bytes = gw_bytes(w, &n);
+        gw_free(w);
+        kiln_gguf *f;
+        cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+        kiln_graph *g = NULL;
+        kiln_status s = kiln_model_build(f, NULL, &g);
+        cr_assert_eq(s, KILN_ERR_SHAPE, "case %d: %s: %s", k, kiln_status_str(s), kiln_ctx_error(ctx));
+        cr_assert_null(g);
+        cr_assert(strstr(kiln_ctx_error(ctx), "rope_freqs.weight"), "%s", kiln_ctx_error(ctx));
+        cr_log_info("%s", kiln_ctx_error(ctx));
+        kiln_gguf_close(f);
+        free(bytes);
+    }
+}
+
+/* mistral-style sliding window of W positions: kiln caps the cache at W, where the window hides no
+ * key, so plain causal attention is the windowed one (the f64 forward applies the window itself).
+ * A larger max_ctx asked for is refused naming the window; by default the context is capped. */
+Test(model_arch, sliding_window_matches_f64_up_to_the_window_and_caps_the_context)
+{
+    gw_model m = biased;
+    m.window = 32; /* run_kiln asks for max_ctx 32 */
+    check_model(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+    m.window = 16, m.seed = 4;
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_graph *g = NULL;
+    kiln_status s = kiln_model_build(f, &(kiln_model_options){.max_ctx = 17}, &g);
+    cr_assert_eq(s, KILN_ERR_UNSUPPORTED, "%s", kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "sliding attention window of 16"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+    char *text = NULL;
+    cr_assert_eq(kiln_kg_print(g, &text), KILN_OK);
+    cr_assert(strstr(text, "sym n_kv 16\n"), "the cache is not capped at the window:\n%.300s", text);
+    free(text);
+    kiln_graph_free(g);
+    kiln_gguf_close(f);
+    free(bytes);
+}

@@ -101,7 +101,7 @@ Test(model_rules, unknown_top_level_key_is_refused_by_name)
 
 Test(model_rules, feature_key_turned_on_is_refused_with_its_value)
 {
-    const char *keys[4] = {"llama.attn_logit_softcapping", "llama.attention.sliding_window", "llama.logit_scale",
+    const char *keys[4] = {"llama.attn_logit_softcapping", "llama.final_logit_softcapping", "llama.logit_scale",
                            "llama.expert_count"};
     for (int k = 0; k < 4; k++) {
         gw *w = model(&base);

@@ -395,19 +395,20 @@ static void preset_steps(const kiln_preset *p, kiln_dtype wt, int T) { preset_st
 Test(vulkan, preset_layer_matches_ref, .timeout = 600)
 {
     const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
-                               .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+                               .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f, .rope_mult = true};
     const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0};
     for (int i = 0; i < 2; i++) preset_steps(&small, wt[i], 4);
 }
 
 /* The same with a prefill of 12 tokens: the GEMM template (rms_norm prologue, neox rope and KV
- * writes, swiglu and residual epilogues) on tensor-core tiles, emulated on lavapipe. */
+ * writes, swiglu and residual epilogues) on tensor-core tiles, emulated on lavapipe. The normal-rope
+ * layer carries per-pair rotary multipliers (llama 3.1's rope_freqs): its fused rope's table. */
 Test(vulkan, preset_layer_prefill_gemm_matches_ref, .timeout = 600)
 {
     const kiln_preset small = {.name = "small", .hidden = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
                                .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
     const kiln_preset normal = {.name = "small-normal-rope", .hidden = 64, .n_head = 2, .n_kv_head = 1, .head_dim = 32,
-                                .ffn = 96, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f};
+                                .ffn = 96, .rope = KILN_ROPE_NORMAL, .theta = 1e4f, .eps = 1e-6f, .rope_mult = true};
     preset_steps(&small, KILN_DTYPE_F16, 12);
     preset_steps(&normal, KILN_DTYPE_Q8_0, 12);
 }

@@ -221,6 +221,11 @@ typedef enum kiln_rope_mode {
 /* Rotary embedding. x [n_tok, n_head, head_dim] (head_dim even); pos i32 [n_tok] absolute
  * positions; angle of pair i = pos * theta^(-2i/head_dim). */
 KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta);
+/* kiln_rope with a multiplier per pair: angle of pair i = pos * theta^(-2i/head_dim) * mult[i].
+ * mult holds head_dim/2 finite values > 0 (copied; NULL: all 1, which is kiln_rope). Linear rotary
+ * scaling by s is mult[i] = 1/s; llama-3.1's rope_freqs tensor f gives mult[i] = 1/f[i]. */
+KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta,
+                                 const float *mult);
 
 /* Causal grouped-query attention over a cache. q [n_tok, n_head, head_dim]; k, v states (or
  * kv_scatter results) [n_kv_head, max_ctx, head_dim], n_head a multiple of n_kv_head; n_kv (a
@@ -609,6 +614,10 @@ typedef struct kiln_model_info {
     bool           out_bias;    /* attn_output.bias present (added after the output projection) */
     bool           ffn_bias;    /* ffn_gate/ffn_up/ffn_down biases present (any of the three) */
     bool           qk_norm;     /* per-head rms norms of q and k before rope (qwen3) */
+    float          rope_scale;  /* linear rotary scaling factor: every angle divided by it (1: none) */
+    bool           rope_freqs;  /* rope_freqs.weight: a rotary frequency factor per pair (llama 3.1+) */
+    int64_t        sliding_window; /* {arch}.attention.sliding_window (0: none); kiln_model_build caps
+                                      max_ctx to it, where the window never hides a key */
 } kiln_model_info;
 
 /* Reads and checks a file's model metadata and every tensor the graph needs. A file is either
@@ -616,8 +625,7 @@ typedef struct kiln_model_info {
  * - KILN_ERR_UNSUPPORTED for another architecture; a tensor the graph would not use (named); a
  *   metadata key under "<arch>." that kiln does not know, or one naming a feature it does not
  *   build at a value that turns the feature on (mixture of experts, rotary scaling types other
- *   than none, sliding windows, soft-capping, ...; named with its value); rope_freqs.weight;
- *   partial rotary dims; a tensor type kiln has no dtype for (named with the type);
+ *   than none and linear, soft-capping, ...; named with its value); partial rotary dims; a tensor type kiln has no dtype for (named with the type);
  * - KILN_ERR_NAME for a missing key (including {arch}.attention.layer_norm_rms_epsilon, which
  *   llama.cpp requires too) or tensor; KILN_ERR_SHAPE for inconsistent sizes. */
 KILN_API kiln_status kiln_model_info_get(const kiln_gguf *f, kiln_model_info *out);

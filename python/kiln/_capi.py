@@ -80,7 +80,8 @@ class ModelInfo(C.Structure):
                 ("n_kv_head", C.c_int64), ("head_dim", C.c_int64), ("ffn", C.c_int64), ("n_vocab", C.c_int64),
                 ("n_ctx_train", C.c_int64), ("theta", C.c_float), ("eps", C.c_float), ("rope", C.c_int),
                 ("qkv_bias", C.c_bool), ("tied_output", C.c_bool), ("weight_bytes", C.c_size_t),
-                ("out_bias", C.c_bool), ("ffn_bias", C.c_bool), ("qk_norm", C.c_bool)]
+                ("out_bias", C.c_bool), ("ffn_bias", C.c_bool), ("qk_norm", C.c_bool),
+                ("rope_scale", C.c_float), ("rope_freqs", C.c_bool), ("sliding_window", C.c_int64)]
 
 
 class ModelOptions(C.Structure):

@@ -34,7 +34,9 @@ class Model:
                      "n_ctx_train": mi.n_ctx_train, "theta": mi.theta, "eps": mi.eps,
                      "rope": "neox" if mi.rope == 1 else "normal", "qkv_bias": bool(mi.qkv_bias),
                      "tied_output": bool(mi.tied_output), "weight_bytes": mi.weight_bytes,
-                     "out_bias": bool(mi.out_bias), "ffn_bias": bool(mi.ffn_bias), "qk_norm": bool(mi.qk_norm)}
+                     "out_bias": bool(mi.out_bias), "ffn_bias": bool(mi.ffn_bias), "qk_norm": bool(mi.qk_norm),
+                     "rope_scale": mi.rope_scale, "rope_freqs": bool(mi.rope_freqs),
+                     "sliding_window": mi.sliding_window}
 
     @classmethod
     def load(cls, path: str, ctx: Context | None = None) -> "Model":

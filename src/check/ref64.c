@@ -250,7 +250,7 @@ static int op_rope(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne
             const double *xr = x + (t * H + h) * hd;
             double *yr = y + (t * H + h) * hd;
             for (int64_t i = 0; i < half; i++) {
-                double a = pos[t] * pow(theta, -2.0 * (double)i / (double)hd);
+                double a = pos[t] * pow(theta, -2.0 * (double)i / (double)hd) * (nd->vec ? (double)nd->vec[i] : 1.0);
                 int64_t i0 = nd->i[0] == KILN_ROPE_NEOX ? i : 2 * i;
                 int64_t i1 = nd->i[0] == KILN_ROPE_NEOX ? i + half : 2 * i + 1;
                 yr[i0] = xr[i0] * cos(a) - xr[i1] * sin(a);

@@ -68,13 +68,13 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
         printf(",\"arch\":\"%s\",\"layers\":%d,\"hidden\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,"
                "\"ffn\":%lld,\"vocab\":%lld,\"context\":%lld,\"rope\":\"%s\",\"rope_theta\":%g,\"rms_eps\":%g,"
                "\"qkv_bias\":%s,\"qk_norm\":%s,\"out_bias\":%s,\"ffn_bias\":%s,\"tied_output\":%s,\"weight_bytes\":%zu,"
-               "\"backend\":\"%s\",\"kernels\":%d",
+               "\"rope_scale\":%g,\"rope_freqs\":%s,\"sliding_window\":%lld,\"backend\":\"%s\",\"kernels\":%d",
                mi->arch, mi->n_layer, (long long)mi->hidden, (long long)mi->n_head, (long long)mi->n_kv_head,
                (long long)mi->head_dim, (long long)mi->ffn, (long long)mi->n_vocab, (long long)mi->n_ctx_train,
                mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? "true" : "false",
                mi->qk_norm ? "true" : "false", mi->out_bias ? "true" : "false", mi->ffn_bias ? "true" : "false",
-               mi->tied_output ? "true" : "false",
-               mi->weight_bytes, be, kernels);
+               mi->tied_output ? "true" : "false", mi->weight_bytes, mi->rope_scale, mi->rope_freqs ? "true" : "false",
+               (long long)mi->sliding_window, be, kernels);
     }
     printf("}\n");
 }
@@ -102,6 +102,10 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
            mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? ", q/k/v biases" : "",
            mi->qk_norm ? ", q/k head norms" : "", mi->out_bias ? ", output bias" : "", mi->ffn_bias ? ", ffn biases" : "",
            mi->tied_output ? ", tied output head" : "");
+    if (mi->rope_scale != 1.0f || mi->rope_freqs || mi->sliding_window)
+        printf("        rotary scaling: linear x%g%s; sliding window: %lld%s\n", mi->rope_scale,
+               mi->rope_freqs ? " and rope_freqs factors per pair (llama 3.1)" : "", (long long)mi->sliding_window,
+               mi->sliding_window ? " positions (the context is capped to it)" : " (none)");
     printf("kiln would run it on: %s (%s), %d kernels per decode step (%.1f per layer), %.1f MiB of weights read "
            "per token\n", be, strcmp(be, "cpu") == 0 ? kiln_cpu_isa(ctx) : "-", kernels,
            mi->n_layer ? (double)kernels / mi->n_layer : 0.0, (double)mi->weight_bytes / 1048576);

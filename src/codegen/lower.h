@@ -44,8 +44,9 @@ uint32_t kl_gelu(kiln_kir *k, uint32_t x);
 void     kl_sincos(kiln_kir *k, uint32_t ang, uint32_t *s, uint32_t *c);
 /* The elementwise op of node n on F32 operands a (and b). */
 uint32_t kl_apply(kiln_kir *k, const kiln_node_rec *n, uint32_t a, uint32_t b);
-/* A rope frequency table theta^(-2i/d), i < d/2, computed in f64: returns its buffer slot. */
-uint32_t kl_rope_table(kiln_kir *k, float theta, int64_t d);
+/* Rope node n's frequency table (kiln_rope_freq: theta^(-2i/d) times its multipliers), i < d/2,
+ * computed in f64: returns its buffer slot. */
+uint32_t kl_rope_table(kiln_kir *k, const kiln_node_rec *n, int64_t d);
 
 /* Expression evaluation of node at the evaluator's element (see kl_eval). Nodes outside the
  * region are loaded (broadcast: index modulo their element count); reshapes are seen through;

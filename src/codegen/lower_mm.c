@@ -269,7 +269,7 @@ static uint32_t ev_rope(gv *s, const gv_group *G, const kiln_node_rec *n, int t,
     /* pair index i within the head: neox i = col % hd (first half), normal i = (col % hd) / 2 */
     uint32_t cin = kiln_k2(s->k, KILN_KOP_REM, s->col[first ? r : pr], kiln_ki(s->k, (int32_t)G->hd));
     uint32_t i = G->rope == 2 ? cin : kiln_k2(s->k, KILN_KOP_SHR, cin, kiln_ki(s->k, 1));
-    uint32_t tab = kl_rope_table(s->k, n->f[0], G->hd);
+    uint32_t tab = kl_rope_table(s->k, n, G->hd);
     uint32_t freq =
         kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, tab, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t pos = kl_load_node(s->k, s->g, n->src[1], kl_gv_tok(s, t));

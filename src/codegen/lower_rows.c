@@ -43,7 +43,7 @@ static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const k
     kiln_kir_init(k, "kiln_rope", 256);
     k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n) / 2, 256);
     snprintf(k->what, sizeof k->what, "rope %s, %u ops", n->i[0] == KILN_ROPE_NEOX ? "neox" : "normal", r->n_nodes);
-    uint32_t tab = kl_rope_table(k, n->f[0], hd);
+    uint32_t tab = kl_rope_table(k, n, hd);
     uint32_t pairs = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, n, 0), kiln_ki(k, 2));
     uint32_t per_tok = kiln_ki(k, 1);
     for (int d = 1; d < n->rank; d++) per_tok = kiln_k2(k, KILN_KOP_MUL, per_tok, kl_dim(k, n->dims[d]));

@@ -178,12 +178,12 @@ void kl_sincos(kiln_kir *k, uint32_t ang, uint32_t *s, uint32_t *c)
     *c = kiln_k1(k, KILN_KOP_COS, r);
 }
 
-uint32_t kl_rope_table(kiln_kir *k, float theta, int64_t d)
+uint32_t kl_rope_table(kiln_kir *k, const kiln_node_rec *n, int64_t d)
 {
     uint32_t w[4096];
     int64_t half = d / 2 < 4096 ? d / 2 : 4096;
     for (int64_t i = 0; i < half; i++) {
-        float f = (float)pow((double)theta, -2.0 * (double)i / (double)d);
+        float f = (float)kiln_rope_freq(n, i, d);
         memcpy(&w[i], &f, 4);
     }
     return kiln_kir_table(k, w, (uint32_t)half);

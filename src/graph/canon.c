@@ -49,6 +49,7 @@ static uint64_t up_hash(const kiln_graph *g, uint32_t i, const uint64_t *up, uin
         int32_t  iv[2];
         int64_t  dim[2];
         uint64_t src[KILN_MAX_SRC];
+        uint64_t vec; /* hash of the vector param */
         uint32_t depth;
     } rec;
     memset(&rec, 0, sizeof rec);
@@ -58,6 +59,7 @@ static uint64_t up_hash(const kiln_graph *g, uint32_t i, const uint64_t *up, uin
     memcpy(rec.iv, n->i, sizeof rec.iv);
     dim_code(g, n->dim, rec.dim);
     for (int s = 0; s < KILN_MAX_SRC; s++) rec.src[s] = n->src[s] == KILN_IDX_NONE ? ~0ull : up[n->src[s]];
+    rec.vec = n->n_vec ? XXH3_64bits(n->vec, (size_t)n->n_vec * sizeof *n->vec) : 0;
     rec.depth = depth;
     return XXH3_64bits(&rec, sizeof rec);
 }

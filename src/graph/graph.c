@@ -66,6 +66,7 @@ KILN_API void kiln_graph_free(kiln_graph *g)
     if (!g) return;
     for (uint32_t i = 0; i < g->n_nodes; i++) {
         free(g->nodes[i].name);
+        free(g->nodes[i].vec);
         kiln_blob_unref(g->nodes[i].blob);
     }
     for (uint32_t i = 0; i < g->n_syms; i++) free(g->syms[i].name);
@@ -123,6 +124,8 @@ kiln_node kiln_graph_append(kiln_graph *g, const kiln_node_rec *rec)
         return kiln_graph_fail(g, KILN_ERR_SHAPE, "graph has too many nodes");
     g->nodes[g->n_nodes] = *rec;
     g->nodes[g->n_nodes].name = NULL;
+    g->nodes[g->n_nodes].vec = NULL; /* the builder copies its own (kiln_rope_ext) */
+    g->nodes[g->n_nodes].n_vec = 0;
     return kiln_graph_handle(g, g->n_nodes++);
 }
 
@@ -474,7 +477,12 @@ kiln_graph *kiln_graph_clone(const kiln_graph *src)
         kiln_node_rec *n = &g->nodes[i];
         *n = src->nodes[i];
         n->name = NULL;
+        n->vec = NULL;
         if (src->nodes[i].name && !(n->name = strdup(src->nodes[i].name))) goto fail;
+        if (src->nodes[i].vec) {
+            if (!(n->vec = malloc((size_t)n->n_vec * sizeof *n->vec))) goto fail;
+            memcpy(n->vec, src->nodes[i].vec, (size_t)n->n_vec * sizeof *n->vec);
+        }
         if (n->blob) kiln_blob_ref(n->blob);
     }
     for (uint32_t i = 0; i < src->n_syms; i++, g->n_syms++)

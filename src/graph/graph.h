@@ -42,7 +42,7 @@ enum kiln_op_class {
     X(RMS_NORM,   "rms_norm",   ROW,         5, 1, 1, P(EPS), 0, "x [w] [eps=FLOAT]")              \
     X(LAYER_NORM, "layer_norm", ROW,         5, 1, 2, P(EPS), 0, "x [w] [b] [eps=FLOAT]")          \
     X(SOFTMAX,    "softmax",    ROW,         5, 1, 0, 0, 0, "x")                                     \
-    X(ROPE,       "rope",       ROW,         5, 2, 0, P(MODE) | P(THETA), 0, "x pos [mode=normal|neox] [theta=FLOAT]") \
+    X(ROPE,       "rope",       ROW,         5, 2, 0, P(MODE) | P(THETA) | P(MULT), 0, "x pos [mode=normal|neox] [theta=FLOAT] [mult=\"F,F,...\"]") \
     X(ATTENTION,  "attention",  ATTENTION,   0, 3, 0, P(NKV) | P(SCALE), P(NKV), "q k v n_kv=DIM [scale=FLOAT]") \
     X(KV_SCATTER, "kv_scatter", SCATTER,     0, 3, 0, 0, 0, "state rows pos") /* aliases the state */ \
     X(GET_ROWS,   "get_rows",   MOVE,        0, 2, 0, 0, 0, "table ids")                             \
@@ -84,6 +84,8 @@ typedef struct kiln_node_rec {
     float    f[2];                     /* float params: eps, scale, theta */
     int32_t  i[2];                     /* int params: rope mode, axes */
     int64_t  dim;                      /* a kiln_dim param: attention n_kv, view offset */
+    float   *vec;                      /* a float vector param (rope: per-pair frequency multipliers) or NULL; owned */
+    uint32_t n_vec;                    /* its length */
     char    *name;                     /* user name (leaves: required) or NULL; owned */
     /* weights only */
     const void *data;                  /* weight bytes (inside blob when owned, else the caller's) */
@@ -169,6 +171,10 @@ kiln_status kiln_graph_weight_fill(const kiln_node_rec *n, void *dst);
 
 /* Formats dims as "[4096, n_kv]" into buf. */
 const char *kiln_graph_dims_str(const kiln_graph *g, int rank, const int64_t *dims, char *buf, size_t n);
+
+/* Rotary frequency of pair i of a rope node over head_dim hd: theta^(-2i/hd), times the node's
+ * per-pair multiplier when it has them (kiln_rope_ext). Every backend's rope reads it from here. */
+double kiln_rope_freq(const kiln_node_rec *n, int64_t i, int64_t hd);
 
 /* The 128-bit graph hash (kiln_graph_hash prints it). */
 kiln_status kiln_graph_hash128(const kiln_graph *g, uint64_t out[2]);

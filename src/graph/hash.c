@@ -32,6 +32,8 @@ kiln_status kiln_graph_hash128(const kiln_graph *g, uint64_t out[2])
         XXH3_128bits_update(st, n->f, sizeof n->f);
         XXH3_128bits_update(st, n->i, sizeof n->i);
         put_dim(st, g, n->dim);
+        XXH3_128bits_update(st, &n->n_vec, sizeof n->n_vec);
+        if (n->n_vec) XXH3_128bits_update(st, n->vec, (size_t)n->n_vec * sizeof *n->vec);
     }
     XXH3_128bits_update(st, &g->n_outs, sizeof g->n_outs);
     for (uint32_t i = 0; i < g->n_outs; i++) XXH3_128bits_update(st, &g->outs[i].node, sizeof g->outs[i].node);

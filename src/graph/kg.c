@@ -41,6 +41,7 @@ const char *kiln_kg_param_key(unsigned bit)
     case P(D1): return "d1";
     case P(DTYPE): return "dtype";
     case P(OFFSET): return "offset";
+    case P(MULT): return "mult";
     default: return NULL;
     }
 }

@@ -54,6 +54,8 @@ typedef struct kg_args {
     int        axis, d0, d1;         /* concat axis, transposed dims */
     kiln_dtype dtype;                /* cast target */
     int64_t    offset;               /* view element offset */
+    const tok *mult;                 /* rope's multipliers (a string token) or NULL */
+    float     *mult_v;               /* their values, head_dim/2 of them (owned by parse_def) */
     int        rank;                 /* reshape/view dims */
     kiln_dim   dims[KILN_MAX_RANK];  /* reshape/view dims */
 } kg_args;
@@ -594,12 +596,40 @@ static kiln_status op_args(kg_parser *p, const char *opn, const kiln_kg_op_spec 
             if (!kiln_dtype_parse(v->s, &a->dtype)) s = perr(p, v->col, "bad dtype '%.60s'", v->s);
             break;
         case KILN_KG_P_OFFSET: s = parse_i64(p, v, key, 0, INT64_MAX, &a->offset); break;
+        case KILN_KG_P_MULT:
+            if (v->kind != TK_STR) s = perr(p, v->col, "mult must be a quoted list of numbers (\"1,0.5\")");
+            a->mult = v;
+            break;
         default: /* axis, d0, d1 */
             s = parse_i64(p, v, key, INT32_MIN, INT32_MAX, &iv);
             *(bit == KILN_KG_P_AXIS ? &a->axis : bit == KILN_KG_P_D0 ? &a->d0 : &a->d1) = (int)iv;
         }
     }
     return s;
+}
+
+/* rope's mult="F,F,...": exactly head_dim/2 numbers (x is operand x, already resolved). */
+static kiln_status parse_mult(kg_parser *p, kiln_node x, kg_args *a)
+{
+    const tok *v = a->mult;
+    uint32_t xi = (uint32_t)x - 1;
+    if (x == KILN_NODE_NONE || xi >= p->g->n_nodes) return KILN_OK; /* the builder names the bad operand */
+    const kiln_node_rec *n = &p->g->nodes[xi];
+    int64_t half = n->rank ? n->dims[n->rank - 1] / 2 : 0, got = 0;
+    if (half < 1 || half > 65536) return KILN_OK; /* the builder explains the shape */
+    if (!(a->mult_v = malloc((size_t)half * sizeof *a->mult_v))) return kiln_kg_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+    for (const char *s = v->s; *s; got++) {
+        char *end = NULL;
+        float f = strtof(s, &end);
+        if (end == s || (*end && *end != ',') || got >= half)
+            return perr(p, v->col, "mult must list exactly %lld numbers (head_dim / 2) separated by commas",
+                        (long long)half);
+        a->mult_v[got] = f;
+        s = *end ? end + 1 : end;
+    }
+    if (got != half)
+        return perr(p, v->col, "mult lists %lld numbers; x's head_dim needs %lld", (long long)got, (long long)half);
+    return KILN_OK;
 }
 
 static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, const kg_args *a)
@@ -613,7 +643,7 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_RMS_NORM: return kiln_rms_norm(g, s[0], s[1], a->eps);
     case KILN_OP_LAYER_NORM: return kiln_layer_norm(g, s[0], s[1], s[2], a->eps);
     case KILN_OP_SOFTMAX: return kiln_softmax(g, s[0]);
-    case KILN_OP_ROPE: return kiln_rope(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta);
+    case KILN_OP_ROPE: return kiln_rope_ext(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta, a->mult_v);
     case KILN_OP_ATTENTION: return kiln_attention(g, s[0], s[1], s[2], a->n_kv, a->scale);
     case KILN_OP_KV_SCATTER: return kiln_kv_scatter(g, s[0], s[1], s[2]);
     case KILN_OP_GET_ROWS: return kiln_get_rows(g, s[0], s[1]);
@@ -659,7 +689,9 @@ static kiln_status parse_def(kg_parser *p)
         if (sp->params & (1u << b)) keys[b] = kiln_kg_param_key(1u << b);
     if ((s = read_params(p, i, opn, keys, vals, keycol)) != KILN_OK) return s;
     if ((s = op_args(p, opn, sp, vals, &a)) != KILN_OK) return s;
+    if (a.mult && (s = parse_mult(p, src[0], &a)) != KILN_OK) return free(a.mult_v), s;
     kiln_node n = build_op(p->g, op, src, &a);
+    free(a.mult_v);
     if ((s = check_graph(p, ot->col)) != KILN_OK) return s;
     if (n == KILN_NODE_NONE) return perr(p, ot->col, "%s failed without a message", opn);
     kiln_name(p->g, n, name);

@@ -198,6 +198,9 @@ static kiln_status print_op(printer *pr, uint32_t i)
     case KILN_OP_ROPE:
         kiln_sbuf_printf(b, " mode=%s theta=%s", n->i[0] == KILN_ROPE_NEOX ? "neox" : "normal",
                   kiln_kg_fmt_float(n->f[0], buf));
+        for (uint32_t j = 0; j < n->n_vec; j++)
+            kiln_sbuf_printf(b, "%s%s", j ? "," : " mult=\"", kiln_kg_fmt_float(n->vec[j], buf));
+        if (n->n_vec) kiln_sbuf_printf(b, "\"");
         break;
     case KILN_OP_ATTENTION:
         kiln_sbuf_printf(b, " n_kv=");

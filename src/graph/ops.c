@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DIMS_STR(g, n) kiln_graph_dims_str((g), (n)->rank, (n)->dims, (char[160]){0}, 160)
@@ -231,7 +232,8 @@ static bool need_i32_vec(build *b, const char *what, const kiln_node_rec *p, int
     return true;
 }
 
-KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta)
+KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta,
+                                 const float *mult)
 {
     build b = begin(g, KILN_OP_ROPE);
     const kiln_node_rec *a = operand(&b, 0, "x", x, false);
@@ -245,10 +247,35 @@ KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rop
     if (b.ok) need_i32_vec(&b, "pos", p, a->dims[0]);
     if (b.ok && (unsigned)mode >= KILN_ROPE_MODE_COUNT) fail(&b, KILN_ERR_INVALID_ARG, "unknown mode %d", (int)mode);
     if (b.ok && !(theta > 1 && isfinite(theta))) fail(&b, KILN_ERR_INVALID_ARG, "theta %g must be > 1", (double)theta);
+    int64_t half = b.ok ? a->dims[2] / 2 : 0;
+    for (int64_t i = 0; mult && b.ok && i < half; i++)
+        if (!(mult[i] > 0 && isfinite(mult[i])))
+            fail(&b, KILN_ERR_INVALID_ARG, "frequency multiplier %lld is %g; it must be finite and > 0", (long long)i,
+                 (double)mult[i]);
     if (b.ok) set_shape(&b, a->dtype, a->rank, a->dims);
     b.r.i[0] = mode;
     b.r.f[0] = theta;
-    return finish(&b);
+    kiln_node h = finish(&b);
+    if (h == KILN_NODE_NONE || !mult) return h;
+    kiln_node_rec *n = &g->nodes[g->n_nodes - 1];
+    if (!(n->vec = malloc((size_t)half * sizeof *n->vec))) {
+        g->n_nodes--; /* not yet visible to anyone */
+        return kiln_graph_fail(g, KILN_ERR_NOMEM, "rope: out of memory");
+    }
+    memcpy(n->vec, mult, (size_t)half * sizeof *n->vec);
+    n->n_vec = (uint32_t)half;
+    return h;
+}
+
+KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta)
+{
+    return kiln_rope_ext(g, x, pos, mode, theta, NULL);
+}
+
+double kiln_rope_freq(const kiln_node_rec *n, int64_t i, int64_t hd)
+{
+    double f = pow((double)n->f[0], -2.0 * (double)i / (double)hd);
+    return n->vec && i < (int64_t)n->n_vec ? f * (double)n->vec[i] : f;
 }
 
 /* A cache operand of attention/kv_scatter: rank 3, constant dims, float dtype. */

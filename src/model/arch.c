@@ -57,7 +57,7 @@ static const kiln_arch_key llama_keys[] = {
     {"attention.causal", KILN_KEY_NEUTRAL, 1},
     {"attention.clamp_kqv", KILN_KEY_NEUTRAL, 0},
     {"attention.max_alibi_bias", KILN_KEY_NEUTRAL, 0},
-    {"attention.sliding_window", KILN_KEY_NEUTRAL, 0},
+    {"attention.sliding_window", KILN_KEY_READ, 0}, /* honoured by capping max_ctx (model.c) */
     {"attn_logit_softcapping", KILN_KEY_NEUTRAL, 0},
     {"final_logit_softcapping", KILN_KEY_NEUTRAL, 0},
     {"use_parallel_residual", KILN_KEY_NEUTRAL, 0},

@@ -13,6 +13,7 @@ typedef struct kiln_layer_dims {
     int64_t        head_dim;  /* per-head width (even) */
     kiln_rope_mode rope;      /* rotary mode */
     float          theta;     /* rotary base */
+    const float   *rope_mult; /* [head_dim/2] per-pair frequency multipliers (kiln_rope_ext) or NULL */
     float          eps;       /* rms_norm epsilon */
     int64_t        max_ctx;   /* KV-cache rows (states k<L>, v<L> [n_kv_head, max_ctx, head_dim]) */
     kiln_dtype     kvdtype;   /* KV-cache dtype */

@@ -82,8 +82,9 @@ static kiln_status check_key(const kiln_gguf *f, const kiln_arch *a, const char 
 }
 
 /* Rotary scaling: type absent (llama.cpp reads that as linear), "none" or "linear"; the linear
- * factor (rope.scaling.factor, else rope.scale_linear) must be 1 (0: unset). */
-static kiln_status read_rope_scaling(const kiln_gguf *f, const char *arch)
+ * factor (rope.scaling.factor, else rope.scale_linear; 0: unset) divides every angle (llama.cpp's
+ * freq_scale = 1 / factor). Other types (yarn, longrope) are refused by name. */
+static kiln_status read_rope_scaling(const kiln_gguf *f, const char *arch, float *scale)
 {
     char key[128];
     const char *type = "linear";
@@ -91,7 +92,8 @@ static kiln_status read_rope_scaling(const kiln_gguf *f, const char *arch)
     if (kiln_gguf_kv_find(f, key) >= 0 && kiln_gguf_get_str(f, key, &type, NULL) != KILN_OK) return KILN_ERR_DTYPE;
     if (strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
         return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = '%.32s': rotary scaling of that type "
-                             "is not supported (kiln builds none and linear)", f->path, key, type);
+                             "is not supported (kiln builds none, linear, and llama 3's rope_freqs tensor)",
+                             f->path, key, type);
     if (strcmp(type, "none") == 0) return KILN_OK; /* llama.cpp ignores the factor then */
     const char *names[2] = {"rope.scaling.factor", "rope.scale_linear"};
     for (int i = 0; i < 2; i++) {
@@ -100,11 +102,27 @@ static kiln_status read_rope_scaling(const kiln_gguf *f, const char *arch)
         if (kiln_gguf_kv_find(f, key) < 0) continue;
         kiln_status s = kiln_gguf_get_f32(f, key, &factor);
         if (s != KILN_OK) return s;
-        if (factor != 0 && factor != 1)
-            return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g: linear rotary scaling is not "
-                                 "supported", f->path, key, factor);
+        if (factor != 0 && !(isfinite(factor) && factor > 0))
+            return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s' = %g: a linear rotary scaling factor must "
+                                 "be positive", f->path, key, factor);
+        *scale = factor != 0 ? factor : 1;
         return KILN_OK; /* the first key found wins, as in llama.cpp */
     }
+    return KILN_OK;
+}
+
+/* {arch}.attention.sliding_window: a query sees the keys less than this many positions back
+ * (llama.cpp's standard window); 0 or absent: no window. */
+static kiln_status read_window(const kiln_gguf *f, const char *arch, int64_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+    double v = 0;
+    if (kiln_gguf_kv_find(f, key) >= 0 && !key_number(f, key, &v))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: metadata '%s' is not a number", f->path, key);
+    if (!(v >= 0 && v <= (double)(1ll << 31)) || v != (double)(int64_t)v)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s' = %g is not a window length", f->path, key, v);
+    *out = (int64_t)v;
     return KILN_OK;
 }
 
@@ -125,12 +143,14 @@ static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_
     m->n_ctx_train = n_ctx;
     m->n_kv_head = m->n_head;
     m->theta = 10000.0f;
+    m->rope_scale = 1.0f;
     if ((s = arch_int(f, arch, "attention.head_count_kv", false, &m->n_kv_head)) != KILN_OK ||
         (s = arch_int(f, arch, "rope.dimension_count", false, &rot)) != KILN_OK ||
         (s = arch_int(f, arch, "attention.key_length", false, &key_len)) != KILN_OK ||
         (s = arch_int(f, arch, "attention.value_length", false, &val_len)) != KILN_OK ||
         (s = arch_float(f, arch, "rope.freq_base", false, &m->theta)) != KILN_OK ||
-        (s = read_rope_scaling(f, arch)) != KILN_OK)
+        (s = read_rope_scaling(f, arch, &m->rope_scale)) != KILN_OK ||
+        (s = read_window(f, arch, &m->sliding_window)) != KILN_OK)
         return s;
     m->head_dim = key_len ? key_len : m->hidden / m->n_head;
     if ((!key_len && m->hidden % m->n_head) || m->n_head % m->n_kv_head || m->head_dim % 2)
@@ -160,11 +180,14 @@ static kiln_status want_tensor(tensor_use *u, const char *name, int rank, int64_
     kiln_gguf_tensor t;
     kiln_status s = kiln_gguf_tensor_get(f, name, &t);
     if (s != KILN_OK) return s;
-    if (t.rank != rank || t.dims[0] != d0 || (rank == 2 && t.dims[1] != d1))
-        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: tensor '%s' has dims [%lld%s%lld], expected [%lld%s%lld]",
-                             f->path, name, (long long)t.dims[0], t.rank > 1 ? ", " : "",
-                             t.rank > 1 ? (long long)t.dims[1] : 0ll, (long long)d0, rank > 1 ? ", " : "",
-                             rank > 1 ? (long long)d1 : 0ll);
+    if (t.rank != rank || t.dims[0] != d0 || (rank == 2 && t.dims[1] != d1)) {
+        char have[48] = "", want[48] = ""; /* rank 1: "[n]", rank 2: "[a, b]" */
+        snprintf(have, sizeof have, t.rank > 1 ? "[%lld, %lld]" : "[%lld]", (long long)t.dims[0],
+                 t.rank > 1 ? (long long)t.dims[1] : 0ll);
+        snprintf(want, sizeof want, rank > 1 ? "[%lld, %lld]" : "[%lld]", (long long)d0, (long long)d1);
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: tensor '%s' has dims %s, expected %s", f->path, name, have,
+                             want);
+    }
     int64_t i = kiln_gguf_tensor_index(f, name);
     if (!u->used[i]) u->bytes += t.bytes;
     u->used[i] = true;
@@ -221,15 +244,37 @@ static kiln_status check_all_used(const tensor_use *u, const kiln_arch *a)
     return KILN_OK;
 }
 
+/* rope_freqs.weight (llama 3.1+: the converter's llama3 rotary scaling as one factor per pair,
+ * shared by every layer): f32 [head_dim / 2], each finite and > 0; pair i's angle is divided by it. */
+static kiln_status check_rope_freqs(tensor_use *u, kiln_model_info *m)
+{
+    const kiln_gguf *f = u->f;
+    if (!has_tensor(f, "rope_freqs.weight")) return KILN_OK;
+    kiln_status s = want_tensor(u, "rope_freqs.weight", 1, m->head_dim / 2, 0);
+    if (s != KILN_OK) return s;
+    kiln_gguf_tensor t;
+    kiln_gguf_tensor_get(f, "rope_freqs.weight", &t);
+    if (t.t != KILN_DTYPE_F32)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: tensor 'rope_freqs.weight' is %s; it must be f32", f->path,
+                             kiln_dtype_name(t.t));
+    for (int64_t i = 0; i < m->head_dim / 2; i++) {
+        float v;
+        memcpy(&v, (const char *)t.data + 4 * i, 4);
+        if (!(isfinite(v) && v > 0))
+            return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: tensor 'rope_freqs.weight' value %lld is %g; rotary "
+                                 "frequency factors must be finite and > 0", f->path, (long long)i, v);
+    }
+    m->rope_freqs = true;
+    return KILN_OK;
+}
+
 static kiln_status check_tensors(tensor_use *u, kiln_model_desc *d)
 {
     const kiln_gguf *f = u->f;
     kiln_model_info *m = &d->info;
     kiln_gguf_tensor t;
     kiln_status s;
-    if (has_tensor(f, "rope_freqs.weight"))
-        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor 'rope_freqs.weight' (rotary frequency factors, "
-                             "llama 3.1 style) is not supported", f->path);
+    if ((s = check_rope_freqs(u, m)) != KILN_OK) return s;
     if ((s = kiln_gguf_tensor_get(f, "token_embd.weight", &t)) != KILN_OK) return s;
     m->n_vocab = t.dims[0];
     int64_t vocab = 0;

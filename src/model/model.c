@@ -1,11 +1,13 @@
 /* Models from GGUF files: builds the decoder graph (embedding, the shared layer of layer.c, final
  * norm, output head, argmax) of a file load.c has checked, with weights borrowed from the mapping.
  * Must not copy weight data or compile, and must not read a tensor load.c did not check. */
+#include "graph/graph.h"
 #include "model/layer.h"
 #include "model/model.h"
 #include "sched/ctx.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A borrowed weight node from tensor name (shape already checked by kiln_model_info_get). */
@@ -37,12 +39,33 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         .wd = n[KILN_ROLE_WD], .bg = n[KILN_ROLE_BG], .bu = n[KILN_ROLE_BU], .bd = n[KILN_ROLE_BD]};
 }
 
+/* The rotary multipliers of a file (kiln_rope_ext): 1 / (linear factor * rope_freqs[i]), as llama.cpp
+ * divides each angle by both. NULL when the file scales nothing; else mult (head_dim / 2 values). */
+static const float *rope_mult(const kiln_gguf *f, const kiln_model_info *m, float *mult)
+{
+    if (!m->rope_freqs && m->rope_scale == 1.0f) return NULL;
+    kiln_gguf_tensor t = {0};
+    if (m->rope_freqs && kiln_gguf_tensor_get(f, "rope_freqs.weight", &t) != KILN_OK) return NULL; /* checked */
+    for (int64_t i = 0; i < m->head_dim / 2; i++) {
+        float ff = 1.0f;
+        if (m->rope_freqs) memcpy(&ff, (const char *)t.data + 4 * i, 4);
+        mult[i] = (float)(1.0 / ((double)m->rope_scale * (double)ff));
+    }
+    return mult;
+}
+
 static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, const kiln_model_options *o)
 {
     const kiln_model_info *m = &d->info;
+    float *mult = malloc((size_t)(m->head_dim / 2 + 1) * sizeof *mult);
+    if (!mult) {
+        kiln_graph_fail(g, KILN_ERR_NOMEM, "out of memory");
+        return;
+    }
     kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
     kiln_layer_dims ld = {.hidden = m->hidden, .n_head = m->n_head, .n_kv_head = m->n_kv_head, .head_dim = m->head_dim,
-                          .rope = m->rope, .theta = m->theta, .eps = m->eps, .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype};
+                          .rope = m->rope, .theta = m->theta, .rope_mult = rope_mult(f, m, mult), .eps = m->eps,
+                          .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype};
     kiln_dim td[1] = {io.n_tok};
     kiln_node ids = kiln_input(g, "ids", KILN_DTYPE_I32, 1, td);
     io.pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, td);
@@ -58,6 +81,7 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     kiln_node logits = kiln_matmul(g, x, m->tied_output ? embd : borrow(g, f, "output.weight"));
     kiln_output(g, kiln_argmax(g, logits), "next");
     if (o->logits) kiln_output(g, logits, "logits");
+    free(mult);
 }
 
 KILN_API kiln_status kiln_model_build(const kiln_gguf *f, const kiln_model_options *opts, kiln_graph **out)
@@ -70,6 +94,14 @@ KILN_API kiln_status kiln_model_build(const kiln_gguf *f, const kiln_model_optio
     const kiln_model_info m = d.info;
     kiln_model_options o = opts ? *opts : (kiln_model_options){0};
     if (o.max_ctx == 0) o.max_ctx = m.n_ctx_train < 4096 ? m.n_ctx_train : 4096;
+    /* A sliding window of W positions hides no key while every position is below W: the cache is
+     * capped there, so the plain causal attention computes the windowed one exactly. */
+    if (m.sliding_window && opts && opts->max_ctx > m.sliding_window)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: max_ctx %lld exceeds the model's sliding attention "
+                             "window of %lld positions; kiln computes the window exactly only up to it (ask for "
+                             "max_ctx <= %lld)", f->path, (long long)o.max_ctx, (long long)m.sliding_window,
+                             (long long)m.sliding_window);
+    if (m.sliding_window && o.max_ctx > m.sliding_window) o.max_ctx = m.sliding_window;
     if (o.max_tok == 0) o.max_tok = o.max_ctx < 512 ? o.max_ctx : 512;
     if (o.n_layers == 0) o.n_layers = m.n_layer;
     if (o.max_ctx < 1 || o.max_tok < 1 || o.max_tok > o.max_ctx || o.n_layers < 1 || o.n_layers > m.n_layer ||

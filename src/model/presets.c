@@ -189,8 +189,11 @@ kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_o
     if (s != KILN_OK)
         return s;
     kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
+    float mult[4096];
+    for (int64_t i = 0; i < p->head_dim / 2 && i < 4096; i++) mult[i] = 1.0f / (float)(1 + i % 7);
     kiln_layer_dims ld = {.hidden = p->hidden, .n_head = p->n_head, .n_kv_head = p->n_kv_head, .head_dim = p->head_dim,
-                          .rope = p->rope, .theta = p->theta, .eps = p->eps, .max_ctx = o->max_ctx, .kvdtype = o->kvdtype};
+                          .rope = p->rope, .theta = p->theta, .rope_mult = p->rope_mult && p->head_dim <= 8192 ? mult : NULL,
+                          .eps = p->eps, .max_ctx = o->max_ctx, .kvdtype = o->kvdtype};
     kiln_dim xd[2] = {io.n_tok, p->hidden}, pd[1] = {io.n_tok};
     kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, xd);
     io.pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, pd);

@@ -16,6 +16,7 @@ typedef struct kiln_preset {
     float          theta;     /* rotary base */
     float          eps;       /* rms_norm epsilon */
     bool           qkv_bias;  /* q/k/v matmuls add an f32 bias (qwen2) */
+    bool           rope_mult; /* per-pair rotary multipliers 1 / (1 + i % 7), llama-3.1 style (tests) */
 } kiln_preset;
 
 /* Options of kiln_preset_build_ex beyond the preset's dims. */

@@ -194,6 +194,11 @@ gw *gw_model_new(const gw_model *m)
         gw_kv_u32(w, ARCH_KEY("attention.value_length"), (uint32_t)m->head_dim);
     }
     if (!m->no_eps) gw_kv_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    if (m->rope_scale > 0) {
+        gw_kv_str(w, ARCH_KEY("rope.scaling.type"), "linear");
+        gw_kv_f32(w, ARCH_KEY("rope.scaling.factor"), m->rope_scale);
+    }
+    if (m->window > 0) gw_kv_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t)m->window);
 #undef ARCH_KEY
     if (m->tokens) {
         char **tok = malloc((size_t)m->n_vocab * sizeof *tok);
@@ -210,6 +215,7 @@ gw *gw_model_new(const gw_model *m)
     bool bias = strcmp(m->arch, "qwen2") == 0 || m->qkv_bias;
     bool qk_norm = strcmp(m->arch, "qwen3") == 0 || m->qk_norm;
     int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
+    if (m->rope_freqs) rand_tensor(w, "rope_freqs.weight", KILN_DTYPE_F32, 0, hd / 2, 4.0f, 3.5f, &s);
     rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
     float sh = 1.0f / sqrtf((float)m->hidden), sq = 1.0f / sqrtf((float)qd), sf = 1.0f / sqrtf((float)m->ffn);
     for (int l = 0; l < m->n_layer; l++) {

@@ -52,6 +52,9 @@ typedef struct gw_model {
     bool        no_eps;       /* leave out attention.layer_norm_rms_epsilon */
     int64_t     head_dim;     /* 0: hidden / n_head; else written as attention.key_length/value_length */
     bool        qk_norm;      /* write attn_q_norm/attn_k_norm.weight [head_dim] (always for qwen3) */
+    float       rope_scale;   /* > 0: write rope.scaling.type "linear" and rope.scaling.factor */
+    bool        rope_freqs;   /* write rope_freqs.weight [head_dim/2], random factors in [0.5, 7.5] */
+    int64_t     window;       /* > 0: write attention.sliding_window */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */

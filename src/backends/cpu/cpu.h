@@ -105,7 +105,7 @@ void kiln_cpu_softmax(const float *x, int64_t rows, int64_t d, float *y);
 /* Rotary embedding in place on x [n_tok, n_head, hd]; mode 0 = normal (pairs 2i, 2i+1), 1 = neox
  * (pairs i, i + hd/2); angle of pair i = pos[t] * theta^(-2i/hd). */
 void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t hd, int mode,
-                   float theta);
+                   float theta, const float *mult); /* mult: [hd/2] per-pair frequency multipliers or NULL */
 
 /* ---------------------------------------------------------------- calibration */
 

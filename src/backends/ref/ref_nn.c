@@ -48,7 +48,7 @@ kiln_status kiln_ref_matmul(const kiln_ref_ctx *c)
     return st;
 }
 
-/* x [n_tok, n_head, hd], pos i32 [n_tok]; pair i turns by pos * theta^(-2i/hd). */
+/* x [n_tok, n_head, hd], pos i32 [n_tok]; pair i turns by pos * theta^(-2i/hd) (* its multiplier). */
 kiln_status kiln_ref_rope(const kiln_ref_ctx *c)
 {
     uint32_t xi = c->node->src[0], pi = c->node->src[1];
@@ -67,7 +67,7 @@ kiln_status kiln_ref_rope(const kiln_ref_ctx *c)
         for (int64_t h = 0; h < n_head; h++) {
             float *r = x + (t * n_head + h) * hd;
             for (int64_t i = 0; i < half; i++) {
-                double ang = pos * pow((double)c->node->f[0], -2.0 * (double)i / (double)hd);
+                double ang = pos * kiln_rope_freq(c->node, i, hd);
                 float cs = (float)cos(ang), sn = (float)sin(ang);
                 int64_t j0 = neox ? i : 2 * i, j1 = neox ? i + half : 2 * i + 1;
                 float a = r[j0], b = r[j1];
