@@ -327,11 +327,12 @@ Test(model, bad_models_name_key_or_tensor)
     for (int k = 0; k < 4; k++) {
         gw_model mm = llama;
         w = gw_model_new(&mm);
-        const char *want[4] = {"llama.expert_count", "llama.rope.scaling.type", "llama.rope.scale_linear", "rope_freqs.weight"};
+        const char *want[4] = {"llama.expert_count", "llama.rope.scaling.type", "llama.attn_logit_softcapping",
+                               "llama.final_logit_softcapping"};
         if (k == 0) gw_kv_u32(w, "llama.expert_count", 8);
         if (k == 1) gw_kv_str(w, "llama.rope.scaling.type", "yarn");
-        if (k == 2) gw_kv_f32(w, "llama.rope.scale_linear", 4.0f);
-        if (k == 3) gw_tensor(w, "rope_freqs.weight", 0, 1, (int64_t[]){8}, (float[8]){1, 1, 1, 1, 2, 2, 4, 8}, 32);
+        if (k == 2) gw_kv_f32(w, "llama.attn_logit_softcapping", 50.0f);
+        if (k == 3) gw_kv_f32(w, "llama.final_logit_softcapping", 30.0f);
         bytes = gw_bytes(w, &n);
         gw_free(w);
         cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
