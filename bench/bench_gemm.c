@@ -83,6 +83,11 @@ int main(int argc, char **argv)
         {512, 12288, 4096, KILN_DTYPE_F16, KILN_DTYPE_F16},
         {512, 12288, 4096, KILN_DTYPE_F32, KILN_DTYPE_F16},
         {512, 12288, 4096, KILN_DTYPE_F32, KILN_DTYPE_Q4_K},
+        {512, 4096, 4096, KILN_DTYPE_F16, KILN_DTYPE_F16},
+        {512, 22016, 4096, KILN_DTYPE_F16, KILN_DTYPE_F16},
+        {512, 4096, 11008, KILN_DTYPE_F16, KILN_DTYPE_F16},
+        {128, 4096, 4096, KILN_DTYPE_F16, KILN_DTYPE_F16},
+        {64, 4096, 4096, KILN_DTYPE_F16, KILN_DTYPE_F16},
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) rc |= run_case(ctx, backend, &shapes[i], steps);

@@ -1,13 +1,16 @@
-/* The Hopper warpgroup GEMM template (kiln_gemm_wg: WGMMA over core-matrix tiles in shared
- * memory) executed here, without a GPU, by the block interpreter of tests/support/kirtest.c, which
- * runs WGMMA from kir.h's contract (descriptor layout, accumulator fragment, deferred until its
- * WG_WAIT): a wrong tile layout, fragment mapping or missing wait fails these tests in CI, not only
- * on the H100. Every kernel of the region runs in order on fresh random data and the output is
- * compared with the f64 reference (ref64) at the matmul contract's tolerance. */
+/* The Hopper GEMM template (kiln_gemm_tma: a producer warpgroup's TMA boxes into a ring of
+ * 128-byte-swizzled stages with mbarriers, consumer warpgroups' WGMMAs straight from them)
+ * executed here, without a GPU, by the block interpreter of tests/support/kirtest.c: it lands TMA
+ * boxes with the swizzle when their mbarrier phase completes, runs WGMMA from kir.h's contract
+ * (descriptor, swizzle, accumulator fragment) only at its WG_WAIT, schedules threads around
+ * mbarrier waits and reports deadlocks, so a wrong layout, phase or release fails here, in CI.
+ * Every kernel of the region runs in order on fresh random data; the output is compared with the
+ * f64 reference (ref64) at the matmul contract's tolerance, and mutated kernels must fail. */
 #include <criterion/criterion.h>
 
 #include "codegen/kir.h"
 #include "fuse/fuse.h"
+#include "graph/dtype.h"
 #include "graph/graph.h"
 #include "support/kirtest.h"
 #include "support/ref64.h"
@@ -48,8 +51,13 @@ static uint32_t *node_mem(const kiln_graph *g, uint32_t i, const wg_case *c)
     return m;
 }
 
-/* Lowers the graph's matmul region for a wgmma target, runs its kernels, checks output `out`. */
-static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, const char *what)
+/* A change to the lowered GEMM kernel (mutation tests), or NULL. */
+typedef void (*mutate_fn)(kiln_kir *k);
+
+/* Lowers the graph's matmul region for a wgmma target, runs its kernels (the GEMM changed by mut),
+ * compares output `out` with the reference: asserts the match without mut; with it returns whether
+ * the kernels failed or the output missed the tolerance. */
+static bool run_case_mut(wg_case *c, const char *out, int64_t m, kiln_dtype key, const char *what, mutate_fn mut)
 {
     kiln_graph *g = c->g;
     kiln_fusion f;
@@ -72,8 +80,11 @@ static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, con
         uint64_t scratch_bytes = 0;
         for (uint32_t i = 0; i < n; i++) scratch_bytes = ks[i].scratch_bytes > scratch_bytes ? ks[i].scratch_bytes : scratch_bytes;
         uint32_t *scratch = calloc(scratch_bytes / 4 + 4, 4);
+        bool failed = false;
         for (uint32_t i = 0; i < n; i++) {
-            saw_wg |= strcmp(ks[i].name, "kiln_gemm_wg") == 0;
+            bool wg = strcmp(ks[i].name, "kiln_gemm_tma") == 0;
+            saw_wg |= wg;
+            if (wg && mut) mut(&ks[i]);
             uint32_t *bufs[MAXB] = {params};
             for (uint32_t s = 1; s < ks[i].n_bufs; s++) {
                 const kiln_kbuf *kb = &ks[i].bufs[s];
@@ -84,12 +95,19 @@ static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, con
                     bufs[s] = mem[kb->node];
                 }
             }
-            cr_assert(kt_interp_block(&ks[i], bufs, err, sizeof err), "%s, kernel %s: %s", what, ks[i].name, err);
+            bool ran = !failed && kt_interp_block(&ks[i], bufs, err, sizeof err);
+            if (!mut) cr_assert(ran, "%s, kernel %s: %s", what, ks[i].name, err);
+            failed |= !ran;
             kiln_kir_free(&ks[i]);
         }
         free(scratch);
+        if (failed) {
+            for (uint32_t i = 0; i < g->n_nodes; i++) free(mem[i]);
+            kiln_fusion_free(&f);
+            return true;
+        }
     }
-    cr_assert(saw_wg, "%s: no kiln_gemm_wg kernel", what);
+    cr_assert(saw_wg, "%s: no kiln_gemm_tma kernel", what);
     ref64 *rf = ref64_new(g);
     char err[256];
     cr_assert_eq(ref64_run(rf, c->b, c->nb, err, sizeof err), 0, "%s", err);
@@ -106,11 +124,24 @@ static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, con
         got[e] = v;
     }
     cr_assert_eq(numel % m, 0);
-    tu_compare(what, got, ref, numel, tu_tol("matmul", key));
+    bool missed = false;
+    if (!mut) {
+        tu_compare(what, got, ref, numel, tu_tol("matmul", key));
+    } else {
+        double se = 0, sr = 0;
+        for (int64_t e = 0; e < numel; e++) se += (got[e] - ref[e]) * (got[e] - ref[e]), sr += ref[e] * ref[e];
+        missed = !(se <= tu_tol("matmul", key) * (sr > 1e-300 ? sr : 1e-300)); /* NaN misses too */
+    }
     free(got);
     ref64_free(rf);
     for (uint32_t i = 0; i < g->n_nodes; i++) free(mem[i]);
     kiln_fusion_free(&f);
+    return missed;
+}
+
+static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, const char *what)
+{
+    run_case_mut(c, out, m, key, what, NULL);
 }
 
 static void bind_random(wg_case *c, const char *name, int64_t n, float lo, float hi)
@@ -127,31 +158,45 @@ static void case_free(wg_case *c)
     kiln_graph_free(c->g);
 }
 
-/* x f32 (two f16 parts staged from registers), one weight, a residual epilogue; a row tail (130
- * of 160 rows: two token blocks, the second partial) and a column tail (136 = 128 + 8). */
-static void plain_case(kiln_dtype wt, int64_t K)
+/* One weight, a residual epilogue; a row tail (m of mmax rows: the last token block partial) and
+ * a column tail (136 = 128 + 8); K not a multiple of the 64-k stage where asked (the TMA's zeros
+ * past K). x f32 takes the split kernel (two f16 parts); x f16/bf16 is read by the TMA as it is. */
+static bool plain_case_mut(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t mmax, int64_t m, mutate_fn mut)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
-    kiln_dim M = kiln_sym(c.g, "m", 160);
-    const int64_t N = 136, m = 130;
-    kiln_node x = kiln_input(c.g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, K});
+    kiln_dim M = kiln_sym(c.g, "m", mmax);
+    const int64_t N = 136;
+    kiln_node x = kiln_input(c.g, "x", xt, 2, (kiln_dim[]){M, K});
     kiln_node r = kiln_input(c.g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){M, N});
     kiln_node w = tu_weight(c.g, "w", wt, 2, (kiln_dim[]){N, K}, -1.0f, 1.0f);
     kiln_output(c.g, kiln_add(c.g, kiln_matmul(c.g, x, w), r), "y");
     c.b[c.nb++] = (kiln_binding){.name = "m", .value = m};
-    bind_random(&c, "x", m * K, -1.0f, 1.0f);
+    if (xt == KILN_DTYPE_F32) {
+        bind_random(&c, "x", m * K, -1.0f, 1.0f);
+    } else { /* 16-bit x: values exact in the type */
+        uint16_t *v = malloc((size_t)(m * K) * 2);
+        float *f = malloc((size_t)(m * K) * 4);
+        tu_fill(f, m * K, -1.0f, 1.0f);
+        for (int64_t i = 0; i < m * K; i++) v[i] = xt == KILN_DTYPE_F16 ? kiln_f32_to_f16(f[i]) : kiln_f32_to_bf16(f[i]);
+        free(f);
+        c.in[c.nb] = v;
+        c.b[c.nb++] = (kiln_binding){.name = "x", .data = v, .bytes = (size_t)(m * K) * 2};
+    }
     bind_random(&c, "r", m * N, -1.0f, 1.0f);
-    char what[64];
-    snprintf(what, sizeof what, "wgmma gemm %s K=%lld + residual", kiln_dtype_name(wt), (long long)K);
-    run_case(&c, "y", m, wt, what);
+    char what[96];
+    snprintf(what, sizeof what, "tma gemm %s x %s K=%lld m=%lld/%lld + residual", kiln_dtype_name(wt), kiln_dtype_name(xt), (long long)K,
+             (long long)m, (long long)mmax);
+    bool missed = run_case_mut(&c, "y", m, wt, what, mut);
     case_free(&c);
+    return missed;
 }
 
-Test(gemm_wg, f16_weights_residual) { plain_case(KILN_DTYPE_F16, 96); }
-Test(gemm_wg, q8_0_weights) { plain_case(KILN_DTYPE_Q8_0, 64); }
-Test(gemm_wg, q4_k_weights) { plain_case(KILN_DTYPE_Q4_K, 256); }
-Test(gemm_wg, q6_k_weights) { plain_case(KILN_DTYPE_Q6_K, 256); }
+static void plain_case(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t mmax, int64_t m) { plain_case_mut(wt, xt, K, mmax, m, NULL); }
+
+Test(gemm_wg, f16_weights_f32_x_residual) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 96, 160, 130); }
+Test(gemm_wg, f16_weights_f16_x_two_accumulators) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F16, 448, 300, 290); }
+Test(gemm_wg, bf16_weights_bf16_x) { plain_case(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 128, 140, 137); }
 
 /* rms_norm prologue (x normalized and split once by the rms kernel) and two siblings with a
  * swiglu epilogue: the gate/up shape of a llama layer. */
@@ -169,7 +214,7 @@ Test(gemm_wg, rms_norm_siblings_swiglu)
     kiln_output(c.g, kiln_swiglu(c.g, kiln_matmul(c.g, h, wg), kiln_matmul(c.g, h, wu)), "y");
     c.b[c.nb++] = (kiln_binding){.name = "m", .value = m};
     bind_random(&c, "x", m * K, -1.0f, 1.0f);
-    run_case(&c, "y", m, KILN_DTYPE_F16, "wgmma gemm rms_norm + gate/up + swiglu");
+    run_case(&c, "y", m, KILN_DTYPE_F16, "tma gemm rms_norm + gate/up + swiglu");
     case_free(&c);
 }
 
@@ -194,4 +239,31 @@ Test(gemm_wg, interpreter_catches_read_in_flight)
     cr_assert(!kt_interp_block(&k, bufs, err, sizeof err));
     cr_assert(strstr(err, "in flight"), "%s", err);
     kiln_kir_free(&k);
+}
+
+/* Mutations of the pipeline that a GPU would turn into wrong numbers must fail here too. */
+static void drop_full_wait(kiln_kir *k) /* the consumers no longer wait for a stage's bytes */
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_MBAR_WAIT && k->ins[i].b != KILN_IDX_NONE && k->ins[k->ins[i].b].op != KILN_KOP_XOR) {
+            k->ins[i] = (kiln_kinst){.op = KILN_KOP_FENCE_ASYNC, .type = KILN_KT_NONE, .a = KILN_IDX_NONE, .b = KILN_IDX_NONE, .c = KILN_IDX_NONE};
+            return;
+        }
+}
+static void early_release(kiln_kir *k) /* a stage released while its WGMMAs may still read it */
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_WG_WAIT && k->ins[i].imm.i == 1) k->ins[i].imm.i = 3;
+}
+static void no_swizzle(kiln_kir *k) /* WGMMA reads the tiles unswizzled */
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_WGMMA) k->ins[i].imm.u &= ~2u;
+}
+
+Test(gemm_wg, mutations_fail)
+{
+    cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, drop_full_wait), "a missing full-barrier wait passed");
+    cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, early_release), "an early stage release passed");
+    cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, no_swizzle), "unswizzled WGMMA reads passed");
 }

@@ -24,6 +24,8 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_ENDLOOP] = "endloop", [KILN_KOP_IF] = "if", [KILN_KOP_ELSE] = "else", [KILN_KOP_ENDIF] = "endif",
     [KILN_KOP_STS4] = "sts4", [KILN_KOP_SADDR] = "saddr", [KILN_KOP_FENCE_ASYNC] = "fence_async", [KILN_KOP_WG_FENCE] = "wg_fence",
     [KILN_KOP_WGMMA] = "wgmma", [KILN_KOP_WG_COMMIT] = "wg_commit", [KILN_KOP_WG_WAIT] = "wg_wait",
+    [KILN_KOP_MBAR_INIT] = "mbar_init", [KILN_KOP_MBAR_ARRIVE] = "mbar_arrive", [KILN_KOP_MBAR_WAIT] = "mbar_wait",
+    [KILN_KOP_TMA_LOAD] = "tma_load", [KILN_KOP_SETMAXNREG] = "setmaxnreg",
     [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch",
 };
 
@@ -120,6 +122,25 @@ uint32_t kiln_kir_shared(kiln_kir *k, uint32_t n)
     }
     k->shared[k->n_shared] = n;
     return k->n_shared++;
+}
+
+uint32_t kiln_kir_tmap(kiln_kir *k, const kiln_ktmap *m)
+{
+    for (uint32_t t = 0; t < k->n_tmaps; t++)
+        if (!memcmp(&k->tmaps[t], m, sizeof *m)) return t;
+    if (k->n_tmaps == KILN_KIR_MAX_TMAPS) {
+        k->oom = true;
+        return KILN_IDX_NONE;
+    }
+    k->tmaps[k->n_tmaps] = *m;
+    return k->n_tmaps++;
+}
+
+uint64_t kiln_kir_shared_bytes(const kiln_kir *k)
+{
+    uint64_t b = 0;
+    for (uint32_t s = 0; s < k->n_shared; s++) b = (k->dyn_shared ? (b + 1023) / 1024 * 1024 : (b + 15) / 16 * 16) + 4ull * k->shared[s];
+    return b;
 }
 
 uint32_t kiln_kir_table(kiln_kir *k, const uint32_t *words, uint32_t n)
@@ -333,10 +354,33 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             break;
         case KILN_KOP_WGMMA:
             if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != KILN_KT_W64 || ta[1] != KILN_KT_U32 || ta[2] != KILN_KT_U32 ||
-                (in->imm.u & ~0xff01u) || !(in->imm.u >> 8))
+                (in->imm.u & ~0xff03u) || !(in->imm.u >> 8))
                 FAIL("wgmma needs a w64 variable and two u32 shared addresses (flags %#x)", in->imm.u);
             if (k->block % 128) FAIL("wgmma in a block that is not whole warpgroups");
             break;
+        case KILN_KOP_MBAR_INIT:
+            if (ta[0] != KILN_KT_U32 || in->imm.i <= 0 || in->imm.i > 1024) FAIL("mbarrier init of %d arrivals at a %s", in->imm.i, kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_MBAR_ARRIVE:
+            if (ta[0] != KILN_KT_U32 || in->imm.i < 0 || in->imm.i >= (1 << 20)) FAIL("mbarrier arrive (%d bytes) at a %s", in->imm.i, kiln_kt_name(ta[0]));
+            break;
+        case KILN_KOP_MBAR_WAIT:
+            if (ta[0] != KILN_KT_U32 || (ta[1] != KILN_KT_I32 && ta[1] != KILN_KT_U32)) FAIL("mbarrier wait needs an address and a parity");
+            break;
+        case KILN_KOP_TMA_LOAD:
+            if (ta[0] != KILN_KT_V4 || in->imm.u >= k->n_tmaps) FAIL("tma load of map %u of %u from a %s", in->imm.u, k->n_tmaps, kiln_kt_name(ta[0]));
+            if (k->tmaps[in->imm.u].slot >= k->n_bufs) FAIL("tensor map %u on slot %u of %u", in->imm.u, k->tmaps[in->imm.u].slot, k->n_bufs);
+            {
+                kiln_kinst as_ld = *in; /* the box reads the map's slot: the same order rule as a load */
+                as_ld.op = KILN_KOP_LD4, as_ld.imm.u = k->tmaps[in->imm.u].slot;
+                if (!pdl_order_ok(k, &as_ld, waited)) FAIL("tma load of slot %u before the kernel's top-level grid wait", as_ld.imm.u);
+            }
+            break;
+        case KILN_KOP_SETMAXNREG: {
+            uint32_t r = in->imm.u & 0xffff;
+            if (r < 24 || r > 256 || r % 8 || (in->imm.u >> 16) > 1 || k->block % 128) FAIL("setmaxnreg %u", r);
+            break;
+        }
         case KILN_KOP_REDUCE: {
             uint32_t grp = in->imm.u & 0xffff, rop = in->imm.u >> 16;
             if (t != KILN_KT_F32 || ta[0] != t || rop >= KILN_KRED_COUNT || !grp || (grp & (grp - 1)) || k->block % grp)
@@ -387,10 +431,8 @@ bool kiln_kir_needs_sm90(const kiln_kir *k)
 bool kiln_kir_needs_sm90a(const kiln_kir *k)
 {
     for (uint32_t i = 0; i < k->n_ins; i++)
-        if (k->ins[i].op == KILN_KOP_WGMMA || k->ins[i].op == KILN_KOP_WG_FENCE || k->ins[i].op == KILN_KOP_WG_COMMIT ||
-            k->ins[i].op == KILN_KOP_WG_WAIT)
-            return true;
-    return false;
+        if (k->ins[i].op >= KILN_KOP_WG_FENCE && k->ins[i].op <= KILN_KOP_SETMAXNREG) return true; /* WG_FENCE .. SETMAXNREG */
+    return k->n_tmaps > 0;
 }
 
 /* ------------------------------------------------------------------ listing */

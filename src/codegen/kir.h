@@ -115,10 +115,28 @@ enum kiln_kop {
      * SADDR, multiples of 16); SBO = 16 * (imm >> 8 & 0xff). imm bit 0: bf16 elements (else f16).
      * Lane j of a (thread t of the warpgroup: warp w = t >> 5, g = (t & 31) >> 2, q = t & 3) is
      * D[16 w + g + 8 ((j >> 1) & 1)][8 (j >> 2) + 2 q + (j & 1)]. Must be reached by all 128
-     * threads in uniform control flow. */
+     * threads in uniform control flow. imm bit 1: both tiles are 128-byte swizzled instead (TMA's
+     * layout, atoms of 8 rows x 128 bytes 1024-aligned): element (i, kk) is at the byte address
+     * L ^ (((L >> 7) & 7) << 4), L = b + (i >> 3) * SBO + (i & 7) * 128 + kk * 2 (b advances by
+     * 32 bytes per k16 step inside the 64-half rows). */
     KILN_KOP_WGMMA,
     KILN_KOP_WG_COMMIT, /* NONE: closes the group of this thread's WGMMAs issued since the last commit */
     KILN_KOP_WG_WAIT, /* NONE: waits until at most imm of this thread's committed groups are pending */
+    /* Hopper asynchronous pipelines: mbarriers (64-bit objects in shared memory, addressed by U32
+     * byte addresses from SADDR, 8-byte aligned) and the TMA engine. A phase of an mbarrier completes
+     * when its pending arrivals reach 0 and every byte it expects has landed; its parity then flips. */
+    KILN_KOP_MBAR_INIT,   /* NONE: mbarrier at a: phase 0, imm arrivals expected per phase */
+    KILN_KOP_MBAR_ARRIVE, /* NONE: one arrival at mbarrier a (release: this thread's earlier shared
+                             stores are visible to whoever waits); imm > 0: it also expects imm more bytes (TMA) */
+    KILN_KOP_MBAR_WAIT,   /* NONE: waits until the phase of mbarrier a with parity b (I32 0/1) has completed */
+    /* NONE: TMA tile load of tensor map imm (kiln_kir.tmaps): a is a V4 {U32 destination byte address
+     * in shared memory (1024-aligned), U32 mbarrier address, I32 inner coordinate (elements),
+     * I32 outer coordinate (rows)}; the box lands as rows of 128 bytes with the 128-byte swizzle
+     * (16-byte chunk c of row r at chunk c ^ (r & 7)), rows past the map's end as zeros, and its
+     * bytes complete-tx on the mbarrier */
+    KILN_KOP_TMA_LOAD,
+    KILN_KOP_SETMAXNREG,  /* NONE: this warpgroup's registers per thread become imm & 0xffff (imm bit 16:
+                             increase, else decrease); uniform per warpgroup */
     /* Hopper programmatic dependent launch (sm_90, kernels with kiln_kir.pdl; see codegen/lower_pdl.c) */
     KILN_KOP_GRID_WAIT,   /* NONE: waits until the grids this one depends on have completed and their memory
                              is visible (PTX griddepcontrol.wait); a no-op when launched without the attribute */
@@ -168,6 +186,18 @@ typedef struct kiln_kbuf {
     uint32_t node;     /* KILN_KBUF_NODE: graph node index; KILN_KBUF_TABLE: table index */
 } kiln_kbuf;
 
+/* A TMA tensor map the launcher encodes (cuTensorMapEncodeTiled) from the buffer slot's address
+ * and passes by value: a 2-D tensor of 16-bit elements, rows of `stride` bytes, 128-byte swizzle. */
+typedef struct kiln_ktmap {
+    uint32_t slot;      /* buffer slot */
+    uint32_t word;      /* first word of the tensor in the buffer (16-byte aligned: a multiple of 4) */
+    uint32_t inner;     /* elements per row (the contiguous dimension) */
+    uint32_t outer;     /* rows */
+    uint32_t stride;    /* bytes from one row to the next (a multiple of 16) */
+    uint16_t box_inner; /* box elements along a row (64: 128 bytes) */
+    uint16_t box_outer; /* box rows (at most 256) */
+} kiln_ktmap;
+
 typedef struct kiln_ktable {
     uint32_t *words; /* contents (owned) */
     uint32_t  n;     /* word count */
@@ -176,6 +206,7 @@ typedef struct kiln_ktable {
 #define KILN_KIR_MAX_BUFS 24
 #define KILN_KIR_MAX_SHARED 4
 #define KILN_KIR_MAX_TABLES 4
+#define KILN_KIR_MAX_TMAPS 8
 
 typedef struct kiln_kir {
     char        name[48];                       /* kernel entry name, a C identifier */
@@ -196,6 +227,10 @@ typedef struct kiln_kir {
     kiln_kinst *ins;                            /* instructions, in program order */
     uint32_t    n_ins;                          /* used */
     uint32_t    cap_ins;                        /* allocated */
+    kiln_ktmap  tmaps[KILN_KIR_MAX_TMAPS];      /* TMA tensor maps (sm_90a kernels) */
+    uint32_t    n_tmaps;                        /* used */
+    bool        dyn_shared;                     /* shared arrays live in dynamic shared memory (up to the
+                                                   target's limit, each 1024-aligned) instead of static */
     uint64_t    scratch_bytes;                  /* size of the region's scratch buffer (0: none) */
     bool        oom;                            /* an append failed: the kernel is unusable */
     char        what[96];                       /* what it computes, for listings ("gemv q4_k x3 + rope") */
@@ -217,6 +252,10 @@ uint32_t kiln_kir_op(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, 
 uint32_t kiln_kir_buf(kiln_kir *k, enum kiln_kbuf_kind kind, uint32_t node, bool written);
 /* Adds a shared array of n 32-bit elements; returns its index. */
 uint32_t kiln_kir_shared(kiln_kir *k, uint32_t n);
+/* Adds a TMA tensor map; returns its index (KILN_IDX_NONE and k->oom when full). */
+uint32_t kiln_kir_tmap(kiln_kir *k, const kiln_ktmap *m);
+/* Shared bytes of k's arrays: static (each 16-aligned) or dynamic (each 1024-aligned), as printed. */
+uint64_t kiln_kir_shared_bytes(const kiln_kir *k);
 /* Adds a constant table of n words (copied) and its buffer slot; returns the slot. */
 uint32_t kiln_kir_table(kiln_kir *k, const uint32_t *words, uint32_t n);
 /* Wraps k's whole body in `if (pred)`: cond holds the instructions that compute PRED pred (leaves
@@ -283,7 +322,7 @@ kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, con
  * the golden test print). */
 kiln_status kiln_lower_region_seq(const kiln_graph *g, const kiln_region *r, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
                                   char *err, size_t n_err);
-/* Whether kernel k uses sm_90a-only instructions (WGMMA and its fences). */
+/* Whether kernel k uses sm_90a-only instructions (WGMMA, mbarriers, TMA and their fences). */
 bool kiln_kir_needs_sm90a(const kiln_kir *k);
 /* Whether kernel k uses sm_90 instructions (griddepcontrol, for programmatic dependent launch). */
 bool kiln_kir_needs_sm90(const kiln_kir *k);

@@ -43,7 +43,13 @@ typedef struct gm {
     int32_t    xp_word;   /* word of the first part in the scratch */
     int32_t    xp_part;   /* words of one part (m_max * K / 2) */
     int        apart;     /* words of one part of the A tile (bm x 32 halves) */
-    bool       wg;        /* Hopper: warpgroup MMA from core-matrix tiles, two stages (gw_*) */
+    bool       wg;        /* Hopper: TMA + warpgroup MMA, producer and consumer warpgroups (gw_*) */
+    int        threads;   /* threads of the GEMM kernel */
+    int        rc;        /* wg: rows per consumer warpgroup (64, 128); bm = 2 rc */
+    int        stages;    /* wg: stages of the ring */
+    uint32_t   sb;        /* wg: bytes of a stage (x parts, then 128 weight rows; 128 bytes a row) */
+    uint32_t   ring, bars;/* wg: U32 shared addresses of the ring and of its mbarriers (full[stages], empty[stages]) */
+    uint32_t   xmap;      /* wg: x's tensor map */
 } gm;
 
 /* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
@@ -288,17 +294,18 @@ static void gm_mma(gm *g, const gm_plan *P, uint32_t acc[GM_MT][4])
 
 /* ------------------------------------------------------------------ epilogue */
 
-/* Runs gemv's per-element epilogue over the C tile in shared memory (block rows 32 h .. 32 h + 31,
- * GM_CS words a row), every thread a unit at a time; barriers on both sides are the caller's. */
-static void gm_drain(gm *g, const gv_group *G, int h)
+/* Runs gemv's per-element epilogue over the C tile in shared memory (its rows 0 .. rows - 1 are
+ * block rows r0 .., GM_CS words a row), every thread a unit at a time; barriers on both sides are
+ * the caller's. */
+static void gm_drain(gm *g, const gv_group *G, int r0, int rows)
 {
     gv *s = g->s;
     kiln_kir *k = g->k;
     int upb = GM_BN / 4; /* units per block: 4 slots each */
     uint32_t it = kiln_kvar(k, g->tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, ci(g, 32 * upb), ci(g, GM_THREADS), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, ci(g, rows * upb), ci(g, g->threads), 0);
     uint32_t row = o2(g, KILN_KOP_DIV, it, ci(g, upb)), u = o2(g, KILN_KOP_REM, it, ci(g, upb));
-    s->t0 = add(g, g->m0, addi(g, row, 32 * h));
+    s->t0 = add(g, g->m0, addi(g, row, r0));
     s->mc = 1;
     int deltas[SLOTS];
     uint32_t base = kl_gv_unit_base(s, G, u, deltas);
@@ -333,190 +340,240 @@ static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[GM_MT][4])
                 }
         kendif(g);
         barrier(g);
-        gm_drain(g, G, h);
+        gm_drain(g, G, 32 * h, 32);
         barrier(g);
     }
 }
 
-/* ------------------------------------------------------------------ Hopper: warpgroup MMA */
+/* ------------------------------------------------------------------ Hopper: TMA + warpgroup MMA */
 
-/* With wg (sm_90a): 128 tokens x 128 columns a block, warpgroup w (threads 128 w ..) owns tokens
- * 64 w .. 64 w + 63 in one W64 accumulator (wgmma m64n128k16). Tiles are K-major 8 x 8 core
- * matrices of 128 bytes (4 along the 32 staged k, then the next 8 rows: SBO 512 bytes), in two
- * stages of GW_STAGE(parts) words: the x parts, then the weights. A thread stages 16-byte items
- * whose tile word is 4 x its item index (8 threads fill one core matrix: conflict-free STS4). The
- * next tile's global loads are issued before the current tile's WGMMAs and stored into the other
- * stage while they run. */
-#define GW_TILE 2048 /* words of one 128 x 32-half tile */
-#define GW_STAGE(parts) (((parts) + 1) * GW_TILE)
+/* With wg (sm_90a, 16-bit weights): 384 threads, consumer warpgroups 0 and 1 and a producer
+ * warpgroup 2, whose first thread has the TMA engine bring each 64-k stage (x's parts: bm rows of
+ * 128 bytes each, then the weights: 128 rows) into a ring of `stages` buffers in dynamic shared
+ * memory, 128-byte swizzled, signalling a `full` mbarrier per stage with the bytes landed. Consumer
+ * warpgroup c owns rows c * rc .. c * rc + rc - 1 (rc = 64 or 128: one or two W64 accumulators,
+ * wgmma m64n128k16 straight from the swizzled tiles) and releases a stage through its `empty`
+ * mbarrier once the WGMMAs reading it have retired, one stage behind (wait_group 1). The epilogue
+ * writes the accumulators into a C tile in the stage memory and runs gemv's per-element epilogue
+ * with every thread. */
+#define GW_BK 64           /* k per stage: 64 halves = 128 bytes, the swizzle's and the TMA box's width */
+#define GW_THREADS 384     /* two consumer warpgroups and the producer */
+#define GW_STAGE_MAX 231424 /* dynamic shared bytes for the ring (227 KB less 1 KB of mbarriers) */
 
-/* Row (or column) and 8-half core column of 16-byte item i of a tile: 8 consecutive items are the
- * 8 rows of one core matrix, the next 8 the next core along k, then the next 8 rows. */
-static uint32_t gw_item_row(gm *g, uint32_t i) { return o2(g, KILN_KOP_OR, muli(g, shri(g, i, 5), 8), andi(g, i, 7)); }
-static uint32_t gw_item_core(gm *g, uint32_t i) { return andi(g, shri(g, i, 3), 3); }
+static uint32_t cu(gm *g, uint32_t v) { return kiln_ku(g->k, v); }
+static uint32_t addu(gm *g, uint32_t a, uint32_t b) { return o2(g, KILN_KOP_ADD, a, b); }
+static uint32_t to_u(gm *g, uint32_t i32) { return kiln_kcvt(g->k, KILN_KT_U32, i32); }
 
-static void gw_plan_make(gm *g, const gv_group *G, gm_plan *P)
+/* Byte address of stage s (I32) of the ring, and of its full (which 0) / empty (1) mbarrier. */
+static uint32_t gw_stage(gm *g, uint32_t s) { return addu(g, g->ring, to_u(g, muli(g, s, (int32_t)g->sb))); }
+static uint32_t gw_bar(gm *g, int which, uint32_t s) { return addu(g, g->bars, to_u(g, muli(g, addi(g, s, which * g->stages), 8))); }
+
+static void gw_sync(gm *g, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm)
 {
-    gv *s = g->s;
-    int64_t K = s->K;
-    bool f32 = x_is_f32(g);
-    for (int j = 0; j < x_items(g); j++) {
-        uint32_t i = addi(g, g->tid, GM_THREADS * j), i2 = f32 ? shri(g, i, 1) : i;
-        uint32_t row = gw_item_row(g, i2), c = gw_item_core(g, i2); /* f32 x: items of 4 values, two per core row */
-        if (f32) c = add(g, muli(g, c, 2), andi(g, i, 1));
-        uint32_t gr = o2(g, KILN_KOP_MIN, add(g, g->m0, row), addi(g, g->m, -1));
-        P->xbase[j] = add(g, muli(g, gr, (int32_t)(f32 ? K : K / 2)), muli(g, c, 4));
-        if (g->xp) P->xbase[j] = addi(g, P->xbase[j], g->xp_word);
-        P->nwoff[j] = muli(g, c, f32 ? 4 : 8);
-        P->ascale[j] = g->scr != KILN_IDX_NONE ? kl_load(g->k, g->scr, KILN_DTYPE_F32, gr) : KILN_IDX_NONE;
-        P->aw[j] = muli(g, i, f32 ? 2 : 4);
-    }
-    int boff = g->parts * g->apart;
-    for (int j = 0; j < w_items(g, G); j++) {
-        uint32_t ris, piece, bw;
-        int sp;
-        if (is_float_w(g->wt)) { /* items of 8 values; two siblings: item j is sibling j's 64 rows */
-            uint32_t i = addi(g, g->tid, GM_THREADS * j), brow = gw_item_row(g, i);
-            sp = G->n_sib == 2 ? j : 0;
-            ris = sp ? addi(g, brow, -sp * g->bns) : brow;
-            piece = gw_item_core(g, i);
-            bw = addi(g, muli(g, i, 4), boff);
-        } else { /* pieces of 16 values (two cores); two siblings: threads 128.. repeat 0..127 (same values) */
-            uint32_t li = g->bns * 2 >= GM_THREADS ? g->tid : andi(g, g->tid, g->bns * 2 - 1);
-            sp = j;
-            ris = o2(g, KILN_KOP_OR, muli(g, shri(g, li, 4), 8), andi(g, li, 7));
-            piece = andi(g, shri(g, li, 3), 1);
-            uint32_t brow = addi(g, ris, sp * g->bns);
-            bw = addi(g, add(g, muli(g, add(g, muli(g, shri(g, brow, 3), 4), muli(g, piece, 2)), 32), muli(g, andi(g, brow, 7), 4)), boff);
-        }
-        P->wrow[j] = o2(g, KILN_KOP_MIN, add(g, g->n0, ris), ci(g, (int32_t)(G->n - 1)));
-        P->wbase[j] = add(g, muli(g, P->wrow[j], (int32_t)(K / 2)), muli(g, piece, 4));
-        P->piece[j] = piece;
-        P->bw[j] = bw;
-    }
+    kiln_kir_op(g->k, op, KILN_KT_NONE, a, b, KILN_IDX_NONE, imm);
 }
 
-static void sts4(gm *g, uint32_t idx, uint32_t v4)
+/* One TMA box of map m: {dst, mbarrier, k, row} */
+static void gw_tma(gm *g, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kcoord, uint32_t row)
 {
-    kiln_kir_op(g->k, KILN_KOP_STS4, KILN_KT_NONE, idx, v4, KILN_IDX_NONE, (int32_t)g->sh);
+    kiln_kir *k = g->k;
+    uint32_t v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, KILN_IDX_NONE, dst, KILN_IDX_NONE, 0);
+    v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, bar, KILN_IDX_NONE, 1);
+    v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, kcoord), KILN_IDX_NONE, 2);
+    v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, row), KILN_IDX_NONE, 3);
+    kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)m);
 }
 
-/* Stores one tile's loads into the stage at word `base` (I32). */
-static void gw_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub, uint32_t base)
+/* The producer's one thread: for each stage, wait until the consumers released it, expect its
+ * bytes and start its boxes. */
+static void gw_producer(gm *g, const gv_group *G, const uint32_t wmap[2], int32_t nk)
 {
-    bool raw_words = x_raw_words(g);
-    for (int j = 0; j < x_items(g); j++) {
-        uint32_t w = add(g, base, P->aw[j]);
-        if (g->xp) { /* normalized and split by the rms kernel */
-            for (int q = 0; q < g->parts; q++) sts4(g, addi(g, w, q * g->apart), raw->axp[j][q]);
-            continue;
-        }
-        if (raw_words) {
-            sts4(g, w, raw->ax[j]);
-            continue;
-        }
-        int V = x_is_f32(g) ? 4 : 8;
-        for (int pp = 0; pp < V / 2; pp++) {
-            uint32_t word[3];
-            x_pair_words(g, P, raw, j, pp, word);
-            for (int q = 0; q < g->parts; q++) sts(g, addi(g, w, q * g->apart + pp), word[q]);
-        }
-    }
-    for (int j = 0; j < w_items(g, G); j++) {
-        uint32_t w = add(g, base, P->bw[j]);
-        if (is_float_w(g->wt)) {
-            sts4(g, w, raw->b[j].v[0]);
-            continue;
-        }
-        uint32_t val[16];
-        w_block_values(g, raw, j, sub, val);
-        for (int c = 0; c < 2; c++) { /* the piece's two core matrices: 8 values each */
-            uint32_t v4 = KILN_IDX_NONE;
-            for (int pp = 0; pp < 4; pp++) {
-                uint32_t word;
-                kl_split_pair(g->k, val[8 * c + 2 * pp], val[8 * c + 2 * pp + 1], 1, g->bf, &word);
-                v4 = kiln_kir_op(g->k, KILN_KOP_SETLANE, KILN_KT_V4, v4, word, KILN_IDX_NONE, pp);
-            }
-            sts4(g, addi(g, w, 32 * c), v4);
-        }
-    }
+    kiln_kir *k = g->k;
+    uint32_t kt = kiln_kvar(k, ci(g, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, nk), ci(g, 1), 0);
+    uint32_t s = o2(g, KILN_KOP_REM, kt, ci(g, g->stages)), ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
+    gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 1, s), o2(g, KILN_KOP_XOR, ph, ci(g, 1)), 0); /* a fresh barrier passes parity 1 */
+    uint32_t full = gw_bar(g, 0, s), st = gw_stage(g, s), k0 = muli(g, kt, GW_BK);
+    gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, (int32_t)g->sb);
+    for (int q = 0; q < g->parts; q++)
+        gw_tma(g, g->xmap, addu(g, st, cu(g, (uint32_t)(q * g->bm * 128))), full, k0, g->xp ? addi(g, g->m0, q * (int32_t)g->s->m_max) : g->m0);
+    for (int sp = 0; sp < G->n_sib; sp++)
+        gw_tma(g, wmap[sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, k0, g->n0);
+    kl_loop_end(k);
 }
 
-/* acc += the staged tile at word `base`: two k16 steps per x part. */
-static void gw_mma(gm *g, uint32_t acc, uint32_t base)
+/* A consumer warpgroup: acc[0..rc/64) += its rows of x . the weights, stage by stage. */
+static void gw_consumer(gm *g, const uint32_t acc[2], int32_t nk)
 {
     kiln_kir *k = g->k;
     uint32_t wg = shri(g, g->tid, 7);
-    int32_t flags = (512 / 16) << 8 | (g->bf ? 1 : 0);
+    uint32_t arow = to_u(g, muli(g, wg, g->rc * 128)); /* byte offset of this warpgroup's rows in an A tile */
+    int32_t flags = (1024 / 16) << 8 | 2 | (g->bf ? 1 : 0); /* SBO 1024 (8 rows of 128 bytes), swizzled */
+    uint32_t kt = kiln_kvar(k, ci(g, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, nk), ci(g, 1), 0);
+    uint32_t s = o2(g, KILN_KOP_REM, kt, ci(g, g->stages)), ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
+    gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 0, s), ph, 0);
+    uint32_t st = gw_stage(g, s);
+    gw_sync(g, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     for (int q = 0; q < g->parts; q++)
-        for (int ks = 0; ks < 2; ks++) {
-            uint32_t ai = add(g, addi(g, base, q * g->apart + ks * 64), muli(g, wg, 1024));
-            uint32_t bi = addi(g, base, g->parts * g->apart + ks * 64);
-            uint32_t a = op1(g, KILN_KOP_SADDR, KILN_KT_U32, ai, (int32_t)g->sh), b = op1(g, KILN_KOP_SADDR, KILN_KT_U32, bi, (int32_t)g->sh);
-            kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, acc, a, b, flags);
-        }
+        for (int ks = 0; ks < GW_BK / 16; ks++)
+            for (int mt = 0; mt < g->rc / 64; mt++) {
+                uint32_t a = addu(g, addu(g, st, arow), cu(g, (uint32_t)(q * g->bm * 128 + mt * 64 * 128 + ks * 32)));
+                uint32_t b = addu(g, st, cu(g, (uint32_t)(g->parts * g->bm * 128 + ks * 32)));
+                kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, acc[mt], a, b, flags);
+            }
+    gw_sync(g, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the previous stage's WGMMAs have retired */
+    kif(g, o2(g, KILN_KOP_LT, ci(g, 0), kt));
+    gw_sync(g, KILN_KOP_MBAR_ARRIVE, gw_bar(g, 1, o2(g, KILN_KOP_REM, addi(g, kt, g->stages - 1), ci(g, g->stages))), KILN_IDX_NONE, 0);
+    kendif(g);
+    kl_loop_end(k);
+    gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
 }
 
-static void gw_sync(gm *g, enum kiln_kop op, int32_t imm)
+/* The accumulators into the C tile (the ring's memory, every load retired), then gemv's epilogue
+ * over all bm rows with every thread. */
+static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[2])
 {
-    kiln_kir_op(g->k, op, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, imm);
-}
-
-/* The accumulators through the C tile (32 rows a pass: two warps of one warpgroup write) into
- * gemv's epilogue. */
-static void gw_epilogue(gm *g, const gv_group *G, uint32_t acc)
-{
-    uint32_t wg = shri(g, g->tid, 7), wq = andi(g, shri(g, g->tid, 5), 3);
+    kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    uint32_t wg = shri(g, g->tid, 7), w = andi(g, shri(g, g->tid, 5), 3);
     uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
-    for (int h = 0; h < 4; h++) {
-        kif(g, o2(g, KILN_KOP_PAND, o2(g, KILN_KOP_EQ, wg, ci(g, h >> 1)), o2(g, KILN_KOP_EQ, shri(g, wq, 1), ci(g, h & 1))));
-        uint32_t r0 = add(g, muli(g, andi(g, wq, 1), 16), gq);
+    uint32_t r0 = add(g, add(g, muli(g, wg, g->rc), muli(g, w, 16)), gq);
+    for (int mt = 0; mt < g->rc / 64; mt++)
         for (int j = 0; j < 64; j++) {
-            uint32_t row = addi(g, r0, 8 * ((j >> 1) & 1));
+            uint32_t row = addi(g, r0, mt * 64 + 8 * ((j >> 1) & 1));
             uint32_t col = addi(g, muli(g, qq, 2), 8 * (j >> 2) + (j & 1));
-            sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc, j));
+            sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[mt], j));
         }
-        kendif(g);
-        barrier(g);
-        gm_drain(g, G, h);
-        barrier(g);
-    }
+    kendif(g);
+    barrier(g);
+    gm_drain(g, G, 0, g->bm);
 }
 
 static void gw_group(gm *g, const gv_group *G)
 {
     kiln_kir *k = g->k;
+    gv *s = g->s;
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t acc = kiln_kvar(k, zero);
-    int64_t K = g->s->K;
-    int32_t stage = GW_STAGE(g->parts);
-    gm_plan P;
-    gm_raw raw;
-    memset(&P, 0, sizeof P);
-    memset(&raw, 0, sizeof raw);
-    gw_plan_make(g, G, &P);
-    uint32_t cur = kiln_kvar(k, ci(g, 0));
-    gm_load(g, G, &P, &raw, ci(g, 0));
-    gw_store(g, G, &P, &raw, 0, cur);
-    gw_sync(g, KILN_KOP_FENCE_ASYNC, 0);
-    barrier(g);
-    uint32_t kk = kiln_kvar(k, ci(g, 0));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, ci(g, (int32_t)K), ci(g, GM_BK * g->U), 0);
-    for (int u = 0; u < g->U; u++) {
-        uint32_t kn = o2(g, KILN_KOP_MIN, addi(g, kk, GM_BK * (u + 1)), ci(g, (int32_t)(K - GM_BK)));
-        gm_load(g, G, &P, &raw, kn); /* in flight while the tensor cores work */
-        uint32_t nxt = o2(g, KILN_KOP_SUB, ci(g, stage), cur);
-        gw_sync(g, KILN_KOP_WG_FENCE, 0);
-        gw_mma(g, acc, cur);
-        gw_sync(g, KILN_KOP_WG_COMMIT, 0);
-        gw_store(g, G, &P, &raw, (u + 1) % g->U, nxt);
-        gw_sync(g, KILN_KOP_FENCE_ASYNC, 0);
-        gw_sync(g, KILN_KOP_WG_WAIT, 0);
-        barrier(g); /* the other stage is filled, and no WGMMA reads this one any more */
-        kiln_kset(k, cur, nxt);
+    uint32_t acc[2] = {kiln_kvar(k, zero), g->rc > 64 ? kiln_kvar(k, zero) : KILN_IDX_NONE};
+    int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK); /* a last half stage reads zeros past K */
+    uint32_t wmap[2];
+    for (int sp = 0; sp < G->n_sib; sp++) {
+        uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
+        kiln_ktmap m = {.slot = slot, .inner = (uint32_t)s->K, .outer = (uint32_t)G->n, .stride = (uint32_t)s->K * 2,
+                        .box_inner = GW_BK, .box_outer = (uint16_t)g->bns};
+        wmap[sp] = kiln_kir_tmap(k, &m);
+    }
+    kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    gw_consumer(g, acc, nk);
+    kiln_kelse(k);
+    kif(g, o2(g, KILN_KOP_EQ, g->tid, ci(g, 256)));
+    gw_producer(g, G, wmap, nk);
+    kendif(g);
+    kendif(g);
+    barrier(g); /* every stage consumed: the ring's memory is free */
+    gw_epilogue(g, G, acc);
+}
+
+/* The ring, its mbarriers and the x tensor map of kernel k (G->wg), initialized by thread 0. */
+static void gw_setup(gm *G, kiln_kir *k)
+{
+    gv *s = G->s;
+    G->sb = (uint32_t)((G->parts * G->bm + GM_BN) * 128);
+    G->stages = (int)(GW_STAGE_MAX / G->sb);
+    if (G->stages > 6) G->stages = 6;
+    uint32_t ring_words = (uint32_t)G->stages * G->sb / 4;
+    if (ring_words < (uint32_t)(G->bm * GM_CS)) ring_words = (uint32_t)(G->bm * GM_CS); /* the C tile */
+    G->sh = kiln_kir_shared(k, ring_words);
+    uint32_t mb = kiln_kir_shared(k, (uint32_t)(4 * G->stages));
+    k->dyn_shared = true;
+    G->ring = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(G, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)G->sh);
+    G->bars = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(G, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)mb);
+    kiln_ktmap xm = {.slot = G->xs, .word = G->xp ? (uint32_t)G->xp_word : 0, .inner = (uint32_t)s->K,
+                     .outer = (uint32_t)(s->m_max * (G->xp ? G->parts : 1)), .stride = (uint32_t)s->K * 2, .box_inner = GW_BK,
+                     .box_outer = (uint16_t)G->bm};
+    G->xmap = kiln_kir_tmap(k, &xm);
+    kif(G, o2(G, KILN_KOP_EQ, G->tid, ci(G, 0)));
+    for (int i = 0; i < G->stages; i++) {
+        gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 0, ci(G, i)), KILN_IDX_NONE, 1);   /* the producer's arrive + the bytes */
+        gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 1, ci(G, i)), KILN_IDX_NONE, 256); /* every consumer thread */
+    }
+    gw_sync(G, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
+    kendif(G);
+    barrier(G);
+}
+
+static void gm_prepare(gm *G);
+
+/* Whether the TMA template takes the region (sm_90a, the compile's choice, 16-bit weights of one
+ * type, x in at most two parts that a TMA can read: as it comes, or prepared by the rms or split
+ * kernel): sets G->wg, bf, parts, xp; returns whether a split kernel must prepare x. */
+static bool gw_choose(gm *G, const kiln_lower_target *tg)
+{
+    gv *s = G->s;
+    G->wg = false;
+    if (!tg->wgmma || tg->opts.wgmma != KILN_GEMM_ON || s->K % 8) return false;
+    for (int q = 0; q < s->n_grp; q++) {
+        kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
+        if (!is_float_w(t) || (q && (t == KILN_DTYPE_BF16) != G->bf)) return false;
+        G->bf = t == KILN_DTYPE_BF16;
+    }
+    bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16);
+    G->parts = x_parts(G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, x_exact);
+    if (G->parts > 2) return false;
+    if (s->norm != KILN_IDX_NONE) {
+        gm_prepare(G);
+        G->wg = G->xp;
+        if (G->wg) G->threads = GW_THREADS;
+        return false;
+    }
+    G->wg = true;
+    G->threads = GW_THREADS;
+    if (x_exact) return false; /* the TMA reads x's node */
+    if (s->m_max * s->K / 2 >= ((int64_t)1 << 29) / 3) return G->wg = false, false;
+    G->xp = true;
+    G->xp_word = 0;
+    G->xp_part = (int32_t)(s->m_max * s->K / 2);
+    return true;
+}
+
+/* Rows per consumer (two W64 accumulators where the grid still fills the GPU: a 256 x 128 tile
+ * reads each operand byte for twice the work of a 128 x 128 one) and the stages that fit. */
+static void gw_shape(gm *G, int64_t col_blocks, const kiln_lower_target *tg)
+{
+    gv *s = G->s;
+    int64_t sms = tg->sm_count ? tg->sm_count : 132;
+    int64_t b256 = col_blocks * ((s->m_max + 255) / 256), b128 = col_blocks * ((s->m_max + 127) / 128);
+    /* fraction of the last wave that works, 256-row tiles against 128-row ones (twice the blocks, each half the work) */
+    double e256 = (double)b256 / (double)(((b256 + sms - 1) / sms) * sms), e128 = (double)b128 / (double)(((b128 + sms - 1) / sms) * sms);
+    G->rc = G->parts == 1 && s->m_max > 128 && e256 >= 0.85 * e128 ? 128 : 64;
+    if (tg->opts.gemm_rows == 64) G->rc = 64;
+    G->bm = 2 * G->rc;
+    G->apart = G->bm * 16;
+}
+
+/* x split into the GEMM's parts in the scratch (no norm: scale 1), for the TMA to read. */
+static void split_kernel(gv *s, kiln_kir *k, const gm *G)
+{
+    const kiln_graph *g = s->g;
+    kiln_kir_init(k, "kiln_gemm_split", 256);
+    snprintf(k->what, sizeof k->what, "x in %d %s parts for a gemm", G->parts, G->bf ? "bf16" : "f16");
+    int64_t K = s->K;
+    k->scratch_bytes = 4 * ((uint64_t)G->xp_word + (uint64_t)G->parts * (uint64_t)G->xp_part);
+    uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false), scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
+    uint32_t n = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), kiln_ki(k, 2)); /* pairs */
+    k->grid[0] = kl_grid_for(s->tgt, s->m_max * K / 2, 256);
+    k->grid_stride = true;
+    uint32_t e = kl_grid_loop(k, n);
+    uint32_t v[2], word[3];
+    for (int h = 0; h < 2; h++) v[h] = kl_load(k, xs, s->xdt, kiln_kaddi(k, kiln_kmuli(k, e, 2), h));
+    kl_split_pair(k, v[0], v[1], G->parts, G->bf, word);
+    uint32_t row = kiln_k2(k, KILN_KOP_DIV, e, kiln_ki(k, (int32_t)(K / 2))), col = kiln_k2(k, KILN_KOP_REM, e, kiln_ki(k, (int32_t)(K / 2)));
+    for (int q = 0; q < G->parts; q++) {
+        uint32_t at = kiln_kaddi(k, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, (int32_t)(K / 2)), col), G->xp_word + q * G->xp_part);
+        kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, at, word[q], KILN_IDX_NONE, (int32_t)scr);
     }
     kl_loop_end(k);
-    gw_epilogue(g, G, acc);
 }
 
 /* ------------------------------------------------------------------ kernels */
@@ -687,12 +744,16 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         free(s);
         return KILN_ERR_UNSUPPORTED;
     }
-    kiln_kir *k = &out[s->norm != KILN_IDX_NONE ? 1 : 0];
-    gm G = {.s = s, .k = k, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE};
-    gm_prepare(&G);
+    gm G = {.s = s, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE, .threads = GM_THREADS};
+    bool pre = gw_choose(&G, tg); /* the Hopper template, and whether a split kernel prepares x for it */
+    if (!G.wg) gm_prepare(&G);
+    pre = pre || s->norm != KILN_IDX_NONE;
+    kiln_kir *k = &out[pre ? 1 : 0];
+    G.k = k;
     if (s->norm != KILN_IDX_NONE) rms_kernel(s, &out[ki++], &G);
+    else if (pre) split_kernel(s, &out[ki++], &G);
     ki++;
-    kiln_kir_init(k, "kiln_gemm", GM_THREADS);
+    kiln_kir_init(k, G.wg ? "kiln_gemm_tma" : "kiln_gemm", (uint32_t)G.threads);
     s->k = k;
     int parts_max = 1, wparts_max = 1;
     for (int q = 0; q < s->n_grp; q++) {
@@ -712,20 +773,19 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         col_blocks += (s->grp[q].n + GM_BN / s->grp[q].n_sib - 1) / (GM_BN / s->grp[q].n_sib);
         if (kiln_dtype_block(wdtype(s, s->grp[q].sib[0])) == 1) all_blocks = false;
     }
-    G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 2 * (int64_t)tg->sm_count &&
-                   kl_gemm_rows(tg) == 128 ? 128 : 64;
-    /* Hopper: the warpgroup template takes x in up to two parts and 16-bit or block weights (two
-     * stages of x parts + weights fit the 48 KB of static shared memory) */
-    G.wg = tg->wgmma && tg->opts.wgmma == KILN_GEMM_ON && parts_max <= 2 && wparts_max == 1;
-    if (G.wg) G.bm = 128;
-    G.apart = G.bm * 16;
-    uint32_t words = G.wg ? (uint32_t)(2 * GW_STAGE(parts_max)) : (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);
-    if (words < 32 * GM_CS) words = 32 * GM_CS;
-    G.sh = kiln_kir_shared(k, words);
-    if (G.wg) snprintf(k->name, sizeof k->name, "kiln_gemm_wg");
-    k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
-    snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops", G.wg ? " (wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm, s->norm != KILN_IDX_NONE ? " + rms_norm" : "",
-             r->n_nodes);
+    if (!G.wg) {
+        G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 2 * (int64_t)tg->sm_count &&
+                       kl_gemm_rows(tg) == 128 ? 128 : 64;
+        G.apart = G.bm * 16;
+        uint32_t words = (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);
+        if (words < 32 * GM_CS) words = 32 * GM_CS;
+        G.sh = kiln_kir_shared(k, words);
+        k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
+    } else {
+        gw_shape(&G, col_blocks, tg);
+    }
+    snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
+             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes);
     G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     /* x (fastest) walks the token blocks: the blocks in flight share a few column blocks, so each
      * weight tile comes from DRAM once and from L2 for the other token blocks (with the token
@@ -749,6 +809,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         if (s->nw != KILN_IDX_NONE) G.nws = kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false);
         k->scratch_bytes = 4 * (uint64_t)s->m_max;
     }
+    if (G.wg) gw_setup(&G, k);
     uint32_t blocks = 0;
     kif(&G, o2(&G, KILN_KOP_LT, G.m0, G.m));
     for (int q = 0; q < s->n_grp; q++) {

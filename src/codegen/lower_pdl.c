@@ -38,6 +38,10 @@ static bool needs_wait(const kiln_kir *k, const kiln_kinst *in)
     switch (in->op) {
     case KILN_KOP_ST: case KILN_KOP_ST16: return true;
     case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_PREFETCH: return !(in->imm.u < 32 && (k->pdl_const >> in->imm.u & 1));
+    case KILN_KOP_TMA_LOAD: { /* reads its tensor map's slot */
+        uint32_t slot = in->imm.u < k->n_tmaps ? k->tmaps[in->imm.u].slot : 32;
+        return !(slot < 32 && (k->pdl_const >> slot & 1));
+    }
     default: return false;
     }
 }

@@ -33,6 +33,7 @@ typedef struct pstate {
     uint32_t       *reg;                      /* reg[i]: register number of value i in its class */
     uint32_t        sbase[KILN_KIR_MAX_SHARED]; /* R register holding each shared array's address */
     uint32_t        red_base;                 /* R register holding the reduction scratch's address */
+    uint32_t        tmap[KILN_KIR_MAX_TMAPS]; /* RD register holding each tensor map's generic address */
     uint32_t        red_words;                /* reduction scratch (block / 32 words when needed) */
     uint32_t        open[MAX_DEPTH];          /* open LOOP/IF instructions */
     bool            has_else[MAX_DEPTH];      /* the open IF has had its ELSE */
@@ -91,14 +92,16 @@ static void print_mma(pstate *p, uint32_t i)
     p->st.mmas++;
 }
 
-/* The 64-bit shared-memory matrix descriptor of the tile at byte address `addr` (no swizzle,
- * leading byte offset 128: the next core matrix along k; stride byte offset sbo16 * 16). */
-static rname wg_desc(pstate *p, uint32_t addr, uint32_t sbo16)
+/* The 64-bit shared-memory matrix descriptor of the tile at byte address `addr`: without swizzle,
+ * leading byte offset 128 (the next core matrix along k); with the 128-byte swizzle (layout type 1
+ * in bits 62-63), leading byte offset 16 (unused for K-major); stride byte offset sbo16 * 16. */
+static rname wg_desc(pstate *p, uint32_t addr, uint32_t sbo16, bool swz)
 {
     rname d = nreg(RC_D, new_reg(p, RC_D));
     kiln_sbuf_printf(&p->body, "\tcvt.u64.u32 %s, %s;\n\tshr.u64 %s, %s, 4;\n\tand.b64 %s, %s, 0x3FFF;\n", d.s, vreg(p, addr).s, d.s, d.s,
         d.s, d.s);
-    kiln_sbuf_printf(&p->body, "\tor.b64 %s, %s, 0x%llX;\n", d.s, d.s, (unsigned long long)(8ull << 16 | (uint64_t)sbo16 << 32));
+    uint64_t hi = swz ? (1ull << 16 | 1ull << 62) : 8ull << 16;
+    kiln_sbuf_printf(&p->body, "\tor.b64 %s, %s, 0x%llX;\n", d.s, d.s, (unsigned long long)(hi | (uint64_t)sbo16 << 32));
     return d;
 }
 
@@ -107,7 +110,7 @@ static void print_wgmma(pstate *p, uint32_t i)
 {
     const kiln_kinst *in = &p->k->ins[i];
     uint32_t sbo16 = in->imm.u >> 8 & 0xff;
-    rname da = wg_desc(p, in->b, sbo16), db = wg_desc(p, in->c, sbo16);
+    rname da = wg_desc(p, in->b, sbo16, in->imm.u & 2), db = wg_desc(p, in->c, sbo16, in->imm.u & 2);
     const char *et = (in->imm.u & 1) ? "bf16" : "f16";
     kiln_sbuf_printf(&p->body, "\twgmma.mma_async.sync.aligned.m64n128k16.f32.%s.%s {", et, et);
     for (int j = 0; j < 64; j++) kiln_sbuf_printf(&p->body, "%s%s", j ? ", " : "", nreg(RC_F, p->reg[in->a] + (uint32_t)j).s);
@@ -503,10 +506,33 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     }
     case KILN_KOP_MMA: print_mma(p, i); return KILN_OK;
     case KILN_KOP_WGMMA: print_wgmma(p, i); return KILN_OK;
-    case KILN_KOP_FENCE_ASYNC: kiln_sbuf_printf(&p->body, "\tfence.proxy.async.shared::cta;\n"); return KILN_OK;
+    case KILN_KOP_FENCE_ASYNC:
+        kiln_sbuf_printf(&p->body, in->imm.i ? "\tfence.mbarrier_init.release.cluster;\n" : "\tfence.proxy.async.shared::cta;\n");
+        return KILN_OK;
     case KILN_KOP_WG_FENCE: kiln_sbuf_printf(&p->body, "\twgmma.fence.sync.aligned;\n"); return KILN_OK;
     case KILN_KOP_WG_COMMIT: kiln_sbuf_printf(&p->body, "\twgmma.commit_group.sync.aligned;\n"); return KILN_OK;
     case KILN_KOP_WG_WAIT: kiln_sbuf_printf(&p->body, "\twgmma.wait_group.sync.aligned %d;\n", in->imm.i); return KILN_OK;
+    case KILN_KOP_MBAR_INIT: kiln_sbuf_printf(&p->body, "\tmbarrier.init.shared::cta.b64 [%s], %d;\n", vreg(p, in->a).s, in->imm.i); return KILN_OK;
+    case KILN_KOP_MBAR_ARRIVE:
+        if (in->imm.i) kiln_sbuf_printf(&p->body, "\tmbarrier.arrive.expect_tx.shared::cta.b64 _, [%s], %d;\n", vreg(p, in->a).s, in->imm.i);
+        else kiln_sbuf_printf(&p->body, "\tmbarrier.arrive.shared::cta.b64 _, [%s];\n", vreg(p, in->a).s);
+        return KILN_OK;
+    case KILN_KOP_MBAR_WAIT: {
+        rname c = nreg(RC_P, new_reg(p, RC_P));
+        kiln_sbuf_printf(&p->body, "$L%u_wait:\n\tmbarrier.try_wait.parity.shared::cta.b64 %s, [%s], %s;\n\t@!%s bra $L%u_wait;\n", i, c.s,
+                         vreg(p, in->a).s, vreg(p, in->b).s, c.s, i);
+        return KILN_OK;
+    }
+    case KILN_KOP_TMA_LOAD: {
+        uint32_t r = p->reg[in->a];
+        kiln_sbuf_printf(&p->body,
+                         "\tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%%r%u], [%%rd%u, {%%r%u, %%r%u}], [%%r%u];\n",
+                         r, p->tmap[in->imm.u], r + 2, r + 3, r + 1);
+        return KILN_OK;
+    }
+    case KILN_KOP_SETMAXNREG:
+        kiln_sbuf_printf(&p->body, "\tsetmaxnreg.%s.sync.aligned.u32 %u;\n", (in->imm.u >> 16) ? "inc" : "dec", in->imm.u & 0xffff);
+        return KILN_OK;
     case KILN_KOP_GRID_WAIT: kiln_sbuf_printf(&p->body, "\tgriddepcontrol.wait;\n"); return KILN_OK;
     case KILN_KOP_GRID_LAUNCH: kiln_sbuf_printf(&p->body, "\tgriddepcontrol.launch_dependents;\n"); return KILN_OK;
     case KILN_KOP_SADDR: {
@@ -567,9 +593,21 @@ static void print_prologue(pstate *p)
         kiln_sbuf_printf(&p->pro, "\tld.global.nc.u32 %s, [%%rd0+%u];\n", d.s, 4 * k->ins[i].imm.u);
         p->st.params++;
     }
+    uint64_t off = 0;
     for (uint32_t s = 0; s < k->n_shared; s++) {
         p->sbase[s] = new_reg(p, RC_R);
-        kiln_sbuf_printf(&p->pro, "\tmov.u32 %%r%u, %s_s%u;\n", p->sbase[s], k->name, s);
+        if (k->dyn_shared) { /* offsets in the one dynamic window, as kiln_kir_shared_bytes lays them out */
+            off = (off + 1023) / 1024 * 1024;
+            kiln_sbuf_printf(&p->pro, "\tmov.u32 %%r%u, %s_dsm;\n\tadd.u32 %%r%u, %%r%u, %llu;\n", p->sbase[s], k->name, p->sbase[s],
+                             p->sbase[s], (unsigned long long)off);
+            off += 4ull * k->shared[s];
+        } else {
+            kiln_sbuf_printf(&p->pro, "\tmov.u32 %%r%u, %s_s%u;\n", p->sbase[s], k->name, s);
+        }
+    }
+    for (uint32_t t = 0; t < k->n_tmaps; t++) {
+        p->tmap[t] = new_reg(p, RC_D);
+        kiln_sbuf_printf(&p->pro, "\tmov.u64 %%rd%u, %s_t%u;\n\tcvta.param.u64 %%rd%u, %%rd%u;\n", p->tmap[t], k->name, t, p->tmap[t], p->tmap[t]);
     }
     if (p->red_words) {
         p->red_base = new_reg(p, RC_R);
@@ -584,11 +622,13 @@ static void print_module(pstate *p, int sm, unsigned flags, sbuf *out)
     for (const char *c = k->what; *c; c++) kiln_sbuf_printf(out, "%c", *c >= ' ' && *c <= '~' ? *c : '?');
     kiln_sbuf_printf(out, "\n// block %u, grid %u x %u x %u\n//\n\n", k->block, k->grid[0], k->grid[1], k->grid[2]);
     kiln_sbuf_printf(out, ".version 8.0\n.target sm_%d%s\n.address_size 64\n\n", sm, kiln_kir_needs_sm90a(k) ? "a" : "");
-    for (uint32_t s = 0; s < k->n_shared; s++) kiln_sbuf_printf(out, ".shared .align 16 .b32 %s_s%u[%u];\n", k->name, s, k->shared[s]);
+    if (k->dyn_shared && k->n_shared) kiln_sbuf_printf(out, ".extern .shared .align 1024 .b8 %s_dsm[];\n", k->name);
+    for (uint32_t s = 0; !k->dyn_shared && s < k->n_shared; s++) kiln_sbuf_printf(out, ".shared .align 16 .b32 %s_s%u[%u];\n", k->name, s, k->shared[s]);
     if (p->red_words) kiln_sbuf_printf(out, ".shared .align 16 .f32 %s_red[%u];\n", k->name, p->red_words);
     if (k->n_shared || p->red_words) kiln_sbuf_printf(out, "\n");
     kiln_sbuf_printf(out, ".visible .entry %s(\n", k->name);
-    for (uint32_t s = 0; s < k->n_bufs; s++) kiln_sbuf_printf(out, "\t.param .u64 %s_p%u%s\n", k->name, s, s + 1 < k->n_bufs ? "," : "");
+    for (uint32_t s = 0; s < k->n_bufs; s++) kiln_sbuf_printf(out, "\t.param .u64 %s_p%u%s\n", k->name, s, s + 1 < k->n_bufs || k->n_tmaps ? "," : "");
+    for (uint32_t t = 0; t < k->n_tmaps; t++) kiln_sbuf_printf(out, "\t.param .align 64 .b8 %s_t%u[128]%s\n", k->name, t, t + 1 < k->n_tmaps ? "," : "");
     kiln_sbuf_printf(out, ")\n.maxntid %u, 1, 1\n", k->block);
     if (flags & KILN_PTX_ALL_REGISTERS) kiln_sbuf_printf(out, ".minnctapersm 1\n");
     else if (k->min_blocks > 1) kiln_sbuf_printf(out, ".minnctapersm %u\n", k->min_blocks);
@@ -623,10 +663,16 @@ kiln_status kiln_ptx_print_ex(const kiln_kir *k, int sm, unsigned flags, char **
     if (!p.reg) return KILN_ERR_NOMEM;
     for (uint32_t i = 0; i < k->n_ins; i++)
         if (k->ins[i].op == KILN_KOP_REDUCE && (k->ins[i].imm.u & 0xffff) > 32) p.red_words = k->block / 32;
-    uint64_t shared = 4ull * p.red_words;
-    for (uint32_t s = 0; s < k->n_shared; s++) shared += 4ull * k->shared[s];
+    uint64_t shared = 4ull * p.red_words, dyn = k->dyn_shared ? kiln_kir_shared_bytes(k) : 0;
+    for (uint32_t s = 0; !k->dyn_shared && s < k->n_shared; s++) shared += 4ull * k->shared[s];
     p.st.shared_bytes = (uint32_t)(shared < UINT32_MAX ? shared : UINT32_MAX);
+    p.st.dyn_shared_bytes = (uint32_t)(dyn < UINT32_MAX ? dyn : UINT32_MAX);
     kiln_status s = KILN_OK;
+    if (dyn + shared > KILN_PTX_MAX_DYN_SHARED) {
+        snprintf(err, n, "kernel %s: %llu bytes of shared memory, over the %d bytes a block can have", k->name,
+                 (unsigned long long)(dyn + shared), KILN_PTX_MAX_DYN_SHARED);
+        s = KILN_ERR_UNSUPPORTED;
+    }
     if (shared > KILN_PTX_MAX_STATIC_SHARED) {
         snprintf(err, n, "kernel %s: %llu bytes of shared memory, over the %d bytes a kernel can declare", k->name,
                  (unsigned long long)shared, KILN_PTX_MAX_STATIC_SHARED);

@@ -30,10 +30,12 @@ typedef struct kiln_ptx_stats {
     uint32_t int_ops;      /* integer arithmetic and bit instructions (dp4a counted once) */
     uint32_t params;       /* distinct parameter-buffer slots read */
     uint32_t shared_bytes; /* static shared memory: the kernel's arrays plus reduction scratch */
+    uint32_t dyn_shared_bytes; /* dynamic shared memory (kiln_kir.dyn_shared): the launch asks for it */
 } kiln_ptx_stats;
 
 /* Static shared memory a kernel may declare (sm_80 and sm_90 without the dynamic opt-in). */
 #define KILN_PTX_MAX_STATIC_SHARED 49152
+#define KILN_PTX_MAX_DYN_SHARED 232448 /* sm_90: 227 KB a block (opt-in above 48 KB) */
 
 /* Register policy of a printed entry. By default it says only `.maxntid block`: ptxas then caps
  * registers so that several blocks share an SM (a decode gemv: about 60 registers, 4 blocks),

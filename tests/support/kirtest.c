@@ -473,7 +473,21 @@ bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err
 
 /* ---------------------------------------------------------------- block interpreter */
 
-enum { TS_RUN = 0, TS_BAR, TS_RED, TS_DONE };
+enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_DONE };
+
+/* A TMA box in flight: copied into shared memory when its mbarrier's phase completes (the latest
+ * moment the hardware may land it, so a read before the wait sees stale bytes). */
+typedef struct tma_op {
+    uint32_t map, dst, c0, c1;
+} tma_op;
+
+/* An mbarrier, found by its shared address. */
+typedef struct mbar {
+    uint32_t addr, count, pending, phase;
+    int64_t  tx;      /* bytes expected and not landed */
+    tma_op  *ops;     /* boxes in flight on it */
+    uint32_t n_ops, cap_ops;
+} mbar;
 
 typedef struct wg_op {
     uint32_t acc;   /* W64 slot of the accumulator variable */
@@ -500,6 +514,9 @@ typedef struct bstate {
     bthread  *t;
     char     *err;
     size_t    n_err;
+    mbar     *bars;          /* mbarriers initialized in this block (n_bars); entries up to n_made keep their op buffers */
+    uint32_t  n_bars, n_made, cap_bars;
+    uint32_t *const *bufs;   /* the launch's buffers (TMA sources) */
 } bstate;
 
 static float half_f(uint16_t h, bool bf)
@@ -513,17 +530,24 @@ static float half_f(uint16_t h, bool bf)
     return kiln_f16_to_f32(h);
 }
 
+/* Byte address of element (i, kk) of a WGMMA tile at b (kir.h: core matrices, or 128-byte swizzled). */
+static uint32_t wg_elem(uint32_t b, uint32_t i, uint32_t kk, uint32_t sbo, bool swz)
+{
+    if (!swz) return b + (i >> 3) * sbo + (kk >> 3) * 128 + (i & 7) * 16 + (kk & 7) * 2;
+    uint32_t l = b + (i >> 3) * sbo + (i & 7) * 128 + kk * 2;
+    return l ^ (((l >> 7) & 7) << 4);
+}
+
 static bool wg_run(bstate *S, uint32_t t, const wg_op *o)
 {
     uint32_t sbo = 16 * (o->imm >> 8 & 0xff), tw = t % 128, w = tw / 32, l = tw % 32, g = l / 4, q = l % 4;
-    bool bf = o->imm & 1;
+    bool bf = o->imm & 1, swz = o->imm & 2;
     float *acc = S->t[t].w + 64 * (size_t)o->acc;
     for (int j = 0; j < 64; j++) {
         uint32_t row = 16 * w + g + 8 * ((j >> 1) & 1), col = 8 * (j >> 2) + 2 * q + (j & 1);
         double sum = 0;
         for (uint32_t kk = 0; kk < 16; kk++) {
-            uint32_t aa = o->a + (row >> 3) * sbo + (kk >> 3) * 128 + (row & 7) * 16 + (kk & 7) * 2;
-            uint32_t ba = o->b + (col >> 3) * sbo + (kk >> 3) * 128 + (col & 7) * 16 + (kk & 7) * 2;
+            uint32_t aa = wg_elem(o->a, row, kk, sbo, swz), ba = wg_elem(o->b, col, kk, sbo, swz);
             if (aa + 2 > S->sh_bytes || ba + 2 > S->sh_bytes || (o->a | o->b) % 16) {
                 snprintf(S->err, S->n_err, "kt_interp_block: wgmma tile outside shared memory or misaligned (A %u, B %u)", o->a, o->b);
                 return false;
@@ -535,6 +559,50 @@ static bool wg_run(bstate *S, uint32_t t, const wg_op *o)
         }
         acc[j] = (float)((double)acc[j] + sum);
     }
+    return true;
+}
+
+static mbar *bar_at(bstate *S, uint32_t addr)
+{
+    for (uint32_t i = 0; i < S->n_bars; i++)
+        if (S->bars[i].addr == addr) return &S->bars[i];
+    snprintf(S->err, S->n_err, "kt_interp_block: mbarrier at %u used before its init", addr);
+    return NULL;
+}
+
+/* Lands box o of a TMA into shared memory: rows of box_inner 16-bit elements (128 bytes, swizzled
+ * by address as WGMMA reads them), zeros past the tensor's end. */
+static bool tma_land(bstate *S, const tma_op *o)
+{
+    const kiln_ktmap *m = &S->k->tmaps[o->map];
+    uint32_t rb = 2u * m->box_inner;
+    if (rb != 128 || o->dst % 1024 || o->dst + (uint64_t)rb * m->box_outer > S->sh_bytes)
+        return snprintf(S->err, S->n_err, "kt_interp_block: tma box of %u x %u to %u: rows must be 128 bytes, 1024-aligned, inside shared memory",
+                        m->box_inner, m->box_outer, o->dst), false;
+    const uint8_t *src = (const uint8_t *)S->bufs[m->slot] + 4ull * m->word;
+    for (uint32_t r = 0; r < m->box_outer; r++)
+        for (uint32_t e = 0; e < m->box_inner; e++) {
+            uint64_t gr = (uint64_t)o->c1 + r, ge = (uint64_t)o->c0 + e;
+            uint16_t h = 0;
+            if (gr < m->outer && ge < m->inner) memcpy(&h, src + gr * m->stride + ge * 2, 2);
+            uint32_t l = o->dst + r * rb + e * 2;
+            memcpy(S->sh + (l ^ (((l >> 7) & 7) << 4)), &h, 2);
+        }
+    return true;
+}
+
+/* Completes b's phase once every arrival is in and its bytes have landed. */
+static bool bar_check(bstate *S, mbar *b)
+{
+    int64_t bytes = 0;
+    for (uint32_t i = 0; i < b->n_ops; i++) bytes += 2ll * S->k->tmaps[b->ops[i].map].box_inner * S->k->tmaps[b->ops[i].map].box_outer;
+    if (b->pending || bytes < b->tx) return true;
+    if (bytes > b->tx)
+        return snprintf(S->err, S->n_err, "kt_interp_block: mbarrier at %u: %lld bytes landed, %lld expected", b->addr, (long long)bytes,
+                        (long long)b->tx), false;
+    for (uint32_t i = 0; i < b->n_ops; i++)
+        if (!tma_land(S, &b->ops[i])) return false;
+    b->n_ops = 0, b->tx = 0, b->pending = b->count, b->phase ^= 1;
     return true;
 }
 
@@ -555,6 +623,7 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
     enum kiln_kt ta = in->a != NONE ? (enum kiln_kt)k->ins[in->a].type : KILN_KT_NONE;
     uint32_t off = in->op == KILN_KOP_WGMMA || in->op >= KILN_KOP_WG_COMMIT || in->op == KILN_KOP_FENCE_ASYNC || in->op == KILN_KOP_WG_FENCE
                        ? 0 : S->sh_off[in->imm.u < KILN_KIR_MAX_SHARED ? in->imm.u : 0];
+    mbar *b = NULL;
     uint32_t words = in->imm.u < k->n_shared ? k->shared[in->imm.u] : 0;
     switch (in->op) {
     case KILN_KOP_LDS: case KILN_KOP_STS: case KILN_KOP_LDS4: case KILN_KOP_STS4: {
@@ -572,8 +641,45 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
         return true;
     }
     case KILN_KOP_SADDR: v[pc].u = off + 4 * (uint32_t)v[in->a].i; return true;
+<<<<<<< HEAD
     case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: return true;
     case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* kernels run one after another */
+=======
+    case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: case KILN_KOP_SETMAXNREG: return true;
+    case KILN_KOP_MBAR_INIT:
+        if (v[in->a].u % 8 || v[in->a].u + 8 > S->sh_bytes) return snprintf(S->err, S->n_err, "kt_interp_block: mbarrier at %u", v[in->a].u), false;
+        for (uint32_t i = 0; i < S->n_bars; i++)
+            if (S->bars[i].addr == v[in->a].u) b = &S->bars[i];
+        if (!b) {
+            if (S->n_bars == S->cap_bars) {
+                uint32_t cap = S->cap_bars ? 2 * S->cap_bars : 16;
+                mbar *g = realloc(S->bars, cap * sizeof *g);
+                if (!g) return snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
+                S->bars = g, S->cap_bars = cap;
+            }
+            b = &S->bars[S->n_bars++];
+            if (S->n_bars > S->n_made) *b = (mbar){0}, S->n_made = S->n_bars;
+        }
+        b->addr = v[in->a].u, b->count = b->pending = in->imm.u, b->phase = 0, b->tx = 0, b->n_ops = 0;
+        return true;
+    case KILN_KOP_MBAR_ARRIVE:
+        if (!(b = bar_at(S, v[in->a].u))) return false;
+        if (!b->pending) return snprintf(S->err, S->n_err, "kt_interp_block: more arrivals at mbarrier %u than its count %u", b->addr, b->count), false;
+        b->pending--, b->tx += in->imm.i;
+        return bar_check(S, b);
+    case KILN_KOP_TMA_LOAD: {
+        const kval *q = &v[in->a];
+        if (!(b = bar_at(S, q->v[1]))) return false;
+        if (b->n_ops == b->cap_ops) {
+            uint32_t cap = b->cap_ops ? 2 * b->cap_ops : 8;
+            tma_op *g = realloc(b->ops, cap * sizeof *g);
+            if (!g) return snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
+            b->ops = g, b->cap_ops = cap;
+        }
+        b->ops[b->n_ops++] = (tma_op){.map = in->imm.u, .dst = q->v[0], .c0 = q->v[2], .c1 = q->v[3]};
+        return bar_check(S, b);
+    }
+>>>>>>> a225a7b (Hopper GEMM v2: TMA + mbarrier ring + producer/consumer warpgroups (kiln_gemm_tma, sm_90a, opt-in KILN_WGMMA=1): kir ops MBAR_INIT/ARRIVE/WAIT, TMA_LOAD (tensor maps encoded per launch, 128-byte swizzle), SETMAXNREG, swizzled WGMMA descriptors, dynamic shared memory; cuda backend resolves cuTensorMapEncodeTiled/cuFuncSetAttribute optionally; the block interpreter lands TMA boxes at phase completion, schedules mbarrier waiters and reports deadlocks; test_gemm_wg: f32/f16/bf16 x, two accumulators, rms+siblings, and three pipeline mutations that must fail)
     case KILN_KOP_WGMMA:
         if (th->n_pend == th->cap_pend) {
             uint32_t cap = th->cap_pend ? 2 * th->cap_pend : 16;
@@ -648,6 +754,16 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
         case KILN_KOP_ENDIF: th->pc++; continue;
         case KILN_KOP_BARRIER: th->state = TS_BAR; return true;
         case KILN_KOP_REDUCE: th->state = TS_RED; return true;
+        case KILN_KOP_MBAR_WAIT: {
+            mbar *b = bar_at(S, v[in->a].u);
+            if (!b) return false;
+            if (b->phase == (v[in->b].u & 1)) { /* that phase has not completed: wait */
+                th->state = TS_MBAR;
+                return true;
+            }
+            th->pc++;
+            continue;
+        }
         case KILN_KOP_MMA: return snprintf(S->err, S->n_err, "kt_interp_block: mma.sync is not interpreted"), false;
         default: break;
         }
@@ -714,10 +830,13 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
         else if (op == KILN_KOP_ENDLOOP || op == KILN_KOP_ENDIF) { S.match[stack[--depth]] = i; S.match[i] = op == KILN_KOP_ENDLOOP ? stack[depth] : i; }
         if (k->ins[i].type == KILN_KT_W64) S.wslot[i] = S.n_w++;
     }
-    for (uint32_t s = 0; s < k->n_shared; s++) {
+    for (uint32_t s = 0; s < k->n_shared; s++) { /* as printed: dynamic arrays 1024-aligned (the swizzle's atoms) */
+        uint32_t al = k->dyn_shared ? 1024 : 128;
+        S.sh_bytes = (S.sh_bytes + al - 1) / al * al;
         S.sh_off[s] = S.sh_bytes;
         S.sh_bytes += (4 * k->shared[s] + 127) / 128 * 128;
     }
+    S.bufs = bufs;
     S.sh = calloc(S.sh_bytes ? S.sh_bytes : 1, 1);
     ok = ok && S.sh;
     for (uint32_t t = 0; ok && t < k->block; t++) {
@@ -736,18 +855,35 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
                     S.t[t].pc = 0, S.t[t].state = TS_RUN, S.t[t].n_pend = 0, S.t[t].groups = 0;
                     memset(S.t[t].v, 0, (k->n_ins + 1) * sizeof *S.t[t].v);
                 }
+                S.n_bars = 0;
                 for (;;) {
                     for (uint32_t t = 0; ok && t < k->block; t++)
                         if (S.t[t].state == TS_RUN) ok = brun(&S, t, bufs, bid, &budget);
                     if (!ok) break;
-                    uint32_t done = 0;
-                    for (uint32_t t = 0; t < k->block; t++) done += S.t[t].state == TS_DONE;
+                    uint32_t done = 0, woke = 0, waiting = 0;
+                    for (uint32_t t = 0; t < k->block; t++) {
+                        bthread *th = &S.t[t];
+                        done += th->state == TS_DONE;
+                        if (th->state != TS_MBAR) continue;
+                        const kiln_kinst *in = &k->ins[th->pc];
+                        mbar *b = bar_at(&S, th->v[in->a].u);
+                        if (b && b->phase != (th->v[in->b].u & 1)) th->state = TS_RUN, th->pc++, woke++;
+                        else waiting++;
+                    }
                     if (done == k->block) break;
+                    if (woke) continue;
+                    if (waiting) {
+                        ok = false;
+                        snprintf(err, n_err, "kt_interp_block: deadlock: %u threads wait on mbarriers no one completes", waiting);
+                        break;
+                    }
                     ok = bmeet(&S); /* bar.sync counts the threads that have not exited */
                 }
                 for (uint32_t t = 0; ok && t < k->block; t++)
                     if (S.t[t].n_pend) ok = false, snprintf(err, n_err, "kt_interp_block: thread %u ended with %u WGMMAs never waited for", t, S.t[t].n_pend);
             }
+    for (uint32_t i = 0; i < S.n_made; i++) free(S.bars[i].ops);
+    free(S.bars);
     for (uint32_t t = 0; S.t && t < k->block; t++) free(S.t[t].v), free(S.t[t].w), free(S.t[t].pend);
     free(S.t), free(S.sh), free(S.match), free(S.wslot);
     return ok;

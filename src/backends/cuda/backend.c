@@ -55,6 +55,7 @@ static kiln_status open_device(kiln_cuda *c, char *detail, size_t n)
     }
     c->target = kiln_lower_target_for_sm(c->ptx_sm); /* the numbers the templates were tuned with, and this SM count */
     if (c->n_sm > 0) c->target.sm_count = (uint32_t)c->n_sm;
+    if (!c->d.tmap_encode || !c->d.func_set_attr) c->target.wgmma = false; /* its GEMM needs TMA and > 48 KB of shared memory */
     TRY(primary_retain(&c->ctx, c->dev), "cuDevicePrimaryCtxRetain");
     TRY(ctx_set_current(c->ctx), "cuCtxSetCurrent");
     TRY(stream_create(&c->stream, KILN_CU_STREAM_NON_BLOCKING), "cuStreamCreate");

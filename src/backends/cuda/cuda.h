@@ -131,12 +131,22 @@ _Static_assert(offsetof(kiln_cu_launch_config, stream) == 32 && offsetof(kiln_cu
     X(error_name, "cuGetErrorName", NULL, CUresult, (CUresult r, const char **s))                       \
     X(error_string, "cuGetErrorString", NULL, CUresult, (CUresult r, const char **s))
 
+/* Entry points kiln uses only where the driver has them (NULL otherwise): dynamic shared memory
+ * above 48 KB and TMA tensor maps (CUDA 12.0+), needed by the sm_90a GEMM only. */
+#define KILN_CUDA_OPTIONAL_ENTRY_POINTS(X)                                                              \
+    X(func_set_attr, "cuFuncSetAttribute", NULL, CUresult, (CUfunction f, int attr, int value))         \
+    X(tmap_encode, "cuTensorMapEncodeTiled", NULL, CUresult,                                            \
+      (void *map, int dtype, unsigned rank, void *addr, const unsigned long long *dims,                 \
+       const unsigned long long *strides, const unsigned *box, const unsigned *elem_strides, int interleave, \
+       int swizzle, int l2promo, int oob))
+
 #define KILN_CUDA_FIELD(field, sym, alt, ret, params) ret(*field) params;
 typedef struct kiln_cuda_driver {
     void *lib; /* dlopen handle of libcuda.so.1 */
     KILN_CUDA_ENTRY_POINTS(KILN_CUDA_FIELD)
     /* optional (CUDA 12.0+): NULL when the driver lacks it; programmatic dependent launch needs it */
     CUresult (*launch_ex)(const kiln_cu_launch_config *cfg, CUfunction f, void **params, void **extra);
+    KILN_CUDA_OPTIONAL_ENTRY_POINTS(KILN_CUDA_FIELD)
 } kiln_cuda_driver;
 #undef KILN_CUDA_FIELD
 
@@ -216,7 +226,7 @@ kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, 
 /* Enqueues fn on the backend's stream: with pdl (a kernel lowered for programmatic dependent
  * launch, kiln_kir.pdl) through cuLaunchKernelEx with programmatic stream serialization where the
  * driver takes it, else (and after any refusal, said once on stderr) with cuLaunchKernel. */
-CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUfunction fn, const uint32_t grid[3], uint32_t block, void **args, bool pdl);
+CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUfunction fn, const uint32_t grid[3], uint32_t block, uint32_t shared, void **args, bool pdl);
 /* Whether launches of pdl kernels use the attribute now (the driver can; nothing refused it yet). */
 bool     kiln_cuda_pdl_usable(kiln_cuda *c);
 /* After a failed capture that held programmatic launches: they are off from now on (said once). */

@@ -35,6 +35,11 @@ bool kiln_cuda_load(kiln_cuda_driver *d, char *msg, size_t n)
 #undef KILN_CUDA_RESOLVE
     fn = dlsym(d->lib, "cuLaunchKernelEx"); /* optional: programmatic dependent launch */
     memcpy(&d->launch_ex, &fn, sizeof fn);
+#define KILN_CUDA_OPTIONAL(field, sym, alt, ret, params) \
+    fn = dlsym(d->lib, sym);                             \
+    memcpy(&d->field, &fn, sizeof fn);
+    KILN_CUDA_OPTIONAL_ENTRY_POINTS(KILN_CUDA_OPTIONAL)
+#undef KILN_CUDA_OPTIONAL
     return true;
 }
 

@@ -22,6 +22,9 @@ typedef struct cuda_fn {
     CUdeviceptr tables[KILN_KIR_MAX_TABLES];  /* uploaded constant tables */
     char        name[48];                     /* entry name, for errors */
     bool        pdl;                          /* lowered for programmatic dependent launch (kiln_kir.pdl) */
+    kiln_ktmap  tmaps[KILN_KIR_MAX_TMAPS];    /* TMA tensor maps, encoded at each launch from their slot's address */
+    uint32_t    n_tmaps;                      /* used */
+    uint32_t    dyn_shared;                   /* dynamic shared bytes the launch asks for */
 } cuda_fn;
 
 struct kiln_kernel {
@@ -242,6 +245,24 @@ static kiln_status setup_fn(kiln_cuda *c, const uint32_t grid[3], uint32_t block
     return s;
 }
 
+/* The tensor maps and dynamic shared memory of kir (an sm_90a kernel) into f: the function may use
+ * more than 48 KB of shared memory once the attribute says so. */
+static kiln_status setup_async(kiln_cuda *c, const kiln_kir *kir, cuda_fn *f, char *err, size_t n)
+{
+    f->n_tmaps = kir->n_tmaps;
+    memcpy(f->tmaps, kir->tmaps, sizeof f->tmaps);
+    f->dyn_shared = kir->dyn_shared ? (uint32_t)kiln_kir_shared_bytes(kir) : 0;
+    if ((f->n_tmaps || f->dyn_shared > 49152) && (!c->d.tmap_encode || !c->d.func_set_attr)) {
+        snprintf(err, n, "kernel %s needs TMA and large shared memory: the driver has no cuTensorMapEncodeTiled", f->name);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    if (f->dyn_shared > 49152) {
+        CUresult r = c->d.func_set_attr(f->fn, 8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, (int)f->dyn_shared);
+        if (r != KILN_CU_SUCCESS) return kiln_cuda_fail(c, r, "cuFuncSetAttribute (dynamic shared memory)", err, n);
+    }
+    return KILN_OK;
+}
+
 /* A kernel's launch metadata in its cache entry: grid, block, buffer slots, name, tables. Written
  * at compile and, at load, written again from the region's lowering and compared with the entry. */
 static void entry_meta(kiln_blob_w *w, const kiln_kir *kir)
@@ -258,6 +279,8 @@ static void entry_meta(kiln_blob_w *w, const kiln_kir *kir)
     kiln_blob_bytes(w, kir->name, strlen(kir->name) + 1);
     kiln_blob_u32(w, kir->n_tables);
     for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(w, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
+    kiln_blob_u32(w, kir->dyn_shared ? (uint32_t)kiln_kir_shared_bytes(kir) : 0);
+    kiln_blob_bytes(w, kir->tmaps, kir->n_tmaps * sizeof *kir->tmaps);
 }
 
 /* Appends kernel f's part of the cache entry: launch metadata, tables, PTX and cubin. */
@@ -299,6 +322,7 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
         }
     }
     if (s == KILN_OK) s = setup_fn(c, kir->grid, kir->block, kir->bufs, kir->n_bufs, kir->name, kir->tables, kir->n_tables, f, err, n);
+    if (s == KILN_OK) s = setup_async(c, kir, f, err, n);
     if (s == KILN_OK && kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir->grid[0], kir->block);
     f->pdl = kir->pdl;
     if (s == KILN_OK) entry_fn(entry, kir, used, cubin, cubin_n);
@@ -419,6 +443,10 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
     }
     for (uint32_t b = 0; b < n_bufs; b++)
         if (bufs[b].kind == KILN_KBUF_TABLE && bufs[b].node >= n_tables) goto bad;
+    size_t tmap_n;
+    (void)kiln_blob_get_u32(rd); /* dynamic shared bytes and tensor maps: equal to want's (compared above) */
+    (void)kiln_blob_get_bytes(rd, &tmap_n);
+    if (rd->bad) goto bad;
     const char *ptx = kiln_blob_get_bytes(rd, &ptx_n);
     const unsigned char *cubin = kiln_blob_get_bytes(rd, &cubin_n);
     if (rd->bad || !ptx_n || ptx[ptx_n - 1] || !cubin_n) goto bad;
@@ -438,6 +466,7 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
         else if ((r = c->d.module_function(&f->fn, f->mod, name)) != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
     }
     if (s == KILN_OK) s = setup_fn(c, grid, block, bufs, n_bufs, name, tables, n_tables, f, err, n);
+    if (s == KILN_OK) s = setup_async(c, want, f, err, n);
     if (s == KILN_OK && stride) f->grid[0] = stride_grid(c, f->fn, grid[0], block);
     f->pdl = want->pdl; /* the entry's key holds the options that made it so */
     free(image);
@@ -505,6 +534,25 @@ static CUdeviceptr slot_addr(const kiln_kernel *k, const cuda_fn *f, const kiln_
 
 static const char *const slot_kind[KILN_KBUF_KIND_COUNT] = {"parameter buffer", "node", "table", "scratch"};
 
+/* Tensor map m of f over its slot's device address (ptr: the launch's slot addresses): 16-bit
+ * elements, 128-byte swizzle, rows past the end read as zeros. */
+static kiln_status encode_tmap(kiln_cuda *c, const cuda_fn *f, const kiln_ktmap *m, const CUdeviceptr *ptr, void *map, char *err,
+                               size_t n)
+{
+    CUdeviceptr base = ptr[m->slot] + 4ull * m->word;
+    unsigned long long dims[2] = {m->inner, m->outer}, strides[1] = {m->stride};
+    unsigned box[2] = {m->box_inner, m->box_outer}, es[2] = {1, 1};
+    CUresult r = c->d.tmap_encode(map, 1 /* UINT16 */, 2, (void *)(uintptr_t)base, dims, strides, box, es, 0 /* no interleave */,
+                                  3 /* 128-byte swizzle */, 3 /* L2 promotion 256 B */, 0 /* zeros out of bounds */);
+    if (r != KILN_CU_SUCCESS) {
+        char what[160];
+        snprintf(what, sizeof what, "cuTensorMapEncodeTiled for %s (%u x %u, stride %u, box %u x %u)", f->name, m->inner, m->outer, m->stride,
+                 m->box_inner, m->box_outer);
+        return kiln_cuda_fail(c, r, what, err, n);
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                              char *err, size_t n)
 {
@@ -518,7 +566,8 @@ kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_regio
     for (uint32_t i = 0; i < k->n_fns; i++) {
         const cuda_fn *f = &k->fns[i];
         CUdeviceptr ptr[KILN_KIR_MAX_BUFS];
-        void *args[KILN_KIR_MAX_BUFS];
+        void *args[KILN_KIR_MAX_BUFS + KILN_KIR_MAX_TMAPS];
+        _Alignas(64) unsigned char maps[KILN_KIR_MAX_TMAPS][128];
         for (uint32_t j = 0; j < f->n_bufs; j++) {
             const kiln_kbuf *b = &f->bufs[j];
             if (!(ptr[j] = slot_addr(k, f, b, v))) {
@@ -528,7 +577,11 @@ kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_regio
             }
             args[j] = &ptr[j];
         }
-        CUresult rr = kiln_cuda_launch_fn(c, f->fn, f->grid, f->block, args, f->pdl);
+        for (uint32_t t = 0; t < f->n_tmaps; t++) {
+            if ((s = encode_tmap(c, f, &f->tmaps[t], ptr, maps[t], err, n)) != KILN_OK) return s;
+            args[f->n_bufs + t] = maps[t];
+        }
+        CUresult rr = kiln_cuda_launch_fn(c, f->fn, f->grid, f->block, f->dyn_shared, args, f->pdl);
         if (rr != KILN_CU_SUCCESS) {
             char what[160];
             snprintf(what, sizeof what, "cuLaunchKernel of %s (grid %u x %u x %u, block %u)", f->name, f->grid[0],
