@@ -267,3 +267,44 @@ Test(gemm_wg, mutations_fail)
     cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, early_release), "an early stage release passed");
     cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, no_swizzle), "unswizzled WGMMA reads passed");
 }
+
+Test(gemm_wg, f16_weights_long_k) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 2048, 100, 100); } /* the ring wraps 8 times */
+
+/* The QKV region of a multi-head llama layer: rms_norm prologue, three groups in one kernel
+ * (q, k, v), normal rope on q and k, k and v written to their caches; q and k after rope and v
+ * are outputs too, so each group's result is checked. */
+Test(gemm_wg, qkv_rope_kv_scatter)
+{
+    wg_case c = {0};
+    cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
+    kiln_graph *g = c.g;
+    const int64_t D = 256, H = 4, HD = 64, m = 100, CTX = 128;
+    kiln_dim M = kiln_sym(g, "m", 100);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, D});
+    kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){M});
+    kiln_node nw = tu_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, 0.5f, 1.5f);
+    kiln_node h = kiln_rms_norm(g, x, nw, 1e-5f);
+    kiln_node wq = tu_weight(g, "wq", KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
+    kiln_node wk = tu_weight(g, "wk", KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
+    kiln_node wv = tu_weight(g, "wv", KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
+    kiln_dim hd3[3] = {M, H, HD};
+    kiln_node q = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wq), 3, hd3), pos, KILN_ROPE_NORMAL, 1e4f);
+    kiln_node k = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wk), 3, hd3), pos, KILN_ROPE_NORMAL, 1e4f);
+    kiln_node vm = kiln_matmul(g, h, wv), v = kiln_reshape(g, vm, 3, hd3);
+    kiln_dim sd[3] = {H, CTX, HD};
+    kiln_output(g, kiln_kv_scatter(g, kiln_state(g, "kc", KILN_DTYPE_F16, 3, sd), k, pos), "kc_out");
+    kiln_output(g, kiln_kv_scatter(g, kiln_state(g, "vc", KILN_DTYPE_F16, 3, sd), v, pos), "vc_out");
+    kiln_output(g, q, "q");
+    kiln_output(g, k, "k");
+    kiln_output(g, vm, "v");
+    c.b[c.nb++] = (kiln_binding){.name = "m", .value = m};
+    bind_random(&c, "x", m * D, -1.0f, 1.0f);
+    int32_t *p = malloc((size_t)m * 4);
+    for (int64_t i = 0; i < m; i++) p[i] = (int32_t)i;
+    c.in[c.nb] = p;
+    c.b[c.nb++] = (kiln_binding){.name = "pos", .data = p, .bytes = (size_t)m * 4};
+    run_case(&c, "q", m, KILN_DTYPE_F16, "tma gemm qkv: q");
+    run_case(&c, "k", m, KILN_DTYPE_F16, "tma gemm qkv: k");
+    run_case(&c, "v", m, KILN_DTYPE_F16, "tma gemm qkv: v");
+    case_free(&c);
+}

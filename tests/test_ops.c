@@ -159,6 +159,102 @@ Test(ops, matmul_gemm)
     matmul_case(KILN_DTYPE_BF16, KILN_DTYPE_Q4_K, 256, 16, 40, t + 1, 1, true);
 }
 
+/* Layer-sized GEMMs (K = 4096: the Hopper template's ring wraps many times; rows over 128: two
+ * accumulators per warpgroup; more column blocks than SMs; rms_norm + gate/up siblings + swiglu
+ * at llama-7b's size): on GPUs only (KILN_TEST_BACKEND cuda), the host reference takes seconds.
+ * Bound 1e-8: sums of K mean-0.5 terms (not the contract's random-sign case) round to NMSE
+ * 1.5e-10 at K = 4096 and 1.4e-9 at K = 11008 on the H100 (mma.sync and wgmma alike); a wrong
+ * or missing tile gives 1e-3 or more (a launch that skipped part of x gave 0.1 .. 0.5). */
+static void layer_gemm(kiln_dtype xt, int64_t K, int64_t N, int64_t T, bool mlp)
+{
+    kiln_graph *g = graph();
+    kiln_dim Td = kiln_sym(g, "t", T);
+    kiln_node x = kiln_input(g, "x", xt, 2, (kiln_dim[]){Td, K});
+    kiln_node w = tu_weight(g, "w", KILN_DTYPE_F16, 2, (kiln_dim[]){N, K}, -0.5f, 1.5f);
+    if (mlp) {
+        kiln_node nw = tu_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){K}, 0.5f, 1.5f);
+        kiln_node h = kiln_rms_norm(g, x, nw, 1e-5f);
+        kiln_node u = tu_weight(g, "u", KILN_DTYPE_F16, 2, (kiln_dim[]){N, K}, -0.5f, 1.5f);
+        out(g, kiln_swiglu(g, kiln_matmul(g, h, w), kiln_matmul(g, h, u)), "y");
+    } else {
+        out(g, kiln_matmul(g, x, w), "y");
+    }
+    tu_sess *s = tu_sess_new(g, lab("layer-sized %s x %s [%lld, %lld] w f16 [%lld, %lld]", mlp ? "rms_norm + gate/up + swiglu" : "matmul",
+                                    dn(xt), (long long)T, (long long)K, (long long)N, (long long)K));
+    tu_sym(s, "t", T);
+    tu_input_random(s, "x", -0.5f, 1.5f);
+    tu_run(s);
+    tu_check_tol(s, "y", 1e-8);
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+/* llama-7b's QKV region: rms_norm, three groups, normal rope on q and k, both caches written. */
+static void layer_qkv(int64_t D, int64_t H, int64_t T)
+{
+    kiln_graph *g = graph();
+    const int64_t HD = D / H, CTX = 128;
+    kiln_dim M = kiln_sym(g, "t", T);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, D});
+    kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){M});
+    kiln_node nw = tu_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, 0.5f, 1.5f);
+    kiln_node h = kiln_rms_norm(g, x, nw, 1e-5f);
+    kiln_dim hd3[3] = {M, H, HD}, sd[3] = {H, CTX, HD};
+    kiln_node w[3], y[3];
+    for (int i = 0; i < 3; i++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "w%d", i);
+        w[i] = tu_weight(g, nm, KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
+        y[i] = kiln_reshape(g, kiln_matmul(g, h, w[i]), 3, hd3);
+        if (i < 2) y[i] = kiln_rope(g, y[i], pos, KILN_ROPE_NORMAL, 1e4f);
+    }
+    out(g, kiln_kv_scatter(g, kiln_state(g, "kc", KILN_DTYPE_F16, 3, sd), y[1], pos), "kc_out");
+    out(g, kiln_kv_scatter(g, kiln_state(g, "vc", KILN_DTYPE_F16, 3, sd), y[2], pos), "vc_out");
+    out(g, y[0], "q");
+    tu_sess *s = tu_sess_new(g, lab("layer-sized qkv + rope + kv_scatter [%lld, %lld] x3", (long long)T, (long long)D));
+    tu_sym(s, "t", T);
+    tu_input_random(s, "x", -1.0f, 1.0f);
+    int32_t *p = malloc((size_t)T * 4);
+    for (int64_t i = 0; i < T; i++) p[i] = (int32_t)((i * 7 + 3) % CTX); /* distinct slots (7 and 128 coprime) */
+    tu_input(s, "pos", p, (size_t)T * 4);
+    free(p);
+    tu_run(s);
+    tu_check_tol(s, "q", 1e-8);
+    tu_check_state(s, "kc", "kv_scatter", KILN_DTYPE_F16);
+    tu_check_state(s, "vc", "kv_scatter", KILN_DTYPE_F16);
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, matmul_gemm_layer_qkv, .timeout = 300)
+{
+    const char *b = getenv("KILN_TEST_BACKEND");
+    if (!b || strcmp(b, "cuda")) cr_skip_test("GPU only");
+    layer_qkv(4096, 32, 100);
+}
+
+Test(ops, matmul_gemm_layer_sized, .timeout = 300)
+{
+    const char *b = getenv("KILN_TEST_BACKEND");
+    if (!b || strcmp(b, "cuda")) cr_skip_test("GPU only");
+    layer_gemm(KILN_DTYPE_F32, 4096, 520, 100, false);
+    layer_gemm(KILN_DTYPE_F16, 4096, 520, 300, false);
+    layer_gemm(KILN_DTYPE_F32, 4096, 20480, 100, false);
+    layer_gemm(KILN_DTYPE_F32, 4096, 11008, 100, true);
+    layer_gemm(KILN_DTYPE_F32, 11008, 4096, 100, false);
+}
+
+#define GPU_ONLY()                                                      \
+    do {                                                                \
+        const char *b_ = getenv("KILN_TEST_BACKEND");                   \
+        if (!b_ || strcmp(b_, "cuda")) cr_skip_test("GPU only");        \
+    } while (0)
+Test(ops, gemm_long_k_f16x) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F16, 11008, 520, 100, false); }
+Test(ops, gemm_long_k_8192) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F32, 8192, 520, 100, false); }
+Test(ops, gemm_long_k_narrow) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F32, 11008, 520, 100, false); }
+Test(ops, gemm_long_k_6144) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F32, 6144, 520, 100, false); }
+Test(ops, gemm_long_k_f16x_4096n) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F16, 11008, 4096, 100, false); }
+
 /* ---------------------------------------------------------------- elementwise */
 
 typedef kiln_node (*unary_fn)(kiln_graph *, kiln_node);

@@ -512,7 +512,7 @@ static bool gw_choose(gm *G, const kiln_lower_target *tg)
 {
     gv *s = G->s;
     G->wg = false;
-    if (!tg->wgmma || tg->opts.wgmma != KILN_GEMM_ON || s->K % 8) return false;
+    if (!tg->wgmma || tg->opts.wgmma == KILN_GEMM_OFF || s->K % 8) return false; /* on by default on sm_90 */
     for (int q = 0; q < s->n_grp; q++) {
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
         if (!is_float_w(t) || (q && (t == KILN_DTYPE_BF16) != G->bf)) return false;
@@ -562,8 +562,8 @@ static void split_kernel(gv *s, kiln_kir *k, const gm *G)
     k->scratch_bytes = 4 * ((uint64_t)G->xp_word + (uint64_t)G->parts * (uint64_t)G->xp_part);
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false), scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
     uint32_t n = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), kiln_ki(k, 2)); /* pairs */
-    k->grid[0] = kl_grid_for(s->tgt, s->m_max * K / 2, 256);
-    k->grid_stride = true;
+    k->grid[0] = kl_grid_for(s->tgt, s->m_max * K / 2, 256); /* kl_grid_loop strides by this grid: not a grid_stride kernel
+                                                                 (a launcher running fewer blocks would skip pairs) */
     uint32_t e = kl_grid_loop(k, n);
     uint32_t v[2], word[3];
     for (int h = 0; h < 2; h++) v[h] = kl_load(k, xs, s->xdt, kiln_kaddi(k, kiln_kmuli(k, e, 2), h));
