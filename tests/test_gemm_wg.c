@@ -197,6 +197,11 @@ static void plain_case(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t mmax, in
 Test(gemm_wg, f16_weights_f32_x_residual) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 96, 160, 130); }
 Test(gemm_wg, f16_weights_f16_x_two_accumulators) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F16, 448, 300, 290); }
 Test(gemm_wg, bf16_weights_bf16_x) { plain_case(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 128, 140, 137); }
+/* block weights: decoded by the producer warpgroup into the swizzled stages, x in one f16 part */
+Test(gemm_wg, q8_0_weights) { plain_case(KILN_DTYPE_Q8_0, KILN_DTYPE_F32, 512, 160, 130); }
+Test(gemm_wg, q4_k_weights_two_accumulators) { plain_case(KILN_DTYPE_Q4_K, KILN_DTYPE_F32, 512, 300, 290); }
+Test(gemm_wg, q6_k_weights_f16_x) { plain_case(KILN_DTYPE_Q6_K, KILN_DTYPE_F16, 256, 140, 137); }
+Test(gemm_wg, q5_k_weights) { plain_case(KILN_DTYPE_Q5_K, KILN_DTYPE_F32, 256, 100, 77); }
 
 /* rms_norm prologue (x normalized and split once by the rms kernel) and two siblings with a
  * swiglu epilogue: the gate/up shape of a llama layer. */

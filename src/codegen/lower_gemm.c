@@ -50,6 +50,7 @@ typedef struct gm {
     uint32_t   sb;        /* wg: bytes of a stage (x parts, then 128 weight rows; 128 bytes a row) */
     uint32_t   ring, bars;/* wg: U32 shared addresses of the ring and of its mbarriers (full[stages], empty[stages]) */
     uint32_t   xmap;      /* wg: x's tensor map */
+    bool       wblock;    /* wg: block weights, decoded into the stages by the producer warpgroup */
 } gm;
 
 /* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
@@ -217,17 +218,21 @@ static void x_pair_words(gm *g, const gm_plan *P, const gm_raw *raw, int j, int 
     kl_split_pair(g->k, v[0], v[1], g->parts, g->bf, word);
 }
 
-/* The 16 f32 values of block-weight item j at sub-step sub (gemv's decoder, scale and min applied). */
-static void w_block_values(gm *g, const gm_raw *raw, int j, int sub, uint32_t val[16])
+/* The 16 f32 values of a loaded block-weight chunk (index bc) at sub-step sub (gemv's decoder,
+ * scale and min applied). */
+static void chunk_values(gm *g, const gv_chunk *ch, uint32_t bc, int sub, uint32_t val[16])
 {
     gv_sub d;
-    kl_gv_decode(g->s, g->wt, &raw->b[j], raw->bc[j], sub, &d);
+    kl_gv_decode(g->s, g->wt, ch, bc, sub, &d);
     for (int i = 0; i < 16; i++) {
         uint32_t x = d.q[i];
         if (d.a != KILN_IDX_NONE) x = d.b != KILN_IDX_NONE ? kiln_kir_op(g->k, KILN_KOP_FMA, KILN_KT_F32, d.a, x, d.b, 0) : mul(g, d.a, x);
         val[i] = x;
     }
 }
+
+/* The same for block-weight item j of a staged tile. */
+static void w_block_values(gm *g, const gm_raw *raw, int j, int sub, uint32_t val[16]) { chunk_values(g, &raw->b[j], raw->bc[j], sub, val); }
 
 static void gm_store(gm *g, const gv_group *G, const gm_plan *P, const gm_raw *raw, int sub)
 {
@@ -359,8 +364,10 @@ static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[GM_MT][4])
 #define GW_BK 64           /* k per stage: 64 halves = 128 bytes, the swizzle's and the TMA box's width */
 #define GW_THREADS 384     /* two consumer warpgroups and the producer */
 #define GW_STAGE_MAX 231424 /* dynamic shared bytes for the ring (227 KB less 1 KB of mbarriers) */
+#define GW_ROUND 2         /* block weights: stages a producer round decodes (4 chunks in flight a stage: 4 stages spilled) */
 
 static uint32_t cu(gm *g, uint32_t v) { return kiln_ku(g->k, v); }
+static void sts4(gm *g, uint32_t idx, uint32_t v4) { kiln_kir_op(g->k, KILN_KOP_STS4, KILN_KT_NONE, idx, v4, KILN_IDX_NONE, (int32_t)g->sh); }
 static uint32_t addu(gm *g, uint32_t a, uint32_t b) { return o2(g, KILN_KOP_ADD, a, b); }
 static uint32_t to_u(gm *g, uint32_t i32) { return kiln_kcvt(g->k, KILN_KT_U32, i32); }
 
@@ -399,6 +406,70 @@ static void gw_producer(gm *g, const gv_group *G, const uint32_t wmap[2], int32_
         gw_tma(g, g->xmap, addu(g, st, cu(g, (uint32_t)(q * g->bm * 128))), full, k0, g->xp ? addi(g, g->m0, q * (int32_t)g->s->m_max) : g->m0);
     for (int sp = 0; sp < G->n_sib; sp++)
         gw_tma(g, wmap[sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, k0, g->n0);
+    kl_loop_end(k);
+}
+
+/* Block weights: the producer warpgroup's 128 threads decode each stage's weight tile (128 rows x
+ * 64 k: 4 pieces of 16 values a thread) with gemv's decoders into f16 in the swizzled layout the
+ * TMA would give, rounds of GW_ROUND stages whose chunk loads are all issued first; thread 256
+ * also brings x by TMA. A stage's full mbarrier takes that thread's expect_tx and all 128 threads'
+ * arrivals after their stores (and the proxy fence that shows them to WGMMA). */
+static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
+{
+    kiln_kir *k = g->k;
+    gv *s = g->s;
+    uint32_t pt = addi(g, g->tid, -256), lead = o2(g, KILN_KOP_EQ, pt, ci(g, 0));
+    uint32_t wrow[2], piece[2], rword[2], swz[2], slot[2];
+    for (int j = 0; j < 2; j++) { /* item j: B rows 64 j .. 64 j + 63 (sibling j of two), 16 values at k 16 piece */
+        uint32_t i = addi(g, pt, 128 * j), r = o2(g, KILN_KOP_OR, muli(g, shri(g, i, 4), 8), andi(g, i, 7));
+        int sp = G->n_sib == 2 ? j : 0;
+        piece[j] = andi(g, shri(g, i, 3), 1);
+        wrow[j] = o2(g, KILN_KOP_MIN, add(g, g->n0, addi(g, r, -sp * g->bns)), ci(g, (int32_t)(G->n - 1)));
+        rword[j] = muli(g, r, 32);
+        swz[j] = andi(g, r, 7);
+        slot[j] = kiln_kir_buf(k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
+    }
+    uint32_t kr = kiln_kvar(k, ci(g, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kr, ci(g, nk), ci(g, GW_ROUND), 0);
+    gv_chunk ch[2 * GW_ROUND][2];
+    uint32_t bc[2 * GW_ROUND][2];
+    for (int t = 0; t < 2 * GW_ROUND; t++) /* the round's tiles of 32 k: every load in flight before the first decode */
+        for (int j = 0; j < 2; j++) {
+            bc[t][j] = kl_wfmt_of(g->wt)->gemm_chunk(k, addi(g, muli(g, kr, GW_BK), 32 * t), piece[j]);
+            kl_gv_load_chunk(s, g->wt, slot[j], wrow[j], bc[t][j], G->n, &ch[t][j]);
+        }
+    for (int st = 0; st < GW_ROUND; st++) {
+        uint32_t kt = addi(g, kr, st);
+        uint32_t sidx = o2(g, KILN_KOP_REM, kt, ci(g, g->stages)), ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
+        gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 1, sidx), o2(g, KILN_KOP_XOR, ph, ci(g, 1)), 0);
+        uint32_t full = gw_bar(g, 0, sidx);
+        kif(g, lead);
+        gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, g->parts * g->bm * 128);
+        for (int q = 0; q < g->parts; q++)
+            gw_tma(g, g->xmap, addu(g, gw_stage(g, sidx), cu(g, (uint32_t)(q * g->bm * 128))), full, muli(g, kt, GW_BK),
+                   g->xp ? addi(g, g->m0, q * (int32_t)s->m_max) : g->m0);
+        kendif(g);
+        uint32_t bword = addi(g, muli(g, sidx, (int32_t)(g->sb / 4)), g->parts * g->bm * 32); /* the B tile, in words */
+        for (int tt = 0; tt < 2; tt++) {
+            int t = 2 * st + tt;
+            for (int j = 0; j < 2; j++) {
+                uint32_t val[16];
+                chunk_values(g, &ch[t][j], bc[t][j], t % g->U, val);
+                for (int c = 0; c < 2; c++) { /* 16-byte chunk 4 tt + 2 piece + c of the row, swizzled */
+                    uint32_t v4 = KILN_IDX_NONE;
+                    for (int pp = 0; pp < 4; pp++) {
+                        uint32_t word;
+                        kl_split_pair(k, val[8 * c + 2 * pp], val[8 * c + 2 * pp + 1], 1, false, &word);
+                        v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, word, KILN_IDX_NONE, pp);
+                    }
+                    uint32_t chunk = o2(g, KILN_KOP_XOR, addi(g, muli(g, piece[j], 2), 4 * tt + c), swz[j]);
+                    sts4(g, add(g, add(g, bword, rword[j]), muli(g, chunk, 4)), v4);
+                }
+            }
+        }
+        gw_sync(g, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, 0);
+    }
     kl_loop_end(k);
 }
 
@@ -457,8 +528,8 @@ static void gw_group(gm *g, const gv_group *G)
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t acc[2] = {kiln_kvar(k, zero), g->rc > 64 ? kiln_kvar(k, zero) : KILN_IDX_NONE};
     int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK); /* a last half stage reads zeros past K */
-    uint32_t wmap[2];
-    for (int sp = 0; sp < G->n_sib; sp++) {
+    uint32_t wmap[2] = {KILN_IDX_NONE, KILN_IDX_NONE};
+    for (int sp = 0; !g->wblock && sp < G->n_sib; sp++) {
         uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
         kiln_ktmap m = {.slot = slot, .inner = (uint32_t)s->K, .outer = (uint32_t)G->n, .stride = (uint32_t)s->K * 2,
                         .box_inner = GW_BK, .box_outer = (uint16_t)g->bns};
@@ -467,9 +538,13 @@ static void gw_group(gm *g, const gv_group *G)
     kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
     gw_consumer(g, acc, nk);
     kiln_kelse(k);
-    kif(g, o2(g, KILN_KOP_EQ, g->tid, ci(g, 256)));
-    gw_producer(g, G, wmap, nk);
-    kendif(g);
+    if (g->wblock) {
+        gw_producer_blocks(g, G, nk);
+    } else {
+        kif(g, o2(g, KILN_KOP_EQ, g->tid, ci(g, 256)));
+        gw_producer(g, G, wmap, nk);
+        kendif(g);
+    }
     kendif(g);
     barrier(g); /* every stage consumed: the ring's memory is free */
     gw_epilogue(g, G, acc);
@@ -495,7 +570,7 @@ static void gw_setup(gm *G, kiln_kir *k)
     G->xmap = kiln_kir_tmap(k, &xm);
     kif(G, o2(G, KILN_KOP_EQ, G->tid, ci(G, 0)));
     for (int i = 0; i < G->stages; i++) {
-        gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 0, ci(G, i)), KILN_IDX_NONE, 1);   /* the producer's arrive + the bytes */
+        gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 0, ci(G, i)), KILN_IDX_NONE, G->wblock ? 129 : 1); /* the producer's arrive(s) + the bytes */
         gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 1, ci(G, i)), KILN_IDX_NONE, 256); /* every consumer thread */
     }
     gw_sync(G, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
@@ -513,13 +588,25 @@ static bool gw_choose(gm *G, const kiln_lower_target *tg)
     gv *s = G->s;
     G->wg = false;
     if (!tg->wgmma || tg->opts.wgmma == KILN_GEMM_OFF || s->K % 8) return false; /* on by default on sm_90 */
+    bool floats = false;
+    G->wblock = false;
     for (int q = 0; q < s->n_grp; q++) {
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
-        if (!is_float_w(t) || (q && (t == KILN_DTYPE_BF16) != G->bf)) return false;
-        G->bf = t == KILN_DTYPE_BF16;
+        const kl_wfmt *f = kl_wfmt_of(t);
+        if (is_float_w(t)) {
+            if (floats && (t == KILN_DTYPE_BF16) != G->bf) return false;
+            floats = true;
+            G->bf = t == KILN_DTYPE_BF16;
+        } else if (f->block && f->gemm_chunk && s->K % (GW_BK * GW_ROUND) == 0 && (2 * GW_ROUND) % f->subs == 0) { /* whole rounds */
+            G->wblock = true;
+        } else {
+            return false;
+        }
     }
+    if (floats && G->wblock) return false; /* one producer kind a kernel */
+    if (G->wblock) G->bf = false;
     bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16);
-    G->parts = x_parts(G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, x_exact);
+    G->parts = G->wblock ? 1 : x_parts(G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, x_exact);
     if (G->parts > 2) return false;
     if (s->norm != KILN_IDX_NONE) {
         gm_prepare(G);
