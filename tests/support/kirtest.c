@@ -641,10 +641,6 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
         return true;
     }
     case KILN_KOP_SADDR: v[pc].u = off + 4 * (uint32_t)v[in->a].i; return true;
-<<<<<<< HEAD
-    case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: return true;
-    case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* kernels run one after another */
-=======
     case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: case KILN_KOP_SETMAXNREG: return true;
     case KILN_KOP_MBAR_INIT:
         if (v[in->a].u % 8 || v[in->a].u + 8 > S->sh_bytes) return snprintf(S->err, S->n_err, "kt_interp_block: mbarrier at %u", v[in->a].u), false;
@@ -679,7 +675,7 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
         b->ops[b->n_ops++] = (tma_op){.map = in->imm.u, .dst = q->v[0], .c0 = q->v[2], .c1 = q->v[3]};
         return bar_check(S, b);
     }
->>>>>>> a225a7b (Hopper GEMM v2: TMA + mbarrier ring + producer/consumer warpgroups (kiln_gemm_tma, sm_90a, opt-in KILN_WGMMA=1): kir ops MBAR_INIT/ARRIVE/WAIT, TMA_LOAD (tensor maps encoded per launch, 128-byte swizzle), SETMAXNREG, swizzled WGMMA descriptors, dynamic shared memory; cuda backend resolves cuTensorMapEncodeTiled/cuFuncSetAttribute optionally; the block interpreter lands TMA boxes at phase completion, schedules mbarrier waiters and reports deadlocks; test_gemm_wg: f32/f16/bf16 x, two accumulators, rms+siblings, and three pipeline mutations that must fail)
+    case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* kernels run one after another */
     case KILN_KOP_WGMMA:
         if (th->n_pend == th->cap_pend) {
             uint32_t cap = th->cap_pend ? 2 * th->cap_pend : 16;
