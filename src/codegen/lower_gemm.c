@@ -435,6 +435,10 @@ static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
     uint32_t bc[2 * GW_ROUND][2];
     for (int t = 0; t < 2 * GW_ROUND; t++) /* the round's tiles of 32 k: every load in flight before the first decode */
         for (int j = 0; j < 2; j++) {
+            if (t % g->U) { /* the U tiles of a k-period are sub-steps of the same chunks: loaded once */
+                ch[t][j] = ch[t - t % g->U][j], bc[t][j] = bc[t - t % g->U][j];
+                continue;
+            }
             bc[t][j] = kl_wfmt_of(g->wt)->gemm_chunk(k, addi(g, muli(g, kr, GW_BK), 32 * t), piece[j]);
             kl_gv_load_chunk(s, g->wt, slot[j], wrow[j], bc[t][j], G->n, &ch[t][j]);
         }
