@@ -4,7 +4,7 @@
  * backend's stream. Must not synchronize: completion is the executor's sync. */
 #include "util/env.h"
 #include "backends/cuda/cuda.h"
-#include "cache/blob.h"
+#include "codegen/kir_blob.h"
 #include "ptx/ptx.h"
 
 #include <stdio.h>
@@ -34,7 +34,7 @@ struct kiln_kernel {
     kiln_blob_w entry;               /* the cache entry made at compile (metadata, PTX, cubin), or empty */
 };
 
-#define ENTRY_MAGIC 0x3155434bu /* "KCU1" */
+#define ENTRY_MAGIC 0x3255434bu /* "KCU2": launch metadata through codegen/kir_blob.h */
 
 /* Spill bytes the JIT's info log reports ("N bytes spill stores, M bytes spill loads"), -1 when it
  * says nothing about them. */
@@ -263,30 +263,10 @@ static kiln_status setup_async(kiln_cuda *c, const kiln_kir *kir, cuda_fn *f, ch
     return KILN_OK;
 }
 
-/* A kernel's launch metadata in its cache entry: grid, block, buffer slots, name, tables. Written
- * at compile and, at load, written again from the region's lowering and compared with the entry. */
-static void entry_meta(kiln_blob_w *w, const kiln_kir *kir)
-{
-    for (int d = 0; d < 3; d++) kiln_blob_u32(w, kir->grid[d]); /* virtual blocks: a grid-stride kernel's launch is sized at load */
-    kiln_blob_u32(w, kir->block);
-    kiln_blob_u32(w, kir->grid_stride);
-    kiln_blob_u32(w, kir->n_bufs);
-    for (uint32_t b = 0; b < kir->n_bufs; b++) {
-        kiln_blob_u32(w, kir->bufs[b].kind);
-        kiln_blob_u32(w, kir->bufs[b].written);
-        kiln_blob_u32(w, kir->bufs[b].node);
-    }
-    kiln_blob_bytes(w, kir->name, strlen(kir->name) + 1);
-    kiln_blob_u32(w, kir->n_tables);
-    for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(w, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
-    kiln_blob_u32(w, kir->dyn_shared ? (uint32_t)kiln_kir_shared_bytes(kir) : 0);
-    kiln_blob_bytes(w, kir->tmaps, kir->n_tmaps * sizeof *kir->tmaps);
-}
-
 /* Appends kernel f's part of the cache entry: launch metadata, tables, PTX and cubin. */
 static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const unsigned char *cubin, size_t cubin_n)
 {
-    entry_meta(w, kir);
+    kiln_kir_blob_put(w, kir); /* launch metadata (codegen/kir_blob.h) */
     kiln_blob_bytes(w, ptx, strlen(ptx) + 1);
     kiln_blob_bytes(w, cubin, cubin_n);
 }
@@ -348,11 +328,7 @@ kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_regio
     uint64_t scratch = 0;
     for (uint32_t i = 0; s == KILN_OK && i < nk; i++)
         if (kir[i].scratch_bytes > scratch) scratch = kir[i].scratch_bytes;
-    if (k) {
-        kiln_blob_u32(&k->entry, ENTRY_MAGIC);
-        kiln_blob_u32(&k->entry, nk);
-        kiln_blob_u64(&k->entry, scratch);
-    }
+    if (k) kiln_kir_blob_head(&k->entry, ENTRY_MAGIC, kir, nk);
     for (uint32_t i = 0; s == KILN_OK && i < nk; i++) {
         s = load_fn(c, &kir[i], ptx[i], &k->fns[i], &k->entry, err, n);
         k->n_fns = i + 1;
@@ -402,60 +378,26 @@ kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out,
     return KILN_OK;
 }
 
-/* Reads one kernel of an entry into f: every count and index is checked before use; the cubin is
- * loaded as it is (the JIT does not run). */
+/* Reads one kernel of an entry into f: the launch metadata through the shared checked reader
+ * (codegen/kir_blob.h), then the PTX and the cubin, which is loaded as it is (the JIT does not run). */
 static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_kir *want, kiln_blob_r *rd, cuda_fn *f, char *err,
                                  size_t n)
 {
-    kiln_blob_w meta = {0}; /* what this build's lowering says the slots, grid, name and tables are */
-    entry_meta(&meta, want);
-    bool same = !meta.oom && meta.n <= rd->n - rd->at && memcmp(rd->p + rd->at, meta.p, meta.n) == 0;
-    free(meta.p);
-    if (!same) {
-        snprintf(err, n, "cuda: cache entry's launch metadata is not this region's (kernel %s)", want->name);
-        return KILN_ERR_INVALID_ARG;
-    }
-    uint32_t grid[3], block, stride, n_bufs, n_tables;
-    kiln_kbuf bufs[KILN_KIR_MAX_BUFS];
-    kiln_ktable tables[KILN_KIR_MAX_TABLES];
-    for (int d = 0; d < 3; d++) grid[d] = kiln_blob_get_u32(rd);
-    block = kiln_blob_get_u32(rd);
-    stride = kiln_blob_get_u32(rd);
-    n_bufs = kiln_blob_get_u32(rd);
-    if (rd->bad || n_bufs > KILN_KIR_MAX_BUFS || !block || block > 1024 || !grid[0] || !grid[1] || !grid[2] || stride > 1) goto bad;
-    for (uint32_t b = 0; b < n_bufs; b++) {
-        uint32_t kind = kiln_blob_get_u32(rd), written = kiln_blob_get_u32(rd), node = kiln_blob_get_u32(rd);
-        if (kind >= KILN_KBUF_KIND_COUNT || written > 1 || (kind == KILN_KBUF_NODE && node >= g->n_nodes) ||
-            (kind == KILN_KBUF_TABLE && node >= KILN_KIR_MAX_TABLES))
-            goto bad;
-        bufs[b] = (kiln_kbuf){.kind = (uint8_t)kind, .written = written != 0, .node = node};
-    }
-    size_t name_n, ptx_n, cubin_n;
-    const char *name = kiln_blob_get_bytes(rd, &name_n);
-    if (!name || !name_n || name_n > sizeof f->name || name[name_n - 1] || strlen(name) != name_n - 1) goto bad;
-    n_tables = kiln_blob_get_u32(rd);
-    if (rd->bad || n_tables > KILN_KIR_MAX_TABLES) goto bad;
-    for (uint32_t t = 0; t < n_tables; t++) {
-        size_t bytes;
-        const void *w = kiln_blob_get_bytes(rd, &bytes);
-        if (rd->bad || bytes % 4) goto bad;
-        tables[t] = (kiln_ktable){.words = (uint32_t *)(uintptr_t)w, .n = (uint32_t)(bytes / 4)};
-    }
-    for (uint32_t b = 0; b < n_bufs; b++)
-        if (bufs[b].kind == KILN_KBUF_TABLE && bufs[b].node >= n_tables) goto bad;
-    size_t tmap_n;
-    (void)kiln_blob_get_u32(rd); /* dynamic shared bytes and tensor maps: equal to want's (compared above) */
-    (void)kiln_blob_get_bytes(rd, &tmap_n);
-    if (rd->bad) goto bad;
+    kiln_kir_meta m;
+    kiln_status s = kiln_kir_blob_get(rd, g, want, "cuda", &m, err, n);
+    if (s != KILN_OK) return s;
+    size_t ptx_n, cubin_n;
     const char *ptx = kiln_blob_get_bytes(rd, &ptx_n);
     const unsigned char *cubin = kiln_blob_get_bytes(rd, &cubin_n);
-    if (rd->bad || !ptx_n || ptx[ptx_n - 1] || !cubin_n) goto bad;
+    if (rd->bad || !ptx_n || ptx[ptx_n - 1] || !cubin_n) {
+        snprintf(err, n, "cuda: cache entry does not fit the region");
+        return KILN_ERR_INVALID_ARG;
+    }
     /* The tables are uploaded from the entry's bytes, which may be unaligned: copy them first. */
     uint32_t *copies[KILN_KIR_MAX_TABLES] = {0};
-    kiln_status s = KILN_OK;
-    for (uint32_t t = 0; s == KILN_OK && t < n_tables; t++) {
-        if (!(copies[t] = malloc((size_t)tables[t].n * 4 + 4))) s = KILN_ERR_NOMEM;
-        else memcpy(copies[t], tables[t].words, (size_t)tables[t].n * 4), tables[t].words = copies[t];
+    for (uint32_t t = 0; s == KILN_OK && t < m.n_tables; t++) {
+        if (!(copies[t] = malloc((size_t)m.tables[t].n * 4 + 4))) s = KILN_ERR_NOMEM;
+        else memcpy(copies[t], m.tables[t].words, (size_t)m.tables[t].n * 4), m.tables[t].words = copies[t];
     }
     unsigned char *image = s == KILN_OK ? malloc(cubin_n) : NULL; /* the driver reads an aligned image */
     if (s == KILN_OK && !image) s = KILN_ERR_NOMEM;
@@ -463,18 +405,15 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
         memcpy(image, cubin, cubin_n);
         CUresult r = c->d.module_load(&f->mod, image, 0, NULL, NULL);
         if (r != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleLoadDataEx of a cached cubin", err, n), f->mod = NULL;
-        else if ((r = c->d.module_function(&f->fn, f->mod, name)) != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
+        else if ((r = c->d.module_function(&f->fn, f->mod, m.name)) != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleGetFunction", err, n);
     }
-    if (s == KILN_OK) s = setup_fn(c, grid, block, bufs, n_bufs, name, tables, n_tables, f, err, n);
-    if (s == KILN_OK) s = setup_async(c, want, f, err, n);
-    if (s == KILN_OK && stride) f->grid[0] = stride_grid(c, f->fn, grid[0], block);
+    if (s == KILN_OK) s = setup_fn(c, m.grid, m.block, m.bufs, m.n_bufs, m.name, m.tables, m.n_tables, f, err, n);
+    if (s == KILN_OK) s = setup_async(c, want, f, err, n); /* tensor maps and dynamic shared memory: want's (the metadata matched) */
+    if (s == KILN_OK && m.grid_stride) f->grid[0] = stride_grid(c, f->fn, m.grid[0], m.block);
     f->pdl = want->pdl; /* the entry's key holds the options that made it so */
     free(image);
-    for (uint32_t t = 0; t < n_tables; t++) free(copies[t]);
+    for (uint32_t t = 0; t < m.n_tables; t++) free(copies[t]);
     return s;
-bad:
-    snprintf(err, n, "cuda: cache entry does not fit the region");
-    return KILN_ERR_INVALID_ARG;
 }
 
 kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
@@ -490,18 +429,17 @@ kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_r
     kiln_lower_target t = kiln_lower_target_with(&c->target, &o->codegen); /* as kiln_cuda_compile lowers */
     if ((s = kiln_lower_region_for(g, r, &t, kir, &n_kir, err, n)) != KILN_OK) return s;
     kiln_blob_r rd = {.p = buf, .n = len};
-    uint32_t magic = kiln_blob_get_u32(&rd), nk = kiln_blob_get_u32(&rd);
-    uint64_t scratch = kiln_blob_get_u64(&rd), want_scratch = 0;
+    uint64_t scratch = 0;
     for (uint32_t i = 0; i < n_kir; i++)
-        if (kir[i].scratch_bytes > want_scratch) want_scratch = kir[i].scratch_bytes;
+        if (kir[i].scratch_bytes > scratch) scratch = kir[i].scratch_bytes;
     kiln_kernel *k = NULL;
-    if (rd.bad || magic != ENTRY_MAGIC || nk != n_kir || scratch != want_scratch) {
+    if (!kiln_kir_blob_head_ok(&rd, ENTRY_MAGIC, kir, n_kir)) {
         snprintf(err, n, "cuda: cache entry does not fit the region");
         s = KILN_ERR_INVALID_ARG;
     } else if (!(k = calloc(1, sizeof *k))) {
         s = KILN_ERR_NOMEM;
     }
-    for (uint32_t i = 0; k && s == KILN_OK && i < nk; i++) {
+    for (uint32_t i = 0; k && s == KILN_OK && i < n_kir; i++) {
         s = load_entry_fn(c, g, &kir[i], &rd, &k->fns[i], err, n);
         k->n_fns = i + 1;
     }

@@ -3,7 +3,7 @@
  * tables uploaded once; launches bind whole allocations through cached descriptor sets (never
  * updated once made, so recorded command buffers stay valid). Must not submit work. */
 #include "backends/vulkan/vk.h"
-#include "cache/blob.h"
+#include "codegen/kir_blob.h"
 #include "util/fault.h"
 
 #include <pthread.h>
@@ -42,7 +42,7 @@ struct kiln_kernel {
     kiln_blob_w           entry;                     /* first kernel of a compiled region: its cache entry */
 };
 
-#define VK_ENTRY_MAGIC 0x314b564bu /* "KVK1" */
+#define VK_ENTRY_MAGIC 0x324b564bu /* "KVK2": launch metadata through codegen/kir_blob.h */
 
 const char *kiln_vk_kernel_glsl(const kiln_vk_kernel *k) { return k->glsl; }
 
@@ -153,24 +153,6 @@ kiln_spv_features kiln_vk_features(const kiln_vk *s, int32_t disable)
 
 static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **out, kiln_blob_w *entry, char *err, size_t n);
 
-/* A kernel's launch metadata in its cache entry: buffer slots, grid, block, tables. Written at
- * compile and, at load, written again from the region's lowering and compared with the entry. */
-static void entry_meta(kiln_blob_w *w, const kiln_kir *kir)
-{
-    kiln_blob_u32(w, kir->n_bufs);
-    for (uint32_t b = 0; b < kir->n_bufs; b++) {
-        kiln_blob_u32(w, kir->bufs[b].kind);
-        kiln_blob_u32(w, kir->bufs[b].written);
-        kiln_blob_u32(w, kir->bufs[b].node);
-    }
-    for (int d = 0; d < 3; d++) kiln_blob_u32(w, kir->grid[d]); /* virtual blocks: clamped at load */
-    kiln_blob_u32(w, kir->grid_stride);
-    kiln_blob_u32(w, kir->block);
-    kiln_blob_u32(w, uses_reduce(kir));
-    kiln_blob_u32(w, kir->n_tables);
-    for (uint32_t t = 0; t < kir->n_tables; t++) kiln_blob_bytes(w, kir->tables[t].words, (size_t)kir->tables[t].n * 4);
-}
-
 /* Test-only (KILN_FAULT_INJECT=vk_glsl_error): a statement glslang rejects, at the end of main. */
 static kiln_status inject_glsl_error(char **glsl, char *err, size_t n)
 {
@@ -227,7 +209,7 @@ static kiln_status kernel_new(kiln_vk *s, const kiln_kir *kir, kiln_vk_kernel **
     vk_shape shape = {.n_bufs = kir->n_bufs, .block = kir->block, .reduce = uses_reduce(kir), .subgroup = feat.subgroup_size};
     if (st == KILN_OK) st = make_pipeline(s, &shape, k, words, n_words, err, n);
     if (st == KILN_OK && entry) {
-        entry_meta(entry, kir);
+        kiln_kir_blob_put(entry, kir); /* launch metadata (codegen/kir_blob.h) */
         kiln_blob_bytes(entry, k->glsl, strlen(k->glsl) + 1);
         kiln_blob_bytes(entry, words, n_words * 4);
     }
@@ -368,9 +350,7 @@ kiln_status kiln_vk_kernel_new_seq(kiln_vk *s, const kiln_kir *kirs, uint32_t n_
     kiln_status st = scratch ? kiln_vk_alloc_mem(s, scratch, &mem, err, n) : KILN_OK;
     kiln_vk_kernel *first = NULL, **tail = &first;
     kiln_blob_w entry = {0};
-    kiln_blob_u32(&entry, VK_ENTRY_MAGIC);
-    kiln_blob_u32(&entry, n_kirs);
-    kiln_blob_u64(&entry, scratch);
+    kiln_kir_blob_head(&entry, VK_ENTRY_MAGIC, kirs, n_kirs);
     for (uint32_t i = 0; st == KILN_OK && i < n_kirs; i++) {
         st = kernel_new(s, &kirs[i], tail, &entry, err, n);
         if (st != KILN_OK) break;
@@ -401,55 +381,38 @@ kiln_status kiln_vk_kernel_save(kiln_vk *s, const kiln_vk_kernel *k, void **out,
     return KILN_OK;
 }
 
-/* One kernel of an entry: every count and index checked before use; the SPIR-V goes straight to
- * the pipeline (no GLSL printing, no glslang). */
+/* One kernel of an entry: the launch metadata through the shared checked reader
+ * (codegen/kir_blob.h); the SPIR-V goes straight to the pipeline (no GLSL printing, no glslang). */
 static kiln_status load_one(kiln_vk *s, const kiln_graph *g, const kiln_kir *want, kiln_blob_r *rd, kiln_vk_kernel **out,
                             char *err, size_t n)
 {
-    kiln_blob_w meta = {0}; /* what this build's lowering says the slots, grid and tables are */
-    entry_meta(&meta, want);
-    bool same = !meta.oom && meta.n <= rd->n - rd->at && memcmp(rd->p + rd->at, meta.p, meta.n) == 0;
-    free(meta.p);
-    if (!same) {
-        snprintf(err, n, "vulkan: cache entry's launch metadata is not this region's (kernel %s)", want->name);
-        return KILN_ERR_INVALID_ARG;
-    }
+    kiln_kir_meta m;
+    kiln_status st = kiln_kir_blob_get(rd, g, want, "vulkan", &m, err, n);
+    if (st != KILN_OK) return st;
     kiln_vk_kernel *k = calloc(1, sizeof *k);
     if (!k) return KILN_ERR_NOMEM;
     *out = k;
-    vk_shape shape;
-    shape.n_bufs = kiln_blob_get_u32(rd);
-    if (rd->bad || shape.n_bufs > KILN_KIR_MAX_BUFS) goto bad;
-    k->n_bufs = shape.n_bufs;
-    for (uint32_t b = 0; b < shape.n_bufs; b++) {
-        uint32_t kind = kiln_blob_get_u32(rd), written = kiln_blob_get_u32(rd), node = kiln_blob_get_u32(rd);
-        if (kind >= KILN_KBUF_KIND_COUNT || written > 1 || (kind == KILN_KBUF_NODE && node >= g->n_nodes)) goto bad;
-        k->bufs[b] = (kiln_kbuf){.kind = (uint8_t)kind, .written = written != 0, .node = node};
-    }
-    for (int d = 0; d < 3; d++) k->grid[d] = kiln_blob_get_u32(rd);
-    uint32_t stride = kiln_blob_get_u32(rd);
-    shape.block = kiln_blob_get_u32(rd);
-    uint32_t reduce = kiln_blob_get_u32(rd), n_tables = kiln_blob_get_u32(rd);
-    if (rd->bad || reduce > 1 || stride > 1 || n_tables > KILN_KIR_MAX_TABLES || !shape.block) goto bad;
-    shape.reduce = reduce != 0;
-    shape.subgroup = kiln_vk_features(s, s->cg.vk_disable).subgroup_size; /* the region key holds vk_disable */
-    for (uint32_t b = 0; b < shape.n_bufs; b++)
-        if (k->bufs[b].kind == KILN_KBUF_TABLE && k->bufs[b].node >= n_tables) goto bad;
-    kiln_status st = check_limits(s, "from the cache", shape.block, k->grid, stride, err, n);
-    if (st != KILN_OK) return st;
-    if (stride) k->grid[0] = stride_blocks(s, k->grid[0]);
-    for (uint32_t t = 0; t < n_tables; t++) {
-        size_t bytes;
-        const void *w = kiln_blob_get_bytes(rd, &bytes);
-        if (rd->bad || bytes % 4) goto bad;
+    k->n_bufs = m.n_bufs;
+    memcpy(k->bufs, m.bufs, sizeof k->bufs);
+    memcpy(k->grid, m.grid, sizeof k->grid);
+    /* the region key holds vk_disable; the reduction is the lowering's (the metadata matched it) */
+    vk_shape shape = {.n_bufs = m.n_bufs, .block = m.block, .reduce = uses_reduce(want),
+                      .subgroup = kiln_vk_features(s, s->cg.vk_disable).subgroup_size};
+    if ((st = check_limits(s, "from the cache", m.block, k->grid, m.grid_stride, err, n)) != KILN_OK) return st;
+    if (m.grid_stride) k->grid[0] = stride_blocks(s, k->grid[0]);
+    for (uint32_t t = 0; t < m.n_tables; t++) {
+        size_t bytes = (size_t)m.tables[t].n * 4;
         if ((st = kiln_vk_alloc_mem(s, bytes, &k->tables[t], err, n)) != KILN_OK) return st;
         k->n_tables++;
-        if ((st = kiln_vk_upload(s, k->tables[t], w, bytes, err, n)) != KILN_OK) return st;
+        if ((st = kiln_vk_upload(s, k->tables[t], m.tables[t].words, bytes, err, n)) != KILN_OK) return st;
     }
     size_t glsl_n, spv_n;
     const char *glsl = kiln_blob_get_bytes(rd, &glsl_n);
     const void *spv = kiln_blob_get_bytes(rd, &spv_n);
-    if (rd->bad || !glsl_n || glsl[glsl_n - 1] || !spv_n || spv_n % 4) goto bad;
+    if (rd->bad || !glsl_n || glsl[glsl_n - 1] || !spv_n || spv_n % 4) {
+        snprintf(err, n, "vulkan: cache entry does not fit the region");
+        return KILN_ERR_INVALID_ARG;
+    }
     uint32_t *words = malloc(spv_n); /* aligned for the driver */
     if (!(k->glsl = strdup(glsl)) || !words) {
         free(words);
@@ -459,9 +422,6 @@ static kiln_status load_one(kiln_vk *s, const kiln_graph *g, const kiln_kir *wan
     st = make_pipeline(s, &shape, k, words, spv_n / 4, err, n);
     free(words);
     return st;
-bad:
-    snprintf(err, n, "vulkan: cache entry does not fit the region");
-    return KILN_ERR_INVALID_ARG;
 }
 
 kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const kiln_kir *kirs, uint32_t n_kirs, const void *buf, size_t len,
@@ -470,18 +430,17 @@ kiln_status kiln_vk_kernel_load(kiln_vk *s, const kiln_graph *g, const kiln_kir 
     *out = NULL;
     if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "load", err, n);
     kiln_blob_r rd = {.p = buf, .n = len};
-    uint32_t magic = kiln_blob_get_u32(&rd), nk = kiln_blob_get_u32(&rd);
-    uint64_t scratch = kiln_blob_get_u64(&rd), want_scratch = 0;
+    uint64_t scratch = 0;
     for (uint32_t i = 0; i < n_kirs; i++)
-        if (kirs[i].scratch_bytes > want_scratch) want_scratch = kirs[i].scratch_bytes;
-    if (rd.bad || magic != VK_ENTRY_MAGIC || nk != n_kirs || scratch != want_scratch) {
+        if (kirs[i].scratch_bytes > scratch) scratch = kirs[i].scratch_bytes;
+    if (!kiln_kir_blob_head_ok(&rd, VK_ENTRY_MAGIC, kirs, n_kirs)) {
         snprintf(err, n, "vulkan: cache entry does not fit the region");
         return KILN_ERR_INVALID_ARG;
     }
     void *mem = NULL;
     kiln_status st = scratch ? kiln_vk_alloc_mem(s, scratch, &mem, err, n) : KILN_OK;
     kiln_vk_kernel *first = NULL, **tail = &first;
-    for (uint32_t i = 0; st == KILN_OK && i < nk; i++) {
+    for (uint32_t i = 0; st == KILN_OK && i < n_kirs; i++) {
         st = load_one(s, g, &kirs[i], &rd, tail, err, n);
         if (*tail) (*tail)->scratch = mem, tail = &(*tail)->next;
     }
