@@ -398,6 +398,35 @@ static bool run_plan(kiln_check_run *r, const kiln_check_spec *s, kiln_plan *p, 
     return ok && read_outs(s->g, o, why, wn);
 }
 
+/* Same plan, same inputs: outputs bit-identical on every one of s->determinism runs. Recorded
+ * under its own row ("determinism:<op>"). */
+static void determinism(kiln_check_run *r, const kiln_check_spec *s, kiln_plan *p, const char *be)
+{
+    char why[512] = "", name[64];
+    binds bd = {.n = 0};
+    outs o = {.n = 0};
+    snprintf(name, sizeof name, "determinism:%s", s->op);
+    unsigned char *first[16] = {0};
+    bool ok = make_inputs(r, s, 0, &bd, why, sizeof why);
+    for (int rep = 0; rep < s->determinism && ok; rep++) {
+        if (!(ok = run_plan(r, s, p, 0, &bd, &o, why, sizeof why))) break;
+        for (int j = 0; j < o.n && ok; j++) {
+            if (rep == 0) {
+                if ((first[j] = malloc(o.bytes[j] ? o.bytes[j] : 1))) memcpy(first[j], o.mem[j] + GUARD, o.bytes[j]);
+                else ok = !snprintf(why, sizeof why, "out of memory");
+            } else if (memcmp(first[j], o.mem[j] + GUARD, o.bytes[j]) != 0) {
+                ok = !snprintf(why, sizeof why, "%s: run %d of output '%s' differs from run 1", s->label, rep + 1,
+                               s->g->outs[j].name);
+            }
+        }
+        free_outs(&o);
+    }
+    free_outs(&o);
+    for (int j = 0; j < 16; j++) free(first[j]);
+    free_binds(&bd);
+    record(r, name, s->key, be, 0, ok ? 0 : INFINITY, ok ? NULL : why);
+}
+
 static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be, double tol)
 {
     char why[512] = "", name[64];
@@ -455,28 +484,7 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
         for (int v = 0; v < np; v++) free_outs(&o[v]);
         free_binds(&bd);
     }
-    if (ok && s->determinism > 0) { /* same plan, same inputs: bit-identical every time */
-        snprintf(name, sizeof name, "determinism:%s", s->op);
-        unsigned char *first[16] = {0};
-        ok = make_inputs(r, s, 0, &bd, why, sizeof why);
-        for (int rep = 0; rep < s->determinism && ok; rep++) {
-            if (!(ok = run_plan(r, s, p[0], 0, &bd, &o[0], why, sizeof why))) break;
-            for (int j = 0; j < o[0].n && ok; j++) {
-                if (rep == 0) {
-                    if ((first[j] = malloc(o[0].bytes[j] ? o[0].bytes[j] : 1))) memcpy(first[j], o[0].mem[j] + GUARD, o[0].bytes[j]);
-                    else ok = !snprintf(why, sizeof why, "out of memory");
-                } else if (memcmp(first[j], o[0].mem[j] + GUARD, o[0].bytes[j]) != 0) {
-                    ok = !snprintf(why, sizeof why, "%s: run %d of output '%s' differs from run 1", s->label, rep + 1,
-                                   s->g->outs[j].name);
-                }
-            }
-            free_outs(&o[0]);
-        }
-        for (int j = 0; j < 16; j++) free(first[j]);
-        free_binds(&bd);
-        record(r, name, s->key, be, 0, ok ? 0 : INFINITY, ok ? NULL : why);
-        ok = true; /* recorded under its own row */
-    }
+    if (ok && s->determinism > 0) determinism(r, s, p[0], be); /* recorded under its own row */
     if (!ok) {
         char lab[600];
         snprintf(lab, sizeof lab, "%s: %s", s->label, why);

@@ -11,6 +11,7 @@
 #include "fuse/fuse.h"
 #include "model/presets.h"
 #include "spirv/spirv.h"
+#include "util/env.h"
 
 typedef struct spirv_opts {
     const char        *file;     /* FILE.kg, or NULL with --preset */
@@ -62,7 +63,7 @@ static int parse_spirv(int argc, char *const *argv, spirv_opts *o)
 /* Whether an executable spirv-dis is on PATH (asked once, before any output). */
 static bool have_spirv_dis(void)
 {
-    const char *path = getenv("PATH");
+    const char *path = kiln_env(KILN_ENV_PATH); /* the one environment table (util/env.c) */
     char dir[4096];
     while (path && *path) {
         size_t n = strcspn(path, ":");

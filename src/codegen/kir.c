@@ -195,7 +195,6 @@ uint32_t kiln_kbitcast(kiln_kir *k, enum kiln_kt t, uint32_t v) { return kiln_ki
 uint32_t kiln_kbfe(kiln_kir *k, enum kiln_kt t, uint32_t v, int off, int width) { return kiln_kir_op(k, KILN_KOP_BFE, t, v, N, N, off | (width << 8)); }
 uint32_t kiln_kh2f(kiln_kir *k, uint32_t w, int half) { return kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32, w, N, N, half); }
 uint32_t kiln_klane(kiln_kir *k, uint32_t v4, int i) { return kiln_kir_op(k, KILN_KOP_LANE, KILN_KT_U32, v4, N, N, i); }
-uint32_t kiln_klanef(kiln_kir *k, uint32_t v4, int i) { return kiln_kbitcast(k, KILN_KT_F32, kiln_klane(k, v4, i)); }
 uint32_t kiln_ksel(kiln_kir *k, enum kiln_kt t, uint32_t p, uint32_t a, uint32_t b) { return kiln_kir_op(k, KILN_KOP_SELECT, t, p, a, b, 0); }
 uint32_t kiln_kld(kiln_kir *k, uint32_t slot, uint32_t word) { return kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, word, N, N, (int32_t)slot); }
 uint32_t kiln_kld4(kiln_kir *k, uint32_t slot, uint32_t word) { return kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, word, N, N, (int32_t)slot); }

@@ -292,7 +292,6 @@ uint32_t kiln_kbitcast(kiln_kir *k, enum kiln_kt t, uint32_t v);            /* B
 uint32_t kiln_kbfe(kiln_kir *k, enum kiln_kt t, uint32_t v, int off, int width); /* bit field */
 uint32_t kiln_kh2f(kiln_kir *k, uint32_t w, int half);                       /* F32 of f16 half 0/1 of w */
 uint32_t kiln_klane(kiln_kir *k, uint32_t v4, int i);                        /* U32 lane i of a V4 */
-uint32_t kiln_klanef(kiln_kir *k, uint32_t v4, int i);                       /* the same as F32 bits */
 uint32_t kiln_ksel(kiln_kir *k, enum kiln_kt t, uint32_t p, uint32_t a, uint32_t b); /* p ? a : b */
 uint32_t kiln_kld(kiln_kir *k, uint32_t slot, uint32_t word);               /* U32 word of a buffer slot */
 uint32_t kiln_kld4(kiln_kir *k, uint32_t slot, uint32_t word);              /* V4 from word (multiple of 4) */

@@ -408,6 +408,84 @@ static void print_flow(pstate *p, uint32_t i)
 
 /* ------------------------------------------------------------------ one instruction */
 
+/* Definitions and copies of registers: constants, special registers, variables, assignments,
+ * selects and the lanes of vector values. */
+static void print_move(pstate *p, uint32_t i)
+{
+    const kiln_kinst *in = &p->k->ins[i];
+    switch (in->op) {
+    case KILN_KOP_CONST: {
+        rname d = def(p, i);
+        if (in->type == KILN_KT_F4 || in->type == KILN_KT_W64)
+            for (int j = 0; j < lanes_of(in->type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", f4reg(p, i, j).s, in->imm.u);
+        else if (in->type == KILN_KT_F32) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
+        else if (in->type == KILN_KT_I32) kiln_sbuf_printf(&p->body, "\tmov.s32 %s, %d;\n", d.s, in->imm.i);
+        else kiln_sbuf_printf(&p->body, "\tmov.u32 %s, 0x%X;\n", d.s, in->imm.u);
+        return;
+    }
+    case KILN_KOP_TID: {
+        rname d = def(p, i);
+        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%tid.x;\n", d.s);
+        return;
+    }
+    case KILN_KOP_BID: {
+        rname d = def(p, i);
+        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%ctaid.%c;\n", d.s, "xyz"[in->imm.i]);
+        return;
+    }
+    case KILN_KOP_NBID: {
+        rname d = def(p, i);
+        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%nctaid.%c;\n", d.s, "xyz"[in->imm.i]);
+        return;
+    }
+    case KILN_KOP_VAR: {
+        rname d = def(p, i);
+        if (in->type == KILN_KT_F4 || in->type == KILN_KT_W64) {
+            for (int j = 0; j < lanes_of(in->type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, i, j).s, f4reg(p, in->a, j).s);
+            return;
+        }
+        kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->a).s);
+        return;
+    }
+    case KILN_KOP_ASSIGN:
+        if (p->k->ins[in->a].type == KILN_KT_F4 || p->k->ins[in->a].type == KILN_KT_W64) {
+            for (int j = 0; j < lanes_of(p->k->ins[in->a].type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, j).s, f4reg(p, in->b, j).s);
+            return;
+        }
+        kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", p->k->ins[in->a].type == KILN_KT_F32 ? "f32" : "b32", vreg(p, in->a).s,
+            vreg(p, in->b).s);
+        return;
+    case KILN_KOP_SELECT: {
+        rname d = def(p, i);
+        kiln_sbuf_printf(&p->body, "\tselp.%s %s, %s, %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->b).s,
+            vreg(p, in->c).s, vreg(p, in->a).s);
+        return;
+    }
+    case KILN_KOP_LANE:
+        if (in->type == KILN_KT_F32) { /* a copy: an F4/W64 variable's registers change after this point */
+            rname d = def(p, i);
+            kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", d.s, f4reg(p, in->a, in->imm.i).s);
+            return;
+        }
+        /* an alias of the V4's lane register: V4 values are never reassigned */
+        p->reg[i] = p->reg[in->a] + (uint32_t)in->imm.i;
+        return;
+    case KILN_KOP_SETLANE: { /* fresh registers: V4 values are never reassigned, F4 variables are */
+        def(p, i);
+        bool f = in->type == KILN_KT_F4;
+        enum rcls c = f ? RC_F : RC_R;
+        for (int j = 0; j < 4; j++) {
+            rname d = nreg(c, p->reg[i] + (uint32_t)j);
+            if (j == in->imm.i) kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", f ? "f32" : "b32", d.s, vreg(p, in->b).s);
+            else if (in->a != KILN_IDX_NONE) kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", f ? "f32" : "b32", d.s, nreg(c, p->reg[in->a] + (uint32_t)j).s);
+            else kiln_sbuf_printf(&p->body, f ? "\tmov.f32 %s, 0f00000000;\n" : "\tmov.b32 %s, 0;\n", d.s);
+        }
+        return;
+    }
+    default: break; /* print_ins sends only the ops above */
+    }
+}
+
 static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
 {
     const kiln_kinst *in = &p->k->ins[i];
@@ -429,79 +507,15 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         return KILN_OK;
     }
     switch (in->op) {
-    case KILN_KOP_CONST: {
-        rname d = def(p, i);
-        if (in->type == KILN_KT_F4 || in->type == KILN_KT_W64)
-            for (int j = 0; j < lanes_of(in->type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", f4reg(p, i, j).s, in->imm.u);
-        else if (in->type == KILN_KT_F32) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, 0f%08X;\n", d.s, in->imm.u);
-        else if (in->type == KILN_KT_I32) kiln_sbuf_printf(&p->body, "\tmov.s32 %s, %d;\n", d.s, in->imm.i);
-        else kiln_sbuf_printf(&p->body, "\tmov.u32 %s, 0x%X;\n", d.s, in->imm.u);
+    case KILN_KOP_CONST: case KILN_KOP_TID: case KILN_KOP_BID: case KILN_KOP_NBID: case KILN_KOP_VAR: case KILN_KOP_ASSIGN:
+    case KILN_KOP_SELECT: case KILN_KOP_LANE: case KILN_KOP_SETLANE:
+        print_move(p, i);
         return KILN_OK;
-    }
-    case KILN_KOP_TID: {
-        rname d = def(p, i);
-        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%tid.x;\n", d.s);
-        return KILN_OK;
-    }
-    case KILN_KOP_BID: {
-        rname d = def(p, i);
-        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%ctaid.%c;\n", d.s, "xyz"[in->imm.i]);
-        return KILN_OK;
-    }
-    case KILN_KOP_NBID: {
-        rname d = def(p, i);
-        kiln_sbuf_printf(&p->body, "\tmov.u32 %s, %%nctaid.%c;\n", d.s, "xyz"[in->imm.i]);
-        return KILN_OK;
-    }
     case KILN_KOP_PARAM: return KILN_OK; /* loaded at entry; reg[i] set by the prologue */
-    case KILN_KOP_VAR: {
-        rname d = def(p, i);
-        if (in->type == KILN_KT_F4 || in->type == KILN_KT_W64) {
-            for (int j = 0; j < lanes_of(in->type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, i, j).s, f4reg(p, in->a, j).s);
-            return KILN_OK;
-        }
-        kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->a).s);
-        return KILN_OK;
-    }
-    case KILN_KOP_ASSIGN:
-        if (p->k->ins[in->a].type == KILN_KT_F4 || p->k->ins[in->a].type == KILN_KT_W64) {
-            for (int j = 0; j < lanes_of(p->k->ins[in->a].type); j++) kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, j).s, f4reg(p, in->b, j).s);
-            return KILN_OK;
-        }
-        kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", p->k->ins[in->a].type == KILN_KT_F32 ? "f32" : "b32", vreg(p, in->a).s,
-            vreg(p, in->b).s);
-        return KILN_OK;
-    case KILN_KOP_SELECT: {
-        rname d = def(p, i);
-        kiln_sbuf_printf(&p->body, "\tselp.%s %s, %s, %s, %s;\n", in->type == KILN_KT_F32 ? "f32" : "b32", d.s, vreg(p, in->b).s,
-            vreg(p, in->c).s, vreg(p, in->a).s);
-        return KILN_OK;
-    }
     case KILN_KOP_DP4A: {
         rname d = def(p, i);
         kiln_sbuf_printf(&p->body, "\tdp4a.s32.s32 %s, %s, %s, %s;\n", d.s, vreg(p, in->a).s, vreg(p, in->b).s, vreg(p, in->c).s);
         p->st.int_ops++;
-        return KILN_OK;
-    }
-    case KILN_KOP_LANE:
-        if (in->type == KILN_KT_F32) { /* a copy: an F4/W64 variable's registers change after this point */
-            rname d = def(p, i);
-            kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", d.s, f4reg(p, in->a, in->imm.i).s);
-            return KILN_OK;
-        }
-        /* an alias of the V4's lane register: V4 values are never reassigned */
-        p->reg[i] = p->reg[in->a] + (uint32_t)in->imm.i;
-        return KILN_OK;
-    case KILN_KOP_SETLANE: { /* fresh registers: V4 values are never reassigned, F4 variables are */
-        def(p, i);
-        bool f = in->type == KILN_KT_F4;
-        enum rcls c = f ? RC_F : RC_R;
-        for (int j = 0; j < 4; j++) {
-            rname d = nreg(c, p->reg[i] + (uint32_t)j);
-            if (j == in->imm.i) kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", f ? "f32" : "b32", d.s, vreg(p, in->b).s);
-            else if (in->a != KILN_IDX_NONE) kiln_sbuf_printf(&p->body, "\tmov.%s %s, %s;\n", f ? "f32" : "b32", d.s, nreg(c, p->reg[in->a] + (uint32_t)j).s);
-            else kiln_sbuf_printf(&p->body, f ? "\tmov.f32 %s, 0f00000000;\n" : "\tmov.b32 %s, 0;\n", d.s);
-        }
         return KILN_OK;
     }
     case KILN_KOP_MMA: print_mma(p, i); return KILN_OK;
