@@ -23,7 +23,7 @@
 #define GM_BWORDS 2048  /* words of the B tile (128 x 32 halves) */
 
 typedef struct gm {
-    gv        *s;         /* gemv's state: analysis, groups, epilogue */
+    gv        *s;         /* the shared analysis and groups (lower_mm.h); the epilogue's unit is gm_drain's */
     kiln_kir  *k;         /* the GEMM kernel */
     uint32_t   sh;        /* its shared array */
     uint32_t   tid, lane, wm, wn; /* I32: thread, lane, warp row (0..1), warp column (0..3) */
@@ -310,23 +310,23 @@ static void gm_drain(gm *g, const gv_group *G, int r0, int rows)
     uint32_t it = kiln_kvar(k, g->tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, ci(g, rows * upb), ci(g, g->threads), 0);
     uint32_t row = o2(g, KILN_KOP_DIV, it, ci(g, upb)), u = o2(g, KILN_KOP_REM, it, ci(g, upb));
-    s->t0 = add(g, g->m0, addi(g, row, r0));
-    s->mc = 1;
+    gv_unit unit = {.mc = 1}, *e = &unit; /* the epilogue's input: this template's own, not gemv's */
+    e->t0 = add(g, g->m0, addi(g, row, r0));
     int deltas[SLOTS];
     uint32_t base = kl_gv_unit_base(s, G, u, deltas);
-    s->n_slots = 0;
+    e->n_slots = 0;
     for (int q = 0; q < G->n_sib; q++)
         for (int c = 0; c < G->cols; c++) {
-            int r = s->n_slots++;
-            s->slot_sib[r] = G->sib[q];
-            s->slot_delta[r] = c;
+            int r = e->n_slots++;
+            e->slot_sib[r] = G->sib[q];
+            e->slot_delta[r] = c;
             uint32_t lc = addi(g, base, deltas[c]);
-            s->col[r] = add(g, g->n0, lc);
-            s->ok[r] = o2(g, KILN_KOP_LT, s->col[r], ci(g, (int32_t)G->n));
+            e->col[r] = add(g, g->n0, lc);
+            e->ok[r] = o2(g, KILN_KOP_LT, e->col[r], ci(g, (int32_t)G->n));
             uint32_t cidx = add(g, muli(g, row, GM_CS), addi(g, lc, q * g->bns));
-            s->acc[r][0] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, cidx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)g->sh);
+            e->acc[r][0] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, cidx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)g->sh);
         }
-    kl_gv_epilogue(s, G, g->m);
+    kl_gv_epilogue(s, G, e, g->m);
     kl_loop_end(k);
 }
 

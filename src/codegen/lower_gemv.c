@@ -23,7 +23,7 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
     int64_t K = s->K;
     for (int sub = 0; sub < fmt(t)->subs; sub++) {
         gv_sub w[SLOTS];
-        for (int r = 0; r < s->n_slots; r++) kl_gv_decode(s, t, &ch[r], c, sub, &w[r]);
+        for (int r = 0; r < s->u.n_slots; r++) kl_gv_decode(s, t, &ch[r], c, sub, &w[r]);
         int V = w[0].v;
         uint32_t e0 = kl_gv_sub_elem(s, t, c, sub);
         uint32_t nwv[16] = {0};
@@ -36,10 +36,10 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
                     xv[i] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32,
                                         kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, (int32_t)(i * K / s->xv))),
                                         KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_x);
-                for (int r = 0; r < s->n_slots; r++) {
-                    uint32_t a = s->acc[r][q];
+                for (int r = 0; r < s->u.n_slots; r++) {
+                    uint32_t a = s->u.acc[r][q];
                     for (int i = 0; i < V; i++) a = kiln_kfma(s->k, w[r].q[i], xv[i], a);
-                    kiln_kset(k, s->acc[r][q], a);
+                    kiln_kset(k, s->u.acc[r][q], a);
                 }
             }
             continue;
@@ -75,18 +75,18 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
                 sx = xv[0];
                 for (int i = 1; i < V; i++) sx = kiln_k2(s->k, KILN_KOP_ADD, sx, xv[i]);
             }
-            for (int r = 0; r < s->n_slots; r++) {
+            for (int r = 0; r < s->u.n_slots; r++) {
                 if (w[r].a == KILN_IDX_NONE) { /* float weights: straight into the accumulator */
-                    uint32_t a = s->acc[r][q];
+                    uint32_t a = s->u.acc[r][q];
                     for (int i = 0; i < V; i++) a = kiln_kfma(s->k, w[r].q[i], xv[i], a);
-                    kiln_kset(k, s->acc[r][q], a);
+                    kiln_kset(k, s->u.acc[r][q], a);
                     continue;
                 }
                 uint32_t d = kiln_k2(s->k, KILN_KOP_MUL, w[r].q[0], xv[0]);
                 for (int i = 1; i < V; i++) d = kiln_kfma(s->k, w[r].q[i], xv[i], d);
-                uint32_t a = kiln_kfma(s->k, w[r].a, d, s->acc[r][q]);
+                uint32_t a = kiln_kfma(s->k, w[r].a, d, s->u.acc[r][q]);
                 if (w[r].b != KILN_IDX_NONE) a = kiln_kfma(s->k, w[r].b, sx, a);
-                kiln_kset(k, s->acc[r][q], a);
+                kiln_kset(k, s->u.acc[r][q], a);
             }
         }
     }
@@ -192,7 +192,7 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
     /* per slot: weight scales of each sub-step (and the k-quants' d, dmin, mins) */
     kl_dp4a_scales sc[SLOTS];
     memset(sc, 0, sizeof sc);
-    for (int r = 0; r < s->n_slots; r++) f->dp4a_scales(k, &ch[r], c, &sc[r]);
+    for (int r = 0; r < s->u.n_slots; r++) f->dp4a_scales(k, &ch[r], c, &sc[r]);
     for (int q = 0; q < s->mc; q++) {
         uint32_t part[SLOTS] = {0};
         for (int sub = 0; sub < nsub; sub++) {
@@ -207,7 +207,7 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
                     sq = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, kiln_ku(k, 0x01010101u), xq[l], sq, 0);
                 sq = kiln_k2(s->k, KILN_KOP_MUL, sq, kiln_ki(s->k, -32));
             }
-            for (int r = 0; r < s->n_slots; r++) {
+            for (int r = 0; r < s->u.n_slots; r++) {
                 uint32_t dot = sq != KILN_IDX_NONE ? sq : kiln_ki(s->k, 0);
                 for (int l = 0; l < 4; l++)
                     dot = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, f->dp4a_bytes(k, &ch[r], sub, l, hsh), xq[l], dot,
@@ -223,15 +223,15 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
             uint32_t gi = kiln_k2(s->k, KILN_KOP_ADD, kiln_ki(s->k, q * G), g0);
             uint32_t xs0 = kiln_klds(s->k, s->sh_xs, KILN_KT_F32, gi),
                      xs1 = kiln_klds(s->k, s->sh_xs, KILN_KT_F32, kiln_k2(s->k, KILN_KOP_ADD, gi, kiln_ki(s->k, 1)));
-            for (int r = 0; r < s->n_slots; r++) {
+            for (int r = 0; r < s->u.n_slots; r++) {
                 uint32_t m = kiln_kfma(s->k, sc[r].mn[0], xs0, kiln_k2(s->k, KILN_KOP_MUL, sc[r].mn[1], xs1));
                 m = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, first, kiln_k2(s->k, KILN_KOP_MUL, sc[r].dmin, m),
                                 kiln_kf(s->k, 0.0f), 0);
                 part[r] = kiln_k2(s->k, KILN_KOP_SUB, part[r], m);
             }
         }
-        for (int r = 0; r < s->n_slots; r++)
-            kiln_kset(k, s->acc[r][q], kiln_k2(s->k, KILN_KOP_ADD, s->acc[r][q], part[r]));
+        for (int r = 0; r < s->u.n_slots; r++)
+            kiln_kset(k, s->u.acc[r][q], kiln_k2(s->k, KILN_KOP_ADD, s->u.acc[r][q], part[r]));
     }
 }
 
@@ -256,7 +256,7 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
     for (int q = 0; q < s->mc; q++) /* clamped into 0 .. m - 1 (row 0 when m = 0: its stores are all guarded) */
         s->tt[q] =
             kiln_k2(s->k, KILN_KOP_MAX,
-                    kiln_k2(s->k, KILN_KOP_MIN, kl_gv_tok(s, q), kiln_k2(s->k, KILN_KOP_SUB, m, kiln_ki(s->k, 1))),
+                    kiln_k2(s->k, KILN_KOP_MIN, kl_gv_tok(s, &s->u, q), kiln_k2(s->k, KILN_KOP_SUB, m, kiln_ki(s->k, 1))),
                     kiln_ki(s->k, 0));
     for (int q = 0; q < s->mc; q++) {
         if (s->norm == KILN_IDX_NONE) {
@@ -313,11 +313,11 @@ static void store_normed_x(gv *s, uint32_t gw, uint32_t u, uint32_t lane, uint32
                                    kiln_ki(s->k, WARPS))));
     kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_EQ, u, kiln_ki(s->k, 0)));
     for (int q = 0; q < s->mc; q++) {
-        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, q), m));
+        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, &s->u, q), m));
         uint32_t j = kiln_kvar(k, lane);
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32), 0);
         uint32_t idx =
-            kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, q), kiln_ki(s->k, (int32_t)K)), j);
+            kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, &s->u, q), kiln_ki(s->k, (int32_t)K)), j);
         kl_store_node(k, g, s->norm, idx, x_normed(s, xs, nws, q, idx, j));
         kl_loop_end(k);
         kiln_kendif(s->k);
@@ -338,32 +338,32 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     /* unit base column and the slots' deltas */
     int deltas[SLOTS];
     uint32_t base = kl_gv_unit_base(s, G, u, deltas);
-    s->n_slots = 0;
+    s->u.n_slots = 0;
     for (int q = 0; q < G->n_sib; q++)
         for (int c = 0; c < G->cols; c++) {
-            int r = s->n_slots++;
-            s->slot_sib[r] = G->sib[q];
-            s->slot_delta[r] = c; /* the same position in every sibling of the group */
-            s->col[r] = kiln_k2(s->k, KILN_KOP_ADD, base, kiln_ki(s->k, deltas[c]));
-            s->ok[r] = kiln_k2(s->k, KILN_KOP_PAND, valid,
-                               kiln_k2(s->k, KILN_KOP_LT, s->col[r], kiln_ki(s->k, (int32_t)G->n)));
+            int r = s->u.n_slots++;
+            s->u.slot_sib[r] = G->sib[q];
+            s->u.slot_delta[r] = c; /* the same position in every sibling of the group */
+            s->u.col[r] = kiln_k2(s->k, KILN_KOP_ADD, base, kiln_ki(s->k, deltas[c]));
+            s->u.ok[r] = kiln_k2(s->k, KILN_KOP_PAND, valid,
+                               kiln_k2(s->k, KILN_KOP_LT, s->u.col[r], kiln_ki(s->k, (int32_t)G->n)));
         }
     uint32_t slot_w[SLOTS], row[SLOTS];
-    for (int r = 0; r < s->n_slots; r++) {
-        slot_w[r] = kiln_kir_buf(k, KILN_KBUF_NODE, g->nodes[s->mm[s->slot_sib[r]]].src[1], false);
-        row[r] = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, s->ok[r], s->col[r], kiln_ki(s->k, 0), 0);
+    for (int r = 0; r < s->u.n_slots; r++) {
+        slot_w[r] = kiln_kir_buf(k, KILN_KBUF_NODE, g->nodes[s->mm[s->u.slot_sib[r]]].src[1], false);
+        row[r] = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, s->u.ok[r], s->u.col[r], kiln_ki(s->k, 0), 0);
     }
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
     uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
     int64_t K = s->K, rows = G->n, cpr = kl_gv_chunks_per_row(t, K, s->scalar);
     if (!s->hoisted) {
-        s->t0 = kiln_kvar(k, kiln_ki(s->k, 0));
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->t0, m, kiln_ki(s->k, s->mc), 0);
+        s->u.t0 = kiln_kvar(k, kiln_ki(s->k, 0));
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->u.t0, m, kiln_ki(s->k, s->mc), 0);
         pass_prologue(s, tid, m);
     }
     const uint32_t *tt = s->tt;
-    for (int r = 0; r < s->n_slots; r++)
-        for (int q = 0; q < s->mc; q++) s->acc[r][q] = kiln_kvar(k, kiln_kf(s->k, 0));
+    for (int r = 0; r < s->u.n_slots; r++)
+        for (int q = 0; q < s->mc; q++) s->u.acc[r][q] = kiln_kvar(k, kiln_kf(s->k, 0));
     /* Float and q8_0 rows take two chunks per step when the chunk count allows: both chunks' loads
      * are in flight before the first is used (more bytes in flight per warp). So do q4_K/q5_K rows
      * with integer dot products (ptxas gives them the same 80 registers either way; q6_K's four
@@ -375,7 +375,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     gv_chunk ch[2][SLOTS];
     uint32_t cc[2] = {c, two ? kiln_k2(s->k, KILN_KOP_ADD, c, kiln_ki(s->k, 32 * G->wpu)) : KILN_IDX_NONE};
     for (int h = 0; h < (two ? 2 : 1); h++)
-        for (int r = 0; r < s->n_slots; r++) kl_gv_load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
+        for (int r = 0; r < s->u.n_slots; r++) kl_gv_load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
     for (int h = 0; h < (two ? 2 : 1); h++) {
         if (s->dp4a)
             gv_chunk_dp4a(s, t, ch[h], cc[h]);
@@ -383,16 +383,16 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
             gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
     }
     kl_loop_end(k);
-    for (int r = 0; r < s->n_slots; r++)
+    for (int r = 0; r < s->u.n_slots; r++)
         for (int q = 0; q < s->mc; q++)
-            kiln_kset(k, s->acc[r][q],
-                      kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE,
+            kiln_kset(k, s->u.acc[r][q],
+                      kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->u.acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE,
                                   (KILN_KRED_SUM << 16) | (32 * G->wpu)));
     if (s->norm != KILN_IDX_NONE && kiln_region_is_out(s->r, s->norm) && G == &s->grp[0])
         store_normed_x(s, gw, u, lane, m);
     kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_EQ, lane, kiln_ki(s->k, 0)),
                            kiln_k2(s->k, KILN_KOP_EQ, wi, kiln_ki(s->k, 0))));
-    kl_gv_epilogue(s, G, m);
+    kl_gv_epilogue(s, G, &s->u, m);
     kiln_kendif(s->k);
     if (!s->hoisted) kl_loop_end(k);
 }
@@ -465,6 +465,7 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
         st = KILN_ERR_UNSUPPORTED;
         goto out;
     }
+    s->u.mc = s->mc; /* the epilogue stores every token of a pass */
     snprintf(k->what, sizeof k->what, "gemv %s x%d%s%s, %u ops",
              kiln_dtype_name((kiln_dtype)g->nodes[g->nodes[s->mm[0]].src[1]].dtype), s->n_mm,
              s->norm != KILN_IDX_NONE ? " + rms_norm" : "", s->dp4a ? " (int8 dot)" : "", r->n_nodes);
@@ -497,7 +498,7 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     uint32_t vb = KILN_IDX_NONE;
     if (s->hoisted) {
         if (kiln_lower_target_pdl(tg)) prefetch_first(s, bid, tid, lane);
-        s->t0 = kiln_ki(s->k, 0);
+        s->u.t0 = kiln_ki(s->k, 0);
         pass_prologue(s, tid, m);
         k->grid_stride = true;
         vb = kiln_kvar(k, bid);

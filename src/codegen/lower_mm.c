@@ -225,54 +225,54 @@ void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, 
 
 /* ------------------------------------------------------------------ epilogue */
 
-static int find_slot(const gv *s, int sib, int delta)
+static int find_slot(const gv_unit *u, int sib, int delta)
 {
-    for (int r = 0; r < s->n_slots; r++)
-        if (s->slot_sib[r] == sib && s->slot_delta[r] == delta) return r;
+    for (int r = 0; r < u->n_slots; r++)
+        if (u->slot_sib[r] == sib && u->slot_delta[r] == delta) return r;
     return -1;
 }
 
-static uint32_t memo_get(gv *s, uint32_t key)
+static uint32_t memo_get(const gv_unit *u, uint32_t key)
 {
-    for (int i = 0; i < s->n_memo; i++)
-        if (s->memo_key[i] == key) return s->memo_val[i];
+    for (int i = 0; i < u->n_memo; i++)
+        if (u->memo_key[i] == key) return u->memo_val[i];
     return KILN_IDX_NONE;
 }
 
-static void memo_put(gv *s, uint32_t key, uint32_t v)
+static void memo_put(gv_unit *u, uint32_t key, uint32_t v)
 {
-    if (s->n_memo < MEMO) {
-        s->memo_key[s->n_memo] = key;
-        s->memo_val[s->n_memo++] = v;
+    if (u->n_memo < MEMO) {
+        u->memo_key[u->n_memo] = key;
+        u->memo_val[u->n_memo++] = v;
     }
 }
 
 /* I32 token index (t0 + t) and flat element index of slot r for token t. */
-uint32_t kl_gv_tok(gv *s, int t) { return kiln_k2(s->k, KILN_KOP_ADD, s->t0, kiln_ki(s->k, t)); }
-static uint32_t flat(gv *s, int t, int r, int64_t n)
+uint32_t kl_gv_tok(gv *s, const gv_unit *u, int t) { return kiln_k2(s->k, KILN_KOP_ADD, u->t0, kiln_ki(s->k, t)); }
+static uint32_t flat(gv *s, const gv_unit *u, int t, int r, int64_t n)
 {
-    return kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, t), kiln_ki(s->k, (int32_t)n)),
-                   s->col[r]);
+    return kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, kl_gv_tok(s, u, t), kiln_ki(s->k, (int32_t)n)),
+                   u->col[r]);
 }
 
-static uint32_t ev(gv *s, const gv_group *G, uint32_t node, int t, int r, int depth);
+static uint32_t ev(gv *s, gv_unit *u, const gv_group *G, uint32_t node, int t, int r, int depth);
 
-static uint32_t ev_rope(gv *s, const gv_group *G, const kiln_node_rec *n, int t, int r, int depth)
+static uint32_t ev_rope(gv *s, gv_unit *u, const gv_group *G, const kiln_node_rec *n, int t, int r, int depth)
 {
-    int d = s->slot_delta[r];
+    int d = u->slot_delta[r];
     int pd = G->rope == 2 ? (d >= 2 ? d - 2 : d + 2) : (d ^ 1); /* partner's delta (neox: +-hd/2 is slot +-2) */
-    int pr = find_slot(s, s->slot_sib[r], pd);
+    int pr = find_slot(u, u->slot_sib[r], pd);
     if (pr < 0) return fail(s, "rope partner"), kiln_kf(s->k, 0);
     bool first = d < pd;
-    uint32_t x0 = ev(s, G, n->src[0], t, first ? r : pr, depth + 1),
-             x1 = ev(s, G, n->src[0], t, first ? pr : r, depth + 1);
+    uint32_t x0 = ev(s, u, G, n->src[0], t, first ? r : pr, depth + 1),
+             x1 = ev(s, u, G, n->src[0], t, first ? pr : r, depth + 1);
     /* pair index i within the head: neox i = col % hd (first half), normal i = (col % hd) / 2 */
-    uint32_t cin = kiln_k2(s->k, KILN_KOP_REM, s->col[first ? r : pr], kiln_ki(s->k, (int32_t)G->hd));
+    uint32_t cin = kiln_k2(s->k, KILN_KOP_REM, u->col[first ? r : pr], kiln_ki(s->k, (int32_t)G->hd));
     uint32_t i = G->rope == 2 ? cin : kiln_k2(s->k, KILN_KOP_SHR, cin, kiln_ki(s->k, 1));
     uint32_t tab = kl_rope_table(s->k, n, G->hd);
     uint32_t freq =
         kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, tab, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t pos = kl_load_node(s->k, s->g, n->src[1], kl_gv_tok(s, t));
+    uint32_t pos = kl_load_node(s->k, s->g, n->src[1], kl_gv_tok(s, u, t));
     uint32_t sn, cs;
     kl_sincos(s->k, kiln_k2(s->k, KILN_KOP_MUL, pos, freq), &sn, &cs);
     uint32_t y = first ? kiln_kfma(s->k, x0, cs, kiln_k1(s->k, KILN_KOP_NEG, kiln_k2(s->k, KILN_KOP_MUL, x1, sn)))
@@ -282,38 +282,38 @@ static uint32_t ev_rope(gv *s, const gv_group *G, const kiln_node_rec *n, int t,
 }
 
 /* Value of node at (token t, slot r). */
-static uint32_t ev(gv *s, const gv_group *G, uint32_t node, int t, int r, int depth)
+static uint32_t ev(gv *s, gv_unit *u, const gv_group *G, uint32_t node, int t, int r, int depth)
 {
     if (depth > 48) return fail(s, "epilogue too deep"), kiln_kf(s->k, 0);
-    uint32_t key = node * 64u + (uint32_t)t * SLOTS + (uint32_t)r, v = memo_get(s, key);
+    uint32_t key = node * 64u + (uint32_t)t * SLOTS + (uint32_t)r, v = memo_get(u, key);
     if (v != KILN_IDX_NONE) return v;
     const kiln_node_rec *n = &s->g->nodes[node];
     int j = mm_index(s, node);
     int64_t N = G->n;
     if (j >= 0) {
-        int rr = find_slot(s, j, s->slot_delta[r]);
+        int rr = find_slot(u, j, u->slot_delta[r]);
         if (rr < 0) return fail(s, "sibling slot"), kiln_kf(s->k, 0);
-        v = s->acc[rr][t];
+        v = u->acc[rr][t];
         kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
         v = kl_apply(s->k, &tmp, v, KILN_IDX_NONE);
     } else if (n->op == KILN_OP_RESHAPE) {
-        v = ev(s, G, n->src[0], t, r, depth + 1);
+        v = ev(s, u, G, n->src[0], t, r, depth + 1);
     } else if (n->op == KILN_OP_ROPE && kiln_region_has(s->r, node)) {
-        v = ev_rope(s, G, n, t, r, depth);
+        v = ev_rope(s, u, G, n, t, r, depth);
     } else if (kiln_region_has(s->r, node) && kl_is_elementwise((enum kiln_op)n->op)) {
-        uint32_t a = ev(s, G, n->src[0], t, r, depth + 1);
-        uint32_t b = n->n_src > 1 && n->src[1] != KILN_IDX_NONE ? ev(s, G, n->src[1], t, r, depth + 1) : KILN_IDX_NONE;
+        uint32_t a = ev(s, u, G, n->src[0], t, r, depth + 1);
+        uint32_t b = n->n_src > 1 && n->src[1] != KILN_IDX_NONE ? ev(s, u, G, n->src[1], t, r, depth + 1) : KILN_IDX_NONE;
         v = kl_apply(s->k, n, a, b);
     } else if (!kiln_region_has(s->r, node) && kiln_dtype_block((kiln_dtype)n->dtype) == 1) {
         /* an operand from outside: [.., N] per token, or broadcast (a bias [N]) */
         int64_t numel_max = kl_numel_max(s->g, n);
-        uint32_t idx = flat(s, t, r, N);
-        if (numel_max == N && !kiln_dim_is_sym(n->dims[0])) idx = s->col[r];
+        uint32_t idx = flat(s, u, t, r, N);
+        if (numel_max == N && !kiln_dim_is_sym(n->dims[0])) idx = u->col[r];
         v = kl_load_node(s->k, s->g, node, idx);
     } else {
         return fail(s, "epilogue operand"), kiln_kf(s->k, 0);
     }
-    memo_put(s, key, v);
+    memo_put(u, key, v);
     return v;
 }
 
@@ -326,32 +326,32 @@ static int home_sib(const gv *s, uint32_t node)
     return -1;
 }
 
-void kl_gv_epilogue(gv *s, const gv_group *G, uint32_t m)
+void kl_gv_epilogue(gv *s, const gv_group *G, gv_unit *u, uint32_t m)
 {
     const kiln_graph *g = s->g;
-    for (int t = 0; t < s->mc; t++) {
-        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, t), m));
-        s->n_memo = 0;
-        for (int r = 0; r < s->n_slots; r++) {
-            s->n_memo = 0; /* values of one IF block are not reused in another */
-            kiln_kif(s->k, s->ok[r]);
+    for (int t = 0; t < u->mc; t++) {
+        kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, u, t), m));
+        u->n_memo = 0;
+        for (int r = 0; r < u->n_slots; r++) {
+            u->n_memo = 0; /* values of one IF block are not reused in another */
+            kiln_kif(s->k, u->ok[r]);
             for (uint32_t o = 0; o < s->r->n_outs; o++) {
                 uint32_t node = s->r->outs[o];
                 if (node == s->norm) continue;
                 const kiln_node_rec *n = &g->nodes[node];
                 if (n->op == KILN_OP_KV_SCATTER) {
-                    if (home_sib(s, n->src[1]) != s->slot_sib[r]) continue;
+                    if (home_sib(s, n->src[1]) != u->slot_sib[r]) continue;
                     const kiln_node_rec *st = &g->nodes[n->src[0]];
                     int64_t max_ctx = st->dims[1], hd = st->dims[2];
-                    uint32_t val = ev(s, G, n->src[1], t, r, 0);
+                    uint32_t val = ev(s, u, G, n->src[1], t, r, 0);
                     uint32_t pos = kiln_kcvt(
                         s->k, KILN_KT_I32,
-                        kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[2], false), kl_gv_tok(s, t)));
+                        kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[2], false), kl_gv_tok(s, u, t)));
                     uint32_t okp = kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_LE, kiln_ki(s->k, 0), pos),
                                            kiln_k2(s->k, KILN_KOP_LT, pos, kiln_ki(s->k, (int32_t)max_ctx)));
                     kiln_kif(s->k, okp);
-                    uint32_t h = kiln_k2(s->k, KILN_KOP_DIV, s->col[r], kiln_ki(s->k, (int32_t)hd)),
-                             e = kiln_k2(s->k, KILN_KOP_REM, s->col[r], kiln_ki(s->k, (int32_t)hd));
+                    uint32_t h = kiln_k2(s->k, KILN_KOP_DIV, u->col[r], kiln_ki(s->k, (int32_t)hd)),
+                             e = kiln_k2(s->k, KILN_KOP_REM, u->col[r], kiln_ki(s->k, (int32_t)hd));
                     uint32_t dst =
                         kiln_k2(s->k, KILN_KOP_ADD,
                                 kiln_k2(s->k, KILN_KOP_MUL,
@@ -364,8 +364,8 @@ void kl_gv_epilogue(gv *s, const gv_group *G, uint32_t m)
                     kiln_kendif(s->k);
                     continue;
                 }
-                if (home_sib(s, node) != s->slot_sib[r]) continue;
-                kl_store_node(s->k, g, node, flat(s, t, r, G->n), ev(s, G, node, t, r, 0));
+                if (home_sib(s, node) != u->slot_sib[r]) continue;
+                kl_store_node(s->k, g, node, flat(s, u, t, r, G->n), ev(s, u, G, node, t, r, 0));
             }
             kiln_kendif(s->k);
         }

@@ -25,6 +25,22 @@ typedef struct gv_group {
     uint32_t warp0;          /* first global warp (a multiple of WARPS) */
 } gv_group;
 
+/* The unit being stored, as the shared epilogue (kl_gv_epilogue) reads it: its slots and the
+ * pass's tokens. Each template keeps its own (gemv one in its gv, the GEMM one per drain of its C
+ * tile), so no template writes another's state. */
+typedef struct gv_unit {
+    int       mc;               /* tokens of the pass */
+    int       n_slots;
+    int       slot_sib[SLOTS];  /* matmul index of slot */
+    int       slot_delta[SLOTS];/* column offset from the unit base */
+    uint32_t  col[SLOTS];       /* I32 column of slot */
+    uint32_t  ok[SLOTS];        /* PRED column exists */
+    uint32_t  acc[SLOTS][MC_MAX]; /* F32 result of slot for each token */
+    uint32_t  t0;               /* I32 first token of the pass */
+    uint32_t  memo_key[MEMO], memo_val[MEMO]; /* epilogue values already emitted in the current IF block */
+    int       n_memo;
+} gv_unit;
+
 typedef struct gv {
     kiln_kir          *k;
     const kiln_graph  *g;
@@ -47,20 +63,11 @@ typedef struct gv {
     int       xv;               /* values per chunk of the staged layout: value i of chunk c at i * K / xv + c */
     gv_group  grp[SLOTS];
     int       n_grp;
-    /* per unit, while emitting one group */
-    int       n_slots;
-    int       slot_sib[SLOTS];  /* matmul index of slot */
-    int       slot_delta[SLOTS];/* column offset from the unit base */
-    uint32_t  col[SLOTS];       /* I32 column of slot */
-    uint32_t  ok[SLOTS];        /* PRED column exists */
-    uint32_t  acc[SLOTS][MC_MAX];
-    uint32_t  t0;               /* I32 first token of the pass */
+    gv_unit   u;                /* gemv's unit while emitting one group (the GEMM keeps its own) */
     uint32_t  tt[MC_MAX];       /* I32 row of x of each token of the pass (clamped) */
     bool      hoisted;          /* one pass covers every token: the prologue runs once per block, before
                                    a grid-stride loop over the virtual blocks (kir.grid_stride) */
     uint32_t  nsc[MC_MAX];      /* F32 norm scale per token of the pass */
-    uint32_t  memo_key[MEMO], memo_val[MEMO];
-    int       n_memo;
     bool      failed;
     char      why[160];
 } gv;
@@ -69,16 +76,17 @@ typedef struct gv {
  * (I32, within the row) of sub-step `sub` of chunk c. */
 int64_t  kl_gv_chunks_per_row(kiln_dtype t, int64_t K, bool scalar);
 uint32_t kl_gv_sub_elem(gv *s, kiln_dtype t, uint32_t c, int sub);
-/* I32 token t0 + t of the current pass. */
-uint32_t kl_gv_tok(gv *s, int t);
+/* I32 token u->t0 + t of unit u's pass. */
+uint32_t kl_gv_tok(gv *s, const gv_unit *u, int t);
 /* Finds x, the rms_norm prologue, the matmuls and their groups; sets k->grid[0] for the GEMV. */
 bool kl_gv_analyze(gv *s, char *err, size_t n_err);
 /* Loads chunk c (I32) of weight row `row` (I32) of a [rows, K] weight of dtype t in buffer slot `slot`. */
 void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o);
 /* Decodes sub-step `sub` of a loaded chunk (16 values for block dtypes, at kl_gv_sub_elem). */
 void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o);
-/* The epilogue of the current unit (s->col, s->ok, s->acc, s->t0 set) for tokens t0 .. t0 + mc - 1 < m. */
-void kl_gv_epilogue(gv *s, const gv_group *G, uint32_t m);
+/* The epilogue of unit u (its slots, accumulators, t0 and mc set) for tokens t0 .. t0 + mc - 1 < m.
+ * Reads the analysis in s; writes only u (its memo) and the kernel. */
+void kl_gv_epilogue(gv *s, const gv_group *G, gv_unit *u, uint32_t m);
 /* First column of unit u of group G (I32) and each slot's column offset from it (rope partners and
  * swiglu pairs in one unit). */
 uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS]);
