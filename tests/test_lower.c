@@ -1,7 +1,9 @@
 /* Lowering: every region of the presets (decode and prefill, every weight dtype) and of the
  * sample graphs lowers to kernels that pass the kir verifier; the regions a decode layer needs on
- * a GPU (matmul, attention, map, rows, scatter) never fall back; lowering is deterministic. */
+ * a GPU (matmul, attention, map, rows, scatter) never fall back; lowering is deterministic; the
+ * supports()-to-compile() memo answers only for the region it was given. */
 #include "codegen/kir.h"
+#include "codegen/lower_memo.h"
 #include "codegen/wfmt.h"
 #include "graph/dtype.h"
 #include "fuse/fuse.h"
@@ -102,4 +104,61 @@ Test(lower, weight_format_rows_match_the_dtype_table)
         if (f->block) cr_expect_eq(kiln_dtype_block((kiln_dtype)t) % (f->vec * f->subs), 0, "%s: chunks split blocks", kiln_dtype_name((kiln_dtype)t));
         cr_expect(f->load && f->decode && f->sub_elem && f->dev_bytes && f->repack, "%s", kiln_dtype_name((kiln_dtype)t));
     }
+}
+
+/* The memo between a GPU backend's supports() and compile() (codegen/lower_memo.h) hands back
+ * exactly what was put for the same graph, region and options, once, and nothing for another
+ * region, other options, another graph of the same shape, or the same graph after it grew. */
+Test(lower, memo_keeps_a_lowering_for_the_same_region_only)
+{
+    kiln_graph *g = NULL, *g2 = NULL;
+    cr_assert_eq(kiln_preset_build(kiln_preset_find("qwen2-0.5b"), KILN_DTYPE_Q8_0, 1, 64, 1, &g), KILN_OK);
+    cr_assert_eq(kiln_preset_build(kiln_preset_find("qwen2-0.5b"), KILN_DTYPE_Q8_0, 1, 64, 1, &g2), KILN_OK);
+    kiln_fusion f, f2;
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+    cr_assert_eq(kiln_fuse(g2, true, &f2), KILN_OK);
+    kiln_lower_memo *m = calloc(1, sizeof *m);
+    kiln_codegen_options cg = {0}, other = {.gemm = KILN_GEMM_OFF};
+    uint64_t want[64];
+    uint32_t n_put = 0;
+    for (uint32_t r = 0; r < f.n_regions && r < 64; r++) {
+        kiln_kir ks[KILN_LOWER_MAX];
+        char *text[KILN_LOWER_MAX] = {0};
+        uint32_t n = 0;
+        char err[512];
+        if (kiln_lower_region_seq(g, &f.regions[r], ks, &n, err, sizeof err) != KILN_OK) continue;
+        want[r] = kir_hash(&ks[0]) ^ n;
+        text[0] = strdup("printed");
+        kiln_lower_memo_put(m, g, &f.regions[r], &cg, ks, text, n);
+        n_put++;
+    }
+    cr_assert_gt(n_put, 3);
+    for (uint32_t r = 0; r < f.n_regions && r < 64; r++) {
+        kiln_kir ks[KILN_LOWER_MAX];
+        char *text[KILN_LOWER_MAX] = {0};
+        uint32_t n = 0;
+        cr_assert(!kiln_lower_memo_take(m, g, &f.regions[r], &other, ks, text, &n), "region %u under other options", r);
+        cr_assert(!kiln_lower_memo_take(m, g2, &f2.regions[r], &cg, ks, text, &n), "region %u of another graph", r);
+        if (!kiln_lower_memo_take(m, g, &f.regions[r], &cg, ks, text, &n)) continue;
+        cr_assert_eq(kir_hash(&ks[0]) ^ n, want[r], "region %u: not what was put", r);
+        cr_assert_str_eq(text[0], "printed");
+        cr_assert(!kiln_lower_memo_take(m, g, &f.regions[r], &cg, ks, text, &n), "region %u handed out twice", r);
+        for (uint32_t i = 0; i < n; i++) kiln_kir_free(&ks[i]), free(text[i]);
+        n_put--;
+    }
+    cr_assert_eq(n_put, 0, "every lowering put was handed back once");
+    /* the graph grew: a region's kept lowering no longer answers for it */
+    kiln_kir ks[KILN_LOWER_MAX];
+    uint32_t n = 0;
+    char err[512];
+    cr_assert_eq(kiln_lower_region_seq(g, &f.regions[0], ks, &n, err, sizeof err), KILN_OK, "%s", err);
+    kiln_lower_memo_put(m, g, &f.regions[0], &cg, ks, NULL, n);
+    kiln_input(g, "late", KILN_DTYPE_F32, 1, (kiln_dim[]){4});
+    cr_assert(!kiln_lower_memo_take(m, g, &f.regions[0], &cg, ks, NULL, &n));
+    kiln_lower_memo_clear(m);
+    free(m);
+    kiln_fusion_free(&f);
+    kiln_fusion_free(&f2);
+    kiln_graph_free(g);
+    kiln_graph_free(g2);
 }

@@ -78,6 +78,7 @@ static void cuda_release(void *state)
         c->d.primary_release(c->dev);
     }
     free(c->timers);
+    kiln_lower_memo_clear(&c->memo);
     kiln_cuda_unload(&c->d);
     free(c);
 }

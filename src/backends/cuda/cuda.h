@@ -4,6 +4,7 @@
  * translation every driver call goes through. Must not include <cuda.h> or link libcuda. */
 #pragma once
 
+#include "codegen/lower_memo.h"
 #include "codegen/target.h"
 #include "kiln/kiln.h"
 
@@ -168,6 +169,7 @@ typedef struct kiln_cuda {
     int              ptx_sm;     /* target of printed PTX: min(sm, 90) (the driver JITs forward) */
     int              n_sm;       /* multiprocessors */
     kiln_lower_target target;    /* what the lowering knows of this device (set at probe) */
+    kiln_lower_memo  memo;       /* what supports() lowered and printed, for compile() (codegen/lower_memo.h) */
     kiln_codegen_options cg;     /* options of the compile or load in progress (set at its start,
                                     under the context's device lock) */
     int              clock_khz;  /* SM clock, 0 when unknown */

@@ -186,6 +186,8 @@ static void free_printed(kiln_kir kir[KILN_LOWER_MAX], char *ptx[KILN_LOWER_MAX]
     }
 }
 
+/* Lowers and prints region r; what it made is kept for compile() of the same region (a cold compile
+ * then lowers and prints each region once). */
 bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
                         size_t n_why)
 {
@@ -198,7 +200,7 @@ bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, 
         return false;
     }
     if (lower_and_print(c, &o->codegen, g, r, kir, ptx, &n, why, n_why) != KILN_OK) return false;
-    free_printed(kir, ptx, n);
+    kiln_lower_memo_put(&c->memo, g, r, &o->codegen, kir, ptx, n); /* compile() takes it: lowered and printed once */
     return true;
 }
 
@@ -322,7 +324,9 @@ kiln_status kiln_cuda_compile(void *state, const kiln_graph *g, const kiln_regio
     kiln_kir kir[KILN_LOWER_MAX];
     char *ptx[KILN_LOWER_MAX];
     uint32_t nk = 0;
-    if ((s = lower_and_print(c, &o->codegen, g, r, kir, ptx, &nk, err, n)) != KILN_OK) return s;
+    if (!kiln_lower_memo_take(&c->memo, g, r, &o->codegen, kir, ptx, &nk) &&
+        (s = lower_and_print(c, &o->codegen, g, r, kir, ptx, &nk, err, n)) != KILN_OK)
+        return s;
     kiln_kernel *k = calloc(1, sizeof *k);
     if (!k) s = KILN_ERR_NOMEM;
     uint64_t scratch = 0;

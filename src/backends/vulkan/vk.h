@@ -5,6 +5,7 @@
 #pragma once
 
 #include "codegen/kir.h"
+#include "codegen/lower_memo.h"
 #include "sched/backend.h"
 #include "spirv/spirv.h"
 
@@ -50,6 +51,7 @@ typedef struct kiln_vk {
     kiln_codegen_options cg;          /* options of the compile or load in progress (set under the
                                          context's device lock; zero: defaults) */
     kiln_lower_target target;         /* what the lowering knows of this device (set at probe) */
+    kiln_lower_memo   memo;           /* what supports() lowered, for compile() (codegen/lower_memo.h) */
     bool              has_f64;        /* shaderFloat64 is enabled */
     bool              fma_checked;    /* kiln_vk_check_fma ran (or is running) */
     bool              size_control;   /* pipelines may require the subgroup size (feat.subgroup_size) */

@@ -223,6 +223,7 @@ static void vk_release(void *state)
         kiln_vk_memory_release(s);
         vkDestroyDevice(s->dev, NULL);
     }
+    kiln_lower_memo_clear(&s->memo);
     free(s);
 }
 
@@ -311,7 +312,8 @@ static void vk_profile(void *state, kiln_device_profile *out)
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = peak;
 }
 
-/* A region runs here when the lowering has a template for it. */
+/* A region runs here when the lowering has a template for it; the lowering is kept for compile()
+ * of the same region (a cold compile then lowers each region once). */
 static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o, char *why,
                         size_t n_why)
 {
@@ -324,7 +326,7 @@ static bool vk_supports(void *state, const kiln_graph *g, const kiln_region *r, 
     uint32_t nk = 0;
     kiln_lower_target t = kiln_lower_target_with(&s->target, &o->codegen);
     bool ok = kiln_lower_region_for(g, r, &t, k, &nk, why, n_why) == KILN_OK;
-    for (uint32_t i = 0; ok && i < nk; i++) kiln_kir_free(&k[i]);
+    if (ok) kiln_lower_memo_put(&s->memo, g, r, &o->codegen, k, NULL, nk);
     return ok;
 }
 
@@ -336,7 +338,8 @@ static kiln_status vk_compile(void *state, const kiln_graph *g, const kiln_regio
     kiln_kir k[KILN_LOWER_MAX];
     uint32_t nk = 0;
     kiln_lower_target t = kiln_lower_target_with(&s->target, &o->codegen);
-    kiln_status st = kiln_lower_region_for(g, r, &t, k, &nk, err, n);
+    kiln_status st = kiln_lower_memo_take(&s->memo, g, r, &o->codegen, k, NULL, &nk) ? KILN_OK
+                                                                                     : kiln_lower_region_for(g, r, &t, k, &nk, err, n);
     if (st != KILN_OK) return st;
     s->cg = o->codegen;
     st = kiln_vk_kernel_new_seq(s, k, nk, (kiln_vk_kernel **)out, err, n);
