@@ -2,9 +2,11 @@
 """Call circles between the files of one source folder, from the objects' symbol tables (nm):
 file A calls file B when A's object needs a symbol B's object defines. Prints each strongly
 connected set of more than one file. Usage: scripts/circles.py BUILD_DIR src/codegen"""
-import subprocess, sys, os, glob
+import subprocess, sys, os, glob, signal
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # | head is fine
 build, folder = sys.argv[1], sys.argv[2].rstrip('/')
-objs = sorted(glob.glob(os.path.join(build, 'CMakeFiles', 'kiln_obj.dir', folder, '*.o')))
+objs = [o for o in sorted(glob.glob(os.path.join(build, 'CMakeFiles', 'kiln_obj.dir', folder, '*.o')))
+        if os.path.exists(os.path.join(folder, os.path.basename(o)[:-2]))]  # no stale objects of removed files
 defs, uses = {}, {}
 for o in objs:
     f = os.path.basename(o)[:-2]

@@ -3,7 +3,8 @@
 comment/preprocessor/declaration ending in ';' and whose body '{' opens at depth 0; its length is
 lines from the signature's first line to the closing '}'. Usage: scripts/funcs.py FILES... (prints the
 longest, the count over 80, and totals)."""
-import sys, re
+import sys, re, signal
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 res = []
 for path in sys.argv[1:]:
     src = open(path, errors='replace').read()

@@ -332,6 +332,40 @@ static kiln_status do_xfer(kiln_plan *p, const kiln_xfer *x)
     return KILN_OK;
 }
 
+/* The queries of attention i sit at n_kv - n_tok + t; a kv_scatter feeding its k or v that wrote
+ * token t elsewhere disagrees, and the run fails naming both. Checked once here for every backend:
+ * for a device region at bind, from positions bound as a host input (check_indices); for a host
+ * region by the executor right before its launch (host_ran: the positions are then in p->bufs,
+ * wherever on the host they were computed). */
+kiln_status kiln_sched_check_attention_pos(kiln_plan *p, uint32_t i, bool host_ran)
+{
+    const kiln_graph *g = p->g;
+    const kiln_node_rec *n = &g->nodes[i];
+    int64_t n_kv = kiln_dim_is_sym(n->dim) ? p->sym_vals[kiln_sym_index(n->dim)] : n->dim, n_tok = p->dims[n->src[0]][0];
+    for (int k = 1; k <= 2; k++) {
+        const kiln_node_rec *w = &g->nodes[n->src[k]];
+        if (w->op != KILN_OP_KV_SCATTER || p->dims[w->src[2]][0] != n_tok) continue;
+        uint32_t root = p->root[w->src[2]];
+        const int32_t *pos = host_ran ? p->bufs[w->src[2]]
+                             : g->nodes[root].op == KILN_OP_INPUT && p->bufs[root]
+                                 ? (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[w->src[2]])
+                                 : NULL; /* not known on the host before the run */
+        for (int64_t t = 0; pos && t < n_tok; t++)
+            if (pos[t] != n_kv - n_tok + t) {
+                const char *op = kiln_op_name((enum kiln_op)n->op);
+                char lab[300];
+                if (n->name) snprintf(lab, sizeof lab, "%s '%s'", op, n->name);
+                else snprintf(lab, sizeof lab, "%s #%u", op, i);
+                return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING,
+                                     "%s: its queries sit at positions n_kv - n_tok + t = %lld.. (n_kv = %lld, n_tok = %lld) "
+                                     "but the kv_scatter writing %s used pos[%lld] = %d: bind n_kv = pos + n_tok",
+                                     lab, (long long)(n_kv - n_tok), (long long)n_kv,
+                                     (long long)n_tok, k == 1 ? "k" : "v", (long long)t, pos[t]);
+            }
+    }
+    return KILN_OK;
+}
+
 static kiln_status launch_region(kiln_plan *p, uint32_t r)
 {
     int be = p->region_be[r];

@@ -429,37 +429,6 @@ static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: copying an output to device memory: %s", kiln_backends[sp]->name, err);
 }
 
-/* The queries of attention i sit at n_kv - n_tok + t; a kv_scatter feeding its k or v that wrote
- * token t elsewhere disagrees, and the run fails naming both. Checked once here for every backend:
- * for a device region at bind, from positions bound as a host input (check_indices); for a host
- * region by the executor right before its launch (host_ran: the positions are then in p->bufs,
- * wherever on the host they were computed). */
-kiln_status kiln_sched_check_attention_pos(kiln_plan *p, uint32_t i, bool host_ran)
-{
-    const kiln_graph *g = p->g;
-    const kiln_node_rec *n = &g->nodes[i];
-    int64_t n_kv = kiln_dim_is_sym(n->dim) ? p->sym_vals[kiln_sym_index(n->dim)] : n->dim, n_tok = p->dims[n->src[0]][0];
-    for (int k = 1; k <= 2; k++) {
-        const kiln_node_rec *w = &g->nodes[n->src[k]];
-        if (w->op != KILN_OP_KV_SCATTER || p->dims[w->src[2]][0] != n_tok) continue;
-        uint32_t root = p->root[w->src[2]];
-        const int32_t *pos = host_ran ? p->bufs[w->src[2]]
-                             : g->nodes[root].op == KILN_OP_INPUT && p->bufs[root]
-                                 ? (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[w->src[2]])
-                                 : NULL; /* not known on the host before the run */
-        for (int64_t t = 0; pos && t < n_tok; t++)
-            if (pos[t] != n_kv - n_tok + t) {
-                char lab[300];
-                return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING,
-                                     "%s: its queries sit at positions n_kv - n_tok + t = %lld.. (n_kv = %lld, n_tok = %lld) "
-                                     "but the kv_scatter writing %s used pos[%lld] = %d: bind n_kv = pos + n_tok",
-                                     node_label(g, i, lab, sizeof lab), (long long)(n_kv - n_tok), (long long)n_kv,
-                                     (long long)n_tok, k == 1 ? "k" : "v", (long long)t, pos[t]);
-            }
-    }
-    return KILN_OK;
-}
-
 /* Run-time index checks for kernels on devices (the host kernels check their own): positions
  * and ids given as bound host inputs are checked before they are uploaded. */
 static kiln_status check_indices(kiln_plan *p)

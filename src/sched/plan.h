@@ -117,6 +117,6 @@ kiln_status kiln_sched_compile_region(kiln_plan *p, uint32_t r, char *err, size_
  * host also the cache rows its kv_scatter wrote) and returns KILN_ERR_NONFINITE naming the first
  * non-finite node, element, region and backend. Device regions are synced and copied back. */
 kiln_status kiln_sched_check_finite(kiln_plan *p, uint32_t r);
-/* Attention node i's query positions against the kv_scatter feeding its caches (plan.c); host_ran:
+/* Attention node i's query positions against the kv_scatter feeding its caches (exec.c); host_ran:
  * read the positions from the host buffers before a host region's launch, else from a bound input. */
 kiln_status kiln_sched_check_attention_pos(kiln_plan *p, uint32_t i, bool host_ran);
