@@ -580,6 +580,9 @@ static bool tma_land(bstate *S, const tma_op *o)
         return snprintf(S->err, S->n_err, "kt_interp_block: tma box of %u x %u to %u: rows must be 128 bytes, 1024-aligned, inside shared memory",
                         m->box_inner, m->box_outer, o->dst), false;
     const uint8_t *src = (const uint8_t *)S->bufs[m->slot] + 4ull * m->word;
+    if ((uintptr_t)src % 16) /* cuTensorMapEncodeTiled refuses it (buffers here are malloc'd: 16-aligned like device memory) */
+        return snprintf(S->err, S->n_err, "kt_interp_block: tensor map %u starts %u bytes past a 16-byte boundary", o->map,
+                        (unsigned)((uintptr_t)src % 16)), false;
     for (uint32_t r = 0; r < m->box_outer; r++)
         for (uint32_t e = 0; e < m->box_inner; e++) {
             uint64_t gr = (uint64_t)o->c1 + r, ge = (uint64_t)o->c0 + e;
