@@ -1006,6 +1006,23 @@ Test(cli, errors_point_at_the_real_problem, .timeout = 300)
     unlink(kg);
 }
 
+/* kiln plan shows a paged attention's capacity (block, pool, sequences, keys, tokens), as text
+ * and as JSON. */
+Test(cli, plan_shows_paged_capacity)
+{
+    cli_out o;
+    kiln_cli(&o, "plan " KILN_SOURCE_DIR "/tests/data/every_op.kg --backend cpu");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.out, "paged attention pa: blocks of 4 tokens, pool of 2 blocks per kv head (f32), up to 4 sequences x 2 blocks (8 keys each), 8 new tokens per step"),
+              "%s", o.out);
+    cr_assert(strstr(o.out, "paged_attention"), "the region's ops name it: %s", o.out);
+    kiln_cli(&o, "plan " KILN_SOURCE_DIR "/tests/data/every_op.kg --backend cpu --json");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.out, "\"paged\": [{\"node\": \"pa\", \"block\": 4, \"pool_blocks\": 2, \"kv_dtype\": \"f32\", \"max_seqs\": 4, "
+                            "\"max_blocks_per_seq\": 2, \"max_tokens\": 8}]"),
+              "%s", o.out);
+}
+
 /* bench says why it chose its layer count; gen_model has options and --help (and never writes a
  * file named after an option). */
 Test(cli, bench_layers_reason_and_gen_model_usage, .timeout = 300)

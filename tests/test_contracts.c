@@ -116,6 +116,10 @@ static bool accepts(enum kiln_op op, kiln_dtype t)
     case KILN_OP_ATTENTION:
         y = kiln_attention(g, in(g, "q", KILN_DTYPE_F32, 3, d3), kiln_state(g, "k", t, 3, c3), kiln_state(g, "v", t, 3, c3), 4, 0);
         break;
+    case KILN_OP_PAGED_ATTENTION:
+        y = kiln_paged_attention(g, in(g, "q", KILN_DTYPE_F32, 3, d3), kiln_state(g, "k", t, 3, c3), kiln_state(g, "v", t, 3, c3), p1,
+                                 in(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){1, 2}), in(g, "bt", KILN_DTYPE_I32, 2, (kiln_dim[]){1, 2}), 4, 0);
+        break;
     case KILN_OP_KV_SCATTER:
         y = kiln_kv_scatter(g, kiln_state(g, "k", t, 3, c3), in(g, "rows", KILN_DTYPE_F32, 3, (kiln_dim[]){1, 2, 256}), p1);
         break;

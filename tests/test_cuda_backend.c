@@ -27,6 +27,7 @@ typedef struct fakecuda_log {
     int      null_params;
     int      links, cubin_loads;
     int      ex_launches, pdl_launches, pdl_without_wait, pdl_captured;
+    int      stream_waits, syncs;
 } fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
 
 static fakecuda_log *fake(void)
@@ -283,6 +284,41 @@ Test(cuda_host, device_bindings_copy_device_to_device)
     cr_assert(strstr(kiln_ctx_error(ctx), "bogus"), "%s", kiln_ctx_error(ctx));
     cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
     free(dx), free(dy);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+/* kiln_run_async on a cuda plan with device bindings: the recorded graph replays once, kiln's
+ * stream and the caller's are joined both ways (two stream waits), and the host never waits (no
+ * stream sync); kiln_run afterwards syncs as before. */
+Test(cuda_host, run_async_joins_the_callers_stream_without_waiting)
+{
+    fakecuda_log *f = fake();
+    kiln_ctx *ctx = fake_ctx();
+    const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
+    kiln_graph *g = NULL;
+    kiln_plan *p = decode_layer_plan(ctx, pr, &g);
+    size_t xb = (size_t)pr->hidden * 4;
+    float *dx = calloc((size_t)pr->hidden, 4), *dy = malloc(xb);
+    int32_t *dpos = calloc(1, 4);
+    kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = 1},
+                        {.name = "x", .data = dx, .bytes = xb, .device = true}, {.name = "pos", .data = dpos, .bytes = 4, .device = true},
+                        {.name = "y", .data = dy, .bytes = xb, .device = true}};
+    cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx)); /* records the graph */
+    int waits = f->stream_waits, syncs = f->syncs, graphs = f->graph_launches;
+    void *caller = (void *)(uintptr_t)0x5710;
+    for (int step = 0; step < 3; step++) cr_assert_eq(kiln_run_async(p, b, 5, caller), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(f->graph_launches - graphs, 3, "one graph replay per step");
+    cr_assert_eq(f->stream_waits - waits, 6, "each step joins the caller's stream both ways");
+    cr_assert_eq(f->syncs, syncs, "an async step with device bindings must not wait on the host");
+    cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(f->syncs > syncs, "kiln_run still waits for its step");
+    b[1].value = 2000000; /* errors before enqueueing come back and nothing is joined */
+    waits = f->stream_waits;
+    cr_assert_eq(kiln_run_async(p, b, 5, caller), KILN_ERR_SYMBOL);
+    cr_assert_eq(f->stream_waits, waits);
+    free(dx), free(dy), free(dpos);
     kiln_plan_free(p);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);

@@ -205,6 +205,10 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_node ro = kiln_rope(g, kiln_reshape(g, sm, 3, (kiln_dim[]){n, 2, 16}), pos, KILN_ROPE_NEOX, 1e6f);
     kiln_node kc = kiln_kv_scatter(g, cache, ro, pos);
     kiln_node at = kiln_attention(g, ro, kc, kc, n, 0.0f);
+    kiln_dim ns = kiln_sym(g, "ns", 3);
+    kiln_node pa = kiln_paged_attention(g, ro, kc, kc, pos, kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 2}),
+                                        kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 4}), 2, 0.5f);
+    kiln_output(g, pa, "paged");
     kiln_node tr = kiln_transpose(g, kiln_view(g, w, 2, (kiln_dim[]){4, 16}, 48), 1, 0);
     kiln_node cc = kiln_concat(g, tr, tr, 0);
     kiln_node mq = kiln_matmul(g, kiln_get_rows(g, tab, ids), wq);

@@ -31,7 +31,7 @@ extern "C" {
 #define KILN_VERSION_STRING "0.1.0"
 
 #define KILN_MAX_RANK 4 /* most dimensions a tensor may have */
-#define KILN_MAX_SRC 4  /* most operands an op may have */
+#define KILN_MAX_SRC 6  /* most operands an op may have */
 
 /* ---------------------------------------------------------------- status and errors */
 
@@ -233,6 +233,27 @@ KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln
  * positions n_kv - n_tok .. n_kv - 1; query t sees keys 0 .. n_kv - n_tok + t. Scores are
  * scaled by `scale` (0 = 1/sqrt(head_dim)). y is f32 [n_tok, n_head, head_dim]. */
 KILN_API kiln_node kiln_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_dim n_kv, float scale);
+/* Paged attention over a ragged batch of sequences (the step of a serving engine). The new tokens
+ * of n_seq sequences are packed as rows: q [n_tok, n_head, head_dim] (n_tok = all new tokens of
+ * the step). k, v are paged pools (states, or kv_scatter results) [n_kv_head, n_blocks * block,
+ * head_dim]: physical block b holds slots b * block .. b * block + block - 1. Per step, bound as
+ * inputs (host or device memory), of fixed capacity so a recording stays valid:
+ *   pos    i32 [n_tok]  the position of each new token in its sequence;
+ *   seqs   i32 [n_seq, 2]  per sequence: the row where its new tokens start (cu_seqlens: 0 for the
+ *          first, increasing; sequence s has start[s+1] - start[s] new tokens, the last one
+ *          n_tok - start) and its KV length (cached + new tokens, >= its new tokens);
+ *   blocks i32 [n_seq, max_blocks]  the block table: key j of sequence s is at slot
+ *          blocks[s][j / block] * block + j % block (entries past its KV length are not read).
+ * Token i of the new tokens of sequence s must sit at position kv_len - q_len + i and sees keys
+ * 0 .. that position of its own sequence (causal within its new tokens). The new keys/values are
+ * written by kv_scatter(pool, rows, slots) with slots[t] = the slot of (sequence, pos[t]). Blocks
+ * may be shared between sequences (prefix caching): kiln only reads them. Before any kernel runs,
+ * kiln_run checks host-bound metadata (starts, lengths against capacity, positions against lengths,
+ * block indices against the pool, slots against the block table) and refuses a bad step naming
+ * what is wrong (KILN_ERR_BINDING); the plan stays usable. block: a power of two in [1, 1024]
+ * (16..128 are the usual sizes). scale as in kiln_attention. y is f32 [n_tok, n_head, head_dim]. */
+KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                        kiln_node seqs, kiln_node blocks, int block, float scale);
 /* Writes rows [n_tok, n_kv_head, head_dim] into a state [n_kv_head, max_ctx, head_dim] at the
  * positions pos i32 [n_tok] (each < max_ctx, checked at run): state[h, pos[t], :] = rows[t, h, :].
  * The result is the updated state; read it (e.g. by attention) to order the write before. */
@@ -338,6 +359,25 @@ typedef struct kiln_binding {
 /* Runs the plan once. Every symbol and input must be bound; outputs not bound are computed and
  * kept (see kiln_plan_tensor). States persist across runs. On error the plan stays usable. */
 KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t n);
+
+/* Runs the plan once, ordered on a caller's queue: the step of an inference engine that drives its
+ * own CUDA stream. stream is a CUstream of the device kiln's cuda backend uses (its primary
+ * context; NULL is the legacy default stream).
+ * - A plan whose kernels all run on cuda: the step is ordered after the work enqueued on stream
+ *   before the call, and stream waits for the step (events: the host does not wait), so later work
+ *   on stream sees the outputs bound as device memory and the updated states. The plan's recorded
+ *   CUDA graph replays on kiln's own stream, one per step whatever the batch composition (symbols
+ *   and metadata are per-run data). The call returns without waiting when every input and output
+ *   is bound as device memory; a host-bound input is copied, and a host-bound output written,
+ *   before the call returns (the call then waits for what it needs).
+ * - Any other plan (cpu, ref, vulkan, or one mixing the host with a device): runs as kiln_run
+ *   does and returns when done; stream is not used (no Vulkan queue interop yet).
+ * Errors found before enqueueing (bindings, symbols, host-bound paged metadata) are returned and
+ * nothing runs; a fault of the device surfaces at the plan's next run or read. Metadata bound as
+ * device memory is not checked by kiln (the GPU kernels clamp every index into its buffer). A
+ * plan is used by one thread at a time, as with kiln_run; device buffers bound here must stay
+ * valid until stream has passed the step. */
+KILN_API kiln_status kiln_run_async(kiln_plan *p, const kiln_binding *b, size_t n, void *stream);
 
 typedef struct kiln_tensor_info {
     kiln_dtype t;                  /* dtype */

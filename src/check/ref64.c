@@ -3,6 +3,7 @@
  * in its dtype and the graph IR to walk nodes. Must not round results to the node's dtype: the
  * contracts' tolerances account for that rounding. */
 #include "check/ref64.h"
+#include "graph/paged.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -300,6 +301,57 @@ static int op_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64
     return 0;
 }
 
+/* Paged attention: the metadata is checked (kiln_paged_check, converted to i32), then every query
+ * attends over its own sequence's keys found through the block table. */
+static int op_paged_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y, char *err, size_t en)
+{
+    const int64_t *qd = SDIM(0), *kd = SDIM(1);
+    int64_t T = qd[0], H = qd[1], hd = qd[2], Hkv = kd[0], C = kd[1], S = SDIM(4)[0], MB = SDIM(5)[1];
+    int32_t *meta = malloc((size_t)(T + 2 * S + S * MB) * sizeof *meta);
+    double *p = zalloc(C);
+    if (!meta || !p) {
+        free(meta), free(p);
+        FAIL("ref64: out of memory");
+    }
+    for (int64_t i = 0; i < T; i++) meta[i] = (int32_t)SRC(3)[i];
+    for (int64_t i = 0; i < 2 * S; i++) meta[T + i] = (int32_t)SRC(4)[i];
+    for (int64_t i = 0; i < S * MB; i++) meta[T + 2 * S + i] = (int32_t)SRC(5)[i];
+    kiln_paged_meta m = {.pos = meta, .seqs = meta + T, .blocks = meta + T + 2 * S, .n_tok = T, .n_seq = S,
+                         .max_blocks = MB, .block = nd->i[0], .n_slots = C};
+    char why[256];
+    if (!kiln_paged_check(&m, NULL, why, sizeof why)) {
+        free(meta), free(p);
+        FAIL("paged_attention: %s", why);
+    }
+    const double *q = SRC(0), *k = SRC(1), *v = SRC(2), scale = nd->f[0];
+    for (int64_t s = 0; s < S; s++) {
+        int64_t q0, q_len, kv_len;
+        kiln_paged_seq(&m, s, &q0, &q_len, &kv_len);
+        const int32_t *bt = m.blocks + s * MB;
+        for (int64_t t = q0; t < q0 + q_len; t++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t g = h / (H / Hkv), last = m.pos[t];
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= last; j++) {
+                    const double *kr = k + (g * C + kiln_paged_slot(bt, m.block, j)) * hd, *qr = q + (t * H + h) * hd;
+                    double dot = 0;
+                    for (int64_t d = 0; d < hd; d++) dot += qr[d] * kr[d];
+                    p[j] = dot * scale;
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int64_t j = 0; j <= last; j++) sum += (p[j] = exp(p[j] - mx));
+                double *yr = y + (t * H + h) * hd;
+                for (int64_t d = 0; d < hd; d++) yr[d] = 0;
+                for (int64_t j = 0; j <= last; j++) {
+                    const double *vr = v + (g * C + kiln_paged_slot(bt, m.block, j)) * hd;
+                    for (int64_t d = 0; d < hd; d++) yr[d] += p[j] * vr[d] / sum;
+                }
+            }
+    }
+    free(meta), free(p);
+    return 0;
+}
+
 /* kv_scatter writes into its source's buffer (the state store) and aliases it. */
 static int op_kv_scatter(kiln_ref64 *r, uint32_t idx, const kiln_node_rec *nd, char *err, size_t en)
 {
@@ -489,6 +541,7 @@ static int eval_node(kiln_ref64 *r, uint32_t i, char *err, size_t en)
     case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_SOFTMAX: return op_rows(r, nd, y, ne, err, en);
     case KILN_OP_ROPE: return op_rope(r, nd, y, ne, err, en);
     case KILN_OP_ATTENTION: return op_attention(r, nd, y, ne, err, en);
+    case KILN_OP_PAGED_ATTENTION: return op_paged_attention(r, nd, y, err, en);
     case KILN_OP_GET_ROWS: return op_get_rows(r, nd, y, ne, err, en);
     case KILN_OP_ARGMAX: return op_argmax(r, nd, y, ne, err, en);
     default: return op_layout(r, nd, y, ne, err, en);

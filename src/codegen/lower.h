@@ -33,6 +33,12 @@ bool     kl_same_numel(const kiln_node_rec *a, const kiln_node_rec *b);
 uint32_t kl_load(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx);
 /* Stores F32 v as element idx of a plain-dtype buffer slot (i32: round half even, saturating). */
 void     kl_store(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx, uint32_t v);
+/* I32 element idx of an i32 buffer slot. */
+uint32_t kl_ld_i32(kiln_kir *k, uint32_t slot, uint32_t idx);
+/* Paged attention's slot of key j (I32) of the sequence whose block table row starts at element
+ * bt_row (I32) of i32 buffer slot bt: bt[bt_row + j / block] * block + j % block (block a power of
+ * two; the block index clamped into [0, n_blocks)). The only place lowering maps keys to slots. */
+uint32_t kl_paged_slot(kiln_kir *k, uint32_t bt, uint32_t bt_row, uint32_t j, int64_t block, int64_t n_blocks);
 /* Loads node's element idx through a buffer slot of that node. */
 uint32_t kl_load_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx);
 void     kl_store_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx, uint32_t v);

@@ -3,7 +3,10 @@
  * query head of the group, the split's running max, sum and weighted V (online softmax over tiles
  * of 128 keys: a lane per key for q.k, lanes over head dims for p.v) into the region's scratch.
  * Kernel 2: one block per (query head, token) combines the splits. The causal limit of token t is
- * n_kv - n_tok + t + 1 keys, from the parameter buffer. Must not know any target's syntax. */
+ * n_kv - n_tok + t + 1 keys, from the parameter buffer. Paged attention (kiln_paged_attention) runs
+ * the same two kernels over a ragged batch: token t sees pos[t] + 1 keys of its own sequence (found
+ * among the step's starts), each key's cache row through the block table (kl_paged_slot), the key
+ * splits sized for a sequence's capacity. Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
@@ -16,6 +19,8 @@
 typedef struct at {
     kiln_kir *k;
     int64_t n_head, n_kvh, G, hd, max_ctx, tok_max, S, n_split;
+    const kiln_region_spec *sp; /* paged: its metadata nodes and block size (block 0: a contiguous cache) */
+    int64_t cap;                /* paged: keys a sequence can hold (block table width x block) */
     int64_t HB, GB; /* query heads per block, blocks per kv head (HB * GB = G) */
     kiln_dtype kt, vt;
 } at;
@@ -48,6 +53,43 @@ static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t)
     return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SUB, n_kv, n_tok), kiln_k2(k, KILN_KOP_ADD, t, kiln_ki(k, 1)));
 }
 
+/* Keys token t sees, and keys per split into *S: n_kv - n_tok + t + 1 over n_kv, or (paged)
+ * pos[t] + 1 over a sequence's capacity (pos clamped into it: device-bound metadata is unchecked). */
+static uint32_t token_seen(kiln_kir *k, const kiln_node_rec *n, const at *a, uint32_t t, uint32_t n_tok, uint32_t *S)
+{
+    if (!a->sp->block) {
+        uint32_t n_kv = kl_dim(k, n->dim);
+        *S = split_keys(k, a, n_kv);
+        return n_seen(k, n_kv, n_tok, t);
+    }
+    *S = split_keys(k, a, kiln_ki(k, (int32_t)a->cap));
+    uint32_t tc = kiln_k2(k, KILN_KOP_MIN, t, kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1)));
+    uint32_t p = kl_ld_i32(k, kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->pos, false), tc);
+    p = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, p, kiln_ki(k, 0)), kiln_ki(k, (int32_t)a->cap - 1));
+    return kiln_k2(k, KILN_KOP_ADD, p, kiln_ki(k, 1));
+}
+
+/* Paged: where token t's sequence's row of the block table starts. The sequence is the number of
+ * step starts at or before t, minus one, counted by the block's nth threads together (uniform
+ * control flow: the count ends in a block reduction). */
+static uint32_t seq_bt_row(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t t, uint32_t tid, int32_t nth)
+{
+    const kiln_node_rec *sn = &g->nodes[a->sp->seqs], *bn = &g->nodes[a->sp->blocks];
+    uint32_t seqs = kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->seqs, false), n_seq = kl_dim(k, sn->dims[0]);
+    uint32_t c = kiln_kvar(k, kiln_kf(k, 0)), i = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, n_seq, kiln_ki(k, nth), 0);
+    uint32_t st = kl_ld_i32(k, seqs, kiln_k2(k, KILN_KOP_MUL, i, kiln_ki(k, 2)));
+    kiln_kset(k, c, kiln_k2(k, KILN_KOP_ADD, c,
+                            kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LE, st, t), kiln_kf(k, 1),
+                                        kiln_kf(k, 0), 0)));
+    kl_loop_end(k);
+    uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, c, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_SUM << 16) | nth));
+    uint32_t s = kiln_k2(k, KILN_KOP_SUB, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32, tot, KILN_IDX_NONE, KILN_IDX_NONE, 0),
+                         kiln_ki(k, 1));
+    s = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, s, kiln_ki(k, 0)), kiln_k2(k, KILN_KOP_SUB, n_seq, kiln_ki(k, 1)));
+    return kiln_k2(k, KILN_KOP_MUL, s, kiln_ki(k, (int32_t)bn->dims[1]));
+}
+
 /* The values the phases of one split-attention kernel share. */
 typedef struct attn_st {
     kiln_kir *k;
@@ -58,8 +100,17 @@ typedef struct attn_st {
     uint32_t tid, t, lane, warp;  /* I32: thread, query row, lane, warp */
     uint32_t qh0, sp, start, end; /* I32: first query head, split, its key range */
     uint32_t head_row, kb;        /* I32: the kv head's first cache row; the tile's first key */
+    uint32_t bt, bt_row, last;    /* paged: block table slot, the sequence's row start in it, its last key seen */
     uint32_t m[8], l[8], o[8][8]; /* F32 variables: running max, sum and output of each head */
 } attn_st;
+
+/* Cache row (within a kv head) of key j: j itself, or its slot through the block table. */
+static uint32_t key_row(const attn_st *st, uint32_t j)
+{
+    const kiln_region_spec *sp = st->a->sp;
+    if (!sp->block) return j;
+    return kl_paged_slot(st->k, st->bt, st->bt_row, j, sp->block, st->a->max_ctx / sp->block);
+}
 
 /* s[gg] = q_gg . K[key] of this thread's key of the tile; *valid: the key is in the split. */
 static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
@@ -72,7 +123,7 @@ static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
     uint32_t j = kiln_k2(k, KILN_KOP_ADD, kb, tid);
     uint32_t valid = kiln_k2(k, KILN_KOP_LT, j, end);
     uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
-    uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, jc), kiln_ki(k, hd));
+    uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, jc)), kiln_ki(k, hd));
     for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
     int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
     if (hd % per == 0) {                                          /* 16-byte loads of the key row */
@@ -138,8 +189,8 @@ static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
                                    kiln_k2(k, KILN_KOP_ADD,
                                            kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))),
                                            kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))),
-                                   kiln_ki(k, (int32_t)a->max_ctx - 1));
-            uint32_t vrow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key), kiln_ki(k, hd));
+                                   a->sp->block ? st->last : kiln_ki(k, (int32_t)a->max_ctx - 1));
+            uint32_t vrow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, key)), kiln_ki(k, hd));
             for (int d = 0; d < dpl; d++)
                 vv[u][d] = kl_load(k, vs, a->vt,
                                    kiln_k2(k, KILN_KOP_ADD, vrow,
@@ -261,9 +312,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
         k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->G)), /* first query head of the block */
         kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
-    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
-    uint32_t seen = n_seen(k, n_kv, n_tok, t);
-    uint32_t S = split_keys(k, a, n_kv);
+    uint32_t n_tok = kl_dim(k, q->dims[0]), S;
+    uint32_t seen = token_seen(k, n, a, t, n_tok, &S);
+    uint32_t bt_row = a->sp->block ? seq_bt_row(k, g, a, t, tid, ABLK) : KILN_IDX_NONE;
     uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
     uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
     kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
@@ -286,7 +337,10 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
                   .qh0 = qh0,
                   .sp = sp,
                   .start = start,
-                  .end = end};
+                  .end = end,
+                  .bt = a->sp->block ? kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->blocks, false) : KILN_IDX_NONE,
+                  .bt_row = bt_row,
+                  .last = kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1))};
     for (int gg = 0; gg < G; gg++) {
         st.m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
         st.l[gg] = kiln_kvar(k, kiln_kf(k, 0));
@@ -359,10 +413,9 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t head = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     const kiln_node_rec *q = &g->nodes[n->src[0]];
-    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
+    uint32_t n_tok = kl_dim(k, q->dims[0]), S;
     kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t, n_tok));
-    uint32_t seen = n_seen(k, n_kv, n_tok, t);
-    uint32_t S = split_keys(k, a, n_kv);
+    uint32_t seen = token_seen(k, n, a, t, n_tok, &S);
     uint32_t nsp =
         kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, seen, S), kiln_ki(k, 1)), S);
     uint32_t row = kiln_k2(k, KILN_KOP_MUL,
@@ -420,11 +473,13 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
 {
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node];
-    if (r->n_nodes != 1 || n->op != KILN_OP_ATTENTION)
+    if (r->n_nodes != 1 || (n->op != KILN_OP_ATTENTION && n->op != KILN_OP_PAGED_ATTENTION))
         return kl_unsupported(err, n_err, "attention written as ops has no GPU kernel yet");
     const kiln_region_spec *sp = &r->spec; /* q, the caches and the grouping, found by fusion */
     const kiln_node_rec *q = &g->nodes[sp->q], *kc = &g->nodes[sp->k], *vc = &g->nodes[sp->v];
-    at a = {.n_head = q->dims[1],
+    at a = {.sp = sp,
+            .cap = sp->block ? g->nodes[sp->blocks].dims[1] * sp->block : 0,
+            .n_head = q->dims[1],
             .hd = q->dims[2],
             .n_kvh = kc->dims[0],
             .max_ctx = kc->dims[1],
@@ -446,18 +501,21 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     /* Prefill (more than KL_SMALL_ROWS query rows at the bound): the flash kernel on the tensor
      * cores takes runs of many rows; the split kernels, sized for few, take the others (decode
      * through a prefill plan), each guarded by the run's row count. */
-    bool flash = kl_flash_fits(g, n);
+    if (sp->block && (a.cap > INT32_MAX / 2 || a.max_ctx > INT32_MAX / a.hd))
+        return kl_unsupported(err, n_err, "paged attention: a pool of %lld slots x %lld is past 32-bit indices",
+                              (long long)a.max_ctx, (long long)a.hd);
+    bool flash = !sp->block && kl_flash_fits(g, n); /* paged prefill chunks: the split kernels (no flash yet) */
     if (flash) a.tok_max = KL_SMALL_ROWS; /* kl_flash_fits: more rows than that at the bound */
     /* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
      * at the cache's bound, >= 32 keys; when there are still too few blocks, the query heads of a
      * group split over blocks too (each re-reads the group's K/V, mostly from L2). */
     int64_t tok = a.tok_max < 8 ? a.tok_max : 8, fill = 8 * (int64_t)tg->sm_count;
-    int64_t want = fill / (a.n_kvh * tok);
+    int64_t want = fill / (a.n_kvh * tok), keys = sp->block ? a.cap : a.max_ctx; /* paged: one sequence's keys */
     if (want < 1) want = 1;
-    a.S = (a.max_ctx + want - 1) / want;
+    a.S = (keys + want - 1) / want;
     a.S = (a.S + ABLK - 1) / ABLK * ABLK;
     if (a.S < ABLK) a.S = ABLK;
-    a.n_split = (a.max_ctx + a.S - 1) / a.S;
+    a.n_split = (keys + a.S - 1) / a.S;
     a.HB = a.G;
     while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < fill) {
         int64_t hb = a.HB - 1;

@@ -130,6 +130,25 @@ void kl_store(kiln_kir *k, uint32_t slot, kiln_dtype t, uint32_t idx, uint32_t v
     }
 }
 
+uint32_t kl_ld_i32(kiln_kir *k, uint32_t slot, uint32_t idx)
+{
+    uint32_t w = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, idx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+    return kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
+
+/* The position -> slot mapping of paged attention, the one copy the kernels print (the host's is
+ * kiln_paged_slot): the block index is clamped into the pool, so metadata bound in device memory
+ * (which kiln_run cannot check) never sends a load outside it. */
+uint32_t kl_paged_slot(kiln_kir *k, uint32_t bt, uint32_t bt_row, uint32_t j, int64_t block, int64_t n_blocks)
+{
+    int32_t sh = 0;
+    while (((int64_t)1 << sh) < block) sh++;
+    uint32_t b = kl_ld_i32(k, bt, kiln_k2(k, KILN_KOP_ADD, bt_row, kiln_k2(k, KILN_KOP_SHR, j, kiln_ki(k, sh))));
+    b = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, b, kiln_ki(k, 0)), kiln_ki(k, (int32_t)n_blocks - 1));
+    return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SHL, b, kiln_ki(k, sh)),
+                   kiln_k2(k, KILN_KOP_AND, j, kiln_ki(k, (int32_t)block - 1)));
+}
+
 uint32_t kl_load_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx)
 {
     return kl_load(k, kiln_kir_buf(k, KILN_KBUF_NODE, node, false), (kiln_dtype)g->nodes[node].dtype, idx);

@@ -53,6 +53,10 @@ typedef struct kiln_region_spec {
     int64_t  n_kv;             /* kiln_dim: keys attended (the symbol n_kv, or a constant) */
     int64_t  heads_per_group;  /* query heads per kv head (GQA), 0 when they do not group */
     float    scale;            /* score scale (resolved) */
+    /* paged attention (kiln_paged_attention) only: where a sequence's key lives. The lowering
+     * prints the position -> slot mapping from these in one place (kl_paged_slot) */
+    uint32_t pos, seqs, blocks; /* per-token positions, (start, KV length) per sequence, block table */
+    int64_t  block;             /* tokens per block; 0 for attention over a contiguous cache */
     /* KILN_REGION_ROWS: the anchor's op over the last axis */
     uint8_t  row_op;           /* enum kiln_op */
 } kiln_region_spec;

@@ -52,7 +52,9 @@ enum kiln_op_class {
     X(VIEW,       "view",       ALIAS,       0, 1, 0, P(DIMS) | P(OFFSET), P(DIMS), "x [dims] [offset=INT]") \
     X(TRANSPOSE,  "transpose",  MOVE,        0, 1, 0, P(D0) | P(D1), P(D0) | P(D1), "x d0=INT d1=INT") \
     X(CONCAT,     "concat",     MOVE,        0, 2, 0, P(AXIS), P(AXIS), "a b axis=INT")             \
-    X(SIGMOID,    "sigmoid",    ELEMENTWISE, 4, 1, 0, 0, 0, "x") /* 1 / (1 + e^-x) */
+    X(SIGMOID,    "sigmoid",    ELEMENTWISE, 4, 1, 0, 0, 0, "x") /* 1 / (1 + e^-x) */            \
+    X(PAGED_ATTENTION, "paged_attention", ATTENTION, 0, 6, 0, P(BLOCK) | P(SCALE), P(BLOCK),          \
+      "q k v pos seqs blocks block=INT [scale=FLOAT]") /* i[0] block, f[0] scale */
 
 enum kiln_op {
 #define KILN_OP_ENUM(id, name, cls, flops, nreq, nopt, params, req, usage) KILN_OP_##id,

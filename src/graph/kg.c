@@ -42,6 +42,7 @@ const char *kiln_kg_param_key(unsigned bit)
     case P(DTYPE): return "dtype";
     case P(OFFSET): return "offset";
     case P(MULT): return "mult";
+    case P(BLOCK): return "block";
     default: return NULL;
     }
 }

@@ -23,6 +23,7 @@ enum kiln_kg_param {
     KILN_KG_P_OFFSET = 1 << 10,/* view: offset=INT (default 0) */
     KILN_KG_P_DIMS = 1 << 11,  /* reshape, view: a positional [dims] list after the operands */
     KILN_KG_P_MULT = 1 << 12,  /* rope: mult="F,F,..." per-pair frequency multipliers (default none) */
+    KILN_KG_P_BLOCK = 1 << 13, /* paged_attention: block=INT (required) */
 };
 
 typedef struct kiln_kg_op_spec {

@@ -56,6 +56,7 @@ typedef struct kg_args {
     int64_t    offset;               /* view element offset */
     const tok *mult;                 /* rope's multipliers (a string token) or NULL */
     float     *mult_v;               /* their values, head_dim/2 of them (owned by parse_def) */
+    int64_t    block;                /* paged_attention's block size */
     int        rank;                 /* reshape/view dims */
     kiln_dim   dims[KILN_MAX_RANK];  /* reshape/view dims */
 } kg_args;
@@ -600,6 +601,7 @@ static kiln_status op_args(kg_parser *p, const char *opn, const kiln_kg_op_spec 
             if (v->kind != TK_STR) s = perr(p, v->col, "mult must be a quoted list of numbers (\"1,0.5\")");
             a->mult = v;
             break;
+        case KILN_KG_P_BLOCK: s = parse_i64(p, v, key, 1, 1 << 20, &a->block); break;
         default: /* axis, d0, d1 */
             s = parse_i64(p, v, key, INT32_MIN, INT32_MAX, &iv);
             *(bit == KILN_KG_P_AXIS ? &a->axis : bit == KILN_KG_P_D0 ? &a->d0 : &a->d1) = (int)iv;
@@ -646,6 +648,7 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_ROPE: return kiln_rope_ext(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta, a->mult_v);
     case KILN_OP_ATTENTION: return kiln_attention(g, s[0], s[1], s[2], a->n_kv, a->scale);
     case KILN_OP_KV_SCATTER: return kiln_kv_scatter(g, s[0], s[1], s[2]);
+    case KILN_OP_PAGED_ATTENTION: return kiln_paged_attention(g, s[0], s[1], s[2], s[3], s[4], s[5], (int)a->block, a->scale);
     case KILN_OP_GET_ROWS: return kiln_get_rows(g, s[0], s[1]);
     case KILN_OP_ARGMAX: return kiln_argmax(g, s[0]);
     case KILN_OP_CAST: return kiln_cast(g, s[0], a->dtype);

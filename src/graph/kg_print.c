@@ -207,6 +207,10 @@ static kiln_status print_op(printer *pr, uint32_t i)
         if (!sb_dim(pr, n->dim)) return KILN_ERR_INTERNAL;
         sb_float(b, "scale", n->f[0]);
         break;
+    case KILN_OP_PAGED_ATTENTION:
+        kiln_sbuf_printf(b, " block=%d", (int)n->i[0]);
+        sb_float(b, "scale", n->f[0]);
+        break;
     case KILN_OP_CAST: kiln_sbuf_printf(b, " dtype=%s", kiln_dtype_name((kiln_dtype)n->dtype)); break;
     case KILN_OP_RESHAPE:
     case KILN_OP_VIEW:

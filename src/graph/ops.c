@@ -345,6 +345,52 @@ KILN_API kiln_node kiln_kv_scatter(kiln_graph *g, kiln_node state, kiln_node row
     return finish(&b);
 }
 
+/* An i32 metadata table [rows, cols] of paged attention (rows the sequence count, cols constant). */
+static bool need_i32_table(build *b, const char *what, const kiln_node_rec *t, int64_t rows, int64_t cols)
+{
+    if (!b->ok) return false;
+    if (t->dtype != KILN_DTYPE_I32) return fail(b, KILN_ERR_DTYPE, "%s has dtype %s; it must be i32", what, kiln_dtype_name(t->dtype));
+    if (t->rank != 2 || (rows != 0 && t->dims[0] != rows) || kiln_dim_is_sym(t->dims[1]) || (cols && t->dims[1] != cols) ||
+        t->dims[1] < 1)
+        return fail(b, KILN_ERR_SHAPE, "%s is %s; it must be [n_seq, %s]", what, DIMS_STR(b->g, t), cols == 2 ? "2" : "max_blocks");
+    return true;
+}
+
+KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                        kiln_node seqs, kiln_node blocks, int block, float scale)
+{
+    build b = begin(g, KILN_OP_PAGED_ATTENTION);
+    const kiln_node_rec *qn = operand(&b, 0, "q", q, false), *kn = operand(&b, 1, "k", k, false);
+    const kiln_node_rec *vn = operand(&b, 2, "v", v, false), *pn = operand(&b, 3, "pos", pos, false);
+    const kiln_node_rec *sn = operand(&b, 4, "seqs", seqs, false), *bn = operand(&b, 5, "blocks", blocks, false);
+    need_float(&b, "q", qn);
+    if (b.ok && (qn->rank != 3 || kiln_dim_is_sym(qn->dims[1]) || kiln_dim_is_sym(qn->dims[2])))
+        fail(&b, KILN_ERR_SHAPE, "q is %s; it must be [n_tok, n_head, head_dim] (n_head, head_dim constant)", DIMS_STR(g, qn));
+    cache_operand(&b, "k", kn);
+    cache_operand(&b, "v", vn);
+    if (b.ok && !dims_equal(kn, vn)) fail(&b, KILN_ERR_SHAPE, "k %s and v %s differ", DIMS_STR(g, kn), DIMS_STR(g, vn));
+    if (b.ok && kn->dtype != vn->dtype) fail(&b, KILN_ERR_DTYPE, "k and v dtypes differ");
+    if (b.ok && kn->dims[2] != qn->dims[2])
+        fail(&b, KILN_ERR_SHAPE, "head_dim of q %s and of k %s differ", DIMS_STR(g, qn), DIMS_STR(g, kn));
+    if (b.ok && qn->dims[1] % kn->dims[0])
+        fail(&b, KILN_ERR_SHAPE, "n_head %lld is not a multiple of n_kv_head %lld", (long long)qn->dims[1], (long long)kn->dims[0]);
+    if (b.ok && (block < 1 || block > 1024 || (block & (block - 1))))
+        fail(&b, KILN_ERR_INVALID_ARG, "block %d must be a power of two in [1, 1024]", block);
+    if (b.ok && kn->dims[1] % block)
+        fail(&b, KILN_ERR_SHAPE, "the pool's %lld slots (k %s) are not whole blocks of %d", (long long)kn->dims[1],
+             DIMS_STR(g, kn), block);
+    if (b.ok) need_i32_vec(&b, "pos", pn, qn->dims[0]);
+    if (b.ok) need_i32_table(&b, "seqs", sn, 0, 2);
+    if (b.ok) need_i32_table(&b, "blocks", bn, sn->dims[0], 0);
+    if (b.ok && !(scale >= 0 && isfinite(scale))) fail(&b, KILN_ERR_INVALID_ARG, "scale %g must be >= 0 and finite", (double)scale);
+    if (b.ok) {
+        set_shape(&b, KILN_DTYPE_F32, 3, qn->dims);
+        b.r.i[0] = block;
+        b.r.f[0] = scale == 0 ? (float)(1.0 / sqrt((double)qn->dims[2])) : scale;
+    }
+    return finish(&b);
+}
+
 KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids)
 {
     build b = begin(g, KILN_OP_GET_ROWS);

@@ -72,6 +72,11 @@ typedef struct kiln_backend_i {
      * timer marks, measured on the device. */
     kiln_status (*timer_mark)(void *state, int slot, char *err, size_t n_err);
     kiln_status (*timer_read)(void *state, int slot_a, int slot_b, double *seconds, char *err, size_t n_err);
+    /* A caller's queue (optional, both or none; kiln_run_async): join_wait makes the backend's queue
+     * wait for the work enqueued on the caller's queue q (a CUstream) so far; join_signal makes q
+     * wait for the work enqueued on the backend's queue so far. Neither blocks the host. */
+    kiln_status (*join_wait)(void *state, void *q, char *err, size_t n_err);
+    kiln_status (*join_signal)(void *state, void *q, char *err, size_t n_err);
     /* Kernel cache (optional, all three or none): identity writes what a compiled kernel depends
      * on besides the region (device name and capability, driver version, ISA) into buf; save
      * serializes a compiled kernel (*out malloc'ed); load rebuilds one from such bytes, already

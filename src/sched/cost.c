@@ -18,6 +18,13 @@ static double node_bytes(const kiln_node_rec *n, const int64_t *d)
     return (double)kiln_node_bytes(n, d);
 }
 
+/* Keys one sequence of a paged attention can hold: its block table's width times the block. */
+static double paged_keys(const kiln_graph *g, const kiln_node_rec *n, const int64_t (*dims)[KILN_MAX_RANK])
+{
+    (void)g;
+    return (double)dims[n->src[5]][1] * (double)n->i[0];
+}
+
 static double op_flops(const kiln_graph *g, uint32_t i, const int64_t (*dims)[KILN_MAX_RANK], const int64_t *sym)
 {
     const kiln_node_rec *n = &g->nodes[i];
@@ -32,6 +39,8 @@ static double op_flops(const kiln_graph *g, uint32_t i, const int64_t (*dims)[KI
         double n_kv = (double)(kiln_dim_is_sym(n->dim) ? sym[kiln_sym_index(n->dim)] : n->dim);
         return 4.0 * (double)d[0] * (double)d[1] * n_kv * (double)d[2];
     }
+    case KILN_OP_PAGED_ATTENTION: /* KV lengths are data: half of each sequence's block table */
+        return 2.0 * (double)d[0] * (double)d[1] * paged_keys(g, n, dims) * (double)d[2];
     default:
         return kiln_op_flops((enum kiln_op)n->op) * numel(n, d); /* the op table's flops per element */
     }
@@ -49,6 +58,10 @@ static double read_bytes(const kiln_graph *g, uint32_t reader, int slot, const i
     if (n->op == KILN_OP_ATTENTION && slot > 0) {
         double n_kv = (double)(kiln_dim_is_sym(n->dim) ? sym[kiln_sym_index(n->dim)] : n->dim);
         return node_bytes(src, dims[s]) * n_kv / (double)dims[s][1];
+    }
+    if (n->op == KILN_OP_PAGED_ATTENTION && (slot == 1 || slot == 2)) { /* the keys of every sequence, at most the pool */
+        double keys = paged_keys(g, n, dims) * (double)dims[n->src[4]][0];
+        return node_bytes(src, dims[s]) * (keys < (double)dims[s][1] ? keys / (double)dims[s][1] : 1.0) / 2;
     }
     if (n->op == KILN_OP_GET_ROWS && slot == 0) /* only the rows asked for */
         return node_bytes(src, dims[s]) * (double)dims[n->src[1]][0] / (double)dims[s][0];

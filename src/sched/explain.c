@@ -82,6 +82,34 @@ static void human(double v, const char *unit, char *out, size_t n)
     snprintf(out, n, "%.3g %s%s", v, pre[k], unit);
 }
 
+/* The capacity of each paged attention (kiln_paged_attention): block size, pool, sequences, keys
+ * per sequence and new tokens per step, as bounds of the plan. */
+static void paged_capacity(const kiln_plan *p, sbuf *b, bool json)
+{
+    const kiln_graph *g = p->g;
+    bool first = true;
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[i];
+        if (n->op != KILN_OP_PAGED_ATTENTION) continue;
+        const int64_t *kd = p->max_dims[n->src[1]];
+        long long blk = n->i[0], pool = kd[1] / n->i[0], seqs = p->max_dims[n->src[4]][0], mb = p->max_dims[n->src[5]][1];
+        long long tok = p->max_dims[n->src[0]][0];
+        const char *dt = kiln_dtype_name((kiln_dtype)g->nodes[n->src[1]].dtype);
+        char lab[64];
+        if (n->name) snprintf(lab, sizeof lab, "%s", n->name);
+        else snprintf(lab, sizeof lab, "#%u", i);
+        if (json)
+            kiln_sbuf_printf(b, "%s{\"node\": \"%s\", \"block\": %lld, \"pool_blocks\": %lld, \"kv_dtype\": \"%s\", "
+                                "\"max_seqs\": %lld, \"max_blocks_per_seq\": %lld, \"max_tokens\": %lld}",
+                             first ? "" : ", ", lab, blk, pool, dt, seqs, mb, tok);
+        else
+            kiln_sbuf_printf(b, "paged attention %s: blocks of %lld tokens, pool of %lld blocks per kv head (%s), up to %lld "
+                                "sequences x %lld blocks (%lld keys each), %lld new tokens per step\n",
+                             lab, blk, pool, dt, seqs, mb, mb * blk, tok);
+        first = false;
+    }
+}
+
 static void explain_text(const kiln_plan *p, sbuf *b)
 {
     const kiln_graph *g = p->g;
@@ -97,6 +125,7 @@ static void explain_text(const kiln_plan *p, sbuf *b)
                       p->ran ? "" : " (its bound)");
         kiln_sbuf_printf(b, "\n");
     }
+    paged_capacity(p, b, false);
     kiln_sbuf_printf(b, "predicted time = max(flops / peak, bytes / bandwidth) + launch, per backend; * = chosen;\n"
                  "roof = predicted / measured on the chosen backend (100%% = at the roofline)\n\n");
     kiln_sbuf_printf(b, "%3s  %-9s %-7s %-10s %-10s %-7s", "#", "kind", "runs on", "flops", "bytes", "bound");
@@ -134,9 +163,12 @@ static void explain_text(const kiln_plan *p, sbuf *b)
 static void explain_json(const kiln_plan *p, sbuf *b)
 {
     kiln_sbuf_printf(b, "{\"backend\": \"%s\", \"kernels\": %u, \"ops\": %u, \"compile_ms\": %.4f, \"cache\": \"%s\", "
-                 "\"cache_disk_hits\": %u, \"cache_disk_misses\": %u, \"peak_bytes\": %zu, \"regions\": [",
+                 "\"cache_disk_hits\": %u, \"cache_disk_misses\": %u, \"peak_bytes\": %zu,",
               kiln_backends[p->backend]->name, p->fusion.n_regions, n_ops(p), p->compile_ms, kiln_plan_cache(p), p->disk_hits,
               p->disk_misses, p->arena_bytes);
+    kiln_sbuf_printf(b, "\n \"paged\": [");
+    paged_capacity(p, b, true);
+    kiln_sbuf_printf(b, "], \"regions\": [");
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         kiln_region_info ri;
         kiln_plan_region(p, (int)r, &ri);

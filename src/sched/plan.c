@@ -4,6 +4,7 @@
  * Must not contain kernels. */
 #include "sched/plan.h"
 #include "sched/cost.h"
+#include "graph/paged.h"
 #include "util/env.h"
 
 #include <math.h>
@@ -472,6 +473,42 @@ static kiln_status check_indices(kiln_plan *p)
     return KILN_OK;
 }
 
+/* An i32 input's values this run when they are bound in host memory, else NULL (device-bound or
+ * computed: the engine vouches for them). */
+static const int32_t *host_i32(const kiln_plan *p, uint32_t node)
+{
+    uint32_t root = p->root[node];
+    if (p->g->nodes[root].op != KILN_OP_INPUT || !p->bufs[root]) return NULL;
+    return (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[node]);
+}
+
+/* Paged attention's step metadata, on every backend, before any kernel runs: a bad step is refused
+ * whole and the caches stay untouched (kiln_paged_check), slots of the kv_scatter feeding k or v
+ * included. */
+static kiln_status check_paged(kiln_plan *p)
+{
+    const kiln_graph *g = p->g;
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[i];
+        if (n->op != KILN_OP_PAGED_ATTENTION) continue;
+        kiln_paged_meta m = {.pos = host_i32(p, n->src[3]), .seqs = host_i32(p, n->src[4]), .blocks = host_i32(p, n->src[5]),
+                             .n_tok = p->dims[n->src[0]][0], .n_seq = p->dims[n->src[4]][0],
+                             .max_blocks = p->dims[n->src[5]][1], .block = n->i[0], .n_slots = p->dims[n->src[1]][1]};
+        if (!m.pos || !m.seqs || !m.blocks) continue;
+        char why[400], lab[300];
+        if (!kiln_paged_check(&m, NULL, why, sizeof why))
+            return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "%s: %s", node_label(g, i, lab, sizeof lab), why);
+        for (int k = 1; k <= 2; k++) {
+            const kiln_node_rec *w = &g->nodes[n->src[k]];
+            const int32_t *slots = w->op == KILN_OP_KV_SCATTER && p->dims[w->src[2]][0] == m.n_tok ? host_i32(p, w->src[2]) : NULL;
+            if (slots && !kiln_paged_check(&m, slots, why, sizeof why))
+                return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "%s: %s (the kv_scatter writing %s)", node_label(g, i, lab, sizeof lab), why,
+                                     k == 1 ? "k" : "v");
+        }
+    }
+    return KILN_OK;
+}
+
 static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding **out_bind)
 {
     const kiln_graph *g = p->g;
@@ -558,7 +595,39 @@ static kiln_status resolve(kiln_plan *p, const kiln_binding *const *out_bind, co
     return KILN_OK;
 }
 
-KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
+/* Every region on one device backend that can join a caller's queue: the backend id, else -1. */
+static int async_backend(const kiln_plan *p)
+{
+    int be = -1;
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        int b = p->region_be[r];
+        if (!kiln_backend_is_device(kiln_backends[b]) || !kiln_backends[b]->join_wait || (be >= 0 && be != b)) return -1;
+        be = b;
+    }
+    return be;
+}
+
+static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool async, void *stream);
+
+KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb) { return run(p, b, nb, false, NULL); }
+
+KILN_API kiln_status kiln_run_async(kiln_plan *p, const kiln_binding *b, size_t nb, void *stream)
+{
+    if (!p) return KILN_ERR_INVALID_ARG;
+    return run(p, b, nb, async_backend(p) >= 0 && !p->profiling && !p->check_finite, stream);
+}
+
+/* Joins the async run's device queue with the caller's: wait (before the step) or signal (after). */
+static kiln_status join_caller(kiln_plan *p, void *stream, bool after)
+{
+    int be = async_backend(p);
+    const kiln_backend_i *bi = kiln_backends[be];
+    char err[512] = "";
+    kiln_status s = (after ? bi->join_signal : bi->join_wait)(p->ctx->be_state[be], stream, err, sizeof err);
+    return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: joining the caller's stream: %s", bi->name, err);
+}
+
+static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool async, void *stream)
 {
     if (!p) return KILN_ERR_INVALID_ARG;
     if (nb && !b) return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "kiln_run: bindings is NULL but n = %zu", nb);
@@ -572,8 +641,10 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
     }
     kiln_status s = bind(p, b, nb, out_bind);
     if (s == KILN_OK) s = resolve(p, out_bind, b, nb);
+    if (s == KILN_OK) s = check_paged(p);
     if (s == KILN_OK) s = check_indices(p);
     kiln_sched_lock(p, true); /* device backends: this run's work stays together */
+    if (s == KILN_OK && async) s = join_caller(p, stream, false);
     if (s == KILN_OK) s = kiln_sched_execute(p);
     for (uint32_t o = 0; s == KILN_OK && o < g->n_outs; o++) {
         uint32_t i = g->outs[o].node;
@@ -582,7 +653,8 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb)
         if (out_bind[o]->device) s = copy_out_device(p, i, out_bind[o]->data, bytes);
         else s = kiln_sched_fetch(p, i, out_bind[o]->data, bytes);
     }
-    if (s == KILN_OK) s = kiln_sched_sync_all(p);
+    if (s == KILN_OK && async) s = join_caller(p, stream, true); /* the caller's stream waits; the host does not */
+    else if (s == KILN_OK) s = kiln_sched_sync_all(p);
     kiln_sched_lock(p, false);
     free(out_bind);
     if (s == KILN_OK) {

@@ -37,6 +37,8 @@ typedef struct fakecuda_log {
     int    pdl_launches;     /* of those, with programmatic stream serialization */
     int    pdl_without_wait; /* programmatic launches of a kernel whose PTX has no griddepcontrol.wait */
     int    pdl_captured;     /* programmatic launches captured into graphs */
+    int    stream_waits;     /* cuStreamWaitEvent calls */
+    int    syncs;            /* cuStreamSynchronize calls */
 } fakecuda_log;
 
 EXPORT fakecuda_log fakecuda;
@@ -83,6 +85,7 @@ static int capture_pdl_start; /* pdl_captured when the capture began */
 
 EXPORT CUresult cuStreamSynchronize(void *s)
 {
+    fakecuda.syncs++;
     if (fakecuda.fault_next_sync) {
         fakecuda.fault_next_sync = 0;
         return 700;
@@ -342,6 +345,11 @@ EXPORT CUresult cuEventRecord(void *e, void *s) { *(double *)e = (fake_clock += 
 EXPORT CUresult cuEventSynchronize(void *e) { return 0; }
 EXPORT CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) { *ms = (float)(*(double *)b - *(double *)a); return 0; }
 EXPORT CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
+EXPORT CUresult cuStreamWaitEvent(void *s, void *e, unsigned f)
+{
+    fakecuda.stream_waits++;
+    return 0;
+}
 
 EXPORT CUresult cuGetErrorName(CUresult r, const char **s)
 {

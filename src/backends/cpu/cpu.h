@@ -96,6 +96,14 @@ kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const
                                int64_t n_head, int64_t hd, const void *k, const void *v, kiln_dtype kv_t,
                                int64_t n_kv_head, int64_t max_ctx, int64_t n_kv, float scale, float *y);
 
+/* Paged attention over a ragged batch (kiln_paged_attention in kiln.h): q [n_tok, n_head, hd] f32,
+ * k, v pools [n_kv_head, m->n_slots, hd] in kv_t (f32 or f16), the step's metadata m (checked
+ * before: kiln_paged_check). y [n_tok, n_head, hd] f32. */
+struct kiln_paged_meta;
+kiln_status kiln_cpu_paged_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const float *q, int64_t n_head,
+                                     int64_t hd, const void *k, const void *v, kiln_dtype kv_t, int64_t n_kv_head,
+                                     const struct kiln_paged_meta *m, float scale, float *y);
+
 /* ---------------------------------------------------------------- row kernels (single thread) */
 
 /* y[r] = x[r] / sqrt(mean(x[r]²) + eps) * w (w NULL = ones), rows of d. y may equal x. */

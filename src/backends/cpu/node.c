@@ -5,6 +5,7 @@
  * not call the reference backend: that is the oracle the cpu is tested against. */
 #include "backends/cpu/node.h"
 #include "graph/graph.h"
+#include "graph/paged.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -289,6 +290,32 @@ static kiln_status attention(const node_run *c)
     return st;
 }
 
+/* Paged attention over a ragged batch (kiln.h): each sequence's keys through its block table. The
+ * executor has checked the step's metadata (sched/plan.c); it is checked again here, where a
+ * kernel would follow it. Pools in bf16 are staged whole through f32. */
+static kiln_status paged_attention(const node_run *c)
+{
+    const kiln_node_rec *n = c->n;
+    kiln_paged_meta m = kiln_paged_meta_of(c->v->g, c->idx, c->v->bufs, c->v->dims);
+    char why[300];
+    if (!kiln_paged_check(&m, NULL, why, sizeof why)) return fail(c, KILN_ERR_BINDING, "%s", why);
+    const int64_t *qd = c->v->dims[n->src[0]], *kd = c->v->dims[n->src[1]];
+    kiln_dtype kt = dtype_of(c, n->src[1]);
+    bool oq = false, staged = kt != KILN_DTYPE_F32 && kt != KILN_DTYPE_F16;
+    kiln_status st = KILN_OK;
+    const float *q = src_f32(c, n->src[0], &oq, &st);
+    float *k = q && staged ? cache_f32(c, n->src[1], kd[1], &st) : NULL;
+    float *v = k ? cache_f32(c, n->src[2], kd[1], &st) : NULL;
+    if (st == KILN_OK)
+        st = kiln_cpu_paged_attention(c->pool, c->isa, q, qd[1], qd[2], staged ? k : c->v->bufs[n->src[1]],
+                                      staged ? v : c->v->bufs[n->src[2]], staged ? KILN_DTYPE_F32 : kt, kd[0], &m, n->f[0],
+                                      c->v->bufs[c->idx]);
+    drop(q, oq);
+    free(k);
+    free(v);
+    return st;
+}
+
 /* ---------------------------------------------------------------- indexed writes and reads */
 
 /* state[h, pos[t], :] = rows[t, h, :], in place; every position is checked before any write. */
@@ -443,7 +470,7 @@ bool kiln_cpu_node_supported(const kiln_graph *g, uint32_t idx, char *why, size_
     switch (op) {
     case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SWIGLU: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
     case KILN_OP_SIGMOID: case KILN_OP_CAST: case KILN_OP_MATMUL: case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM:
-    case KILN_OP_SOFTMAX: case KILN_OP_ROPE: case KILN_OP_ATTENTION: case KILN_OP_KV_SCATTER: case KILN_OP_GET_ROWS:
+    case KILN_OP_SOFTMAX: case KILN_OP_ROPE: case KILN_OP_ATTENTION: case KILN_OP_PAGED_ATTENTION: case KILN_OP_KV_SCATTER: case KILN_OP_GET_ROWS:
     case KILN_OP_ARGMAX: case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT:
     case KILN_OP_INPUT: case KILN_OP_WEIGHT: case KILN_OP_STATE: return true;
     default: break;
@@ -465,6 +492,7 @@ kiln_status kiln_cpu_node_run(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const 
     case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_SOFTMAX: return row_op(&c);
     case KILN_OP_ROPE: return rope(&c);
     case KILN_OP_ATTENTION: return attention(&c);
+    case KILN_OP_PAGED_ATTENTION: return paged_attention(&c);
     case KILN_OP_KV_SCATTER: return kv_scatter(&c);
     case KILN_OP_GET_ROWS: return get_rows(&c);
     case KILN_OP_ARGMAX: return argmax(&c);

@@ -74,6 +74,8 @@ static void cuda_release(void *state)
         kiln_cuda_pool_destroy(c);
         for (int i = 0; i < c->n_timers; i++)
             if (c->timers[i]) c->d.event_destroy(c->timers[i]);
+        for (int i = 0; i < 2; i++)
+            if (c->join[i]) c->d.event_destroy(c->join[i]);
         if (c->stream) c->d.stream_destroy(c->stream);
         c->d.primary_release(c->dev);
     }
@@ -288,6 +290,31 @@ static kiln_status cuda_timer_read(void *state, int a, int b, double *seconds, c
     return KILN_OK;
 }
 
+/* ------------------------------------------------------------------ caller streams */
+
+/* One direction of a join: `to` waits for what was enqueued on `from` so far (an event, no host wait). */
+static kiln_status join(kiln_cuda *c, int e, CUstream from, CUstream to, char *err, size_t n)
+{
+    kiln_status s = kiln_cuda_enter(c, err, n);
+    if (s != KILN_OK) return s;
+    if (!c->join[e]) KILN_CUDA_TRY(c, event_create(&c->join[e], 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate", err, n);
+    KILN_CUDA_TRY(c, event_record(c->join[e], from), "cuEventRecord", err, n);
+    KILN_CUDA_TRY(c, stream_wait_event(to, c->join[e], 0), "cuStreamWaitEvent", err, n);
+    return KILN_OK;
+}
+
+static kiln_status cuda_join_wait(void *state, void *q, char *err, size_t n)
+{
+    kiln_cuda *c = state;
+    return join(c, 0, (CUstream)q, c->stream, err, n);
+}
+
+static kiln_status cuda_join_signal(void *state, void *q, char *err, size_t n)
+{
+    kiln_cuda *c = state;
+    return join(c, 1, c->stream, (CUstream)q, err, n);
+}
+
 const kiln_backend_i kiln_backend_cuda = {
     .name = "cuda",
     .probe = cuda_probe,
@@ -315,4 +342,6 @@ const kiln_backend_i kiln_backend_cuda = {
     .record_free = cuda_record_free,
     .timer_mark = cuda_timer_mark,
     .timer_read = cuda_timer_read,
+    .join_wait = cuda_join_wait,
+    .join_signal = cuda_join_signal,
 };

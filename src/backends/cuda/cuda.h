@@ -129,6 +129,7 @@ _Static_assert(offsetof(kiln_cu_launch_config, stream) == 32 && offsetof(kiln_cu
     X(event_sync, "cuEventSynchronize", NULL, CUresult, (CUevent e))                                    \
     X(event_elapsed, "cuEventElapsedTime_v2", "cuEventElapsedTime", CUresult, (float *ms, CUevent a, CUevent b)) \
     X(event_destroy, "cuEventDestroy_v2", NULL, CUresult, (CUevent e))                                  \
+    X(stream_wait_event, "cuStreamWaitEvent", NULL, CUresult, (CUstream s, CUevent e, unsigned flags))  \
     X(error_name, "cuGetErrorName", NULL, CUresult, (CUresult r, const char **s))                       \
     X(error_string, "cuGetErrorString", NULL, CUresult, (CUresult r, const char **s))
 
@@ -190,6 +191,7 @@ typedef struct kiln_cuda {
                                     driver before 12.3, or the driver refused it once): plain launches */
     bool             pdl_said;   /* that was reported (once per backend) */
     int              pdl_captured; /* programmatic launches in the recording being captured */
+    CUevent          join[2];    /* kiln_run_async: [0] marks the caller's stream, [1] kiln's (created on first use) */
 } kiln_cuda;
 
 /* ------------------------------------------------------------------ driver.c */

@@ -404,6 +404,7 @@ kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size
     case KILN_OP_ROPE: return kiln_ref_rope(&c);
     case KILN_OP_ATTENTION: return kiln_ref_attention(&c);
     case KILN_OP_KV_SCATTER: return kiln_ref_kv_scatter(&c);
+    case KILN_OP_PAGED_ATTENTION: return kiln_ref_paged_attention(&c);
     case KILN_OP_GET_ROWS: return kiln_ref_get_rows(&c);
     case KILN_OP_ARGMAX: return argmax(&c);
     case KILN_OP_CAST: return cast(&c);

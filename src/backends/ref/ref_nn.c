@@ -3,6 +3,7 @@
  * the state) and get_rows. f32 arithmetic, runtime range checks with messages naming the node.
  * Must stay obviously correct: no SIMD, no threads, no blocking or other cleverness. */
 #include "backends/ref/ref_util.h"
+#include "graph/paged.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -176,6 +177,42 @@ kiln_status kiln_ref_attention(const kiln_ref_ctx *c)
     free(v);
     free(s);
     free(y);
+    return st;
+}
+
+/* Paged attention: each query over its own sequence's keys, found through the block table. */
+kiln_status kiln_ref_paged_attention(const kiln_ref_ctx *c)
+{
+    kiln_paged_meta m = kiln_paged_meta_of(c->v->g, c->idx, c->v->bufs, c->v->dims);
+    char why[300];
+    if (!kiln_paged_check(&m, NULL, why, sizeof why)) return kiln_ref_fail(c, KILN_ERR_BINDING, "%s", why);
+    const int64_t *qd = c->v->dims[c->node->src[0]];
+    int64_t n_head = qd[1], hd = qd[2], n_kvh = c->v->dims[c->node->src[1]][0], C = m.n_slots;
+    kiln_status st = KILN_OK;
+    float *q = kiln_ref_load_node(c, c->node->src[0], &st), *k = NULL, *v = NULL, *kr = NULL, *vr = NULL, *s = NULL, *y = NULL;
+    if (q) k = kiln_ref_load_node(c, c->node->src[1], &st);
+    if (k) v = kiln_ref_load_node(c, c->node->src[2], &st);
+    int64_t cap = m.max_blocks * m.block;
+    if (v) kr = kiln_ref_alloc(c, cap * hd, &st);
+    if (kr) vr = kiln_ref_alloc(c, cap * hd, &st);
+    if (vr) s = kiln_ref_alloc(c, cap, &st);
+    if (s) y = kiln_ref_alloc(c, m.n_tok * n_head * hd, &st);
+    for (int64_t sq = 0; y && sq < m.n_seq; sq++) {
+        int64_t q0, q_len, kv_len;
+        kiln_paged_seq(&m, sq, &q0, &q_len, &kv_len);
+        for (int64_t g = 0; g < n_kvh; g++) {
+            for (int64_t j = 0; j < kv_len; j++) { /* this head's keys of the sequence, in order */
+                int64_t slot = kiln_paged_slot(m.blocks + sq * m.max_blocks, m.block, j);
+                memcpy(kr + j * hd, k + (g * C + slot) * hd, (size_t)hd * sizeof *kr);
+                memcpy(vr + j * hd, v + (g * C + slot) * hd, (size_t)hd * sizeof *vr);
+            }
+            for (int64_t t = q0; t < q0 + q_len; t++)
+                for (int64_t h = g * (n_head / n_kvh); h < (g + 1) * (n_head / n_kvh); h++)
+                    attend(q + (t * n_head + h) * hd, kr, vr, m.pos[t] + 1, hd, hd, c->node->f[0], s, y + (t * n_head + h) * hd);
+        }
+    }
+    if (y) st = kiln_ref_store(c, KILN_DTYPE_F32, c->v->bufs[c->idx], 0, m.n_tok * n_head * hd, y);
+    free(q), free(k), free(v), free(kr), free(vr), free(s), free(y);
     return st;
 }
 

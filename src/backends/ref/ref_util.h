@@ -39,4 +39,5 @@ kiln_status kiln_ref_matmul(const kiln_ref_ctx *c);
 kiln_status kiln_ref_rope(const kiln_ref_ctx *c);
 kiln_status kiln_ref_attention(const kiln_ref_ctx *c);
 kiln_status kiln_ref_kv_scatter(const kiln_ref_ctx *c);
+kiln_status kiln_ref_paged_attention(const kiln_ref_ctx *c);
 kiln_status kiln_ref_get_rows(const kiln_ref_ctx *c);
