@@ -1023,6 +1023,21 @@ Test(cli, plan_shows_paged_capacity)
               "%s", o.out);
 }
 
+/* kiln bench --mode serve: decode of ragged sequences over a paged pool and a mixed step, as JSON;
+ * a block size that is not a power of two is a usage error. */
+Test(cli, bench_serve_reports_decode_and_mixed_steps, .timeout = 300)
+{
+    cli_out o;
+    kiln_cli(&o, "bench --preset qwen2-0.5b --mode serve --seqs 3 --ctx 40 --ragged --chunk 16 --layers 1 --steps 2 --backend cpu --json");
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    static const char *keys[] = {"\"mode\":\"serve\"", "\"seqs\":3", "\"ctx\":40", "\"ragged\":true", "\"block\":16",
+                                 "\"decode_ms_per_layer\":", "\"mixed_ms_per_layer\":", "\"mixed_attention_ms_per_layer\":"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert(strstr(o.out, keys[i]), "no %s in %s", keys[i], o.out);
+    kiln_cli(&o, "bench --preset qwen2-0.5b --mode serve --block 3");
+    cr_assert_eq(o.rc, 2);
+    cr_assert(strstr(o.err, "power of two"), "%s", o.err);
+}
+
 /* bench says why it chose its layer count; gen_model has options and --help (and never writes a
  * file named after an option). */
 Test(cli, bench_layers_reason_and_gen_model_usage, .timeout = 300)

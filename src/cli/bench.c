@@ -55,7 +55,7 @@ static int parse_mode(const char *v, bench_opts *o)
         o->prefill = v[0] == 'p';
         return KILN_CLI_OK;
     }
-    fprintf(stderr, "kiln bench: --mode wants decode or prefill, got '%s'\n", v);
+    fprintf(stderr, "kiln bench: --mode wants decode, prefill or serve, got '%s'\n", v);
     return KILN_CLI_USAGE;
 }
 
@@ -411,6 +411,9 @@ int kiln_cli_bench(int argc, char *const *argv)
     for (int i = 1; i < argc; i++)
         if (strncmp(argv[i], "--model", 7) == 0 && (argv[i][7] == 0 || argv[i][7] == '='))
             return kiln_cli_bench_model(argc, argv);
+    for (int i = 1; i < argc; i++) /* a serving step over paged attention: bench_serve.c */
+        if (!strcmp(argv[i], "--mode=serve") || (!strcmp(argv[i], "--mode") && i + 1 < argc && !strcmp(argv[i + 1], "serve")))
+            return kiln_cli_bench_serve(argc, argv);
     bench_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc != KILN_CLI_OK)

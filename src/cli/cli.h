@@ -67,5 +67,6 @@ int kiln_cli_ptx(int argc, char *const *argv);
 int kiln_cli_generate(int argc, char *const *argv);
 int kiln_cli_info_model(const char *path, bool json);
 int kiln_cli_bench_model(int argc, char *const *argv);
+int kiln_cli_bench_serve(int argc, char *const *argv);
 int kiln_cli_check(int argc, char *const *argv);
 int kiln_cli_cache(int argc, char *const *argv);

@@ -119,7 +119,16 @@ static const char usage_bench[] =
     "                  stay in device memory, as the activations of a layer stack inside an engine do\n"
     "  --json          one JSON object (no progress line)\n"
     "Prints the median ms per layer-step and GB/s = (weight + KV bytes read) / time, and that as a\n"
-    "fraction of the read bandwidth (and FMA peak) measured in the same run.\n";
+    "fraction of the read bandwidth (and FMA peak) measured in the same run.\n"
+    "\n"
+    "       kiln bench --preset NAME --mode serve [--seqs N] [--ctx C] [--ragged] [--block B] [--chunk P]\n"
+    "                  [--layers N] [--steps S] [--wtype T] [--backend B] [--seed N] [--json]\n"
+    "--mode serve: the layers with paged attention (blocks shuffled over the pool), as an engine runs\n"
+    "them: steady-state decode of N sequences (default 16) at KV length C (default 1024; --ragged:\n"
+    "lengths spread over C/2..3C/2, same total), one token each per step; then a mixed step of a\n"
+    "P-token prefill chunk (default 512; 0: none) plus N - 1 decoding sequences, with its time split\n"
+    "between matmul and attention kernels (profiled). --block B tokens per block (default 16),\n"
+    "--layers (default 4; 1 on ref), --wtype (default f16). On cuda x and y stay in device memory.\n";
 
 static const char usage_plan[] =
     "usage: kiln plan (FILE.kg | MODEL.gguf | --preset NAME [--wtype T]) [--layers N] [--ctx N] [--tokens T]\n"

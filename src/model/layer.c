@@ -30,10 +30,12 @@ static kiln_node attn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_l
     kiln_dim sd[3] = {d->n_kv_head, d->max_ctx, d->head_dim};
     char name[64];
     snprintf(name, sizeof name, "k%d", l);
-    kiln_node kc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), k, io->pos);
+    kiln_node at = d->block ? io->slots : io->pos; /* where the new rows go: slots of a paged pool */
+    kiln_node kc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), k, at);
     snprintf(name, sizeof name, "v%d", l);
-    kiln_node vc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), v, io->pos);
-    kiln_node a = kiln_attention(g, q, kc, vc, io->n_kv, 0.0f);
+    kiln_node vc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), v, at);
+    kiln_node a = d->block ? kiln_paged_attention(g, q, kc, vc, io->pos, io->seqs, io->blocks, (int)d->block, 0.0f)
+                           : kiln_attention(g, q, kc, vc, io->n_kv, 0.0f);
     kiln_dim ad[2] = {io->n_tok, qd};
     a = add_bias(g, kiln_matmul(g, kiln_reshape(g, a, 2, ad), w->wo), w->bo);
     return kiln_add(g, x, a);

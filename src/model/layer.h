@@ -15,8 +15,10 @@ typedef struct kiln_layer_dims {
     float          theta;     /* rotary base */
     const float   *rope_mult; /* [head_dim/2] per-pair frequency multipliers (kiln_rope_ext) or NULL */
     float          eps;       /* rms_norm epsilon */
-    int64_t        max_ctx;   /* KV-cache rows (states k<L>, v<L> [n_kv_head, max_ctx, head_dim]) */
+    int64_t        max_ctx;   /* KV-cache rows (states k<L>, v<L> [n_kv_head, max_ctx, head_dim]); paged:
+                                 the pool's slots */
     kiln_dtype     kvdtype;   /* KV-cache dtype */
+    int64_t        block;     /* paged attention's block size (kiln_paged_attention); 0: a contiguous cache */
 } kiln_layer_dims;
 
 /* Leaves shared by all layers. */
@@ -24,6 +26,8 @@ typedef struct kiln_layer_io {
     kiln_dim  n_tok; /* symbol: tokens this run */
     kiln_dim  n_kv;  /* symbol: valid cache rows this run */
     kiln_node pos;   /* i32 [n_tok] positions */
+    kiln_node slots, seqs, blocks; /* paged only: slot mapping [n_tok], (start, KV length) [n_seq, 2],
+                                      block table [n_seq, max_blocks] */
 } kiln_layer_io;
 
 /* Weight nodes of one layer; matmul weights are [out, in]. Biases are KILN_NODE_NONE (0, so a
@@ -45,6 +49,7 @@ typedef struct kiln_layer_weights {
  * up(h) + bu)) + bd with h = rms_norm(x); qn/kn: per-head rms_norm with q_norm/k_norm when given
  * (identity otherwise). Each bias is added right after its matmul (an
  * epilogue). Creates states k<l>, v<l>. Returns the new x (KILN_NODE_NONE after an error, which
- * sticks to g). */
+ * sticks to g). With d->block, the caches are paged pools written through io->slots and read by
+ * kiln_paged_attention (io->pos, io->seqs, io->blocks) instead. */
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,
                            const kiln_layer_weights *w, int l, kiln_node x);

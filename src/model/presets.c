@@ -182,21 +182,29 @@ kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_o
     *out = NULL;
     if (!p || !o || !dims_ok(p) || o->n_layers < 1 || o->max_ctx < 1 || o->max_tok < 1 ||
         o->max_tok > o->max_ctx || (unsigned)o->wdtype >= KILN_DTYPE_COUNT || o->wdtype == KILN_DTYPE_I32 ||
-        (o->kvdtype != KILN_DTYPE_F32 && o->kvdtype != KILN_DTYPE_F16))
+        (o->kvdtype != KILN_DTYPE_F32 && o->kvdtype != KILN_DTYPE_F16) ||
+        (o->block && (o->block < 1 || o->max_ctx % o->block || o->max_seqs < 1 || o->max_blocks < 1)))
         return KILN_ERR_INVALID_ARG;
     kiln_graph *g;
     kiln_status s = kiln_graph_new(&g);
     if (s != KILN_OK)
         return s;
-    kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
+    kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok)};
+    if (!o->block) io.n_kv = kiln_sym(g, "n_kv", o->max_ctx);
     float mult[4096];
     for (int64_t i = 0; i < p->head_dim / 2 && i < 4096; i++) mult[i] = 1.0f / (float)(1 + i % 7);
     kiln_layer_dims ld = {.hidden = p->hidden, .n_head = p->n_head, .n_kv_head = p->n_kv_head, .head_dim = p->head_dim,
                           .rope = p->rope, .theta = p->theta, .rope_mult = p->rope_mult && p->head_dim <= 8192 ? mult : NULL,
-                          .eps = p->eps, .max_ctx = o->max_ctx, .kvdtype = o->kvdtype};
+                          .eps = p->eps, .max_ctx = o->max_ctx, .kvdtype = o->kvdtype, .block = o->block};
     kiln_dim xd[2] = {io.n_tok, p->hidden}, pd[1] = {io.n_tok};
     kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, xd);
     io.pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, pd);
+    if (o->block) {
+        kiln_dim ns = kiln_sym(g, "n_seq", o->max_seqs);
+        io.slots = kiln_input(g, "slots", KILN_DTYPE_I32, 1, pd);
+        io.seqs = kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 2});
+        io.blocks = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, o->max_blocks});
+    }
     for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++) {
         kiln_layer_weights w = layer_weights(g, p, o, l);
         x = kiln_layer_build(g, &ld, &io, &w, l, x);

@@ -29,6 +29,11 @@ typedef struct kiln_preset_build_opts {
     uint64_t   seed;     /* base seed of the random weights */
     bool       shape_only; /* matmul weights are zeros borrowed from one shared mapping: fast to
                               build, for code generation and listings (kiln ptx, test_ptx) */
+    int64_t    block;    /* > 0: paged attention over pools of max_ctx slots in blocks of this size
+                            (a serving step): symbol n_seq (<= max_seqs) instead of n_kv, inputs
+                            slots i32 [n_tok], seqs i32 [n_seq, 2], blocks i32 [n_seq, max_blocks] */
+    int64_t    max_seqs; /* paged: bound of n_seq */
+    int64_t    max_blocks; /* paged: block table width (keys per sequence / block) */
 } kiln_preset_build_opts;
 
 /* The built-in presets; NULL past the end / for an unknown name. */
