@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/presets.h"
 #include "support/testutil.h"
 
 #define T_MAX 700 /* capacity: new tokens per step */
@@ -396,4 +397,51 @@ Test(paged, bad_metadata_refused_vulkan, .timeout = 600)
 {
     if (!have("vulkan")) cr_skip_test("no vulkan device");
     bad_metadata("vulkan");
+}
+
+/* A contiguous single-sequence cache is the special case of one sequence with an identity block
+ * table: a preset layer built both ways (kiln_attention over k/v caches; kiln_paged_attention over
+ * pools of blocks 0, 1, 2, ...) gives the same outputs for a prefill and the decode steps after
+ * it (fused QKV epilogues writing through the slots included). */
+static kiln_plan *preset_plan(int64_t block, kiln_graph **g)
+{
+    kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 64, .max_tok = 16,
+                                .seed = 3, .block = block, .max_seqs = block ? 1 : 0, .max_blocks = block ? 64 / block : 0};
+    char err[256];
+    cr_assert_eq(kiln_preset_build_ex(kiln_preset_find("qwen2-0.5b"), &o, g, err, sizeof err), KILN_OK, "%s", err);
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(g_ctx, *g, &(kiln_compile_options){.backend = "cpu"}, &p), KILN_OK, "%s", kiln_ctx_error(g_ctx));
+    return p;
+}
+
+Test(paged, one_sequence_with_identity_blocks_equals_a_contiguous_cache)
+{
+    kiln_graph *gc = NULL, *gp = NULL;
+    kiln_plan *pc = preset_plan(0, &gc), *pp = preset_plan(16, &gp);
+    const int64_t H = 896, steps[][2] = {{0, 10}, {10, 1}, {11, 1}, {12, 4}}; /* (first position, tokens) */
+    float *x = malloc(16 * H * 4), *yc = malloc(16 * H * 4), *yp = malloc(16 * H * 4);
+    int32_t pos[16], blocks[4] = {0, 1, 2, 3};
+    for (size_t s = 0; s < sizeof steps / sizeof *steps; s++) {
+        int64_t p0 = steps[s][0], n = steps[s][1];
+        tu_fill(x, n * H, -1, 1);
+        for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)(p0 + t);
+        int32_t seqs[2] = {0, (int32_t)(p0 + n)};
+        kiln_binding bc[] = {{.name = "n_tok", .value = n}, {.name = "n_kv", .value = p0 + n}, {.name = "x", .data = x, .bytes = (size_t)(n * H) * 4},
+                             {.name = "pos", .data = pos, .bytes = (size_t)n * 4}, {.name = "y", .data = yc, .bytes = (size_t)(n * H) * 4}};
+        kiln_binding bp[] = {{.name = "n_tok", .value = n}, {.name = "n_seq", .value = 1}, {.name = "x", .data = x, .bytes = (size_t)(n * H) * 4},
+                             {.name = "pos", .data = pos, .bytes = (size_t)n * 4}, {.name = "slots", .data = pos, .bytes = (size_t)n * 4},
+                             {.name = "seqs", .data = seqs, .bytes = 8}, {.name = "blocks", .data = blocks, .bytes = 16},
+                             {.name = "y", .data = yp, .bytes = (size_t)(n * H) * 4}};
+        cr_assert_eq(kiln_run(pc, bc, 5), KILN_OK, "%s", kiln_ctx_error(g_ctx));
+        cr_assert_eq(kiln_run(pp, bp, 8), KILN_OK, "%s", kiln_ctx_error(g_ctx));
+        double *a = malloc((size_t)(n * H) * 8), *b = malloc((size_t)(n * H) * 8);
+        for (int64_t i = 0; i < n * H; i++) a[i] = yp[i], b[i] = yc[i];
+        char what[64];
+        snprintf(what, sizeof what, "step %zu (%lld tokens at %lld)", s, (long long)n, (long long)p0);
+        tu_compare(what, a, b, n * H, tu_tol("paged_attention", KILN_DTYPE_F16));
+        free(a), free(b);
+    }
+    free(x), free(yc), free(yp);
+    kiln_plan_free(pc), kiln_plan_free(pp);
+    kiln_graph_free(gc), kiln_graph_free(gp);
 }

@@ -55,12 +55,12 @@ static uint32_t n_seen(kiln_kir *k, uint32_t n_kv, uint32_t n_tok, uint32_t t)
 
 /* Keys token t sees, and keys per split into *S: n_kv - n_tok + t + 1 over n_kv, or (paged)
  * pos[t] + 1 over a sequence's capacity (pos clamped into it: device-bound metadata is unchecked). */
-static uint32_t token_seen(kiln_kir *k, const kiln_node_rec *n, const at *a, uint32_t t, uint32_t n_tok, uint32_t *S)
+static uint32_t token_seen(kiln_kir *k, const at *a, uint32_t n_kv, uint32_t t, uint32_t n_tok, uint32_t *S)
 {
-    if (!a->sp->block) {
-        uint32_t n_kv = kl_dim(k, n->dim);
+    if (!a->sp->block) { /* this order of instructions is the one the golden kernels record */
+        uint32_t seen = n_seen(k, n_kv, n_tok, t);
         *S = split_keys(k, a, n_kv);
-        return n_seen(k, n_kv, n_tok, t);
+        return seen;
     }
     *S = split_keys(k, a, kiln_ki(k, (int32_t)a->cap));
     uint32_t tc = kiln_k2(k, KILN_KOP_MIN, t, kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1)));
@@ -72,12 +72,14 @@ static uint32_t token_seen(kiln_kir *k, const kiln_node_rec *n, const at *a, uin
 /* Paged: where token t's sequence's row of the block table starts. The sequence is the number of
  * step starts at or before t, minus one, counted by the block's nth threads together (uniform
  * control flow: the count ends in a block reduction). */
-static uint32_t seq_bt_row(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t t, uint32_t tid, int32_t nth)
+static uint32_t seq_bt_row(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t t, uint32_t n_tok, uint32_t tid, int32_t nth)
 {
     const kiln_node_rec *sn = &g->nodes[a->sp->seqs], *bn = &g->nodes[a->sp->blocks];
     uint32_t seqs = kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->seqs, false), n_seq = kl_dim(k, sn->dims[0]);
     uint32_t c = kiln_kvar(k, kiln_kf(k, 0)), i = kiln_kvar(k, tid);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, n_seq, kiln_ki(k, nth), 0);
+    /* blocks past the step's tokens (the grid covers the capacity) count nothing: no loads */
+    uint32_t lim = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, kiln_k2(k, KILN_KOP_LT, t, n_tok), n_seq, kiln_ki(k, 0), 0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, i, lim, kiln_ki(k, nth), 0);
     uint32_t st = kl_ld_i32(k, seqs, kiln_k2(k, KILN_KOP_MUL, i, kiln_ki(k, 2)));
     kiln_kset(k, c, kiln_k2(k, KILN_KOP_ADD, c,
                             kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LE, st, t), kiln_kf(k, 1),
@@ -312,9 +314,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
         k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->G)), /* first query head of the block */
         kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
-    uint32_t n_tok = kl_dim(k, q->dims[0]), S;
-    uint32_t seen = token_seen(k, n, a, t, n_tok, &S);
-    uint32_t bt_row = a->sp->block ? seq_bt_row(k, g, a, t, tid, ABLK) : KILN_IDX_NONE;
+    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S; /* n_kv: paged attention has none (0) */
+    uint32_t seen = token_seen(k, a, n_kv, t, n_tok, &S);
+    uint32_t bt_row = a->sp->block ? seq_bt_row(k, g, a, t, n_tok, tid, ABLK) : KILN_IDX_NONE;
     uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
     uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
     kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
@@ -340,7 +342,7 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
                   .end = end,
                   .bt = a->sp->block ? kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->blocks, false) : KILN_IDX_NONE,
                   .bt_row = bt_row,
-                  .last = kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1))};
+                  .last = a->sp->block ? kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1)) : KILN_IDX_NONE};
     for (int gg = 0; gg < G; gg++) {
         st.m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
         st.l[gg] = kiln_kvar(k, kiln_kf(k, 0));
@@ -413,9 +415,9 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t head = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     const kiln_node_rec *q = &g->nodes[n->src[0]];
-    uint32_t n_tok = kl_dim(k, q->dims[0]), S;
+    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S;
     kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t, n_tok));
-    uint32_t seen = token_seen(k, n, a, t, n_tok, &S);
+    uint32_t seen = token_seen(k, a, n_kv, t, n_tok, &S);
     uint32_t nsp =
         kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, seen, S), kiln_ki(k, 1)), S);
     uint32_t row = kiln_k2(k, KILN_KOP_MUL,
