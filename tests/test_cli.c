@@ -1016,6 +1016,9 @@ Test(cli, plan_shows_paged_capacity)
     cr_assert(strstr(o.out, "paged attention pa: blocks of 4 tokens, pool of 2 blocks per kv head (f32), up to 4 sequences x 2 blocks (8 keys each), 8 new tokens per step"),
               "%s", o.out);
     cr_assert(strstr(o.out, "paged_attention"), "the region's ops name it: %s", o.out);
+    kiln_cli(&o, "run " KILN_SOURCE_DIR "/tests/data/every_op.kg --backend cpu --set ns=3"); /* a step kiln_run accepts */
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.out, "paged        f32   [8, 2, 16]"), "%s", o.out);
     kiln_cli(&o, "plan " KILN_SOURCE_DIR "/tests/data/every_op.kg --backend cpu --json");
     cr_assert_eq(o.rc, 0, "%s", o.err);
     cr_assert(strstr(o.out, "\"paged\": [{\"node\": \"pa\", \"block\": 4, \"pool_blocks\": 2, \"kv_dtype\": \"f32\", \"max_seqs\": 4, "

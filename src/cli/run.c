@@ -192,6 +192,48 @@ static kiln_status bind_input(run_state *st, uint32_t idx, uint64_t *rng)
     return s;
 }
 
+/* The bound buffer of input node idx, or NULL (another kind of node). */
+static int32_t *input_buf(const run_state *st, uint32_t idx)
+{
+    const kiln_node_rec *r = &st->g->nodes[idx];
+    for (size_t k = 0; r->op == KILN_OP_INPUT && r->dtype == KILN_DTYPE_I32 && k < st->n_binds; k++)
+        if (st->binds[k].name && !strcmp(st->binds[k].name, r->name)) return st->bufs[k];
+    return NULL;
+}
+
+/* A paged attention's step that kiln_run accepts: n_tok tokens split over n_seq sequences, each
+ * prefilling from an empty cache into blocks of its own (taken in order around the pool). */
+static kiln_status fill_paged(const run_state *st, uint32_t i)
+{
+    const kiln_graph *g = st->g;
+    const kiln_node_rec *n = &g->nodes[i];
+    int32_t *pos = input_buf(st, n->src[3]), *seqs = input_buf(st, n->src[4]), *bt = input_buf(st, n->src[5]), *slots[2];
+    for (int k = 0; k < 2; k++) {
+        const kiln_node_rec *w = &g->nodes[n->src[1 + k]];
+        slots[k] = w->op == KILN_OP_KV_SCATTER ? input_buf(st, w->src[2]) : NULL;
+    }
+    if (!pos || !seqs || !bt) return KILN_OK; /* computed metadata: nothing to make up */
+    int64_t n_tok = resolve(g, st->sym_vals, g->nodes[n->src[0]].dims[0]), n_seq = resolve(g, st->sym_vals, g->nodes[n->src[4]].dims[0]);
+    int64_t mb = g->nodes[n->src[5]].dims[1], block = n->i[0], n_blocks = g->nodes[n->src[1]].dims[1] / block, next = 0;
+    if (n_tok < n_seq || (n_tok / n_seq + 1) > mb * block) {
+        fprintf(stderr, "kiln run: %s: %lld tokens over %lld sequences do not fit (each needs 1 to %lld): --set them\n",
+                n->name ? n->name : "paged_attention", (long long)n_tok, (long long)n_seq, (long long)(mb * block));
+        return KILN_ERR_SYMBOL;
+    }
+    for (int64_t s = 0, t = 0; s < n_seq; s++) {
+        int64_t q = n_tok / n_seq + (s < n_tok % n_seq);
+        seqs[2 * s] = (int32_t)t, seqs[2 * s + 1] = (int32_t)q;
+        for (int64_t b = 0; b < mb; b++) bt[s * mb + b] = (int32_t)((next + b) % n_blocks);
+        next += (q + block - 1) / block;
+        for (int64_t j = 0; j < q; j++, t++) {
+            pos[t] = (int32_t)j;
+            for (int k = 0; k < 2; k++)
+                if (slots[k]) slots[k][t] = (int32_t)(bt[s * mb + j / block] * block + j % block);
+        }
+    }
+    return KILN_OK;
+}
+
 /* Sum and sum of |x| of an output in f64; values converted with kiln_dequantize. */
 static kiln_status checksum(const kiln_plan *p, const char *name, kiln_tensor_info *ti, double *sum, double *asum)
 {
@@ -317,6 +359,9 @@ static int run_file(const run_opts *o, run_state *st)
     for (uint32_t i = 0; i < st->g->n_nodes; i++)
         if (st->g->nodes[i].op == KILN_OP_INPUT && (s = bind_input(st, i, &rng)) != KILN_OK)
             return kiln_cli_fail("run", NULL, s, "filling inputs");
+    for (uint32_t i = 0; i < st->g->n_nodes; i++)
+        if (st->g->nodes[i].op == KILN_OP_PAGED_ATTENTION && (s = fill_paged(st, i)) != KILN_OK)
+            return kiln_cli_fail("run", NULL, s, "filling a paged attention's step");
     kiln_compile_options copt = {.backend = o->backend, .no_fuse = o->no_fuse, .check_finite = o->check_finite};
     if ((s = kiln_compile(st->ctx, st->g, &copt, &st->plan)) != KILN_OK)
         return kiln_cli_fail("run", st->ctx, s, "compiling");
