@@ -63,10 +63,13 @@ static void matmul(kiln_check_run *r)
             kiln_dim T = kiln_sym(g, "t", tmax);
             bool r3 = i % 7 == 5;
             kiln_node x = r3 ? kiln_input(g, "x", xt, 3, (kiln_dim[]){2, T, K}) : kiln_input(g, "x", xt, 2, (kiln_dim[]){T, K});
-            kiln_node wn = kiln_check_weight(r, g, "w", wt, 2, (kiln_dim[]){N, K}, -0.5f, 1.5f);
+            /* short rows of mixed-sign terms can cancel to ~0 (seen: K = 5, N = 1, bf16 weights, NMSE 2.3e-10 on
+             * ref from f32 rounding alone): under 32 terms x and w are positive, so no output cancels */
+            float lo = K < 32 ? 0.25f : -0.5f, hi = K < 32 ? 1.25f : 1.5f;
+            kiln_node wn = kiln_check_weight(r, g, "w", wt, 2, (kiln_dim[]){N, K}, lo, hi);
             snprintf(lab, sizeof lab, "matmul x %s [%st<=%lld, %lld] w %s [%lld, %lld]", kiln_dtype_name(xt), r3 ? "2, " : "",
                      (long long)tmax, (long long)K, kiln_dtype_name(wt), (long long)N, (long long)K);
-            kiln_check_spec s = {.op = "matmul", .key = wt, .tol = -1, .lo = -0.5f, .hi = 1.5f, .label = lab};
+            kiln_check_spec s = {.op = "matmul", .key = wt, .tol = -1, .lo = lo, .hi = hi, .label = lab};
             two_binds(r, &s, tmax);
             finish(r, &s, g, kiln_matmul(g, x, wn));
         }
