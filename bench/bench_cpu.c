@@ -77,9 +77,10 @@ static void bench_gemv(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, double bw, in
             ts[it] = bench_now_s() - t0;
     }
     double med = median(ts, iters), gbs = (double)bytes / med * 1e-9;
-    printf("%s    {\"kind\": \"gemv\", \"dtype\": \"%s\", \"n\": %ld, \"k\": %ld, \"ms\": %.4f, \"gb_s\": %.2f, "
-           "\"frac_bw\": %.3f, \"bw_local\": %.2f, \"frac_bw_local\": %.3f}",
-           *first ? "" : ",\n", kiln_dtype_name(t), (long)n, (long)k, med * 1e3, gbs, gbs / bw, bwl, gbs / bwl);
+    printf("%s    {\"kind\": \"gemv\", \"dtype\": \"%s\", \"isa\": \"%s\", \"n\": %ld, \"k\": %ld, \"ms\": %.4f, "
+           "\"gb_s\": %.2f, \"frac_bw\": %.3f, \"bw_local\": %.2f, \"frac_bw_local\": %.3f}",
+           *first ? "" : ",\n", kiln_dtype_name(t), kiln_cpu_isa_name(isa), (long)n, (long)k, med * 1e3, gbs, gbs / bw,
+           bwl, gbs / bwl);
     *first = false;
     free(ts), free(w), free(x), free(y);
 }
@@ -168,7 +169,7 @@ int main(int argc, char **argv)
     bool first = true;
     static const kiln_dtype gt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K, KILN_DTYPE_Q6_K,
                                     KILN_DTYPE_BF16, KILN_DTYPE_F32, KILN_DTYPE_Q5_K};
-    const char *only = getenv("BENCH_ONLY"); /* gemv | attn | gemm: one section */
+    const char *only = getenv("BENCH_ONLY"); /* gemv | formats | attn | gemm: one section */
     for (size_t d = 0; d < sizeof gt / sizeof *gt && (!only || !strcmp(only, "gemv")); d++) {
         if (getenv("BENCH_HOT")) {
             const char *hn = getenv("BENCH_N"), *hk = getenv("BENCH_K");
@@ -177,6 +178,15 @@ int main(int argc, char **argv)
         }
         bench_gemv(pool, isa, bw, 4096, 4096, gt[d], &first);
         bench_gemv(pool, isa, bw, 11008, 4096, gt[d], &first);
+    }
+    /* q8_0, q4_K and the other block formats at one shape, on the detected ISA and (BENCH_SCALAR=1)
+     * on the scalar kernels too: the before/after of their SIMD kernels in one run. */
+    static const kiln_dtype ft[] = {KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K, KILN_DTYPE_Q4_0,   KILN_DTYPE_Q4_1,
+                                    KILN_DTYPE_Q5_0, KILN_DTYPE_Q5_1, KILN_DTYPE_IQ4_NL, KILN_DTYPE_Q2_K,
+                                    KILN_DTYPE_Q3_K, KILN_DTYPE_IQ4_XS};
+    for (size_t d = 0; d < sizeof ft / sizeof *ft && (!only || !strcmp(only, "formats")); d++) {
+        bench_gemv(pool, isa, bw, 4096, 4096, ft[d], &first);
+        if (getenv("BENCH_SCALAR")) bench_gemv(pool, KILN_CPU_ISA_SCALAR, bw, 4096, 4096, ft[d], &first);
     }
     for (int c = 0; c < 2 && (!only || !strcmp(only, "attn")); c++)
         bench_attn(pool, isa, bw, c ? KILN_DTYPE_F32 : KILN_DTYPE_F16, &first);

@@ -99,7 +99,7 @@ static void ref_xhat(const float *x, int64_t m, int64_t k, bool norm, const floa
 static void ref_mm(const double *xh, const double *wd, int64_t m, int64_t n, int64_t k, kiln_dtype t, double *ref,
                    double *bound)
 {
-    int64_t qb = t == KILN_DTYPE_Q8_0 ? 32 : (t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K || t == KILN_DTYPE_Q6_K) ? 256 : 0;
+    int64_t qb = kiln_dtype_block(t) == 1 ? 0 : kiln_dtype_block(t); /* activation blocks: 32 or 256 */
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double s = 0, a = 0, q = 0;
@@ -136,15 +136,17 @@ static double check_elems(const char *what, const float *y, int64_t ldy, const d
     return e2 / (r2 > 1e-300 ? r2 : 1e-300);
 }
 
-static const kiln_dtype mm_types[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_Q8_0,
-                                      KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K};
+static const kiln_dtype mm_types[] = {KILN_DTYPE_F32,  KILN_DTYPE_F16,  KILN_DTYPE_BF16,   KILN_DTYPE_Q8_0,
+                                      KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K,   KILN_DTYPE_Q4_0,
+                                      KILN_DTYPE_Q4_1, KILN_DTYPE_Q5_0, KILN_DTYPE_Q5_1,   KILN_DTYPE_IQ4_NL,
+                                      KILN_DTYPE_Q2_K, KILN_DTYPE_Q3_K, KILN_DTYPE_IQ4_XS};
 
 /* K for dtype t: odd for float types, a multiple of the block otherwise. */
 static int64_t pick_k(kiln_dtype t, bool big)
 {
-    switch (t) {
-    case KILN_DTYPE_Q8_0: return big ? 320 : 96;
-    case KILN_DTYPE_Q4_K: case KILN_DTYPE_Q5_K: case KILN_DTYPE_Q6_K: return big ? 768 : 512;
+    switch (kiln_dtype_block(t)) {
+    case 32: return big ? 320 : 96;
+    case 256: return big ? 768 : 512;
     default: return big ? 301 : 67;
     }
 }

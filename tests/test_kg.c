@@ -632,3 +632,43 @@ Test(kg, random_weight_bytes_independent_of_split)
     free(vb);
     kiln_graph_free(g);
 }
+
+/* rope's per-pair multipliers (kiln_rope_ext) print as mult="...", parse back to the same hash, and
+ * are part of the hash (a plan cache must not mix two models' rotary tables); a wrong count or an
+ * unquoted list is a parse error at its column. */
+static kiln_graph *rope_graph(const float *mult)
+{
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim n = kiln_sym(g, "n", 8);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 3, (kiln_dim[]){n, 2, 8});
+    kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){n});
+    kiln_output(g, kiln_rope_ext(g, x, pos, KILN_ROPE_NORMAL, 5e5f, mult), "y");
+    cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+    return g;
+}
+
+Test(kg, rope_multipliers_roundtrip_and_change_the_hash)
+{
+    float a[4] = {1.0f, 0.5f, 0.125f, 1.0f / 3}, b[4] = {1.0f, 0.5f, 0.125f, 0.25f};
+    kiln_graph *ga = rope_graph(a), *gb = rope_graph(b), *g0 = rope_graph(NULL);
+    char *t = check_roundtrip(ga, "rope mult");
+    cr_assert(strstr(t, " mult=\"1,0.5,0.125,0.33333334\""), "%s", t);
+    free(t);
+    char ha[33], hb[33], h0[33];
+    hash_of(ga, ha), hash_of(gb, hb), hash_of(g0, h0);
+    cr_assert(strcmp(ha, hb) != 0 && strcmp(ha, h0) != 0, "multipliers must change the hash");
+    kiln_graph_free(ga), kiln_graph_free(gb), kiln_graph_free(g0);
+    const char *bad[3] = {"mult=\"1,2,3\"", "mult=1", "mult=\"1,x,2,3\""}, *why[3] = {"lists 3 numbers", "quoted list",
+                                                                                       "exactly 4 numbers"};
+    for (int i = 0; i < 3; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "sym n 8\ninput x f32 [n, 2, 8]\ninput pos i32 [n]\ny = rope x pos %s\noutput y y\n",
+                 bad[i]);
+        kiln_graph *g = NULL;
+        cr_assert_eq(kiln_kg_parse(ctx, text, "m.kg", &g), KILN_ERR_PARSE, "%s", bad[i]);
+        cr_assert(strstr(kiln_ctx_error(ctx), why[i]) && strstr(kiln_ctx_error(ctx), "m.kg:4:"), "%s: %s", bad[i],
+                  kiln_ctx_error(ctx));
+        cr_assert_null(g);
+    }
+}

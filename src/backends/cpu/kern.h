@@ -81,6 +81,19 @@ void kiln_cpu_mm_q5_k_avx2(int64_t k, const void *w, size_t ws, int64_t nw, cons
                            float *y, int64_t ldy);
 void kiln_cpu_mm_q6_k_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
                            float *y, int64_t ldy);
+/* The other block formats' kernels (quant_more_avx2.c; the AVX-512 table falls back to them). */
+#define KILN_CPU_DECL_MM(NAME)                                                                          \
+    void NAME(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m, float *y, \
+              int64_t ldy);
+KILN_CPU_DECL_MM(kiln_cpu_mm_q4_0_avx2)
+KILN_CPU_DECL_MM(kiln_cpu_mm_q4_1_avx2)
+KILN_CPU_DECL_MM(kiln_cpu_mm_q5_0_avx2)
+KILN_CPU_DECL_MM(kiln_cpu_mm_q5_1_avx2)
+KILN_CPU_DECL_MM(kiln_cpu_mm_iq4_nl_avx2)
+KILN_CPU_DECL_MM(kiln_cpu_mm_q2_k_avx2)
+KILN_CPU_DECL_MM(kiln_cpu_mm_q3_k_avx2)
+KILN_CPU_DECL_MM(kiln_cpu_mm_iq4_xs_avx2)
+#undef KILN_CPU_DECL_MM
 /* Packed-panel GEMMs of gemm_avx2.c for many activation rows (the mm entries' m > 8 branch). */
 void kiln_cpu_gemm_f32_avx2(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, int64_t m,
                             float *y, int64_t ldy);
