@@ -1,6 +1,6 @@
 /* Hostile inputs found by fuzzing (issue #17), each kept as the reproduction that once crashed,
  * hung or answered wrongly: a node pinned to an absent backend, reshape/view dim products that
- * overflow int64, norms of rows whose squares overflow f32. Every case must end in a clear error
+ * overflow int64, norms of rows whose squares overflow or underflow f32. Every case must end in a clear error
  * naming what is wrong, or in the right answer; none may abort. Cache and GGUF cases live beside
  * their modules' tests (test_cache.c, test_gguf.c). */
 #include <criterion/criterion.h>
@@ -177,54 +177,145 @@ Test(hostile, plan_larger_than_memory_is_refused_with_sizes)
 
 /* ------------------------------------------------------------------ huge rows */
 
-/* rms_norm and layer_norm of rows whose squares overflow f32 (|x| 1e20 .. 3e37; layer_norm rows
- * also offset by twice their spread): ref summed squares in f32 and returned zeros, and both
- * backends did for layer_norm. Each row is compared with an f64 normalization (weight in
- * [0.5, 1.5], bias in [-1, 1]) at the contract's f32 tolerance; an all-zero row fails that. */
+/* Skips the test when backend is absent here (the reason named); ctx is freed then. */
+static void skip_absent(kiln_ctx *ctx, const char *backend)
+{
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info bi;
+        kiln_backend_get(ctx, i, &bi);
+        if (!strcmp(bi.name, backend) && !bi.available) {
+            char why[256]; /* bi.detail lives in the context */
+            snprintf(why, sizeof why, "%s", bi.detail);
+            kiln_ctx_free(ctx);
+            cr_skip("%s is not available: %s", backend, why);
+        }
+    }
+}
+
+/* Rows of every magnitude the norms must take: squares that overflow f32 (1e20 .. 3e37), normal,
+ * and squares that underflow (1e-25, 1e-30: with eps 0 their f32 sum is 0 and the scale inf). */
+enum { HR_R = 7 };
+static const double hr_scale[HR_R] = {1e20, 1e25, 1e30, 3e37, 1.0, 1e-25, 1e-30};
+
+/* f64 normalization of x's row r (d values) with weight w and bias b (layer) into ref. */
+static void norm_ref(const float *x, int d, const float *w, const float *b, bool layer, double eps, double *ref)
+{
+    double mean = 0, ss = 0;
+    for (int j = 0; j < d; j++) mean += layer ? x[j] / (double)d : 0;
+    for (int j = 0; j < d; j++) ss += (x[j] - mean) * (x[j] - mean);
+    double inv = 1 / sqrt(ss / d + eps);
+    for (int j = 0; j < d; j++) ref[j] = (x[j] - mean) * inv * w[j] + (layer ? b[j] : 0);
+}
+
+/* rms_norm and layer_norm of rows of hr_scale's magnitudes (layer_norm rows also offset by twice
+ * their spread), eps 1e-5 and 0: ref summed squares in f32 and returned zeros, both cpu and ref did
+ * for layer_norm, and the GPU row kernels gave zeros, NaN or inf. Each row is compared with an f64
+ * normalization (weight in [0.5, 1.5], bias in [-1, 1]) at the contract's f32 tolerance. */
 static void huge_rows(const char *backend, bool layer)
 {
-    enum { R = 5, D = 67 };
-    static const double scale[R] = {1e20, 1e25, 1e30, 3e37, 1.0};
+    enum { R = HR_R, D = 67 };
     kiln_ctx *ctx;
     cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    skip_absent(ctx, backend);
     float x[R * D], w[D], b[D], y[R * D];
     for (int j = 0; j < D; j++) w[j] = (float)tu_uniform(0.5, 1.5), b[j] = (float)tu_uniform(-1, 1);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < D; j++) /* layer rows: mean 2 scale, spread scale; 3e37 * 3 stays finite */
-            x[r * D + j] = (float)(scale[r] * (tu_uniform(-1, 1) + (layer ? 2.0 : 0.0)));
-    kiln_graph *g = graph();
-    kiln_node xn = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){R, D});
-    kiln_node wn = kiln_weight(g, "w", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, w, KILN_WEIGHT_COPY);
-    kiln_node bn = kiln_weight(g, "b", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, b, KILN_WEIGHT_COPY);
-    kiln_output(g, layer ? kiln_layer_norm(g, xn, wn, bn, 1e-5f) : kiln_rms_norm(g, xn, wn, 1e-5f), "y");
-    kiln_plan *p = NULL;
-    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = backend}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
-    tu_poison(y, sizeof y);
-    kiln_binding bd[] = {{.name = "x", .data = x, .bytes = sizeof x}, {.name = "y", .data = y, .bytes = sizeof y}};
-    cr_assert_eq(kiln_run(p, bd, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
-    double tol = tu_tol(layer ? "layer_norm" : "rms_norm", KILN_DTYPE_F32);
-    for (int r = 0; r < R; r++) {
-        double mean = 0, ss = 0, ref[D], got[D];
-        for (int j = 0; j < D; j++) mean += layer ? x[r * D + j] / (double)D : 0;
-        for (int j = 0; j < D; j++) ss += (x[r * D + j] - mean) * (x[r * D + j] - mean);
-        double inv = 1 / sqrt(ss / D + 1e-5);
-        for (int j = 0; j < D; j++) {
-            ref[j] = (x[r * D + j] - mean) * inv * w[j] + (layer ? b[j] : 0);
-            got[j] = y[r * D + j];
+            x[r * D + j] = (float)(hr_scale[r] * (tu_uniform(-1, 1) + (layer ? 2.0 : 0.0)));
+    for (int e = 0; e < 2; e++) {
+        float eps = e ? 0.0f : 1e-5f;
+        kiln_graph *g = graph();
+        kiln_node xn = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){R, D});
+        kiln_node wn = kiln_weight(g, "w", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, w, KILN_WEIGHT_COPY);
+        kiln_node bn = kiln_weight(g, "b", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, b, KILN_WEIGHT_COPY);
+        kiln_output(g, layer ? kiln_layer_norm(g, xn, wn, bn, eps) : kiln_rms_norm(g, xn, wn, eps), "y");
+        kiln_plan *p = NULL;
+        cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = backend}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        tu_poison(y, sizeof y);
+        kiln_binding bd[] = {{.name = "x", .data = x, .bytes = sizeof x}, {.name = "y", .data = y, .bytes = sizeof y}};
+        cr_assert_eq(kiln_run(p, bd, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+        double tol = tu_tol(layer ? "layer_norm" : "rms_norm", KILN_DTYPE_F32);
+        for (int r = 0; r < R; r++) {
+            double ref[D], got[D];
+            norm_ref(&x[r * D], D, w, b, layer, eps, ref);
+            for (int j = 0; j < D; j++) got[j] = y[r * D + j];
+            char what[96];
+            snprintf(what, sizeof what, "%s %s eps %g row %d (|x| ~ %g)", backend, layer ? "layer_norm" : "rms_norm", (double)eps, r,
+                     hr_scale[r]);
+            tu_compare(what, got, ref, D, tol);
         }
-        char what[96];
-        snprintf(what, sizeof what, "%s %s row %d (|x| ~ %g)", backend, layer ? "layer_norm" : "rms_norm", r, scale[r]);
-        tu_compare(what, got, ref, D, tol);
+        kiln_plan_free(p);
+        kiln_graph_free(g);
     }
-    kiln_plan_free(p);
-    kiln_graph_free(g);
     kiln_ctx_free(ctx);
 }
 
 Test(hostile, huge_rms_norm_rows_ref) { huge_rows("ref", false); }
 Test(hostile, huge_rms_norm_rows_cpu) { huge_rows("cpu", false); }
+Test(hostile, huge_rms_norm_rows_vulkan) { huge_rows("vulkan", false); }
 Test(hostile, huge_layer_norm_rows_ref) { huge_rows("ref", true); }
 Test(hostile, huge_layer_norm_rows_cpu) { huge_rows("cpu", true); }
+Test(hostile, huge_layer_norm_rows_vulkan) { huge_rows("vulkan", true); }
+
+/* rms_norm (eps 0) fused into a matmul's prologue, rows of hr_scale's magnitudes (repeated to T):
+ * gemv for T <= 8 (wt f32: x normalized into shared memory; q8_0: x quantized to int8), the GEMM
+ * for more (x prepared by its rms kernel; test_norm_kir runs the rms kernel of siblings of two
+ * dtypes, which lavapipe takes a minute to compile). The normalized x is an output too; both are
+ * checked against f64. */
+static void huge_rows_fused(const char *backend, int64_t T, kiln_dtype wt)
+{
+    enum { K = 256, N = 64 };
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    skip_absent(ctx, backend);
+    float *x = malloc(sizeof(float) * T * K), *h = malloc(sizeof(float) * T * K), *y = malloc(sizeof(float) * T * N), nw[K];
+    float *w = malloc(sizeof(float) * N * K), *wd = malloc(sizeof(float) * N * K);
+    double *ref = malloc(sizeof(double) * T * K), got[K], want[N], yg[N];
+    tu_fill(nw, K, 0.5f, 1.5f);
+    tu_fill(w, (int64_t)N * K, -1, 1);
+    for (int64_t r = 0; r < T; r++)
+        for (int j = 0; j < K; j++) x[r * K + j] = (float)(hr_scale[r % HR_R] * tu_uniform(-1, 1));
+    size_t wb;
+    void *wq = tu_to_dtype(wt, w, (int64_t)N * K, &wb);
+    cr_assert_eq(kiln_dequantize(wt, wq, wd, (int64_t)N * K), KILN_OK);
+    kiln_graph *g = graph();
+    kiln_node xn = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, K});
+    kiln_node hn = kiln_rms_norm(g, xn, kiln_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){K}, nw, KILN_WEIGHT_COPY), 0.0f);
+    kiln_output(g, hn, "h");
+    kiln_output(g, kiln_matmul(g, hn, kiln_weight(g, "w", wt, 2, (kiln_dim[]){N, K}, wq, KILN_WEIGHT_COPY)), "y");
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = backend}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    tu_poison(h, sizeof(float) * T * K), tu_poison(y, sizeof(float) * T * N);
+    kiln_binding bd[] = {{.name = "x", .data = x, .bytes = sizeof(float) * T * K},
+                         {.name = "h", .data = h, .bytes = sizeof(float) * T * K},
+                         {.name = "y", .data = y, .bytes = sizeof(float) * T * N}};
+    cr_assert_eq(kiln_run(p, bd, 3), KILN_OK, "%s", kiln_ctx_error(ctx));
+    char what[128];
+    for (int64_t r = 0; r < T; r++) {
+        norm_ref(&x[r * K], K, nw, NULL, false, 0.0, &ref[r * K]);
+        for (int j = 0; j < K; j++) got[j] = h[r * K + j];
+        snprintf(what, sizeof what, "%s rms_norm (%s matmul prologue, %lld rows) row %lld (|x| ~ %g)", backend,
+                 kiln_dtype_name(wt), (long long)T, (long long)r, hr_scale[r % HR_R]);
+        tu_compare(what, got, &ref[r * K], K, tu_tol("rms_norm", KILN_DTYPE_F32));
+        for (int n = 0; n < N; n++) {
+            double acc = 0;
+            for (int j = 0; j < K; j++) acc += ref[r * K + j] * wd[n * K + j];
+            want[n] = acc, yg[n] = y[r * N + n];
+        }
+        snprintf(what, sizeof what, "%s matmul %s after rms_norm, %lld rows, row %lld (|x| ~ %g)", backend, kiln_dtype_name(wt),
+                 (long long)T, (long long)r, hr_scale[r % HR_R]);
+        tu_compare(what, yg, want, N, tu_tol("matmul", wt));
+    }
+    free(ref), free(x), free(h), free(y), free(w), free(wd), free(wq);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+Test(hostile, huge_rows_gemv_f32_vulkan) { huge_rows_fused("vulkan", 7, KILN_DTYPE_F32); }
+Test(hostile, huge_rows_gemv_q8_0_vulkan) { huge_rows_fused("vulkan", 7, KILN_DTYPE_Q8_0); }
+Test(hostile, huge_rows_gemm_f16_vulkan) { huge_rows_fused("vulkan", 16, KILN_DTYPE_F16); }
+Test(hostile, huge_rows_fused_cpu) { huge_rows_fused("cpu", 16, KILN_DTYPE_Q8_0); }
 
 /* ------------------------------------------------------------------ k-quant GEMV on a GPU */
 
@@ -240,16 +331,7 @@ static void int8_gemv(const char *backend, kiln_dtype t)
 {
     kiln_ctx *ctx;
     cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
-    for (int i = 0; i < kiln_backend_count(ctx); i++) {
-        kiln_backend_info bi;
-        kiln_backend_get(ctx, i, &bi);
-        if (!strcmp(bi.name, backend) && !bi.available) {
-            char why[256]; /* bi.detail lives in the context */
-            snprintf(why, sizeof why, "%s", bi.detail);
-            kiln_ctx_free(ctx);
-            cr_skip("%s is not available: %s", backend, why);
-        }
-    }
+    skip_absent(ctx, backend);
     enum { K = 512, N = 128 };
     for (int64_t T = 1; T <= 4; T += 3) {
         float *w = malloc(sizeof(float) * N * K), *wd = malloc(sizeof(float) * N * K), x[4 * K], y[4 * N];

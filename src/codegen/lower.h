@@ -61,6 +61,30 @@ void     kl_eval_init(kl_eval *e, kiln_kir *k, const kiln_graph *g, const kiln_r
 void     kl_eval_set(kl_eval *e, uint32_t node, uint32_t v);
 uint32_t kl_eval_node(kl_eval *e, uint32_t node);
 
+/* Row norms at any magnitude. The fast path sums squares in f32, which overflows for |x| beyond
+ * ~1.8e19 and loses the row below ~1e-19 (squares subnormal); when its q = sum / n + eps is inf or
+ * under 2^-100, a block-uniform branch redoes the row scaled by a power of two s (max |x s| in
+ * [0.5, 4)), so normal rows pay two compares and a branch. A row's elements: at(ctx, j) emits
+ * the F32 value of element j inside the loop the helper opens (for j = tid; j < n; j += step). */
+typedef struct kl_row {
+    uint32_t (*at)(void *ctx, uint32_t j); /* emits element j */
+    void     *ctx;                         /* at's argument */
+    uint32_t  tid;                         /* I32 this thread's first element */
+    uint32_t  n;                           /* I32 elements of the row */
+    uint32_t  nf;                          /* F32 n */
+    int32_t   step;                        /* threads over the row: the loop step and REDUCE group */
+} kl_row;
+/* A row's normalization y = (x * s - ms) * sc (block-uniform F32 variables; s = 1 and ms = the
+ * f32 mean on the fast path). */
+typedef struct kl_norm {
+    uint32_t s, ms, sc;
+} kl_norm;
+/* layer_norm's statistics from the fast path's f32 mean and q = var + eps. */
+kl_norm  kl_norm_stats(kiln_kir *k, const kl_row *row, uint32_t mean, uint32_t q, float eps);
+/* rms_norm's scale (x * it is x normalized, an F32 variable) from the fast path's q = sum x^2 / n
+ * + eps. With eps = 0 it is exact while the rms is at least FLT_MIN (1/rms an f32). */
+uint32_t kl_rms_scale(kiln_kir *k, const kl_row *row, uint32_t q, float eps);
+
 /* Uniform 1-D grid-stride loop over [0, n): returns the I32 index variable; close with kl_loop_end. */
 uint32_t kl_grid_loop(kiln_kir *k, uint32_t n);
 void     kl_loop_end(kiln_kir *k);

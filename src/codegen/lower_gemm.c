@@ -731,7 +731,19 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     gm_epilogue(g, G, acc);
 }
 
-/* The rms_norm scales of x's rows into the scratch (and the normalized x when it is an output). */
+/* Row t of x, for the norm's scaled passes (kl_row.at). */
+typedef struct rms_row {
+    gv       *s;
+    kiln_kir *k;
+    uint32_t  xs, t; /* x's slot, I32 row */
+} rms_row;
+
+static uint32_t rms_x_at(void *p, uint32_t j)
+{
+    rms_row *r = p;
+    return kl_load(r->k, r->xs, r->s->xdt, kiln_k2(r->k, KILN_KOP_ADD, kiln_k2(r->k, KILN_KOP_MUL, r->t, kiln_ki(r->k, (int32_t)r->s->K)), j));
+}
+
 /* The rms_norm of x's rows for the GEMM: with xp (gm_prepare), x normalized and split into the
  * GEMM's parts in its element type, written to the scratch once (each column block of the GEMM
  * then stages raw words instead of loading x, the norm weight and the scale and converting);
@@ -760,8 +772,10 @@ static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
     kiln_kset(k, ss, kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, xv, xv, ss, 0));
     kl_loop_end(k);
     uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | GM_THREADS);
-    uint32_t sc = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
-                          kiln_k1(k, KILN_KOP_SQRT, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, tot, kiln_kf(k, (float)K)), kiln_kf(k, s->eps))));
+    uint32_t qv = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, tot, kiln_kf(k, (float)K)), kiln_kf(k, s->eps));
+    rms_row xr = {s, k, xs, t};
+    kl_row row = {.at = rms_x_at, .ctx = &xr, .tid = tid, .n = kiln_ki(k, (int32_t)K), .nf = kiln_kf(k, (float)K), .step = GM_THREADS};
+    uint32_t sc = kl_rms_scale(k, &row, qv, s->eps); /* f32 squares redone scaled when they over/underflowed */
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_store(k, scr, KILN_DTYPE_F32, t, sc);
     kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);

@@ -244,6 +244,19 @@ static uint32_t x_normed(gv *s, uint32_t xs, uint32_t nws, int q, uint32_t idx, 
     return v;
 }
 
+/* Token t's row of x, for the norm's scaled passes (kl_row.at). */
+typedef struct x_row {
+    gv      *s;
+    uint32_t xs, t; /* x's slot, I32 token */
+} x_row;
+
+static uint32_t x_at(void *p, uint32_t j)
+{
+    x_row *r = p;
+    kiln_kir *k = r->s->k;
+    return kl_load(k, r->xs, r->s->xdt, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, r->t, kiln_ki(k, (int32_t)r->s->K)), j));
+}
+
 /* The start of a pass over tokens t0 .. t0 + mc - 1: their rows of x, the rms_norm scale of each
  * (the whole block reduces over x's row) and, for integer dot products, x quantized into shared
  * memory. Block-uniform: every thread of the block runs it. */
@@ -273,11 +286,10 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
         kl_loop_end(k);
         uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE,
                                    (KILN_KRED_SUM << 16) | (32 * WARPS));
-        s->nsc[q] =
-            kiln_k2(s->k, KILN_KOP_DIV, kiln_kf(s->k, 1.0f),
-                    kiln_k1(k, KILN_KOP_SQRT,
-                            kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_DIV, tot, kiln_kf(s->k, (float)K)),
-                                    kiln_kf(s->k, s->eps))));
+        uint32_t qv = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, tot, kiln_kf(k, (float)K)), kiln_kf(k, s->eps));
+        x_row xr = {s, xs, s->tt[q]};
+        kl_row row = {.at = x_at, .ctx = &xr, .tid = tid, .n = kiln_ki(k, (int32_t)K), .nf = kiln_kf(k, (float)K), .step = 32 * WARPS};
+        s->nsc[q] = kl_rms_scale(k, &row, qv, s->eps); /* f32 squares redone scaled when they over/underflowed */
     }
     if (s->dp4a) quantize_x(s, tid, s->tt, xs, nws);
     if (s->xstage) { /* x * norm scale * norm weight, once per block */

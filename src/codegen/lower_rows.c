@@ -144,14 +144,25 @@ static void rows_argmax(rows_ctx *c)
         c->failed = true, snprintf(c->why, sizeof c->why, "argmax with an epilogue");
 }
 
-/* rms_norm, layer_norm, softmax: one or two reduction passes, then the pass that stores. */
+/* Element j of the row, prologue evaluated (kl_row.at for the norms' scaled passes). */
+static uint32_t rows_at(void *p, uint32_t j)
+{
+    rows_ctx *c = p;
+    uint32_t xv = input_at(c->k, c->g, c->r, c->anchor, kiln_k2(c->k, KILN_KOP_ADD, c->base, j), &c->pe);
+    if (c->pe.failed) c->failed = true, memcpy(c->why, c->pe.err, sizeof c->why);
+    return xv;
+}
+
+/* rms_norm, layer_norm, softmax: one or two reduction passes, then the pass that stores. The
+ * norms' f32 statistics are redone on the row scaled by a power of two when they over- or
+ * underflowed (kl_norm_stats); the store pass then computes (x s - ms) sc, s = 1 otherwise. */
 static void rows_norm(rows_ctx *c, const kiln_node_rec *n, enum kiln_op op)
 {
     kiln_kir *k = c->k;
     const kiln_graph *g = c->g;
     const kiln_region *r = c->r;
     uint32_t anchor = c->anchor, df = c->df;
-    uint32_t mean = kiln_kf(k, 0.0f), scale, mx = KILN_IDX_NONE;
+    uint32_t mean = kiln_kf(k, 0.0f), mx = KILN_IDX_NONE;
     if (op == KILN_OP_LAYER_NORM || op == KILN_OP_SOFTMAX) {
         uint32_t acc = kiln_kvar(k, kiln_kf(k, op == KILN_OP_SOFTMAX ? -INFINITY : 0.0f));
         {
@@ -176,19 +187,26 @@ static void rows_norm(rows_ctx *c, const kiln_node_rec *n, enum kiln_op op)
         kl_loop_end(k);
     }
     uint32_t sum = reduce(k, acc, KILN_KRED_SUM);
-    if (op == KILN_OP_SOFTMAX)
-        scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), sum);
-    else
-        scale = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
-                        kiln_k1(k, KILN_KOP_SQRT,
-                                kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, sum, df), kiln_kf(k, n->f[0]))));
+    kl_norm nm = {KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE};
+    uint32_t nms = KILN_IDX_NONE;
+    if (op == KILN_OP_SOFTMAX) {
+        nm.sc = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), sum);
+    } else {
+        kl_row row = {.at = rows_at, .ctx = c, .tid = c->tid, .n = c->d, .nf = df, .step = ROW_BLOCK};
+        uint32_t q = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, sum, df), kiln_kf(k, n->f[0]));
+        if (op == KILN_OP_LAYER_NORM)
+            nm = kl_norm_stats(k, &row, mean, q, n->f[0]), nms = kiln_k1(k, KILN_KOP_NEG, nm.ms);
+        else
+            nm.sc = kl_rms_scale(k, &row, q, n->f[0]);
+    }
     {
         PASS_BEGIN();
         uint32_t y;
         if (op == KILN_OP_SOFTMAX) {
-            y = kiln_k2(k, KILN_KOP_MUL, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx)), scale);
+            y = kiln_k2(k, KILN_KOP_MUL, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx)), nm.sc);
         } else {
-            y = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, xv, mean), scale);
+            if (op == KILN_OP_LAYER_NORM) xv = kiln_kfma(k, xv, nm.s, nms); /* x - mean exactly rounded when s = 1 */
+            y = kiln_k2(k, KILN_KOP_MUL, xv, nm.sc);
             if (n->n_src > 1 && n->src[1] != KILN_IDX_NONE)
                 y = kiln_k2(k, KILN_KOP_MUL, y, kl_load_node(k, g, n->src[1], j));
             if (n->n_src > 2 && n->src[2] != KILN_IDX_NONE)

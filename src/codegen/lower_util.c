@@ -5,6 +5,7 @@
 #include "codegen/lower.h"
 #include "graph/dtype.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
@@ -303,6 +304,81 @@ uint32_t kl_eval_node(kl_eval *e, uint32_t node)
     }
     kl_eval_set(e, node, v);
     return v;
+}
+
+/* ------------------------------------------------------------------ row norms at any magnitude */
+
+enum { ROW_MAXABS, ROW_SUM, ROW_SQUARES };
+
+/* One pass over the row reduced over the block: max |x|, sum of x s, or sum of (x s - ms)^2. */
+static uint32_t row_pass(kiln_kir *k, const kl_row *row, int what, uint32_t s, uint32_t ms)
+{
+    uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f));
+    uint32_t j = kiln_kvar(k, row->tid);
+    kiln_kloop(k, j, row->n, kiln_ki(k, row->step));
+    uint32_t x = row->at(row->ctx, j);
+    if (what == ROW_MAXABS) {
+        kiln_kset(k, acc, kiln_k2(k, KILN_KOP_MAX, acc, kiln_k1(k, KILN_KOP_ABS, x)));
+    } else {
+        uint32_t xs = kiln_k2(k, KILN_KOP_MUL, x, s);
+        if (what == ROW_SUM) {
+            kiln_kset(k, acc, kiln_k2(k, KILN_KOP_ADD, acc, xs));
+        } else {
+            if (ms != KILN_IDX_NONE) xs = kiln_k2(k, KILN_KOP_SUB, xs, ms);
+            kiln_kset(k, acc, kiln_kfma(k, xs, xs, acc));
+        }
+    }
+    kiln_kendloop(k);
+    enum kiln_kred op = what == ROW_MAXABS ? KILN_KRED_MAX : KILN_KRED_SUM;
+    return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, acc, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | row->step));
+}
+
+/* The power of two 2^(126 - e) for m = max |x| with biased exponent e, its exponent clamped to
+ * the normal range: m s lands in [0.5, 1) (in [2, 4) for e = 254; below 1 for subnormal m). */
+static uint32_t pow2_scale(kiln_kir *k, uint32_t m)
+{
+    uint32_t e = kiln_kshri(k, kiln_kbitcast(k, KILN_KT_I32, m), 23); /* m >= 0: no sign bit */
+    uint32_t b = kiln_k2(k, KILN_KOP_SUB, kiln_ki(k, 253), e);
+    b = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, b, kiln_ki(k, 1)), kiln_ki(k, 254));
+    return kiln_kbitcast(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_SHL, b, kiln_ki(k, 23)));
+}
+
+/* Fast path: sc = 1 / sqrt(q). Else, with x scaled by s: a = mean of (x s - ms)^2, b = eps s^2,
+ * sc = 1 / sqrt(a + b); when b overflows, a (< 16) is lost in it: sc = 1 / (sqrt(eps) s). raw:
+ * only sc, for unscaled x (s sc), as rms_norm's consumers take it. */
+static kl_norm norm_stats(kiln_kir *k, const kl_row *row, uint32_t mean, uint32_t q, float eps, bool raw)
+{
+    kl_norm o = {.s = KILN_IDX_NONE, .ms = KILN_IDX_NONE};
+    o.sc = kiln_kvar(k, kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), kiln_k1(k, KILN_KOP_SQRT, q)));
+    if (!raw) o.s = kiln_kvar(k, kiln_kf(k, 1.0f)), o.ms = kiln_kvar(k, mean);
+    kiln_kif(k, kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, kiln_kf(k, FLT_MAX), q),
+                        kiln_k2(k, KILN_KOP_LT, q, kiln_kf(k, 0x1p-100f))));
+    uint32_t s = pow2_scale(k, row_pass(k, row, ROW_MAXABS, KILN_IDX_NONE, KILN_IDX_NONE));
+    uint32_t ms = raw ? KILN_IDX_NONE : kiln_k2(k, KILN_KOP_DIV, row_pass(k, row, ROW_SUM, s, KILN_IDX_NONE), row->nf);
+    uint32_t a = kiln_k2(k, KILN_KOP_DIV, row_pass(k, row, ROW_SQUARES, s, ms), row->nf);
+    uint32_t b = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_MUL, kiln_kf(k, eps), s), s);
+    uint32_t sc = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LE, b, kiln_kf(k, FLT_MAX)),
+                            kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), kiln_k1(k, KILN_KOP_SQRT, kiln_k2(k, KILN_KOP_ADD, a, b))),
+                            kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), kiln_k2(k, KILN_KOP_MUL, kiln_kf(k, sqrtf(eps)), s)));
+    if (raw) {
+        kiln_kset(k, o.sc, kiln_k2(k, KILN_KOP_MUL, sc, s));
+    } else {
+        kiln_kset(k, o.s, s);
+        kiln_kset(k, o.ms, ms);
+        kiln_kset(k, o.sc, sc);
+    }
+    kiln_kendif(k);
+    return o;
+}
+
+kl_norm kl_norm_stats(kiln_kir *k, const kl_row *row, uint32_t mean, uint32_t q, float eps)
+{
+    return norm_stats(k, row, mean, q, eps, false);
+}
+
+uint32_t kl_rms_scale(kiln_kir *k, const kl_row *row, uint32_t q, float eps)
+{
+    return norm_stats(k, row, KILN_IDX_NONE, q, eps, true).sc;
 }
 
 /* ------------------------------------------------------------------ loops and grids */
