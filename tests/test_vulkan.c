@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "graph/dtype.h"
 #include "sched/backend.h"
@@ -325,6 +326,56 @@ Test(vulkan, out_of_memory_leaves_it_usable)
     cr_assert(memcmp(in, out, sizeof in) == 0);
     be->free(s, a);
     be->release(s);
+}
+
+/* A plan larger than the device's memory (weights summing past its largest device-local heap, each
+ * of them small enough to allocate) is refused at compile before any allocation, naming the
+ * plan's size, its largest weight and the device's memory; the context then compiles and runs a
+ * small plan. The weights are borrowed from one untouched anonymous mapping. */
+Test(vulkan, plan_larger_than_device_memory_is_refused)
+{
+    void *st = open_vk(NULL);
+    uint64_t free_b = 0, total = 0;
+    cr_assert(be->mem_info && be->mem_info(st, &free_b, &total), "the vulkan backend reports its memory");
+    cr_assert(total > 0 && free_b <= total, "free %llu of %llu", (unsigned long long)free_b, (unsigned long long)total);
+    be->release(st);
+    const int64_t k = total <= (32ull << 30) ? 16384 : 32768; /* square f32 weights of 1 or 4 GiB */
+    const size_t wbytes = (size_t)(k * k * 4);
+    const int64_t n_w = (int64_t)(total / wbytes) + 2;
+    if (n_w > 200) cr_skip("a %.0f GiB heap would take %lld weights", total / 1073741824.0, (long long)n_w);
+    void *w = mmap(NULL, wbytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    cr_assert(w != MAP_FAILED);
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){1, k});
+    kiln_node acc = KILN_NODE_NONE;
+    for (int64_t i = 0; i < n_w; i++) { /* a chain, so that no two matmuls fuse as siblings */
+        char name[32];
+        snprintf(name, sizeof name, "w%lld", (long long)i);
+        acc = kiln_matmul(g, acc == KILN_NODE_NONE ? x : acc, kiln_weight(g, name, KILN_DTYPE_F32, 2, (kiln_dim[]){k, k}, w, KILN_WEIGHT_BORROW));
+    }
+    cr_assert_eq(kiln_output(g, acc, "y"), KILN_OK, "%s", kiln_graph_error(g));
+    kiln_plan *p = NULL;
+    kiln_status s = kiln_compile(ctx, g, &(kiln_compile_options){.backend = "vulkan"}, &p);
+    cr_assert_eq(s, KILN_ERR_NOMEM, "%s: %s", kiln_status_str(s), kiln_ctx_error(ctx));
+    cr_assert_null(p);
+    const char *e = kiln_ctx_error(ctx);
+    cr_assert(strstr(e, "GiB of vulkan device memory (weights ") && strstr(e, "the largest 'w") && strstr(e, "GiB free of "), "%s", e);
+    kiln_graph_free(g);
+    munmap(w, wbytes);
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_output(g, kiln_silu(g, kiln_input(g, "x", KILN_DTYPE_F32, 1, (kiln_dim[]){64})), "y");
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "vulkan"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    float xv[64], yv[64];
+    for (int i = 0; i < 64; i++) xv[i] = (float)tu_uniform(-4, 4);
+    kiln_binding b[] = {{.name = "x", .data = xv, .bytes = sizeof xv}, {.name = "y", .data = yv, .bytes = sizeof yv}};
+    cr_assert_eq(kiln_run(p, b, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+    for (int i = 0; i < 64; i++) cr_assert_float_eq(yv[i], xv[i] / (1 + exp(-xv[i])), 1e-5 * (1 + fabs(xv[i])), "silu(%g)", xv[i]);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
 }
 
 /* A llama-style layer (a small preset: lavapipe is slow) run for several steps (prefill of 4

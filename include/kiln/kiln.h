@@ -340,7 +340,10 @@ typedef struct kiln_compile_options {
  * and binds only its own weights and states (kiln_plan_cache says so); GPU kernels also come from
  * the cache folder. Thread-safe for one context's plan cache; the context's error text is shared.
  * A plan whose states and largest intermediate, at the symbols' bounds, exceed the machine's memory
- * is refused before anything is allocated (KILN_ERR_NOMEM, the sizes and the node named). */
+ * is refused before anything is allocated (KILN_ERR_NOMEM, the sizes and the node named); so is a
+ * plan whose weights, states and intermediates on a GPU exceed that device's free memory (cuda:
+ * cuMemGetInfo; vulkan: its largest device-local heap less what kiln holds there), naming the
+ * sizes, the largest weight and the device's memory. The context stays usable either way. */
 KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
                                   kiln_plan **out);
 KILN_API void kiln_plan_free(kiln_plan *p);

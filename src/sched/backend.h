@@ -55,6 +55,9 @@ typedef struct kiln_backend_i {
      * upload/download/copy are ordered with launches (one queue); host memory given to upload
      * and download must stay valid until the next sync. Errors carry the driver's text in err. */
     kiln_status (*alloc)(void *state, size_t bytes, void **out, char *err, size_t n_err);
+    /* Device memory (optional with alloc): bytes free now and in all, for the plan's size check
+     * before any allocation (sched/exec.c); false when the device does not say. */
+    bool        (*mem_info)(void *state, uint64_t *free_bytes, uint64_t *total_bytes);
     void        (*free)(void *state, void *buf);
     kiln_status (*upload)(void *state, void *dst, const void *src, size_t bytes, char *err, size_t n_err);
     kiln_status (*download)(void *state, void *dst, const void *src, size_t bytes, char *err, size_t n_err);

@@ -162,24 +162,35 @@ static kiln_status dev_alloc(kiln_plan *p, int be, size_t bytes, void **out)
     return KILN_OK;
 }
 
-/* Uploads weight w for space sp in the device layout its kernels read (the backend's weight_bytes /
- * weight_repack: e.g. GGUF blocks split into aligned words). */
-static kiln_status upload_weight(kiln_plan *p, int sp, uint32_t w)
+/* Bytes weight w takes in space sp's memory: its device layout (the backend's weight_bytes, e.g.
+ * GGUF blocks split into aligned words) or the host bytes; *repack: the layouts differ. */
+static size_t weight_dev_bytes(const kiln_plan *p, int sp, uint32_t w, bool *repack)
 {
-    kiln_dev_space *d = &p->dev[sp];
-    if (d->wbuf[w]) return KILN_OK;
     const kiln_node_rec *n = &p->g->nodes[w];
     kiln_dtype t = (kiln_dtype)n->dtype;
     int64_t k = n->rank ? p->max_dims[w][n->rank - 1] : 1, rows = 1;
     for (int i = 0; i + 1 < n->rank; i++) rows *= p->max_dims[w][i];
     const kiln_backend_i *b = kiln_backends[sp];
     size_t dev = b->weight_bytes ? b->weight_bytes(p->ctx->be_state[sp], t, rows, k) : 0;
-    size_t bytes = dev ? dev : (size_t)rows * kiln_row_bytes(t, k);
+    if (repack) *repack = dev != 0;
+    return dev ? dev : (size_t)rows * kiln_row_bytes(t, k);
+}
+
+/* Uploads weight w for space sp in the device layout its kernels read (weight_dev_bytes). */
+static kiln_status upload_weight(kiln_plan *p, int sp, uint32_t w)
+{
+    kiln_dev_space *d = &p->dev[sp];
+    if (d->wbuf[w]) return KILN_OK;
+    const kiln_node_rec *n = &p->g->nodes[w];
+    bool repack;
+    size_t bytes = weight_dev_bytes(p, sp, w, &repack);
     kiln_status s;
     void *host = (void *)n->data, *tmp = NULL;
-    if (dev) {
+    if (repack) {
+        int64_t k = n->rank ? p->max_dims[w][n->rank - 1] : 1, rows = 1;
+        for (int i = 0; i + 1 < n->rank; i++) rows *= p->max_dims[w][i];
         if (!(tmp = malloc(bytes))) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory repacking weight '%s'", n->name);
-        b->weight_repack(p->ctx->be_state[sp], t, rows, k, n->data, tmp);
+        kiln_backends[sp]->weight_repack(p->ctx->be_state[sp], (kiln_dtype)n->dtype, rows, k, n->data, tmp);
         host = tmp;
     }
     char err[512] = "";
@@ -190,6 +201,53 @@ static kiln_status upload_weight(kiln_plan *p, int sp, uint32_t w)
     }
     free(tmp);
     return s;
+}
+
+/* Device memory the plan will hold in space sp at the symbols' bounds (its arena, parameters, and
+ * every weight and state homed or read there) against what the device has free: a plan too large
+ * is refused before anything is allocated there, with the sizes named, instead of the one
+ * allocation that happened to fail (issue #17). No check where the backend does not say. */
+static kiln_status check_device_memory(kiln_plan *p, int sp)
+{
+    const kiln_backend_i *b = kiln_backends[sp];
+    uint64_t free_b = 0, total = 0;
+    if (!b->mem_info || !b->mem_info(p->ctx->be_state[sp], &free_b, &total)) return KILN_OK;
+    const kiln_graph *g = p->g;
+    bool *seen = calloc(g->n_nodes + 1, 1);
+    if (!seen) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+    unsigned __int128 weights = 0, states = 0, big = 0;
+    uint32_t big_w = KILN_IDX_NONE;
+    for (uint32_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == KILN_OP_STATE && p->home[i] == sp) seen[i] = true, states += kiln_node_bytes(&g->nodes[i], p->max_dims[i]);
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        if (space_of_be(p->region_be[r]) != sp) continue;
+        const kiln_region *reg = &p->fusion.regions[r];
+        for (uint32_t a = 0; a < reg->n_nodes; a++)
+            for (int k = 0; k < g->nodes[reg->nodes[a]].n_src; k++) {
+                uint32_t src = g->nodes[reg->nodes[a]].src[k];
+                uint32_t root = src == KILN_IDX_NONE ? KILN_IDX_NONE : root_of(p, src);
+                if (root == KILN_IDX_NONE || seen[root]) continue;
+                seen[root] = true;
+                if (g->nodes[root].op == KILN_OP_STATE) states += kiln_node_bytes(&g->nodes[root], p->max_dims[root]);
+                if (g->nodes[root].op != KILN_OP_WEIGHT) continue;
+                size_t wb = weight_dev_bytes(p, sp, root, NULL);
+                weights += wb;
+                if (wb > big) big = wb, big_w = root;
+            }
+    }
+    free(seen);
+    const kiln_dev_space *d = &p->dev[sp];
+    unsigned __int128 need = weights + states + d->arena_bytes + (unsigned __int128)d->n_params * sizeof(int32_t);
+    if (need <= free_b) return KILN_OK;
+    char lab[300] = "";
+    if (big_w != KILN_IDX_NONE && g->nodes[big_w].name)
+        snprintf(lab, sizeof lab, ", the largest '%s' %.4g GiB", g->nodes[big_w].name, (double)big / 1073741824.0);
+    const double gib = 1073741824.0;
+    return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM,
+                         "kiln_compile: the plan needs %.4g GiB of %s device memory (weights %.4g GiB%s, states %.4g GiB, "
+                         "intermediates %.4g GiB at the symbols' bounds); the device has %.4g GiB free of %.4g GiB",
+                         (double)need / gib, b->name, (double)weights / gib, lab, (double)states / gib,
+                         (double)d->arena_bytes / gib, (double)free_b / gib, (double)total / gib);
 }
 
 /* Device copies of every state homed on sp, zeroed like the host ones. */
@@ -232,8 +290,9 @@ static kiln_status devices_setup(kiln_plan *p)
         if (!d->used) continue;
         n_spaces++;
         if ((s = plan_space(p, sp)) != KILN_OK) return s;
-        if ((s = dev_alloc(p, sp, d->arena_bytes, &d->arena)) != KILN_OK) return s;
         d->n_params = g->n_syms > KILN_PARAM_SLOTS_MIN ? g->n_syms : KILN_PARAM_SLOTS_MIN;
+        if ((s = check_device_memory(p, sp)) != KILN_OK) return s;
+        if ((s = dev_alloc(p, sp, d->arena_bytes, &d->arena)) != KILN_OK) return s;
         if (!(d->params_host = calloc(d->n_params, sizeof *d->params_host))) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
         if ((s = dev_alloc(p, sp, d->n_params * sizeof(int32_t), &d->params)) != KILN_OK) return s;
         for (uint32_t i = 0; i < g->n_nodes; i++)

@@ -124,6 +124,16 @@ static kiln_status cuda_alloc(void *state, size_t bytes, void **out, char *err, 
     return s;
 }
 
+static bool cuda_mem_info(void *state, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    kiln_cuda *c = state;
+    size_t f = 0, t = 0;
+    if (c->dead || !c->d.mem_info || c->d.ctx_set_current(c->ctx) != KILN_CU_SUCCESS || c->d.mem_info(&f, &t) != KILN_CU_SUCCESS)
+        return false;
+    *free_bytes = f, *total_bytes = t;
+    return true;
+}
+
 static void cuda_free(void *state, void *buf)
 {
     kiln_cuda *c = state;
@@ -331,6 +341,7 @@ const kiln_backend_i kiln_backend_cuda = {
     .weight_repack = kiln_lower_weight_dev_repack,
     .launch = kiln_cuda_launch,
     .alloc = cuda_alloc,
+    .mem_info = cuda_mem_info,
     .free = cuda_free,
     .upload = cuda_upload,
     .download = cuda_download,

@@ -96,6 +96,7 @@ static inline void *kiln_vk_encode(uint32_t id, VkDeviceSize off)
     return (void *)(uintptr_t)(((uint64_t)(id + 1) << KILN_VK_ADDR_SHIFT) | off);
 }
 kiln_status kiln_vk_alloc_mem(void *state, size_t bytes, void **out, char *err, size_t n);
+bool        kiln_vk_mem_info(void *state, uint64_t *free_bytes, uint64_t *total_bytes);
 void        kiln_vk_free_mem(void *state, void *buf);
 kiln_status kiln_vk_upload(void *state, void *dst, const void *src, size_t bytes, char *err, size_t n);
 kiln_status kiln_vk_download_mem(void *state, void *dst, const void *src, size_t bytes, char *err, size_t n);

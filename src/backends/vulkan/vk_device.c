@@ -412,6 +412,7 @@ const kiln_backend_i kiln_backend_vulkan = {
     .weight_repack = kiln_lower_weight_dev_repack,
     .launch = vk_launch,
     .alloc = kiln_vk_alloc_mem,
+    .mem_info = kiln_vk_mem_info,
     .free = kiln_vk_free_mem,
     .upload = kiln_vk_upload,
     .download = kiln_vk_download_mem,

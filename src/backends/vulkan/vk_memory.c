@@ -113,6 +113,23 @@ kiln_status kiln_vk_alloc_mem(void *state, size_t bytes, void **out, char *err, 
     return st;
 }
 
+/* The largest device-local heap, less the device buffers kiln holds there (core Vulkan has no
+ * free-memory query; other processes' use is not seen). */
+bool kiln_vk_mem_info(void *state, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    kiln_vk *s = state;
+    VkDeviceSize heap = 0, held = 0;
+    for (uint32_t i = 0; i < s->mem_props.memoryHeapCount; i++)
+        if (s->mem_props.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT && s->mem_props.memoryHeaps[i].size > heap)
+            heap = s->mem_props.memoryHeaps[i].size;
+    if (!heap || s->lost) return false;
+    for (uint32_t i = 0; i < s->n_allocs; i++)
+        if (s->allocs[i].buf && !s->allocs[i].map) held += s->allocs[i].size;
+    *total_bytes = heap;
+    *free_bytes = held < heap ? heap - held : 0;
+    return true;
+}
+
 void kiln_vk_free_mem(void *state, void *buf)
 {
     kiln_vk *s = state;
