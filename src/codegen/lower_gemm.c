@@ -430,10 +430,13 @@ static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
         slot[j] = kiln_kir_buf(k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
     }
     uint32_t kr = kiln_kvar(k, ci(g, 0));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kr, ci(g, nk), ci(g, GW_ROUND), 0);
+    /* two accumulators leave registers for one stage of chunks in flight (two spilled), when the
+     * format's k-period fits a stage */
+    const int round = g->rc == 128 && g->U <= 2 ? 1 : GW_ROUND;
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kr, ci(g, nk), ci(g, round), 0);
     gv_chunk ch[2 * GW_ROUND][2];
     uint32_t bc[2 * GW_ROUND][2];
-    for (int t = 0; t < 2 * GW_ROUND; t++) /* the round's tiles of 32 k: every load in flight before the first decode */
+    for (int t = 0; t < 2 * round; t++) /* the round's tiles of 32 k: every load in flight before the first decode */
         for (int j = 0; j < 2; j++) {
             if (t % g->U) { /* the U tiles of a k-period are sub-steps of the same chunks: loaded once */
                 ch[t][j] = ch[t - t % g->U][j], bc[t][j] = bc[t - t % g->U][j];
@@ -442,7 +445,7 @@ static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
             bc[t][j] = kl_wfmt_of(g->wt)->gemm_chunk(k, addi(g, muli(g, kr, GW_BK), 32 * t), piece[j]);
             kl_gv_load_chunk(s, g->wt, slot[j], wrow[j], bc[t][j], G->n, &ch[t][j]);
         }
-    for (int st = 0; st < GW_ROUND; st++) {
+    for (int st = 0; st < round; st++) {
         uint32_t kt = addi(g, kr, st);
         uint32_t sidx = o2(g, KILN_KOP_REM, kt, ci(g, g->stages)), ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
         gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 1, sidx), o2(g, KILN_KOP_XOR, ph, ci(g, 1)), 0);
