@@ -207,6 +207,13 @@ Test(ops, matmul_gemm)
     matmul_case(KILN_DTYPE_BF16, KILN_DTYPE_Q4_K, 256, 16, 40, t + 1, 1, true);
 }
 
+/* The layer-sized cases run on GPUs only (KILN_TEST_BACKEND cuda): the host reference takes seconds. */
+#define GPU_ONLY()                                                      \
+    do {                                                                \
+        const char *b_ = getenv("KILN_TEST_BACKEND");                   \
+        if (!b_ || strcmp(b_, "cuda")) cr_skip_test("GPU only");        \
+    } while (0)
+
 /* Layer-sized GEMMs (K = 4096: the Hopper template's ring wraps many times; rows over 128: two
  * accumulators per warpgroup; more column blocks than SMs; rms_norm + gate/up siblings + swiglu
  * at llama-7b's size): on GPUs only (KILN_TEST_BACKEND cuda), the host reference takes seconds.
@@ -276,15 +283,13 @@ static void layer_qkv(int64_t D, int64_t H, int64_t T)
 
 Test(ops, matmul_gemm_layer_qkv, .timeout = 300)
 {
-    const char *b = getenv("KILN_TEST_BACKEND");
-    if (!b || strcmp(b, "cuda")) cr_skip_test("GPU only");
+    GPU_ONLY();
     layer_qkv(4096, 32, 100);
 }
 
 Test(ops, matmul_gemm_layer_sized, .timeout = 300)
 {
-    const char *b = getenv("KILN_TEST_BACKEND");
-    if (!b || strcmp(b, "cuda")) cr_skip_test("GPU only");
+    GPU_ONLY();
     layer_gemm(KILN_DTYPE_F32, 4096, 520, 100, false);
     layer_gemm(KILN_DTYPE_F16, 4096, 520, 300, false);
     layer_gemm(KILN_DTYPE_F32, 4096, 20480, 100, false);
@@ -292,11 +297,6 @@ Test(ops, matmul_gemm_layer_sized, .timeout = 300)
     layer_gemm(KILN_DTYPE_F32, 11008, 4096, 100, false);
 }
 
-#define GPU_ONLY()                                                      \
-    do {                                                                \
-        const char *b_ = getenv("KILN_TEST_BACKEND");                   \
-        if (!b_ || strcmp(b_, "cuda")) cr_skip_test("GPU only");        \
-    } while (0)
 Test(ops, gemm_long_k_f16x) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F16, 11008, 520, 100, false); }
 Test(ops, gemm_long_k_8192) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F32, 8192, 520, 100, false); }
 Test(ops, gemm_long_k_narrow) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F32, 11008, 520, 100, false); }

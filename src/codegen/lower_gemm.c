@@ -391,6 +391,21 @@ static void gw_tma(gm *g, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kcoor
     kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)m);
 }
 
+/* Stage kt's slot in the ring (I32) and the parity (*ph) of its round. */
+static uint32_t gw_slot(gm *g, uint32_t kt, uint32_t *ph)
+{
+    *ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
+    return o2(g, KILN_KOP_REM, kt, ci(g, g->stages));
+}
+
+/* x's boxes of stage kt (its parts, bm rows each) into slot s, landing on mbarrier full. */
+static void gw_x_boxes(gm *g, uint32_t s, uint32_t full, uint32_t kt)
+{
+    for (int q = 0; q < g->parts; q++)
+        gw_tma(g, g->xmap, addu(g, gw_stage(g, s), cu(g, (uint32_t)(q * g->bm * 128))), full, muli(g, kt, GW_BK),
+               g->xp ? addi(g, g->m0, q * (int32_t)g->s->m_max) : g->m0);
+}
+
 /* The producer's one thread: for each stage, wait until the consumers released it, expect its
  * bytes and start its boxes. */
 static void gw_producer(gm *g, const gv_group *G, const uint32_t wmap[2], int32_t nk)
@@ -398,12 +413,11 @@ static void gw_producer(gm *g, const gv_group *G, const uint32_t wmap[2], int32_
     kiln_kir *k = g->k;
     uint32_t kt = kiln_kvar(k, ci(g, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, nk), ci(g, 1), 0);
-    uint32_t s = o2(g, KILN_KOP_REM, kt, ci(g, g->stages)), ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
+    uint32_t ph, s = gw_slot(g, kt, &ph);
     gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 1, s), o2(g, KILN_KOP_XOR, ph, ci(g, 1)), 0); /* a fresh barrier passes parity 1 */
     uint32_t full = gw_bar(g, 0, s), st = gw_stage(g, s), k0 = muli(g, kt, GW_BK);
     gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, (int32_t)g->sb);
-    for (int q = 0; q < g->parts; q++)
-        gw_tma(g, g->xmap, addu(g, st, cu(g, (uint32_t)(q * g->bm * 128))), full, k0, g->xp ? addi(g, g->m0, q * (int32_t)g->s->m_max) : g->m0);
+    gw_x_boxes(g, s, full, kt);
     for (int sp = 0; sp < G->n_sib; sp++)
         gw_tma(g, wmap[sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, k0, g->n0);
     kl_loop_end(k);
@@ -447,14 +461,12 @@ static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
         }
     for (int st = 0; st < round; st++) {
         uint32_t kt = addi(g, kr, st);
-        uint32_t sidx = o2(g, KILN_KOP_REM, kt, ci(g, g->stages)), ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
+        uint32_t ph, sidx = gw_slot(g, kt, &ph);
         gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 1, sidx), o2(g, KILN_KOP_XOR, ph, ci(g, 1)), 0);
         uint32_t full = gw_bar(g, 0, sidx);
         kif(g, lead);
         gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, g->parts * g->bm * 128);
-        for (int q = 0; q < g->parts; q++)
-            gw_tma(g, g->xmap, addu(g, gw_stage(g, sidx), cu(g, (uint32_t)(q * g->bm * 128))), full, muli(g, kt, GW_BK),
-                   g->xp ? addi(g, g->m0, q * (int32_t)s->m_max) : g->m0);
+        gw_x_boxes(g, sidx, full, kt);
         kendif(g);
         uint32_t bword = addi(g, muli(g, sidx, (int32_t)(g->sb / 4)), g->parts * g->bm * 32); /* the B tile, in words */
         for (int tt = 0; tt < 2; tt++) {
@@ -489,7 +501,7 @@ static void gw_consumer(gm *g, const uint32_t acc[2], int32_t nk)
     int32_t flags = (1024 / 16) << 8 | 2 | (g->bf ? 1 : 0); /* SBO 1024 (8 rows of 128 bytes), swizzled */
     uint32_t kt = kiln_kvar(k, ci(g, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, nk), ci(g, 1), 0);
-    uint32_t s = o2(g, KILN_KOP_REM, kt, ci(g, g->stages)), ph = andi(g, o2(g, KILN_KOP_DIV, kt, ci(g, g->stages)), 1);
+    uint32_t ph, s = gw_slot(g, kt, &ph);
     gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 0, s), ph, 0);
     uint32_t st = gw_stage(g, s);
     gw_sync(g, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
