@@ -81,6 +81,9 @@ static void gen_row(uint64_t *s, enum dist d, float *x, int64_t n)
 /* A fresh seed per run (never 0, which would stall xorshift); failures print it. */
 static uint64_t fresh_seed(void)
 {
+    const char *env = getenv("KILN_TEST_SEED"); /* replays a failure's printed seed */
+    if (env && *env)
+        return strtoull(env, NULL, 10);
     uint64_t s = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 17);
     return s ? s : 1;
 }
@@ -528,11 +531,16 @@ Test(quant, bit_exact_with_ggml_reference)
 /* ---------------------------------------------------------------- round-trip error */
 
 /* NMSE bound per format (rows) and distribution (columns): about twice the worst of 300 runs of
- * 4096 values measured when this was written. */
+ * 4096 values measured when this was written. q4_k offset is wider: ggml's q4_K quantizer (which
+ * kiln's is bit-exact with) has a rare mode on all-positive data: one sub-block's least-squares
+ * fit takes a nonzero min, its scale becomes the block's max_scale, the other sub-blocks' 6-bit
+ * scales land near 8 and round by up to 6%, and the clamp of their quants at 15 drops their values
+ * by up to 0.03. Measured: 14 of 40000 rows of 4096 values above 3e-5, worst 1.4e-4 (one such
+ * block in a row); CI met it once (seed 16196724581269422022, 1.19e-4). */
 static const double nmse_bound[4][DIST_COUNT] = {
     /*          uniform gauss  outliers offset scales loguni holes */
     /* q8_0 */ {3e-5, 6e-5, 3e-4, 3e-6, 7e-5, 1e-4, 6e-5},
-    /* q4_k */ {6e-3, 1e-2, 1.5e-2, 3e-5, 1.2e-2, 1.2e-2, 1e-2},
+    /* q4_k */ {6e-3, 1e-2, 1.5e-2, 5e-4, 1.2e-2, 1.2e-2, 1e-2},
     /* q5_k */ {1.6e-3, 2.7e-3, 6e-3, 3e-6, 3e-3, 4e-3, 2.7e-3},
     /* q6_k */ {4e-4, 7e-4, 2.5e-3, 1e-6, 7e-4, 9e-4, 7e-4},
 };
