@@ -294,9 +294,10 @@ typedef struct kiln_plan kiln_plan;
 /* Code-generation and launch choices of GPU backends: zero is the default; every field is an
  * int32_t, so the struct has no padding and the kernel caches hash it whole (a new field is in the
  * keys by construction). Fields left at zero take $KILN_GEMM, $KILN_GEMM_BM, $KILN_GRID_CAP,
- * $KILN_VK_DISABLE, $KILN_WGMMA and $KILN_PDL when set (docs/env.md). */
+ * $KILN_VK_DISABLE, $KILN_WGMMA, $KILN_PDL and $KILN_PRECISION when set (docs/env.md). */
 enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1, KILN_GEMM_ON = 1 };
 enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
+enum { KILN_PREC_EXACT = 0, KILN_PREC_F16 = 1 };
 typedef struct kiln_codegen_options {
     int32_t gemm;       /* KILN_GEMM_AUTO: matmul regions of more than 8 rows use the tensor-core GEMM;
                            KILN_GEMM_OFF: gemv's passes take every matmul region (A/B runs) */
@@ -313,6 +314,12 @@ typedef struct kiln_codegen_options {
                            programmatic dependent launch (it may start while the previous kernel ends:
                            weight prefetches first, a grid wait before it touches anything a kernel
                            writes); KILN_GEMM_AUTO/OFF: plain launches. Opt-in until measured */
+    int32_t precision;  /* KILN_PREC_EXACT (0): float activations enter the tensor cores as two or three
+                           f16/bf16 parts whose sum is their f32 value, so GEMMs and flash attention
+                           meet the f32 contracts (NMSE 1e-10); KILN_PREC_F16: as one f16 (bf16 beside
+                           bf16 weights) part, as PyTorch and llama.cpp run f16 layers: half the tensor
+                           work of f16/bf16-weight GEMMs, NMSE within the contracts' tolerance_f16_act
+                           (matmul: 1e-6 f16, 3e-5 bf16). Block weights take one part either way */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -80,10 +80,13 @@ static bool parse_tol(const char *s, double *out)
     return true;
 }
 
-static bool load_tolerance(yaml_document_t *d, yaml_node_t *t, kiln_contract *c, const char *path, char *err, size_t n)
+/* The map `key` (dtype -> NMSE) into tol; an absent map is an error where required. */
+static bool load_tolerance(yaml_document_t *d, yaml_node_t *t, const char *key, bool required, double *tol, const char *path,
+                           char *err, size_t n)
 {
+    if (!t && !required) return true;
     if (!t || t->type != YAML_MAPPING_NODE) {
-        snprintf(err, n, "%s: `tolerance` is missing or not a map of dtype -> NMSE", path);
+        snprintf(err, n, "%s: `%s` is missing or not a map of dtype -> NMSE", path, key);
         return false;
     }
     for (yaml_node_pair_t *p = t->data.mapping.pairs.start; p < t->data.mapping.pairs.top; p++) {
@@ -91,11 +94,11 @@ static bool load_tolerance(yaml_document_t *d, yaml_node_t *t, kiln_contract *c,
         const char *v = scalar(d, yaml_document_get_node(d, p->value));
         kiln_dtype dt;
         if (!k || !kiln_dtype_parse(k, &dt)) {
-            snprintf(err, n, "%s: tolerance key '%s' is not a dtype", path, k ? k : "?");
+            snprintf(err, n, "%s: %s key '%s' is not a dtype", path, key, k ? k : "?");
             return false;
         }
-        if (!parse_tol(v, &c->tol[dt])) {
-            snprintf(err, n, "%s: tolerance of %s ('%s') is not a number >= 0", path, k, v ? v : "?");
+        if (!parse_tol(v, &tol[dt])) {
+            snprintf(err, n, "%s: %s of %s ('%s') is not a number >= 0", path, key, k, v ? v : "?");
             return false;
         }
     }
@@ -157,7 +160,8 @@ static bool load_doc(yaml_document_t *d, const char *op, const char *path, kiln_
     copy_str(c->bytes, sizeof c->bytes, scalar(d, map_get(d, root, "bytes")));
     load_inputs(d, map_get(d, root, "inputs"), c);
     load_edges(d, map_get(d, root, "edge_cases"), c);
-    return load_tolerance(d, map_get(d, root, "tolerance"), c, path, err, n);
+    return load_tolerance(d, map_get(d, root, "tolerance"), "tolerance", true, c->tol, path, err, n) &&
+           load_tolerance(d, map_get(d, root, "tolerance_f16_act"), "tolerance_f16_act", false, c->tol_f16act, path, err, n);
 }
 
 bool kiln_contract_load(const char *op, kiln_contract *out, char *err, size_t n)
@@ -165,7 +169,7 @@ bool kiln_contract_load(const char *op, kiln_contract *out, char *err, size_t n)
     char path[4200];
     memset(out, 0, sizeof *out);
     for (int t = 0; t < KILN_DTYPE_COUNT; t++)
-        out->tol[t] = NAN;
+        out->tol[t] = out->tol_f16act[t] = NAN;
     snprintf(path, sizeof path, "%s/%s.yaml", kiln_contract_dir(), op ? op : "(null)");
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -194,4 +198,10 @@ double kiln_contract_tol(const kiln_contract *c, kiln_dtype t)
     if (!c || (int)t < 0 || t >= KILN_DTYPE_COUNT)
         return NAN;
     return c->tol[t];
+}
+
+double kiln_contract_tol_prec(const kiln_contract *c, kiln_dtype t, int32_t precision)
+{
+    double v = precision == KILN_PREC_F16 && c && (int)t >= 0 && t < KILN_DTYPE_COUNT ? c->tol_f16act[t] : NAN;
+    return isnan(v) ? kiln_contract_tol(c, t) : v;
 }

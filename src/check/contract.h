@@ -24,6 +24,8 @@ typedef struct kiln_contract {
     char           flops[160];                     /* FLOP count formula */
     char           bytes[160];                     /* byte count formula */
     double         tol[KILN_DTYPE_COUNT];          /* NMSE bound per dtype; NAN where absent */
+    double         tol_f16act[KILN_DTYPE_COUNT];   /* the bound under codegen.precision = KILN_PREC_F16
+                                                      (`tolerance_f16_act`); NAN where absent: tol's */
     int            n_inputs;                       /* entries in inputs */
     kiln_contract_input inputs[KILN_CONTRACT_MAX_INPUTS];    /* operands */
     int            n_edges;                        /* entries in edges */
@@ -39,3 +41,6 @@ const char *kiln_contract_dir(void);
 bool kiln_contract_load(const char *op, kiln_contract *out, char *err, size_t n);
 /* The NMSE bound of dtype t, or NAN when the contract has no entry for t. */
 double kiln_contract_tol(const kiln_contract *c, kiln_dtype t);
+/* The bound of dtype t for a compile of that codegen.precision: tolerance_f16_act's entry under
+ * KILN_PREC_F16 where the contract has one, else kiln_contract_tol's. */
+double kiln_contract_tol_prec(const kiln_contract *c, kiln_dtype t, int32_t precision);

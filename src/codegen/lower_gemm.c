@@ -102,8 +102,13 @@ static bool is_float_w(kiln_dtype t) { return t == KILN_DTYPE_F16 || t == KILN_D
 /* f16/bf16 weights: 2 items of 8 values a thread; f32: 4 items of 4 values (two f16 parts each);
  * block weights: one chunk per sibling. */
 static int w_items(const gm *g, const gv_group *G) { return g->wt == KILN_DTYPE_F32 ? 4 : is_float_w(g->wt) ? 2 : G->n_sib; }
-/* x parts for weights t (x is split so that its f32 value is kept, unless it is already exact). */
-static int x_parts(kiln_dtype t, bool x_exact) { return kiln_dtype_block(t) > 1 || x_exact ? 1 : t == KILN_DTYPE_BF16 ? 3 : 2; }
+/* x parts for weights t (x is split so that its f32 value is kept, unless it is already exact or
+ * the compile asks for f16 activations: codegen.precision). */
+static int x_parts(const gv *s, kiln_dtype t, bool x_exact)
+{
+    if (kiln_dtype_block(t) > 1 || x_exact || s->tgt->opts.precision == KILN_PREC_F16) return 1;
+    return t == KILN_DTYPE_BF16 ? 3 : 2;
+}
 
 /* ------------------------------------------------------------------ fragment-order layouts */
 
@@ -643,7 +648,7 @@ static bool gw_choose(gm *G, const kiln_lower_target *tg)
     /* x read by the TMA as it is: already the MMA's type, no norm, and a map can start where it does
      * (else the split kernel copies it into the scratch) */
     bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && tma_aligned(s->g, s->x);
-    G->parts = G->wblock ? 1 : x_parts(G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, x_exact);
+    G->parts = G->wblock ? 1 : x_parts(s, G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, x_exact);
     if (G->parts > 2) return false;
     if (s->norm != KILN_IDX_NONE) {
         gm_prepare(G);
@@ -709,7 +714,7 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     g->wt = wdtype(s, G->sib[0]);
     g->bf = g->wt == KILN_DTYPE_BF16;
     bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16);
-    if (!g->wg) g->parts = x_parts(g->wt, x_exact); /* with xp: what gm_prepare found for every group; wg: gw_choose's */
+    if (!g->wg) g->parts = x_parts(s, g->wt, x_exact); /* with xp: what gm_prepare found for every group; wg: gw_choose's */
     g->wparts = g->wt == KILN_DTYPE_F32 ? 2 : 1;
     g->bns = GM_BN / G->n_sib;
     g->U = kl_wfmt_of(g->wt)->subs;
@@ -833,7 +838,7 @@ static void gm_prepare(gm *G)
     for (int q = 0; q < s->n_grp; q++) {
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
         bool bf = t == KILN_DTYPE_BF16;
-        int parts = x_parts(t, false); /* x_exact is false behind a norm */
+        int parts = x_parts(s, t, false); /* x_exact is false behind a norm */
         if (q && (bf != G->bf || parts != G->parts)) return;
         G->bf = bf, G->parts = parts;
     }
@@ -896,7 +901,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     int parts_max = 1, wparts_max = 1;
     for (int q = 0; q < s->n_grp; q++) {
         kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
-        if (x_parts(t, false) > parts_max) parts_max = x_parts(t, false);
+        if (x_parts(s, t, false) > parts_max) parts_max = x_parts(s, t, false);
         if (t == KILN_DTYPE_F32) wparts_max = 2;
     }
     /* 128 tokens per block halves the dequantization per token of block weights (H100, 512-token

@@ -27,6 +27,7 @@ enum kiln_env_var {
     KILN_ENV_NO_RECORD,      /* kiln_compile_options.no_record */
     KILN_ENV_WGMMA,          /* kiln_compile_options.codegen.wgmma */
     KILN_ENV_PDL,            /* kiln_compile_options.codegen.pdl */
+    KILN_ENV_PRECISION,      /* kiln_compile_options.codegen.precision */
     KILN_ENV_COUNT
 };
 

@@ -11,3 +11,4 @@ typedef kiln_contract_input contract_input;
 #define contract_dir kiln_contract_dir
 #define contract_load kiln_contract_load
 #define contract_tol kiln_contract_tol
+#define contract_tol_prec kiln_contract_tol_prec

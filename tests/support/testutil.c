@@ -231,12 +231,14 @@ double tu_compare(const char *what, const double *got, const double *ref, int64_
     return e;
 }
 
-double tu_tol(const char *op, kiln_dtype t)
+double tu_tol(const char *op, kiln_dtype t) { return tu_tol_prec(op, t, KILN_PREC_EXACT); }
+
+double tu_tol_prec(const char *op, kiln_dtype t, int32_t precision)
 {
     contract c;
     char err[512];
     cr_assert(contract_load(op, &c, err, sizeof err), "contract of %s: %s", op, err);
-    double tol = contract_tol(&c, t);
+    double tol = contract_tol_prec(&c, t, precision);
     cr_assert(!isnan(tol), "contracts/%s.yaml has no tolerance for %s", op, kiln_dtype_name(t));
     return tol;
 }

@@ -48,6 +48,8 @@ double tu_compare(const char *what, const double *got, const double *ref, int64_
 
 /* The contract's NMSE bound for op and dtype; asserts that it exists. */
 double tu_tol(const char *op, kiln_dtype t);
+/* The bound under a compile's codegen.precision (tolerance_f16_act under KILN_PREC_F16). */
+double tu_tol_prec(const char *op, kiln_dtype t, int32_t precision);
 
 /* ---------------------------------------------------------------- sessions */
 
