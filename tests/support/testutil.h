@@ -46,7 +46,8 @@ double nmse64(const double *y, const double *ref, int64_t n);
  * values where it is not) and NMSE <= tol, reporting the worst element. Returns the NMSE. */
 double tu_compare(const char *what, const double *got, const double *ref, int64_t n, double tol);
 
-/* The contract's NMSE bound for op and dtype; asserts that it exists. */
+/* The contract's NMSE bound for op and dtype (tolerance_f16_act's under $KILN_PRECISION=f16); asserts
+ * that it exists. */
 double tu_tol(const char *op, kiln_dtype t);
 /* The bound under a compile's codegen.precision (tolerance_f16_act under KILN_PREC_F16). */
 double tu_tol_prec(const char *op, kiln_dtype t, int32_t precision);
