@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "util/env.h"
 #include "sched/backend.h"
 #include "sched/ctx.h"
 #include "model/presets.h"
@@ -28,6 +29,7 @@ typedef struct bench_opts {
     bool               profile; /* --profile: per-kernel predicted vs measured table */
     bool               no_roof; /* --no-roof: skip measuring the roofline in the same run */
     bool               check_finite; /* --check-finite: the NaN/Inf guard on (to measure its cost) */
+    int32_t            precision;    /* --precision: codegen.precision (0: $KILN_PRECISION or exact) */
     bool               host_io; /* --host-io: x and y in host memory on cuda too (copied every step) */
     char               layers_why[160]; /* why the default layer count ("" when --layers gave it) */
 } bench_opts;
@@ -43,6 +45,7 @@ typedef struct bench_state {
     double    *step_gb;   /* bytes read by each timed step, in GB */
     double    *step_gf;   /* FLOPs of each timed step, in GFLOP */
     double     compile_ms; /* kiln_compile time */
+    int32_t    precision;  /* the compile's codegen.precision (with $KILN_PRECISION applied) */
     bool       is_ref;    /* running on the reference backend */
     int        io_be;     /* backend whose device memory holds dx, dy (cuda), or -1: x, y on the host */
     void      *dx, *dy;   /* device copies of x and y: a layer stack inside an engine reads and
@@ -107,6 +110,13 @@ static int parse_one(kiln_cli_args *a, bench_opts *o)
         return r < 0 ? KILN_CLI_USAGE : parse_mode(v, o);
     if ((r = kiln_cli_flag_value(a, "--wtype", &v)) != 0)
         return r < 0 ? KILN_CLI_USAGE : parse_wtype(v, o);
+    if ((r = kiln_cli_flag_value(a, "--precision", &v)) != 0) {
+        if (r < 0) return KILN_CLI_USAGE;
+        if (!strcmp(v, "f16")) o->precision = KILN_PREC_F16;
+        else if (!strcmp(v, "exact")) o->precision = KILN_PREC_EXACT;
+        else return fprintf(stderr, "kiln bench: --precision '%s': exact or f16\n", v), KILN_CLI_USAGE;
+        return KILN_CLI_OK;
+    }
     if ((r = kiln_cli_flag_value(a, "--backend", &v)) != 0) {
         o->backend = v;
         return r < 0 ? KILN_CLI_USAGE : KILN_CLI_OK;
@@ -222,7 +232,10 @@ static int setup(bench_opts *o, bench_state *st)
                 kiln_status_str(s), err);
         return KILN_CLI_FAIL;
     }
-    kiln_compile_options copt = {.backend = o->backend, .check_finite = o->check_finite};
+    kiln_compile_options copt = {.backend = o->backend, .check_finite = o->check_finite, .codegen.precision = o->precision};
+    kiln_compile_options eff;
+    kiln_env_options(&copt, &eff); /* what the compile will take: to report it */
+    st->precision = eff.codegen.precision;
     double t0 = kiln_cli_now();
     s = kiln_compile(st->ctx, g, &copt, &st->plan);
     st->compile_ms = (kiln_cli_now() - t0) * 1e3;
@@ -358,11 +371,11 @@ static void report(const bench_opts *o, const bench_state *st)
         printf(",\"isa\":");
         kiln_cli_json_str(stdout, isa);
         printf(",\"threads\":%d,\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,\"steps\":%lld,\"ctx\":%lld,"
-               "\"tokens\":%lld,\"kernels\":%d,\"compile_ms\":%.3f,\"compile_cache\":\"%s\",\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
+               "\"tokens\":%lld,\"precision\":\"%s\",\"kernels\":%d,\"compile_ms\":%.3f,\"compile_cache\":\"%s\",\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
                "\"gflop_per_s\":%.4f,\"roof_gb_per_s\":%.4f,\"roof_gflop_per_s\":%.4f,\"roof_measured\":%s,\"fraction_of_bw\":%.4f,"
                "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"io\":\"%s\",\"step_ms\":[",
                (int)o->threads, wt, kt, (long long)o->layers, (long long)o->steps, (long long)o->ctx,
-               (long long)(o->prefill ? o->tokens : 1), kiln_plan_kernel_count(st->plan), st->compile_ms, kiln_plan_cache(st->plan), per_layer,
+               (long long)(o->prefill ? o->tokens : 1), st->precision == KILN_PREC_F16 ? "f16" : "exact", kiln_plan_kernel_count(st->plan), st->compile_ms, kiln_plan_cache(st->plan), per_layer,
                gbps, gfps, roof_bw, roof_gf, roof_measured ? "true" : "false", frac_bw, frac_gf, gb * 1e9, st->io_be >= 0 ? "device" : "host");
         for (size_t i = 0; i < n; i++)
             printf("%s%.6f", i ? "," : "", st->step_ms[i]);
@@ -376,8 +389,9 @@ static void report(const bench_opts *o, const bench_state *st)
         free(kp);
         printf("}\n");
     } else {
-        printf("%s %s on %s (%s), %s weights, %s KV, %lld layers, %d kernels\n", o->preset->name,
-               o->prefill ? "prefill" : "decode", be, where, wt, kt, (long long)o->layers, kiln_plan_kernel_count(st->plan));
+        printf("%s %s on %s (%s), %s weights, %s KV, %lld layers, %d kernels%s\n", o->preset->name,
+               o->prefill ? "prefill" : "decode", be, where, wt, kt, (long long)o->layers, kiln_plan_kernel_count(st->plan),
+               st->precision == KILN_PREC_F16 && strcmp(be, "cpu") && strcmp(be, "ref") ? ", activations into tensor cores as f16 (--precision f16)" : "");
         if (o->layers_why[0])
             printf("  %s\n", o->layers_why);
         if (o->prefill)
