@@ -4,7 +4,8 @@
  * refused and rebuilt with correct results; 8 processes share one folder; an unwritable folder
  * degrades with one warning; `kiln cache`; a FIFO in place of an entry, the stats file or the
  * profiles neither hangs nor is used, a symlinked or hard-linked stats file is replaced, never
- * written through, and entries edited with their checksums recomputed are refused (issue #17). Every test uses its own temporary folder. */
+ * written through, and entries edited with their checksums recomputed are refused (issue #17); the
+ * size bound (KILN_CACHE_MAX) evicts the least recently used, bad settings warn (issue #23). */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
 #include <dirent.h>
@@ -15,9 +16,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/cache_int.h"
 #include "graph/graph.h"
 #include "sched/ctx.h"
 #include "support/testutil.h"
@@ -832,4 +835,164 @@ Test(cache, build_identity_is_this_binary)
     cr_assert_eq(id[0], (uint64_t)n);
     cr_assert_eq(id[1], XXH3_64bits(self, n), "the identity is not this binary's bytes");
     free(self);
+}
+
+/* ------------------------------------------------------------------ size bound (issue #23) */
+
+Test(cache, max_size_parses_and_refuses_what_is_not_a_size)
+{
+    const struct { const char *text; uint64_t want; bool bad; } cases[] = {
+        {"1000", 1000, false}, {"64K", 65536, false}, {"64k", 65536, false}, {"3M", 3u << 20, false},
+        {"2GiB", (uint64_t)2 << 30, false}, {"1T", (uint64_t)1 << 40, false}, {"5MB", 5u << 20, false},
+        {"0", 0, false}, {"bogus", KILN_CACHE_MAX_DEFAULT, true}, {"-5", KILN_CACHE_MAX_DEFAULT, true},
+        {"12Q", KILN_CACHE_MAX_DEFAULT, true}, {"1.5G", KILN_CACHE_MAX_DEFAULT, true},
+        {"99999999999999999999", KILN_CACHE_MAX_DEFAULT, true}, {"17000000000000000T", KILN_CACHE_MAX_DEFAULT, true}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("KILN_CACHE_MAX", cases[i].text, 1);
+        const char *bad = NULL;
+        uint64_t v = kiln_cache_max_bytes(&bad);
+        cr_assert_eq(v, cases[i].want, "%s: %llu", cases[i].text, (unsigned long long)v);
+        cr_assert_eq(bad != NULL, cases[i].bad, "%s: bad %s", cases[i].text, bad ? bad : "(none)");
+    }
+    unsetenv("KILN_CACHE_MAX");
+    cr_assert_eq(kiln_cache_max_bytes(NULL), KILN_CACHE_MAX_DEFAULT);
+}
+
+Test(cache, bad_settings_warn_once, .init = cr_redirect_stderr)
+{
+    use_temp_cache("bogus");
+    setenv("KILN_CACHE_MAX", "12Q", 1);
+    for (int i = 0; i < 2; i++) {
+        kiln_ctx *ctx;
+        cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.n_threads = 1}, &ctx), KILN_OK);
+        cr_assert(kiln_cache_disk_on(ctx->cache), "an unknown KILN_CACHE means on");
+        cr_assert_eq(ctx->cache->max_bytes, KILN_CACHE_MAX_DEFAULT);
+        kiln_ctx_free(ctx);
+    }
+    unsetenv("KILN_CACHE_MAX");
+    unsetenv("KILN_CACHE");
+    fflush(stderr);
+    FILE *f = cr_get_redirected_stderr();
+    char text[4096] = "";
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    const char *a = strstr(text, "KILN_CACHE='bogus' is not one of off, on, all"), *b = strstr(text, "KILN_CACHE_MAX='12Q' is not a size");
+    cr_assert(a && b, "both warnings: '%s'", text);
+    cr_assert(!strstr(a + 1, "KILN_CACHE='bogus'") && !strstr(b + 1, "KILN_CACHE_MAX='12Q'"), "once each: '%s'", text);
+    drop_temp_cache();
+}
+
+/* Writes a file of `bytes` bytes named name in dir, modified `age` seconds ago. */
+static void aged_file(const char *name, size_t bytes, long age)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "%s", path);
+    for (size_t i = 0; i < bytes; i++) fputc('x', f);
+    fclose(f);
+    struct timespec now, t[2];
+    clock_gettime(CLOCK_REALTIME, &now);
+    t[0] = t[1] = (struct timespec){.tv_sec = now.tv_sec - age, .tv_nsec = 0};
+    cr_assert_eq(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+static bool exists(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+Test(cache, trim_removes_least_recently_used_first)
+{
+    use_temp_cache(NULL);
+    char names[6][40];
+    const long ages[6] = {50, 10, 40, 20, 30, 5}; /* seconds since last use */
+    for (int i = 0; i < 6; i++) {
+        snprintf(names[i], sizeof names[i], "%032x.%s", 0xabc00 + i, i % 2 ? "vk" : "cuda");
+        aged_file(names[i], 1000, ages[i]);
+    }
+    aged_file(".tmp.1.2.stale", 10, 7200); /* a killed writer's, two hours old */
+    aged_file(".tmp.1.3.fresh", 10, 0);    /* a writer at work */
+    aged_file("notes.txt", 5000, 9000);    /* not the cache's: never counted or removed */
+    size_t removed;
+    uint64_t total;
+    cr_assert(kiln_cache_trim(dir, 6000, 6000, &removed, &total)); /* at the bound: nothing */
+    cr_assert_eq(removed, 0);
+    cr_assert_eq(total, 6000);
+    cr_assert(kiln_cache_trim(dir, 5999, 3500, &removed, &total)); /* over: down to 3 entries */
+    cr_assert_eq(removed, 3);
+    cr_assert_eq(total, 3000);
+    for (int i = 0; i < 6; i++) cr_assert_eq(exists(names[i]), ages[i] < 30, "%s (unused %ld s)", names[i], ages[i]);
+    cr_assert(!exists(".tmp.1.2.stale") && exists(".tmp.1.3.fresh") && exists("notes.txt"));
+    cr_assert(kiln_cache_trim(dir, 1, 0, &removed, &total)); /* the newest always stays */
+    cr_assert_eq(removed, 2);
+    cr_assert(exists(names[5]));
+    char path[512];
+    snprintf(path, sizeof path, "%s/notes.txt", dir), unlink(path);
+    snprintf(path, sizeof path, "%s/.tmp.1.3.fresh", dir), unlink(path);
+    drop_temp_cache();
+}
+
+/* Compiles variant v in a new context; returns the context's disk hits and misses. */
+static void compile_fresh(const variant *v, uint64_t *hits, uint64_t *misses)
+{
+    kiln_ctx *ctx = new_ctx();
+    kiln_graph *g = build(v, 3);
+    kiln_plan *p = compile(ctx, g, NULL);
+    kiln_cache_stats s = kiln_cache_stats_get(ctx->cache);
+    *hits = s.disk_hits, *misses = s.disk_misses;
+    kiln_plan_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
+    struct timespec pause = {0, 20 * 1000 * 1000}; /* file times are coarse (a kernel tick) */
+    nanosleep(&pause, NULL);
+}
+
+static uint64_t folder_bytes(void)
+{
+    kiln_cache_entry_info *e;
+    size_t n;
+    uint64_t b = 0;
+    cr_assert_eq(kiln_cache_list(dir, &e, &n), KILN_OK);
+    for (size_t i = 0; i < n; i++) b += e[i].bytes;
+    free(e);
+    return b;
+}
+
+Test(cache, bounded_folder_keeps_what_was_used_last)
+{
+    use_temp_cache("all");
+    variant v[3] = {base, base, base};
+    v[1].gelu = true, v[2].eps = 1e-5f;
+    uint64_t size[3], h, m;
+    setenv("KILN_CACHE_MAX", "0", 1); /* each variant's bytes alone */
+    for (int i = 0; i < 3; i++) {
+        compile_fresh(&v[i], &h, &m);
+        size[i] = folder_bytes();
+        size_t n;
+        kiln_cache_clear(dir, &n);
+    }
+    /* Room for two variants but not three, also at the 90% a trim goes down to. */
+    uint64_t max = (size[0] + size[1] + size[2]) * 17 / 20;
+    cr_assert_geq(max / 10 * 9, size[0] + size[2], "sizes %llu %llu %llu", (unsigned long long)size[0],
+                  (unsigned long long)size[1], (unsigned long long)size[2]);
+    char text[32];
+    snprintf(text, sizeof text, "%llu", (unsigned long long)max);
+    setenv("KILN_CACHE_MAX", text, 1);
+    compile_fresh(&v[0], &h, &m);
+    compile_fresh(&v[1], &h, &m);
+    compile_fresh(&v[0], &h, &m); /* v[0] used again: v[1] is now the least recently used */
+    cr_assert_eq(m, 0, "v0 from disk");
+    compile_fresh(&v[2], &h, &m);
+    cr_assert_leq(folder_bytes(), max);
+    kiln_cache_stats f = kiln_cache_folder_stats(dir);
+    cr_assert_gt(f.evictions, 0, "entries were evicted");
+    compile_fresh(&v[0], &h, &m);
+    cr_assert_eq(m, 0, "v0, used last but one, stays whole (%llu hits)", (unsigned long long)h);
+    compile_fresh(&v[2], &h, &m);
+    cr_assert_eq(m, 0, "v2, the newest, stays whole");
+    compile_fresh(&v[1], &h, &m);
+    cr_assert_gt(m, 0, "v1, the least recently used, was evicted");
+    cr_assert_leq(folder_bytes(), max);
+    unsetenv("KILN_CACHE_MAX");
+    drop_temp_cache();
 }

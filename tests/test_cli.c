@@ -1080,3 +1080,87 @@ Test(cli, bench_layers_reason_and_gen_model_usage, .timeout = 300)
     unlink(outp);
     rmdir(dir);
 }
+
+/* ------------------------------------------------------------------ progress and settings (issue #23) */
+
+/* kiln_cli with environment assignments ENV ("A=1 B=2") before `kiln ARGS`. */
+static void kiln_cli_env(cli_out *o, const char *env, const char *args)
+{
+    char exe[PATH_MAX], cmd[8192];
+    kiln_exe(exe, sizeof exe);
+    snprintf(cmd, sizeof cmd, "--version >/dev/null; env %s '%s' %s", env, exe, args); /* the second command is captured */
+    kiln_cli(o, cmd);
+}
+
+Test(cli, progress_lines_quiet_and_cache_warnings, .timeout = 300)
+{
+    char path[] = "/tmp/kiln_cli_modelXXXXXX", args[1024], env[1024], cache[] = "/tmp/kiln_cli_cacheXXXXXX";
+    write_model(path);
+    cr_assert_not_null(mkdtemp(cache));
+    cli_out o;
+    /* KILN_PROGRESS=1 forces lines (stderr is a file here): model loading, the compile's count, the
+     * prefill; --quiet or a stderr that is not a terminal: none. */
+    const char *forms[3] = {"KILN_PROGRESS=1", "KILN_PROGRESS=1 + --quiet", "not a terminal"};
+    for (int f = 0; f < 3; f++) {
+        snprintf(env, sizeof env, "KILN_CACHE_DIR=%s KILN_PROGRESS=%s", cache, f == 2 ? "" : "1");
+        snprintf(args, sizeof args, "generate %s --ids 1,2,3 -n 2 --temp 0 --backend cpu %s", path, f == 1 ? "--quiet" : "");
+        kiln_cli_env(&o, env, args);
+        cr_assert_eq(o.rc, 0, "%s: %s", forms[f], o.err);
+        bool lines = strstr(o.err, "kiln: loading the model") && strstr(o.err, "kiln: compiling kernels ") &&
+                     strstr(o.err, ", done") && strstr(o.err, "kiln: prefill of 3 tokens");
+        if (f == 0) cr_assert(lines, "forced progress lines: %s", o.err);
+        else cr_assert_null(strstr(o.err, "kiln: compiling"), "%s: no progress lines: %s", forms[f], o.err);
+        cr_assert(strstr(o.err, "generated 2 tokens"), "%s", o.err);
+    }
+    /* Bad settings warn, --quiet or not (it silences progress, not misconfiguration). */
+    snprintf(args, sizeof args, "run %s/tests/data/gpt2_mlp.kg --backend cpu", KILN_SOURCE_DIR);
+    snprintf(env, sizeof env, "KILN_CACHE=bogus KILN_CACHE_MAX=3x KILN_CACHE_DIR=%s", cache);
+    kiln_cli_env(&o, env, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.err, "KILN_CACHE='bogus' is not one of off, on, all") && strstr(o.err, "KILN_CACHE_MAX='3x' is not a size"),
+              "%s", o.err);
+    strcat(args, " --quiet");
+    kiln_cli_env(&o, env, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.err, "KILN_CACHE='bogus'"), "--quiet: %s", o.err);
+    /* A folder that cannot be made (under a regular file): one warning, the run still works, also
+     * when the run would write nothing there (the CPU's kernels: KILN_CACHE=on). */
+    snprintf(args, sizeof args, "run %s/tests/data/gpt2_mlp.kg --backend cpu", KILN_SOURCE_DIR);
+    snprintf(env, sizeof env, "KILN_CACHE_DIR=%s/x", path);
+    kiln_cli_env(&o, env, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.err, "caching in memory only"), "%s", o.err);
+    unlink(path);
+    snprintf(args, sizeof args, "rm -rf '%s'", cache);
+    cr_assert_eq(system(args), 0);
+}
+
+Test(cli, plan_svg_places_every_kernel_inside_the_plot, .timeout = 120)
+{
+    char svg[] = "/tmp/kiln_cli_svgXXXXXX", args[512];
+    int fd = mkstemp(svg);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cli_out o;
+    snprintf(args, sizeof args, "plan --preset qwen2-0.5b --backend cpu --svg %s", svg);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    int drawn = -1, total = -1;
+    const char *m = strstr(o.err, "roofline of ");
+    cr_assert(m && sscanf(m, "roofline of %d kernels (of %d", &drawn, &total) == 2, "%s", o.err);
+    cr_assert(drawn > 0 && drawn <= total, "%d of %d", drawn, total);
+    static char text[1 << 16];
+    slurp(svg, text, sizeof text);
+    cr_assert(strstr(text, "<svg ") && strstr(text, "</svg>") && strstr(text, ">cpu: "), "%.400s", text);
+    int circles = 0;
+    for (const char *c = text; (c = strstr(c, "<circle cx='")); c++, circles++) {
+        double x, y;
+        cr_assert_eq(sscanf(c, "<circle cx='%lf' cy='%lf'", &x, &y), 2);
+        cr_assert(x >= 80 && x <= 840 && y >= 40 && y <= 460, "kernel %d at (%g, %g) is outside the plot", circles, x, y);
+    }
+    cr_assert_eq(circles, drawn, "one dot per kernel with FLOPs");
+    kiln_cli(&o, "plan --preset qwen2-0.5b --svg /nonexistent/dir/x.svg");
+    cr_assert_eq(o.rc, 1, "%s", o.err);
+    cr_assert(strstr(o.err, "--svg /nonexistent/dir/x.svg: cannot write it"), "%s", o.err);
+    unlink(svg);
+}

@@ -5,6 +5,7 @@
 #include "util/env.h"
 #include "cache/cache.h"
 
+#include <ctype.h>
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
@@ -120,11 +121,50 @@ kiln_cache *kiln_cache_new(const char *dir, bool quiet)
         return NULL;
     }
     pthread_mutex_init(&c->lock, NULL);
-    const char *e = kiln_env(KILN_ENV_CACHE);
+    const char *e = kiln_env(KILN_ENV_CACHE), *bad_max = NULL;
+    bool known = !e || !strcmp(e, "off") || !strcmp(e, "0") || !strcmp(e, "on") || !strcmp(e, "1") || !strcmp(e, "all");
     c->disk_on = dir && *dir && !(e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0));
     c->disk_cpu = c->disk_on && e && strcmp(e, "all") == 0;
     c->quiet = quiet;
+    c->max_bytes = kiln_cache_max_bytes(&bad_max);
+    kiln_cache_check_dir(c);
+    /* A misspelt setting would otherwise be silently the default (issue #23): said once a process. */
+    static atomic_bool said_mode, said_max;
+    if (!known && !quiet && !atomic_exchange(&said_mode, true))
+        fprintf(stderr, "kiln: warning: %s='%s' is not one of off, on, all; using on\n", kiln_env_name(KILN_ENV_CACHE), e);
+    if (bad_max && !quiet && !atomic_exchange(&said_max, true))
+        fprintf(stderr, "kiln: warning: %s='%s' is not a size (bytes with an optional K, M, G or T; 0: no bound); using %llu MiB\n",
+                kiln_env_name(KILN_ENV_CACHE_MAX), bad_max, (unsigned long long)(KILN_CACHE_MAX_DEFAULT >> 20));
     return c;
+}
+
+uint64_t kiln_cache_max_bytes(const char **bad)
+{
+    if (bad) *bad = NULL;
+    const char *e = kiln_env(KILN_ENV_CACHE_MAX);
+    if (!e) return KILN_CACHE_MAX_DEFAULT;
+    uint64_t v = 0;
+    const char *p = e;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - 9) / 10) goto refuse;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (p == e) goto refuse;
+    static const char units[] = "KMGT";
+    const char *u = *p ? strchr(units, toupper((unsigned char)*p)) : NULL;
+    if (u) {
+        int shift = 10 * (int)(u - units + 1);
+        if (v > (UINT64_MAX >> shift)) goto refuse;
+        v <<= shift;
+        p++;
+        if (*p == 'i') p++;
+    }
+    if (*p == 'B') p++;
+    if (*p) goto refuse;
+    return v;
+refuse:
+    if (bad) *bad = e;
+    return KILN_CACHE_MAX_DEFAULT;
 }
 
 void kiln_cache_free(kiln_cache *c)
@@ -195,7 +235,8 @@ kiln_cache_stats kiln_cache_stats_get(const kiln_cache *c)
     kiln_cache *m = (kiln_cache *)c;
     return (kiln_cache_stats){.mem_hits = atomic_load(&m->n.mem_hits), .mem_misses = atomic_load(&m->n.mem_misses),
                               .disk_hits = atomic_load(&m->n.disk_hits), .disk_misses = atomic_load(&m->n.disk_misses),
-                              .disk_rejects = atomic_load(&m->n.disk_rejects), .disk_writes = atomic_load(&m->n.disk_writes)};
+                              .disk_rejects = atomic_load(&m->n.disk_rejects), .disk_writes = atomic_load(&m->n.disk_writes),
+                              .evictions = atomic_load(&m->n.evictions)};
 }
 
 bool kiln_cache_disk_on(const kiln_cache *c) { return c && c->disk_on; }

@@ -20,6 +20,7 @@
 #define KILN_CODEGEN_VERSION 5
 #define KILN_CACHE_FORMAT 1 /* on-disk header layout */
 #define KILN_CACHE_MEM_MAX 128 /* plans kept in a context's memory table (oldest leave first) */
+#define KILN_CACHE_MAX_DEFAULT ((uint64_t)512 << 20) /* the folder's size bound without $KILN_CACHE_MAX */
 
 /* What a disk entry holds (also its file extension). */
 enum kiln_cache_kind {
@@ -66,6 +67,7 @@ typedef struct kiln_cache_stats {
     uint64_t disk_hits, disk_misses; /* entry lookups on disk (a rejected file counts as a miss) */
     uint64_t disk_rejects;           /* files found but refused: truncated, corrupt, wrong version or key */
     uint64_t disk_writes;            /* entries written */
+    uint64_t evictions;              /* entries removed to keep the folder under its size bound */
 } kiln_cache_stats;
 
 typedef struct kiln_cache kiln_cache;
@@ -124,6 +126,17 @@ kiln_status kiln_cache_list(const char *dir, kiln_cache_entry_info **out, size_t
 kiln_status kiln_cache_clear(const char *dir, size_t *removed);
 /* The folder's accumulated counters (zeros when there are none). */
 kiln_cache_stats kiln_cache_folder_stats(const char *dir);
+/* The folder's size bound in bytes: $KILN_CACHE_MAX (a number with an optional K, M, G or T
+ * suffix, powers of 1024, optionally followed by B or iB; 0: no bound), else
+ * KILN_CACHE_MAX_DEFAULT. A value that is not a size gives the default and *bad = that text
+ * (NULL otherwise; bad may be NULL). */
+uint64_t kiln_cache_max_bytes(const char **bad);
+/* Least-recently-used eviction (a disk hit sets its file's modification time, so the oldest
+ * time is the longest unused): when dir's entries sum to more than max bytes, removes the oldest
+ * until they sum to at most keep; also removes temporary files an hour old (left by killed
+ * processes). *removed counts removed entries, *total the bytes of entries left. Returns false,
+ * doing nothing, when another process is trimming the folder or it cannot be read. */
+bool kiln_cache_trim(const char *dir, uint64_t max, uint64_t keep, size_t *removed, uint64_t *total);
 /* The folder a context would use: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln.
  * malloc'ed; NULL on OOM. */
 char *kiln_cache_default_dir(void);

@@ -1,7 +1,8 @@
 /* Disk entries: <dir>/<32 hex key>.<kind>, a 64-byte header (magic, format, kind, key, payload
  * length, payload XXH3-64, header XXH3-64) and the payload. Written to a temporary file in the same
  * folder and renamed, so a reader sees a whole file or none. Every check failing is a miss; a
- * file is never trusted past its checks. Also the folder operations of `kiln cache`. */
+ * file is never trusted past its checks. Also the folder operations of `kiln cache` and the size
+ * bound (least-recently-used eviction: a hit sets its file's time). */
 #include "cache/cache_int.h"
 
 #include <dirent.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HEADER 64
@@ -119,6 +121,7 @@ bool kiln_cache_disk_get(kiln_cache *c, enum kiln_cache_kind kind, const kiln_ca
     bool ok = buf && kiln_cache_entry_check(buf, n, kind, key, &p, &pl, NULL);
     if (!ok && !absent) atomic_fetch_add(&c->n.disk_rejects, 1); /* there, but refused */
     if (ok) {
+        utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW); /* used now: the last to be evicted */
         memmove(buf, p, pl); /* the payload alone, at the start of the block */
         *payload = buf;
         *len = pl;
@@ -137,6 +140,32 @@ static void degrade(kiln_cache *c, const char *what, int err)
         fprintf(stderr, "kiln: warning: cache folder '%s': %s: %s; caching in memory only\n", c->dir, what, strerror(err));
 }
 
+/* Whether a folder can be written, or made (its nearest existing ancestor can be written);
+ * else *err says why. */
+static bool can_write(const char *dir, int *err)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s", dir);
+    for (;;) {
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) return *err = ENOTDIR, false;
+            if (access(p, W_OK | X_OK) != 0) return *err = errno, false;
+            return true;
+        }
+        if (errno != ENOENT) return *err = errno, false;
+        char *slash = strrchr(p, '/');
+        if (!slash || slash == p) return true; /* "/" itself or a relative name: the first write says */
+        *slash = 0;
+    }
+}
+
+void kiln_cache_check_dir(kiln_cache *c)
+{
+    int err = 0;
+    if (kiln_cache_disk_on(c) && !can_write(c->dir, &err)) degrade(c, "cannot write there", err);
+}
+
 /* Any failure to make the folder or write in it: read-only, full, no permission, not a folder. */
 static bool refused(int e) { return e != 0 && e != EEXIST && e != EINTR; }
 
@@ -153,6 +182,25 @@ static int make_dir(const char *dir)
     }
     if (mkdir(p, 0755) != 0 && errno != EEXIST) return errno;
     return 0;
+}
+
+/* Keeps the folder under its bound after a write of `wrote` bytes: the context's first write
+ * scans the folder, later ones only when what it wrote since would pass the bound; a trim goes
+ * down to 90% so that the next is many writes away. Other processes' writes between two scans are
+ * not seen: the bound holds within what runs concurrently writes. */
+static void bound(kiln_cache *c, uint64_t wrote)
+{
+    if (!c->max_bytes) return;
+    uint64_t est = atomic_fetch_add(&c->est_bytes, wrote) + wrote;
+    if ((atomic_load(&c->scanned) && est <= c->max_bytes) || atomic_exchange(&c->trimming, true)) return;
+    size_t removed = 0;
+    uint64_t total = 0;
+    if (kiln_cache_trim(c->dir, c->max_bytes, c->max_bytes / 10 * 9, &removed, &total)) {
+        atomic_store(&c->est_bytes, total);
+        atomic_store(&c->scanned, true);
+        atomic_fetch_add(&c->n.evictions, removed);
+    }
+    atomic_store(&c->trimming, false);
 }
 
 void kiln_cache_disk_put(kiln_cache *c, enum kiln_cache_kind kind, const kiln_cache_key *key, const void *payload, size_t len)
@@ -196,15 +244,18 @@ void kiln_cache_disk_put(kiln_cache *c, enum kiln_cache_kind kind, const kiln_ca
         return;
     }
     atomic_fetch_add(&c->n.disk_writes, 1);
+    bound(c, HEADER + len);
 }
 
 /* ------------------------------------------------------------------ stats file */
 
-static const char *const stat_names[6] = {"mem_hits", "mem_misses", "disk_hits", "disk_misses", "disk_rejects", "disk_writes"};
+#define N_STATS 7
+static const char *const stat_names[N_STATS] = {"mem_hits",     "mem_misses",  "disk_hits", "disk_misses",
+                                                "disk_rejects", "disk_writes", "evictions"};
 
-static void stats_parse(const char *text, uint64_t v[6])
+static void stats_parse(const char *text, uint64_t v[N_STATS])
 {
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < N_STATS; i++) {
         const char *p = strstr(text, stat_names[i]);
         size_t k = strlen(stat_names[i]);
         v[i] = p && p[k] == ' ' ? strtoull(p + k + 1, NULL, 10) : 0;
@@ -229,9 +280,9 @@ static const char *read_stats(const char *path, char *text, size_t n)
 void kiln_cache_stats_flush(kiln_cache *c)
 {
     kiln_cache_stats s = kiln_cache_stats_get(c);
-    uint64_t add[6] = {s.mem_hits, s.mem_misses, s.disk_hits, s.disk_misses, s.disk_rejects, s.disk_writes};
+    uint64_t add[N_STATS] = {s.mem_hits, s.mem_misses, s.disk_hits, s.disk_misses, s.disk_rejects, s.disk_writes, s.evictions};
     bool any = false;
-    for (int i = 0; i < 6; i++) any |= add[i] != 0;
+    for (int i = 0; i < N_STATS; i++) any |= add[i] != 0;
     if (!any || !c->disk_on) return;
     int dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) return;
@@ -239,10 +290,10 @@ void kiln_cache_stats_flush(kiln_cache *c)
         char path[4200], tmp[4300], text[512];
         snprintf(path, sizeof path, "%s/stats", c->dir);
         snprintf(tmp, sizeof tmp, "%s/.tmp.%ld.stats", c->dir, (long)getpid());
-        uint64_t v[6];
+        uint64_t v[N_STATS];
         stats_parse(read_stats(path, text, sizeof text), v);
         int k = 0;
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < N_STATS; i++)
             k += snprintf(text + k, sizeof text - (size_t)k, "%s %llu\n", stat_names[i], (unsigned long long)(v[i] + add[i]));
         unlink(tmp); /* a leftover of a killed process with this pid */
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -260,9 +311,9 @@ kiln_cache_stats kiln_cache_folder_stats(const char *dir)
 {
     char path[4200], text[512];
     snprintf(path, sizeof path, "%s/stats", dir);
-    uint64_t v[6];
+    uint64_t v[N_STATS];
     stats_parse(read_stats(path, text, sizeof text), v); /* replaced by rename: whole, without a lock */
-    return (kiln_cache_stats){v[0], v[1], v[2], v[3], v[4], v[5]};
+    return (kiln_cache_stats){v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
 }
 
 /* ------------------------------------------------------------------ folder */
@@ -349,4 +400,76 @@ kiln_status kiln_cache_clear(const char *dir, size_t *removed)
     }
     closedir(d);
     return s;
+}
+
+/* ------------------------------------------------------------------ size bound */
+
+typedef struct aged {
+    struct timespec t; /* modification time: the last write or disk hit */
+    uint64_t        bytes;
+    char            name[40];
+} aged;
+
+static int cmp_aged(const void *a, const void *b)
+{
+    const aged *x = a, *y = b;
+    if (x->t.tv_sec != y->t.tv_sec) return x->t.tv_sec < y->t.tv_sec ? -1 : 1;
+    if (x->t.tv_nsec != y->t.tv_nsec) return x->t.tv_nsec < y->t.tv_nsec ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* The entries of an open folder with their times and sizes (stat only: no file is read);
+ * temporary files an hour old are removed on the way. NULL with *n 0 when there are none. */
+static aged *scan(DIR *d, size_t *n, uint64_t *total)
+{
+    aged *a = NULL;
+    size_t cap = 0;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (struct dirent *e; (e = readdir(d));) {
+        kiln_cache_key key;
+        enum kiln_cache_kind kind;
+        struct stat st;
+        bool entry = entry_name(e->d_name, &key, &kind);
+        if ((!entry && strncmp(e->d_name, ".tmp.", 5) != 0) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        if (!entry) {
+            if (st.st_mtim.tv_sec + 3600 < now.tv_sec) unlinkat(dirfd(d), e->d_name, 0);
+            continue;
+        }
+        if (*n == cap) {
+            aged *g = realloc(a, (cap = cap ? 2 * cap : 256) * sizeof *g);
+            if (!g) break; /* what was listed is still trimmed */
+            a = g;
+        }
+        a[*n].t = st.st_mtim;
+        a[*n].bytes = (uint64_t)st.st_size;
+        snprintf(a[*n].name, sizeof a[*n].name, "%.39s", e->d_name);
+        *total += a[(*n)++].bytes;
+    }
+    return a;
+}
+
+bool kiln_cache_trim(const char *dir, uint64_t max, uint64_t keep, size_t *removed, uint64_t *total)
+{
+    *removed = 0;
+    *total = 0;
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    if (flock(dirfd(d), LOCK_EX | LOCK_NB) != 0) { /* another process is at it */
+        closedir(d);
+        return false;
+    }
+    size_t n = 0;
+    aged *a = scan(d, &n, total);
+    if (*total > max) {
+        qsort(a, n, sizeof *a, cmp_aged); /* least recently used first */
+        for (size_t i = 0; i + 1 < n && *total > keep; i++) /* never the newest: the entry just written */
+            if (unlinkat(dirfd(d), a[i].name, 0) == 0) (*removed)++, *total -= a[i].bytes;
+            else if (errno == ENOENT) *total -= a[i].bytes; /* gone already (kiln cache clear) */
+    }
+    free(a);
+    flock(dirfd(d), LOCK_UN);
+    closedir(d);
+    return true;
 }

@@ -210,7 +210,7 @@ static bool backend_is_ref(const kiln_ctx *ctx, const char *backend)
 
 static int setup(bench_opts *o, bench_state *st)
 {
-    kiln_ctx_options co = {.quiet = true, .n_threads = (int)o->threads};
+    kiln_ctx_options co = {.quiet = kiln_cli_quiet, .n_threads = (int)o->threads};
     kiln_status s = kiln_ctx_new(&co, &st->ctx);
     if (s != KILN_OK)
         return kiln_cli_fail("bench", st->ctx, s, "creating the context");

@@ -82,7 +82,7 @@ static int64_t base_len(const serve_opts *o, int64_t s)
 
 static int setup(serve_opts *o, serve_state *st)
 {
-    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &st->ctx);
+    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = kiln_cli_quiet}, &st->ctx);
     if (s != KILN_OK) return kiln_cli_fail("bench", st->ctx, s, "creating the context");
     if (!o->layers) o->layers = o->backend && !strcmp(o->backend, "ref") ? 1 : 4;
     int64_t keys = o->ctx + o->ctx / 2 + o->steps + o->chunk + 2; /* the longest sequence's keys */

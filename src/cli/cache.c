@@ -12,9 +12,10 @@
 static void stats_json(const kiln_cache_stats *s)
 {
     printf("\"mem_hits\": %llu, \"mem_misses\": %llu, \"disk_hits\": %llu, \"disk_misses\": %llu, "
-           "\"disk_rejects\": %llu, \"disk_writes\": %llu",
+           "\"disk_rejects\": %llu, \"disk_writes\": %llu, \"evictions\": %llu",
            (unsigned long long)s->mem_hits, (unsigned long long)s->mem_misses, (unsigned long long)s->disk_hits,
-           (unsigned long long)s->disk_misses, (unsigned long long)s->disk_rejects, (unsigned long long)s->disk_writes);
+           (unsigned long long)s->disk_misses, (unsigned long long)s->disk_rejects, (unsigned long long)s->disk_writes,
+           (unsigned long long)s->evictions);
 }
 
 static int cache_ls(const char *dir, bool json, bool stats_only)
@@ -35,13 +36,18 @@ static int cache_ls(const char *dir, bool json, bool stats_only)
             if (strcmp(e[i].kind, kiln_cache_kind_ext((enum kiln_cache_kind)k)) == 0) per_kind[k]++;
     }
     kiln_cache_stats st = kiln_cache_folder_stats(dir);
-    const char *mode = kiln_env(KILN_ENV_CACHE);
+    const char *mode = kiln_env(KILN_ENV_CACHE), *bad_max = NULL;
+    uint64_t max = kiln_cache_max_bytes(&bad_max);
+    if (bad_max)
+        fprintf(stderr, "kiln cache: warning: %s='%s' is not a size; kiln uses %llu MiB\n", kiln_env_name(KILN_ENV_CACHE_MAX),
+                bad_max, (unsigned long long)(max >> 20));
     if (json) {
         printf("{\"dir\": ");
         kiln_cli_json_str(stdout, dir);
         printf(", \"mode\": ");
         kiln_cli_json_str(stdout, mode && *mode ? mode : "on");
-        printf(", \"entries\": %zu, \"bytes\": %llu, \"invalid\": %llu, ", n, (unsigned long long)bytes, (unsigned long long)bad);
+        printf(", \"entries\": %zu, \"bytes\": %llu, \"max_bytes\": %llu, \"invalid\": %llu, ", n, (unsigned long long)bytes,
+               (unsigned long long)max, (unsigned long long)bad);
         for (int k = 1; k < KILN_CACHE_KIND_COUNT; k++)
             printf("\"%s\": %llu, ", kiln_cache_kind_ext((enum kiln_cache_kind)k), (unsigned long long)per_kind[k]);
         stats_json(&st);
@@ -61,13 +67,17 @@ static int cache_ls(const char *dir, bool json, bool stats_only)
         printf("%s: %zu entries (cpu %llu, cuda %llu, vk %llu, plan %llu), %.2f MiB%s", dir, n,
                (unsigned long long)per_kind[KILN_CACHE_KIND_CPU], (unsigned long long)per_kind[KILN_CACHE_KIND_CUDA],
                (unsigned long long)per_kind[KILN_CACHE_KIND_VULKAN], (unsigned long long)per_kind[KILN_CACHE_KIND_PLAN],
-               bytes / 1048576.0, mode && *mode ? "" : "\n");
-        if (mode && *mode) printf(", KILN_CACHE=%s\n", mode);
+               bytes / 1048576.0, max ? "" : " (no size bound)");
+        if (max) printf(" of at most %.0f MiB (KILN_CACHE_MAX; least recently used leave first)", max / 1048576.0);
+        if (mode && *mode) printf(", KILN_CACHE=%s", mode);
+        printf("\n");
         if (bad) printf("%llu invalid (rebuilt on next use)\n", (unsigned long long)bad);
         if (stats_only)
-            printf("plans in memory: %llu hits, %llu misses; disk: %llu hits, %llu misses (%llu files refused), %llu written\n",
+            printf("plans in memory: %llu hits, %llu misses; disk: %llu hits, %llu misses (%llu files refused), %llu written, "
+                   "%llu evicted\n",
                    (unsigned long long)st.mem_hits, (unsigned long long)st.mem_misses, (unsigned long long)st.disk_hits,
-                   (unsigned long long)st.disk_misses, (unsigned long long)st.disk_rejects, (unsigned long long)st.disk_writes);
+                   (unsigned long long)st.disk_misses, (unsigned long long)st.disk_rejects, (unsigned long long)st.disk_writes,
+                   (unsigned long long)st.evictions);
     }
     free(e);
     return KILN_CLI_OK;

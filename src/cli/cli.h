@@ -16,6 +16,10 @@ enum {
     KILN_CLI_USAGE = 2, /* unknown command or flag, bad flag value */
 };
 
+/* --quiet was given (main takes it out of every command's arguments): contexts are made quiet
+ * (no progress lines; warnings about the settings still show). */
+extern bool kiln_cli_quiet;
+
 /* A cursor over a command's arguments (argv[0] is the command name). */
 typedef struct kiln_cli_args {
     int          argc; /* number of arguments */
@@ -70,3 +74,5 @@ int kiln_cli_bench_model(int argc, char *const *argv);
 int kiln_cli_bench_serve(int argc, char *const *argv);
 int kiln_cli_check(int argc, char *const *argv);
 int kiln_cli_cache(int argc, char *const *argv);
+/* Writes the roofline picture of p's kernels (svg.c) to path; prints where on stderr. Exit code. */
+int kiln_cli_plan_svg(const kiln_ctx *ctx, const kiln_plan *p, const char *path, const char *title);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli/model_run.h"
+#include "util/progress.h"
 #include "gen/chat.h"
 #include "gen/sample.h"
 #include "tok/tok.h"
@@ -340,7 +341,11 @@ static kiln_status gen_loop(const gen_opts *o, model_run *m, const gen_tok *gt, 
     kiln_tok_stream st = {0};
     int64_t n_all = gt->n_prompt;
     double t0 = kiln_cli_now();
+    char what[64];
+    snprintf(what, sizeof what, "prefill of %lld tokens", (long long)n_all);
+    kiln_progress *prog = kiln_progress_start(kiln_cli_quiet, what, 0, NULL); /* one run: time passing */
     kiln_status s = kiln_cli_model_step(m, all, n_all, 0, NULL);
+    kiln_progress_end(prog);
     g->prefill_s = kiln_cli_now() - t0;
     bool stopped = false;
     double t1 = 0; /* after the first token: each decode step is timed with its sampling and printing */

@@ -6,6 +6,8 @@
 #include "cli/cli.h"
 #include "sched/backend.h"
 
+bool kiln_cli_quiet;
+
 static const char usage_main[] =
     "usage: kiln COMMAND [FLAGS]\n"
     "\n"
@@ -25,7 +27,9 @@ static const char usage_main[] =
     "  help [COMMAND]        this text, or a command's flags\n"
     "\n"
     "`kiln COMMAND --help` shows a command's flags. Exit codes: 0 ok, 1 a kiln call failed,\n"
-    "2 a usage error.\n";
+    "2 a usage error.\n"
+    "--quiet (any command): no progress lines on stderr. Progress lines (compiles, model loading,\n"
+    "prefill past 2 s) show only on a terminal; KILN_PROGRESS=0|1 never|always.\n";
 
 static const char usage_info[] =
     "usage: kiln info [MODEL.gguf] [--json]\n"
@@ -138,7 +142,7 @@ static const char usage_bench[] =
 
 static const char usage_plan[] =
     "usage: kiln plan (FILE.kg | MODEL.gguf | --preset NAME [--wtype T]) [--layers N] [--ctx N] [--tokens T]\n"
-    "                 [--backend B] [--no-fuse] [--profile FILE] [--what-if] [--json | --dot]\n"
+    "                 [--backend B] [--no-fuse] [--profile FILE] [--what-if] [--json | --dot] [--svg FILE]\n"
     "\n"
     "Shows how kiln compiles a graph: each fused kernel with its ops, the backend it runs on, its\n"
     "FLOPs and bytes, whether memory or compute bounds it, and its predicted time on every backend\n"
@@ -149,7 +153,9 @@ static const char usage_plan[] =
     "  --no-fuse       one kernel per op\n"
     "  --profile FILE  JSON device profiles overriding the measured ones (cost-model experiments)\n"
     "  --what-if       also place on backends absent here that --profile FILE describes (needs --profile)\n"
-    "  --json, --dot   JSON, or a Graphviz graph of the fused kernels (kiln plan ... --dot | dot -Tpng)\n";
+    "  --json, --dot   JSON, or a Graphviz graph of the fused kernels (kiln plan ... --dot | dot -Tpng)\n"
+    "  --svg FILE      also write the roofline of each backend used (profile: bandwidth, f32 peak) with\n"
+    "                  every kernel at its FLOP/byte and predicted FLOP/s, as SVG\n";
 
 static const char usage_spirv[] =
     "usage: kiln spirv (FILE.kg | --preset NAME [--wtype T] [--ctx N] [--tokens T]) [--no-fuse]\n"
@@ -217,7 +223,9 @@ static const char usage_cache[] =
     "  stats   totals, and the hit/miss counts every kiln process added up in the folder\n"
     "  clear   remove every entry, temporary file and the counts\n"
     "  --json  one JSON object\n"
-    "KILN_CACHE=off turns the disk entries off (plans still share compiled code in memory).\n";
+    "KILN_CACHE=off turns the disk entries off (plans still share compiled code in memory).\n"
+    "KILN_CACHE_MAX=SIZE bounds the folder (default 512M; 0: no bound): past it, the entries used\n"
+    "longest ago are removed.\n";
 
 static const struct {
     const char *name;                     /* command name */
@@ -360,6 +368,12 @@ int main(int argc, char **argv)
         printf("kiln %s\n", KILN_VERSION_STRING);
         return KILN_CLI_OK;
     }
+    int kept = 2; /* --quiet is every command's: taken out here, the commands never see it */
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--quiet") == 0) kiln_cli_quiet = true;
+        else argv[kept++] = argv[i];
+    argc = kept;
+    argv[argc] = NULL;
     for (int c = 0; c < N_COMMANDS; c++)
         if (strcmp(commands[c].name, cmd) == 0)
             return backend_flag_ok(cmd, argc, argv) ? commands[c].fn(argc - 1, argv + 1) : KILN_CLI_USAGE;

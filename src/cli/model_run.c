@@ -1,11 +1,12 @@
 /* Loading a GGUF model for the kiln tool's model commands: open, page in, build, compile, and one
  * decoder run. Shared by generate.c and model.c (bench --model). Must not abort on user input or a
- * malformed file; prints a progress line only on a terminal. */
+ * malformed file; progress lines (util/progress.h) only on a terminal. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/model_run.h"
+#include "util/progress.h"
 
 void kiln_cli_model_free(model_run *m)
 {
@@ -18,12 +19,12 @@ void kiln_cli_model_free(model_run *m)
 }
 
 /* Touches every page of the tensor data once (so the first run does not pay the page faults),
- * with a progress line on a terminal for files over 64 MiB. */
-static void page_in(const kiln_gguf *f, bool progress)
+ * with a progress line on a terminal when it takes over 2 s. */
+static void page_in(const kiln_gguf *f)
 {
     int64_t n = kiln_gguf_tensor_count(f);
-    size_t total = kiln_gguf_size(f), done = 0, shown = 0;
-    progress = progress && total > ((size_t)64 << 20);
+    size_t total = kiln_gguf_size(f), done = 0;
+    kiln_progress *prog = kiln_progress_start(kiln_cli_quiet, "loading the model", total >> 20, " MiB");
     volatile unsigned char sink = 0;
     for (int64_t i = 0; i < n; i++) {
         kiln_gguf_tensor t;
@@ -31,13 +32,9 @@ static void page_in(const kiln_gguf *f, bool progress)
         const unsigned char *p = t.data;
         for (size_t off = 0; off < t.bytes; off += 4096) sink ^= p[off];
         done += t.bytes;
-        if (progress && done - shown > total / 50) {
-            shown = done;
-            fprintf(stderr, "\r  loading %.0f/%.0f MiB (%.0f%%)   ", (double)done / 1048576, (double)total / 1048576,
-                    100.0 * (double)done / (double)total);
-        }
+        kiln_progress_set(prog, done >> 20, NULL);
     }
-    if (progress) fprintf(stderr, "\r%60s\r", "");
+    kiln_progress_end(prog);
     (void)sink;
 }
 
@@ -45,7 +42,7 @@ static void page_in(const kiln_gguf *f, bool progress)
 int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, int64_t max_tok, model_run *m)
 {
     double t0 = kiln_cli_now();
-    kiln_ctx_options co = {.quiet = true, .n_threads = (int)o->threads};
+    kiln_ctx_options co = {.quiet = kiln_cli_quiet, .n_threads = (int)o->threads};
     kiln_status s = kiln_ctx_new(&co, &m->ctx);
     if (s != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "creating the context");
     if ((s = kiln_gguf_open(m->ctx, o->path, &m->file)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "opening the model");
@@ -56,7 +53,7 @@ int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, i
                 (long long)m->info.n_ctx_train);
         return KILN_CLI_USAGE;
     }
-    page_in(m->file, !o->json && isatty(2));
+    page_in(m->file);
     kiln_model_options mo = {.max_ctx = max_ctx, .max_tok = max_tok, .kv_dtype = KILN_DTYPE_F16, .last_only = true,
                              .logits = o->logits};
     kiln_graph *g = NULL;

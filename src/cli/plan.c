@@ -1,6 +1,7 @@
 /* `kiln plan` (of a .kg file, a preset or a GGUF model: fusion and placement explained: each kernel's fused ops, backend, predicted time on
- * every backend, roofline bound; text, JSON or Graphviz dot) and `kiln calibrate` (measure the
+ * every backend, roofline bound; text, JSON or Graphviz dot; --svg: the roofline picture, svg.c) and `kiln calibrate` (measure the
  * device profiles and store them in the cache dir). Reports only; never runs a graph. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,7 @@ typedef struct plan_opts {
     const char        *backend;  /* --backend */
     const char        *profile;  /* --profile FILE */
     const char        *format;   /* "text", "json", "dot" */
+    const char        *svg;      /* --svg FILE: the roofline picture */
     bool               no_fuse;  /* --no-fuse */
     bool               what_if;  /* --what-if */
 } plan_opts;
@@ -41,6 +43,9 @@ static int parse_plan(int argc, char *const *argv, plan_opts *o)
         } else if ((r = kiln_cli_flag_value(&a, "--profile", &v)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
             o->profile = v;
+        } else if ((r = kiln_cli_flag_value(&a, "--svg", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            o->svg = v;
         } else if (!strcmp(arg, "--json") || !strcmp(arg, "--dot")) {
             if (strcmp(o->format, "text") && strcmp(o->format, arg + 2)) {
                 fprintf(stderr, "kiln plan: --json and --dot are two formats: give one of them\n");
@@ -90,7 +95,7 @@ int kiln_cli_plan(int argc, char *const *argv)
     kiln_plan *p = NULL;
     kiln_gguf *gf = NULL; /* a GGUF model's file: the plan borrows its weights, so it closes last */
     char *out = NULL;
-    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx);
+    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = kiln_cli_quiet}, &ctx);
     if (s != KILN_OK) return kiln_cli_fail("plan", ctx, s, "creating the context");
     if (o.profile && (s = kiln_ctx_load_profile(ctx, o.profile)) != KILN_OK) {
         rc = kiln_cli_fail("plan", ctx, s, "loading the profile");
@@ -120,6 +125,12 @@ int kiln_cli_plan(int argc, char *const *argv)
         goto out;
     }
     fputs(out, stdout);
+    if (o.svg) {
+        char title[256];
+        snprintf(title, sizeof title, "kiln plan %s%s: %d kernels, predicted on the roofline", o.file ? o.file : "--preset ",
+                 o.file ? "" : o.preset->name, kiln_plan_kernel_count(p));
+        rc = kiln_cli_plan_svg(ctx, p, o.svg, title);
+    }
 out:
     free(out);
     kiln_plan_free(p);
@@ -139,7 +150,7 @@ int kiln_cli_calibrate(int argc, char *const *argv)
         else return kiln_cli_unknown_flag("calibrate", argv[i]);
     }
     kiln_ctx *ctx = NULL;
-    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = json}, &ctx);
+    kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = json || kiln_cli_quiet}, &ctx);
     if (s != KILN_OK) return kiln_cli_fail("calibrate", ctx, s, "creating the context");
     if ((s = kiln_calibrate(ctx, save)) != KILN_OK) {
         int rc = kiln_cli_fail("calibrate", ctx, s, "measuring");

@@ -340,7 +340,7 @@ static void run_free(run_state *st)
 /* Loads, binds, compiles and runs; returns an exit code. */
 static int run_file(const run_opts *o, run_state *st)
 {
-    kiln_ctx_options co = {.quiet = true, .n_threads = o->threads};
+    kiln_ctx_options co = {.quiet = kiln_cli_quiet, .n_threads = o->threads};
     kiln_status s = kiln_ctx_new(&co, &st->ctx);
     if (s != KILN_OK)
         return kiln_cli_fail("run", st->ctx, s, "creating the context");

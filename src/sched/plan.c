@@ -6,6 +6,7 @@
 #include "sched/cost.h"
 #include "graph/paged.h"
 #include "util/env.h"
+#include "util/progress.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -286,7 +287,7 @@ static void free_kernels(kiln_plan *p)
 }
 
 
-static kiln_status compile_regions(kiln_plan *p)
+static kiln_status compile_regions(kiln_plan *p, kiln_progress *prog)
 {
     char err[1024] = "";
     if (p->what_if) return KILN_OK;
@@ -294,6 +295,7 @@ static kiln_status compile_regions(kiln_plan *p)
         const kiln_region *reg = &p->fusion.regions[r];
         int be = p->region_be[r];
         const kiln_backend_i *b = kiln_backends[be];
+        kiln_progress_set(prog, r, b->name);
         if (!b->compile) continue;
         bool dev = kiln_backend_is_device(b); /* device backends' state is shared by the context's threads */
         if (dev) pthread_mutex_lock(&p->ctx->be_mu[be]);
@@ -313,15 +315,24 @@ static kiln_status compile_regions(kiln_plan *p)
  * must not make every later compile of the graph fail. */
 static kiln_status place_and_compile(kiln_plan *p, int forced)
 {
+    /* A cold GPU compile can take a minute (lavapipe's LLVM): a line on a terminal past 2 s. */
+    kiln_progress *prog = kiln_progress_start(p->ctx->opts.quiet, "compiling kernels", p->fusion.n_regions, "");
+    kiln_progress_set(prog, 0, "placing");
     bool from_disk;
     kiln_status s = place_cached(p, forced, &from_disk);
-    if (s == KILN_OK) s = compile_regions(p);
-    if (s == KILN_OK || !from_disk) return s;
-    free_kernels(p);
-    p->disk_hits = p->disk_misses = 0;
-    if ((s = place(p, forced)) != KILN_OK) return s;
-    kiln_sched_cache_save_placement(p, forced);
-    return compile_regions(p);
+    if (s == KILN_OK) s = compile_regions(p, prog);
+    if (s != KILN_OK && from_disk) {
+        free_kernels(p);
+        p->disk_hits = p->disk_misses = 0;
+        kiln_progress_set(prog, 0, "placing");
+        if ((s = place(p, forced)) == KILN_OK) {
+            kiln_sched_cache_save_placement(p, forced);
+            s = compile_regions(p, prog);
+        }
+    }
+    kiln_progress_set(prog, p->fusion.n_regions, p->what_if ? "what-if" : "");
+    kiln_progress_end(prog);
+    return s;
 }
 
 KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,

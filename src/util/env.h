@@ -16,6 +16,8 @@ enum kiln_env_var {
     KILN_ENV_VK_DEVICE,      /* Vulkan device by index or name */
     KILN_ENV_CACHE,          /* kernel cache: off / on / all */
     KILN_ENV_CACHE_DIR,      /* kernel cache folder */
+    KILN_ENV_CACHE_MAX,      /* the cache folder's size bound */
+    KILN_ENV_PROGRESS,       /* progress lines on stderr: 0 never, 1 always (else on a terminal) */
     KILN_ENV_XDG_CACHE_HOME, /* its default parent */
     KILN_ENV_HOME,           /* its parent when XDG_CACHE_HOME is unset */
     KILN_ENV_SOURCE_DIR,     /* where contracts/ is */
