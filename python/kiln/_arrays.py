@@ -95,7 +95,12 @@ def view(obj, name: str, writable: bool = False) -> View:
         if kind in (_DL_CUDA, _DL_CUDA_MANAGED):
             return _dlpack_device_view(obj)
         if kind == 1:  # kDLCPU: numpy views it in place
-            obj = np.from_dlpack(obj)
+            a = np.from_dlpack(obj)
+            if writable and not a.flags.writeable:  # a producer that marks it read-only: __array__'s view
+                b = np.asarray(obj)
+                if np.shares_memory(a, b):
+                    a = b
+            obj = a
     try:
         a = np.asarray(obj)
     except Exception as e:  # noqa: BLE001 - any failure to view is the caller's type error

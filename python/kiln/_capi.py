@@ -148,6 +148,7 @@ _PROTOS = {
     "kiln_compile": (I, [P, P, C.POINTER(CompileOptions), PP]),
     "kiln_plan_free": (None, [P]),
     "kiln_run": (I, [P, C.POINTER(Binding), SZ]),
+    "kiln_run_async": (I, [P, C.POINTER(Binding), SZ, P]),
     "kiln_plan_tensor": (I, [P, S, C.POINTER(TensorInfo)]),
     "kiln_plan_read": (I, [P, S, P, SZ]),
     "kiln_plan_state_read": (I, [P, S, P, SZ]),

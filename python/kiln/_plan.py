@@ -186,6 +186,22 @@ _default = None
 _default_lock = threading.Lock()
 
 
+def _stream_handle(stream) -> int | None:
+    """The CUstream of stream: an int, __cuda_stream__ (version, handle), torch's cuda_stream or
+    CuPy's ptr; None is the legacy default stream."""
+    if stream is None or isinstance(stream, int):
+        return stream or None
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        return int(proto()[1]) or None
+    for attr in ("cuda_stream", "ptr", "handle"):
+        h = getattr(stream, attr, None)
+        if isinstance(h, int):
+            return h or None
+    raise TypeError(f"kiln: cannot take a CUDA stream handle from {type(stream).__name__} "
+                    "(give an int, a torch.cuda.Stream or an object with __cuda_stream__)")
+
+
 def default_context() -> Context:
     """A process-wide quiet Context made on first use (for quick experiments)."""
     global _default
@@ -290,6 +306,24 @@ class Plan:
         for n in names:
             result[n] = self.read(n)
         return result
+
+    def run_async(self, inputs: Mapping | None = None, symbols: Mapping[str, int] | None = None,
+                  out: Mapping | None = None, stream=None) -> dict:
+        """kiln_run_async: one step ordered on the caller's CUDA stream, as an engine's decode loop
+        runs it. stream: a CUstream handle (int), or an object that has one (torch.cuda.Stream's
+        `cuda_stream`, CuPy's `ptr`, or the `__cuda_stream__` protocol); None is the legacy default
+        stream. A plan whose kernels all run on cuda is ordered after the work already on stream,
+        and stream waits for it (events: with every input and output bound as device memory the
+        call returns without waiting). Any other plan runs as run() does. Outputs are what `out`
+        binds (read others later with read()); device arrays must stay alive until the stream has
+        passed the step (the caller's tensors: kiln keeps no reference after the call)."""
+        keep: list = []
+        bs = [self._binding(n, a, False, keep) for n, a in (inputs or {}).items()]
+        bs += [_capi.Binding(n.encode(), None, 0, int(v), False) for n, v in (symbols or {}).items()]
+        bs += [self._binding(n, a, True, keep) for n, a in (out or {}).items()]
+        arr = (_capi.Binding * max(1, len(bs)))(*bs)
+        self._check(lib.kiln_run_async(self.handle, arr, len(bs), _stream_handle(stream)), "kiln_run_async")
+        return dict(out or {})
 
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """kiln_plan_read: the last run's value of an output (into `out` when given)."""
