@@ -462,7 +462,7 @@ bool kiln_cache_trim(const char *dir, uint64_t max, uint64_t keep, size_t *remov
     }
     size_t n = 0;
     aged *a = scan(d, &n, total);
-    if (*total > max) {
+    if (*total > max && a) {
         qsort(a, n, sizeof *a, cmp_aged); /* least recently used first */
         for (size_t i = 0; i + 1 < n && *total > keep; i++) /* never the newest: the entry just written */
             if (unlinkat(dirfd(d), a[i].name, 0) == 0) (*removed)++, *total -= a[i].bytes;
