@@ -533,7 +533,7 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
         int64_t per_row = a.n_head * a.hd;
         kl_guard_rows(&k[0], g, n->src[0], per_row, KL_SMALL_ROWS, true);
         kl_guard_rows(&k[1], g, n->src[0], per_row, KL_SMALL_ROWS, true);
-        kl_lower_flash(g, node, &k[2]);
+        kl_lower_flash(g, node, tg, &k[2]);
         kl_guard_rows(&k[2], g, n->src[0], per_row, KL_SMALL_ROWS, false);
         *n_out = 3;
     }

@@ -1,25 +1,37 @@
 /* Flash attention for prefill on tensor cores (kir MMA m16n8k16, f32 accumulation), over a
- * head-major f16 or f32 KV cache. A block of 4 warps owns 64 query rows of one query head (16 per
- * warp); it walks the keys the causal mask lets its last row see in tiles of up to 64 keys (K and
- * V tiles in 16 KB), staged in shared memory in fragment order (K as is, V transposed into key
- * pairs). Per tile a warp computes S = q . K^T (16 x tile) in registers, masks it (key < n_kv -
- * n_tok + t + 1, computed, never stored), updates the rows' running max and sum (online softmax in
- * base 2), and adds P . V into its 16 x hd output fragments; P goes from S's accumulator layout
- * straight into A fragments (no shared memory). q and P enter the MMA as two f16 parts each (hi +
- * lo, the sum within 2^-22 of the f32 value); K and V are f16 already, or, from an f32 cache,
- * staged as two parts too (the hi.hi, hi.lo and lo.hi products: three MMAs where f16 takes two):
- * the result meets the contract's f32 tolerance. Query blocks run latest first (they see the most
- * keys). Must not know any target's syntax. */
+ * head-major f16 or f32 KV cache. A block of 8 warps owns 128 query rows (16 per warp); with
+ * grouped-query heads those rows are (token, head) pairs of the G query heads that share one kv
+ * head, so each K/V tile staged serves all G heads. The block walks the keys the causal mask lets
+ * its last row see in tiles of up to 64 keys, staged in shared memory in fragment order (K as is,
+ * V transposed into key pairs); the next tile's cache words are loaded into registers while the
+ * warps compute on the current one (the loads' latency hides behind the MMAs). Per tile a warp
+ * computes S = q . K^T (16 x tile) in registers, masks it (key < n_kv - n_tok + t + 1, computed,
+ * never stored), updates the rows' running max and sum (online softmax in base 2), and adds P . V
+ * into its 16 x hd output fragments; P goes from S's accumulator layout straight into A fragments
+ * (no shared memory). q and P enter the MMA as two f16 parts each (hi + lo, the sum within 2^-22
+ * of the f32 value); K and V are f16 already, or, from an f32 cache, staged as two parts too (the
+ * hi.hi, hi.lo and lo.hi products: three MMAs where f16 takes two): the result meets the
+ * contract's f32 tolerance. Query blocks run latest first (they see the most keys). The first
+ * version of the kernel (64 rows of one head a block, 4 warps, no register prefetch) stays
+ * behind codegen.flash = KILN_GEMM_OFF for A/B runs. Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
 #include <string.h>
 
-#define FQ    64  /* query rows per block */
 #define FKMAX 64  /* keys per tile at most (keys_per_tile) */
-#define FT    128 /* threads: 4 warps of 16 rows */
-#define FP    2   /* f16 parts of q and of P */
+#define FP    2   /* f16 parts of q and of P at most */
 #define FHD   128 /* largest head dim (registers: q parts, output fragments) */
+#define FPRE  64  /* cache words a thread prefetches at most (flash_geo keeps it so) */
+
+/* The kernel's shape and choices (flash_geo). */
+typedef struct fgeo {
+    int32_t rows, threads; /* query rows and threads of a block (16 rows a warp) */
+    int32_t FK;            /* keys per tile */
+    bool    share;         /* a block's rows are (token, head) pairs of one kv head's query heads */
+    bool    prefetch;      /* the next tile's cache words load into registers during this tile */
+    int     np;            /* f16 parts of q and P (1 or 2) */
+} fgeo;
 
 typedef struct fl {
     kiln_kir *k;
@@ -41,14 +53,14 @@ static uint32_t red4(kiln_kir *k, uint32_t v, enum kiln_kred op) /* over the 4 l
     return kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
 }
 
-/* The A fragments (one per part) of the 16 x 16 block whose lane j elements are x[j][0..1]. */
-static void a_frags(kiln_kir *k, uint32_t x[4][2], uint32_t out[FP])
+/* The A fragments (np parts) of the 16 x 16 block whose lane j elements are x[j][0..1]. */
+static void a_frags(kiln_kir *k, uint32_t x[4][2], int np, uint32_t out[FP])
 {
-    for (int q = 0; q < FP; q++) out[q] = KILN_IDX_NONE;
+    for (int q = 0; q < np; q++) out[q] = KILN_IDX_NONE;
     for (int j = 0; j < 4; j++) {
         uint32_t word[FP];
-        kl_split_pair(k, x[j][0], x[j][1], FP, false, word);
-        for (int q = 0; q < FP; q++) out[q] = setlane(k, KILN_KT_V4, out[q], word[q], j);
+        kl_split_pair(k, x[j][0], x[j][1], np, false, word);
+        for (int q = 0; q < np; q++) out[q] = setlane(k, KILN_KT_V4, out[q], word[q], j);
     }
 }
 
@@ -60,24 +72,49 @@ static uint32_t cache_word(kiln_kir *k, const fl *f, uint32_t kvh, uint32_t key)
                    kiln_ki(k, (int32_t)(f->hd / (3 - f->kp))));
 }
 
-/* Keys per tile: the K and V tiles (kp f16 parts each) in 16 KB, at most 64. */
-static int32_t keys_per_tile(int64_t hd, int kp)
+/* Keys per tile: the K and V tiles (kp f16 parts each) in `budget` bytes, a multiple of 16, at
+ * most 64. */
+static int32_t keys_per_tile(int64_t hd, int kp, int64_t budget)
 {
-    int64_t fk = 4096 / (hd * kp);
-    return (int32_t)(fk > 64 ? 64 : fk);
+    int64_t fk = budget / (4 * hd * kp);
+    fk = fk > FKMAX ? FKMAX : fk / 16 * 16;
+    return (int32_t)(fk < 16 ? 16 : fk);
 }
 
-/* The 4 words of staging item c (16 bytes) of key kg of kv head kvh in cache slot `slot`; 0 for a
- * key past n_kv (the load reads a row of the cache that exists). */
-static void key_item(kiln_kir *k, const fl *f, uint32_t slot, uint32_t kvh, uint32_t kg, uint32_t n_kv, uint32_t c,
-                     uint32_t w[4])
+/* The kernel's shape for target tg: 128 rows of 8 warps, grouped heads sharing tiles, register
+ * prefetch and tiles in the shared memory the target gives (32 KiB where the MMA is native; an
+ * emulating printer takes 24 bytes a thread of the target's limit for its fragment exchange); or,
+ * with codegen.flash off, the first kernel (64 rows of one head, 4 warps, tiles in 16 KiB). */
+static fgeo flash_geo(const kiln_lower_target *tg, int64_t hd, int kp)
 {
-    uint32_t ok = kiln_k2(k, KILN_KOP_LT, kg, n_kv);
+    bool v1 = tg->opts.flash == KILN_GEMM_OFF;
+    fgeo o = {.rows = v1 ? 64 : 128, .threads = v1 ? 128 : 256, .share = !v1, .prefetch = !v1, .np = FP};
+    int64_t budget = v1 ? 16384 : tg->mma_native ? 32768 : (int64_t)tg->smem_bytes - 24 * o.threads - 2048;
+    o.FK = keys_per_tile(hd, kp, budget);
+    /* Registers a thread holds across a tile: output fragments (hd / 2), q's fragments (hd np / 4),
+     * scores (FK / 2) and the prefetched words (K items of 4 words, V items of 8: two keys). Past
+     * ~160 the kernel spills at 8 warps (255 at most): smaller tiles (f32 accuracy at hd 128 takes
+     * 32 keys). */
+    for (;;) {
+        int32_t cpr = (int32_t)(hd * kp / 8), nk = (o.FK * cpr + o.threads - 1) / o.threads,
+                nv = (o.FK / 2 * cpr + o.threads - 1) / o.threads, pre = o.prefetch ? 4 * nk + 8 * nv : 0;
+        if (pre > FPRE || (!v1 && hd / 2 + hd * o.np / 4 + o.FK / 2 + pre > 160 && o.FK > 16)) {
+            if (o.FK > 16) o.FK -= 16;
+            else o.prefetch = false;
+            continue;
+        }
+        return o;
+    }
+}
+
+/* The 4 words of staging item c (16 bytes) of key kg of kv head kvh in cache slot `slot` (a row
+ * of the cache that exists: the key clamped into it; keys past n_kv are zeroed where stored). */
+static uint32_t key_item(kiln_kir *k, const fl *f, uint32_t slot, uint32_t kvh, uint32_t kg, uint32_t c)
+{
     uint32_t row = cache_word(k, f, kvh, kiln_k2(k, KILN_KOP_MIN, kg, kiln_ki(k, (int32_t)f->max_ctx - 1)));
-    uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
-                              kiln_k2(k, KILN_KOP_ADD, row, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4))), KILN_IDX_NONE,
-                              KILN_IDX_NONE, (int32_t)slot);
-    for (int j = 0; j < 4; j++) w[j] = kiln_ksel(k, KILN_KT_U32, ok, kiln_klane(k, v4, j), kiln_ku(k, 0));
+    return kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
+                       kiln_k2(k, KILN_KOP_ADD, row, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4))), KILN_IDX_NONE,
+                       KILN_IDX_NONE, (int32_t)slot);
 }
 
 /* The f32 pair of words (a, b) as hi and lo f16 parts, stored at word `at` of part 0 of a tile
@@ -97,76 +134,113 @@ bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
     int64_t hd = q->dims[2];
     if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_F32) || hd % 32 || hd > FHD)
         return false;
-    int kp = kc->dtype == KILN_DTYPE_F32 ? 2 : 1;
-    /* whole staging items per thread: K takes fk * hd / (8 / kp) 16-byte items, V half as many */
-    bool items = (keys_per_tile(hd, kp) / 2 * (hd * kp / 8)) % FT == 0;
-    return items && kl_dim_max(g, q->dims[0]) > 8 && kc->dims[1] < ((int64_t)1 << 24);
+    return kl_dim_max(g, q->dims[0]) > 8 && kc->dims[1] < ((int64_t)1 << 24);
 }
 
 /* One flash kernel being written: its geometry, slots and the values its phases share. */
 typedef struct flash_st {
     kiln_kir *k;
     fl f;
+    fgeo o;
     int KP;                      /* f16 parts of K and V (f.kp) */
     int32_t hd, FK, KT, VT, tw;  /* head dim, keys per tile, k-tiles of q, k-tiles of V, words of a tile part */
+    int32_t nk, nv;              /* staging items of K (4 words) and V (two keys: 8 words) a thread takes */
     uint32_t ksh, vsh, ks, vs;   /* shared K and V tiles; the caches' slots */
     uint32_t tid, kvh, n_kv, kb; /* I32: thread, kv head, keys, first key of the tile (loop variable) */
     uint32_t qq, frag, zero4;    /* I32 lane & 3; the lane's words in a tile; F4 zero */
     uint32_t seen[2];            /* I32 keys each of the lane's two rows sees */
     uint32_t m[2], l[2];         /* F32 variables: running max and sum of the rows */
-    uint32_t o[FHD / 8];         /* F4 variables: output fragments */
+    uint32_t o_[FHD / 8];        /* F4 variables: output fragments */
     uint32_t qf[FHD / 16][FP];   /* q's A fragments, pre-scaled */
+    uint32_t pre[FPRE];          /* U32 variables: the prefetched cache words (K items, then V items) */
 } flash_st;
 
-/* Stages the tile at key kb: K as is, V transposed into key pairs (fragment order). */
-static void flash_stage(flash_st *st)
+static int32_t cpr_of(const flash_st *st) { return st->hd * st->KP / 8; } /* 16-byte items a key's row takes */
+
+/* Staging item u of K (v false) or V: its index, key (V: key pair) and 16-byte column, and whether
+ * this thread has one (a guard is opened when the items do not divide the threads). */
+static void stage_item(flash_st *st, bool v, int u, uint32_t *key, uint32_t *c)
 {
     kiln_kir *k = st->k;
-    const fl f = st->f;
+    int32_t items = (v ? st->FK / 2 : st->FK) * cpr_of(st);
+    uint32_t i = kiln_k2(k, KILN_KOP_ADD, st->tid, kiln_ki(k, st->o.threads * u));
+    if (items % st->o.threads) kiln_kif(k, kiln_k2(k, KILN_KOP_LT, i, kiln_ki(k, items)));
+    *key = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr_of(st)));
+    *c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr_of(st)));
+}
+static void stage_item_end(flash_st *st, bool v)
+{
+    int32_t items = (v ? st->FK / 2 : st->FK) * cpr_of(st);
+    if (items % st->o.threads) kiln_kendif(st->k);
+}
+
+/* The cache words of items [u0, u1) of the tile at key kb0 into w[] (K items, then V items: 4
+ * and 8 words each, at their place in w). */
+static void flash_load(flash_st *st, uint32_t kb0, uint32_t w[FPRE], bool assign, int u0, int u1)
+{
+    kiln_kir *k = st->k;
+    for (int u = u0; u < u1; u++) {
+        bool v = u >= st->nk;
+        uint32_t key, c;
+        stage_item(st, v, v ? u - st->nk : u, &key, &c);
+        int at = v ? 4 * st->nk + 8 * (u - st->nk) : 4 * u;
+        for (int h = 0; h < (v ? 2 : 1); h++) {
+            uint32_t kg = v ? kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, key, 2), kiln_ki(k, h)) : key;
+            uint32_t v4 = key_item(k, &st->f, v ? st->vs : st->ks, st->kvh, kiln_k2(k, KILN_KOP_ADD, kb0, kg), c);
+            for (int j = 0; j < 4; j++) {
+                uint32_t x = kiln_klane(k, v4, j);
+                if (assign) kiln_kset(k, w[at + 4 * h + j], x);
+                else w[at + 4 * h + j] = x;
+            }
+        }
+        stage_item_end(st, v);
+    }
+}
+
+/* Stores items [u0, u1) of the tile at key kb from their words in w[] (flash_load's places): K as
+ * is, V transposed into key pairs (fragment order), V's keys past n_kv as 0 (P is 0 there, but 0 x
+ * a stale inf is not; K's stale keys only make scores the mask drops). */
+static void flash_put(flash_st *st, const uint32_t w[FPRE], int u0, int u1)
+{
+    kiln_kir *k = st->k;
     int KP = st->KP;
-    int32_t hd = st->hd, FK = st->FK, KT = st->KT, VT = st->VT, tw = st->tw;
-    uint32_t ksh = st->ksh, vsh = st->vsh, ks = st->ks, vs = st->vs, tid = st->tid, kvh = st->kvh, n_kv = st->n_kv,
-             kb = st->kb;
-    kiln_kbarrier(k); /* every warp is done with the previous tile */
-    /* K: a thread stages 16 bytes of a key per item (8 f16 or 4 f32 dims: 4 or 2 pairs); keys
-     * past n_kv are 0 */
-    int32_t dpi = 8 / KP, cpr = hd / dpi; /* dims per item, items per key */
-    for (int u = 0; u < FK * cpr / FT; u++) {
-        uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
-        uint32_t key = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
-        uint32_t w[4];
-        key_item(k, &f, ks, kvh, kiln_k2(k, KILN_KOP_ADD, kb, key), n_kv, c, w);
+    int32_t KT = st->KT, VT = st->VT, tw = st->tw;
+    for (int u = u0; u < u1 && u < st->nk; u++) {
+        uint32_t key, c;
+        stage_item(st, false, u, &key, &c);
+        const uint32_t *x = w + 4 * u;
         if (KP == 1) {
             uint32_t w0 = kl_frag_b_word(k, key, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), KT);
             for (int p = 0; p < 4; p++)
-                kiln_ksts(k, ksh, p ? kiln_k2(k, KILN_KOP_XOR, w0, kiln_ki(k, 4 * p)) : w0, w[p]);
-            continue;
+                kiln_ksts(k, st->ksh, p ? kiln_k2(k, KILN_KOP_XOR, w0, kiln_ki(k, 4 * p)) : w0, x[p]);
+        } else {
+            for (int p = 0; p < 2; p++) /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
+                store_parts(k, st->ksh,
+                            kl_frag_b_word(k, key,
+                                           kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 2)),
+                                                   kiln_ki(k, p)),
+                                           KT),
+                            tw, x[2 * p], x[2 * p + 1]);
         }
-        for (int p = 0; p < 2; p++) /* pair 2c + p: dims 4c + 2p, + 1, as hi and lo parts */
-            store_parts(
-                k, ksh,
-                kl_frag_b_word(k, key,
-                               kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 2)), kiln_ki(k, p)), KT),
-                tw, w[2 * p], w[2 * p + 1]);
+        stage_item_end(st, false);
     }
-    /* V transposed: a thread takes 16 bytes of two neighbouring keys and stores their key pairs
-     * of each dim (kp parts) */
-    for (int u = 0; u < FK / 2 * cpr / FT; u++) {
-        uint32_t i = kiln_k2(k, KILN_KOP_ADD, tid, kiln_ki(k, FT * u));
-        uint32_t kp = kiln_k2(k, KILN_KOP_DIV, i, kiln_ki(k, cpr)), c = kiln_k2(k, KILN_KOP_REM, i, kiln_ki(k, cpr));
-        uint32_t vw[2][4];
+    for (int u = (u0 > st->nk ? u0 : st->nk) - st->nk; u < u1 - st->nk; u++) {
+        uint32_t kp, c;
+        stage_item(st, true, u, &kp, &c);
+        const uint32_t *x = w + 4 * st->nk + 8 * u;
+        uint32_t ok[2];
         for (int h = 0; h < 2; h++)
-            key_item(k, &f, vs, kvh,
-                     kiln_k2(k, KILN_KOP_ADD, kb,
-                             kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kp, kiln_ki(k, 2)), kiln_ki(k, h))),
-                     n_kv, c, vw[h]);
-        for (int w = 0; w < 4; w++) {
-            uint32_t a = vw[0][w], b = vw[1][w];
-            if (KP == 2) { /* dim 4c + w: the two keys' f32 values as hi and lo parts */
+            ok[h] = kiln_k2(k, KILN_KOP_LT,
+                            kiln_k2(k, KILN_KOP_ADD, st->kb, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kp, 2), kiln_ki(k, h))),
+                            st->n_kv);
+        for (int j = 0; j < 4; j++) {
+            uint32_t a = kiln_ksel(k, KILN_KT_U32, ok[0], x[j], kiln_ku(k, 0)),
+                     b = kiln_ksel(k, KILN_KT_U32, ok[1], x[4 + j], kiln_ku(k, 0));
+            if (KP == 2) { /* dim 4c + j: the two keys' f32 values as hi and lo parts */
                 store_parts(
-                    k, vsh,
+                    k, st->vsh,
                     kl_frag_b_word(
-                        k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), kiln_ki(k, w)), kp, VT),
+                        k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4)), kiln_ki(k, j)), kp, VT),
                     tw, a, b);
                 continue;
             }
@@ -174,35 +248,61 @@ static void flash_stage(flash_st *st)
                                   kiln_k2(k, KILN_KOP_SHL, b, kiln_ku(k, 16)));
             uint32_t hi = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, a, kiln_ku(k, 16)),
                                   kiln_k2(k, KILN_KOP_AND, b, kiln_ku(k, 0xffff0000u)));
-            uint32_t dim = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 8)), kiln_ki(k, 2 * w));
-            kiln_ksts(k, vsh, kl_frag_b_word(k, dim, kp, VT), lo);
-            kiln_ksts(k, vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, dim, kiln_ki(k, 1)), kp, VT), hi);
+            uint32_t dim = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 8)), kiln_ki(k, 2 * j));
+            kiln_ksts(k, st->vsh, kl_frag_b_word(k, dim, kp, VT), lo);
+            kiln_ksts(k, st->vsh, kl_frag_b_word(k, kiln_k2(k, KILN_KOP_ADD, dim, kiln_ki(k, 1)), kp, VT), hi);
+        }
+        stage_item_end(st, true);
+    }
+}
+
+/* Stages the tile at key kb between two barriers: from the words prefetched during the previous
+ * tile, then the next tile's loads are issued (they land while this tile computes); or loaded here. */
+static void flash_stage(flash_st *st, uint32_t kend)
+{
+    kiln_kir *k = st->k;
+    kiln_kbarrier(k); /* every warp is done with the previous tile */
+    int nu = st->nk + st->nv;
+    if (st->o.prefetch) {
+        flash_put(st, st->pre, 0, nu);
+    } else { /* item by item (few registers); one some threads lack is loaded inside a guard: into variables */
+        uint32_t w[FPRE];
+        bool guard = (st->FK * cpr_of(st)) % st->o.threads || (st->FK / 2 * cpr_of(st)) % st->o.threads;
+        for (int i = 0; guard && i < 4 * st->nk + 8 * st->nv; i++) w[i] = kiln_kvar(k, kiln_ku(k, 0));
+        for (int u = 0; u < nu; u++) {
+            flash_load(st, st->kb, w, guard, u, u + 1);
+            flash_put(st, w, u, u + 1);
         }
     }
     kiln_kbarrier(k);
+    if (st->o.prefetch) {
+        uint32_t nxt = kiln_kaddi(k, st->kb, st->FK);
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, nxt, kend));
+        flash_load(st, nxt, st->pre, true, 0, st->nk + st->nv);
+        kiln_kendif(k);
+    }
 }
 
 /* S = q . K^T of the tile into s[] (n-tiles of 8 keys). */
 static void flash_scores(flash_st *st, uint32_t s[FKMAX / 8])
 {
     kiln_kir *k = st->k;
-    int KP = st->KP;
+    int KP = st->KP, np = st->o.np;
     int32_t FK = st->FK, KT = st->KT, tw = st->tw;
     uint32_t ksh = st->ksh, frag = st->frag, zero4 = st->zero4;
-    /* S = q . K^T: n-tiles of 8 keys */
     for (int nt = 0; nt < FK / 8; nt++) s[nt] = zero4;
-    for (int np = 0; np < FK / 16; np++)
+    for (int np2 = 0; np2 < FK / 16; np2++)
         for (int kk = 0; kk < KT; kk++) {
             uint32_t bf[2];
             for (int pt = 0; pt < KP; pt++)
                 bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4,
-                                     kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (np * KT + kk) * 128 + pt * tw)),
+                                     kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (np2 * KT + kk) * 128 + pt * tw)),
                                      KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)ksh);
-            for (int p = 0; p < FP; p++)
+            for (int p = 0; p < np; p++)
                 for (int pt = 0; pt + p < 2 && pt < KP; pt++) /* hi.hi, hi.lo, lo.hi: lo.lo is below f32's rounding */
                     for (int h = 0; h < 2; h++)
-                        s[2 * np + h] =
-                            kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, st->qf[kk][p], bf[pt], s[2 * np + h], h << 1);
+                        s[2 * np2 + h] =
+                            kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, st->qf[kk][p], bf[pt], s[2 * np2 + h], h << 1);
         }
 }
 
@@ -212,7 +312,7 @@ static void flash_softmax(flash_st *st, const uint32_t s[FKMAX / 8], uint32_t pv
 {
     kiln_kir *k = st->k;
     int32_t hd = st->hd, FK = st->FK;
-    uint32_t kb = st->kb, qq = st->qq, *m = st->m, *l = st->l, *o = st->o;
+    uint32_t kb = st->kb, qq = st->qq, *m = st->m, *l = st->l, *o = st->o_;
     const uint32_t *seen = st->seen;
     /* the causal mask, the rows' maxima, P (base 2) and the rows' running sums */
     uint32_t sv[FKMAX / 8][4], mx[2] = {kiln_kf(k, -INFINITY), kiln_kf(k, -INFINITY)};
@@ -251,7 +351,7 @@ static void flash_softmax(flash_st *st, const uint32_t s[FKMAX / 8], uint32_t pv
 static void flash_pv(flash_st *st, uint32_t pv[FKMAX / 8][4], uint32_t on[FHD / 8])
 {
     kiln_kir *k = st->k;
-    int KP = st->KP;
+    int KP = st->KP, np = st->o.np;
     int32_t hd = st->hd, VT = st->VT, tw = st->tw;
     uint32_t vsh = st->vsh, frag = st->frag;
     for (int kk = 0; kk < VT; kk++) {
@@ -260,74 +360,84 @@ static void flash_pv(flash_st *st, uint32_t pv[FKMAX / 8][4], uint32_t on[FHD / 
                             {pv[2 * kk + 1][0], pv[2 * kk + 1][1]},
                             {pv[2 * kk + 1][2], pv[2 * kk + 1][3]}};
         uint32_t pf[FP];
-        a_frags(k, x, pf);
+        a_frags(k, x, np, pf);
         for (int dp = 0; dp < hd / 16; dp++) {
             uint32_t bf[2];
             for (int pt = 0; pt < KP; pt++)
                 bf[pt] = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4,
                                      kiln_k2(k, KILN_KOP_ADD, frag, kiln_ki(k, (dp * VT + kk) * 128 + pt * tw)),
                                      KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)vsh);
-            for (int p = 0; p < FP; p++)
+            for (int p = 0; p < np; p++)
                 for (int pt = 0; pt + p < 2 && pt < KP; pt++)
                     for (int h = 0; h < 2; h++)
                         on[2 * dp + h] =
                             kiln_kir_op(k, KILN_KOP_MMA, KILN_KT_F4, pf[p], bf[pt], on[2 * dp + h], h << 1);
         }
     }
-    for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, st->o[dt], on[dt]);
+    for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, st->o_[dt], on[dt]);
 }
 
-/* q's A fragments for the lane's two rows (row[], clamped to n_tok - 1), pre-scaled to base-2
- * logits by the attention's scale, for the whole key loop. */
-static void flash_q_frags(kiln_kir *k, const fl *fp, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs,
-                          const uint32_t row[2], uint32_t n_tok, uint32_t head, uint32_t qq, int32_t KT,
-                          uint32_t qf[FHD / 16][FP])
+/* The lane's two query rows: their tokens (I32) and their q rows in units of hd (row of q's
+ * [n_tok, n_head] heads, the token clamped to n_tok - 1 for rows past the end). A block's rows are
+ * R0 + 16 warp + g + 8 r; with shared tiles row R is head (R % G) of the group at token R / G. */
+typedef struct flash_rows {
+    uint32_t tok[2], qrow[2];
+} flash_rows;
+
+static flash_rows flash_rows_of(kiln_kir *k, const flash_st *st, uint32_t R0, uint32_t warp, uint32_t gq,
+                                uint32_t head0, uint32_t n_tok)
 {
-    const fl f = *fp;
-    int32_t hd = (int32_t)f.hd;
+    flash_rows fr;
+    int32_t Gs = st->o.share ? (int32_t)st->f.G : 1;
+    uint32_t R = kiln_k2(k, KILN_KOP_ADD, R0, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, warp, 16), gq));
+    for (int r = 0; r < 2; r++) {
+        uint32_t Rr = kiln_kaddi(k, R, 8 * r), hh = head0;
+        fr.tok[r] = Rr;
+        if (Gs > 1) {
+            fr.tok[r] = kiln_k2(k, KILN_KOP_DIV, Rr, kiln_ki(k, Gs));
+            hh = kiln_k2(k, KILN_KOP_ADD, head0, kiln_k2(k, KILN_KOP_REM, Rr, kiln_ki(k, Gs)));
+        }
+        uint32_t t = kiln_k2(k, KILN_KOP_MIN, fr.tok[r], kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1)));
+        fr.qrow[r] = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, t, (int32_t)st->f.n_head), hh);
+    }
+    return fr;
+}
+
+/* q's A fragments for the lane's two rows, pre-scaled to base-2 logits by the attention's scale,
+ * for the whole key loop. */
+static void flash_q_frags(flash_st *st, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs,
+                          const flash_rows *fr)
+{
+    kiln_kir *k = st->k;
+    int32_t hd = st->hd;
     float qscale = n->f[0] * 1.44269504088896341f;
     uint32_t qrow[2];
-    for (int r = 0; r < 2; r++)
-        qrow[r] =
-            kiln_k2(k, KILN_KOP_MUL,
-                    kiln_k2(k, KILN_KOP_ADD,
-                            kiln_k2(k, KILN_KOP_MUL,
-                                    kiln_k2(k, KILN_KOP_MIN, row[r], kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1))),
-                                    kiln_ki(k, (int32_t)f.n_head)),
-                            head),
-                    kiln_ki(k, hd));
-    for (int kk = 0; kk < KT; kk++) {
+    for (int r = 0; r < 2; r++) qrow[r] = kiln_kmuli(k, fr->qrow[r], hd);
+    for (int kk = 0; kk < st->KT; kk++) {
         uint32_t x[4][2];
         for (int j = 0; j < 4; j++)
             for (int e = 0; e < 2; e++) {
-                uint32_t d = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)),
+                uint32_t d = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, st->qq, kiln_ki(k, 2)),
                                      kiln_ki(k, kk * 16 + 8 * (j >> 1) + e));
                 x[j][e] = kiln_k2(k, KILN_KOP_MUL,
                                   kl_load(k, qs, (kiln_dtype)q->dtype, kiln_k2(k, KILN_KOP_ADD, qrow[j & 1], d)),
                                   kiln_kf(k, qscale));
             }
-        a_frags(k, x, qf[kk]);
+        a_frags(k, x, st->o.np, st->qf[kk]);
     }
 }
 
 /* The rows' outputs: O / (their sums over the 4 lanes; every row sees at least its own key, so the
  * sum is >= 1). */
-static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const flash_st *st, const uint32_t row[2],
-                        uint32_t n_tok, uint32_t head)
+static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const flash_st *st, const flash_rows *fr,
+                        uint32_t n_tok)
 {
-    const fl f = st->f;
     int32_t hd = st->hd;
-    uint32_t qq = st->qq;
-    const uint32_t *l = st->l, *o = st->o;
+    const uint32_t *l = st->l, *o = st->o_;
     for (int r = 0; r < 2; r++) {
         uint32_t inv = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(k, l[r], KILN_KRED_SUM));
-        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, row[r], n_tok));
-        uint32_t ob = kiln_k2(
-            k, KILN_KOP_ADD,
-            kiln_k2(k, KILN_KOP_MUL,
-                    kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row[r], kiln_ki(k, (int32_t)f.n_head)), head),
-                    kiln_ki(k, hd)),
-            kiln_k2(k, KILN_KOP_MUL, qq, kiln_ki(k, 2)));
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, fr->tok[r], n_tok));
+        uint32_t ob = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, fr->qrow[r], hd), kiln_kmuli(k, st->qq, 2));
         for (int dt = 0; dt < hd / 8; dt++)
             for (int e = 0; e < 2; e++)
                 kl_store_node(k, g, node, kiln_k2(k, KILN_KOP_ADD, ob, kiln_ki(k, 8 * dt + e)),
@@ -336,72 +446,71 @@ static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const f
     }
 }
 
-void kl_lower_flash(const kiln_graph *g, uint32_t node, kiln_kir *k)
+/* The loop over the block's key tiles (the state's variables made here). */
+static void flash_loop(flash_st *st, uint32_t kend)
+{
+    kiln_kir *k = st->k;
+    for (int r = 0; r < 2; r++) st->m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY)), st->l[r] = kiln_kvar(k, kiln_kf(k, 0));
+    for (int dt = 0; dt < st->hd / 8; dt++) st->o_[dt] = kiln_kvar(k, st->zero4);
+    if (st->o.prefetch) { /* the first tile's words */
+        for (int i = 0; i < 4 * st->nk + 8 * st->nv; i++) st->pre[i] = kiln_kvar(k, kiln_ku(k, 0));
+        flash_load(st, kiln_ki(k, 0), st->pre, true, 0, st->nk + st->nv);
+    }
+    st->kb = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, st->kb, kend, kiln_ki(k, st->FK), 0);
+    flash_stage(st, kend);
+    uint32_t s[FKMAX / 8], pv[FKMAX / 8][4], on[FHD / 8];
+    flash_scores(st, s);
+    flash_softmax(st, s, pv, on);
+    flash_pv(st, pv, on);
+    kl_loop_end(k);
+}
+
+void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k)
 {
     const kiln_node_rec *n = &g->nodes[node];
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
-    fl f = {.k = k,
-            .n_head = q->dims[1],
-            .hd = q->dims[2],
-            .max_ctx = kc->dims[1],
-            .kp = kc->dtype == KILN_DTYPE_F32 ? 2 : 1};
-    f.G = f.n_head / kc->dims[0];
-    int KP = f.kp;
-    int32_t hd = (int32_t)f.hd, FK = keys_per_tile(hd, KP), KT = hd / 16, VT = FK / 16,
-            nqb = (int32_t)((kl_dim_max(g, q->dims[0]) + FQ - 1) / FQ);
-    int32_t tw = FK * hd / 2; /* words of one part of a K or V tile */
-    kiln_kir_init(k, "kiln_attn_flash", FT);
-    snprintf(k->what, sizeof k->what, "attention: causal flash, tensor cores, %lld q heads per kv head",
-             (long long)f.G);
-    k->grid[0] = (uint32_t)f.n_head;
+    flash_st st = {.k = k};
+    st.f = (fl){.k = k, .n_head = q->dims[1], .hd = q->dims[2], .max_ctx = kc->dims[1],
+                .kp = kc->dtype == KILN_DTYPE_F32 ? 2 : 1};
+    st.f.G = st.f.n_head / kc->dims[0];
+    st.o = flash_geo(tg, st.f.hd, st.f.kp);
+    st.KP = st.f.kp, st.hd = (int32_t)st.f.hd, st.FK = st.o.FK, st.KT = st.hd / 16, st.VT = st.FK / 16;
+    st.tw = st.FK * st.hd / 2; /* words of one part of a K or V tile */
+    int32_t cpr = st.hd * st.KP / 8, FT = st.o.threads, FQ = st.o.rows, Gs = st.o.share ? (int32_t)st.f.G : 1;
+    st.nk = (st.FK * cpr + FT - 1) / FT, st.nv = (st.FK / 2 * cpr + FT - 1) / FT;
+    int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * Gs + FQ - 1) / FQ);
+    kiln_kir_init(k, "kiln_attn_flash", (uint32_t)FT);
+    snprintf(k->what, sizeof k->what, "attention: causal flash, tensor cores, %lld q heads per kv head%s",
+             (long long)st.f.G, st.o.share && st.f.G > 1 ? " (tiles shared)" : "");
+    k->grid[0] = (uint32_t)(st.o.share ? kc->dims[0] : st.f.n_head);
     k->grid[1] = (uint32_t)nqb;
-    uint32_t ksh = kiln_kir_shared(k, (uint32_t)(KP * tw)), vsh = kiln_kir_shared(k, (uint32_t)(KP * tw));
+    st.ksh = kiln_kir_shared(k, (uint32_t)(st.KP * st.tw)), st.vsh = kiln_kir_shared(k, (uint32_t)(st.KP * st.tw));
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
-    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false),
-             vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
-    uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t head = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    st.ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false), st.vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
+    st.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bx = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bq = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
-    uint32_t lane = kiln_k2(k, KILN_KOP_AND, tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, tid, kiln_ki(k, 5));
-    uint32_t gq = kiln_k2(k, KILN_KOP_SHR, lane, kiln_ki(k, 2)), qq = kiln_k2(k, KILN_KOP_AND, lane, kiln_ki(k, 3));
-    uint32_t t0 = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, kiln_ki(k, nqb - 1), bq), kiln_ki(k, FQ));
-    uint32_t kvh = kiln_k2(k, KILN_KOP_DIV, head, kiln_ki(k, (int32_t)f.G));
-    uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim);
-    kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t0, n_tok));
-    uint32_t row[2];
-    row[0] = kiln_k2(k, KILN_KOP_ADD, t0, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 16)), gq));
-    row[1] = kiln_k2(k, KILN_KOP_ADD, row[0], kiln_ki(k, 8));
-    uint32_t past = kiln_k2(k, KILN_KOP_SUB, n_kv, n_tok); /* keys before the first query */
-    uint32_t seen[2];                                      /* keys row r sees */
-    for (int r = 0; r < 2; r++)
-        seen[r] = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_ADD, row[r], kiln_ki(k, 1)));
-    uint32_t kend =
-        kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, t0, kiln_ki(k, FQ)), n_tok));
-    /* q's A fragments, pre-scaled to base-2 logits, for the whole key loop */
-    uint32_t qf[FHD / 16][FP] = {{0}};
-    flash_q_frags(k, &f, n, q, qs, row, n_tok, head, qq, KT, qf);
-    uint32_t m[2], l[2], o[FHD / 8] = {0};
-    uint32_t zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    for (int r = 0; r < 2; r++) m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY)), l[r] = kiln_kvar(k, kiln_kf(k, 0));
-    for (int dt = 0; dt < hd / 8; dt++) o[dt] = kiln_kvar(k, zero4);
-    uint32_t frag = kiln_k2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), kiln_ki(k, 4)); /* the lane's words in a tile */
-    uint32_t kb = kiln_kvar(k, kiln_ki(k, 0));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, kend, kiln_ki(k, FK), 0);
-    /* clang-format off */
-    flash_st st = {.k = k, .f = f, .KP = KP, .hd = hd, .FK = FK, .KT = KT, .VT = VT, .tw = tw, .ksh = ksh, .vsh = vsh,
-                   .ks = ks, .vs = vs, .tid = tid, .kvh = kvh, .n_kv = n_kv, .kb = kb, .qq = qq, .frag = frag,
-                   .zero4 = zero4, .seen = {seen[0], seen[1]}, .m = {m[0], m[1]}, .l = {l[0], l[1]}};
-    /* clang-format on */
-    memcpy(st.o, o, sizeof o);
-    memcpy(st.qf, qf, sizeof qf);
-    {
-        flash_stage(&st);
-        uint32_t s[FKMAX / 8], pv[FKMAX / 8][4], on[FHD / 8];
-        flash_scores(&st, s);
-        flash_softmax(&st, s, pv, on);
-        flash_pv(&st, pv, on);
-    }
-    kl_loop_end(k);
-    flash_store(k, g, node, &st, row, n_tok, head);
+    uint32_t lane = kiln_k2(k, KILN_KOP_AND, st.tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, st.tid, kiln_ki(k, 5));
+    uint32_t gq = kiln_k2(k, KILN_KOP_SHR, lane, kiln_ki(k, 2));
+    st.qq = kiln_k2(k, KILN_KOP_AND, lane, kiln_ki(k, 3));
+    uint32_t R0 = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, kiln_ki(k, nqb - 1), bq), kiln_ki(k, FQ));
+    st.kvh = st.o.share ? bx : kiln_k2(k, KILN_KOP_DIV, bx, kiln_ki(k, (int32_t)st.f.G));
+    uint32_t head0 = st.o.share ? kiln_kmuli(k, bx, (int32_t)st.f.G) : bx;
+    uint32_t n_tok = kl_dim(k, q->dims[0]);
+    st.n_kv = kl_dim(k, n->dim);
+    kiln_kif(k, kiln_k2(k, KILN_KOP_LT, R0, kiln_kmuli(k, n_tok, Gs)));
+    flash_rows fr = flash_rows_of(k, &st, R0, warp, gq, head0, n_tok);
+    uint32_t past = kiln_k2(k, KILN_KOP_SUB, st.n_kv, n_tok); /* keys before the first query */
+    for (int r = 0; r < 2; r++) st.seen[r] = kiln_k2(k, KILN_KOP_ADD, past, kiln_kaddi(k, fr.tok[r], 1));
+    /* keys the block's last row sees: its token is (R0 + FQ - 1) / Gs */
+    uint32_t last = kiln_kaddi(k, R0, FQ - 1);
+    if (Gs > 1) last = kiln_k2(k, KILN_KOP_DIV, last, kiln_ki(k, Gs));
+    uint32_t kend = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, last, 1), n_tok));
+    flash_q_frags(&st, n, q, qs, &fr);
+    st.zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    st.frag = kiln_k2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), kiln_ki(k, 4)); /* the lane's words in a tile */
+    flash_loop(&st, kend);
+    flash_store(k, g, node, &st, &fr, n_tok);
     kiln_kendif(k);
 }

@@ -18,6 +18,7 @@ kiln_lower_target kiln_lower_target_for_sm(int sm)
     kiln_lower_target t = kiln_lower_target_default();
     t.wgmma = sm == 90;
     t.griddep = sm == 90;
+    t.mma_native = true;
     return t;
 }
 

@@ -19,6 +19,9 @@ typedef struct kiln_lower_target {
     uint32_t smem_bytes; /* static shared memory one kernel may use (32768: every Vulkan device has it) */
     uint32_t warp;       /* threads of a warp / subgroup the kernels are written for: 32 */
     bool     mma;        /* KILN_KOP_MMA is worth using (printers emulate it where the device lacks it) */
+    bool     mma_native; /* MMA runs on the device's tensor cores (cuda): the printer takes no shared memory
+                            for it and a kernel may declare up to 48 KiB of static shared memory (else the
+                            GLSL emulation takes 24 bytes a thread of smem_bytes) */
     bool     dp4a;       /* KILN_KOP_DP4A is worth using (likewise) */
     bool     wgmma;      /* Hopper warpgroup MMA (sm_90a) */
     bool     griddep;    /* programmatic dependent launch (PTX griddepcontrol, sm_90): kernels take part

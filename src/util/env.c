@@ -30,6 +30,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_WGMMA] = "KILN_WGMMA",
     [KILN_ENV_PDL] = "KILN_PDL",
     [KILN_ENV_PRECISION] = "KILN_PRECISION",
+    [KILN_ENV_FLASH] = "KILN_FLASH",
 };
 
 const char *kiln_env(enum kiln_env_var v)
@@ -52,6 +53,7 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     if (!c->wgmma && (e = kiln_env(KILN_ENV_WGMMA))) c->wgmma = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->pdl && (e = kiln_env(KILN_ENV_PDL))) c->pdl = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
+    if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->grid_cap && (e = kiln_env(KILN_ENV_GRID_CAP))) {
         long v = strtol(e, NULL, 10);
         c->grid_cap = v > 0 && v <= INT32_MAX ? (int32_t)v : v == 0 ? -1 : 0; /* "0": every virtual block */

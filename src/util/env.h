@@ -30,6 +30,7 @@ enum kiln_env_var {
     KILN_ENV_WGMMA,          /* kiln_compile_options.codegen.wgmma */
     KILN_ENV_PDL,            /* kiln_compile_options.codegen.pdl */
     KILN_ENV_PRECISION,      /* kiln_compile_options.codegen.precision */
+    KILN_ENV_FLASH,          /* kiln_compile_options.codegen.flash */
     KILN_ENV_COUNT
 };
 

@@ -473,7 +473,7 @@ bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err
 
 /* ---------------------------------------------------------------- block interpreter */
 
-enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_DONE };
+enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_MMA, TS_DONE };
 
 /* A TMA box in flight: copied into shared memory when its mbarrier's phase completes (the latest
  * moment the hardware may land it, so a read before the wait sees stale bytes). */
@@ -763,7 +763,7 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
             th->pc++;
             continue;
         }
-        case KILN_KOP_MMA: return snprintf(S->err, S->n_err, "kt_interp_block: mma.sync is not interpreted"), false;
+        case KILN_KOP_MMA: th->state = TS_MMA; return true; /* a warp's lanes exchange fragments: they meet */
         default: break;
         }
         bool mine = in->op >= KILN_KOP_STS4 || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
@@ -782,10 +782,58 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
     return true;
 }
 
-/* Every waiting thread has met: a barrier lets them on; a reduction computes its groups. */
+/* Every thread of the block is at MMA instruction pc (kir.h: reached in uniform control flow): each
+ * warp's D = A . B + C from its lanes' fragments (kir.h's layouts, as kt_ref_mma reads them), the
+ * products summed in f64 and added to C once. */
+static bool bmma(bstate *S, uint32_t pc)
+{
+    const kiln_kir *k = S->k;
+    const kiln_kinst *in = &k->ins[pc];
+    bool bf = in->imm.u & 1;
+    int h = (int)(in->imm.u >> 1 & 1);
+    uint32_t *a = malloc(32 * 4 * sizeof *a), *b = malloc(32 * 4 * sizeof *b);
+    if (!a || !b) return free(a), free(b), snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
+    for (uint32_t w0 = 0; w0 < k->block; w0 += 32) {
+        for (uint32_t l = 0; l < 32; l++)
+            for (int j = 0; j < 4; j++) a[l * 4 + j] = S->t[w0 + l].v[in->a].v[j], b[l * 4 + j] = S->t[w0 + l].v[in->b].v[j];
+        for (uint32_t l = 0; l < 32; l++) {
+            kval *d = &S->t[w0 + l].v[pc];
+            const kval *c = &S->t[w0 + l].v[in->c];
+            int g = (int)l / 4, q = (int)l % 4;
+            for (int e = 0; e < 4; e++) {
+                int r = g + 8 * (e >> 1), n = 2 * q + (e & 1);
+                double acc = 0;
+                for (int kk = 0; kk < 16; kk++) acc += mma_a(a, 0, r, kk, bf) * mma_b(b, 0, kk, n, h, bf);
+                float cf;
+                memcpy(&cf, &c->v[e], 4);
+                d->v[e] = f_bits((float)((double)cf + acc));
+            }
+        }
+    }
+    free(a), free(b);
+    return true;
+}
+
+/* Every waiting thread has met: a barrier lets them on; a reduction computes its groups; an MMA
+ * its warps' products. */
 static bool bmeet(bstate *S)
 {
     const kiln_kir *k = S->k;
+    uint32_t mma_pc = NONE;
+    for (uint32_t t = 0; t < k->block; t++)
+        if (S->t[t].state == TS_MMA) {
+            if (mma_pc != NONE && S->t[t].pc != mma_pc)
+                return snprintf(S->err, S->n_err, "kt_interp_block: threads at different MMAs"), false;
+            mma_pc = S->t[t].pc;
+        }
+    if (mma_pc != NONE) {
+        for (uint32_t t = 0; t < k->block; t++)
+            if (S->t[t].state != TS_MMA)
+                return snprintf(S->err, S->n_err, "kt_interp_block: an MMA not reached by every thread (instruction %u)", mma_pc), false;
+        if (!bmma(S, mma_pc)) return false;
+        for (uint32_t t = 0; t < k->block; t++) S->t[t].state = TS_RUN, S->t[t].pc++;
+        return true;
+    }
     uint32_t red_pc = NONE;
     for (uint32_t t = 0; t < k->block; t++)
         if (S->t[t].state == TS_RED) {

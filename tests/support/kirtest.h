@@ -54,6 +54,7 @@ bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err
  * arrays, BARRIER and REDUCE (the block's threads meet there), LDS/STS/LDS4/STS4, SADDR, and the
  * warpgroup MMA of kir.h: a WGMMA runs when the WG_WAIT that retires it is reached (the latest
  * moment the hardware may read its tiles), so a kernel that overwrites a tile before waiting, or
- * reads an accumulator in flight, fails or computes wrong here as on the GPU. MMA (mma.sync) is
- * not interpreted. Sums of a WGMMA are taken in f64 and added to the f32 accumulator. */
+ * reads an accumulator in flight, fails or computes wrong here as on the GPU. An MMA (mma.sync)
+ * is a meeting of the whole block (kir.h: uniform control flow): each warp's product from its
+ * lanes' fragments. Sums of an MMA or a WGMMA are taken in f64 and added to the f32 accumulator. */
 bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err);

@@ -1,0 +1,161 @@
+/* Prefill attention's flash kernel without a GPU: the attention region lowered for the Vulkan
+ * target, the cuda target (native MMA: larger tiles) and with codegen.flash off (the first kernel),
+ * every kernel of it run by the block interpreter of tests/support/kirtest.c (mma.sync included:
+ * each warp's product from kir.h's fragment layouts), against the f64 reference on fresh random
+ * data: f16 and f32 caches, head_dim 32/64/128, grouped-query ratios 1/4/7, n_tok not a multiple
+ * of the block's rows, keys before the first query. Also the interpreter's MMA against
+ * kt_ref_mma. Must not use any printer or backend. */
+#include <criterion/criterion.h>
+
+#include "codegen/kir.h"
+#include "fuse/fuse.h"
+#include "graph/dtype.h"
+#include "graph/graph.h"
+#include "support/kirtest.h"
+#include "support/ref64.h"
+#include "support/testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXB 24
+
+Test(flash_kir, interpreter_mma)
+{
+    kiln_kir k;
+    kt_build_mma(&k);
+    enum { W = KT_MMA_BLOCK * 4 };
+    uint32_t a[W], b[W], out[KT_MMA_BLOCK * KT_MMA_OUT], ref[KT_MMA_BLOCK * KT_MMA_OUT], params[4] = {0};
+    for (int i = 0; i < W; i++) a[i] = kt_mma_word(), b[i] = kt_mma_word();
+    memset(out, 0xFF, sizeof out);
+    uint32_t *bufs[4] = {params, a, b, out};
+    char err[256];
+    cr_assert(kt_interp_block(&k, bufs, err, sizeof err), "%s", err);
+    kt_ref_mma(a, b, ref);
+    for (int i = 0; i < KT_MMA_BLOCK * KT_MMA_OUT; i++) {
+        float x, y;
+        memcpy(&x, &out[i], 4), memcpy(&y, &ref[i], 4);
+        cr_assert(KT_MMA_EXACT(i % KT_MMA_OUT) ? out[i] == ref[i] : fabsf(x - y) <= 1e-6f * (1 + fabsf(y)),
+                  "word %d: %g, reference %g", i, (double)x, (double)y);
+    }
+    kiln_kir_free(&k);
+}
+
+enum { TGT_VULKAN, TGT_CUDA, TGT_V1 };
+static const char *const tgt_name[] = {"vulkan target", "cuda target", "flash off"};
+
+/* Random values of dtype dt (f16 or f32) in [lo, hi) into n elements at mem, and as f32 at f. */
+static void fill(void *mem, float *f, kiln_dtype dt, int64_t n, float lo, float hi)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float x = (float)tu_uniform(lo, hi);
+        if (dt == KILN_DTYPE_F16) {
+            uint16_t h = kiln_f32_to_f16(x);
+            ((uint16_t *)mem)[i] = h;
+            x = kiln_f16_to_f32(h);
+        } else {
+            ((float *)mem)[i] = x;
+        }
+        f[i] = x;
+    }
+}
+
+/* One attention of T query rows over n_kv keys (H query heads, Hkv kv heads, caches of C rows of
+ * dtype cd), lowered for target `tgt` and interpreted, checked against ref64. */
+static void flash_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int64_t T, int64_t n_kv)
+{
+    const int64_t C = n_kv + 5, Tmax = T + 3;
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim ts = kiln_sym(g, "t", Tmax), ks = kiln_sym(g, "n_kv", C);
+    kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, H, hd});
+    kiln_node kc = kiln_state(g, "k", cd, 3, (kiln_dim[]){Hkv, C, hd}), vc = kiln_state(g, "v", cd, 3, (kiln_dim[]){Hkv, C, hd});
+    kiln_output(g, kiln_attention(g, q, kc, vc, ks, 0), "y");
+    size_t es = cd == KILN_DTYPE_F16 ? 2 : 4, nc = (size_t)(Hkv * C * hd), nq = (size_t)(T * H * hd);
+    void *kmem = malloc(nc * es + 16), *vmem = malloc(nc * es + 16);
+    float *kf = malloc(nc * 4), *vf = malloc(nc * 4), *qf = malloc(nq * 4), *y = malloc(nq * 4 + 16);
+    fill(kmem, kf, cd, (int64_t)nc, -1, 1);
+    fill(vmem, vf, cd, (int64_t)nc, -0.5f, 1.5f);
+    for (size_t i = 0; i < nq; i++) qf[i] = (float)tu_uniform(-2, 2);
+    memset(y, 0xFF, nq * 4 + 16); /* NaN poison: every element must be written */
+
+    kiln_fusion f;
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+    kiln_lower_target t0 = tgt == TGT_CUDA ? kiln_lower_target_for_sm(90) : kiln_lower_target_default();
+    kiln_codegen_options co = {0};
+    if (tgt == TGT_V1) co.flash = KILN_GEMM_OFF;
+    kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
+    uint32_t params[8] = {0}, yi = g->outs[0].node;
+    params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ks)] = (uint32_t)n_kv;
+    char what[160], err[1024];
+    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys", tgt_name[tgt],
+             kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv);
+    bool flash = false;
+    for (uint32_t r = 0; r < f.n_regions; r++) {
+        kiln_kir kk[KILN_LOWER_MAX];
+        uint32_t n = 0;
+        cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tg, kk, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
+        uint64_t sb = 0;
+        for (uint32_t i = 0; i < n; i++) sb = kk[i].scratch_bytes > sb ? kk[i].scratch_bytes : sb;
+        uint32_t *scratch = calloc(sb / 4 + 4, 4);
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t *bufs[MAXB] = {params};
+            for (uint32_t s = 1; s < kk[i].n_bufs; s++) {
+                const kiln_kbuf *b = &kk[i].bufs[s];
+                cr_assert(b->kind == KILN_KBUF_SCRATCH || b->kind == KILN_KBUF_NODE, "%s: buffer kind %d", what, b->kind);
+                const char *nm = b->kind == KILN_KBUF_NODE ? g->nodes[b->node].name : NULL;
+                bufs[s] = b->kind == KILN_KBUF_SCRATCH ? scratch
+                          : b->node == yi             ? y
+                          : nm && !strcmp(nm, "q")    ? (uint32_t *)qf
+                          : nm && !strcmp(nm, "k")    ? kmem
+                          : nm && !strcmp(nm, "v")    ? vmem
+                                                      : NULL;
+                cr_assert(bufs[s], "%s: kernel %s reads node %u", what, kk[i].name, b->node);
+            }
+            flash |= strcmp(kk[i].name, "kiln_attn_flash") == 0;
+            cr_assert(kt_interp_block(&kk[i], bufs, err, sizeof err), "%s, kernel %s: %s", what, kk[i].name, err);
+            kiln_kir_free(&kk[i]);
+        }
+        free(scratch);
+    }
+    cr_assert(flash, "%s: no flash kernel", what);
+
+    ref64 *rf = ref64_new(g);
+    cr_assert_eq(ref64_state_set(rf, "k", kmem, nc * es, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ref64_state_set(rf, "v", vmem, nc * es, err, sizeof err), 0, "%s", err);
+    kiln_binding b[] = {{.name = "q", .data = qf, .bytes = nq * 4}, {.name = "t", .value = T}, {.name = "n_kv", .value = n_kv}};
+    cr_assert_eq(ref64_run(rf, b, 3, err, sizeof err), 0, "%s", err);
+    int64_t numel;
+    const double *ref = ref64_output(rf, "y", NULL, &numel);
+    cr_assert(ref && numel == (int64_t)nq, "%s: reference", what);
+    double *got = malloc(nq * sizeof *got);
+    for (size_t i = 0; i < nq; i++) got[i] = y[i];
+    tu_compare(what, got, ref, (int64_t)nq, tu_tol("attention", cd));
+    free(got);
+    ref64_free(rf);
+    kiln_fusion_free(&f);
+    kiln_graph_free(g);
+    free(kmem), free(vmem), free(kf), free(vf), free(qf), free(y);
+}
+
+Test(flash_kir, f16_cache)
+{
+    for (int tgt = 0; tgt < 3; tgt++) {
+        flash_case(tgt, KILN_DTYPE_F16, 2, 2, 64, 70, 90);
+        flash_case(tgt, KILN_DTYPE_F16, 8, 2, 128, 41, 41);
+    }
+}
+
+Test(flash_kir, f32_cache)
+{
+    for (int tgt = 0; tgt < 3; tgt++) {
+        flash_case(tgt, KILN_DTYPE_F32, 2, 1, 64, 17, 40);
+        flash_case(tgt, KILN_DTYPE_F32, 4, 4, 128, 20, 33);
+    }
+}
+
+Test(flash_kir, grouped_heads)
+{
+    for (int tgt = 0; tgt < 3; tgt++) flash_case(tgt, KILN_DTYPE_F16, 7, 1, 32, 23, 150);
+}
