@@ -1100,10 +1100,11 @@ Test(cli, progress_lines_quiet_and_cache_warnings, .timeout = 300)
     cli_out o;
     /* KILN_PROGRESS=1 forces lines (stderr is a file here): model loading, the compile's count, the
      * prefill; --quiet or a stderr that is not a terminal: none. */
-    const char *forms[3] = {"KILN_PROGRESS=1", "KILN_PROGRESS=1 + --quiet", "not a terminal"};
-    for (int f = 0; f < 3; f++) {
+    const char *forms[4] = {"KILN_PROGRESS=1", "KILN_PROGRESS=1 + --quiet", "not a terminal", "--quiet first"};
+    for (int f = 0; f < 4; f++) {
         snprintf(env, sizeof env, "KILN_CACHE_DIR=%s KILN_PROGRESS=%s", cache, f == 2 ? "" : "1");
-        snprintf(args, sizeof args, "generate %s --ids 1,2,3 -n 2 --temp 0 --backend cpu %s", path, f == 1 ? "--quiet" : "");
+        snprintf(args, sizeof args, "%sgenerate %s --ids 1,2,3 -n 2 --temp 0 --backend cpu %s", f == 3 ? "--quiet " : "", path,
+                 f == 1 ? "--quiet" : "");
         kiln_cli_env(&o, env, args);
         cr_assert_eq(o.rc, 0, "%s: %s", forms[f], o.err);
         bool lines = strstr(o.err, "kiln: loading the model") && strstr(o.err, "kiln: compiling kernels ") &&

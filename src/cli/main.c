@@ -357,6 +357,12 @@ static bool backend_flag_ok(const char *cmd, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    int kept = 1; /* --quiet is every command's, before or after it: taken out here, commands never see it */
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--quiet") == 0) kiln_cli_quiet = true;
+        else argv[kept++] = argv[i];
+    argc = kept;
+    argv[argc] = NULL;
     if (argc < 2) {
         fputs(usage_main, stderr);
         return KILN_CLI_USAGE;
@@ -368,12 +374,6 @@ int main(int argc, char **argv)
         printf("kiln %s\n", KILN_VERSION_STRING);
         return KILN_CLI_OK;
     }
-    int kept = 2; /* --quiet is every command's: taken out here, the commands never see it */
-    for (int i = 2; i < argc; i++)
-        if (strcmp(argv[i], "--quiet") == 0) kiln_cli_quiet = true;
-        else argv[kept++] = argv[i];
-    argc = kept;
-    argv[argc] = NULL;
     for (int c = 0; c < N_COMMANDS; c++)
         if (strcmp(commands[c].name, cmd) == 0)
             return backend_flag_ok(cmd, argc, argv) ? commands[c].fn(argc - 1, argv + 1) : KILN_CLI_USAGE;
