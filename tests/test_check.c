@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kiln/kiln.h"
+#include "support/testutil.h"
 
 static kiln_ctx *g_ctx;
 static void setup(void) { cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &g_ctx), KILN_OK); }
@@ -17,7 +18,7 @@ static void teardown(void) { kiln_ctx_free(g_ctx); }
 static kiln_check_report *run(const char *backend, const char *op)
 {
     kiln_check_report *r = NULL;
-    kiln_check_options o = {.backend = backend, .op = op, .quick = true};
+    kiln_check_options o = {.backend = backend, .op = op, .quick = true, .seed = tu_seed()}; /* KILN_TEST_SEED replays */
     kiln_status s = kiln_check(g_ctx, &o, &r);
     cr_assert_eq(s, KILN_OK, "kiln_check: %s: %s", kiln_status_str(s), kiln_ctx_error(g_ctx));
     cr_assert(r && r->n_results > 0);
@@ -42,7 +43,7 @@ Test(check, passes_on_ref_and_cpu, .init = setup, .fini = teardown)
             kiln_check_report *r = run(bes[b], ops[i]);
             for (int k = 0; k < r->n_results; k++) {
                 const kiln_check_result *x = &r->results[k];
-                cr_expect(x->ok, "%s %s %s: %s", x->op, x->dtype, x->backend, x->detail);
+                cr_expect(x->ok, "%s %s %s: %s (seed %llu)", x->op, x->dtype, x->backend, x->detail, (unsigned long long)r->seed);
                 cr_expect(x->cases >= 12, "%s %s %s: only %d cases", x->op, x->dtype, x->backend, x->cases);
                 cr_expect(x->worst_nmse <= x->tolerance);
             }

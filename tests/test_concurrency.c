@@ -5,21 +5,30 @@
  * threads), and vulkan plans (3 threads) where a device is present. CI also runs this test under
  * ThreadSanitizer (.ci/run, -DKILN_SANITIZE=thread), where any data race fails it. */
 #include <math.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kiln/kiln.h"
 #include "model/presets.h"
 #include "support/plain_test.h" /* Criterion, or a plain main under ThreadSanitizer */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull; /* fresh per process: seeded from the clock in main's first test */
+static uint64_t rng_state;  /* fresh per process: $KILN_TEST_SEED, else the clock and pid; printed */
+static bool     rng_seeded;
 
 static void fill(float *x, int n)
 {
-    if (rng_state == 0x9E3779B97F4A7C15ull) rng_state ^= (uint64_t)time(NULL);
+    if (!rng_seeded) {
+        const char *e = getenv("KILN_TEST_SEED");
+        rng_state = e && *e ? strtoull(e, NULL, 0) : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() << 20;
+        rng_seeded = true;
+        fprintf(stderr, "seed %llu: KILN_TEST_SEED=%llu replays it\n", (unsigned long long)rng_state,
+                (unsigned long long)rng_state);
+    }
     for (int i = 0; i < n; i++) x[i] = kiln_preset_rngf(&rng_state);
 }
 

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "graph/dtype.h"
+#include "support/testutil.h"
 
 /* ---------------------------------------------------------------- test data */
 
@@ -78,14 +79,15 @@ static void gen_row(uint64_t *s, enum dist d, float *x, int64_t n)
     }
 }
 
-/* A fresh seed per run (never 0, which would stall xorshift); failures print it. */
+/* A fresh seed per run (never 0, which would stall xorshift), printed; failures print it too. */
 static uint64_t fresh_seed(void)
 {
     const char *env = getenv("KILN_TEST_SEED"); /* replays a failure's printed seed */
-    if (env && *env)
-        return strtoull(env, NULL, 10);
-    uint64_t s = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 17);
-    return s ? s : 1;
+    uint64_t s = env && *env ? strtoull(env, NULL, 0)
+                             : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 17);
+    s = s ? s : 1;
+    tu_print_seed(s);
+    return s;
 }
 
 #define GUARD 64         /* guard bytes on each side of a buffer */
@@ -626,12 +628,19 @@ Test(quant, q8_k_activation_blocks)
         cr_assert_eq(b.bsums[g], sum, "bsums[%d]", g);
     }
     kiln_dtype_dequant_q8_k(&b, y);
-    double err = 0, ref = 0;
-    for (int i = 0; i < 256; i++) {
-        err += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
-        ref += (double)x[i] * x[i];
-    }
-    cr_assert_lt(err / ref, 1e-4, "q8_K nmse %g (seed %llu)", err / ref, (unsigned long long)seed);
+    /* The scale is max|x| / 127 and every value rounds to its nearest step: each error is at most
+     * half a step (plus f32 rounding of the scale and the product). A data-derived bound, not an
+     * NMSE: the NMSE of 256 values is set by their largest one (max|x| / sigma) and its tail
+     * crossed a fixed 1e-4 in about 1 of 2000 seeds (scratch harness, 20000 blocks). */
+    float amax = 0;
+    for (int i = 0; i < 256; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    double step = fabs((double)b.d);
+    cr_assert(fabs(step * 127 - amax) <= 1e-6 * amax, "q8_K scale %g for max|x| %g (seed %llu)", step, amax,
+              (unsigned long long)seed);
+    for (int i = 0; i < 256; i++)
+        cr_assert_leq(fabs((double)y[i] - x[i]), 0.5 * step + 0x1p-22 * amax, "q8_K y[%d] = %g for x %g, step %g (seed %llu)",
+                      i, y[i], x[i], step, (unsigned long long)seed);
     memset(x, 0, sizeof x);
     kiln_dtype_quant_q8_k(x, &b);
     cr_assert_eq(b.d, 0.0f);

@@ -85,7 +85,7 @@ static void fused_vs_unfused(kiln_graph *g, const feed *f, int nf, double tol, i
             cr_assert_eq(kiln_plan_read(p[k], outname, y[k], ti.bytes), KILN_OK);
             tu_to_f64(ti.t, y[k], n, v[k]);
         }
-        tu_compare(outname, v[0], v[1], n, ti.t == KILN_DTYPE_I32 ? 0 : tol);
+        tu_compare_t(outname, ti.t, v[0], v[1], n, ti.t == KILN_DTYPE_I32 ? 0 : tol);
         for (int k = 0; k < 2; k++) free(y[k]), free(v[k]);
     }
     for (int i = 0; i < nf; i++) free(bufs[i]);

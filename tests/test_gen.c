@@ -1,5 +1,5 @@
 /* Tests of generation helpers (src/gen): the sampler's distribution against an f64 reference of the
- * same filters on fresh random logits, and empirical frequencies of seeded draws within 5 sigma
+ * same filters on fresh random logits, and empirical frequencies of seeded draws within 6 sigma
  * (excluded tokens never drawn); greedy, seeds, the repetition penalty, bad parameters; chat
  * template detection on real models' templates (tests/data/chat) and the prompt of each family. */
 #include <criterion/criterion.h>
@@ -62,7 +62,11 @@ static void ref_probs(const float *logits, const kiln_sample_params *p, const in
     for (int i = 0; i < NV; i++) out[i] /= sum;
 }
 
-/* probs match the reference; N seeded draws match it within 5 sigma; excluded ids never drawn. */
+/* probs match the reference; N seeded draws match it within 6 sigma (+1e-4 for the rare ids);
+ * excluded ids never drawn. 6 sigma, not 5: about 100 ids are checked per run, and a 5-sigma bound
+ * fails one CI run in ~20000 (P(|z| > 5) = 5.7e-7 per id); 6 sigma is 2e-9 per id. The draws'
+ * z-scores were measured normal (scratch harness: 3000 runs x 12 ids of 40000 draws, worst |z|
+ * about 4); 100000 draws keep the test as sharp as 3.8 sigma of the 40000 it had. */
 static void check_draws(const kiln_sample_params *p, const int32_t *hist, int n_hist)
 {
     float logits[NV];
@@ -71,7 +75,7 @@ static void check_draws(const kiln_sample_params *p, const int32_t *hist, int n_
     ref_probs(logits, p, hist, n_hist, want);
     kiln_sampler *s = NULL;
     cr_assert_eq(kiln_sampler_new(ctx, p, NV, &s), KILN_OK, "%s", kiln_ctx_error(ctx));
-    int N = 40000, count[NV] = {0};
+    int N = 100000, count[NV] = {0};
     for (int k = 0; k < N; k++) {
         int32_t id = kiln_sampler_next(s, logits, hist, n_hist);
         cr_assert(id >= 0 && id < NV);
@@ -84,7 +88,8 @@ static void check_draws(const kiln_sample_params *p, const int32_t *hist, int n_
     for (int i = 0; i < NV; i++) {
         double f = (double)count[i] / N, sd = sqrt(want[i] * (1 - want[i]) / N);
         if (want[i] == 0) cr_assert_eq(count[i], 0, "token %d excluded but drawn %d times", i, count[i]);
-        else cr_assert(fabs(f - want[i]) <= 5 * sd + 1e-4, "token %d: frequency %g, probability %g", i, f, want[i]);
+        else cr_assert(fabs(f - want[i]) <= 6 * sd + 1e-4, "token %d: frequency %g, probability %g (seed %llu)", i, f, want[i],
+                            (unsigned long long)tu_seed());
     }
     kiln_sampler_free(s);
 }

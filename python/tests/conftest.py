@@ -26,8 +26,13 @@ def backend():
 
 
 @pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh data every run (the seed is printed on failure by numpy's repr)
+def rng(request):
+    """Fresh data every run from a printed seed (pytest shows it with a failure); KILN_TEST_SEED=<seed>
+    replays it."""
+    env = os.environ.get("KILN_TEST_SEED")
+    seed = int(env, 0) if env else int(np.random.SeedSequence().entropy % (1 << 63))
+    print(f"seed {seed} of {request.node.name}: KILN_TEST_SEED={seed} replays it")
+    return np.random.default_rng(seed)
 
 
 def tolerance(op: str, dtype: str = "f32") -> float:

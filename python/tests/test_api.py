@@ -111,11 +111,11 @@ def test_preset_layer_against_float64(ctx, rng):
     assert_close(ys[1], ys[0].astype(np.float64), "matmul", "q8_0")
 
 
-def test_cost_model_rows_and_what_if(ctx):
+def test_cost_model_rows_and_what_if(ctx, rng):
     g = ctx.preset("qwen2-0.5b", wdtype="q8_0", n_layers=1)
     plan = ctx.compile(g, backend="cpu")
     plan.profile(True)
-    xv = np.random.default_rng().uniform(-1, 1, (1, 896)).astype(np.float32)
+    xv = rng.uniform(-1, 1, (1, 896)).astype(np.float32)
     for step in range(3):
         plan.run({"x": xv, "pos": np.array([step], np.int32)}, {"n_tok": 1, "n_kv": step + 1})
     rows = plan.regions()
@@ -146,10 +146,10 @@ def test_help_reads_like_the_header():
     assert "Causal grouped-query attention" in kiln.Graph.attention.__doc__
 
 
-def test_cost_helpers_measure_and_what_if(ctx):
+def test_cost_helpers_measure_and_what_if(ctx, rng):
     g = ctx.preset("qwen2-0.5b", wdtype="q8_0", n_layers=1, max_ctx=64)
     plan = ctx.compile(g, backend="cpu")
-    xv = np.random.default_rng().uniform(-1, 1, (1, 896)).astype(np.float32)
+    xv = rng.uniform(-1, 1, (1, 896)).astype(np.float32)
     rows = kiln.cost.measure(plan, {"x": xv, "pos": np.array([7], np.int32)}, {"n_tok": 1, "n_kv": 8}, runs=4)
     assert [r["n_measured"] for r in rows] == [4] * plan.kernel_count
     table = kiln.cost.frame(rows)

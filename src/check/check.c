@@ -188,9 +188,20 @@ kiln_node kiln_check_weight(kiln_check_run *r, kiln_graph *g, const char *name, 
     return h;
 }
 
-/* Compares n values with the reference: NaN fails, infinities must match in sign, the rest by
- * NMSE. Returns the NMSE (INFINITY on a hard failure, with why filled). */
-static double compare(const double *got, const double *ref, int64_t n, char *why, size_t wn)
+/* The NMSE denominator's floor for n values of dtype t: n * m^2, m the smallest normal of t (the
+ * contracts' definition). f16 rounds values under m = 2^-14 to a fixed step of 2^-24, so a small
+ * output of few elements (one product a * b under 6e-5: 3e-4 of one-element f16 mul cases) would
+ * have an unbounded NMSE without it; with it a subnormal output is held to the same 2^-22 as a
+ * normal one. f32 and bf16 share f32's exponent range, where the floor is negligible. */
+static double nmse_floor(kiln_dtype t, int64_t n)
+{
+    double m = t == KILN_DTYPE_F16 ? 0x1p-14 : 0x1p-126;
+    return (double)n * m * m;
+}
+
+/* Compares n values of dtype t with the reference: NaN fails, infinities must match in sign, the
+ * rest by NMSE. Returns the NMSE (INFINITY on a hard failure, with why filled). */
+static double compare(kiln_dtype t, const double *got, const double *ref, int64_t n, char *why, size_t wn)
 {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -209,7 +220,8 @@ static double compare(const double *got, const double *ref, int64_t n, char *why
         num += (g - x) * (g - x);
         den += x * x;
     }
-    return num / (den > 1e-300 ? den : 1e-300);
+    double fl = nmse_floor(t, n);
+    return num / (den > fl ? den : fl > 1e-300 ? fl : 1e-300);
 }
 
 /* ---------------------------------------------------------------- bindings */
@@ -353,6 +365,8 @@ static bool bind_outs(const kiln_graph *g, const int64_t *syms, binds *bd, outs 
     return true;
 }
 
+static kiln_dtype out_dtype(const kiln_graph *g, int k) { return (kiln_dtype)g->nodes[g->outs[k].node].dtype; }
+
 /* Checks guards and converts outputs to f64. */
 static bool read_outs(const kiln_graph *g, outs *o, char *why, size_t wn)
 {
@@ -455,7 +469,7 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
             if (!(ok = run_plan(r, s, p[v], k, &bd, &o[v], why, sizeof why))) break;
             for (int j = 0; j < o[v].n && ok; j++) {
                 const double *x = kiln_ref64_output(ref, s->g->outs[j].name, NULL, NULL);
-                double e = x ? compare(o[v].val[j], x, o[v].numel[j], why, sizeof why) : INFINITY;
+                double e = x ? compare(out_dtype(s->g, j), o[v].val[j], x, o[v].numel[j], why, sizeof why) : INFINITY;
                 if (!x) snprintf(why, sizeof why, "reference has no output '%s'", s->g->outs[j].name);
                 if (!(e <= tol) && !*why) {
                     snprintf(why, sizeof why, "output '%s' NMSE %.3g > %.3g", s->g->outs[j].name, e, tol);
@@ -468,7 +482,7 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
         if (ok && np == 2) { /* fused against unfused, within the tolerance of either */
             double e = 0;
             for (int j = 0; j < o[0].n; j++) {
-                double x = compare(o[0].val[j], o[1].val[j], o[0].numel[j], why, sizeof why);
+                double x = compare(out_dtype(s->g, j), o[0].val[j], o[1].val[j], o[0].numel[j], why, sizeof why);
                 e = x > e ? x : e;
             }
             snprintf(name, sizeof name, "fused-vs-unfused:%s", s->op);

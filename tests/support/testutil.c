@@ -48,8 +48,17 @@ uint64_t tu_seed(void)
         for (int i = 0; i < 4; i++)
             g_rng[i] = splitmix(&x);
         g_seeded = true;
+        tu_print_seed(g_seed);
     }
     return g_seed;
+}
+
+void tu_print_seed(uint64_t seed)
+{
+    /* Printed when drawn, so a crash or a timeout (which print no assert message) still names it. */
+    const struct criterion_test *t = criterion_current_test;
+    fprintf(stderr, "seed %llu of %s/%s: KILN_TEST_SEED=%llu replays it\n", (unsigned long long)seed,
+            t && t->category ? t->category : "-", t && t->name ? t->name : "-", (unsigned long long)seed);
 }
 
 static uint64_t rotl(uint64_t x, int k)
@@ -197,12 +206,17 @@ static void log_nmse(const char *what, double e, double tol)
     const char *path = getenv("KILN_TEST_NMSE_LOG");
     FILE *f = path && *path ? fopen(path, "a") : NULL;
     if (f) {
-        fprintf(f, "%.3e\t%.1e\t%s\n", e, tol, what);
+        fprintf(f, "%.3e\t%.3e\t%s\n", e, tol, what);
         fclose(f);
     }
 }
 
 double tu_compare(const char *what, const double *got, const double *ref, int64_t n, double tol)
+{
+    return tu_compare_t(what, KILN_DTYPE_F32, got, ref, n, tol);
+}
+
+double tu_compare_t(const char *what, kiln_dtype t, const double *got, const double *ref, int64_t n, double tol)
 {
     unsigned long long seed = (unsigned long long)tu_seed();
     double num = 0, den = 0, worst = -1;
@@ -224,7 +238,9 @@ double tu_compare(const char *what, const double *got, const double *ref, int64_
             wi = i;
         }
     }
-    double e = num / (den > DBL_MIN ? den : DBL_MIN);
+    /* the contracts' floor (src/check/check.c nmse_floor): n * m^2, m the smallest normal of t */
+    double m = t == KILN_DTYPE_F16 ? 0x1p-14 : 0x1p-126, fl = fmax((double)n * m * m, DBL_MIN);
+    double e = num / (den > fl ? den : fl);
     log_nmse(what, e, tol);
     cr_assert(e <= tol, "%s: NMSE %.3e > tolerance %.1e over %lld elements; worst element %lld: got %.9g, reference %.9g (seed %llu)",
               what, e, tol, (long long)n, (long long)wi, wi >= 0 ? got[wi] : 0.0, wi >= 0 ? ref[wi] : 0.0, seed);
@@ -506,8 +522,9 @@ double tu_check_tol(tu_sess *s, const char *out, double tol)
     tu_gcheck(s->out[o], what);
     double *got = malloc((size_t)(e ? e : 1) * sizeof *got);
     cr_assert(got, "out of memory");
-    tu_to_f64((kiln_dtype)s->g->nodes[idx].dtype, s->out[o], e, got);
-    double r = tu_compare(what, got, ref, e, tol);
+    kiln_dtype t = (kiln_dtype)s->g->nodes[idx].dtype;
+    tu_to_f64(t, s->out[o], e, got);
+    double r = tu_compare_t(what, t, got, ref, e, tol);
     free(got);
     return r;
 }
@@ -537,7 +554,7 @@ double tu_check_state(tu_sess *s, const char *state, const char *op, kiln_dtype 
     tu_to_f64(ti.t, buf, e, got);
     char what[400];
     snprintf(what, sizeof what, "%s: state '%s'", s->what, state);
-    double r = tu_compare(what, got, ref, e, tu_tol(op, key));
+    double r = tu_compare_t(what, ti.t, got, ref, e, tu_tol(op, key));
     free(got);
     tu_gfree(buf, what);
     return r;

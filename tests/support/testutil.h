@@ -12,8 +12,11 @@
 
 /* ---------------------------------------------------------------- random data */
 
-/* The seed of this test process: $KILN_TEST_SEED, else from the clock and pid. */
+/* The seed of this test process: $KILN_TEST_SEED, else from the clock and pid (printed to stderr
+ * with the test's name when first drawn). */
 uint64_t tu_seed(void);
+/* Prints a test's seed and how to replay it (for tests with their own generators). */
+void tu_print_seed(uint64_t seed);
 /* Next 64 random bits (xoshiro256** seeded by splitmix64 from tu_seed()). */
 uint64_t tu_next(void);
 /* Uniform in [lo, hi). */
@@ -39,12 +42,15 @@ void tu_poison(void *p, size_t n);
 void *tu_galloc(size_t n);
 void tu_gcheck(const void *p, const char *what);
 void tu_gfree(void *p, const char *what);
-/* sum((y - ref)^2) / max(sum(ref^2), tiny). */
+/* sum((y - ref)^2) / max(sum(ref^2), tiny) (the plain ratio; tu_compare_t adds the contracts' floor). */
 double nmse(const float *y, const double *ref, int64_t n);
 double nmse64(const double *y, const double *ref, int64_t n);
 /* Compares n values against ref: asserts no NaN/Inf where ref is finite (and matching non-finite
  * values where it is not) and NMSE <= tol, reporting the worst element. Returns the NMSE. */
 double tu_compare(const char *what, const double *got, const double *ref, int64_t n, double tol);
+/* Same for values of dtype t: the NMSE denominator is at least n * m^2, m the smallest normal of t
+ * (contracts/: f16's subnormals have a fixed step of 2^-24). tu_compare is this with f32. */
+double tu_compare_t(const char *what, kiln_dtype t, const double *got, const double *ref, int64_t n, double tol);
 
 /* The contract's NMSE bound for op and dtype (tolerance_f16_act's under $KILN_PRECISION=f16); asserts
  * that it exists. */
