@@ -354,7 +354,11 @@ static void residual_case(kiln_dtype wt, int64_t K, int64_t Nn)
     same_as_plain(&c, wt, what);
 }
 
+/* Block weights: 128 more outputs than the odd counts the units' tails need. One output's NMSE
+ * against matmul's 1e-4 follows a ratio of two chi^2 sums over its N columns (x's int8 rounding:
+ * mean 2.3e-5 with rms_norm, 1.2e-5..1.5e-5 without; a scratch harness): with N = 24
+ * about 3 in 10000 outputs fail (F(24, 24) > 4.4, simulated), with N = 20 at 8x its mean 1 in 10^5. */
 Test(pdl, gemv_f16_same_bits_as_plain) { gate_up_case(KILN_DTYPE_F16, 256, 40); residual_case(KILN_DTYPE_F16, 192, 72); }
-Test(pdl, gemv_q8_0_same_bits_as_plain) { gate_up_case(KILN_DTYPE_Q8_0, 256, 24); residual_case(KILN_DTYPE_Q8_0, 128, 40); }
-Test(pdl, gemv_q4_k_same_bits_as_plain) { gate_up_case(KILN_DTYPE_Q4_K, 512, 24); residual_case(KILN_DTYPE_Q4_K, 256, 36); }
-Test(pdl, gemv_q6_k_same_bits_as_plain) { gate_up_case(KILN_DTYPE_Q6_K, 256, 24); residual_case(KILN_DTYPE_Q6_K, 256, 20); }
+Test(pdl, gemv_q8_0_same_bits_as_plain) { gate_up_case(KILN_DTYPE_Q8_0, 256, 24 + 128); residual_case(KILN_DTYPE_Q8_0, 128, 40 + 128); }
+Test(pdl, gemv_q4_k_same_bits_as_plain) { gate_up_case(KILN_DTYPE_Q4_K, 512, 24 + 128); residual_case(KILN_DTYPE_Q4_K, 256, 36 + 128); }
+Test(pdl, gemv_q6_k_same_bits_as_plain) { gate_up_case(KILN_DTYPE_Q6_K, 256, 24 + 128); residual_case(KILN_DTYPE_Q6_K, 256, 20 + 128); }

@@ -43,6 +43,8 @@ typedef struct fakecuda_log {
 
 EXPORT fakecuda_log fakecuda;
 
+static int ctx_refs; /* cuDevicePrimaryCtxRetain minus releases */
+
 static int env_int(const char *n, int d)
 {
     const char *v = getenv(n);
@@ -74,8 +76,15 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int a, int d)
 }
 EXPORT CUresult cuDeviceGetName(char *s, int n, int d) { snprintf(s, (size_t)n, "NVIDIA H100 80GB HBM3 (fake)"); return 0; }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, int d) { *b = mem_limit(); return 0; }
-EXPORT CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x1234; return 0; }
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int d) { return 0; }
+EXPORT CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x1234; ctx_refs++; return 0; }
+static void mod_free_all(void);
+/* The last release destroys the context and every module still loaded in it (a backend stopped by
+ * a sticky error cannot unload its modules: the driver frees them here). */
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(int d)
+{
+    if (ctx_refs > 0 && --ctx_refs == 0) mod_free_all();
+    return 0;
+}
 EXPORT CUresult cuCtxSetCurrent(void *c) { return 0; }
 EXPORT CUresult cuStreamCreate(void **s, unsigned f) { *s = malloc(1); return 0; }
 EXPORT CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
@@ -127,10 +136,35 @@ typedef struct ffunc {
     int waits;    /* its module's PTX has griddepcontrol.wait */
 } ffunc;
 typedef struct fmod {
-    char  *ptx;      /* the text */
-    ffunc *funcs[8]; /* entries looked up (freed with the module) */
-    int    n_funcs;  /* used */
+    char  *ptx;              /* the text */
+    ffunc *funcs[8];         /* entries looked up (freed with the module) */
+    int    n_funcs;          /* used */
+    struct fmod *prev, *next; /* the live modules, freed with the primary context as the driver does */
 } fmod;
+
+static fmod *live_mods; /* modules not unloaded */
+
+static fmod *mod_new(const char *ptx)
+{
+    fmod *f = calloc(1, sizeof *f);
+    f->ptx = strdup(ptx);
+    f->next = live_mods;
+    if (live_mods) live_mods->prev = f;
+    live_mods = f;
+    snprintf(fakecuda.last_ptx, sizeof fakecuda.last_ptx, "%s", f->ptx);
+    fakecuda.modules++;
+    return f;
+}
+
+static void mod_free(fmod *f)
+{
+    if (f->prev) f->prev->next = f->next;
+    else live_mods = f->next;
+    if (f->next) f->next->prev = f->prev;
+    for (int i = 0; i < f->n_funcs; i++) free(f->funcs[i]);
+    free(f->ptx);
+    free(f);
+}
 
 /* The fake's "cubin": a magic line, then the PTX it was made from (so modules still find their
  * entries); the real driver's image is ELF. */
@@ -191,12 +225,8 @@ EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int 
 {
     const char *ptx = image;
     if (strncmp(ptx, cubin_magic, strlen(cubin_magic)) == 0) { /* a cubin: no JIT, no log */
-        fmod *f = calloc(1, sizeof *f);
-        f->ptx = strdup(ptx + strlen(cubin_magic));
-        snprintf(fakecuda.last_ptx, sizeof fakecuda.last_ptx, "%s", f->ptx);
-        fakecuda.modules++;
         fakecuda.cubin_loads++;
-        *m = f;
+        *m = mod_new(ptx + strlen(cubin_magic));
         return 0;
     }
     if (env_int("FAKECUDA_JIT_FAIL", 0)) {
@@ -208,20 +238,18 @@ EXPORT CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int 
         if (opts[i] == 3)
             snprintf(vals[i], 256, "ptxas info    : Function properties for k\n    0 bytes stack frame, %d bytes spill stores, %d bytes spill loads\n",
                      env_int("FAKECUDA_SPILL", 0) && !strstr(ptx, ".minnctapersm 1") ? 8 : 0, 0);
-    fmod *f = calloc(1, sizeof *f);
-    f->ptx = strdup(ptx);
-    snprintf(fakecuda.last_ptx, sizeof fakecuda.last_ptx, "%s", ptx);
-    fakecuda.modules++;
-    *m = f;
+    *m = mod_new(ptx);
     return 0;
 }
 EXPORT CUresult cuModuleUnload(void *m)
 {
-    fmod *f = m;
-    for (int i = 0; i < f->n_funcs; i++) free(f->funcs[i]);
-    free(f->ptx);
-    free(f);
+    mod_free(m);
     return 0;
+}
+
+static void mod_free_all(void)
+{
+    while (live_mods) mod_free(live_mods);
 }
 EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
 {
