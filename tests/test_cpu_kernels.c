@@ -532,5 +532,7 @@ Test(cpu_kernels, isa_detect_and_env_override)
 Test(cpu_kernels, calibration_is_positive)
 {
     double p = kiln_cpu_measure_fma_peak(pools[1], kiln_cpu_isa_max());
-    cr_assert(p > 0.1 && p < 1e5, "fma peak %g GFLOP/s", p);
+    /* wall-clock rate: under ASan (-O0 kernels) on 2 cores shared by ~25 runnable processes it
+     * measured 0.17 GFLOP/s, so the floor is 1 MFLOP/s (a broken count gives 0 or NaN) */
+    cr_assert(p > 1e-3 && p < 1e5, "fma peak %g GFLOP/s", p);
 }
