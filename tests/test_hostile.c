@@ -264,7 +264,9 @@ Test(hostile, huge_layer_norm_rows_vulkan) { huge_rows("vulkan", true); }
  * checked against f64. */
 static void huge_rows_fused(const char *backend, int64_t T, kiln_dtype wt)
 {
-    enum { K = 256, N = 64 };
+    /* N = 128: each row's matmul NMSE is held to 1e-4 alone; q8_0's int8 x gives it a mean near 2e-5
+     * and the tail of a ratio of two chi^2 sums over N (at N = 64 about 1e-8 per row) */
+    enum { K = 256, N = 128 };
     kiln_ctx *ctx;
     cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
     skip_absent(ctx, backend);
