@@ -631,7 +631,7 @@ Test(quant, q8_k_activation_blocks)
     /* The scale is max|x| / 127 and every value rounds to its nearest step: each error is at most
      * half a step (plus f32 rounding of the scale and the product). A data-derived bound, not an
      * NMSE: the NMSE of 256 values is set by their largest one (max|x| / sigma) and its tail
-     * crossed a fixed 1e-4 in about 1 of 2000 seeds (scratch harness, 20000 blocks). */
+     * crossed a fixed 1e-4 for 285 of 10^6 seeds (scratch harness; worst 1.45e-4 in 2 * 10^6). */
     float amax = 0;
     for (int i = 0; i < 256; i++)
         amax = fmaxf(amax, fabsf(x[i]));
