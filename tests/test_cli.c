@@ -284,9 +284,10 @@ Test(cli, bench_json_decode_and_prefill, .timeout = 600)
 
 Test(presets, table_and_errors)
 {
-    cr_assert_eq(kiln_preset_count(), 3);
-    const kiln_preset *q = kiln_preset_find("qwen2-0.5b"), *l = kiln_preset_find("llama-7b");
+    cr_assert_eq(kiln_preset_count(), 3); /* llama-70b is found by name, not listed */
+    const kiln_preset *q = kiln_preset_find("qwen2-0.5b"), *l = kiln_preset_find("llama-7b"), *b = kiln_preset_find("llama-70b");
     cr_assert(q && l && kiln_preset_find("qwen2-7b") && !kiln_preset_find("nope"));
+    cr_assert(b && b->hidden == 8192 && b->n_head == 64 && b->n_kv_head == 8 && b->head_dim == 128 && b->ffn == 28672);
     cr_assert(q->hidden == 896 && q->n_head == 14 && q->n_kv_head == 2 && q->head_dim == 64 && q->ffn == 4864);
     cr_assert(l->hidden == 4096 && l->rope == KILN_ROPE_NORMAL && q->rope == KILN_ROPE_NEOX);
     /* q4_k needs in % 256 == 0: 896 falls back to q8_0, 4864 keeps q4_k. */

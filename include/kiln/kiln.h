@@ -132,6 +132,11 @@ typedef struct kiln_backend_info {
     const char *detail;    /* when available: device/ISA; otherwise why not ("libcuda.so.1 not found") */
 } kiln_backend_info;
 KILN_API kiln_status kiln_backend_get(const kiln_ctx *ctx, int i, kiln_backend_info *out);
+/* Whether split plans over distinct GPUs (kiln_compile_options.devices "cuda:0,1") can run here:
+ * KILN_OK with *n_gpus and detail ("NCCL 2.21.5 from PATH, 2 GPUs"), else KILN_ERR_UNSUPPORTED
+ * with why in detail (cuda absent, one GPU, libnccl.so.2 not found: $KILN_NCCL_LIB, the system's
+ * library paths and Python environments' nvidia/nccl/lib are tried). Loads NCCL to look. */
+KILN_API kiln_status kiln_multi_gpu(const kiln_ctx *ctx, int *n_gpus, char *detail, size_t n);
 /* The CPU ISA path in use ("avx512", "avx2", "scalar"). */
 KILN_API const char *kiln_cpu_isa(const kiln_ctx *ctx);
 
@@ -262,6 +267,11 @@ KILN_API kiln_node kiln_kv_scatter(kiln_graph *g, kiln_node state, kiln_node row
 KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids);
 /* Index of the largest value over the last dim (first on ties): x [..., N] -> i32 [...] ([1] for rank 1). */
 KILN_API kiln_node kiln_argmax(kiln_graph *g, kiln_node x);
+/* Sum of x over the devices of a split plan (kiln_compile_options.devices): each device holds a
+ * partial sum of the same shape (a row-parallel matmul's output) and every device gets the total.
+ * x f32; y has x's shape. In a plan on one device it is the identity. The split pass inserts it;
+ * graphs may also hold it. */
+KILN_API kiln_node kiln_all_reduce(kiln_graph *g, kiln_node x);
 /* Converts among f32, f16, bf16 and i32 (float to i32 rounds to nearest, ties to even). */
 KILN_API kiln_node kiln_cast(kiln_graph *g, kiln_node x, kiln_dtype t);
 /* Same elements, new dims (element counts equal; symbolic dims must appear in both, unchanged). */
@@ -342,6 +352,23 @@ typedef struct kiln_compile_options {
     kiln_codegen_options codegen; /* see above */
     bool        no_record; /* device backends launch kernel by kernel each run instead of replaying
                              one recording ($KILN_NO_RECORD) */
+    const char *devices;  /* tensor parallelism: NULL or "" = one device (as without it). "BACKEND:ID,ID,..."
+                             ("cuda:0,1", "cpu:0,1,2,3") or a count ("2", on `backend`): the graph is
+                             split Megatron-style over that many devices (q/k/v and gate/up divided by
+                             output rows, heads and KV caches by head, GQA groups whole; o and down by
+                             input columns, followed by an all_reduce), one part per device, and runs
+                             as one plan (kiln_run, states whole to kiln_plan_state_read/_write;
+                             kiln_plan_explain names the split). Distinct GPUs ("cuda:0,1"): a context,
+                             stream and memory per GPU (weights sliced and uploaded to each at
+                             compile), the all-reduces through NCCL on each GPU's stream, launched
+                             kernel by kernel (no CUDA graph yet); without NCCL the compile fails
+                             saying why (kiln_multi_gpu); a device fault stops the split plan for
+                             good, other plans keep working. Virtual devices: several parts on ref or
+                             cpu in one process, or one GPU listed more than once ("cuda:0,0"), the
+                             all-reduce summing through host memory (tests, experiments). Outputs and
+                             inputs are host memory for a split plan. A graph whose heads, KV heads or reshaped head
+                             dims do not divide by the count, or where no matmul can be divided, is
+                             refused (KILN_ERR_UNSUPPORTED) naming why. */
 } kiln_compile_options;
 
 /* Compiles g into a plan. The plan copies what it needs from g (g may be freed after; borrowed
@@ -483,6 +510,9 @@ typedef struct kiln_device_profile {
     double h2d_bw;                       /* host -> device bytes/s (0: the device uses host memory) */
     double d2h_bw;                       /* device -> host bytes/s */
     double xfer_latency_s;               /* fixed cost of one transfer */
+    double link_bw;                      /* all-reduce bus bytes/s between devices of a split plan (NCCL's
+                                            busbw; 0: the sum goes through this device's memory) */
+    double link_latency_s;               /* fixed cost of one all-reduce */
 } kiln_device_profile;
 
 /* The profile placement uses for a backend (defaults, then the calibration file in the cache dir,
@@ -528,7 +558,7 @@ KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p);
 
 /* ---------------------------------------------------------------- model presets */
 
-/* Built-in shapes of well-known llama-style models ("qwen2-0.5b", "llama-7b", "qwen2-7b") and a
+/* Built-in shapes of well-known llama-style models ("qwen2-0.5b", "llama-7b", "qwen2-7b"; "llama-70b" by name only) and a
  * builder of an N-layer decoder stack with reproducible random weights: benchmarks and cost-model
  * experiments without a model file (the graphs of `kiln bench --preset` and `kiln plan --preset`). */
 

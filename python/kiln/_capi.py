@@ -42,7 +42,8 @@ class CodegenOptions(C.Structure):
 
 class CompileOptions(C.Structure):
     _fields_ = [("backend", C.c_char_p), ("no_fuse", C.c_bool), ("what_if", C.c_bool),
-                ("check_finite", C.c_bool), ("codegen", CodegenOptions), ("no_record", C.c_bool)]
+                ("check_finite", C.c_bool), ("codegen", CodegenOptions), ("no_record", C.c_bool),
+                ("devices", C.c_char_p)]
 
 
 class Binding(C.Structure):
@@ -109,6 +110,7 @@ _PROTOS = {
     "kiln_backend_count": (I, [P]),
     "kiln_backend_get": (I, [P, I, C.POINTER(BackendInfo)]),
     "kiln_cpu_isa": (S, [P]),
+    "kiln_multi_gpu": (I, [P, C.POINTER(C.c_int), C.c_char_p, SZ]),
     "kiln_graph_new": (I, [PP]),
     "kiln_graph_free": (None, [P]),
     "kiln_graph_status": (I, [P]),
@@ -136,6 +138,7 @@ _PROTOS = {
     "kiln_kv_scatter": (U64, [P, U64, U64, U64]),
     "kiln_get_rows": (U64, [P, U64, U64]),
     "kiln_argmax": (U64, [P, U64]),
+    "kiln_all_reduce": (U64, [P, U64]),
     "kiln_cast": (U64, [P, U64, I]),
     "kiln_reshape": (U64, [P, U64, I, DIMS]),
     "kiln_view": (U64, [P, U64, I, DIMS, I64]),
@@ -227,7 +230,8 @@ def _dtypes() -> list:
 DTYPES = _dtypes()
 DTYPE_COUNT = len(DTYPES)
 DeviceProfile._fields_ = [("peak_flops", C.c_double * DTYPE_COUNT), ("mem_bw", C.c_double), ("launch_s", C.c_double),
-                          ("h2d_bw", C.c_double), ("d2h_bw", C.c_double), ("xfer_latency_s", C.c_double)]
+                          ("h2d_bw", C.c_double), ("d2h_bw", C.c_double), ("xfer_latency_s", C.c_double),
+                          ("link_bw", C.c_double), ("link_latency_s", C.c_double)]
 # malloc'ed strings returned through out-parameters are freed with the C library's free().
 libc = C.CDLL(None)
 libc.free.argtypes = [C.c_void_p]

@@ -322,6 +322,10 @@ class Graph:
         """Embedding lookup: table [V, D] of a float or block dtype, ids i32 [n] -> f32 [n, D]."""
         return self._node(lib.kiln_get_rows(self.handle, self._nid(table), self._nid(ids)), "kiln_get_rows")
 
+    def all_reduce(self, x: Node) -> Node:
+        """Sum of x (f32) over the devices of a split plan; the identity on one device."""
+        return self._node(lib.kiln_all_reduce(self.handle, self._nid(x)), "kiln_all_reduce")
+
     def argmax(self, x: Node) -> Node:
         """Index of the largest value over the last dim (first on ties): x [..., N] -> i32 [...]."""
         return self._node(lib.kiln_argmax(self.handle, self._nid(x)), "kiln_argmax")

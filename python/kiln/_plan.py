@@ -23,7 +23,7 @@ lib = _capi.lib
 def _profile_to_dict(p: _capi.DeviceProfile) -> dict:
     return {"peak_flops": {_capi.DTYPES[i]: p.peak_flops[i] for i in range(_capi.DTYPE_COUNT)},
             "mem_bw": p.mem_bw, "launch_s": p.launch_s, "h2d_bw": p.h2d_bw, "d2h_bw": p.d2h_bw,
-            "xfer_latency_s": p.xfer_latency_s}
+            "xfer_latency_s": p.xfer_latency_s, "link_bw": p.link_bw, "link_latency_s": p.link_latency_s}
 
 
 class Context:
@@ -114,7 +114,7 @@ class Context:
         p = _capi.DeviceProfile()
         for i, t in enumerate(_capi.DTYPES):
             p.peak_flops[i] = cur["peak_flops"][t]
-        for k in ("mem_bw", "launch_s", "h2d_bw", "d2h_bw", "xfer_latency_s"):
+        for k in ("mem_bw", "launch_s", "h2d_bw", "d2h_bw", "xfer_latency_s", "link_bw", "link_latency_s"):
             setattr(p, k, cur[k])
         self._check(lib.kiln_ctx_set_profile(self.handle, backend.encode(), C.byref(p)), "kiln_ctx_set_profile")
         return cur
@@ -170,11 +170,13 @@ class Context:
 
     # ------------------------------------------------------------ compile
     def compile(self, graph: Graph, backend: str | None = None, fuse: bool = True, what_if: bool = False,
-                check_finite: bool = False) -> "Plan":
+                check_finite: bool = False, devices: str | None = None) -> "Plan":
         """kiln_compile: fuses, places and compiles the graph into a Plan. backend None ("auto")
         lets placement pick per kernel; what_if places as if every profiled backend were present
-        (explain only, not run); check_finite makes runs raise NonFiniteError at the first NaN/inf."""
+        (explain only, not run); check_finite makes runs raise NonFiniteError at the first NaN/inf;
+        devices ("cpu:0,1", "cuda:0,1", "2") splits the graph over devices (tensor parallelism)."""
         o = _capi.CompileOptions(backend.encode() if backend else None, not fuse, what_if, check_finite)
+        o.devices = devices.encode() if devices else None
         h = C.c_void_p()
         self._check(lib.kiln_compile(self.handle, graph.handle, C.byref(o), C.byref(h)), "kiln_compile")
         plan = Plan(self, h.value, graph)

@@ -162,3 +162,21 @@ def test_cost_helpers_measure_and_what_if(ctx, rng):
         assert by["fast"].get("on_cuda", 0) > 0 and by["slow"].get("on_cuda", 0) == 0, res
         assert by["fast"]["predicted_ms"] < by["slow"]["predicted_ms"]
         assert sum(v for k, v in by["slow"].items() if k.startswith("on_")) == len(by["slow"]["kernels"])
+
+
+def test_split_plan_matches_the_unsplit_one(ctx):
+    """compile(devices=...) splits a layer over virtual cpu devices: same outputs as one device."""
+    g = ctx.preset("qwen2-0.5b", wdtype="f32", max_ctx=16, max_tok=2, seed=5)
+    one = ctx.compile(g, backend="cpu")
+    two = ctx.compile(g, devices="cpu:0,1")
+    assert "tensor-parallel split across 2 devices" in two.explain()
+    rng = np.random.default_rng()
+    x = rng.uniform(-1, 1, (2, 896)).astype(np.float32)
+    pos = np.array([3, 4], dtype=np.int32)
+    a = one.run({"x": x, "pos": pos}, {"n_tok": 2, "n_kv": 5})["y"]
+    b = two.run({"x": x, "pos": pos}, {"n_tok": 2, "n_kv": 5})["y"]
+    err = float(np.sum((a.astype(np.float64) - b) ** 2) / np.sum(a.astype(np.float64) ** 2))
+    assert err < 1e-10, err
+    with pytest.raises(kiln.UnsupportedError) as e:
+        ctx.compile(g, devices="cpu:0,1,2")
+    assert "divide by 3" in e.value.message

@@ -31,6 +31,8 @@ typedef struct bench_opts {
     bool               check_finite; /* --check-finite: the NaN/Inf guard on (to measure its cost) */
     int32_t            precision;    /* --precision: codegen.precision (0: $KILN_PRECISION or exact) */
     bool               host_io; /* --host-io: x and y in host memory on cuda too (copied every step) */
+    int64_t            gpus;    /* --gpus N: a tensor-parallel split over cuda:0..N-1 (0: none) */
+    char               devices[256]; /* the split's devices ("cuda:0,1"), "" for none */
     char               layers_why[160]; /* why the default layer count ("" when --layers gave it) */
 } bench_opts;
 
@@ -94,7 +96,8 @@ static int parse_one(kiln_cli_args *a, bench_opts *o)
                 {"--ctx", offsetof(bench_opts, ctx), 0, 1 << 24},
                 {"--tokens", offsetof(bench_opts, tokens), 1, 1 << 20},
                 {"--seed", offsetof(bench_opts, seed), 0, INT64_MAX},
-                {"--threads", offsetof(bench_opts, threads), 1, 256}};
+                {"--threads", offsetof(bench_opts, threads), 1, 256},
+                {"--gpus", offsetof(bench_opts, gpus), 1, 64}};
     const char *v = NULL;
     int r;
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
@@ -233,6 +236,14 @@ static int setup(bench_opts *o, bench_state *st)
         return KILN_CLI_FAIL;
     }
     kiln_compile_options copt = {.backend = o->backend, .check_finite = o->check_finite, .codegen.precision = o->precision};
+    if (o->gpus > 1) { /* a split: x and y on the host (each part reads x on its own GPU) */
+        int k = snprintf(o->devices, sizeof o->devices, "cuda:");
+        for (int64_t d = 0; d < o->gpus; d++) k += snprintf(o->devices + k, sizeof o->devices - (size_t)k, "%s%lld", d ? "," : "", (long long)d);
+        copt.devices = o->devices;
+        o->host_io = true;
+    } else if (o->gpus == 1 && !o->backend) {
+        copt.backend = "cuda";
+    }
     kiln_compile_options eff;
     kiln_env_options(&copt, &eff); /* what the compile will take: to report it */
     st->precision = eff.codegen.precision;
@@ -373,10 +384,11 @@ static void report(const bench_opts *o, const bench_state *st)
         printf(",\"threads\":%d,\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,\"steps\":%lld,\"ctx\":%lld,"
                "\"tokens\":%lld,\"precision\":\"%s\",\"kernels\":%d,\"compile_ms\":%.3f,\"compile_cache\":\"%s\",\"ms_per_layer_step\":%.6f,\"gb_per_s\":%.4f,"
                "\"gflop_per_s\":%.4f,\"roof_gb_per_s\":%.4f,\"roof_gflop_per_s\":%.4f,\"roof_measured\":%s,\"fraction_of_bw\":%.4f,"
-               "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"io\":\"%s\",\"step_ms\":[",
+               "\"fraction_of_peak\":%.4f,\"bytes_per_step\":%.0f,\"io\":\"%s\",\"devices\":\"%s\",\"step_ms\":[",
                (int)o->threads, wt, kt, (long long)o->layers, (long long)o->steps, (long long)o->ctx,
                (long long)(o->prefill ? o->tokens : 1), st->precision == KILN_PREC_F16 ? "f16" : "exact", kiln_plan_kernel_count(st->plan), st->compile_ms, kiln_plan_cache(st->plan), per_layer,
-               gbps, gfps, roof_bw, roof_gf, roof_measured ? "true" : "false", frac_bw, frac_gf, gb * 1e9, st->io_be >= 0 ? "device" : "host");
+               gbps, gfps, roof_bw, roof_gf, roof_measured ? "true" : "false", frac_bw, frac_gf, gb * 1e9, st->io_be >= 0 ? "device" : "host",
+               o->devices);
         for (size_t i = 0; i < n; i++)
             printf("%s%.6f", i ? "," : "", st->step_ms[i]);
         printf("]");
@@ -394,6 +406,8 @@ static void report(const bench_opts *o, const bench_state *st)
                st->precision == KILN_PREC_F16 && strcmp(be, "cpu") && strcmp(be, "ref") ? ", activations into tensor cores as f16 (--precision f16)" : "");
         if (o->layers_why[0])
             printf("  %s\n", o->layers_why);
+        if (o->devices[0]) /* bytes and FLOPs below are the whole layer's; the roofline is one GPU's */
+            printf("  tensor-parallel split over %s (bytes and FLOPs below: the whole layer, over all GPUs)\n", o->devices);
         if (o->prefill)
             printf("  %lld tokens, %lld steps\n", (long long)o->tokens, (long long)o->steps);
         else

@@ -77,12 +77,14 @@ static const char usage_generate[] =
 
 /* Shared by run.c and bench.c through kiln_cli_usage(). */
 static const char usage_run[] =
-    "usage: kiln run FILE.kg [--backend B] [--set SYM=N]... [--seed N] [--threads N] [--no-fuse]\n"
-    "                [--check-finite] [--json]\n"
+    "usage: kiln run FILE.kg [--backend B] [--devices D] [--set SYM=N]... [--seed N] [--threads N]\n"
+    "                [--no-fuse] [--check-finite] [--json]\n"
     "\n"
     "Compiles FILE.kg, fills its inputs with reproducible random data, runs it once and prints\n"
     "each output's dtype, shape and checksums (sum and sum of |x|, in f64).\n"
     "  --backend B   auto (default), ref, cpu, cuda, vulkan\n"
+    "  --devices D   split the graph over devices (tensor parallelism): \"cpu:0,1\", \"cuda:0,0\" (virtual\n"
+    "                parts on one GPU), or a count on --backend\n"
     "  --set SYM=N   value of a symbolic dim (default: its maximum)\n"
     "  --seed N      random seed of the inputs (default 1). Float inputs are uniform in [-1, 1).\n"
     "                i32 inputs: ids of a get_rows get 0..rows-1; positions read by kv_scatter or\n"
@@ -101,13 +103,13 @@ static const char usage_bench[] =
     "       kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
     "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
     "                  [--seed N] [--precision exact|f16] [--profile] [--no-roof] [--check-finite]\n"
-    "                  [--host-io] [--json]\n"
+    "                  [--host-io] [--gpus N] [--json]\n"
     "\n"
     "--model: times a GGUF model's whole decode step (S steps of one token from KV length --ctx,\n"
     "default 256; 16 steps) or prefill (S runs of --tokens, default 128; 4 steps): median ms/step,\n"
     "tok/s, and GB/s of weights read.\n"
     "--preset: builds NAME's decoder layers with random weights and times them.\n"
-    "  --preset NAME   qwen2-0.5b, llama-7b, qwen2-7b\n"
+    "  --preset NAME   qwen2-0.5b, llama-7b, qwen2-7b, llama-70b\n"
     "  --mode M        decode (default): S steps of one token over a KV cache growing from --ctx;\n"
     "                  prefill: S runs of T tokens from position 0\n"
     "  --layers N      layers (default: 1 on ref, else enough that weights exceed 2x the L3)\n"
@@ -127,6 +129,8 @@ static const char usage_bench[] =
     "  --check-finite  the NaN/Inf guard on (every kernel's outputs scanned): to measure its cost\n"
     "  --host-io       on cuda, x and y in host memory (copied in and out every step); by default they\n"
     "                  stay in device memory, as the activations of a layer stack inside an engine do\n"
+    "  --gpus N        N > 1: the layers split over cuda:0..N-1 (tensor parallelism through NCCL; x and y\n"
+    "                  in host memory); 1: on cuda alone (compare with --host-io)\n"
     "  --json          one JSON object (no progress line)\n"
     "Prints the median ms per layer-step and GB/s = (weight + KV bytes read) / time, and that as a\n"
     "fraction of the read bandwidth (and FMA peak) measured in the same run.\n"
@@ -142,7 +146,8 @@ static const char usage_bench[] =
 
 static const char usage_plan[] =
     "usage: kiln plan (FILE.kg | MODEL.gguf | --preset NAME [--wtype T]) [--layers N] [--ctx N] [--tokens T]\n"
-    "                 [--backend B] [--no-fuse] [--profile FILE] [--what-if] [--json | --dot] [--svg FILE]\n"
+    "                 [--backend B] [--devices D] [--no-fuse] [--profile FILE] [--what-if] [--json | --dot]\n"
+    "                 [--svg FILE]\n"
     "\n"
     "Shows how kiln compiles a graph: each fused kernel with its ops, the backend it runs on, its\n"
     "FLOPs and bytes, whether memory or compute bounds it, and its predicted time on every backend\n"
@@ -150,6 +155,8 @@ static const char usage_plan[] =
     "  --preset NAME   a model preset instead of a file (decode: --tokens 1, n_kv bound --ctx 1024)\n"
     "  MODEL.gguf      a llama/qwen2 GGUF model's decoder (all layers unless --layers; f16 KV)\n"
     "  --backend B     force one backend (default: placement chooses per kernel)\n"
+    "  --devices D     split the graph over devices (tensor parallelism: \"cpu:0,1\", \"cuda:0,1\", or a count\n"
+    "                  on --backend): the split is shown first, then the kernels of one part\n"
     "  --no-fuse       one kernel per op\n"
     "  --profile FILE  JSON device profiles overriding the measured ones (cost-model experiments)\n"
     "  --what-if       also place on backends absent here that --profile FILE describes (needs --profile)\n"
@@ -176,7 +183,7 @@ static const char usage_ptx[] =
     "shared memory. Each kernel also gets a static summary: global loads and stores by width,\n"
     "read-only (.nc) and in-loop loads, shared-memory traffic, barriers, shuffles, loops.\n"
     "Regions the lowering does not take yet are listed with the reason. Needs no GPU.\n"
-    "  --preset NAME   one layer of a model preset (qwen2-0.5b, llama-7b, qwen2-7b)\n"
+    "  --preset NAME   one layer of a model preset (qwen2-0.5b, llama-7b, qwen2-7b, llama-70b)\n"
     "  --wtype T       matmul weight dtype: f32, f16, q8_0 (default), q4_k\n"
     "  --tokens T      bound of n_tok: 1 (default) is decode, more is prefill\n"
     "  --ctx N         bound of n_kv (default 4096)\n"
@@ -269,6 +276,10 @@ static void info_text(const kiln_ctx *ctx)
         if (kiln_backend_get(ctx, i, &b) == KILN_OK)
             printf("  %-8s %-10s %s\n", b.name, b.available ? "available" : "absent", b.detail ? b.detail : "");
     }
+    char why[512];
+    int n = 0;
+    bool on = kiln_multi_gpu(ctx, &n, why, sizeof why) == KILN_OK;
+    printf("multi-gpu: %s: %s\n", on ? "on" : "off", why);
 }
 
 static void info_json(const kiln_ctx *ctx)
@@ -287,7 +298,12 @@ static void info_json(const kiln_ctx *ctx)
         printf("}");
         first = 0;
     }
-    printf("]}\n");
+    char why[512];
+    int n = 0;
+    bool on = kiln_multi_gpu(ctx, &n, why, sizeof why) == KILN_OK;
+    printf("],\"multi_gpu\":{\"available\":%s,\"gpus\":%d,\"detail\":", on ? "true" : "false", n);
+    kiln_cli_json_str(stdout, why);
+    printf("}}\n");
 }
 
 int kiln_cli_info(int argc, char *const *argv)

@@ -16,6 +16,7 @@ typedef struct plan_opts {
     int64_t            ctx;      /* --ctx: bound of n_kv */
     int64_t            tokens;   /* --tokens: bound of n_tok */
     const char        *backend;  /* --backend */
+    const char        *devices;  /* --devices: a tensor-parallel split (kiln_compile_options.devices) */
     const char        *profile;  /* --profile FILE */
     const char        *format;   /* "text", "json", "dot" */
     const char        *svg;      /* --svg FILE: the roofline picture */
@@ -40,6 +41,9 @@ static int parse_plan(int argc, char *const *argv, plan_opts *o)
         } else if ((r = kiln_cli_flag_value(&a, "--backend", &v)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
             o->backend = v;
+        } else if ((r = kiln_cli_flag_value(&a, "--devices", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            o->devices = v;
         } else if ((r = kiln_cli_flag_value(&a, "--profile", &v)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
             o->profile = v;
@@ -115,7 +119,7 @@ int kiln_cli_plan(int argc, char *const *argv)
                                                            .max_tok = o.tokens, .seed = 1}, &g);
         if (rc != KILN_CLI_OK) goto out;
     }
-    kiln_compile_options co = {.backend = o.backend, .no_fuse = o.no_fuse, .what_if = o.what_if};
+    kiln_compile_options co = {.backend = o.backend, .no_fuse = o.no_fuse, .what_if = o.what_if, .devices = o.devices};
     if ((s = kiln_compile(ctx, g, &co, &p)) != KILN_OK) {
         rc = kiln_cli_fail("plan", ctx, s, "compiling");
         goto out;

@@ -15,6 +15,7 @@
 typedef struct run_opts {
     const char *file;             /* the .kg path */
     const char *backend;          /* --backend or NULL (auto) */
+    const char *devices;          /* --devices: a tensor-parallel split, or NULL */
     const char *set_name[MAX_SETS]; /* --set names (point into argv) */
     size_t      set_len[MAX_SETS];  /* length of each name */
     int64_t     set_val[MAX_SETS];  /* --set values */
@@ -64,6 +65,8 @@ static int parse_args(int argc, char *const *argv, run_opts *o)
         int r;
         if ((r = kiln_cli_flag_value(&a, "--backend", &v)) != 0) {
             o->backend = v;
+        } else if ((r = kiln_cli_flag_value(&a, "--devices", &v)) != 0) {
+            o->devices = v;
         } else if ((r = kiln_cli_flag_value(&a, "--set", &v)) != 0) {
             if (r > 0 && parse_set(o, v) != KILN_CLI_OK)
                 return KILN_CLI_USAGE;
@@ -362,7 +365,8 @@ static int run_file(const run_opts *o, run_state *st)
     for (uint32_t i = 0; i < st->g->n_nodes; i++)
         if (st->g->nodes[i].op == KILN_OP_PAGED_ATTENTION && (s = fill_paged(st, i)) != KILN_OK)
             return kiln_cli_fail("run", NULL, s, "filling a paged attention's step");
-    kiln_compile_options copt = {.backend = o->backend, .no_fuse = o->no_fuse, .check_finite = o->check_finite};
+    kiln_compile_options copt = {.backend = o->backend, .no_fuse = o->no_fuse, .check_finite = o->check_finite,
+                                 .devices = o->devices};
     if ((s = kiln_compile(st->ctx, st->g, &copt, &st->plan)) != KILN_OK)
         return kiln_cli_fail("run", st->ctx, s, "compiling");
     if ((s = kiln_run(st->plan, st->binds, st->n_binds)) != KILN_OK)

@@ -32,6 +32,16 @@ static kiln_status move_1(const kiln_graph *g, const kiln_region *r, const kiln_
     return kiln_lower_move(g, r, tg, out, err, n_err);
 }
 
+/* all_reduce on one device is a copy; the parts of a split plan meet in the group executor (the
+ * cuda backend's NCCL call takes the region's place there). */
+static kiln_status collective_1(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                                kiln_kir out[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
+{
+    (void)err, (void)n_err;
+    *n = 1;
+    return kiln_lower_copy(g, r, tg, out);
+}
+
 /* The x of a matmul region's first matmul (any node of its shape gives the run's rows). */
 static uint32_t matmul_x(const kiln_graph *g, const kiln_region *r)
 {
@@ -71,6 +81,7 @@ static const kl_template templates[KILN_REGION_KIND_COUNT] = {
     [KILN_REGION_MAP] = map_1,      [KILN_REGION_ROWS] = rows_1,
     [KILN_REGION_MATMUL] = matmul,  [KILN_REGION_ATTENTION] = kiln_lower_attention,
     [KILN_REGION_SCATTER] = move_1, [KILN_REGION_MOVE] = move_1,
+    [KILN_REGION_COLLECTIVE] = collective_1,
 };
 
 /* A block format the GPU templates do not read (the dtype table's gpu member: q4_0, q5_0,

@@ -9,7 +9,7 @@
 static const char *const kind_names[KILN_REGION_KIND_COUNT] = {
     [KILN_REGION_NONE] = "none",     [KILN_REGION_MAP] = "map",         [KILN_REGION_ROWS] = "rows",
     [KILN_REGION_MATMUL] = "matmul", [KILN_REGION_ATTENTION] = "attention", [KILN_REGION_SCATTER] = "scatter",
-    [KILN_REGION_MOVE] = "move",
+    [KILN_REGION_MOVE] = "move",     [KILN_REGION_COLLECTIVE] = "collective",
 };
 
 const char *kiln_region_kind_name(enum kiln_region_kind k)
@@ -27,6 +27,7 @@ enum kiln_region_kind kiln_fuse_kind_of(enum kiln_op op)
     static const uint8_t kind[KILN_OPC_COUNT] = {
         [KILN_OPC_ELEMENTWISE] = KILN_REGION_MAP, [KILN_OPC_ROW] = KILN_REGION_ROWS, [KILN_OPC_MATMUL] = KILN_REGION_MATMUL,
         [KILN_OPC_ATTENTION] = KILN_REGION_ATTENTION, [KILN_OPC_SCATTER] = KILN_REGION_SCATTER, [KILN_OPC_MOVE] = KILN_REGION_MOVE,
+        [KILN_OPC_COLLECTIVE] = KILN_REGION_COLLECTIVE,
     };
     return (enum kiln_region_kind)kind[kiln_op_class_of(op)]; /* leaves and aliases: KILN_REGION_NONE */
 }

@@ -13,6 +13,7 @@ enum kiln_region_kind {
     KILN_REGION_ATTENTION, /* attention over a cache */
     KILN_REGION_SCATTER,   /* kv_scatter */
     KILN_REGION_MOVE,      /* data movement: get_rows, transpose, concat */
+    KILN_REGION_COLLECTIVE,/* all_reduce: alone (a split plan's parts meet there) */
     KILN_REGION_KIND_COUNT
 };
 

@@ -416,6 +416,16 @@ KILN_API kiln_node kiln_argmax(kiln_graph *g, kiln_node x)
     return finish(&b);
 }
 
+KILN_API kiln_node kiln_all_reduce(kiln_graph *g, kiln_node x)
+{
+    build b = begin(g, KILN_OP_ALL_REDUCE);
+    const kiln_node_rec *a = operand(&b, 0, "x", x, false);
+    if (b.ok && a->dtype != KILN_DTYPE_F32)
+        fail(&b, KILN_ERR_DTYPE, "x has dtype %s; all_reduce sums f32 partial results", kiln_dtype_name(a->dtype));
+    if (b.ok) set_shape(&b, a->dtype, a->rank, a->dims);
+    return finish(&b);
+}
+
 KILN_API kiln_node kiln_cast(kiln_graph *g, kiln_node x, kiln_dtype t)
 {
     build b = begin(g, KILN_OP_CAST);

@@ -94,6 +94,17 @@ typedef struct kiln_backend_i {
      * is the host layout; weight_repack writes those bytes from the host's (dst holds them). */
     size_t (*weight_bytes)(void *state, kiln_dtype t, int64_t rows, int64_t k);
     void   (*weight_repack)(void *state, kiln_dtype t, int64_t rows, int64_t k, const void *src, void *dst);
+    /* Collectives over distinct devices, each driven by a state of this backend (optional, all four
+     * or none; split plans, sched/group.c). coll_probe: how many devices a split can use and through
+     * what (detail "NCCL 2.21.5 from PATH"), or false and why not. coll_init: a communicator for the
+     * devices of states[0..n) (their ordinals devs[]). all_reduce: enqueues y[i] = sum over j of x[j]
+     * (count f32 values) on every state's queue as one group, ordered after what each queue holds.
+     * coll_free: frees the communicators (the queues idle). */
+    bool        (*coll_probe)(void *state, int *n_devices, char *detail, size_t n);
+    kiln_status (*coll_init)(void *const *states, const int *devs, int n, void **comm, char *err, size_t n_err);
+    kiln_status (*all_reduce)(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
+                              size_t n_err);
+    void        (*coll_free)(void *comm);
 } kiln_backend_i;
 
 /* The per-run parameter buffer of device backends: int32 slot i holds symbol i's value; at least

@@ -91,6 +91,12 @@ void kiln_sched_region_cost(const kiln_graph *g, const kiln_region *r, const int
             out->bytes += read_bytes(g, i, s, dims, sym_vals);
         }
     }
+    if (r->kind == KILN_REGION_COLLECTIVE) { /* all_reduce over i[0] devices: N - 1 adds, a ring's traffic */
+        const kiln_node_rec *n = &g->nodes[r->anchor];
+        double devs = n->i[0] > 1 ? n->i[0] : 1;
+        out->flops = (devs - 1) * numel(n, dims[r->anchor]);
+        out->link_bytes = 2 * (devs - 1) / devs * node_bytes(n, dims[r->anchor]);
+    }
     for (uint32_t k = 0; k < r->n_outs; k++) {
         uint32_t i = r->outs[k];
         const kiln_node_rec *n = &g->nodes[i];
@@ -104,7 +110,9 @@ double kiln_sched_time(const kiln_region_cost *c, const kiln_device_profile *p, 
     double peak = p->peak_flops[c->peak_dtype] > 0 ? p->peak_flops[c->peak_dtype] : p->peak_flops[KILN_DTYPE_F32];
     double tc = peak > 0 ? c->flops / peak : 0, tm = p->mem_bw > 0 ? c->bytes / p->mem_bw : 0;
     if (compute_bound) *compute_bound = tc > tm;
-    return (tc > tm ? tc : tm) + p->launch_s;
+    double link = 0; /* an all-reduce: its link traffic after the local read (no overlap assumed) */
+    if (c->link_bytes > 0) link = p->link_latency_s + c->link_bytes / (p->link_bw > 0 ? p->link_bw : p->mem_bw > 0 ? p->mem_bw : 1e12);
+    return (tc > tm ? tc : tm) + p->launch_s + link;
 }
 
 static bool on_host(const kiln_place_problem *pp, int b) { return b < 0 || pp->profiles[b].h2d_bw <= 0; }

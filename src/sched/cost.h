@@ -11,6 +11,7 @@ typedef struct kiln_region_cost {
     double   flops;      /* arithmetic */
     double   bytes;      /* read from outside + written to outside */
     uint8_t  peak_dtype; /* dtype whose peak applies (matmul: weight dtype; else f32) */
+    double   link_bytes; /* all_reduce: bytes each device sends over the links (ring: 2 (N-1)/N of x) */
 } kiln_region_cost;
 
 void kiln_sched_region_cost(const kiln_graph *g, const kiln_region *r, const int64_t (*dims)[KILN_MAX_RANK],

@@ -47,7 +47,19 @@ kiln_status kiln_ctx_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...)
     return s;
 }
 
-KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
+static kiln_status ctx_new(const kiln_ctx_options *opts, int ordinal, kiln_ctx **out);
+
+KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out) { return ctx_new(opts, -1, out); }
+
+kiln_status kiln_ctx_new_device(const kiln_ctx *parent, int ordinal, kiln_ctx **out)
+{
+    kiln_ctx_options o = parent->opts;
+    o.n_threads = 1;
+    o.quiet = true;
+    return ctx_new(&o, ordinal, out);
+}
+
+static kiln_status ctx_new(const kiln_ctx_options *opts, int ordinal, kiln_ctx **out)
 {
     if (!out) return KILN_ERR_INVALID_ARG;
     *out = NULL;
@@ -55,6 +67,7 @@ KILN_API kiln_status kiln_ctx_new(const kiln_ctx_options *opts, kiln_ctx **out)
     kiln_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return KILN_ERR_NOMEM;
     kiln_err_init(&ctx->err);
+    ctx->device_ordinal = ordinal;
     pthread_mutexattr_t ma;
     pthread_mutexattr_init(&ma);
     pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);

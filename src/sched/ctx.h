@@ -21,6 +21,8 @@ struct kiln_ctx {
     bool             be_ok[KILN_BACKEND_COUNT];     /* backend usable */
     kiln_device_profile profile[KILN_BACKEND_COUNT]; /* what placement assumes of each backend */
     bool             has_profile[KILN_BACKEND_COUNT]; /* profile known (probed, calibrated or loaded) */
+    int              device_ordinal;       /* >= 0: the GPU this context drives (a split plan's part on
+                                              distinct GPUs, kiln_ctx_new_device); -1: $KILN_CUDA_DEVICE */
     pthread_mutex_t  be_mu[KILN_BACKEND_COUNT];     /* recursive; held by the thread that drives a device
                                                        backend (one command stream each): plans of one
                                                        context may run on several threads at once */
@@ -32,6 +34,10 @@ _Static_assert(offsetof(struct kiln_ctx, err) == 0, "kiln_err_of needs the sink 
 void kiln_ctx_set_error(kiln_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Sets the error text and returns s, for `return kiln_ctx_fail(ctx, KILN_ERR_X, "...")`. */
 kiln_status kiln_ctx_fail(kiln_ctx *ctx, kiln_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* A context like parent's (cache folder, quiet) whose GPU backends drive device `ordinal`: one per
+ * part of a split plan over distinct GPUs (sched/group.c). Its CPU pool has one thread. */
+kiln_status kiln_ctx_new_device(const kiln_ctx *parent, int ordinal, kiln_ctx **out);
 
 /* Loads calibrated profiles from the cache dir (silently keeps defaults when absent/corrupt). */
 void kiln_sched_load_cached_profiles(kiln_ctx *ctx);

@@ -487,6 +487,55 @@ static double timer_seconds(kiln_plan *p, uint32_t r, double host_s)
     return b->timer_read(p->ctx->be_state[p->region_be[r]], 0, 1, &t, err, sizeof err) == KILN_OK && t > 0 ? t : host_s;
 }
 
+/* Regions [r0, r1) one by one, transfers first (x: the first transfer of region r0 or later). */
+static kiln_status run_regions(kiln_plan *p, uint32_t r0, uint32_t r1, uint32_t x)
+{
+    kiln_status s = KILN_OK;
+    for (uint32_t r = r0; s == KILN_OK && r < r1; r++) {
+        for (; s == KILN_OK && x < p->n_xfers && p->xfers[x].region == r; x++) s = do_xfer(p, &p->xfers[x]);
+        if (s != KILN_OK) break;
+        double t0 = p->profiling ? now_s() : 0;
+        bool dev_t = p->profiling && timer_mark(p, r, 0);
+        s = launch_region(p, r);
+        dev_t = dev_t && s == KILN_OK && timer_mark(p, r, 1);
+        if (s == KILN_OK && p->profiling) {
+            s = sync_be(p, p->region_be[r]);
+            double t = now_s() - t0;
+            p->meas_s[r] += dev_t && s == KILN_OK ? timer_seconds(p, r, t) : t;
+            p->n_meas[r]++;
+        }
+        if (s == KILN_OK && p->check_finite) s = kiln_sched_check_finite(p, r);
+    }
+    return s;
+}
+
+kiln_status kiln_sched_execute_range(kiln_plan *p, uint32_t r0, uint32_t r1)
+{
+    kiln_status s = r0 == 0 ? prepare_devices(p) : KILN_OK;
+    uint32_t x = 0;
+    while (x < p->n_xfers && p->xfers[x].region < r0) x++;
+    return s == KILN_OK ? run_regions(p, r0, r1, x) : s;
+}
+
+void *kiln_sched_dev_addr(const kiln_plan *p, uint32_t node)
+{
+    int sp = p->home[p->root[node]];
+    return sp == KILN_SPACE_HOST ? NULL : dev_addr(p, sp, node);
+}
+
+kiln_status kiln_sched_put(kiln_plan *p, uint32_t node, const void *src, size_t bytes)
+{
+    uint32_t root = p->root[node];
+    int sp = p->home[root];
+    if (sp == KILN_SPACE_HOST) {
+        memcpy((unsigned char *)p->bufs[root] + p->offset[node], src, bytes);
+        return KILN_OK;
+    }
+    char err[512] = "";
+    kiln_status s = kiln_backends[sp]->upload(p->ctx->be_state[sp], dev_addr(p, sp, node), src, bytes, err, sizeof err);
+    return s == KILN_OK ? s : dev_fail(p, sp, s, "writing an all-reduce result", err);
+}
+
 kiln_status kiln_sched_execute(kiln_plan *p)
 {
     kiln_status s = prepare_devices(p);
@@ -508,22 +557,7 @@ kiln_status kiln_sched_execute(kiln_plan *p)
         if (s == KILN_OK && (s = b->replay(st, d->rec, err, sizeof err)) != KILN_OK) s = dev_fail(p, rs, s, "replaying the plan", err);
         return s;
     }
-    for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) {
-        for (; s == KILN_OK && x < p->n_xfers && p->xfers[x].region == r; x++) s = do_xfer(p, &p->xfers[x]);
-        if (s != KILN_OK) break;
-        double t0 = p->profiling ? now_s() : 0;
-        bool dev_t = p->profiling && timer_mark(p, r, 0);
-        s = launch_region(p, r);
-        dev_t = dev_t && s == KILN_OK && timer_mark(p, r, 1);
-        if (s == KILN_OK && p->profiling) {
-            s = sync_be(p, p->region_be[r]);
-            double t = now_s() - t0;
-            p->meas_s[r] += dev_t && s == KILN_OK ? timer_seconds(p, r, t) : t;
-            p->n_meas[r]++;
-        }
-        if (s == KILN_OK && p->check_finite) s = kiln_sched_check_finite(p, r);
-    }
-    return s;
+    return s == KILN_OK ? run_regions(p, 0, p->fusion.n_regions, x) : s;
 }
 
 kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes)

@@ -3,6 +3,7 @@
  * but the profiling switch. */
 #include "sched/cost.h"
 #include "sched/plan.h"
+#include "sched/group.h"
 #include "util/sbuf.h"
 
 #include <stdio.h>
@@ -30,6 +31,7 @@ static void ops_string(const kiln_graph *g, const kiln_region *r, char *out, siz
 
 KILN_API kiln_status kiln_plan_region(const kiln_plan *p, int i, kiln_region_info *out)
 {
+    if (p && p->group) p = kiln_sched_group_part(p->group, 0); /* a split plan: part 0's kernels */
     if (!p || !out || i < 0 || (uint32_t)i >= p->fusion.n_regions) return KILN_ERR_INVALID_ARG;
     const kiln_region *r = &p->fusion.regions[i];
     const kiln_graph *g = p->g;
@@ -58,6 +60,8 @@ KILN_API kiln_status kiln_plan_region(const kiln_plan *p, int i, kiln_region_inf
 KILN_API kiln_status kiln_plan_profile(kiln_plan *p, bool on)
 {
     if (!p) return KILN_ERR_INVALID_ARG;
+    for (int k = 0; p->group && k < kiln_sched_group_size(p->group); k++) kiln_plan_profile(kiln_sched_group_part(p->group, k), on);
+    if (p->group) return KILN_OK;
     p->profiling = on;
     if (on)
         for (uint32_t r = 0; r < p->fusion.n_regions; r++) p->meas_s[r] = 0, p->n_meas[r] = 0;
@@ -65,7 +69,12 @@ KILN_API kiln_status kiln_plan_profile(kiln_plan *p, bool on)
 }
 
 KILN_API double kiln_plan_compile_ms(const kiln_plan *p) { return p ? p->compile_ms : 0; }
-KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p) { return p ? p->arena_bytes : 0; }
+/* A split plan: one part's (each part holds its own). */
+KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p)
+{
+    if (p && p->group) p = kiln_sched_group_part(p->group, 0);
+    return p ? p->arena_bytes : 0;
+}
 
 static uint32_t n_ops(const kiln_plan *p)
 {
@@ -235,10 +244,20 @@ KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, c
     if (!p || !out) return KILN_ERR_INVALID_ARG;
     *out = NULL;
     sbuf b = {0};
+    if (p->group) { /* the split, then one part (every part runs the same kernels on its slices) */
+        const char *sum = kiln_sched_group_summary(p->group);
+        size_t n = strlen(sum);
+        if (format && !strcmp(format, "json")) kiln_sbuf_printf(&b, "{\"split\": {\"devices\": %d, \"summary\": \"%.*s\"}, \"part0\": ",
+                                                            kiln_sched_group_size(p->group), (int)(n ? n - 1 : 0), sum);
+        else if (!format || !strcmp(format, "text")) kiln_sbuf_printf(&b, "%sone part of %d:\n", sum, kiln_sched_group_size(p->group));
+        p = kiln_sched_group_part(p->group, 0);
+    }
+    bool split_json = b.s && format && !strcmp(format, "json");
     if (!format || !strcmp(format, "text")) explain_text(p, &b);
     else if (!strcmp(format, "json")) explain_json(p, &b);
     else if (!strcmp(format, "dot")) explain_dot(p, &b);
     else return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "unknown explain format '%s' (text, json, dot)", format);
+    if (split_json) kiln_sbuf_printf(&b, "}\n");
     if (b.oom || !b.s) {
         free(b.s);
         return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory explaining the plan");

@@ -4,6 +4,7 @@
  * Must not contain kernels. */
 #include "sched/plan.h"
 #include "sched/cost.h"
+#include "sched/group.h"
 #include "graph/paged.h"
 #include "util/env.h"
 #include "util/progress.h"
@@ -54,6 +55,11 @@ static kiln_status pick_backend(kiln_ctx *ctx, const char *name, int *out)
 KILN_API void kiln_plan_free(kiln_plan *p)
 {
     if (!p) return;
+    if (p->group) {
+        kiln_sched_group_free(p->group);
+        free(p);
+        return;
+    }
     kiln_sched_lock(p, true); /* device memory and kernels go back to backends other threads use */
     kiln_sched_devices_free(p);
     kiln_sched_cache_release(p); /* shared parts: the table frees them */
@@ -335,6 +341,40 @@ static kiln_status place_and_compile(kiln_plan *p, int forced)
     return s;
 }
 
+/* opts->devices: one device is an ordinary plan on the backend named; more, a split plan whose
+ * parts are ordinary plans (group.c) and whose own fields only route the public calls. */
+static kiln_status compile_split(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts, kiln_plan **out,
+                                 double t0)
+{
+    kiln_group *gr;
+    int n;
+    kiln_status s = kiln_sched_group_compile(ctx, g, opts, &gr, &n);
+    if (s != KILN_OK) return s;
+    if (!gr) {
+        kiln_compile_options one = *opts;
+        const char *colon = strchr(opts->devices, ':');
+        char be[32] = "";
+        if (colon && (size_t)(colon - opts->devices) < sizeof be) memcpy(be, opts->devices, (size_t)(colon - opts->devices));
+        one.devices = NULL;
+        if (be[0]) one.backend = be;
+        return kiln_compile(ctx, g, &one, out);
+    }
+    kiln_plan *p = calloc(1, sizeof *p);
+    if (!p) {
+        kiln_sched_group_free(gr);
+        return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
+    }
+    const kiln_plan *p0 = kiln_sched_group_part(gr, 0);
+    p->ctx = ctx;
+    p->group = gr;
+    p->backend = p0->backend;
+    p->opts = p0->opts;
+    p->compile_ms = now_ms() - t0;
+    kiln_err_clear(&ctx->err);
+    *out = p;
+    return KILN_OK;
+}
+
 KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts,
                                   kiln_plan **out)
 {
@@ -343,6 +383,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     double t0 = now_ms();
     if (g->status != KILN_OK) return kiln_ctx_fail(ctx, g->status, "graph has an error: %s", g->error);
     if (g->n_outs == 0) return kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "graph has no outputs: nothing to compute (mark some with kiln_output; in .kg text, `output NAME NODE` lines)");
+    if (opts && opts->devices && *opts->devices) return compile_split(ctx, g, opts, out, t0);
     int forced = -1;
     kiln_status s = pick_backend(ctx, opts ? opts->backend : NULL, &forced);
     if (s != KILN_OK) return s;
@@ -625,6 +666,7 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb) { 
 KILN_API kiln_status kiln_run_async(kiln_plan *p, const kiln_binding *b, size_t nb, void *stream)
 {
     if (!p) return KILN_ERR_INVALID_ARG;
+    if (p->group) return run(p, b, nb, false, NULL); /* a split plan runs as kiln_run does */
     return run(p, b, nb, async_backend(p) >= 0 && !p->profiling && !p->check_finite, stream);
 }
 
@@ -638,25 +680,24 @@ static kiln_status join_caller(kiln_plan *p, void *stream, bool after)
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: joining the caller's stream: %s", bi->name, err);
 }
 
-static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool async, void *stream)
+kiln_status kiln_sched_run_begin(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding ***out_bind)
 {
-    if (!p) return KILN_ERR_INVALID_ARG;
     if (nb && !b) return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "kiln_run: bindings is NULL but n = %zu", nb);
-    const kiln_graph *g = p->g;
-    const kiln_binding **out_bind = calloc(g->n_outs + 1, sizeof *out_bind);
-    if (!out_bind) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
+    *out_bind = calloc(p->g->n_outs + 1, sizeof **out_bind);
+    if (!*out_bind) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
     p->ran = false;
-    if (p->what_if) {
-        free(out_bind);
-        return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "a what-if plan can be explained, not run");
-    }
-    kiln_status s = bind(p, b, nb, out_bind);
-    if (s == KILN_OK) s = resolve(p, out_bind, b, nb);
+    if (p->what_if) return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "a what-if plan can be explained, not run");
+    kiln_status s = bind(p, b, nb, *out_bind);
+    if (s == KILN_OK) s = resolve(p, *out_bind, b, nb);
     if (s == KILN_OK) s = check_paged(p);
     if (s == KILN_OK) s = check_indices(p);
-    kiln_sched_lock(p, true); /* device backends: this run's work stays together */
-    if (s == KILN_OK && async) s = join_caller(p, stream, false);
-    if (s == KILN_OK) s = kiln_sched_execute(p);
+    return s;
+}
+
+kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind)
+{
+    const kiln_graph *g = p->g;
+    kiln_status s = KILN_OK;
     for (uint32_t o = 0; s == KILN_OK && o < g->n_outs; o++) {
         uint32_t i = g->outs[o].node;
         if (!out_bind[o]) continue;
@@ -664,6 +705,23 @@ static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool asyn
         if (out_bind[o]->device) s = copy_out_device(p, i, out_bind[o]->data, bytes);
         else s = kiln_sched_fetch(p, i, out_bind[o]->data, bytes);
     }
+    return s;
+}
+
+static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool async, void *stream)
+{
+    if (!p) return KILN_ERR_INVALID_ARG;
+    if (p->group) {
+        kiln_status s = kiln_sched_group_run(p, p->group, b, nb);
+        if (s == KILN_OK) kiln_err_clear(&p->ctx->err);
+        return s;
+    }
+    const kiln_binding **out_bind = NULL;
+    kiln_status s = kiln_sched_run_begin(p, b, nb, &out_bind);
+    kiln_sched_lock(p, true); /* device backends: this run's work stays together */
+    if (s == KILN_OK && async) s = join_caller(p, stream, false);
+    if (s == KILN_OK) s = kiln_sched_execute(p);
+    if (s == KILN_OK) s = kiln_sched_run_outputs(p, out_bind);
     if (s == KILN_OK && async) s = join_caller(p, stream, true); /* the caller's stream waits; the host does not */
     else if (s == KILN_OK) s = kiln_sched_sync_all(p);
     kiln_sched_lock(p, false);
@@ -687,6 +745,7 @@ static uint32_t find_named(const kiln_plan *p, const char *name)
 KILN_API kiln_status kiln_plan_tensor(const kiln_plan *p, const char *name, kiln_tensor_info *out)
 {
     if (!p || !name || !out) return KILN_ERR_INVALID_ARG;
+    if (p->group) return kiln_sched_group_tensor(p->group, name, out);
     uint32_t i = find_named(p, name);
     if (i == KILN_IDX_NONE) return kiln_ctx_fail(p->ctx, KILN_ERR_NAME, "no input, output or state named '%s'", name);
     const kiln_node_rec *r = &p->g->nodes[i];
@@ -700,6 +759,7 @@ KILN_API kiln_status kiln_plan_tensor(const kiln_plan *p, const char *name, kiln
 KILN_API kiln_status kiln_plan_read(const kiln_plan *p, const char *name, void *dst, size_t bytes)
 {
     if (!p || !name || !dst) return KILN_ERR_INVALID_ARG;
+    if (p->group) p = kiln_sched_group_part(p->group, 0); /* outputs are whole on every part */
     uint32_t o = kiln_graph_find_output(p->g, name);
     if (o == KILN_IDX_NONE) return kiln_ctx_fail(p->ctx, KILN_ERR_NAME, "no output named '%s'", name);
     if (!p->ran) return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "output '%s': the plan has not run successfully", name);
@@ -723,6 +783,7 @@ static kiln_status state_of(const kiln_plan *p, const char *name, size_t bytes, 
 KILN_API kiln_status kiln_plan_state_read(const kiln_plan *p, const char *name, void *dst, size_t bytes)
 {
     if (!p || !name || !dst) return KILN_ERR_INVALID_ARG;
+    if (p->group) return kiln_sched_group_state((kiln_plan *)p, p->group, name, dst, NULL, bytes);
     uint32_t i;
     kiln_status s = state_of(p, name, bytes, &i);
     if (s == KILN_OK) s = kiln_sched_fetch(p, i, dst, bytes);
@@ -732,6 +793,7 @@ KILN_API kiln_status kiln_plan_state_read(const kiln_plan *p, const char *name, 
 KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const void *src, size_t bytes)
 {
     if (!p || !name || !src) return KILN_ERR_INVALID_ARG;
+    if (p->group) return kiln_sched_group_state(p, p->group, name, NULL, src, bytes);
     uint32_t i;
     kiln_status s = state_of(p, name, bytes, &i);
     if (s == KILN_OK) s = kiln_sched_state_put(p, i, src, bytes);
@@ -739,4 +801,9 @@ KILN_API kiln_status kiln_plan_state_write(kiln_plan *p, const char *name, const
 }
 
 KILN_API const char *kiln_plan_backend(const kiln_plan *p) { return p ? kiln_backends[p->backend]->name : "?"; }
-KILN_API int kiln_plan_kernel_count(const kiln_plan *p) { return p ? (int)p->fusion.n_regions : 0; }
+/* A split plan: the kernels of one part (every part runs the same list). */
+KILN_API int kiln_plan_kernel_count(const kiln_plan *p)
+{
+    if (p && p->group) p = kiln_sched_group_part(p->group, 0);
+    return p ? (int)p->fusion.n_regions : 0;
+}

@@ -78,6 +78,8 @@ struct kiln_plan {
                                   (kiln_env_options; .backend is not kept) */
     void         *finite_buf;  /* host copy of a device region's output being scanned */
     size_t        finite_cap;  /* its size */
+    struct kiln_group *group;  /* a split plan (compile option devices): its parts run the graph and
+                                  this plan only routes the public calls (group.c); else NULL */
 };
 
 /* memplan.c: the host memory plan of p (arena offsets of computed roots, zeroed states), and the
@@ -98,6 +100,18 @@ void        kiln_sched_lock(const kiln_plan *p, bool lock);
 kiln_status kiln_sched_devices_setup(kiln_plan *p);
 void        kiln_sched_devices_free(kiln_plan *p);
 kiln_status kiln_sched_execute(kiln_plan *p);
+/* Regions [r0, r1) launched one by one, never recorded (a split plan's part between all-reduces);
+ * r0 == 0 writes the run's parameters first. */
+kiln_status kiln_sched_execute_range(kiln_plan *p, uint32_t r0, uint32_t r1);
+/* The device address of a node's value in this run (after the run's first region range), or NULL
+ * when it lives on the host. */
+void       *kiln_sched_dev_addr(const kiln_plan *p, uint32_t node);
+/* Writes a computed node's value where it lives (host arena or device), e.g. an all-reduce total. */
+kiln_status kiln_sched_put(kiln_plan *p, uint32_t node, const void *src, size_t bytes);
+/* kiln_run in two halves (plan.c), for split plans: bind, resolve and check a run's bindings
+ * (*out_bind: the output bindings, freed by the caller), then copy the outputs bound out. */
+kiln_status kiln_sched_run_begin(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding ***out_bind);
+kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind);
 kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);
 kiln_status kiln_sched_sync_all(kiln_plan *p);
 kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, size_t bytes);

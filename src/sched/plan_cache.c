@@ -5,6 +5,7 @@
  * anything that depends on a weight's bytes or a name. */
 #include "cache/blob.h"
 #include "sched/plan.h"
+#include "sched/group.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,6 +239,7 @@ void kiln_sched_cache_save_placement(const kiln_plan *p, int forced)
 
 KILN_API const char *kiln_plan_cache(const kiln_plan *p)
 {
+    if (p && p->group) p = kiln_sched_group_part(p->group, 0);
     if (!p) return "?";
     if (p->mem_hit) return "memory";
     if (p->disk_hits && !p->disk_misses) return "disk";

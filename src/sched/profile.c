@@ -113,12 +113,13 @@ static bool profile_obj(jreader *r, kiln_device_profile *p)
         const char *k = (const char *)r->ev.data.scalar.value;
         double *f = !strcmp(k, "mem_bw") ? &p->mem_bw : !strcmp(k, "launch_s") ? &p->launch_s
                   : !strcmp(k, "h2d_bw") ? &p->h2d_bw : !strcmp(k, "d2h_bw") ? &p->d2h_bw
-                  : !strcmp(k, "xfer_latency_s") ? &p->xfer_latency_s : NULL;
+                  : !strcmp(k, "xfer_latency_s") ? &p->xfer_latency_s : !strcmp(k, "link_bw") ? &p->link_bw
+                  : !strcmp(k, "link_latency_s") ? &p->link_latency_s : NULL;
         if (!strcmp(k, "peak_flops")) {
             if (!peak_map(r, p)) return false;
         } else if (!f) {
             char msg[200];
-            snprintf(msg, sizeof msg, "unknown profile field '%.80s' (mem_bw, peak_flops, launch_s, h2d_bw, d2h_bw, xfer_latency_s)", k);
+            snprintf(msg, sizeof msg, "unknown profile field '%.80s' (mem_bw, peak_flops, launch_s, h2d_bw, d2h_bw, xfer_latency_s, link_bw, link_latency_s)", k);
             return bad(r, msg);
         } else if (!number(r, f)) {
             return false;
@@ -192,8 +193,8 @@ void kiln_sched_load_cached_profiles(kiln_ctx *ctx)
 static void write_profile(FILE *f, const char *name, const kiln_device_profile *p, bool comma)
 {
     fprintf(f, "  \"%s\": {\"mem_bw\": %.6g, \"launch_s\": %.6g, \"h2d_bw\": %.6g, \"d2h_bw\": %.6g, "
-               "\"xfer_latency_s\": %.6g, \"peak_flops\": {", name, p->mem_bw, p->launch_s, p->h2d_bw, p->d2h_bw,
-            p->xfer_latency_s);
+               "\"xfer_latency_s\": %.6g, \"link_bw\": %.6g, \"link_latency_s\": %.6g, \"peak_flops\": {", name, p->mem_bw,
+            p->launch_s, p->h2d_bw, p->d2h_bw, p->xfer_latency_s, p->link_bw, p->link_latency_s);
     for (int t = 0; t < KILN_DTYPE_COUNT; t++)
         fprintf(f, "%s\"%s\": %.6g", t ? ", " : "", kiln_dtype_name((kiln_dtype)t), p->peak_flops[t]);
     fprintf(f, "}}%s\n", comma ? "," : "");

@@ -31,6 +31,9 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_PDL] = "KILN_PDL",
     [KILN_ENV_PRECISION] = "KILN_PRECISION",
     [KILN_ENV_FLASH] = "KILN_FLASH",
+    [KILN_ENV_NCCL_LIB] = "KILN_NCCL_LIB",
+    [KILN_ENV_VIRTUAL_ENV] = "VIRTUAL_ENV",
+    [KILN_ENV_CONDA_PREFIX] = "CONDA_PREFIX",
 };
 
 const char *kiln_env(enum kiln_env_var v)

@@ -5,12 +5,14 @@
 #include "util/env.h"
 #include "backends/cuda/cuda.h"
 #include "codegen/kir.h"
+#include "sched/ctx.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static kiln_status open_device(kiln_cuda *c, char *detail, size_t n)
+/* want >= 0: that device (a split plan's part), else $KILN_CUDA_DEVICE or 0. */
+static kiln_status open_device(kiln_cuda *c, int want, char *detail, size_t n)
 {
     char err[512];
     int count = 0, major = 0, minor = 0, version = 0;
@@ -25,9 +27,10 @@ static kiln_status open_device(kiln_cuda *c, char *detail, size_t n)
         return KILN_ERR_UNSUPPORTED;
     }
     const char *env = kiln_env(KILN_ENV_CUDA_DEVICE);
-    int ordinal = env ? atoi(env) : 0;
+    int ordinal = want >= 0 ? want : env ? atoi(env) : 0; /* a split plan's part: its GPU */
     if (ordinal < 0 || ordinal >= count) {
-        snprintf(detail, n, "KILN_CUDA_DEVICE=%d but there are %d CUDA devices", ordinal, count);
+        if (want >= 0) snprintf(detail, n, "CUDA device %d asked for but there are %d", ordinal, count);
+        else snprintf(detail, n, "KILN_CUDA_DEVICE=%d but there are %d CUDA devices", ordinal, count);
         return KILN_ERR_UNSUPPORTED;
     }
     c->d.driver_version(&version);
@@ -94,7 +97,7 @@ static kiln_status cuda_probe(kiln_ctx *ctx, void **state, char *detail, size_t 
         free(c);
         return KILN_ERR_UNSUPPORTED;
     }
-    kiln_status s = open_device(c, detail, n);
+    kiln_status s = open_device(c, ctx->device_ordinal, detail, n);
     if (s != KILN_OK) {
         cuda_release(c);
         return s;
@@ -355,4 +358,8 @@ const kiln_backend_i kiln_backend_cuda = {
     .timer_read = cuda_timer_read,
     .join_wait = cuda_join_wait,
     .join_signal = cuda_join_signal,
+    .coll_probe = kiln_cuda_coll_probe,
+    .coll_init = kiln_cuda_coll_init,
+    .all_reduce = kiln_cuda_all_reduce,
+    .coll_free = kiln_cuda_coll_free,
 };

@@ -15,7 +15,10 @@ void kiln_cuda_profile_defaults(const kiln_cuda *c, kiln_device_profile *out)
     double bw = 3.0e12, f32 = 60e12;
     if (c && c->mem_khz > 0 && c->bus_bits > 0) bw = 0.9 * 2.0 * c->mem_khz * 1e3 * c->bus_bits / 8; /* DDR, ~90% reachable */
     if (c && c->clock_khz > 0 && c->n_sm > 0) f32 = 0.9 * c->n_sm * 128.0 * 2.0 * c->clock_khz * 1e3;
-    *out = (kiln_device_profile){.mem_bw = bw, .launch_s = 3e-6, .h2d_bw = 25e9, .d2h_bw = 25e9, .xfer_latency_s = 10e-6};
+    /* link: NCCL all-reduce over NVLink between two H100/H200s, about 150 GB/s bus bandwidth at
+     * megabytes and 6-25 us for a token's 8 KB (../shared/notes/gpu-anchors.md section 5) */
+    *out = (kiln_device_profile){.mem_bw = bw, .launch_s = 3e-6, .h2d_bw = 25e9, .d2h_bw = 25e9, .xfer_latency_s = 10e-6,
+                                 .link_bw = 150e9, .link_latency_s = 10e-6};
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) out->peak_flops[t] = f32;
     /* f16/bf16 weights can use the tensor cores (about 700 TFLOP/s dense on an H100 SXM) */
     out->peak_flops[KILN_DTYPE_F16] = out->peak_flops[KILN_DTYPE_BF16] = f32 * (700.0 / 60.0);

@@ -194,6 +194,14 @@ typedef struct kiln_cuda {
     CUevent          join[2];    /* kiln_run_async: [0] marks the caller's stream, [1] kiln's (created on first use) */
 } kiln_cuda;
 
+/* ------------------------------------------------------------------ coll.c (backend.h coll_*) */
+
+bool        kiln_cuda_coll_probe(void *state, int *n_devices, char *detail, size_t n);
+kiln_status kiln_cuda_coll_init(void *const *states, const int *devs, int n, void **comm, char *err, size_t n_err);
+kiln_status kiln_cuda_all_reduce(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
+                                 size_t n_err);
+void        kiln_cuda_coll_free(void *comm);
+
 /* ------------------------------------------------------------------ driver.c */
 
 /* Loads libcuda ($KILN_LIBCUDA, else libcuda.so.1) and resolves every entry point. On failure

@@ -409,7 +409,8 @@ kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size
     case KILN_OP_ARGMAX: return argmax(&c);
     case KILN_OP_CAST: return cast(&c);
     case KILN_OP_RESHAPE:
-    case KILN_OP_VIEW: return alias(&c);
+    case KILN_OP_VIEW:
+    case KILN_OP_ALL_REDUCE: return alias(&c); /* one device: the sum is x (a split plan's parts sum in group.c) */
     case KILN_OP_TRANSPOSE: return transpose(&c);
     case KILN_OP_CONCAT: return concat(&c);
     default: break;

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Issue #24 on a machine with two GPUs (the device tool's nvidia-h200-x2): kiln info's multi-gpu
+# line, the split tests on cuda (virtual parts on one GPU against the f64 reference; llama-7b and
+# qwen2-7b layers on two GPUs through NCCL against one GPU, 16 decode steps and a 512-token
+# prefill), the benchmarks (llama-7b f16 decode at KV 1024 and 512-token prefill, and the llama-70b
+# layer, each on one GPU and split over two), then compute-sanitizer memcheck of one split decode
+# step. A summary table is printed last. Never stops at a failure: every step runs under a limit.
+#
+# usage: source .devdeps/env.sh && scripts/device-mgpu.sh [BIN_DIR]     (BIN_DIR default devbin)
+# Needs from a Release build in BIN_DIR: kiln and test_split. Logs and JSON go to $OUT (else a
+# temp dir). About 4 minutes. NCCL: $KILN_NCCL_LIB, the system's, or the Python environment's
+# (pip's nvidia-nccl-cu12, as torch installs it); NCCL_NVLS_ENABLE=0 stays set (no NVLink multicast).
+set -u
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="$(cd "${1:-$root/devbin}" 2>/dev/null && pwd)" || { echo "no folder ${1:-devbin}" >&2; exit 2; }
+[[ -x "$bin/kiln" ]] || { echo "usage: scripts/device-mgpu.sh BIN_DIR (BIN_DIR/kiln must exist)" >&2; exit 2; }
+out="${OUT:-$(mktemp -d /tmp/device-mgpu.XXXXXX)}"
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+export KILN_SOURCE_DIR="$root"
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-/tmp/kiln-mgpu-cache}" # cubins shared by the steps, not sent back
+kiln="$bin/kiln"
+names=() results=()
+
+# step NAME LIMIT CMD...: output to $out/NAME.log; one status line, the log's tail on failure.
+step() {
+    local name="$1" limit="$2"; shift 2
+    local log="$out/$name.log" t0 rc
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    local secs=$(( $(date +%s) - t0 ))
+    if [[ $rc -eq 0 ]]; then
+        printf '[ ok ] %-28s %4ss\n' "$name" "$secs"; names+=("$name"); results+=("ok (${secs}s)")
+    else
+        local why="rc=$rc"; [[ $rc -eq 124 || $rc -eq 137 ]] && why="timed out after ${limit}s"
+        printf '[FAIL] %-28s %4ss  %s\n' "$name" "$secs" "$why"; tail -n 12 "$log" | sed 's/^/       | /'
+        names+=("$name"); results+=("FAIL: $why")
+    fi
+}
+
+nvidia-smi --query-gpu=index,name,memory.total --format=csv >"$out/gpus.txt" 2>&1
+nvidia-smi topo -m >>"$out/gpus.txt" 2>&1
+if ! "$kiln" info 2>/dev/null | grep -q '^multi-gpu: on' && [[ -z "${KILN_NCCL_LIB:-}" ]]; then
+    lib=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+    [[ -n "$lib" && -f "$lib" ]] && export KILN_NCCL_LIB="$lib"
+fi
+step info 30 "$kiln" info
+grep -E '^(  cuda|multi-gpu)' "$out/info.log"
+
+if [[ -x "$bin/test_split" ]]; then
+    step test_split_cuda 170 "$bin/test_split" --jobs 1 --verbose --filter 'split/cuda*'
+    grep -E 'NMSE|Synthesis|skip' "$out/test_split_cuda.log" | tail -n 12
+else
+    names+=(test_split_cuda); results+=("skip: $bin/test_split missing")
+fi
+
+# bench NAME ARGS...: one JSON line to $out/NAME.json
+bench() {
+    local name="$1"; shift
+    step "$name" 75 "$kiln" bench --layers 1 --wtype f16 --no-roof --json "$@"
+    grep '^{' "$out/$name.log" >"$out/$name.json" 2>/dev/null
+}
+bench 7b-decode-1gpu --preset llama-7b --mode decode --ctx 1024 --steps 32 --gpus 1 --host-io
+bench 7b-decode-2gpu --preset llama-7b --mode decode --ctx 1024 --steps 32 --gpus 2
+bench 7b-prefill-1gpu --preset llama-7b --mode prefill --tokens 512 --steps 4 --gpus 1 --host-io
+bench 7b-prefill-2gpu --preset llama-7b --mode prefill --tokens 512 --steps 4 --gpus 2
+bench 70b-decode-1gpu --preset llama-70b --mode decode --ctx 1024 --steps 16 --gpus 1 --host-io
+bench 70b-decode-2gpu --preset llama-70b --mode decode --ctx 1024 --steps 16 --gpus 2
+bench 70b-prefill-2gpu --preset llama-70b --mode prefill --tokens 512 --steps 3 --gpus 2
+
+if command -v compute-sanitizer >/dev/null; then
+    step memcheck-split-step 100 compute-sanitizer --tool memcheck --error-exitcode 3 \
+        "$kiln" bench --preset llama-7b --layers 1 --wtype f16 --mode decode --ctx 64 --steps 1 --gpus 2 --no-roof
+else
+    names+=(memcheck-split-step); results+=("skip: no compute-sanitizer")
+fi
+
+echo
+echo "== summary ($out)"
+for i in "${!names[@]}"; do printf '%-28s %s\n' "${names[$i]}" "${results[$i]}"; done
+printf '\n%-20s %14s %10s %10s\n' bench ms/layer-step GB/s GFLOP/s
+for f in "$out"/*.json; do
+    [[ -s "$f" ]] || continue
+    python3 - "$f" <<'EOF' 2>/dev/null || true
+import json, os, sys
+j = json.loads(open(sys.argv[1]).readline())
+print(f"{os.path.basename(sys.argv[1])[:-5]:<20} {j['ms_per_layer_step']:14.4f} {j['gb_per_s']:10.1f} {j['gflop_per_s']:10.1f}")
+EOF
+done | tee "$out/summary.txt"
