@@ -54,14 +54,16 @@ static uint32_t *node_mem(const kiln_graph *g, uint32_t i, const wg_case *c)
 /* A change to the lowered GEMM kernel (mutation tests), or NULL. */
 typedef void (*mutate_fn)(kiln_kir *k);
 
-/* Lowers the graph's matmul region for a wgmma target, runs its kernels (the GEMM changed by mut),
- * compares output `out` with the reference: asserts the match without mut; with it returns whether
- * the kernels failed or the output missed the tolerance. */
 /* codegen.precision of the compile (KILN_PREC_F16 tests set it for their case). */
 static int32_t g_precision = KILN_PREC_EXACT;
 static double g_last_nmse; /* of the last case compared */
 
-static bool run_case_mut(wg_case *c, const char *out, int64_t m, kiln_dtype key, const char *what, mutate_fn mut)
+/* Lowers the graph's regions for target tg (NULL: an H100 with warpgroup MMA asked for, and a
+ * kiln_gemm_tma kernel must be among them), runs their kernels (the GEMM changed by mut), compares
+ * output `out` with the reference at the contract of op `op` (key: dtype): asserts the match
+ * without mut; with it returns whether the kernels failed or the output missed the tolerance. */
+static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, kiln_dtype key, const char *what, mutate_fn mut,
+                        const kiln_lower_target *tg)
 {
     kiln_graph *g = c->g;
     kiln_fusion f;
@@ -80,6 +82,7 @@ static bool run_case_mut(wg_case *c, const char *out, int64_t m, kiln_dtype key,
         char err[1024];
         kiln_lower_target t = kiln_lower_target_for_sm(90); /* the H100: warpgroup MMA, asked for */
         t.opts.wgmma = KILN_GEMM_ON;
+        if (tg) t = *tg;
         t.opts.precision = g_precision;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
         uint64_t scratch_bytes = 0;
@@ -118,7 +121,7 @@ static bool run_case_mut(wg_case *c, const char *out, int64_t m, kiln_dtype key,
             return true;
         }
     }
-    cr_assert(saw_wg, "%s: no kiln_gemm_tma kernel", what);
+    cr_assert(saw_wg || tg, "%s: no kiln_gemm_tma kernel", what);
     ref64 *rf = ref64_new(g);
     char err[256];
     cr_assert_eq(ref64_run(rf, c->b, c->nb, err, sizeof err), 0, "%s", err);
@@ -137,17 +140,22 @@ static bool run_case_mut(wg_case *c, const char *out, int64_t m, kiln_dtype key,
     cr_assert_eq(numel % m, 0);
     bool missed = false;
     if (!mut) {
-        g_last_nmse = tu_compare(what, got, ref, numel, tu_tol_prec("matmul", key, g_precision));
+        g_last_nmse = tu_compare(what, got, ref, numel, tu_tol_prec(op, key, g_precision));
     } else {
         double se = 0, sr = 0;
         for (int64_t e = 0; e < numel; e++) se += (got[e] - ref[e]) * (got[e] - ref[e]), sr += ref[e] * ref[e];
-        missed = !(se <= tu_tol_prec("matmul", key, g_precision) * (sr > 1e-300 ? sr : 1e-300)); /* NaN misses too */
+        missed = !(se <= tu_tol_prec(op, key, g_precision) * (sr > 1e-300 ? sr : 1e-300)); /* NaN misses too */
     }
     free(got);
     ref64_free(rf);
     for (uint32_t i = 0; i < g->n_nodes; i++) free(mem[i]);
     kiln_fusion_free(&f);
     return missed;
+}
+
+static bool run_case_mut(wg_case *c, const char *out, int64_t m, kiln_dtype key, const char *what, mutate_fn mut)
+{
+    return run_case_on(c, out, m, "matmul", key, what, mut, NULL);
 }
 
 static void run_case(wg_case *c, const char *out, int64_t m, kiln_dtype key, const char *what)
@@ -171,13 +179,14 @@ static void case_free(wg_case *c)
 
 /* One weight, a residual epilogue; a row tail (m of mmax rows: the last token block partial) and
  * a column tail (136 = 128 + 8); K not a multiple of the 64-k stage where asked (the TMA's zeros
- * past K). x f32 takes the split kernel (two f16 parts); x f16/bf16 is read by the TMA as it is. */
-static bool plain_case_mut(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t mmax, int64_t m, mutate_fn mut)
+ * past K). x f32 takes the split kernel (two f16 parts); x f16/bf16 is read by the TMA as it is.
+ * tg NULL: the Hopper GEMM; else that target's kernels (gemv for mmax <= 8). */
+static bool plain_case_on(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t N, int64_t mmax, int64_t m, mutate_fn mut,
+                          const kiln_lower_target *tg)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
     kiln_dim M = kiln_sym(c.g, "m", mmax);
-    const int64_t N = 136;
     kiln_node x = kiln_input(c.g, "x", xt, 2, (kiln_dim[]){M, K});
     kiln_node r = kiln_input(c.g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){M, N});
     kiln_node w = tu_weight(c.g, "w", wt, 2, (kiln_dim[]){N, K}, -1.0f, 1.0f);
@@ -195,12 +204,17 @@ static bool plain_case_mut(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t mmax
         c.b[c.nb++] = (kiln_binding){.name = "x", .data = v, .bytes = (size_t)(m * K) * 2};
     }
     bind_random(&c, "r", m * N, -1.0f, 1.0f);
-    char what[96];
-    snprintf(what, sizeof what, "tma gemm %s x %s K=%lld m=%lld/%lld + residual", kiln_dtype_name(wt), kiln_dtype_name(xt), (long long)K,
-             (long long)m, (long long)mmax);
-    bool missed = run_case_mut(&c, "y", m, wt, what, mut);
+    char what[128];
+    snprintf(what, sizeof what, "%s %s x %s K=%lld N=%lld m=%lld/%lld + residual", tg ? (tg->dp4a ? "gemv dp4a" : "gemv float") : "tma gemm",
+             kiln_dtype_name(wt), kiln_dtype_name(xt), (long long)K, (long long)N, (long long)m, (long long)mmax);
+    bool missed = run_case_on(&c, "y", m, "matmul", wt, what, mut, tg);
     case_free(&c);
     return missed;
+}
+
+static bool plain_case_mut(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t mmax, int64_t m, mutate_fn mut)
+{
+    return plain_case_on(wt, xt, K, 136, mmax, m, mut, NULL);
 }
 
 static void plain_case(kiln_dtype wt, kiln_dtype xt, int64_t K, int64_t mmax, int64_t m) { plain_case_mut(wt, xt, K, mmax, m, NULL); }
@@ -359,3 +373,53 @@ Test(gemm_wg, precision_f16_one_part)
     cr_assert_gt(g_last_nmse, 1e-7, "bf16 x: NMSE %.2e: x was not rounded to one part", g_last_nmse);
     g_precision = KILN_PREC_EXACT;
 }
+
+/* ---------------------------------------------------------------- the formats of wfmt_more.c */
+
+/* q4_0, q4_1, q5_0, q5_1, iq4_nl (pairs of 32-blocks), q2_K, q3_K, iq4_xs: their rows' kernels in
+ * the interpreter. The gemv for decode (x f32 and f16, every chunk position: K of several pairs or
+ * blocks, N over a warp's units) with integer dot products (where the row has them) and with the
+ * float decoders, the Hopper GEMM's producer decoding them (a row tail, two accumulators for the
+ * 32-blocks), and get_rows of a table in the format (exact but for an FMA's ulp). */
+static void get_rows_case(kiln_dtype t, int64_t V, int64_t D, int64_t n)
+{
+    wg_case c = {0};
+    cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
+    kiln_dim T = kiln_sym(c.g, "t", n);
+    kiln_node tab = tu_weight(c.g, "tab", t, 2, (kiln_dim[]){V, D}, -2.0f, 2.0f);
+    kiln_output(c.g, kiln_get_rows(c.g, tab, kiln_input(c.g, "ids", KILN_DTYPE_I32, 1, &T)), "y");
+    c.b[c.nb++] = (kiln_binding){.name = "t", .value = n};
+    int32_t *ids = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(i == 0 ? V - 1 : (i * 7919 + 13) % V);
+    c.in[c.nb] = ids;
+    c.b[c.nb++] = (kiln_binding){.name = "ids", .data = ids, .bytes = (size_t)n * 4};
+    char what[96];
+    snprintf(what, sizeof what, "get_rows %s [%lld, %lld] x %lld", kiln_dtype_name(t), (long long)V, (long long)D, (long long)n);
+    kiln_lower_target tg = kiln_lower_target_default();
+    run_case_on(&c, "y", n, "get_rows", t, what, NULL, &tg);
+    case_free(&c);
+}
+
+static void more_format(kiln_dtype t)
+{
+    bool b32 = kiln_dtype_block(t) == 32;
+    kiln_lower_target dp = kiln_lower_target_for_sm(80), fl = dp;
+    fl.dp4a = false;
+    int64_t K = b32 ? 192 : 512, K2 = b32 ? 64 : 256;
+    plain_case_on(t, KILN_DTYPE_F32, K, 40, 8, 5, NULL, &dp);
+    plain_case_on(t, KILN_DTYPE_F32, K, 40, 8, 3, NULL, &fl);
+    plain_case_on(t, KILN_DTYPE_F16, K2, 9, 4, 4, NULL, &dp);
+    plain_case_on(t, KILN_DTYPE_F32, b32 ? 2048 : 4096, 3, 1, 1, NULL, &dp); /* more x words than threads, two chunks a step */
+    plain_case_on(t, KILN_DTYPE_F32, b32 ? 384 : 512, 136, 160, 130, NULL, NULL);
+    if (b32) plain_case_on(t, KILN_DTYPE_F32, 256, 136, 300, 290, NULL, NULL); /* two accumulators: one-stage rounds */
+    get_rows_case(t, 7, b32 ? 96 : 512, 5); /* an odd number of 32-blocks a row: the pair's second reads as zeros */
+}
+
+Test(gemm_wg, q4_0_rows) { more_format(KILN_DTYPE_Q4_0); }
+Test(gemm_wg, q4_1_rows) { more_format(KILN_DTYPE_Q4_1); }
+Test(gemm_wg, q5_0_rows) { more_format(KILN_DTYPE_Q5_0); }
+Test(gemm_wg, q5_1_rows) { more_format(KILN_DTYPE_Q5_1); }
+Test(gemm_wg, iq4_nl_rows) { more_format(KILN_DTYPE_IQ4_NL); }
+Test(gemm_wg, q2_k_rows) { more_format(KILN_DTYPE_Q2_K); }
+Test(gemm_wg, q3_k_rows) { more_format(KILN_DTYPE_Q3_K); }
+Test(gemm_wg, iq4_xs_rows) { more_format(KILN_DTYPE_IQ4_XS); }

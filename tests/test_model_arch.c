@@ -204,7 +204,7 @@ Test(model_arch, qwen3_without_qk_norm_is_refused)
 /* ---------------------------------------------------------------- weight formats */
 
 /* Every block format kiln reads, as the matmul weights of a small llama file (width 256, so the
- * k-quants and iq4_xs fill their rows), on ref and cpu against the f64 forward. */
+ * k-quants and iq4_xs fill their rows), on every backend against the f64 forward. */
 static const kiln_dtype FORMATS[] = {KILN_DTYPE_Q4_0, KILN_DTYPE_Q4_1, KILN_DTYPE_Q5_0, KILN_DTYPE_Q5_1,
                                      KILN_DTYPE_IQ4_NL, KILN_DTYPE_Q2_K, KILN_DTYPE_Q3_K, KILN_DTYPE_IQ4_XS};
 static const gw_model wide = {.arch = "llama", .n_layer = 1, .hidden = 256, .n_head = 4, .n_kv_head = 2, .ffn = 256,
@@ -221,13 +221,18 @@ static void formats_on(const char *be)
 
 Test(model_arch, every_weight_format_matches_f64_on_ref) { formats_on("ref"); }
 Test(model_arch, every_weight_format_matches_f64_on_cpu) { formats_on("cpu"); }
+/* The GPU rows of codegen/wfmt_more.c: every matmul and the embedding lookup of the file on the
+ * device (skips where cuda is absent; on lavapipe the eight plans take over ten minutes to compile,
+ * test_ops' matmul_more_formats covers the kernels there). */
+Test(model_arch, every_weight_format_matches_f64_on_cuda) { formats_on("cuda"); }
 
-/* The GPU backends have no kernels for q5_0 (and the other formats above): a plan of a q5_0 file
- * compiled with the automatic choice runs them on the cpu and computes right; forced onto a GPU
- * backend, the compile fails naming the format. Never a plan that misreads the bytes. */
-Test(model_arch, q5_0_file_runs_on_cpu_or_is_refused_by_gpu_backends)
+/* The GPU rows of the 32-blocks take K in whole pairs (a multiple of 64): a q5_0 file of width 96
+ * compiled with the automatic choice runs on the cpu and computes right; forced onto a GPU backend,
+ * the compile fails naming the format. Never a plan that misreads the bytes. */
+Test(model_arch, q5_0_file_of_odd_pairs_runs_on_cpu_or_is_refused_by_gpu_backends)
 {
     gw_model m = wide;
+    m.hidden = m.ffn = 96;
     m.wtype = KILN_DTYPE_Q5_0;
     check_model(m, NULL, model_tol(KILN_DTYPE_Q5_0, "cpu")); /* auto placement */
     const char *gpus[2] = {"vulkan", "cuda"};

@@ -479,6 +479,39 @@ Test(ptx, every_kg_region_assembles, .timeout = 600)
     if (!t.lowered) cr_skip("no .kg region lowers yet (%s)", t.first_unsupported);
 }
 
+/* The formats of codegen/wfmt_more.c in a llama-7b layer (every matmul in the format: K 4096 and
+ * 11008 take pairs of 32-blocks and blocks of 256): decode and 512-token prefill for the default
+ * target (sm_80 and sm_90 text: gemv, mma.sync GEMM) and the prefill for sm_90a (TMA + wgmma GEMM
+ * with the producer's decoders) assemble; gemv kernels without spills. */
+Test(ptx, more_formats_assemble, .timeout = 1200)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static const kiln_dtype wt[] = {KILN_DTYPE_Q4_0, KILN_DTYPE_Q4_1, KILN_DTYPE_Q5_0, KILN_DTYPE_Q5_1,
+                                    KILN_DTYPE_IQ4_NL, KILN_DTYPE_Q2_K, KILN_DTYPE_Q3_K, KILN_DTYPE_IQ4_XS};
+    static seen_set seen;
+    const kiln_lower_target h100 = kiln_lower_target_for_sm(90);
+    for (int w = 0; w < 8; w++) {
+        lower_tally dec = {0}, pre = {0};
+        for (int prefill = 0; prefill < 2; prefill++) {
+            kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+                                        .max_tok = prefill ? 512 : 1, .seed = 1, .shape_only = true};
+            kiln_graph *g = NULL;
+            char err[512] = "", what[128];
+            cr_assert_eq(kiln_preset_build_ex(kiln_preset_find("llama-7b"), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+            snprintf(what, sizeof what, "llama-7b %s %s", kiln_dtype_name(wt[w]), prefill ? "prefill" : "decode");
+            lower_all_for(g, NULL, what, ptxas, &seen, prefill ? &pre : &dec);
+            if (prefill) lower_all_for(g, &h100, what, ptxas, &seen, &pre);
+            kiln_graph_free(g);
+        }
+        cr_log_info("%s: %d + %d regions lowered, %d + %d kernels assembled (max %d / %d registers)%s%s", kiln_dtype_name(wt[w]), dec.lowered,
+                    pre.lowered, dec.assembled, pre.assembled, dec.max_regs, pre.max_regs, pre.n_spilling ? "; prefill spills:\n" : "",
+                    pre.spills);
+        cr_assert_eq(dec.unsupported + pre.unsupported, 0, "%s: %s %s", kiln_dtype_name(wt[w]), dec.first_unsupported, pre.first_unsupported);
+        cr_assert_eq(dec.n_spilling, 0, "%s decode kernels spill:\n%s", kiln_dtype_name(wt[w]), dec.spills);
+    }
+}
+
 /* Programmatic dependent launch (codegen.pdl on sm_90): every decode region of the presets (the
  * gemv with its L2 prefetches), and qwen2-0.5b's prefill regions, with griddepcontrol, assemble
  * with no spills. (q6_k's prefill gemv for short runs spills with or without pdl: not here.) */

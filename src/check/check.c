@@ -14,6 +14,7 @@
 
 #include "check/contract.h"
 #include "check/ref64.h"
+#include "codegen/wfmt.h"
 #include "graph/dtype.h"
 #include "graph/graph.h"
 #include "sched/ctx.h"
@@ -512,16 +513,24 @@ static void case_on(kiln_check_run *r, const kiln_check_spec *s, const char *be,
     kiln_ref64_free(ref);
 }
 
-/* True when g reads a dtype the GPU templates do not have (q4_0, q5_0, iq4_nl, q2_K, ...). */
+/* True when g reads a dtype the GPU templates do not have, or multiplies by a block weight whose K
+ * its GPU row does not take (codegen/wfmt.h k_align: pairs of 32-blocks need K a multiple of 64). */
 static bool host_only(const kiln_graph *g)
 {
-    for (uint32_t i = 0; i < g->n_nodes; i++)
-        if (!kiln_dtype_on_gpu((kiln_dtype)g->nodes[i].dtype)) return true;
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        const kiln_node_rec *n = &g->nodes[i];
+        if (!kiln_dtype_on_gpu((kiln_dtype)n->dtype)) return true;
+        if (n->op != KILN_OP_MATMUL) continue;
+        const kiln_node_rec *w = &g->nodes[n->src[1]];
+        const kl_wfmt *f = kl_wfmt_of((kiln_dtype)w->dtype);
+        if (f && f->block && w->rank >= 1 && w->dims[w->rank - 1] % f->k_align) return true;
+    }
     return false;
 }
 
-/* On cuda/vulkan such a graph must be refused (a plan would misread the format): the compile has
- * to fail with KILN_ERR_UNSUPPORTED naming the format. Recorded as "refused:<op>". */
+/* On cuda/vulkan such a graph must be refused (a plan would misread the format or has no kernel
+ * for it): the compile has to fail with KILN_ERR_UNSUPPORTED naming the format. Recorded as
+ * "refused:<op>". */
 static void refused_on(kiln_check_run *r, const kiln_check_spec *s, const char *be)
 {
     kiln_plan *p = NULL;

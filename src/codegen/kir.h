@@ -165,6 +165,11 @@ enum kiln_klayout {
     KILN_KLAYOUT_RAW = 0,  /* the bytes as they are */
     KILN_KLAYOUT_Q8_0_SPLIT, /* all quants (rows x k bytes), then the f16 scales (rows x k/32), each 16-byte aligned */
     KILN_KLAYOUT_Q6_K_SPLIT, /* per block ql[128] qh[64] scales[16] (208 bytes), then the f16 d of every block */
+    KILN_KLAYOUT_PAIR32,     /* q4_0, q4_1, q5_0, q5_1, iq4_nl: blocks of 32 paired, nibbles of chunk h of a pair
+                                interleaved, then fifth bits, scales, mins as words (codegen/wfmt_more.c) */
+    KILN_KLAYOUT_Q2_K_SPLIT, /* per block qs[64] scales[16], then d | dmin << 16 of every block */
+    KILN_KLAYOUT_Q3_K_SPLIT, /* per block qs[64] hmask[32] scales as 16 int8, then the f16 d of every block */
+    KILN_KLAYOUT_IQ4_XS_SPLIT, /* per block qs[128] (sub-block pairs interleaved), then 8 int8 scales, then f16 d */
     KILN_KLAYOUT_COUNT
 };
 

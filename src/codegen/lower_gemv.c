@@ -105,11 +105,8 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
 {
     kiln_kir *k = s->k;
     int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32), nt = 32 * WARPS;
-    bool qsum = false; /* a q4_K/q5_K weight reads the sums; q8_0 and q6_K kernels print as before */
-    for (int j = 0; j < s->n_mm; j++) {
-        uint8_t t = s->g->nodes[s->g->nodes[s->mm[j]].src[1]].dtype;
-        qsum |= t == KILN_DTYPE_Q4_K || t == KILN_DTYPE_Q5_K;
-    }
+    bool qsum = false; /* a weight with mins (q4_K, q5_K, q4_1, q5_1) reads the sums; the others print as before */
+    for (int j = 0; j < s->n_mm; j++) qsum |= fmt((kiln_dtype)s->g->nodes[s->g->nodes[s->mm[j]].src[1]].dtype)->dp4a_mins;
     kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE,
                 0); /* the last pass's readers are done */
     for (int q = 0; q < s->mc; q++) {
@@ -201,11 +198,11 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
             uint32_t xq[4], dx = kiln_klds(s->k, s->sh_dx, KILN_KT_F32, gi), sq = KILN_IDX_NONE;
             for (int l = 0; l < 4; l++)
                 xq[l] = kiln_klds(s->k, s->sh_xq, KILN_KT_U32, kiln_k2(s->k, KILN_KOP_ADD, wb, kiln_ki(s->k, l)));
-            if (f->dp4a_offset32) { /* the values are stored + 32: subtract 32 * sum of the x quants */
+            if (f->dp4a_offset) { /* the values are stored + offset: subtract offset * sum of the x quants */
                 sq = kiln_ki(s->k, 0);
                 for (int l = 0; l < 4; l++)
                     sq = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, kiln_ku(k, 0x01010101u), xq[l], sq, 0);
-                sq = kiln_k2(s->k, KILN_KOP_MUL, sq, kiln_ki(s->k, -32));
+                sq = kiln_k2(s->k, KILN_KOP_MUL, sq, kiln_ki(s->k, -f->dp4a_offset));
             }
             for (int r = 0; r < s->u.n_slots; r++) {
                 uint32_t dot = sq != KILN_IDX_NONE ? sq : kiln_ki(s->k, 0);

@@ -601,6 +601,7 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .k_align = 256,
                          .mc_cap = 4,
                          .two_dp4a = true,
+                         .dp4a_mins = true,
                          .dev_bytes = q4_k_bytes,
                          .repack = q4_k_repack,
                          .load = q4_k_load,
@@ -619,6 +620,7 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .k_align = 256,
                          .mc_cap = 4,
                          .two_dp4a = true,
+                         .dp4a_mins = true,
                          .dev_bytes = q5_k_bytes,
                          .repack = q5_k_repack,
                          .load = q5_k_load,
@@ -645,12 +647,16 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .dp4a_bytes = q6_k_dp4a_bytes,
                          .dp4a_at = q6_k_dp4a_at,
                          .dp4a_scales = q6_k_dp4a_scales,
-                         .dp4a_offset32 = true,
+                         .dp4a_offset = 32,
                          .gemm_chunk = q6_k_gemm_chunk,
                          .elem = q6_k_elem},
 };
 
-const kl_wfmt *kl_wfmt_of(kiln_dtype t) { return (unsigned)t < KILN_DTYPE_COUNT && table[t].load ? &table[t] : NULL; }
+const kl_wfmt *kl_wfmt_of(kiln_dtype t)
+{
+    if ((unsigned)t >= KILN_DTYPE_COUNT) return NULL;
+    return table[t].load ? &table[t] : kl_wfmt_more[t].load ? &kl_wfmt_more[t] : NULL;
+}
 
 int64_t kl_wfmt_chunks(const kl_wfmt *f, int64_t K) { return K / (f->vec * f->subs); }
 

@@ -61,7 +61,10 @@ typedef struct kl_wfmt {
     uint32_t (*dp4a_bytes)(kiln_kir *k, const gv_chunk *ch, int sub, int l, uint32_t hsh);
     void (*dp4a_at)(kiln_kir *k, uint32_t c, kl_dp4a_at *o);
     void (*dp4a_scales)(kiln_kir *k, const gv_chunk *ch, uint32_t c, kl_dp4a_scales *o);
-    bool dp4a_offset32;         /* values stored + 32 (q6_K): the dot subtracts 32 * sum(x quants) */
+    int  dp4a_offset;           /* values stored + this (q6_K 32, q3_K 4, q4_0 8, q5_0 16): the dot
+                                   subtracts it times the sum of the x quants */
+    bool dp4a_mins;             /* dp4a_at's h0 chunks subtract mins (k-quants, q4_1, q5_1): x's group
+                                   sums must be of its quants (lower_gemv.c quantize_x) */
     /* block formats: I32 chunk of piece h (0, 1) of the GEMM's 32-k tile at k0 */
     uint32_t (*gemm_chunk)(kiln_kir *k, uint32_t k0, uint32_t h);
     /* block formats: F32 element col of row `row` (get_rows of a quantized table) */
@@ -70,5 +73,8 @@ typedef struct kl_wfmt {
 
 /* The row of dtype t, or NULL: the GPU lowering has no kernel for that weight format. */
 const kl_wfmt *kl_wfmt_of(kiln_dtype t);
+/* The rows of the formats in wfmt_more.c (q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, iq4_xs),
+ * indexed by dtype (rows without a load are absent); kl_wfmt_of reads both tables. */
+extern const kl_wfmt kl_wfmt_more[KILN_DTYPE_COUNT];
 /* 16-byte chunks per row of K values (K / (vec * subs)). */
 int64_t kl_wfmt_chunks(const kl_wfmt *f, int64_t K);

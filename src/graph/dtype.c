@@ -56,14 +56,14 @@ static const dtype_info dtype_table[KILN_DTYPE_COUNT] = {
     [KILN_DTYPE_Q4_K] = BLOCK_ROW(q4_k, KILN_QK_K, kiln_block_q4_k, true),
     [KILN_DTYPE_Q5_K] = BLOCK_ROW(q5_k, KILN_QK_K, kiln_block_q5_k, true),
     [KILN_DTYPE_Q6_K] = BLOCK_ROW(q6_k, KILN_QK_K, kiln_block_q6_k, true),
-    [KILN_DTYPE_Q4_0] = BLOCK_ROW(q4_0, KILN_QK8_0, kiln_block_q4_0, false),
-    [KILN_DTYPE_Q4_1] = BLOCK_ROW(q4_1, KILN_QK8_0, kiln_block_q4_1, false),
-    [KILN_DTYPE_Q5_0] = BLOCK_ROW(q5_0, KILN_QK8_0, kiln_block_q5_0, false),
-    [KILN_DTYPE_Q5_1] = BLOCK_ROW(q5_1, KILN_QK8_0, kiln_block_q5_1, false),
-    [KILN_DTYPE_IQ4_NL] = BLOCK_ROW(iq4_nl, KILN_QK8_0, kiln_block_iq4_nl, false),
-    [KILN_DTYPE_Q2_K] = BLOCK_ROW(q2_k, KILN_QK_K, kiln_block_q2_k, false),
-    [KILN_DTYPE_Q3_K] = BLOCK_ROW(q3_k, KILN_QK_K, kiln_block_q3_k, false),
-    [KILN_DTYPE_IQ4_XS] = BLOCK_ROW(iq4_xs, KILN_QK_K, kiln_block_iq4_xs, false),
+    [KILN_DTYPE_Q4_0] = BLOCK_ROW(q4_0, KILN_QK8_0, kiln_block_q4_0, true),
+    [KILN_DTYPE_Q4_1] = BLOCK_ROW(q4_1, KILN_QK8_0, kiln_block_q4_1, true),
+    [KILN_DTYPE_Q5_0] = BLOCK_ROW(q5_0, KILN_QK8_0, kiln_block_q5_0, true),
+    [KILN_DTYPE_Q5_1] = BLOCK_ROW(q5_1, KILN_QK8_0, kiln_block_q5_1, true),
+    [KILN_DTYPE_IQ4_NL] = BLOCK_ROW(iq4_nl, KILN_QK8_0, kiln_block_iq4_nl, true),
+    [KILN_DTYPE_Q2_K] = BLOCK_ROW(q2_k, KILN_QK_K, kiln_block_q2_k, true),
+    [KILN_DTYPE_Q3_K] = BLOCK_ROW(q3_k, KILN_QK_K, kiln_block_q3_k, true),
+    [KILN_DTYPE_IQ4_XS] = BLOCK_ROW(iq4_xs, KILN_QK_K, kiln_block_iq4_xs, true),
 };
 #undef BLOCK_ROW
 

@@ -140,9 +140,9 @@ _Static_assert(sizeof(kiln_block_q5_k) == 176, "q5_K block must be 176 bytes");
 _Static_assert(sizeof(kiln_block_q6_k) == 210, "q6_K block must be 210 bytes");
 _Static_assert(sizeof(kiln_block_q8_k) == 292, "q8_K block must be 292 bytes");
 
-/* The dtype table's GPU member: true when the GPU templates (src/codegen) read t. The formats
- * without one (q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, iq4_xs) are refused by cuda/vulkan by
- * name, so placement keeps their regions on the cpu. */
+/* The dtype table's GPU member: true when the GPU templates (src/codegen) read t (every dtype has
+ * a row in codegen/wfmt.c or wfmt_more.c today). A format without one would be refused by
+ * cuda/vulkan by name, so placement keeps its regions on the cpu. */
 bool kiln_dtype_on_gpu(kiln_dtype t);
 
 /* ---------------------------------------------------------------- scalar conversions */
