@@ -409,7 +409,9 @@ static void more_format(kiln_dtype t)
     plain_case_on(t, KILN_DTYPE_F32, K, 40, 8, 5, NULL, &dp);
     plain_case_on(t, KILN_DTYPE_F32, K, 40, 8, 3, NULL, &fl);
     plain_case_on(t, KILN_DTYPE_F16, K2, 9, 4, 4, NULL, &dp);
-    plain_case_on(t, KILN_DTYPE_F32, b32 ? 2048 : 4096, 3, 1, 1, NULL, &dp); /* more x words than threads, two chunks a step */
+    /* more x words than threads, two chunks a step; 40 outputs: with 3, NMSE past 1e-4 came in 7% of
+     * runs from outputs near 0 alone (x's int8 rounding, as expected; chi-square tail) */
+    plain_case_on(t, KILN_DTYPE_F32, b32 ? 2048 : 4096, 40, 1, 1, NULL, &dp);
     plain_case_on(t, KILN_DTYPE_F32, b32 ? 384 : 512, 136, 160, 130, NULL, NULL);
     if (b32) plain_case_on(t, KILN_DTYPE_F32, 256, 136, 300, 290, NULL, NULL); /* two accumulators: one-stage rounds */
     get_rows_case(t, 7, b32 ? 96 : 512, 5); /* an odd number of 32-blocks a row: the pair's second reads as zeros */
