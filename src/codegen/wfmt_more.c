@@ -13,7 +13,6 @@
 #define N KILN_IDX_NONE
 
 static int64_t al4(int64_t words) { return (words + 3) / 4 * 4; } /* words, 16-byte aligned */
-static uint32_t ci(kiln_kir *k, int32_t v) { return kiln_ki(k, v); }
 static uint32_t cu(kiln_kir *k, uint32_t v) { return kiln_ku(k, v); }
 static uint32_t add(kiln_kir *k, uint32_t a, uint32_t b) { return kiln_k2(k, KILN_KOP_ADD, a, b); }
 static uint32_t mul(kiln_kir *k, uint32_t a, uint32_t b) { return kiln_k2(k, KILN_KOP_MUL, a, b); }
@@ -312,11 +311,20 @@ static uint32_t k4_blk(kiln_kir *k, uint32_t row, uint32_t c, int64_t K)
     return add(k, kiln_kmuli(k, row, (int32_t)(K / 256)), kiln_kshri(k, c, 2));
 }
 
+/* The chunk's 8 of the 16 scale bytes at word sc (sub-blocks 8 hh .. 8 hh + 7: words 2 hh, 2 hh + 1)
+ * into o->v[2], v[3]: two words rather than the V4 of all 16 keep the GEMM producer's chunks small. */
+static void k4_scale_words(kiln_kir *k, uint32_t slot, uint32_t sc, uint32_t c, gv_chunk *o)
+{
+    uint32_t w = add(k, sc, kiln_kandi(k, c, 2)); /* 2 hh */
+    o->v[2] = kiln_kld(k, slot, w);
+    o->v[3] = kiln_kld(k, slot, kiln_kaddi(k, w, 1));
+}
+
 static void q2_k_load(kiln_kir *k, uint32_t slot, uint32_t row, uint32_t c, int64_t K, int64_t rows, gv_chunk *o)
 {
     uint32_t blk = k4_blk(k, row, c, K), base = kiln_kmuli(k, blk, Q2_K_WORDS);
     o->v[0] = kiln_kld4(k, slot, add(k, base, kiln_kmuli(k, kiln_kandi(k, c, 3), 4)));
-    o->v[1] = kiln_kld4(k, slot, kiln_kaddi(k, base, 16));
+    k4_scale_words(k, slot, kiln_kaddi(k, base, 16), c, o);
     o->d = kiln_kld(k, slot, kiln_kaddi(k, blk, (int32_t)(Q2_K_WORDS * rows * (K / 256))));
 }
 
@@ -325,7 +333,7 @@ static void q3_k_load(kiln_kir *k, uint32_t slot, uint32_t row, uint32_t c, int6
     uint32_t blk = k4_blk(k, row, c, K), base = kiln_kmuli(k, blk, Q3_K_WORDS);
     o->v[0] = kiln_kld4(k, slot, add(k, base, kiln_kmuli(k, kiln_kandi(k, c, 3), 4)));
     o->v[1] = kiln_kld4(k, slot, add(k, kiln_kaddi(k, base, 16), kiln_kmuli(k, kiln_kandi(k, c, 1), 4))); /* hmask[16 l0 ..] */
-    o->v[2] = kiln_kld4(k, slot, kiln_kaddi(k, base, 24));
+    k4_scale_words(k, slot, kiln_kaddi(k, base, 24), c, o);
     o->d = kl_load(k, slot, KILN_DTYPE_F16, kiln_kaddi(k, blk, (int32_t)(2 * Q3_K_WORDS * rows * (K / 256))));
 }
 
@@ -337,18 +345,16 @@ static uint32_t k4_sub_elem(kiln_kir *k, uint32_t c, int sub)
     return kiln_kaddi(k, e, 32 * sub);
 }
 
-/* U32 byte of sub-block 8 hh + 2 sub + l0 from the 16 bytes of V4 sc (lane 2 hh + sub / 2, byte l0 + 2 (sub % 2)). */
-static uint32_t k4_scale_byte(kiln_kir *k, uint32_t sc, uint32_t c, int sub)
+/* U32 (low byte) of sub-block 8 hh + 2 sub + l0: byte l0 + 2 (sub % 2) of scale word sub / 2. */
+static uint32_t k4_scale_byte(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub)
 {
-    uint32_t first = kiln_k2(k, KILN_KOP_EQ, kiln_kandi(k, c, 2), ci(k, 0));
-    uint32_t w = kiln_ksel(k, KILN_KT_U32, first, kiln_klane(k, sc, sub / 2), kiln_klane(k, sc, 2 + sub / 2));
-    return shr(k, w, u32(k, kiln_kaddi(k, kiln_kmuli(k, kiln_kandi(k, c, 1), 8), 16 * (sub % 2))));
+    return shr(k, ch->v[2 + sub / 2], u32(k, kiln_kaddi(k, kiln_kmuli(k, kiln_kandi(k, c, 1), 8), 16 * (sub % 2))));
 }
 
 /* ggml: d * (sc & 15) * q - dmin * (sc >> 4) */
 static void q2_k_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
-    uint32_t sc = and_(k, k4_scale_byte(k, ch->v[1], c, sub), cu(k, 255));
+    uint32_t sc = and_(k, k4_scale_byte(k, ch, c, sub), cu(k, 255));
     o->a = mul(k, kiln_kh2f(k, ch->d, 0), f32u(k, and_(k, sc, cu(k, 15))));
     o->b = kiln_k1(k, KILN_KOP_NEG, mul(k, kiln_kh2f(k, ch->d, 1), f32u(k, shr(k, sc, cu(k, 4)))));
     o->v = 16;
@@ -357,7 +363,7 @@ static void q2_k_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv
 
 static uint32_t q3_k_scale(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub)
 {
-    return mul(k, ch->d, f32i(k, kiln_kbfe(k, KILN_KT_I32, k4_scale_byte(k, ch->v[2], c, sub), 0, 8)));
+    return mul(k, ch->d, f32i(k, kiln_kbfe(k, KILN_KT_I32, k4_scale_byte(k, ch, c, sub), 0, 8)));
 }
 
 /* ggml: d * sc * (q2 - (hmask bit ? 0 : 4)); the bit of value 128 hh + 32 u + l is bit 4 hh + u of hmask[l] */
@@ -528,8 +534,9 @@ static uint32_t iq4_xs_elem(kiln_kir *k, uint32_t slot, int64_t K, int64_t rows,
 
 /* ------------------------------------------------------------------ the rows */
 
-/* Blocks of 32 take K a multiple of 64 (whole pairs); their decoders hold about q8_0's registers,
- * iq4's lookups more. */
+/* Blocks of 32 take K a multiple of 64 (whole pairs); q4_0/q4_1 decoders hold about q8_0's
+ * registers, the fifth bits and iq4's lookups more (8 tokens a pass: q5_1's prefill gemv spilled
+ * 40/124 bytes on sm_80, 4 keep every kernel unspilled). */
 #define P32_ROW(T, NAME, CAP)                                                                                                \
     [T] = {.t = T, .layout = KILN_KLAYOUT_PAIR32, .block = true, .vec = 16, .subs = 2, .k_align = 64, .mc_cap = CAP,         \
            .dev_bytes = NAME##_bytes, .repack = NAME##_repack, .load = NAME##_load, .sub_elem = p32_sub_elem,               \
@@ -539,8 +546,8 @@ static uint32_t iq4_xs_elem(kiln_kir *k, uint32_t slot, int64_t K, int64_t rows,
 const kl_wfmt kl_wfmt_more[KILN_DTYPE_COUNT] = {
     P32_ROW(KILN_DTYPE_Q4_0, q4_0, 8), P32_DP4A_ROW(q4_0), .dp4a_offset = 8},
     P32_ROW(KILN_DTYPE_Q4_1, q4_1, 8), P32_DP4A_ROW(q4_1), .dp4a_mins = true},
-    P32_ROW(KILN_DTYPE_Q5_0, q5_0, 8), P32_DP4A_ROW(q5_0), .dp4a_offset = 16},
-    P32_ROW(KILN_DTYPE_Q5_1, q5_1, 8), P32_DP4A_ROW(q5_1), .dp4a_mins = true},
+    P32_ROW(KILN_DTYPE_Q5_0, q5_0, 4), P32_DP4A_ROW(q5_0), .dp4a_offset = 16},
+    P32_ROW(KILN_DTYPE_Q5_1, q5_1, 4), P32_DP4A_ROW(q5_1), .dp4a_mins = true},
     P32_ROW(KILN_DTYPE_IQ4_NL, iq4_nl, 4)},
     [KILN_DTYPE_Q2_K] = {.t = KILN_DTYPE_Q2_K,
                          .layout = KILN_KLAYOUT_Q2_K_SPLIT,
