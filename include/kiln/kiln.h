@@ -332,8 +332,9 @@ typedef struct kiln_codegen_options {
                            (matmul: 1e-6 f16, 3e-5 bf16). Block weights take one part either way */
     int32_t flash;      /* KILN_GEMM_AUTO/ON: prefill attention's flash kernel takes 128 query rows a block
                            (8 warps), grouped query heads share its K/V tiles, the next tile loads during
-                           this one; KILN_GEMM_OFF: the first flash kernel (64 rows of one head, 4 warps;
-                           A/B runs, $KILN_FLASH=0) */
+                           this one, paged steps of many rows take it too; KILN_GEMM_OFF: the first flash
+                           kernel (64 rows of one head, 4 warps) and paged steps on the split-KV
+                           kernels (A/B runs, $KILN_FLASH=0) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -143,9 +143,12 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
 int kl_gemm_rows(const kiln_lower_target *t);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Causal flash attention on tensor cores for prefill (lower_flash.c): whether it takes attention
- * node n (f16 or f32 caches, head_dim 32, 64, 96 or 128, more than 8 query rows at the bound),
- * and the kernel for target tg (its shape: codegen.flash, the target's shared memory). */
+ * node n (f16 or f32 caches or pools, head_dim 32, 64, 96 or 128, more than 8 query rows at the
+ * bound), and the kernel for target tg (its shape: codegen.flash, the target's shared memory);
+ * paged attention (sp->block) reads keys through the block table, a block per row tile of a
+ * sequence. */
 bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n);
-void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k);
+void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *sp, const kiln_lower_target *tg,
+                    kiln_kir *k);
 kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k);
 kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);

@@ -6,7 +6,8 @@
  * n_kv - n_tok + t + 1 keys, from the parameter buffer. Paged attention (kiln_paged_attention) runs
  * the same two kernels over a ragged batch: token t sees pos[t] + 1 keys of its own sequence (found
  * among the step's starts), each key's cache row through the block table (kl_paged_slot), the key
- * splits sized for a sequence's capacity. Must not know any target's syntax. */
+ * splits sized for a sequence's capacity; steps of more than 8 rows take the flash kernel (paged:
+ * a block per row tile of a sequence). Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
@@ -506,7 +507,10 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     if (sp->block && (a.cap > INT32_MAX / 2 || a.max_ctx > INT32_MAX / a.hd))
         return kl_unsupported(err, n_err, "paged attention: a pool of %lld slots x %lld is past 32-bit indices",
                               (long long)a.max_ctx, (long long)a.hd);
-    bool flash = !sp->block && kl_flash_fits(g, n); /* paged prefill chunks: the split kernels (no flash yet) */
+    /* paged steps of many rows too (prefill chunks with decoding sequences) where the MMA is native,
+     * unless codegen.flash is off (A/B runs: the split kernels take every paged step, as before);
+     * Vulkan's emulated MMA keeps paged steps on the split kernels (lavapipe runs minutes longer) */
+    bool flash = kl_flash_fits(g, n) && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native));
     if (flash) a.tok_max = KL_SMALL_ROWS; /* kl_flash_fits: more rows than that at the bound */
     /* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
      * at the cache's bound, >= 32 keys; when there are still too few blocks, the query heads of a
@@ -533,7 +537,7 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
         int64_t per_row = a.n_head * a.hd;
         kl_guard_rows(&k[0], g, n->src[0], per_row, KL_SMALL_ROWS, true);
         kl_guard_rows(&k[1], g, n->src[0], per_row, KL_SMALL_ROWS, true);
-        kl_lower_flash(g, node, tg, &k[2]);
+        kl_lower_flash(g, node, sp, tg, &k[2]);
         kl_guard_rows(&k[2], g, n->src[0], per_row, KL_SMALL_ROWS, false);
         *n_out = 3;
     }

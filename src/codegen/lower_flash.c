@@ -11,7 +11,8 @@
  * (no shared memory). q and P enter the MMA as two f16 parts each (hi + lo, the sum within 2^-22
  * of the f32 value); K and V are f16 already, or, from an f32 cache, staged as two parts too (the
  * hi.hi, hi.lo and lo.hi products: three MMAs where f16 takes two): the result meets the
- * contract's f32 tolerance. Query blocks run latest first (they see the most keys). The first
+ * contract's f32 tolerance. Under codegen.precision = KILN_PREC_F16 q and P are one f16 part
+ * (half the MMAs with an f16 cache; the contract's tolerance_f16_act). Query blocks run latest first (they see the most keys). The first
  * version of the kernel (64 rows of one head a block, 4 warps, no register prefetch) stays
  * behind codegen.flash = KILN_GEMM_OFF for A/B runs. Must not know any target's syntax. */
 #include "codegen/lower.h"
@@ -88,7 +89,8 @@ static int32_t keys_per_tile(int64_t hd, int kp, int64_t budget)
 static fgeo flash_geo(const kiln_lower_target *tg, int64_t hd, int kp)
 {
     bool v1 = tg->opts.flash == KILN_GEMM_OFF;
-    fgeo o = {.rows = v1 ? 64 : 128, .threads = v1 ? 128 : 256, .share = !v1, .prefetch = !v1, .np = FP};
+    fgeo o = {.rows = v1 ? 64 : 128, .threads = v1 ? 128 : 256, .share = !v1, .prefetch = !v1,
+              .np = tg->opts.precision == KILN_PREC_F16 ? 1 : FP};
     int64_t budget = v1 ? 16384 : tg->mma_native ? 32768 : (int64_t)tg->smem_bytes - 24 * o.threads - 2048;
     o.FK = keys_per_tile(hd, kp, budget);
     /* Registers a thread holds across a tile: output fragments (hd / 2), q's fragments (hd np / 4),
@@ -112,6 +114,18 @@ static fgeo flash_geo(const kiln_lower_target *tg, int64_t hd, int kp)
 static uint32_t key_item(kiln_kir *k, const fl *f, uint32_t slot, uint32_t kvh, uint32_t kg, uint32_t c)
 {
     uint32_t row = cache_word(k, f, kvh, kiln_k2(k, KILN_KOP_MIN, kg, kiln_ki(k, (int32_t)f->max_ctx - 1)));
+    return kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
+                       kiln_k2(k, KILN_KOP_ADD, row, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4))), KILN_IDX_NONE,
+                       KILN_IDX_NONE, (int32_t)slot);
+}
+
+/* Paged: the same for logical key kg of the block's sequence, through its block table row (the
+ * key clamped into the sequence's capacity; kl_paged_slot clamps the block into the pool). */
+static uint32_t key_item_paged(kiln_kir *k, const fl *f, uint32_t slot, uint32_t kvh, uint32_t kg, uint32_t c,
+                               const kiln_region_spec *sp, int64_t cap, uint32_t bt, uint32_t bt_row)
+{
+    uint32_t j = kiln_k2(k, KILN_KOP_MIN, kg, kiln_ki(k, (int32_t)cap - 1));
+    uint32_t row = cache_word(k, f, kvh, kl_paged_slot(k, bt, bt_row, j, sp->block, f->max_ctx / sp->block));
     return kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4,
                        kiln_k2(k, KILN_KOP_ADD, row, kiln_k2(k, KILN_KOP_MUL, c, kiln_ki(k, 4))), KILN_IDX_NONE,
                        KILN_IDX_NONE, (int32_t)slot);
@@ -153,6 +167,9 @@ typedef struct flash_st {
     uint32_t o_[FHD / 8];        /* F4 variables: output fragments */
     uint32_t qf[FHD / 16][FP];   /* q's A fragments, pre-scaled */
     uint32_t pre[FPRE];          /* U32 variables: the prefetched cache words (K items, then V items) */
+    const kiln_region_spec *sp;  /* paged (sp->block > 0): the metadata nodes and block size */
+    int64_t cap;                 /* paged: keys a sequence can hold (block table width x block) */
+    uint32_t bt, bt_row;         /* paged: block table slot; I32 the block's sequence's row start in it */
 } flash_st;
 
 static int32_t cpr_of(const flash_st *st) { return st->hd * st->KP / 8; } /* 16-byte items a key's row takes */
@@ -181,12 +198,15 @@ static void flash_load(flash_st *st, uint32_t kb0, uint32_t w[FPRE], bool assign
     kiln_kir *k = st->k;
     for (int u = u0; u < u1; u++) {
         bool v = u >= st->nk;
-        uint32_t key, c;
-        stage_item(st, v, v ? u - st->nk : u, &key, &c);
+        uint32_t kk, c;
+        stage_item(st, v, v ? u - st->nk : u, &kk, &c);
         int at = v ? 4 * st->nk + 8 * (u - st->nk) : 4 * u;
         for (int h = 0; h < (v ? 2 : 1); h++) {
-            uint32_t kg = v ? kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, key, 2), kiln_ki(k, h)) : key;
-            uint32_t v4 = key_item(k, &st->f, v ? st->vs : st->ks, st->kvh, kiln_k2(k, KILN_KOP_ADD, kb0, kg), c);
+            uint32_t kg = v ? kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kk, 2), kiln_ki(k, h)) : kk;
+            uint32_t key = kiln_k2(k, KILN_KOP_ADD, kb0, kg), sl = v ? st->vs : st->ks;
+            uint32_t v4 = st->sp->block
+                              ? key_item_paged(k, &st->f, sl, st->kvh, key, c, st->sp, st->cap, st->bt, st->bt_row)
+                              : key_item(k, &st->f, sl, st->kvh, key, c);
             for (int j = 0; j < 4; j++) {
                 uint32_t x = kiln_klane(k, v4, j);
                 if (assign) kiln_kset(k, w[at + 4 * h + j], x);
@@ -377,17 +397,19 @@ static void flash_pv(flash_st *st, uint32_t pv[FKMAX / 8][4], uint32_t on[FHD / 
     for (int dt = 0; dt < hd / 8; dt++) kiln_kset(k, st->o_[dt], on[dt]);
 }
 
-/* The lane's two query rows: their tokens (I32) and their q rows in units of hd (row of q's
- * [n_tok, n_head] heads, the token clamped to n_tok - 1 for rows past the end). A block's rows are
- * R0 + 16 warp + g + 8 r; with shared tiles row R is head (R % G) of the group at token R / G. */
+/* The lane's two query rows: their tokens (I32, counted from the block's first token tbase) and
+ * their q rows in units of hd (row of q's [n_tok, n_head] heads, the token clamped to the last of
+ * the tlim the block has, for rows past the end). A block's rows are R0 + 16 warp + g + 8 r; with
+ * shared tiles row R is head (R % G) of the group at token R / G. */
 typedef struct flash_rows {
-    uint32_t tok[2], qrow[2];
+    uint32_t tok[2], qrow[2], tq[2]; /* local token, q row, token (tbase + the clamped local token) */
+    uint32_t lim;                    /* I32 the block's tokens: rows with tok < lim are stored */
 } flash_rows;
 
 static flash_rows flash_rows_of(kiln_kir *k, const flash_st *st, uint32_t R0, uint32_t warp, uint32_t gq,
-                                uint32_t head0, uint32_t n_tok)
+                                uint32_t head0, uint32_t tbase, uint32_t tlim)
 {
-    flash_rows fr;
+    flash_rows fr = {.lim = tlim};
     int32_t Gs = st->o.share ? (int32_t)st->f.G : 1;
     uint32_t R = kiln_k2(k, KILN_KOP_ADD, R0, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, warp, 16), gq));
     for (int r = 0; r < 2; r++) {
@@ -397,10 +419,57 @@ static flash_rows flash_rows_of(kiln_kir *k, const flash_st *st, uint32_t R0, ui
             fr.tok[r] = kiln_k2(k, KILN_KOP_DIV, Rr, kiln_ki(k, Gs));
             hh = kiln_k2(k, KILN_KOP_ADD, head0, kiln_k2(k, KILN_KOP_REM, Rr, kiln_ki(k, Gs)));
         }
-        uint32_t t = kiln_k2(k, KILN_KOP_MIN, fr.tok[r], kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1)));
+        uint32_t t = kiln_k2(k, KILN_KOP_MIN, fr.tok[r], kiln_k2(k, KILN_KOP_SUB, tlim, kiln_ki(k, 1)));
+        if (tbase != KILN_IDX_NONE) t = kiln_k2(k, KILN_KOP_ADD, tbase, t);
+        fr.tq[r] = t;
         fr.qrow[r] = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, t, (int32_t)st->f.n_head), hh);
     }
     return fr;
+}
+
+/* Paged: the block's sequence (grid y counts the row tiles of every sequence in turn): its first
+ * token, new tokens and KV length, and the block's first row within it; *found false for a block
+ * past the step's tiles. Every thread scans the step's starts (the same words: broadcast loads). */
+typedef struct flash_seq {
+    uint32_t found, start, qlen, kvlen, R0, bt_row;
+} flash_seq;
+
+static flash_seq flash_find_seq(flash_st *st, const kiln_graph *g, uint32_t b, uint32_t n_tok, int32_t FQ)
+{
+    kiln_kir *k = st->k;
+    const kiln_node_rec *sn = &g->nodes[st->sp->seqs], *bn = &g->nodes[st->sp->blocks];
+    int32_t Gs = st->o.share ? (int32_t)st->f.G : 1;
+    uint32_t seqs = kiln_kir_buf(k, KILN_KBUF_NODE, st->sp->seqs, false), n_seq = kl_dim(k, sn->dims[0]);
+    uint32_t acc = kiln_kvar(k, kiln_ki(k, 0)), fs = kiln_kvar(k, kiln_ki(k, -1)), fst = kiln_kvar(k, kiln_ki(k, 0)),
+             fq = kiln_kvar(k, kiln_ki(k, 0)), fkv = kiln_kvar(k, kiln_ki(k, 0)), ft = kiln_kvar(k, kiln_ki(k, 0));
+    uint32_t i = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kloop(k, i, n_seq, kiln_ki(k, 1));
+    {
+        uint32_t start = kl_ld_i32(k, seqs, kiln_kmuli(k, i, 2)), kv = kl_ld_i32(k, seqs, kiln_kaddi(k, kiln_kmuli(k, i, 2), 1));
+        uint32_t more = kiln_k2(k, KILN_KOP_LT, kiln_kaddi(k, i, 1), n_seq);
+        uint32_t nxt = kl_ld_i32(k, seqs,
+                                 kiln_kmuli(k, kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, i, 1), kiln_kaddi(k, n_seq, -1)), 2));
+        nxt = kiln_ksel(k, KILN_KT_I32, more, nxt, n_tok);
+        /* unchecked device metadata: new tokens clamped into [0, n_tok - start] */
+        start = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, start, kiln_ki(k, 0)), n_tok);
+        uint32_t ql = kiln_k2(k, KILN_KOP_MAX, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_MIN, nxt, n_tok), start),
+                              kiln_ki(k, 0));
+        uint32_t tiles = kiln_k2(k, KILN_KOP_DIV, kiln_kaddi(k, kiln_kmuli(k, ql, Gs), FQ - 1), kiln_ki(k, FQ));
+        uint32_t in = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, acc, b),
+                              kiln_k2(k, KILN_KOP_LT, b, kiln_k2(k, KILN_KOP_ADD, acc, tiles)));
+        kiln_kset(k, fs, kiln_ksel(k, KILN_KT_I32, in, i, fs));
+        kiln_kset(k, fst, kiln_ksel(k, KILN_KT_I32, in, start, fst));
+        kiln_kset(k, fq, kiln_ksel(k, KILN_KT_I32, in, ql, fq));
+        kiln_kset(k, fkv, kiln_ksel(k, KILN_KT_I32, in, kv, fkv));
+        kiln_kset(k, ft, kiln_ksel(k, KILN_KT_I32, in, kiln_k2(k, KILN_KOP_SUB, b, acc), ft));
+        kiln_kset(k, acc, kiln_k2(k, KILN_KOP_ADD, acc, tiles));
+    }
+    kl_loop_end(k);
+    flash_seq q = {.found = kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), fs), .start = fst, .qlen = fq};
+    q.kvlen = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, fkv, kiln_ki(k, 0)), kiln_ki(k, (int32_t)st->cap));
+    q.R0 = kiln_kmuli(k, ft, FQ);
+    q.bt_row = kiln_kmuli(k, kiln_k2(k, KILN_KOP_MAX, fs, kiln_ki(k, 0)), (int32_t)bn->dims[1]);
+    return q;
 }
 
 /* q's A fragments for the lane's two rows, pre-scaled to base-2 logits by the attention's scale,
@@ -429,14 +498,13 @@ static void flash_q_frags(flash_st *st, const kiln_node_rec *n, const kiln_node_
 
 /* The rows' outputs: O / (their sums over the 4 lanes; every row sees at least its own key, so the
  * sum is >= 1). */
-static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const flash_st *st, const flash_rows *fr,
-                        uint32_t n_tok)
+static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const flash_st *st, const flash_rows *fr)
 {
     int32_t hd = st->hd;
     const uint32_t *l = st->l, *o = st->o_;
     for (int r = 0; r < 2; r++) {
         uint32_t inv = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(k, l[r], KILN_KRED_SUM));
-        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, fr->tok[r], n_tok));
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, fr->tok[r], fr->lim));
         uint32_t ob = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, fr->qrow[r], hd), kiln_kmuli(k, st->qq, 2));
         for (int dt = 0; dt < hd / 8; dt++)
             for (int e = 0; e < 2; e++)
@@ -466,11 +534,56 @@ static void flash_loop(flash_st *st, uint32_t kend)
     kl_loop_end(k);
 }
 
-void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k)
+/* Contiguous cache: the block's rows (query blocks latest first), their keys (n_kv - n_tok + t + 1)
+ * and the block's key end; opens the block's guard. */
+static flash_rows flash_rows_contig(flash_st *st, const kiln_node_rec *n, uint32_t bq, uint32_t warp, uint32_t gq,
+                                    uint32_t head0, uint32_t n_tok, int32_t nqb, uint32_t *kend)
+{
+    kiln_kir *k = st->k;
+    int32_t FQ = st->o.rows, Gs = st->o.share ? (int32_t)st->f.G : 1;
+    uint32_t R0 = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, kiln_ki(k, nqb - 1), bq), kiln_ki(k, FQ));
+    st->n_kv = kl_dim(k, n->dim);
+    kiln_kif(k, kiln_k2(k, KILN_KOP_LT, R0, kiln_kmuli(k, n_tok, Gs)));
+    flash_rows fr = flash_rows_of(k, st, R0, warp, gq, head0, KILN_IDX_NONE, n_tok);
+    uint32_t past = kiln_k2(k, KILN_KOP_SUB, st->n_kv, n_tok); /* keys before the first query */
+    for (int r = 0; r < 2; r++) st->seen[r] = kiln_k2(k, KILN_KOP_ADD, past, kiln_kaddi(k, fr.tok[r], 1));
+    /* keys the block's last row sees: its token is (R0 + FQ - 1) / Gs */
+    uint32_t last = kiln_kaddi(k, R0, FQ - 1);
+    if (Gs > 1) last = kiln_k2(k, KILN_KOP_DIV, last, kiln_ki(k, Gs));
+    *kend = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, last, 1), n_tok));
+    return fr;
+}
+
+/* Paged pool: the block's sequence and rows, each row's keys (its position + 1, clamped into the
+ * sequence's capacity: device-bound metadata is unchecked), the key end (their block maximum) and
+ * the keys past which V is zeroed (the sequence's KV length); opens the block's guard. */
+static flash_rows flash_rows_paged(flash_st *st, const kiln_graph *g, uint32_t bq, uint32_t warp, uint32_t gq,
+                                   uint32_t head0, uint32_t n_tok, uint32_t *kend)
+{
+    kiln_kir *k = st->k;
+    flash_seq sq = flash_find_seq(st, g, bq, n_tok, st->o.rows);
+    st->bt = kiln_kir_buf(k, KILN_KBUF_NODE, st->sp->blocks, false), st->bt_row = sq.bt_row, st->n_kv = sq.kvlen;
+    kiln_kif(k, sq.found);
+    flash_rows fr = flash_rows_of(k, st, sq.R0, warp, gq, head0, sq.start, sq.qlen);
+    uint32_t pos = kiln_kir_buf(k, KILN_KBUF_NODE, st->sp->pos, false), mx = kiln_kf(k, 0);
+    for (int r = 0; r < 2; r++) {
+        uint32_t p = kl_ld_i32(k, pos, fr.tq[r]);
+        p = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, p, kiln_ki(k, 0)), kiln_ki(k, (int32_t)st->cap - 1));
+        st->seen[r] = kiln_kaddi(k, p, 1);
+        mx = kiln_k2(k, KILN_KOP_MAX, mx, kiln_kcvt(k, KILN_KT_F32, st->seen[r]));
+    }
+    uint32_t red = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, mx, KILN_IDX_NONE, KILN_IDX_NONE,
+                               (int32_t)((KILN_KRED_MAX << 16) | st->o.threads));
+    *kend = kiln_kcvt(k, KILN_KT_I32, red); /* exact: keys < 2^24 */
+    return fr;
+}
+
+void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *sp, const kiln_lower_target *tg,
+                    kiln_kir *k)
 {
     const kiln_node_rec *n = &g->nodes[node];
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
-    flash_st st = {.k = k};
+    flash_st st = {.k = k, .sp = sp, .cap = sp->block ? g->nodes[sp->blocks].dims[1] * sp->block : 0};
     st.f = (fl){.k = k, .n_head = q->dims[1], .hd = q->dims[2], .max_ctx = kc->dims[1],
                 .kp = kc->dtype == KILN_DTYPE_F32 ? 2 : 1};
     st.f.G = st.f.n_head / kc->dims[0];
@@ -480,9 +593,10 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_lower_target 
     int32_t cpr = st.hd * st.KP / 8, FT = st.o.threads, FQ = st.o.rows, Gs = st.o.share ? (int32_t)st.f.G : 1;
     st.nk = (st.FK * cpr + FT - 1) / FT, st.nv = (st.FK / 2 * cpr + FT - 1) / FT;
     int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * Gs + FQ - 1) / FQ);
+    if (sp->block) nqb += (int32_t)kl_dim_max(g, g->nodes[sp->seqs].dims[0]); /* a sequence's last tile may be partial */
     kiln_kir_init(k, "kiln_attn_flash", (uint32_t)FT);
-    snprintf(k->what, sizeof k->what, "attention: causal flash, tensor cores, %lld q heads per kv head%s",
-             (long long)st.f.G, st.o.share && st.f.G > 1 ? " (tiles shared)" : "");
+    snprintf(k->what, sizeof k->what, "attention: causal flash%s, tensor cores, %d q heads/kv head%s",
+             sp->block ? " (paged)" : "", (int)(st.f.G & 0xff), st.o.share && st.f.G > 1 ? ", shared tiles" : "");
     k->grid[0] = (uint32_t)(st.o.share ? kc->dims[0] : st.f.n_head);
     k->grid[1] = (uint32_t)nqb;
     st.ksh = kiln_kir_shared(k, (uint32_t)(st.KP * st.tw)), st.vsh = kiln_kir_shared(k, (uint32_t)(st.KP * st.tw));
@@ -494,23 +608,15 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_lower_target 
     uint32_t lane = kiln_k2(k, KILN_KOP_AND, st.tid, kiln_ki(k, 31)), warp = kiln_k2(k, KILN_KOP_SHR, st.tid, kiln_ki(k, 5));
     uint32_t gq = kiln_k2(k, KILN_KOP_SHR, lane, kiln_ki(k, 2));
     st.qq = kiln_k2(k, KILN_KOP_AND, lane, kiln_ki(k, 3));
-    uint32_t R0 = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_SUB, kiln_ki(k, nqb - 1), bq), kiln_ki(k, FQ));
     st.kvh = st.o.share ? bx : kiln_k2(k, KILN_KOP_DIV, bx, kiln_ki(k, (int32_t)st.f.G));
     uint32_t head0 = st.o.share ? kiln_kmuli(k, bx, (int32_t)st.f.G) : bx;
-    uint32_t n_tok = kl_dim(k, q->dims[0]);
-    st.n_kv = kl_dim(k, n->dim);
-    kiln_kif(k, kiln_k2(k, KILN_KOP_LT, R0, kiln_kmuli(k, n_tok, Gs)));
-    flash_rows fr = flash_rows_of(k, &st, R0, warp, gq, head0, n_tok);
-    uint32_t past = kiln_k2(k, KILN_KOP_SUB, st.n_kv, n_tok); /* keys before the first query */
-    for (int r = 0; r < 2; r++) st.seen[r] = kiln_k2(k, KILN_KOP_ADD, past, kiln_kaddi(k, fr.tok[r], 1));
-    /* keys the block's last row sees: its token is (R0 + FQ - 1) / Gs */
-    uint32_t last = kiln_kaddi(k, R0, FQ - 1);
-    if (Gs > 1) last = kiln_k2(k, KILN_KOP_DIV, last, kiln_ki(k, Gs));
-    uint32_t kend = kiln_k2(k, KILN_KOP_ADD, past, kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, last, 1), n_tok));
+    uint32_t n_tok = kl_dim(k, q->dims[0]), kend;
+    flash_rows fr = sp->block ? flash_rows_paged(&st, g, bq, warp, gq, head0, n_tok, &kend)
+                              : flash_rows_contig(&st, n, bq, warp, gq, head0, n_tok, nqb, &kend);
     flash_q_frags(&st, n, q, qs, &fr);
     st.zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     st.frag = kiln_k2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), kiln_ki(k, 4)); /* the lane's words in a tile */
     flash_loop(&st, kend);
-    flash_store(k, g, node, &st, &fr, n_tok);
+    flash_store(k, g, node, &st, &fr);
     kiln_kendif(k);
 }

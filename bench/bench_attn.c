@@ -1,0 +1,87 @@
+/* Prefill attention alone on a backend (default cuda): causal attention of n_tok query rows over
+ * n_kv = n_tok keys of an f16 cache (32 query heads, head_dim 128, grouped-query ratios 1, 4 and
+ * 8), the region's kernel time from kiln_plan_profile (no upload, no download), median over the
+ * steps, and TFLOP/s of causal work (2 n_tok (n_tok + 1) hd heads: q.k and p.v over the keys each
+ * row sees). KILN_FLASH=0 times the first flash kernel for comparison. JSON, one object per line.
+ * Usage: bench_attn [backend] [steps] */
+#include <kiln/kiln.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+typedef struct shape {
+    int64_t n_tok, heads, kv_heads, hd;
+} shape;
+
+static int run_case(kiln_ctx *ctx, const char *backend, const shape *s, int steps)
+{
+    kiln_graph *g = NULL;
+    if (kiln_graph_new(&g) != KILN_OK) return 1;
+    int64_t T = s->n_tok, H = s->heads, hd = s->hd;
+    kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
+    kiln_node k = kiln_state(g, "k", KILN_DTYPE_F16, 3, (kiln_dim[]){s->kv_heads, T, hd});
+    kiln_node v = kiln_state(g, "v", KILN_DTYPE_F16, 3, (kiln_dim[]){s->kv_heads, T, hd});
+    kiln_output(g, kiln_attention(g, q, k, v, T, 0), "y");
+    kiln_plan *p = NULL;
+    int rc = 1;
+    size_t qb = (size_t)(T * H * hd) * 4;
+    float *qd = malloc(qb), *y = malloc(qb);
+    double *t = calloc((size_t)steps, sizeof *t);
+    if (!qd || !y || !t) goto done;
+    for (size_t i = 0; i < qb / 4; i++) qd[i] = (float)((i * 2654435761u) % 1000) * 0.002f - 1.0f;
+    if (kiln_compile(ctx, g, &(kiln_compile_options){.backend = backend}, &p) != KILN_OK) {
+        printf("{\"error\": \"compile on %s: %s\"}\n", backend, kiln_ctx_error(ctx));
+        goto done;
+    }
+    kiln_binding b[] = {{.name = "q", .data = qd, .bytes = qb}, {.name = "y", .data = y, .bytes = qb}};
+    if (kiln_run(p, b, 2) != KILN_OK) goto fail; /* warm-up */
+    kiln_plan_profile(p, true);
+    for (int i = 0; i < steps; i++) {
+        double sum = 0;
+        if (kiln_run(p, b, 2) != KILN_OK) goto fail;
+        kiln_region_info ri;
+        for (int r = 0; kiln_plan_region(p, r, &ri) == KILN_OK; r++)
+            if (!strcmp(ri.kind, "attention")) sum += ri.measured_s * ri.n_measured;
+        t[i] = sum;
+    }
+    for (int i = steps - 1; i > 0; i--) t[i] -= t[i - 1]; /* the regions' sums are cumulative */
+    qsort(t, (size_t)steps, sizeof *t, bench_cmp_double);
+    double med = t[steps / 2], fl = 2.0 * (double)T * (double)(T + 1) * (double)hd * (double)H;
+    const char *fe = getenv("KILN_FLASH");
+    printf("{\"backend\": \"%s\", \"flash\": \"%s\", \"n_tok\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"hd\": %lld, "
+           "\"us\": %.2f, \"tflop_per_s\": %.1f}\n",
+           backend, fe && !strcmp(fe, "0") ? "first" : "new", (long long)T, (long long)H, (long long)s->kv_heads,
+           (long long)hd, med * 1e6, fl / med * 1e-12);
+    rc = 0;
+    goto done;
+fail:
+    printf("{\"error\": \"run on %s: %s\"}\n", backend, kiln_ctx_error(ctx));
+done:
+    free(qd), free(y), free(t);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = argc > 1 ? argv[1] : "cuda";
+    int steps = argc > 2 ? atoi(argv[2]) : 10;
+    if (steps < 1 || steps > 10000) {
+        fprintf(stderr, "usage: bench_attn [backend] [steps]\n");
+        return 2;
+    }
+    kiln_ctx *ctx;
+    if (kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx) != KILN_OK) return 1;
+    const shape shapes[] = {
+        {512, 32, 32, 128}, {512, 32, 8, 128}, {512, 32, 4, 128},
+        {4096, 32, 32, 128}, {4096, 32, 8, 128}, {4096, 32, 4, 128},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) rc |= run_case(ctx, backend, &shapes[i], steps);
+    kiln_ctx_free(ctx);
+    return rc;
+}

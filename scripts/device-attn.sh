@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Prefill attention on the GPU machine (issues #19 and #21): correctness of the flash kernel on cuda
+# (test_ops attention cases and the paged tests, the new kernel and the first one with KILN_FLASH=0),
+# compute-sanitizer racecheck of one flash launch, then a timing table of attention alone
+# (bench_attn: n_tok 512 / 4096, GQA 1/4/8, hd 128, f16 cache, new vs first kernel) and the mixed
+# serve step of a 512-token paged prefill chunk with 63 decoding sequences (matmul/attention split).
+# Never stops at a failure; each step under a time limit; about 3 minutes in all.
+#
+# usage: scripts/device-attn.sh [BIN_DIR]   (default devbin: a Release build's binaries)
+# Run it from the repository root after `source .devdeps/env.sh`. With $OUT set, every log and
+# summary.txt go there (else a temp dir).
+set -u
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${1:-devbin}"
+if [[ ! -x "$bin/kiln" || ! -x "$bin/test_ops" || ! -x "$bin/bench_attn" ]]; then
+    echo "usage: scripts/device-attn.sh [BIN_DIR] (BIN_DIR/kiln, test_ops and bench_attn must exist)" >&2
+    exit 2
+fi
+bin="$(cd "$bin" && pwd)"
+out="${OUT:-$(mktemp -d /tmp/device-attn.XXXXXX)}"
+mkdir -p "$out"
+export KILN_SOURCE_DIR="$root" KILN_CACHE=off
+summary="$out/summary.txt"
+: >"$summary"
+
+# step NAME SECONDS CMD...: runs CMD with its output in $out/NAME.log; one status line.
+step() {
+    local name="$1" lim="$2"; shift 2
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    timeout --kill-after=5 "$lim" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    local line
+    line=$(awk -v n="$name" -v a="$t0" -v b="$t1" -v r="$rc" 'BEGIN { printf "[%s] %-36s %6.1fs%s", r == 0 ? " ok " : "FAIL", n, b - a, r == 0 ? "" : "  rc=" r }')
+    echo "$line" | tee -a "$summary"
+    [[ $rc -ne 0 ]] && tail -n 12 "$out/$name.log" | sed 's/^/       | /'
+    return 0
+}
+
+"$bin/kiln" info >"$out/info.log" 2>&1
+grep -i -m2 "cuda" "$out/info.log" | tee -a "$summary"
+
+# correctness on cuda: the flash kernel (new, then the first) and the paged kernels
+step attn_ops_new 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+step attn_ops_first 90 env KILN_TEST_BACKEND=cuda KILN_FLASH=0 "$bin/test_ops" --jobs 4 --filter 'ops/attention_prefill'
+[[ -x "$bin/test_paged" ]] && step paged_cuda 90 "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
+san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+if [[ -x "$san" ]]; then
+    step racecheck_flash 120 "$san" --tool racecheck --error-exitcode 3 "$bin/kiln" bench --preset qwen2-0.5b --mode prefill \
+        --tokens 300 --backend cuda --wtype f16 --layers 1 --steps 1 --no-roof
+fi
+
+# attention alone: new kernel, then the first (same shapes)
+step bench_attn_new 60 "$bin/bench_attn" cuda 20
+step bench_attn_first 60 env KILN_FLASH=0 "$bin/bench_attn" cuda 20
+# a llama-7b prefill layer, per kernel
+step prefill_profile 60 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda --wtype f16 \
+    --layers 1 --steps 5 --no-roof --profile
+# paged: the mixed step (a 512-token chunk + 63 decoding sequences at 1024), attention's share
+step serve_mixed 90 "$bin/kiln" bench --preset llama-7b --mode serve --seqs 64 --ctx 1024 --chunk 512 --layers 2 \
+    --backend cuda --json
+step serve_mixed_first 90 env KILN_FLASH=0 "$bin/kiln" bench --preset llama-7b --mode serve --seqs 64 --ctx 1024 --chunk 512 \
+    --layers 2 --backend cuda --json
+
+{
+    echo
+    echo "attention alone (f16 cache, 32 heads, hd 128; us and TFLOP/s of causal work):"
+    printf '%-7s %-8s %12s %12s %12s %12s\n' n_tok kv_heads "new us" "new TF/s" "first us" "first TF/s"
+    paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_new.log") <(grep '"n_tok"' "$out/bench_attn_first.log") |
+        sed -n 's/.*"n_tok": \([0-9]*\).*"kv_heads": \([0-9]*\).*"us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4/p' |
+        paste -d' ' - - | awk '{ printf "%-7s %-8s %12s %12s %12s %12s\n", $1, $2, $3, $4, $7, $8 }'
+    echo
+    echo "llama-7b prefill layer, flash kernel line:"
+    grep -i "attn" "$out/prefill_profile.log" | head -n 4
+    echo
+    echo "serve mixed step (new, then first):"
+    grep -o '"mixed[^}]*}' "$out/serve_mixed.log" | head -n 1
+    grep -o '"mixed[^}]*}' "$out/serve_mixed_first.log" | head -n 1
+} | tee -a "$summary"
+echo "logs: $out"
