@@ -265,9 +265,12 @@ Test(flash_kir, paged_chunks)
 {
     static const int nw[] = {1, 37, 1, 150, 5}, prior[] = {20, 0, 3, 40, 100};
     static const int nw2[] = {70, 1, 1}, prior2[] = {33, 64, 0};
+    /* batched decode: 12 rows, one per sequence: the split kernels' guard takes it on cuda too */
+    static const int nw3[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, prior3[] = {0, 5, 17, 40, 99, 3, 64, 1, 15, 16, 31, 70};
     for (int tgt = 0; tgt < TGT_N; tgt++) {
         paged_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 5, nw, prior);
         paged_case(tgt, KILN_DTYPE_F32, 2, 2, 128, 3, nw2, prior2);
+        paged_case(tgt, KILN_DTYPE_F16, 4, 2, 64, 12, nw3, prior3);
     }
     fprintf(stderr, "flash_kir paged_chunks: worst NMSE at f16 precision %.3g\n", worst_f16);
 }

@@ -365,6 +365,24 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
 }
 
+/* Paged steps go to the flash kernel when they have more than KL_SMALL_ROWS rows and more than
+ * PAGED_FLASH_ROWS rows per sequence on average (prefill chunks); batched decode (a row or a few per
+ * sequence) keeps the split kernels, which split each sequence's keys over blocks. `small`: the
+ * split kernels' guard (the negation). */
+#define PAGED_FLASH_ROWS 4
+static void guard_paged(kiln_kir *k, const kiln_graph *g, uint32_t q, uint32_t seqs, int64_t per_row, bool small)
+{
+    kiln_kir c;
+    kiln_kir_init(&c, k->name, k->block);
+    uint32_t rows = kiln_k2(&c, KILN_KOP_DIV, kl_numel_from(&c, &g->nodes[q], 0), kiln_ki(&c, (int32_t)per_row));
+    uint32_t ns = kiln_kmuli(&c, kl_dim(&c, g->nodes[seqs].dims[0]), PAGED_FLASH_ROWS);
+    uint32_t p = kiln_k2(&c, KILN_KOP_PAND, kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, KL_SMALL_ROWS), rows),
+                         kiln_k2(&c, KILN_KOP_LT, ns, rows));
+    if (small) p = kiln_kir_op(&c, KILN_KOP_PNOT, KILN_KT_PRED, p, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kiln_kir_guard(k, &c, p);
+    kiln_kir_free(&c);
+}
+
 /* Each thread a head dim: O = sum over the splits of their weighted outputs, CU splits per step with
  * their loads in flight together (weight 0 past nsp), divided by L. */
 static void combine_out(kiln_kir *k, const kiln_graph *g, uint32_t node, const at *a, uint32_t scr, uint32_t fsh,
@@ -511,7 +529,10 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
      * unless codegen.flash is off (A/B runs: the split kernels take every paged step, as before);
      * Vulkan's emulated MMA keeps paged steps on the split kernels (lavapipe runs minutes longer) */
     bool flash = kl_flash_fits(g, n) && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native));
-    if (flash) a.tok_max = KL_SMALL_ROWS; /* kl_flash_fits: more rows than that at the bound */
+    /* contiguous: the split kernels take only runs of up to KL_SMALL_ROWS rows; paged steps of many
+     * sequences with few rows each (batched decode) stay on them too (one flash block per sequence
+     * walks all its keys alone: 64 x 1024 decode ran 2x slower there), so they keep the bound */
+    if (flash && !sp->block) a.tok_max = KL_SMALL_ROWS; /* kl_flash_fits: more rows than that at the bound */
     /* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
      * at the cache's bound, >= 32 keys; when there are still too few blocks, the query heads of a
      * group split over blocks too (each re-reads the group's K/V, mostly from L2). */
@@ -535,10 +556,10 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     *n_out = 2;
     if (flash) {
         int64_t per_row = a.n_head * a.hd;
-        kl_guard_rows(&k[0], g, n->src[0], per_row, KL_SMALL_ROWS, true);
-        kl_guard_rows(&k[1], g, n->src[0], per_row, KL_SMALL_ROWS, true);
         kl_lower_flash(g, node, sp, tg, &k[2]);
-        kl_guard_rows(&k[2], g, n->src[0], per_row, KL_SMALL_ROWS, false);
+        for (int i = 0; i < 3; i++)
+            if (sp->block) guard_paged(&k[i], g, n->src[0], sp->seqs, per_row, i < 2);
+            else kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, i < 2);
         *n_out = 3;
     }
     return KILN_OK;
