@@ -42,5 +42,6 @@ except ImportError:
 gpu = {"mem_bw": 3.0e12, "peak_flops": 4e14, "launch_s": 4e-6, "xfer_latency_s": 1e-5}
 scen = {f"link {bw / 1e9:g} GB/s": {"cuda": {**gpu, "h2d_bw": bw, "d2h_bw": bw}} for bw in (1e6, 1e7, 1e8, 25e9)}
 for r in kiln.cost.what_if(ctx, g, scen):
+    other = sum(v for k, v in r.items() if k.startswith("on_") and k not in ("on_cpu", "on_cuda"))
     print(f"{r['scenario']:18s} cpu {r.get('on_cpu', 0):2d} kernels, cuda {r.get('on_cuda', 0):2d}, "
-          f"predicted {r['predicted_ms']:.3f} ms")
+          f"other backends {other:2d}, predicted {r['predicted_ms']:.3f} ms")

@@ -16,8 +16,10 @@ def test_cost_model_example_runs(tmp_path):
     m = re.search(r"(\d+) fused kernels", r.stdout)
     assert m, r.stdout
     kernels = int(m.group(1))
-    scen = re.findall(r"^link .* cpu +(\d+) kernels, cuda +(\d+), predicted ([0-9.]+) ms", r.stdout, re.M)
+    # where a GPU machine has a calibrated vulkan too, some kernels go there: every backend counts
+    scen = re.findall(r"^link .* cpu +(\d+) kernels, cuda +(\d+), other backends +(\d+), predicted ([0-9.]+) ms",
+                      r.stdout, re.M)
     assert len(scen) == 4, r.stdout
-    for cpu, cuda, ms in scen:
-        assert int(cpu) + int(cuda) == kernels and float(ms) > 0, (cpu, cuda, ms, kernels)
+    for cpu, cuda, other, ms in scen:
+        assert int(cpu) + int(cuda) + int(other) == kernels and float(ms) > 0, (cpu, cuda, other, ms, kernels)
     assert ("roofline written to" in r.stdout) == (tmp_path / "roof.png").exists(), r.stdout
