@@ -2,10 +2,13 @@
  * n_kv = n_tok keys of an f16 cache (32 query heads, head_dim 128, grouped-query ratios 1, 4 and
  * 8), the region's kernel time from kiln_plan_profile (no upload, no download), median over the
  * steps, and TFLOP/s of causal work (2 n_tok (n_tok + 1) hd heads: q.k and p.v over the keys each
- * row sees). KILN_FLASH=0 times the first flash kernel for comparison. JSON, one object per line.
- * Usage: bench_attn [backend] [steps] */
+ * row sees). KILN_FLASH=0 times the first flash kernel for comparison; under KILN_PRECISION=f16 on
+ * sm_90 the warpgroup kernel runs ("kernel": "wg"), KILN_FLASH_WG=0 keeps the mma.sync one. Also
+ * head_dim 64 (14 query heads over 2, qwen2-style). JSON, one object per line.
+ * Usage: bench_attn [backend] [steps] [max_tokens] (shapes of at most max_tokens rows: sanitizer runs) */
 #include <kiln/kiln.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,10 +53,11 @@ static int run_case(kiln_ctx *ctx, const char *backend, const shape *s, int step
     for (int i = steps - 1; i > 0; i--) t[i] -= t[i - 1]; /* the regions' sums are cumulative */
     qsort(t, (size_t)steps, sizeof *t, bench_cmp_double);
     double med = t[steps / 2], fl = 2.0 * (double)T * (double)(T + 1) * (double)hd * (double)H;
-    const char *fe = getenv("KILN_FLASH");
-    printf("{\"backend\": \"%s\", \"flash\": \"%s\", \"n_tok\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"hd\": %lld, "
+    const char *fe = getenv("KILN_FLASH"), *pe = getenv("KILN_PRECISION"), *we = getenv("KILN_FLASH_WG");
+    bool f16 = pe && !strcmp(pe, "f16"), wg = f16 && !(we && !strcmp(we, "0"));
+    printf("{\"backend\": \"%s\", \"flash\": \"%s\", \"precision\": \"%s\", \"kernel\": \"%s\", \"n_tok\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"hd\": %lld, "
            "\"us\": %.2f, \"tflop_per_s\": %.1f}\n",
-           backend, fe && !strcmp(fe, "0") ? "first" : "new", (long long)T, (long long)H, (long long)s->kv_heads,
+           backend, fe && !strcmp(fe, "0") ? "first" : "new", f16 ? "f16" : "exact", wg ? "wg" : "mma", (long long)T, (long long)H, (long long)s->kv_heads,
            (long long)hd, med * 1e6, fl / med * 1e-12);
     rc = 0;
     goto done;
@@ -70,8 +74,9 @@ int main(int argc, char **argv)
 {
     const char *backend = argc > 1 ? argv[1] : "cuda";
     int steps = argc > 2 ? atoi(argv[2]) : 10;
+    long max_tok = argc > 3 ? atol(argv[3]) : 1L << 30;
     if (steps < 1 || steps > 10000) {
-        fprintf(stderr, "usage: bench_attn [backend] [steps]\n");
+        fprintf(stderr, "usage: bench_attn [backend] [steps] [max_tokens]\n");
         return 2;
     }
     kiln_ctx *ctx;
@@ -79,9 +84,11 @@ int main(int argc, char **argv)
     const shape shapes[] = {
         {512, 32, 32, 128}, {512, 32, 8, 128}, {512, 32, 4, 128},
         {4096, 32, 32, 128}, {4096, 32, 8, 128}, {4096, 32, 4, 128},
+        {512, 14, 2, 64}, {4096, 14, 2, 64},
     };
     int rc = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) rc |= run_case(ctx, backend, &shapes[i], steps);
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        if (shapes[i].n_tok <= max_tok) rc |= run_case(ctx, backend, &shapes[i], steps);
     kiln_ctx_free(ctx);
     return rc;
 }

@@ -2,9 +2,11 @@
 # Prefill attention on the GPU machine (issues #19 and #21): correctness of the flash kernel on cuda
 # (test_ops attention cases and the paged tests, the new kernel and the first one with KILN_FLASH=0),
 # compute-sanitizer racecheck of one flash launch, then a timing table of attention alone
-# (bench_attn: n_tok 512 / 4096, GQA 1/4/8, hd 128, f16 cache, new vs first kernel) and the mixed
-# serve step of a 512-token paged prefill chunk with 63 decoding sequences (matmul/attention split).
-# Never stops at a failure; each step under a time limit; about 3 minutes in all.
+# (bench_attn: n_tok 512 / 4096, GQA 1/4/8, hd 128 and 64, f16 cache, new vs first kernel), the
+# warpgroup kernel under KILN_PRECISION=f16 (test_ops on cuda, racecheck/memcheck/synccheck, timing
+# against the mma.sync kernel with KILN_FLASH_WG=0) and the mixed serve step of a 512-token paged
+# prefill chunk with 63 decoding sequences (matmul/attention split).
+# Never stops at a failure; each step under a time limit; about 5 minutes in all.
 #
 # usage: scripts/device-attn.sh [BIN_DIR]   (default devbin: a Release build's binaries)
 # Run it from the repository root after `source .devdeps/env.sh`. With $OUT set, every log and
@@ -54,6 +56,17 @@ fi
 # attention alone: new kernel, then the first (same shapes)
 step bench_attn_new 60 "$bin/bench_attn" cuda 20
 step bench_attn_first 60 env KILN_FLASH=0 "$bin/bench_attn" cuda 20
+# f16 precision (sm_90a): the warpgroup kernel (TMA + wgmma, lower_flash_wg.c), then the mma.sync one
+step attn_ops_wg 90 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+if [[ -x "$san" ]]; then
+    for tool in racecheck memcheck synccheck; do
+        step "${tool}_flash_wg" 120 env KILN_PRECISION=f16 "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512
+    done
+fi
+step bench_attn_wg 60 env KILN_PRECISION=f16 "$bin/bench_attn" cuda 20
+step bench_attn_mma_f16 60 env KILN_PRECISION=f16 KILN_FLASH_WG=0 "$bin/bench_attn" cuda 20
+step prefill_profile_wg 60 env KILN_PRECISION=f16 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda \
+    --wtype f16 --layers 1 --steps 5 --no-roof --profile
 # a llama-7b prefill layer, per kernel
 step prefill_profile 60 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda --wtype f16 \
     --layers 1 --steps 5 --no-roof --profile
@@ -70,6 +83,15 @@ step serve_mixed_first 90 env KILN_FLASH=0 "$bin/kiln" bench --preset llama-7b -
     paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_new.log") <(grep '"n_tok"' "$out/bench_attn_first.log") |
         sed -n 's/.*"n_tok": \([0-9]*\).*"kv_heads": \([0-9]*\).*"us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4/p' |
         paste -d' ' - - | awk '{ printf "%-7s %-8s %12s %12s %12s %12s\n", $1, $2, $3, $4, $7, $8 }'
+    echo
+    echo "f16 precision, warpgroup kernel vs mma.sync kernel (us, TFLOP/s of causal work; targets: llama-7b 512 <= 15 us, 4096 >= 350 TF/s):"
+    printf '%-7s %-6s %-8s %-4s %12s %12s %12s %12s\n' n_tok heads kv_heads hd "wg us" "wg TF/s" "mma us" "mma TF/s"
+    paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_wg.log") <(grep '"n_tok"' "$out/bench_attn_mma_f16.log") |
+        sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4 \5 \6/p' |
+        paste -d' ' - - | awk '{ printf "%-7s %-6s %-8s %-4s %12s %12s %12s %12s\n", $1, $2, $3, $4, $5, $6, $11, $12 }'
+    echo
+    echo "llama-7b prefill layer at f16 precision, attention line:"
+    grep -i "attn" "$out/prefill_profile_wg.log" | head -n 4
     echo
     echo "llama-7b prefill layer, flash kernel line:"
     grep -i "attn" "$out/prefill_profile.log" | head -n 4

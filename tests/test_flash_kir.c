@@ -44,11 +44,15 @@ Test(flash_kir, interpreter_mma)
     kiln_kir_free(&k);
 }
 
-enum { TGT_VULKAN, TGT_CUDA, TGT_V1, TGT_CUDA_F16, TGT_N };
-static const char *const tgt_name[] = {"vulkan target", "cuda target", "flash off", "cuda target, f16 precision"};
+enum { TGT_VULKAN, TGT_CUDA, TGT_V1, TGT_CUDA_F16, TGT_WG, TGT_N };
+static const char *const tgt_name[] = {"vulkan target", "cuda target", "flash off", "cuda target, f16 precision (mma.sync)",
+                                       "sm_90a, f16 precision (warpgroup kernel where it fits)"};
+static bool wg_ran;        /* the last run_regions ran the warpgroup flash kernel */
+static int  wg_mutate;     /* run_regions corrupts the warpgroup kernel's WGMMAs (mutation checks): 0 none */
+static bool f16_prec(int tgt) { return tgt == TGT_CUDA_F16 || tgt == TGT_WG; }
 static double worst_f16 = 0; /* largest NMSE under f16 precision (printed: the contract's bound's margin) */
 
-/* Random values of dtype dt (f16 or f32) in [lo, hi) into n elements at mem, and as f32 at f. */
+/* Random values of dtype dt (f16, bf16 or f32) in [lo, hi) into n elements at mem, and as f32 at f. */
 static void fill(void *mem, float *f, kiln_dtype dt, int64_t n, float lo, float hi)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -57,6 +61,10 @@ static void fill(void *mem, float *f, kiln_dtype dt, int64_t n, float lo, float 
             uint16_t h = kiln_f32_to_f16(x);
             ((uint16_t *)mem)[i] = h;
             x = kiln_f16_to_f32(h);
+        } else if (dt == KILN_DTYPE_BF16) {
+            uint16_t h = kiln_f32_to_bf16(x);
+            ((uint16_t *)mem)[i] = h;
+            x = kiln_bf16_to_f32(h);
         } else {
             ((float *)mem)[i] = x;
         }
@@ -71,20 +79,42 @@ typedef struct kbind {
     int         n;
 } kbind;
 
+/* Mutation checks of the warpgroup kernel: 1 drops the MN-major (transposed) bit of P V's WGMMAs
+ * (V read as if K-major), 2 halves their leading byte offset (V's second 64 dims read from the
+ * wrong place), 3 moves S's K operand by one k16 step (a wrong descriptor address). */
+static void mutate_wg(kiln_kir *k, int how)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < k->n_ins; i++) {
+        kiln_kinst *in = &k->ins[i];
+        if (in->op != KILN_KOP_WGMMA) continue;
+        bool pv = in->imm.u & 4;
+        if (how == 1 && pv) in->imm.u = (in->imm.u & ~(8u | 0x3fff0000u)), n++;
+        if (how == 2 && pv) in->imm.u = (in->imm.u & ~0x3fff0000u) | ((in->imm.u >> 17 & 0x3fff) << 16), n++;
+        if (how == 3 && !pv && !n) { /* the first QK^T step reads K's second step */
+            uint32_t add = k->ins[in->c].b; /* b = stage + constant: the constant's value */
+            if (k->ins[in->c].op == KILN_KOP_ADD && k->ins[add].op == KILN_KOP_CONST) k->ins[add].imm.u += 32, n++;
+        }
+    }
+    cr_assert(n, "mutation %d found nothing to change", how);
+}
+
 /* Lowers every region of g for target `tgt`, runs its kernels in the block interpreter with
  * symbol values params[] and the bound buffers, the output poisoned y; whether a flash kernel ran. */
 static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *kb, float *y, const char *what)
 {
     kiln_fusion f;
     cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
-    kiln_lower_target t0 = tgt == TGT_CUDA || tgt == TGT_CUDA_F16 ? kiln_lower_target_for_sm(90) : kiln_lower_target_default();
+    kiln_lower_target t0 = tgt == TGT_CUDA || f16_prec(tgt) ? kiln_lower_target_for_sm(90) : kiln_lower_target_default();
     kiln_codegen_options co = {0};
     if (tgt == TGT_V1) co.flash = KILN_GEMM_OFF;
-    if (tgt == TGT_CUDA_F16) co.precision = KILN_PREC_F16;
+    if (f16_prec(tgt)) co.precision = KILN_PREC_F16;
+    if (tgt == TGT_CUDA_F16) co.flash_wg = KILN_GEMM_OFF;
     kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
     uint32_t yi = g->outs[0].node;
     char err[1024];
     bool flash = false;
+    wg_ran = false;
     for (uint32_t r = 0; r < f.n_regions; r++) {
         kiln_kir kk[KILN_LOWER_MAX];
         uint32_t n = 0;
@@ -103,7 +133,11 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
                     if (!strcmp(nm, kb->names[j])) bufs[s] = kb->mem[j];
                 cr_assert(bufs[s], "%s: kernel %s reads node %u", what, kk[i].name, b->node);
             }
-            flash |= strcmp(kk[i].name, "kiln_attn_flash") == 0;
+            flash |= strcmp(kk[i].name, "kiln_attn_flash") == 0 || strcmp(kk[i].name, "kiln_attn_flash_wg") == 0;
+            if (strcmp(kk[i].name, "kiln_attn_flash_wg") == 0) {
+                wg_ran = true;
+                if (wg_mutate) mutate_wg(&kk[i], wg_mutate);
+            }
             cr_assert(kt_interp_block(&kk[i], bufs, err, sizeof err), "%s, kernel %s: %s", what, kk[i].name, err);
             kiln_kir_free(&kk[i]);
         }
@@ -114,8 +148,11 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
 }
 
 /* One attention of T query rows over n_kv keys (H query heads, Hkv kv heads, caches of C rows of
- * dtype cd), lowered for target `tgt` and interpreted, checked against ref64. */
-static void flash_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int64_t T, int64_t n_kv)
+ * dtype cd), lowered for target `tgt` and interpreted, checked against ref64 (or, with `mutant`, only
+ * measured: returns the NMSE). stale_inf: the caches' rows past n_kv hold +inf (stale slots of an
+ * earlier sequence), which no kernel may let into a result. */
+static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int64_t T, int64_t n_kv, bool stale_inf,
+                        bool mutant)
 {
     const int64_t C = n_kv + 5, Tmax = T + 3;
     kiln_graph *g;
@@ -124,22 +161,30 @@ static void flash_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, H, hd});
     kiln_node kc = kiln_state(g, "k", cd, 3, (kiln_dim[]){Hkv, C, hd}), vc = kiln_state(g, "v", cd, 3, (kiln_dim[]){Hkv, C, hd});
     kiln_output(g, kiln_attention(g, q, kc, vc, ks, 0), "y");
-    size_t es = cd == KILN_DTYPE_F16 ? 2 : 4, nc = (size_t)(Hkv * C * hd), nq = (size_t)(T * H * hd);
+    size_t es = cd == KILN_DTYPE_F32 ? 4 : 2, nc = (size_t)(Hkv * C * hd), nq = (size_t)(T * H * hd);
     void *kmem = malloc(nc * es + 16), *vmem = malloc(nc * es + 16);
     float *kf = malloc(nc * 4), *vf = malloc(nc * 4), *qf = malloc(nq * 4), *y = malloc(nq * 4 + 16);
     fill(kmem, kf, cd, (int64_t)nc, -1, 1);
     fill(vmem, vf, cd, (int64_t)nc, -0.5f, 1.5f);
+    for (size_t i = 0; stale_inf && i < nc; i++) {
+        if ((int64_t)(i / (size_t)hd) % C < n_kv) continue;
+        if (es == 4) ((float *)kmem)[i] = ((float *)vmem)[i] = INFINITY;
+        else ((uint16_t *)kmem)[i] = ((uint16_t *)vmem)[i] = cd == KILN_DTYPE_F16 ? 0x7C00 : 0x7F80;
+    }
     for (size_t i = 0; i < nq; i++) qf[i] = (float)tu_uniform(-2, 2);
     memset(y, 0xFF, nq * 4 + 16); /* NaN poison: every element must be written */
 
     uint32_t params[8] = {0};
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ks)] = (uint32_t)n_kv;
-    char what[160], err[1024];
-    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys", tgt_name[tgt],
-             kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv);
+    char what[200], err[1024];
+    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys%s", tgt_name[tgt],
+             kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv,
+             stale_inf ? ", inf past n_kv" : "");
     kbind kb = {.names = {"q", "k", "v"}, .mem = {qf, kmem, vmem}, .n = 3};
     bool flash = run_regions(g, tgt, params, &kb, y, what);
     cr_assert(flash, "%s: no flash kernel", what);
+    bool wg_fits = cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128) && H / Hkv <= 8;
+    cr_assert(wg_ran == (tgt == TGT_WG && wg_fits), "%s: warpgroup kernel %s", what, wg_ran ? "ran" : "did not run");
 
     ref64 *rf = ref64_new(g);
     cr_assert_eq(ref64_state_set(rf, "k", kmem, nc * es, err, sizeof err), 0, "%s", err);
@@ -149,14 +194,25 @@ static void flash_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     int64_t numel;
     const double *ref = ref64_output(rf, "y", NULL, &numel);
     cr_assert(ref && numel == (int64_t)nq, "%s: reference", what);
-    double *got = malloc(nq * sizeof *got);
+    double *got = malloc(nq * sizeof *got), e = 0, num = 0, den = 0;
     for (size_t i = 0; i < nq; i++) got[i] = y[i];
-    double e = tu_compare(what, got, ref, (int64_t)nq, tu_tol_prec("attention", cd, tgt == TGT_CUDA_F16 ? KILN_PREC_F16 : 0));
-    if (tgt == TGT_CUDA_F16 && e > worst_f16) worst_f16 = e;
+    if (mutant) { /* a NaN or a far-off value counts as a detected mutation */
+        for (size_t i = 0; i < nq; i++) num += isfinite(got[i]) ? (got[i] - ref[i]) * (got[i] - ref[i]) : INFINITY, den += ref[i] * ref[i];
+        e = num / den;
+    } else {
+        e = tu_compare(what, got, ref, (int64_t)nq, tu_tol_prec("attention", cd, f16_prec(tgt) ? KILN_PREC_F16 : 0));
+        if (f16_prec(tgt) && e > worst_f16) worst_f16 = e;
+    }
     free(got);
     ref64_free(rf);
     kiln_graph_free(g);
     free(kmem), free(vmem), free(kf), free(vf), free(qf), free(y);
+    return e;
+}
+
+static void flash_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int64_t T, int64_t n_kv)
+{
+    flash_run(tgt, cd, H, Hkv, hd, T, n_kv, false, false);
 }
 
 Test(flash_kir, f16_cache)
@@ -206,7 +262,7 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     kiln_node kp = kiln_state(g, "k", cd, 3, pd), vp = kiln_state(g, "v", cd, 3, pd);
     kiln_output(g, kiln_paged_attention(g, q, kp, vp, pos, seqs, bt, BLK, 0), "y");
     cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
-    size_t es = cd == KILN_DTYPE_F16 ? 2 : 4;
+    size_t es = cd == KILN_DTYPE_F32 ? 4 : 2;
     void *kmem = malloc((size_t)nc * es + 16), *vmem = malloc((size_t)nc * es + 16);
     float *kf = malloc((size_t)nc * 4), *vf = malloc((size_t)nc * 4), *qf = malloc((size_t)nq * 4), *y = malloc((size_t)nq * 4 + 16);
     fill(kmem, kf, cd, nc, -1, 1);
@@ -237,7 +293,8 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     kbind kb = {.names = {"q", "k", "v", "pos", "seqs", "blocks"}, .mem = {qf, kmem, vmem, pv, sv, bv}, .n = 6};
     /* flash off, and Vulkan's emulated MMA: the split kernels take paged steps */
     bool flash = run_regions(g, tgt, params, &kb, y, what);
-    cr_assert(flash == (tgt == TGT_CUDA || tgt == TGT_CUDA_F16), "%s: flash kernel %s", what, flash ? "present" : "missing");
+    cr_assert(flash == (tgt == TGT_CUDA || f16_prec(tgt)), "%s: flash kernel %s", what, flash ? "present" : "missing");
+    cr_assert(!wg_ran, "%s: the warpgroup kernel took a paged step", what);
     ref64 *rf = ref64_new(g);
     cr_assert_eq(ref64_state_set(rf, "k", kmem, (size_t)nc * es, err, sizeof err), 0, "%s", err);
     cr_assert_eq(ref64_state_set(rf, "v", vmem, (size_t)nc * es, err, sizeof err), 0, "%s", err);
@@ -253,8 +310,8 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     cr_assert(ref && numel == nq, "%s: reference", what);
     double *got = malloc((size_t)nq * sizeof *got);
     for (int64_t i = 0; i < nq; i++) got[i] = y[i];
-    double e = tu_compare(what, got, ref, nq, tu_tol_prec("paged_attention", cd, tgt == TGT_CUDA_F16 ? KILN_PREC_F16 : 0));
-    if (tgt == TGT_CUDA_F16 && e > worst_f16) worst_f16 = e;
+    double e = tu_compare(what, got, ref, nq, tu_tol_prec("paged_attention", cd, f16_prec(tgt) ? KILN_PREC_F16 : 0));
+    if (f16_prec(tgt) && e > worst_f16) worst_f16 = e;
     free(got);
     ref64_free(rf);
     kiln_graph_free(g);
@@ -273,4 +330,30 @@ Test(flash_kir, paged_chunks)
         paged_case(tgt, KILN_DTYPE_F16, 4, 2, 64, 12, nw3, prior3);
     }
     fprintf(stderr, "flash_kir paged_chunks: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* The warpgroup kernel (sm_90a, f16 precision) on the shapes it takes: bf16 caches, several 128-key
+ * tiles (the 2-stage ring wraps), grouped heads 1/4/7, rows not a multiple of 128, keys before the
+ * first query, and inf in the caches' slots past n_kv (V's boundary tile staged with zeros). */
+Test(flash_kir, warpgroup_kernel)
+{
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 4, 1, 128, 45, 300, false, false);
+    flash_run(TGT_WG, KILN_DTYPE_F16, 7, 1, 64, 37, 290, true, false);
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 2, 2, 64, 130, 200, true, false);
+    flash_run(TGT_WG, KILN_DTYPE_F16, 8, 2, 128, 20, 20, true, false);
+    for (int tgt = 0; tgt < TGT_N; tgt++) flash_run(tgt, KILN_DTYPE_F16, 4, 4, 64, 30, 140, true, false);
+    fprintf(stderr, "flash_kir warpgroup_kernel: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* A wrong transposition or descriptor in the warpgroup kernel's WGMMAs fails: each mutation's NMSE
+ * is far past the contract's tolerance. */
+Test(flash_kir, warpgroup_mutations)
+{
+    double tol = tu_tol_prec("attention", KILN_DTYPE_F16, KILN_PREC_F16);
+    for (int how = 1; how <= 3; how++) {
+        wg_mutate = how;
+        double e = flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 40, 150, false, true);
+        wg_mutate = 0;
+        cr_assert(e > 1e3 * tol, "mutation %d: NMSE %.3g is within 1000x the tolerance %.1g", how, e, tol);
+    }
 }

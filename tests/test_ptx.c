@@ -571,3 +571,66 @@ Test(ptx, pdl_ops_print_for_sm90_only)
     cr_assert(strstr(err, "griddepcontrol"), "%s", err);
     kiln_kir_free(&k);
 }
+
+/* The warpgroup flash kernels (kiln_attn_flash_wg) among g's regions lowered for tg, assembled for
+ * sm_90a: asserts no spills; returns how many. */
+static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, const char *ptxas, const char *what)
+{
+    kiln_fusion f;
+    char err[8192] = "";
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+    int found = 0;
+    for (uint32_t r = 0; r < f.n_regions; r++) {
+        kiln_kir ks[KILN_LOWER_MAX];
+        uint32_t nk = 0;
+        if (kiln_lower_region_for(g, &f.regions[r], tg, ks, &nk, err, sizeof err) != KILN_OK) continue;
+        for (uint32_t i = 0; i < nk; i++) {
+            if (!strcmp(ks[i].name, "kiln_attn_flash_wg")) {
+                char *txt = NULL;
+                unsigned flags;
+                kiln_ptxas_report rep;
+                kiln_status s = kiln_ptx_print_assembled(ptxas, &ks[i], 90, &txt, &flags, NULL, &rep, err, sizeof err);
+                cr_assert_eq(s, KILN_OK, "%s: %s", what, err);
+                cr_assert_eq(rep.spill_stores + rep.spill_loads + rep.stack, 0, "%s: %d/%d spill bytes, stack %d:\n%s", what,
+                             rep.spill_stores, rep.spill_loads, rep.stack, rep.log);
+                cr_log_info("%s: warpgroup flash kernel, %d registers at entry, %u B dynamic shared", what, rep.regs,
+                            (unsigned)kiln_kir_shared_bytes(&ks[i]));
+                free(txt);
+                found++;
+            }
+            kiln_kir_free(&ks[i]);
+        }
+    }
+    kiln_fusion_free(&f);
+    return found;
+}
+
+/* Prefill attention's warpgroup flash kernel (sm_90a, codegen.precision f16; lower_flash_wg.c):
+ * llama-7b (head_dim 128, 32 heads) and qwen2-0.5b (head_dim 64, 7 query heads a kv head) with
+ * f16 caches, and an attention over a bf16 cache, assemble for sm_90a with no spills. */
+Test(ptx, flash_wg_assembles, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    kiln_lower_target tg = kiln_lower_target_for_sm(90);
+    tg.opts.precision = KILN_PREC_F16;
+    static const char *const presets[] = {"llama-7b", "qwen2-0.5b"};
+    for (int p = 0; p < 2; p++) {
+        kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096, .max_tok = 512,
+                                    .seed = 1, .shape_only = true};
+        kiln_graph *g = NULL;
+        char err[512] = "";
+        cr_assert_eq(kiln_preset_build_ex(kiln_preset_find(presets[p]), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+        cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, presets[p]), 1, "%s: one warpgroup flash kernel", presets[p]);
+        kiln_graph_free(g);
+    }
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim ts = kiln_sym(g, "t", 4096), ks = kiln_sym(g, "n_kv", 4096);
+    kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, 32, 128});
+    kiln_node kc = kiln_state(g, "k", KILN_DTYPE_BF16, 3, (kiln_dim[]){8, 4096, 128});
+    kiln_node vc = kiln_state(g, "v", KILN_DTYPE_BF16, 3, (kiln_dim[]){8, 4096, 128});
+    kiln_output(g, kiln_attention(g, q, kc, vc, ks, 0), "y");
+    cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, "bf16 cache, 32/8 heads"), 1, "bf16 cache: one warpgroup flash kernel");
+    kiln_graph_free(g);
+}

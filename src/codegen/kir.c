@@ -26,7 +26,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_WGMMA] = "wgmma", [KILN_KOP_WG_COMMIT] = "wg_commit", [KILN_KOP_WG_WAIT] = "wg_wait",
     [KILN_KOP_MBAR_INIT] = "mbar_init", [KILN_KOP_MBAR_ARRIVE] = "mbar_arrive", [KILN_KOP_MBAR_WAIT] = "mbar_wait",
     [KILN_KOP_TMA_LOAD] = "tma_load", [KILN_KOP_SETMAXNREG] = "setmaxnreg",
-    [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch",
+    [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch", [KILN_KOP_WSET] = "wset",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
@@ -351,11 +351,20 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         case KILN_KOP_SADDR:
             if (in->imm.u >= k->n_shared || ta[0] != KILN_KT_I32 || t != KILN_KT_U32) FAIL("saddr of shared array %u of %u", in->imm.u, k->n_shared);
             break;
-        case KILN_KOP_WGMMA:
-            if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != KILN_KT_W64 || ta[1] != KILN_KT_U32 || ta[2] != KILN_KT_U32 ||
-                (in->imm.u & ~0xff03u) || !(in->imm.u >> 8))
-                FAIL("wgmma needs a w64 variable and two u32 shared addresses (flags %#x)", in->imm.u);
+        case KILN_KOP_WGMMA: {
+            bool rega = in->imm.u & 4, trans = in->imm.u & 8;
+            if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != KILN_KT_W64 || ta[1] != (rega ? KILN_KT_V4 : KILN_KT_U32) ||
+                ta[2] != KILN_KT_U32 || (in->imm.u & 0xc0000000u) || !(in->imm.u >> 8 & 0xff))
+                FAIL("wgmma needs a w64 variable, an A tile (u32 shared address, or v4 fragment with flag 4) and a u32 shared B address (flags %#x)",
+                     in->imm.u);
+            if (trans && (!(in->imm.u & 2) || !(in->imm.u >> 16))) FAIL("wgmma with an MN-major B needs the swizzled layout and a leading byte offset (flags %#x)", in->imm.u);
+            if (!trans && (in->imm.u >> 16)) FAIL("wgmma leading byte offset without an MN-major B (flags %#x)", in->imm.u);
             if (k->block % 128) FAIL("wgmma in a block that is not whole warpgroups");
+            break;
+        }
+        case KILN_KOP_WSET:
+            if (k->ins[in->a].op != KILN_KOP_VAR || ta[0] != KILN_KT_W64 || ta[1] != KILN_KT_F32 || in->imm.u > 63)
+                FAIL("wset of lane %u needs a w64 variable and an f32", in->imm.u);
             break;
         case KILN_KOP_MBAR_INIT:
             if (ta[0] != KILN_KT_U32 || in->imm.i <= 0 || in->imm.i > 1024) FAIL("mbarrier init of %d arrivals at a %s", in->imm.i, kiln_kt_name(ta[0]));
@@ -430,7 +439,7 @@ bool kiln_kir_needs_sm90(const kiln_kir *k)
 bool kiln_kir_needs_sm90a(const kiln_kir *k)
 {
     for (uint32_t i = 0; i < k->n_ins; i++)
-        if (k->ins[i].op >= KILN_KOP_WG_FENCE && k->ins[i].op <= KILN_KOP_SETMAXNREG) return true; /* WG_FENCE .. SETMAXNREG */
+        if ((k->ins[i].op >= KILN_KOP_WG_FENCE && k->ins[i].op <= KILN_KOP_SETMAXNREG) || k->ins[i].op == KILN_KOP_WSET) return true; /* WG_FENCE .. SETMAXNREG */
     return k->n_tmaps > 0;
 }
 

@@ -118,7 +118,14 @@ enum kiln_kop {
      * threads in uniform control flow. imm bit 1: both tiles are 128-byte swizzled instead (TMA's
      * layout, atoms of 8 rows x 128 bytes 1024-aligned): element (i, kk) is at the byte address
      * L ^ (((L >> 7) & 7) << 4), L = b + (i >> 3) * SBO + (i & 7) * 128 + kk * 2 (b advances by
-     * 32 bytes per k16 step inside the 64-half rows). */
+     * 32 bytes per k16 step inside the 64-half rows). Further flags (flash attention's second
+     * product): imm bits 4-7: N / 16 (0: N = 128); with N < 128 only lanes j < N / 2 are written.
+     * imm bit 2: A comes from registers: b is a V4 holding, as mma.sync's A fragment of warp w's
+     * rows 16 w .. 16 w + 15, lane j = A[16 w + g + 8 (j & 1)][2 q + 8 (j >> 1) + {0, 1}] (low half
+     * first); the four threads of a quad read each other's fragments. imm bit 3 (swizzled only): B
+     * is MN-major ("transposed", as a [k][n] tile lands from a row-major matrix): element (n, kk) at
+     * L ^ (((L >> 7) & 7) << 4), L = c + (n >> 6) * LBO + (kk >> 3) * SBO + (kk & 7) * 128 + (n & 63) * 2,
+     * LBO = 16 * (imm >> 16 & 0x3fff) (c advances by 16 rows = 2048 bytes per k16 step). */
     KILN_KOP_WGMMA,
     KILN_KOP_WG_COMMIT, /* NONE: closes the group of this thread's WGMMAs issued since the last commit */
     KILN_KOP_WG_WAIT, /* NONE: waits until at most imm of this thread's committed groups are pending */
@@ -144,6 +151,7 @@ enum kiln_kop {
                              memory fence: that grid still waits with GRID_WAIT for this one's completion */
     KILN_KOP_PREFETCH,    /* NONE: hint to bring word a (I32) of buffer slot imm into L2 (prefetch.global.L2);
                              changes no value */
+    KILN_KOP_WSET,        /* NONE: lane imm (0..63) of W64 variable a = F32 b (a must not be in flight: WG_WAIT first) */
     KILN_KOP_COUNT
 };
 

@@ -528,7 +528,8 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     /* paged steps of many rows too (prefill chunks with decoding sequences) where the MMA is native,
      * unless codegen.flash is off (A/B runs: the split kernels take every paged step, as before);
      * Vulkan's emulated MMA keeps paged steps on the split kernels (lavapipe runs minutes longer) */
-    bool flash = kl_flash_fits(g, n) && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native));
+    bool wg = kl_flash_wg_fits(g, n, sp, tg); /* Hopper, f16 precision: the warpgroup kernel (lower_flash_wg.c) */
+    bool flash = wg || (kl_flash_fits(g, n) && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native)));
     /* contiguous: the split kernels take only runs of up to KL_SMALL_ROWS rows; paged steps of many
      * sequences with few rows each (batched decode) stay on them too (one flash block per sequence
      * walks all its keys alone: 64 x 1024 decode ran 2x slower there), so they keep the bound */
@@ -556,7 +557,8 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     *n_out = 2;
     if (flash) {
         int64_t per_row = a.n_head * a.hd;
-        kl_lower_flash(g, node, sp, tg, &k[2]);
+        if (wg) kl_lower_flash_wg(g, node, tg, &k[2]); /* contiguous caches only */
+        else kl_lower_flash(g, node, sp, tg, &k[2]);
         for (int i = 0; i < 3; i++)
             if (sp->block) guard_paged(&k[i], g, n->src[0], sp->seqs, per_row, i < 2);
             else kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, i < 2);

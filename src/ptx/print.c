@@ -94,27 +94,38 @@ static void print_mma(pstate *p, uint32_t i)
 
 /* The 64-bit shared-memory matrix descriptor of the tile at byte address `addr`: without swizzle,
  * leading byte offset 128 (the next core matrix along k); with the 128-byte swizzle (layout type 1
- * in bits 62-63), leading byte offset 16 (unused for K-major); stride byte offset sbo16 * 16. */
-static rname wg_desc(pstate *p, uint32_t addr, uint32_t sbo16, bool swz)
+ * in bits 62-63), leading byte offset lbo16 * 16 (MN-major: the next 64 columns; 16, unused, for
+ * K-major); stride byte offset sbo16 * 16. */
+static rname wg_desc(pstate *p, uint32_t addr, uint32_t sbo16, uint32_t lbo16, bool swz)
 {
     rname d = nreg(RC_D, new_reg(p, RC_D));
     kiln_sbuf_printf(&p->body, "\tcvt.u64.u32 %s, %s;\n\tshr.u64 %s, %s, 4;\n\tand.b64 %s, %s, 0x3FFF;\n", d.s, vreg(p, addr).s, d.s, d.s,
         d.s, d.s);
-    uint64_t hi = swz ? (1ull << 16 | 1ull << 62) : 8ull << 16;
+    uint64_t hi = swz ? ((uint64_t)(lbo16 ? lbo16 : 1) << 16 | 1ull << 62) : 8ull << 16;
     kiln_sbuf_printf(&p->body, "\tor.b64 %s, %s, 0x%llX;\n", d.s, d.s, (unsigned long long)(hi | (uint64_t)sbo16 << 32));
     return d;
 }
 
-/* W64 variable a += A . B: wgmma.mma_async m64n128k16, both operands from shared memory. */
+/* W64 variable a += A . B: wgmma.mma_async m64nNk16 (kir.h's flags: N, A from shared memory or
+ * registers, B K-major or MN-major). */
 static void print_wgmma(pstate *p, uint32_t i)
 {
     const kiln_kinst *in = &p->k->ins[i];
-    uint32_t sbo16 = in->imm.u >> 8 & 0xff;
-    rname da = wg_desc(p, in->b, sbo16, in->imm.u & 2), db = wg_desc(p, in->c, sbo16, in->imm.u & 2);
+    uint32_t sbo16 = in->imm.u >> 8 & 0xff, lbo16 = in->imm.u >> 16 & 0x3fff, n = (in->imm.u >> 4 & 15) ? 16 * (in->imm.u >> 4 & 15) : 128;
+    bool swz = in->imm.u & 2, rega = in->imm.u & 4, trans = in->imm.u & 8;
+    char a[96];
+    if (rega) {
+        uint32_t r = p->reg[in->b];
+        snprintf(a, sizeof a, "{%%r%u, %%r%u, %%r%u, %%r%u}", r, r + 1, r + 2, r + 3);
+    } else {
+        snprintf(a, sizeof a, "%s", wg_desc(p, in->b, sbo16, 0, swz).s);
+    }
+    rname db = wg_desc(p, in->c, sbo16, trans ? lbo16 : 0, swz);
     const char *et = (in->imm.u & 1) ? "bf16" : "f16";
-    kiln_sbuf_printf(&p->body, "\twgmma.mma_async.sync.aligned.m64n128k16.f32.%s.%s {", et, et);
-    for (int j = 0; j < 64; j++) kiln_sbuf_printf(&p->body, "%s%s", j ? ", " : "", nreg(RC_F, p->reg[in->a] + (uint32_t)j).s);
-    kiln_sbuf_printf(&p->body, "}, %s, %s, 1, 1, 1, 0, 0;\n", da.s, db.s);
+    kiln_sbuf_printf(&p->body, "\twgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {", n, et, et);
+    for (uint32_t j = 0; j < n / 2; j++) kiln_sbuf_printf(&p->body, "%s%s", j ? ", " : "", nreg(RC_F, p->reg[in->a] + j).s);
+    if (rega) kiln_sbuf_printf(&p->body, "}, %s, %s, 1, 1, 1, %d;\n", a, db.s, trans ? 1 : 0);
+    else kiln_sbuf_printf(&p->body, "}, %s, %s, 1, 1, 1, 0, %d;\n", a, db.s, trans ? 1 : 0);
     p->st.mmas++;
 }
 
@@ -520,6 +531,7 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     }
     case KILN_KOP_MMA: print_mma(p, i); return KILN_OK;
     case KILN_KOP_WGMMA: print_wgmma(p, i); return KILN_OK;
+    case KILN_KOP_WSET: kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, in->imm.i).s, vreg(p, in->b).s); return KILN_OK;
     case KILN_KOP_FENCE_ASYNC:
         kiln_sbuf_printf(&p->body, in->imm.i ? "\tfence.mbarrier_init.release.cluster;\n" : "\tfence.proxy.async.shared::cta;\n");
         return KILN_OK;

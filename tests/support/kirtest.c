@@ -473,7 +473,7 @@ bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err
 
 /* ---------------------------------------------------------------- block interpreter */
 
-enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_MMA, TS_DONE };
+enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_MMA, TS_WGW, TS_DONE }; /* TS_WGW: a WG_WAIT for quad mates' A fragments */
 
 /* A TMA box in flight: copied into shared memory when its mbarrier's phase completes (the latest
  * moment the hardware may land it, so a read before the wait sees stale bytes). */
@@ -492,8 +492,10 @@ typedef struct mbar {
 typedef struct wg_op {
     uint32_t acc;   /* W64 slot of the accumulator variable */
     uint32_t a, b;  /* shared byte addresses of the tiles */
-    uint32_t imm;   /* flags (bf16, SBO) */
+    uint32_t imm;   /* flags (bf16, SBO, N, register A, MN-major B, LBO) */
     uint32_t group; /* commit group (0: not committed yet) */
+    uint32_t ra;    /* register A: the issuing thread's count of register-A WGMMAs before this one (its
+                       quad mates' fragments of the same issue are their entry ra) */
 } wg_op;
 
 typedef struct bthread {
@@ -503,6 +505,8 @@ typedef struct bthread {
     float   *w;        /* W64 slots, 64 floats each */
     wg_op   *pend;     /* WGMMAs issued and not run */
     uint32_t n_pend, cap_pend, groups;
+    uint32_t (*ra)[4]; /* A fragments of the register-A WGMMAs issued in this block, in issue order */
+    uint32_t n_ra, cap_ra;
 } bthread;
 
 typedef struct bstate {
@@ -538,26 +542,58 @@ static uint32_t wg_elem(uint32_t b, uint32_t i, uint32_t kk, uint32_t sbo, bool 
     return l ^ (((l >> 7) & 7) << 4);
 }
 
+/* Byte address of element (n, kk) of an MN-major (transposed) 128-byte-swizzled B tile at c. */
+static uint32_t wg_elem_mn(uint32_t c, uint32_t n, uint32_t kk, uint32_t sbo, uint32_t lbo)
+{
+    uint32_t l = c + (n >> 6) * lbo + (kk >> 3) * sbo + (kk & 7) * 128 + (n & 63) * 2;
+    return l ^ (((l >> 7) & 7) << 4);
+}
+
+/* Element (row, kk) of a register A operand: held by quad mate (kk & 7) >> 1 of the row's quad,
+ * fragment lane (row >> 3 & 1) + 2 (kk >> 3), half kk & 1 (kir.h). */
+static uint16_t wg_rega(const bstate *S, uint32_t t, const wg_op *o, uint32_t row, uint32_t kk)
+{
+    uint32_t mate = (t & ~3u) + ((kk & 7) >> 1), j = ((row >> 3) & 1) + 2 * (kk >> 3);
+    return (uint16_t)(S->t[mate].ra[o->ra][j] >> (16 * (kk & 1)));
+}
+
 static bool wg_run(bstate *S, uint32_t t, const wg_op *o)
 {
-    uint32_t sbo = 16 * (o->imm >> 8 & 0xff), tw = t % 128, w = tw / 32, l = tw % 32, g = l / 4, q = l % 4;
-    bool bf = o->imm & 1, swz = o->imm & 2;
+    uint32_t sbo = 16 * (o->imm >> 8 & 0xff), lbo = 16 * (o->imm >> 16 & 0x3fff), tw = t % 128, w = tw / 32, l = tw % 32, g = l / 4, q = l % 4;
+    uint32_t n = (o->imm >> 4 & 15) ? 16 * (o->imm >> 4 & 15) : 128;
+    bool bf = o->imm & 1, swz = o->imm & 2, rega = o->imm & 4, trans = o->imm & 8;
     float *acc = S->t[t].w + 64 * (size_t)o->acc;
-    for (int j = 0; j < 64; j++) {
+    for (uint32_t j = 0; j < n / 2; j++) {
         uint32_t row = 16 * w + g + 8 * ((j >> 1) & 1), col = 8 * (j >> 2) + 2 * q + (j & 1);
         double sum = 0;
         for (uint32_t kk = 0; kk < 16; kk++) {
-            uint32_t aa = wg_elem(o->a, row, kk, sbo, swz), ba = wg_elem(o->b, col, kk, sbo, swz);
-            if (aa + 2 > S->sh_bytes || ba + 2 > S->sh_bytes || (o->a | o->b) % 16) {
+            uint32_t aa = rega ? 0 : wg_elem(o->a, row, kk, sbo, swz), ba = trans ? wg_elem_mn(o->b, col, kk, sbo, lbo) : wg_elem(o->b, col, kk, sbo, swz);
+            if (aa + 2 > S->sh_bytes || ba + 2 > S->sh_bytes || ((rega ? 0 : o->a) | o->b) % 16) {
                 snprintf(S->err, S->n_err, "kt_interp_block: wgmma tile outside shared memory or misaligned (A %u, B %u)", o->a, o->b);
                 return false;
             }
             uint16_t ha, hb;
-            memcpy(&ha, S->sh + aa, 2);
+            if (rega) ha = wg_rega(S, t, o, g + 8 * ((j >> 1) & 1), kk);
+            else memcpy(&ha, S->sh + aa, 2);
             memcpy(&hb, S->sh + ba, 2);
             sum += (double)half_f(ha, bf) * (double)half_f(hb, bf);
         }
         acc[j] = (float)((double)acc[j] + sum);
+    }
+    return true;
+}
+
+/* Whether every register-A WGMMA thread t would retire at its WG_WAIT (pc) has its quad mates'
+ * fragments (they issue in uniform control flow, possibly later in the interpreter's order). */
+static bool wg_mates_ready(const bstate *S, uint32_t t, uint32_t pc)
+{
+    const bthread *th = &S->t[t];
+    int32_t keep = S->k->ins[pc].imm.i;
+    for (uint32_t i = 0; i < th->n_pend; i++) {
+        const wg_op *o = &th->pend[i];
+        if (!(o->imm & 4) || !o->group || o->group + (uint32_t)keep > th->groups) continue;
+        for (uint32_t m = t & ~3u; m < (t & ~3u) + 4; m++)
+            if (S->t[m].n_ra <= o->ra) return false;
     }
     return true;
 }
@@ -686,6 +722,17 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
             if (!g) return snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
             th->pend = g, th->cap_pend = cap;
         }
+        if (in->imm.u & 4) { /* register A: this thread's fragment, captured at issue (it may not change until the wait) */
+            if (th->n_ra == th->cap_ra) {
+                uint32_t cap = th->cap_ra ? 2 * th->cap_ra : 64;
+                uint32_t (*g)[4] = realloc(th->ra, cap * sizeof *g);
+                if (!g) return snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
+                th->ra = g, th->cap_ra = cap;
+            }
+            memcpy(th->ra[th->n_ra], v[in->b].v, 16);
+            th->pend[th->n_pend++] = (wg_op){.acc = S->wslot[in->a], .b = v[in->c].u, .imm = in->imm.u, .ra = th->n_ra++};
+            return true;
+        }
         th->pend[th->n_pend++] = (wg_op){.acc = S->wslot[in->a], .a = v[in->b].u, .b = v[in->c].u, .imm = in->imm.u};
         return true;
     case KILN_KOP_WG_COMMIT:
@@ -724,6 +771,10 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
             memcpy(w + 64 * S->wslot[in->a], w + 64 * S->wslot[in->b], 256);
             return true;
         case KILN_KOP_LANE: memcpy(&v[pc].u, &w[64 * S->wslot[in->a] + in->imm.u], 4); return true;
+        case KILN_KOP_WSET:
+            if (pending_on(th, S->wslot[in->a])) return snprintf(S->err, S->n_err, "kt_interp_block: sets a lane of an accumulator in flight"), false;
+            w[64 * S->wslot[in->a] + in->imm.u] = v[in->b].f;
+            return true;
         default: break;
         }
     }
@@ -764,6 +815,9 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
             continue;
         }
         case KILN_KOP_MMA: th->state = TS_MMA; return true; /* a warp's lanes exchange fragments: they meet */
+        case KILN_KOP_WG_WAIT:
+            if (!wg_mates_ready(S, t, pc)) { th->state = TS_WGW; return true; }
+            break;
         default: break;
         }
         bool mine = in->op >= KILN_KOP_STS4 || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
@@ -860,6 +914,33 @@ static bool bmeet(bstate *S)
     return true;
 }
 
+/* Reductions over groups of at most a warp (shuffles) need only their warp: every warp whose 32
+ * threads all wait at one such REDUCE gets its result now (*woke counts them), so warp-specialized
+ * kernels (a producer warpgroup elsewhere) reduce without the whole block. */
+static bool bwarp_reduce(bstate *S, uint32_t *woke)
+{
+    const kiln_kir *k = S->k;
+    for (uint32_t w0 = 0; w0 < k->block; w0 += 32) {
+        uint32_t pc = S->t[w0].pc;
+        if (S->t[w0].state != TS_RED || (k->ins[pc].imm.u & 0xffff) > 32) continue;
+        bool all = true;
+        for (uint32_t t = w0; t < w0 + 32; t++) all &= S->t[t].state == TS_RED && S->t[t].pc == pc;
+        if (!all) continue;
+        uint32_t grp = k->ins[pc].imm.u & 0xffff;
+        bool mx = (k->ins[pc].imm.u >> 16) == KILN_KRED_MAX;
+        for (uint32_t g0 = w0; g0 < w0 + 32; g0 += grp) {
+            float acc = 0;
+            for (uint32_t t = g0; t < g0 + grp; t++) {
+                float x = S->t[t].v[k->ins[pc].a].f;
+                acc = t == g0 ? x : mx ? fmaxf(acc, x) : acc + x;
+            }
+            for (uint32_t t = g0; t < g0 + grp; t++) S->t[t].v[pc].f = acc, S->t[t].state = TS_RUN, S->t[t].pc++;
+        }
+        *woke += 32;
+    }
+    return true;
+}
+
 bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err)
 {
     if (!kiln_kir_verify(k, err, n_err)) return false;
@@ -899,7 +980,7 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
                 uint32_t bid[3] = {bx, by, bz};
                 memset(S.sh, 0xA5, S.sh_bytes); /* stale shared memory from an earlier block */
                 for (uint32_t t = 0; t < k->block; t++) {
-                    S.t[t].pc = 0, S.t[t].state = TS_RUN, S.t[t].n_pend = 0, S.t[t].groups = 0;
+                    S.t[t].pc = 0, S.t[t].state = TS_RUN, S.t[t].n_pend = 0, S.t[t].groups = 0, S.t[t].n_ra = 0;
                     memset(S.t[t].v, 0, (k->n_ins + 1) * sizeof *S.t[t].v);
                 }
                 S.n_bars = 0;
@@ -911,6 +992,11 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
                     for (uint32_t t = 0; t < k->block; t++) {
                         bthread *th = &S.t[t];
                         done += th->state == TS_DONE;
+                        if (th->state == TS_WGW) {
+                            if (wg_mates_ready(&S, t, th->pc)) th->state = TS_RUN, woke++; /* runs the WG_WAIT */
+                            else waiting++;
+                            continue;
+                        }
                         if (th->state != TS_MBAR) continue;
                         const kiln_kinst *in = &k->ins[th->pc];
                         mbar *b = bar_at(&S, th->v[in->a].u);
@@ -918,6 +1004,8 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
                         else waiting++;
                     }
                     if (done == k->block) break;
+                    if (woke) continue;
+                    if (!(ok = bwarp_reduce(&S, &woke))) break;
                     if (woke) continue;
                     if (waiting) {
                         ok = false;
@@ -931,7 +1019,7 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
             }
     for (uint32_t i = 0; i < S.n_made; i++) free(S.bars[i].ops);
     free(S.bars);
-    for (uint32_t t = 0; S.t && t < k->block; t++) free(S.t[t].v), free(S.t[t].w), free(S.t[t].pend);
+    for (uint32_t t = 0; S.t && t < k->block; t++) free(S.t[t].v), free(S.t[t].w), free(S.t[t].pend), free(S.t[t].ra);
     free(S.t), free(S.sh), free(S.match), free(S.wslot);
     return ok;
 }

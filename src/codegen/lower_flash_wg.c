@@ -1,0 +1,367 @@
+/* Prefill flash attention for Hopper (sm_90a) in the FlashAttention-3 style, under codegen.precision
+ * = KILN_PREC_F16 with f16 or bf16 KV caches of head_dim 64 or 128: 384 threads, consumer warpgroups
+ * 0 and 1 (64 query rows each) and a producer warpgroup 2. Q (pre-scaled to base-2 logits, one
+ * 16-bit part) is staged once by every thread into shared memory in the 128-byte-swizzled layout;
+ * the producer has the TMA engine bring each 128-key K and V tile into a 2-stage mbarrier ring (a
+ * 2-D tensor map over the head-major cache: rows kv_head * max_ctx + key, box 128 keys x 64 dims);
+ * the tile that crosses n_kv it stages itself with V's keys past n_kv zeroed (P is 0 there, but 0 x
+ * a stale inf is not). A consumer computes S = Q K^T by WGMMA from shared memory (both K-major),
+ * masks and updates the online softmax on the accumulator fragment, rescales O, converts P to
+ * 16-bit register A fragments and adds P V by WGMMA with V MN-major (transposed descriptor), then
+ * releases the stage. Grouped query heads share a block's K/V tiles (rows are (token, head) pairs);
+ * blocks run latest rows first and stop at the keys their last row sees. Must not know any target's
+ * syntax; the mma.sync kernel (lower_flash.c) takes every other shape. */
+#include "codegen/lower.h"
+
+#include <math.h>
+#include <string.h>
+
+#define FW_ROWS 128   /* query rows a block: two consumer warpgroups of 64 */
+#define FW_KEYS 128   /* keys a tile (the S accumulator is m64n128) */
+#define FW_STAGES 2   /* K/V ring stages */
+#define FW_THREADS 384
+
+typedef struct fw {
+    kiln_kir *k;
+    const kiln_graph *g;
+    int32_t hd, G, n_head, max_ctx, n_kvh;
+    bool bf;                     /* bf16 cache: q and P as bf16 */
+    uint32_t tid, kvh, head0, R0, n_tok, n_kv, past, ntiles;
+    uint32_t qsh, ring, bars;    /* shared arrays: Q, the K/V ring, the mbarriers */
+    uint32_t qbase, rbase, bbase; /* their U32 byte addresses */
+    uint32_t kmap, vmap, vs;     /* tensor maps of the caches; V's buffer slot (the boundary tile) */
+} fw;
+
+static uint32_t ci(fw *f, int32_t v) { return kiln_ki(f->k, v); }
+static uint32_t cu(fw *f, uint32_t v) { return kiln_ku(f->k, v); }
+static uint32_t o2(fw *f, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(f->k, op, a, b); }
+static uint32_t to_u(fw *f, uint32_t i32) { return kiln_kcvt(f->k, KILN_KT_U32, i32); }
+static void sync_op(fw *f, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm)
+{
+    kiln_kir_op(f->k, op, KILN_KT_NONE, a, b, KILN_IDX_NONE, imm);
+}
+
+static int32_t tile_bytes(const fw *f) { return FW_KEYS * f->hd * 2; } /* one K or V tile */
+/* Byte address of stage s's K (v = 0) or V (v = 1) tile; its hd / 64 chunks are FW_KEYS rows of 128 bytes each. */
+static uint32_t stage_at(fw *f, uint32_t s, int v)
+{
+    return o2(f, KILN_KOP_ADD, f->rbase, to_u(f, kiln_kaddi(f->k, kiln_kmuli(f->k, s, 2 * tile_bytes(f)), v * tile_bytes(f))));
+}
+/* mbarrier `which` (0: K full, 1: V full, 2: empty) of stage s. */
+static uint32_t bar_at(fw *f, int which, uint32_t s)
+{
+    return o2(f, KILN_KOP_ADD, f->bbase, to_u(f, kiln_kmuli(f->k, kiln_kaddi(f->k, s, which * FW_STAGES), 8)));
+}
+/* Tile i's stage and the parity of its round. */
+static uint32_t slot_of(fw *f, uint32_t i, uint32_t *ph)
+{
+    *ph = kiln_kandi(f->k, kiln_kshri(f->k, i, 1), 1);
+    return kiln_kandi(f->k, i, 1);
+}
+
+/* Word index of 16-byte piece p (8 dims) of row r of a swizzled tile of `rows` rows whose hd / 64
+ * chunks follow each other (piece p: chunk p / 8, 16-byte column p % 8 ^ r % 8). */
+static uint32_t swz_word(fw *f, uint32_t r, uint32_t p, int32_t rows)
+{
+    kiln_kir *k = f->k;
+    uint32_t col = o2(f, KILN_KOP_XOR, kiln_kandi(k, p, 7), kiln_kandi(k, r, 7));
+    uint32_t byte = o2(f, KILN_KOP_ADD, kiln_kmuli(k, kiln_kshri(k, p, 3), rows * 128),
+                       o2(f, KILN_KOP_ADD, kiln_kmuli(k, r, 128), kiln_kmuli(k, col, 16)));
+    return kiln_kshri(k, byte, 2);
+}
+
+/* Every thread: the block's 128 rows of q (row R: token R / G clamped into the run, head
+ * head0 + R % G), scaled by the attention's scale x log2(e), as one 16-bit part into Q's tile. */
+static void stage_q(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs)
+{
+    kiln_kir *k = f->k;
+    int32_t pieces = f->hd / 8, items = FW_ROWS * pieces, per = (items + FW_THREADS - 1) / FW_THREADS;
+    float qscale = n->f[0] * 1.44269504088896341f;
+    uint32_t u = kiln_kvar(k, ci(f, 0));
+    kiln_kloop(k, u, ci(f, per), ci(f, 1));
+    uint32_t i = o2(f, KILN_KOP_ADD, f->tid, kiln_kmuli(k, u, FW_THREADS));
+    kiln_kif(k, o2(f, KILN_KOP_LT, i, ci(f, items)));
+    uint32_t r = o2(f, KILN_KOP_DIV, i, ci(f, pieces)), p = o2(f, KILN_KOP_REM, i, ci(f, pieces));
+    uint32_t R = o2(f, KILN_KOP_ADD, f->R0, r);
+    uint32_t tok = o2(f, KILN_KOP_MIN, o2(f, KILN_KOP_DIV, R, ci(f, f->G)), kiln_kaddi(k, f->n_tok, -1));
+    uint32_t head = o2(f, KILN_KOP_ADD, f->head0, o2(f, KILN_KOP_REM, R, ci(f, f->G)));
+    uint32_t at = o2(f, KILN_KOP_ADD, kiln_kmuli(k, o2(f, KILN_KOP_ADD, kiln_kmuli(k, tok, f->n_head), head), f->hd), kiln_kmuli(k, p, 8));
+    uint32_t v4 = KILN_IDX_NONE;
+    for (int e = 0; e < 4; e++) {
+        uint32_t x[2], w;
+        for (int h = 0; h < 2; h++)
+            x[h] = o2(f, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, kiln_kaddi(k, at, 2 * e + h)), kiln_kf(k, qscale));
+        kl_split_pair(k, x[0], x[1], 1, f->bf, &w);
+        v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, w, KILN_IDX_NONE, e);
+    }
+    kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, swz_word(f, r, p, FW_ROWS), v4, KILN_IDX_NONE, (int32_t)f->qsh);
+    kiln_kendif(k);
+    kl_loop_end(k);
+}
+
+/* One TMA box of map m: {dst, mbarrier, dim, row}. */
+static void tma(fw *f, uint32_t m, uint32_t dst, uint32_t bar, int32_t dim, uint32_t row)
+{
+    kiln_kir *k = f->k;
+    uint32_t v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, KILN_IDX_NONE, dst, KILN_IDX_NONE, 0);
+    v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, bar, KILN_IDX_NONE, 1);
+    v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, cu(f, (uint32_t)dim), KILN_IDX_NONE, 2);
+    v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(f, row), KILN_IDX_NONE, 3);
+    kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)m);
+}
+
+/* The tile's hd / 64 boxes of map m (K or V rows kb .. kb + 127 of the block's kv head) into dst. */
+static void tma_tile(fw *f, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kb)
+{
+    uint32_t row = o2(f, KILN_KOP_ADD, kiln_kmuli(f->k, f->kvh, f->max_ctx), kb);
+    for (int c = 0; c < f->hd / 64; c++)
+        tma(f, m, o2(f, KILN_KOP_ADD, dst, cu(f, (uint32_t)(c * FW_KEYS * 128))), bar, 64 * c, row);
+}
+
+/* The producer warpgroup (128 threads; thread 256 issues the TMAs): per tile, wait for its stage,
+ * bring K by TMA; V by TMA too, or, for the tile that crosses n_kv, by every producer thread's own
+ * loads with the keys past n_kv as zeros (stored in the TMA's layout, then a proxy fence). */
+static void producer(fw *f)
+{
+    kiln_kir *k = f->k;
+    uint32_t pt = kiln_kaddi(k, f->tid, -256), lead = o2(f, KILN_KOP_EQ, pt, ci(f, 0));
+    uint32_t i = kiln_kvar(k, ci(f, 0));
+    kiln_kloop(k, i, f->ntiles, ci(f, 1));
+    uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS);
+    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 2, s), o2(f, KILN_KOP_XOR, ph, ci(f, 1)), 0); /* a fresh barrier passes parity 1 */
+    kiln_kif(k, lead);
+    uint32_t fk = bar_at(f, 0, s);
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, fk, KILN_IDX_NONE, tile_bytes(f));
+    tma_tile(f, f->kmap, stage_at(f, s, 0), fk, kb);
+    kiln_kendif(k);
+    uint32_t fv = bar_at(f, 1, s), bnd = o2(f, KILN_KOP_LT, f->n_kv, kiln_kaddi(k, kb, FW_KEYS));
+    kiln_kif(k, kiln_kir_op(k, KILN_KOP_PAND, KILN_KT_PRED, lead, kiln_k1(k, KILN_KOP_PNOT, bnd), KILN_IDX_NONE, 0));
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, fv, KILN_IDX_NONE, tile_bytes(f));
+    tma_tile(f, f->vmap, stage_at(f, s, 1), fv, kb);
+    kiln_kelse(k);
+    kiln_kif(k, bnd);
+    {
+        int32_t pieces = f->hd / 8, per = FW_KEYS * pieces / 128;
+        uint32_t vword = kiln_kaddi(k, kiln_kmuli(k, s, 2 * tile_bytes(f) / 4), tile_bytes(f) / 4); /* V tile's first word in the ring */
+        uint32_t u = kiln_kvar(k, ci(f, 0));
+        kiln_kloop(k, u, ci(f, per), ci(f, 1));
+        uint32_t it = o2(f, KILN_KOP_ADD, pt, kiln_kmuli(k, u, 128));
+        uint32_t r = o2(f, KILN_KOP_DIV, it, ci(f, pieces)), p = o2(f, KILN_KOP_REM, it, ci(f, pieces));
+        uint32_t key = o2(f, KILN_KOP_ADD, kb, r);
+        uint32_t row = o2(f, KILN_KOP_ADD, kiln_kmuli(k, f->kvh, f->max_ctx), o2(f, KILN_KOP_MIN, key, ci(f, f->max_ctx - 1)));
+        uint32_t x = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, o2(f, KILN_KOP_ADD, kiln_kmuli(k, row, f->hd / 2), kiln_kmuli(k, p, 4)),
+                                 KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f->vs);
+        uint32_t ok = o2(f, KILN_KOP_LT, key, f->n_kv), v4 = KILN_IDX_NONE;
+        for (int j = 0; j < 4; j++)
+            v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, kiln_ksel(k, KILN_KT_U32, ok, kiln_klane(k, x, j), cu(f, 0)),
+                             KILN_IDX_NONE, j);
+        kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, o2(f, KILN_KOP_ADD, vword, swz_word(f, r, p, FW_KEYS)), v4, KILN_IDX_NONE,
+                    (int32_t)f->ring);
+        kl_loop_end(k);
+        sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    }
+    kiln_kendif(k);
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, fv, KILN_IDX_NONE, 0);
+    kiln_kendif(k);
+    kl_loop_end(k);
+}
+
+/* The consumer's thread geometry and running state. */
+typedef struct fwc {
+    uint32_t qq, seen[2], m[2], l[2], S, O, zero, tok[2], qrow[2];
+} fwc;
+
+static uint32_t lanef(fw *f, uint32_t w64, int j) { return kiln_kir_op(f->k, KILN_KOP_LANE, KILN_KT_F32, w64, KILN_IDX_NONE, KILN_IDX_NONE, j); }
+static uint32_t red4(fw *f, uint32_t v, enum kiln_kred op)
+{
+    return kiln_kir_op(f->k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
+}
+
+/* Online softmax of tile kb's scores (S's 64 lanes: lane j is row (j >> 1) & 1, key kb + 8 (j >> 2)
+ * + 2 q + (j & 1)), masked to each row's keys; rescales O and the sums; P's register A fragments
+ * into pf[] (16 keys each). */
+static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t pf[FW_KEYS / 16])
+{
+    kiln_kir *k = f->k;
+    uint32_t sv[64], alpha[2], colq = kiln_kmuli(k, c->qq, 2);
+    for (int r = 0; r < 2; r++) {
+        uint32_t mx = kiln_kf(k, -INFINITY);
+        for (int j = 0; j < 64; j++) {
+            if (((j >> 1) & 1) != r) continue;
+            uint32_t key = o2(f, KILN_KOP_ADD, kb, kiln_kaddi(k, colq, 8 * (j >> 2) + (j & 1)));
+            sv[j] = kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_LT, key, c->seen[r]), lanef(f, c->S, j), kiln_kf(k, -INFINITY));
+            mx = o2(f, KILN_KOP_MAX, mx, sv[j]);
+        }
+        uint32_t mn = o2(f, KILN_KOP_MAX, c->m[r], red4(f, mx, KILN_KRED_MAX)); /* finite: a row sees key 0 in tile 0 */
+        alpha[r] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, c->m[r], mn));
+        kiln_kset(k, c->m[r], mn);
+    }
+    uint32_t sum[2] = {kiln_kf(k, 0), kiln_kf(k, 0)}, p[64];
+    for (int j = 0; j < 64; j++) {
+        int r = (j >> 1) & 1;
+        p[j] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, sv[j], c->m[r]));
+        sum[r] = o2(f, KILN_KOP_ADD, sum[r], p[j]);
+    }
+    for (int r = 0; r < 2; r++) kiln_kset(k, c->l[r], kiln_kfma(k, c->l[r], alpha[r], sum[r]));
+    for (int j = 0; j < f->hd / 2; j++)
+        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->O, o2(f, KILN_KOP_MUL, lanef(f, c->O, j), alpha[(j >> 1) & 1]), KILN_IDX_NONE, j);
+    for (int kk = 0; kk < FW_KEYS / 16; kk++) { /* A lane rr: row g + 8 (rr & 1), keys 16 kk + 8 (rr >> 1) + 2 q + {0, 1} */
+        uint32_t v4 = KILN_IDX_NONE;
+        for (int rr = 0; rr < 4; rr++) {
+            int j0 = 4 * (2 * kk + (rr >> 1)) + 2 * (rr & 1);
+            uint32_t w;
+            kl_split_pair(k, p[j0], p[j0 + 1], 1, f->bf, &w);
+            v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, w, KILN_IDX_NONE, rr);
+        }
+        pf[kk] = v4;
+    }
+}
+
+/* A consumer warpgroup over the block's tiles: S = Q K^T, softmax, O += P V; then O / l stored. */
+static void consumer(fw *f, uint32_t node)
+{
+    kiln_kir *k = f->k;
+    fwc c = {0};
+    uint32_t wg = kiln_kshri(k, f->tid, 7), w = kiln_kandi(k, kiln_kshri(k, f->tid, 5), 3), lane = kiln_kandi(k, f->tid, 31);
+    uint32_t g = kiln_kshri(k, lane, 2);
+    c.qq = kiln_kandi(k, lane, 3);
+    for (int r = 0; r < 2; r++) {
+        uint32_t R = o2(f, KILN_KOP_ADD, f->R0, o2(f, KILN_KOP_ADD, kiln_kmuli(k, wg, 64), o2(f, KILN_KOP_ADD, kiln_kmuli(k, w, 16), kiln_kaddi(k, g, 8 * r))));
+        c.tok[r] = o2(f, KILN_KOP_DIV, R, ci(f, f->G));
+        uint32_t t = o2(f, KILN_KOP_MIN, c.tok[r], kiln_kaddi(k, f->n_tok, -1));
+        c.qrow[r] = o2(f, KILN_KOP_ADD, kiln_kmuli(k, t, f->n_head), o2(f, KILN_KOP_ADD, f->head0, o2(f, KILN_KOP_REM, R, ci(f, f->G))));
+        c.seen[r] = o2(f, KILN_KOP_ADD, f->past, kiln_kaddi(k, c.tok[r], 1));
+        c.m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY));
+        c.l[r] = kiln_kvar(k, kiln_kf(k, 0));
+    }
+    c.zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    c.S = kiln_kvar(k, c.zero), c.O = kiln_kvar(k, c.zero);
+    uint32_t qa = o2(f, KILN_KOP_ADD, f->qbase, to_u(f, kiln_kmuli(k, wg, 64 * 128))); /* this warpgroup's 64 rows */
+    int32_t bf = f->bf ? 1 : 0, flags_s = (1024 / 16) << 8 | 2 | bf;
+    int32_t flags_o = (FW_KEYS * 128 / 16) << 16 | (1024 / 16) << 8 | (f->hd / 16 % 8) << 4 | 8 | 4 | 2 | bf;
+    uint32_t i = kiln_kvar(k, ci(f, 0));
+    kiln_kloop(k, i, f->ntiles, ci(f, 1));
+    uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS);
+    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 0, s), ph, 0);
+    kiln_kset(k, c.S, c.zero);
+    sync_op(f, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t kt = stage_at(f, s, 0), vt = stage_at(f, s, 1);
+    for (int kk = 0; kk < f->hd / 16; kk++) { /* chunk kk / 4 of 64 dims, 32 bytes per k16 step inside it */
+        uint32_t a = o2(f, KILN_KOP_ADD, qa, cu(f, (uint32_t)(kk / 4 * FW_ROWS * 128 + kk % 4 * 32)));
+        uint32_t b = o2(f, KILN_KOP_ADD, kt, cu(f, (uint32_t)(kk / 4 * FW_KEYS * 128 + kk % 4 * 32)));
+        kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, c.S, a, b, flags_s);
+    }
+    sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    sync_op(f, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t pf[FW_KEYS / 16];
+    softmax(f, &c, kb, pf);
+    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 1, s), ph, 0);
+    sync_op(f, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    for (int kk = 0; kk < FW_KEYS / 16; kk++) /* keys 16 kk ..: 16 rows of 128 bytes further into V's chunks */
+        kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, c.O, pf[kk], o2(f, KILN_KOP_ADD, vt, cu(f, (uint32_t)(kk * 16 * 128))), flags_o);
+    sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    sync_op(f, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 2, s), KILN_IDX_NONE, 0); /* both tiles read: the stage is free */
+    kl_loop_end(k);
+    for (int r = 0; r < 2; r++) { /* every row sees at least its own key: the sum is >= 1 */
+        uint32_t inv = o2(f, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(f, c.l[r], KILN_KRED_SUM));
+        kiln_kif(k, o2(f, KILN_KOP_LT, c.tok[r], f->n_tok));
+        uint32_t ob = o2(f, KILN_KOP_ADD, kiln_kmuli(k, c.qrow[r], f->hd), kiln_kmuli(k, c.qq, 2));
+        for (int j = 0; j < f->hd / 2; j++) {
+            if (((j >> 1) & 1) != r) continue;
+            kl_store_node(k, f->g, node, kiln_kaddi(k, ob, 8 * (j >> 2) + (j & 1)), o2(f, KILN_KOP_MUL, lanef(f, c.O, j), inv));
+        }
+        kiln_kendif(k);
+    }
+}
+
+/* Whether node's memory starts 16-byte aligned, as a TMA tensor map needs (a view's offset may not). */
+static bool fw_aligned(const kiln_graph *g, uint32_t node)
+{
+    uint64_t off = 0;
+    while (node < g->n_nodes && (g->nodes[node].op == KILN_OP_RESHAPE || g->nodes[node].op == KILN_OP_VIEW)) {
+        const kiln_node_rec *n = &g->nodes[node];
+        if (n->op == KILN_OP_VIEW) off += (uint64_t)n->dim * kiln_dtype_block_bytes((kiln_dtype)n->dtype);
+        node = n->src[0];
+    }
+    return off % 16 == 0;
+}
+
+bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_region_spec *sp, const kiln_lower_target *tg)
+{
+    if (!tg->wgmma || tg->opts.precision != KILN_PREC_F16 || tg->opts.flash_wg == KILN_GEMM_OFF || sp->block) return false;
+    const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
+    int64_t hd = q->dims[2], G = kc->dims[0] ? q->dims[1] / kc->dims[0] : 0;
+    if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_BF16) || (hd != 64 && hd != 128))
+        return false;
+    if (G < 1 || G > 8 || kc->dims[1] < 1 || kc->dims[0] * kc->dims[1] >= ((int64_t)1 << 24)) return false;
+    return kl_dim_max(g, q->dims[0]) > KL_SMALL_ROWS && fw_aligned(g, n->src[1]) && fw_aligned(g, n->src[2]);
+}
+
+/* Barriers (thread 0) and Q (every thread) before the warpgroups part. */
+static void fw_setup(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs)
+{
+    kiln_kir *k = f->k;
+    stage_q(f, n, q, qs);
+    kiln_kif(k, o2(f, KILN_KOP_EQ, f->tid, ci(f, 0)));
+    for (int s = 0; s < FW_STAGES; s++) {
+        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 0, ci(f, s)), KILN_IDX_NONE, 1);   /* the producer's expect_tx + K's bytes */
+        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 1, ci(f, s)), KILN_IDX_NONE, 128); /* every producer thread (+ V's bytes) */
+        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 2, ci(f, s)), KILN_IDX_NONE, 256); /* every consumer thread */
+    }
+    sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
+    kiln_kendif(k);
+    sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* Q's stores, visible to WGMMA */
+    kiln_kbarrier(k);
+}
+
+void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k)
+{
+    (void)tg;
+    const kiln_node_rec *n = &g->nodes[node];
+    const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
+    fw f = {.k = k, .g = g, .hd = (int32_t)q->dims[2], .n_head = (int32_t)q->dims[1], .max_ctx = (int32_t)kc->dims[1],
+            .n_kvh = (int32_t)kc->dims[0], .bf = kc->dtype == KILN_DTYPE_BF16};
+    f.G = f.n_head / f.n_kvh;
+    int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * f.G + FW_ROWS - 1) / FW_ROWS);
+    kiln_kir_init(k, "kiln_attn_flash_wg", FW_THREADS);
+    snprintf(k->what, sizeof k->what, "attention: causal flash, warpgroup MMA + TMA (sm_90a), %d q heads/kv head, hd %d",
+             (int)f.G, (int)f.hd);
+    k->grid[0] = (uint32_t)f.n_kvh, k->grid[1] = (uint32_t)nqb;
+    k->dyn_shared = true;
+    f.qsh = kiln_kir_shared(k, (uint32_t)(FW_ROWS * f.hd / 2));
+    f.ring = kiln_kir_shared(k, (uint32_t)(FW_STAGES * 2 * FW_KEYS * f.hd / 2));
+    f.bars = kiln_kir_shared(k, 4 * 3 * FW_STAGES);
+    uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
+    uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false);
+    f.vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
+    kiln_ktmap m = {.slot = ks, .inner = (uint32_t)f.hd, .outer = (uint32_t)(f.n_kvh * f.max_ctx), .stride = (uint32_t)f.hd * 2,
+                    .box_inner = 64, .box_outer = FW_KEYS};
+    f.kmap = kiln_kir_tmap(k, &m);
+    m.slot = f.vs;
+    f.vmap = kiln_kir_tmap(k, &m);
+    f.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    f.kvh = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t bq = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    f.head0 = kiln_kmuli(k, f.kvh, f.G);
+    f.n_tok = kl_dim(k, q->dims[0]), f.n_kv = kl_dim(k, n->dim);
+    f.past = o2(&f, KILN_KOP_SUB, f.n_kv, f.n_tok); /* keys before the first query */
+    f.R0 = kiln_kmuli(k, o2(&f, KILN_KOP_SUB, ci(&f, nqb - 1), bq), FW_ROWS); /* latest rows first */
+    f.qbase = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(&f, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f.qsh);
+    f.rbase = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(&f, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f.ring);
+    f.bbase = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(&f, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f.bars);
+    kiln_kif(k, o2(&f, KILN_KOP_LT, f.R0, kiln_kmuli(k, f.n_tok, f.G)));
+    /* keys the block's last row sees: its token is (R0 + 127) / G, at most the run's last */
+    uint32_t last = o2(&f, KILN_KOP_MIN, o2(&f, KILN_KOP_DIV, kiln_kaddi(k, f.R0, FW_ROWS - 1), ci(&f, f.G)), kiln_kaddi(k, f.n_tok, -1));
+    uint32_t kend = o2(&f, KILN_KOP_ADD, f.past, kiln_kaddi(k, last, 1));
+    f.ntiles = o2(&f, KILN_KOP_DIV, kiln_kaddi(k, kend, FW_KEYS - 1), ci(&f, FW_KEYS));
+    fw_setup(&f, n, q, qs);
+    kiln_kif(k, o2(&f, KILN_KOP_LT, f.tid, ci(&f, 256)));
+    sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 232);
+    consumer(&f, node);
+    kiln_kelse(k);
+    sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 40);
+    producer(&f);
+    kiln_kendif(k);
+    kiln_kendif(k);
+}
