@@ -6,9 +6,10 @@
  * 2-D tensor map over the head-major cache: rows kv_head * max_ctx + key, box 128 keys x 64 dims);
  * the tile that crosses n_kv it stages itself with V's keys past n_kv zeroed (P is 0 there, but 0 x
  * a stale inf is not). A consumer computes S = Q K^T by WGMMA from shared memory (both K-major),
- * masks and updates the online softmax on the accumulator fragment, rescales O, converts P to
- * 16-bit register A fragments and adds P V by WGMMA with V MN-major (transposed descriptor), then
- * releases the stage. Grouped query heads share a block's K/V tiles (rows are (token, head) pairs);
+ * masks and updates the online softmax on the accumulator fragment, converts P to 16-bit register
+ * A fragments and adds P V by WGMMA with V MN-major (transposed descriptor) one tile later, so the
+ * softmax of a tile runs while the previous tile's P V is on the tensor cores; K and V stages are
+ * freed separately. Grouped query heads share a block's K/V tiles (rows are (token, head) pairs);
  * blocks run latest rows first and stop at the keys their last row sees. Must not know any target's
  * syntax; the mma.sync kernel (lower_flash.c) takes every other shape. */
 #include "codegen/lower.h"
@@ -18,7 +19,7 @@
 
 #define FW_ROWS 128   /* query rows a block: two consumer warpgroups of 64 */
 #define FW_KEYS 128   /* keys a tile (the S accumulator is m64n128) */
-#define FW_STAGES 2   /* K/V ring stages */
+#define FW_STAGES 2   /* stages of the K and of the V ring */
 #define FW_THREADS 384
 
 typedef struct fw {
@@ -47,7 +48,7 @@ static uint32_t stage_at(fw *f, uint32_t s, int v)
 {
     return o2(f, KILN_KOP_ADD, f->rbase, to_u(f, kiln_kaddi(f->k, kiln_kmuli(f->k, s, 2 * tile_bytes(f)), v * tile_bytes(f))));
 }
-/* mbarrier `which` (0: K full, 1: V full, 2: empty) of stage s. */
+/* mbarrier `which` (0: K full, 1: V full, 2: K empty, 3: V empty) of stage s. */
 static uint32_t bar_at(fw *f, int which, uint32_t s)
 {
     return o2(f, KILN_KOP_ADD, f->bbase, to_u(f, kiln_kmuli(f->k, kiln_kaddi(f->k, s, which * FW_STAGES), 8)));
@@ -118,8 +119,9 @@ static void tma_tile(fw *f, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kb)
         tma(f, m, o2(f, KILN_KOP_ADD, dst, cu(f, (uint32_t)(c * FW_KEYS * 128))), bar, 64 * c, row);
 }
 
-/* The producer warpgroup (128 threads; thread 256 issues the TMAs): per tile, wait for its stage,
- * bring K by TMA; V by TMA too, or, for the tile that crosses n_kv, by every producer thread's own
+/* The producer warpgroup (128 threads; thread 256 issues the TMAs): per tile, wait for its K
+ * stage and bring K by TMA; wait for its V stage (freed a tile later: P V runs one tile behind) and
+ * bring V by TMA too, or, for the tile that crosses n_kv, by every producer thread's own
  * loads with the keys past n_kv as zeros (stored in the TMA's layout, then a proxy fence). */
 static void producer(fw *f)
 {
@@ -128,12 +130,14 @@ static void producer(fw *f)
     uint32_t i = kiln_kvar(k, ci(f, 0));
     kiln_kloop(k, i, f->ntiles, ci(f, 1));
     uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS);
-    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 2, s), o2(f, KILN_KOP_XOR, ph, ci(f, 1)), 0); /* a fresh barrier passes parity 1 */
+    uint32_t ph1 = o2(f, KILN_KOP_XOR, ph, ci(f, 1)); /* a fresh barrier passes parity 1 */
+    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 2, s), ph1, 0);
     kiln_kif(k, lead);
     uint32_t fk = bar_at(f, 0, s);
     sync_op(f, KILN_KOP_MBAR_ARRIVE, fk, KILN_IDX_NONE, tile_bytes(f));
     tma_tile(f, f->kmap, stage_at(f, s, 0), fk, kb);
     kiln_kendif(k);
+    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 3, s), ph1, 0);
     uint32_t fv = bar_at(f, 1, s), bnd = o2(f, KILN_KOP_LT, f->n_kv, kiln_kaddi(k, kb, FW_KEYS));
     kiln_kif(k, kiln_kir_op(k, KILN_KOP_PAND, KILN_KT_PRED, lead, kiln_k1(k, KILN_KOP_PNOT, bnd), KILN_IDX_NONE, 0));
     sync_op(f, KILN_KOP_MBAR_ARRIVE, fv, KILN_IDX_NONE, tile_bytes(f));
@@ -169,6 +173,9 @@ static void producer(fw *f)
 /* The consumer's thread geometry and running state. */
 typedef struct fwc {
     uint32_t qq, seen[2], m[2], l[2], S, O, zero, tok[2], qrow[2];
+    uint32_t qa;                  /* U32 this warpgroup's 64 rows of Q */
+    uint32_t pv[FW_KEYS / 8 * 2]; /* U32 variables: the previous tile's P fragments (P V runs a tile behind) */
+    int32_t flags_s, flags_o;     /* the two products' WGMMA flags */
 } fwc;
 
 static uint32_t lanef(fw *f, uint32_t w64, int j) { return kiln_kir_op(f->k, KILN_KOP_LANE, KILN_KT_F32, w64, KILN_IDX_NONE, KILN_IDX_NONE, j); }
@@ -178,12 +185,13 @@ static uint32_t red4(fw *f, uint32_t v, enum kiln_kred op)
 }
 
 /* Online softmax of tile kb's scores (S's 64 lanes: lane j is row (j >> 1) & 1, key kb + 8 (j >> 2)
- * + 2 q + (j & 1)), masked to each row's keys; rescales O and the sums; P's register A fragments
- * into pf[] (16 keys each). */
-static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t pf[FW_KEYS / 16])
+ * + 2 q + (j & 1)), masked to each row's keys: the rows' new max and sums, O's factors alpha[2]
+ * (applied once the previous tile's P V has retired), and P in f32 (p[j] for S's lane j). Touches
+ * neither O nor the P variables. */
+static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t alpha[2], uint32_t p[64])
 {
     kiln_kir *k = f->k;
-    uint32_t sv[64], alpha[2], colq = kiln_kmuli(k, c->qq, 2);
+    uint32_t sv[64], colq = kiln_kmuli(k, c->qq, 2);
     for (int r = 0; r < 2; r++) {
         uint32_t mx = kiln_kf(k, -INFINITY);
         for (int j = 0; j < 64; j++) {
@@ -196,83 +204,158 @@ static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t pf[FW_KEYS / 16])
         alpha[r] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, c->m[r], mn));
         kiln_kset(k, c->m[r], mn);
     }
-    uint32_t sum[2] = {kiln_kf(k, 0), kiln_kf(k, 0)}, p[64];
+    uint32_t sum[2] = {kiln_kf(k, 0), kiln_kf(k, 0)};
     for (int j = 0; j < 64; j++) {
         int r = (j >> 1) & 1;
         p[j] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, sv[j], c->m[r]));
         sum[r] = o2(f, KILN_KOP_ADD, sum[r], p[j]);
     }
     for (int r = 0; r < 2; r++) kiln_kset(k, c->l[r], kiln_kfma(k, c->l[r], alpha[r], sum[r]));
-    for (int j = 0; j < f->hd / 2; j++)
-        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->O, o2(f, KILN_KOP_MUL, lanef(f, c->O, j), alpha[(j >> 1) & 1]), KILN_IDX_NONE, j);
-    for (int kk = 0; kk < FW_KEYS / 16; kk++) { /* A lane rr: row g + 8 (rr & 1), keys 16 kk + 8 (rr >> 1) + 2 q + {0, 1} */
-        uint32_t v4 = KILN_IDX_NONE;
+}
+
+/* The consumer's rows (row R of the block: token R / G, head head0 + R % G), their keys, and its
+ * state: m, l, the S and O accumulators, the P variables. */
+static void consumer_rows(fw *f, fwc *c)
+{
+    kiln_kir *k = f->k;
+    uint32_t wg = kiln_kshri(k, f->tid, 7), w = kiln_kandi(k, kiln_kshri(k, f->tid, 5), 3), lane = kiln_kandi(k, f->tid, 31);
+    uint32_t g = kiln_kshri(k, lane, 2);
+    c->qq = kiln_kandi(k, lane, 3);
+    for (int r = 0; r < 2; r++) {
+        uint32_t R = o2(f, KILN_KOP_ADD, f->R0, o2(f, KILN_KOP_ADD, kiln_kmuli(k, wg, 64), o2(f, KILN_KOP_ADD, kiln_kmuli(k, w, 16), kiln_kaddi(k, g, 8 * r))));
+        c->tok[r] = o2(f, KILN_KOP_DIV, R, ci(f, f->G));
+        uint32_t t = o2(f, KILN_KOP_MIN, c->tok[r], kiln_kaddi(k, f->n_tok, -1));
+        c->qrow[r] = o2(f, KILN_KOP_ADD, kiln_kmuli(k, t, f->n_head), o2(f, KILN_KOP_ADD, f->head0, o2(f, KILN_KOP_REM, R, ci(f, f->G))));
+        c->seen[r] = o2(f, KILN_KOP_ADD, f->past, kiln_kaddi(k, c->tok[r], 1));
+        c->m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY));
+        c->l[r] = kiln_kvar(k, kiln_kf(k, 0));
+    }
+    c->zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    c->S = kiln_kvar(k, c->zero), c->O = kiln_kvar(k, c->zero);
+    for (int j = 0; j < FW_KEYS / 4; j++) c->pv[j] = kiln_kvar(k, cu(f, 0));
+    c->qa = o2(f, KILN_KOP_ADD, f->qbase, to_u(f, kiln_kmuli(k, wg, 64 * 128)));
+    int32_t bf = f->bf ? 1 : 0;
+    c->flags_s = (1024 / 16) << 8 | 2 | bf; /* SBO 1024: 8 rows of 128 bytes, swizzled */
+    c->flags_o = (FW_KEYS * 128 / 16) << 16 | (1024 / 16) << 8 | (f->hd / 16 % 8) << 4 | 8 | 4 | 2 | bf; /* N = hd, A in registers, V MN-major: LBO = a 64-dim chunk */
+}
+
+/* The register A fragments of P V from the P variables. */
+static void p_frags(fw *f, fwc *c, uint32_t a[FW_KEYS / 16])
+{
+    for (int kk = 0; kk < FW_KEYS / 16; kk++) {
+        a[kk] = KILN_IDX_NONE;
+        for (int rr = 0; rr < 4; rr++) a[kk] = kiln_kir_op(f->k, KILN_KOP_SETLANE, KILN_KT_V4, a[kk], c->pv[4 * kk + rr], KILN_IDX_NONE, rr);
+    }
+}
+
+/* S = Q K^T of the tile in stage s, one group (K has landed, the fence issued). */
+static void issue_s(fw *f, fwc *c, uint32_t s)
+{
+    uint32_t kt = stage_at(f, s, 0);
+    for (int kk = 0; kk < f->hd / 16; kk++) { /* chunk kk / 4 of 64 dims, 32 bytes per k16 step inside it */
+        uint32_t a = o2(f, KILN_KOP_ADD, c->qa, cu(f, (uint32_t)(kk / 4 * FW_ROWS * 128 + kk % 4 * 32)));
+        uint32_t b = o2(f, KILN_KOP_ADD, kt, cu(f, (uint32_t)(kk / 4 * FW_KEYS * 128 + kk % 4 * 32)));
+        kiln_kir_op(f->k, KILN_KOP_WGMMA, KILN_KT_NONE, c->S, a, b, c->flags_s);
+    }
+    sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
+
+/* O += P V of the tile in stage s from P's fragments pa[], one group (V has landed, the fence
+ * issued). */
+static void issue_pv(fw *f, fwc *c, uint32_t s, const uint32_t pa[FW_KEYS / 16])
+{
+    uint32_t vt = stage_at(f, s, 1);
+    for (int kk = 0; kk < FW_KEYS / 16; kk++) /* keys 16 kk ..: 16 rows of 128 bytes further into V's chunks */
+        kiln_kir_op(f->k, KILN_KOP_WGMMA, KILN_KT_NONE, c->O, pa[kk], o2(f, KILN_KOP_ADD, vt, cu(f, (uint32_t)(kk * 16 * 128))), c->flags_o);
+    sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
+
+/* Waits for mbarrier `which` of stage s in phase ph. Every wait and every register the WGMMAs read
+ * comes before the WG_FENCE that precedes them: ptxas serializes all of a kernel's WGMMAs when an
+ * input is defined, or control flow passes, between that fence and them. */
+static void wait_bar(fw *f, int which, uint32_t s, uint32_t ph) { sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, which, s), ph, 0); }
+static void wg_fence(fw *f) { sync_op(f, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
+static void wg_wait(fw *f, int n) { sync_op(f, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, n); }
+
+/* Softmax of tile kb (after S has retired and K's stage is freed); unless `first` (O is 0 then),
+ * the previous tile's P V is waited for (its V stage freed) and O rescaled; then P's register A
+ * words into the P variables (lane rr of the fragment of keys 16 kk ..: word 4 kk + rr). P is
+ * packed only after that wait: ptxas serializes every WGMMA when a register that may share an
+ * in-flight WGMMA's input is defined (the packed words become the next fragments). */
+static void softmax_step(fw *f, fwc *c, uint32_t kb, bool first, uint32_t sp)
+{
+    kiln_kir *k = f->k;
+    uint32_t alpha[2], p[64];
+    softmax(f, c, kb, alpha, p);
+    if (!first) {
+        wg_wait(f, 0); /* the previous tile's P V has retired: O and its V stage are free */
+        sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 3, sp), KILN_IDX_NONE, 0);
+        for (int j = 0; j < f->hd / 2; j++)
+            kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->O, o2(f, KILN_KOP_MUL, lanef(f, c->O, j), alpha[(j >> 1) & 1]), KILN_IDX_NONE, j);
+    }
+    for (int kk = 0; kk < FW_KEYS / 16; kk++) /* A lane rr: row g + 8 (rr & 1), keys 16 kk + 8 (rr >> 1) + 2 q + {0, 1} */
         for (int rr = 0; rr < 4; rr++) {
             int j0 = 4 * (2 * kk + (rr >> 1)) + 2 * (rr & 1);
             uint32_t w;
             kl_split_pair(k, p[j0], p[j0 + 1], 1, f->bf, &w);
-            v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, w, KILN_IDX_NONE, rr);
+            kiln_kset(k, c->pv[4 * kk + rr], w);
         }
-        pf[kk] = v4;
+}
+
+/* The rows' outputs: O / (their sums over the quad; every row sees at least its own key: >= 1). */
+static void consumer_store(fw *f, fwc *c, uint32_t node)
+{
+    kiln_kir *k = f->k;
+    for (int r = 0; r < 2; r++) {
+        uint32_t inv = o2(f, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(f, c->l[r], KILN_KRED_SUM));
+        kiln_kif(k, o2(f, KILN_KOP_LT, c->tok[r], f->n_tok));
+        uint32_t ob = o2(f, KILN_KOP_ADD, kiln_kmuli(k, c->qrow[r], f->hd), kiln_kmuli(k, c->qq, 2));
+        for (int j = 0; j < f->hd / 2; j++) {
+            if (((j >> 1) & 1) != r) continue;
+            kl_store_node(k, f->g, node, kiln_kaddi(k, ob, 8 * (j >> 2) + (j & 1)), o2(f, KILN_KOP_MUL, lanef(f, c->O, j), inv));
+        }
+        kiln_kendif(k);
     }
 }
 
-/* A consumer warpgroup over the block's tiles: S = Q K^T, softmax, O += P V; then O / l stored. */
+/* A consumer warpgroup over the block's tiles, P V one tile behind (FlashAttention-3's overlap):
+ * tile i issues S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; once S_i has retired (K_i's stage is
+ * freed) the softmax of tile i runs on the CUDA cores while that P V runs on the tensor cores;
+ * then O is rescaled, V_{i-1}'s stage freed and P_i kept for the next tile. Tile 0 is peeled (no
+ * P V before it), so no branch separates a fence from its WGMMAs. */
 static void consumer(fw *f, uint32_t node)
 {
     kiln_kir *k = f->k;
     fwc c = {0};
-    uint32_t wg = kiln_kshri(k, f->tid, 7), w = kiln_kandi(k, kiln_kshri(k, f->tid, 5), 3), lane = kiln_kandi(k, f->tid, 31);
-    uint32_t g = kiln_kshri(k, lane, 2);
-    c.qq = kiln_kandi(k, lane, 3);
-    for (int r = 0; r < 2; r++) {
-        uint32_t R = o2(f, KILN_KOP_ADD, f->R0, o2(f, KILN_KOP_ADD, kiln_kmuli(k, wg, 64), o2(f, KILN_KOP_ADD, kiln_kmuli(k, w, 16), kiln_kaddi(k, g, 8 * r))));
-        c.tok[r] = o2(f, KILN_KOP_DIV, R, ci(f, f->G));
-        uint32_t t = o2(f, KILN_KOP_MIN, c.tok[r], kiln_kaddi(k, f->n_tok, -1));
-        c.qrow[r] = o2(f, KILN_KOP_ADD, kiln_kmuli(k, t, f->n_head), o2(f, KILN_KOP_ADD, f->head0, o2(f, KILN_KOP_REM, R, ci(f, f->G))));
-        c.seen[r] = o2(f, KILN_KOP_ADD, f->past, kiln_kaddi(k, c.tok[r], 1));
-        c.m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY));
-        c.l[r] = kiln_kvar(k, kiln_kf(k, 0));
-    }
-    c.zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    c.S = kiln_kvar(k, c.zero), c.O = kiln_kvar(k, c.zero);
-    uint32_t qa = o2(f, KILN_KOP_ADD, f->qbase, to_u(f, kiln_kmuli(k, wg, 64 * 128))); /* this warpgroup's 64 rows */
-    int32_t bf = f->bf ? 1 : 0, flags_s = (1024 / 16) << 8 | 2 | bf;
-    int32_t flags_o = (FW_KEYS * 128 / 16) << 16 | (1024 / 16) << 8 | (f->hd / 16 % 8) << 4 | 8 | 4 | 2 | bf;
-    uint32_t i = kiln_kvar(k, ci(f, 0));
+    consumer_rows(f, &c);
+    uint32_t pa[FW_KEYS / 16], z = ci(f, 0);
+    wait_bar(f, 0, z, z); /* tile 0: stage 0, phase 0 */
+    wg_fence(f);
+    issue_s(f, &c, z);
+    wg_wait(f, 0);
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 2, z), KILN_IDX_NONE, 0); /* K_0 read */
+    softmax_step(f, &c, z, true, z);
+    uint32_t i = kiln_kvar(k, ci(f, 1));
     kiln_kloop(k, i, f->ntiles, ci(f, 1));
-    uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS);
-    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 0, s), ph, 0);
+    uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS), php, sp = slot_of(f, kiln_kaddi(k, i, -1), &php);
+    wait_bar(f, 0, s, ph);
+    wait_bar(f, 1, sp, php);
     kiln_kset(k, c.S, c.zero);
-    sync_op(f, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t kt = stage_at(f, s, 0), vt = stage_at(f, s, 1);
-    for (int kk = 0; kk < f->hd / 16; kk++) { /* chunk kk / 4 of 64 dims, 32 bytes per k16 step inside it */
-        uint32_t a = o2(f, KILN_KOP_ADD, qa, cu(f, (uint32_t)(kk / 4 * FW_ROWS * 128 + kk % 4 * 32)));
-        uint32_t b = o2(f, KILN_KOP_ADD, kt, cu(f, (uint32_t)(kk / 4 * FW_KEYS * 128 + kk % 4 * 32)));
-        kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, c.S, a, b, flags_s);
-    }
-    sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    sync_op(f, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t pf[FW_KEYS / 16];
-    softmax(f, &c, kb, pf);
-    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 1, s), ph, 0);
-    sync_op(f, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    for (int kk = 0; kk < FW_KEYS / 16; kk++) /* keys 16 kk ..: 16 rows of 128 bytes further into V's chunks */
-        kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, c.O, pf[kk], o2(f, KILN_KOP_ADD, vt, cu(f, (uint32_t)(kk * 16 * 128))), flags_o);
-    sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    sync_op(f, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 2, s), KILN_IDX_NONE, 0); /* both tiles read: the stage is free */
+    p_frags(f, &c, pa);
+    wg_fence(f);
+    issue_s(f, &c, s);
+    issue_pv(f, &c, sp, pa);
+    wg_wait(f, 1); /* S_i has retired; P V runs on */
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 2, s), KILN_IDX_NONE, 0); /* K_i read */
+    softmax_step(f, &c, kb, false, sp);
     kl_loop_end(k);
-    for (int r = 0; r < 2; r++) { /* every row sees at least its own key: the sum is >= 1 */
-        uint32_t inv = o2(f, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(f, c.l[r], KILN_KRED_SUM));
-        kiln_kif(k, o2(f, KILN_KOP_LT, c.tok[r], f->n_tok));
-        uint32_t ob = o2(f, KILN_KOP_ADD, kiln_kmuli(k, c.qrow[r], f->hd), kiln_kmuli(k, c.qq, 2));
-        for (int j = 0; j < f->hd / 2; j++) {
-            if (((j >> 1) & 1) != r) continue;
-            kl_store_node(k, f->g, node, kiln_kaddi(k, ob, 8 * (j >> 2) + (j & 1)), o2(f, KILN_KOP_MUL, lanef(f, c.O, j), inv));
-        }
-        kiln_kendif(k);
-    }
+    uint32_t phl, sl = slot_of(f, kiln_kaddi(k, f->ntiles, -1), &phl); /* the last tile's P V */
+    wait_bar(f, 1, sl, phl);
+    p_frags(f, &c, pa);
+    wg_fence(f);
+    issue_pv(f, &c, sl, pa);
+    wg_wait(f, 0);
+    consumer_store(f, &c, node);
 }
 
 /* Whether node's memory starts 16-byte aligned, as a TMA tensor map needs (a view's offset may not). */
@@ -308,6 +391,7 @@ static void fw_setup(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 0, ci(f, s)), KILN_IDX_NONE, 1);   /* the producer's expect_tx + K's bytes */
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 1, ci(f, s)), KILN_IDX_NONE, 128); /* every producer thread (+ V's bytes) */
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 2, ci(f, s)), KILN_IDX_NONE, 256); /* every consumer thread */
+        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 3, ci(f, s)), KILN_IDX_NONE, 256);
     }
     sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
     kiln_kendif(k);
@@ -331,7 +415,7 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     k->dyn_shared = true;
     f.qsh = kiln_kir_shared(k, (uint32_t)(FW_ROWS * f.hd / 2));
     f.ring = kiln_kir_shared(k, (uint32_t)(FW_STAGES * 2 * FW_KEYS * f.hd / 2));
-    f.bars = kiln_kir_shared(k, 4 * 3 * FW_STAGES);
+    f.bars = kiln_kir_shared(k, 2 * 4 * FW_STAGES);
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
     uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false);
     f.vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
