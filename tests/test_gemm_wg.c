@@ -62,6 +62,8 @@ static double g_last_nmse; /* of the last case compared */
  * kiln_gemm_tma kernel must be among them), runs their kernels (the GEMM changed by mut), compares
  * output `out` with the reference at the contract of op `op` (key: dtype): asserts the match
  * without mut; with it returns whether the kernels failed or the output missed the tolerance. */
+static uint32_t g_cluster; /* the last TMA GEMM's blocks per cluster */
+
 static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, kiln_dtype key, const char *what, mutate_fn mut,
                         const kiln_lower_target *tg)
 {
@@ -92,6 +94,7 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
         for (uint32_t i = 0; i < n; i++) {
             bool wg = strcmp(ks[i].name, "kiln_gemm_tma") == 0;
             saw_wg |= wg;
+            if (wg) g_cluster = ks[i].cluster;
             if (wg && mut) mut(&ks[i]);
             uint32_t *bufs[MAXB] = {params};
             for (uint32_t s = 1; s < ks[i].n_bufs; s++) {
@@ -289,6 +292,38 @@ static void no_swizzle(kiln_kir *k) /* WGMMA reads the tiles unswizzled */
 {
     for (uint32_t i = 0; i < k->n_ins; i++)
         if (k->ins[i].op == KILN_KOP_WGMMA) k->ins[i].imm.u &= ~2u;
+}
+
+/* Clusters (codegen.gemm_cluster): blocks of consecutive token rows share each weight tile, each
+ * bringing its slice into all of them by TMA multicast and releasing stages to all of them. */
+static void multicast_self_only(kiln_kir *k) /* a slice lands only in the block that brought it */
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_TMA_LOAD && k->ins[i].b != KILN_IDX_NONE) k->ins[i].b = KILN_IDX_NONE;
+}
+static void release_self_only(kiln_kir *k) /* consumers tell only their own block a stage is free */
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_MBAR_ARRIVE_CL) k->ins[i].op = KILN_KOP_MBAR_ARRIVE, k->ins[i].b = KILN_IDX_NONE;
+}
+static bool cluster_case(int cm, kiln_dtype xt, int64_t K, int64_t mmax, int64_t m, mutate_fn mut)
+{
+    kiln_lower_target t = kiln_lower_target_for_sm(90);
+    t.opts.wgmma = KILN_GEMM_ON;
+    t.opts.gemm_cluster = cm;
+    return plain_case_on(KILN_DTYPE_F16, xt, K, 136, mmax, m, mut, &t);
+}
+
+Test(gemm_wg, clusters)
+{
+    cr_assert(!cluster_case(4, KILN_DTYPE_F16, 256, 520, 515, NULL)); /* 5 row blocks: a second cluster with 1 block of rows */
+    cr_assert_eq(g_cluster, 4);
+    cr_assert(!cluster_case(2, KILN_DTYPE_F32, 224, 390, 260, NULL)); /* x in two parts; the last cluster has no rows */
+    cr_assert_eq(g_cluster, 2);
+    cr_assert(!cluster_case(1, KILN_DTYPE_F16, 256, 300, 290, NULL));
+    cr_assert_eq(g_cluster, 0);
+    cr_assert(cluster_case(2, KILN_DTYPE_F16, 256, 300, 290, multicast_self_only), "slices landing in one block passed");
+    cr_assert(cluster_case(4, KILN_DTYPE_F16, 512, 520, 515, release_self_only), "stages released to one block passed");
 }
 
 Test(gemm_wg, mutations_fail)

@@ -25,7 +25,8 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_STS4] = "sts4", [KILN_KOP_SADDR] = "saddr", [KILN_KOP_FENCE_ASYNC] = "fence_async", [KILN_KOP_WG_FENCE] = "wg_fence",
     [KILN_KOP_WGMMA] = "wgmma", [KILN_KOP_WG_COMMIT] = "wg_commit", [KILN_KOP_WG_WAIT] = "wg_wait",
     [KILN_KOP_MBAR_INIT] = "mbar_init", [KILN_KOP_MBAR_ARRIVE] = "mbar_arrive", [KILN_KOP_MBAR_WAIT] = "mbar_wait",
-    [KILN_KOP_TMA_LOAD] = "tma_load", [KILN_KOP_SETMAXNREG] = "setmaxnreg",
+    [KILN_KOP_TMA_LOAD] = "tma_load", [KILN_KOP_MBAR_ARRIVE_CL] = "mbar_arrive_cl", [KILN_KOP_CLUSTER_SYNC] = "cluster_sync",
+    [KILN_KOP_SETMAXNREG] = "setmaxnreg",
     [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch", [KILN_KOP_WSET] = "wset",
 };
 
@@ -233,6 +234,8 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
     enum kiln_kop op = KILN_KOP_NONE;
     if (k->oom) FAIL("out of memory while lowering");
     if (k->block == 0 || k->block % 32 || k->block > 1024) FAIL("block size %u is not a multiple of 32 in 32..1024", k->block);
+    if (k->cluster > 1 && ((k->cluster & (k->cluster - 1)) || k->cluster > 8 || k->grid[0] % k->cluster))
+        FAIL("cluster of %u blocks over a grid of %u along x", k->cluster, k->grid[0]);
     char stack[64];
     int depth = 0;
     for (i = 0; i < k->n_ins; i++) {
@@ -377,12 +380,19 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             break;
         case KILN_KOP_TMA_LOAD:
             if (ta[0] != KILN_KT_V4 || in->imm.u >= k->n_tmaps) FAIL("tma load of map %u of %u from a %s", in->imm.u, k->n_tmaps, kiln_kt_name(ta[0]));
+            if (in->b != KILN_IDX_NONE && (k->cluster < 2 || ta[1] != KILN_KT_U32)) FAIL("tma multicast needs a cluster and a u32 mask");
             if (k->tmaps[in->imm.u].slot >= k->n_bufs) FAIL("tensor map %u on slot %u of %u", in->imm.u, k->tmaps[in->imm.u].slot, k->n_bufs);
             {
                 kiln_kinst as_ld = *in; /* the box reads the map's slot: the same order rule as a load */
                 as_ld.op = KILN_KOP_LD4, as_ld.imm.u = k->tmaps[in->imm.u].slot;
                 if (!pdl_order_ok(k, &as_ld, waited)) FAIL("tma load of slot %u before the kernel's top-level grid wait", as_ld.imm.u);
             }
+            break;
+        case KILN_KOP_MBAR_ARRIVE_CL:
+            if (k->cluster < 2 || ta[0] != KILN_KT_U32 || ta[1] != KILN_KT_U32) FAIL("remote mbarrier arrive needs a cluster, an address and a u32 rank");
+            break;
+        case KILN_KOP_CLUSTER_SYNC:
+            if (k->cluster < 2) FAIL("cluster sync in a kernel without a cluster");
             break;
         case KILN_KOP_SETMAXNREG: {
             uint32_t r = in->imm.u & 0xffff;

@@ -140,8 +140,16 @@ enum kiln_kop {
      * in shared memory (1024-aligned), U32 mbarrier address, I32 inner coordinate (elements),
      * I32 outer coordinate (rows)}; the box lands as rows of 128 bytes with the 128-byte swizzle
      * (16-byte chunk c of row r at chunk c ^ (r & 7)), rows past the map's end as zeros, and its
-     * bytes complete-tx on the mbarrier */
+     * bytes complete-tx on the mbarrier. b: KILN_IDX_NONE, or (kernels with cluster > 1) a U32 mask
+     * of the cluster's CTAs (bit r: rank r): the box lands in each of them at the same shared
+     * address and completes-tx on the mbarrier at the same address in each (multicast) */
     KILN_KOP_TMA_LOAD,
+    /* Thread block clusters (kernels with kiln_kir.cluster > 1: that many consecutive blocks along x
+     * run together, each its own shared memory; a block's rank is its x index mod cluster) */
+    KILN_KOP_MBAR_ARRIVE_CL, /* NONE: one arrival (release at cluster scope) at the mbarrier at shared
+                                address a (U32) of the cluster's block of rank b (U32) */
+    KILN_KOP_CLUSTER_SYNC,   /* NONE: every thread of every block of the cluster waits here (their shared
+                                memory accesses before it visible after it); uniform control flow */
     KILN_KOP_SETMAXNREG,  /* NONE: this warpgroup's registers per thread become imm & 0xffff (imm bit 16:
                              increase, else decrease); uniform per warpgroup */
     /* Hopper programmatic dependent launch (sm_90, kernels with kiln_kir.pdl; see codegen/lower_pdl.c) */
@@ -242,6 +250,8 @@ typedef struct kiln_kir {
     uint32_t    cap_ins;                        /* allocated */
     kiln_ktmap  tmaps[KILN_KIR_MAX_TMAPS];      /* TMA tensor maps (sm_90a kernels) */
     uint32_t    n_tmaps;                        /* used */
+    uint32_t    cluster;                        /* blocks per thread block cluster along x (sm_90: 2, 4 or 8;
+                                                   grid[0] a multiple of it); 0 or 1: no cluster */
     bool        dyn_shared;                     /* shared arrays live in dynamic shared memory (up to the
                                                    target's limit, each 1024-aligned) instead of static */
     uint64_t    scratch_bytes;                  /* size of the region's scratch buffer (0: none) */

@@ -51,6 +51,9 @@ typedef struct gm {
     uint32_t   ring, bars;/* wg: U32 shared addresses of the ring and of its mbarriers (full[stages], empty[stages]) */
     uint32_t   xmap;      /* wg: x's tensor map */
     bool       wblock;    /* wg: block weights, decoded into the stages by the producer warpgroup */
+    int        cm;        /* wg: blocks of consecutive token rows per thread block cluster (1: none); each
+                             brings 1/cm of every weight tile into all of them (TMA multicast) */
+    uint32_t   crank;     /* wg with cm > 1: I32 rank of the block in its cluster */
 } gm;
 
 /* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
@@ -423,8 +426,21 @@ static void gw_producer(gm *g, const gv_group *G, const uint32_t wmap[2], int32_
     uint32_t full = gw_bar(g, 0, s), st = gw_stage(g, s), k0 = muli(g, kt, GW_BK);
     gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, (int32_t)g->sb);
     gw_x_boxes(g, s, full, kt);
-    for (int sp = 0; sp < G->n_sib; sp++)
-        gw_tma(g, wmap[sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, k0, g->n0);
+    if (g->cm > 1) { /* this block's slice of each weight tile, into every block of the cluster */
+        int32_t sl = g->bns / g->cm;
+        uint32_t mask = cu(g, (1u << g->cm) - 1), r0 = muli(g, g->crank, sl);
+        for (int sp = 0; sp < G->n_sib; sp++) {
+            uint32_t dst = addu(g, st, to_u(g, muli(g, addi(g, r0, g->parts * g->bm + sp * g->bns), 128)));
+            uint32_t v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, KILN_IDX_NONE, dst, KILN_IDX_NONE, 0);
+            v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, full, KILN_IDX_NONE, 1);
+            v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, k0), KILN_IDX_NONE, 2);
+            v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, add(g, g->n0, r0)), KILN_IDX_NONE, 3);
+            kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, mask, KILN_IDX_NONE, (int32_t)wmap[sp]);
+        }
+    } else {
+        for (int sp = 0; sp < G->n_sib; sp++)
+            gw_tma(g, wmap[sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, k0, g->n0);
+    }
     kl_loop_end(k);
 }
 
@@ -520,7 +536,14 @@ static void gw_consumer(gm *g, const uint32_t acc[2], int32_t nk)
     gw_sync(g, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the previous stage's WGMMAs have retired */
     kif(g, o2(g, KILN_KOP_LT, ci(g, 0), kt));
-    gw_sync(g, KILN_KOP_MBAR_ARRIVE, gw_bar(g, 1, o2(g, KILN_KOP_REM, addi(g, kt, g->stages - 1), ci(g, g->stages))), KILN_IDX_NONE, 0);
+    uint32_t empty = gw_bar(g, 1, o2(g, KILN_KOP_REM, addi(g, kt, g->stages - 1), ci(g, g->stages)));
+    if (g->cm > 1) { /* every block of the cluster writes into this stage: each warp tells each of them */
+        kif(g, o2(g, KILN_KOP_EQ, g->lane, ci(g, 0)));
+        for (int r = 0; r < g->cm; r++) gw_sync(g, KILN_KOP_MBAR_ARRIVE_CL, empty, cu(g, (uint32_t)r), 0);
+        kendif(g);
+    } else {
+        gw_sync(g, KILN_KOP_MBAR_ARRIVE, empty, KILN_IDX_NONE, 0);
+    }
     kendif(g);
     kl_loop_end(k);
     gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -556,7 +579,7 @@ static void gw_group(gm *g, const gv_group *G)
     for (int sp = 0; !g->wblock && sp < G->n_sib; sp++) {
         uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
         kiln_ktmap m = {.slot = slot, .inner = (uint32_t)s->K, .outer = (uint32_t)G->n, .stride = (uint32_t)s->K * 2,
-                        .box_inner = GW_BK, .box_outer = (uint16_t)g->bns};
+                        .box_inner = GW_BK, .box_outer = (uint16_t)(g->bns / g->cm)};
         wmap[sp] = kiln_kir_tmap(k, &m);
     }
     kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
@@ -595,11 +618,13 @@ static void gw_setup(gm *G, kiln_kir *k)
     kif(G, o2(G, KILN_KOP_EQ, G->tid, ci(G, 0)));
     for (int i = 0; i < G->stages; i++) {
         gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 0, ci(G, i)), KILN_IDX_NONE, G->wblock ? 129 : 1); /* the producer's arrive(s) + the bytes */
-        gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 1, ci(G, i)), KILN_IDX_NONE, 256); /* every consumer thread */
+        /* every consumer thread, or with a cluster each consumer warp of each of its blocks */
+        gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 1, ci(G, i)), KILN_IDX_NONE, G->cm > 1 ? 8 * G->cm : 256);
     }
     gw_sync(G, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
     kendif(G);
-    barrier(G);
+    if (G->cm > 1) gw_sync(G, KILN_KOP_CLUSTER_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* every block's barriers ready */
+    else barrier(G);
 }
 
 static void gm_prepare(gm *G);
@@ -679,6 +704,21 @@ static void gw_shape(gm *G, int64_t col_blocks, const kiln_lower_target *tg)
     if (tg->opts.gemm_rows == 64) G->rc = 64;
     G->bm = 2 * G->rc;
     G->apart = G->bm * 16;
+}
+
+/* Thread block clusters for TMA weights (codegen.gemm_cluster: 0 = 2, 1 = none, 2, 4): the token-row
+ * blocks of a cluster share each weight tile, so the L2 serves x + W / cm per tile instead of
+ * x + W (the H100 GEMM ran at 6.4-7 TB/s of L2 reads at every shape measured: L2-bound). Needs
+ * as many row blocks as the cluster has (else smaller), and weight slices of whole 8-row atoms. */
+static void gw_cluster(gm *G, const kiln_lower_target *tg)
+{
+    gv *s = G->s;
+    int want = tg->opts.gemm_cluster == 1 ? 1 : tg->opts.gemm_cluster == 4 ? 4 : 2;
+    int64_t rows = (s->m_max + G->bm - 1) / G->bm;
+    int sib = 1;
+    for (int q = 0; q < s->n_grp; q++) sib = s->grp[q].n_sib > sib ? s->grp[q].n_sib : sib;
+    while (want > 1 && (G->wblock || rows < want || (GM_BN / sib) % (8 * want))) want /= 2;
+    G->cm = want;
 }
 
 /* x split into the GEMM's parts in the scratch (no norm: scale 1), for the TMA to read. */
@@ -926,7 +966,9 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
     } else {
         gw_shape(&G, col_blocks, tg);
+        gw_cluster(&G, tg);
     }
+    k->cluster = G.cm > 1 ? (uint32_t)G.cm : 0;
     snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
              s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes);
     G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -941,6 +983,8 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     G.wn = andi(&G, warp, 3);
     G.m = o2(&G, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(&G, (int32_t)s->K));
     G.m0 = muli(&G, by, G.bm);
+    G.cm = G.cm ? G.cm : 1;
+    if (G.cm > 1) G.crank = o2(&G, KILN_KOP_REM, by, ci(&G, G.cm));
     if (G.xp) {
         G.xs = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
         k->scratch_bytes = 4 * ((uint64_t)G.xp_word + (uint64_t)G.parts * (uint64_t)G.xp_part);
@@ -954,7 +998,8 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     }
     if (G.wg) gw_setup(&G, k);
     uint32_t blocks = 0;
-    kif(&G, o2(&G, KILN_KOP_LT, G.m0, G.m));
+    /* a cluster works whole (its blocks bring each other's weight slices) when its first block has rows */
+    kif(&G, o2(&G, KILN_KOP_LT, G.cm > 1 ? muli(&G, o2(&G, KILN_KOP_SUB, by, G.crank), G.bm) : G.m0, G.m));
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *Gq = &s->grp[q];
         uint32_t nb = (uint32_t)((Gq->n + GM_BN / Gq->n_sib - 1) / (GM_BN / Gq->n_sib));
@@ -964,8 +1009,10 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         blocks += nb;
     }
     kendif(&G);
+    if (G.cm > 1) gw_sync(&G, KILN_KOP_CLUSTER_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* no block leaves while others may arrive at its barriers */
     if (blocks > 65535) st = kl_unsupported(err, n_err, "gemm: %u column blocks (a grid's y is at most 65535)", blocks);
     k->grid[0] = (uint32_t)((s->m_max + G.bm - 1) / G.bm);
+    k->grid[0] = (k->grid[0] + G.cm - 1) / G.cm * G.cm;
     k->grid[1] = blocks;
     if (s->failed) st = kl_unsupported(err, n_err, "gemm: %s", s->why);
     if (st != KILN_OK) {

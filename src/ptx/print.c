@@ -551,11 +551,28 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     }
     case KILN_KOP_TMA_LOAD: {
         uint32_t r = p->reg[in->a];
+        if (in->b == KILN_IDX_NONE) {
+            kiln_sbuf_printf(&p->body,
+                             "\tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%%r%u], [%%rd%u, {%%r%u, %%r%u}], [%%r%u];\n",
+                             r, p->tmap[in->imm.u], r + 2, r + 3, r + 1);
+            return KILN_OK;
+        }
+        rname h = nreg(RC_H, new_reg(p, RC_H)); /* the CTA mask is 16 bits */
+        kiln_sbuf_printf(&p->body, "\tcvt.u16.u32 %s, %s;\n", h.s, vreg(p, in->b).s);
         kiln_sbuf_printf(&p->body,
-                         "\tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%%r%u], [%%rd%u, {%%r%u, %%r%u}], [%%r%u];\n",
-                         r, p->tmap[in->imm.u], r + 2, r + 3, r + 1);
+                         "\tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%%r%u], [%%rd%u, {%%r%u, %%r%u}], [%%r%u], %s;\n",
+                         r, p->tmap[in->imm.u], r + 2, r + 3, r + 1, h.s);
         return KILN_OK;
     }
+    case KILN_KOP_MBAR_ARRIVE_CL: {
+        rname ra = nreg(RC_R, new_reg(p, RC_R));
+        kiln_sbuf_printf(&p->body, "\tmapa.shared::cluster.u32 %s, %s, %s;\n\tmbarrier.arrive.release.cluster.shared::cluster.b64 _, [%s];\n",
+                         ra.s, vreg(p, in->a).s, vreg(p, in->b).s, ra.s);
+        return KILN_OK;
+    }
+    case KILN_KOP_CLUSTER_SYNC:
+        kiln_sbuf_printf(&p->body, "\tbarrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n");
+        return KILN_OK;
     case KILN_KOP_SETMAXNREG:
         kiln_sbuf_printf(&p->body, "\tsetmaxnreg.%s.sync.aligned.u32 %u;\n", (in->imm.u >> 16) ? "inc" : "dec", in->imm.u & 0xffff);
         return KILN_OK;
@@ -658,6 +675,7 @@ static void print_module(pstate *p, int sm, unsigned flags, sbuf *out)
     kiln_sbuf_printf(out, ")\n.maxntid %u, 1, 1\n", k->block);
     if (flags & KILN_PTX_ALL_REGISTERS) kiln_sbuf_printf(out, ".minnctapersm 1\n");
     else if (k->min_blocks > 1) kiln_sbuf_printf(out, ".minnctapersm %u\n", k->min_blocks);
+    if (k->cluster > 1) kiln_sbuf_printf(out, ".reqnctapercluster %u, 1, 1\n", k->cluster);
     kiln_sbuf_printf(out, "{\n");
     for (int c = 0; c < RC_COUNT; c++)
         if (p->n_reg[c]) kiln_sbuf_printf(out, "\t.reg %s %s<%u>;\n", rc_type[c], rc_name[c], p->n_reg[c]);

@@ -32,6 +32,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_PRECISION] = "KILN_PRECISION",
     [KILN_ENV_FLASH] = "KILN_FLASH",
     [KILN_ENV_FLASH_WG] = "KILN_FLASH_WG",
+    [KILN_ENV_GEMM_CLUSTER] = "KILN_GEMM_CLUSTER",
     [KILN_ENV_NCCL_LIB] = "KILN_NCCL_LIB",
     [KILN_ENV_VIRTUAL_ENV] = "VIRTUAL_ENV",
     [KILN_ENV_CONDA_PREFIX] = "CONDA_PREFIX",
@@ -59,6 +60,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG))) c->flash_wg = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->gemm_cluster && (e = kiln_env(KILN_ENV_GEMM_CLUSTER)))
+        c->gemm_cluster = !strcmp(e, "1") ? 1 : !strcmp(e, "2") ? 2 : !strcmp(e, "4") ? 4 : 0;
     if (!c->grid_cap && (e = kiln_env(KILN_ENV_GRID_CAP))) {
         long v = strtol(e, NULL, 10);
         c->grid_cap = v > 0 && v <= INT32_MAX ? (int32_t)v : v == 0 ? -1 : 0; /* "0": every virtual block */

@@ -473,12 +473,14 @@ bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err
 
 /* ---------------------------------------------------------------- block interpreter */
 
-enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_MMA, TS_WGW, TS_DONE }; /* TS_WGW: a WG_WAIT for quad mates' A fragments */
+enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_MMA, TS_WGW, TS_CSYNC, TS_DONE }; /* TS_WGW: a WG_WAIT for quad mates' A fragments */
 
 /* A TMA box in flight: copied into shared memory when its mbarrier's phase completes (the latest
  * moment the hardware may land it, so a read before the wait sees stale bytes). */
 typedef struct tma_op {
     uint32_t map, dst, c0, c1;
+    bool     landed; /* multicast into another block: landed when issued (the earliest moment: a
+                        block that still reads that stage sees it overwritten), counted here */
 } tma_op;
 
 /* An mbarrier, found by its shared address. */
@@ -521,6 +523,9 @@ typedef struct bstate {
     mbar     *bars;          /* mbarriers initialized in this block (n_bars); entries up to n_made keep their op buffers */
     uint32_t  n_bars, n_made, cap_bars;
     uint32_t *const *bufs;   /* the launch's buffers (TMA sources) */
+    struct bstate *cl;       /* the blocks of this block's cluster (cl[rank] is this one) */
+    uint32_t  rank, ncl;     /* this block's rank in its cluster, blocks per cluster */
+    uint32_t  bid[3];        /* this block's index */
 } bstate;
 
 static float half_f(uint16_t h, bool bf)
@@ -640,7 +645,7 @@ static bool bar_check(bstate *S, mbar *b)
         return snprintf(S->err, S->n_err, "kt_interp_block: mbarrier at %u: %lld bytes landed, %lld expected", b->addr, (long long)bytes,
                         (long long)b->tx), false;
     for (uint32_t i = 0; i < b->n_ops; i++)
-        if (!tma_land(S, &b->ops[i])) return false;
+        if (!b->ops[i].landed && !tma_land(S, &b->ops[i])) return false;
     b->n_ops = 0, b->tx = 0, b->pending = b->count, b->phase ^= 1;
     return true;
 }
@@ -702,17 +707,36 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
         if (!b->pending) return snprintf(S->err, S->n_err, "kt_interp_block: more arrivals at mbarrier %u than its count %u", b->addr, b->count), false;
         b->pending--, b->tx += in->imm.i;
         return bar_check(S, b);
-    case KILN_KOP_TMA_LOAD: {
+    case KILN_KOP_TMA_LOAD: { /* into this block, or (multicast) into every block of the mask */
         const kval *q = &v[in->a];
-        if (!(b = bar_at(S, q->v[1]))) return false;
-        if (b->n_ops == b->cap_ops) {
-            uint32_t cap = b->cap_ops ? 2 * b->cap_ops : 8;
-            tma_op *g = realloc(b->ops, cap * sizeof *g);
-            if (!g) return snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
-            b->ops = g, b->cap_ops = cap;
+        uint32_t mask = in->b == NONE ? 1u << S->rank : v[in->b].u;
+        if (!mask || mask >> S->ncl)
+            return snprintf(S->err, S->n_err, "kt_interp_block: tma multicast mask %#x in a cluster of %u", mask, S->ncl), false;
+        for (uint32_t r = 0; r < S->ncl; r++) {
+            if (!(mask >> r & 1)) continue;
+            bstate *D = &S->cl[r];
+            if (!(b = bar_at(D, q->v[1]))) return false;
+            if (b->n_ops == b->cap_ops) {
+                uint32_t cap = b->cap_ops ? 2 * b->cap_ops : 8;
+                tma_op *g = realloc(b->ops, cap * sizeof *g);
+                if (!g) return snprintf(S->err, S->n_err, "kt_interp_block: out of memory"), false;
+                b->ops = g, b->cap_ops = cap;
+            }
+            tma_op o = {.map = in->imm.u, .dst = q->v[0], .c0 = q->v[2], .c1 = q->v[3], .landed = r != S->rank};
+            if (o.landed && !tma_land(D, &o)) return false;
+            b->ops[b->n_ops++] = o;
+            if (!bar_check(D, b)) return false;
         }
-        b->ops[b->n_ops++] = (tma_op){.map = in->imm.u, .dst = q->v[0], .c0 = q->v[2], .c1 = q->v[3]};
-        return bar_check(S, b);
+        return true;
+    }
+    case KILN_KOP_MBAR_ARRIVE_CL: {
+        uint32_t r = v[in->b].u;
+        if (r >= S->ncl) return snprintf(S->err, S->n_err, "kt_interp_block: arrive at the block of rank %u in a cluster of %u", r, S->ncl), false;
+        bstate *D = &S->cl[r];
+        if (!(b = bar_at(D, v[in->a].u))) return false;
+        if (!b->pending) return snprintf(S->err, S->n_err, "kt_interp_block: more arrivals at mbarrier %u (rank %u) than its count %u", b->addr, r, b->count), false;
+        b->pending--;
+        return bar_check(D, b);
     }
     case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* kernels run one after another */
     case KILN_KOP_WGMMA:
@@ -818,6 +842,7 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
         case KILN_KOP_WG_WAIT:
             if (!wg_mates_ready(S, t, pc)) { th->state = TS_WGW; return true; }
             break;
+        case KILN_KOP_CLUSTER_SYNC: th->state = TS_CSYNC; return true;
         default: break;
         }
         bool mine = in->op >= KILN_KOP_STS4 || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
@@ -941,85 +966,147 @@ static bool bwarp_reduce(bstate *S, uint32_t *woke)
     return true;
 }
 
+/* Has block S's every thread that has not ended met at a barrier, a reduction or an MMA? */
+static bool meetable(const bstate *S)
+{
+    uint32_t at = 0;
+    for (uint32_t t = 0; t < S->k->block; t++) {
+        int st = S->t[t].state;
+        if (st == TS_RUN || st == TS_MBAR || st == TS_WGW || st == TS_CSYNC) return false;
+        at += st != TS_DONE;
+    }
+    return at > 0;
+}
+
+/* One step of block S alone: runs its threads that can run until each waits; else wakes its
+ * mbarrier waiters whose phase completed; else meets its barrier. *progress: something happened. */
+static bool step_block(bstate *S, uint32_t *const *bufs, uint64_t *budget, bool *progress)
+{
+    const kiln_kir *k = S->k;
+    *progress = false;
+    for (uint32_t t = 0; t < k->block; t++)
+        if (S->t[t].state == TS_RUN) {
+            if (!brun(S, t, bufs, S->bid, budget)) return false;
+            *progress = true;
+        }
+    if (*progress) return true;
+    for (uint32_t t = 0; t < k->block; t++) {
+        bthread *th = &S->t[t];
+        if (th->state == TS_WGW) {
+            if (wg_mates_ready(S, t, th->pc)) th->state = TS_RUN, *progress = true; /* runs the WG_WAIT */
+            continue;
+        }
+        if (th->state != TS_MBAR) continue;
+        const kiln_kinst *in = &k->ins[th->pc];
+        mbar *b = bar_at(S, th->v[in->a].u);
+        if (!b) return false;
+        if (b->phase != (th->v[in->b].u & 1)) th->state = TS_RUN, th->pc++, *progress = true;
+    }
+    if (*progress) return true;
+    uint32_t woke = 0;
+    if (!bwarp_reduce(S, &woke)) return false;
+    if (woke) return *progress = true, true;
+    if (!meetable(S)) return true;
+    *progress = true; /* bar.sync counts the threads that have not exited */
+    return bmeet(S);
+}
+
+/* Runs one cluster (cl[0..ncl), the blocks' indices and fresh state set) to its end. The block of
+ * lowest rank that can go on always goes first, so a block runs as far ahead of the others as its
+ * barriers let it (an adversarial order: a stage given back too early is overwritten before the
+ * others read it); the cluster meets at its syncs; a wait no one can end is a deadlock. */
+static bool run_cluster(bstate *cl, uint32_t ncl, uint32_t *const *bufs, uint64_t *budget, char *err, size_t n_err)
+{
+    const kiln_kir *k = cl[0].k;
+    for (;;) {
+        bool progress = false;
+        for (uint32_t c = 0; c < ncl && !progress; c++)
+            if (!step_block(&cl[c], bufs, budget, &progress)) return false;
+        if (progress) continue;
+        uint32_t done = 0, waiting = 0, csync = 0;
+        for (uint32_t c = 0; c < ncl; c++)
+            for (uint32_t t = 0; t < k->block; t++) {
+                int st = cl[c].t[t].state;
+                done += st == TS_DONE, csync += st == TS_CSYNC, waiting += st == TS_MBAR || st == TS_WGW;
+            }
+        if (done == ncl * k->block) return true;
+        if (csync && csync + done == ncl * k->block) { /* every thread of the cluster is at its sync */
+            for (uint32_t c = 0; c < ncl; c++)
+                for (uint32_t t = 0; t < k->block; t++)
+                    if (cl[c].t[t].state == TS_CSYNC) cl[c].t[t].state = TS_RUN, cl[c].t[t].pc++;
+            continue;
+        }
+        if (waiting) snprintf(err, n_err, "kt_interp_block: deadlock: %u threads wait on mbarriers no one completes", waiting);
+        else snprintf(err, n_err, "kt_interp_block: deadlock: threads wait at barriers and cluster syncs that cannot all meet");
+        return false;
+    }
+}
+
+static void free_block(bstate *S)
+{
+    for (uint32_t i = 0; i < S->n_made; i++) free(S->bars[i].ops);
+    free(S->bars);
+    for (uint32_t t = 0; S->t && t < S->k->block; t++) free(S->t[t].v), free(S->t[t].w), free(S->t[t].pend), free(S->t[t].ra);
+    free(S->t), free(S->sh);
+}
+
 bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err)
 {
     if (!kiln_kir_verify(k, err, n_err)) return false;
     err[0] = 0;
-    bstate S = {.k = k, .err = err, .n_err = n_err};
-    S.match = calloc(k->n_ins + 1, sizeof *S.match);
-    S.wslot = calloc(k->n_ins + 1, sizeof *S.wslot);
-    S.t = calloc(k->block, sizeof *S.t);
-    bool ok = S.match && S.wslot && S.t;
+    uint32_t ncl = k->cluster > 1 ? k->cluster : 1;
+    uint32_t *match = calloc(k->n_ins + 1, sizeof *match), *wslot = calloc(k->n_ins + 1, sizeof *wslot), n_w = 0;
+    bstate *cl = calloc(ncl, sizeof *cl);
+    bool ok = match && wslot && cl;
     uint32_t stack[64], depth = 0;
     for (uint32_t i = 0; ok && i < k->n_ins; i++) {
         uint8_t op = k->ins[i].op;
         if (op == KILN_KOP_LOOP || op == KILN_KOP_IF) stack[depth++] = i;
-        else if (op == KILN_KOP_ELSE) { S.match[stack[depth - 1]] = i; stack[depth - 1] = i; }
-        else if (op == KILN_KOP_ENDLOOP || op == KILN_KOP_ENDIF) { S.match[stack[--depth]] = i; S.match[i] = op == KILN_KOP_ENDLOOP ? stack[depth] : i; }
-        if (k->ins[i].type == KILN_KT_W64) S.wslot[i] = S.n_w++;
+        else if (op == KILN_KOP_ELSE) { match[stack[depth - 1]] = i; stack[depth - 1] = i; }
+        else if (op == KILN_KOP_ENDLOOP || op == KILN_KOP_ENDIF) { match[stack[--depth]] = i; match[i] = op == KILN_KOP_ENDLOOP ? stack[depth] : i; }
+        if (k->ins[i].type == KILN_KT_W64) wslot[i] = n_w++;
     }
-    for (uint32_t s = 0; s < k->n_shared; s++) { /* as printed: dynamic arrays 1024-aligned (the swizzle's atoms) */
-        uint32_t al = k->dyn_shared ? 1024 : 128;
-        S.sh_bytes = (S.sh_bytes + al - 1) / al * al;
-        S.sh_off[s] = S.sh_bytes;
-        S.sh_bytes += (4 * k->shared[s] + 127) / 128 * 128;
-    }
-    S.bufs = bufs;
-    S.sh = calloc(S.sh_bytes ? S.sh_bytes : 1, 1);
-    ok = ok && S.sh;
-    for (uint32_t t = 0; ok && t < k->block; t++) {
-        S.t[t].v = calloc(k->n_ins + 1, sizeof *S.t[t].v);
-        S.t[t].w = calloc((size_t)S.n_w * 64 + 1, sizeof *S.t[t].w);
-        ok = S.t[t].v && S.t[t].w;
+    for (uint32_t c = 0; ok && c < ncl; c++) {
+        bstate *S = &cl[c];
+        *S = (bstate){.k = k, .err = err, .n_err = n_err, .match = match, .wslot = wslot, .n_w = n_w, .bufs = bufs, .cl = cl,
+                      .rank = c, .ncl = ncl};
+        for (uint32_t s = 0; s < k->n_shared; s++) { /* as printed: dynamic arrays 1024-aligned (the swizzle's atoms) */
+            uint32_t al = k->dyn_shared ? 1024 : 128;
+            S->sh_bytes = (S->sh_bytes + al - 1) / al * al;
+            S->sh_off[s] = S->sh_bytes;
+            S->sh_bytes += (4 * k->shared[s] + 127) / 128 * 128;
+        }
+        S->sh = calloc(S->sh_bytes ? S->sh_bytes : 1, 1);
+        S->t = calloc(k->block, sizeof *S->t);
+        ok = S->sh && S->t;
+        for (uint32_t t = 0; ok && t < k->block; t++) {
+            S->t[t].v = calloc(k->n_ins + 1, sizeof *S->t[t].v);
+            S->t[t].w = calloc((size_t)n_w * 64 + 1, sizeof *S->t[t].w);
+            ok = S->t[t].v && S->t[t].w;
+        }
     }
     if (!ok) snprintf(err, n_err, "kt_interp_block: out of memory");
     uint64_t budget = (uint64_t)1 << 34;
     for (uint32_t bz = 0; ok && bz < k->grid[2]; bz++)
         for (uint32_t by = 0; ok && by < k->grid[1]; by++)
-            for (uint32_t bx = 0; ok && bx < k->grid[0]; bx++) {
-                uint32_t bid[3] = {bx, by, bz};
-                memset(S.sh, 0xA5, S.sh_bytes); /* stale shared memory from an earlier block */
-                for (uint32_t t = 0; t < k->block; t++) {
-                    S.t[t].pc = 0, S.t[t].state = TS_RUN, S.t[t].n_pend = 0, S.t[t].groups = 0, S.t[t].n_ra = 0;
-                    memset(S.t[t].v, 0, (k->n_ins + 1) * sizeof *S.t[t].v);
-                }
-                S.n_bars = 0;
-                for (;;) {
-                    for (uint32_t t = 0; ok && t < k->block; t++)
-                        if (S.t[t].state == TS_RUN) ok = brun(&S, t, bufs, bid, &budget);
-                    if (!ok) break;
-                    uint32_t done = 0, woke = 0, waiting = 0;
+            for (uint32_t bx = 0; ok && bx < k->grid[0]; bx += ncl) {
+                for (uint32_t c = 0; c < ncl; c++) {
+                    bstate *S = &cl[c];
+                    S->bid[0] = bx + c, S->bid[1] = by, S->bid[2] = bz;
+                    memset(S->sh, 0xA5, S->sh_bytes); /* stale shared memory from an earlier block */
                     for (uint32_t t = 0; t < k->block; t++) {
-                        bthread *th = &S.t[t];
-                        done += th->state == TS_DONE;
-                        if (th->state == TS_WGW) {
-                            if (wg_mates_ready(&S, t, th->pc)) th->state = TS_RUN, woke++; /* runs the WG_WAIT */
-                            else waiting++;
-                            continue;
-                        }
-                        if (th->state != TS_MBAR) continue;
-                        const kiln_kinst *in = &k->ins[th->pc];
-                        mbar *b = bar_at(&S, th->v[in->a].u);
-                        if (b && b->phase != (th->v[in->b].u & 1)) th->state = TS_RUN, th->pc++, woke++;
-                        else waiting++;
+                        S->t[t].pc = 0, S->t[t].state = TS_RUN, S->t[t].n_pend = 0, S->t[t].groups = 0, S->t[t].n_ra = 0;
+                        memset(S->t[t].v, 0, (k->n_ins + 1) * sizeof *S->t[t].v);
                     }
-                    if (done == k->block) break;
-                    if (woke) continue;
-                    if (!(ok = bwarp_reduce(&S, &woke))) break;
-                    if (woke) continue;
-                    if (waiting) {
-                        ok = false;
-                        snprintf(err, n_err, "kt_interp_block: deadlock: %u threads wait on mbarriers no one completes", waiting);
-                        break;
-                    }
-                    ok = bmeet(&S); /* bar.sync counts the threads that have not exited */
+                    S->n_bars = 0;
                 }
-                for (uint32_t t = 0; ok && t < k->block; t++)
-                    if (S.t[t].n_pend) ok = false, snprintf(err, n_err, "kt_interp_block: thread %u ended with %u WGMMAs never waited for", t, S.t[t].n_pend);
+                ok = run_cluster(cl, ncl, bufs, &budget, err, n_err);
+                for (uint32_t c = 0; ok && c < ncl; c++)
+                    for (uint32_t t = 0; ok && t < k->block; t++)
+                        if (cl[c].t[t].n_pend)
+                            ok = false, snprintf(err, n_err, "kt_interp_block: thread %u ended with %u WGMMAs never waited for", t, cl[c].t[t].n_pend);
             }
-    for (uint32_t i = 0; i < S.n_made; i++) free(S.bars[i].ops);
-    free(S.bars);
-    for (uint32_t t = 0; S.t && t < k->block; t++) free(S.t[t].v), free(S.t[t].w), free(S.t[t].pend), free(S.t[t].ra);
-    free(S.t), free(S.sh), free(S.match), free(S.wslot);
+    for (uint32_t c = 0; cl && c < ncl; c++) free_block(&cl[c]);
+    free(cl), free(match), free(wslot);
     return ok;
 }
