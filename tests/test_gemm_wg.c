@@ -320,7 +320,7 @@ Test(gemm_wg, clusters)
     cr_assert_eq(g_cluster, 4);
     cr_assert(!cluster_case(2, KILN_DTYPE_F32, 224, 390, 260, NULL)); /* x in two parts; the last cluster has no rows */
     cr_assert_eq(g_cluster, 2);
-    cr_assert(!cluster_case(1, KILN_DTYPE_F16, 256, 300, 290, NULL));
+    cr_assert(!cluster_case(0, KILN_DTYPE_F16, 256, 300, 290, NULL)); /* the default: none */
     cr_assert_eq(g_cluster, 0);
     cr_assert(cluster_case(2, KILN_DTYPE_F16, 256, 300, 290, multicast_self_only), "slices landing in one block passed");
     cr_assert(cluster_case(4, KILN_DTYPE_F16, 512, 520, 515, release_self_only), "stages released to one block passed");

@@ -339,10 +339,11 @@ typedef struct kiln_codegen_options {
                            contiguous f16/bf16 cache of head_dim 64/128 takes the warpgroup flash kernel
                            (TMA + wgmma, FlashAttention-3 style); KILN_GEMM_OFF: the mma.sync flash
                            kernel (A/B runs, $KILN_FLASH_WG=0) */
-    int32_t gemm_cluster; /* sm_90 TMA GEMM of f16/bf16 weights: 0 (auto: 2) or 2 or 4 blocks of consecutive
-                           token rows form a thread block cluster and share each weight tile, every block
-                           bringing 1/n of it by TMA multicast into all of them (L2 traffic per tile
-                           falls from x + W to x + W / n); 1: no clusters (A/B runs, $KILN_GEMM_CLUSTER) */
+    int32_t gemm_cluster; /* sm_90 TMA GEMM of f16/bf16 weights: 2 or 4 blocks of consecutive token rows
+                           form a thread block cluster and share each weight tile, every block bringing
+                           1/n of it by TMA multicast into all of them (L2 traffic per tile falls from
+                           x + W to x + W / n); 0 or 1: no clusters, the default: on the H100 cluster 2
+                           measured as fast as none, 4 slower ($KILN_GEMM_CLUSTER, docs/kernels.md) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -146,8 +146,11 @@ enum kiln_kop {
     KILN_KOP_TMA_LOAD,
     /* Thread block clusters (kernels with kiln_kir.cluster > 1: that many consecutive blocks along x
      * run together, each its own shared memory; a block's rank is its x index mod cluster) */
-    KILN_KOP_MBAR_ARRIVE_CL, /* NONE: one arrival (release at cluster scope) at the mbarrier at shared
-                                address a (U32) of the cluster's block of rank b (U32) */
+    KILN_KOP_MBAR_ARRIVE_CL, /* NONE: one arrival at the mbarrier at shared address a (U32) of the
+                                cluster's block of rank b (U32); releases at the CTA's scope only (as
+                                CUTLASS's consumer release: cluster scope made every stage on the H100
+                                cm times slower), so it orders the thread's WGMMA reads retired before it,
+                                not its global stores */
     KILN_KOP_CLUSTER_SYNC,   /* NONE: every thread of every block of the cluster waits here (their shared
                                 memory accesses before it visible after it); uniform control flow */
     KILN_KOP_SETMAXNREG,  /* NONE: this warpgroup's registers per thread become imm & 0xffff (imm bit 16:

@@ -706,14 +706,17 @@ static void gw_shape(gm *G, int64_t col_blocks, const kiln_lower_target *tg)
     G->apart = G->bm * 16;
 }
 
-/* Thread block clusters for TMA weights (codegen.gemm_cluster: 0 = 2, 1 = none, 2, 4): the token-row
+/* Thread block clusters for TMA weights (codegen.gemm_cluster: 0 or 1 = none, 2, 4): the token-row
  * blocks of a cluster share each weight tile, so the L2 serves x + W / cm per tile instead of
- * x + W (the H100 GEMM ran at 6.4-7 TB/s of L2 reads at every shape measured: L2-bound). Needs
- * as many row blocks as the cluster has (else smaller), and weight slices of whole 8-row atoms. */
+ * x + W. Built on the hypothesis that the GEMM was L2-bound (6.4-7 TB/s of L2 reads at every
+ * shape); measured on the H100 it was not: cluster 2 ran as fast as none (llama-7b 512-token
+ * f16 layer 0.679 vs 0.686 ms, 512 x 12288 x 4096 458 vs 464 TFLOP/s), cluster 4 slower (0.857
+ * ms), so it is opt-in. Needs as many row blocks as the cluster has (else smaller), and weight
+ * slices of whole 8-row atoms. */
 static void gw_cluster(gm *G, const kiln_lower_target *tg)
 {
     gv *s = G->s;
-    int want = tg->opts.gemm_cluster == 1 ? 1 : tg->opts.gemm_cluster == 4 ? 4 : 2;
+    int want = tg->opts.gemm_cluster == 2 ? 2 : tg->opts.gemm_cluster == 4 ? 4 : 1;
     int64_t rows = (s->m_max + G->bm - 1) / G->bm;
     int sib = 1;
     for (int q = 0; q < s->n_grp; q++) sib = s->grp[q].n_sib > sib ? s->grp[q].n_sib : sib;

@@ -566,7 +566,7 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     }
     case KILN_KOP_MBAR_ARRIVE_CL: {
         rname ra = nreg(RC_R, new_reg(p, RC_R));
-        kiln_sbuf_printf(&p->body, "\tmapa.shared::cluster.u32 %s, %s, %s;\n\tmbarrier.arrive.release.cluster.shared::cluster.b64 _, [%s];\n",
+        kiln_sbuf_printf(&p->body, "\tmapa.shared::cluster.u32 %s, %s, %s;\n\tmbarrier.arrive.shared::cluster.b64 _, [%s];\n",
                          ra.s, vreg(p, in->a).s, vreg(p, in->b).s, ra.s);
         return KILN_OK;
     }
