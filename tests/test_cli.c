@@ -500,7 +500,22 @@ Test(cli, generate_prints_the_greedy_ids_on_each_backend)
         snprintf(be, sizeof be, "\"backend\": \"%s\"", bes[b]);
         cr_assert(strstr(o.out, be), "%s", o.out);
     }
+    /* tensor parallelism on virtual devices (issue #24): the same greedy ids */
+    for (int b = 0; b < 2; b++) {
+        cli_out o;
+        snprintf(args, sizeof args, "generate %s --ids 1,2,3 -n 8 --temp 0 --backend %s --gpus 2 --json", path, bes[b]);
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+        cr_assert(strstr(o.out, ids), "kiln %s: want ids %s in %s", args, ids, o.out);
+        char dev[64];
+        snprintf(dev, sizeof dev, "\"devices\": \"%s:0,1\"", bes[b]);
+        cr_assert(strstr(o.out, dev), "%s", o.out);
+    }
     cli_out o;
+    snprintf(args, sizeof args, "generate %s --ids 1,2,3 -n 2 --backend vulkan --gpus 2", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 2, "%s", o.err);
+    cr_assert(strstr(o.err, "--gpus splits over cuda GPUs"), "%s", o.err);
     snprintf(args, sizeof args, "generate %s --ids=1,2,3 -n 8 --temp=0", path);
     kiln_cli(&o, args);
     cr_assert_eq(o.rc, 0, "%s", o.err);

@@ -26,6 +26,7 @@ static unsigned key_dtypes(enum kiln_op op)
     case KILN_OP_MATMUL: return WTS;
     case KILN_OP_GET_ROWS: return WTS;
     case KILN_OP_ALL_REDUCE: return B(F32); /* sums the f32 outputs of row-parallel matmuls */
+    case KILN_OP_ALL_GATHER: return B(F32); /* joins the f32 outputs of column-parallel matmuls */
     case KILN_OP_CAST: case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT: return PLAIN;
     default: return ACT;
     }
@@ -131,6 +132,7 @@ static bool accepts(enum kiln_op op, kiln_dtype t)
     case KILN_OP_VIEW: y = kiln_view(g, x, 1, d1, 0); break;
     case KILN_OP_TRANSPOSE: y = kiln_transpose(g, x, 0, 1); break;
     case KILN_OP_ALL_REDUCE: y = kiln_all_reduce(g, x); break;
+    case KILN_OP_ALL_GATHER: y = kiln_all_gather(g, x); break;
     case KILN_OP_CONCAT: y = kiln_concat(g, x, kiln_weight_random(g, "x2", t, 2, d2, 7, 1.0f), 0); break;
     default: break;
     }

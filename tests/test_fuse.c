@@ -135,6 +135,51 @@ Test(fuse, rule2_3_4_norm_siblings_swiglu_residual)
     kiln_graph_free(g);
 }
 
+/* Rule 6: after an all_reduce (a split plan's row-parallel output), the bias and residual adds and
+ * the next rms_norm are one row kernel (add x2 + rms_norm, the residual sum and the norm stored),
+ * the next matmul reading the norm; fused == unfused, on the host backend under test and, where
+ * present, on vulkan (the GPU lowering of the row kernel with its add prologue). */
+Test(fuse, rule6_adds_and_norm_after_all_reduce_are_one_kernel)
+{
+    kiln_graph *g = gnew();
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){3, 64});
+    kiln_node part = kiln_input(g, "part", KILN_DTYPE_F32, 2, (kiln_dim[]){3, 64});
+    kiln_node bias = tu_weight(g, "bias", KILN_DTYPE_F32, 1, (kiln_dim[]){64}, -0.5f, 0.5f);
+    kiln_node h = kiln_add(g, x, kiln_add(g, kiln_all_reduce(g, part), bias));
+    kiln_node n = kiln_rms_norm(g, h, tu_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){64}, 0.5f, 1.5f), 1e-5f);
+    kiln_output(g, kiln_matmul(g, n, tu_weight(g, "wq", KILN_DTYPE_F16, 2, (kiln_dim[]){48, 64}, -0.2f, 0.2f)), "out0");
+    kiln_output(g, h, "out1");
+    feed f[] = {{"x", .t = KILN_DTYPE_F32, .n = 192}, {"part", .t = KILN_DTYPE_F32, .n = 192}};
+    double tol = 4 * tu_tol("matmul", KILN_DTYPE_F16) + 4 * tu_tol("rms_norm", KILN_DTYPE_F32);
+    int kf, ku;
+    fused_vs_unfused(g, f, 2, tol, &kf, &ku);
+    cr_assert_eq(kf, 3, "all_reduce, then add x2 + rms_norm, then the matmul: got %d", kf);
+    cr_assert_eq(ku, 5);
+    const char *bes[] = {fuse_backend(), "vulkan"};
+    for (int k = 0; k < 2; k++) {
+        kiln_backend_info bi;
+        bool present = false;
+        for (int i = 0; i < kiln_backend_count(g_ctx); i++)
+            present |= kiln_backend_get(g_ctx, i, &bi) == KILN_OK && !strcmp(bi.name, bes[k]) && bi.available;
+        if (!present) continue;
+        kiln_plan *p = NULL;
+        cr_assert_eq(kiln_compile(g_ctx, g, &(kiln_compile_options){.backend = bes[k]}, &p), KILN_OK, "%s", kiln_ctx_error(g_ctx));
+        kiln_region_info ri;
+        cr_assert_eq(kiln_plan_region(p, 1, &ri), KILN_OK);
+        cr_expect_str_eq(ri.kind, "rows", "%s: region 1 is %s (%s)", bes[k], ri.kind, ri.ops);
+        cr_expect(strstr(ri.ops, "add") && strstr(ri.ops, "rms_norm"), "%s: %s", bes[k], ri.ops);
+        cr_assert_eq(kiln_plan_region(p, 2, &ri), KILN_OK);
+        cr_expect(!strstr(ri.ops, "rms_norm"), "%s: the matmul reads the stored norm: %s", bes[k], ri.ops);
+        kiln_plan_free(p);
+        if (k == 1) { /* vulkan against the host backend, fused both */
+            setenv("KILN_TEST_BACKEND", "vulkan", 1);
+            fused_vs_unfused(g, f, 2, tol, &kf, &ku);
+            unsetenv("KILN_TEST_BACKEND");
+        }
+    }
+    kiln_graph_free(g);
+}
+
 Test(fuse, rule5_attention_written_as_ops_is_one_kernel)
 {
     for (int variant = 0; variant < 2; variant++) {

@@ -11,10 +11,35 @@
 #include <string.h>
 
 #include "model/presets.h"
+#include "sched/group.h"
+#include "support/gguf_writer.h"
 #include "support/testutil.h"
 
 static const char *(*nccl_log)(void);
 static void (*nccl_reset)(void);
+
+typedef struct fakecuda_log {
+    int      launches, captured, graph_launches, graph_kernels, modules, live_allocs, frees;
+    size_t   allocated;
+    char     last_ptx[65536];
+    unsigned last_grid[3], last_block;
+    int      last_n_params;
+    unsigned long long last_params[16];
+    int      fault_next_sync;
+    int      null_params;
+    int      links, cubin_loads;
+    int      ex_launches, pdl_launches, pdl_without_wait, pdl_captured;
+    int      stream_waits, syncs;
+} fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
+
+static fakecuda_log *fake(void)
+{
+    void *h = dlopen(KILN_FAKECUDA, RTLD_NOW | RTLD_LOCAL); /* the handle kiln's dlopen shares */
+    cr_assert(h, "%s: %s", KILN_FAKECUDA, dlerror());
+    fakecuda_log *l = dlsym(h, "fakecuda");
+    cr_assert(l);
+    return l;
+}
 
 static void setup(void)
 {
@@ -31,6 +56,8 @@ static void setup(void)
     unsetenv("FAKENCCL_REDUCE_FAIL");
     unsetenv("FAKENCCL_VERSION");
     unsetenv("KILN_CUDA_DEVICE");
+    unsetenv("KILN_NO_RECORD");
+    setenv("KILN_SPLIT", "all", 1); /* small layers: the NCCL calls, whatever the cost model would choose */
 }
 TestSuite(mgpu, .init = setup);
 
@@ -132,13 +159,26 @@ Test(mgpu, split_plan_calls_nccl_per_all_reduce_on_each_gpu)
     cr_expect_str_eq(kiln_plan_backend(p), "cuda");
     cr_expect_str_eq(nccl_log(), "init 2: 0 1\n", "communicators once, at compile");
     nccl_reset();
+    fakecuda_log *f = fake();
+    int launches = f->launches, graphs = f->graph_launches, captured = f->captured;
     cr_assert_eq(step(p, 1, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(step(p, 3, 9), KILN_OK, "%s", kiln_ctx_error(ctx));
     const char *one = "group{ ar(rank 0, 256, dtype 7, op 0) ar(rank 1, 256, dtype 7, op 0)}\n";
     const char *three = "group{ ar(rank 0, 768, dtype 7, op 0) ar(rank 1, 768, dtype 7, op 0)}\n";
     char want[1024];
     snprintf(want, sizeof want, "%s%s%s%s", one, one, three, three); /* after o and after down, per step */
-    cr_expect_str_eq(nccl_log(), want);
+    cr_expect_str_eq(nccl_log(), want, "each size recorded once, the NCCL calls inside the capture");
+    /* every kernel and NCCL call captured: each GPU's graph launched per step, nothing launched alone */
+    cr_expect_eq(f->launches, launches, "no launch outside the recordings");
+    cr_expect_eq(f->graph_launches - graphs, 4, "one graph per GPU per step");
+    cr_expect_gt(f->captured, captured);
+    int kernels = f->graph_kernels;
+    nccl_reset();
+    cr_assert_eq(step(p, 1, 7), KILN_OK, "%s", kiln_ctx_error(ctx)); /* a decode step again: replayed */
+    cr_expect_str_eq(nccl_log(), "", "a replay calls no NCCL: its calls are in the graphs");
+    cr_expect_eq(f->graph_launches - graphs, 6);
+    cr_expect_gt(f->graph_kernels, kernels);
+    cr_expect_eq(f->launches, launches);
     /* states read whole: each GPU's half of the KV heads */
     kiln_tensor_info ti;
     cr_assert_eq(kiln_plan_tensor(p, "k0", &ti), KILN_OK);
@@ -146,9 +186,9 @@ Test(mgpu, split_plan_calls_nccl_per_all_reduce_on_each_gpu)
     void *k = malloc(ti.bytes);
     cr_assert_eq(kiln_plan_state_read(p, "k0", k, ti.bytes), KILN_OK, "%s", kiln_ctx_error(ctx));
     free(k);
-    /* a failing all-reduce: a clear error, and the plan stays stopped */
+    /* a failing all-reduce (recording a new size): a clear error, and the plan stays stopped */
     setenv("FAKENCCL_REDUCE_FAIL", "1", 1);
-    cr_assert_eq(step(p, 1, 6), KILN_ERR_BACKEND);
+    cr_assert_eq(step(p, 2, 6), KILN_ERR_BACKEND);
     cr_expect(strstr(kiln_ctx_error(ctx), "ncclAllReduce: ncclResult 3: internal error (fake)"), "%s", kiln_ctx_error(ctx));
     unsetenv("FAKENCCL_REDUCE_FAIL");
     cr_assert_eq(step(p, 1, 6), KILN_ERR_BACKEND);
@@ -175,6 +215,124 @@ Test(mgpu, one_gpu_listed_twice_needs_no_nccl)
     cr_assert_eq(step(p, 2, 3), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_expect_str_eq(nccl_log(), "");
     kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+/* A GGUF model over two GPUs: per step, an all-reduce after o and after down of each layer, then the
+ * head's all-gather (last_only: one row, 48 of the 96 logits from each GPU). */
+Test(mgpu, model_head_split_by_vocabulary_calls_nccl_all_gather)
+{
+    static const gw_model gm = {.arch = "llama", .n_layer = 1, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 128,
+                                .n_vocab = 96, .n_ctx = 64, .wtype = KILN_DTYPE_F16, .embtype = KILN_DTYPE_F16, .seed = 5};
+    kiln_ctx *ctx = new_ctx();
+    gw *w = gw_model_new(&gm);
+    size_t nb;
+    uint8_t *bytes = gw_bytes(w, &nb);
+    gw_free(w);
+    kiln_gguf *f = NULL;
+    cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, nb, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 16, .max_tok = 4, .last_only = true, .logits = true}, &g),
+                 KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.devices = "cuda:0,1"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    nccl_reset();
+    int32_t ids[3] = {1, 2, 3}, pos[3] = {0, 1, 2}, last = 2, next = -1;
+    float logits[96];
+    kiln_binding b[] = {{.name = "n_tok", .value = 3}, {.name = "n_kv", .value = 3},
+                        {.name = "ids", .data = ids, .bytes = sizeof ids}, {.name = "pos", .data = pos, .bytes = sizeof pos},
+                        {.name = "last", .data = &last, .bytes = 4}, {.name = "next", .data = &next, .bytes = 4},
+                        {.name = "logits", .data = logits, .bytes = sizeof logits}};
+    cr_assert_eq(kiln_run(p, b, 7), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_expect_str_eq(nccl_log(), "group{ ar(rank 0, 192, dtype 7, op 0) ar(rank 1, 192, dtype 7, op 0)}\n"
+                                 "group{ ar(rank 0, 192, dtype 7, op 0) ar(rank 1, 192, dtype 7, op 0)}\n"
+                                 "group{ ag(rank 0, 48, dtype 7) ag(rank 1, 48, dtype 7)}\n");
+    setenv("FAKENCCL_REDUCE_FAIL", "1", 1); /* a failing collective (2 tokens: a new recording) stops the plan */
+    nccl_reset();
+    b[0].value = 2, b[1].value = 2, b[2].bytes = b[3].bytes = 8, last = 1;
+    kiln_status st = kiln_run(p, b, 7);
+    cr_assert_eq(st, KILN_ERR_BACKEND, "%s: %s", kiln_status_str(st), kiln_ctx_error(ctx));
+    cr_expect(strstr(kiln_ctx_error(ctx), "ncclAllReduce: ncclResult 3"), "%s", kiln_ctx_error(ctx));
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_gguf_close(f);
+    free(bytes);
+    kiln_ctx_free(ctx);
+}
+
+/* kiln calibrate's link measurement: an 8 KB and a 16 MiB all-reduce over both GPUs, timed into the
+ * profile's link_latency_s and link_bw; with multi-GPU off, the profile is untouched and why says so. */
+Test(mgpu, calibrate_measures_the_all_reduce)
+{
+    kiln_ctx *ctx = new_ctx();
+    nccl_reset();
+    kiln_device_profile p = {.link_bw = -1, .link_latency_s = -1};
+    char why[512] = "";
+    cr_assert_eq(kiln_sched_calibrate_link(ctx, &p, why, sizeof why), KILN_OK, "%s", why);
+    cr_expect(p.link_bw > 0 && p.link_latency_s > 0, "link_bw %g, link_latency_s %g", p.link_bw, p.link_latency_s);
+    cr_expect_str_eq(why, "2 GPUs");
+    const char *log = nccl_log();
+    cr_expect(!strncmp(log, "init 2: 0 1\n", 12), "%s", log);
+    cr_expect(strstr(log, "group{ ar(rank 0, 2048, dtype 7, op 0) ar(rank 1, 2048, dtype 7, op 0)}\n"), "8 KB: %.300s", log);
+    cr_expect(strstr(log, "group{ ar(rank 0, 4194304, dtype 7, op 0) ar(rank 1, 4194304, dtype 7, op 0)}\n"), "16 MiB");
+    cr_expect(strstr(log, "destroy 0\ndestroy 1\n"), "communicators freed");
+    kiln_ctx_free(ctx);
+    setenv("KILN_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+    ctx = new_ctx();
+    p = (kiln_device_profile){.link_bw = 7, .link_latency_s = 8};
+    cr_assert_eq(kiln_sched_calibrate_link(ctx, &p, why, sizeof why), KILN_ERR_UNSUPPORTED);
+    cr_expect(p.link_bw == 7 && p.link_latency_s == 8, "untouched");
+    cr_expect(strstr(why, "could not be loaded"), "%s", why);
+    kiln_ctx_free(ctx);
+}
+
+/* KILN_NO_RECORD=1: the parts launch kernel by kernel and call NCCL every run. */
+Test(mgpu, no_record_launches_kernel_by_kernel)
+{
+    setenv("KILN_NO_RECORD", "1", 1);
+    kiln_ctx *ctx = new_ctx();
+    kiln_graph *g = layer(2);
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.devices = "cuda:0,1"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    fakecuda_log *f = fake();
+    int launches = f->launches, graphs = f->graph_launches;
+    for (int k = 0; k < 2; k++) {
+        nccl_reset();
+        cr_assert_eq(step(p, 1, 3 + k), KILN_OK, "%s", kiln_ctx_error(ctx));
+        cr_expect_str_eq(nccl_log(), "group{ ar(rank 0, 256, dtype 7, op 0) ar(rank 1, 256, dtype 7, op 0)}\n"
+                                     "group{ ar(rank 0, 256, dtype 7, op 0) ar(rank 1, 256, dtype 7, op 0)}\n");
+    }
+    cr_expect_gt(f->launches, launches);
+    cr_expect_eq(f->graph_launches, graphs);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+/* A GPU that faults (an illegal address at a sync) stops the split plan for good with an error naming
+ * the GPU and the driver's text; a new split plan and the context's one-GPU plans still run. */
+Test(mgpu, device_fault_stops_the_split_plan_only)
+{
+    kiln_ctx *ctx = new_ctx();
+    kiln_graph *g = layer(1);
+    kiln_plan *p = NULL, *one = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.devices = "cuda:0,1"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &one), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(step(p, 1, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+    fake()->fault_next_sync = 1;
+    cr_assert_eq(step(p, 1, 3), KILN_ERR_BACKEND);
+    const char *e = kiln_ctx_error(ctx);
+    cr_expect(strstr(e, "split plan, part ") && strstr(e, "(GPU ") && strstr(e, "cuStreamSynchronize"), "%s", e);
+    cr_assert_eq(step(p, 1, 4), KILN_ERR_BACKEND);
+    cr_expect(strstr(kiln_ctx_error(ctx), "this multi-GPU plan stopped after an error") &&
+              strstr(kiln_ctx_error(ctx), "cuStreamSynchronize"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(step(one, 1, 2), KILN_OK, "the one-GPU plan: %s", kiln_ctx_error(ctx));
+    kiln_plan_free(p);
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.devices = "cuda:0,1"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(step(p, 1, 2), KILN_OK, "a new split plan: %s", kiln_ctx_error(ctx));
+    kiln_plan_free(p);
+    kiln_plan_free(one);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
 }

@@ -272,6 +272,11 @@ KILN_API kiln_node kiln_argmax(kiln_graph *g, kiln_node x);
  * x f32; y has x's shape. In a plan on one device it is the identity. The split pass inserts it;
  * graphs may also hold it. */
 KILN_API kiln_node kiln_all_reduce(kiln_graph *g, kiln_node x);
+/* The slices of x held by the devices of a split plan, joined along a new leading dim: x f32
+ * [...] -> y [devices, ...], device d's x at y[d] (NCCL's all-gather), every device gets y. The
+ * split pass inserts it (with a transpose and reshape) where a column-parallel matmul's output is
+ * wanted whole (a head split by vocabulary). In a plan on one device y = x as [1, ...]. */
+KILN_API kiln_node kiln_all_gather(kiln_graph *g, kiln_node x);
 /* Converts among f32, f16, bf16 and i32 (float to i32 rounds to nearest, ties to even). */
 KILN_API kiln_node kiln_cast(kiln_graph *g, kiln_node x, kiln_dtype t);
 /* Same elements, new dims (element counts equal; symbolic dims must appear in both, unchanged). */
@@ -366,12 +371,17 @@ typedef struct kiln_compile_options {
                              ("cuda:0,1", "cpu:0,1,2,3") or a count ("2", on `backend`): the graph is
                              split Megatron-style over that many devices (q/k/v and gate/up divided by
                              output rows, heads and KV caches by head, GQA groups whole; o and down by
-                             input columns, followed by an all_reduce), one part per device, and runs
+                             input columns, followed by an all_reduce; a head by vocabulary, joined
+                             by an all_gather), each group of divided matmuls only where the cost
+                             model predicts it faster than replicated (profile link_bw and
+                             link_latency_s; $KILN_SPLIT=all: wherever it divides), one part per device, and runs
                              as one plan (kiln_run, states whole to kiln_plan_state_read/_write;
                              kiln_plan_explain names the split). Distinct GPUs ("cuda:0,1"): a context,
                              stream and memory per GPU (weights sliced and uploaded to each at
-                             compile), the all-reduces through NCCL on each GPU's stream, launched
-                             kernel by kernel (no CUDA graph yet); without NCCL the compile fails
+                             compile), the all-reduces through NCCL on each GPU's stream, each GPU's
+                             kernels and NCCL calls recorded together as one CUDA graph per GPU at
+                             the first run of each size of the collectives (4 kept) and replayed
+                             (no_record: launched kernel by kernel); without NCCL the compile fails
                              saying why (kiln_multi_gpu); a device fault stops the split plan for
                              good, other plans keep working. Virtual devices: several parts on ref or
                              cpu in one process, or one GPU listed more than once ("cuda:0,0"), the
@@ -532,8 +542,10 @@ KILN_API kiln_status kiln_ctx_set_profile(kiln_ctx *ctx, const char *backend, co
 /* Overrides profile fields from a JSON file: {"cpu": {"mem_bw": 4e10, "peak_flops": {"f32": 1e11},
  * "launch_s": 2e-6}, "cuda": {...}}. Unknown keys are errors naming the key. */
 KILN_API kiln_status kiln_ctx_load_profile(kiln_ctx *ctx, const char *path);
-/* Measures the profiles of the present backends (CPU: read bandwidth and FMA peak) and, when
- * save is true, stores them in the cache dir, where later contexts find them. */
+/* Measures the profiles of the present backends (CPU: read bandwidth and FMA peak; with two or
+ * more GPUs and NCCL, the cuda profile's link_latency_s and link_bw from timed all-reduces, else
+ * those stay as they were) and, when save is true, stores them in the cache dir, where later
+ * contexts find them. */
 KILN_API kiln_status kiln_calibrate(kiln_ctx *ctx, bool save);
 /* Pins a node to a backend for placement ("ref", "cpu", ...; NULL clears). Not part of the hash. */
 KILN_API kiln_status kiln_pin(kiln_graph *g, kiln_node x, const char *backend);

@@ -140,6 +140,7 @@ _PROTOS = {
     "kiln_get_rows": (U64, [P, U64, U64]),
     "kiln_argmax": (U64, [P, U64]),
     "kiln_all_reduce": (U64, [P, U64]),
+    "kiln_all_gather": (U64, [P, U64]),
     "kiln_cast": (U64, [P, U64, I]),
     "kiln_reshape": (U64, [P, U64, I, DIMS]),
     "kiln_view": (U64, [P, U64, I, DIMS, I64]),

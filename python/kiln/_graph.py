@@ -326,6 +326,10 @@ class Graph:
         """Sum of x (f32) over the devices of a split plan; the identity on one device."""
         return self._node(lib.kiln_all_reduce(self.handle, self._nid(x)), "kiln_all_reduce")
 
+    def all_gather(self, x: Node) -> Node:
+        """Slices of x (f32) held by the devices of a split plan joined as [devices, ...]; [1, ...] on one device."""
+        return self._node(lib.kiln_all_gather(self.handle, self._nid(x)), "kiln_all_gather")
+
     def argmax(self, x: Node) -> Node:
         """Index of the largest value over the last dim (first on ties): x [..., N] -> i32 [...]."""
         return self._node(lib.kiln_argmax(self.handle, self._nid(x)), "kiln_argmax")

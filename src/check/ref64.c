@@ -456,6 +456,7 @@ static int op_layout(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t 
     case KILN_OP_CAST:
     case KILN_OP_RESHAPE:
     case KILN_OP_ALL_REDUCE: /* the sum over one device */
+    case KILN_OP_ALL_GATHER: /* the slices of one device */
         if (SNUM(0) != ne)
             FAIL("%s: %lld elements in, %lld out", kiln_op_name((enum kiln_op)nd->op), (long long)SNUM(0), (long long)ne);
         for (int64_t i = 0; i < ne; i++)

@@ -172,6 +172,8 @@ static int text_flag(kiln_cli_args *a, gen_opts *o)
     if ((r = kiln_cli_flag_value(a, "-n", &v)) != 0)
         return r < 0 || !kiln_cli_parse_i64("generate", "-n", v, 1, 1 << 20, &o->n_gen) ? -1 : 1;
     if (strcmp(a->argv[a->i], "--chat") == 0) return a->i++, o->chat = true, 1;
+    if ((r = kiln_cli_flag_value(a, "--gpus", &v)) != 0)
+        return r < 0 || !kiln_cli_parse_i64("generate", "--gpus", v, 1, 64, &o->common.gpus) ? -1 : 1;
     return 0;
 }
 
@@ -192,7 +194,7 @@ static int gen_args(int argc, char *const *argv, gen_opts *o)
         else o->common.path = argv[a.i++];
     }
     const char *why = NULL;
-    if (rc != KILN_CLI_OK) return rc;
+    if (rc != KILN_CLI_OK || (rc = kiln_cli_model_devices("generate", &o->common)) != KILN_CLI_OK) return rc;
     if (!o->common.path || (!o->prompt && !o->n_ids)) why = "needs MODEL.gguf and -p TEXT, -f FILE or --ids 1,2,3";
     else if (o->prompt && o->n_ids) why = "takes one of -p, -f and --ids";
     else if (o->chat && !o->prompt) why = "--chat needs -p TEXT or -f FILE";
@@ -389,15 +391,18 @@ static void gen_report(const gen_opts *o, const model_run *m, const gen_tok *gt,
                "\"stop\": \"%s\", \"seed\": %llu, \"backend\": ",
                (long long)gt->n_prompt, pf, dc, ms, g->why, (unsigned long long)o->sp.seed);
         kiln_cli_json_str(stdout, kiln_plan_backend(m->plan));
+        printf(", \"devices\": ");
+        kiln_cli_json_str(stdout, o->common.devices);
         printf("}\n");
         return;
     }
     if (isatty(1)) printf("\n");
     fprintf(stderr,
             "kiln generate: prompt %lld tokens in %.2f ms (%.1f tok/s); generated %lld tokens, %lld decode steps in "
-            "%.2f ms (%.1f tok/s, %.3f ms/token); stopped at %s; %s on %s, %d kernels, loaded in %.0f ms, seed %llu\n",
+            "%.2f ms (%.1f tok/s, %.3f ms/token); stopped at %s; %s on %s%s%s, %d kernels, loaded in %.0f ms, seed %llu\n",
             (long long)gt->n_prompt, g->prefill_s * 1e3, pf, (long long)g->n, (long long)g->steps, g->decode_s * 1e3, dc,
-            ms, g->why, m->info.arch, kiln_plan_backend(m->plan), kiln_plan_kernel_count(m->plan), m->load_s * 1e3,
+            ms, g->why, m->info.arch, kiln_plan_backend(m->plan), o->common.devices[0] ? " split over " : "",
+            o->common.devices, kiln_plan_kernel_count(m->plan), m->load_s * 1e3,
             (unsigned long long)o->sp.seed);
 }
 

@@ -44,7 +44,7 @@ static const char usage_generate[] =
     "usage: kiln generate MODEL.gguf (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat [--system TEXT]]\n"
     "                     [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                     [--repeat-last-n N] [--seed S] [--stop STRING]... [--logits FILE]\n"
-    "                     [--ignore-eos] [--backend B] [--threads N] [--json]\n"
+    "                     [--ignore-eos] [--backend B] [--gpus N] [--threads N] [--json]\n"
     "\n"
     "Loads a GGUF model (weights used in place from the mapping; kiln info MODEL.gguf says whether\n"
     "kiln runs it), tokenizes the prompt with the file's own tokenizer (tokenizer.ggml.*: SentencePiece\n"
@@ -71,9 +71,12 @@ static const char usage_generate[] =
     "  --logits FILE    write the raw logits each token was drawn from: n_vocab f32 per token\n"
     "  --ignore-eos     do not stop at end-of-generation tokens (always N tokens: for timing)\n"
     "  --backend B      auto (default), ref, cpu, cuda, vulkan\n"
+    "  --gpus N         split the model over N GPUs (cuda:0..N-1; with --backend cpu or ref, N virtual\n"
+    "                   devices): tensor parallelism, layers Megatron-style, the head by vocabulary or\n"
+    "                   replicated as the cost model chooses (kiln plan --devices explains the split)\n"
     "  --threads N      CPU threads (default: one per core)\n"
     "  --json           print only {\"ids\", \"text\", \"prompt_tokens\", \"prefill_tok_s\", \"decode_tok_s\",\n"
-    "                   \"ms_per_token\", \"stop\", \"seed\", \"backend\"} at the end\n";
+    "                   \"ms_per_token\", \"stop\", \"seed\", \"backend\", \"devices\"} at the end\n";
 
 /* Shared by run.c and bench.c through kiln_cli_usage(). */
 static const char usage_run[] =
@@ -200,7 +203,9 @@ static const char usage_calibrate[] =
     "\n"
     "Measures each available backend (cpu: streaming read bandwidth and FMA peak over all threads)\n"
     "and stores the profiles in the cache dir ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln), where\n"
-    "placement and kiln plan find them.\n";
+    "placement and kiln plan find them. With two or more GPUs and NCCL, also the all-reduce between\n"
+    "them (latency at 8 KB, bus bandwidth at 16 MiB: the cuda profile's link_latency_s and link_bw,\n"
+    "which the tensor-parallel split's cost model weighs); otherwise it says why that was skipped.\n";
 
 static const char usage_check[] =
     "usage: kiln check [--backend B] [--op NAME] [--quick] [--seed N] [--threads N] [--failures]\n"

@@ -58,7 +58,8 @@ int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, i
                              .logits = o->logits};
     kiln_graph *g = NULL;
     if ((s = kiln_model_build(m->file, &mo, &g)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "building the graph");
-    s = kiln_compile(m->ctx, g, &(kiln_compile_options){.backend = o->backend}, &m->plan);
+    s = kiln_compile(m->ctx, g, &(kiln_compile_options){.backend = o->devices[0] ? NULL : o->backend,
+                                                       .devices = o->devices[0] ? o->devices : NULL}, &m->plan);
     kiln_graph_free(g);
     if (s != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "compiling");
     m->pos = malloc((size_t)max_tok * sizeof *m->pos);
@@ -84,6 +85,21 @@ kiln_status kiln_cli_model_step(model_run *m, const int32_t *ids, int64_t n, int
     kiln_status s = kiln_run(m->plan, b, m->logits ? 7 : 6);
     if (s == KILN_OK && out) *out = m->next[0];
     return s;
+}
+
+/* --gpus N: the devices string, on --backend's host backend (virtual devices: ref, cpu) or cuda's
+ * GPUs 0..N-1. Exit code. */
+int kiln_cli_model_devices(const char *cmd, model_opts *o)
+{
+    if (o->gpus <= 1) return KILN_CLI_OK;
+    const char *be = o->backend && strcmp(o->backend, "auto") ? o->backend : "cuda";
+    if (strcmp(be, "cuda") && strcmp(be, "cpu") && strcmp(be, "ref")) {
+        fprintf(stderr, "kiln %s: --gpus splits over cuda GPUs (or ref/cpu virtual devices), not --backend %s\n", cmd, be);
+        return KILN_CLI_USAGE;
+    }
+    int k = snprintf(o->devices, sizeof o->devices, "%s:", be);
+    for (int64_t d = 0; d < o->gpus; d++) k += snprintf(o->devices + k, sizeof o->devices - (size_t)k, "%s%lld", d ? "," : "", (long long)d);
+    return KILN_CLI_OK;
 }
 
 /* Parses --backend/--threads/--json and the model path; 1 when a->argv[a->i] was one, 0 when not,

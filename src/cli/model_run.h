@@ -24,6 +24,8 @@ typedef struct model_opts {
     int64_t     threads; /* --threads; 0 = one per core */
     bool        json;    /* --json */
     bool        logits;  /* build the graph with a logits output (generate samples from it) */
+    int64_t     gpus;    /* --gpus N (generate): a tensor-parallel split over N devices, 0/1: none */
+    char        devices[320]; /* the split's kiln_compile_options.devices ("cuda:0,1", "cpu:0,1"), "" for none */
 } model_opts;
 
 /* Frees what kiln_cli_model_load made (each member may be NULL). */
@@ -33,6 +35,8 @@ int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, i
 /* One run of n ids at positions start..; *out (may be NULL) = the argmax after the last one; with
  * model_opts.logits, m->logits gets the last token's logits. */
 kiln_status kiln_cli_model_step(model_run *m, const int32_t *ids, int64_t n, int64_t start, int32_t *out);
+/* --gpus N into o->devices ("cuda:0,1,...", or "cpu:0,1" with --backend cpu). Exit code. */
+int kiln_cli_model_devices(const char *cmd, model_opts *o);
 /* Parses --backend/--threads/--json; 1 when a->argv[a->i] was one, 0 when not, or an exit code
  * (negative: KILN_CLI_USAGE). */
 int kiln_cli_model_flag(kiln_cli_args *a, model_opts *o);

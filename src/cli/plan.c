@@ -174,6 +174,19 @@ int kiln_cli_calibrate(int argc, char *const *argv)
                    pr.peak_flops[KILN_DTYPE_F32] / 1e9, pr.launch_s * 1e6, !strcmp(b.name, "ref") ? "   (assumed)" : "");
         first = 0;
     }
+    kiln_device_profile pr; /* the multi-GPU all-reduce, measured with NCCL over two or more GPUs */
+    char why[512];
+    int n_gpus = 0;
+    bool link = kiln_multi_gpu(ctx, &n_gpus, why, sizeof why) == KILN_OK && kiln_ctx_profile(ctx, "cuda", &pr) == KILN_OK;
+    if (json && link) printf(",\"link\":{\"gpus\":%d,\"link_bw\":%.6g,\"link_latency_s\":%.6g}", n_gpus, pr.link_bw, pr.link_latency_s);
+    else if (json) {
+        printf(",\"link\":{\"skipped\":");
+        kiln_cli_json_str(stdout, why);
+        printf("}");
+    } else if (link)
+        printf("link    all-reduce over %d GPUs: bus bandwidth %.1f GB/s, %.1f us for 8 KB\n", n_gpus, pr.link_bw / 1e9,
+               pr.link_latency_s * 1e6);
+    else printf("link    all-reduce not measured: %s\n", why);
     if (json) printf("}\n");
     else if (save) printf("saved to the cache dir (profiles.json); kiln plan and placement use it\n");
     kiln_ctx_free(ctx);

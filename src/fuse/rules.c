@@ -6,7 +6,8 @@
  *  4. matmul epilogues: bias add, residual add and swiglu (via 1), rope on a reshaped (biased)
  *     Q/K, kv_scatter of the roped K or the reshaped (biased) V;
  *  5. softmax(scale(q . k^T) [+ mask]) . v written as ops (v given as transpose(v) or as [d, S])
- *     becomes one attention region: the [T, S] scores never reach memory.
+ *     becomes one attention region: the [T, S] scores never reach memory;
+ *  6. an rms_norm of adds after an all_reduce anchors those adds' region (the all-reduce's epilogue).
  * Every merge keeps regions convex: all operands from outside a region are ready before it. */
 #include "fuse/fuse.h"
 
@@ -156,6 +157,26 @@ static void rule_rope_scatter(fuse_state *f, uint32_t i)
     }
 }
 
+/* Rule 6: the rms_norm of a residual sum after an all_reduce (a split plan's row-parallel output, its
+ * bias and residual adds: one map region) becomes that region's anchor: one row kernel right after
+ * the collective (the add, the norm, both stored) instead of a map kernel and a norm prologue
+ * re-evaluated inside the next matmul. The host path of a split plan does it in one pass (group.c). */
+static void rule_norm_after_reduce(fuse_state *f, uint32_t i)
+{
+    const kiln_graph *g = f->g;
+    uint32_t x = g->nodes[i].src[0], gid = x == KILN_IDX_NONE ? KILN_IDX_NONE : f->group[x];
+    if (gid == KILN_IDX_NONE || f->kind[gid] || !is_map(g->nodes[f->anchor[gid]].op) || !same_dims(&g->nodes[x], &g->nodes[i]))
+        return;
+    bool after_reduce = false;
+    for (uint32_t j = f->first[gid]; j <= f->last[gid]; j++)
+        for (int s = 0; f->group[j] == gid && s < g->nodes[j].n_src; s++)
+            after_reduce |= g->nodes[j].src[s] != KILN_IDX_NONE && g->nodes[g->nodes[j].src[s]].op == KILN_OP_ALL_REDUCE;
+    if (after_reduce && join(f, i, gid)) {
+        f->anchor[gid] = i;
+        f->kind[gid] = KILN_REGION_ROWS;
+    }
+}
+
 /* Rule 5: matmul i = softmax(...) . v; walks back softmax <- [add mask] <- [scale] <- matmul(q, k).
  * Every link must be f32, read only by the next one, and alone in its group (or with earlier links). */
 static void rule_attention(fuse_state *f, uint32_t i)
@@ -223,6 +244,7 @@ void kiln_fuse_apply_rules(const kiln_graph *g, uint32_t *group, uint32_t *ancho
         }
         else if (is_map(op)) rule_epilogue(&f, i);
         else if (op == KILN_OP_ROPE || op == KILN_OP_KV_SCATTER) rule_rope_scatter(&f, i);
+        else if (op == KILN_OP_RMS_NORM) rule_norm_after_reduce(&f, i);
     }
 out:
     free(f.first);

@@ -18,7 +18,7 @@ enum kiln_op_class {
     KILN_OPC_SCATTER,      /* kv_scatter */
     KILN_OPC_MOVE,         /* data movement: get_rows, transpose, concat */
     KILN_OPC_ALIAS,        /* reshape, view: no kernel */
-    KILN_OPC_COLLECTIVE,   /* all_reduce: a region of its own, joined across the parts of a split plan */
+    KILN_OPC_COLLECTIVE,   /* all_reduce, all_gather: a region of its own, joined across the parts of a split plan */
     KILN_OPC_COUNT
 };
 
@@ -56,7 +56,8 @@ enum kiln_op_class {
     X(SIGMOID,    "sigmoid",    ELEMENTWISE, 4, 1, 0, 0, 0, "x") /* 1 / (1 + e^-x) */            \
     X(PAGED_ATTENTION, "paged_attention", ATTENTION, 0, 6, 0, P(BLOCK) | P(SCALE), P(BLOCK),          \
       "q k v pos seqs blocks block=INT [scale=FLOAT]") /* i[0] block, f[0] scale */ \
-    X(ALL_REDUCE, "all_reduce", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices summed (split pass) */
+    X(ALL_REDUCE, "all_reduce", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices summed (split pass) */ \
+    X(ALL_GATHER, "all_gather", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices (split pass), y [i[0], x] */
 
 enum kiln_op {
 #define KILN_OP_ENUM(id, name, cls, flops, nreq, nopt, params, req, usage) KILN_OP_##id,

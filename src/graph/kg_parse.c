@@ -652,6 +652,7 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_GET_ROWS: return kiln_get_rows(g, s[0], s[1]);
     case KILN_OP_ARGMAX: return kiln_argmax(g, s[0]);
     case KILN_OP_ALL_REDUCE: return kiln_all_reduce(g, s[0]);
+    case KILN_OP_ALL_GATHER: return kiln_all_gather(g, s[0]);
     case KILN_OP_CAST: return kiln_cast(g, s[0], a->dtype);
     case KILN_OP_RESHAPE: return kiln_reshape(g, s[0], a->rank, a->dims);
     case KILN_OP_VIEW: return kiln_view(g, s[0], a->rank, a->dims, a->offset);

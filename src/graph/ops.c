@@ -426,6 +426,22 @@ KILN_API kiln_node kiln_all_reduce(kiln_graph *g, kiln_node x)
     return finish(&b);
 }
 
+KILN_API kiln_node kiln_all_gather(kiln_graph *g, kiln_node x)
+{
+    build b = begin(g, KILN_OP_ALL_GATHER);
+    const kiln_node_rec *a = operand(&b, 0, "x", x, false);
+    if (b.ok && a->dtype != KILN_DTYPE_F32)
+        fail(&b, KILN_ERR_DTYPE, "x has dtype %s; all_gather joins f32 slices", kiln_dtype_name(a->dtype));
+    if (b.ok && a->rank >= KILN_MAX_RANK)
+        fail(&b, KILN_ERR_SHAPE, "x has rank %d; all_gather adds a leading dim (rank at most %d)", a->rank, KILN_MAX_RANK - 1);
+    if (b.ok) {
+        int64_t d[KILN_MAX_RANK] = {1};
+        memcpy(d + 1, a->dims, (size_t)a->rank * sizeof *d);
+        set_shape(&b, a->dtype, a->rank + 1, d);
+    }
+    return finish(&b);
+}
+
 KILN_API kiln_node kiln_cast(kiln_graph *g, kiln_node x, kiln_dtype t)
 {
     build b = begin(g, KILN_OP_CAST);

@@ -104,6 +104,9 @@ typedef struct kiln_backend_i {
     kiln_status (*coll_init)(void *const *states, const int *devs, int n, void **comm, char *err, size_t n_err);
     kiln_status (*all_reduce)(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
                               size_t n_err);
+    /* all_gather (with the four): enqueues y[i][j * count ..] = x[j] (count f32 values) likewise. */
+    kiln_status (*all_gather)(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
+                              size_t n_err);
     void        (*coll_free)(void *comm);
 } kiln_backend_i;
 

@@ -517,6 +517,20 @@ kiln_status kiln_sched_execute_range(kiln_plan *p, uint32_t r0, uint32_t r1)
     return s == KILN_OK ? run_regions(p, r0, r1, x) : s;
 }
 
+kiln_status kiln_sched_prepare_all(kiln_plan *p)
+{
+    kiln_status s = prepare_devices(p);
+    for (uint32_t x = 0; s == KILN_OK && x < p->n_xfers; x++) s = do_xfer(p, &p->xfers[x]);
+    return s;
+}
+
+kiln_status kiln_sched_launch_range(kiln_plan *p, uint32_t r0, uint32_t r1)
+{
+    kiln_status s = KILN_OK;
+    for (uint32_t r = r0; s == KILN_OK && r < r1; r++) s = launch_region(p, r);
+    return s;
+}
+
 void *kiln_sched_dev_addr(const kiln_plan *p, uint32_t node)
 {
     int sp = p->home[p->root[node]];

@@ -4,6 +4,7 @@
 #include "sched/cost.h"
 #include "sched/plan.h"
 #include "sched/group.h"
+#include "sched/split.h"
 #include "util/sbuf.h"
 
 #include <stdio.h>
@@ -246,10 +247,17 @@ KILN_API kiln_status kiln_plan_explain(const kiln_plan *p, const char *format, c
     sbuf b = {0};
     if (p->group) { /* the split, then one part (every part runs the same kernels on its slices) */
         const char *sum = kiln_sched_group_summary(p->group);
-        size_t n = strlen(sum);
-        if (format && !strcmp(format, "json")) kiln_sbuf_printf(&b, "{\"split\": {\"devices\": %d, \"summary\": \"%.*s\"}, \"part0\": ",
-                                                            kiln_sched_group_size(p->group), (int)(n ? n - 1 : 0), sum);
-        else if (!format || !strcmp(format, "text")) kiln_sbuf_printf(&b, "%sone part of %d:\n", sum, kiln_sched_group_size(p->group));
+        size_t n = strcspn(sum, "\n"); /* JSON: the first line; the cost model's verdicts as objects */
+        if (format && !strcmp(format, "json")) {
+            const kiln_split *sp = kiln_sched_group_split(p->group);
+            kiln_sbuf_printf(&b, "{\"split\": {\"devices\": %d, \"summary\": \"%.*s\", \"cost_model\": [",
+                             kiln_sched_group_size(p->group), (int)n, sum);
+            for (uint32_t k = 0; k < sp->n_choices; k++)
+                kiln_sbuf_printf(&b, "%s{\"matmuls\": \"%s\", \"split_s\": %.6g, \"replicated_s\": %.6g, \"split\": %s}",
+                                 k ? ", " : "", sp->choices[k].what, sp->choices[k].split_s, sp->choices[k].whole_s,
+                                 sp->choices[k].split ? "true" : "false");
+            kiln_sbuf_printf(&b, "]}, \"part0\": ");
+        } else if (!format || !strcmp(format, "text")) kiln_sbuf_printf(&b, "%sone part of %d:\n", sum, kiln_sched_group_size(p->group));
         p = kiln_sched_group_part(p->group, 0);
     }
     bool split_json = b.s && format && !strcmp(format, "json");

@@ -4,12 +4,23 @@
  * Virtual devices share one backend (ref/cpu in one process, or one GPU): the sum goes through the
  * host. Must not contain kernels or change the parts' placement. */
 #include "sched/group.h"
+#include "sched/group_epi.h"
 #include "sched/split.h"
+#include "util/env.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define GROUP_RECS 4 /* recordings kept per split plan, by the collectives' sizes (decode, prefill, ...) */
+
+/* One recording of every part (distinct GPUs): its kernels and NCCL calls as a CUDA graph per GPU.
+ * NCCL's counts are fixed in it, so it serves runs whose collectives move the same bytes. */
+typedef struct group_rec {
+    size_t *bytes;   /* per collective: bytes of its result */
+    void   *rec[64]; /* per part: the backend's recording */
+} group_rec;
 
 struct kiln_group {
     int         n;        /* parts */
@@ -24,10 +35,14 @@ struct kiln_group {
     kiln_graph *src;      /* the source graph (names of states, for reads and writes) */
     uint32_t    n_coll;   /* all_reduce regions per part */
     uint32_t  **coll;     /* coll[p][k]: part p's k-th all_reduce region */
+    bool       *epi;      /* epi[k]: the region after it is computed with the host sum (group_epi.c) */
     float      *sum;      /* host buffer of one all-reduce's total */
     float      *tmp;      /* one part's partial sum */
     size_t      cap;      /* bytes of each */
-    char        summary[1024]; /* the split described (kiln plan) */
+    char        summary[16384]; /* the split described (kiln plan) */
+    group_rec   recs[GROUP_RECS]; /* distinct GPUs: recordings, oldest replaced first */
+    int         n_recs, next_rec;
+    size_t     *bytes_now; /* this run's bytes per collective */
 };
 
 /* "cuda:0,1" / "cpu:0,1,2,3" / "4": the backend named (or NULL) and the number of parts. */
@@ -69,14 +84,25 @@ static kiln_status parse_devices(kiln_ctx *ctx, const char *s, char *be, size_t 
     return KILN_OK;
 }
 
+static void rec_free(kiln_group *gr, group_rec *r)
+{
+    for (int p = 0; p < gr->n; p++)
+        if (r->rec[p]) kiln_backends[gr->coll_be]->record_free(gr->parts[p]->ctx->be_state[gr->coll_be], r->rec[p]);
+    free(r->bytes);
+    memset(r, 0, sizeof *r);
+}
+
 void kiln_sched_group_free(kiln_group *gr)
 {
     if (!gr) return;
+    for (int k = 0; k < gr->n_recs; k++) rec_free(gr, &gr->recs[k]);
     for (int p = 0; gr->parts && p < gr->n; p++) kiln_plan_free(gr->parts[p]);
     if (gr->comm) kiln_backends[gr->coll_be]->coll_free(gr->comm);
     for (int p = 0; gr->child && p < gr->n; p++) kiln_ctx_free(gr->child[p]);
     free(gr->child);
     for (int p = 0; gr->coll && p < gr->n; p++) free(gr->coll[p]);
+    free(gr->epi);
+    free(gr->bytes_now);
     free(gr->parts);
     free(gr->coll);
     free(gr->sum);
@@ -99,6 +125,12 @@ static kiln_status find_collectives(kiln_ctx *ctx, kiln_group *gr)
         if (p && k != gr->n_coll)
             return kiln_ctx_fail(ctx, KILN_ERR_INTERNAL, "split plan: part %d has %u all_reduce regions, part 0 %u", p, k, gr->n_coll);
         gr->n_coll = k;
+    }
+    gr->bytes_now = malloc((gr->n_coll + 1) * sizeof *gr->bytes_now);
+    if (!(gr->epi = calloc(gr->n_coll + 1, sizeof *gr->epi)) || !gr->bytes_now) return KILN_ERR_NOMEM;
+    for (uint32_t k = 0; k < gr->n_coll; k++) {
+        gr->epi[k] = !gr->comm;
+        for (int p = 0; p < gr->n; p++) gr->epi[k] = gr->epi[k] && kiln_sched_epi_ok(gr->parts[p], gr->coll[p][k]);
     }
     return KILN_OK;
 }
@@ -136,7 +168,7 @@ static kiln_status compile_parts(kiln_ctx *ctx, kiln_group *gr, const kiln_compi
     kiln_compile_options po = opts ? *opts : (kiln_compile_options){0};
     po.devices = NULL;
     po.backend = be[0] ? be : po.backend;
-    po.no_record = true; /* the parts stop at every all-reduce: launched region by region */
+    /* no_record as asked: parts on distinct GPUs are recorded together (group.c), never alone */
     if (!(gr->parts = calloc((size_t)gr->n, sizeof *gr->parts))) return KILN_ERR_NOMEM;
     for (int p = 0; p < gr->n; p++) {
         kiln_ctx *pc = gr->child ? gr->child[p] : ctx;
@@ -148,6 +180,23 @@ static kiln_status compile_parts(kiln_ctx *ctx, kiln_group *gr, const kiln_compi
         }
     }
     return find_collectives(ctx, gr);
+}
+
+/* The profile the split's cost model weighs with: the parts' backend's (auto: cuda when present,
+ * else cpu). NULL (split whatever divides) with $KILN_SPLIT=all, for experiments and tests. */
+static const kiln_device_profile *split_profile(kiln_ctx *ctx, const kiln_compile_options *opts, const char *be,
+                                                kiln_device_profile *out)
+{
+    const char *env = kiln_env(KILN_ENV_SPLIT);
+    if (env && !strcmp(env, "all")) return NULL;
+    const char *name = be[0] ? be : opts->backend && strcmp(opts->backend, "auto") ? opts->backend
+                     : ctx->be_ok[KILN_BACKEND_CUDA] ? "cuda" : "cpu";
+    for (int b = 0; b < KILN_BACKEND_COUNT; b++)
+        if (!strcmp(kiln_backends[b]->name, name) && ctx->has_profile[b]) {
+            *out = ctx->profile[b];
+            return out;
+        }
+    return NULL;
 }
 
 kiln_status kiln_sched_group_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln_compile_options *opts, kiln_group **out,
@@ -181,7 +230,9 @@ kiln_status kiln_sched_group_compile(kiln_ctx *ctx, const kiln_graph *g, const k
         kiln_sched_group_free(gr);
         return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory copying the graph to split");
     }
-    if ((s = kiln_sched_split(gr->src, n, &gr->split, err, sizeof err)) != KILN_OK) {
+    kiln_device_profile prof;
+    const kiln_device_profile *pp = split_profile(ctx, opts, be, &prof);
+    if ((s = kiln_sched_split(gr->src, n, pp, &gr->split, err, sizeof err)) != KILN_OK) {
         kiln_sched_group_free(gr);
         return kiln_ctx_fail(ctx, s, "%s", err);
     }
@@ -197,9 +248,10 @@ kiln_status kiln_sched_group_compile(kiln_ctx *ctx, const kiln_graph *g, const k
 int         kiln_sched_group_size(const kiln_group *gr) { return gr ? gr->n : 1; }
 kiln_plan  *kiln_sched_group_part(const kiln_group *gr, int p) { return gr->parts[p]; }
 const char *kiln_sched_group_summary(const kiln_group *gr) { return gr->summary; }
+const kiln_split *kiln_sched_group_split(const kiln_group *gr) { return &gr->split; }
 
 /* Distinct GPUs: the backend's collective (NCCL) on every part's queue, device to device. */
-static kiln_status device_all_reduce(kiln_group *gr, uint32_t k, size_t count)
+static kiln_status device_collective(kiln_group *gr, uint32_t k, bool gather, size_t count)
 {
     void *states[64], *x[64], *y[64];
     for (int p = 0; p < gr->n; p++) {
@@ -209,35 +261,43 @@ static kiln_status device_all_reduce(kiln_group *gr, uint32_t k, size_t count)
         x[p] = kiln_sched_dev_addr(pp, pp->g->nodes[yn].src[0]);
         y[p] = kiln_sched_dev_addr(pp, yn);
         if (!x[p] || !y[p])
-            return kiln_ctx_fail(pp->ctx, KILN_ERR_INTERNAL, "split plan: part %d's all-reduce %u is not in device memory", p, k);
+            return kiln_ctx_fail(pp->ctx, KILN_ERR_INTERNAL, "split plan: part %d's collective %u is not in device memory", p, k);
     }
     char err[512] = "";
-    kiln_status s = kiln_backends[gr->coll_be]->all_reduce(gr->comm, states, x, y, count, err, sizeof err);
-    return s == KILN_OK ? s : kiln_ctx_fail(gr->parts[0]->ctx, s, "all-reduce %u of %zu values: %s", k, count, err);
+    const kiln_backend_i *b = kiln_backends[gr->coll_be];
+    if (gather && !b->all_gather)
+        return kiln_ctx_fail(gr->parts[0]->ctx, KILN_ERR_UNSUPPORTED, "all-gather %u: the %s backend has none", k, b->name);
+    kiln_status s = gather ? b->all_gather(gr->comm, states, x, y, count, err, sizeof err)
+                           : b->all_reduce(gr->comm, states, x, y, count, err, sizeof err);
+    return s == KILN_OK ? s : kiln_ctx_fail(gr->parts[0]->ctx, s, "%s %u of %zu values: %s", gather ? "all-gather" : "all-reduce",
+                                            k, count, err);
 }
 
-/* The k-th all-reduce: every part's x summed in part order into the host buffer, written to every
- * part's result. */
+/* The k-th collective. all_reduce: every part's x summed in part order into the host buffer;
+ * all_gather: part p's x at slice p; the result written to every part's y. */
 static kiln_status all_reduce(kiln_group *gr, uint32_t k)
 {
     const kiln_plan *p0 = gr->parts[0];
     uint32_t y0 = p0->fusion.regions[gr->coll[0][k]].anchor;
-    size_t bytes = kiln_node_bytes(&p0->g->nodes[y0], p0->dims[y0]);
-    if (gr->comm) return device_all_reduce(gr, k, bytes / sizeof(float));
+    bool gather = p0->g->nodes[y0].op == KILN_OP_ALL_GATHER;
+    size_t bytes = kiln_node_bytes(&p0->g->nodes[y0], p0->dims[y0]), xb = gather ? bytes / (size_t)gr->n : bytes;
+    if (gr->comm) return device_collective(gr, k, gather, xb / sizeof(float));
     if (bytes > gr->cap) {
         free(gr->sum), free(gr->tmp);
         gr->sum = malloc(bytes), gr->tmp = malloc(bytes);
         gr->cap = gr->sum && gr->tmp ? bytes : 0;
         if (!gr->cap) return kiln_ctx_fail(p0->ctx, KILN_ERR_NOMEM, "out of memory for an all-reduce of %zu bytes", bytes);
     }
-    size_t n = bytes / sizeof(float);
+    size_t n = xb / sizeof(float);
     for (int p = 0; p < gr->n; p++) {
         kiln_plan *pp = gr->parts[p];
         uint32_t y = pp->fusion.regions[gr->coll[p][k]].anchor, x = pp->g->nodes[y].src[0];
-        kiln_status s = kiln_sched_fetch(pp, x, p ? gr->tmp : gr->sum, bytes);
+        float *dst = gather ? gr->sum + (size_t)p * n : p ? gr->tmp : gr->sum;
+        kiln_status s = kiln_sched_fetch(pp, x, dst, xb);
         if (s != KILN_OK) return s;
-        for (size_t i = 0; p && i < n; i++) gr->sum[i] += gr->tmp[i];
+        for (size_t i = 0; !gather && p && i < n; i++) gr->sum[i] += gr->tmp[i];
     }
+    if (gr->epi[k]) return kiln_sched_epi_run(gr->parts, gr->n, gr->coll[0][k], gr->sum, n); /* nothing else reads y */
     for (int p = 0; p < gr->n; p++) {
         kiln_plan *pp = gr->parts[p];
         kiln_status s = kiln_sched_put(pp, pp->fusion.regions[gr->coll[p][k]].anchor, gr->sum, bytes);
@@ -246,16 +306,91 @@ static kiln_status all_reduce(kiln_group *gr, uint32_t k)
     return KILN_OK;
 }
 
-/* Every part's regions from r0[p] up to (not including) its k-th all_reduce (k == n_coll: to the end). */
+/* Part p's regions of segment k: after collective k - 1 (and its host epilogue) up to collective k. */
+static void seg_bounds(const kiln_group *gr, int p, uint32_t k, uint32_t *r0, uint32_t *r1)
+{
+    *r0 = k ? gr->coll[p][k - 1] + 1 + gr->epi[k - 1] : 0;
+    *r1 = k < gr->n_coll ? gr->coll[p][k] : gr->parts[p]->fusion.n_regions;
+}
+
+/* Every part's regions of segment k, then the k-th collective (k == n_coll: the last regions). */
 static kiln_status run_segment(kiln_group *gr, uint32_t k)
 {
     for (int p = 0; p < gr->n; p++) {
-        kiln_plan *pp = gr->parts[p];
-        uint32_t r0 = k ? gr->coll[p][k - 1] + 1 : 0, r1 = k < gr->n_coll ? gr->coll[p][k] : pp->fusion.n_regions;
-        kiln_status s = kiln_sched_execute_range(pp, r0, r1);
+        uint32_t r0, r1;
+        seg_bounds(gr, p, k, &r0, &r1);
+        kiln_status s = kiln_sched_execute_range(gr->parts[p], r0, r1);
         if (s != KILN_OK) return s;
     }
     return k < gr->n_coll ? all_reduce(gr, k) : KILN_OK;
+}
+
+/* Distinct GPUs whose parts each record whole (every region on the GPU, no timing or scans). */
+static bool use_graphs(const kiln_group *gr)
+{
+    for (int p = 0; gr->comm && p < gr->n; p++) {
+        const kiln_plan *pp = gr->parts[p];
+        if (pp->record_space != gr->coll_be || pp->profiling || pp->check_finite) return false;
+    }
+    return gr->comm != NULL;
+}
+
+/* Captures every part's launches and the NCCL calls between them, all GPUs' streams at once (NCCL
+ * groups span them), into one recording per GPU. */
+static kiln_status record(kiln_group *gr, group_rec *r)
+{
+    const kiln_backend_i *b = kiln_backends[gr->coll_be];
+    char err[512] = "";
+    kiln_status s = KILN_OK;
+    int open = 0;
+    for (; s == KILN_OK && open < gr->n; open++)
+        if ((s = b->record_begin(gr->parts[open]->ctx->be_state[gr->coll_be], err, sizeof err)) != KILN_OK)
+            s = kiln_ctx_fail(gr->parts[open]->ctx, s, "recording the split plan: %s", err);
+    if (s != KILN_OK) open--;
+    for (uint32_t k = 0; s == KILN_OK && k <= gr->n_coll; k++) {
+        for (int p = 0; s == KILN_OK && p < gr->n; p++) {
+            uint32_t r0, r1;
+            seg_bounds(gr, p, k, &r0, &r1);
+            s = kiln_sched_launch_range(gr->parts[p], r0, r1);
+        }
+        if (s == KILN_OK && k < gr->n_coll) s = all_reduce(gr, k);
+    }
+    for (int p = 0; p < open; p++) { /* every capture ends, failed or not, so the streams work again */
+        kiln_status e = b->record_end(gr->parts[p]->ctx->be_state[gr->coll_be], &r->rec[p], err, sizeof err);
+        if (e != KILN_OK && s == KILN_OK) s = kiln_ctx_fail(gr->parts[p]->ctx, e, "recording the split plan: %s", err);
+    }
+    return s;
+}
+
+/* A run as recordings: inputs uploaded, then every GPU's graph launched (recorded first for sizes
+ * not seen yet). */
+static kiln_status run_graphs(kiln_group *gr)
+{
+    const kiln_plan *p0 = gr->parts[0];
+    size_t *bytes = gr->bytes_now;
+    for (uint32_t k = 0; k < gr->n_coll; k++) {
+        uint32_t y = p0->fusion.regions[gr->coll[0][k]].anchor;
+        bytes[k] = kiln_node_bytes(&p0->g->nodes[y], p0->dims[y]);
+    }
+    kiln_status s = KILN_OK;
+    for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_prepare_all(gr->parts[p]);
+    group_rec *r = NULL;
+    for (int k = 0; k < gr->n_recs && !r; k++)
+        if (gr->recs[k].bytes && !memcmp(gr->recs[k].bytes, bytes, gr->n_coll * sizeof *bytes)) r = &gr->recs[k];
+    if (s == KILN_OK && !r) {
+        r = &gr->recs[gr->n_recs < GROUP_RECS ? gr->n_recs++ : gr->next_rec++ % GROUP_RECS];
+        rec_free(gr, r);
+        if (!(r->bytes = malloc((gr->n_coll + 1) * sizeof *bytes))) return KILN_ERR_NOMEM;
+        memcpy(r->bytes, bytes, gr->n_coll * sizeof *bytes);
+        if ((s = record(gr, r)) != KILN_OK) rec_free(gr, r); /* an empty slot: found by no run */
+    }
+    char err[512] = "";
+    for (int p = 0; s == KILN_OK && p < gr->n; p++) {
+        void *st = gr->parts[p]->ctx->be_state[gr->coll_be];
+        if ((s = kiln_backends[gr->coll_be]->replay(st, r->rec[p], err, sizeof err)) != KILN_OK)
+            s = kiln_ctx_fail(gr->parts[p]->ctx, s, "replaying the split plan on GPU %d: %s", gr->devs[p], err);
+    }
+    return s;
 }
 
 /* A part's failure told in the split plan's context (parts on their own GPUs have their own). */
@@ -282,7 +417,9 @@ kiln_status kiln_sched_group_run(kiln_plan *gp, kiln_group *gr, const kiln_bindi
     for (int p = 0; p < gr->n; p++) gr->parts[p]->ran = false;
     for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_run_begin(gr->parts[p], b, nb, &ob[p]);
     for (int p = 0; p < gr->n; p++) kiln_sched_lock(gr->parts[p], true);
-    for (uint32_t k = 0; s == KILN_OK && k <= gr->n_coll; k++) s = run_segment(gr, k);
+    if (s == KILN_OK && use_graphs(gr)) s = run_graphs(gr);
+    else
+        for (uint32_t k = 0; s == KILN_OK && k <= gr->n_coll; k++) s = run_segment(gr, k);
     if (s == KILN_OK) s = kiln_sched_run_outputs(gr->parts[0], ob[0]); /* outputs are whole: part 0's */
     for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_sync_all(gr->parts[p]);
     for (int p = gr->n - 1; p >= 0; p--) kiln_sched_lock(gr->parts[p], false);

@@ -103,6 +103,11 @@ kiln_status kiln_sched_execute(kiln_plan *p);
 /* Regions [r0, r1) launched one by one, never recorded (a split plan's part between all-reduces);
  * r0 == 0 writes the run's parameters first. */
 kiln_status kiln_sched_execute_range(kiln_plan *p, uint32_t r0, uint32_t r1);
+/* A plan recorded from outside (split plans' CUDA graphs, sched/group.c), record_space >= 0: the
+ * parameter buffer and every transfer (all input uploads there) before a recording's replay, and
+ * the launches of regions [r0, r1) alone, to be captured. */
+kiln_status kiln_sched_prepare_all(kiln_plan *p);
+kiln_status kiln_sched_launch_range(kiln_plan *p, uint32_t r0, uint32_t r1);
 /* The device address of a node's value in this run (after the run's first region range), or NULL
  * when it lives on the host. */
 void       *kiln_sched_dev_addr(const kiln_plan *p, uint32_t node);

@@ -2,6 +2,7 @@
  * (profiles.json, written by kiln_calibrate), and JSON overrides for cost-model experiments.
  * JSON is read with libyaml (JSON is YAML). Also kiln_pin. Must not run kernels itself. */
 #include "sched/ctx.h"
+#include "sched/group.h"
 #include "cache/cache.h"
 #include "graph/graph.h"
 
@@ -225,6 +226,12 @@ KILN_API kiln_status kiln_calibrate(kiln_ctx *ctx, bool save)
         if (s != KILN_OK) return kiln_ctx_fail(ctx, s, "calibrating %s failed", bi->name);
         ctx->profile[b] = p;
         ctx->has_profile[b] = true;
+    }
+    if (ctx->has_profile[KILN_BACKEND_CUDA]) { /* split plans' links: skipped (defaults kept) without NCCL or GPUs */
+        char why[512] = "";
+        if (!ctx->opts.quiet) fprintf(stderr, "kiln: calibrating the multi-GPU all-reduce...\n");
+        kiln_status s = kiln_sched_calibrate_link(ctx, &ctx->profile[KILN_BACKEND_CUDA], why, sizeof why);
+        if (s != KILN_OK && s != KILN_ERR_UNSUPPORTED) return kiln_ctx_fail(ctx, s, "calibrating the multi-GPU all-reduce: %s", why);
     }
     if (!save) return KILN_OK;
     char path[4200], tmp[4300];

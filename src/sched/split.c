@@ -24,12 +24,16 @@ typedef struct split_an {
     bool             *seeded; /* matmul tried column-parallel in this pass */
     bool             *banned; /* matmul that must stay replicated (its group failed) */
     int8_t           *wslice; /* per weight: the axis it is sliced along, or -1 */
+    bool             *wother; /* per weight: sliced for an op other than a matmul (cannot also be whole) */
     bool             *wrepl;  /* per weight: read whole by some op */
+    bool             *gathered; /* column-parallel matmul output read whole: all-gathered (kept across passes) */
     bool             *reduce; /* per node: a partial value read by something (gets an all_reduce) */
     char             *why;    /* a refusal's message */
     size_t            n_why;
     char              quiet[3][200]; /* why groups were replicated (first three, for the description) */
     int               n_quiet;
+    kiln_split_choice *choices;   /* the cost model's verdicts (split.h) */
+    uint32_t          n_choices, cap_choices;
 } split_an;
 
 static const char *label(const kiln_graph *g, uint32_t i, char *buf, size_t n)
@@ -92,9 +96,11 @@ static pass_result refuse(split_an *a, const char *fmt, ...)
     return PASS_REFUSE;
 }
 
-/* The kind an operand is read with: a partial sum is all-reduced first, an undecided state whole. */
+/* The kind an operand is read with: a partial sum is all-reduced first, a gathered output joined,
+ * an undecided state whole. */
 static uint8_t read_kind(split_an *a, uint32_t s)
 {
+    if (a->kind[s] == KILN_SPLIT_AXIS && a->gathered[s]) return KILN_SPLIT_REPL;
     if (a->kind[s] == KILN_SPLIT_PARTIAL) {
         a->reduce[s] = true;
         return KILN_SPLIT_REPL;
@@ -103,17 +109,30 @@ static uint8_t read_kind(split_an *a, uint32_t s)
     return a->kind[s];
 }
 
-/* Operand s read whole: a weight sliced by a group cannot also be read whole. */
+/* A column-parallel matmul's [rows, cols / N] output can be joined whole by an all-gather (a head
+ * split by vocabulary): marked for the passes that follow, which read it whole. */
+static bool gather(split_an *a, uint32_t s)
+{
+    const kiln_node_rec *n = &a->g->nodes[s];
+    if (n->op != KILN_OP_MATMUL || !a->seeded[s] || n->rank != 2 || a->axis[s] != 1 || n->dtype != KILN_DTYPE_F32) return false;
+    a->gathered[s] = true;
+    return true;
+}
+
+/* Operand s read whole: a weight sliced by a group other than matmuls' cannot also be read whole
+ * (a matmul's slice and the whole are then both kept: a tied embedding and vocabulary-split head). */
 static pass_result need_whole(split_an *a, uint32_t s, uint32_t reader)
 {
     char l1[160], l2[160];
+    if (a->g->nodes[s].op == KILN_OP_WEIGHT) {
+        if (a->wslice[s] >= 0 && a->wother[s]) return retry(a, s, "weight %s is also read whole", label(a->g, s, l1, sizeof l1));
+        a->wrepl[s] = true;
+        return PASS_OK;
+    }
     uint8_t k = read_kind(a, s);
+    if (k == KILN_SPLIT_AXIS && gather(a, s)) return PASS_RETRY;
     if (k == KILN_SPLIT_AXIS)
         return retry(a, s, "%s needs %s whole", label(a->g, reader, l1, sizeof l1), label(a->g, s, l2, sizeof l2));
-    if (a->g->nodes[s].op == KILN_OP_WEIGHT) {
-        if (a->wslice[s] >= 0) return retry(a, s, "weight %s is also read whole", label(a->g, s, l1, sizeof l1));
-        a->wrepl[s] = true;
-    }
     return PASS_OK;
 }
 
@@ -124,8 +143,8 @@ static void set_axis(split_an *a, uint32_t i, int ax, uint32_t grp)
     unite(a, grp, i);
 }
 
-/* Weight w sliced along `ax` for group grp: whole slices of equal size, blocks kept whole. */
-static pass_result slice_weight(split_an *a, uint32_t w, int ax, uint32_t grp)
+/* Weight w sliced along `ax` for group grp (by a matmul: mm): whole slices of equal size, blocks kept whole. */
+static pass_result slice_weight(split_an *a, uint32_t w, int ax, uint32_t grp, bool mm)
 {
     const kiln_node_rec *n = &a->g->nodes[w];
     char l[160];
@@ -133,9 +152,10 @@ static pass_result slice_weight(split_an *a, uint32_t w, int ax, uint32_t grp)
     if (d % a->n || (d / a->n) % blk)
         return retry(a, grp, "%s: dim %d (%lld) in %d slices is not whole %s blocks", label(a->g, w, l, sizeof l), ax,
                      (long long)d, a->n, kiln_dtype_name((kiln_dtype)n->dtype));
-    if (a->wrepl[w] || (a->wslice[w] >= 0 && a->wslice[w] != ax))
+    if ((a->wrepl[w] && !mm) || (a->wslice[w] >= 0 && a->wslice[w] != ax))
         return retry(a, grp, "weight %s is read whole and sliced", label(a->g, w, l, sizeof l));
     a->wslice[w] = (int8_t)ax;
+    a->wother[w] |= !mm;
     set_axis(a, w, ax, grp);
     return PASS_OK;
 }
@@ -159,7 +179,7 @@ static pass_result do_elementwise(split_an *a, uint32_t i)
         if (s == KILN_IDX_NONE || a->kind[s] == KILN_SPLIT_AXIS) continue;
         int sa = ax - (R - a->g->nodes[s].rank); /* the divided axis in s (broadcast operands are trailing) */
         pass_result r = ax < 0 || sa < 0 ? need_whole(a, s, i)
-                      : a->g->nodes[s].op == KILN_OP_WEIGHT ? slice_weight(a, s, sa, grp)
+                      : a->g->nodes[s].op == KILN_OP_WEIGHT ? slice_weight(a, s, sa, grp, false)
                       : retry(a, grp, "#%u: a computed operand would need slicing", i);
         if (r != PASS_OK) return r;
     }
@@ -178,7 +198,7 @@ static pass_result do_matmul(split_an *a, uint32_t i)
         if (is_w && !a->banned[i] && a->g->nodes[w].dims[0] % a->n == 0) { /* column-parallel */
             a->seeded[i] = true;
             set_axis(a, i, n->rank - 1, i);
-            return slice_weight(a, w, 0, i);
+            return slice_weight(a, w, 0, i, true);
         }
         if (is_w && a->g->nodes[w].dims[0] % a->n) {
             char msg[200];
@@ -193,7 +213,7 @@ static pass_result do_matmul(split_an *a, uint32_t i)
         return retry(a, x, "%s reads x divided along a dim other than K", label(a->g, i, l, sizeof l));
     a->kind[i] = KILN_SPLIT_PARTIAL; /* row-parallel */
     unite(a, x, i);
-    return slice_weight(a, w, 1, x);
+    return slice_weight(a, w, 1, x, true);
 }
 
 /* A cache read or written divided by KV heads: an undecided state takes that split. */
@@ -304,6 +324,7 @@ static pass_result do_rows(split_an *a, uint32_t i)
         a->kind[i] = KILN_SPLIT_REPL;
         return PASS_OK;
     }
+    if (a->axis[x] >= a->g->nodes[x].rank - 1 && gather(a, x)) return PASS_RETRY;
     if (a->axis[x] >= a->g->nodes[x].rank - 1)
         return retry(a, x, "%s works along the divided dim", label(a->g, i, l, sizeof l));
     set_axis(a, i, a->axis[x], x);
@@ -351,7 +372,7 @@ static pass_result run_pass(split_an *a)
         a->parent[i] = i;
         a->axis[i] = -1;
         a->wslice[i] = -1;
-        a->wrepl[i] = a->reduce[i] = a->seeded[i] = false;
+        a->wrepl[i] = a->wother[i] = a->reduce[i] = a->seeded[i] = false;
     }
     for (uint32_t i = 0; i < g->n_nodes; i++) {
         pass_result r = do_node(a, i);
@@ -359,7 +380,8 @@ static pass_result run_pass(split_an *a)
     }
     for (uint32_t o = 0; o < g->n_outs; o++) {
         uint32_t i = g->outs[o].node;
-        if (a->kind[i] == KILN_SPLIT_AXIS) return retry(a, i, "output '%s' is wanted whole", g->outs[o].name);
+        if (a->kind[i] == KILN_SPLIT_AXIS && !a->gathered[i] && gather(a, i)) return PASS_RETRY;
+        if (a->kind[i] == KILN_SPLIT_AXIS && !a->gathered[i]) return retry(a, i, "output '%s' is wanted whole", g->outs[o].name);
         if (a->kind[i] == KILN_SPLIT_PARTIAL) a->reduce[i] = true;
     }
     for (uint32_t i = 0; i < g->n_nodes; i++)
@@ -375,6 +397,7 @@ void kiln_split_free(kiln_split *s)
     free(s->kind);
     free(s->axis);
     free(s->part_node);
+    free(s->choices);
     memset(s, 0, sizeof *s);
 }
 
@@ -414,16 +437,33 @@ static kiln_status slice_bytes(const kiln_node_rec *w, int ax, int n, int p, kil
     return KILN_OK;
 }
 
-/* Appends node i of g (operands mapped, divided dims, sliced weight) to part graph pg. */
-static kiln_status append_node(kiln_graph *pg, const kiln_graph *g, uint32_t i, const kiln_split *s, int p,
-                               const uint32_t *map, const uint32_t *ar, const bool *reduce)
+/* How part graphs map source nodes: map[i] the node itself (a dual weight's whole copy), join[i]
+ * the value its whole readers take (after its all_reduce or all_gather) or KILN_IDX_NONE, wsl[i] a
+ * dual weight's slice (read by its matmuls). */
+typedef struct part_map {
+    uint32_t *map, *join, *wsl;
+} part_map;
+
+/* The node reader's slot k reads in the part graph. */
+static uint32_t mapped(const kiln_graph *g, const kiln_split *s, const part_map *m, uint32_t reader, int k)
+{
+    uint32_t x = g->nodes[reader].src[k];
+    if (m->join[x] != KILN_IDX_NONE) return m->join[x];
+    bool sliced_reader = g->nodes[reader].op == KILN_OP_MATMUL && k == 1 && s->kind[reader] != KILN_SPLIT_REPL;
+    return sliced_reader && m->wsl[x] != KILN_IDX_NONE ? m->wsl[x] : m->map[x];
+}
+
+/* Appends node i of g (operands mapped, divided dims, sliced weight unless whole) to part graph pg. */
+static kiln_status append_node(kiln_graph *pg, const kiln_graph *g, uint32_t i, const kiln_split *s, int p, const part_map *m,
+                               bool whole)
 {
     kiln_node_rec r = g->nodes[i];
     for (int k = 0; k < r.n_src; k++)
-        if (r.src[k] != KILN_IDX_NONE) r.src[k] = reduce[r.src[k]] ? ar[r.src[k]] : map[r.src[k]];
-    if (s->kind[i] == KILN_SPLIT_AXIS) r.dims[s->axis[i]] /= s->n;
+        if (r.src[k] != KILN_IDX_NONE) r.src[k] = mapped(g, s, m, i, k);
+    bool divided = s->kind[i] == KILN_SPLIT_AXIS && !whole;
+    if (divided) r.dims[s->axis[i]] /= s->n;
     r.blob = NULL;
-    if (r.op == KILN_OP_WEIGHT && s->kind[i] == KILN_SPLIT_AXIS) {
+    if (r.op == KILN_OP_WEIGHT && divided) {
         kiln_status st = slice_bytes(&g->nodes[i], s->axis[i], s->n, p, &r);
         if (st != KILN_OK) return st;
     } else if (g->nodes[i].blob) {
@@ -444,7 +484,29 @@ static kiln_status append_node(kiln_graph *pg, const kiln_graph *g, uint32_t i, 
     return KILN_OK;
 }
 
-static kiln_status build_part(const kiln_graph *g, const bool *reduce, kiln_split *s, int p, uint32_t *map, uint32_t *ar)
+/* Appends an op of one source (x) with the given shape and int params; its index. */
+static uint32_t append_op(kiln_graph *pg, enum kiln_op op, uint32_t x, int rank, const int64_t *dims, int i0, int i1)
+{
+    kiln_node_rec r = {.op = (uint8_t)op, .dtype = pg->nodes[x].dtype, .rank = (uint8_t)rank, .n_src = 1, .i = {i0, i1}};
+    memcpy(r.dims, dims, (size_t)rank * sizeof *dims);
+    for (int k = 0; k < KILN_MAX_SRC; k++) r.src[k] = KILN_IDX_NONE;
+    r.src[0] = x;
+    return kiln_graph_append(pg, &r) == KILN_NODE_NONE ? KILN_IDX_NONE : pg->n_nodes - 1;
+}
+
+/* The joins after part node x (source node i): an all_reduce of a partial sum, or for a [rows, c/N]
+ * slice an all_gather ([N, rows, c/N], NCCL's layout), transpose ([rows, N, c/N]) and reshape. */
+static uint32_t append_join(kiln_graph *pg, const kiln_split *s, uint32_t i, uint32_t x)
+{
+    const kiln_node_rec *n = &pg->nodes[x];
+    if (s->kind[i] == KILN_SPLIT_PARTIAL) return append_op(pg, KILN_OP_ALL_REDUCE, x, n->rank, n->dims, s->n, 0);
+    int64_t rows = n->dims[0], c = n->dims[1];
+    uint32_t y = append_op(pg, KILN_OP_ALL_GATHER, x, 3, (int64_t[]){s->n, rows, c}, s->n, 0);
+    if (y != KILN_IDX_NONE) y = append_op(pg, KILN_OP_TRANSPOSE, y, 3, (int64_t[]){rows, s->n, c}, 0, 1);
+    return y == KILN_IDX_NONE ? y : append_op(pg, KILN_OP_RESHAPE, y, 2, (int64_t[]){rows, c * s->n}, 0, 0);
+}
+
+static kiln_status build_part(const kiln_graph *g, const uint8_t *join, const bool *dual, kiln_split *s, int p, part_map *m)
 {
     kiln_graph *pg;
     if (kiln_graph_new(&pg) != KILN_OK) return KILN_ERR_NOMEM;
@@ -454,41 +516,139 @@ static kiln_status build_part(const kiln_graph *g, const bool *reduce, kiln_spli
         pg->syms[pg->n_syms].max = g->syms[pg->n_syms].max;
         if (!(pg->syms[pg->n_syms].name = strdup(g->syms[pg->n_syms].name))) return KILN_ERR_NOMEM;
     }
+    for (uint32_t i = 0; i < g->n_nodes; i++) m->join[i] = m->wsl[i] = KILN_IDX_NONE;
     for (uint32_t i = 0; i < g->n_nodes; i++) {
-        kiln_status st = append_node(pg, g, i, s, p, map, ar, reduce);
+        kiln_status st = append_node(pg, g, i, s, p, m, dual[i]);
         if (st != KILN_OK) return st;
-        map[i] = pg->n_nodes - 1;
-        if (!reduce[i]) continue;
-        kiln_node_rec r = {.op = KILN_OP_ALL_REDUCE, .dtype = g->nodes[i].dtype, .rank = g->nodes[i].rank, .n_src = 1};
-        memcpy(r.dims, g->nodes[i].dims, sizeof r.dims);
-        for (int k = 0; k < KILN_MAX_SRC; k++) r.src[k] = KILN_IDX_NONE;
-        r.src[0] = map[i];
-        r.i[0] = s->n;
-        if (kiln_graph_append(pg, &r) == KILN_NODE_NONE) return KILN_ERR_NOMEM;
-        ar[i] = pg->n_nodes - 1;
+        m->map[i] = pg->n_nodes - 1;
+        if (dual[i]) { /* the matmuls' slice after the whole copy, named NAME.slice */
+            if ((st = append_node(pg, g, i, s, p, m, false)) != KILN_OK) return st;
+            m->wsl[i] = pg->n_nodes - 1;
+            kiln_node_rec *q = &pg->nodes[m->wsl[i]];
+            size_t len = q->name ? strlen(q->name) + 8 : 0;
+            char *nm = len ? malloc(len) : NULL;
+            if (len && !nm) return KILN_ERR_NOMEM;
+            if (nm) snprintf(nm, len, "%s.slice", q->name);
+            free(q->name);
+            q->name = nm;
+        }
+        if (join[i] && (m->join[i] = append_join(pg, s, i, m->map[i])) == KILN_IDX_NONE) return KILN_ERR_NOMEM;
     }
     if (!(pg->outs = calloc(g->n_outs ? g->n_outs : 1, sizeof *pg->outs))) return KILN_ERR_NOMEM;
     for (; pg->n_outs < g->n_outs; pg->n_outs++) {
         uint32_t i = g->outs[pg->n_outs].node;
-        pg->outs[pg->n_outs].node = reduce[i] ? ar[i] : map[i];
+        pg->outs[pg->n_outs].node = m->join[i] != KILN_IDX_NONE ? m->join[i] : m->map[i];
         if (!(pg->outs[pg->n_outs].name = strdup(g->outs[pg->n_outs].name))) return KILN_ERR_NOMEM;
     }
     return pg->status;
 }
 
-static kiln_status build_parts(const kiln_graph *g, const bool *reduce, kiln_split *s)
+static kiln_status build_parts(const kiln_graph *g, const uint8_t *join, const bool *dual, kiln_split *s)
 {
     uint32_t nn = g->n_nodes ? g->n_nodes : 1;
-    uint32_t *ar = calloc(nn, sizeof *ar);
-    s->part_node = calloc(nn, sizeof *s->part_node);
+    part_map m = {.join = calloc(nn, sizeof *m.join), .wsl = calloc(nn, sizeof *m.wsl)};
+    s->part_node = m.map = calloc(nn, sizeof *s->part_node);
     s->parts = calloc((size_t)s->n, sizeof *s->parts);
-    kiln_status st = ar && s->part_node && s->parts ? KILN_OK : KILN_ERR_NOMEM;
-    for (int p = 0; st == KILN_OK && p < s->n; p++) st = build_part(g, reduce, s, p, s->part_node, ar);
-    free(ar);
+    kiln_status st = m.join && m.wsl && s->part_node && s->parts ? KILN_OK : KILN_ERR_NOMEM;
+    for (int p = 0; st == KILN_OK && p < s->n; p++) st = build_part(g, join, dual, s, p, &m);
+    free(m.join), free(m.wsl);
     return st;
 }
 
-kiln_status kiln_sched_split(const kiln_graph *g, int n, kiln_split *out, char *err, size_t n_err)
+/* The weight names of the matmuls of group root r ("wq0, wk0, wv0, wo0"). */
+static void group_names(const split_an *a, uint32_t r, char *buf, size_t n)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (uint32_t i = 0; i < a->g->n_nodes && o < n; i++) {
+        const kiln_node_rec *nd = &a->g->nodes[i];
+        if (nd->op != KILN_OP_MATMUL || a->kind[i] == KILN_SPLIT_REPL || find((split_an *)a, i) != r) continue;
+        const char *w = a->g->nodes[nd->src[1]].name;
+        o += (size_t)snprintf(buf + o, n - o, "%s%s", o ? ", " : "", w ? w : "?");
+    }
+}
+
+/* Predicted time of group root r split and replicated, summed over the smallest and largest step. */
+static void group_times(split_an *a, uint32_t r, const kiln_device_profile *p, const int64_t *const *syms, double *split, double *whole)
+{
+    *split = *whole = 0;
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; i < a->g->n_nodes; i++) {
+            if (a->kind[i] == KILN_SPLIT_REPL || a->kind[i] == KIND_UNSET || find(a, i) != r) continue;
+            double t = kiln_split_node_time(a->g, i, syms[k], p), b = 0;
+            *whole += t;
+            *split += t / a->n;
+            if (!a->reduce[i] && !a->gathered[i]) continue;
+            int64_t d[KILN_MAX_RANK];
+            kiln_node_numel(&a->g->nodes[i], syms[k], d);
+            b = (double)kiln_node_bytes(&a->g->nodes[i], d);
+            *split += a->reduce[i] ? kiln_split_reduce_time(b, a->n, p) : kiln_split_gather_time(b / a->n, a->n, p);
+        }
+}
+
+/* Records (or updates) the verdict on the group of seed s. */
+static kiln_split_choice *choice_for(split_an *a, uint32_t s)
+{
+    for (uint32_t k = 0; k < a->n_choices; k++)
+        if (a->choices[k].seed == s) return &a->choices[k];
+    if (a->n_choices == a->cap_choices) {
+        uint32_t cap = a->cap_choices ? 2 * a->cap_choices : 16;
+        kiln_split_choice *c = realloc(a->choices, cap * sizeof *c);
+        if (!c) return NULL;
+        a->choices = c, a->cap_choices = cap;
+    }
+    kiln_split_choice *c = &a->choices[a->n_choices++];
+    memset(c, 0, sizeof *c);
+    c->seed = s;
+    return c;
+}
+
+/* The cost model weighs every group of the converged pass: a group predicted no faster split has
+ * its seeds banned (true: the pass runs again). */
+static bool weigh_groups(split_an *a, const kiln_device_profile *p, const int64_t *const *syms)
+{
+    bool again = false;
+    for (uint32_t s = 0; s < a->g->n_nodes; s++) {
+        if (!a->seeded[s] || a->banned[s]) continue;
+        uint32_t r = find(a, s);
+        bool first = true; /* weigh a group once, by its first seed */
+        for (uint32_t t = 0; t < s && first; t++) first = !(a->seeded[t] && !a->banned[t] && find(a, t) == r);
+        if (!first) continue;
+        kiln_split_choice *c = choice_for(a, s);
+        if (!c) return false;
+        group_times(a, r, p, syms, &c->split_s, &c->whole_s);
+        group_names(a, r, c->what, sizeof c->what);
+        c->split = c->split_s < c->whole_s;
+        if (c->split) continue;
+        for (uint32_t t = s; t < a->g->n_nodes; t++)
+            if (a->seeded[t] && find(a, t) == r) a->banned[t] = true;
+        again = true;
+    }
+    return again;
+}
+
+/* Runs the passes to a fixed point; with a profile, the cost model's bans run them again. */
+static pass_result analyse(split_an *a, const kiln_device_profile *prof)
+{
+    const kiln_graph *g = a->g;
+    int64_t *lo = malloc((g->n_syms + 1) * sizeof *lo), *hi = malloc((g->n_syms + 1) * sizeof *hi);
+    pass_result r = PASS_REFUSE;
+    if (!lo || !hi) {
+        snprintf(a->why, a->n_why, "out of memory splitting the graph");
+        goto done;
+    }
+    for (uint32_t k = 0; k < g->n_syms; k++) lo[k] = 1, hi[k] = g->syms[k].max;
+    const int64_t *syms[2] = {lo, hi};
+    do
+        while ((r = run_pass(a)) == PASS_RETRY) {} /* each retry bans a seed or gathers a node: it ends */
+    while (r == PASS_OK && prof && weigh_groups(a, prof, syms));
+done:
+    free(lo), free(hi);
+    return r;
+}
+
+kiln_status kiln_sched_split(const kiln_graph *g, int n, const kiln_device_profile *prof, kiln_split *out, char *err,
+                             size_t n_err)
 {
     memset(out, 0, sizeof *out);
     if (n < 2 || n > 64) {
@@ -499,15 +659,23 @@ kiln_status kiln_sched_split(const kiln_graph *g, int n, kiln_split *out, char *
     split_an a = {.g = g, .n = n, .why = err, .n_why = n_err};
     a.kind = calloc(nn, 1), a.axis = calloc(nn, 1), a.parent = calloc(nn, sizeof *a.parent);
     a.seeded = calloc(nn, 1), a.banned = calloc(nn, 1), a.wslice = calloc(nn, 1), a.wrepl = calloc(nn, 1);
-    a.reduce = calloc(nn, 1);
+    a.reduce = calloc(nn, 1), a.wother = calloc(nn, 1), a.gathered = calloc(nn, 1);
+    uint8_t *join = calloc(nn, 1);
+    bool *dual = calloc(nn, 1);
     kiln_status st = KILN_ERR_NOMEM;
-    if (!a.kind || !a.axis || !a.parent || !a.seeded || !a.banned || !a.wslice || !a.wrepl || !a.reduce) goto done;
-    pass_result r;
-    while ((r = run_pass(&a)) == PASS_RETRY) {} /* each retry bans at least one seed: it ends */
+    if (!a.kind || !a.axis || !a.parent || !a.seeded || !a.banned || !a.wslice || !a.wrepl || !a.reduce || !a.wother ||
+        !a.gathered || !join || !dual)
+        goto done;
+    pass_result r = analyse(&a, prof);
     st = KILN_ERR_UNSUPPORTED;
     if (r == PASS_REFUSE) goto done;
     uint32_t n_col = 0;
     for (uint32_t i = 0; i < g->n_nodes; i++) n_col += a.seeded[i];
+    if (!n_col && a.n_choices) {
+        snprintf(err, n_err, "cannot split across %d devices: the cost model keeps every matmul replicated (%s: split %.3g s, "
+                 "replicated %.3g s; profile link_bw, link_latency_s)", n, a.choices[0].what, a.choices[0].split_s, a.choices[0].whole_s);
+        goto done;
+    }
     if (!n_col) {
         snprintf(err, n_err, "cannot split across %d devices: no matmul can be divided%s%s", n, a.n_quiet ? " (" : "",
                  a.n_quiet ? a.quiet[0] : "");
@@ -518,19 +686,25 @@ kiln_status kiln_sched_split(const kiln_graph *g, int n, kiln_split *out, char *
     out->n_src = g->n_nodes;
     out->kind = a.kind, a.kind = NULL;
     out->axis = a.axis, a.axis = NULL;
+    out->choices = a.choices, a.choices = NULL;
+    out->n_choices = a.n_choices;
     for (uint32_t i = 0; i < g->n_nodes; i++) {
         const kiln_node_rec *nd = &g->nodes[i];
         out->n_col += a.seeded[i];
         out->n_row += nd->op == KILN_OP_MATMUL && out->kind[i] == KILN_SPLIT_PARTIAL;
+        join[i] = a.reduce[i] || (a.gathered[i] && out->kind[i] == KILN_SPLIT_AXIS);
         out->n_reduce += a.reduce[i];
+        out->n_gather += join[i] && !a.reduce[i];
+        dual[i] = nd->op == KILN_OP_WEIGHT && out->kind[i] == KILN_SPLIT_AXIS && a.wrepl[i];
+        out->n_dual += dual[i];
         out->n_split_states += nd->op == KILN_OP_STATE && out->kind[i] == KILN_SPLIT_AXIS;
     }
-    st = build_parts(g, a.reduce, out);
+    st = build_parts(g, join, dual, out);
     if (st != KILN_OK) kiln_split_free(out);
 done:
     if (st == KILN_ERR_NOMEM) snprintf(err, n_err, "out of memory splitting the graph");
     free(a.kind), free(a.axis), free(a.parent), free(a.seeded), free(a.banned), free(a.wslice), free(a.wrepl);
-    free(a.reduce);
+    free(a.reduce), free(a.wother), free(a.gathered), free(a.choices), free(join), free(dual);
     return st;
 }
 
@@ -570,5 +744,15 @@ void kiln_split_describe(const kiln_split *s, const kiln_graph *g, char *buf, si
     snprintf(buf + o, n - o, "; matmuls replicated: ");
     list_nodes(s, g, KILN_OP_MATMUL, KILN_SPLIT_REPL, true, buf, n);
     o = strlen(buf);
-    if (o < n) snprintf(buf + o, n - o, "\n");
+    if (s->n_gather && o < n)
+        o += (size_t)snprintf(buf + o, n - o, "; %u all_gather (output divided by columns joined whole: a head by vocabulary)",
+                              s->n_gather);
+    if (s->n_dual && o < n)
+        o += (size_t)snprintf(buf + o, n - o, "; %u weight%s whole and sliced (tied embedding)", s->n_dual, s->n_dual > 1 ? "s" : "");
+    if (o < n) o += (size_t)snprintf(buf + o, n - o, "\n");
+    for (uint32_t k = 0; k < s->n_choices && o < n; k++) {
+        const kiln_split_choice *c = &s->choices[k];
+        o += (size_t)snprintf(buf + o, n - o, "  cost model: %s: split %.3g us, replicated %.3g us (smallest + largest step) -> %s\n",
+                              c->what, c->split_s * 1e6, c->whole_s * 1e6, c->split ? "split" : "replicated");
+    }
 }

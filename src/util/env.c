@@ -36,6 +36,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_NCCL_LIB] = "KILN_NCCL_LIB",
     [KILN_ENV_VIRTUAL_ENV] = "VIRTUAL_ENV",
     [KILN_ENV_CONDA_PREFIX] = "CONDA_PREFIX",
+    [KILN_ENV_SPLIT] = "KILN_SPLIT",
 };
 
 const char *kiln_env(enum kiln_env_var v)

@@ -36,6 +36,7 @@ enum kiln_env_var {
     KILN_ENV_NCCL_LIB,       /* libnccl for split plans over distinct GPUs */
     KILN_ENV_VIRTUAL_ENV,    /* a Python environment that may ship NCCL (nvidia/nccl/lib) */
     KILN_ENV_CONDA_PREFIX,   /* a conda environment, likewise */
+    KILN_ENV_SPLIT,          /* "all": split plans divide whatever divides, without the cost model */
     KILN_ENV_COUNT
 };
 

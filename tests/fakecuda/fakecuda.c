@@ -89,7 +89,17 @@ EXPORT CUresult cuCtxSetCurrent(void *c) { return 0; }
 EXPORT CUresult cuStreamCreate(void **s, unsigned f) { *s = malloc(1); return 0; }
 EXPORT CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
 
-static int capturing;         /* between cuStreamBeginCapture and cuStreamEndCapture */
+/* Streams between cuStreamBeginCapture and cuStreamEndCapture (several at once: a split plan's
+ * GPUs record together), with the launches each captured. */
+#define FC_CAPTURES 8
+static void *cap_stream[FC_CAPTURES];
+static int   cap_kernels[FC_CAPTURES];
+static int   cap_slot(const void *s)
+{
+    for (int i = 0; s && i < FC_CAPTURES; i++)
+        if (cap_stream[i] == s) return i;
+    return -1;
+}
 static int capture_pdl_start; /* pdl_captured when the capture began */
 
 EXPORT CUresult cuStreamSynchronize(void *s)
@@ -247,9 +257,11 @@ EXPORT CUresult cuModuleUnload(void *m)
     return 0;
 }
 
+static void exec_free_all(void);
 static void mod_free_all(void)
 {
     while (live_mods) mod_free(live_mods);
+    exec_free_all();
 }
 EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
 {
@@ -285,7 +297,8 @@ EXPORT CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, 
             fakecuda.null_params++;
             break;
         }
-    if (capturing) fakecuda.captured++;
+    int k = cap_slot(s);
+    if (k >= 0) fakecuda.captured++, cap_kernels[k]++;
     else fakecuda.launches++;
     return 0;
 }
@@ -321,21 +334,23 @@ EXPORT CUresult cuLaunchKernelEx(const fconfig *cfg, void *fn, void **params, vo
     if (r) return r;
     fakecuda.ex_launches++;
     fakecuda.pdl_launches += pdl;
-    fakecuda.pdl_captured += pdl && capturing;
+    fakecuda.pdl_captured += pdl && cap_slot(cfg->stream) >= 0;
     if (pdl && !((ffunc *)fn)->waits) fakecuda.pdl_without_wait++;
     return 0;
 }
 
 typedef struct fgraph {
-    int kernels; /* launches captured */
+    int            kernels; /* launches captured */
+    struct fgraph *next;    /* executable graphs: the next one not destroyed */
 } fgraph;
-static int capture_start;
-
+static fgraph *live_execs; /* executable graphs not destroyed (freed with the context, as modules) */
 EXPORT CUresult cuStreamBeginCapture_v2(void *s, int mode)
 {
-    if (capturing) return 900;
-    capturing = 1;
-    capture_start = fakecuda.captured;
+    if (cap_slot(s) >= 0) return 900;
+    int k;
+    for (k = 0; k < FC_CAPTURES && cap_stream[k]; k++) {}
+    if (k == FC_CAPTURES) return 900;
+    cap_stream[k] = s, cap_kernels[k] = 0;
     capture_pdl_start = fakecuda.pdl_captured;
     return 0;
 }
@@ -343,11 +358,12 @@ EXPORT CUresult cuStreamBeginCapture_v2(void *s, int mode)
  * before 12.3 would. */
 EXPORT CUresult cuStreamEndCapture(void *s, void **g)
 {
-    if (!capturing) return 901;
-    capturing = 0;
+    int k = cap_slot(s);
+    if (k < 0) return 901;
+    cap_stream[k] = NULL;
     if (env_int("FAKECUDA_GRAPH_NO_PDL", 0) && fakecuda.pdl_captured > capture_pdl_start) return 901;
     fgraph *fg = calloc(1, sizeof *fg);
-    fg->kernels = fakecuda.captured - capture_start;
+    fg->kernels = cap_kernels[k];
     *g = fg;
     return 0;
 }
@@ -355,6 +371,8 @@ EXPORT CUresult cuGraphInstantiateWithFlags(void **e, void *g, unsigned long lon
 {
     fgraph *x = malloc(sizeof *x);
     *x = *(fgraph *)g;
+    x->next = live_execs;
+    live_execs = x;
     *e = x;
     return 0;
 }
@@ -364,7 +382,20 @@ EXPORT CUresult cuGraphLaunch(void *e, void *s)
     fakecuda.graph_kernels += ((fgraph *)e)->kernels;
     return 0;
 }
-EXPORT CUresult cuGraphExecDestroy(void *e) { free(e); return 0; }
+EXPORT CUresult cuGraphExecDestroy(void *e)
+{
+    for (fgraph **p = &live_execs; *p; p = &(*p)->next)
+        if (*p == e) {
+            *p = ((fgraph *)e)->next;
+            break;
+        }
+    free(e);
+    return 0;
+}
+static void exec_free_all(void)
+{
+    while (live_execs) cuGraphExecDestroy(live_execs);
+}
 EXPORT CUresult cuGraphDestroy(void *g) { free(g); return 0; }
 
 static double fake_clock;

@@ -2,7 +2,7 @@
  * kiln's cuda backend resolves, each call written to a log the tests read (fakenccl_log), and the
  * sum computed for real on fakecuda's device memory (host memory there) when a group ends.
  * FAKENCCL_VERSION sets the version, FAKENCCL_INIT_FAIL=1 makes ncclCommInitAll fail and
- * FAKENCCL_REDUCE_FAIL=1 makes ncclAllReduce fail. Must never be linked into kiln. */
+ * FAKENCCL_REDUCE_FAIL=1 makes ncclAllReduce and ncclAllGather fail. Must never be linked into kiln. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +10,7 @@
 #define EXPORT __attribute__((visibility("default")))
 
 typedef struct fcomm { int rank, n, dev; } fcomm;
-typedef struct pending { const float *x; float *y; size_t count; int rank; } pending;
+typedef struct pending { const float *x; float *y; size_t count; int rank; int gather; } pending;
 
 static char    log_buf[1 << 16];
 static size_t  log_len;
@@ -65,7 +65,8 @@ EXPORT int ncclGroupStart(void)
     return 0;
 }
 
-/* Every pending call of the group gets the sum of all their x (same count), in rank order. */
+/* Every pending call of the group gets the sum of all their x (same count), in rank order; or for
+ * all-gathers, every x at its rank's slice. */
 EXPORT int ncclGroupEnd(void)
 {
     logf_("}\n");
@@ -73,6 +74,12 @@ EXPORT int ncclGroupEnd(void)
     in_group = 0;
     if (n_pend == 0) return 0;
     size_t count = pend[0].count;
+    if (pend[0].gather) {
+        for (int q = 0; q < n_pend; q++)
+            for (int r = 0; r < n_pend; r++) memcpy(pend[q].y + (size_t)pend[r].rank * count, pend[r].x, count * sizeof(float));
+        n_pend = 0;
+        return 0;
+    }
     float *sum = calloc(count ? count : 1, sizeof *sum);
     if (!sum) return 2;
     for (int r = 0; r < n_pend; r++)
@@ -91,6 +98,15 @@ EXPORT int ncclAllReduce(const void *x, void *y, size_t count, int dtype, int op
     if (env_int("FAKENCCL_REDUCE_FAIL", 0)) return 3; /* ncclInternalError */
     if (!in_group || n_pend == 64 || dtype != 7 || op != 0 || (n_pend && pend[0].count != count)) return 4;
     pend[n_pend++] = (pending){.x = x, .y = y, .count = count, .rank = comm->rank};
+    return 0;
+}
+
+EXPORT int ncclAllGather(const void *x, void *y, size_t count, int dtype, fcomm *comm, void *stream)
+{
+    logf_(" ag(rank %d, %zu, dtype %d%s)", comm->rank, count, dtype, stream ? "" : ", no stream");
+    if (env_int("FAKENCCL_REDUCE_FAIL", 0)) return 3;
+    if (!in_group || n_pend == 64 || dtype != 7 || (n_pend && (pend[0].count != count || !pend[0].gather))) return 4;
+    pend[n_pend++] = (pending){.x = x, .y = y, .count = count, .rank = comm->rank, .gather = 1};
     return 0;
 }
 

@@ -472,7 +472,7 @@ bool kiln_cpu_node_supported(const kiln_graph *g, uint32_t idx, char *why, size_
     case KILN_OP_SIGMOID: case KILN_OP_CAST: case KILN_OP_MATMUL: case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM:
     case KILN_OP_SOFTMAX: case KILN_OP_ROPE: case KILN_OP_ATTENTION: case KILN_OP_PAGED_ATTENTION: case KILN_OP_KV_SCATTER: case KILN_OP_GET_ROWS:
     case KILN_OP_ARGMAX: case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT:
-    case KILN_OP_ALL_REDUCE: case KILN_OP_INPUT: case KILN_OP_WEIGHT: case KILN_OP_STATE: return true;
+    case KILN_OP_ALL_REDUCE: case KILN_OP_ALL_GATHER: case KILN_OP_INPUT: case KILN_OP_WEIGHT: case KILN_OP_STATE: return true;
     default: break;
     }
     const char *name = kiln_op_name(op);
@@ -497,6 +497,9 @@ kiln_status kiln_cpu_node_run(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const 
     case KILN_OP_GET_ROWS: return get_rows(&c);
     case KILN_OP_ARGMAX: return argmax(&c);
     case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_ALL_REDUCE: return alias(&c); /* all_reduce: one device */
+    case KILN_OP_ALL_GATHER: /* one device: y is x; a split plan's parts gather in group.c, never here */
+        if (c.n->i[0] > 1) return fail(&c, KILN_ERR_INTERNAL, "all_gather over %d devices outside a split plan", c.n->i[0]);
+        return alias(&c);
     case KILN_OP_TRANSPOSE: return transpose(&c);
     case KILN_OP_CONCAT: return concat(&c);
     case KILN_OP_INPUT: case KILN_OP_WEIGHT: case KILN_OP_STATE: return KILN_OK;

@@ -361,5 +361,6 @@ const kiln_backend_i kiln_backend_cuda = {
     .coll_probe = kiln_cuda_coll_probe,
     .coll_init = kiln_cuda_coll_init,
     .all_reduce = kiln_cuda_all_reduce,
+    .all_gather = kiln_cuda_all_gather,
     .coll_free = kiln_cuda_coll_free,
 };

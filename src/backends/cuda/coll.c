@@ -1,6 +1,6 @@
 /* The cuda backend's collectives (backend.h coll_*): NCCL communicators for the GPUs of a split
- * plan, one per part's state, and the f32 sum all-reduce enqueued on each part's stream inside one
- * NCCL group. NCCL is loaded here (nccl.c) when a split asks for it. Must not launch kernels. */
+ * plan, one per part's state, and the f32 sum all-reduce (or all-gather) enqueued on each part's
+ * stream inside one NCCL group. NCCL is loaded here (nccl.c) when a split asks for it. Must not launch kernels. */
 #include "backends/cuda/cuda.h"
 #include "backends/cuda/nccl.h"
 
@@ -75,10 +75,11 @@ kiln_status kiln_cuda_coll_init(void *const *states, const int *devs, int n, voi
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_all_reduce(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
-                                 size_t n_err)
+/* One collective per device inside one NCCL group: a sum all-reduce of count values, or an
+ * all-gather of count values from each device into y[devices][count]. */
+static kiln_status collective(cuda_coll *cc, void *const *states, void *const *x, void *const *y, size_t count, bool gather,
+                              char *err, size_t n_err)
 {
-    cuda_coll *cc = comm;
     for (int i = 0; i < cc->n; i++) {
         kiln_cuda *c = states[i];
         if (c->dead) return kiln_cuda_enter(c, err, n_err); /* the sticky error's text */
@@ -88,9 +89,22 @@ kiln_status kiln_cuda_all_reduce(void *comm, void *const *states, void *const *x
     int first = 0;
     for (int i = 0; i < cc->n && !first; i++) {
         kiln_cuda *c = states[i];
-        first = cc->nccl.all_reduce(x[i], y[i], count, KILN_NCCL_FLOAT32, KILN_NCCL_SUM, cc->comms[i], c->stream);
+        first = gather ? cc->nccl.all_gather(x[i], y[i], count, KILN_NCCL_FLOAT32, cc->comms[i], c->stream)
+                       : cc->nccl.all_reduce(x[i], y[i], count, KILN_NCCL_FLOAT32, KILN_NCCL_SUM, cc->comms[i], c->stream);
     }
     r = cc->nccl.group_end(); /* always closes the group, so the next one starts clean */
-    if (first) return nccl_fail(cc, first, "ncclAllReduce", err, n_err);
+    if (first) return nccl_fail(cc, first, gather ? "ncclAllGather" : "ncclAllReduce", err, n_err);
     return r ? nccl_fail(cc, r, "ncclGroupEnd", err, n_err) : KILN_OK;
+}
+
+kiln_status kiln_cuda_all_reduce(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
+                                 size_t n_err)
+{
+    return collective(comm, states, x, y, count, false, err, n_err);
+}
+
+kiln_status kiln_cuda_all_gather(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
+                                 size_t n_err)
+{
+    return collective(comm, states, x, y, count, true, err, n_err);
 }

@@ -200,6 +200,8 @@ bool        kiln_cuda_coll_probe(void *state, int *n_devices, char *detail, size
 kiln_status kiln_cuda_coll_init(void *const *states, const int *devs, int n, void **comm, char *err, size_t n_err);
 kiln_status kiln_cuda_all_reduce(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
                                  size_t n_err);
+kiln_status kiln_cuda_all_gather(void *comm, void *const *states, void *const *x, void *const *y, size_t count, char *err,
+                                 size_t n_err);
 void        kiln_cuda_coll_free(void *comm);
 
 /* ------------------------------------------------------------------ driver.c */

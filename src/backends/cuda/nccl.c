@@ -27,6 +27,7 @@ static bool resolve(kiln_nccl *c, char *msg, size_t len)
         {"ncclGetVersion", &c->get_version, sizeof c->get_version},
         {"ncclCommInitAll", &c->comm_init_all, sizeof c->comm_init_all},
         {"ncclAllReduce", &c->all_reduce, sizeof c->all_reduce},
+        {"ncclAllGather", &c->all_gather, sizeof c->all_gather},
         {"ncclGroupStart", &c->group_start, sizeof c->group_start},
         {"ncclGroupEnd", &c->group_end, sizeof c->group_end},
         {"ncclCommDestroy", &c->comm_destroy, sizeof c->comm_destroy},

@@ -1,6 +1,6 @@
 /* NCCL loaded at run time (dlopen of libnccl.so.2, like libcuda): the few entry points a split
  * plan over distinct GPUs needs (communicators for all devices at once, an f32 sum all-reduce per
- * device inside a group, the error text), declared here so kiln builds without NCCL. Must not
+ * device inside a group, the all-gather, the error text), declared here so kiln builds without NCCL. Must not
  * include <nccl.h> or link libnccl. */
 #pragma once
 
@@ -16,6 +16,7 @@ typedef struct kiln_nccl {
     int         (*get_version)(int *v);
     int         (*comm_init_all)(kiln_nccl_comm *comms, int n, const int *devs);
     int         (*all_reduce)(const void *x, void *y, size_t count, int dtype, int op, kiln_nccl_comm comm, void *stream);
+    int         (*all_gather)(const void *x, void *y, size_t sendcount, int dtype, kiln_nccl_comm comm, void *stream);
     int         (*group_start)(void);
     int         (*group_end)(void);
     int         (*comm_destroy)(kiln_nccl_comm comm);

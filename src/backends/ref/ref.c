@@ -411,6 +411,9 @@ kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size
     case KILN_OP_RESHAPE:
     case KILN_OP_VIEW:
     case KILN_OP_ALL_REDUCE: return alias(&c); /* one device: the sum is x (a split plan's parts sum in group.c) */
+    case KILN_OP_ALL_GATHER: /* one device: y is x; a split plan's parts gather in group.c, never here */
+        if (c.node->i[0] > 1) return kiln_ref_fail(&c, KILN_ERR_INTERNAL, "all_gather over %d devices outside a split plan", c.node->i[0]);
+        return alias(&c);
     case KILN_OP_TRANSPOSE: return transpose(&c);
     case KILN_OP_CONCAT: return concat(&c);
     default: break;
