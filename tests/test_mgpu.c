@@ -167,16 +167,25 @@ Test(mgpu, split_plan_calls_nccl_per_all_reduce_on_each_gpu)
     const char *three = "group{ ar(rank 0, 768, dtype 7, op 0) ar(rank 1, 768, dtype 7, op 0)}\n";
     char want[1024];
     snprintf(want, sizeof want, "%s%s%s%s", one, one, three, three); /* after o and after down, per step */
-    cr_expect_str_eq(nccl_log(), want, "each size recorded once, the NCCL calls inside the capture");
-    /* every kernel and NCCL call captured: each GPU's graph launched per step, nothing launched alone */
+    cr_expect_str_eq(nccl_log(), want);
+    /* each size's first run: launch by launch, nothing recorded */
+    cr_expect_gt(f->launches, launches);
+    cr_expect_eq(f->graph_launches, graphs);
+    cr_expect_eq(f->captured, captured);
+    /* a decode step again: recorded (kernels and NCCL calls captured, none launched alone), replayed */
+    launches = f->launches;
+    nccl_reset();
+    cr_assert_eq(step(p, 1, 7), KILN_OK, "%s", kiln_ctx_error(ctx));
+    snprintf(want, sizeof want, "%s%s", one, one);
+    cr_expect_str_eq(nccl_log(), want, "the NCCL calls once, inside the capture");
     cr_expect_eq(f->launches, launches, "no launch outside the recordings");
-    cr_expect_eq(f->graph_launches - graphs, 4, "one graph per GPU per step");
     cr_expect_gt(f->captured, captured);
+    cr_expect_eq(f->graph_launches - graphs, 2, "one graph per GPU");
     int kernels = f->graph_kernels;
     nccl_reset();
-    cr_assert_eq(step(p, 1, 7), KILN_OK, "%s", kiln_ctx_error(ctx)); /* a decode step again: replayed */
+    cr_assert_eq(step(p, 1, 8), KILN_OK, "%s", kiln_ctx_error(ctx)); /* and again: replayed alone */
     cr_expect_str_eq(nccl_log(), "", "a replay calls no NCCL: its calls are in the graphs");
-    cr_expect_eq(f->graph_launches - graphs, 6);
+    cr_expect_eq(f->graph_launches - graphs, 4);
     cr_expect_gt(f->graph_kernels, kernels);
     cr_expect_eq(f->launches, launches);
     /* states read whole: each GPU's half of the KV heads */
@@ -186,7 +195,7 @@ Test(mgpu, split_plan_calls_nccl_per_all_reduce_on_each_gpu)
     void *k = malloc(ti.bytes);
     cr_assert_eq(kiln_plan_state_read(p, "k0", k, ti.bytes), KILN_OK, "%s", kiln_ctx_error(ctx));
     free(k);
-    /* a failing all-reduce (recording a new size): a clear error, and the plan stays stopped */
+    /* a failing all-reduce (a new size): a clear error, and the plan stays stopped */
     setenv("FAKENCCL_REDUCE_FAIL", "1", 1);
     cr_assert_eq(step(p, 2, 6), KILN_ERR_BACKEND);
     cr_expect(strstr(kiln_ctx_error(ctx), "ncclAllReduce: ncclResult 3: internal error (fake)"), "%s", kiln_ctx_error(ctx));
@@ -248,7 +257,7 @@ Test(mgpu, model_head_split_by_vocabulary_calls_nccl_all_gather)
     cr_expect_str_eq(nccl_log(), "group{ ar(rank 0, 192, dtype 7, op 0) ar(rank 1, 192, dtype 7, op 0)}\n"
                                  "group{ ar(rank 0, 192, dtype 7, op 0) ar(rank 1, 192, dtype 7, op 0)}\n"
                                  "group{ ag(rank 0, 48, dtype 7) ag(rank 1, 48, dtype 7)}\n");
-    setenv("FAKENCCL_REDUCE_FAIL", "1", 1); /* a failing collective (2 tokens: a new recording) stops the plan */
+    setenv("FAKENCCL_REDUCE_FAIL", "1", 1); /* a failing collective (2 tokens: run as launches) stops the plan */
     nccl_reset();
     b[0].value = 2, b[1].value = 2, b[2].bytes = b[3].bytes = 8, last = 1;
     kiln_status st = kiln_run(p, b, 7);
@@ -320,11 +329,14 @@ Test(mgpu, device_fault_stops_the_split_plan_only)
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.devices = "cuda:0,1"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &one), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(step(p, 1, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(step(p, 1, 3), KILN_OK, "%s", kiln_ctx_error(ctx)); /* recorded: the fault comes in a replay */
+    int graphs = fake()->graph_launches;
     fake()->fault_next_sync = 1;
-    cr_assert_eq(step(p, 1, 3), KILN_ERR_BACKEND);
+    cr_assert_eq(step(p, 1, 4), KILN_ERR_BACKEND);
+    cr_expect_eq(fake()->graph_launches - graphs, 2, "the step was a replay");
     const char *e = kiln_ctx_error(ctx);
     cr_expect(strstr(e, "split plan, part ") && strstr(e, "(GPU ") && strstr(e, "cuStreamSynchronize"), "%s", e);
-    cr_assert_eq(step(p, 1, 4), KILN_ERR_BACKEND);
+    cr_assert_eq(step(p, 1, 5), KILN_ERR_BACKEND);
     cr_expect(strstr(kiln_ctx_error(ctx), "this multi-GPU plan stopped after an error") &&
               strstr(kiln_ctx_error(ctx), "cuStreamSynchronize"), "%s", kiln_ctx_error(ctx));
     cr_assert_eq(step(one, 1, 2), KILN_OK, "the one-GPU plan: %s", kiln_ctx_error(ctx));

@@ -380,7 +380,8 @@ typedef struct kiln_compile_options {
                              stream and memory per GPU (weights sliced and uploaded to each at
                              compile), the all-reduces through NCCL on each GPU's stream, each GPU's
                              kernels and NCCL calls recorded together as one CUDA graph per GPU at
-                             the first run of each size of the collectives (4 kept) and replayed
+                             the second run of each size of the collectives (4 kept; the first runs
+                             launch by launch) and replayed
                              (no_record: launched kernel by kernel); without NCCL the compile fails
                              saying why (kiln_multi_gpu); a device fault stops the split plan for
                              good, other plans keep working. Virtual devices: several parts on ref or

@@ -362,27 +362,33 @@ static kiln_status record(kiln_group *gr, group_rec *r)
     return s;
 }
 
-/* A run as recordings: inputs uploaded, then every GPU's graph launched (recorded first for sizes
- * not seen yet). */
-static kiln_status run_graphs(kiln_group *gr)
+/* A run as recordings: a size of the collectives seen for the first time runs launch by launch (NCCL
+ * connects outside any capture, and a size used once, a prompt's prefill, is never recorded); its
+ * second run records every GPU's graph, later runs replay them. *done: replayed. */
+static kiln_status run_graphs(kiln_group *gr, bool *done)
 {
     const kiln_plan *p0 = gr->parts[0];
     size_t *bytes = gr->bytes_now;
+    *done = false;
     for (uint32_t k = 0; k < gr->n_coll; k++) {
         uint32_t y = p0->fusion.regions[gr->coll[0][k]].anchor;
         bytes[k] = kiln_node_bytes(&p0->g->nodes[y], p0->dims[y]);
     }
-    kiln_status s = KILN_OK;
-    for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_prepare_all(gr->parts[p]);
     group_rec *r = NULL;
     for (int k = 0; k < gr->n_recs && !r; k++)
         if (gr->recs[k].bytes && !memcmp(gr->recs[k].bytes, bytes, gr->n_coll * sizeof *bytes)) r = &gr->recs[k];
-    if (s == KILN_OK && !r) {
+    if (!r) { /* first seen: remembered, run as launches */
         r = &gr->recs[gr->n_recs < GROUP_RECS ? gr->n_recs++ : gr->next_rec++ % GROUP_RECS];
         rec_free(gr, r);
         if (!(r->bytes = malloc((gr->n_coll + 1) * sizeof *bytes))) return KILN_ERR_NOMEM;
         memcpy(r->bytes, bytes, gr->n_coll * sizeof *bytes);
-        if ((s = record(gr, r)) != KILN_OK) rec_free(gr, r); /* an empty slot: found by no run */
+        return KILN_OK;
+    }
+    kiln_status s = KILN_OK;
+    for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_prepare_all(gr->parts[p]);
+    if (s == KILN_OK && !r->rec[0] && (s = record(gr, r)) != KILN_OK) {
+        rec_free(gr, r); /* an empty slot: found by no run */
+        return s;
     }
     char err[512] = "";
     for (int p = 0; s == KILN_OK && p < gr->n; p++) {
@@ -390,6 +396,7 @@ static kiln_status run_graphs(kiln_group *gr)
         if ((s = kiln_backends[gr->coll_be]->replay(st, r->rec[p], err, sizeof err)) != KILN_OK)
             s = kiln_ctx_fail(gr->parts[p]->ctx, s, "replaying the split plan on GPU %d: %s", gr->devs[p], err);
     }
+    *done = s == KILN_OK;
     return s;
 }
 
@@ -417,9 +424,9 @@ kiln_status kiln_sched_group_run(kiln_plan *gp, kiln_group *gr, const kiln_bindi
     for (int p = 0; p < gr->n; p++) gr->parts[p]->ran = false;
     for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_run_begin(gr->parts[p], b, nb, &ob[p]);
     for (int p = 0; p < gr->n; p++) kiln_sched_lock(gr->parts[p], true);
-    if (s == KILN_OK && use_graphs(gr)) s = run_graphs(gr);
-    else
-        for (uint32_t k = 0; s == KILN_OK && k <= gr->n_coll; k++) s = run_segment(gr, k);
+    bool replayed = false;
+    if (s == KILN_OK && use_graphs(gr)) s = run_graphs(gr, &replayed);
+    for (uint32_t k = 0; s == KILN_OK && !replayed && k <= gr->n_coll; k++) s = run_segment(gr, k);
     if (s == KILN_OK) s = kiln_sched_run_outputs(gr->parts[0], ob[0]); /* outputs are whole: part 0's */
     for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_sync_all(gr->parts[p]);
     for (int p = gr->n - 1; p >= 0; p--) kiln_sched_lock(gr->parts[p], false);
