@@ -206,9 +206,12 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_node kc = kiln_kv_scatter(g, cache, ro, pos);
     kiln_node at = kiln_attention(g, ro, kc, kc, n, 0.0f);
     kiln_dim ns = kiln_sym(g, "ns", 3);
-    kiln_node pa = kiln_paged_attention(g, ro, kc, kc, pos, kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 2}),
-                                        kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 4}), 2, 0.5f);
+    kiln_node sq = kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 2});
+    kiln_node bl = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 4});
+    kiln_node pa = kiln_paged_attention(g, ro, kc, kc, pos, sq, bl, 2, 0.5f);
     kiln_output(g, pa, "paged");
+    kiln_output(g, kiln_paged_attention_tree(g, ro, kc, kc, pos, sq, bl, kiln_input(g, "parents", KILN_DTYPE_I32, 1, (kiln_dim[]){n}), 4, 0),
+                "tree");
     kiln_node tr = kiln_transpose(g, kiln_view(g, w, 2, (kiln_dim[]){4, 16}, 48), 1, 0);
     kiln_node cc = kiln_concat(g, tr, tr, 0);
     kiln_node mq = kiln_matmul(g, kiln_get_rows(g, tab, ids), wq);
@@ -226,6 +229,8 @@ Test(kg, api_graph_with_every_op_roundtrips)
         snprintf(pat, sizeof pat, " = %s ", kiln_op_name((enum kiln_op)op));
         cr_expect_not_null(strstr(t, pat), "no '%s' in\n%s", pat, t);
     }
+    cr_expect(strstr(t, " pos seqs blocks block=2 ") && strstr(t, " pos seqs blocks parents block=4 "),
+              "paged attention with and without parents:\n%s", t);
     cr_expect_not_null(strstr(t, "\ndup = swiglu "), "the first 'dup' keeps its name:\n%s", t);
     cr_expect_null(strstr(t, "\ndup = rms_norm"), "the second 'dup' must be renamed:\n%s", t);
     kiln_graph *g2 = must_parse(t, "api graph");

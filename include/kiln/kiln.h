@@ -31,7 +31,7 @@ extern "C" {
 #define KILN_VERSION_STRING "0.1.0"
 
 #define KILN_MAX_RANK 4 /* most dimensions a tensor may have */
-#define KILN_MAX_SRC 6  /* most operands an op may have */
+#define KILN_MAX_SRC 7  /* most operands an op may have */
 
 /* ---------------------------------------------------------------- status and errors */
 
@@ -259,6 +259,21 @@ KILN_API kiln_node kiln_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_
  * (16..128 are the usual sizes). scale as in kiln_attention. y is f32 [n_tok, n_head, head_dim]. */
 KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
                                         kiln_node seqs, kiln_node blocks, int block, float scale);
+/* Speculative verification: kiln_paged_attention over a step whose new tokens form, per sequence,
+ * a tree (or a chain, or a forest) of draft tokens, so that one pass scores every draft. parents
+ * i32 [n_tok]: the parent of each new token as an index among its own sequence's new tokens
+ * (0 = the sequence's first new token), smaller than the token's own index, or -1 for a root (its
+ * parent is the sequence's last cached token). New tokens keep the storage order of the rows: token
+ * i of sequence s is key kv_len - q_len + i of it (its slot, for kv_scatter, is that key's), while
+ * its position is kv_len - q_len + depth(i) (depth 0 for a root, the parent's + 1 otherwise): pos
+ * must say so. Token i sees the sequence's cached keys 0 .. kv_len - q_len - 1 and the keys of its
+ * ancestors and itself, nothing else: each row equals decoding its draft path one token at a time.
+ * A chain (parents[i] = i - 1) is kiln_paged_attention. kiln_run checks the tree as it checks the
+ * rest of the metadata (a parent out of range names the token and the value); device-bound parents
+ * are clamped into the sequence. GPU steps of trees run on the split-KV kernels. */
+KILN_API kiln_node kiln_paged_attention_tree(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                             kiln_node seqs, kiln_node blocks, kiln_node parents, int block,
+                                             float scale);
 /* Writes rows [n_tok, n_kv_head, head_dim] into a state [n_kv_head, max_ctx, head_dim] at the
  * positions pos i32 [n_tok] (each < max_ctx, checked at run): state[h, pos[t], :] = rows[t, h, :].
  * The result is the updated state; read it (e.g. by attention) to order the write before. */

@@ -302,13 +302,15 @@ static int op_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64
 }
 
 /* Paged attention: the metadata is checked (kiln_paged_check, converted to i32), then every query
- * attends over its own sequence's keys found through the block table. */
+ * attends over its own sequence's keys found through the block table (a tree step's: the cached
+ * keys and those of its ancestors and itself, kiln_paged_sees). */
 static int op_paged_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y, char *err, size_t en)
 {
     const int64_t *qd = SDIM(0), *kd = SDIM(1);
     int64_t T = qd[0], H = qd[1], hd = qd[2], Hkv = kd[0], C = kd[1], S = SDIM(4)[0], MB = SDIM(5)[1];
-    int32_t *meta = malloc((size_t)(T + 2 * S + S * MB) * sizeof *meta);
-    double *p = zalloc(C);
+    bool tree = nd->n_src > 6 && nd->src[6] != KILN_IDX_NONE;
+    int32_t *meta = malloc((size_t)(2 * T + 2 * S + S * MB) * sizeof *meta);
+    double *p = zalloc(C > MB * nd->i[0] ? C : MB * nd->i[0]); /* a score per key a sequence can hold */
     if (!meta || !p) {
         free(meta), free(p);
         FAIL("ref64: out of memory");
@@ -316,8 +318,10 @@ static int op_paged_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y,
     for (int64_t i = 0; i < T; i++) meta[i] = (int32_t)SRC(3)[i];
     for (int64_t i = 0; i < 2 * S; i++) meta[T + i] = (int32_t)SRC(4)[i];
     for (int64_t i = 0; i < S * MB; i++) meta[T + 2 * S + i] = (int32_t)SRC(5)[i];
+    for (int64_t i = 0; tree && i < T; i++) meta[T + 2 * S + S * MB + i] = (int32_t)SRC(6)[i];
     kiln_paged_meta m = {.pos = meta, .seqs = meta + T, .blocks = meta + T + 2 * S, .n_tok = T, .n_seq = S,
-                         .max_blocks = MB, .block = nd->i[0], .n_slots = C};
+                         .max_blocks = MB, .block = nd->i[0], .n_slots = C,
+                         .parents = tree ? meta + T + 2 * S + S * MB : NULL};
     char why[256];
     if (!kiln_paged_check(&m, NULL, why, sizeof why)) {
         free(meta), free(p);
@@ -327,12 +331,15 @@ static int op_paged_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y,
     for (int64_t s = 0; s < S; s++) {
         int64_t q0, q_len, kv_len;
         kiln_paged_seq(&m, s, &q0, &q_len, &kv_len);
-        const int32_t *bt = m.blocks + s * MB;
+        const int32_t *bt = m.blocks + s * MB, *par = tree ? m.parents + q0 : NULL;
+        int64_t cached = kv_len - q_len;
         for (int64_t t = q0; t < q0 + q_len; t++)
             for (int64_t h = 0; h < H; h++) {
-                int64_t g = h / (H / Hkv), last = m.pos[t];
+                int64_t g = h / (H / Hkv), last = cached + (t - q0); /* a tree's row: its key, = pos[t] causal */
                 double mx = -INFINITY, sum = 0;
-                for (int64_t j = 0; j <= last; j++) {
+                for (int64_t j = 0; j <= last; j++) { /* keys it does not see (other draft paths): p 0 */
+                    p[j] = -INFINITY;
+                    if (j >= cached && !kiln_paged_sees(par, t - q0, j - cached)) continue;
                     const double *kr = k + (g * C + kiln_paged_slot(bt, m.block, j)) * hd, *qr = q + (t * H + h) * hd;
                     double dot = 0;
                     for (int64_t d = 0; d < hd; d++) dot += qr[d] * kr[d];
@@ -343,6 +350,7 @@ static int op_paged_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y,
                 double *yr = y + (t * H + h) * hd;
                 for (int64_t d = 0; d < hd; d++) yr[d] = 0;
                 for (int64_t j = 0; j <= last; j++) {
+                    if (p[j] == 0) continue;
                     const double *vr = v + (g * C + kiln_paged_slot(bt, m.block, j)) * hd;
                     for (int64_t d = 0; d < hd; d++) yr[d] += p[j] * vr[d] / sum;
                 }

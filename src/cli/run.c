@@ -205,12 +205,15 @@ static int32_t *input_buf(const run_state *st, uint32_t idx)
 }
 
 /* A paged attention's step that kiln_run accepts: n_tok tokens split over n_seq sequences, each
- * prefilling from an empty cache into blocks of its own (taken in order around the pool). */
+ * prefilling from an empty cache into blocks of its own (taken in order around the pool); with
+ * parents (a tree step), each sequence's tokens a binary tree of drafts (token j's parent (j-1)/2,
+ * its position its depth; slots stay in row order). */
 static kiln_status fill_paged(const run_state *st, uint32_t i)
 {
     const kiln_graph *g = st->g;
     const kiln_node_rec *n = &g->nodes[i];
     int32_t *pos = input_buf(st, n->src[3]), *seqs = input_buf(st, n->src[4]), *bt = input_buf(st, n->src[5]), *slots[2];
+    int32_t *par = n->n_src > 6 && n->src[6] != KILN_IDX_NONE ? input_buf(st, n->src[6]) : NULL;
     for (int k = 0; k < 2; k++) {
         const kiln_node_rec *w = &g->nodes[n->src[1 + k]];
         slots[k] = w->op == KILN_OP_KV_SCATTER ? input_buf(st, w->src[2]) : NULL;
@@ -230,6 +233,10 @@ static kiln_status fill_paged(const run_state *st, uint32_t i)
         next += (q + block - 1) / block;
         for (int64_t j = 0; j < q; j++, t++) {
             pos[t] = (int32_t)j;
+            if (par) {
+                par[t] = j ? (int32_t)((j - 1) / 2) : -1;
+                pos[t] = j ? pos[t - j + par[t]] + 1 : 0;
+            }
             for (int k = 0; k < 2; k++)
                 if (slots[k]) slots[k][t] = (int32_t)(bt[s * mb + j / block] * block + j % block);
         }

@@ -7,7 +7,9 @@
  * the same two kernels over a ragged batch: token t sees pos[t] + 1 keys of its own sequence (found
  * among the step's starts), each key's cache row through the block table (kl_paged_slot), the key
  * splits sized for a sequence's capacity; steps of more than 8 rows take the flash kernel (paged:
- * a block per row tile of a sequence). Must not know any target's syntax. */
+ * a block per row tile of a sequence). A tree step (speculative verification) stays on the split
+ * kernels at every size: a row sees keys up to its own, those of other draft paths masked by
+ * walking its parents (tree_visible). Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
@@ -22,6 +24,7 @@ typedef struct at {
     int64_t n_head, n_kvh, G, hd, max_ctx, tok_max, S, n_split;
     const kiln_region_spec *sp; /* paged: its metadata nodes and block size (block 0: a contiguous cache) */
     int64_t cap;                /* paged: keys a sequence can hold (block table width x block) */
+    bool tree;                  /* paged, a tree step (sp->parents): new keys masked off other draft paths */
     int64_t HB, GB; /* query heads per block, blocks per kv head (HB * GB = G) */
     kiln_dtype kt, vt;
 } at;
@@ -70,12 +73,11 @@ static uint32_t token_seen(kiln_kir *k, const at *a, uint32_t n_kv, uint32_t t, 
     return kiln_k2(k, KILN_KOP_ADD, p, kiln_ki(k, 1));
 }
 
-/* Paged: where token t's sequence's row of the block table starts. The sequence is the number of
- * step starts at or before t, minus one, counted by the block's nth threads together (uniform
- * control flow: the count ends in a block reduction). */
-static uint32_t seq_bt_row(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t t, uint32_t n_tok, uint32_t tid, int32_t nth)
+/* Paged: token t's sequence, the number of step starts at or before t, minus one, counted by the
+ * block's nth threads together (uniform control flow: the count ends in a block reduction). */
+static uint32_t seq_of_row(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t t, uint32_t n_tok, uint32_t tid, int32_t nth)
 {
-    const kiln_node_rec *sn = &g->nodes[a->sp->seqs], *bn = &g->nodes[a->sp->blocks];
+    const kiln_node_rec *sn = &g->nodes[a->sp->seqs];
     uint32_t seqs = kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->seqs, false), n_seq = kl_dim(k, sn->dims[0]);
     uint32_t c = kiln_kvar(k, kiln_kf(k, 0)), i = kiln_kvar(k, tid);
     /* blocks past the step's tokens (the grid covers the capacity) count nothing: no loads */
@@ -89,8 +91,63 @@ static uint32_t seq_bt_row(kiln_kir *k, const kiln_graph *g, const at *a, uint32
     uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, c, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((KILN_KRED_SUM << 16) | nth));
     uint32_t s = kiln_k2(k, KILN_KOP_SUB, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32, tot, KILN_IDX_NONE, KILN_IDX_NONE, 0),
                          kiln_ki(k, 1));
-    s = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, s, kiln_ki(k, 0)), kiln_k2(k, KILN_KOP_SUB, n_seq, kiln_ki(k, 1)));
-    return kiln_k2(k, KILN_KOP_MUL, s, kiln_ki(k, (int32_t)bn->dims[1]));
+    return kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, s, kiln_ki(k, 0)), kiln_k2(k, KILN_KOP_SUB, n_seq, kiln_ki(k, 1)));
+}
+
+/* Paged: where token t's sequence's row of the block table starts. */
+static uint32_t seq_bt_row(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t t, uint32_t n_tok, uint32_t tid, int32_t nth)
+{
+    uint32_t s = seq_of_row(k, g, a, t, n_tok, tid, nth);
+    return kiln_k2(k, KILN_KOP_MUL, s, kiln_ki(k, (int32_t)g->nodes[a->sp->blocks].dims[1]));
+}
+
+/* A tree step's row: where it sits in its sequence (I32 values, clamped so that device-bound
+ * metadata that was never checked only reads inside the step). */
+typedef struct tree_row {
+    uint32_t q0, i;  /* the sequence's first row (t - i), the row's index among its new tokens */
+    uint32_t c;      /* the sequence's cached keys (KV length - new tokens): every row sees them */
+    uint32_t depth;  /* its depth in the tree, pos[t] - c in [0, i]: ancestors are that many parents up */
+    uint32_t par;    /* buffer slot of the parents */
+} tree_row;
+
+/* Keys row t of sequence s sees through (its own key c + i, + 1: new keys before it off its path
+ * are masked, tree_visible), and its place in the tree. */
+static uint32_t tree_seen(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t t, uint32_t n_tok, uint32_t s, tree_row *tr)
+{
+    uint32_t seqs = kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->seqs, false), n_seq = kl_dim(k, g->nodes[a->sp->seqs].dims[0]);
+    uint32_t tc = kiln_k2(k, KILN_KOP_MIN, t, kiln_k2(k, KILN_KOP_SUB, n_tok, kiln_ki(k, 1)));
+    uint32_t s2 = kiln_k2(k, KILN_KOP_MUL, s, kiln_ki(k, 2));
+    uint32_t q0 = kl_ld_i32(k, seqs, s2), kv = kl_ld_i32(k, seqs, kiln_k2(k, KILN_KOP_ADD, s2, kiln_ki(k, 1)));
+    uint32_t more = kiln_k2(k, KILN_KOP_LT, kiln_k2(k, KILN_KOP_ADD, s, kiln_ki(k, 1)), n_seq);
+    uint32_t nx = kl_ld_i32(k, seqs, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, more, kiln_k2(k, KILN_KOP_ADD, s2, kiln_ki(k, 2)), s2, 0));
+    nx = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, more, nx, n_tok, 0);
+    tr->i = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, kiln_k2(k, KILN_KOP_SUB, tc, q0), kiln_ki(k, 0)), tc);
+    tr->q0 = kiln_k2(k, KILN_KOP_SUB, tc, tr->i);
+    uint32_t c = kiln_k2(k, KILN_KOP_SUB, kv, kiln_k2(k, KILN_KOP_SUB, nx, q0));
+    tr->c = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, c, kiln_ki(k, 0)), kiln_ki(k, (int32_t)a->cap - 1));
+    uint32_t p = kl_ld_i32(k, kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->pos, false), tc);
+    tr->depth = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, kiln_k2(k, KILN_KOP_SUB, p, tr->c), kiln_ki(k, 0)), tr->i);
+    tr->par = kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->parents, false);
+    return kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, tr->c, tr->i), kiln_ki(k, 1)),
+                   kiln_ki(k, (int32_t)a->cap));
+}
+
+/* Whether the row sees key j < its own of its sequence (the tree mask, the kernels' one copy of
+ * kiln_paged_sees): a cached key, or a new one that walking `walk` parents up from the row meets
+ * (walk: its depth where the tile reaches past the cached keys, else 0; every thread of the block
+ * takes the same trip count). Parents are clamped below their token, so the walk stays in the step. */
+static uint32_t tree_visible(kiln_kir *k, const tree_row *tr, uint32_t j, uint32_t walk)
+{
+    uint32_t jj = kiln_k2(k, KILN_KOP_SUB, j, tr->c), an = kiln_kvar(k, tr->i), x = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, x, walk, kiln_ki(k, 1), 0);
+    {
+        uint32_t up = kiln_k2(k, KILN_KOP_LT, jj, an);
+        uint32_t pa = kl_ld_i32(k, tr->par, kiln_k2(k, KILN_KOP_ADD, tr->q0, kiln_k2(k, KILN_KOP_MAX, an, kiln_ki(k, 0))));
+        pa = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, pa, kiln_ki(k, -1)), kiln_k2(k, KILN_KOP_SUB, an, kiln_ki(k, 1)));
+        kiln_kset(k, an, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, up, pa, an, 0));
+    }
+    kl_loop_end(k);
+    return kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, j, tr->c), kiln_k2(k, KILN_KOP_EQ, an, jj));
 }
 
 /* The values the phases of one split-attention kernel share. */
@@ -104,6 +161,7 @@ typedef struct attn_st {
     uint32_t qh0, sp, start, end; /* I32: first query head, split, its key range */
     uint32_t head_row, kb;        /* I32: the kv head's first cache row; the tile's first key */
     uint32_t bt, bt_row, last;    /* paged: block table slot, the sequence's row start in it, its last key seen */
+    tree_row tr;                  /* a tree step: the row's place in its sequence's tree */
     uint32_t m[8], l[8], o[8][8]; /* F32 variables: running max, sum and output of each head */
 } attn_st;
 
@@ -126,6 +184,11 @@ static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
     uint32_t j = kiln_k2(k, KILN_KOP_ADD, kb, tid);
     uint32_t valid = kiln_k2(k, KILN_KOP_LT, j, end);
     uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
+    if (a->tree) { /* keys of other draft paths score -inf like keys past the split */
+        uint32_t reach = kiln_k2(k, KILN_KOP_LT, st->tr.c, kiln_k2(k, KILN_KOP_ADD, kb, kiln_ki(k, ABLK)));
+        uint32_t walk = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, reach, st->tr.depth, kiln_ki(k, 0), 0);
+        valid = kiln_k2(k, KILN_KOP_PAND, valid, tree_visible(k, &st->tr, jc, walk));
+    }
     uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, jc)), kiln_ki(k, hd));
     for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
     int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
@@ -316,8 +379,17 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
         kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S; /* n_kv: paged attention has none (0) */
-    uint32_t seen = token_seen(k, a, n_kv, t, n_tok, &S);
-    uint32_t bt_row = a->sp->block ? seq_bt_row(k, g, a, t, n_tok, tid, ABLK) : KILN_IDX_NONE;
+    uint32_t seen, bt_row = KILN_IDX_NONE;
+    tree_row tr = {0};
+    if (a->tree) {
+        uint32_t sq = seq_of_row(k, g, a, t, n_tok, tid, ABLK);
+        bt_row = kiln_k2(k, KILN_KOP_MUL, sq, kiln_ki(k, (int32_t)g->nodes[a->sp->blocks].dims[1]));
+        seen = tree_seen(k, g, a, t, n_tok, sq, &tr);
+        S = split_keys(k, a, kiln_ki(k, (int32_t)a->cap));
+    } else {
+        seen = token_seen(k, a, n_kv, t, n_tok, &S);
+        if (a->sp->block) bt_row = seq_bt_row(k, g, a, t, n_tok, tid, ABLK);
+    }
     uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
     uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
     kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
@@ -343,6 +415,7 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
                   .end = end,
                   .bt = a->sp->block ? kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->blocks, false) : KILN_IDX_NONE,
                   .bt_row = bt_row,
+                  .tr = tr,
                   .last = a->sp->block ? kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1)) : KILN_IDX_NONE};
     for (int gg = 0; gg < G; gg++) {
         st.m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
@@ -436,7 +509,14 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S;
     kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t, n_tok));
-    uint32_t seen = token_seen(k, a, n_kv, t, n_tok, &S);
+    uint32_t seen;
+    if (a->tree) {
+        tree_row tr;
+        seen = tree_seen(k, g, a, t, n_tok, seq_of_row(k, g, a, t, n_tok, tid, 128), &tr);
+        S = split_keys(k, a, kiln_ki(k, (int32_t)a->cap));
+    } else {
+        seen = token_seen(k, a, n_kv, t, n_tok, &S);
+    }
     uint32_t nsp =
         kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, seen, S), kiln_ki(k, 1)), S);
     uint32_t row = kiln_k2(k, KILN_KOP_MUL,
@@ -500,6 +580,7 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     const kiln_node_rec *q = &g->nodes[sp->q], *kc = &g->nodes[sp->k], *vc = &g->nodes[sp->v];
     at a = {.sp = sp,
             .cap = sp->block ? g->nodes[sp->blocks].dims[1] * sp->block : 0,
+            .tree = sp->block && sp->parents != KILN_IDX_NONE,
             .n_head = q->dims[1],
             .hd = q->dims[2],
             .n_kvh = kc->dims[0],
@@ -528,8 +609,9 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     /* paged steps of many rows too (prefill chunks with decoding sequences) where the MMA is native,
      * unless codegen.flash is off (A/B runs: the split kernels take every paged step, as before);
      * Vulkan's emulated MMA keeps paged steps on the split kernels (lavapipe runs minutes longer) */
-    bool wg = kl_flash_wg_fits(g, n, sp, tg); /* Hopper, f16 precision: the warpgroup kernel (lower_flash_wg.c) */
-    bool flash = wg || (kl_flash_fits(g, n) && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native)));
+    /* a tree step (a.tree) stays on the split kernels at every size: only they mask draft paths */
+    bool wg = !a.tree && kl_flash_wg_fits(g, n, sp, tg); /* Hopper, f16 precision: the warpgroup kernel (lower_flash_wg.c) */
+    bool flash = wg || (kl_flash_fits(g, n) && !a.tree && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native)));
     /* contiguous: the split kernels take only runs of up to KL_SMALL_ROWS rows; paged steps of many
      * sequences with few rows each (batched decode) stay on them too (one flash block per sequence
      * walks all its keys alone: 64 x 1024 decode ran 2x slower there), so they keep the bound */

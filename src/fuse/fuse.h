@@ -57,6 +57,7 @@ typedef struct kiln_region_spec {
     /* paged attention (kiln_paged_attention) only: where a sequence's key lives. The lowering
      * prints the position -> slot mapping from these in one place (kl_paged_slot) */
     uint32_t pos, seqs, blocks; /* per-token positions, (start, KV length) per sequence, block table */
+    uint32_t parents;           /* a tree step's parents (kiln_paged_attention_tree), or NONE: causal */
     int64_t  block;             /* tokens per block; 0 for attention over a contiguous cache */
     /* KILN_REGION_ROWS: the anchor's op over the last axis */
     uint8_t  row_op;           /* enum kiln_op */

@@ -127,7 +127,10 @@ static void attention_spec(const kiln_graph *g, const kiln_region *r, kiln_regio
     if (n->op != KILN_OP_ATTENTION && n->op != KILN_OP_PAGED_ATTENTION) return; /* attention written as ops: no spec */
     s->q = n->src[0], s->k = n->src[1], s->v = n->src[2];
     s->n_kv = n->op == KILN_OP_ATTENTION ? n->dim : 0;
-    if (n->op == KILN_OP_PAGED_ATTENTION) s->pos = n->src[3], s->seqs = n->src[4], s->blocks = n->src[5], s->block = n->i[0];
+    if (n->op == KILN_OP_PAGED_ATTENTION) {
+        s->pos = n->src[3], s->seqs = n->src[4], s->blocks = n->src[5], s->block = n->i[0];
+        s->parents = n->n_src > 6 ? n->src[6] : KILN_IDX_NONE;
+    }
     s->scale = n->f[0];
     const kiln_node_rec *q = &g->nodes[s->q], *kc = &g->nodes[s->k];
     int64_t n_head = q->dims[1], n_kvh = kc->dims[0];
@@ -139,7 +142,7 @@ void kiln_fuse_spec(const kiln_graph *g, kiln_region *r)
 {
     kiln_region_spec *s = &r->spec;
     memset(s, 0, sizeof *s);
-    s->x_in = s->x = s->norm = s->norm_w = s->q = s->k = s->v = s->pos = s->seqs = s->blocks = KILN_IDX_NONE;
+    s->x_in = s->x = s->norm = s->norm_w = s->q = s->k = s->v = s->pos = s->seqs = s->blocks = s->parents = KILN_IDX_NONE;
     switch ((enum kiln_region_kind)r->kind) {
     case KILN_REGION_MATMUL: matmul_spec(g, r, s); break;
     case KILN_REGION_ATTENTION: attention_spec(g, r, s); break;

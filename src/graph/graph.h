@@ -54,8 +54,8 @@ enum kiln_op_class {
     X(TRANSPOSE,  "transpose",  MOVE,        0, 1, 0, P(D0) | P(D1), P(D0) | P(D1), "x d0=INT d1=INT") \
     X(CONCAT,     "concat",     MOVE,        0, 2, 0, P(AXIS), P(AXIS), "a b axis=INT")             \
     X(SIGMOID,    "sigmoid",    ELEMENTWISE, 4, 1, 0, 0, 0, "x") /* 1 / (1 + e^-x) */            \
-    X(PAGED_ATTENTION, "paged_attention", ATTENTION, 0, 6, 0, P(BLOCK) | P(SCALE), P(BLOCK),          \
-      "q k v pos seqs blocks block=INT [scale=FLOAT]") /* i[0] block, f[0] scale */ \
+    X(PAGED_ATTENTION, "paged_attention", ATTENTION, 0, 6, 1, P(BLOCK) | P(SCALE), P(BLOCK),          \
+      "q k v pos seqs blocks [parents] block=INT [scale=FLOAT]") /* i[0] block, f[0] scale; parents: a tree step */ \
     X(ALL_REDUCE, "all_reduce", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices summed (split pass) */ \
     X(ALL_GATHER, "all_gather", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices (split pass), y [i[0], x] */
 

@@ -648,7 +648,9 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_ROPE: return kiln_rope_ext(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta, a->mult_v);
     case KILN_OP_ATTENTION: return kiln_attention(g, s[0], s[1], s[2], a->n_kv, a->scale);
     case KILN_OP_KV_SCATTER: return kiln_kv_scatter(g, s[0], s[1], s[2]);
-    case KILN_OP_PAGED_ATTENTION: return kiln_paged_attention(g, s[0], s[1], s[2], s[3], s[4], s[5], (int)a->block, a->scale);
+    case KILN_OP_PAGED_ATTENTION:
+        return s[6] ? kiln_paged_attention_tree(g, s[0], s[1], s[2], s[3], s[4], s[5], s[6], (int)a->block, a->scale)
+                    : kiln_paged_attention(g, s[0], s[1], s[2], s[3], s[4], s[5], (int)a->block, a->scale);
     case KILN_OP_GET_ROWS: return kiln_get_rows(g, s[0], s[1]);
     case KILN_OP_ARGMAX: return kiln_argmax(g, s[0]);
     case KILN_OP_ALL_REDUCE: return kiln_all_reduce(g, s[0]);

@@ -183,6 +183,7 @@ static kiln_status print_op(printer *pr, uint32_t i)
     sb_name(b, pr->names[i]);
     kiln_sbuf_printf(b, " = %s", kiln_op_name((enum kiln_op)n->op));
     for (unsigned k = 0; k < sp->n_req + sp->n_opt; k++) {
+        if (k >= sp->n_req && k >= n->n_src) break; /* optionals the builder never took (paged_attention's parents) */
         uint32_t src = k < n->n_src ? n->src[k] : KILN_IDX_NONE;
         if (src != KILN_IDX_NONE && src >= i) return KILN_ERR_INTERNAL; /* not topological */
         if (src == KILN_IDX_NONE && k < sp->n_req) return KILN_ERR_INTERNAL;

@@ -356,13 +356,15 @@ static bool need_i32_table(build *b, const char *what, const kiln_node_rec *t, i
     return true;
 }
 
-KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
-                                        kiln_node seqs, kiln_node blocks, int block, float scale)
+/* parents KILN_NODE_NONE: a step without a tree (n_src stays 6, so the .kg form has no parents). */
+static kiln_node paged(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos, kiln_node seqs,
+                       kiln_node blocks, kiln_node parents, int block, float scale)
 {
     build b = begin(g, KILN_OP_PAGED_ATTENTION);
     const kiln_node_rec *qn = operand(&b, 0, "q", q, false), *kn = operand(&b, 1, "k", k, false);
     const kiln_node_rec *vn = operand(&b, 2, "v", v, false), *pn = operand(&b, 3, "pos", pos, false);
     const kiln_node_rec *sn = operand(&b, 4, "seqs", seqs, false), *bn = operand(&b, 5, "blocks", blocks, false);
+    const kiln_node_rec *tn = parents != KILN_NODE_NONE ? operand(&b, 6, "parents", parents, false) : NULL;
     need_float(&b, "q", qn);
     if (b.ok && (qn->rank != 3 || kiln_dim_is_sym(qn->dims[1]) || kiln_dim_is_sym(qn->dims[2])))
         fail(&b, KILN_ERR_SHAPE, "q is %s; it must be [n_tok, n_head, head_dim] (n_head, head_dim constant)", DIMS_STR(g, qn));
@@ -382,6 +384,7 @@ KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k,
     if (b.ok) need_i32_vec(&b, "pos", pn, qn->dims[0]);
     if (b.ok) need_i32_table(&b, "seqs", sn, 0, 2);
     if (b.ok) need_i32_table(&b, "blocks", bn, sn->dims[0], 0);
+    if (b.ok && tn) need_i32_vec(&b, "parents", tn, qn->dims[0]);
     if (b.ok && !(scale >= 0 && isfinite(scale))) fail(&b, KILN_ERR_INVALID_ARG, "scale %g must be >= 0 and finite", (double)scale);
     if (b.ok) {
         set_shape(&b, KILN_DTYPE_F32, 3, qn->dims);
@@ -389,6 +392,21 @@ KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k,
         b.r.f[0] = scale == 0 ? (float)(1.0 / sqrt((double)qn->dims[2])) : scale;
     }
     return finish(&b);
+}
+
+KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                        kiln_node seqs, kiln_node blocks, int block, float scale)
+{
+    return paged(g, q, k, v, pos, seqs, blocks, KILN_NODE_NONE, block, scale);
+}
+
+KILN_API kiln_node kiln_paged_attention_tree(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                             kiln_node seqs, kiln_node blocks, kiln_node parents, int block,
+                                             float scale)
+{
+    if (g && g->status == KILN_OK && parents == KILN_NODE_NONE)
+        return kiln_graph_fail(g, KILN_ERR_INVALID_ARG, "paged_attention: a tree step needs parents (none given)");
+    return paged(g, q, k, v, pos, seqs, blocks, parents, block, scale);
 }
 
 KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids)

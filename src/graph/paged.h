@@ -20,6 +20,8 @@ typedef struct kiln_paged_meta {
     int64_t        max_blocks; /* block table width */
     int64_t        block;    /* tokens per block */
     int64_t        n_slots;  /* slots of the pool (n_blocks * block) */
+    const int32_t *parents;  /* [n_tok] a tree step (kiln_paged_attention_tree): each new token's parent
+                                among its sequence's new tokens, -1 for a root; NULL: causal */
 } kiln_paged_meta;
 
 /* The metadata of paged attention node idx of g, from every node's data pointer and dims this run
@@ -40,9 +42,29 @@ static inline void kiln_paged_seq(const kiln_paged_meta *m, int64_t s, int64_t *
     *kv_len = m->seqs[2 * s + 1];
 }
 
+/* Whether new token i of a sequence sees the sequence's new token j (both indices among its new
+ * tokens, par its row of parents, NULL: causal): j is i or an ancestor of i. Parents must be
+ * checked first (each below its token). The one definition of the tree mask on the host. */
+static inline bool kiln_paged_sees(const int32_t *par, int64_t i, int64_t j)
+{
+    if (!par) return j <= i;
+    while (i > j) i = par[i];
+    return i == j;
+}
+
+/* Depth of new token i in its sequence's tree (0 for a root; i without parents). */
+static inline int64_t kiln_paged_depth(const int32_t *par, int64_t i)
+{
+    if (!par) return i;
+    int64_t d = 0;
+    while ((i = par[i]) >= 0) d++;
+    return d;
+}
+
 /* Checks the step: starts (0 first, increasing, below n_tok), KV lengths (>= new tokens, within
- * max_blocks * block), positions (token i of sequence s at kv_len - q_len + i), block indices of
- * every block a sequence reads (in [0, n_slots / block)) and, when slots is not NULL, the slot
- * mapping of a kv_scatter (slots[t] = kiln_paged_slot(row of t's sequence, pos[t])). false with a
- * message in err naming the sequence, token and values when something is wrong. */
+ * max_blocks * block), parents of a tree step (each in [-1, its token's index)), positions (token i
+ * of sequence s at kv_len - q_len + its depth: i without a tree), block indices of every block a
+ * sequence reads (in [0, n_slots / block)) and, when slots is not NULL, the slot mapping of a
+ * kv_scatter (slots[t] = kiln_paged_slot(row of t's sequence, its key kv_len - q_len + i)). false
+ * with a message in err naming the sequence, token and values when something is wrong. */
 bool kiln_paged_check(const kiln_paged_meta *m, const int32_t *slots, char *err, size_t n_err);

@@ -93,7 +93,7 @@ static void human(double v, const char *unit, char *out, size_t n)
 }
 
 /* The capacity of each paged attention (kiln_paged_attention): block size, pool, sequences, keys
- * per sequence and new tokens per step, as bounds of the plan. */
+ * per sequence and new tokens per step, as bounds of the plan, and whether steps carry draft trees. */
 static void paged_capacity(const kiln_plan *p, sbuf *b, bool json)
 {
     const kiln_graph *g = p->g;
@@ -105,17 +105,18 @@ static void paged_capacity(const kiln_plan *p, sbuf *b, bool json)
         long long blk = n->i[0], pool = kd[1] / n->i[0], seqs = p->max_dims[n->src[4]][0], mb = p->max_dims[n->src[5]][1];
         long long tok = p->max_dims[n->src[0]][0];
         const char *dt = kiln_dtype_name((kiln_dtype)g->nodes[n->src[1]].dtype);
+        bool tree = n->n_src > 6 && n->src[6] != KILN_IDX_NONE; /* kiln_paged_attention_tree */
         char lab[64];
         if (n->name) snprintf(lab, sizeof lab, "%s", n->name);
         else snprintf(lab, sizeof lab, "#%u", i);
         if (json)
             kiln_sbuf_printf(b, "%s{\"node\": \"%s\", \"block\": %lld, \"pool_blocks\": %lld, \"kv_dtype\": \"%s\", "
-                                "\"max_seqs\": %lld, \"max_blocks_per_seq\": %lld, \"max_tokens\": %lld}",
-                             first ? "" : ", ", lab, blk, pool, dt, seqs, mb, tok);
+                                "\"max_seqs\": %lld, \"max_blocks_per_seq\": %lld, \"max_tokens\": %lld, \"draft_trees\": %s}",
+                             first ? "" : ", ", lab, blk, pool, dt, seqs, mb, tok, tree ? "true" : "false");
         else
             kiln_sbuf_printf(b, "paged attention %s: blocks of %lld tokens, pool of %lld blocks per kv head (%s), up to %lld "
-                                "sequences x %lld blocks (%lld keys each), %lld new tokens per step\n",
-                             lab, blk, pool, dt, seqs, mb, mb * blk, tok);
+                                "sequences x %lld blocks (%lld keys each), %lld new tokens per step%s\n",
+                             lab, blk, pool, dt, seqs, mb, mb * blk, tok, tree ? " (trees of drafts: parents)" : "");
         first = false;
     }
 }

@@ -546,7 +546,9 @@ static kiln_status check_paged(kiln_plan *p)
         kiln_paged_meta m = {.pos = host_i32(p, n->src[3]), .seqs = host_i32(p, n->src[4]), .blocks = host_i32(p, n->src[5]),
                              .n_tok = p->dims[n->src[0]][0], .n_seq = p->dims[n->src[4]][0],
                              .max_blocks = p->dims[n->src[5]][1], .block = n->i[0], .n_slots = p->dims[n->src[1]][1]};
-        if (!m.pos || !m.seqs || !m.blocks) continue;
+        bool tree = n->n_src > 6 && n->src[6] != KILN_IDX_NONE;
+        if (tree) m.parents = host_i32(p, n->src[6]);
+        if (!m.pos || !m.seqs || !m.blocks || (tree && !m.parents)) continue; /* device-bound: the kernels clamp */
         char why[400], lab[300];
         if (!kiln_paged_check(&m, NULL, why, sizeof why))
             return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "%s: %s", node_label(g, i, lab, sizeof lab), why);

@@ -1,6 +1,6 @@
 /* CPU attention driver: causal GQA attention with an online softmax, over a head-major KV cache
  * (one sequence, contiguous) or a paged pool (a ragged batch of sequences, keys found through each
- * one's block table: kiln_paged_slot). Work units are (sequence, KV head, tile of queries, range of
+ * one's block table: kiln_paged_slot; a tree step's new keys masked off other draft paths). Work units are (sequence, KV head, tile of queries, range of
  * KV positions): every query head of a KV head's group and every query of the tile reuse one pass
  * over the K/V block (in L1/L2). Decode (few units) splits the KV range over threads and merges the
  * partial softmaxes afterwards. Must not contain ISA intrinsics: the vector ops come from the
@@ -22,6 +22,7 @@
 typedef struct attn_seq {
     int64_t        q0, n_tok, n_kv; /* first query row, queries, keys */
     const int32_t *bt;              /* block table row, or NULL: key j is cache row j */
+    const int32_t *par;             /* a tree step: parents of its new tokens (kiln_paged_sees), or NULL */
     int64_t        n_qt;            /* query tiles */
     int64_t        n_split;         /* KV splits (1: no merge) */
     int64_t        split_len;       /* keys per split */
@@ -50,6 +51,28 @@ typedef struct attn_job {
     float       *y;                 /* [rows, n_head, hd] */
 } attn_job;
 
+/* A tree step: hide[j] = 1 for the keys jb + j of the chunk (nk keys) that query t of sq does not see
+ * (new tokens off its draft path); false when it sees all of them. */
+static bool tree_hidden(const attn_seq *sq, int64_t t, int64_t jb, int64_t nk, unsigned char *hide)
+{
+    int64_t c = sq->n_kv - sq->n_tok; /* cached keys: seen by every query */
+    if (!sq->par || jb + nk <= c) return false;
+    bool any = false;
+    for (int64_t j = 0; j < nk; j++) any |= (hide[j] = jb + j >= c && !kiln_paged_sees(sq->par, t, jb + j - c));
+    return any;
+}
+
+/* Scores of the hidden keys to -inf before the softmax: false when the chunk shows this query nothing. */
+static bool mask_scores(float *s, const unsigned char *hide, int64_t nk)
+{
+    bool seen = false;
+    for (int64_t j = 0; j < nk; j++) {
+        if (hide[j]) s[j] = -INFINITY;
+        seen |= !hide[j];
+    }
+    return seen;
+}
+
 /* Advances the states of tile queries [t0, t1) of sequence sq x heads of kv head hk over keys
  * [j0, j1). A chunk of keys never crosses a block of a paged pool, so it is contiguous in memory. */
 static void attend(attn_job *a, const attn_seq *sq, int64_t hk, int64_t t0, int64_t t1, int64_t j0, int64_t j1, float *st)
@@ -58,6 +81,7 @@ static void attend(attn_job *a, const attn_seq *sq, int64_t hk, int64_t t0, int6
     const size_t rs = (size_t)hd * a->es;
     const char *kb = a->k + (size_t)(hk * a->max_ctx) * rs, *vb = a->v + (size_t)(hk * a->max_ctx) * rs;
     float s[KB_MAX];
+    unsigned char hide[KB_MAX];
     for (int64_t jb = j0, je; jb < j1; jb = je) {
         je = jb + a->kb < j1 ? jb + a->kb : j1;
         int64_t row = jb;
@@ -72,16 +96,20 @@ static void attend(attn_job *a, const attn_seq *sq, int64_t hk, int64_t t0, int6
             if (te <= jb)
                 continue;
             int64_t nk = te - jb;
+            bool tree = tree_hidden(sq, t, jb, nk, hide);
             for (int64_t g = 0; g < a->grp; g++) {
                 int64_t h = hk * a->grp + g;
                 float *e = st + ((t - t0) * a->grp + g) * sw; /* m, l, acc */
                 a->kt->kv_dot[a->f16](hd, a->q + ((sq->q0 + t) * a->n_head + h) * hd, kb + (size_t)row * rs, rs, nk, s);
+                if (tree && !mask_scores(s, hide, nk)) break; /* nothing of this chunk on its path */
                 float mx = e[0];
                 for (int64_t j = 0; j < nk; j++) {
                     s[j] *= a->scale;
                     mx = s[j] > mx ? s[j] : mx;
                 }
                 float c = expf(e[0] - mx), l = a->kt->exp_sum(s, nk, mx);
+                for (int64_t j = 0; tree && j < nk; j++) /* the vector exp clamps: hidden keys weigh exactly 0 */
+                    if (hide[j]) l -= s[j], s[j] = 0;
                 e[0] = mx;
                 e[1] = e[1] * c + l;
                 a->kt->kv_axpy[a->f16](hd, c, s, vb + (size_t)row * rs, rs, nk, e + 2);
@@ -267,6 +295,7 @@ kiln_status kiln_cpu_paged_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa,
         memset(sq, 0, sizeof *sq);
         kiln_paged_seq(m, s, &sq->q0, &sq->n_tok, &sq->n_kv);
         sq->bt = m->blocks + s * m->max_blocks;
+        sq->par = m->parents ? m->parents + sq->q0 : NULL;
     }
     kiln_status st = run(pool, &a);
     free(a.seqs);

@@ -180,7 +180,24 @@ kiln_status kiln_ref_attention(const kiln_ref_ctx *c)
     return st;
 }
 
-/* Paged attention: each query over its own sequence's keys, found through the block table. */
+/* Query t of a tree step (new token i of its sequence) sees the c cached keys of kr/vr and the new
+ * keys of its ancestors and itself: those are gathered after the cached ones in kt/vt (whose first
+ * c rows the caller filled). */
+static void attend_tree(const kiln_paged_meta *m, const float *q, const float *kr, const float *vr, float *kt, float *vt,
+                        int64_t q0, int64_t i, int64_t c, int64_t hd, float scale, float *s, float *y)
+{
+    int64_t n = c;
+    for (int64_t j = 0; j <= i; j++)
+        if (kiln_paged_sees(m->parents + q0, i, j)) {
+            memcpy(kt + n * hd, kr + (c + j) * hd, (size_t)hd * sizeof *kt);
+            memcpy(vt + n * hd, vr + (c + j) * hd, (size_t)hd * sizeof *vt);
+            n++;
+        }
+    attend(q, kt, vt, n, hd, hd, scale, s, y);
+}
+
+/* Paged attention: each query over its own sequence's keys, found through the block table (a tree
+ * step: the cached ones and its ancestors'). */
 kiln_status kiln_ref_paged_attention(const kiln_ref_ctx *c)
 {
     kiln_paged_meta m = kiln_paged_meta_of(c->v->g, c->idx, c->v->bufs, c->v->dims);
@@ -190,6 +207,7 @@ kiln_status kiln_ref_paged_attention(const kiln_ref_ctx *c)
     int64_t n_head = qd[1], hd = qd[2], n_kvh = c->v->dims[c->node->src[1]][0], C = m.n_slots;
     kiln_status st = KILN_OK;
     float *q = kiln_ref_load_node(c, c->node->src[0], &st), *k = NULL, *v = NULL, *kr = NULL, *vr = NULL, *s = NULL, *y = NULL;
+    float *kt = NULL, *vt = NULL;
     if (q) k = kiln_ref_load_node(c, c->node->src[1], &st);
     if (k) v = kiln_ref_load_node(c, c->node->src[2], &st);
     int64_t cap = m.max_blocks * m.block;
@@ -197,7 +215,9 @@ kiln_status kiln_ref_paged_attention(const kiln_ref_ctx *c)
     if (kr) vr = kiln_ref_alloc(c, cap * hd, &st);
     if (vr) s = kiln_ref_alloc(c, cap, &st);
     if (s) y = kiln_ref_alloc(c, m.n_tok * n_head * hd, &st);
-    for (int64_t sq = 0; y && sq < m.n_seq; sq++) {
+    if (y && m.parents) kt = kiln_ref_alloc(c, cap * hd, &st);
+    if (kt) vt = kiln_ref_alloc(c, cap * hd, &st);
+    for (int64_t sq = 0; y && (vt || !m.parents) && sq < m.n_seq; sq++) {
         int64_t q0, q_len, kv_len;
         kiln_paged_seq(&m, sq, &q0, &q_len, &kv_len);
         for (int64_t g = 0; g < n_kvh; g++) {
@@ -206,13 +226,19 @@ kiln_status kiln_ref_paged_attention(const kiln_ref_ctx *c)
                 memcpy(kr + j * hd, k + (g * C + slot) * hd, (size_t)hd * sizeof *kr);
                 memcpy(vr + j * hd, v + (g * C + slot) * hd, (size_t)hd * sizeof *vr);
             }
+            int64_t cached = kv_len - q_len;
+            if (m.parents) memcpy(kt, kr, (size_t)(cached * hd) * sizeof *kt), memcpy(vt, vr, (size_t)(cached * hd) * sizeof *vt);
             for (int64_t t = q0; t < q0 + q_len; t++)
-                for (int64_t h = g * (n_head / n_kvh); h < (g + 1) * (n_head / n_kvh); h++)
-                    attend(q + (t * n_head + h) * hd, kr, vr, m.pos[t] + 1, hd, hd, c->node->f[0], s, y + (t * n_head + h) * hd);
+                for (int64_t h = g * (n_head / n_kvh); h < (g + 1) * (n_head / n_kvh); h++) {
+                    const float *qr = q + (t * n_head + h) * hd;
+                    float *yr = y + (t * n_head + h) * hd;
+                    if (m.parents) attend_tree(&m, qr, kr, vr, kt, vt, q0, t - q0, cached, hd, c->node->f[0], s, yr);
+                    else attend(qr, kr, vr, m.pos[t] + 1, hd, hd, c->node->f[0], s, yr);
+                }
         }
     }
-    if (y) st = kiln_ref_store(c, KILN_DTYPE_F32, c->v->bufs[c->idx], 0, m.n_tok * n_head * hd, y);
-    free(q), free(k), free(v), free(kr), free(vr), free(s), free(y);
+    if (y && (vt || !m.parents)) st = kiln_ref_store(c, KILN_DTYPE_F32, c->v->bufs[c->idx], 0, m.n_tok * n_head * hd, y);
+    free(q), free(k), free(v), free(kr), free(vr), free(s), free(y), free(kt), free(vt);
     return st;
 }
 
