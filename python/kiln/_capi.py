@@ -136,6 +136,8 @@ _PROTOS = {
     "kiln_softmax": (U64, [P, U64]),
     "kiln_rope": (U64, [P, U64, U64, I, F]),
     "kiln_attention": (U64, [P, U64, U64, U64, I64, F]),
+    "kiln_paged_attention": (U64, [P, U64, U64, U64, U64, U64, U64, I, F]),
+    "kiln_paged_attention_tree": (U64, [P, U64, U64, U64, U64, U64, U64, U64, I, F]),
     "kiln_kv_scatter": (U64, [P, U64, U64, U64]),
     "kiln_get_rows": (U64, [P, U64, U64]),
     "kiln_argmax": (U64, [P, U64]),

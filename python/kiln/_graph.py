@@ -312,6 +312,27 @@ class Graph:
         return self._node(lib.kiln_attention(self.handle, self._nid(q), self._nid(k), self._nid(v), int(n_kv),
                                              float(scale)), "kiln_attention")
 
+    def paged_attention(self, q: Node, k: Node, v: Node, pos: Node, seqs: Node, blocks: Node, block: int,
+                        scale: float = 0.0, parents: Node | None = None) -> Node:
+        """Paged attention over a ragged batch of sequences (kiln_paged_attention): q [n_tok, n_head,
+        head_dim] holds the new tokens of all sequences packed as rows; k, v are pools (states or
+        kv_scatter results) [n_kv_head, n_blocks * block, head_dim]. Bound per step: pos i32 [n_tok]
+        (each token's position), seqs i32 [n_seq, 2] (each sequence's first row and KV length),
+        blocks i32 [n_seq, max_blocks] (key j of sequence s at slot blocks[s][j // block] * block +
+        j % block). Each token sees its own sequence's keys 0 .. its position. block: a power of two
+        in [1, 1024]. With parents i32 [n_tok] it is a speculative tree step
+        (kiln_paged_attention_tree): each draft's parent among its sequence's drafts (-1: a root),
+        positions = KV length - new tokens + depth, keys (and kv_scatter slots) in row order, and a
+        draft sees the cached keys and its ancestors' and its own. kiln_run refuses bad metadata
+        (a bad tree included) naming it. y is f32 [n_tok, n_head, head_dim]."""
+        if parents is None:
+            return self._node(lib.kiln_paged_attention(self.handle, self._nid(q), self._nid(k), self._nid(v), self._nid(pos),
+                                                       self._nid(seqs), self._nid(blocks), int(block), float(scale)),
+                              "kiln_paged_attention")
+        return self._node(lib.kiln_paged_attention_tree(self.handle, self._nid(q), self._nid(k), self._nid(v), self._nid(pos),
+                                                        self._nid(seqs), self._nid(blocks), self._nid(parents), int(block),
+                                                        float(scale)), "kiln_paged_attention_tree")
+
     def kv_scatter(self, state: Node, rows: Node, pos: Node) -> Node:
         """Writes rows [n_tok, n_kv_head, head_dim] into a state [n_kv_head, max_ctx, head_dim] at
         positions pos i32 [n_tok]: state[h, pos[t], :] = rows[t, h, :]. Returns the updated state."""

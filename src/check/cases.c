@@ -146,7 +146,7 @@ static void elementwise(kiln_check_run *r, ew op)
         }
 }
 
-/* ---------------------------------------------------------------- rope, attention, kv_scatter */
+/* ---------------------------------------------------------------- rope, attention, paged attention, kv_scatter */
 
 static void rope(kiln_check_run *r)
 {
@@ -201,6 +201,47 @@ static void attention(kiln_check_run *r)
                 s.syms[b][0] = b == 0 ? tmax : kiln_check_randint(r, 1, tmax + 1);
                 s.syms[b][1] = b == 0 ? C : kiln_check_randint(r, s.syms[b][0], C + 1);
             }
+            finish(r, &s, g, y);
+        }
+}
+
+/* Ragged steps over a paged pool (check/step.c draws the metadata): block sizes 1..128, shuffled
+ * blocks, caches from empty to the table's capacity, and every third shape a tree step (drafts in
+ * chains, trees and forests). Runs at the bounds of n_tok / n_seq and at smaller values. */
+static void paged_attention(kiln_check_run *r)
+{
+    char lab[200];
+    const int64_t hds[] = {2, 8, 16, 64, 128}, ratio[] = {1, 2, 4}, blks[] = {1, 4, 16, 32, 128};
+    for (int t = 0; t < N_OF(ACT); t++)
+        for (int i = 0; i < shapes(r); i++) {
+            kiln_graph *g = new_graph();
+            if (!g) return;
+            int64_t hd = pick(r, hds, N_OF(hds)), Hkv = kiln_check_randint(r, 1, 3), H = Hkv * pick(r, ratio, N_OF(ratio));
+            int64_t B = pick(r, blks, N_OF(blks)), tmax = kiln_check_randint(r, 1, 41);
+            int64_t smax = kiln_check_randint(r, 1, (tmax < 8 ? tmax : 8) + 1);
+            int64_t MB = kiln_check_randint(r, 1, 300 / B + 2);
+            if (MB * B < tmax) MB = (tmax + B - 1) / B; /* any split of the tokens fits a sequence */
+            int64_t NB = kiln_check_randint(r, MB, MB * smax + 4);
+            bool tree = i % 3 == 2;
+            kiln_dim T = kiln_sym(g, "n_tok", tmax), S = kiln_sym(g, "n_seq", smax);
+            kiln_node q = kiln_input(g, "q", i % 4 == 1 ? ACT[t] : KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
+            kiln_node k = kiln_state(g, "k", ACT[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
+            kiln_node v = kiln_state(g, "v", ACT[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
+            kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T), seqs = kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){S, 2});
+            kiln_node bt = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){S, MB});
+            float sc = i % 3 == 1 ? 0.3f : 0.0f;
+            kiln_node y = tree ? kiln_paged_attention_tree(g, q, k, v, pos, seqs, bt, kiln_input(g, "parents", KILN_DTYPE_I32, 1, &T), (int)B, sc)
+                               : kiln_paged_attention(g, q, k, v, pos, seqs, bt, (int)B, sc);
+            snprintf(lab, sizeof lab, "paged_attention pool %s [%lld, %lld x %lld, %lld] q [n_tok<=%lld, %lld] n_seq<=%lld, %lld blocks each%s",
+                     kiln_dtype_name(ACT[t]), (long long)Hkv, (long long)NB, (long long)B, (long long)hd, (long long)tmax,
+                     (long long)H, (long long)smax, (long long)MB, tree ? ", draft trees" : "");
+            kiln_check_spec s = {.op = "paged_attention", .key = ACT[t], .tol = -1, .lo = -2, .hi = 2, .label = lab,
+                                 .state_lo = -1, .state_hi = 1.5f, .n_binds = 2, .n_ins = tree ? 4 : 3,
+                                 .ins = {{"pos", KILN_CHECK_FILL_PAGED, 0, 0}, {"seqs", KILN_CHECK_FILL_PAGED, 0, 0},
+                                         {"blocks", KILN_CHECK_FILL_PAGED, 0, 0}, {"parents", KILN_CHECK_FILL_PAGED, 0, 0}}};
+            s.syms[0][0] = tmax, s.syms[0][1] = smax;
+            s.syms[1][0] = kiln_check_randint(r, 1, tmax + 1);
+            s.syms[1][1] = kiln_check_randint(r, 1, (s.syms[1][0] < smax ? s.syms[1][0] : smax) + 1);
             finish(r, &s, g, y);
         }
 }
@@ -333,6 +374,7 @@ void kiln_check_ops(kiln_check_run *r)
     for (ew op = EW_SCALE; op <= EW_SIGMOID; op++) elementwise(r, op);
     if (kiln_check_wants(r, "rope")) rope(r);
     if (kiln_check_wants(r, "attention")) attention(r);
+    if (kiln_check_wants(r, "paged_attention")) paged_attention(r);
     if (kiln_check_wants(r, "kv_scatter")) kv_scatter(r);
     if (kiln_check_wants(r, "get_rows")) get_rows(r);
     if (kiln_check_wants(r, "cast")) cast(r);

@@ -254,14 +254,24 @@ static bool make_inputs(kiln_check_run *r, const kiln_check_spec *s, int k, bind
     bd->n = bd->n_own = 0;
     for (uint32_t i = 0; i < g->n_syms && bd->n < 32; i++)
         bd->b[bd->n++] = (kiln_binding){.name = g->syms[i].name, .value = s->syms[k][i]};
-    for (uint32_t i = 0; i < g->n_nodes; i++) {
+    kiln_check_step step = {0}; /* a paged attention's metadata, drawn together */
+    bool paged = false;
+    for (int i = 0; i < s->n_ins; i++) paged |= s->ins[i].fill == KILN_CHECK_FILL_PAGED;
+    if (paged && !kiln_check_paged_step(r, g, s->syms[k], &step))
+        return snprintf(why, wn, "no paged attention step fits these sizes (or out of memory)"), false;
+    bool ok = true;
+    for (uint32_t i = 0; i < g->n_nodes && ok; i++) {
         const kiln_node_rec *nd = &g->nodes[i];
         if (nd->op != KILN_OP_INPUT || bd->n >= 32) continue;
         int64_t dims[KILN_MAX_RANK];
         int64_t n = kiln_node_numel(nd, s->syms[k], dims);
         float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-        if (!v) return snprintf(why, wn, "out of memory"), false;
+        if (!v) {
+            ok = !snprintf(why, wn, "out of memory");
+            break;
+        }
         const kiln_check_in *is = in_spec(s, nd->name);
+        const float *sv = is && is->fill == KILN_CHECK_FILL_PAGED ? kiln_check_step_values(&step, nd->name) : NULL;
         kiln_check_fill f = is ? is->fill : nd->dtype == KILN_DTYPE_I32 ? KILN_CHECK_FILL_INT : KILN_CHECK_FILL_FLOAT;
         double lo = is ? is->lo : nd->dtype == KILN_DTYPE_I32 ? -1000 : s->lo, hi = is ? is->hi : nd->dtype == KILN_DTYPE_I32 ? 1000 : s->hi;
         int64_t last = nd->rank && dims[nd->rank - 1] > 0 ? dims[nd->rank - 1] : 1;
@@ -279,6 +289,7 @@ static bool make_inputs(kiln_check_run *r, const kiln_check_spec *s, int k, bind
                 }
                 break;
             }
+            case KILN_CHECK_FILL_PAGED: v[j] = sv ? sv[j] : 0; break;
             default: v[j] = (float)kiln_check_uniform(r, lo, hi); break;
             }
             if (f == KILN_CHECK_FILL_FLOAT && s->row_anchor && j % last == 0)
@@ -287,11 +298,15 @@ static bool make_inputs(kiln_check_run *r, const kiln_check_spec *s, int k, bind
         size_t nb = 0;
         void *d = to_dtype((kiln_dtype)nd->dtype, v, n, &nb);
         free(v);
-        if (!d) return snprintf(why, wn, "out of memory"), false;
+        if (!d) {
+            ok = !snprintf(why, wn, "out of memory");
+            break;
+        }
         bd->own[bd->n_own++] = d;
         bd->b[bd->n++] = (kiln_binding){.name = nd->name, .data = d, .bytes = nb};
     }
-    return true;
+    kiln_check_step_free(&step);
+    return ok;
 }
 
 static void free_binds(binds *bd)
@@ -608,7 +623,7 @@ static double now_s(void)
 }
 
 static const char *const GROUPS[] = {"matmul", "add", "mul", "scale", "silu", "gelu", "sigmoid", "swiglu", "rms_norm",
-                                     "layer_norm", "softmax", "rope", "attention", "kv_scatter", "get_rows",
+                                     "layer_norm", "softmax", "rope", "attention", "paged_attention", "kv_scatter", "get_rows",
                                      "argmax", "cast", "reshape", "view", "transpose", "concat", "fused",
                                      "unfused", "fused-vs-unfused", "preset", "determinism"};
 

@@ -17,6 +17,8 @@ typedef enum kiln_check_fill {
     KILN_CHECK_FILL_INT,       /* i32 uniform in [lo, hi) */
     KILN_CHECK_FILL_POS_ATTN,  /* i32 n_kv - n_tok + t (needs symbols n_kv and n_tok) */
     KILN_CHECK_FILL_POS_DISTINCT, /* i32 distinct positions in [0, lo) */
+    KILN_CHECK_FILL_PAGED,     /* a paged_attention's pos, seqs, blocks or parents: one coherent step
+                                  (kiln_check_paged_step) */
     KILN_CHECK_FILL_COUNT
 } kiln_check_fill;
 
@@ -48,6 +50,20 @@ typedef struct kiln_check_spec {
 } kiln_check_spec;
 
 typedef struct kiln_check_run kiln_check_run;
+
+/* A paged attention's step metadata drawn by kiln_check_paged_step (values as floats: the runner
+ * converts inputs from f32). */
+typedef struct kiln_check_step {
+    float      *pos, *seqs, *blocks, *par; /* [n_tok], [n_seq, 2], [n_seq, max_blocks], [n_tok] */
+    const char *names[4];                  /* the inputs they fill (parents NULL without a tree) */
+} kiln_check_step;
+
+/* Draws a step of g's first paged attention at symbol values syms (check/step.c): false when g has
+ * none or its sizes admit no step (then st holds nothing). */
+bool kiln_check_paged_step(kiln_check_run *r, const kiln_graph *g, const int64_t *syms, kiln_check_step *st);
+/* The values for input `name`, or NULL when the step does not fill it. */
+const float *kiln_check_step_values(const kiln_check_step *st, const char *name);
+void kiln_check_step_free(kiln_check_step *st);
 
 /* Random numbers of the run (xoshiro256**, seeded from the options). */
 uint64_t kiln_check_rand(kiln_check_run *r);
