@@ -48,7 +48,7 @@ static uint64_t up_hash(const kiln_graph *g, uint32_t i, const uint64_t *up, uin
         float    f[2];
         int32_t  iv[2];
         int64_t  dim[2];
-        uint64_t src[KILN_MAX_SRC];
+        uint64_t src[6]; /* a 7th source (paged_attention's parents) folds into vec: older graphs keep their hashes */
         uint64_t vec; /* hash of the vector param */
         uint32_t depth;
     } rec;
@@ -58,8 +58,10 @@ static uint64_t up_hash(const kiln_graph *g, uint32_t i, const uint64_t *up, uin
     memcpy(rec.f, n->f, sizeof rec.f);
     memcpy(rec.iv, n->i, sizeof rec.iv);
     dim_code(g, n->dim, rec.dim);
-    for (int s = 0; s < KILN_MAX_SRC; s++) rec.src[s] = n->src[s] == KILN_IDX_NONE ? ~0ull : up[n->src[s]];
+    for (int s = 0; s < 6; s++) rec.src[s] = n->src[s] == KILN_IDX_NONE ? ~0ull : up[n->src[s]];
     rec.vec = n->n_vec ? XXH3_64bits(n->vec, (size_t)n->n_vec * sizeof *n->vec) : 0;
+    for (int s = 6; s < KILN_MAX_SRC; s++)
+        if (n->src[s] != KILN_IDX_NONE) rec.vec = XXH3_64bits((uint64_t[3]){rec.vec, up[n->src[s]], (uint64_t)s}, 24);
     rec.depth = depth;
     return XXH3_64bits(&rec, sizeof rec);
 }
