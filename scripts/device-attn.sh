@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prefill attention on the GPU machine (issues #19 and #21): correctness of the flash kernel on cuda
-# (test_ops attention cases and the paged tests, the new kernel and the first one with KILN_FLASH=0),
+# (test_ops attention cases and the paged tests, the new kernel and the first one with KILN_FLASH=0;
+# draft trees, a CUDA graph replayed over 100 changing serve steps, kiln check paged_attention),
 # compute-sanitizer racecheck of one flash launch, then a timing table of attention alone
 # (bench_attn: n_tok 512 / 4096, GQA 1/4/8, hd 128 and 64, f16 cache, new vs first kernel), the
 # warpgroup kernel under KILN_PRECISION=f16 (test_ops on cuda, racecheck/memcheck/synccheck, timing
@@ -47,6 +48,10 @@ grep -i -m2 "cuda" "$out/info.log" | tee -a "$summary"
 step attn_ops_new 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
 step attn_ops_first 90 env KILN_TEST_BACKEND=cuda KILN_FLASH=0 "$bin/test_ops" --jobs 4 --filter 'ops/attention_prefill'
 [[ -x "$bin/test_paged" ]] && step paged_cuda 90 "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
+# draft trees (split kernels at every size), a CUDA graph over 100 changing steps vs launched runs, kiln check
+[[ -x "$bin/test_tree" ]] && step tree_cuda 120 "$bin/test_tree" --jobs 4 --filter 'tree/*cuda*'
+[[ -x "$bin/test_replay" ]] && step replay_100_steps_cuda 300 "$bin/test_replay" --jobs 1 --filter 'replay/graph_replays_100*'
+step check_paged_cuda 240 "$bin/kiln" check --op paged_attention --backend cuda --quick
 san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [[ -x "$san" ]]; then
     step racecheck_flash 120 "$san" --tool racecheck --error-exitcode 3 "$bin/kiln" bench --preset qwen2-0.5b --mode prefill \
