@@ -141,6 +141,9 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Tokens per GEMM block where the shape takes 128 (lower_gemm.c): 128, or 64 by the options (A/B runs). */
 int kl_gemm_rows(const kiln_lower_target *t);
+/* Whether node's memory starts 16-byte aligned, as a TMA tensor map needs (a view's offset may
+ * not: the plan aligns roots, views add their offset in bytes). */
+bool kl_tma_aligned(const kiln_graph *g, uint32_t node);
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* Causal flash attention on tensor cores for prefill (lower_flash.c): whether it takes attention
  * node n (f16 or f32 caches or pools, head_dim 32, 64, 96 or 128, more than 8 query rows at the

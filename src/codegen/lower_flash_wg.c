@@ -358,17 +358,6 @@ static void consumer(fw *f, uint32_t node)
     consumer_store(f, &c, node);
 }
 
-/* Whether node's memory starts 16-byte aligned, as a TMA tensor map needs (a view's offset may not). */
-static bool fw_aligned(const kiln_graph *g, uint32_t node)
-{
-    uint64_t off = 0;
-    while (node < g->n_nodes && (g->nodes[node].op == KILN_OP_RESHAPE || g->nodes[node].op == KILN_OP_VIEW)) {
-        const kiln_node_rec *n = &g->nodes[node];
-        if (n->op == KILN_OP_VIEW) off += (uint64_t)n->dim * kiln_dtype_block_bytes((kiln_dtype)n->dtype);
-        node = n->src[0];
-    }
-    return off % 16 == 0;
-}
 
 bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_region_spec *sp, const kiln_lower_target *tg)
 {
@@ -378,7 +367,7 @@ bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_re
     if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_BF16) || (hd != 64 && hd != 128))
         return false;
     if (G < 1 || G > 8 || kc->dims[1] < 1 || kc->dims[0] * kc->dims[1] >= ((int64_t)1 << 24)) return false;
-    return kl_dim_max(g, q->dims[0]) > KL_SMALL_ROWS && fw_aligned(g, n->src[1]) && fw_aligned(g, n->src[2]);
+    return kl_dim_max(g, q->dims[0]) > KL_SMALL_ROWS && kl_tma_aligned(g, n->src[1]) && kl_tma_aligned(g, n->src[2]);
 }
 
 /* Barriers (thread 0) and Q (every thread) before the warpgroups part. */

@@ -629,18 +629,6 @@ static void gw_setup(gm *G, kiln_kir *k)
 
 static void gm_prepare(gm *G);
 
-/* Whether node's memory starts 16-byte aligned, as a TMA tensor map needs (a view's offset may
- * not: the plan aligns roots, views add their offset in bytes). */
-static bool tma_aligned(const kiln_graph *g, uint32_t node)
-{
-    uint64_t off = 0;
-    while (node < g->n_nodes && (g->nodes[node].op == KILN_OP_RESHAPE || g->nodes[node].op == KILN_OP_VIEW)) {
-        const kiln_node_rec *n = &g->nodes[node];
-        if (n->op == KILN_OP_VIEW) off += (uint64_t)n->dim * kiln_dtype_block_bytes((kiln_dtype)n->dtype);
-        node = n->src[0];
-    }
-    return off % 16 == 0;
-}
 
 /* Whether the TMA template takes the region (sm_90a, the compile's choice, 16-bit weights of one
  * type, x in at most two parts that a TMA can read: as it comes, or prepared by the rms or split
@@ -668,11 +656,11 @@ static bool gw_choose(gm *G, const kiln_lower_target *tg)
     if (floats && G->wblock) return false; /* one producer kind a kernel */
     for (int q = 0; floats && q < s->n_grp; q++)
         for (int j = 0; j < s->grp[q].n_sib; j++)
-            if (!tma_aligned(s->g, s->g->nodes[s->mm[s->grp[q].sib[j]]].src[1])) return false; /* the weights' map */
+            if (!kl_tma_aligned(s->g, s->g->nodes[s->mm[s->grp[q].sib[j]]].src[1])) return false; /* the weights' map */
     if (G->wblock) G->bf = false;
     /* x read by the TMA as it is: already the MMA's type, no norm, and a map can start where it does
      * (else the split kernel copies it into the scratch) */
-    bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && tma_aligned(s->g, s->x);
+    bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16) && kl_tma_aligned(s->g, s->x);
     G->parts = G->wblock ? 1 : x_parts(s, G->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, x_exact);
     if (G->parts > 2) return false;
     if (s->norm != KILN_IDX_NONE) {

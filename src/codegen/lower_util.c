@@ -455,4 +455,15 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
     kiln_kir_free(&c);
 }
 
+bool kl_tma_aligned(const kiln_graph *g, uint32_t node)
+{
+    uint64_t off = 0;
+    while (node < g->n_nodes && (g->nodes[node].op == KILN_OP_RESHAPE || g->nodes[node].op == KILN_OP_VIEW)) {
+        const kiln_node_rec *n = &g->nodes[node];
+        if (n->op == KILN_OP_VIEW) off += (uint64_t)n->dim * kiln_dtype_block_bytes((kiln_dtype)n->dtype);
+        node = n->src[0];
+    }
+    return off % 16 == 0;
+}
+
 int kl_gemm_rows(const kiln_lower_target *tg) { return tg->opts.gemm_rows == 64 ? 64 : 128; }
