@@ -81,7 +81,8 @@ typedef struct kbind {
 
 /* Mutation checks of the warpgroup kernel: 1 drops the MN-major (transposed) bit of P V's WGMMAs
  * (V read as if K-major), 2 halves their leading byte offset (V's second 64 dims read from the
- * wrong place), 3 moves S's K operand by one k16 step (a wrong descriptor address). */
+ * wrong place), 3 moves S's K operand of every first k16 step by 32 bytes (a wrong descriptor
+ * address: the tile's dims 16..31 instead of 0..15). */
 static void mutate_wg(kiln_kir *k, int how)
 {
     uint32_t n = 0;
@@ -91,9 +92,9 @@ static void mutate_wg(kiln_kir *k, int how)
         bool pv = in->imm.u & 4;
         if (how == 1 && pv) in->imm.u = (in->imm.u & ~(8u | 0x3fff0000u)), n++;
         if (how == 2 && pv) in->imm.u = (in->imm.u & ~0x3fff0000u) | ((in->imm.u >> 17 & 0x3fff) << 16), n++;
-        if (how == 3 && !pv && !n) { /* the first QK^T step reads K's second step */
-            uint32_t add = k->ins[in->c].b; /* b = stage + constant: the constant's value */
-            if (k->ins[in->c].op == KILN_KOP_ADD && k->ins[add].op == KILN_KOP_CONST) k->ins[add].imm.u += 32, n++;
+        if (how == 3 && !pv && k->ins[in->c].op == KILN_KOP_ADD) { /* c = K's stage + the step's constant */
+            kiln_kinst *cst = &k->ins[k->ins[in->c].b];
+            if (cst->op == KILN_KOP_CONST && cst->imm.u == 0) cst->imm.u = 32, n++;
         }
     }
     cr_assert(n, "mutation %d found nothing to change", how);
@@ -346,7 +347,7 @@ Test(flash_kir, warpgroup_kernel)
 }
 
 /* A wrong transposition or descriptor in the warpgroup kernel's WGMMAs fails: each mutation's NMSE
- * is far past the contract's tolerance. */
+ * is past 100x the contract's tolerance (measured >= 1.4e-3; the kernel itself stays under 1e-8). */
 Test(flash_kir, warpgroup_mutations)
 {
     double tol = tu_tol_prec("attention", KILN_DTYPE_F16, KILN_PREC_F16);
@@ -354,6 +355,7 @@ Test(flash_kir, warpgroup_mutations)
         wg_mutate = how;
         double e = flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 40, 150, false, true);
         wg_mutate = 0;
-        cr_assert(e > 1e3 * tol, "mutation %d: NMSE %.3g is within 1000x the tolerance %.1g", how, e, tol);
+        cr_assert(e > 100 * tol, "mutation %d: NMSE %.3g is within 100x the tolerance %.1g", how, e, tol);
+        fprintf(stderr, "flash_kir warpgroup_mutations: mutation %d NMSE %.3g\n", how, e);
     }
 }

@@ -174,6 +174,7 @@ static void producer(fw *f)
 typedef struct fwc {
     uint32_t qq, seen[2], m[2], l[2], S, O, zero, tok[2], qrow[2];
     uint32_t qa;                  /* U32 this warpgroup's 64 rows of Q */
+    uint32_t seen0;               /* I32 keys the warpgroup's first row sees (the fewest of its rows) */
     uint32_t pv[FW_KEYS / 8 * 2]; /* U32 variables: the previous tile's P fragments (P V runs a tile behind) */
     int32_t flags_s, flags_o;     /* the two products' WGMMA flags */
 } fwc;
@@ -184,6 +185,21 @@ static uint32_t red4(fw *f, uint32_t v, enum kiln_kred op)
     return kiln_kir_op(f->k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
 }
 
+/* The causal mask on S in place, only in the tiles that reach past a row's keys (those near the
+ * diagonal, and the tile that crosses n_kv): a warpgroup-uniform branch; the other tiles skip it. */
+static void mask_s(fw *f, fwc *c, uint32_t kb)
+{
+    kiln_kir *k = f->k;
+    uint32_t colq = kiln_kmuli(k, c->qq, 2);
+    kiln_kif(k, o2(f, KILN_KOP_LT, c->seen0, kiln_kaddi(k, kb, FW_KEYS)));
+    for (int j = 0; j < 64; j++) {
+        uint32_t key = o2(f, KILN_KOP_ADD, kb, kiln_kaddi(k, colq, 8 * (j >> 2) + (j & 1)));
+        uint32_t x = kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_LT, key, c->seen[(j >> 1) & 1]), lanef(f, c->S, j), kiln_kf(k, -INFINITY));
+        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->S, x, KILN_IDX_NONE, j);
+    }
+    kiln_kendif(k);
+}
+
 /* Online softmax of tile kb's scores (S's 64 lanes: lane j is row (j >> 1) & 1, key kb + 8 (j >> 2)
  * + 2 q + (j & 1)), masked to each row's keys: the rows' new max and sums, O's factors alpha[2]
  * (applied once the previous tile's P V has retired), and P in f32 (p[j] for S's lane j). Touches
@@ -191,13 +207,13 @@ static uint32_t red4(fw *f, uint32_t v, enum kiln_kred op)
 static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t alpha[2], uint32_t p[64])
 {
     kiln_kir *k = f->k;
-    uint32_t sv[64], colq = kiln_kmuli(k, c->qq, 2);
+    uint32_t sv[64];
+    mask_s(f, c, kb);
     for (int r = 0; r < 2; r++) {
         uint32_t mx = kiln_kf(k, -INFINITY);
         for (int j = 0; j < 64; j++) {
             if (((j >> 1) & 1) != r) continue;
-            uint32_t key = o2(f, KILN_KOP_ADD, kb, kiln_kaddi(k, colq, 8 * (j >> 2) + (j & 1)));
-            sv[j] = kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_LT, key, c->seen[r]), lanef(f, c->S, j), kiln_kf(k, -INFINITY));
+            sv[j] = lanef(f, c->S, j);
             mx = o2(f, KILN_KOP_MAX, mx, sv[j]);
         }
         uint32_t mn = o2(f, KILN_KOP_MAX, c->m[r], red4(f, mx, KILN_KRED_MAX)); /* finite: a row sees key 0 in tile 0 */
@@ -234,6 +250,8 @@ static void consumer_rows(fw *f, fwc *c)
     c->S = kiln_kvar(k, c->zero), c->O = kiln_kvar(k, c->zero);
     for (int j = 0; j < FW_KEYS / 4; j++) c->pv[j] = kiln_kvar(k, cu(f, 0));
     c->qa = o2(f, KILN_KOP_ADD, f->qbase, to_u(f, kiln_kmuli(k, wg, 64 * 128)));
+    uint32_t first = o2(f, KILN_KOP_ADD, f->R0, kiln_kmuli(k, wg, 64));
+    c->seen0 = o2(f, KILN_KOP_ADD, f->past, kiln_kaddi(k, o2(f, KILN_KOP_DIV, first, ci(f, f->G)), 1));
     int32_t bf = f->bf ? 1 : 0;
     c->flags_s = (1024 / 16) << 8 | 2 | bf; /* SBO 1024: 8 rows of 128 bytes, swizzled */
     c->flags_o = (FW_KEYS * 128 / 16) << 16 | (1024 / 16) << 8 | (f->hd / 16 % 8) << 4 | 8 | 4 | 2 | bf; /* N = hd, A in registers, V MN-major: LBO = a 64-dim chunk */
