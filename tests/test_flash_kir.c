@@ -49,6 +49,7 @@ static const char *const tgt_name[] = {"vulkan target", "cuda target", "flash of
                                        "sm_90a, f16 precision (warpgroup kernel where it fits)"};
 static bool wg_ran;        /* the last run_regions ran the warpgroup flash kernel */
 static int  wg_mutate;     /* run_regions corrupts the warpgroup kernel's WGMMAs (mutation checks): 0 none */
+static kiln_dtype q_dtype = KILN_DTYPE_F32; /* flash_run's q (f16: the kernels' 16-bit q loads) */
 static bool f16_prec(int tgt) { return tgt == TGT_CUDA_F16 || tgt == TGT_WG; }
 static double worst_f16 = 0; /* largest NMSE under f16 precision (printed: the contract's bound's margin) */
 
@@ -159,10 +160,11 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     kiln_graph *g;
     cr_assert_eq(kiln_graph_new(&g), KILN_OK);
     kiln_dim ts = kiln_sym(g, "t", Tmax), ks = kiln_sym(g, "n_kv", C);
-    kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, H, hd});
+    kiln_node q = kiln_input(g, "q", q_dtype, 3, (kiln_dim[]){ts, H, hd});
     kiln_node kc = kiln_state(g, "k", cd, 3, (kiln_dim[]){Hkv, C, hd}), vc = kiln_state(g, "v", cd, 3, (kiln_dim[]){Hkv, C, hd});
     kiln_output(g, kiln_attention(g, q, kc, vc, ks, 0), "y");
     size_t es = cd == KILN_DTYPE_F32 ? 4 : 2, nc = (size_t)(Hkv * C * hd), nq = (size_t)(T * H * hd);
+    size_t qs = q_dtype == KILN_DTYPE_F32 ? 4 : 2;
     void *kmem = malloc(nc * es + 16), *vmem = malloc(nc * es + 16);
     float *kf = malloc(nc * 4), *vf = malloc(nc * 4), *qf = malloc(nq * 4), *y = malloc(nq * 4 + 16);
     fill(kmem, kf, cd, (int64_t)nc, -1, 1);
@@ -172,16 +174,19 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
         if (es == 4) ((float *)kmem)[i] = ((float *)vmem)[i] = INFINITY;
         else ((uint16_t *)kmem)[i] = ((uint16_t *)vmem)[i] = cd == KILN_DTYPE_F16 ? 0x7C00 : 0x7F80;
     }
-    for (size_t i = 0; i < nq; i++) qf[i] = (float)tu_uniform(-2, 2);
+    void *qmem = qf; /* q as f32, or as f16 in its own buffer (qf then holds its exact values) */
+    if (qs == 2) qmem = malloc(nq * 2 + 16), fill(qmem, qf, KILN_DTYPE_F16, (int64_t)nq, -2, 2);
+    else
+        for (size_t i = 0; i < nq; i++) qf[i] = (float)tu_uniform(-2, 2);
     memset(y, 0xFF, nq * 4 + 16); /* NaN poison: every element must be written */
 
     uint32_t params[8] = {0};
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ks)] = (uint32_t)n_kv;
     char what[200], err[1024];
-    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys%s", tgt_name[tgt],
+    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys%s%s", tgt_name[tgt],
              kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv,
-             stale_inf ? ", inf past n_kv" : "");
-    kbind kb = {.names = {"q", "k", "v"}, .mem = {qf, kmem, vmem}, .n = 3};
+             stale_inf ? ", inf past n_kv" : "", qs == 2 ? ", f16 q" : "");
+    kbind kb = {.names = {"q", "k", "v"}, .mem = {qmem, kmem, vmem}, .n = 3};
     bool flash = run_regions(g, tgt, params, &kb, y, what);
     cr_assert(flash, "%s: no flash kernel", what);
     bool wg_fits = cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128) && H / Hkv <= 8;
@@ -190,7 +195,7 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     ref64 *rf = ref64_new(g);
     cr_assert_eq(ref64_state_set(rf, "k", kmem, nc * es, err, sizeof err), 0, "%s", err);
     cr_assert_eq(ref64_state_set(rf, "v", vmem, nc * es, err, sizeof err), 0, "%s", err);
-    kiln_binding b[] = {{.name = "q", .data = qf, .bytes = nq * 4}, {.name = "t", .value = T}, {.name = "n_kv", .value = n_kv}};
+    kiln_binding b[] = {{.name = "q", .data = qmem, .bytes = nq * qs}, {.name = "t", .value = T}, {.name = "n_kv", .value = n_kv}};
     cr_assert_eq(ref64_run(rf, b, 3, err, sizeof err), 0, "%s", err);
     int64_t numel;
     const double *ref = ref64_output(rf, "y", NULL, &numel);
@@ -207,6 +212,7 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     free(got);
     ref64_free(rf);
     kiln_graph_free(g);
+    if (qmem != qf) free(qmem);
     free(kmem), free(vmem), free(kf), free(vf), free(qf), free(y);
     return e;
 }
@@ -334,14 +340,19 @@ Test(flash_kir, paged_chunks)
 }
 
 /* The warpgroup kernel (sm_90a, f16 precision) on the shapes it takes: bf16 caches, several 128-key
- * tiles (the 2-stage ring wraps), grouped heads 1/4/7, rows not a multiple of 128, keys before the
- * first query, and inf in the caches' slots past n_kv (V's boundary tile staged with zeros). */
+ * tiles (the 2-stage ring wraps), grouped heads 1/2/4/7, rows not a multiple of 128, keys before the
+ * first query, inf in the caches' slots past n_kv (V's boundary tile staged with zeros), f32 and
+ * f16 q. */
 Test(flash_kir, warpgroup_kernel)
 {
     flash_run(TGT_WG, KILN_DTYPE_BF16, 4, 1, 128, 45, 300, false, false);
     flash_run(TGT_WG, KILN_DTYPE_F16, 7, 1, 64, 37, 290, true, false);
     flash_run(TGT_WG, KILN_DTYPE_BF16, 2, 2, 64, 130, 200, true, false);
     flash_run(TGT_WG, KILN_DTYPE_F16, 8, 2, 128, 20, 20, true, false);
+    q_dtype = KILN_DTYPE_F16; /* 16-bit q: the kernel's 8-halves loads */
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 50, 180, false, false);
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 2, 1, 64, 33, 133, false, false);
+    q_dtype = KILN_DTYPE_F32;
     for (int tgt = 0; tgt < TGT_N; tgt++) flash_run(tgt, KILN_DTYPE_F16, 4, 4, 64, 30, 140, true, false);
     fprintf(stderr, "flash_kir warpgroup_kernel: worst NMSE at f16 precision %.3g\n", worst_f16);
 }

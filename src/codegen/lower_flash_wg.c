@@ -1,7 +1,7 @@
 /* Prefill flash attention for Hopper (sm_90a) in the FlashAttention-3 style, under codegen.precision
  * = KILN_PREC_F16 with f16 or bf16 KV caches of head_dim 64 or 128: 384 threads, consumer warpgroups
- * 0 and 1 (64 query rows each) and a producer warpgroup 2. Q (pre-scaled to base-2 logits, one
- * 16-bit part) is staged once by every thread into shared memory in the 128-byte-swizzled layout;
+ * 0 and 1 (64 query rows each) and a producer warpgroup 2. The consumers stage Q (pre-scaled to
+ * base-2 logits, one 16-bit part) once into shared memory in the 128-byte-swizzled layout while
  * the producer has the TMA engine bring each 128-key K and V tile into a 2-stage mbarrier ring (a
  * 2-D tensor map over the head-major cache: rows kv_head * max_ctx + key, box 128 keys x 64 dims);
  * the tile that crosses n_kv it stages itself with V's keys past n_kv zeroed (P is 0 there, but 0 x
@@ -27,6 +27,7 @@ typedef struct fw {
     const kiln_graph *g;
     int32_t hd, G, n_head, max_ctx, n_kvh;
     bool bf;                     /* bf16 cache: q and P as bf16 */
+    bool q16;                    /* q's memory is 16-byte aligned (not a view at an odd offset): 16-byte loads */
     uint32_t tid, kvh, head0, R0, n_tok, n_kv, past, ntiles;
     uint32_t qsh, ring, bars;    /* shared arrays: Q, the K/V ring, the mbarriers */
     uint32_t qbase, rbase, bbase; /* their U32 byte addresses */
@@ -48,7 +49,7 @@ static uint32_t stage_at(fw *f, uint32_t s, int v)
 {
     return o2(f, KILN_KOP_ADD, f->rbase, to_u(f, kiln_kaddi(f->k, kiln_kmuli(f->k, s, 2 * tile_bytes(f)), v * tile_bytes(f))));
 }
-/* mbarrier `which` (0: K full, 1: V full, 2: K empty, 3: V empty) of stage s. */
+/* mbarrier `which` (0: K full, 1: V full, 2: K empty, 3: V empty) of stage s; 4 (stage 0): Q staged. */
 static uint32_t bar_at(fw *f, int which, uint32_t s)
 {
     return o2(f, KILN_KOP_ADD, f->bbase, to_u(f, kiln_kmuli(f->k, kiln_kaddi(f->k, s, which * FW_STAGES), 8)));
@@ -71,33 +72,58 @@ static uint32_t swz_word(fw *f, uint32_t r, uint32_t p, int32_t rows)
     return kiln_kshri(k, byte, 2);
 }
 
-/* Every thread: the block's 128 rows of q (row R: token R / G clamped into the run, head
- * head0 + R % G), scaled by the attention's scale x log2(e), as one 16-bit part into Q's tile. */
-static void stage_q(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs)
+/* The 8 q values of item (row R, piece p): dims 8 p .. 8 p + 7 of row R (token R / G clamped
+ * into the run, head head0 + R % G), as f32 values, loaded 16 bytes at a time where q is f32/f16/bf16. */
+static void q_values(fw *f, const kiln_node_rec *q, uint32_t qs, uint32_t R, uint32_t p, uint32_t x[8])
 {
     kiln_kir *k = f->k;
-    int32_t pieces = f->hd / 8, items = FW_ROWS * pieces, per = (items + FW_THREADS - 1) / FW_THREADS;
-    float qscale = n->f[0] * 1.44269504088896341f;
-    uint32_t u = kiln_kvar(k, ci(f, 0));
-    kiln_kloop(k, u, ci(f, per), ci(f, 1));
-    uint32_t i = o2(f, KILN_KOP_ADD, f->tid, kiln_kmuli(k, u, FW_THREADS));
-    kiln_kif(k, o2(f, KILN_KOP_LT, i, ci(f, items)));
-    uint32_t r = o2(f, KILN_KOP_DIV, i, ci(f, pieces)), p = o2(f, KILN_KOP_REM, i, ci(f, pieces));
-    uint32_t R = o2(f, KILN_KOP_ADD, f->R0, r);
+    kiln_dtype t = (kiln_dtype)q->dtype;
     uint32_t tok = o2(f, KILN_KOP_MIN, o2(f, KILN_KOP_DIV, R, ci(f, f->G)), kiln_kaddi(k, f->n_tok, -1));
     uint32_t head = o2(f, KILN_KOP_ADD, f->head0, o2(f, KILN_KOP_REM, R, ci(f, f->G)));
     uint32_t at = o2(f, KILN_KOP_ADD, kiln_kmuli(k, o2(f, KILN_KOP_ADD, kiln_kmuli(k, tok, f->n_head), head), f->hd), kiln_kmuli(k, p, 8));
-    uint32_t v4 = KILN_IDX_NONE;
-    for (int e = 0; e < 4; e++) {
-        uint32_t x[2], w;
-        for (int h = 0; h < 2; h++)
-            x[h] = o2(f, KILN_KOP_MUL, kl_load(k, qs, (kiln_dtype)q->dtype, kiln_kaddi(k, at, 2 * e + h)), kiln_kf(k, qscale));
-        kl_split_pair(k, x[0], x[1], 1, f->bf, &w);
-        v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, w, KILN_IDX_NONE, e);
+    if (f->q16 && (t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16)) { /* element 8 p of a row of hd (a multiple of 64) */
+        bool h = t != KILN_DTYPE_F32;
+        for (int v = 0; v < (h ? 1 : 2); v++) {
+            uint32_t w4 = kiln_kld4(k, qs, kiln_kaddi(k, h ? kiln_kshri(k, at, 1) : at, 4 * v));
+            for (int j = 0; j < 4; j++) {
+                uint32_t w = kiln_klane(k, w4, j);
+                if (!h) x[4 * v + j] = kiln_kbitcast(k, KILN_KT_F32, w);
+                else
+                    for (int e = 0; e < 2; e++)
+                        x[2 * j + e] = kiln_kir_op(k, t == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, w, KILN_IDX_NONE,
+                                                   KILN_IDX_NONE, e);
+            }
+        }
+        return;
     }
-    kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, swz_word(f, r, p, FW_ROWS), v4, KILN_IDX_NONE, (int32_t)f->qsh);
-    kiln_kendif(k);
-    kl_loop_end(k);
+    for (int e = 0; e < 8; e++) x[e] = kl_load(k, qs, t, kiln_kaddi(k, at, e));
+}
+
+/* The consumers (256 threads, after their setmaxnreg): the block's 128 rows of q, scaled by the
+ * attention's scale x log2(e), as one 16-bit part into Q's swizzled tile; straight-line code, so
+ * every load is in flight at once while the producer's first TMAs run. Then every consumer arrives
+ * at the Q mbarrier (its stores shown to WGMMA first) and waits for the others. */
+static void stage_q(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs)
+{
+    kiln_kir *k = f->k;
+    int32_t pieces = f->hd / 8, per = FW_ROWS * pieces / 256;
+    float qscale = n->f[0] * 1.44269504088896341f;
+    for (int u = 0; u < per; u++) {
+        uint32_t i = kiln_kaddi(k, f->tid, 256 * u);
+        uint32_t r = o2(f, KILN_KOP_DIV, i, ci(f, pieces)), p = o2(f, KILN_KOP_REM, i, ci(f, pieces)), x[8], v4 = KILN_IDX_NONE;
+        q_values(f, q, qs, o2(f, KILN_KOP_ADD, f->R0, r), p, x);
+        for (int e = 0; e < 4; e++) {
+            uint32_t w;
+            kl_split_pair(k, o2(f, KILN_KOP_MUL, x[2 * e], kiln_kf(k, qscale)), o2(f, KILN_KOP_MUL, x[2 * e + 1], kiln_kf(k, qscale)), 1,
+                          f->bf, &w);
+            v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, w, KILN_IDX_NONE, e);
+        }
+        kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, swz_word(f, r, p, FW_ROWS), v4, KILN_IDX_NONE, (int32_t)f->qsh);
+    }
+    sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* Q's stores, visible to WGMMA */
+    uint32_t qb = bar_at(f, 4, ci(f, 0));
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, qb, KILN_IDX_NONE, 0);
+    sync_op(f, KILN_KOP_MBAR_WAIT, qb, ci(f, 0), 0);
 }
 
 /* One TMA box of map m: {dst, mbarrier, dim, row}. */
@@ -388,11 +414,10 @@ bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_re
     return kl_dim_max(g, q->dims[0]) > KL_SMALL_ROWS && kl_tma_aligned(g, n->src[1]) && kl_tma_aligned(g, n->src[2]);
 }
 
-/* Barriers (thread 0) and Q (every thread) before the warpgroups part. */
-static void fw_setup(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs)
+/* The mbarriers (thread 0) before the warpgroups part. */
+static void fw_setup(fw *f)
 {
     kiln_kir *k = f->k;
-    stage_q(f, n, q, qs);
     kiln_kif(k, o2(f, KILN_KOP_EQ, f->tid, ci(f, 0)));
     for (int s = 0; s < FW_STAGES; s++) {
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 0, ci(f, s)), KILN_IDX_NONE, 1);   /* the producer's expect_tx + K's bytes */
@@ -400,9 +425,9 @@ static void fw_setup(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 2, ci(f, s)), KILN_IDX_NONE, 256); /* every consumer thread */
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 3, ci(f, s)), KILN_IDX_NONE, 256);
     }
+    sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 4, ci(f, 0)), KILN_IDX_NONE, 256); /* Q staged: every consumer thread */
     sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
     kiln_kendif(k);
-    sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* Q's stores, visible to WGMMA */
     kiln_kbarrier(k);
 }
 
@@ -414,6 +439,7 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     fw f = {.k = k, .g = g, .hd = (int32_t)q->dims[2], .n_head = (int32_t)q->dims[1], .max_ctx = (int32_t)kc->dims[1],
             .n_kvh = (int32_t)kc->dims[0], .bf = kc->dtype == KILN_DTYPE_BF16};
     f.G = f.n_head / f.n_kvh;
+    f.q16 = kl_tma_aligned(g, n->src[0]);
     int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * f.G + FW_ROWS - 1) / FW_ROWS);
     kiln_kir_init(k, "kiln_attn_flash_wg", FW_THREADS);
     snprintf(k->what, sizeof k->what, "attention: causal flash, warpgroup MMA + TMA (sm_90a), %d q heads/kv head, hd %d",
@@ -422,7 +448,7 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     k->dyn_shared = true;
     f.qsh = kiln_kir_shared(k, (uint32_t)(FW_ROWS * f.hd / 2));
     f.ring = kiln_kir_shared(k, (uint32_t)(FW_STAGES * 2 * FW_KEYS * f.hd / 2));
-    f.bars = kiln_kir_shared(k, 2 * 4 * FW_STAGES);
+    f.bars = kiln_kir_shared(k, 2 * (4 * FW_STAGES + 1)); /* full and empty of K and V per stage, and Q's */
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
     uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false);
     f.vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
@@ -446,9 +472,10 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     uint32_t last = o2(&f, KILN_KOP_MIN, o2(&f, KILN_KOP_DIV, kiln_kaddi(k, f.R0, FW_ROWS - 1), ci(&f, f.G)), kiln_kaddi(k, f.n_tok, -1));
     uint32_t kend = o2(&f, KILN_KOP_ADD, f.past, kiln_kaddi(k, last, 1));
     f.ntiles = o2(&f, KILN_KOP_DIV, kiln_kaddi(k, kend, FW_KEYS - 1), ci(&f, FW_KEYS));
-    fw_setup(&f, n, q, qs);
+    fw_setup(&f);
     kiln_kif(k, o2(&f, KILN_KOP_LT, f.tid, ci(&f, 256)));
     sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 232);
+    stage_q(&f, n, q, qs);
     consumer(&f, node);
     kiln_kelse(k);
     sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 40);
