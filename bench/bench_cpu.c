@@ -109,7 +109,8 @@ static void bench_attn(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, double bw, ki
     for (int it = -copies; it < iters; it++) {
         const char *base = kv + (size_t)((it + copies) % copies) * 2 * cache;
         double t0 = bench_now_s();
-        kiln_cpu_attention(pool, isa, q, 1, n_head, hd, base, base + cache, kt, n_kv_head, ctx, n_kv, 0, y);
+        kiln_cpu_attention(pool, isa, q, 1, n_head, hd, base, base + cache, kt, n_kv_head, ctx, n_kv,
+                           &(kiln_cpu_attn_mask){0}, y);
         if (it >= 0)
             ts[it] = bench_now_s() - t0;
     }

@@ -1038,7 +1038,9 @@ Test(cli, plan_shows_paged_capacity)
     kiln_cli(&o, "plan " KILN_SOURCE_DIR "/tests/data/every_op.kg --backend cpu --json");
     cr_assert_eq(o.rc, 0, "%s", o.err);
     cr_assert(strstr(o.out, "\"paged\": [{\"node\": \"pa\", \"block\": 4, \"pool_blocks\": 2, \"kv_dtype\": \"f32\", \"max_seqs\": 4, "
-                            "\"max_blocks_per_seq\": 2, \"max_tokens\": 8, \"draft_trees\": false}]"),
+                            "\"max_blocks_per_seq\": 2, \"max_tokens\": 8, \"draft_trees\": false}, {\"node\": \"pw\", \"block\": 4, "
+                            "\"pool_blocks\": 2, \"kv_dtype\": \"f32\", \"max_seqs\": 4, \"max_blocks_per_seq\": 2, \"max_tokens\": 8, "
+                            "\"draft_trees\": false}]"),
               "%s", o.out);
 }
 

@@ -110,6 +110,7 @@ static bool accepts(enum kiln_op op, kiln_dtype t)
     case KILN_OP_SILU: y = kiln_silu(g, x); break;
     case KILN_OP_GELU: y = kiln_gelu(g, x); break;
     case KILN_OP_SIGMOID: y = kiln_sigmoid(g, x); break;
+    case KILN_OP_TANH: y = kiln_tanh(g, x); break;
     case KILN_OP_SWIGLU: y = kiln_swiglu(g, x, kiln_weight_random(g, "u", t, 2, d2, 4, 1.0f)); break;
     case KILN_OP_RMS_NORM: y = kiln_rms_norm(g, x, KILN_NODE_NONE, 1e-5f); break;
     case KILN_OP_LAYER_NORM: y = kiln_layer_norm(g, x, KILN_NODE_NONE, KILN_NODE_NONE, 1e-5f); break;

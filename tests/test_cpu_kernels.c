@@ -339,6 +339,10 @@ Test(cpu_kernels, matmul_rejects_bad_regions)
 
 /* ---------------------------------------------------------------- attention */
 
+/* The soft-cap and window of the next run_attn_case (0: none), read by the reference too. */
+static float g_softcap;
+static int64_t g_window;
+
 static void ref_attention(const float *q, const double *kd, const double *vd, int64_t n_tok, int64_t n_head,
                           int64_t hd, int64_t n_kv_head, int64_t max_ctx, int64_t n_kv, double scale, double *y)
 {
@@ -346,20 +350,21 @@ static void ref_attention(const float *q, const double *kd, const double *vd, in
     int64_t grp = n_head / n_kv_head;
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t h = 0; h < n_head; h++) {
-            int64_t hk = h / grp, lim = n_kv - n_tok + t + 1;
+            int64_t hk = h / grp, lim = n_kv - n_tok + t + 1, j0 = g_window && lim > g_window ? lim - g_window : 0;
             double mx = -INFINITY, l = 0;
-            for (int64_t j = 0; j < lim; j++) {
+            for (int64_t j = j0; j < lim; j++) {
                 double a = 0;
                 for (int64_t d = 0; d < hd; d++)
                     a += q[(t * n_head + h) * hd + d] * kd[(hk * max_ctx + j) * hd + d];
                 s[j] = a * scale;
+                if (g_softcap) s[j] = g_softcap * tanh(s[j] / g_softcap);
                 mx = fmax(mx, s[j]);
             }
-            for (int64_t j = 0; j < lim; j++)
+            for (int64_t j = j0; j < lim; j++)
                 l += (s[j] = exp(s[j] - mx));
             for (int64_t d = 0; d < hd; d++) {
                 double a = 0;
-                for (int64_t j = 0; j < lim; j++)
+                for (int64_t j = j0; j < lim; j++)
                     a += s[j] * vd[(hk * max_ctx + j) * hd + d];
                 y[(t * n_head + h) * hd + d] = a / l;
             }
@@ -393,7 +398,9 @@ static void run_attn_case(kiln_dtype kt, int64_t n_tok, int64_t n_head, int64_t 
         for (int th = 1; th <= 3; th++) {
             tu_poison(y.p, sizeof(float) * (size_t)nq);
             cr_assert_eq(kiln_cpu_attention(pools[th], (enum kiln_cpu_isa)isa, q.p, n_tok, n_head, hd, k.p, v.p, kt,
-                                            n_kv_head, max_ctx, n_kv, scale, y.p),
+                                            n_kv_head, max_ctx, n_kv,
+                                            &(kiln_cpu_attn_mask){.scale = scale, .softcap = g_softcap, .window = g_window},
+                                            y.p),
                          KILN_OK);
             for (int64_t i = 0; i < nq; i++) {
                 double g = ((float *)y.p)[i];
@@ -427,14 +434,39 @@ Test(cpu_kernels, attention_prefill)
     }
 }
 
+/* Soft-capped scores and sliding windows: windows shorter and longer than a KV split (decode splits
+ * KV over threads in multiples of 64 keys) and than the prefill's query tile, window 1 (a query sees
+ * only itself), and a window longer than the cache (no key hidden). */
+Test(cpu_kernels, attention_softcap_and_window)
+{
+    for (int c = 0; c < 2; c++) {
+        kiln_dtype kt = c ? KILN_DTYPE_F16 : KILN_DTYPE_F32;
+        g_softcap = 3.0f, g_window = 100;
+        run_attn_case(kt, 1, 4, 1, 36, 1100, 1031, 0);   /* decode: most splits wholly outside the window */
+        g_softcap = 0, g_window = 700;
+        run_attn_case(kt, 2, 4, 2, 64, 1100, 1031, 0.3f); /* the window's edge inside a split */
+        g_softcap = 1.5f, g_window = 5;
+        run_attn_case(kt, 37, 4, 2, 24, 100, 37, 0);     /* prefill from empty: edges inside tiles */
+        g_softcap = 2.0f, g_window = 1;
+        run_attn_case(kt, 21, 6, 2, 33, 300, 150, 0);
+        g_softcap = 0.5f, g_window = 4096;
+        run_attn_case(kt, 21, 6, 3, 16, 300, 150, 0);
+        g_softcap = 0, g_window = 0;
+    }
+}
+
 Test(cpu_kernels, attention_rejects_bad_args)
 {
     float q[8] = {0}, y[8], kc[64] = {0};
-    cr_assert_eq(kiln_cpu_attention(pools[1], KILN_CPU_ISA_SCALAR, q, 1, 3, 2, kc, kc, KILN_DTYPE_F32, 2, 4, 2, 0, y),
+    const kiln_cpu_attn_mask mk = {0};
+    cr_assert_eq(kiln_cpu_attention(pools[1], KILN_CPU_ISA_SCALAR, q, 1, 3, 2, kc, kc, KILN_DTYPE_F32, 2, 4, 2, &mk, y),
                  KILN_ERR_SHAPE);
-    cr_assert_eq(kiln_cpu_attention(pools[1], KILN_CPU_ISA_SCALAR, q, 1, 2, 2, kc, kc, KILN_DTYPE_Q8_0, 1, 4, 2, 0, y),
+    cr_assert_eq(kiln_cpu_attention(pools[1], KILN_CPU_ISA_SCALAR, q, 1, 2, 2, kc, kc, KILN_DTYPE_Q8_0, 1, 4, 2, &mk, y),
                  KILN_ERR_DTYPE);
-    cr_assert_eq(kiln_cpu_attention(pools[1], KILN_CPU_ISA_SCALAR, q, 3, 2, 2, kc, kc, KILN_DTYPE_F32, 1, 4, 2, 0, y),
+    cr_assert_eq(kiln_cpu_attention(pools[1], KILN_CPU_ISA_SCALAR, q, 3, 2, 2, kc, kc, KILN_DTYPE_F32, 1, 4, 2, &mk, y),
+                 KILN_ERR_INVALID_ARG);
+    cr_assert_eq(kiln_cpu_attention(pools[1], KILN_CPU_ISA_SCALAR, q, 1, 2, 2, kc, kc, KILN_DTYPE_F32, 1, 4, 2,
+                                    &(kiln_cpu_attn_mask){.window = -1}, y),
                  KILN_ERR_INVALID_ARG);
 }
 

@@ -149,6 +149,10 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
     return flash;
 }
 
+/* The soft-cap and sliding window of the next flash_case / paged_case (kiln_attention_ext; 0: none). */
+static float g_softcap;
+static int64_t g_window;
+
 /* One attention of T query rows over n_kv keys (H query heads, Hkv kv heads, caches of C rows of
  * dtype cd), lowered for target `tgt` and interpreted, checked against ref64 (or, with `mutant`, only
  * measured: returns the NMSE). stale_inf: the caches' rows past n_kv hold +inf (stale slots of an
@@ -162,7 +166,7 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     kiln_dim ts = kiln_sym(g, "t", Tmax), ks = kiln_sym(g, "n_kv", C);
     kiln_node q = kiln_input(g, "q", q_dtype, 3, (kiln_dim[]){ts, H, hd});
     kiln_node kc = kiln_state(g, "k", cd, 3, (kiln_dim[]){Hkv, C, hd}), vc = kiln_state(g, "v", cd, 3, (kiln_dim[]){Hkv, C, hd});
-    kiln_output(g, kiln_attention(g, q, kc, vc, ks, 0), "y");
+    kiln_output(g, kiln_attention_ext(g, q, kc, vc, ks, 0, g_softcap, g_window), "y");
     size_t es = cd == KILN_DTYPE_F32 ? 4 : 2, nc = (size_t)(Hkv * C * hd), nq = (size_t)(T * H * hd);
     size_t qs = q_dtype == KILN_DTYPE_F32 ? 4 : 2;
     void *kmem = malloc(nc * es + 16), *vmem = malloc(nc * es + 16);
@@ -182,14 +186,14 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
 
     uint32_t params[8] = {0};
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ks)] = (uint32_t)n_kv;
-    char what[200], err[1024];
-    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys%s%s", tgt_name[tgt],
-             kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv,
-             stale_inf ? ", inf past n_kv" : "", qs == 2 ? ", f16 q" : "");
+    char what[260], err[1024];
+    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys%s%s, softcap %g, window %lld",
+             tgt_name[tgt], kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv,
+             stale_inf ? ", inf past n_kv" : "", qs == 2 ? ", f16 q" : "", (double)g_softcap, (long long)g_window);
     kbind kb = {.names = {"q", "k", "v"}, .mem = {qmem, kmem, vmem}, .n = 3};
     bool flash = run_regions(g, tgt, params, &kb, y, what);
     cr_assert(flash, "%s: no flash kernel", what);
-    bool wg_fits = cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128) && H / Hkv <= 8;
+    bool wg_fits = cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128) && H / Hkv <= 8 && !g_softcap && !g_window;
     cr_assert(wg_ran == (tgt == TGT_WG && wg_fits), "%s: warpgroup kernel %s", what, wg_ran ? "ran" : "did not run");
 
     ref64 *rf = ref64_new(g);
@@ -267,7 +271,7 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     kiln_node bt = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){ss, MB});
     kiln_dim pd[] = {Hkv, NB * BLK, hd};
     kiln_node kp = kiln_state(g, "k", cd, 3, pd), vp = kiln_state(g, "v", cd, 3, pd);
-    kiln_output(g, kiln_paged_attention(g, q, kp, vp, pos, seqs, bt, BLK, 0), "y");
+    kiln_output(g, kiln_paged_attention_ext(g, q, kp, vp, pos, seqs, bt, BLK, 0, g_softcap, g_window), "y");
     cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
     size_t es = cd == KILN_DTYPE_F32 ? 4 : 2;
     void *kmem = malloc((size_t)nc * es + 16), *vmem = malloc((size_t)nc * es + 16);
@@ -295,8 +299,9 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     uint32_t params[8] = {0};
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ss)] = (uint32_t)n_seq;
     char what[160], err[1024];
-    snprintf(what, sizeof what, "paged, %s, %s pool, %lld/%lld heads, hd %lld, %d sequences, %lld rows", tgt_name[tgt],
-             kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, n_seq, (long long)T);
+    snprintf(what, sizeof what, "paged, %s, %s pool, %lld/%lld heads, hd %lld, %d sequences, %lld rows, softcap %g, window %lld",
+             tgt_name[tgt], kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, n_seq, (long long)T,
+             (double)g_softcap, (long long)g_window);
     kbind kb = {.names = {"q", "k", "v", "pos", "seqs", "blocks"}, .mem = {qf, kmem, vmem, pv, sv, bv}, .n = 6};
     /* flash off, and Vulkan's emulated MMA: the split kernels take paged steps */
     bool flash = run_regions(g, tgt, params, &kb, y, what);
@@ -369,4 +374,24 @@ Test(flash_kir, warpgroup_mutations)
         cr_assert(e > 100 * tol, "mutation %d: NMSE %.3g is within 100x the tolerance %.1g", how, e, tol);
         fprintf(stderr, "flash_kir warpgroup_mutations: mutation %d NMSE %.3g\n", how, e);
     }
+}
+
+/* Soft-capped scores and sliding windows in the flash kernel (and the split kernels of the flash-off
+ * target): windows ending inside a 64-key tile, across tiles and past every key; the paged step's
+ * sequences each masked at their own positions. */
+Test(flash_kir, softcap_and_window)
+{
+    static const int nw[] = {1, 37, 150}, prior[] = {20, 0, 40};
+    for (int tgt = 0; tgt < TGT_N; tgt++) {
+        g_softcap = 2.0f, g_window = 40;
+        flash_case(tgt, KILN_DTYPE_F16, 2, 2, 64, 70, 90);
+        g_softcap = 0, g_window = 7;
+        flash_case(tgt, KILN_DTYPE_F32, 4, 2, 128, 20, 33);
+        g_softcap = 50.0f, g_window = 500;
+        flash_case(tgt, KILN_DTYPE_F16, 7, 1, 32, 23, 150);
+        g_softcap = 1.0f, g_window = 29;
+        paged_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 3, nw, prior);
+    }
+    g_softcap = 0, g_window = 0;
+    fprintf(stderr, "flash_kir softcap_and_window: worst NMSE at f16 precision %.3g\n", worst_f16);
 }

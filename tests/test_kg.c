@@ -194,7 +194,7 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_node tab = kiln_weight_random(g, "table", KILN_DTYPE_Q4_K, 2, (kiln_dim[]){10, 256}, 98, 1.0f);
     kiln_node m = kiln_matmul(g, x, w);
     kiln_node s = kiln_scale(g, kiln_mul(g, kiln_add(g, m, x), gm), -0.3f);
-    kiln_node sw = kiln_swiglu(g, kiln_sigmoid(g, kiln_gelu(g, kiln_silu(g, s))), s);
+    kiln_node sw = kiln_swiglu(g, kiln_tanh(g, kiln_sigmoid(g, kiln_gelu(g, kiln_silu(g, s)))), s);
     kiln_name(g, sw, "dup");
     kiln_node rn = kiln_rms_norm(g, sw, KILN_NODE_NONE, 1e-6f);
     kiln_name(g, rn, "dup");
@@ -212,6 +212,10 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_output(g, pa, "paged");
     kiln_output(g, kiln_paged_attention_tree(g, ro, kc, kc, pos, sq, bl, kiln_input(g, "parents", KILN_DTYPE_I32, 1, (kiln_dim[]){n}), 4, 0),
                 "tree");
+    kiln_output(g, kiln_attention_ext(g, ro, kc, kc, n, 0.0f, 30.0f, 3), "capped");
+    kiln_output(g, kiln_paged_attention_ext(g, ro, kc, kc, pos, kiln_input(g, "seqs2", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 2}),
+                                            kiln_input(g, "blocks2", KILN_DTYPE_I32, 2, (kiln_dim[]){ns, 4}), 2, 0.5f, 50.0f, 7),
+                "paged_capped");
     kiln_node tr = kiln_transpose(g, kiln_view(g, w, 2, (kiln_dim[]){4, 16}, 48), 1, 0);
     kiln_node cc = kiln_concat(g, tr, tr, 0);
     kiln_node mq = kiln_matmul(g, kiln_get_rows(g, tab, ids), wq);

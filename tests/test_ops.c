@@ -407,6 +407,13 @@ Test(ops, sigmoid)
     large_inputs("sigmoid", kiln_sigmoid);
 }
 
+Test(ops, tanh)
+{
+    unary_cases("tanh", kiln_tanh, -3, 3); /* both branches of the GPU formula (|x| < 0.625 and above) */
+    unary_cases("tanh", kiln_tanh, -0.05f, 0.05f); /* near 0: relative accuracy, not only absolute */
+    large_inputs("tanh", kiln_tanh);
+}
+
 typedef kiln_node (*binary_fn)(kiln_graph *, kiln_node, kiln_node);
 
 /* a [t, D] with b [D] (broadcast) or b [t, D]; and a [2, 3, 17] with b [3, 17]. */
@@ -555,6 +562,10 @@ Test(ops, rope)
 
 /* ---------------------------------------------------------------- attention, kv_scatter */
 
+/* The soft-cap and window of the next attention_runs (kiln_attention_ext; 0: none). */
+static float g_softcap;
+static int64_t g_window;
+
 /* attention of q [t, H, hd] over K/V caches [Hkv, C, hd] for each (t, n_kv) of tv, fresh q per run. */
 static void attention_runs(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, float scale, int64_t C, const int64_t (*tv)[2], size_t n_tv,
                            const char *what)
@@ -565,9 +576,10 @@ static void attention_runs(kiln_dtype dt, int64_t H, int64_t Hkv, int64_t hd, fl
     kiln_dim T = kiln_sym(g, "t", tmax), NKV = kiln_sym(g, "n_kv", C);
     kiln_node q = kiln_input(g, "q", dt, 3, (kiln_dim[]){T, H, hd});
     kiln_node k = kiln_state(g, "k", dt, 3, (kiln_dim[]){Hkv, C, hd}), v = kiln_state(g, "v", dt, 3, (kiln_dim[]){Hkv, C, hd});
-    out(g, kiln_attention(g, q, k, v, NKV, scale), "y");
-    tu_sess *s = tu_sess_new(g, lab("%s %s H %lld Hkv %lld hd %lld scale %g", what, dn(dt), (long long)H, (long long)Hkv,
-                                    (long long)hd, (double)scale));
+    out(g, kiln_attention_ext(g, q, k, v, NKV, scale, g_softcap, g_window), "y");
+    tu_sess *s = tu_sess_new(g, lab("%s %s H %lld Hkv %lld hd %lld scale %g softcap %g window %lld", what, dn(dt),
+                                    (long long)H, (long long)Hkv, (long long)hd, (double)scale, (double)g_softcap,
+                                    (long long)g_window));
     tu_state_random(s, "k", -1, 1);
     tu_state_random(s, "v", -0.5f, 1.5f); /* mean 0.5: outputs (averages of v) are never all ~0 */
     for (size_t i = 0; i < n_tv; i++) {
@@ -612,6 +624,24 @@ Test(ops, attention_prefill)
         attention_runs(ACT[d], 7, 1, 32, 0, 160, small + 1, 2, "attention prefill");
         if (gpu) attention_runs(ACT[d], 28, 4, 128, 0, 1024, big, N_OF(big), "attention prefill");
     }
+}
+
+/* Soft-capped scores (gemma 2: cap 50 on scores ~ +-10 here; cap 1.5 deep in tanh's bend) and
+ * sliding windows (gemma 2/3, phi3): decode over long caches (the GPU's key splits begin before,
+ * inside and after the window), prefill runs (the flash kernel on GPUs: windows ending inside a
+ * 64-key tile and across tiles), window 1 and a window longer than the cache. */
+Test(ops, attention_softcap_and_window)
+{
+    static const int64_t dec[][2] = {{1, 1}, {1, 300}, {2, 999}, {1, 1000}};
+    static const int64_t pre[][2] = {{9, 9}, {70, 150}, {127, 160}};
+    static const struct { float cap; int64_t win; } m[] = {{50.0f, 0}, {1.5f, 33}, {0, 100}, {5.0f, 1}, {2.0f, 5000}};
+    for (size_t i = 0; i < N_OF(m); i++) {
+        g_softcap = m[i].cap, g_window = m[i].win;
+        attention_runs(KILN_DTYPE_F32, 4, 2, 64, 0, 1000, dec, N_OF(dec), "attention decode masked");
+        attention_runs(i % 2 ? KILN_DTYPE_F16 : KILN_DTYPE_BF16, 4, 2, 64, 0, 1000, dec, N_OF(dec), "attention decode masked");
+        attention_runs(i % 2 ? KILN_DTYPE_F32 : KILN_DTYPE_F16, 4, 1, 32, 2.0f, 160, pre, N_OF(pre), "attention prefill masked");
+    }
+    g_softcap = 0, g_window = 0;
 }
 
 /* Decode: each run writes one K/V row at pos = step and attends over n_kv = step + 1. */

@@ -25,6 +25,8 @@ typedef struct pcase {
     kiln_dtype  kvt;      /* pool dtype */
     int         H, Hkv, hd; /* heads, kv heads, head_dim */
     int         shared;   /* tokens of sequence 0's history the others share (whole blocks), 0: none */
+    float       softcap;  /* logit soft-cap (kiln_paged_attention_ext), 0: none */
+    int         window;   /* sliding window, 0: none */
 } pcase;
 
 /* The step as the engine would build it, and the logical keys of each sequence for the reference. */
@@ -52,7 +54,7 @@ static kiln_graph *build(const pcase *c, int64_t NB, int64_t MB)
     kiln_dim pd[] = {c->Hkv, NB * c->block, c->hd};
     kiln_node kp = kiln_state(g, "kpool", c->kvt, 3, pd), vp = kiln_state(g, "vpool", c->kvt, 3, pd);
     kiln_node ks = kiln_kv_scatter(g, kp, kr, slots), vs = kiln_kv_scatter(g, vp, vr, slots);
-    kiln_output(g, kiln_paged_attention(g, q, ks, vs, pos, seqs, bt, c->block, 0), "y");
+    kiln_output(g, kiln_paged_attention_ext(g, q, ks, vs, pos, seqs, bt, c->block, 0, c->softcap, c->window), "y");
     cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
     return g;
 }
@@ -149,19 +151,20 @@ static void reference(const step *s, int i, double *y)
     double *p = malloc((size_t)kv * sizeof *p), scale = 1.0 / sqrt((double)c->hd);
     for (int64_t t = 0; t < c->new_tok[i]; t++)
         for (int64_t h = 0; h < c->H; h++) {
-            int64_t g = h / grp, last = c->prior[i] + t;
+            int64_t g = h / grp, last = c->prior[i] + t, j0 = c->window && last + 1 > c->window ? last + 1 - c->window : 0;
             const float *qr = s->q + ((t0 + t) * c->H + h) * c->hd;
             double mx = -INFINITY, sum = 0;
-            for (int64_t j = 0; j <= last; j++) {
+            for (int64_t j = j0; j <= last; j++) {
                 double dot = 0;
                 for (int64_t d = 0; d < c->hd; d++) dot += (double)qr[d] * s->K[i][(j * c->Hkv + g) * c->hd + d];
                 p[j] = dot * scale;
+                if (c->softcap != 0) p[j] = c->softcap * tanh(p[j] / c->softcap);
                 mx = p[j] > mx ? p[j] : mx;
             }
-            for (int64_t j = 0; j <= last; j++) sum += (p[j] = exp(p[j] - mx));
+            for (int64_t j = j0; j <= last; j++) sum += (p[j] = exp(p[j] - mx));
             for (int64_t d = 0; d < c->hd; d++) {
                 double acc = 0;
-                for (int64_t j = 0; j <= last; j++) acc += p[j] * s->V[i][(j * c->Hkv + g) * c->hd + d];
+                for (int64_t j = j0; j <= last; j++) acc += p[j] * s->V[i][(j * c->Hkv + g) * c->hd + d];
                 y[(t * c->H + h) * c->hd + d] = acc / sum;
             }
         }
@@ -291,13 +294,28 @@ static void cases(const char *backend, int scale)
     int s17p[17];
     for (int i = 0; i < 17; i++) s17p[i] = s17_prior[i] / scale > 256 ? s17_prior[i] / scale : 256; /* sharers hold the prefix */
     const pcase cs[] = {
-        {"1 sequence, 300 new, empty cache, block 16", 1, one_new, one_prior, 16, KILN_DTYPE_F32, 4, 2, 32, 0},
-        {"3 sequences, decode + chunk + prefill, block 16, f16", 3, three_new, three_prior, 16, KILN_DTYPE_F16, 4, 1, 64, 0},
-        {"3 sequences, block 128", 3, three_new, three_prior, 128, KILN_DTYPE_F32, 2, 2, 16, 0},
-        {"17 sequences sharing 256 tokens, block 16, f16", 17, s17_new, s17p, 16, KILN_DTYPE_F16, 8, 2, 32, 256},
-        {"17 sequences sharing 256 tokens, block 128", 17, s17_new, s17p, 128, KILN_DTYPE_F32, 4, 4, 32, 256},
+        {"1 sequence, 300 new, empty cache, block 16", 1, one_new, one_prior, 16, KILN_DTYPE_F32, 4, 2, 32, 0, 0, 0},
+        {"3 sequences, decode + chunk + prefill, block 16, f16", 3, three_new, three_prior, 16, KILN_DTYPE_F16, 4, 1, 64, 0, 0, 0},
+        {"3 sequences, block 128", 3, three_new, three_prior, 128, KILN_DTYPE_F32, 2, 2, 16, 0, 0, 0},
+        {"17 sequences sharing 256 tokens, block 16, f16", 17, s17_new, s17p, 16, KILN_DTYPE_F16, 8, 2, 32, 256, 0, 0},
+        {"17 sequences sharing 256 tokens, block 128", 17, s17_new, s17p, 128, KILN_DTYPE_F32, 4, 4, 32, 256, 0, 0},
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], backend, i == 1 && strcmp(backend, "cuda") != 0);
+}
+
+/* Soft-capped scores and sliding windows (gemma 2/3): windows ending inside a block, inside a key
+ * split and inside a prefill chunk, window 1, and a window no sequence reaches. */
+static void masked_cases(const char *backend, int scale)
+{
+    static const int two_new[] = {1, 40}, two_prior[] = {1000, 90};
+    int p2[2] = {two_prior[0] / scale, two_prior[1]};
+    const pcase cs[] = {
+        {"3 sequences, softcap 2, window 100, block 16", 3, three_new, three_prior, 16, KILN_DTYPE_F32, 4, 2, 32, 0, 2.0f, 100},
+        {"3 sequences, window 37, block 16, f16", 3, three_new, three_prior, 16, KILN_DTYPE_F16, 4, 1, 64, 0, 0, 37},
+        {"2 sequences, softcap 1, window 1, block 128", 2, two_new, p2, 128, KILN_DTYPE_F32, 2, 2, 32, 0, 1.0f, 1},
+        {"2 sequences, softcap 50, window 4096, block 16", 2, two_new, p2, 16, KILN_DTYPE_F16, 4, 2, 32, 0, 50.0f, 4096},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], backend, false);
 }
 
 static bool have(const char *backend)
@@ -310,6 +328,8 @@ static bool have(const char *backend)
 }
 
 Test(paged, ragged_batches_cpu) { cases("cpu", 1); }
+Test(paged, softcap_and_window_cpu) { masked_cases("cpu", 1); }
+Test(paged, softcap_and_window_ref) { masked_cases("ref", 4); }
 Test(paged, ragged_batches_ref) { cases("ref", 4); } /* the reference kernel is slow: shorter caches */
 
 /* One corruption of a good step: what to change and the words the error must carry. */
@@ -324,7 +344,7 @@ typedef struct bad {
 
 static void bad_metadata(const char *backend)
 {
-    const pcase c = {"bad metadata", 3, three_new, three_prior, 16, KILN_DTYPE_F32, 2, 1, 16, 0};
+    const pcase c = {"bad metadata", 3, three_new, three_prior, 16, KILN_DTYPE_F32, 2, 1, 16, 0, 0, 0};
     step s;
     make_step(&s, &c);
     kiln_plan *p = compile(&s, backend);
@@ -387,6 +407,16 @@ Test(paged, ragged_batches_vulkan, .timeout = 900)
 {
     if (!have("vulkan")) cr_skip_test("no vulkan device");
     cases("vulkan", 4);
+}
+Test(paged, softcap_and_window_vulkan, .timeout = 900)
+{
+    if (!have("vulkan")) cr_skip_test("no vulkan device");
+    masked_cases("vulkan", 4);
+}
+Test(paged, softcap_and_window_cuda)
+{
+    if (!have("cuda")) cr_skip_test("no cuda device");
+    masked_cases("cuda", 1);
 }
 Test(paged, ragged_batches_cuda)
 {

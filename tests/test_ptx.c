@@ -458,7 +458,8 @@ Test(ptx, every_kg_region_assembles, .timeout = 600)
 {
     char ptxas[1024];
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
-    static const char *const files[] = {"every_op.kg", "gpt2_mlp.kg", "llama_layer.kg", "paged_layer.kg", "tree_layer.kg"};
+    static const char *const files[] = {"every_op.kg", "gpt2_mlp.kg", "llama_layer.kg", "paged_layer.kg", "tree_layer.kg",
+                                        "masked_attn.kg"};
     const char *src = getenv("KILN_SOURCE_DIR");
     static seen_set seen;
     lower_tally t = {0};

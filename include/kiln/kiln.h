@@ -206,6 +206,8 @@ KILN_API kiln_node kiln_silu(kiln_graph *g, kiln_node x);
 KILN_API kiln_node kiln_gelu(kiln_graph *g, kiln_node x);
 /* Logistic sigmoid: 1 / (1 + e^-x) (gates of gated attention and MoE routers). */
 KILN_API kiln_node kiln_sigmoid(kiln_graph *g, kiln_node x);
+/* Hyperbolic tangent (gemma's final-logit soft-capping: cap * tanh(logits / cap)). */
+KILN_API kiln_node kiln_tanh(kiln_graph *g, kiln_node x);
 /* silu(gate) * up; equal shapes. */
 KILN_API kiln_node kiln_swiglu(kiln_graph *g, kiln_node gate, kiln_node up);
 /* x / sqrt(mean(x^2 over the last dim) + eps) * w; w [D] or KILN_NODE_NONE. */
@@ -238,6 +240,11 @@ KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln
  * positions n_kv - n_tok .. n_kv - 1; query t sees keys 0 .. n_kv - n_tok + t. Scores are
  * scaled by `scale` (0 = 1/sqrt(head_dim)). y is f32 [n_tok, n_head, head_dim]. */
 KILN_API kiln_node kiln_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_dim n_kv, float scale);
+/* kiln_attention with a sliding window and logit soft-capping (gemma 2/3, phi3, mistral): the query at
+ * position p sees only keys p - window + 1 .. p (window 0: keys 0 .. p), and each scaled score s
+ * becomes softcap * tanh(s / softcap) before the softmax (softcap 0: s unchanged). window in [0, 2^31). */
+KILN_API kiln_node kiln_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_dim n_kv, float scale,
+                                      float softcap, int64_t window);
 /* Paged attention over a ragged batch of sequences (the step of a serving engine). The new tokens
  * of n_seq sequences are packed as rows: q [n_tok, n_head, head_dim] (n_tok = all new tokens of
  * the step). k, v are paged pools (states, or kv_scatter results) [n_kv_head, n_blocks * block,
@@ -274,6 +281,10 @@ KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k,
 KILN_API kiln_node kiln_paged_attention_tree(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
                                              kiln_node seqs, kiln_node blocks, kiln_node parents, int block,
                                              float scale);
+/* kiln_paged_attention with kiln_attention_ext's window and soft-cap (positions are pos[t]). */
+KILN_API kiln_node kiln_paged_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                            kiln_node seqs, kiln_node blocks, int block, float scale, float softcap,
+                                            int64_t window);
 /* Writes rows [n_tok, n_kv_head, head_dim] into a state [n_kv_head, max_ctx, head_dim] at the
  * positions pos i32 [n_tok] (each < max_ctx, checked at run): state[h, pos[t], :] = rows[t, h, :].
  * The result is the updated state; read it (e.g. by attention) to order the write before. */

@@ -278,6 +278,10 @@ class Graph:
         """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
         return self._node(lib.kiln_gelu(self.handle, self._nid(x)), "kiln_gelu")
 
+    def tanh(self, x: Node) -> Node:
+        """Hyperbolic tangent (gemma's final-logit soft-capping: cap * tanh(logits / cap))."""
+        return self._node(lib.kiln_tanh(self.handle, self._nid(x)), "kiln_tanh")
+
     def swiglu(self, gate: Node, up: Node) -> Node:
         """silu(gate) * up; equal shapes."""
         return self._node(lib.kiln_swiglu(self.handle, self._nid(gate), self._nid(up)), "kiln_swiglu")
@@ -304,13 +308,16 @@ class Graph:
         return self._node(lib.kiln_rope(self.handle, self._nid(x), self._nid(pos), _capi.ROPE_MODES[mode],
                                         float(theta)), "kiln_rope")
 
-    def attention(self, q: Node, k: Node, v: Node, n_kv: Dim, scale: float = 0.0) -> Node:
+    def attention(self, q: Node, k: Node, v: Node, n_kv: Dim, scale: float = 0.0, softcap: float = 0.0,
+                  window: int = 0) -> Node:
         """Causal grouped-query attention over a cache. q [n_tok, n_head, head_dim]; k, v states (or
         kv_scatter results) [n_kv_head, max_ctx, head_dim]; n_kv (a symbol or constant <= max_ctx)
         valid cache rows. The n_tok queries sit at positions n_kv - n_tok .. n_kv - 1. Scores are
-        scaled by `scale` (0 = 1/sqrt(head_dim)). y is f32 [n_tok, n_head, head_dim]."""
-        return self._node(lib.kiln_attention(self.handle, self._nid(q), self._nid(k), self._nid(v), int(n_kv),
-                                             float(scale)), "kiln_attention")
+        scaled by `scale` (0 = 1/sqrt(head_dim)), then soft-capped to softcap * tanh(s / softcap)
+        (0: none); with a window, position p sees keys p - window + 1 .. p only (0: none).
+        y is f32 [n_tok, n_head, head_dim]."""
+        return self._node(lib.kiln_attention_ext(self.handle, self._nid(q), self._nid(k), self._nid(v), int(n_kv),
+                                                 float(scale), float(softcap), int(window)), "kiln_attention_ext")
 
     def paged_attention(self, q: Node, k: Node, v: Node, pos: Node, seqs: Node, blocks: Node, block: int,
                         scale: float = 0.0, parents: Node | None = None) -> Node:

@@ -82,8 +82,8 @@ static void matmul(kiln_check_run *r)
 
 /* ---------------------------------------------------------------- elementwise and rows */
 
-typedef enum ew { EW_SCALE, EW_SILU, EW_GELU, EW_SOFTMAX, EW_ADD, EW_MUL, EW_SWIGLU, EW_RMS, EW_LN, EW_ARGMAX, EW_SIGMOID } ew;
-static const char *const EW_NAME[] = {"scale", "silu", "gelu", "softmax", "add", "mul", "swiglu", "rms_norm", "layer_norm", "argmax", "sigmoid"};
+typedef enum ew { EW_SCALE, EW_SILU, EW_GELU, EW_SOFTMAX, EW_ADD, EW_MUL, EW_SWIGLU, EW_RMS, EW_LN, EW_ARGMAX, EW_SIGMOID, EW_TANH } ew;
+static const char *const EW_NAME[] = {"scale", "silu", "gelu", "softmax", "add", "mul", "swiglu", "rms_norm", "layer_norm", "argmax", "sigmoid", "tanh"};
 
 static kiln_node ew_build(kiln_check_run *r, kiln_graph *g, ew op, kiln_dtype t, int rank, const kiln_dim *d, int i)
 {
@@ -94,6 +94,7 @@ static kiln_node ew_build(kiln_check_run *r, kiln_graph *g, ew op, kiln_dtype t,
     case EW_SILU: return kiln_silu(g, a);
     case EW_GELU: return kiln_gelu(g, a);
     case EW_SIGMOID: return kiln_sigmoid(g, a);
+    case EW_TANH: return kiln_tanh(g, a);
     case EW_SOFTMAX: return kiln_softmax(g, a);
     case EW_ARGMAX: return kiln_argmax(g, a);
     case EW_ADD: case EW_MUL: case EW_SWIGLU: {
@@ -135,7 +136,7 @@ static void elementwise(kiln_check_run *r, ew op)
             kiln_check_spec s = {.op = EW_NAME[op], .key = ACT[t], .tol = -1, .lo = -hi, .hi = hi, .label = lab};
             /* layer_norm of data with a large mean: cancellation in the variance */
             if (op == EW_LN && i % 4 == 3) s.lo = 7, s.hi = 9;
-            s.row_anchor = op == EW_SILU || op == EW_GELU || op == EW_SWIGLU || op == EW_SIGMOID;
+            s.row_anchor = op == EW_SILU || op == EW_GELU || op == EW_SWIGLU || op == EW_SIGMOID || op == EW_TANH;
             if (rank == 1) {
                 s.n_binds = 2; /* symbol unused: bind anyway, data differs per run */
                 s.syms[0][0] = s.syms[1][0] = tmax;
@@ -371,7 +372,7 @@ static void layout(kiln_check_run *r, lay op)
 void kiln_check_ops(kiln_check_run *r)
 {
     if (kiln_check_wants(r, "matmul")) matmul(r);
-    for (ew op = EW_SCALE; op <= EW_SIGMOID; op++) elementwise(r, op);
+    for (ew op = EW_SCALE; op <= EW_TANH; op++) elementwise(r, op);
     if (kiln_check_wants(r, "rope")) rope(r);
     if (kiln_check_wants(r, "attention")) attention(r);
     if (kiln_check_wants(r, "paged_attention")) paged_attention(r);

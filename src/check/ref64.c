@@ -195,6 +195,7 @@ static int op_elementwise(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int
         case KILN_OP_SILU: y[i] = silu(x); break;
         case KILN_OP_GELU: y[i] = 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x))); break;
         case KILN_OP_SIGMOID: y[i] = 1.0 / (1.0 + exp(-x)); break;
+        case KILN_OP_TANH: y[i] = tanh(x); break;
         case KILN_OP_SWIGLU: y[i] = silu(x) * b[i % nb]; break;
         default: FAIL("ref64: op %d is not elementwise", nd->op);
         }
@@ -261,6 +262,9 @@ static int op_rope(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne
     return 0;
 }
 
+/* Attention's logit soft-cap (f[1]; 0: none): cap * tanh(s / cap). */
+static double softcap(const kiln_node_rec *nd, double s) { return nd->f[1] != 0 ? nd->f[1] * tanh(s / nd->f[1]) : s; }
+
 static int op_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     const int64_t *qd = SDIM(0), *kd = SDIM(1);
@@ -278,21 +282,21 @@ static int op_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64
     const double *q = SRC(0), *k = SRC(1), *v = SRC(2), scale = nd->f[0];
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
-            int64_t g = h / (H / Hkv), last = n_kv - T + t;
+            int64_t g = h / (H / Hkv), last = n_kv - T + t, j0 = kiln_attn_first_key(nd, last);
             const double *qr = q + (t * H + h) * hd;
             double mx = -INFINITY, sum = 0;
-            for (int64_t j = 0; j <= last; j++) {
+            for (int64_t j = j0; j <= last; j++) {
                 double s = 0;
                 for (int64_t d = 0; d < hd; d++)
                     s += qr[d] * k[(g * C + j) * hd + d];
-                p[j] = s * scale;
+                p[j] = softcap(nd, s * scale);
                 mx = p[j] > mx ? p[j] : mx;
             }
-            for (int64_t j = 0; j <= last; j++)
+            for (int64_t j = j0; j <= last; j++)
                 sum += (p[j] = exp(p[j] - mx));
             for (int64_t d = 0; d < hd; d++) {
                 double acc = 0;
-                for (int64_t j = 0; j <= last; j++)
+                for (int64_t j = j0; j <= last; j++)
                     acc += p[j] * v[(g * C + j) * hd + d];
                 y[(t * H + h) * hd + d] = acc / sum;
             }
@@ -336,20 +340,21 @@ static int op_paged_attention(kiln_ref64 *r, const kiln_node_rec *nd, double *y,
         for (int64_t t = q0; t < q0 + q_len; t++)
             for (int64_t h = 0; h < H; h++) {
                 int64_t g = h / (H / Hkv), last = cached + (t - q0); /* a tree's row: its key, = pos[t] causal */
+                int64_t j0 = kiln_attn_first_key(nd, last); /* tree steps have no window: 0 */
                 double mx = -INFINITY, sum = 0;
-                for (int64_t j = 0; j <= last; j++) { /* keys it does not see (other draft paths): p 0 */
+                for (int64_t j = j0; j <= last; j++) { /* keys it does not see (other draft paths): p 0 */
                     p[j] = -INFINITY;
                     if (j >= cached && !kiln_paged_sees(par, t - q0, j - cached)) continue;
                     const double *kr = k + (g * C + kiln_paged_slot(bt, m.block, j)) * hd, *qr = q + (t * H + h) * hd;
                     double dot = 0;
                     for (int64_t d = 0; d < hd; d++) dot += qr[d] * kr[d];
-                    p[j] = dot * scale;
+                    p[j] = softcap(nd, dot * scale);
                     mx = p[j] > mx ? p[j] : mx;
                 }
-                for (int64_t j = 0; j <= last; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int64_t j = j0; j <= last; j++) sum += (p[j] = exp(p[j] - mx));
                 double *yr = y + (t * H + h) * hd;
                 for (int64_t d = 0; d < hd; d++) yr[d] = 0;
-                for (int64_t j = 0; j <= last; j++) {
+                for (int64_t j = j0; j <= last; j++) {
                     if (p[j] == 0) continue;
                     const double *vr = v + (g * C + kiln_paged_slot(bt, m.block, j)) * hd;
                     for (int64_t d = 0; d < hd; d++) yr[d] += p[j] * vr[d] / sum;

@@ -46,6 +46,14 @@ void     kl_store_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t
 uint32_t kl_exp(kiln_kir *k, uint32_t x);
 uint32_t kl_silu(kiln_kir *k, uint32_t x);
 uint32_t kl_gelu(kiln_kir *k, uint32_t x);
+/* tanh x to a few ulp relative (also near 0: attention and final-logit soft-capping). */
+uint32_t kl_tanh(kiln_kir *k, uint32_t x);
+/* The masks of attention node n, in one place for every attention kernel: a formed (scaled) score
+ * soft-capped, softcap * tanh(s / softcap) (s itself when softcap is 0); and the first key a query
+ * that sees `seen` keys (I32, its position + 1) may read under n's window, max(seen - window, 0)
+ * (kiln_attn_first_key; call only when n->i[1] != 0). */
+uint32_t kl_attn_score(kiln_kir *k, float softcap, uint32_t s);
+uint32_t kl_attn_first_key(kiln_kir *k, const kiln_node_rec *n, uint32_t seen);
 /* sin and cos of an angle of any size: range reduced to [-pi, pi] first. */
 void     kl_sincos(kiln_kir *k, uint32_t ang, uint32_t *s, uint32_t *c);
 /* The elementwise op of node n on F32 operands a (and b). */
@@ -155,7 +163,8 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *
                     kiln_kir *k);
 /* Hopper's warpgroup flash attention (lower_flash_wg.c): whether it takes attention node n for
  * target tg (sm_90a, codegen.precision f16, codegen.flash_wg not off, a contiguous f16/bf16 cache
- * of head_dim 64 or 128, up to 8 query heads a kv head, more than 8 query rows at the bound), and
+ * of head_dim 64 or 128, up to 8 query heads a kv head, more than 8 query rows at the bound, no
+ * soft-cap or window), and
  * the kernel. */
 bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_region_spec *sp, const kiln_lower_target *tg);
 void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k);

@@ -9,7 +9,9 @@
  * splits sized for a sequence's capacity; steps of more than 8 rows take the flash kernel (paged:
  * a block per row tile of a sequence). A tree step (speculative verification) stays on the split
  * kernels at every size: a row sees keys up to its own, those of other draft paths masked by
- * walking its parents (tree_visible). Must not know any target's syntax. */
+ * walking its parents (tree_visible). A sliding window starts each split's key loop at the first
+ * key in the window (splits wholly before it write an empty partial); soft-capping maps each score
+ * as it is formed (kl_attn_score). Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
@@ -163,6 +165,7 @@ typedef struct attn_st {
     uint32_t bt, bt_row, last;    /* paged: block table slot, the sequence's row start in it, its last key seen */
     tree_row tr;                  /* a tree step: the row's place in its sequence's tree */
     uint32_t m[8], l[8], o[8][8]; /* F32 variables: running max, sum and output of each head */
+    float softcap;                /* the node's logit soft-cap (0: none) */
 } attn_st;
 
 /* Cache row (within a kv head) of key j: j itself, or its slot through the block table. */
@@ -216,6 +219,7 @@ static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
                 s[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + d)), kv, s[gg]);
         }
     }
+    for (int gg = 0; gg < G; gg++) s[gg] = kl_attn_score(k, st->softcap, s[gg]);
     *valid_out = valid;
 }
 
@@ -423,7 +427,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
         for (int d = 0; d < dpl; d++) st.o[gg][d] = kiln_kvar(k, kiln_kf(k, 0));
     }
     uint32_t head_row = kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->max_ctx));
-    uint32_t kb = kiln_kvar(k, start);
+    st.softcap = n->f[1];
+    /* the window: keys before seen - window are skipped (a split wholly before them loops zero times) */
+    uint32_t kb = kiln_kvar(k, n->i[1] ? kiln_k2(k, KILN_KOP_MAX, start, kl_attn_first_key(k, n, seen)) : start);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, end, kiln_ki(k, ABLK), 0);
     st.head_row = head_row;
     st.kb = kb;

@@ -5,7 +5,8 @@
  * its last row see in tiles of up to 64 keys, staged in shared memory in fragment order (K as is,
  * V transposed into key pairs); the next tile's cache words are loaded into registers while the
  * warps compute on the current one (the loads' latency hides behind the MMAs). Per tile a warp
- * computes S = q . K^T (16 x tile) in registers, masks it (key < n_kv - n_tok + t + 1, computed,
+ * computes S = q . K^T (16 x tile) in registers, soft-caps and masks it (key < n_kv - n_tok + t + 1
+ * and, with a sliding window, key >= the row's first key: kl_attn_score, kl_attn_first_key; computed,
  * never stored), updates the rows' running max and sum (online softmax in base 2), and adds P . V
  * into its 16 x hd output fragments; P goes from S's accumulator layout straight into A fragments
  * (no shared memory). q and P enter the MMA as two f16 parts each (hi + lo, the sum within 2^-22
@@ -163,6 +164,8 @@ typedef struct flash_st {
     uint32_t tid, kvh, n_kv, kb; /* I32: thread, kv head, keys, first key of the tile (loop variable) */
     uint32_t qq, frag, zero4;    /* I32 lane & 3; the lane's words in a tile; F4 zero */
     uint32_t seen[2];            /* I32 keys each of the lane's two rows sees */
+    uint32_t first[2];           /* I32 their first keys under a sliding window (KILN_IDX_NONE: none) */
+    float capl2;                 /* the logit soft-cap in base-2 units (scores are base 2), 0: none */
     uint32_t m[2], l[2];         /* F32 variables: running max and sum of the rows */
     uint32_t o_[FHD / 8];        /* F4 variables: output fragments */
     uint32_t qf[FHD / 16][FP];   /* q's A fragments, pre-scaled */
@@ -340,8 +343,16 @@ static void flash_softmax(flash_st *st, const uint32_t s[FKMAX / 8], uint32_t pv
     for (int nt = 0; nt < FK / 8; nt++)
         for (int j = 0; j < 4; j++) {
             uint32_t key = kiln_k2(k, KILN_KOP_ADD, key0, kiln_ki(k, 8 * nt + (j & 1)));
-            sv[nt][j] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j),
-                                  kiln_kf(k, -INFINITY));
+            if (st->first[0] == KILN_IDX_NONE && st->capl2 == 0) { /* unmasked: the golden kernels' order */
+                sv[nt][j] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j),
+                                      kiln_kf(k, -INFINITY));
+            } else {
+                uint32_t in = kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]);
+                if (st->first[0] != KILN_IDX_NONE)
+                    in = kiln_k2(k, KILN_KOP_PAND, in, kiln_k2(k, KILN_KOP_LE, st->first[j >> 1], key));
+                uint32_t sc = kl_attn_score(k, st->capl2, lanef(k, s[nt], j));
+                sv[nt][j] = kiln_ksel(k, KILN_KT_F32, in, sc, kiln_kf(k, -INFINITY));
+            }
             mx[j >> 1] = kiln_k2(k, KILN_KOP_MAX, mx[j >> 1], sv[nt][j]);
         }
     uint32_t ms[2], alpha[2], sum[2];
@@ -613,6 +624,9 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *
     uint32_t n_tok = kl_dim(k, q->dims[0]), kend;
     flash_rows fr = sp->block ? flash_rows_paged(&st, g, bq, warp, gq, head0, n_tok, &kend)
                               : flash_rows_contig(&st, n, bq, warp, gq, head0, n_tok, nqb, &kend);
+    /* the window's first keys; the soft-cap in the base-2 units of the scores (q carries log2 e) */
+    for (int r = 0; r < 2; r++) st.first[r] = n->i[1] ? kl_attn_first_key(k, n, st.seen[r]) : KILN_IDX_NONE;
+    st.capl2 = n->f[1] * 1.44269504088896341f;
     flash_q_frags(&st, n, q, qs, &fr);
     st.zero4 = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_F4, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     st.frag = kiln_k2(k, KILN_KOP_MUL, kl_frag_slot(k, lane), kiln_ki(k, 4)); /* the lane's words in a tile */

@@ -406,6 +406,7 @@ static void consumer(fw *f, uint32_t node)
 bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_region_spec *sp, const kiln_lower_target *tg)
 {
     if (!tg->wgmma || tg->opts.precision != KILN_PREC_F16 || tg->opts.flash_wg == KILN_GEMM_OFF || sp->block) return false;
+    if (n->f[1] != 0 || n->i[1] != 0) return false; /* soft-cap, window: lower_flash.c's kernel masks them */
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
     int64_t hd = q->dims[2], G = kc->dims[0] ? q->dims[1] / kc->dims[0] : 0;
     if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_BF16) || (hd != 64 && hd != 128))

@@ -186,6 +186,32 @@ uint32_t kl_gelu(kiln_kir *k, uint32_t x)
                    kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, 1.0f), th));
 }
 
+uint32_t kl_tanh(kiln_kir *k, uint32_t x)
+{
+    /* |x| < 0.625: Lambert's continued fraction to depth 4 (relative error < 1e-9, no cancellation
+     * near 0); above: 1 - 2 / (e^{2|x|} + 1) (exact limit 1 at +inf) with x's sign */
+    uint32_t ax = kiln_k1(k, KILN_KOP_ABS, x), x2 = kiln_k2(k, KILN_KOP_MUL, x, x), v = kiln_kf(k, 9.0f);
+    for (int c = 7; c >= 1; c -= 2) v = kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, (float)c), kiln_k2(k, KILN_KOP_DIV, x2, v));
+    uint32_t near = kiln_k2(k, KILN_KOP_DIV, x, v);
+    uint32_t e = kl_exp(k, kiln_k2(k, KILN_KOP_ADD, ax, ax));
+    uint32_t far = kiln_k2(k, KILN_KOP_SUB, kiln_kf(k, 1.0f),
+                           kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 2.0f), kiln_k2(k, KILN_KOP_ADD, e, kiln_kf(k, 1.0f))));
+    far = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, x, kiln_kf(k, 0.0f)),
+                      kiln_k1(k, KILN_KOP_NEG, far), far, 0);
+    return kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, ax, kiln_kf(k, 0.625f)), near, far, 0);
+}
+
+uint32_t kl_attn_score(kiln_kir *k, float softcap, uint32_t s)
+{
+    if (softcap == 0.0f) return s;
+    return kiln_k2(k, KILN_KOP_MUL, kiln_kf(k, softcap), kl_tanh(k, kiln_k2(k, KILN_KOP_DIV, s, kiln_kf(k, softcap))));
+}
+
+uint32_t kl_attn_first_key(kiln_kir *k, const kiln_node_rec *n, uint32_t seen)
+{
+    return kiln_k2(k, KILN_KOP_MAX, kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, n->i[1])), kiln_ki(k, 0));
+}
+
 void kl_sincos(kiln_kir *k, uint32_t ang, uint32_t *s, uint32_t *c)
 {
     /* Cody-Waite: r = ang - n * 2pi with 2pi split in two floats, so r is accurate to ~1e-7 for
@@ -231,6 +257,7 @@ uint32_t kl_apply(kiln_kir *k, const kiln_node_rec *n, uint32_t a, uint32_t b)
     case KILN_OP_SCALE: y = kiln_k2(k, KILN_KOP_MUL, a, kiln_kf(k, n->f[0])); break;
     case KILN_OP_SILU: y = kl_silu(k, a); break;
     case KILN_OP_GELU: y = kl_gelu(k, a); break;
+    case KILN_OP_TANH: y = kl_tanh(k, a); break;
     case KILN_OP_SIGMOID:
         y = kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f),
                     kiln_k2(k, KILN_KOP_ADD, kiln_kf(k, 1.0f), kl_exp(k, kiln_k1(k, KILN_KOP_NEG, a))));

@@ -44,7 +44,8 @@ enum kiln_op_class {
     X(LAYER_NORM, "layer_norm", ROW,         5, 1, 2, P(EPS), 0, "x [w] [b] [eps=FLOAT]")          \
     X(SOFTMAX,    "softmax",    ROW,         5, 1, 0, 0, 0, "x")                                     \
     X(ROPE,       "rope",       ROW,         5, 2, 0, P(MODE) | P(THETA) | P(MULT), 0, "x pos [mode=normal|neox] [theta=FLOAT] [mult=\"F,F,...\"]") \
-    X(ATTENTION,  "attention",  ATTENTION,   0, 3, 0, P(NKV) | P(SCALE), P(NKV), "q k v n_kv=DIM [scale=FLOAT]") \
+    X(ATTENTION,  "attention",  ATTENTION,   0, 3, 0, P(NKV) | P(SCALE) | P(SOFTCAP) | P(WINDOW), P(NKV),             \
+      "q k v n_kv=DIM [scale=FLOAT] [softcap=FLOAT] [window=INT]") /* f[0] scale, f[1] softcap, i[1] window */ \
     X(KV_SCATTER, "kv_scatter", SCATTER,     0, 3, 0, 0, 0, "state rows pos") /* aliases the state */ \
     X(GET_ROWS,   "get_rows",   MOVE,        0, 2, 0, 0, 0, "table ids")                             \
     X(ARGMAX,     "argmax",     ROW,         1, 1, 0, 0, 0, "x")                                     \
@@ -54,10 +55,12 @@ enum kiln_op_class {
     X(TRANSPOSE,  "transpose",  MOVE,        0, 1, 0, P(D0) | P(D1), P(D0) | P(D1), "x d0=INT d1=INT") \
     X(CONCAT,     "concat",     MOVE,        0, 2, 0, P(AXIS), P(AXIS), "a b axis=INT")             \
     X(SIGMOID,    "sigmoid",    ELEMENTWISE, 4, 1, 0, 0, 0, "x") /* 1 / (1 + e^-x) */            \
-    X(PAGED_ATTENTION, "paged_attention", ATTENTION, 0, 6, 1, P(BLOCK) | P(SCALE), P(BLOCK),          \
-      "q k v pos seqs blocks [parents] block=INT [scale=FLOAT]") /* i[0] block, f[0] scale; parents: a tree step */ \
+    X(PAGED_ATTENTION, "paged_attention", ATTENTION, 0, 6, 1, P(BLOCK) | P(SCALE) | P(SOFTCAP) | P(WINDOW), P(BLOCK), \
+      "q k v pos seqs blocks [parents] block=INT [scale=FLOAT] [softcap=FLOAT] [window=INT]") /* i[0] block, f[0] scale, \
+      f[1] softcap, i[1] window as attention; parents: a tree step (no softcap or window) */ \
     X(ALL_REDUCE, "all_reduce", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices summed (split pass) */ \
-    X(ALL_GATHER, "all_gather", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices (split pass), y [i[0], x] */
+    X(ALL_GATHER, "all_gather", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices (split pass), y [i[0], x] */ \
+    X(TANH,       "tanh",       ELEMENTWISE, 6, 1, 0, 0, 0, "x") /* final-logit soft-capping (gemma) */
 
 enum kiln_op {
 #define KILN_OP_ENUM(id, name, cls, flops, nreq, nopt, params, req, usage) KILN_OP_##id,
@@ -132,6 +135,14 @@ static inline int64_t  kiln_sym_dim(uint32_t i) { return -(int64_t)i - 1; }
 static inline kiln_node kiln_graph_handle(const kiln_graph *g, uint32_t idx)
 {
     return ((uint64_t)g->id << 32) | (uint64_t)(idx + 1);
+}
+
+/* The first key an attention query at position p sees under node n's sliding window (i[1]; 0: none):
+ * keys kiln_attn_first_key(n, p) .. p. Every backend and reference masks through this one rule. */
+static inline int64_t kiln_attn_first_key(const kiln_node_rec *n, int64_t p)
+{
+    int64_t w = n->i[1];
+    return w > 0 && p - w + 1 > 0 ? p - w + 1 : 0;
 }
 
 /* Records the first error on g (printf-style); later errors are ignored. Returns KILN_NODE_NONE. */

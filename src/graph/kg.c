@@ -43,6 +43,8 @@ const char *kiln_kg_param_key(unsigned bit)
     case P(OFFSET): return "offset";
     case P(MULT): return "mult";
     case P(BLOCK): return "block";
+    case P(SOFTCAP): return "softcap";
+    case P(WINDOW): return "window";
     default: return NULL;
     }
 }

@@ -24,6 +24,8 @@ enum kiln_kg_param {
     KILN_KG_P_DIMS = 1 << 11,  /* reshape, view: a positional [dims] list after the operands */
     KILN_KG_P_MULT = 1 << 12,  /* rope: mult="F,F,..." per-pair frequency multipliers (default none) */
     KILN_KG_P_BLOCK = 1 << 13, /* paged_attention: block=INT (required) */
+    KILN_KG_P_SOFTCAP = 1 << 14, /* attention: softcap=FLOAT (default 0 = none) */
+    KILN_KG_P_WINDOW = 1 << 15,  /* attention: window=INT (default 0 = none) */
 };
 
 typedef struct kiln_kg_op_spec {

@@ -57,6 +57,8 @@ typedef struct kg_args {
     const tok *mult;                 /* rope's multipliers (a string token) or NULL */
     float     *mult_v;               /* their values, head_dim/2 of them (owned by parse_def) */
     int64_t    block;                /* paged_attention's block size */
+    float      softcap;              /* attention's logit soft-cap (0: none) */
+    int64_t    window;               /* attention's sliding window (0: none) */
     int        rank;                 /* reshape/view dims */
     kiln_dim   dims[KILN_MAX_RANK];  /* reshape/view dims */
 } kg_args;
@@ -602,6 +604,8 @@ static kiln_status op_args(kg_parser *p, const char *opn, const kiln_kg_op_spec 
             a->mult = v;
             break;
         case KILN_KG_P_BLOCK: s = parse_i64(p, v, key, 1, 1 << 20, &a->block); break;
+        case KILN_KG_P_SOFTCAP: s = parse_f32(p, v, key, &a->softcap); break;
+        case KILN_KG_P_WINDOW: s = parse_i64(p, v, key, 0, INT32_MAX, &a->window); break;
         default: /* axis, d0, d1 */
             s = parse_i64(p, v, key, INT32_MIN, INT32_MAX, &iv);
             *(bit == KILN_KG_P_AXIS ? &a->axis : bit == KILN_KG_P_D0 ? &a->d0 : &a->d1) = (int)iv;
@@ -646,11 +650,15 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_LAYER_NORM: return kiln_layer_norm(g, s[0], s[1], s[2], a->eps);
     case KILN_OP_SOFTMAX: return kiln_softmax(g, s[0]);
     case KILN_OP_ROPE: return kiln_rope_ext(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta, a->mult_v);
-    case KILN_OP_ATTENTION: return kiln_attention(g, s[0], s[1], s[2], a->n_kv, a->scale);
+    case KILN_OP_ATTENTION: return kiln_attention_ext(g, s[0], s[1], s[2], a->n_kv, a->scale, a->softcap, a->window);
     case KILN_OP_KV_SCATTER: return kiln_kv_scatter(g, s[0], s[1], s[2]);
     case KILN_OP_PAGED_ATTENTION:
+        if (s[6] && (a->softcap != 0 || a->window != 0))
+            return kiln_graph_fail(g, KILN_ERR_INVALID_ARG, "paged_attention: a tree step (parents) takes no softcap= "
+                                   "or window=");
         return s[6] ? kiln_paged_attention_tree(g, s[0], s[1], s[2], s[3], s[4], s[5], s[6], (int)a->block, a->scale)
-                    : kiln_paged_attention(g, s[0], s[1], s[2], s[3], s[4], s[5], (int)a->block, a->scale);
+                    : kiln_paged_attention_ext(g, s[0], s[1], s[2], s[3], s[4], s[5], (int)a->block, a->scale, a->softcap,
+                                               a->window);
     case KILN_OP_GET_ROWS: return kiln_get_rows(g, s[0], s[1]);
     case KILN_OP_ARGMAX: return kiln_argmax(g, s[0]);
     case KILN_OP_ALL_REDUCE: return kiln_all_reduce(g, s[0]);

@@ -51,6 +51,13 @@ static void sb_float(sbuf *b, const char *key, float v)
     kiln_sbuf_printf(b, " %s=%s", key, kiln_kg_fmt_float(v, buf));
 }
 
+/* Attention's soft-cap and window, written only when set (their defaults are 0: none). */
+static void sb_mask(sbuf *b, const kiln_node_rec *n)
+{
+    if (n->f[1] != 0) sb_float(b, "softcap", n->f[1]);
+    if (n->i[1] != 0) kiln_sbuf_printf(b, " window=%d", (int)n->i[1]);
+}
+
 /* A dim: a constant, or its symbol's name. False for a symbol the graph does not have. */
 static bool sb_dim(printer *pr, int64_t d)
 {
@@ -207,10 +214,12 @@ static kiln_status print_op(printer *pr, uint32_t i)
         kiln_sbuf_printf(b, " n_kv=");
         if (!sb_dim(pr, n->dim)) return KILN_ERR_INTERNAL;
         sb_float(b, "scale", n->f[0]);
+        sb_mask(b, n);
         break;
     case KILN_OP_PAGED_ATTENTION:
         kiln_sbuf_printf(b, " block=%d", (int)n->i[0]);
         sb_float(b, "scale", n->f[0]);
+        sb_mask(b, n);
         break;
     case KILN_OP_CAST: kiln_sbuf_printf(b, " dtype=%s", kiln_dtype_name((kiln_dtype)n->dtype)); break;
     case KILN_OP_RESHAPE:

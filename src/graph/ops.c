@@ -144,6 +144,7 @@ KILN_API kiln_node kiln_swiglu(kiln_graph *g, kiln_node gate, kiln_node up)
 KILN_API kiln_node kiln_silu(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_SILU, x, 0); }
 KILN_API kiln_node kiln_gelu(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_GELU, x, 0); }
 KILN_API kiln_node kiln_sigmoid(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_SIGMOID, x, 0); }
+KILN_API kiln_node kiln_tanh(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_TANH, x, 0); }
 
 kiln_node kiln_op_unary(kiln_graph *g, enum kiln_op op, kiln_node x)
 {
@@ -290,7 +291,26 @@ static bool cache_operand(build *b, const char *what, const kiln_node_rec *c)
     return b->ok;
 }
 
+/* Attention's soft-cap (f[1]) and window (i[1]), shared by both attention builders. */
+static void set_mask(build *b, float softcap, int64_t window)
+{
+    if (b->ok && !(softcap >= 0 && isfinite(softcap)))
+        fail(b, KILN_ERR_INVALID_ARG, "softcap %g must be >= 0 (0: none) and finite", (double)softcap);
+    if (b->ok && (window < 0 || window > INT32_MAX))
+        fail(b, KILN_ERR_INVALID_ARG, "window %lld must be in [0, 2^31) (0: none)", (long long)window);
+    if (b->ok) {
+        b->r.f[1] = softcap;
+        b->r.i[1] = (int32_t)window;
+    }
+}
+
 KILN_API kiln_node kiln_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_dim n_kv, float scale)
+{
+    return kiln_attention_ext(g, q, k, v, n_kv, scale, 0.0f, 0);
+}
+
+KILN_API kiln_node kiln_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_dim n_kv, float scale,
+                                      float softcap, int64_t window)
 {
     build b = begin(g, KILN_OP_ATTENTION);
     const kiln_node_rec *qn = operand(&b, 0, "q", q, false);
@@ -324,6 +344,7 @@ KILN_API kiln_node kiln_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_
         b.r.dim = n_kv;
         b.r.f[0] = scale == 0 ? (float)(1.0 / sqrt((double)qn->dims[2])) : scale;
     }
+    set_mask(&b, softcap, window);
     return finish(&b);
 }
 
@@ -360,6 +381,13 @@ static bool need_i32_table(build *b, const char *what, const kiln_node_rec *t, i
 static kiln_node paged(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos, kiln_node seqs,
                        kiln_node blocks, kiln_node parents, int block, float scale)
 {
+    return kiln_paged_attention_ext(g, q, k, v, pos, seqs, blocks, block, scale, 0.0f, 0);
+}
+
+KILN_API kiln_node kiln_paged_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                            kiln_node seqs, kiln_node blocks, int block, float scale, float softcap,
+                                            int64_t window)
+{
     build b = begin(g, KILN_OP_PAGED_ATTENTION);
     const kiln_node_rec *qn = operand(&b, 0, "q", q, false), *kn = operand(&b, 1, "k", k, false);
     const kiln_node_rec *vn = operand(&b, 2, "v", v, false), *pn = operand(&b, 3, "pos", pos, false);
@@ -391,6 +419,7 @@ static kiln_node paged(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kil
         b.r.i[0] = block;
         b.r.f[0] = scale == 0 ? (float)(1.0 / sqrt((double)qn->dims[2])) : scale;
     }
+    set_mask(&b, softcap, window);
     return finish(&b);
 }
 

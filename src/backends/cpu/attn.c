@@ -39,6 +39,8 @@ typedef struct attn_job {
     int64_t      block;             /* tokens per block of a paged pool (0: contiguous) */
     int64_t      grp;               /* query heads per KV head */
     float        scale;             /* score scale */
+    float        softcap;           /* scores become softcap * tanh(s / softcap) (0: none) */
+    int64_t      window;            /* query at p sees keys p - window + 1 .. p (0: all back to 0) */
     int64_t      kb;                /* keys per block: KB, or KB_MAX for few queries */
     attn_seq    *seqs;              /* sequences */
     int64_t      n_seq;             /* count */
@@ -91,20 +93,22 @@ static void attend(attn_job *a, const attn_seq *sq, int64_t hk, int64_t t0, int6
             row = kiln_paged_slot(sq->bt, a->block, jb);
         }
         for (int64_t t = t0; t < t1; t++) {
-            int64_t lim = sq->n_kv - sq->n_tok + t + 1; /* keys this query sees */
+            int64_t lim = sq->n_kv - sq->n_tok + t + 1; /* keys this query sees: [lo, lim) */
+            int64_t lo = a->window && lim - a->window > jb ? lim - a->window : jb; /* kiln_attn_first_key */
             int64_t te = je < lim ? je : lim;
-            if (te <= jb)
+            if (te <= lo)
                 continue;
-            int64_t nk = te - jb;
-            bool tree = tree_hidden(sq, t, jb, nk, hide);
+            int64_t nk = te - lo, r0 = row + (lo - jb); /* a chunk is contiguous: the row moves with the key */
+            bool tree = tree_hidden(sq, t, lo, nk, hide); /* tree steps have no window: lo = jb */
             for (int64_t g = 0; g < a->grp; g++) {
                 int64_t h = hk * a->grp + g;
                 float *e = st + ((t - t0) * a->grp + g) * sw; /* m, l, acc */
-                a->kt->kv_dot[a->f16](hd, a->q + ((sq->q0 + t) * a->n_head + h) * hd, kb + (size_t)row * rs, rs, nk, s);
+                a->kt->kv_dot[a->f16](hd, a->q + ((sq->q0 + t) * a->n_head + h) * hd, kb + (size_t)r0 * rs, rs, nk, s);
                 if (tree && !mask_scores(s, hide, nk)) break; /* nothing of this chunk on its path */
                 float mx = e[0];
                 for (int64_t j = 0; j < nk; j++) {
                     s[j] *= a->scale;
+                    if (a->softcap != 0.0f) s[j] = a->softcap * tanhf(s[j] / a->softcap);
                     mx = s[j] > mx ? s[j] : mx;
                 }
                 float c = expf(e[0] - mx), l = a->kt->exp_sum(s, nk, mx);
@@ -112,7 +116,7 @@ static void attend(attn_job *a, const attn_seq *sq, int64_t hk, int64_t t0, int6
                     if (hide[j]) l -= s[j], s[j] = 0;
                 e[0] = mx;
                 e[1] = e[1] * c + l;
-                a->kt->kv_axpy[a->f16](hd, c, s, vb + (size_t)row * rs, rs, nk, e + 2);
+                a->kt->kv_axpy[a->f16](hd, c, s, vb + (size_t)r0 * rs, rs, nk, e + 2);
             }
         }
     }
@@ -246,7 +250,8 @@ static kiln_status run(kiln_cpu_pool *pool, attn_job *a)
 }
 
 static void job_init(attn_job *a, enum kiln_cpu_isa isa, const float *q, int64_t n_head, int64_t hd, const void *k,
-                     const void *v, kiln_dtype kv_t, int64_t n_kv_head, int64_t max_ctx, float scale, float *y)
+                     const void *v, kiln_dtype kv_t, int64_t n_kv_head, int64_t max_ctx, const kiln_cpu_attn_mask *mk,
+                     float *y)
 {
     memset(a, 0, sizeof *a);
     a->kt = kiln_cpu_kern_get(isa);
@@ -255,20 +260,22 @@ static void job_init(attn_job *a, enum kiln_cpu_isa isa, const float *q, int64_t
     a->es = a->f16 ? 2 : 4;
     a->n_head = n_head, a->hd = hd, a->n_kv_head = n_kv_head, a->max_ctx = max_ctx;
     a->grp = n_head / n_kv_head;
-    a->scale = scale != 0 ? scale : 1.0f / sqrtf((float)hd);
+    a->scale = mk->scale != 0 ? mk->scale : 1.0f / sqrtf((float)hd);
+    a->softcap = mk->softcap;
+    a->window = mk->window;
 }
 
 kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const float *q, int64_t n_tok,
                                int64_t n_head, int64_t hd, const void *k, const void *v, kiln_dtype kv_t,
-                               int64_t n_kv_head, int64_t max_ctx, int64_t n_kv, float scale, float *y)
+                               int64_t n_kv_head, int64_t max_ctx, int64_t n_kv, const kiln_cpu_attn_mask *mk, float *y)
 {
-    if (!pool || !q || !k || !v || !y || n_tok < 1 || n_head < 1 || hd < 1 || n_kv_head < 1 ||
-        n_head % n_kv_head != 0 || n_kv < n_tok || n_kv > max_ctx)
+    if (!pool || !q || !k || !v || !y || !mk || n_tok < 1 || n_head < 1 || hd < 1 || n_kv_head < 1 ||
+        n_head % n_kv_head != 0 || n_kv < n_tok || n_kv > max_ctx || mk->window < 0)
         return n_head >= 1 && n_kv_head >= 1 && n_head % n_kv_head != 0 ? KILN_ERR_SHAPE : KILN_ERR_INVALID_ARG;
     if (kv_t != KILN_DTYPE_F32 && kv_t != KILN_DTYPE_F16)
         return KILN_ERR_DTYPE;
     attn_job a;
-    job_init(&a, isa, q, n_head, hd, k, v, kv_t, n_kv_head, max_ctx, scale, y);
+    job_init(&a, isa, q, n_head, hd, k, v, kv_t, n_kv_head, max_ctx, mk, y);
     attn_seq one = {.q0 = 0, .n_tok = n_tok, .n_kv = n_kv};
     a.seqs = &one;
     a.n_seq = 1;
@@ -277,15 +284,15 @@ kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const
 
 kiln_status kiln_cpu_paged_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const float *q, int64_t n_head,
                                      int64_t hd, const void *k, const void *v, kiln_dtype kv_t, int64_t n_kv_head,
-                                     const kiln_paged_meta *m, float scale, float *y)
+                                     const kiln_paged_meta *m, const kiln_cpu_attn_mask *mk, float *y)
 {
-    if (!pool || !q || !k || !v || !y || !m || m->n_seq < 1 || n_head < 1 || hd < 1 || n_kv_head < 1 ||
+    if (!pool || !q || !k || !v || !y || !m || !mk || mk->window < 0 || m->n_seq < 1 || n_head < 1 || hd < 1 || n_kv_head < 1 ||
         n_head % n_kv_head != 0 || m->block < 1)
         return KILN_ERR_INVALID_ARG;
     if (kv_t != KILN_DTYPE_F32 && kv_t != KILN_DTYPE_F16)
         return KILN_ERR_DTYPE;
     attn_job a;
-    job_init(&a, isa, q, n_head, hd, k, v, kv_t, n_kv_head, m->n_slots, scale, y);
+    job_init(&a, isa, q, n_head, hd, k, v, kv_t, n_kv_head, m->n_slots, mk, y);
     if (!(a.seqs = malloc((size_t)m->n_seq * sizeof *a.seqs)))
         return KILN_ERR_NOMEM;
     a.n_seq = m->n_seq;

@@ -87,14 +87,21 @@ kiln_status kiln_cpu_matmul(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const ki
 
 /* ---------------------------------------------------------------- attention */
 
-/* Causal GQA attention, semantics of kiln_attention (kiln.h): q [n_tok, n_head, hd] f32; k, v
+/* How scores are formed and masked (kiln_attention_ext in kiln.h). */
+typedef struct kiln_cpu_attn_mask {
+    float   scale;   /* score scale; 0 = 1/sqrt(hd) */
+    float   softcap; /* scores become softcap * tanh(s / softcap); 0: none */
+    int64_t window;  /* the query at p sees keys p - window + 1 .. p; 0: keys 0 .. p */
+} kiln_cpu_attn_mask;
+
+/* Causal GQA attention, semantics of kiln_attention_ext (kiln.h): q [n_tok, n_head, hd] f32; k, v
  * caches [n_kv_head, max_ctx, hd] in kv_t (f32 or f16); the n_tok queries sit at positions
- * n_kv - n_tok .. n_kv - 1; y [n_tok, n_head, hd] f32. scale 0 = 1/sqrt(hd). Decode (few
+ * n_kv - n_tok .. n_kv - 1; y [n_tok, n_head, hd] f32. Decode (few
  * queries) splits the KV positions over threads and merges the partial softmaxes; GQA heads of
  * one KV head share each K/V read. */
 kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const float *q, int64_t n_tok,
                                int64_t n_head, int64_t hd, const void *k, const void *v, kiln_dtype kv_t,
-                               int64_t n_kv_head, int64_t max_ctx, int64_t n_kv, float scale, float *y);
+                               int64_t n_kv_head, int64_t max_ctx, int64_t n_kv, const kiln_cpu_attn_mask *mk, float *y);
 
 /* Paged attention over a ragged batch (kiln_paged_attention in kiln.h): q [n_tok, n_head, hd] f32,
  * k, v pools [n_kv_head, m->n_slots, hd] in kv_t (f32 or f16), the step's metadata m (checked
@@ -102,7 +109,7 @@ kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const
 struct kiln_paged_meta;
 kiln_status kiln_cpu_paged_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const float *q, int64_t n_head,
                                      int64_t hd, const void *k, const void *v, kiln_dtype kv_t, int64_t n_kv_head,
-                                     const struct kiln_paged_meta *m, float scale, float *y);
+                                     const struct kiln_paged_meta *m, const kiln_cpu_attn_mask *mk, float *y);
 
 /* ---------------------------------------------------------------- row kernels (single thread) */
 

@@ -136,6 +136,7 @@ static void ew_loop(enum kiln_op op, float f, const float *a, const float *b, in
         case KILN_OP_SILU: for (int64_t i = 0; i < m; i++) yo[i] = silu(ao[i]); break;
         case KILN_OP_GELU: for (int64_t i = 0; i < m; i++) yo[i] = gelu(ao[i]); break;
         case KILN_OP_SIGMOID: for (int64_t i = 0; i < m; i++) yo[i] = 1.0f / (1.0f + expf(-ao[i])); break;
+        case KILN_OP_TANH: for (int64_t i = 0; i < m; i++) yo[i] = tanhf(ao[i]); break;
         default: for (int64_t i = 0; i < m; i++) yo[i] = NAN; break; /* kiln_cpu_node_supported lists the ops */
         }
         if (!b) break;
@@ -283,7 +284,9 @@ static kiln_status attention(const node_run *c)
     if (st == KILN_OK)
         st = kiln_cpu_attention(c->pool, c->isa, q, qd[0], qd[1], qd[2], staged ? k : c->v->bufs[n->src[1]],
                                 staged ? v : c->v->bufs[n->src[2]], staged ? KILN_DTYPE_F32 : kt, kd[0],
-                                staged ? n_kv : kd[1], n_kv, n->f[0], c->v->bufs[c->idx]);
+                                staged ? n_kv : kd[1], n_kv,
+                                &(kiln_cpu_attn_mask){.scale = n->f[0], .softcap = n->f[1], .window = n->i[1]},
+                                c->v->bufs[c->idx]);
     drop(q, oq);
     free(k);
     free(v);
@@ -308,7 +311,8 @@ static kiln_status paged_attention(const node_run *c)
     float *v = k ? cache_f32(c, n->src[2], kd[1], &st) : NULL;
     if (st == KILN_OK)
         st = kiln_cpu_paged_attention(c->pool, c->isa, q, qd[1], qd[2], staged ? k : c->v->bufs[n->src[1]],
-                                      staged ? v : c->v->bufs[n->src[2]], staged ? KILN_DTYPE_F32 : kt, kd[0], &m, n->f[0],
+                                      staged ? v : c->v->bufs[n->src[2]], staged ? KILN_DTYPE_F32 : kt, kd[0], &m,
+                                      &(kiln_cpu_attn_mask){.scale = n->f[0], .softcap = n->f[1], .window = n->i[1]},
                                       c->v->bufs[c->idx]);
     drop(q, oq);
     free(k);
@@ -469,7 +473,7 @@ bool kiln_cpu_node_supported(const kiln_graph *g, uint32_t idx, char *why, size_
     enum kiln_op op = (enum kiln_op)g->nodes[idx].op;
     switch (op) {
     case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SWIGLU: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
-    case KILN_OP_SIGMOID: case KILN_OP_CAST: case KILN_OP_MATMUL: case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM:
+    case KILN_OP_SIGMOID: case KILN_OP_TANH: case KILN_OP_CAST: case KILN_OP_MATMUL: case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM:
     case KILN_OP_SOFTMAX: case KILN_OP_ROPE: case KILN_OP_ATTENTION: case KILN_OP_PAGED_ATTENTION: case KILN_OP_KV_SCATTER: case KILN_OP_GET_ROWS:
     case KILN_OP_ARGMAX: case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT:
     case KILN_OP_ALL_REDUCE: case KILN_OP_ALL_GATHER: case KILN_OP_INPUT: case KILN_OP_WEIGHT: case KILN_OP_STATE: return true;
@@ -486,7 +490,7 @@ kiln_status kiln_cpu_node_run(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const 
     node_run c = {.pool = pool, .isa = isa, .v = v, .idx = idx, .n = &v->g->nodes[idx], .err = err, .n_err = n_err};
     switch ((enum kiln_op)c.n->op) {
     case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SWIGLU: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
-    case KILN_OP_SIGMOID: return elementwise(&c);
+    case KILN_OP_SIGMOID: case KILN_OP_TANH: return elementwise(&c);
     case KILN_OP_CAST: return cast(&c);
     case KILN_OP_MATMUL: return matmul(&c);
     case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM: case KILN_OP_SOFTMAX: return row_op(&c);

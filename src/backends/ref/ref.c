@@ -128,7 +128,7 @@ static float gelu(float x)
     return x / (1.0f + expf(-2.0f * k * (x + 0.044715f * x * x * x)));
 }
 
-/* add, mul, swiglu (b broadcast over a's leading dims), scale, silu, gelu, sigmoid. */
+/* add, mul, swiglu (b broadcast over a's leading dims), scale, silu, gelu, sigmoid, tanh. */
 static kiln_status elementwise(const kiln_ref_ctx *c)
 {
     const kiln_node_rec *n = c->node;
@@ -154,6 +154,7 @@ static kiln_status elementwise(const kiln_ref_ctx *c)
             case KILN_OP_SILU: a[i] = silu(x); break;
             case KILN_OP_GELU: a[i] = gelu(x); break;
             case KILN_OP_SIGMOID: a[i] = 1.0f / (1.0f + expf(-x)); break;
+            case KILN_OP_TANH: a[i] = tanhf(x); break;
             default: a[i] = NAN; break; /* kiln_ref_exec sends only the ops above */
             }
         }

@@ -99,7 +99,7 @@ static float *load_cache(const kiln_ref_ctx *c, uint32_t i, int64_t n_kv, kiln_s
 
 /* One query row q[hd] against n keys/values (rows of k [.., hd] and v [.., dv]) -> out[dv]. */
 static void attend(const float *q, const float *k, const float *v, int64_t n, int64_t hd, int64_t dv,
-                   float scale, float *s, float *out)
+                   float scale, float softcap, float *s, float *out)
 {
     float m = -INFINITY, sum = 0.0f;
     for (int64_t j = 0; j < n; j++) {
@@ -107,6 +107,7 @@ static void attend(const float *q, const float *k, const float *v, int64_t n, in
         for (int64_t e = 0; e < hd; e++)
             dot += q[e] * k[j * hd + e];
         s[j] = dot * scale;
+        if (softcap != 0.0f) s[j] = softcap * tanhf(s[j] / softcap);
         m = s[j] > m ? s[j] : m;
     }
     for (int64_t e = 0; e < dv; e++)
@@ -163,11 +164,11 @@ kiln_status kiln_ref_attention(const kiln_ref_ctx *c)
     if (s)
         y = kiln_ref_alloc(c, n_tok * n_head * dv, &st);
     for (int64_t t = 0; y && t < n_tok; t++) {
-        int64_t n_seen = n_kv - n_tok + t + 1;
+        int64_t p = n_kv - n_tok + t, j0 = kiln_attn_first_key(c->node, p);
         for (int64_t h = 0; h < n_head; h++) {
             int64_t g = h / group;
-            attend(q + (t * n_head + h) * hd, k + g * n_kv * hd, v + g * n_kv * dv, n_seen, hd, dv, scale, s,
-                   y + (t * n_head + h) * dv);
+            attend(q + (t * n_head + h) * hd, k + (g * n_kv + j0) * hd, v + (g * n_kv + j0) * dv, p - j0 + 1, hd, dv,
+                   scale, c->node->f[1], s, y + (t * n_head + h) * dv);
         }
     }
     if (y)
@@ -193,7 +194,7 @@ static void attend_tree(const kiln_paged_meta *m, const float *q, const float *k
             memcpy(vt + n * hd, vr + (c + j) * hd, (size_t)hd * sizeof *vt);
             n++;
         }
-    attend(q, kt, vt, n, hd, hd, scale, s, y);
+    attend(q, kt, vt, n, hd, hd, scale, 0.0f, s, y); /* tree steps: no soft-cap (kiln_paged_attention_tree) */
 }
 
 /* Paged attention: each query over its own sequence's keys, found through the block table (a tree
@@ -228,13 +229,15 @@ kiln_status kiln_ref_paged_attention(const kiln_ref_ctx *c)
             }
             int64_t cached = kv_len - q_len;
             if (m.parents) memcpy(kt, kr, (size_t)(cached * hd) * sizeof *kt), memcpy(vt, vr, (size_t)(cached * hd) * sizeof *vt);
-            for (int64_t t = q0; t < q0 + q_len; t++)
+            for (int64_t t = q0; t < q0 + q_len; t++) {
+                int64_t j0 = kiln_attn_first_key(c->node, m.pos[t]); /* tree steps have no window: 0 */
                 for (int64_t h = g * (n_head / n_kvh); h < (g + 1) * (n_head / n_kvh); h++) {
                     const float *qr = q + (t * n_head + h) * hd;
                     float *yr = y + (t * n_head + h) * hd;
                     if (m.parents) attend_tree(&m, qr, kr, vr, kt, vt, q0, t - q0, cached, hd, c->node->f[0], s, yr);
-                    else attend(qr, kr, vr, m.pos[t] + 1, hd, hd, c->node->f[0], s, yr);
+                    else attend(qr, kr + j0 * hd, vr + j0 * hd, m.pos[t] - j0 + 1, hd, hd, c->node->f[0], c->node->f[1], s, yr);
                 }
+            }
         }
     }
     if (y && (vt || !m.parents)) st = kiln_ref_store(c, KILN_DTYPE_F32, c->v->bufs[c->idx], 0, m.n_tok * n_head * hd, y);
