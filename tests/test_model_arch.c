@@ -4,6 +4,7 @@
  * steps. A tensor or key the graph ignored would change the reference's answer, not kiln's, and
  * fail here. Also checks that biases fuse (no extra kernels). Never asserts on speed. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,27 +302,114 @@ Test(model_arch, bad_rope_freqs_are_refused)
     }
 }
 
-/* mistral-style sliding window of W positions: kiln caps the cache at W, where the window hides no
- * key, so plain causal attention is the windowed one (the f64 forward applies the window itself).
- * A larger max_ctx asked for is refused naming the window; by default the context is capped. */
-Test(model_arch, sliding_window_matches_f64_up_to_the_window_and_caps_the_context)
+/* mistral-style sliding window of W positions on every layer: kiln_attention_ext's window, exact
+ * past the window (5 keys here, 15 tokens run), on ref, cpu and vulkan; max_ctx is not capped. */
+Test(model_arch, sliding_window_matches_f64_past_the_window)
 {
     gw_model m = biased;
-    m.window = 32; /* run_kiln asks for max_ctx 32 */
+    m.window = 5;
+    check_model(m, "ref", model_tol(KILN_DTYPE_F32, "ref"));
     check_model(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
-    m.window = 16, m.seed = 4;
     uint8_t *bytes;
     kiln_gguf *f = open_model(&m, &bytes);
     kiln_graph *g = NULL;
-    kiln_status s = kiln_model_build(f, &(kiln_model_options){.max_ctx = 17}, &g);
-    cr_assert_eq(s, KILN_ERR_UNSUPPORTED, "%s", kiln_ctx_error(ctx));
-    cr_assert(strstr(kiln_ctx_error(ctx), "sliding attention window of 16"), "%s", kiln_ctx_error(ctx));
-    cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 64}, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
     char *text = NULL;
     cr_assert_eq(kiln_kg_print(g, &text), KILN_OK);
-    cr_assert(strstr(text, "sym n_kv 16\n"), "the cache is not capped at the window:\n%.300s", text);
+    cr_assert(strstr(text, "sym n_kv 64\n") && strstr(text, "window=5"), "window not applied:\n%.300s", text);
     free(text);
     kiln_graph_free(g);
+    kiln_gguf_close(f);
+    free(bytes);
+}
+
+/* gemma 2 (llama.cpp's graph): embeddings x sqrt(hidden), post-attention and post-ffn norms,
+ * gelu_tanh(gate) * up, soft-capped attention scores (here cap 2: deep in tanh's bend) and final
+ * logits (cap 3), the window (4 keys) on even layers only with the global layers' rope base from
+ * the file (1e6) and 10000 on the local ones, head_dim 32 != hidden / n_head. The defaults (caps 50
+ * and 30, window 4096) in the second file. */
+static const gw_model gemma2 = {.arch = "gemma2", .n_layer = 3, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 96,
+                                .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                                .tied = true, .head_dim = 32, .window = 4, .attn_softcap = 2.0f, .final_softcap = 3.0f};
+static const gw_model gemma3 = {.arch = "gemma3", .n_layer = 7, .hidden = 64, .n_head = 4, .n_kv_head = 1, .ffn = 64,
+                                .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                                .tied = true, .head_dim = 32, .window = 6, .rope_scale = 8.0f};
+static const gw_model phi3 = {.arch = "phi3", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 96,
+                              .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                              .window = 7};
+
+/* ref and cpu here; GPUs through cuda (below) and the op tests (test_ops, test_paged, test_flash_kir
+ * run the new masks and tanh on lavapipe; a whole model there takes minutes). */
+static void on_backends(gw_model m, kiln_dtype w)
+{
+    m.wtype = w;
+    check_model(m, "ref", model_tol(w, "ref"));
+    check_model(m, "cpu", model_tol(w, "cpu"));
+}
+
+Test(model_arch, gemma2_matches_f64) { on_backends(gemma2, KILN_DTYPE_F32); }
+Test(model_arch, gemma2_defaults_and_q8_0_match_f64)
+{
+    gw_model m = gemma2;
+    m.window = 0, m.attn_softcap = 0, m.final_softcap = 0; /* llama.cpp's defaults: 4096, 50, 30 */
+    on_backends(m, KILN_DTYPE_Q8_0);
+}
+/* gemma 3: q/k head norms, every 6th layer global (layers 5 of 7 here) with linear rope scaling x8
+ * and base 1e6, the local ones base 10000 unscaled; no soft-caps. */
+Test(model_arch, gemma3_matches_f64) { on_backends(gemma3, KILN_DTYPE_F32); }
+/* phi3: fused attn_qkv rows and ffn_up halves (gate first), window on every layer. */
+Test(model_arch, phi3_matches_f64) { on_backends(phi3, KILN_DTYPE_F32); }
+Test(model_arch, phi3_q4_k_matches_f64_on_cpu)
+{
+    gw_model m = phi3;
+    m.hidden = 256, m.ffn = 256, m.n_head = 4, m.n_kv_head = 4, m.wtype = KILN_DTYPE_Q4_K;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_Q4_K, "cpu"));
+}
+
+/* The new architectures on a GPU (the device runs these; skipped without one). */
+Test(model_arch, gemma_and_phi3_match_f64_on_cuda)
+{
+    if (!backend_present("cuda")) cr_skip("no cuda device");
+    gw_model m = gemma2;
+    check_model(m, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    m.wtype = KILN_DTYPE_Q8_0, m.window = 0, m.attn_softcap = 0, m.final_softcap = 0;
+    check_model(m, "cuda", model_tol(KILN_DTYPE_Q8_0, "cuda"));
+    check_model(gemma3, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    check_model(phi3, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+}
+
+/* What the loader reads for the new architectures, and what it refuses by name. */
+Test(model_arch, gemma_and_phi3_metadata_and_refusals)
+{
+    gw_model m = gemma2;
+    m.n_layer = 46; /* llama.cpp's gemma 2 27B: scores scaled by 1/sqrt(hidden / n_head), not head_dim */
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_model_info mi;
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_float_eq(mi.attn_scale, 1.0f / sqrtf(16.0f), 1e-7f);
+    cr_assert(mi.embd_scale && mi.post_norms && mi.gelu_gate && !mi.fused_qkv && mi.swa_pattern == 2);
+    cr_assert(mi.attn_softcap == 2.0f && mi.final_softcap == 3.0f && mi.sliding_window == 4 && mi.swa_theta == 10000.0f);
+    kiln_gguf_close(f);
+    free(bytes);
+    m = gemma2, m.window = 0, m.attn_softcap = 0, m.final_softcap = 0;
+    f = open_model(&m, &bytes);
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(mi.attn_softcap == 50.0f && mi.final_softcap == 30.0f && mi.sliding_window == 4096);
+    cr_assert_float_eq(mi.attn_scale, 1.0f / sqrtf(32.0f), 1e-7f);
+    kiln_gguf_close(f);
+    free(bytes);
+    m = phi3;
+    f = open_model(&m, &bytes);
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(mi.fused_qkv && !mi.gelu_gate && mi.swa_pattern == 0 && mi.sliding_window == 7 && mi.attn_softcap == 0);
+    kiln_gguf_close(f);
+    free(bytes);
+    /* a soft-cap key on an architecture llama.cpp does not cap (llama): refused with its value */
+    m = biased, m.attn_softcap = 50.0f;
+    f = open_model(&m, &bytes);
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_ERR_UNSUPPORTED);
+    cr_assert(strstr(kiln_ctx_error(ctx), "attn_logit_softcapping"), "%s", kiln_ctx_error(ctx));
     kiln_gguf_close(f);
     free(bytes);
 }

@@ -728,7 +728,7 @@ KILN_API kiln_status kiln_gguf_tensor_get(const kiln_gguf *f, const char *name, 
 
 /* What kiln_model_build reads from a file's metadata. */
 typedef struct kiln_model_info {
-    char           arch[32];    /* general.architecture: "llama", "qwen2", "qwen3" */
+    char           arch[32];    /* general.architecture: "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3" */
     int            n_layer;     /* {arch}.block_count */
     int64_t        hidden;      /* {arch}.embedding_length */
     int64_t        n_head;      /* {arch}.attention.head_count */
@@ -739,7 +739,7 @@ typedef struct kiln_model_info {
     int64_t        n_ctx_train; /* {arch}.context_length */
     float          theta;       /* {arch}.rope.freq_base (default 10000) */
     float          eps;         /* {arch}.attention.layer_norm_rms_epsilon */
-    kiln_rope_mode rope;        /* NORMAL for llama, NEOX for qwen2 and qwen3 */
+    kiln_rope_mode rope;        /* NORMAL for llama, NEOX for qwen2, qwen3, gemma2, gemma3, phi3 */
     bool           qkv_bias;    /* q/k/v biases present (qwen2; optional in llama) */
     bool           tied_output; /* no output.weight: the head reuses token_embd.weight */
     size_t         weight_bytes; /* bytes of all tensors the graph reads */
@@ -748,8 +748,23 @@ typedef struct kiln_model_info {
     bool           qk_norm;     /* per-head rms norms of q and k before rope (qwen3) */
     float          rope_scale;  /* linear rotary scaling factor: every angle divided by it (1: none) */
     bool           rope_freqs;  /* rope_freqs.weight: a rotary frequency factor per pair (llama 3.1+) */
-    int64_t        sliding_window; /* {arch}.attention.sliding_window (0: none); kiln_model_build caps
-                                      max_ctx to it, where the window never hides a key */
+    int64_t        sliding_window; /* {arch}.attention.sliding_window (gemma 2: default 4096; 0: none): a
+                                      query sees the keys less than this many positions back, on the
+                                      layers swa_pattern picks (kiln_attention_ext's window) */
+    float          attn_softcap;   /* attention logit soft-cap, {arch}.attn_logit_softcapping (gemma 2:
+                                      default 50); 0: none */
+    float          final_softcap;  /* final-logit soft-cap, {arch}.final_logit_softcapping (gemma 2:
+                                      default 30): logits = cap * tanh(logits / cap); 0: none */
+    int            swa_pattern;    /* > 0: only layers l with l % swa_pattern < swa_pattern - 1 use the
+                                      window (gemma 2: 2, gemma 3: 6); 0: every layer (mistral, phi3) */
+    float          swa_theta;      /* rotary base of the window layers, unscaled (gemma: 10000); 0: theta */
+    float          attn_scale;     /* score scale: 1/sqrt(head_dim), or llama.cpp's gemma 27B rule
+                                      1/sqrt(hidden / n_head) (46-layer gemma 2, 62-layer gemma 3) */
+    bool           embd_scale;     /* token embeddings times sqrt(hidden) (gemma) */
+    bool           post_norms;     /* rms norms of the attention and feed-forward outputs before their
+                                      residual adds (gemma 2/3: post_attention_norm, post_ffw_norm) */
+    bool           gelu_gate;      /* gelu_tanh(gate) * up instead of silu(gate) * up (gemma) */
+    bool           fused_qkv;      /* q/k/v in one attn_qkv matrix, gate/up in one ffn_up (phi3) */
 } kiln_model_info;
 
 /* Reads and checks a file's model metadata and every tensor the graph needs. A file is either
@@ -772,7 +787,7 @@ typedef struct kiln_model_options {
                              picks it; `next` is then [1]. Saves the head's work on prefill. */
 } kiln_model_options;
 
-/* Builds the decoder graph of a llama, qwen2 or qwen3 file. Interface: symbols `n_tok`, `n_kv`; inputs
+/* Builds the decoder graph of a llama, qwen2, qwen3, gemma2, gemma3 or phi3 file. Interface: symbols `n_tok`, `n_kv`; inputs
  * `ids` i32 [n_tok] (token ids) and `pos` i32 [n_tok] (positions, n_kv - n_tok .. n_kv - 1);
  * states `k<L>`, `v<L>` [n_kv_head, max_ctx, head_dim]; output `next` i32 [n_tok] (argmax of
  * each token's logits) and, with opts->logits, `logits`. Weights are borrowed from the mapping:

@@ -83,7 +83,10 @@ class ModelInfo(C.Structure):
                 ("n_ctx_train", C.c_int64), ("theta", C.c_float), ("eps", C.c_float), ("rope", C.c_int),
                 ("qkv_bias", C.c_bool), ("tied_output", C.c_bool), ("weight_bytes", C.c_size_t),
                 ("out_bias", C.c_bool), ("ffn_bias", C.c_bool), ("qk_norm", C.c_bool),
-                ("rope_scale", C.c_float), ("rope_freqs", C.c_bool), ("sliding_window", C.c_int64)]
+                ("rope_scale", C.c_float), ("rope_freqs", C.c_bool), ("sliding_window", C.c_int64),
+                ("attn_softcap", C.c_float), ("final_softcap", C.c_float), ("swa_pattern", C.c_int),
+                ("swa_theta", C.c_float), ("attn_scale", C.c_float), ("embd_scale", C.c_bool),
+                ("post_norms", C.c_bool), ("gelu_gate", C.c_bool), ("fused_qkv", C.c_bool)]
 
 
 class ModelOptions(C.Structure):

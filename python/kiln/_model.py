@@ -36,7 +36,11 @@ class Model:
                      "tied_output": bool(mi.tied_output), "weight_bytes": mi.weight_bytes,
                      "out_bias": bool(mi.out_bias), "ffn_bias": bool(mi.ffn_bias), "qk_norm": bool(mi.qk_norm),
                      "rope_scale": mi.rope_scale, "rope_freqs": bool(mi.rope_freqs),
-                     "sliding_window": mi.sliding_window}
+                     "sliding_window": mi.sliding_window, "attn_softcap": mi.attn_softcap,
+                     "final_softcap": mi.final_softcap, "swa_pattern": mi.swa_pattern, "swa_theta": mi.swa_theta,
+                     "attn_scale": mi.attn_scale, "embd_scale": bool(mi.embd_scale),
+                     "post_norms": bool(mi.post_norms), "gelu_gate": bool(mi.gelu_gate),
+                     "fused_qkv": bool(mi.fused_qkv)}
 
     @classmethod
     def load(cls, path: str, ctx: Context | None = None) -> "Model":

@@ -68,13 +68,17 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
         printf(",\"arch\":\"%s\",\"layers\":%d,\"hidden\":%lld,\"heads\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,"
                "\"ffn\":%lld,\"vocab\":%lld,\"context\":%lld,\"rope\":\"%s\",\"rope_theta\":%g,\"rms_eps\":%g,"
                "\"qkv_bias\":%s,\"qk_norm\":%s,\"out_bias\":%s,\"ffn_bias\":%s,\"tied_output\":%s,\"weight_bytes\":%zu,"
-               "\"rope_scale\":%g,\"rope_freqs\":%s,\"sliding_window\":%lld,\"backend\":\"%s\",\"kernels\":%d",
+               "\"rope_scale\":%g,\"rope_freqs\":%s,\"sliding_window\":%lld,\"swa_pattern\":%d,\"swa_theta\":%g,"
+               "\"attn_softcap\":%g,\"final_softcap\":%g,\"attn_scale\":%g,\"embd_scale\":%s,\"post_norms\":%s,"
+               "\"gelu_gate\":%s,\"fused_qkv\":%s,\"backend\":\"%s\",\"kernels\":%d",
                mi->arch, mi->n_layer, (long long)mi->hidden, (long long)mi->n_head, (long long)mi->n_kv_head,
                (long long)mi->head_dim, (long long)mi->ffn, (long long)mi->n_vocab, (long long)mi->n_ctx_train,
                mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? "true" : "false",
                mi->qk_norm ? "true" : "false", mi->out_bias ? "true" : "false", mi->ffn_bias ? "true" : "false",
                mi->tied_output ? "true" : "false", mi->weight_bytes, mi->rope_scale, mi->rope_freqs ? "true" : "false",
-               (long long)mi->sliding_window, be, kernels);
+               (long long)mi->sliding_window, mi->swa_pattern, mi->swa_theta, mi->attn_softcap, mi->final_softcap,
+               mi->attn_scale, mi->embd_scale ? "true" : "false", mi->post_norms ? "true" : "false",
+               mi->gelu_gate ? "true" : "false", mi->fused_qkv ? "true" : "false", be, kernels);
     }
     printf("}\n");
 }
@@ -105,7 +109,15 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
     if (mi->rope_scale != 1.0f || mi->rope_freqs || mi->sliding_window)
         printf("        rotary scaling: linear x%g%s; sliding window: %lld%s\n", mi->rope_scale,
                mi->rope_freqs ? " and rope_freqs factors per pair (llama 3.1)" : "", (long long)mi->sliding_window,
-               mi->sliding_window ? " positions (the context is capped to it)" : " (none)");
+               !mi->sliding_window ? " (none)" : mi->swa_pattern ? " positions on the local layers" : " positions");
+    if (mi->swa_pattern && mi->sliding_window)
+        printf("        local layers: l %% %d < %d (rope theta %g, unscaled), global layers the rest\n", mi->swa_pattern,
+               mi->swa_pattern - 1, mi->swa_theta);
+    if (mi->attn_softcap || mi->final_softcap || mi->embd_scale || mi->post_norms || mi->gelu_gate || mi->fused_qkv)
+        printf("        %s%s%s%s%s%sscore scale %g, attention soft-cap %g, final soft-cap %g\n",
+               mi->embd_scale ? "embeddings x sqrt(hidden), " : "", mi->post_norms ? "post-norms, " : "",
+               mi->gelu_gate ? "gelu-tanh gate, " : "", mi->fused_qkv ? "fused qkv and gate/up, " : "", "", "",
+               mi->attn_scale, mi->attn_softcap, mi->final_softcap);
     printf("kiln would run it on: %s (%s), %d kernels per decode step (%.1f per layer), %.1f MiB of weights read "
            "per token\n", be, strcmp(be, "cpu") == 0 ? kiln_cpu_isa(ctx) : "-", kernels,
            mi->n_layer ? (double)kernels / mi->n_layer : 0.0, (double)mi->weight_bytes / 1048576);

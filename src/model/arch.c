@@ -26,6 +26,10 @@ static const kiln_role_info roles[KILN_ROLE_COUNT] = {
     [KILN_ROLE_BG] = {"ffn_gate.bias", {KILN_SIZE_FFN}},
     [KILN_ROLE_BU] = {"ffn_up.bias", {KILN_SIZE_FFN}},
     [KILN_ROLE_BD] = {"ffn_down.bias", {KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_ATTN_POST_NORM] = {"post_attention_norm.weight", {KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_FFN_POST_NORM] = {"post_ffw_norm.weight", {KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WQKV] = {"attn_qkv.weight", {KILN_SIZE_QKV, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_WGU] = {"ffn_up.weight", {KILN_SIZE_FFN2, KILN_SIZE_HIDDEN}},
 };
 
 /* The keys of the llama family (llama.cpp's LLM_KV names). READ keys are honoured in model.c;
@@ -67,11 +71,78 @@ static const kiln_arch_key llama_keys[] = {
     {NULL, KILN_KEY_READ, 0},
 };
 
+/* gemma 2/3 (llama.cpp's LLM_ARCH_GEMMA2/3 loaders): the soft-caps are read (gemma 2 defaults 50 and
+ * 30 when absent; gemma 3 none), the window is read and applied per layer (gemma 2 default 4096). */
+static const kiln_arch_key gemma_keys[] = {
+    {"block_count", KILN_KEY_READ, 0},
+    {"context_length", KILN_KEY_READ, 0},
+    {"embedding_length", KILN_KEY_READ, 0},
+    {"feed_forward_length", KILN_KEY_READ, 0},
+    {"vocab_size", KILN_KEY_READ, 0},
+    {"attention.head_count", KILN_KEY_READ, 0},
+    {"attention.head_count_kv", KILN_KEY_READ, 0},
+    {"attention.key_length", KILN_KEY_READ, 0},
+    {"attention.value_length", KILN_KEY_READ, 0},
+    {"attention.layer_norm_rms_epsilon", KILN_KEY_READ, 0},
+    {"attention.sliding_window", KILN_KEY_READ, 0},
+    {"attn_logit_softcapping", KILN_KEY_READ, 0},
+    {"final_logit_softcapping", KILN_KEY_READ, 0},
+    {"rope.dimension_count", KILN_KEY_READ, 0},
+    {"rope.freq_base", KILN_KEY_READ, 0},
+    {"rope.scaling.type", KILN_KEY_READ, 0},
+    {"rope.scaling.factor", KILN_KEY_READ, 0},
+    {"rope.scale_linear", KILN_KEY_READ, 0},
+    {"rope.scaling.original_context_length", KILN_KEY_INFO, 0},
+    {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
+    {"tensor_data_layout", KILN_KEY_INFO, 0},
+    {"expert_count", KILN_KEY_NEUTRAL, 0},
+    {"expert_used_count", KILN_KEY_NEUTRAL, 0},
+    {"rope.scaling.attn_factor", KILN_KEY_NEUTRAL, 1},
+    {"attention.causal", KILN_KEY_NEUTRAL, 1},
+    {"logit_scale", KILN_KEY_NEUTRAL, 1},
+    {"embedding_scale", KILN_KEY_NEUTRAL, 1},
+    {"residual_scale", KILN_KEY_NEUTRAL, 1},
+    {NULL, KILN_KEY_READ, 0},
+};
+
+/* phi3 (llama.cpp's LLM_ARCH_PHI3): longrope files carry rope_factors_long/short tensors and
+ * rope.scaling.attn_factor; both are refused (the tensors by name in load.c). */
+static const kiln_arch_key phi3_keys[] = {
+    {"block_count", KILN_KEY_READ, 0},
+    {"context_length", KILN_KEY_READ, 0},
+    {"embedding_length", KILN_KEY_READ, 0},
+    {"feed_forward_length", KILN_KEY_READ, 0},
+    {"vocab_size", KILN_KEY_READ, 0},
+    {"attention.head_count", KILN_KEY_READ, 0},
+    {"attention.head_count_kv", KILN_KEY_READ, 0},
+    {"attention.key_length", KILN_KEY_READ, 0},
+    {"attention.value_length", KILN_KEY_READ, 0},
+    {"attention.layer_norm_rms_epsilon", KILN_KEY_READ, 0},
+    {"attention.sliding_window", KILN_KEY_READ, 0},
+    {"rope.dimension_count", KILN_KEY_READ, 0},
+    {"rope.freq_base", KILN_KEY_READ, 0},
+    {"rope.scaling.type", KILN_KEY_READ, 0},
+    {"rope.scaling.factor", KILN_KEY_READ, 0},
+    {"rope.scale_linear", KILN_KEY_READ, 0},
+    {"rope.scaling.original_context_length", KILN_KEY_INFO, 0}, /* longrope's (refused by its tensors) */
+    {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
+    {"tensor_data_layout", KILN_KEY_INFO, 0},
+    {"rope.scaling.attn_factor", KILN_KEY_NEUTRAL, 1},
+    {"attention.causal", KILN_KEY_NEUTRAL, 1},
+    {"logit_scale", KILN_KEY_NEUTRAL, 1},
+    {"embedding_scale", KILN_KEY_NEUTRAL, 1},
+    {"residual_scale", KILN_KEY_NEUTRAL, 1},
+    {"attn_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {"final_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {NULL, KILN_KEY_READ, 0},
+};
+
 #define NORMS (B(KILN_ROLE_ATTN_NORM) | B(KILN_ROLE_FFN_NORM))
 #define MATS (B(KILN_ROLE_WQ) | B(KILN_ROLE_WK) | B(KILN_ROLE_WV) | B(KILN_ROLE_WO) | B(KILN_ROLE_WG) | \
               B(KILN_ROLE_WU) | B(KILN_ROLE_WD))
 #define QKV_BIAS (B(KILN_ROLE_BQ) | B(KILN_ROLE_BK) | B(KILN_ROLE_BV))
 #define OUT_FFN_BIAS (B(KILN_ROLE_BO) | B(KILN_ROLE_BG) | B(KILN_ROLE_BU) | B(KILN_ROLE_BD))
+#define POST_NORMS (B(KILN_ROLE_ATTN_POST_NORM) | B(KILN_ROLE_FFN_POST_NORM))
 
 /* Which tensors are required follows llama.cpp's loader for each architecture: a file it would
  * refuse for a missing tensor, kiln refuses too; an optional one is used when present. */
@@ -81,6 +152,15 @@ static const kiln_arch archs[] = {
     {.name = "qwen2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys},
     {.name = "qwen3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
      .optional = 0, .keys = llama_keys},
+    {.name = "gemma2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | POST_NORMS, .optional = 0, .keys = gemma_keys,
+     .gate = KILN_GATE_GELU, .embd_scale = true, .swa_pattern = 2, .swa_theta = 10000.0f, .window_default = 4096,
+     .attn_softcap_default = 50.0f, .final_softcap_default = 30.0f, .wide_scale_layers = {46}},
+    {.name = "gemma3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | POST_NORMS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
+     .optional = 0, .keys = gemma_keys, .gate = KILN_GATE_GELU, .embd_scale = true, .swa_pattern = 6,
+     .swa_theta = 10000.0f, .wide_scale_layers = {62}},
+    {.name = "phi3", .rope = KILN_ROPE_NEOX,
+     .required = NORMS | B(KILN_ROLE_WQKV) | B(KILN_ROLE_WO) | B(KILN_ROLE_WGU) | B(KILN_ROLE_WD), .optional = 0,
+     .keys = phi3_keys},
 };
 
 const kiln_arch *kiln_arch_find(const char *name)
@@ -90,7 +170,12 @@ const kiln_arch *kiln_arch_find(const char *name)
     return NULL;
 }
 
-const char *kiln_arch_names(void) { return "llama, qwen2, qwen3"; }
+const char *kiln_arch_names(void) { return "llama, qwen2, qwen3, gemma2, gemma3, phi3"; }
+
+bool kiln_arch_layer_windowed(const kiln_arch *a, int l)
+{
+    return a->swa_pattern <= 0 || l % a->swa_pattern < a->swa_pattern - 1; /* llama.cpp's set_swa_pattern */
+}
 
 const kiln_role_info *kiln_arch_roles(void) { return roles; }
 

@@ -25,6 +25,10 @@ typedef enum kiln_role {
     KILN_ROLE_BG,            /* ffn_gate.bias [ffn] */
     KILN_ROLE_BU,            /* ffn_up.bias [ffn] */
     KILN_ROLE_BD,            /* ffn_down.bias [hidden] */
+    KILN_ROLE_ATTN_POST_NORM, /* post_attention_norm.weight [hidden]: rms norm of the attention output (gemma 2/3) */
+    KILN_ROLE_FFN_POST_NORM,  /* post_ffw_norm.weight [hidden]: rms norm of the feed-forward output (gemma 2/3) */
+    KILN_ROLE_WQKV,          /* attn_qkv.weight [qd + 2 kvd, hidden]: q, k and v rows stacked (phi3) */
+    KILN_ROLE_WGU,           /* ffn_up.weight [2 ffn, hidden]: gate rows, then up rows (phi3) */
     KILN_ROLE_COUNT
 } kiln_role;
 
@@ -38,6 +42,8 @@ typedef enum kiln_size {
     KILN_SIZE_KVD,      /* n_kv_head * head_dim */
     KILN_SIZE_FFN,      /* feed_forward_length */
     KILN_SIZE_HEAD,     /* head_dim */
+    KILN_SIZE_QKV,      /* qd + 2 kvd (a fused q/k/v matrix) */
+    KILN_SIZE_FFN2,     /* 2 ffn (a fused gate/up matrix) */
 } kiln_size;
 
 typedef struct kiln_role_info {
@@ -58,19 +64,37 @@ typedef struct kiln_arch_key {
     double       neutral; /* KILN_KEY_NEUTRAL: the value that leaves the math unchanged (bools: 0/1) */
 } kiln_arch_key;
 
-/* One architecture. */
+/* The gate activation of the feed-forward half. */
+typedef enum kiln_gate_act {
+    KILN_GATE_SILU = 0, /* silu(gate) * up (swiglu): llama, qwen, phi3 */
+    KILN_GATE_GELU,     /* gelu_tanh(gate) * up (geglu): gemma */
+} kiln_gate_act;
+
+/* One architecture: what its layers hold and how they compute (llama.cpp's graph for it). */
 typedef struct kiln_arch {
     const char          *name;     /* general.architecture */
     kiln_rope_mode       rope;     /* rotary pairing of the file's Q/K layout */
     uint32_t             required; /* KILN_ROLE_BIT set of layer tensors every layer must have */
     uint32_t             optional; /* roles a file may carry (all layers or none, decided by blk.0) */
     const kiln_arch_key *keys;     /* keys under "<arch>." the loader knows; ends with a NULL suffix */
+    kiln_gate_act        gate;     /* feed-forward gate activation */
+    bool                 embd_scale; /* token embeddings times sqrt(hidden), in f32 (gemma) */
+    int                  swa_pattern; /* > 0: only layers l with l % swa_pattern < swa_pattern - 1 use the
+                                         sliding window (gemma 2: 2, gemma 3: 6); 0: every layer does */
+    float                swa_theta;  /* > 0: window layers rotate with this base, unscaled (gemma: 10000) */
+    int64_t              window_default;  /* window when attention.sliding_window is absent (gemma 2: 4096) */
+    float                attn_softcap_default;  /* attn_logit_softcapping when absent (gemma 2: 50; 0: none) */
+    float                final_softcap_default; /* final_logit_softcapping when absent (gemma 2: 30; 0: none) */
+    int                  wide_scale_layers[2]; /* block counts whose score scale is 1/sqrt(hidden / n_head)
+                                                  instead of 1/sqrt(head_dim) (llama.cpp's gemma 27B rule) */
 } kiln_arch;
 
 /* The row of architecture name, or NULL. */
 const kiln_arch *kiln_arch_find(const char *name);
 /* "llama, qwen2, ..." for messages. */
 const char *kiln_arch_names(void);
+/* Whether layer l of a model of this architecture attends through its sliding window (when it has one). */
+bool kiln_arch_layer_windowed(const kiln_arch *a, int l);
 /* The layer tensor table (KILN_ROLE_COUNT rows). */
 const kiln_role_info *kiln_arch_roles(void);
 /* The entry of key suffix in a's table, or NULL when the loader does not know it. */

@@ -34,10 +34,12 @@ static kiln_node attn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_l
     kiln_node kc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), k, at);
     snprintf(name, sizeof name, "v%d", l);
     kiln_node vc = kiln_kv_scatter(g, kiln_state(g, name, d->kvdtype, 3, sd), v, at);
-    kiln_node a = d->block ? kiln_paged_attention(g, q, kc, vc, io->pos, io->seqs, io->blocks, (int)d->block, 0.0f)
-                           : kiln_attention(g, q, kc, vc, io->n_kv, 0.0f);
+    kiln_node a = d->block ? kiln_paged_attention_ext(g, q, kc, vc, io->pos, io->seqs, io->blocks, (int)d->block,
+                                                      d->attn_scale, d->softcap, d->window)
+                           : kiln_attention_ext(g, q, kc, vc, io->n_kv, d->attn_scale, d->softcap, d->window);
     kiln_dim ad[2] = {io->n_tok, qd};
     a = add_bias(g, kiln_matmul(g, kiln_reshape(g, a, 2, ad), w->wo), w->bo);
+    if (w->attn_post_norm != KILN_NODE_NONE) a = kiln_rms_norm(g, a, w->attn_post_norm, d->eps);
     return kiln_add(g, x, a);
 }
 
@@ -46,7 +48,10 @@ static kiln_node ffn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_la
     kiln_node h = kiln_rms_norm(g, x, w->ffn_norm, d->eps);
     kiln_node gt = add_bias(g, kiln_matmul(g, h, w->wg), w->bg);
     kiln_node up = add_bias(g, kiln_matmul(g, h, w->wu), w->bu);
-    return kiln_add(g, x, add_bias(g, kiln_matmul(g, kiln_swiglu(g, gt, up), w->wd), w->bd));
+    kiln_node act = d->gelu_gate ? kiln_mul(g, kiln_gelu(g, gt), up) : kiln_swiglu(g, gt, up);
+    kiln_node y = add_bias(g, kiln_matmul(g, act, w->wd), w->bd);
+    if (w->ffn_post_norm != KILN_NODE_NONE) y = kiln_rms_norm(g, y, w->ffn_post_norm, d->eps);
+    return kiln_add(g, x, y);
 }
 
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,

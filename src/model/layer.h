@@ -19,6 +19,10 @@ typedef struct kiln_layer_dims {
                                  the pool's slots */
     kiln_dtype     kvdtype;   /* KV-cache dtype */
     int64_t        block;     /* paged attention's block size (kiln_paged_attention); 0: a contiguous cache */
+    float          attn_scale; /* score scale; 0: 1/sqrt(head_dim) */
+    float          softcap;   /* attention logit soft-cap (kiln_attention_ext); 0: none */
+    int64_t        window;    /* this layer's sliding window (kiln_attention_ext); 0: none */
+    bool           gelu_gate; /* gelu(gate) * up (gemma) instead of swiglu */
 } kiln_layer_dims;
 
 /* Leaves shared by all layers. */
@@ -42,13 +46,15 @@ typedef struct kiln_layer_weights {
     kiln_node ffn_norm;       /* [hidden] */
     kiln_node wg, wu, wd;     /* [ffn, hidden] x2, [hidden, ffn] */
     kiln_node bg, bu, bd;     /* optional [ffn] x2, [hidden] */
+    kiln_node attn_post_norm, ffn_post_norm; /* optional [hidden]: rms norms of each half's output (gemma 2/3) */
 } kiln_layer_weights;
 
 /* Layer l on x f32 [n_tok, hidden]: x += o(attention(rope(qn(q + bq)), kv_scatter(rope(kn(k + bk))),
  * kv_scatter(v + bv))) + bo with q/k/v of rms_norm(x); then x += down(swiglu(gate(h) + bg,
  * up(h) + bu)) + bd with h = rms_norm(x); qn/kn: per-head rms_norm with q_norm/k_norm when given
  * (identity otherwise). Each bias is added right after its matmul (an
- * epilogue). Creates states k<l>, v<l>. Returns the new x (KILN_NODE_NONE after an error, which
+ * epilogue). Options of d: the attention's scale, soft-cap and window; gelu(gate) * up for the gate;
+ * with attn_post_norm / ffn_post_norm, each half's output is rms-normed before its residual add. Creates states k<l>, v<l>. Returns the new x (KILN_NODE_NONE after an error, which
  * sticks to g). With d->block, the caches are paged pools written through io->slots and read by
  * kiln_paged_attention (io->pos, io->seqs, io->blocks) instead. */
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,

@@ -126,6 +126,49 @@ static kiln_status read_window(const kiln_gguf *f, const char *arch, int64_t *ou
     return KILN_OK;
 }
 
+/* {arch}.<key>, a soft-cap: absent gives dflt; present it must be finite and > 0 (a file asking for
+ * "no cap" leaves the key out). */
+static kiln_status read_cap(const kiln_gguf *f, const char *arch, const char *key, float dflt, float *out)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    *out = dflt;
+    if (kiln_gguf_kv_find(f, full) < 0) return KILN_OK;
+    kiln_status s = kiln_gguf_get_f32(f, full, out);
+    if (s != KILN_OK) return s;
+    if (!(isfinite(*out) && *out > 0))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s' = %g: a soft-cap must be finite and > 0",
+                             f->path, full, *out);
+    return KILN_OK;
+}
+
+/* What the architecture's table row decides beyond the sizes: soft-caps, the window's layers and
+ * rotary base, the score scale, embedding scale, post-norms, gate activation (see kiln_model_info). */
+static kiln_status read_arch_math(const kiln_gguf *f, const kiln_arch *a, kiln_model_info *m)
+{
+    kiln_status s;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window", a->name);
+    if (kiln_gguf_kv_find(f, key) < 0) m->sliding_window = a->window_default;
+    if ((s = read_cap(f, a->name, "attn_logit_softcapping", a->attn_softcap_default, &m->attn_softcap)) != KILN_OK ||
+        (s = read_cap(f, a->name, "final_logit_softcapping", a->final_softcap_default, &m->final_softcap)) != KILN_OK)
+        return s;
+    /* llama.cpp applies a softcapping key only where the architecture reads it (gemma's table):
+     * elsewhere the key is NEUTRAL at 0 and check_key refused any other value */
+    m->swa_pattern = a->swa_pattern;
+    m->swa_theta = m->sliding_window ? a->swa_theta : 0.0f;
+    bool wide = m->n_layer == a->wide_scale_layers[0] || m->n_layer == a->wide_scale_layers[1];
+    if (wide && a->wide_scale_layers[0] && m->hidden % m->n_head)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: embedding_length %lld is not a multiple of head_count %lld",
+                             f->path, (long long)m->hidden, (long long)m->n_head);
+    m->attn_scale = 1.0f / sqrtf((float)(wide && a->wide_scale_layers[0] ? m->hidden / m->n_head : m->head_dim));
+    m->embd_scale = a->embd_scale;
+    m->gelu_gate = a->gate == KILN_GATE_GELU;
+    m->post_norms = a->required & KILN_ROLE_BIT(KILN_ROLE_ATTN_POST_NORM);
+    m->fused_qkv = a->required & KILN_ROLE_BIT(KILN_ROLE_WQKV);
+    return KILN_OK;
+}
+
 /* Sizes from the metadata into m (see kiln_model_info). */
 static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_info *m)
 {
@@ -163,7 +206,7 @@ static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_
                              "%s: rotary dims %lld / value length %lld differ from the head size %lld (not supported)",
                              f->path, (long long)rot, (long long)val_len, (long long)m->head_dim);
     m->rope = a->rope;
-    return KILN_OK;
+    return read_arch_math(f, a, m);
 }
 
 /* Tensor bookkeeping while checking: which of the file's tensors the graph reads. */
@@ -202,6 +245,8 @@ static int64_t size_of(const kiln_model_info *m, kiln_size z)
     case KILN_SIZE_KVD: return m->n_kv_head * m->head_dim;
     case KILN_SIZE_FFN: return m->ffn;
     case KILN_SIZE_HEAD: return m->head_dim;
+    case KILN_SIZE_QKV: return (m->n_head + 2 * m->n_kv_head) * m->head_dim;
+    case KILN_SIZE_FFN2: return 2 * m->ffn;
     default: return 0;
     }
 }
@@ -275,6 +320,11 @@ static kiln_status check_tensors(tensor_use *u, kiln_model_desc *d)
     kiln_gguf_tensor t;
     kiln_status s;
     if ((s = check_rope_freqs(u, m)) != KILN_OK) return s;
+    static const char *const longrope[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+    for (int i = 0; i < 2; i++)
+        if (has_tensor(f, longrope[i]))
+            return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor '%s': longrope rotary scaling (phi3 128k "
+                                 "models) is not supported", f->path, longrope[i]);
     if ((s = kiln_gguf_tensor_get(f, "token_embd.weight", &t)) != KILN_OK) return s;
     m->n_vocab = t.dims[0];
     int64_t vocab = 0;

@@ -1,11 +1,14 @@
-/* Models from GGUF files: builds the decoder graph (embedding, the shared layer of layer.c, final
- * norm, output head, argmax) of a file load.c has checked, with weights borrowed from the mapping.
- * Must not copy weight data or compile, and must not read a tensor load.c did not check. */
+/* Models from GGUF files: builds the decoder graph (embedding [times sqrt(hidden)], the shared layer
+ * of layer.c with the architecture's per-layer window, rotary base and soft-cap, final norm, output
+ * head [soft-capped], argmax) of a file load.c has checked, with weights borrowed from the mapping
+ * (a fused q/k/v or gate/up matrix as row ranges of it). Must not copy weight data or compile, and
+ * must not read a tensor load.c did not check. */
 #include "graph/graph.h"
 #include "model/layer.h"
 #include "model/model.h"
 #include "sched/ctx.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,23 +23,50 @@ static kiln_node borrow(kiln_graph *g, const kiln_gguf *f, const char *name)
     return kiln_weight(g, name, t.t, t.rank, dims, t.data, KILN_WEIGHT_BORROW);
 }
 
-/* Layer l's weight nodes: every role the file carries (load.c checked them all). */
+/* Rows [r0, r0 + rows) of a fused matrix (phi3's attn_qkv, ffn_up) as a borrowed weight of its
+ * own: rows are whole blocks in every format, so the range is a byte range of the tensor. */
+static kiln_node borrow_rows(kiln_graph *g, const kiln_gguf *f, const char *name, const char *part, int64_t r0,
+                             int64_t rows)
+{
+    kiln_gguf_tensor t;
+    if (kiln_gguf_tensor_get(f, name, &t) != KILN_OK) return KILN_NODE_NONE;
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s.%s", name, part); /* "blk.0.attn_qkv.weight.q" */
+    size_t rb = kiln_row_bytes(t.t, t.dims[1]);
+    return kiln_weight(g, sub, t.t, 2, (kiln_dim[]){rows, t.dims[1]}, (const char *)t.data + (size_t)r0 * rb,
+                       KILN_WEIGHT_BORROW);
+}
+
+/* Layer l's weight nodes: every role the file carries (load.c checked them all); fused matrices
+ * split into the q/k/v and gate/up weights the shared layer takes (the same graph as separate ones). */
 static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, int l)
 {
     const kiln_role_info *roles = kiln_arch_roles();
+    const kiln_model_info *m = &d->info;
     kiln_node n[KILN_ROLE_COUNT] = {0};
     char name[96];
     for (int r = 0; r < KILN_ROLE_COUNT; r++) {
         if (!(d->roles & KILN_ROLE_BIT(r))) continue;
         snprintf(name, sizeof name, "blk.%d.%s", l, roles[r].suffix);
-        n[r] = borrow(g, f, name);
+        if (r == KILN_ROLE_WQKV) {
+            int64_t qd = m->n_head * m->head_dim, kvd = m->n_kv_head * m->head_dim;
+            n[KILN_ROLE_WQ] = borrow_rows(g, f, name, "q", 0, qd);
+            n[KILN_ROLE_WK] = borrow_rows(g, f, name, "k", qd, kvd);
+            n[KILN_ROLE_WV] = borrow_rows(g, f, name, "v", qd + kvd, kvd);
+        } else if (r == KILN_ROLE_WGU) { /* gate rows first: llama.cpp's swiglu of the fused up */
+            n[KILN_ROLE_WG] = borrow_rows(g, f, name, "gate", 0, m->ffn);
+            n[KILN_ROLE_WU] = borrow_rows(g, f, name, "up", m->ffn, m->ffn);
+        } else {
+            n[r] = borrow(g, f, name);
+        }
     }
     return (kiln_layer_weights){
         .attn_norm = n[KILN_ROLE_ATTN_NORM], .wq = n[KILN_ROLE_WQ], .wk = n[KILN_ROLE_WK], .wv = n[KILN_ROLE_WV],
         .bq = n[KILN_ROLE_BQ], .bk = n[KILN_ROLE_BK], .bv = n[KILN_ROLE_BV], .q_norm = n[KILN_ROLE_Q_NORM],
         .k_norm = n[KILN_ROLE_K_NORM], .wo = n[KILN_ROLE_WO],
         .bo = n[KILN_ROLE_BO], .ffn_norm = n[KILN_ROLE_FFN_NORM], .wg = n[KILN_ROLE_WG], .wu = n[KILN_ROLE_WU],
-        .wd = n[KILN_ROLE_WD], .bg = n[KILN_ROLE_BG], .bu = n[KILN_ROLE_BU], .bd = n[KILN_ROLE_BD]};
+        .wd = n[KILN_ROLE_WD], .bg = n[KILN_ROLE_BG], .bu = n[KILN_ROLE_BU], .bd = n[KILN_ROLE_BD],
+        .attn_post_norm = n[KILN_ROLE_ATTN_POST_NORM], .ffn_post_norm = n[KILN_ROLE_FFN_POST_NORM]};
 }
 
 /* The rotary multipliers of a file (kiln_rope_ext): 1 / (linear factor * rope_freqs[i]), as llama.cpp
@@ -65,20 +95,29 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
     kiln_layer_dims ld = {.hidden = m->hidden, .n_head = m->n_head, .n_kv_head = m->n_kv_head, .head_dim = m->head_dim,
                           .rope = m->rope, .theta = m->theta, .rope_mult = rope_mult(f, m, mult), .eps = m->eps,
-                          .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype};
+                          .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype, .attn_scale = m->attn_scale,
+                          .softcap = m->attn_softcap, .gelu_gate = m->gelu_gate};
     kiln_dim td[1] = {io.n_tok};
     kiln_node ids = kiln_input(g, "ids", KILN_DTYPE_I32, 1, td);
     io.pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, td);
     kiln_node embd = borrow(g, f, "token_embd.weight");
     kiln_node x = kiln_get_rows(g, embd, ids);
+    if (m->embd_scale) x = kiln_scale(g, x, sqrtf((float)m->hidden)); /* llama.cpp: sqrtf(n_embd), in f32 */
     for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++) {
         kiln_layer_weights w = layer_weights(g, f, d, l);
-        x = kiln_layer_build(g, &ld, &io, &w, l, x);
+        kiln_layer_dims dl = ld;
+        if (m->sliding_window && kiln_arch_layer_windowed(d->arch, l)) {
+            dl.window = m->sliding_window;
+            if (m->swa_theta > 0) dl.theta = m->swa_theta, dl.rope_mult = NULL; /* gemma's local layers */
+        }
+        x = kiln_layer_build(g, &dl, &io, &w, l, x);
     }
     if (o->last_only) /* the head reads only the row of token `last` */
         x = kiln_get_rows(g, x, kiln_input(g, "last", KILN_DTYPE_I32, 1, (kiln_dim[]){1}));
     x = kiln_rms_norm(g, x, borrow(g, f, "output_norm.weight"), m->eps);
     kiln_node logits = kiln_matmul(g, x, m->tied_output ? embd : borrow(g, f, "output.weight"));
+    if (m->final_softcap > 0) /* llama.cpp's order: scale by 1/cap, tanh, scale by cap */
+        logits = kiln_scale(g, kiln_tanh(g, kiln_scale(g, logits, 1.0f / m->final_softcap)), m->final_softcap);
     kiln_output(g, kiln_argmax(g, logits), "next");
     if (o->logits) kiln_output(g, logits, "logits");
     free(mult);
@@ -94,14 +133,6 @@ KILN_API kiln_status kiln_model_build(const kiln_gguf *f, const kiln_model_optio
     const kiln_model_info m = d.info;
     kiln_model_options o = opts ? *opts : (kiln_model_options){0};
     if (o.max_ctx == 0) o.max_ctx = m.n_ctx_train < 4096 ? m.n_ctx_train : 4096;
-    /* A sliding window of W positions hides no key while every position is below W: the cache is
-     * capped there, so the plain causal attention computes the windowed one exactly. */
-    if (m.sliding_window && opts && opts->max_ctx > m.sliding_window)
-        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: max_ctx %lld exceeds the model's sliding attention "
-                             "window of %lld positions; kiln computes the window exactly only up to it (ask for "
-                             "max_ctx <= %lld)", f->path, (long long)o.max_ctx, (long long)m.sliding_window,
-                             (long long)m.sliding_window);
-    if (m.sliding_window && o.max_ctx > m.sliding_window) o.max_ctx = m.sliding_window;
     if (o.max_tok == 0) o.max_tok = o.max_ctx < 512 ? o.max_ctx : 512;
     if (o.n_layers == 0) o.n_layers = m.n_layer;
     if (o.max_ctx < 1 || o.max_tok < 1 || o.max_tok > o.max_ctx || o.n_layers < 1 || o.n_layers > m.n_layer ||

@@ -199,6 +199,8 @@ gw *gw_model_new(const gw_model *m)
         gw_kv_f32(w, ARCH_KEY("rope.scaling.factor"), m->rope_scale);
     }
     if (m->window > 0) gw_kv_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t)m->window);
+    if (m->attn_softcap > 0) gw_kv_f32(w, ARCH_KEY("attn_logit_softcapping"), m->attn_softcap);
+    if (m->final_softcap > 0) gw_kv_f32(w, ARCH_KEY("final_logit_softcapping"), m->final_softcap);
 #undef ARCH_KEY
     if (m->tokens) {
         char **tok = malloc((size_t)m->n_vocab * sizeof *tok);
@@ -213,7 +215,8 @@ gw *gw_model_new(const gw_model *m)
         free(tok);
     }
     bool bias = strcmp(m->arch, "qwen2") == 0 || m->qkv_bias;
-    bool qk_norm = strcmp(m->arch, "qwen3") == 0 || m->qk_norm;
+    bool qk_norm = strcmp(m->arch, "qwen3") == 0 || strcmp(m->arch, "gemma3") == 0 || m->qk_norm;
+    bool post_norms = strncmp(m->arch, "gemma", 5) == 0, fused = strcmp(m->arch, "phi3") == 0;
     int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
     if (m->rope_freqs) rand_tensor(w, "rope_freqs.weight", KILN_DTYPE_F32, 0, hd / 2, 4.0f, 3.5f, &s);
     rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
@@ -222,9 +225,13 @@ gw *gw_model_new(const gw_model *m)
         char n[96];
 #define T(name) (snprintf(n, sizeof n, "blk.%d." name, l), n)
         rand_tensor(w, T("attn_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
-        rand_tensor(w, T("attn_q.weight"), m->wtype, qd, m->hidden, 0, sh, &s);
-        rand_tensor(w, T("attn_k.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
-        rand_tensor(w, T("attn_v.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
+        if (fused) {
+            rand_tensor(w, T("attn_qkv.weight"), m->wtype, qd + 2 * kvd, m->hidden, 0, sh, &s);
+        } else {
+            rand_tensor(w, T("attn_q.weight"), m->wtype, qd, m->hidden, 0, sh, &s);
+            rand_tensor(w, T("attn_k.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
+            rand_tensor(w, T("attn_v.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
+        }
         if (bias) {
             rand_tensor(w, T("attn_q.bias"), KILN_DTYPE_F32, 0, qd, 0, 0.5f, &s);
             rand_tensor(w, T("attn_k.bias"), KILN_DTYPE_F32, 0, kvd, 0, 0.5f, &s);
@@ -236,10 +243,16 @@ gw *gw_model_new(const gw_model *m)
         }
         rand_tensor(w, T("attn_output.weight"), m->wtype, m->hidden, qd, 0, sq, &s);
         if (m->out_bias) rand_tensor(w, T("attn_output.bias"), KILN_DTYPE_F32, 0, m->hidden, 0, 0.5f, &s);
+        if (post_norms) rand_tensor(w, T("post_attention_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.25f, &s);
         rand_tensor(w, T("ffn_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
-        rand_tensor(w, T("ffn_gate.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
-        rand_tensor(w, T("ffn_up.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
+        if (fused) {
+            rand_tensor(w, T("ffn_up.weight"), m->wtype, 2 * m->ffn, m->hidden, 0, sh, &s);
+        } else {
+            rand_tensor(w, T("ffn_gate.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
+            rand_tensor(w, T("ffn_up.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
+        }
         rand_tensor(w, T("ffn_down.weight"), m->wtype, m->hidden, m->ffn, 0, sf, &s);
+        if (post_norms) rand_tensor(w, T("post_ffw_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.25f, &s);
         if (m->ffn_bias) {
             rand_tensor(w, T("ffn_gate.bias"), KILN_DTYPE_F32, 0, m->ffn, 0, 0.5f, &s);
             rand_tensor(w, T("ffn_up.bias"), KILN_DTYPE_F32, 0, m->ffn, 0, 0.5f, &s);

@@ -1,5 +1,6 @@
 /* A small GGUF writer for tests: metadata of every type, tensors of any ggml type id, v2 or v3,
- * any alignment; and a generator of small random llama/qwen2 model files. Writes exactly what is
+ * any alignment; and a generator of small random llama/qwen2/qwen3/gemma2/gemma3/phi3 model files
+ * (gemma: post-norms; gemma3: q/k norms; phi3: fused attn_qkv and gate/up ffn_up). Writes exactly what is
  * asked (tests corrupt the bytes afterwards); must not be used by the library. */
 #pragma once
 
@@ -31,7 +32,7 @@ int gw_write(gw *w, const char *path);
 
 /* A random model. */
 typedef struct gw_model {
-    const char *arch;      /* "llama", "qwen2" or "qwen3" */
+    const char *arch;      /* "llama", "qwen2", "qwen3", "gemma2", "gemma3" or "phi3" */
     int         n_layer;   /* blocks */
     int64_t     hidden;    /* embedding_length */
     int64_t     n_head;    /* head_count */
@@ -55,6 +56,8 @@ typedef struct gw_model {
     float       rope_scale;   /* > 0: write rope.scaling.type "linear" and rope.scaling.factor */
     bool        rope_freqs;   /* write rope_freqs.weight [head_dim/2], random factors in [0.5, 7.5] */
     int64_t     window;       /* > 0: write attention.sliding_window */
+    float       attn_softcap; /* > 0: write attn_logit_softcapping */
+    float       final_softcap; /* > 0: write final_logit_softcapping */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */

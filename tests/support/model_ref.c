@@ -1,7 +1,9 @@
-/* f64 reference forward of llama-family GGUF models (see model_ref.h): embedding, per layer
- * rms_norm -> q/k/v (+bias) -> [per-head q/k norm] -> rope -> causal GQA attention -> output
- * (+bias) -> residual, rms_norm -> gate/up (+bias) -> silu(gate)*up -> down (+bias) -> residual;
- * final norm and head. Must not call kiln's model builder or graph API. */
+/* f64 reference forward of llama-family GGUF models (see model_ref.h): embedding [x sqrt(hidden):
+ * gemma], per layer rms_norm -> q/k/v (+bias; phi3: rows of attn_qkv) -> [per-head q/k norm] ->
+ * rope (gemma's local layers: base 10000) -> causal GQA attention [soft-capped, windowed] -> output
+ * (+bias) [post-norm] -> residual, rms_norm -> gate/up (+bias; phi3: halves of ffn_up) ->
+ * silu(gate)*up [gemma: gelu_tanh] -> down (+bias) [post-norm] -> residual; final norm, head
+ * [soft-capped]. Written from llama.cpp's graphs; must not call kiln's model builder or graph API. */
 #include "support/model_ref.h"
 
 #include <math.h>
@@ -19,7 +21,16 @@ typedef struct mref {
     double           eps, theta, freq_scale;
     bool             neox;
     double          *freq_factors; /* [hd/2] or NULL */
+    bool             gemma, phi3;  /* gemma2/gemma3; phi3 */
+    int              swa_pattern;  /* gemma: layers l % p < p - 1 are local (windowed, base 10000) */
+    double           scale, attn_cap, final_cap; /* score scale; soft-caps (0: none) */
 } mref;
+
+/* Whether layer l attends through the window (llama.cpp's set_swa_pattern). */
+static bool local_layer(const mref *m, int l)
+{
+    return m->window && (!m->swa_pattern || l % m->swa_pattern < m->swa_pattern - 1);
+}
 
 static void fail(mref *m, const char *fmt, ...)
 {
@@ -97,12 +108,13 @@ static void rms_norm(const double *x, const double *w, double *y, int64_t rows, 
 
 /* Rotary embedding of one head vector at position p: pair i rotated by
  * p * freq_scale * theta^(-2i/hd) / freq_factor[i]. */
-static void rope(const mref *m, double *v, int64_t p)
+static void rope(const mref *m, double *v, int64_t p, bool local)
 {
     int64_t half = m->hd / 2;
+    bool plain = local && m->gemma; /* gemma's local layers: base 10000, no scaling */
     for (int64_t i = 0; i < half; i++) {
-        double ang = (double)p * m->freq_scale * pow(m->theta, -2.0 * (double)i / (double)m->hd);
-        if (m->freq_factors) ang /= m->freq_factors[i];
+        double ang = (double)p * (plain ? 1.0 : m->freq_scale) * pow(plain ? 10000.0 : m->theta, -2.0 * (double)i / (double)m->hd);
+        if (m->freq_factors && !plain) ang /= m->freq_factors[i];
         int64_t a = m->neox ? i : 2 * i, b = m->neox ? i + half : 2 * i + 1;
         double x0 = v[a], x1 = v[b], c = cos(ang), s = sin(ang);
         v[a] = x0 * c - x1 * s;
@@ -110,21 +122,23 @@ static void rope(const mref *m, double *v, int64_t p)
     }
 }
 
-/* Causal GQA attention over all n tokens (sliding window when m->window). */
-static void attention(const mref *m, const double *q, const double *k, const double *v, double *o, int64_t n)
+/* Causal GQA attention over all n tokens (sliding window on local layers, soft-capped scores). */
+static void attention(const mref *m, const double *q, const double *k, const double *v, double *o, int64_t n,
+                      bool local)
 {
     int64_t qd = m->n_head * m->hd, kvd = m->n_kv * m->hd, grp = m->n_head / m->n_kv;
-    double *s = malloc((size_t)n * sizeof *s), scale = 1.0 / sqrt((double)m->hd);
+    double *s = malloc((size_t)n * sizeof *s);
     for (int64_t t = 0; t < n; t++)
         for (int64_t h = 0; h < m->n_head; h++) {
             const double *qv = q + t * qd + h * m->hd;
-            int64_t kh = h / grp, lo = m->window ? t - m->window + 1 : 0;
+            int64_t kh = h / grp, lo = local ? t - m->window + 1 : 0;
             if (lo < 0) lo = 0;
             double mx = -INFINITY, sum = 0;
             for (int64_t j = lo; j <= t; j++) {
                 double d = 0;
                 for (int64_t i = 0; i < m->hd; i++) d += qv[i] * k[j * kvd + kh * m->hd + i];
-                s[j] = d * scale;
+                s[j] = d * m->scale;
+                if (m->attn_cap) s[j] = m->attn_cap * tanh(s[j] / m->attn_cap);
                 mx = s[j] > mx ? s[j] : mx;
             }
             for (int64_t j = lo; j <= t; j++) sum += s[j] = exp(s[j] - mx);
@@ -144,26 +158,30 @@ static void attn_half(mref *m, int l, double *x, int64_t n)
     double *h = malloc((size_t)(n * H) * sizeof *h), *q = malloc((size_t)(n * qd) * sizeof *q);
     double *k = malloc((size_t)(n * kvd) * sizeof *k), *v = malloc((size_t)(n * kvd) * sizeof *v);
     double *a = malloc((size_t)(n * qd) * sizeof *a), *o = malloc((size_t)(n * H) * sizeof *o);
-    double *w[12] = {layer_tensor(m, l, "attn_norm.weight"), layer_tensor(m, l, "attn_q.weight"),
+    double *w[13] = {layer_tensor(m, l, "attn_norm.weight"), layer_tensor(m, l, "attn_q.weight"),
                      layer_tensor(m, l, "attn_k.weight"),    layer_tensor(m, l, "attn_v.weight"),
                      layer_tensor(m, l, "attn_q.bias"),      layer_tensor(m, l, "attn_k.bias"),
                      layer_tensor(m, l, "attn_v.bias"),      layer_tensor(m, l, "attn_output.weight"),
                      layer_tensor(m, l, "attn_output.bias"), layer_tensor(m, l, "attn_q_norm.weight"),
-                     layer_tensor(m, l, "attn_k_norm.weight"), NULL};
+                     layer_tensor(m, l, "attn_k_norm.weight"), layer_tensor(m, l, "post_attention_norm.weight"),
+                     layer_tensor(m, l, "attn_qkv.weight")};
+    const double *wq = w[1], *wk = w[2], *wv = w[3];
+    if (w[12]) wq = w[12], wk = w[12] + qd * H, wv = w[12] + (qd + kvd) * H; /* phi3: q, k, v rows stacked */
     rms_norm(x, w[0], h, n, H, m->eps);
-    matmul(h, w[1], w[4], q, n, H, qd);
-    matmul(h, w[2], w[5], k, n, H, kvd);
-    matmul(h, w[3], w[6], v, n, H, kvd);
+    matmul(h, wq, w[4], q, n, H, qd);
+    matmul(h, wk, w[5], k, n, H, kvd);
+    matmul(h, wv, w[6], v, n, H, kvd);
     if (w[9]) rms_norm(q, w[9], q, n * m->n_head, m->hd, m->eps);
     if (w[10]) rms_norm(k, w[10], k, n * m->n_kv, m->hd, m->eps);
     for (int64_t t = 0; t < n; t++) {
-        for (int64_t hh = 0; hh < m->n_head; hh++) rope(m, q + t * qd + hh * m->hd, t);
-        for (int64_t hh = 0; hh < m->n_kv; hh++) rope(m, k + t * kvd + hh * m->hd, t);
+        for (int64_t hh = 0; hh < m->n_head; hh++) rope(m, q + t * qd + hh * m->hd, t, local_layer(m, l));
+        for (int64_t hh = 0; hh < m->n_kv; hh++) rope(m, k + t * kvd + hh * m->hd, t, local_layer(m, l));
     }
-    attention(m, q, k, v, a, n);
+    attention(m, q, k, v, a, n, local_layer(m, l));
     matmul(a, w[7], w[8], o, n, qd, H);
+    if (w[11]) rms_norm(o, w[11], o, n, H, m->eps);
     for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
-    for (int i = 0; i < 12; i++) free(w[i]);
+    for (int i = 0; i < 13; i++) free(w[i]);
     free(h), free(q), free(k), free(v), free(a), free(o);
 }
 
@@ -176,12 +194,17 @@ static void ffn_half(mref *m, int l, double *x, int64_t n)
     double *w[8] = {layer_tensor(m, l, "ffn_norm.weight"), layer_tensor(m, l, "ffn_gate.weight"),
                     layer_tensor(m, l, "ffn_up.weight"),   layer_tensor(m, l, "ffn_down.weight"),
                     layer_tensor(m, l, "ffn_gate.bias"),   layer_tensor(m, l, "ffn_up.bias"),
-                    layer_tensor(m, l, "ffn_down.bias"),   NULL};
+                    layer_tensor(m, l, "ffn_down.bias"),   layer_tensor(m, l, "post_ffw_norm.weight")};
+    const double *wg = w[1], *wu = w[2];
+    if (m->phi3) wg = w[2], wu = w[2] + F * H; /* phi3's ffn_up: gate rows, then up rows */
     rms_norm(x, w[0], h, n, H, m->eps);
-    matmul(h, w[1], w[4], g, n, H, F);
-    matmul(h, w[2], w[5], u, n, H, F);
-    for (int64_t i = 0; i < n * F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+    matmul(h, wg, w[4], g, n, H, F);
+    matmul(h, wu, w[5], u, n, H, F);
+    for (int64_t i = 0; i < n * F; i++)
+        g[i] = (m->gemma ? 0.5 * g[i] * (1.0 + tanh(sqrt(2.0 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
+                         : g[i] / (1.0 + exp(-g[i]))) * u[i];
     matmul(g, w[3], w[6], o, n, F, H);
+    if (w[7]) rms_norm(o, w[7], o, n, H, m->eps);
     for (int64_t i = 0; i < n * H; i++) x[i] += o[i];
     for (int i = 0; i < 8; i++) free(w[i]);
     free(h), free(g), free(u), free(o);
@@ -191,14 +214,21 @@ static void ffn_half(mref *m, int l, double *x, int64_t n)
 static bool read_meta(mref *m)
 {
     if (kiln_gguf_get_str(m->f, "general.architecture", &m->arch, NULL) != KILN_OK) return fail(m, "no arch"), false;
-    m->neox = strcmp(m->arch, "llama") != 0; /* qwen2, qwen3: NEOX pairing in llama.cpp */
+    m->neox = strcmp(m->arch, "llama") != 0; /* qwen2, qwen3, gemma2/3, phi3: NEOX pairing in llama.cpp */
+    bool gemma2 = strcmp(m->arch, "gemma2") == 0, gemma3 = strcmp(m->arch, "gemma3") == 0;
+    m->gemma = gemma2 || gemma3;
+    m->phi3 = strcmp(m->arch, "phi3") == 0;
+    m->swa_pattern = gemma2 ? 2 : gemma3 ? 6 : 0;
     m->hidden = key_int(m, "embedding_length", 0);
     m->n_head = key_int(m, "attention.head_count", 0);
     m->n_kv = key_int(m, "attention.head_count_kv", m->n_head);
     m->hd = key_int(m, "attention.key_length", m->n_head ? m->hidden / m->n_head : 0);
     m->ffn = key_int(m, "feed_forward_length", 0);
     m->n_layer = key_int(m, "block_count", 0);
-    m->window = key_int(m, "attention.sliding_window", 0);
+    m->window = key_int(m, "attention.sliding_window", gemma2 ? 4096 : 0);
+    m->attn_cap = m->gemma ? key_f(m, "attn_logit_softcapping", gemma2 ? 50.0 : 0.0) : 0;
+    m->final_cap = m->gemma ? key_f(m, "final_logit_softcapping", gemma2 ? 30.0 : 0.0) : 0;
+    bool wide = (gemma2 && m->n_layer == 46) || (gemma3 && m->n_layer == 62); /* llama.cpp's 27B rule */
     m->eps = key_f(m, "attention.layer_norm_rms_epsilon", 1e-5);
     m->theta = key_f(m, "rope.freq_base", 10000.0);
     double factor = key_f(m, "rope.scaling.factor", key_f(m, "rope.scale_linear", 0.0));
@@ -211,6 +241,7 @@ static bool read_meta(mref *m)
     m->freq_factors = tensor(m, "rope_freqs.weight", &nf);
     if (m->freq_factors && nf != m->hd / 2) return fail(m, "rope_freqs has %lld values", (long long)nf), false;
     if (!m->hidden || !m->n_head || !m->hd || !m->ffn || !m->n_layer) return fail(m, "missing sizes"), false;
+    m->scale = 1.0 / sqrt((double)(wide ? m->hidden / m->n_head : m->hd));
     return true;
 }
 
@@ -225,6 +256,8 @@ double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *
     m.vocab = ne / m.hidden;
     x = malloc((size_t)(n * m.hidden) * sizeof *x);
     for (int64_t t = 0; t < n; t++) memcpy(x + t * m.hidden, embd + ids[t] * m.hidden, (size_t)m.hidden * sizeof *x);
+    if (m.gemma) /* llama.cpp scales by sqrtf(n_embd), an f32 value */
+        for (int64_t i = 0; i < n * m.hidden; i++) x[i] *= (double)sqrtf((float)m.hidden);
     for (int l = 0; l < m.n_layer; l++) {
         attn_half(&m, l, x, n);
         ffn_half(&m, l, x, n);
@@ -234,6 +267,7 @@ double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *
     if (norm && logits) {
         rms_norm(x, norm, x, n, m.hidden, m.eps);
         matmul(x, head ? head : embd, NULL, logits, n, m.hidden, m.vocab);
+        for (int64_t i = 0; m.final_cap && i < n * m.vocab; i++) logits[i] = m.final_cap * tanh(logits[i] / m.final_cap);
     } else {
         fail(&m, "no output_norm.weight");
         free(logits);
