@@ -772,7 +772,9 @@ typedef struct kiln_model_info {
  * - KILN_ERR_UNSUPPORTED for another architecture; a tensor the graph would not use (named); a
  *   metadata key under "<arch>." that kiln does not know, or one naming a feature it does not
  *   build at a value that turns the feature on (mixture of experts, rotary scaling types other
- *   than none and linear, soft-capping, ...; named with its value); partial rotary dims; a tensor type kiln has no dtype for (named with the type);
+ *   than none and linear, soft-capping outside gemma, ...; named with its value); partial rotary
+ *   dims; phi3 longrope (its rope_factors_long/short tensors, named); a tensor type kiln has no
+ *   dtype for (named with the type);
  * - KILN_ERR_NAME for a missing key (including {arch}.attention.layer_norm_rms_epsilon, which
  *   llama.cpp requires too) or tensor; KILN_ERR_SHAPE for inconsistent sizes. */
 KILN_API kiln_status kiln_model_info_get(const kiln_gguf *f, kiln_model_info *out);
