@@ -379,14 +379,7 @@ static bool need_i32_table(build *b, const char *what, const kiln_node_rec *t, i
 
 /* parents KILN_NODE_NONE: a step without a tree (n_src stays 6, so the .kg form has no parents). */
 static kiln_node paged(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos, kiln_node seqs,
-                       kiln_node blocks, kiln_node parents, int block, float scale)
-{
-    return kiln_paged_attention_ext(g, q, k, v, pos, seqs, blocks, block, scale, 0.0f, 0);
-}
-
-KILN_API kiln_node kiln_paged_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
-                                            kiln_node seqs, kiln_node blocks, int block, float scale, float softcap,
-                                            int64_t window)
+                       kiln_node blocks, kiln_node parents, int block, float scale, float softcap, int64_t window)
 {
     build b = begin(g, KILN_OP_PAGED_ATTENTION);
     const kiln_node_rec *qn = operand(&b, 0, "q", q, false), *kn = operand(&b, 1, "k", k, false);
@@ -426,7 +419,14 @@ KILN_API kiln_node kiln_paged_attention_ext(kiln_graph *g, kiln_node q, kiln_nod
 KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
                                         kiln_node seqs, kiln_node blocks, int block, float scale)
 {
-    return paged(g, q, k, v, pos, seqs, blocks, KILN_NODE_NONE, block, scale);
+    return paged(g, q, k, v, pos, seqs, blocks, KILN_NODE_NONE, block, scale, 0.0f, 0);
+}
+
+KILN_API kiln_node kiln_paged_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
+                                            kiln_node seqs, kiln_node blocks, int block, float scale, float softcap,
+                                            int64_t window)
+{
+    return paged(g, q, k, v, pos, seqs, blocks, KILN_NODE_NONE, block, scale, softcap, window);
 }
 
 KILN_API kiln_node kiln_paged_attention_tree(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
@@ -435,7 +435,7 @@ KILN_API kiln_node kiln_paged_attention_tree(kiln_graph *g, kiln_node q, kiln_no
 {
     if (g && g->status == KILN_OK && parents == KILN_NODE_NONE)
         return kiln_graph_fail(g, KILN_ERR_INVALID_ARG, "paged_attention: a tree step needs parents (none given)");
-    return paged(g, q, k, v, pos, seqs, blocks, parents, block, scale);
+    return paged(g, q, k, v, pos, seqs, blocks, parents, block, scale, 0.0f, 0); /* trees: no soft-cap or window */
 }
 
 KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids)
