@@ -388,15 +388,16 @@ static void gw_sync(gm *g, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm
     kiln_kir_op(g->k, op, KILN_KT_NONE, a, b, KILN_IDX_NONE, imm);
 }
 
-/* One TMA box of map m: {dst, mbarrier, k, row} */
-static void gw_tma(gm *g, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kcoord, uint32_t row)
+/* One TMA box of map m: {dst, mbarrier, k, row}; mask: KILN_IDX_NONE, or the U32 CTA mask of a
+ * multicast into the cluster's blocks */
+static void gw_tma(gm *g, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kcoord, uint32_t row, uint32_t mask)
 {
     kiln_kir *k = g->k;
     uint32_t v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, KILN_IDX_NONE, dst, KILN_IDX_NONE, 0);
     v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, bar, KILN_IDX_NONE, 1);
     v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, kcoord), KILN_IDX_NONE, 2);
     v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, row), KILN_IDX_NONE, 3);
-    kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)m);
+    kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, mask, KILN_IDX_NONE, (int32_t)m);
 }
 
 /* Stage kt's slot in the ring (I32) and the parity (*ph) of its round. */
@@ -411,7 +412,7 @@ static void gw_x_boxes(gm *g, uint32_t s, uint32_t full, uint32_t kt)
 {
     for (int q = 0; q < g->parts; q++)
         gw_tma(g, g->xmap, addu(g, gw_stage(g, s), cu(g, (uint32_t)(q * g->bm * 128))), full, muli(g, kt, GW_BK),
-               g->xp ? addi(g, g->m0, q * (int32_t)g->s->m_max) : g->m0);
+               g->xp ? addi(g, g->m0, q * (int32_t)g->s->m_max) : g->m0, KILN_IDX_NONE);
 }
 
 /* The producer's one thread: for each stage, wait until the consumers released it, expect its
@@ -431,15 +432,11 @@ static void gw_producer(gm *g, const gv_group *G, const uint32_t wmap[2], int32_
         uint32_t mask = cu(g, (1u << g->cm) - 1), r0 = muli(g, g->crank, sl);
         for (int sp = 0; sp < G->n_sib; sp++) {
             uint32_t dst = addu(g, st, to_u(g, muli(g, addi(g, r0, g->parts * g->bm + sp * g->bns), 128)));
-            uint32_t v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, KILN_IDX_NONE, dst, KILN_IDX_NONE, 0);
-            v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, full, KILN_IDX_NONE, 1);
-            v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, k0), KILN_IDX_NONE, 2);
-            v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, to_u(g, add(g, g->n0, r0)), KILN_IDX_NONE, 3);
-            kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, mask, KILN_IDX_NONE, (int32_t)wmap[sp]);
+            gw_tma(g, wmap[sp], dst, full, k0, add(g, g->n0, r0), mask);
         }
     } else {
         for (int sp = 0; sp < G->n_sib; sp++)
-            gw_tma(g, wmap[sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, k0, g->n0);
+            gw_tma(g, wmap[sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, k0, g->n0, KILN_IDX_NONE);
     }
     kl_loop_end(k);
 }
