@@ -452,6 +452,24 @@ static void more_format(kiln_dtype t)
     get_rows_case(t, 7, b32 ? 96 : 512, 5); /* an odd number of 32-blocks a row: the pair's second reads as zeros */
 }
 
+/* gemv's pair path (codegen.gemv_pair: two adjacent chunks a lane, scales once per pair, whole x
+ * groups per dot) for the formats that have it: passes of 5 of 8 tokens, f16 x, a decode row of
+ * 4096 (several steps a lane), and K where a row has fewer pairs than a warp has lanes. */
+static void pair_format(kiln_dtype t)
+{
+    kiln_lower_target tg = kiln_lower_target_for_sm(90);
+    tg.opts.gemv_pair = KILN_GEMM_ON;
+    bool k256 = t == KILN_DTYPE_Q4_K;
+    plain_case_on(t, KILN_DTYPE_F32, 512, 40, 8, 5, NULL, &tg);
+    plain_case_on(t, KILN_DTYPE_F16, 256, 9, 4, 4, NULL, &tg);
+    plain_case_on(t, KILN_DTYPE_F32, 4096, 40, 1, 1, NULL, &tg);
+    plain_case_on(t, KILN_DTYPE_F32, k256 ? 768 : 96, 40, 1, 1, NULL, &tg);
+    plain_case_on(t, KILN_DTYPE_F32, k256 ? 2304 : 896, 136, 1, 1, NULL, &tg);
+}
+
+Test(gemm_wg, q8_0_pair_rows) { pair_format(KILN_DTYPE_Q8_0); }
+Test(gemm_wg, q4_k_pair_rows) { pair_format(KILN_DTYPE_Q4_K); }
+
 Test(gemm_wg, q4_0_rows) { more_format(KILN_DTYPE_Q4_0); }
 Test(gemm_wg, q4_1_rows) { more_format(KILN_DTYPE_Q4_1); }
 Test(gemm_wg, q5_0_rows) { more_format(KILN_DTYPE_Q5_0); }

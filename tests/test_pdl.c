@@ -26,6 +26,15 @@ static kiln_lower_target pdl_target(bool on)
     return t;
 }
 
+/* sm_90 with codegen.pdl = mode (KILN_GEMM_ON, KILN_PDL_NO_PREFETCH, KILN_PDL_REGS; 0 off) and gemv_pair. */
+static kiln_lower_target mode_target(int32_t mode, bool pair)
+{
+    kiln_lower_target t = kiln_lower_target_for_sm(90);
+    t.opts.pdl = mode;
+    t.opts.gemv_pair = pair ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+    return t;
+}
+
 /* ------------------------------------------------------------------ the verifier's check */
 
 /* A pdl kernel: slot 1 a weight (constant), 2 an activation, 3 the output. `order` says where the
@@ -173,21 +182,27 @@ Test(pdl, presets_lower_with_trigger_wait_and_prefetch)
                 kiln_fusion f;
                 cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
                 for (uint32_t r = 0; r < f.n_regions; r++)
-                    for (int on = 0; on < 3; on++) {
+                    for (int on = 0; on < 5; on++) { /* off, on, sm_80, no prefetch, registers */
                         kiln_lower_target t = on == 2 ? kiln_lower_target_for_sm(80) : pdl_target(on == 1);
                         if (on == 2) t.opts.pdl = KILN_GEMM_ON;
+                        if (on >= 3) t = mode_target(on == 3 ? KILN_PDL_NO_PREFETCH : KILN_PDL_REGS, false);
                         kiln_kir ks[KILN_LOWER_MAX];
                         uint32_t n = 0;
                         kiln_status s = kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err);
                         cr_assert_eq(s, KILN_OK, "%s %s region %u: %s", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), r, err);
                         for (uint32_t i = 0; i < n; i++) {
                             const kiln_kir *k = &ks[i];
-                            uint32_t waits = 0, pre = 0, w0 = top_wait(k);
+                            uint32_t waits = 0, pre = 0, lds = 0, w0 = top_wait(k);
                             for (uint32_t j = 0; j < k->n_ins; j++) {
                                 waits += k->ins[j].op == KILN_KOP_GRID_WAIT;
                                 pre += k->ins[j].op == KILN_KOP_PREFETCH && j < w0;
+                                lds += (k->ins[j].op == KILN_KOP_LD || k->ins[j].op == KILN_KOP_LD4) && j < w0;
                             }
-                            if (on != 1) {
+                            if (on >= 3) { /* no prefetches; with KILN_PDL_REGS the decode gemv loads weights before the wait */
+                                cr_assert(k->pdl && waits == 1 && pre == 0, "%s: mode %d: %u waits, %u prefetches", k->name, on, waits, pre);
+                                if (!prefill && !strcmp(k->name, "kiln_gemv"))
+                                    cr_assert(on == 3 ? lds == 0 : lds > 0, "decode gemv, mode %d: %u loads before the wait", on, lds);
+                            } else if (on != 1) {
                                 cr_assert(!k->pdl && !waits && !pre && !kiln_kir_needs_sm90(k), "%s: pdl ops with pdl off", k->name);
                             } else {
                                 cr_assert(k->pdl && k->ins[0].op == KILN_KOP_GRID_LAUNCH, "%s: trigger not first", k->name);
@@ -287,28 +302,55 @@ static void bind_random(run_case *c, const char *name, int64_t n)
     c->b[c->nb++] = (kiln_binding){.name = name, .data = v, .bytes = (size_t)n * 4};
 }
 
-/* Runs c with and without pdl: for each of its outputs the same bits, both at the matmul
- * contract's tolerance from ref64. */
+static void compare_ref(const char *what, const char *out, const float *y, const double *ref, int64_t numel, kiln_dtype key)
+{
+    double *got = malloc((size_t)numel * sizeof *got);
+    for (int64_t e = 0; e < numel; e++) got[e] = y[e];
+    char w2[160];
+    snprintf(w2, sizeof w2, "%s, output %s", what, out);
+    tu_compare(w2, got, ref, numel, tu_tol("matmul", key));
+    free(got);
+}
+
+/* Runs c without pdl and with each pdl mode (L2 prefetch, none, weights in registers): for each of
+ * its outputs the same bits, at the matmul contract's tolerance from ref64. Weights with gemv's pair
+ * path (q8_0, q4_K) run it too, plain and with weights in registers: the same bits, at the
+ * contract's tolerance (the pair path sums in another order than the chunk path). */
 static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
 {
     ref64 *rf = ref64_new(c->g);
     char err[256];
     cr_assert_eq(ref64_run(rf, c->b, c->nb, err, sizeof err), 0, "%s", err);
-    kiln_lower_target on = pdl_target(true), off = pdl_target(false);
+    kiln_lower_target off = pdl_target(false);
+    static const int32_t modes[] = {KILN_GEMM_ON, KILN_PDL_NO_PREFETCH, KILN_PDL_REGS};
+    bool pair = key == KILN_DTYPE_Q8_0 || key == KILN_DTYPE_Q4_K;
     for (uint32_t o = 0; o < c->g->n_outs; o++) {
         const char *out = c->g->outs[o].name;
         int64_t dims[KILN_MAX_RANK], numel;
         const double *ref = ref64_output(rf, out, dims, &numel);
-        int n_on = 0, n_off = 0;
-        float *y = run_kernels(c, &on, out, numel, &n_on), *y0 = run_kernels(c, &off, out, numel, &n_off);
-        cr_assert(n_on > 0 && n_off == 0, "%s: %d pdl kernels with it on, %d off", what, n_on, n_off);
-        cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: pdl kernels computed other bits", what, out);
-        double *got = malloc((size_t)numel * sizeof *got);
-        for (int64_t e = 0; e < numel; e++) got[e] = y[e];
-        char w2[160];
-        snprintf(w2, sizeof w2, "%s, output %s", what, out);
-        tu_compare(w2, got, ref, numel, tu_tol("matmul", key));
-        free(got), free(y), free(y0);
+        int n_off = 0;
+        float *y0 = run_kernels(c, &off, out, numel, &n_off);
+        cr_assert(n_off == 0, "%s: %d pdl kernels with it off", what, n_off);
+        for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+            kiln_lower_target on = mode_target(modes[m], false);
+            int n_on = 0;
+            float *y = run_kernels(c, &on, out, numel, &n_on);
+            cr_assert(n_on > 0, "%s: no pdl kernels in mode %d", what, modes[m]);
+            cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: pdl kernels (mode %d) computed other bits", what, out, modes[m]);
+            free(y);
+        }
+        compare_ref(what, out, y0, ref, numel, key);
+        if (pair) {
+            kiln_lower_target p0 = mode_target(0, true), p3 = mode_target(KILN_PDL_REGS, true);
+            int n0 = 0, n3 = 0;
+            float *yp = run_kernels(c, &p0, out, numel, &n0), *yr = run_kernels(c, &p3, out, numel, &n3);
+            cr_assert_eq(memcmp(yp, yr, (size_t)numel * 4), 0, "%s, %s: pair path with weights in registers computed other bits", what, out);
+            char w2[128];
+            snprintf(w2, sizeof w2, "%s (pair path)", what);
+            compare_ref(w2, out, yp, ref, numel, key);
+            free(yp), free(yr);
+        }
+        free(y0);
     }
     ref64_free(rf);
     for (size_t j = 0; j < c->nb; j++) free(c->in[j]);

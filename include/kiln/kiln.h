@@ -335,10 +335,11 @@ typedef struct kiln_plan kiln_plan;
 /* Code-generation and launch choices of GPU backends: zero is the default; every field is an
  * int32_t, so the struct has no padding and the kernel caches hash it whole (a new field is in the
  * keys by construction). Fields left at zero take $KILN_GEMM, $KILN_GEMM_BM, $KILN_GRID_CAP,
- * $KILN_VK_DISABLE, $KILN_WGMMA, $KILN_PDL and $KILN_PRECISION when set (docs/env.md). */
+ * $KILN_VK_DISABLE, $KILN_WGMMA, $KILN_PDL, $KILN_PRECISION and the other variables of docs/env.md when set (docs/env.md). */
 enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1, KILN_GEMM_ON = 1 };
 enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
 enum { KILN_PREC_EXACT = 0, KILN_PREC_F16 = 1 };
+enum { KILN_PDL_NO_PREFETCH = 2, KILN_PDL_REGS = 3 }; /* codegen.pdl's variants beside KILN_GEMM_ON */
 typedef struct kiln_codegen_options {
     int32_t gemm;       /* KILN_GEMM_AUTO: matmul regions of more than 8 rows use the tensor-core GEMM;
                            KILN_GEMM_OFF: gemv's passes take every matmul region (A/B runs) */
@@ -354,7 +355,10 @@ typedef struct kiln_codegen_options {
     int32_t pdl;        /* KILN_GEMM_ON: on sm_90 every kernel of a plan is written and launched for
                            programmatic dependent launch (it may start while the previous kernel ends:
                            weight prefetches first, a grid wait before it touches anything a kernel
-                           writes); KILN_GEMM_AUTO/OFF: plain launches. Opt-in until measured */
+                           writes); KILN_PDL_NO_PREFETCH (2): the same without the decode gemv's L2
+                           prefetch; KILN_PDL_REGS (3): the decode gemv loads its first weight chunks
+                           into registers before the wait instead; KILN_GEMM_AUTO/OFF: plain launches.
+                           Opt-in until measured */
     int32_t precision;  /* KILN_PREC_EXACT (0): float activations enter the tensor cores as two or three
                            f16/bf16 parts whose sum is their f32 value, so GEMMs and flash attention
                            meet the f32 contracts (NMSE 1e-10); KILN_PREC_F16: as one f16 (bf16 beside
@@ -375,6 +379,11 @@ typedef struct kiln_codegen_options {
                            1/n of it by TMA multicast into all of them (L2 traffic per tile falls from
                            x + W to x + W / n); 0 or 1: no clusters, the default: on the H100 cluster 2
                            measured as fast as none, 4 slower ($KILN_GEMM_CLUSTER, docs/kernels.md) */
+    int32_t gemv_pair;  /* KILN_GEMM_ON: the decode gemv of q8_0 and q4_K weights (integer dot products)
+                           gives each lane two adjacent 16-byte chunks a step: one scale read and decoded
+                           per 32 bytes of quants, each dot a whole 32-value group of x (about half the
+                           instructions per weight byte); KILN_GEMM_AUTO/OFF: one chunk a lane
+                           ($KILN_GEMV_PAIR, docs/kernels.md). Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -232,6 +232,55 @@ static void gv_chunk_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c)
     }
 }
 
+/* The pair path (s->pair): one loaded pair of chunks (every slot) against the quantized x of every
+ * token of the pass. Group g = pair_subs p + sub of token q: 8 words of quants (two 16-byte shared
+ * loads), its scale and (k-quants) its sum; weight scales once per pair. */
+static void gv_pair_dp4a(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t p, uint32_t pm)
+{
+    kiln_kir *k = s->k;
+    int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32);
+    const kl_wfmt *f = fmt(t);
+    int nsub = f->pair_subs;
+    kl_dp4a_scales sc[SLOTS];
+    memset(sc, 0, sizeof sc);
+    for (int r = 0; r < s->u.n_slots; r++) f->pair_scales(k, &ch[r], pm, &sc[r]);
+    uint32_t g0 = kiln_kmuli(k, p, nsub);
+    for (int q = 0; q < s->mc; q++) {
+        uint32_t part[SLOTS] = {0}, xs[2] = {KILN_IDX_NONE, KILN_IDX_NONE};
+        for (int sub = 0; sub < nsub; sub++) {
+            uint32_t gi = kiln_kaddi(k, g0, q * G + sub);
+            uint32_t wb = kiln_kaddi(k, kiln_kmuli(k, g0, 8), q * W + 8 * sub);
+            uint32_t x4[2] = {kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, wb, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)s->sh_xq),
+                              kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, kiln_kaddi(k, wb, 4), KILN_IDX_NONE, KILN_IDX_NONE,
+                                          (int32_t)s->sh_xq)};
+            uint32_t dx = kiln_klds(k, s->sh_dx, KILN_KT_F32, gi);
+            if (sc[0].dmin) xs[sub] = kiln_klds(k, s->sh_xs, KILN_KT_F32, gi);
+            for (int r = 0; r < s->u.n_slots; r++) {
+                uint32_t dot = kiln_ki(k, 0);
+                for (int l = 0; l < 8; l++)
+                    dot = kiln_kir_op(k, KILN_KOP_DP4A, KILN_KT_I32, f->pair_bytes(k, &ch[r], sub, l), kiln_klane(k, x4[l / 4], l % 4),
+                                      dot, 0);
+                uint32_t ws = kiln_k2(k, KILN_KOP_MUL, sc[r].wa[sub], dx), fd = kiln_kcvt(k, KILN_KT_F32, dot);
+                part[r] = sub ? kiln_kfma(k, fd, ws, part[r]) : kiln_k2(k, KILN_KOP_MUL, fd, ws);
+            }
+        }
+        for (int r = 0; r < s->u.n_slots; r++) {
+            if (sc[r].dmin) { /* k-quant mins: dmin * (m0 * sum(x of group 0) + m1 * sum(x of group 1)) */
+                uint32_t m = kiln_kfma(k, sc[r].mn[0], xs[0], kiln_k2(k, KILN_KOP_MUL, sc[r].mn[1], xs[1]));
+                part[r] = kiln_k2(k, KILN_KOP_SUB, part[r], kiln_k2(k, KILN_KOP_MUL, sc[r].dmin, m));
+            }
+            kiln_kset(k, s->u.acc[r][q], kiln_k2(k, KILN_KOP_ADD, s->u.acc[r][q], part[r]));
+        }
+    }
+}
+
+/* Loads a lane's step c of weight row `row` (I32): chunk c, or on the pair path pair c (pm = c mod 8). */
+static void gv_load_step(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, uint32_t pm, int64_t rows, gv_chunk *o)
+{
+    if (s->pair) fmt(t)->pair_load(s->k, slot, row, c, pm, s->K, rows, o);
+    else kl_gv_load_chunk(s, t, slot, row, c, rows, o);
+}
+
 /* x[idx] * the norm scale of token q of the pass * the norm weight at column j (each when fused). */
 static uint32_t x_normed(gv *s, uint32_t xs, uint32_t nws, int q, uint32_t idx, uint32_t j)
 {
@@ -335,62 +384,111 @@ static void store_normed_x(gv *s, uint32_t gw, uint32_t u, uint32_t lane, uint32
     kiln_kendif(s->k);
 }
 
+/* Unit u and warp wi within it of global warp gw in group G; fills un's slots (columns, ok) and each
+ * slot's weight buffer and row (0 where the column does not exist). */
+static void set_unit(gv *s, const gv_group *G, uint32_t gw, gv_unit *un, uint32_t *u, uint32_t *wi, uint32_t slot_w[SLOTS],
+                     uint32_t row[SLOTS])
+{
+    kiln_kir *k = s->k;
+    const kiln_graph *g = s->g;
+    uint32_t gl = kiln_k2(k, KILN_KOP_SUB, gw, kiln_ki(k, (int32_t)G->warp0));
+    *u = kiln_k2(k, KILN_KOP_DIV, gl, kiln_ki(k, G->wpu)), *wi = kiln_k2(k, KILN_KOP_REM, gl, kiln_ki(k, G->wpu));
+    uint32_t valid = kiln_k2(k, KILN_KOP_LT, *u, kiln_ki(k, (int32_t)G->units));
+    int deltas[SLOTS]; /* unit base column and the slots' deltas */
+    uint32_t base = kl_gv_unit_base(s, G, *u, deltas);
+    un->n_slots = 0;
+    for (int q = 0; q < G->n_sib; q++)
+        for (int c = 0; c < G->cols; c++) {
+            int r = un->n_slots++;
+            un->slot_sib[r] = G->sib[q];
+            un->slot_delta[r] = c; /* the same position in every sibling of the group */
+            un->col[r] = kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, deltas[c]));
+            un->ok[r] = kiln_k2(k, KILN_KOP_PAND, valid, kiln_k2(k, KILN_KOP_LT, un->col[r], kiln_ki(k, (int32_t)G->n)));
+        }
+    for (int r = 0; r < un->n_slots; r++) {
+        slot_w[r] = kiln_kir_buf(k, KILN_KBUF_NODE, g->nodes[s->mm[un->slot_sib[r]]].src[1], false);
+        row[r] = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, un->ok[r], un->col[r], kiln_ki(k, 0), 0);
+    }
+}
+
+/* Whether group G loads two chunks a step (both in flight before the first is used). */
+static bool two_step(gv *s, const gv_group *G, kiln_dtype t)
+{
+    return (fmt(t)->two || (s->dp4a && fmt(t)->two_dp4a)) && !s->scalar && !s->pair &&
+           kl_gv_steps_per_row(s, t) % (64 * G->wpu) == 0;
+}
+
+/* One step's arithmetic: loaded chunk(s) ch (every slot) at step index cc[h] (pair mod 8: pm). */
+static void step_math(gv *s, kiln_dtype t, bool two, gv_chunk ch[2][SLOTS], const uint32_t cc[2], uint32_t pm, uint32_t xs,
+                      uint32_t nws)
+{
+    for (int h = 0; h < (two ? 2 : 1); h++) {
+        if (s->pair) gv_pair_dp4a(s, t, ch[h], cc[h], pm);
+        else if (s->dp4a) gv_chunk_dp4a(s, t, ch[h], cc[h]);
+        else gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, s->tt);
+    }
+}
+
+/* KILN_PDL_REGS: the step a lane takes first in its block's first virtual block is in the pre_*
+ * variables (loaded before the grid wait, preload_first): its arithmetic runs here, before the chunk
+ * loop, which then starts one step later in that virtual block. */
+static void peel_first(gv *s, const gv_group *G, kiln_dtype t, bool two, uint32_t c0, uint32_t pm, uint32_t xs, uint32_t nws)
+{
+    kiln_kir *k = s->k;
+    int gi = (int)(G - s->grp);
+    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, s->vb, s->bid),
+                        kiln_k2(k, KILN_KOP_LT, c0, kiln_ki(k, (int32_t)kl_gv_steps_per_row(s, t)))));
+    gv_chunk ch[2][SLOTS];
+    uint32_t cc[2] = {c0, kiln_kaddi(k, c0, 32 * G->wpu)};
+    for (int h = 0; h < (two ? 2 : 1); h++)
+        for (int r = 0; r < s->u.n_slots; r++) {
+            memset(&ch[h][r], 0xFF, sizeof ch[h][r]); /* KILN_IDX_NONE */
+            for (int i = 0; i < 4; i++) {
+                if (!(s->pre_vmask[gi][r] >> i & 1)) continue;
+                uint32_t v = KILN_IDX_NONE;
+                for (int l = 0; l < 4; l++) v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, s->pre_v[h][r][i][l], KILN_IDX_NONE, l);
+                ch[h][r].v[i] = v;
+            }
+            if (s->pre_dtype[gi][r] != KILN_KT_NONE)
+                ch[h][r].d = s->pre_dtype[gi][r] == KILN_KT_F32 ? s->pre_d[h][r] : kiln_kbitcast(k, (enum kiln_kt)s->pre_dtype[gi][r], s->pre_d[h][r]);
+        }
+    step_math(s, t, two, ch, cc, pm, xs, nws);
+    kiln_kendif(k);
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
     const kiln_graph *g = s->g;
     kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
-    uint32_t gl = kiln_k2(s->k, KILN_KOP_SUB, gw, kiln_ki(s->k, (int32_t)G->warp0));
-    uint32_t u = kiln_k2(s->k, KILN_KOP_DIV, gl, kiln_ki(s->k, G->wpu)),
-             wi = kiln_k2(s->k, KILN_KOP_REM, gl, kiln_ki(s->k, G->wpu));
-    uint32_t valid = kiln_k2(s->k, KILN_KOP_LT, u, kiln_ki(s->k, (int32_t)G->units));
-    /* unit base column and the slots' deltas */
-    int deltas[SLOTS];
-    uint32_t base = kl_gv_unit_base(s, G, u, deltas);
-    s->u.n_slots = 0;
-    for (int q = 0; q < G->n_sib; q++)
-        for (int c = 0; c < G->cols; c++) {
-            int r = s->u.n_slots++;
-            s->u.slot_sib[r] = G->sib[q];
-            s->u.slot_delta[r] = c; /* the same position in every sibling of the group */
-            s->u.col[r] = kiln_k2(s->k, KILN_KOP_ADD, base, kiln_ki(s->k, deltas[c]));
-            s->u.ok[r] = kiln_k2(s->k, KILN_KOP_PAND, valid,
-                               kiln_k2(s->k, KILN_KOP_LT, s->u.col[r], kiln_ki(s->k, (int32_t)G->n)));
-        }
-    uint32_t slot_w[SLOTS], row[SLOTS];
-    for (int r = 0; r < s->u.n_slots; r++) {
-        slot_w[r] = kiln_kir_buf(k, KILN_KBUF_NODE, g->nodes[s->mm[s->u.slot_sib[r]]].src[1], false);
-        row[r] = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, s->u.ok[r], s->u.col[r], kiln_ki(s->k, 0), 0);
-    }
+    uint32_t u, wi, slot_w[SLOTS], row[SLOTS];
+    set_unit(s, G, gw, &s->u, &u, &wi, slot_w, row);
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
     uint32_t nws = s->nw != KILN_IDX_NONE ? kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false) : KILN_IDX_NONE;
-    int64_t K = s->K, rows = G->n, cpr = kl_gv_chunks_per_row(t, K, s->scalar);
+    int64_t rows = G->n, cpr = kl_gv_steps_per_row(s, t);
     if (!s->hoisted) {
         s->u.t0 = kiln_kvar(k, kiln_ki(s->k, 0));
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s->u.t0, m, kiln_ki(s->k, s->mc), 0);
         pass_prologue(s, tid, m);
     }
-    const uint32_t *tt = s->tt;
     for (int r = 0; r < s->u.n_slots; r++)
         for (int q = 0; q < s->mc; q++) s->u.acc[r][q] = kiln_kvar(k, kiln_kf(s->k, 0));
     /* Float and q8_0 rows take two chunks per step when the chunk count allows: both chunks' loads
      * are in flight before the first is used (more bytes in flight per warp). So do q4_K/q5_K rows
      * with integer dot products (ptxas gives them the same 80 registers either way; q6_K's four
      * loads per chunk would not fit). */
-    bool two = (fmt(t)->two || (s->dp4a && fmt(t)->two_dp4a)) && !s->scalar && cpr % (64 * G->wpu) == 0;
-    uint32_t c = kiln_kvar(k, kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, wi, kiln_ki(s->k, 32)), lane));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, kiln_ki(s->k, (int32_t)cpr),
-                kiln_ki(s->k, 32 * G->wpu * (two ? 2 : 1)), 0);
+    bool two = two_step(s, G, t);
+    int32_t step = 32 * G->wpu * (two ? 2 : 1);
+    uint32_t c0 = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, wi, kiln_ki(s->k, 32)), lane);
+    uint32_t pm = s->pair ? kiln_kandi(k, c0, 7) : KILN_IDX_NONE; /* c mod 8 at every step (steps of 32 wpu) */
+    if (s->pre) peel_first(s, G, t, two, c0, pm, xs, nws);
+    uint32_t c = kiln_kvar(k, s->pre ? kiln_ksel(k, KILN_KT_I32, kiln_k2(k, KILN_KOP_EQ, s->vb, s->bid), kiln_kaddi(k, c0, step), c0) : c0);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, kiln_ki(s->k, (int32_t)cpr), kiln_ki(s->k, step), 0);
     gv_chunk ch[2][SLOTS];
     uint32_t cc[2] = {c, two ? kiln_k2(s->k, KILN_KOP_ADD, c, kiln_ki(s->k, 32 * G->wpu)) : KILN_IDX_NONE};
     for (int h = 0; h < (two ? 2 : 1); h++)
-        for (int r = 0; r < s->u.n_slots; r++) kl_gv_load_chunk(s, t, slot_w[r], row[r], cc[h], rows, &ch[h][r]);
-    for (int h = 0; h < (two ? 2 : 1); h++) {
-        if (s->dp4a)
-            gv_chunk_dp4a(s, t, ch[h], cc[h]);
-        else
-            gv_chunk_fma(s, t, ch[h], cc[h], xs, nws, tt);
-    }
+        for (int r = 0; r < s->u.n_slots; r++) gv_load_step(s, t, slot_w[r], row[r], cc[h], pm, rows, &ch[h][r]);
+    step_math(s, t, two, ch, cc, pm, xs, nws);
     kl_loop_end(k);
     for (int r = 0; r < s->u.n_slots; r++)
         for (int q = 0; q < s->mc; q++)
@@ -425,8 +523,8 @@ static void prefetch_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
         kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
-        int64_t cpr = kl_gv_chunks_per_row(t, s->K, s->scalar), step = 32 * (int64_t)G->wpu;
-        int64_t steps = per_warp / (512 * G->n_sib * G->cols); /* a step: 16 bytes a lane of every row */
+        int64_t cpr = kl_gv_steps_per_row(s, t), step = 32 * (int64_t)G->wpu;
+        int64_t steps = per_warp / ((s->pair ? 1024 : 512) * G->n_sib * G->cols); /* a step: 16 (pairs 32) bytes a lane of every row */
         steps = steps < 1 ? 1 : steps > GV_PREFETCH ? GV_PREFETCH : steps;
         uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
         uint32_t gl = kiln_k2(k, KILN_KOP_SUB, gw, kiln_ki(k, (int32_t)G->warp0));
@@ -444,9 +542,57 @@ static void prefetch_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
                     uint32_t row = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, base, deltas[cl]), kiln_ki(k, (int32_t)(G->n - 1)));
                     gv_chunk ch;
                     uint32_t from = k->n_ins;
-                    kl_gv_load_chunk(s, t, slot, row, c, G->n, &ch);
+                    gv_load_step(s, t, slot, row, c, s->pair ? kiln_kandi(k, c0, 7) : KILN_IDX_NONE, G->n, &ch);
                     kl_pdl_prefetch_tail(k, from);
                 }
+        }
+        kiln_kendif(k);
+    }
+}
+
+/* KILN_PDL_REGS: before the grid wait each lane loads the weights of its first step in its block's
+ * first virtual block (every slot of its unit, both chunks of a two-chunk step) into the pre_*
+ * variables, as the published H100 measurement's kernels do (docs/kernels.md): all of a small
+ * matrix's weights are in flight while the previous kernel ends. peel_first uses them. Variables
+ * are shared by the groups (a warp is in one). */
+static void preload_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
+{
+    kiln_kir *k = s->k;
+    const kiln_graph *g = s->g;
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < SLOTS; r++) {
+            for (int i = 0; i < 4; i++)
+                for (int l = 0; l < 4; l++) s->pre_v[h][r][i][l] = kiln_kvar(k, kiln_ku(k, 0));
+            s->pre_d[h][r] = kiln_kvar(k, kiln_kf(k, 0.0f));
+        }
+    uint32_t gw = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, bid, WARPS), kiln_kshri(k, tid, 5));
+    for (int q = 0; q < s->n_grp; q++) {
+        const gv_group *G = &s->grp[q];
+        kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[G->sib[0]]].src[1]].dtype;
+        uint32_t end = q + 1 < s->n_grp ? s->grp[q + 1].warp0 : k->grid[0] * WARPS;
+        kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, (int32_t)G->warp0), gw),
+                            kiln_k2(k, KILN_KOP_LT, gw, kiln_ki(k, (int32_t)end))));
+        gv_unit un;
+        uint32_t u, wi, slot_w[SLOTS], row[SLOTS];
+        set_unit(s, G, gw, &un, &u, &wi, slot_w, row);
+        int64_t cpr = kl_gv_steps_per_row(s, t);
+        uint32_t c0 = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, wi, 32), lane), pm = s->pair ? kiln_kandi(k, c0, 7) : KILN_IDX_NONE;
+        for (int h = 0; h < (two_step(s, G, t) ? 2 : 1); h++) {
+            uint32_t c = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, c0, 32 * G->wpu * h), kiln_ki(k, (int32_t)(cpr - 1)));
+            for (int r = 0; r < un.n_slots; r++) {
+                gv_chunk ch;
+                memset(&ch, 0xFF, sizeof ch); /* KILN_IDX_NONE: fields the format's load leaves */
+                gv_load_step(s, t, slot_w[r], row[r], c, pm, G->n, &ch);
+                s->pre_vmask[q][r] = 0;
+                for (int i = 0; i < 4; i++) {
+                    if (ch.v[i] == KILN_IDX_NONE) continue;
+                    s->pre_vmask[q][r] |= (uint8_t)(1u << i);
+                    for (int l = 0; l < 4; l++) kiln_kset(k, s->pre_v[h][r][i][l], kiln_klane(k, ch.v[i], l));
+                }
+                s->pre_dtype[q][r] = ch.d == KILN_IDX_NONE ? KILN_KT_NONE : (uint8_t)kiln_ktype(k, ch.d);
+                if (ch.d != KILN_IDX_NONE)
+                    kiln_kset(k, s->pre_d[h][r], kiln_ktype(k, ch.d) == KILN_KT_F32 ? ch.d : kiln_kbitcast(k, KILN_KT_F32, ch.d));
+            }
         }
         kiln_kendif(k);
     }
@@ -468,6 +614,7 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     s->k = k;
     s->g = g;
     s->r = r;
+    s->pair_ok = true;
     kiln_kir_init(k, "kiln_gemv", 32 * WARPS);
     kiln_status st = KILN_OK;
     if (!kl_gv_analyze(s, err, n_err)) {
@@ -477,7 +624,7 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     s->u.mc = s->mc; /* the epilogue stores every token of a pass */
     snprintf(k->what, sizeof k->what, "gemv %s x%d%s%s, %u ops",
              kiln_dtype_name((kiln_dtype)g->nodes[g->nodes[s->mm[0]].src[1]].dtype), s->n_mm,
-             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", s->dp4a ? " (int8 dot)" : "", r->n_nodes);
+             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", s->pair ? " (int8 dot, pairs)" : s->dp4a ? " (int8 dot)" : "", r->n_nodes);
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t bid = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t lane = kiln_k2(s->k, KILN_KOP_AND, tid, kiln_ki(s->k, 31));
@@ -506,11 +653,14 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     if (s->xstage) s->sh_x = kiln_kir_shared(k, (uint32_t)(s->mc * s->K));
     uint32_t vb = KILN_IDX_NONE;
     if (s->hoisted) {
-        if (kiln_lower_target_pdl(tg)) prefetch_first(s, bid, tid, lane);
+        if (kiln_lower_target_pdl(tg) && tg->opts.pdl == KILN_GEMM_ON) prefetch_first(s, bid, tid, lane); /* not KILN_PDL_NO_PREFETCH */
+        s->pre = kiln_lower_target_pdl(tg) && tg->opts.pdl == KILN_PDL_REGS;
+        if (s->pre) preload_first(s, bid, tid, lane);
         s->u.t0 = kiln_ki(s->k, 0);
         pass_prologue(s, tid, m);
         k->grid_stride = true;
         vb = kiln_kvar(k, bid);
+        s->vb = vb, s->bid = bid;
         kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, vb, kiln_ki(s->k, (int32_t)k->grid[0]),
                     kiln_kir_op(k, KILN_KOP_NBID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0), 0);
         gw = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, vb, kiln_ki(s->k, WARPS)),

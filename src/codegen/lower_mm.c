@@ -99,6 +99,9 @@ static bool check_weights(gv *s, char *err, size_t n_err)
               (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++)
         if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->dp4a_at) s->dp4a = false; /* float weights */
+    s->pair = s->pair_ok && s->dp4a && s->tgt->opts.gemv_pair == KILN_GEMM_ON;
+    for (int j = 0; j < s->n_mm; j++)
+        if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->pair_subs) s->pair = false;
     return true;
 }
 
@@ -159,7 +162,7 @@ static bool make_groups(gv *s, uint32_t *warps, char *err, size_t n_err)
         if (G->rope == 2) G->units = G->n / 4; /* (hd/4 units per head) */
         /* Split K over more warps when the group has few units, so a small or tall matrix still
          * keeps the target's busy_warps streaming. */
-        int64_t cpr = kl_gv_chunks_per_row(t0, s->K, s->scalar);
+        int64_t cpr = kl_gv_steps_per_row(s, t0);
         G->wpu = 1;
         while (G->wpu < WARPS && G->units * G->wpu < s->tgt->busy_warps && cpr > 32 * G->wpu)
             G->wpu *= 2; /* each warp keeps > 16 chunks a row */
@@ -193,6 +196,7 @@ bool kl_gv_analyze(gv *s, char *err, size_t n_err)
 
 /* Number of 16-byte chunks per row (one value each when scalar), and sub-steps per chunk. */
 int64_t kl_gv_chunks_per_row(kiln_dtype t, int64_t K, bool scalar) { return scalar ? K : kl_wfmt_chunks(fmt(t), K); }
+int64_t kl_gv_steps_per_row(const gv *s, kiln_dtype t) { return kl_gv_chunks_per_row(t, s->K, s->scalar) / (s->pair ? 2 : 1); }
 
 void kl_gv_load_chunk(gv *s, kiln_dtype t, uint32_t slot, uint32_t row, uint32_t c, int64_t rows, gv_chunk *o)
 {

@@ -58,6 +58,16 @@ typedef struct gv {
     kiln_dtype xdt;             /* dtype of x (f32 loads 16 bytes at a time; f16/bf16 one value at a time) */
     bool      dp4a;             /* block weights only: x quantized per 32 to int8 in shared memory, integer dot products */
     uint32_t  sh_xq, sh_dx, sh_xs; /* shared arrays: int8 x (K/4 words per token), scale and sum of x per 32 */
+    bool      pair_ok;          /* the template takes the pair path (gemv; the GEMM leaves it false) */
+    bool      pair;             /* integer dots over pairs of chunks (codegen.gemv_pair, wfmt.h pair_*): a
+                                   lane's step is two adjacent chunks, K groups of x per dot */
+    bool      pre;              /* codegen.pdl = KILN_PDL_REGS (decode): the first step of the block's first
+                                   virtual block is loaded into the pre_* variables before the grid wait */
+    uint32_t  vb, bid;          /* I32 virtual block (the hoisted loop's variable) and block index */
+    uint32_t  pre_v[2][SLOTS][4][4]; /* U32 variables: lane l of V4 i of slot r's chunk h of that step */
+    uint32_t  pre_d[2][SLOTS];  /* F32 variables: its scale word (U32 ones bitcast) */
+    uint8_t   pre_vmask[SLOTS][SLOTS]; /* per group, slot: which V4 of a chunk its format's load sets */
+    uint8_t   pre_dtype[SLOTS][SLOTS]; /* per group, slot: the type of its d (KILN_KT_NONE: unset) */
     bool      xstage;           /* float weights in one pass: normalized x staged in shared memory (sh_x) */
     uint32_t  sh_x;
     int       xv;               /* values per chunk of the staged layout: value i of chunk c at i * K / xv + c */
@@ -72,6 +82,8 @@ typedef struct gv {
     char      why[160];
 } gv;
 
+/* A lane's steps per row of dtype t: chunks, or pairs of chunks on the pair path. */
+int64_t  kl_gv_steps_per_row(const gv *s, kiln_dtype t);
 /* 16-byte chunks per row of K values of dtype t (one value each when scalar), and the first element
  * (I32, within the row) of sub-step `sub` of chunk c. */
 int64_t  kl_gv_chunks_per_row(kiln_dtype t, int64_t K, bool scalar);

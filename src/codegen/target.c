@@ -22,7 +22,10 @@ kiln_lower_target kiln_lower_target_for_sm(int sm)
     return t;
 }
 
-bool kiln_lower_target_pdl(const kiln_lower_target *t) { return t->griddep && t->opts.pdl == KILN_GEMM_ON; }
+bool kiln_lower_target_pdl(const kiln_lower_target *t)
+{
+    return t->griddep && (t->opts.pdl == KILN_GEMM_ON || t->opts.pdl == KILN_PDL_NO_PREFETCH || t->opts.pdl == KILN_PDL_REGS);
+}
 
 uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32_t cap)
 {

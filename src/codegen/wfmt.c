@@ -135,6 +135,22 @@ static void q8_0_dp4a_at(kiln_kir *k, uint32_t c, kl_dp4a_at *o)
 
 static void q8_0_dp4a_scales(kiln_kir *k, const gv_chunk *ch, uint32_t c, kl_dp4a_scales *o) { o->wa[0] = ch->d; }
 
+/* Pair p of a row: block p's 32 quants (two V4) and its scale. */
+static void q8_0_pair_load(kiln_kir *k, uint32_t slot, uint32_t row, uint32_t p, uint32_t pm, int64_t K, int64_t rows,
+                           gv_chunk *o)
+{
+    uint32_t wq = row_word(k, row, K / 4, kiln_kmuli(k, p, 2));
+    o->v[0] = kiln_kld4(k, slot, wq);
+    o->v[1] = kiln_kld4(k, slot, kiln_kaddi(k, wq, 4));
+    int64_t qbytes = (rows * K + 15) / 16 * 16;
+    uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, (int32_t)(K / 32)), p);
+    o->d = kl_load(k, slot, KILN_DTYPE_F16, kiln_kaddi(k, blk, (int32_t)(qbytes / 2)));
+}
+
+static uint32_t q8_0_pair_bytes(kiln_kir *k, const gv_chunk *ch, int sub, int l) { return kiln_klane(k, ch->v[l / 4], l % 4); }
+
+static void q8_0_pair_scales(kiln_kir *k, const gv_chunk *ch, uint32_t pm, kl_dp4a_scales *o) { o->wa[0] = ch->d; }
+
 static uint32_t q8_0_gemm_chunk(kiln_kir *k, uint32_t k0, uint32_t h)
 {
     return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_SHR, k0, kiln_ki(k, 4)), h);
@@ -305,6 +321,38 @@ static void kq_dp4a_scales(kiln_kir *k, const gv_chunk *ch, uint32_t c, kl_dp4a_
         uint32_t sc;
         scale_min(k, ch->v[0], kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, j, j), kiln_ki(k, sub)), &sc,
                   &o->mn[sub]);
+        o->wa[sub] = kiln_k2(k, KILN_KOP_MUL, d, sc);
+    }
+}
+
+/* Pair p = 4 b + j of a row: block b's header (d, dmin, scales) and qs[32 j .. 32 j + 31], whose low
+ * nibbles are sub-block 2 j and high nibbles sub-block 2 j + 1 (q5_K's qh would need two more V4). */
+static void q4_k_pair_load(kiln_kir *k, uint32_t slot, uint32_t row, uint32_t p, uint32_t pm, int64_t K, int64_t rows,
+                           gv_chunk *o)
+{
+    uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, (int32_t)(K / 256)), kiln_kshri(k, p, 2));
+    uint32_t base = kiln_kmuli(k, blk, Q4_K_WORDS);
+    uint32_t qs = kiln_k2(k, KILN_KOP_ADD, base, kiln_kaddi(k, kiln_kmuli(k, kiln_kandi(k, pm, 3), 8), 4));
+    o->v[0] = kiln_kld4(k, slot, base);
+    o->v[1] = kiln_kld4(k, slot, qs);
+    o->v[2] = kiln_kld4(k, slot, kiln_kaddi(k, qs, 4));
+}
+
+static uint32_t q4_k_pair_bytes(kiln_kir *k, const gv_chunk *ch, int sub, int l)
+{
+    uint32_t w = kiln_klane(k, ch->v[1 + l / 4], l % 4);
+    if (sub) w = kiln_k2(k, KILN_KOP_SHR, w, kiln_ku(k, 4));
+    return kiln_k2(k, KILN_KOP_AND, w, kiln_ku(k, 0x0F0F0F0Fu));
+}
+
+static void q4_k_pair_scales(kiln_kir *k, const gv_chunk *ch, uint32_t pm, kl_dp4a_scales *o)
+{
+    uint32_t hw = kiln_klane(k, ch->v[0], 0), d = kiln_kh2f(k, hw, 0);
+    o->dmin = kiln_kh2f(k, hw, 1);
+    uint32_t j2 = kiln_kmuli(k, kiln_kandi(k, pm, 3), 2);
+    for (int sub = 0; sub < 2; sub++) {
+        uint32_t sc;
+        scale_min(k, ch->v[0], kiln_kaddi(k, j2, sub), &sc, &o->mn[sub]);
         o->wa[sub] = kiln_k2(k, KILN_KOP_MUL, d, sc);
     }
 }
@@ -590,6 +638,10 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .dp4a_bytes = q8_0_dp4a_bytes,
                          .dp4a_at = q8_0_dp4a_at,
                          .dp4a_scales = q8_0_dp4a_scales,
+                         .pair_subs = 1,
+                         .pair_load = q8_0_pair_load,
+                         .pair_bytes = q8_0_pair_bytes,
+                         .pair_scales = q8_0_pair_scales,
                          .gemm_chunk = q8_0_gemm_chunk,
                          .elem = q8_0_elem},
     /* k-quant decoders hold more registers: 4 tokens per pass keep them unspilled */
@@ -610,6 +662,10 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .dp4a_bytes = q4_k_dp4a_bytes,
                          .dp4a_at = kq_dp4a_at,
                          .dp4a_scales = kq_dp4a_scales,
+                         .pair_subs = 2,
+                         .pair_load = q4_k_pair_load,
+                         .pair_bytes = q4_k_pair_bytes,
+                         .pair_scales = q4_k_pair_scales,
                          .gemm_chunk = kq_gemm_chunk,
                          .elem = q4_k_elem},
     [KILN_DTYPE_Q5_K] = {.t = KILN_DTYPE_Q5_K,

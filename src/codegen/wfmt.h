@@ -65,6 +65,17 @@ typedef struct kl_wfmt {
                                    subtracts it times the sum of the x quants */
     bool dp4a_mins;             /* dp4a_at's h0 chunks subtract mins (k-quants, q4_1, q5_1): x's group
                                    sums must be of its quants (lower_gemv.c quantize_x) */
+    /* gemv's pair path (codegen.gemv_pair, integer dot products only): a lane takes chunks 2p and 2p+1
+     * of a row together, pair p, whose x groups of 32 are pair_subs p .. pair_subs p + pair_subs - 1
+     * (x quant words 8 g .. 8 g + 7 of group g): the scales are loaded and decoded once per 32 bytes
+     * of quants and every dot product is a whole group. pm is p mod 8, computed where it is loop
+     * invariant (a lane's pairs step by multiples of 8), so shift amounts and selects hoist. */
+    int  pair_subs;             /* x groups of 32 per pair (q8_0 1, q4_K 2); 0: no pair path */
+    void (*pair_load)(kiln_kir *k, uint32_t slot, uint32_t row, uint32_t p, uint32_t pm, int64_t K, int64_t rows, gv_chunk *o);
+    /* U32 of 4 int8 values: word l (0..7) of group `sub` of a loaded pair */
+    uint32_t (*pair_bytes)(kiln_kir *k, const gv_chunk *ch, int sub, int l);
+    /* wa[sub] per group (and the k-quants' dmin, mn[sub]) */
+    void (*pair_scales)(kiln_kir *k, const gv_chunk *ch, uint32_t pm, kl_dp4a_scales *o);
     /* block formats: I32 chunk of piece h (0, 1) of the GEMM's 32-k tile at k0 */
     uint32_t (*gemm_chunk)(kiln_kir *k, uint32_t k0, uint32_t h);
     /* block formats: F32 element col of row `row` (get_rows of a quantized table) */

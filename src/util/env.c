@@ -37,6 +37,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_VIRTUAL_ENV] = "VIRTUAL_ENV",
     [KILN_ENV_CONDA_PREFIX] = "CONDA_PREFIX",
     [KILN_ENV_SPLIT] = "KILN_SPLIT",
+    [KILN_ENV_GEMV_PAIR] = "KILN_GEMV_PAIR",
 };
 
 const char *kiln_env(enum kiln_env_var v)
@@ -57,7 +58,11 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     if (!c->gemm && (e = kiln_env(KILN_ENV_GEMM)) && !strcmp(e, "0")) c->gemm = KILN_GEMM_OFF;
     if (!c->gemm_rows && (e = kiln_env(KILN_ENV_GEMM_BM)) && !strcmp(e, "64")) c->gemm_rows = 64;
     if (!c->wgmma && (e = kiln_env(KILN_ENV_WGMMA))) c->wgmma = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
-    if (!c->pdl && (e = kiln_env(KILN_ENV_PDL))) c->pdl = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->pdl && (e = kiln_env(KILN_ENV_PDL)))
+        c->pdl = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "2") ? KILN_PDL_NO_PREFETCH : !strcmp(e, "3") ? KILN_PDL_REGS
+               : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->gemv_pair && (e = kiln_env(KILN_ENV_GEMV_PAIR)))
+        c->gemv_pair = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG))) c->flash_wg = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;

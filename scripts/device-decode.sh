@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Decode at the memory roof (issue #22) on the GPU machine: every knob variant of the decode kernels
+# A/B'd in one run, interleaved (two rounds, the second in reverse order), on llama-7b f16/q8_0/q4_k
+# at KV 1024 and f16 at KV 4096 (2 layers) and qwen2-0.5b f16/q8_0/q4_k (24 layers in one plan).
+# Variants: the defaults; programmatic dependent launch with the gemv's L2 prefetch (KILN_PDL=1),
+# without it (2), with the first weight chunks loaded into registers before the wait (3); gemv's pair
+# path for q8_0/q4_K (KILN_GEMV_PAIR=1) alone and with PDL 2 and 3. Every `kiln bench` measures the
+# copy bandwidth after its run (the roof); the floor is (weights + KV read per step) / that copy
+# bandwidth. Then per-kernel profiles (achieved GB/s) of the default and pair variants, and ncu's
+# warp stall reasons of the q4_k and q8_0 gemv when ncu is there. Builds nothing; never stops at a
+# failure; about 6-8 minutes in all. The summary table (fraction of the floor) comes last.
+#
+# usage: scripts/device-decode.sh [BIN_DIR]   (default devbin; BIN_DIR/kiln must exist: it is static)
+# With $OUT set, every log and summary.txt go there (else a temp dir). ROUNDS (default 2), STEPS
+# (default 32), LLAMA_LAYERS (2), QWEN_LAYERS (24), VARIANTS (a subset of the names below) narrow it.
+set -u
+bin="${1:-devbin}"
+if [[ ! -x "$bin/kiln" ]]; then
+    echo "usage: scripts/device-decode.sh [BIN_DIR] (BIN_DIR/kiln must exist)" >&2
+    exit 2
+fi
+bin="$(cd "$bin" && pwd)"
+out="${OUT:-$(mktemp -d /tmp/device-decode.XXXXXX)}"
+mkdir -p "$out"
+export KILN_CACHE=off
+summary="$out/summary.txt"
+: >"$summary"
+rounds="${ROUNDS:-2}" steps="${STEPS:-32}"
+
+# variant name -> environment
+declare -A env_of=(
+    [base]=""
+    [pdl1]="KILN_PDL=1"
+    [pdl2]="KILN_PDL=2"
+    [pdl3]="KILN_PDL=3"
+    [pair]="KILN_GEMV_PAIR=1"
+    [pair_pdl2]="KILN_GEMV_PAIR=1 KILN_PDL=2"
+    [pair_pdl3]="KILN_GEMV_PAIR=1 KILN_PDL=3"
+)
+variants=(${VARIANTS:-base pdl1 pdl2 pdl3 pair pair_pdl2 pair_pdl3})
+# case name -> kiln bench arguments
+cases=(llama_f16_1k llama_q8_0_1k llama_q4_k_1k llama_f16_4k qwen_f16 qwen_q8_0 qwen_q4_k)
+declare -A args_of=(
+    [llama_f16_1k]="--preset llama-7b --wtype f16 --ctx 1024 --layers ${LLAMA_LAYERS:-2}"
+    [llama_q8_0_1k]="--preset llama-7b --wtype q8_0 --ctx 1024 --layers ${LLAMA_LAYERS:-2}"
+    [llama_q4_k_1k]="--preset llama-7b --wtype q4_k --ctx 1024 --layers ${LLAMA_LAYERS:-2}"
+    [llama_f16_4k]="--preset llama-7b --wtype f16 --ctx 4096 --layers ${LLAMA_LAYERS:-2}"
+    [qwen_f16]="--preset qwen2-0.5b --wtype f16 --ctx 1024 --layers ${QWEN_LAYERS:-24}"
+    [qwen_q8_0]="--preset qwen2-0.5b --wtype q8_0 --ctx 1024 --layers ${QWEN_LAYERS:-24}"
+    [qwen_q4_k]="--preset qwen2-0.5b --wtype q4_k --ctx 1024 --layers ${QWEN_LAYERS:-24}"
+)
+# the pair path changes only q8_0/q4_k kernels: f16 cases skip its variants
+applies() { [[ "$1" != pair* || "$2" != *f16* ]]; }
+
+"$bin/kiln" info >"$out/info.log" 2>&1
+grep -i -m2 "cuda" "$out/info.log" | tee -a "$summary"
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader >>"$summary" 2>/dev/null
+
+# one timed bench: $out/r<round>_<case>_<variant>.log
+bench() {
+    local r="$1" c="$2" v="$3" log="$out/r$1_$2_$3.log"
+    # shellcheck disable=SC2086
+    timeout --kill-after=5 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda \
+        --steps "$steps" --json >"$log" 2>&1 || echo "[FAIL] $c $v round $r (rc=$?)" | tee -a "$summary"
+}
+for ((r = 1; r <= rounds; r++)); do
+    for c in "${cases[@]}"; do
+        order=("${variants[@]}")
+        if ((r % 2 == 0)); then order=(); for ((i = ${#variants[@]} - 1; i >= 0; i--)); do order+=("${variants[$i]}"); done; fi
+        for v in "${order[@]}"; do applies "$v" "$c" && bench "$r" "$c" "$v"; done
+    done
+done
+
+# per-kernel profiles (kernel by kernel: achieved GB/s of each, not the overlap)
+for c in llama_q4_k_1k llama_q8_0_1k llama_f16_1k qwen_q8_0; do
+    for v in base pair; do
+        applies "$v" "$c" || continue
+        # shellcheck disable=SC2086
+        timeout --kill-after=5 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda \
+            --steps 8 --no-roof --profile >"$out/profile_${c}_$v.log" 2>&1
+    done
+done
+
+# ncu: stall reasons of the quantized gemv (one layer), default and pair
+ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+if [[ -x "$ncu" ]]; then
+    for w in q4_k q8_0; do
+        for v in base pair; do
+            # shellcheck disable=SC2086
+            timeout --kill-after=5 180 env ${env_of[$v]} KILN_NO_RECORD=1 "$ncu" --kernel-name kiln_gemv --launch-skip 8 --launch-count 4 \
+                --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+                --section LaunchStats --section Occupancy \
+                "$bin/kiln" bench --preset llama-7b --wtype "$w" --ctx 1024 --layers 1 --mode decode --backend cuda --steps 2 --no-roof \
+                >"$out/ncu_llama_${w}_$v.log" 2>&1 || echo "[FAIL] ncu $w $v (see ncu_llama_${w}_$v.log)" | tee -a "$summary"
+        done
+    done
+else
+    echo "ncu absent: no stall reasons" | tee -a "$summary"
+fi
+
+# ---------------------------------------------------------------- summary
+field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$2" | head -n 1 | tr -d '"'; }
+{
+    echo
+    echo "== per-kernel profiles (default vs pair), the gemv lines:"
+    for f in "$out"/profile_*.log; do
+        [[ -e "$f" ]] || continue
+        echo "-- $(basename "$f" .log)"
+        grep -E "gemv|attn|GB/s" "$f" | head -n 12
+    done
+    echo
+    echo "== ncu (q4_k / q8_0 gemv, llama-7b layer): issue rate, stall reasons, achieved DRAM throughput"
+    for f in "$out"/ncu_*.log; do
+        [[ -e "$f" ]] || continue
+        echo "-- $(basename "$f" .log)"
+        grep -E "DRAM Throughput|Memory Throughput|Duration|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued|Stall|Registers Per|Achieved Occupancy" "$f" |
+            sort | uniq -c | sort -rn | head -n 14
+    done
+    echo
+    echo "== decode, ms per layer-step (median over rounds) and fraction of the floor (copy bandwidth of the same run)"
+    printf '%-15s' case
+    for v in "${variants[@]}"; do printf ' %16s' "$v"; done
+    echo
+    for c in "${cases[@]}"; do
+        printf '%-15s' "$c"
+        for v in "${variants[@]}"; do
+            if ! applies "$v" "$c"; then printf ' %16s' "-"; continue; fi
+            ms=() fr=()
+            for ((r = 1; r <= rounds; r++)); do
+                f="$out/r${r}_${c}_$v.log"
+                [[ -e "$f" ]] && grep -q '"ms_per_layer_step"' "$f" || continue
+                ms+=("$(field ms_per_layer_step "$f")") fr+=("$(field fraction_of_bw "$f")")
+            done
+            if ((${#ms[@]} == 0)); then printf ' %16s' failed; continue; fi
+            med_ms="$(printf '%s\n' "${ms[@]}" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')"
+            med_fr="$(printf '%s\n' "${fr[@]}" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')"
+            printf ' %8.4f ms %3.0f%%' "$med_ms" "$(awk -v x="$med_fr" 'BEGIN { print 100 * x }')"
+        done
+        echo
+    done
+    echo "(qwen rows: the issue's target is 0.020 ms per layer-step; llama rows: f16 >= 88%, q8_0 >= 80%, q4_k >= 75% of the floor)"
+    echo "copy bandwidth (GB/s) measured by the runs: $(cat "$out"/r*_*.log 2>/dev/null | sed -n 's/.*"roof_gb_per_s":\([0-9.]*\).*/\1/p' | sort -g | awk '{ a[NR] = $1 } END { if (NR) printf "%.0f .. %.0f (%d runs)", a[1], a[NR], NR }')"
+} | tee -a "$summary"
+echo "logs: $out"
