@@ -274,6 +274,67 @@ Test(gemm_wg, interpreter_catches_read_in_flight)
     kiln_kir_free(&k);
 }
 
+/* Named barriers (NBAR_SYNC / NBAR_ARRIVE), as FlashAttention-3's warpgroup ping-pong uses them:
+ * two warpgroups take turns 5 times each, warpgroup w syncing on barrier 1 + w (256 threads: its
+ * own 128 and the other's arrival) and then arriving on the other's; warpgroup 0's first turn is
+ * given by its own early arrival. Each turn one thread appends w to a log in shared memory. The
+ * interpreter runs the lowest thread as far as it can go, so without the barriers warpgroup 0 logs
+ * all its turns first: the log must alternate 0 1 0 1 ... with them, and must not without
+ * (mutation `drop`: the syncs become no-ops). `hang`: warpgroup 1 never arrives, a deadlock. */
+static bool nbar_pingpong(int how, uint32_t out[10], char *err, size_t n_err)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "nbar_pingpong", 256);
+    uint32_t sh = kiln_kir_shared(&k, 16), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, true);
+    uint32_t tid = kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t wg = kiln_kshri(&k, tid, 7), lead = kiln_k2(&k, KILN_KOP_EQ, kiln_kandi(&k, tid, 127), kiln_ki(&k, 0));
+    kiln_kif(&k, kiln_k2(&k, KILN_KOP_EQ, tid, kiln_ki(&k, 0)));
+    kiln_ksts(&k, sh, kiln_ki(&k, 15), kiln_ku(&k, 0)); /* the log's length */
+    kiln_kendif(&k);
+    kiln_kbarrier(&k);
+    kiln_kif(&k, kiln_k2(&k, KILN_KOP_EQ, wg, kiln_ki(&k, 0)));
+    kiln_kir_op(&k, KILN_KOP_NBAR_ARRIVE, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8 | 1);
+    kiln_kendif(&k);
+    uint32_t i = kiln_kvar(&k, kiln_ki(&k, 0));
+    kiln_kloop(&k, i, kiln_ki(&k, 5), kiln_ki(&k, 1));
+    uint32_t mine = kiln_kaddi(&k, wg, 1), other = kiln_k2(&k, KILN_KOP_SUB, kiln_ki(&k, 2), wg); /* ids as values */
+    if (how != 1) kiln_kir_op(&k, KILN_KOP_NBAR_SYNC, KILN_KT_NONE, mine, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8);
+    kiln_kif(&k, lead);
+    uint32_t n = kiln_kcvt(&k, KILN_KT_I32, kiln_klds(&k, sh, KILN_KT_U32, kiln_ki(&k, 15)));
+    kiln_ksts(&k, sh, n, kiln_kcvt(&k, KILN_KT_U32, wg));
+    kiln_ksts(&k, sh, kiln_ki(&k, 15), kiln_kcvt(&k, KILN_KT_U32, kiln_kaddi(&k, n, 1)));
+    kiln_kendif(&k);
+    if (how == 2) kiln_kif(&k, kiln_k2(&k, KILN_KOP_EQ, wg, kiln_ki(&k, 0)));
+    kiln_kir_op(&k, KILN_KOP_NBAR_ARRIVE, KILN_KT_NONE, other, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8);
+    if (how == 2) kiln_kendif(&k);
+    kiln_kendloop(&k);
+    kiln_kbarrier(&k);
+    kiln_kif(&k, kiln_k2(&k, KILN_KOP_LT, tid, kiln_ki(&k, 10)));
+    kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, tid, kiln_klds(&k, sh, KILN_KT_U32, tid), KILN_IDX_NONE, (int32_t)y);
+    kiln_kendif(&k);
+    uint32_t params[8] = {0};
+    uint32_t *bufs[2] = {params, out};
+    bool ok = kt_interp_block(&k, bufs, err, n_err);
+    kiln_kir_free(&k);
+    return ok;
+}
+
+Test(gemm_wg, named_barriers_take_turns)
+{
+    uint32_t out[10];
+    char err[512];
+    memset(out, 0xFF, sizeof out);
+    cr_assert(nbar_pingpong(0, out, err, sizeof err), "%s", err);
+    for (int i = 0; i < 10; i++) cr_assert_eq(out[i], (uint32_t)(i & 1), "turn %d taken by warpgroup %u", i, out[i]);
+    memset(out, 0xFF, sizeof out);
+    cr_assert(nbar_pingpong(1, out, err, sizeof err), "%s", err);
+    bool alt = true;
+    for (int i = 0; i < 10; i++) alt &= out[i] == (uint32_t)(i & 1);
+    cr_assert(!alt, "without the syncs the turns still alternate: the test cannot fail");
+    cr_assert(!nbar_pingpong(2, out, err, sizeof err), "a barrier no one completes must deadlock");
+    cr_assert(strstr(err, "deadlock"), "%s", err);
+}
+
 /* Mutations of the pipeline that a GPU would turn into wrong numbers must fail here too. */
 static void drop_full_wait(kiln_kir *k) /* the consumers no longer wait for a stage's bytes */
 {

@@ -3,11 +3,15 @@
  * text of the instructions other printers must agree with, and the printer's refusals. Without
  * ptxas on the machine, the assembling cases skip and say so. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/dtype.h"
 #include "ptx/ptx.h"
+#include "spirv/spirv.h"
+#include "support/testutil.h"
 #include "support/kirtest.h"
 
 #define N KILN_IDX_NONE
@@ -570,6 +574,83 @@ Test(ptx, pdl_ops_print_for_sm90_only)
     char err[256] = "";
     cr_assert_eq(kiln_ptx_print(&k, 80, &txt, err, sizeof err), KILN_ERR_UNSUPPORTED);
     cr_assert(strstr(err, "griddepcontrol"), "%s", err);
+    kiln_kir_free(&k);
+}
+
+/* PACK2 (two f32 to an f16x2 or bf16x2 word in one cvt): a in the low half, b in the high half,
+ * each rounded as F2H / F2B round (the interpreter against the two-conversion form on values
+ * that include halfway cases, subnormals, overflow and infinities); prints as cvt.rn.f16x2.f32
+ * with b first (PTX puts its first source in the upper half) and assembles for sm_80 and sm_90. */
+Test(ptx, pack2_halves)
+{
+    enum { T = 64 };
+    kiln_kir k;
+    kiln_kir_init(&k, "pack2", T);
+    uint32_t x = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, false), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 2, true);
+    uint32_t tid = kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t a = kiln_kbitcast(&k, KILN_KT_F32, kiln_kld(&k, x, kiln_kmuli(&k, tid, 2)));
+    uint32_t b = kiln_kbitcast(&k, KILN_KT_F32, kiln_kld(&k, x, kiln_kaddi(&k, kiln_kmuli(&k, tid, 2), 1)));
+    for (int bf = 0; bf < 2; bf++) {
+        uint32_t p = kiln_kir_op(&k, KILN_KOP_PACK2, KILN_KT_U32, a, b, KILN_IDX_NONE, bf);
+        enum kiln_kop one = bf ? KILN_KOP_F2B : KILN_KOP_F2H;
+        uint32_t lo = kiln_kir_op(&k, one, KILN_KT_U32, a, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        uint32_t hi = kiln_kir_op(&k, one, KILN_KT_U32, b, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+        uint32_t two = kiln_k2(&k, KILN_KOP_OR, lo, kiln_k2(&k, KILN_KOP_SHL, hi, kiln_ku(&k, 16)));
+        kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(&k, kiln_kmuli(&k, tid, 4), 2 * bf), p, KILN_IDX_NONE, (int32_t)y);
+        kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(&k, kiln_kmuli(&k, tid, 4), 2 * bf + 1), two, KILN_IDX_NONE, (int32_t)y);
+    }
+    k.grid[0] = 1;
+    float in[2 * T];
+    static const float special[] = {1.00048828125f, 1.000732421875f, 65520.0f, 65519.0f, 1e-7f, -3e-8f, INFINITY, -INFINITY,
+                                    1.00390625f, 1.01171875f, 3.3895314e38f, -0.0f};
+    for (int i = 0; i < 2 * T; i++) in[i] = i < (int)(sizeof special / sizeof *special) ? special[i] : (float)tu_uniform(-70000, 70000);
+    uint32_t out[4 * T], params[4] = {0};
+    memset(out, 0xFF, sizeof out);
+    uint32_t *bufs[3] = {params, (uint32_t *)in, out};
+    char err[512] = "";
+    cr_assert(kt_interp(&k, bufs, err, sizeof err), "%s", err);
+    for (int t = 0; t < T; t++) {
+        cr_assert_eq(out[4 * t], out[4 * t + 1], "f16x2 of %g, %g: %#x, two conversions %#x", (double)in[2 * t], (double)in[2 * t + 1],
+                     out[4 * t], out[4 * t + 1]);
+        cr_assert_eq(out[4 * t] & 0xffff, kiln_f32_to_f16(in[2 * t]), "f16 of a in the low half");
+        cr_assert_eq(out[4 * t + 2], out[4 * t + 3], "bf16x2 of %g, %g: %#x, two conversions %#x", (double)in[2 * t],
+                     (double)in[2 * t + 1], out[4 * t + 2], out[4 * t + 3]);
+    }
+    for (int sm = 80; sm <= 90; sm += 10) {
+        char *txt = print_ok(&k, sm);
+        cr_assert(strstr(txt, "\tcvt.rn.f16x2.f32 %r") && strstr(txt, "\tcvt.rn.bf16x2.f32 %r"), "%s", txt);
+        assemble_ok(txt, sm, "pack2");
+        free(txt);
+    }
+    kiln_kir_free(&k);
+}
+
+/* Named barriers print as bar.sync / bar.arrive with the id as a constant or a register and the
+ * thread count, assemble (also for sm_80: they are not Hopper's), and the GLSL printer refuses them. */
+Test(ptx, named_barriers_print)
+{
+    kiln_kir k;
+    kiln_kir_init(&k, "nbar", 256);
+    uint32_t tid = kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t id = kiln_kaddi(&k, kiln_kshri(&k, tid, 7), 1);
+    kiln_kir_op(&k, KILN_KOP_NBAR_SYNC, KILN_KT_NONE, id, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8);
+    kiln_kir_op(&k, KILN_KOP_NBAR_ARRIVE, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 128 << 8 | 3);
+    char err[512] = "";
+    cr_assert(kiln_kir_verify(&k, err, sizeof err), "%s", err);
+    for (int sm = 80; sm <= 90; sm += 10) {
+        char *txt = print_ok(&k, sm);
+        cr_assert(strstr(txt, "\tbar.sync %r") && strstr(txt, ", 256;\n") && strstr(txt, "\tbar.arrive 3, 128;\n"), "%s", txt);
+        assemble_ok(txt, sm, "named barriers");
+        free(txt);
+    }
+    char *glsl = NULL;
+    cr_assert_neq(kiln_spv_glsl(&k, NULL, &glsl, err, sizeof err), KILN_OK, "GLSL printed a named barrier");
+    free(glsl);
+    kiln_kir k2;
+    kiln_kir_init(&k2, "nbar_bad", 256);
+    kiln_kir_op(&k2, KILN_KOP_NBAR_SYNC, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 100 << 8 | 1); /* not whole warps */
+    cr_assert(!kiln_kir_verify(&k2, err, sizeof err) && strstr(err, "named barrier"), "%s", err);
+    kiln_kir_free(&k2);
     kiln_kir_free(&k);
 }
 

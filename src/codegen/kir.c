@@ -28,6 +28,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_TMA_LOAD] = "tma_load", [KILN_KOP_MBAR_ARRIVE_CL] = "mbar_arrive_cl", [KILN_KOP_CLUSTER_SYNC] = "cluster_sync",
     [KILN_KOP_SETMAXNREG] = "setmaxnreg",
     [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch", [KILN_KOP_WSET] = "wset",
+    [KILN_KOP_NBAR_SYNC] = "nbar_sync", [KILN_KOP_NBAR_ARRIVE] = "nbar_arrive", [KILN_KOP_PACK2] = "pack2",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
@@ -298,6 +299,9 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             if (t != KILN_KT_F32 || ta[0] != KILN_KT_U32 || in->imm.i < 0 || in->imm.i > 1) FAIL("needs u32 and half 0/1");
             break;
         case KILN_KOP_F2H: case KILN_KOP_F2B: if (t != KILN_KT_U32 || ta[0] != KILN_KT_F32) FAIL("needs f32 -> u32"); break;
+        case KILN_KOP_PACK2:
+            if (t != KILN_KT_U32 || ta[0] != KILN_KT_F32 || ta[1] != KILN_KT_F32 || in->imm.u > 1) FAIL("pack2 needs two f32 -> u32, flag 0/1");
+            break;
         case KILN_KOP_BFE: {
             int off = in->imm.i & 31, w = in->imm.i >> 8;
             if (!is_int(t) || ta[0] != KILN_KT_U32 || w < 1 || off + w > 32) FAIL("field %d:%d of %s", off, w, kiln_kt_name(ta[0]));
@@ -363,6 +367,13 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             if (trans && (!(in->imm.u & 2) || !(in->imm.u >> 16))) FAIL("wgmma with an MN-major B needs the swizzled layout and a leading byte offset (flags %#x)", in->imm.u);
             if (!trans && (in->imm.u >> 16)) FAIL("wgmma leading byte offset without an MN-major B (flags %#x)", in->imm.u);
             if (k->block % 128) FAIL("wgmma in a block that is not whole warpgroups");
+            break;
+        }
+        case KILN_KOP_NBAR_SYNC: case KILN_KOP_NBAR_ARRIVE: {
+            uint32_t id = in->imm.u & 0xff, cnt = in->imm.u >> 8;
+            bool reg = in->a != KILN_IDX_NONE;
+            if ((reg ? id != 0 || ta[0] != KILN_KT_I32 : id < 1 || id > 15) || !cnt || cnt % 32 || cnt > k->block || k->block % 32)
+                FAIL("named barrier %u of %u threads in a block of %u (ids 1..15 or an i32 value, whole warps)", id, cnt, k->block);
             break;
         }
         case KILN_KOP_WSET:

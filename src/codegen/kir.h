@@ -163,6 +163,16 @@ enum kiln_kop {
     KILN_KOP_PREFETCH,    /* NONE: hint to bring word a (I32) of buffer slot imm into L2 (prefetch.global.L2);
                              changes no value */
     KILN_KOP_WSET,        /* NONE: lane imm (0..63) of W64 variable a = F32 b (a must not be in flight: WG_WAIT first) */
+    /* Named barriers (PTX bar.sync / bar.arrive with an id and a thread count; CUDA only, the GLSL
+     * printer refuses them): id imm & 0xff in 1..15 (0 is BARRIER's), or I32 value a where a is not
+     * KILN_IDX_NONE (imm & 0xff 0 then); count imm >> 8 threads, whole warps, the same at every use
+     * of a phase. A phase completes when count threads have synced or arrived; warp-uniform.
+     * Warp specialization's hand-offs: one warpgroup's turn at the tensor cores */
+    KILN_KOP_NBAR_SYNC,   /* NONE: arrives at named barrier imm and waits until its phase completes
+                             (earlier shared memory accesses of the threads arriving are then visible) */
+    KILN_KOP_NBAR_ARRIVE, /* NONE: arrives at named barrier imm without waiting */
+    KILN_KOP_PACK2,       /* U32: F2H (imm 1: F2B) of F32 a in the low half, of F32 b in the high half, in one
+                             instruction (cvt.rn.f16x2.f32: half the conversions of two F2H); CUDA only */
     KILN_KOP_COUNT
 };
 

@@ -531,6 +531,16 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     }
     case KILN_KOP_MMA: print_mma(p, i); return KILN_OK;
     case KILN_KOP_WGMMA: print_wgmma(p, i); return KILN_OK;
+    case KILN_KOP_PACK2: {
+        rname d = def(p, i);
+        kiln_sbuf_printf(&p->body, "\tcvt.rn.%s.f32 %s, %s, %s;\n", in->imm.u ? "bf16x2" : "f16x2", d.s, vreg(p, in->b).s, vreg(p, in->a).s);
+        return KILN_OK;
+    }
+    case KILN_KOP_NBAR_SYNC: case KILN_KOP_NBAR_ARRIVE:
+        if (in->a != KILN_IDX_NONE)
+            kiln_sbuf_printf(&p->body, "\tbar.%s %s, %u;\n", in->op == KILN_KOP_NBAR_SYNC ? "sync" : "arrive", vreg(p, in->a).s, in->imm.u >> 8);
+        else kiln_sbuf_printf(&p->body, "\tbar.%s %u, %u;\n", in->op == KILN_KOP_NBAR_SYNC ? "sync" : "arrive", in->imm.u & 0xff, in->imm.u >> 8);
+        return KILN_OK;
     case KILN_KOP_WSET: kiln_sbuf_printf(&p->body, "\tmov.f32 %s, %s;\n", f4reg(p, in->a, in->imm.i).s, vreg(p, in->b).s); return KILN_OK;
     case KILN_KOP_FENCE_ASYNC:
         kiln_sbuf_printf(&p->body, in->imm.i ? "\tfence.mbarrier_init.release.cluster;\n" : "\tfence.proxy.async.shared::cta;\n");

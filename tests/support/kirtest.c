@@ -340,6 +340,13 @@ typedef union kval {
 } kval;
 
 
+/* bf16 of f, rounded to nearest even (a NaN stays a quiet NaN) */
+static uint32_t f2b(float f)
+{
+    uint32_t u = f_bits(f);
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
 static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs, const uint32_t tid, const uint32_t *bid,
                  char *err, size_t n_err)
 {
@@ -396,11 +403,8 @@ static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs,
     case KILN_KOP_H2F: r.f = kiln_f16_to_f32((uint16_t)(a.u >> (16 * in->imm.u))); break;
     case KILN_KOP_B2F: r.u = in->imm.u ? a.u & 0xffff0000u : a.u << 16; break;
     case KILN_KOP_F2H: r.u = kiln_f32_to_f16(a.f); break;
-    case KILN_KOP_F2B: {
-        uint32_t u = f_bits(a.f);
-        r.u = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        break;
-    }
+    case KILN_KOP_F2B: r.u = f2b(a.f); break;
+    case KILN_KOP_PACK2: r.u = in->imm.u ? f2b(a.f) | f2b(b.f) << 16 : (uint32_t)kiln_f32_to_f16(a.f) | (uint32_t)kiln_f32_to_f16(b.f) << 16; break;
     case KILN_KOP_BFE: {
         int off = in->imm.i & 31, w = in->imm.i >> 8;
         uint32_t f = w == 32 ? a.u : (a.u >> off) & ((1u << w) - 1u);
@@ -473,7 +477,8 @@ bool kt_interp(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t n_err
 
 /* ---------------------------------------------------------------- block interpreter */
 
-enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_MMA, TS_WGW, TS_CSYNC, TS_DONE }; /* TS_WGW: a WG_WAIT for quad mates' A fragments */
+/* TS_WGW: a WG_WAIT for quad mates' A fragments; TS_NBAR: at a named barrier whose phase has not completed */
+enum { TS_RUN = 0, TS_BAR, TS_RED, TS_MBAR, TS_MMA, TS_WGW, TS_CSYNC, TS_NBAR, TS_DONE };
 
 /* A TMA box in flight: copied into shared memory when its mbarrier's phase completes (the latest
  * moment the hardware may land it, so a read before the wait sees stale bytes). */
@@ -509,7 +514,13 @@ typedef struct bthread {
     uint32_t n_pend, cap_pend, groups;
     uint32_t (*ra)[4]; /* A fragments of the register-A WGMMAs issued in this block, in issue order */
     uint32_t n_ra, cap_ra;
+    uint32_t nbar_gen; /* TS_NBAR: the phase of its named barrier it waits to see completed */
 } bthread;
+
+/* A named barrier: threads counted in its current phase, the count that phase expects, phases completed. */
+typedef struct nbar {
+    uint32_t arrived, count, gen;
+} nbar;
 
 typedef struct bstate {
     const kiln_kir *k;
@@ -526,6 +537,7 @@ typedef struct bstate {
     struct bstate *cl;       /* the blocks of this block's cluster (cl[rank] is this one) */
     uint32_t  rank, ncl;     /* this block's rank in its cluster, blocks per cluster */
     uint32_t  bid[3];        /* this block's index */
+    nbar      nb[16];        /* named barriers 1..15 (0: BARRIER's) */
 } bstate;
 
 static float half_f(uint16_t h, bool bf)
@@ -657,6 +669,23 @@ static bool pending_on(const bthread *th, uint32_t slot)
     return false;
 }
 
+/* One thread's arrival at the named barrier of instruction in (NBAR_SYNC or NBAR_ARRIVE): the
+ * phase completes at its count; a count that differs inside one phase is an error (PTX leaves it
+ * undefined). *gen: the phase arrived in. */
+static uint32_t nbar_id(const kiln_kinst *in, const kval *v) { return in->a != NONE ? (uint32_t)v[in->a].i : in->imm.u & 0xff; }
+static bool nbar_arrive(bstate *S, const kiln_kinst *in, const kval *v, uint32_t *gen)
+{
+    uint32_t id = nbar_id(in, v), cnt = in->imm.u >> 8;
+    if (id < 1 || id > 15) return snprintf(S->err, S->n_err, "kt_interp_block: named barrier %u (ids 1..15)", id), false;
+    nbar *b = &S->nb[id];
+    if (b->arrived && b->count != cnt)
+        return snprintf(S->err, S->n_err, "kt_interp_block: named barrier %u: %u threads expected in a phase that began expecting %u",
+                        id, cnt, b->count), false;
+    b->count = cnt, *gen = b->gen;
+    if (++b->arrived == cnt) b->arrived = 0, b->gen++;
+    return true;
+}
+
 /* One instruction of thread t that the one-thread interpreter does not take. */
 static bool bstep(bstate *S, uint32_t t, uint32_t pc)
 {
@@ -739,6 +768,7 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
         return bar_check(D, b);
     }
     case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* kernels run one after another */
+    case KILN_KOP_NBAR_ARRIVE: { uint32_t g; return nbar_arrive(S, in, v, &g); }
     case KILN_KOP_WGMMA:
         if (th->n_pend == th->cap_pend) {
             uint32_t cap = th->cap_pend ? 2 * th->cap_pend : 16;
@@ -843,9 +873,14 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
             if (!wg_mates_ready(S, t, pc)) { th->state = TS_WGW; return true; }
             break;
         case KILN_KOP_CLUSTER_SYNC: th->state = TS_CSYNC; return true;
+        case KILN_KOP_NBAR_SYNC:
+            if (!nbar_arrive(S, in, v, &th->nbar_gen)) return false;
+            if (S->nb[nbar_id(in, v)].gen == th->nbar_gen) { th->state = TS_NBAR; return true; } /* the phase goes on: wait */
+            th->pc++;
+            continue;
         default: break;
         }
-        bool mine = in->op >= KILN_KOP_STS4 || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
+        bool mine = (in->op >= KILN_KOP_STS4 && in->op != KILN_KOP_PACK2) || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
                     in->type == KILN_KT_W64 || (in->a != NONE && k->ins[in->a].type == KILN_KT_W64 && in->op != KILN_KOP_WGMMA);
         if (mine) {
             if (!bstep(S, t, pc)) {
@@ -972,7 +1007,7 @@ static bool meetable(const bstate *S)
     uint32_t at = 0;
     for (uint32_t t = 0; t < S->k->block; t++) {
         int st = S->t[t].state;
-        if (st == TS_RUN || st == TS_MBAR || st == TS_WGW || st == TS_CSYNC) return false;
+        if (st == TS_RUN || st == TS_MBAR || st == TS_WGW || st == TS_CSYNC || st == TS_NBAR) return false;
         at += st != TS_DONE;
     }
     return at > 0;
@@ -994,6 +1029,10 @@ static bool step_block(bstate *S, uint32_t *const *bufs, uint64_t *budget, bool 
         bthread *th = &S->t[t];
         if (th->state == TS_WGW) {
             if (wg_mates_ready(S, t, th->pc)) th->state = TS_RUN, *progress = true; /* runs the WG_WAIT */
+            continue;
+        }
+        if (th->state == TS_NBAR) {
+            if (S->nb[nbar_id(&k->ins[th->pc], th->v)].gen != th->nbar_gen) th->state = TS_RUN, th->pc++, *progress = true;
             continue;
         }
         if (th->state != TS_MBAR) continue;
@@ -1027,7 +1066,7 @@ static bool run_cluster(bstate *cl, uint32_t ncl, uint32_t *const *bufs, uint64_
         for (uint32_t c = 0; c < ncl; c++)
             for (uint32_t t = 0; t < k->block; t++) {
                 int st = cl[c].t[t].state;
-                done += st == TS_DONE, csync += st == TS_CSYNC, waiting += st == TS_MBAR || st == TS_WGW;
+                done += st == TS_DONE, csync += st == TS_CSYNC, waiting += st == TS_MBAR || st == TS_WGW || st == TS_NBAR;
             }
         if (done == ncl * k->block) return true;
         if (csync && csync + done == ncl * k->block) { /* every thread of the cluster is at its sync */
@@ -1036,7 +1075,7 @@ static bool run_cluster(bstate *cl, uint32_t ncl, uint32_t *const *bufs, uint64_
                     if (cl[c].t[t].state == TS_CSYNC) cl[c].t[t].state = TS_RUN, cl[c].t[t].pc++;
             continue;
         }
-        if (waiting) snprintf(err, n_err, "kt_interp_block: deadlock: %u threads wait on mbarriers no one completes", waiting);
+        if (waiting) snprintf(err, n_err, "kt_interp_block: deadlock: %u threads wait on mbarriers or named barriers no one completes", waiting);
         else snprintf(err, n_err, "kt_interp_block: deadlock: threads wait at barriers and cluster syncs that cannot all meet");
         return false;
     }
@@ -1094,6 +1133,7 @@ bool kt_interp_block(const kiln_kir *k, uint32_t *const *bufs, char *err, size_t
                     bstate *S = &cl[c];
                     S->bid[0] = bx + c, S->bid[1] = by, S->bid[2] = bz;
                     memset(S->sh, 0xA5, S->sh_bytes); /* stale shared memory from an earlier block */
+                    memset(S->nb, 0, sizeof S->nb);   /* a block starts with its named barriers fresh */
                     for (uint32_t t = 0; t < k->block; t++) {
                         S->t[t].pc = 0, S->t[t].state = TS_RUN, S->t[t].n_pend = 0, S->t[t].groups = 0, S->t[t].n_ra = 0;
                         memset(S->t[t].v, 0, (k->n_ins + 1) * sizeof *S->t[t].v);
