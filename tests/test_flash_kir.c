@@ -49,6 +49,8 @@ static const char *const tgt_name[] = {"vulkan target", "cuda target", "flash of
                                        "sm_90a, f16 precision (warpgroup kernel where it fits)"};
 static bool wg_ran;        /* the last run_regions ran the warpgroup flash kernel */
 static int  wg_mutate;     /* run_regions corrupts the warpgroup kernel's WGMMAs (mutation checks): 0 none */
+static int32_t wg_option;  /* codegen.flash_wg for the TGT_WG runs (0: the default, the ping-pong kernel) */
+static bool wg_deadlocked; /* the last run_regions' warpgroup kernel deadlocked (expected with mutation 4) */
 static kiln_dtype q_dtype = KILN_DTYPE_F32; /* flash_run's q (f16: the kernels' 16-bit q loads) */
 static bool f16_prec(int tgt) { return tgt == TGT_CUDA_F16 || tgt == TGT_WG; }
 static double worst_f16 = 0; /* largest NMSE under f16 precision (printed: the contract's bound's margin) */
@@ -83,13 +85,17 @@ typedef struct kbind {
 /* Mutation checks of the warpgroup kernel: 1 drops the MN-major (transposed) bit of P V's WGMMAs
  * (V read as if K-major), 2 halves their leading byte offset (V's second 64 dims read from the
  * wrong place), 3 moves S's K operand of every first k16 step by 32 bytes (a wrong descriptor
- * address: the tile's dims 16..31 instead of 0..15). */
+ * address: the tile's dims 16..31 instead of 0..15), 4 drops the ping-pong's hand-over (a
+ * warpgroup's arrival at the other's named barrier after its products): the other never gets
+ * its turn, a deadlock. */
 static void mutate_wg(kiln_kir *k, int how)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < k->n_ins; i++) {
         kiln_kinst *in = &k->ins[i];
-        if (in->op != KILN_KOP_WGMMA) continue;
+        if (how == 4 && in->op == KILN_KOP_NBAR_ARRIVE && k->ins[in->a].op == KILN_KOP_SUB) /* the arrival at `other` = 2 - wg */
+            in->op = KILN_KOP_FENCE_ASYNC, in->a = KILN_IDX_NONE, in->imm.u = 0, n++;
+        if (how == 4 || in->op != KILN_KOP_WGMMA) continue;
         bool pv = in->imm.u & 4;
         if (how == 1 && pv) in->imm.u = (in->imm.u & ~(8u | 0x3fff0000u)), n++;
         if (how == 2 && pv) in->imm.u = (in->imm.u & ~0x3fff0000u) | ((in->imm.u >> 17 & 0x3fff) << 16), n++;
@@ -112,6 +118,7 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
     if (tgt == TGT_V1) co.flash = KILN_GEMM_OFF;
     if (f16_prec(tgt)) co.precision = KILN_PREC_F16;
     if (tgt == TGT_CUDA_F16) co.flash_wg = KILN_GEMM_OFF;
+    if (tgt == TGT_WG) co.flash_wg = wg_option;
     kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
     uint32_t yi = g->outs[0].node;
     char err[1024];
@@ -140,7 +147,9 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
                 wg_ran = true;
                 if (wg_mutate) mutate_wg(&kk[i], wg_mutate);
             }
-            cr_assert(kt_interp_block(&kk[i], bufs, err, sizeof err), "%s, kernel %s: %s", what, kk[i].name, err);
+            bool ok = kt_interp_block(&kk[i], bufs, err, sizeof err);
+            if (wg_mutate == 4 && strcmp(kk[i].name, "kiln_attn_flash_wg") == 0) wg_deadlocked = !ok && strstr(err, "deadlock");
+            else cr_assert(ok, "%s, kernel %s: %s", what, kk[i].name, err);
             kiln_kir_free(&kk[i]);
         }
         free(scratch);
@@ -359,6 +368,9 @@ Test(flash_kir, warpgroup_kernel)
     flash_run(TGT_WG, KILN_DTYPE_BF16, 2, 1, 64, 33, 133, false, false);
     q_dtype = KILN_DTYPE_F32;
     for (int tgt = 0; tgt < TGT_N; tgt++) flash_run(tgt, KILN_DTYPE_F16, 4, 4, 64, 30, 140, true, false);
+    wg_option = KILN_FLASH_WG_NO_PINGPONG; /* the A/B variant: warpgroups not taking turns */
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 60, 400, true, false);
+    wg_option = 0;
     fprintf(stderr, "flash_kir warpgroup_kernel: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
@@ -374,6 +386,10 @@ Test(flash_kir, warpgroup_mutations)
         cr_assert(e > 100 * tol, "mutation %d: NMSE %.3g is within 100x the tolerance %.1g", how, e, tol);
         fprintf(stderr, "flash_kir warpgroup_mutations: mutation %d NMSE %.3g\n", how, e);
     }
+    wg_mutate = 4, wg_deadlocked = false;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 40, 300, false, true); /* 3 tiles: the loop runs */
+    wg_mutate = 0;
+    cr_assert(wg_deadlocked, "mutation 4 (no hand-over at the named barrier): no deadlock");
 }
 
 /* Soft-capped scores and sliding windows in the flash kernel (and the split kernels of the flash-off

@@ -337,6 +337,7 @@ typedef struct kiln_plan kiln_plan;
  * keys by construction). Fields left at zero take $KILN_GEMM, $KILN_GEMM_BM, $KILN_GRID_CAP,
  * $KILN_VK_DISABLE, $KILN_WGMMA, $KILN_PDL, $KILN_PRECISION and the other variables of docs/env.md when set (docs/env.md). */
 enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1, KILN_GEMM_ON = 1 };
+enum { KILN_FLASH_WG_NO_PINGPONG = 2 }; /* codegen.flash_wg: the warpgroup kernel without its ping-pong (A/B runs) */
 enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
 enum { KILN_PREC_EXACT = 0, KILN_PREC_F16 = 1 };
 enum { KILN_PDL_NO_PREFETCH = 2, KILN_PDL_REGS = 3 }; /* codegen.pdl's variants beside KILN_GEMM_ON */
@@ -373,7 +374,9 @@ typedef struct kiln_codegen_options {
     int32_t flash_wg;   /* KILN_GEMM_AUTO/ON: on sm_90 under precision f16, prefill attention over a
                            contiguous f16/bf16 cache of head_dim 64/128 takes the warpgroup flash kernel
                            (TMA + wgmma, FlashAttention-3 style); KILN_GEMM_OFF: the mma.sync flash
-                           kernel (A/B runs, $KILN_FLASH_WG=0) */
+                           kernel (A/B runs, $KILN_FLASH_WG=0); KILN_FLASH_WG_NO_PINGPONG: the warpgroup
+                           kernel with its two consumer warpgroups not taking turns at the tensor
+                           cores (A/B runs, $KILN_FLASH_WG=2) */
     int32_t gemm_cluster; /* sm_90 TMA GEMM of f16/bf16 weights: 2 or 4 blocks of consecutive token rows
                            form a thread block cluster and share each weight tile, every block bringing
                            1/n of it by TMA multicast into all of them (L2 traffic per tile falls from

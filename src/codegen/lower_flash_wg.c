@@ -21,6 +21,7 @@
 #define FW_KEYS 128   /* keys a tile (the S accumulator is m64n128) */
 #define FW_STAGES 2   /* stages of the K and of the V ring */
 #define FW_THREADS 384
+#define FW_VTHREADS 96 /* the producer's V threads (warps 9 .. 11) */
 
 typedef struct fw {
     kiln_kir *k;
@@ -32,12 +33,15 @@ typedef struct fw {
     uint32_t qsh, ring, bars;    /* shared arrays: Q, the K/V ring, the mbarriers */
     uint32_t qbase, rbase, bbase; /* their U32 byte addresses */
     uint32_t kmap, vmap, vs;     /* tensor maps of the caches; V's buffer slot (the boundary tile) */
+    bool pingpong;               /* the consumer warpgroups take turns at the tensor cores (named barriers) */
 } fw;
 
 static uint32_t ci(fw *f, int32_t v) { return kiln_ki(f->k, v); }
 static uint32_t cu(fw *f, uint32_t v) { return kiln_ku(f->k, v); }
 static uint32_t o2(fw *f, enum kiln_kop op, uint32_t a, uint32_t b) { return kiln_k2(f->k, op, a, b); }
 static uint32_t to_u(fw *f, uint32_t i32) { return kiln_kcvt(f->k, KILN_KT_U32, i32); }
+/* The f16 (bf16 cache: bf16) pair of a (low half) and b in one conversion. */
+static uint32_t pack2(fw *f, uint32_t a, uint32_t b) { return kiln_kir_op(f->k, KILN_KOP_PACK2, KILN_KT_U32, a, b, KILN_IDX_NONE, f->bf); }
 static void sync_op(fw *f, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm)
 {
     kiln_kir_op(f->k, op, KILN_KT_NONE, a, b, KILN_IDX_NONE, imm);
@@ -112,12 +116,10 @@ static void stage_q(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint3
         uint32_t i = kiln_kaddi(k, f->tid, 256 * u);
         uint32_t r = o2(f, KILN_KOP_DIV, i, ci(f, pieces)), p = o2(f, KILN_KOP_REM, i, ci(f, pieces)), x[8], v4 = KILN_IDX_NONE;
         q_values(f, q, qs, o2(f, KILN_KOP_ADD, f->R0, r), p, x);
-        for (int e = 0; e < 4; e++) {
-            uint32_t w;
-            kl_split_pair(k, o2(f, KILN_KOP_MUL, x[2 * e], kiln_kf(k, qscale)), o2(f, KILN_KOP_MUL, x[2 * e + 1], kiln_kf(k, qscale)), 1,
-                          f->bf, &w);
-            v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, w, KILN_IDX_NONE, e);
-        }
+        for (int e = 0; e < 4; e++)
+            v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4,
+                             pack2(f, o2(f, KILN_KOP_MUL, x[2 * e], kiln_kf(k, qscale)), o2(f, KILN_KOP_MUL, x[2 * e + 1], kiln_kf(k, qscale))),
+                             KILN_IDX_NONE, e);
         kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, swz_word(f, r, p, FW_ROWS), v4, KILN_IDX_NONE, (int32_t)f->qsh);
     }
     sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* Q's stores, visible to WGMMA */
@@ -145,25 +147,34 @@ static void tma_tile(fw *f, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kb)
         tma(f, m, o2(f, KILN_KOP_ADD, dst, cu(f, (uint32_t)(c * FW_KEYS * 128))), bar, 64 * c, row);
 }
 
-/* The producer warpgroup (128 threads; thread 256 issues the TMAs): per tile, wait for its K
- * stage and bring K by TMA; wait for its V stage (freed a tile later: P V runs one tile behind) and
- * bring V by TMA too, or, for the tile that crosses n_kv, by every producer thread's own
- * loads with the keys past n_kv as zeros (stored in the TMA's layout, then a proxy fence). */
-static void producer(fw *f)
+/* The producer warpgroup's K warp (its thread 256 alone): per tile, wait for its K stage to be
+ * freed and bring K by TMA. K and V have their own producers so that a V stage freed late (P V
+ * runs a tile behind) never holds back the next K. */
+static void producer_k(fw *f)
 {
     kiln_kir *k = f->k;
-    uint32_t pt = kiln_kaddi(k, f->tid, -256), lead = o2(f, KILN_KOP_EQ, pt, ci(f, 0));
+    uint32_t i = kiln_kvar(k, ci(f, 0));
+    kiln_kloop(k, i, f->ntiles, ci(f, 1));
+    uint32_t ph, s = slot_of(f, i, &ph);
+    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 2, s), o2(f, KILN_KOP_XOR, ph, ci(f, 1)), 0); /* a fresh barrier passes parity 1 */
+    uint32_t fk = bar_at(f, 0, s);
+    sync_op(f, KILN_KOP_MBAR_ARRIVE, fk, KILN_IDX_NONE, tile_bytes(f));
+    tma_tile(f, f->kmap, stage_at(f, s, 0), fk, kiln_kmuli(k, i, FW_KEYS));
+    kl_loop_end(k);
+}
+
+/* The producer warpgroup's V warps (its threads 288 .. 383, vt = 0 .. 95; vt 0 issues the TMAs):
+ * per tile, wait for its V stage and bring V by TMA, or, for the tile that crosses n_kv, by every
+ * V thread's own loads with the keys past n_kv as zeros (stored in the TMA's layout, then a proxy
+ * fence). */
+static void producer_v(fw *f, uint32_t vt)
+{
+    kiln_kir *k = f->k;
+    uint32_t lead = o2(f, KILN_KOP_EQ, vt, ci(f, 0));
     uint32_t i = kiln_kvar(k, ci(f, 0));
     kiln_kloop(k, i, f->ntiles, ci(f, 1));
     uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS);
-    uint32_t ph1 = o2(f, KILN_KOP_XOR, ph, ci(f, 1)); /* a fresh barrier passes parity 1 */
-    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 2, s), ph1, 0);
-    kiln_kif(k, lead);
-    uint32_t fk = bar_at(f, 0, s);
-    sync_op(f, KILN_KOP_MBAR_ARRIVE, fk, KILN_IDX_NONE, tile_bytes(f));
-    tma_tile(f, f->kmap, stage_at(f, s, 0), fk, kb);
-    kiln_kendif(k);
-    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 3, s), ph1, 0);
+    sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 3, s), o2(f, KILN_KOP_XOR, ph, ci(f, 1)), 0);
     uint32_t fv = bar_at(f, 1, s), bnd = o2(f, KILN_KOP_LT, f->n_kv, kiln_kaddi(k, kb, FW_KEYS));
     kiln_kif(k, kiln_kir_op(k, KILN_KOP_PAND, KILN_KT_PRED, lead, kiln_k1(k, KILN_KOP_PNOT, bnd), KILN_IDX_NONE, 0));
     sync_op(f, KILN_KOP_MBAR_ARRIVE, fv, KILN_IDX_NONE, tile_bytes(f));
@@ -171,11 +182,10 @@ static void producer(fw *f)
     kiln_kelse(k);
     kiln_kif(k, bnd);
     {
-        int32_t pieces = f->hd / 8, per = FW_KEYS * pieces / 128;
+        int32_t pieces = f->hd / 8;
         uint32_t vword = kiln_kaddi(k, kiln_kmuli(k, s, 2 * tile_bytes(f) / 4), tile_bytes(f) / 4); /* V tile's first word in the ring */
-        uint32_t u = kiln_kvar(k, ci(f, 0));
-        kiln_kloop(k, u, ci(f, per), ci(f, 1));
-        uint32_t it = o2(f, KILN_KOP_ADD, pt, kiln_kmuli(k, u, 128));
+        uint32_t it = kiln_kvar(k, vt);
+        kiln_kloop(k, it, ci(f, FW_KEYS * pieces), ci(f, FW_VTHREADS));
         uint32_t r = o2(f, KILN_KOP_DIV, it, ci(f, pieces)), p = o2(f, KILN_KOP_REM, it, ci(f, pieces));
         uint32_t key = o2(f, KILN_KOP_ADD, kb, r);
         uint32_t row = o2(f, KILN_KOP_ADD, kiln_kmuli(k, f->kvh, f->max_ctx), o2(f, KILN_KOP_MIN, key, ci(f, f->max_ctx - 1)));
@@ -203,6 +213,7 @@ typedef struct fwc {
     uint32_t seen0;               /* I32 keys the warpgroup's first row sees (the fewest of its rows) */
     uint32_t pv[FW_KEYS / 8 * 2]; /* U32 variables: the previous tile's P fragments (P V runs a tile behind) */
     int32_t flags_s, flags_o;     /* the two products' WGMMA flags */
+    uint32_t wgi, mine, other;    /* I32 the warpgroup (0/1); its named barrier (1 + wgi) and the other's */
 } fwc;
 
 static uint32_t lanef(fw *f, uint32_t w64, int j) { return kiln_kir_op(f->k, KILN_KOP_LANE, KILN_KT_F32, w64, KILN_IDX_NONE, KILN_IDX_NONE, j); }
@@ -261,6 +272,7 @@ static void consumer_rows(fw *f, fwc *c)
 {
     kiln_kir *k = f->k;
     uint32_t wg = kiln_kshri(k, f->tid, 7), w = kiln_kandi(k, kiln_kshri(k, f->tid, 5), 3), lane = kiln_kandi(k, f->tid, 31);
+    c->wgi = wg, c->mine = kiln_kaddi(k, wg, 1), c->other = o2(f, KILN_KOP_SUB, ci(f, 2), wg);
     uint32_t g = kiln_kshri(k, lane, 2);
     c->qq = kiln_kandi(k, lane, 3);
     for (int r = 0; r < 2; r++) {
@@ -340,9 +352,7 @@ static void softmax_step(fw *f, fwc *c, uint32_t kb, bool first, uint32_t sp)
     for (int kk = 0; kk < FW_KEYS / 16; kk++) /* A lane rr: row g + 8 (rr & 1), keys 16 kk + 8 (rr >> 1) + 2 q + {0, 1} */
         for (int rr = 0; rr < 4; rr++) {
             int j0 = 4 * (2 * kk + (rr >> 1)) + 2 * (rr & 1);
-            uint32_t w;
-            kl_split_pair(k, p[j0], p[j0 + 1], 1, f->bf, &w);
-            kiln_kset(k, c->pv[4 * kk + rr], w);
+            kiln_kset(k, c->pv[4 * kk + rr], pack2(f, p[j0], p[j0 + 1]));
         }
 }
 
@@ -362,11 +372,21 @@ static void consumer_store(fw *f, fwc *c, uint32_t node)
     }
 }
 
+/* Named barrier `id` (an I32 value) of the two consumer warpgroups' 256 threads: wait for it (sync)
+ * or only arrive. */
+static void nbar(fw *f, enum kiln_kop op, uint32_t id) { kiln_kir_op(f->k, op, KILN_KT_NONE, id, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8); }
+
 /* A consumer warpgroup over the block's tiles, P V one tile behind (FlashAttention-3's overlap):
  * tile i issues S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; once S_i has retired (K_i's stage is
  * freed) the softmax of tile i runs on the CUDA cores while that P V runs on the tensor cores;
  * then O is rescaled, V_{i-1}'s stage freed and P_i kept for the next tile. Tile 0 is peeled (no
- * P V before it), so no branch separates a fence from its WGMMAs. */
+ * P V before it), so no branch separates a fence from its WGMMAs. With f->pingpong the two
+ * warpgroups also take turns issuing (FlashAttention-3's inter-warpgroup overlap): warpgroup w
+ * issues a tile's two products after a sync on its named barrier 1 + w and then arrives at the
+ * other's, so one warpgroup's softmax runs while the other's products hold the tensor cores
+ * (without it both issue at once, share the tensor cores, and then both compute their softmax
+ * with the tensor cores idle but for P V). Warpgroup 0 takes the first turn on its own early
+ * arrival; the last arrival is left pending at exit, as in FlashAttention-3. */
 static void consumer(fw *f, uint32_t node)
 {
     kiln_kir *k = f->k;
@@ -378,6 +398,11 @@ static void consumer(fw *f, uint32_t node)
     issue_s(f, &c, z);
     wg_wait(f, 0);
     sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 2, z), KILN_IDX_NONE, 0); /* K_0 read */
+    if (f->pingpong) {
+        kiln_kif(k, o2(f, KILN_KOP_EQ, c.wgi, z));
+        nbar(f, KILN_KOP_NBAR_ARRIVE, c.mine); /* warpgroup 0 goes first */
+        kiln_kendif(k);
+    }
     softmax_step(f, &c, z, true, z);
     uint32_t i = kiln_kvar(k, ci(f, 1));
     kiln_kloop(k, i, f->ntiles, ci(f, 1));
@@ -386,9 +411,11 @@ static void consumer(fw *f, uint32_t node)
     wait_bar(f, 1, sp, php);
     kiln_kset(k, c.S, c.zero);
     p_frags(f, &c, pa);
+    if (f->pingpong) nbar(f, KILN_KOP_NBAR_SYNC, c.mine); /* this warpgroup's turn */
     wg_fence(f);
     issue_s(f, &c, s);
     issue_pv(f, &c, sp, pa);
+    if (f->pingpong) nbar(f, KILN_KOP_NBAR_ARRIVE, c.other); /* the other's turn */
     wg_wait(f, 1); /* S_i has retired; P V runs on */
     sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 2, s), KILN_IDX_NONE, 0); /* K_i read */
     softmax_step(f, &c, kb, false, sp);
@@ -422,7 +449,7 @@ static void fw_setup(fw *f)
     kiln_kif(k, o2(f, KILN_KOP_EQ, f->tid, ci(f, 0)));
     for (int s = 0; s < FW_STAGES; s++) {
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 0, ci(f, s)), KILN_IDX_NONE, 1);   /* the producer's expect_tx + K's bytes */
-        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 1, ci(f, s)), KILN_IDX_NONE, 128); /* every producer thread (+ V's bytes) */
+        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 1, ci(f, s)), KILN_IDX_NONE, FW_VTHREADS); /* every V thread (+ V's bytes) */
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 2, ci(f, s)), KILN_IDX_NONE, 256); /* every consumer thread */
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 3, ci(f, s)), KILN_IDX_NONE, 256);
     }
@@ -434,13 +461,13 @@ static void fw_setup(fw *f)
 
 void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k)
 {
-    (void)tg;
     const kiln_node_rec *n = &g->nodes[node];
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
     fw f = {.k = k, .g = g, .hd = (int32_t)q->dims[2], .n_head = (int32_t)q->dims[1], .max_ctx = (int32_t)kc->dims[1],
             .n_kvh = (int32_t)kc->dims[0], .bf = kc->dtype == KILN_DTYPE_BF16};
     f.G = f.n_head / f.n_kvh;
     f.q16 = kl_tma_aligned(g, n->src[0]);
+    f.pingpong = tg->opts.flash_wg != KILN_FLASH_WG_NO_PINGPONG;
     int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * f.G + FW_ROWS - 1) / FW_ROWS);
     kiln_kir_init(k, "kiln_attn_flash_wg", FW_THREADS);
     snprintf(k->what, sizeof k->what, "attention: causal flash, warpgroup MMA + TMA (sm_90a), %d q heads/kv head, hd %d",
@@ -480,7 +507,14 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     consumer(&f, node);
     kiln_kelse(k);
     sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 40);
-    producer(&f);
+    uint32_t pt = kiln_kaddi(k, f.tid, -256);
+    kiln_kif(k, o2(&f, KILN_KOP_EQ, pt, ci(&f, 0)));
+    producer_k(&f);
+    kiln_kelse(k);
+    kiln_kif(k, o2(&f, KILN_KOP_LE, ci(&f, 32), pt));
+    producer_v(&f, kiln_kaddi(k, pt, -32));
+    kiln_kendif(k);
+    kiln_kendif(k);
     kiln_kendif(k);
     kiln_kendif(k);
 }

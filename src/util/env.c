@@ -65,7 +65,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->gemv_pair = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
-    if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG))) c->flash_wg = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))
+        c->flash_wg = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : !strcmp(e, "2") ? KILN_FLASH_WG_NO_PINGPONG : 0;
     if (!c->gemm_cluster && (e = kiln_env(KILN_ENV_GEMM_CLUSTER)))
         c->gemm_cluster = !strcmp(e, "1") ? 1 : !strcmp(e, "2") ? 2 : !strcmp(e, "4") ? 4 : 0;
     if (!c->grid_cap && (e = kiln_env(KILN_ENV_GRID_CAP))) {
