@@ -1,11 +1,14 @@
 /* Prefill attention alone on a backend (default cuda): causal attention of n_tok query rows over
  * n_kv = n_tok keys of an f16 cache (32 query heads, head_dim 128, grouped-query ratios 1, 4 and
  * 8), the region's kernel time from kiln_plan_profile (no upload, no download), median over the
- * steps, and TFLOP/s of causal work (2 n_tok (n_tok + 1) hd heads: q.k and p.v over the keys each
- * row sees). KILN_FLASH=0 times the first flash kernel for comparison; under KILN_PRECISION=f16 on
- * sm_90 the warpgroup kernel runs ("kernel": "wg"), KILN_FLASH_WG=0 keeps the mma.sync one. Also
- * head_dim 64 (14 query heads over 2, qwen2-style). JSON, one object per line.
- * Usage: bench_attn [backend] [steps] [max_tokens] (shapes of at most max_tokens rows: sanitizer runs) */
+ * steps, and TFLOP/s of causal work (4 hd heads x the keys each row sees: q.k and p.v). KILN_FLASH=0
+ * times the first flash kernel for comparison; under KILN_PRECISION=f16 on sm_90 the warpgroup
+ * kernel runs ("kernel": "wg"), KILN_FLASH_WG=0 keeps the mma.sync one (2: the warpgroup kernel
+ * without its ping-pong). Also head_dim 64 (14 query heads over 2, qwen2-style), head_dim 256 (16
+ * over 8, gemma-style) and gemma's masks: soft-cap 50 and a 1024-key sliding window (the keys a
+ * row sees, and so the work counted, are at most the window). JSON, one object per line.
+ * Usage: bench_attn [backend] [steps] [max_tokens] [shape] (shapes of at most max_tokens rows: sanitizer
+ * runs; shape: only that row of the table, from 0: profiler runs) */
 #include <kiln/kiln.h>
 
 #include <stdbool.h>
@@ -17,6 +20,8 @@
 
 typedef struct shape {
     int64_t n_tok, heads, kv_heads, hd;
+    float   softcap; /* kiln_attention_ext's soft-cap (0: none) */
+    int64_t window;  /* and sliding window (0: none) */
 } shape;
 
 static int run_case(kiln_ctx *ctx, const char *backend, const shape *s, int steps)
@@ -27,7 +32,7 @@ static int run_case(kiln_ctx *ctx, const char *backend, const shape *s, int step
     kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
     kiln_node k = kiln_state(g, "k", KILN_DTYPE_F16, 3, (kiln_dim[]){s->kv_heads, T, hd});
     kiln_node v = kiln_state(g, "v", KILN_DTYPE_F16, 3, (kiln_dim[]){s->kv_heads, T, hd});
-    kiln_output(g, kiln_attention(g, q, k, v, T, 0), "y");
+    kiln_output(g, kiln_attention_ext(g, q, k, v, T, 0, s->softcap, s->window), "y");
     kiln_plan *p = NULL;
     int rc = 1;
     size_t qb = (size_t)(T * H * hd) * 4;
@@ -52,13 +57,15 @@ static int run_case(kiln_ctx *ctx, const char *backend, const shape *s, int step
     }
     for (int i = steps - 1; i > 0; i--) t[i] -= t[i - 1]; /* the regions' sums are cumulative */
     qsort(t, (size_t)steps, sizeof *t, bench_cmp_double);
-    double med = t[steps / 2], fl = 2.0 * (double)T * (double)(T + 1) * (double)hd * (double)H;
+    double med = t[steps / 2], seen = 0;
+    for (int64_t r = 0; r < T; r++) seen += (double)(s->window && s->window < r + 1 ? s->window : r + 1);
+    double fl = 4.0 * seen * (double)hd * (double)H;
     const char *fe = getenv("KILN_FLASH"), *pe = getenv("KILN_PRECISION"), *we = getenv("KILN_FLASH_WG");
-    bool f16 = pe && !strcmp(pe, "f16"), wg = f16 && !(we && !strcmp(we, "0"));
+    bool f16 = pe && !strcmp(pe, "f16"), wg = f16 && !(we && !strcmp(we, "0")), nopp = wg && we && !strcmp(we, "2");
     printf("{\"backend\": \"%s\", \"flash\": \"%s\", \"precision\": \"%s\", \"kernel\": \"%s\", \"n_tok\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"hd\": %lld, "
-           "\"us\": %.2f, \"tflop_per_s\": %.1f}\n",
-           backend, fe && !strcmp(fe, "0") ? "first" : "new", f16 ? "f16" : "exact", wg ? "wg" : "mma", (long long)T, (long long)H, (long long)s->kv_heads,
-           (long long)hd, med * 1e6, fl / med * 1e-12);
+           "\"us\": %.2f, \"tflop_per_s\": %.1f, \"softcap\": %g, \"window\": %lld}\n",
+           backend, fe && !strcmp(fe, "0") ? "first" : "new", f16 ? "f16" : "exact", nopp ? "wg_nopp" : wg ? "wg" : "mma", (long long)T, (long long)H, (long long)s->kv_heads,
+           (long long)hd, med * 1e6, fl / med * 1e-12, (double)s->softcap, (long long)s->window);
     rc = 0;
     goto done;
 fail:
@@ -74,21 +81,23 @@ int main(int argc, char **argv)
 {
     const char *backend = argc > 1 ? argv[1] : "cuda";
     int steps = argc > 2 ? atoi(argv[2]) : 10;
-    long max_tok = argc > 3 ? atol(argv[3]) : 1L << 30;
+    long max_tok = argc > 3 ? atol(argv[3]) : 1L << 30, only = argc > 4 ? atol(argv[4]) : -1;
     if (steps < 1 || steps > 10000) {
-        fprintf(stderr, "usage: bench_attn [backend] [steps] [max_tokens]\n");
+        fprintf(stderr, "usage: bench_attn [backend] [steps] [max_tokens] [shape]\n");
         return 2;
     }
     kiln_ctx *ctx;
     if (kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx) != KILN_OK) return 1;
     const shape shapes[] = {
-        {512, 32, 32, 128}, {512, 32, 8, 128}, {512, 32, 4, 128},
-        {4096, 32, 32, 128}, {4096, 32, 8, 128}, {4096, 32, 4, 128},
-        {512, 14, 2, 64}, {4096, 14, 2, 64},
+        {512, 32, 32, 128, 0, 0}, {512, 32, 8, 128, 0, 0}, {512, 32, 4, 128, 0, 0},
+        {4096, 32, 32, 128, 0, 0}, {4096, 32, 8, 128, 0, 0}, {4096, 32, 4, 128, 0, 0},
+        {512, 14, 2, 64, 0, 0}, {4096, 14, 2, 64, 0, 0},
+        {512, 16, 8, 256, 0, 0}, {4096, 16, 8, 256, 0, 0}, {512, 16, 8, 256, 50, 0}, {4096, 16, 8, 256, 50, 1024},
+        {4096, 32, 8, 128, 0, 1024}, {4096, 32, 8, 128, 50, 0},
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-        if (shapes[i].n_tok <= max_tok) rc |= run_case(ctx, backend, &shapes[i], steps);
+        if (shapes[i].n_tok <= max_tok && (only < 0 || (size_t)only == i)) rc |= run_case(ctx, backend, &shapes[i], steps);
     kiln_ctx_free(ctx);
     return rc;
 }

@@ -3,11 +3,13 @@
 # (test_ops attention cases and the paged tests, the new kernel and the first one with KILN_FLASH=0;
 # draft trees, a CUDA graph replayed over 100 changing serve steps, kiln check paged_attention),
 # compute-sanitizer racecheck of one flash launch, then a timing table of attention alone
-# (bench_attn: n_tok 512 / 4096, GQA 1/4/8, hd 128 and 64, f16 cache, new vs first kernel), the
-# warpgroup kernel under KILN_PRECISION=f16 (test_ops on cuda, racecheck/memcheck/synccheck, timing
-# against the mma.sync kernel with KILN_FLASH_WG=0) and the mixed serve step of a 512-token paged
-# prefill chunk with 63 decoding sequences (matmul/attention split).
-# Never stops at a failure; each step under a time limit; about 5 minutes in all.
+# (bench_attn: n_tok 512 / 4096, GQA 1/4/8, hd 128, 64 and 256, gemma's soft-cap and window, f16
+# cache, new vs first kernel), the warpgroup kernel under KILN_PRECISION=f16 (test_ops on cuda with and
+# without its ping-pong (KILN_FLASH_WG=2), racecheck/memcheck/synccheck, timing against the
+# ping-pong-less variant and the mma.sync kernel with KILN_FLASH_WG=0, Nsight Compute sections of
+# the 512- and 4096-token llama kernels where ncu is found) and the mixed serve step of a 512-token
+# paged prefill chunk with 63 decoding sequences (matmul/attention split).
+# Never stops at a failure; each step under a time limit; about 7 minutes in all.
 #
 # usage: scripts/device-attn.sh [BIN_DIR]   (default devbin: a Release build's binaries)
 # Run it from the repository root after `source .devdeps/env.sh`. With $OUT set, every log and
@@ -62,14 +64,26 @@ fi
 step bench_attn_new 60 "$bin/bench_attn" cuda 20
 step bench_attn_first 60 env KILN_FLASH=0 "$bin/bench_attn" cuda 20
 # f16 precision (sm_90a): the warpgroup kernel (TMA + wgmma, lower_flash_wg.c), then the mma.sync one
-step attn_ops_wg 90 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+step attn_ops_wg 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+step attn_ops_wg_nopp 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
 if [[ -x "$san" ]]; then
     for tool in racecheck memcheck synccheck; do
         step "${tool}_flash_wg" 120 env KILN_PRECISION=f16 "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512
     done
 fi
-step bench_attn_wg 60 env KILN_PRECISION=f16 "$bin/bench_attn" cuda 20
-step bench_attn_mma_f16 60 env KILN_PRECISION=f16 KILN_FLASH_WG=0 "$bin/bench_attn" cuda 20
+step bench_attn_wg 90 env KILN_PRECISION=f16 "$bin/bench_attn" cuda 20
+step bench_attn_wg_nopp 90 env KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/bench_attn" cuda 20
+step bench_attn_mma_f16 90 env KILN_PRECISION=f16 KILN_FLASH_WG=0 "$bin/bench_attn" cuda 20
+# where the 512-token kernel's 30 us go (launch, Q staging, tiles, stores): Nsight Compute on the
+# warpgroup kernel of llama-7b 512 (shape 0) and 4096 tokens (shape 3)
+ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
+if [[ -n "$ncu_bin" ]]; then
+    for sh in 0 3; do
+        step "ncu_flash_wg_shape$sh" 180 env KILN_PRECISION=f16 KILN_NO_RECORD=1 "$ncu_bin" --kernel-name kiln_attn_flash_wg --launch-skip 1 --launch-count 1 \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
+            --section MemoryWorkloadAnalysis "$bin/bench_attn" cuda 2 4096 "$sh"
+    done
+fi
 step prefill_profile_wg 60 env KILN_PRECISION=f16 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda \
     --wtype f16 --layers 1 --steps 5 --no-roof --profile
 # a llama-7b prefill layer, per kernel
@@ -83,17 +97,24 @@ step serve_mixed_first 90 env KILN_FLASH=0 "$bin/kiln" bench --preset llama-7b -
 
 {
     echo
-    echo "attention alone (f16 cache, 32 heads, hd 128; us and TFLOP/s of causal work):"
-    printf '%-7s %-8s %12s %12s %12s %12s\n' n_tok kv_heads "new us" "new TF/s" "first us" "first TF/s"
+    echo "attention alone (f16 cache; us and TFLOP/s of causal work):"
+    printf '%-7s %-8s %-4s %12s %12s %12s %12s\n' n_tok kv_heads hd "new us" "new TF/s" "first us" "first TF/s"
     paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_new.log") <(grep '"n_tok"' "$out/bench_attn_first.log") |
-        sed -n 's/.*"n_tok": \([0-9]*\).*"kv_heads": \([0-9]*\).*"us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4/p' |
-        paste -d' ' - - | awk '{ printf "%-7s %-8s %12s %12s %12s %12s\n", $1, $2, $3, $4, $7, $8 }'
+        sed -n 's/.*"n_tok": \([0-9]*\).*"kv_heads": \([0-9]*\), "hd": \([0-9]*\).*"us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4 \5/p' |
+        paste -d' ' - - | awk '{ printf "%-7s %-8s %-4s %12s %12s %12s %12s\n", $1, $2, $3, $4, $5, $9, $10 }'
     echo
-    echo "f16 precision, warpgroup kernel vs mma.sync kernel (us, TFLOP/s of causal work; targets: llama-7b 512 <= 15 us, 4096 >= 350 TF/s):"
-    printf '%-7s %-6s %-8s %-4s %12s %12s %12s %12s\n' n_tok heads kv_heads hd "wg us" "wg TF/s" "mma us" "mma TF/s"
-    paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_wg.log") <(grep '"n_tok"' "$out/bench_attn_mma_f16.log") |
-        sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4 \5 \6/p' |
-        paste -d' ' - - | awk '{ printf "%-7s %-6s %-8s %-4s %12s %12s %12s %12s\n", $1, $2, $3, $4, $5, $6, $11, $12 }'
+    echo "f16 precision: warpgroup kernel (ping-pong), without ping-pong (KILN_FLASH_WG=2), mma.sync kernel (us, TFLOP/s of"
+    echo "causal work, windowed rows counting their window's keys; targets: llama-7b 512 <= 15 us, 4096 >= 350 TF/s):"
+    printf '%-6s %-5s %-4s %-4s %-5s %-6s %9s %8s %9s %8s %9s %8s\n' n_tok heads kvh hd cap window "wg us" "wg TF/s" "nopp us" "nopp TF" "mma us" "mma TF"
+    paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_wg.log") <(grep '"n_tok"' "$out/bench_attn_wg_nopp.log") <(grep '"n_tok"' "$out/bench_attn_mma_f16.log") |
+        sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\), "softcap": \([0-9.e+-]*\), "window": \([0-9]*\).*/\1 \2 \3 \4 \7 \8 \5 \6/p' |
+        paste -d' ' - - - | awk '{ printf "%-6s %-5s %-4s %-4s %-5s %-6s %9s %8s %9s %8s %9s %8s\n", $1, $2, $3, $4, $5, $6, $7, $8, $15, $16, $23, $24 }'
+    echo
+    for f in "$out"/ncu_flash_wg_shape*.log; do
+        [[ -f "$f" ]] || continue
+        echo "ncu $(basename "$f" .log):"
+        grep -E "^ +(Duration|Elapsed Cycles|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Achieved Occupancy|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued Instruction)" "$f" | head -n 14
+    done
     echo
     echo "llama-7b prefill layer at f16 precision, attention line:"
     grep -i "attn" "$out/prefill_profile_wg.log" | head -n 4

@@ -202,7 +202,7 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     kbind kb = {.names = {"q", "k", "v"}, .mem = {qmem, kmem, vmem}, .n = 3};
     bool flash = run_regions(g, tgt, params, &kb, y, what);
     cr_assert(flash, "%s: no flash kernel", what);
-    bool wg_fits = cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128) && H / Hkv <= 8 && !g_softcap && !g_window;
+    bool wg_fits = cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128 || hd == 256) && H / Hkv <= 8;
     cr_assert(wg_ran == (tgt == TGT_WG && wg_fits), "%s: warpgroup kernel %s", what, wg_ran ? "ran" : "did not run");
 
     ref64 *rf = ref64_new(g);
@@ -372,6 +372,29 @@ Test(flash_kir, warpgroup_kernel)
     flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 60, 400, true, false);
     wg_option = 0;
     fprintf(stderr, "flash_kir warpgroup_kernel: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* head_dim 256 (64-key tiles; O in two accumulators, the second reading V's dims 128 .. 255) and
+ * gemma's masks in the warpgroup kernel: soft-caps 50 and 2 (deep in tanh's bend), windows that end
+ * inside a tile, span several (the tiles before the block's first row's window skipped: a row of
+ * a later warpgroup then sees none of the first tiles it walks), and longer than every key; keys
+ * before the first query; f16 and bf16 caches; grouped heads 2 and 4 (a block's rows span several
+ * windows' starts). Checked against ref64 at the contract's f16-activation tolerance. */
+Test(flash_kir, warpgroup_head_dim_256_and_masks)
+{
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 1, 256, 40, 200, true, false);
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 4, 1, 256, 20, 20, false, false);
+    g_softcap = 50.0f, g_window = 0;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 45, 260, true, false);
+    g_softcap = 0, g_window = 70;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 150, 400, true, false); /* two blocks; the first walks from tile 2 */
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 4, 1, 64, 60, 300, false, false);
+    g_softcap = 2.0f, g_window = 33;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 1, 256, 70, 180, true, false);
+    g_softcap = 30.0f, g_window = 5000;
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 8, 4, 64, 33, 150, false, false);
+    g_softcap = 0, g_window = 0;
+    fprintf(stderr, "flash_kir warpgroup_head_dim_256_and_masks: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
 /* A wrong transposition or descriptor in the warpgroup kernel's WGMMAs fails: each mutation's NMSE

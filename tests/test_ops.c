@@ -623,23 +623,32 @@ Test(ops, attention_prefill)
         attention_runs(ACT[d], 8, 2, 128, 0, 160, small, 3, "attention prefill");
         attention_runs(ACT[d], 7, 1, 32, 0, 160, small + 1, 2, "attention prefill");
         if (gpu) attention_runs(ACT[d], 28, 4, 128, 0, 1024, big, N_OF(big), "attention prefill");
+        if (gpu) attention_runs(ACT[d], 8, 4, 256, 0, 1024, big, N_OF(big), "attention prefill"); /* gemma's head_dim */
     }
 }
 
 /* Soft-capped scores (gemma 2: cap 50 on scores ~ +-10 here; cap 1.5 deep in tanh's bend) and
  * sliding windows (gemma 2/3, phi3): decode over long caches (the GPU's key splits begin before,
  * inside and after the window), prefill runs (the flash kernel on GPUs: windows ending inside a
- * 64-key tile and across tiles), window 1 and a window longer than the cache. */
+ * 64-key tile and across tiles), window 1 and a window longer than the cache. On cuda also long
+ * prefills at head_dim 256 and 128 over f16/bf16 caches (gemma's; the warpgroup kernel on sm_90
+ * under precision f16). */
 Test(ops, attention_softcap_and_window)
 {
     static const int64_t dec[][2] = {{1, 1}, {1, 300}, {2, 999}, {1, 1000}};
     static const int64_t pre[][2] = {{9, 9}, {70, 150}, {127, 160}};
     static const struct { float cap; int64_t win; } m[] = {{50.0f, 0}, {1.5f, 33}, {0, 100}, {5.0f, 1}, {2.0f, 5000}};
+    static const int64_t big[][2] = {{512, 512}, {1000, 1100}, {300, 1000}};
+    bool gpu = strcmp(tu_backend(), "cuda") == 0;
     for (size_t i = 0; i < N_OF(m); i++) {
         g_softcap = m[i].cap, g_window = m[i].win;
         attention_runs(KILN_DTYPE_F32, 4, 2, 64, 0, 1000, dec, N_OF(dec), "attention decode masked");
         attention_runs(i % 2 ? KILN_DTYPE_F16 : KILN_DTYPE_BF16, 4, 2, 64, 0, 1000, dec, N_OF(dec), "attention decode masked");
         attention_runs(i % 2 ? KILN_DTYPE_F32 : KILN_DTYPE_F16, 4, 1, 32, 2.0f, 160, pre, N_OF(pre), "attention prefill masked");
+        if (gpu) { /* gemma's shapes: on sm_90 under precision f16 the warpgroup kernel (its tiles before a window skipped) */
+            attention_runs(i % 2 ? KILN_DTYPE_F16 : KILN_DTYPE_BF16, 8, 4, 256, 0, 1200, big, N_OF(big), "attention prefill masked");
+            attention_runs(i % 2 ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, 8, 2, 128, 0, 1200, big, N_OF(big), "attention prefill masked");
+        }
     }
     g_softcap = 0, g_window = 0;
 }

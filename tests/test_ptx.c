@@ -691,8 +691,9 @@ static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, c
 
 /* Prefill attention's warpgroup flash kernel (sm_90a, codegen.precision f16; lower_flash_wg.c):
  * llama-7b (head_dim 128, 32 heads) and qwen2-0.5b (head_dim 64, 7 query heads a kv head) with
- * f16 caches, and an attention over a bf16 cache, assemble for sm_90a with no spills, and ptxas
- * keeps the WGMMAs asynchronous (no serialization notice: P V overlaps the next softmax). */
+ * f16 caches, an attention over a bf16 cache, and gemma's soft-capped, windowed attention at head_dim
+ * 256 and 128 assemble for sm_90a with no spills, and ptxas keeps the WGMMAs asynchronous (no
+ * serialization notice: P V overlaps the next softmax). */
 Test(ptx, flash_wg_assembles, .timeout = 600)
 {
     char ptxas[1024];
@@ -718,4 +719,19 @@ Test(ptx, flash_wg_assembles, .timeout = 600)
     kiln_output(g, kiln_attention(g, q, kc, vc, ks, 0), "y");
     cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, "bf16 cache, 32/8 heads"), 1, "bf16 cache: one warpgroup flash kernel");
     kiln_graph_free(g);
+    /* gemma: head_dim 256 (O in two accumulators, 64-key tiles) with the soft-cap and a window; head_dim 128 masked */
+    static const struct { int64_t H, Hkv, hd; float cap; int64_t win; } gm[] = {{16, 8, 256, 50.0f, 4096}, {32, 16, 128, 50.0f, 1024}};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+        ts = kiln_sym(g, "t", 4096), ks = kiln_sym(g, "n_kv", 8192);
+        q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, gm[i].H, gm[i].hd});
+        kc = kiln_state(g, "k", KILN_DTYPE_F16, 3, (kiln_dim[]){gm[i].Hkv, 8192, gm[i].hd});
+        vc = kiln_state(g, "v", KILN_DTYPE_F16, 3, (kiln_dim[]){gm[i].Hkv, 8192, gm[i].hd});
+        kiln_output(g, kiln_attention_ext(g, q, kc, vc, ks, 0, gm[i].cap, gm[i].win), "y");
+        char what[96];
+        snprintf(what, sizeof what, "hd %lld, %lld/%lld heads, soft-cap %g, window %lld", (long long)gm[i].hd, (long long)gm[i].H,
+                 (long long)gm[i].Hkv, (double)gm[i].cap, (long long)gm[i].win);
+        cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, what), 1, "%s: one warpgroup flash kernel", what);
+        kiln_graph_free(g);
+    }
 }

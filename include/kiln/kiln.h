@@ -372,7 +372,7 @@ typedef struct kiln_codegen_options {
                            kernel (64 rows of one head, 4 warps) and paged steps on the split-KV
                            kernels (A/B runs, $KILN_FLASH=0) */
     int32_t flash_wg;   /* KILN_GEMM_AUTO/ON: on sm_90 under precision f16, prefill attention over a
-                           contiguous f16/bf16 cache of head_dim 64/128 takes the warpgroup flash kernel
+                           contiguous f16/bf16 cache of head_dim 64/128/256 takes the warpgroup flash kernel
                            (TMA + wgmma, FlashAttention-3 style); KILN_GEMM_OFF: the mma.sync flash
                            kernel (A/B runs, $KILN_FLASH_WG=0); KILN_FLASH_WG_NO_PINGPONG: the warpgroup
                            kernel with its two consumer warpgroups not taking turns at the tensor

@@ -163,9 +163,8 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *
                     kiln_kir *k);
 /* Hopper's warpgroup flash attention (lower_flash_wg.c): whether it takes attention node n for
  * target tg (sm_90a, codegen.precision f16, codegen.flash_wg not off, a contiguous f16/bf16 cache
- * of head_dim 64 or 128, up to 8 query heads a kv head, more than 8 query rows at the bound, no
- * soft-cap or window), and
- * the kernel. */
+ * of head_dim 64, 128 or 256, up to 8 query heads a kv head, more than 8 query rows at the bound;
+ * soft-caps and sliding windows included), and the kernel. */
 bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_region_spec *sp, const kiln_lower_target *tg);
 void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k);
 kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k);

@@ -1,24 +1,28 @@
 /* Prefill flash attention for Hopper (sm_90a) in the FlashAttention-3 style, under codegen.precision
- * = KILN_PREC_F16 with f16 or bf16 KV caches of head_dim 64 or 128: 384 threads, consumer warpgroups
- * 0 and 1 (64 query rows each) and a producer warpgroup 2. The consumers stage Q (pre-scaled to
- * base-2 logits, one 16-bit part) once into shared memory in the 128-byte-swizzled layout while
- * the producer has the TMA engine bring each 128-key K and V tile into a 2-stage mbarrier ring (a
- * 2-D tensor map over the head-major cache: rows kv_head * max_ctx + key, box 128 keys x 64 dims);
- * the tile that crosses n_kv it stages itself with V's keys past n_kv zeroed (P is 0 there, but 0 x
- * a stale inf is not). A consumer computes S = Q K^T by WGMMA from shared memory (both K-major),
- * masks and updates the online softmax on the accumulator fragment, converts P to 16-bit register
- * A fragments and adds P V by WGMMA with V MN-major (transposed descriptor) one tile later, so the
- * softmax of a tile runs while the previous tile's P V is on the tensor cores; K and V stages are
- * freed separately. Grouped query heads share a block's K/V tiles (rows are (token, head) pairs);
- * blocks run latest rows first and stop at the keys their last row sees. Must not know any target's
- * syntax; the mma.sync kernel (lower_flash.c) takes every other shape. */
+ * = KILN_PREC_F16 with f16 or bf16 KV caches of head_dim 64, 128 or 256, with gemma's soft-cap and
+ * sliding window: 384 threads, consumer warpgroups 0 and 1 (64 query rows each) and a producer
+ * warpgroup 2. The consumers stage Q (pre-scaled to base-2 logits, one 16-bit part) once into
+ * shared memory in the 128-byte-swizzled layout while the producer has the TMA engine bring each
+ * K and V tile (128 keys; 64 at head_dim 256, whose O takes 128 registers) into a 2-stage mbarrier
+ * ring (a 2-D tensor map over the head-major cache: rows kv_head * max_ctx + key, boxes of 64
+ * dims), K and V from their own producer warps; the tile that crosses n_kv the V warps stage
+ * themselves with V's keys past n_kv zeroed (P is 0 there, but 0 x a stale inf is not). A consumer
+ * computes S = Q K^T by WGMMA from shared memory (both K-major), caps, masks and updates the online
+ * softmax on the accumulator fragment, converts P to 16-bit register A fragments and adds P V by
+ * WGMMA with V MN-major (transposed descriptor) one tile later, so the softmax of a tile runs while
+ * the previous tile's P V is on the tensor cores; the two warpgroups take turns issuing (named
+ * barriers), so one's softmax also runs while the other's products hold the tensor cores. Grouped
+ * query heads share a block's K/V tiles (rows are (token, head) pairs); blocks run latest rows
+ * first, start at the first tile their first row's window reaches and stop at the keys their last
+ * row sees. Must not know any target's syntax; the mma.sync kernel (lower_flash.c) takes every
+ * other shape. */
 #include "codegen/lower.h"
 
 #include <math.h>
 #include <string.h>
 
 #define FW_ROWS 128   /* query rows a block: two consumer warpgroups of 64 */
-#define FW_KEYS 128   /* keys a tile (the S accumulator is m64n128) */
+#define FW_KMAX 128   /* keys a tile at most (the S accumulator m64n128; f->nk) */
 #define FW_STAGES 2   /* stages of the K and of the V ring */
 #define FW_THREADS 384
 #define FW_VTHREADS 96 /* the producer's V threads (warps 9 .. 11) */
@@ -34,6 +38,10 @@ typedef struct fw {
     uint32_t qbase, rbase, bbase; /* their U32 byte addresses */
     uint32_t kmap, vmap, vs;     /* tensor maps of the caches; V's buffer slot (the boundary tile) */
     bool pingpong;               /* the consumer warpgroups take turns at the tensor cores (named barriers) */
+    int32_t nk;                  /* keys a tile: 128, 64 at head_dim 256 */
+    float capl2;                 /* soft-cap in the base-2 units of the scores (0: none) */
+    int32_t win;                 /* sliding window (0: none) */
+    uint32_t t0;                 /* I32 the block's first tile (its first row's window start / nk; 0 without a window) */
 } fw;
 
 static uint32_t ci(fw *f, int32_t v) { return kiln_ki(f->k, v); }
@@ -47,8 +55,8 @@ static void sync_op(fw *f, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm
     kiln_kir_op(f->k, op, KILN_KT_NONE, a, b, KILN_IDX_NONE, imm);
 }
 
-static int32_t tile_bytes(const fw *f) { return FW_KEYS * f->hd * 2; } /* one K or V tile */
-/* Byte address of stage s's K (v = 0) or V (v = 1) tile; its hd / 64 chunks are FW_KEYS rows of 128 bytes each. */
+static int32_t tile_bytes(const fw *f) { return f->nk * f->hd * 2; } /* one K or V tile */
+/* Byte address of stage s's K (v = 0) or V (v = 1) tile; its hd / 64 chunks are nk rows of 128 bytes each. */
 static uint32_t stage_at(fw *f, uint32_t s, int v)
 {
     return o2(f, KILN_KOP_ADD, f->rbase, to_u(f, kiln_kaddi(f->k, kiln_kmuli(f->k, s, 2 * tile_bytes(f)), v * tile_bytes(f))));
@@ -58,7 +66,7 @@ static uint32_t bar_at(fw *f, int which, uint32_t s)
 {
     return o2(f, KILN_KOP_ADD, f->bbase, to_u(f, kiln_kmuli(f->k, kiln_kaddi(f->k, s, which * FW_STAGES), 8)));
 }
-/* Tile i's stage and the parity of its round. */
+/* The stage of the block's i-th tile (tile t0 + i) and the parity of its round. */
 static uint32_t slot_of(fw *f, uint32_t i, uint32_t *ph)
 {
     *ph = kiln_kandi(f->k, kiln_kshri(f->k, i, 1), 1);
@@ -139,13 +147,16 @@ static void tma(fw *f, uint32_t m, uint32_t dst, uint32_t bar, int32_t dim, uint
     kiln_kir_op(k, KILN_KOP_TMA_LOAD, KILN_KT_NONE, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)m);
 }
 
-/* The tile's hd / 64 boxes of map m (K or V rows kb .. kb + 127 of the block's kv head) into dst. */
+/* The tile's hd / 64 boxes of map m (K or V rows kb .. kb + nk - 1 of the block's kv head) into dst. */
 static void tma_tile(fw *f, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kb)
 {
     uint32_t row = o2(f, KILN_KOP_ADD, kiln_kmuli(f->k, f->kvh, f->max_ctx), kb);
     for (int c = 0; c < f->hd / 64; c++)
-        tma(f, m, o2(f, KILN_KOP_ADD, dst, cu(f, (uint32_t)(c * FW_KEYS * 128))), bar, 64 * c, row);
+        tma(f, m, o2(f, KILN_KOP_ADD, dst, cu(f, (uint32_t)(c * f->nk * 128))), bar, 64 * c, row);
 }
+
+/* The first key of the block's i-th tile. */
+static uint32_t key0(fw *f, uint32_t i) { return kiln_kmuli(f->k, o2(f, KILN_KOP_ADD, f->t0, i), f->nk); }
 
 /* The producer warpgroup's K warp (its thread 256 alone): per tile, wait for its K stage to be
  * freed and bring K by TMA. K and V have their own producers so that a V stage freed late (P V
@@ -159,7 +170,7 @@ static void producer_k(fw *f)
     sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 2, s), o2(f, KILN_KOP_XOR, ph, ci(f, 1)), 0); /* a fresh barrier passes parity 1 */
     uint32_t fk = bar_at(f, 0, s);
     sync_op(f, KILN_KOP_MBAR_ARRIVE, fk, KILN_IDX_NONE, tile_bytes(f));
-    tma_tile(f, f->kmap, stage_at(f, s, 0), fk, kiln_kmuli(k, i, FW_KEYS));
+    tma_tile(f, f->kmap, stage_at(f, s, 0), fk, key0(f, i));
     kl_loop_end(k);
 }
 
@@ -173,9 +184,9 @@ static void producer_v(fw *f, uint32_t vt)
     uint32_t lead = o2(f, KILN_KOP_EQ, vt, ci(f, 0));
     uint32_t i = kiln_kvar(k, ci(f, 0));
     kiln_kloop(k, i, f->ntiles, ci(f, 1));
-    uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS);
+    uint32_t ph, s = slot_of(f, i, &ph), kb = key0(f, i);
     sync_op(f, KILN_KOP_MBAR_WAIT, bar_at(f, 3, s), o2(f, KILN_KOP_XOR, ph, ci(f, 1)), 0);
-    uint32_t fv = bar_at(f, 1, s), bnd = o2(f, KILN_KOP_LT, f->n_kv, kiln_kaddi(k, kb, FW_KEYS));
+    uint32_t fv = bar_at(f, 1, s), bnd = o2(f, KILN_KOP_LT, f->n_kv, kiln_kaddi(k, kb, f->nk));
     kiln_kif(k, kiln_kir_op(k, KILN_KOP_PAND, KILN_KT_PRED, lead, kiln_k1(k, KILN_KOP_PNOT, bnd), KILN_IDX_NONE, 0));
     sync_op(f, KILN_KOP_MBAR_ARRIVE, fv, KILN_IDX_NONE, tile_bytes(f));
     tma_tile(f, f->vmap, stage_at(f, s, 1), fv, kb);
@@ -185,7 +196,7 @@ static void producer_v(fw *f, uint32_t vt)
         int32_t pieces = f->hd / 8;
         uint32_t vword = kiln_kaddi(k, kiln_kmuli(k, s, 2 * tile_bytes(f) / 4), tile_bytes(f) / 4); /* V tile's first word in the ring */
         uint32_t it = kiln_kvar(k, vt);
-        kiln_kloop(k, it, ci(f, FW_KEYS * pieces), ci(f, FW_VTHREADS));
+        kiln_kloop(k, it, ci(f, f->nk * pieces), ci(f, FW_VTHREADS));
         uint32_t r = o2(f, KILN_KOP_DIV, it, ci(f, pieces)), p = o2(f, KILN_KOP_REM, it, ci(f, pieces));
         uint32_t key = o2(f, KILN_KOP_ADD, kb, r);
         uint32_t row = o2(f, KILN_KOP_ADD, kiln_kmuli(k, f->kvh, f->max_ctx), o2(f, KILN_KOP_MIN, key, ci(f, f->max_ctx - 1)));
@@ -195,7 +206,7 @@ static void producer_v(fw *f, uint32_t vt)
         for (int j = 0; j < 4; j++)
             v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, kiln_ksel(k, KILN_KT_U32, ok, kiln_klane(k, x, j), cu(f, 0)),
                              KILN_IDX_NONE, j);
-        kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, o2(f, KILN_KOP_ADD, vword, swz_word(f, r, p, FW_KEYS)), v4, KILN_IDX_NONE,
+        kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, o2(f, KILN_KOP_ADD, vword, swz_word(f, r, p, f->nk)), v4, KILN_IDX_NONE,
                     (int32_t)f->ring);
         kl_loop_end(k);
         sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -209,9 +220,12 @@ static void producer_v(fw *f, uint32_t vt)
 /* The consumer's thread geometry and running state. */
 typedef struct fwc {
     uint32_t qq, seen[2], m[2], l[2], S, O, zero, tok[2], qrow[2];
+    uint32_t O2;                  /* head_dim 256: O's dims 128 .. 255 (a second accumulator); else KILN_IDX_NONE */
+    uint32_t first[2];            /* I32 the rows' first keys under the window */
     uint32_t qa;                  /* U32 this warpgroup's 64 rows of Q */
     uint32_t seen0;               /* I32 keys the warpgroup's first row sees (the fewest of its rows) */
-    uint32_t pv[FW_KEYS / 8 * 2]; /* U32 variables: the previous tile's P fragments (P V runs a tile behind) */
+    uint32_t firstl;              /* I32 the window's first key of its last row (the latest of its rows) */
+    uint32_t pv[FW_KMAX / 4];     /* U32 variables: the previous tile's P fragments (P V runs a tile behind) */
     int32_t flags_s, flags_o;     /* the two products' WGMMA flags */
     uint32_t wgi, mine, other;    /* I32 the warpgroup (0/1); its named barrier (1 + wgi) and the other's */
 } fwc;
@@ -222,49 +236,62 @@ static uint32_t red4(fw *f, uint32_t v, enum kiln_kred op)
     return kiln_kir_op(f->k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
 }
 
-/* The causal mask on S in place, only in the tiles that reach past a row's keys (those near the
- * diagonal, and the tile that crosses n_kv): a warpgroup-uniform branch; the other tiles skip it. */
+/* The soft-cap on S's lanes (every tile), then the causal and window masks in place, only in the
+ * tiles that reach past a row's keys (those near the diagonal, and the tile that crosses n_kv) or
+ * begin before a row's window: a warpgroup-uniform branch; the other tiles skip it. */
 static void mask_s(fw *f, fwc *c, uint32_t kb)
 {
     kiln_kir *k = f->k;
     uint32_t colq = kiln_kmuli(k, c->qq, 2);
-    kiln_kif(k, o2(f, KILN_KOP_LT, c->seen0, kiln_kaddi(k, kb, FW_KEYS)));
-    for (int j = 0; j < 64; j++) {
-        uint32_t key = o2(f, KILN_KOP_ADD, kb, kiln_kaddi(k, colq, 8 * (j >> 2) + (j & 1)));
-        uint32_t x = kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_LT, key, c->seen[(j >> 1) & 1]), lanef(f, c->S, j), kiln_kf(k, -INFINITY));
-        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->S, x, KILN_IDX_NONE, j);
+    for (int j = 0; f->capl2 != 0 && j < f->nk / 2; j++)
+        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->S, kl_attn_score(k, f->capl2, lanef(f, c->S, j)), KILN_IDX_NONE, j);
+    uint32_t near = o2(f, KILN_KOP_LT, c->seen0, kiln_kaddi(k, kb, f->nk));
+    if (f->win) near = kiln_kir_op(k, KILN_KOP_POR, KILN_KT_PRED, near, o2(f, KILN_KOP_LT, kb, c->firstl), KILN_IDX_NONE, 0);
+    kiln_kif(k, near);
+    for (int j = 0; j < f->nk / 2; j++) {
+        uint32_t key = o2(f, KILN_KOP_ADD, kb, kiln_kaddi(k, colq, 8 * (j >> 2) + (j & 1))), r = (j >> 1) & 1;
+        uint32_t in = o2(f, KILN_KOP_LT, key, c->seen[r]);
+        if (f->win) in = kiln_kir_op(k, KILN_KOP_PAND, KILN_KT_PRED, in, o2(f, KILN_KOP_LE, c->first[r], key), KILN_IDX_NONE, 0);
+        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->S, kiln_ksel(k, KILN_KT_F32, in, lanef(f, c->S, j), kiln_kf(k, -INFINITY)),
+                    KILN_IDX_NONE, j);
     }
     kiln_kendif(k);
 }
 
-/* Online softmax of tile kb's scores (S's 64 lanes: lane j is row (j >> 1) & 1, key kb + 8 (j >> 2)
- * + 2 q + (j & 1)), masked to each row's keys: the rows' new max and sums, O's factors alpha[2]
- * (applied once the previous tile's P V has retired), and P in f32 (p[j] for S's lane j). Touches
- * neither O nor the P variables. */
-static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t alpha[2], uint32_t p[64])
+/* Online softmax of tile kb's scores (S's nk / 2 lanes: lane j is row (j >> 1) & 1, key kb + 8 (j >> 2)
+ * + 2 q + (j & 1)), capped and masked to each row's keys: the rows' new max and sums, O's factors
+ * alpha[2] (applied once the previous tile's P V has retired), and P in f32 (p[j] for S's lane j).
+ * Touches neither O nor the P variables. Without a window every row sees key 0 in tile 0, so its
+ * max is finite; with one a row may see no key of its first tiles: its max then stays -inf, and 0
+ * stands in for it (exp2(-inf - 0) = 0, not NaN). */
+static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t alpha[2], uint32_t p[FW_KMAX / 2])
 {
     kiln_kir *k = f->k;
-    uint32_t sv[64];
+    uint32_t sv[FW_KMAX / 2], ms[2];
     mask_s(f, c, kb);
     for (int r = 0; r < 2; r++) {
         uint32_t mx = kiln_kf(k, -INFINITY);
-        for (int j = 0; j < 64; j++) {
+        for (int j = 0; j < f->nk / 2; j++) {
             if (((j >> 1) & 1) != r) continue;
             sv[j] = lanef(f, c->S, j);
             mx = o2(f, KILN_KOP_MAX, mx, sv[j]);
         }
-        uint32_t mn = o2(f, KILN_KOP_MAX, c->m[r], red4(f, mx, KILN_KRED_MAX)); /* finite: a row sees key 0 in tile 0 */
-        alpha[r] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, c->m[r], mn));
+        uint32_t mn = o2(f, KILN_KOP_MAX, c->m[r], red4(f, mx, KILN_KRED_MAX));
+        ms[r] = f->win ? kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn) : mn;
+        alpha[r] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, c->m[r], ms[r]));
         kiln_kset(k, c->m[r], mn);
     }
     uint32_t sum[2] = {kiln_kf(k, 0), kiln_kf(k, 0)};
-    for (int j = 0; j < 64; j++) {
+    for (int j = 0; j < f->nk / 2; j++) {
         int r = (j >> 1) & 1;
-        p[j] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, sv[j], c->m[r]));
+        p[j] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, sv[j], ms[r]));
         sum[r] = o2(f, KILN_KOP_ADD, sum[r], p[j]);
     }
     for (int r = 0; r < 2; r++) kiln_kset(k, c->l[r], kiln_kfma(k, c->l[r], alpha[r], sum[r]));
 }
+
+/* The first key a row that sees `seen` keys sees under the window (kl_attn_first_key's rule). */
+static uint32_t window_start(fw *f, uint32_t seen) { return o2(f, KILN_KOP_MAX, o2(f, KILN_KOP_SUB, seen, ci(f, f->win)), ci(f, 0)); }
 
 /* The consumer's rows (row R of the block: token R / G, head head0 + R % G), their keys, and its
  * state: m, l, the S and O accumulators, the P variables. */
@@ -281,24 +308,29 @@ static void consumer_rows(fw *f, fwc *c)
         uint32_t t = o2(f, KILN_KOP_MIN, c->tok[r], kiln_kaddi(k, f->n_tok, -1));
         c->qrow[r] = o2(f, KILN_KOP_ADD, kiln_kmuli(k, t, f->n_head), o2(f, KILN_KOP_ADD, f->head0, o2(f, KILN_KOP_REM, R, ci(f, f->G))));
         c->seen[r] = o2(f, KILN_KOP_ADD, f->past, kiln_kaddi(k, c->tok[r], 1));
+        c->first[r] = f->win ? window_start(f, c->seen[r]) : KILN_IDX_NONE;
         c->m[r] = kiln_kvar(k, kiln_kf(k, -INFINITY));
         c->l[r] = kiln_kvar(k, kiln_kf(k, 0));
     }
     c->zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     c->S = kiln_kvar(k, c->zero), c->O = kiln_kvar(k, c->zero);
-    for (int j = 0; j < FW_KEYS / 4; j++) c->pv[j] = kiln_kvar(k, cu(f, 0));
+    c->O2 = f->hd == 256 ? kiln_kvar(k, c->zero) : KILN_IDX_NONE;
+    for (int j = 0; j < f->nk / 4; j++) c->pv[j] = kiln_kvar(k, cu(f, 0));
     c->qa = o2(f, KILN_KOP_ADD, f->qbase, to_u(f, kiln_kmuli(k, wg, 64 * 128)));
     uint32_t first = o2(f, KILN_KOP_ADD, f->R0, kiln_kmuli(k, wg, 64));
     c->seen0 = o2(f, KILN_KOP_ADD, f->past, kiln_kaddi(k, o2(f, KILN_KOP_DIV, first, ci(f, f->G)), 1));
+    uint32_t lastw = o2(f, KILN_KOP_DIV, kiln_kaddi(k, first, 63), ci(f, f->G)); /* the warpgroup's last row's token */
+    c->firstl = f->win ? window_start(f, o2(f, KILN_KOP_ADD, f->past, kiln_kaddi(k, lastw, 1))) : KILN_IDX_NONE;
     int32_t bf = f->bf ? 1 : 0;
-    c->flags_s = (1024 / 16) << 8 | 2 | bf; /* SBO 1024: 8 rows of 128 bytes, swizzled */
-    c->flags_o = (FW_KEYS * 128 / 16) << 16 | (1024 / 16) << 8 | (f->hd / 16 % 8) << 4 | 8 | 4 | 2 | bf; /* N = hd, A in registers, V MN-major: LBO = a 64-dim chunk */
+    c->flags_s = (1024 / 16) << 8 | (f->nk / 16 % 8) << 4 | 2 | bf; /* N = nk; SBO 1024: 8 rows of 128 bytes, swizzled */
+    /* N = hd (128 per accumulator at 256), A in registers, V MN-major: LBO = a 64-dim chunk of nk rows */
+    c->flags_o = (f->nk * 128 / 16) << 16 | (1024 / 16) << 8 | (f->hd / 16 % 8) << 4 | 8 | 4 | 2 | bf;
 }
 
 /* The register A fragments of P V from the P variables. */
-static void p_frags(fw *f, fwc *c, uint32_t a[FW_KEYS / 16])
+static void p_frags(fw *f, fwc *c, uint32_t a[FW_KMAX / 16])
 {
-    for (int kk = 0; kk < FW_KEYS / 16; kk++) {
+    for (int kk = 0; kk < f->nk / 16; kk++) {
         a[kk] = KILN_IDX_NONE;
         for (int rr = 0; rr < 4; rr++) a[kk] = kiln_kir_op(f->k, KILN_KOP_SETLANE, KILN_KT_V4, a[kk], c->pv[4 * kk + rr], KILN_IDX_NONE, rr);
     }
@@ -310,19 +342,23 @@ static void issue_s(fw *f, fwc *c, uint32_t s)
     uint32_t kt = stage_at(f, s, 0);
     for (int kk = 0; kk < f->hd / 16; kk++) { /* chunk kk / 4 of 64 dims, 32 bytes per k16 step inside it */
         uint32_t a = o2(f, KILN_KOP_ADD, c->qa, cu(f, (uint32_t)(kk / 4 * FW_ROWS * 128 + kk % 4 * 32)));
-        uint32_t b = o2(f, KILN_KOP_ADD, kt, cu(f, (uint32_t)(kk / 4 * FW_KEYS * 128 + kk % 4 * 32)));
+        uint32_t b = o2(f, KILN_KOP_ADD, kt, cu(f, (uint32_t)(kk / 4 * f->nk * 128 + kk % 4 * 32)));
         kiln_kir_op(f->k, KILN_KOP_WGMMA, KILN_KT_NONE, c->S, a, b, c->flags_s);
     }
     sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
 }
 
 /* O += P V of the tile in stage s from P's fragments pa[], one group (V has landed, the fence
- * issued). */
-static void issue_pv(fw *f, fwc *c, uint32_t s, const uint32_t pa[FW_KEYS / 16])
+ * issued); at head_dim 256 O2 takes V's dims 128 .. 255 (its chunks 2 and 3). */
+static void issue_pv(fw *f, fwc *c, uint32_t s, const uint32_t pa[FW_KMAX / 16])
 {
     uint32_t vt = stage_at(f, s, 1);
-    for (int kk = 0; kk < FW_KEYS / 16; kk++) /* keys 16 kk ..: 16 rows of 128 bytes further into V's chunks */
+    for (int kk = 0; kk < f->nk / 16; kk++) { /* keys 16 kk ..: 16 rows of 128 bytes further into V's chunks */
         kiln_kir_op(f->k, KILN_KOP_WGMMA, KILN_KT_NONE, c->O, pa[kk], o2(f, KILN_KOP_ADD, vt, cu(f, (uint32_t)(kk * 16 * 128))), c->flags_o);
+        if (c->O2 != KILN_IDX_NONE)
+            kiln_kir_op(f->k, KILN_KOP_WGMMA, KILN_KT_NONE, c->O2, pa[kk], o2(f, KILN_KOP_ADD, vt, cu(f, (uint32_t)(kk * 16 * 128 + 2 * f->nk * 128))),
+                        c->flags_o);
+    }
     sync_op(f, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
 }
 
@@ -341,15 +377,18 @@ static void wg_wait(fw *f, int n) { sync_op(f, KILN_KOP_WG_WAIT, KILN_IDX_NONE, 
 static void softmax_step(fw *f, fwc *c, uint32_t kb, bool first, uint32_t sp)
 {
     kiln_kir *k = f->k;
-    uint32_t alpha[2], p[64];
+    uint32_t alpha[2], p[FW_KMAX / 2];
     softmax(f, c, kb, alpha, p);
     if (!first) {
         wg_wait(f, 0); /* the previous tile's P V has retired: O and its V stage are free */
         sync_op(f, KILN_KOP_MBAR_ARRIVE, bar_at(f, 3, sp), KILN_IDX_NONE, 0);
-        for (int j = 0; j < f->hd / 2; j++)
-            kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->O, o2(f, KILN_KOP_MUL, lanef(f, c->O, j), alpha[(j >> 1) & 1]), KILN_IDX_NONE, j);
+        for (int h = 0; h < (c->O2 != KILN_IDX_NONE ? 2 : 1); h++) {
+            uint32_t o = h ? c->O2 : c->O;
+            for (int j = 0; j < (f->hd == 64 ? 32 : 64); j++)
+                kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, o, o2(f, KILN_KOP_MUL, lanef(f, o, j), alpha[(j >> 1) & 1]), KILN_IDX_NONE, j);
+        }
     }
-    for (int kk = 0; kk < FW_KEYS / 16; kk++) /* A lane rr: row g + 8 (rr & 1), keys 16 kk + 8 (rr >> 1) + 2 q + {0, 1} */
+    for (int kk = 0; kk < f->nk / 16; kk++) /* A lane rr: row g + 8 (rr & 1), keys 16 kk + 8 (rr >> 1) + 2 q + {0, 1} */
         for (int rr = 0; rr < 4; rr++) {
             int j0 = 4 * (2 * kk + (rr >> 1)) + 2 * (rr & 1);
             kiln_kset(k, c->pv[4 * kk + rr], pack2(f, p[j0], p[j0 + 1]));
@@ -364,9 +403,11 @@ static void consumer_store(fw *f, fwc *c, uint32_t node)
         uint32_t inv = o2(f, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(f, c->l[r], KILN_KRED_SUM));
         kiln_kif(k, o2(f, KILN_KOP_LT, c->tok[r], f->n_tok));
         uint32_t ob = o2(f, KILN_KOP_ADD, kiln_kmuli(k, c->qrow[r], f->hd), kiln_kmuli(k, c->qq, 2));
-        for (int j = 0; j < f->hd / 2; j++) {
+        for (int j = 0; j < f->hd / 2; j++) { /* lane j of O (j < 64) or of O2 (dims 128 ..) */
             if (((j >> 1) & 1) != r) continue;
-            kl_store_node(k, f->g, node, kiln_kaddi(k, ob, 8 * (j >> 2) + (j & 1)), o2(f, KILN_KOP_MUL, lanef(f, c->O, j), inv));
+            uint32_t o = j < 64 ? c->O : c->O2;
+            int jj = j & 63, dim = 128 * (j >> 6) + 8 * (jj >> 2) + (jj & 1);
+            kl_store_node(k, f->g, node, kiln_kaddi(k, ob, dim), o2(f, KILN_KOP_MUL, lanef(f, o, jj), inv));
         }
         kiln_kendif(k);
     }
@@ -392,7 +433,7 @@ static void consumer(fw *f, uint32_t node)
     kiln_kir *k = f->k;
     fwc c = {0};
     consumer_rows(f, &c);
-    uint32_t pa[FW_KEYS / 16], z = ci(f, 0);
+    uint32_t pa[FW_KMAX / 16], z = ci(f, 0);
     wait_bar(f, 0, z, z); /* tile 0: stage 0, phase 0 */
     wg_fence(f);
     issue_s(f, &c, z);
@@ -403,10 +444,10 @@ static void consumer(fw *f, uint32_t node)
         nbar(f, KILN_KOP_NBAR_ARRIVE, c.mine); /* warpgroup 0 goes first */
         kiln_kendif(k);
     }
-    softmax_step(f, &c, z, true, z);
+    softmax_step(f, &c, key0(f, z), true, z);
     uint32_t i = kiln_kvar(k, ci(f, 1));
     kiln_kloop(k, i, f->ntiles, ci(f, 1));
-    uint32_t ph, s = slot_of(f, i, &ph), kb = kiln_kmuli(k, i, FW_KEYS), php, sp = slot_of(f, kiln_kaddi(k, i, -1), &php);
+    uint32_t ph, s = slot_of(f, i, &ph), kb = key0(f, i), php, sp = slot_of(f, kiln_kaddi(k, i, -1), &php);
     wait_bar(f, 0, s, ph);
     wait_bar(f, 1, sp, php);
     kiln_kset(k, c.S, c.zero);
@@ -433,11 +474,11 @@ static void consumer(fw *f, uint32_t node)
 bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_region_spec *sp, const kiln_lower_target *tg)
 {
     if (!tg->wgmma || tg->opts.precision != KILN_PREC_F16 || tg->opts.flash_wg == KILN_GEMM_OFF || sp->block) return false;
-    if (n->f[1] != 0 || n->i[1] != 0) return false; /* soft-cap, window: lower_flash.c's kernel masks them */
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
     int64_t hd = q->dims[2], G = kc->dims[0] ? q->dims[1] / kc->dims[0] : 0;
-    if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_BF16) || (hd != 64 && hd != 128))
+    if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_BF16) || (hd != 64 && hd != 128 && hd != 256))
         return false;
+    if (n->i[1] < 0 || n->i[1] > INT32_MAX / 2) return false; /* a window the I32 key arithmetic holds */
     if (G < 1 || G > 8 || kc->dims[1] < 1 || kc->dims[0] * kc->dims[1] >= ((int64_t)1 << 24)) return false;
     return kl_dim_max(g, q->dims[0]) > KL_SMALL_ROWS && kl_tma_aligned(g, n->src[1]) && kl_tma_aligned(g, n->src[2]);
 }
@@ -468,20 +509,22 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     f.G = f.n_head / f.n_kvh;
     f.q16 = kl_tma_aligned(g, n->src[0]);
     f.pingpong = tg->opts.flash_wg != KILN_FLASH_WG_NO_PINGPONG;
+    f.nk = f.hd == 256 ? 64 : 128; /* head_dim 256: O takes 128 registers, S half of 64 */
+    f.capl2 = n->f[1] * 1.44269504088896341f, f.win = (int32_t)n->i[1]; /* the scores carry log2 e */
     int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * f.G + FW_ROWS - 1) / FW_ROWS);
     kiln_kir_init(k, "kiln_attn_flash_wg", FW_THREADS);
-    snprintf(k->what, sizeof k->what, "attention: causal flash, warpgroup MMA + TMA (sm_90a), %d q heads/kv head, hd %d",
-             (int)f.G, (int)f.hd);
+    snprintf(k->what, sizeof k->what, "attention: flash, wgmma + TMA, %d q heads/kv head, hd %d%s%s%s", (int)f.G, (int)f.hd,
+             f.capl2 != 0 ? ", cap" : "", f.win ? ", window" : "", f.pingpong ? "" : ", no ping-pong");
     k->grid[0] = (uint32_t)f.n_kvh, k->grid[1] = (uint32_t)nqb;
     k->dyn_shared = true;
     f.qsh = kiln_kir_shared(k, (uint32_t)(FW_ROWS * f.hd / 2));
-    f.ring = kiln_kir_shared(k, (uint32_t)(FW_STAGES * 2 * FW_KEYS * f.hd / 2));
+    f.ring = kiln_kir_shared(k, (uint32_t)(FW_STAGES * 2 * f.nk * f.hd / 2));
     f.bars = kiln_kir_shared(k, 2 * (4 * FW_STAGES + 1)); /* full and empty of K and V per stage, and Q's */
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
     uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false);
     f.vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
     kiln_ktmap m = {.slot = ks, .inner = (uint32_t)f.hd, .outer = (uint32_t)(f.n_kvh * f.max_ctx), .stride = (uint32_t)f.hd * 2,
-                    .box_inner = 64, .box_outer = FW_KEYS};
+                    .box_inner = 64, .box_outer = (uint32_t)f.nk};
     f.kmap = kiln_kir_tmap(k, &m);
     m.slot = f.vs;
     f.vmap = kiln_kir_tmap(k, &m);
@@ -499,7 +542,13 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     /* keys the block's last row sees: its token is (R0 + 127) / G, at most the run's last */
     uint32_t last = o2(&f, KILN_KOP_MIN, o2(&f, KILN_KOP_DIV, kiln_kaddi(k, f.R0, FW_ROWS - 1), ci(&f, f.G)), kiln_kaddi(k, f.n_tok, -1));
     uint32_t kend = o2(&f, KILN_KOP_ADD, f.past, kiln_kaddi(k, last, 1));
-    f.ntiles = o2(&f, KILN_KOP_DIV, kiln_kaddi(k, kend, FW_KEYS - 1), ci(&f, FW_KEYS));
+    f.ntiles = o2(&f, KILN_KOP_DIV, kiln_kaddi(k, kend, f.nk - 1), ci(&f, f.nk));
+    f.t0 = ci(&f, 0);
+    if (f.win) { /* tiles before the block's first row's window are skipped: its later rows' windows start later */
+        uint32_t seen = o2(&f, KILN_KOP_ADD, f.past, kiln_kaddi(k, o2(&f, KILN_KOP_DIV, f.R0, ci(&f, f.G)), 1));
+        f.t0 = o2(&f, KILN_KOP_DIV, o2(&f, KILN_KOP_MAX, o2(&f, KILN_KOP_SUB, seen, ci(&f, f.win)), ci(&f, 0)), ci(&f, f.nk));
+    }
+    f.ntiles = o2(&f, KILN_KOP_SUB, f.ntiles, f.t0); /* the tiles the block walks, from t0 */
     fw_setup(&f);
     kiln_kif(k, o2(&f, KILN_KOP_LT, f.tid, ci(&f, 256)));
     sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 232);
