@@ -67,8 +67,10 @@ step bench_attn_first 60 env KILN_FLASH=0 "$bin/bench_attn" cuda 20
 step attn_ops_wg 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
 step attn_ops_wg_nopp 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
 if [[ -x "$san" ]]; then
-    for tool in racecheck memcheck synccheck; do
-        step "${tool}_flash_wg" 120 env KILN_PRECISION=f16 "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512
+    for tool in racecheck memcheck synccheck; do # llama-7b 512 (shape 0) and gemma hd 256 + soft-cap (shape 10)
+        for sh in 0 10; do
+            step "${tool}_flash_wg_shape$sh" 120 env KILN_PRECISION=f16 "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512 "$sh"
+        done
     done
 fi
 step bench_attn_wg 90 env KILN_PRECISION=f16 "$bin/bench_attn" cuda 20
