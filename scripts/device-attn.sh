@@ -76,6 +76,9 @@ fi
 step bench_attn_wg 90 env KILN_PRECISION=f16 "$bin/bench_attn" cuda 20
 step bench_attn_wg_nopp 90 env KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/bench_attn" cuda 20
 step bench_attn_mma_f16 90 env KILN_PRECISION=f16 KILN_FLASH_WG=0 "$bin/bench_attn" cuda 20
+# the 512-token region is three launches (two split kernels that exit at their row guard, then the
+# flash kernel): programmatic dependent launch overlaps them; the difference is launch overhead
+step bench_attn_wg_pdl 90 env KILN_PRECISION=f16 KILN_PDL=1 "$bin/bench_attn" cuda 20 512
 # where the 512-token kernel's 30 us go (launch, Q staging, tiles, stores): Nsight Compute on the
 # warpgroup kernel of llama-7b 512 (shape 0) and 4096 tokens (shape 3)
 ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
@@ -111,6 +114,9 @@ step serve_mixed_first 90 env KILN_FLASH=0 "$bin/kiln" bench --preset llama-7b -
     paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_wg.log") <(grep '"n_tok"' "$out/bench_attn_wg_nopp.log") <(grep '"n_tok"' "$out/bench_attn_mma_f16.log") |
         sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\), "softcap": \([0-9.e+-]*\), "window": \([0-9]*\).*/\1 \2 \3 \4 \7 \8 \5 \6/p' |
         paste -d' ' - - - | awk '{ printf "%-6s %-5s %-4s %-4s %-5s %-6s %9s %8s %9s %8s %9s %8s\n", $1, $2, $3, $4, $5, $6, $7, $8, $15, $16, $23, $24 }'
+    echo
+    echo "512 tokens with KILN_PDL=1 (launch overlap), wg kernel:"
+    grep '"n_tok"' "$out/bench_attn_wg_pdl.log" | sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\), "softcap": \([0-9.e+-]*\), "window": \([0-9]*\).*/  \1 tokens \2\/\3 heads hd \4 cap \7 window \8: \5 us, \6 TF\/s/p'
     echo
     for f in "$out"/ncu_flash_wg_shape*.log; do
         [[ -f "$f" ]] || continue

@@ -692,24 +692,26 @@ static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, c
 /* Prefill attention's warpgroup flash kernel (sm_90a, codegen.precision f16; lower_flash_wg.c):
  * llama-7b (head_dim 128, 32 heads) and qwen2-0.5b (head_dim 64, 7 query heads a kv head) with
  * f16 caches, an attention over a bf16 cache, and gemma's soft-capped, windowed attention at head_dim
- * 256 and 128 assemble for sm_90a with no spills, and ptxas keeps the WGMMAs asynchronous (no
- * serialization notice: P V overlaps the next softmax). */
+ * 256 and 128 assemble for sm_90a with no spills (llama-7b also without the ping-pong), and ptxas
+ * keeps the WGMMAs asynchronous (no serialization notice: P V overlaps the next softmax). */
 Test(ptx, flash_wg_assembles, .timeout = 600)
 {
     char ptxas[1024];
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
     kiln_lower_target tg = kiln_lower_target_for_sm(90);
     tg.opts.precision = KILN_PREC_F16;
-    static const char *const presets[] = {"llama-7b", "qwen2-0.5b"};
-    for (int p = 0; p < 2; p++) {
+    static const char *const presets[] = {"llama-7b", "qwen2-0.5b", "llama-7b"};
+    for (int p = 0; p < 3; p++) {
+        tg.opts.flash_wg = p == 2 ? KILN_FLASH_WG_NO_PINGPONG : 0; /* the A/B variant too */
         kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096, .max_tok = 512,
                                     .seed = 1, .shape_only = true};
         kiln_graph *g = NULL;
         char err[512] = "";
         cr_assert_eq(kiln_preset_build_ex(kiln_preset_find(presets[p]), &o, &g, err, sizeof err), KILN_OK, "%s", err);
-        cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, presets[p]), 1, "%s: one warpgroup flash kernel", presets[p]);
+        cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, p == 2 ? "llama-7b, no ping-pong" : presets[p]), 1, "%s: one warpgroup flash kernel", presets[p]);
         kiln_graph_free(g);
     }
+    tg.opts.flash_wg = 0;
     kiln_graph *g;
     cr_assert_eq(kiln_graph_new(&g), KILN_OK);
     kiln_dim ts = kiln_sym(g, "t", 4096), ks = kiln_sym(g, "n_kv", 4096);

@@ -236,6 +236,20 @@ static uint32_t red4(fw *f, uint32_t v, enum kiln_kred op)
     return kiln_kir_op(f->k, KILN_KOP_REDUCE, KILN_KT_F32, v, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)((op << 16) | 4));
 }
 
+/* The soft-cap of base-2 score x: c tanh(x / c) with c = f->capl2 (kl_attn_score's cap in the
+ * scores' units), as c - 2 c / (1 + e^(2 x / c)) from one ex2 and one rsqrt squared (2 MUFU and 4
+ * FMA-pipe instructions; kl_attn_score's IEEE divisions and continued fraction near 0 cost ~10x
+ * that per score). Its error near 0 is absolute, ~1e-7 c, which is what the softmax feels (a
+ * score off by d scales its weight by 2^d); +-inf saturate to +-c. */
+static uint32_t softcap(fw *f, uint32_t x)
+{
+    kiln_kir *k = f->k;
+    float c = f->capl2;
+    uint32_t e = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_MUL, x, kiln_kf(k, 2.88539008177792681f / c)));
+    uint32_t r = kiln_k1(k, KILN_KOP_RSQRT, o2(f, KILN_KOP_ADD, e, kiln_kf(k, 1.0f)));
+    return kiln_kfma(k, o2(f, KILN_KOP_MUL, r, r), kiln_kf(k, -2.0f * c), kiln_kf(k, c));
+}
+
 /* The soft-cap on S's lanes (every tile), then the causal and window masks in place, only in the
  * tiles that reach past a row's keys (those near the diagonal, and the tile that crosses n_kv) or
  * begin before a row's window: a warpgroup-uniform branch; the other tiles skip it. */
@@ -244,7 +258,7 @@ static void mask_s(fw *f, fwc *c, uint32_t kb)
     kiln_kir *k = f->k;
     uint32_t colq = kiln_kmuli(k, c->qq, 2);
     for (int j = 0; f->capl2 != 0 && j < f->nk / 2; j++)
-        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->S, kl_attn_score(k, f->capl2, lanef(f, c->S, j)), KILN_IDX_NONE, j);
+        kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, c->S, softcap(f, lanef(f, c->S, j)), KILN_IDX_NONE, j);
     uint32_t near = o2(f, KILN_KOP_LT, c->seen0, kiln_kaddi(k, kb, f->nk));
     if (f->win) near = kiln_kir_op(k, KILN_KOP_POR, KILN_KT_PRED, near, o2(f, KILN_KOP_LT, kb, c->firstl), KILN_IDX_NONE, 0);
     kiln_kif(k, near);
