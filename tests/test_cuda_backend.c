@@ -5,7 +5,6 @@
  * here runs a kernel: test_cuda does that on a real GPU. */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,41 +14,13 @@
 #include "backends/cuda/cuda.h"
 #include "cache/cache.h"
 #include "sched/ctx.h"
+#include "support/fakecuda_use.h"
 
-typedef struct fakecuda_log {
-    int      launches, captured, graph_launches, graph_kernels, modules, live_allocs, frees;
-    size_t   allocated;
-    char     last_ptx[65536];
-    unsigned last_grid[3], last_block;
-    int      last_n_params;
-    unsigned long long last_params[16];
-    int      fault_next_sync;
-    int      null_params;
-    int      links, cubin_loads;
-    int      ex_launches, pdl_launches, pdl_without_wait, pdl_captured;
-    int      stream_waits, syncs;
-} fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
 
-static fakecuda_log *fake(void)
-{
-    void *h = dlopen(KILN_FAKECUDA, RTLD_NOW | RTLD_LOCAL);
-    cr_assert(h, "%s: %s", KILN_FAKECUDA, dlerror());
-    fakecuda_log *l = dlsym(h, "fakecuda");
-    cr_assert(l);
-    return l;
-}
-
-static kiln_ctx *fake_ctx(void)
-{
-    setenv("KILN_LIBCUDA", KILN_FAKECUDA, 1);
-    kiln_ctx *ctx = NULL;
-    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
-    return ctx;
-}
 
 Test(cuda_host, probe_reports_the_device_or_why_not)
 {
-    kiln_ctx *ctx = fake_ctx();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     kiln_backend_info b;
     cr_assert_eq(kiln_backend_get(ctx, KILN_BACKEND_CUDA, &b), KILN_OK);
     cr_assert(b.available, "%s", b.detail);
@@ -59,7 +30,7 @@ Test(cuda_host, probe_reports_the_device_or_why_not)
     cr_assert(p.mem_bw > 2.9e12 && p.mem_bw < 3.1e12, "mem_bw %g from 2619 MHz x 5120 bits", p.mem_bw);
     cr_assert(p.h2d_bw > 0 && p.launch_s > 0 && p.peak_flops[KILN_DTYPE_F16] > p.peak_flops[KILN_DTYPE_F32]);
     kiln_ctx_free(ctx);
-    cr_assert_eq(fake()->live_allocs, 0);
+    cr_assert_eq(tu_fakecuda()->live_allocs, 0);
     static const struct { const char *var, *val, *want; } absent[] = {
         {"FAKECUDA_DEVICES", "0", "no CUDA device"},
         {"FAKECUDA_CC", "75", "sm_75; kiln's PTX needs sm_80 or newer"},
@@ -67,7 +38,7 @@ Test(cuda_host, probe_reports_the_device_or_why_not)
         {"KILN_LIBCUDA", "/nonexistent/libcuda.so.1", "/nonexistent/libcuda.so.1 could not be loaded"},
     };
     for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++) {
-        setenv("KILN_LIBCUDA", KILN_FAKECUDA, 1);
+        tu_fakecuda_use();
         setenv(absent[i].var, absent[i].val, 1);
         cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
         cr_assert_eq(kiln_backend_get(ctx, KILN_BACKEND_CUDA, &b), KILN_OK);
@@ -102,8 +73,8 @@ static void run_norm(kiln_plan *p, kiln_ctx *ctx, int n_tok)
 
 Test(cuda_host, plans_compile_record_once_and_replay)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     kiln_graph *g = norm_graph();
     kiln_plan *p = NULL;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -125,8 +96,8 @@ Test(cuda_host, plans_compile_record_once_and_replay)
 
 Test(cuda_host, without_recording_every_region_launches)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     kiln_graph *g = norm_graph();
     kiln_plan *p = NULL;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda", .no_record = true}, &p), KILN_OK, "%s",
@@ -140,8 +111,8 @@ Test(cuda_host, without_recording_every_region_launches)
 
 Test(cuda_host, pool_rounds_and_reuses)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     void *st = ctx->be_state[KILN_BACKEND_CUDA], *a, *b, *c;
     char err[512];
     const kiln_backend_i *be = &kiln_backend_cuda;
@@ -167,7 +138,7 @@ Test(cuda_host, out_of_memory_and_jit_errors_say_what)
 {
     setenv("FAKECUDA_MEM", "1073741824", 1);
     setenv("KILN_CACHE", "off", 1); /* a cubin on disk from another test would need no JIT */
-    kiln_ctx *ctx = fake_ctx();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     void *st = ctx->be_state[KILN_BACKEND_CUDA], *a = NULL;
     char err[1024] = "";
     cr_assert_eq(kiln_backend_cuda.alloc(st, (size_t)2 << 30, &a, err, sizeof err), KILN_ERR_NOMEM, "%s", err);
@@ -187,8 +158,8 @@ Test(cuda_host, out_of_memory_and_jit_errors_say_what)
 
 Test(cuda_host, sticky_fault_stops_the_backend)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     kiln_graph *g = norm_graph();
     kiln_plan *p = NULL;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -233,8 +204,8 @@ static kiln_plan *decode_layer_plan(kiln_ctx *ctx, const kiln_preset *pr, kiln_g
  * kernels sharing a scratch buffer), one recording is replayed per step, no argument is NULL. */
 Test(cuda_host, decode_layer_compiles_and_replays)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
     kiln_graph *g = NULL;
     kiln_plan *p = decode_layer_plan(ctx, pr, &g);
@@ -263,8 +234,8 @@ Test(cuda_host, decode_layer_compiles_and_replays)
  * is host memory: a copy from the host side would read the NULL host address and crash). */
 Test(cuda_host, device_bindings_copy_device_to_device)
 {
-    fake();
-    kiln_ctx *ctx = fake_ctx();
+    tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
     kiln_graph *g = NULL;
     kiln_plan *p = decode_layer_plan(ctx, pr, &g);
@@ -294,8 +265,8 @@ Test(cuda_host, device_bindings_copy_device_to_device)
  * stream sync); kiln_run afterwards syncs as before. */
 Test(cuda_host, run_async_joins_the_callers_stream_without_waiting)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
     kiln_graph *g = NULL;
     kiln_plan *p = decode_layer_plan(ctx, pr, &g);
@@ -328,8 +299,8 @@ Test(cuda_host, run_async_joins_the_callers_stream_without_waiting)
 Test(cuda_host, spilling_kernels_are_reprinted_with_all_registers)
 {
     setenv("KILN_CACHE", "off", 1); /* an entry of the first compile would serve the second */
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     kiln_graph *g = norm_graph();
     kiln_plan *p = NULL;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -355,9 +326,9 @@ Test(cuda_host, cubins_from_disk_skip_the_jit)
     cr_assert(mkdtemp(dir));
     setenv("KILN_CACHE_DIR", dir, 1);
     unsetenv("KILN_CACHE");
-    fakecuda_log *f = fake();
+    fakecuda_log *f = tu_fakecuda();
     kiln_graph *g = norm_graph();
-    kiln_ctx *ctx = fake_ctx();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     kiln_plan *p = NULL;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
     int kernels = f->links;
@@ -377,7 +348,7 @@ Test(cuda_host, cubins_from_disk_skip_the_jit)
     cr_assert(path[0], "no cuda entry");
     free(e);
     /* a new context: cubins loaded, nothing linked */
-    ctx = fake_ctx();
+    ctx = tu_fakecuda_ctx(0);
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_str_eq(kiln_plan_cache(p), "disk");
     cr_assert_eq(f->links, kernels, "the JIT ran on a warm start");
@@ -396,7 +367,7 @@ Test(cuda_host, cubins_from_disk_skip_the_jit)
     fseek(fp, -3, SEEK_END);
     fputc(ch ^ 0x10, fp);
     fclose(fp);
-    ctx = fake_ctx();
+    ctx = tu_fakecuda_ctx(0);
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(f->links, kernels + 1, "the damaged kernel is linked again, the others load");
     cr_assert_eq(kiln_cache_stats_get(ctx->cache).disk_rejects, 1);
@@ -418,8 +389,8 @@ Test(cuda_host, cubins_from_disk_skip_the_jit)
  * its node, region and backend; the guard launches region by region (no graph replay). */
 Test(cuda_host, check_finite_reads_region_outputs_back)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     kiln_graph *g = norm_graph();
     kiln_plan *p = NULL;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda", .check_finite = true}, &p), KILN_OK, "%s",
@@ -429,7 +400,7 @@ Test(cuda_host, check_finite_reads_region_outputs_back)
     kiln_plan_free(p);
     kiln_ctx_free(ctx); /* its memory pool holds the zeroed blocks */
     setenv("FAKECUDA_POISON", "1", 1);
-    ctx = fake_ctx();
+    ctx = tu_fakecuda_ctx(0);
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda", .check_finite = true}, &p), KILN_OK, "%s",
                  kiln_ctx_error(ctx));
     float x[8 * 64] = {1}, y[8 * 64];
@@ -457,8 +428,8 @@ Test(cuda_host, compile_faults_leave_the_context_usable)
 {
     setenv("KILN_CACHE", "off", 1); /* a cubin on disk from another test would skip the failing JIT */
     setenv("FAKECUDA_MEM", "1073741824", 1);
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     const size_t rows = (size_t)3 << 12, k = (size_t)1 << 14, bytes = rows * k * 4; /* 768 MiB f32 */
     void *w = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     cr_assert(w != MAP_FAILED);
@@ -518,7 +489,7 @@ static kiln_status pdl_steps(kiln_ctx *ctx, int32_t pdl, bool record, int steps,
     kiln_status s = kiln_compile(ctx, g, &o, &p);
     if (s == KILN_ERR_UNSUPPORTED) cr_skip("the lowering does not take every region yet: %s", kiln_ctx_error(ctx));
     cr_assert_eq(s, KILN_OK, "%s", kiln_ctx_error(ctx));
-    if (modules) *modules = fake()->modules;
+    if (modules) *modules = tu_fakecuda()->modules;
     float *x = calloc((size_t)pr->hidden, 4), *y = calloc((size_t)pr->hidden, 4);
     for (int step = 0; s == KILN_OK && step < steps; step++) {
         int32_t pos = 10 + step;
@@ -538,8 +509,8 @@ static kiln_status pdl_steps(kiln_ctx *ctx, int32_t pdl, bool record, int steps,
  * without a grid wait is ever launched so. */
 Test(cuda_host, pdl_kernels_launch_programmatically_and_record)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     int modules = 0;
     cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, true, 3, &modules), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(strstr(f->last_ptx, "\tgriddepcontrol.launch_dependents;\n") && strstr(f->last_ptx, "\tgriddepcontrol.wait;\n"),
@@ -557,15 +528,15 @@ Test(cuda_host, pdl_kernels_launch_programmatically_and_record)
  * kernels without griddepcontrol. */
 Test(cuda_host, pdl_without_recording_and_off_by_default)
 {
-    fakecuda_log *f = fake();
-    kiln_ctx *ctx = fake_ctx();
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, false, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(f->launches > 0 && f->pdl_launches == f->launches && f->captured == 0, "%d launches, %d programmatic", f->launches,
               f->pdl_launches);
     cr_assert_eq(f->pdl_without_wait, 0);
     int before = f->launches;
     kiln_ctx_free(ctx);
-    ctx = fake_ctx();
+    ctx = tu_fakecuda_ctx(0);
     cr_assert_eq(pdl_steps(ctx, KILN_GEMM_AUTO, false, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(f->pdl_launches, before, "pdl is opt-in");
     cr_assert_eq(f->ex_launches, before);
@@ -576,9 +547,9 @@ Test(cuda_host, pdl_without_recording_and_off_by_default)
 /* An sm_80 device has no programmatic dependent launch: the option changes nothing there. */
 Test(cuda_host, pdl_is_for_sm90_only)
 {
-    fakecuda_log *f = fake();
+    fakecuda_log *f = tu_fakecuda();
     setenv("FAKECUDA_CC", "80", 1);
-    kiln_ctx *ctx = fake_ctx();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, true, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(f->ex_launches, 0);
     cr_assert(f->captured > 0);
@@ -592,9 +563,9 @@ Test(cuda_host, pdl_is_for_sm90_only)
  * results are the same kernels' and the warning is printed once. */
 Test(cuda_host, pdl_falls_back_to_plain_launches, .init = cr_redirect_stderr)
 {
-    fakecuda_log *f = fake();
+    fakecuda_log *f = tu_fakecuda();
     setenv("FAKECUDA_EX_FAIL", "1", 1);
-    kiln_ctx *ctx = fake_ctx();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, true, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(f->pdl_launches, 0);
     cr_assert(f->captured > 0 && f->graph_launches == 2);
@@ -602,7 +573,7 @@ Test(cuda_host, pdl_falls_back_to_plain_launches, .init = cr_redirect_stderr)
     unsetenv("FAKECUDA_EX_FAIL");
 
     setenv("FAKECUDA_DRIVER", "12020", 1);
-    ctx = fake_ctx();
+    ctx = tu_fakecuda_ctx(0);
     int ex = f->ex_launches;
     cr_assert_eq(pdl_steps(ctx, KILN_GEMM_ON, false, 2, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(f->ex_launches, ex, "a 12.2 driver gets plain launches");
@@ -610,7 +581,7 @@ Test(cuda_host, pdl_falls_back_to_plain_launches, .init = cr_redirect_stderr)
     unsetenv("FAKECUDA_DRIVER");
 
     setenv("FAKECUDA_GRAPH_NO_PDL", "1", 1);
-    ctx = fake_ctx();
+    ctx = tu_fakecuda_ctx(0);
     int graphs = f->graph_launches;
     kiln_status s = pdl_steps(ctx, KILN_GEMM_ON, true, 1, NULL);
     cr_assert_eq(s, KILN_ERR_BACKEND);

@@ -12,34 +12,13 @@
 
 #include "model/presets.h"
 #include "sched/group.h"
+#include "support/fakecuda_use.h"
 #include "support/gguf_writer.h"
 #include "support/testutil.h"
 
 static const char *(*nccl_log)(void);
 static void (*nccl_reset)(void);
 
-typedef struct fakecuda_log {
-    int      launches, captured, graph_launches, graph_kernels, modules, live_allocs, frees;
-    size_t   allocated;
-    char     last_ptx[65536];
-    unsigned last_grid[3], last_block;
-    int      last_n_params;
-    unsigned long long last_params[16];
-    int      fault_next_sync;
-    int      null_params;
-    int      links, cubin_loads;
-    int      ex_launches, pdl_launches, pdl_without_wait, pdl_captured;
-    int      stream_waits, syncs;
-} fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
-
-static fakecuda_log *fake(void)
-{
-    void *h = dlopen(KILN_FAKECUDA, RTLD_NOW | RTLD_LOCAL); /* the handle kiln's dlopen shares */
-    cr_assert(h, "%s: %s", KILN_FAKECUDA, dlerror());
-    fakecuda_log *l = dlsym(h, "fakecuda");
-    cr_assert(l);
-    return l;
-}
 
 static void setup(void)
 {
@@ -49,7 +28,7 @@ static void setup(void)
     *(void **)&nccl_reset = dlsym(h, "fakenccl_reset");
     cr_assert(nccl_log && nccl_reset);
     nccl_reset();
-    setenv("KILN_LIBCUDA", KILN_FAKECUDA, 1);
+    tu_fakecuda_use();
     setenv("FAKECUDA_DEVICES", "2", 1);
     setenv("KILN_NCCL_LIB", KILN_FAKENCCL, 1);
     unsetenv("FAKENCCL_INIT_FAIL");
@@ -159,7 +138,7 @@ Test(mgpu, split_plan_calls_nccl_per_all_reduce_on_each_gpu)
     cr_expect_str_eq(kiln_plan_backend(p), "cuda");
     cr_expect_str_eq(nccl_log(), "init 2: 0 1\n", "communicators once, at compile");
     nccl_reset();
-    fakecuda_log *f = fake();
+    fakecuda_log *f = tu_fakecuda();
     int launches = f->launches, graphs = f->graph_launches, captured = f->captured;
     cr_assert_eq(step(p, 1, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(step(p, 3, 9), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -304,7 +283,7 @@ Test(mgpu, no_record_launches_kernel_by_kernel)
     kiln_graph *g = layer(2);
     kiln_plan *p = NULL;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.devices = "cuda:0,1"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
-    fakecuda_log *f = fake();
+    fakecuda_log *f = tu_fakecuda();
     int launches = f->launches, graphs = f->graph_launches;
     for (int k = 0; k < 2; k++) {
         nccl_reset();
@@ -330,10 +309,10 @@ Test(mgpu, device_fault_stops_the_split_plan_only)
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cuda"}, &one), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(step(p, 1, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(step(p, 1, 3), KILN_OK, "%s", kiln_ctx_error(ctx)); /* recorded: the fault comes in a replay */
-    int graphs = fake()->graph_launches;
-    fake()->fault_next_sync = 1;
+    int graphs = tu_fakecuda()->graph_launches;
+    tu_fakecuda()->fault_next_sync = 1;
     cr_assert_eq(step(p, 1, 4), KILN_ERR_BACKEND);
-    cr_expect_eq(fake()->graph_launches - graphs, 2, "the step was a replay");
+    cr_expect_eq(tu_fakecuda()->graph_launches - graphs, 2, "the step was a replay");
     const char *e = kiln_ctx_error(ctx);
     cr_expect(strstr(e, "split plan, part ") && strstr(e, "(GPU ") && strstr(e, "cuStreamSynchronize"), "%s", e);
     cr_assert_eq(step(p, 1, 5), KILN_ERR_BACKEND);

@@ -6,13 +6,13 @@
  * tests/fakecuda the same loop proves the host side: one capture, one replay per step, no launch
  * argument NULL. Must not compare a plan only with itself. */
 #include <criterion/criterion.h>
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/presets.h"
+#include "support/fakecuda_use.h"
 #include "support/testutil.h"
 
 #define STEPS  100
@@ -176,29 +176,11 @@ Test(replay, graph_replays_100_changing_steps_bit_equal_to_unrecorded_cuda, .tim
 
 /* ---------------------------------------------------------------- the host side, on fakecuda */
 
-typedef struct fakecuda_log {
-    int      launches, captured, graph_launches, graph_kernels, modules, live_allocs, frees;
-    size_t   allocated;
-    char     last_ptx[65536];
-    unsigned last_grid[3], last_block;
-    int      last_n_params;
-    unsigned long long last_params[16];
-    int      fault_next_sync;
-    int      null_params;
-    int      links, cubin_loads;
-    int      ex_launches, pdl_launches, pdl_without_wait, pdl_captured;
-    int      stream_waits, syncs;
-} fakecuda_log; /* mirrors tests/fakecuda/fakecuda.c */
 
 Test(replay, one_capture_serves_100_changing_steps_fakecuda)
 {
-    void *h = dlopen(KILN_FAKECUDA, RTLD_NOW | RTLD_LOCAL);
-    cr_assert(h, "%s: %s", KILN_FAKECUDA, dlerror());
-    fakecuda_log *f = dlsym(h, "fakecuda");
-    cr_assert(f);
-    setenv("KILN_LIBCUDA", KILN_FAKECUDA, 1);
-    kiln_ctx *ctx = NULL;
-    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
     const kiln_preset *pr = kiln_preset_find("qwen2-0.5b");
     kiln_graph *g = NULL;
     kiln_plan *p = layer_plan(ctx, "cuda", false, &g);

@@ -4,43 +4,20 @@
  * with FAKECUDA_DEVICES, FAKECUDA_MEM (bytes), FAKECUDA_JIT_FAIL, FAKECUDA_EX_FAIL, FAKECUDA_GRAPH_NO_PDL,
  * FAKECUDA_DRIVER (the version it reports) and fakecuda_fault_next_sync();
  * memory comes zeroed, or filled with 0xFF bytes (NaN) under FAKECUDA_POISON=1.
- * Must not be linked into kiln: only test_cuda_backend loads it. */
+ * Must not be linked into kiln: only the tests load it (tests/support/fakecuda_use.h). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "fakecuda.h"
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* What the fake saw, for the tests (read through dlsym). */
-typedef struct fakecuda_log {
-    int    launches;         /* cuLaunchKernel calls that ran (not captured) */
-    int    captured;         /* launches captured into graphs */
-    int    graph_launches;   /* cuGraphLaunch calls */
-    int    graph_kernels;    /* kernels run by graph launches */
-    int    modules;          /* modules loaded */
-    int    live_allocs;      /* allocations not freed */
-    int    frees;            /* cuMemFree calls */
-    size_t allocated;        /* bytes live */
-    char   last_ptx[65536];  /* text of the last module loaded */
-    unsigned last_grid[3], last_block; /* of the last launch */
-    int    last_n_params;    /* .param count of the last launched entry */
-    CUdeviceptr last_params[16]; /* its pointer arguments */
-    int    fault_next_sync;  /* the next stream sync fails with an illegal address */
-    int    null_params;      /* launches with a NULL pointer argument */
-    int    links;            /* cuLinkComplete calls (PTX JIT'ed to a cubin) */
-    int    cubin_loads;      /* modules loaded from a cubin (no JIT) */
-    int    ex_launches;      /* cuLaunchKernelEx calls that launched (run or captured) */
-    int    pdl_launches;     /* of those, with programmatic stream serialization */
-    int    pdl_without_wait; /* programmatic launches of a kernel whose PTX has no griddepcontrol.wait */
-    int    pdl_captured;     /* programmatic launches captured into graphs */
-    int    stream_waits;     /* cuStreamWaitEvent calls */
-    int    syncs;            /* cuStreamSynchronize calls */
-} fakecuda_log;
-
+/* What the fake saw, for the tests (read through dlsym; the struct is in fakecuda.h). */
 EXPORT fakecuda_log fakecuda;
 
 static int ctx_refs; /* cuDevicePrimaryCtxRetain minus releases */
