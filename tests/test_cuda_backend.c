@@ -16,8 +16,6 @@
 #include "sched/ctx.h"
 #include "support/fakecuda_use.h"
 
-
-
 Test(cuda_host, probe_reports_the_device_or_why_not)
 {
     kiln_ctx *ctx = tu_fakecuda_ctx(0);
