@@ -71,8 +71,8 @@ static kiln_status matmul(const kiln_graph *g, const kiln_region *r, const kiln_
     }
     uint32_t x = matmul_x(g, r);
     int64_t K = g->nodes[x].dims[g->nodes[x].rank - 1];
-    for (uint32_t i = 0; i < *n; i++) kl_guard_rows(&out[i], g, x, K, KL_SMALL_ROWS, false);
-    kl_guard_rows(&out[*n], g, x, K, KL_SMALL_ROWS, true);
+    for (uint32_t i = 0; i < *n; i++) kl_guard_rows(&out[i], g, x, K, KL_SMALL_ROWS, KILN_IDX_NONE, 0, false);
+    kl_guard_rows(&out[*n], g, x, K, KL_SMALL_ROWS, KILN_IDX_NONE, 0, true);
     (*n)++;
     return KILN_OK;
 }

@@ -135,9 +135,12 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
 kiln_status kiln_lower_gemv(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);
 /* gemv for runs of at most m_cap rows (the caller guards the kernel so: kl_guard_rows). */
 kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, int64_t m_cap, char *err, size_t n_err);
-/* Runs kernel k only when node's rows (its elements / per_row, at run time) are at most `cap`
- * (small) or more than cap (!small): the other kernel of a region takes the other runs. */
-void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, bool small);
+/* Runs kernel k only when node's rows (its elements / per_row, at run time) are more than `cap`
+ * (!small) or not (small): the other kernel of a region takes the other runs. With a per-sequence
+ * bound (seqs: the node whose dim 0 counts a step's sequences, KILN_IDX_NONE: none) the large runs
+ * must also have more than per_seq rows a sequence on average (paged prefill chunks, not batched decode). */
+void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, uint32_t seqs,
+                   int64_t per_seq, bool small);
 /* Rows up to which gemv and the split attention kernels take a run; the GEMM and the flash kernel
  * take longer runs. */
 #define KL_SMALL_ROWS 8

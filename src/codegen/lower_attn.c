@@ -446,21 +446,8 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
 
 /* Paged steps go to the flash kernel when they have more than KL_SMALL_ROWS rows and more than
  * PAGED_FLASH_ROWS rows per sequence on average (prefill chunks); batched decode (a row or a few per
- * sequence) keeps the split kernels, which split each sequence's keys over blocks. `small`: the
- * split kernels' guard (the negation). */
+ * sequence) keeps the split kernels, which split each sequence's keys over blocks (kl_guard_rows). */
 #define PAGED_FLASH_ROWS 4
-static void guard_paged(kiln_kir *k, const kiln_graph *g, uint32_t q, uint32_t seqs, int64_t per_row, bool small)
-{
-    kiln_kir c;
-    kiln_kir_init(&c, k->name, k->block);
-    uint32_t rows = kiln_k2(&c, KILN_KOP_DIV, kl_numel_from(&c, &g->nodes[q], 0), kiln_ki(&c, (int32_t)per_row));
-    uint32_t ns = kiln_kmuli(&c, kl_dim(&c, g->nodes[seqs].dims[0]), PAGED_FLASH_ROWS);
-    uint32_t p = kiln_k2(&c, KILN_KOP_PAND, kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, KL_SMALL_ROWS), rows),
-                         kiln_k2(&c, KILN_KOP_LT, ns, rows));
-    if (small) p = kiln_kir_op(&c, KILN_KOP_PNOT, KILN_KT_PRED, p, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    kiln_kir_guard(k, &c, p);
-    kiln_kir_free(&c);
-}
 
 /* Each thread a head dim: O = sum over the splits of their weighted outputs, CU splits per step with
  * their loads in flight together (weight 0 past nsp), divided by L. */
@@ -648,8 +635,8 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
         if (wg) kl_lower_flash_wg(g, node, tg, &k[2]); /* contiguous caches only */
         else kl_lower_flash(g, node, sp, tg, &k[2]);
         for (int i = 0; i < 3; i++)
-            if (sp->block) guard_paged(&k[i], g, n->src[0], sp->seqs, per_row, i < 2);
-            else kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, i < 2);
+            kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, sp->block ? sp->seqs : KILN_IDX_NONE,
+                          PAGED_FLASH_ROWS, i < 2);
         *n_out = 3;
     }
     return KILN_OK;

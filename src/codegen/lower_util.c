@@ -471,13 +471,22 @@ static uint32_t frag_word(kiln_kir *k, uint32_t r, uint32_t p, int kt, bool b)
 uint32_t kl_frag_a_word(kiln_kir *k, uint32_t r, uint32_t p, int kt) { return frag_word(k, r, p, kt, false); }
 uint32_t kl_frag_b_word(kiln_kir *k, uint32_t n, uint32_t p, int kt) { return frag_word(k, n, p, kt, true); }
 
-void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, bool small)
+void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, uint32_t seqs,
+                   int64_t per_seq, bool small)
 {
     kiln_kir c;
     kiln_kir_init(&c, k->name, k->block);
     uint32_t rows = kiln_k2(&c, KILN_KOP_DIV, kl_numel_from(&c, &g->nodes[node], 0), kiln_ki(&c, (int32_t)per_row));
-    uint32_t p = small ? kiln_k2(&c, KILN_KOP_LE, rows, kiln_ki(&c, (int32_t)cap))
-                       : kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, (int32_t)cap), rows);
+    uint32_t p;
+    if (seqs == KILN_IDX_NONE) { /* this order of instructions is the one the golden kernels record */
+        p = small ? kiln_k2(&c, KILN_KOP_LE, rows, kiln_ki(&c, (int32_t)cap))
+                  : kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, (int32_t)cap), rows);
+    } else { /* many rows, and more than per_seq rows a sequence on average; small: the negation */
+        uint32_t ns = kiln_kmuli(&c, kl_dim(&c, g->nodes[seqs].dims[0]), (int32_t)per_seq);
+        p = kiln_k2(&c, KILN_KOP_PAND, kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, (int32_t)cap), rows),
+                    kiln_k2(&c, KILN_KOP_LT, ns, rows));
+        if (small) p = kiln_kir_op(&c, KILN_KOP_PNOT, KILN_KT_PRED, p, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    }
     kiln_kir_guard(k, &c, p);
     kiln_kir_free(&c);
 }
