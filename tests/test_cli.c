@@ -1057,6 +1057,9 @@ Test(cli, bench_serve_reports_decode_and_mixed_steps, .timeout = 300)
     kiln_cli(&o, "bench --preset qwen2-0.5b --mode serve --block 3");
     cr_assert_eq(o.rc, 2);
     cr_assert(strstr(o.err, "power of two"), "%s", o.err);
+    kiln_cli(&o, "bench --preset qwen2-0.5b --mode serve --host --seqs 1 --ctx 8 --chunk 0 --layers 1 --backend cpu");
+    cr_assert_eq(o.rc, 1, "%s%s", o.out, o.err);
+    cr_assert(strstr(o.err, "--host measures kiln_run_async on cuda, but the plan runs on cpu"), "%s", o.err);
 }
 
 /* bench says why it chose its layer count; gen_model has options and --help (and never writes a

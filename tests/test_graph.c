@@ -194,6 +194,58 @@ Test(run, binding_errors_leave_plan_usable)
     kiln_ctx_free(ctx);
 }
 
+/* y = a + silu(b) over [n, 8], n <= 4, on data filled fresh for each run. */
+static void check_sum_silu(kiln_ctx *ctx, kiln_plan *p, kiln_binding *b, size_t nb, int n, const float *a, const float *x, float *y)
+{
+    tu_poison(y, 32 * sizeof *y);
+    cr_assert_eq(kiln_run(p, b, nb), KILN_OK, "%s", kiln_ctx_error(ctx));
+    double ref[32], got[32];
+    for (int i = 0; i < n * 8; i++) ref[i] = a[i] + x[i] / (1 + exp(-(double)x[i])), got[i] = y[i];
+    tu_compare("a + silu(b)", got, ref, n * 8, tu_tol("silu", KILN_DTYPE_F32));
+}
+
+/* The run memo (sched/bind.c) remembers each binding position's match: bindings that move, names
+ * whose text changes in the same buffer, sizes that change and a bad binding between good runs
+ * must all be matched by name every run. */
+Test(run, bindings_match_by_name_whatever_their_order)
+{
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(NULL, &ctx), KILN_OK);
+    kiln_graph *g = new_graph();
+    kiln_dim n = kiln_sym(g, "n", 4);
+    kiln_node a = kiln_input(g, "a", KILN_DTYPE_F32, 2, (kiln_dim[]){n, 8});
+    kiln_node b = kiln_input(g, "b", KILN_DTYPE_F32, 2, (kiln_dim[]){n, 8});
+    kiln_output(g, kiln_add(g, a, kiln_silu(g, b)), "y");
+    kiln_plan *p;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = tu_backend()}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    float da[32], db[32], y[32];
+    char na[4] = "a", nb_[4] = "b";
+    for (int round = 0; round < 3; round++) {
+        tu_fill(da, 32, -2, 2), tu_fill(db, 32, -3, 3);
+        kiln_binding fw[] = {{.name = "n", .value = 2}, {.name = na, .data = da, .bytes = 64}, {.name = nb_, .data = db, .bytes = 64},
+                             {.name = "y", .data = y, .bytes = sizeof y}};
+        check_sum_silu(ctx, p, fw, 4, 2, da, db, y);
+        kiln_binding bw[] = {{.name = "y", .data = y, .bytes = sizeof y}, {.name = "b", .data = db, .bytes = 128},
+                             {.name = "a", .data = da, .bytes = 128}, {.name = "n", .value = 4}};
+        check_sum_silu(ctx, p, bw, 4, 4, da, db, y);
+        /* the same name buffers, their text swapped: position 1 is now b, position 2 a */
+        strcpy(na, "b"), strcpy(nb_, "a");
+        kiln_binding sw[] = {{.name = "n", .value = 3}, {.name = na, .data = db, .bytes = 96}, {.name = nb_, .data = da, .bytes = 96},
+                             {.name = "y", .data = y, .bytes = sizeof y}};
+        check_sum_silu(ctx, p, sw, 4, 3, da, db, y);
+        strcpy(na, "a"), strcpy(nb_, "b");
+        kiln_binding bad[] = {{.name = "n", .value = 3}, {.name = "a", .data = da, .bytes = 64}, {.name = "b", .data = db, .bytes = 96}};
+        cr_assert_eq(kiln_run(p, bad, 3), KILN_ERR_BINDING);
+        cr_assert(strstr(kiln_ctx_error(ctx), "'a'") && strstr(kiln_ctx_error(ctx), "needs 96 bytes, got 64"), "%s", kiln_ctx_error(ctx));
+        kiln_binding one[] = {{.name = "a", .data = da, .bytes = 32}, {.name = "n", .value = 1}, {.name = "b", .data = db, .bytes = 32},
+                              {.name = "y", .data = y, .bytes = sizeof y}};
+        check_sum_silu(ctx, p, one, 4, 1, da, db, y);
+    }
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
 Test(run, compile_errors)
 {
     kiln_ctx *ctx;

@@ -2,7 +2,8 @@
  * as a serving engine runs them: steady-state decode of --seqs sequences at KV length --ctx (one
  * token each per step, blocks shuffled over the pool, equal or ragged lengths with the same total)
  * and a mixed step (one --chunk-token prefill chunk plus seqs - 1 decoding sequences) with its time
- * split between matmul and attention kernels. JSON or text out. Must not assert on speed. */
+ * split between matmul and attention kernels; or (--host, cuda) the host time of kiln_run_async per
+ * step with every binding in device memory. JSON or text out. Must not assert on speed. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,7 +17,7 @@ typedef struct serve_opts {
     int64_t            seqs, ctx, block, layers, steps, chunk, seed; /* --seqs --ctx --block --layers --steps --chunk --seed */
     kiln_dtype         wtype;   /* --wtype (default f16) */
     const char        *backend; /* --backend */
-    bool               json, ragged; /* --json, --ragged */
+    bool               json, ragged, host; /* --json, --ragged, --host */
 } serve_opts;
 
 typedef struct serve_state {
@@ -26,12 +27,13 @@ typedef struct serve_state {
     int32_t   *pos, *slots, *seqs, *bt, *len; /* step metadata; len: each sequence's KV length before the step */
     float     *x, *y;                 /* activations (host) */
     void      *dx, *dy;               /* on cuda: device copies (what an engine binds) */
+    void      *dmeta[4];              /* --host: pos, slots, seqs, blocks in device memory */
     bool       dev;                   /* x and y bound as device memory */
 } serve_state;
 
 static int parse(int argc, char *const *argv, serve_opts *o)
 {
-    *o = (serve_opts){.seqs = 16, .ctx = 1024, .block = 16, .steps = 16, .chunk = 512, .seed = 1, .wtype = KILN_DTYPE_F16};
+    *o = (serve_opts){.seqs = 16, .ctx = 1024, .block = 16, .chunk = 512, .seed = 1, .wtype = KILN_DTYPE_F16};
     kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "bench"};
     static const struct { const char *flag; size_t off; int64_t lo, hi; } ints[] = {
         {"--seqs", offsetof(serve_opts, seqs), 1, 4096},     {"--ctx", offsetof(serve_opts, ctx), 0, 1 << 20},
@@ -54,13 +56,14 @@ static int parse(int argc, char *const *argv, serve_opts *o)
             o->backend = v;
         } else if ((r = kiln_cli_preset_flags(&a, &o->preset, &o->wtype)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
-        } else if (!strcmp(argv[a.i], "--json") || !strcmp(argv[a.i], "--ragged")) {
-            *(argv[a.i][2] == 'j' ? &o->json : &o->ragged) = true;
+        } else if (!strcmp(argv[a.i], "--json") || !strcmp(argv[a.i], "--ragged") || !strcmp(argv[a.i], "--host")) {
+            *(argv[a.i][2] == 'j' ? &o->json : argv[a.i][2] == 'r' ? &o->ragged : &o->host) = true;
             a.i++;
         } else {
             return kiln_cli_unknown_flag("bench", argv[a.i]);
         }
     }
+    if (!o->steps) o->steps = o->host ? 160 : 16;
     if (!o->preset) {
         fprintf(stderr, "kiln bench: missing --preset NAME (see kiln bench --help)\n");
         return KILN_CLI_USAGE;
@@ -84,7 +87,7 @@ static int setup(serve_opts *o, serve_state *st)
 {
     kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = kiln_cli_quiet}, &st->ctx);
     if (s != KILN_OK) return kiln_cli_fail("bench", st->ctx, s, "creating the context");
-    if (!o->layers) o->layers = o->backend && !strcmp(o->backend, "ref") ? 1 : 4;
+    if (!o->layers) o->layers = o->host ? 32 : o->backend && !strcmp(o->backend, "ref") ? 1 : 4;
     int64_t keys = o->ctx + o->ctx / 2 + o->steps + o->chunk + 2; /* the longest sequence's keys */
     st->mb = (keys + o->block - 1) / o->block;
     st->n_blocks = o->seqs * st->mb;
@@ -130,8 +133,9 @@ static int setup(serve_opts *o, serve_state *st)
     return KILN_CLI_OK;
 }
 
-/* One step: sequence 0 feeds `first` tokens, the others one each, after `extra` earlier steps. */
-static kiln_status step(const serve_opts *o, serve_state *st, int64_t first, int64_t extra)
+/* The metadata of a step (sequence 0 feeds `first` tokens, the others one each, after `extra`
+ * earlier steps) into st's host arrays; returns the step's tokens. */
+static int64_t fill_meta(const serve_opts *o, serve_state *st, int64_t first, int64_t extra)
 {
     int64_t t = 0;
     for (int64_t q = 0; q < o->seqs; q++) {
@@ -141,6 +145,13 @@ static kiln_status step(const serve_opts *o, serve_state *st, int64_t first, int
         for (int64_t j = 0; j < n; j++, t++)
             st->pos[t] = (int32_t)(start + j), st->slots[t] = (int32_t)(row[(start + j) / o->block] * o->block + (start + j) % o->block);
     }
+    return t;
+}
+
+/* One step: sequence 0 feeds `first` tokens, the others one each, after `extra` earlier steps. */
+static kiln_status step(const serve_opts *o, serve_state *st, int64_t first, int64_t extra)
+{
+    int64_t t = fill_meta(o, st, first, extra);
     size_t xb = (size_t)t * (size_t)o->preset->hidden * 4;
     kiln_binding b[] = {
         {.name = "n_tok", .value = t},
@@ -196,6 +207,81 @@ static kiln_status split(const serve_opts *o, serve_state *st, int64_t n, double
     return s;
 }
 
+/* --host: a decode step's metadata uploaded once into device memory (an engine writes its own every
+ * step, on its stream: its work, not kiln's), so that every binding of the step is device memory. */
+static kiln_status host_setup(const serve_opts *o, serve_state *st, int64_t *t_out, char *err, size_t n)
+{
+    const kiln_backend_i *b = kiln_backends[KILN_BACKEND_CUDA];
+    void *bs = st->ctx->be_state[KILN_BACKEND_CUDA];
+    int64_t t = *t_out = fill_meta(o, st, 1, 0);
+    const void *src[4] = {st->pos, st->slots, st->seqs, st->bt};
+    size_t bytes[4] = {(size_t)t * 4, (size_t)t * 4, (size_t)o->seqs * 8, (size_t)(o->seqs * st->mb) * 4};
+    kiln_status s = KILN_OK;
+    for (int i = 0; s == KILN_OK && i < 4; i++)
+        if ((s = b->alloc(bs, bytes[i], &st->dmeta[i], err, n)) == KILN_OK) s = b->upload(bs, st->dmeta[i], src[i], bytes[i], err, n);
+    return s == KILN_OK ? b->sync(bs, err, n) : s;
+}
+
+/* --host: the host time of each kiln_run_async call of `steps` decode steps (caller's stream: the
+ * legacy default stream), enqueued in bursts of 16 with a sync between them (untimed) so that the
+ * driver's queue never fills; res = median, p90 and max us per call, and device ms per step. */
+static kiln_status host_timed(const serve_opts *o, serve_state *st, double res[4])
+{
+    const kiln_backend_i *b = kiln_backends[KILN_BACKEND_CUDA];
+    void *bs = st->ctx->be_state[KILN_BACKEND_CUDA];
+    char err[512] = "";
+    int64_t t = 0;
+    kiln_status s = host_setup(o, st, &t, err, sizeof err);
+    if (s != KILN_OK) return kiln_ctx_fail(st->ctx, s, "device metadata: %s", err);
+    size_t xb = (size_t)t * (size_t)o->preset->hidden * 4;
+    kiln_binding bd[] = {
+        {.name = "n_tok", .value = t},
+        {.name = "n_seq", .value = o->seqs},
+        {.name = "x", .data = st->dx, .bytes = xb, .device = true},
+        {.name = "pos", .data = st->dmeta[0], .bytes = (size_t)t * 4, .device = true},
+        {.name = "slots", .data = st->dmeta[1], .bytes = (size_t)t * 4, .device = true},
+        {.name = "seqs", .data = st->dmeta[2], .bytes = (size_t)o->seqs * 8, .device = true},
+        {.name = "blocks", .data = st->dmeta[3], .bytes = (size_t)(o->seqs * st->mb) * 4, .device = true},
+        {.name = "y", .data = st->dy, .bytes = xb, .device = true},
+    };
+    size_t nb = sizeof bd / sizeof *bd;
+    double *us = calloc((size_t)o->steps, sizeof *us), dev = 0;
+    if (!us) return KILN_ERR_NOMEM;
+    if ((s = kiln_run_async(st->plan, bd, nb, NULL)) == KILN_OK) s = b->sync(bs, err, sizeof err); /* records the graph */
+    for (int64_t i = 0; s == KILN_OK && i < o->steps; i += 16) {
+        double t0 = kiln_cli_now();
+        for (int64_t j = i; s == KILN_OK && j < i + 16 && j < o->steps; j++) {
+            double c0 = kiln_cli_now();
+            s = kiln_run_async(st->plan, bd, nb, NULL);
+            us[j] = (kiln_cli_now() - c0) * 1e6;
+        }
+        if (s == KILN_OK && (s = b->sync(bs, err, sizeof err)) != KILN_OK) s = kiln_ctx_fail(st->ctx, s, "sync: %s", err);
+        dev += kiln_cli_now() - t0;
+    }
+    qsort(us, (size_t)o->steps, sizeof *us, cmp_d);
+    res[0] = us[o->steps / 2], res[1] = us[o->steps * 9 / 10], res[2] = us[o->steps - 1];
+    res[3] = dev * 1e3 / (double)o->steps;
+    free(us);
+    return s;
+}
+
+static void report_host(const serve_opts *o, const serve_state *st, const double r[4])
+{
+    if (o->json) {
+        printf("{\"preset\":\"%s\",\"mode\":\"serve\",\"host\":true,\"backend\":\"%s\",\"wtype\":\"%s\",\"layers\":%lld,"
+               "\"kernels\":%d,\"seqs\":%lld,\"ctx\":%lld,\"steps\":%lld,\"host_us_per_step_median\":%.3f,"
+               "\"host_us_per_step_p90\":%.3f,\"host_us_per_step_max\":%.3f,\"step_ms\":%.6f}\n",
+               o->preset->name, kiln_plan_backend(st->plan), kiln_dtype_name(o->wtype), (long long)o->layers,
+               kiln_plan_kernel_count(st->plan), (long long)o->seqs, (long long)o->ctx, (long long)o->steps, r[0], r[1], r[2], r[3]);
+        return;
+    }
+    printf("%s serve on %s, %lld layers (%d kernels, one recorded CUDA graph), %lld sequences at KV %lld, every binding "
+           "device memory\n  kiln_run_async host time per step: median %.2f us, p90 %.2f, max %.2f (%lld steps); device "
+           "step %.3f ms\n",
+           o->preset->name, kiln_plan_backend(st->plan), (long long)o->layers, kiln_plan_kernel_count(st->plan),
+           (long long)o->seqs, (long long)o->ctx, r[0], r[1], r[2], (long long)o->steps, r[3]);
+}
+
 static void report(const serve_opts *o, const serve_state *st, double dec_ms, double mix_ms, const double sp[3])
 {
     kiln_dtype kt = kiln_preset_kv_dtype(o->wtype);
@@ -234,14 +320,27 @@ int kiln_cli_bench_serve(int argc, char *const *argv)
     int rc = parse(argc, argv, &o);
     if (rc != KILN_CLI_OK) return rc;
     serve_state st = {0};
-    double dec = 0, mix = 0, sp[3] = {0, 0, 0};
+    double dec = 0, mix = 0, sp[4] = {0, 0, 0, 0};
     rc = setup(&o, &st);
     kiln_status s = KILN_OK;
-    if (rc == KILN_CLI_OK) s = timed(&o, &st, 1, o.steps, &dec);
+    if (rc == KILN_CLI_OK && o.host) {
+        if (!st.dev) {
+            fprintf(stderr, "kiln bench: --host measures kiln_run_async on cuda, but the plan runs on %s\n", kiln_plan_backend(st.plan));
+            rc = KILN_CLI_FAIL;
+        } else if ((s = host_timed(&o, &st, sp)) != KILN_OK) {
+            rc = kiln_cli_fail("bench", st.ctx, s, "running a step");
+        } else {
+            report_host(&o, &st, sp);
+        }
+        o.chunk = 0, o.steps = 0; /* nothing more to time */
+    }
+    if (rc == KILN_CLI_OK && o.steps) s = timed(&o, &st, 1, o.steps, &dec);
     if (rc == KILN_CLI_OK && s == KILN_OK && o.chunk > 1) s = timed(&o, &st, o.chunk, o.steps / 2 + 1, &mix);
     if (rc == KILN_CLI_OK && s == KILN_OK && o.chunk > 1) s = split(&o, &st, 3, sp);
     if (rc == KILN_CLI_OK && s != KILN_OK) rc = kiln_cli_fail("bench", st.ctx, s, "running a step");
-    if (rc == KILN_CLI_OK) report(&o, &st, dec, mix, sp);
+    if (rc == KILN_CLI_OK && !o.host) report(&o, &st, dec, mix, sp);
+    for (int i = 0; i < 4; i++)
+        if (st.dmeta[i]) kiln_backends[KILN_BACKEND_CUDA]->free(st.ctx->be_state[KILN_BACKEND_CUDA], st.dmeta[i]);
     if (st.dev) {
         kiln_backends[KILN_BACKEND_CUDA]->free(st.ctx->be_state[KILN_BACKEND_CUDA], st.dx);
         kiln_backends[KILN_BACKEND_CUDA]->free(st.ctx->be_state[KILN_BACKEND_CUDA], st.dy);

@@ -140,13 +140,16 @@ static const char usage_bench[] =
     "fraction of the read bandwidth (and FMA peak) measured in the same run.\n"
     "\n"
     "       kiln bench --preset NAME --mode serve [--seqs N] [--ctx C] [--ragged] [--block B] [--chunk P]\n"
-    "                  [--layers N] [--steps S] [--wtype T] [--backend B] [--seed N] [--json]\n"
+    "                  [--layers N] [--steps S] [--wtype T] [--backend B] [--seed N] [--host] [--json]\n"
     "--mode serve: the layers with paged attention (blocks shuffled over the pool), as an engine runs\n"
     "them: steady-state decode of N sequences (default 16) at KV length C (default 1024; --ragged:\n"
     "lengths spread over C/2..3C/2, same total), one token each per step; then a mixed step of a\n"
     "P-token prefill chunk (default 512; 0: none) plus N - 1 decoding sequences, with its time split\n"
     "between matmul and attention kernels (profiled). --block B tokens per block (default 16),\n"
-    "--layers (default 4; 1 on ref), --wtype (default f16). On cuda x and y stay in device memory.\n";
+    "--layers (default 4; 1 on ref), --wtype (default f16). On cuda x and y stay in device memory.\n"
+    "--host (cuda): instead, the host time of each kiln_run_async call (median, p90, max us) over S\n"
+    "decode steps (default 160) of a captured graph with every input, output and metadata buffer bound\n"
+    "as device memory, --layers default 32: the per-step overhead an engine pays on its stream.\n";
 
 static const char usage_plan[] =
     "usage: kiln plan (FILE.kg | MODEL.gguf | --preset NAME [--wtype T]) [--layers N] [--ctx N] [--tokens T]\n"

@@ -463,7 +463,8 @@ static kiln_status prepare_devices(kiln_plan *p)
         char err[512] = "";
         kiln_status s = kiln_backends[sp]->upload(p->ctx->be_state[sp], d->params, d->params_host, d->n_params * sizeof(int32_t), err, sizeof err);
         if (s != KILN_OK) return dev_fail(p, sp, s, "writing the parameter buffer", err);
-        for (uint32_t i = 0; i < p->g->n_nodes; i++) d->bufs[i] = dev_addr(p, sp, i);
+        for (uint32_t i = 0; !d->bufs_set && i < p->g->n_nodes; i++) d->bufs[i] = dev_addr(p, sp, i);
+        d->bufs_set = true;
     }
     return KILN_OK;
 }

@@ -76,6 +76,7 @@ KILN_API void kiln_plan_free(kiln_plan *p)
     free(p->root); free(p->offset); free(p->arena_off); free(p->bufs); free(p->dims); free(p->sym_vals);
     free(p->max_dims); free(p->bound_dev); free(p->bound_dev_be);
     free(p->finite_buf);
+    kiln_sched_memo_free(p->memo);
     kiln_fusion_free(&p->fusion);
     kiln_graph_free(p->g);
     free(p);
@@ -455,21 +456,6 @@ fail:
 
 /* ------------------------------------------------------------------ run */
 
-/* Matches bindings to symbols, inputs and outputs; checks kinds, sizes, duplicates, completeness. */
-/* A device-bound input must only be read by kernels on a device. */
-/* The device space that reads input `input`, which caller device memory may then be bound to:
- * -1 when the host reads it, nothing reads it, or two devices do (then it must be host memory). */
-static int device_input_space(const kiln_plan *p, uint32_t input)
-{
-    int sp = -1;
-    for (uint32_t x = 0; x < p->n_xfers; x++) {
-        if (p->xfers[x].node != input) continue;
-        if (p->xfers[x].to == KILN_SPACE_HOST || (sp >= 0 && sp != p->xfers[x].to)) return -1;
-        sp = p->xfers[x].to;
-    }
-    return sp;
-}
-
 /* Copies an output into caller device memory of the backend that holds it. */
 static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_t bytes)
 {
@@ -480,173 +466,6 @@ static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_
     void *src = p->dev[sp].bufs[node];
     kiln_status s = kiln_backends[sp]->copy(p->ctx->be_state[sp], dst, src, bytes, err, sizeof err);
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: copying an output to device memory: %s", kiln_backends[sp]->name, err);
-}
-
-/* Run-time index checks for kernels on devices (the host kernels check their own): positions
- * and ids given as bound host inputs are checked before they are uploaded. */
-static kiln_status check_indices(kiln_plan *p)
-{
-    const kiln_graph *g = p->g;
-    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
-        if (!kiln_backend_is_device(kiln_backends[p->region_be[r]])) continue;
-        const kiln_region *reg = &p->fusion.regions[r];
-        for (uint32_t a = 0; a < reg->n_nodes; a++) {
-            uint32_t i = reg->nodes[a];
-            const kiln_node_rec *n = &g->nodes[i];
-            uint32_t src;
-            int64_t hi;
-            if (n->op == KILN_OP_KV_SCATTER) src = n->src[2], hi = p->dims[n->src[0]][1];
-            else if (n->op == KILN_OP_GET_ROWS) src = n->src[1], hi = p->dims[n->src[0]][0];
-            else if (n->op == KILN_OP_ATTENTION) {
-                int64_t n_kv = kiln_dim_is_sym(n->dim) ? p->sym_vals[kiln_sym_index(n->dim)] : n->dim;
-                int64_t max_ctx = p->dims[n->src[1]][1], n_tok = p->dims[n->src[0]][0];
-                if (n_kv < 1 || n_kv > max_ctx || n_tok > n_kv) {
-                    char lab[300];
-                    return kiln_ctx_fail(p->ctx, KILN_ERR_SHAPE, "%s: n_kv = %lld must be in [n_tok = %lld, max_ctx = %lld]",
-                                         node_label(g, i, lab, sizeof lab), (long long)n_kv, (long long)n_tok, (long long)max_ctx);
-                }
-                kiln_status ps = kiln_sched_check_attention_pos(p, i, false);
-                if (ps != KILN_OK) return ps;
-                continue;
-            } else continue;
-            uint32_t root = p->root[src];
-            if (g->nodes[root].op != KILN_OP_INPUT || !p->bufs[root]) continue;
-            int64_t cnt = 1;
-            for (int d = 0; d < g->nodes[src].rank; d++) cnt *= p->dims[src][d];
-            const int32_t *v = (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[src]);
-            for (int64_t t = 0; t < cnt; t++)
-                if (v[t] < 0 || v[t] >= hi) {
-                    char lab[300];
-                    return kiln_ctx_fail(p->ctx, KILN_ERR_SHAPE, "%s: %s %d (index %lld) is outside [0, %lld)", node_label(g, i, lab, sizeof lab),
-                                         n->op == KILN_OP_GET_ROWS ? "id" : "position", v[t], (long long)t, (long long)hi);
-                }
-        }
-    }
-    return KILN_OK;
-}
-
-/* An i32 input's values this run when they are bound in host memory, else NULL (device-bound or
- * computed: the engine vouches for them). */
-static const int32_t *host_i32(const kiln_plan *p, uint32_t node)
-{
-    uint32_t root = p->root[node];
-    if (p->g->nodes[root].op != KILN_OP_INPUT || !p->bufs[root]) return NULL;
-    return (const int32_t *)((const unsigned char *)p->bufs[root] + p->offset[node]);
-}
-
-/* Paged attention's step metadata, on every backend, before any kernel runs: a bad step is refused
- * whole and the caches stay untouched (kiln_paged_check), slots of the kv_scatter feeding k or v
- * included. */
-static kiln_status check_paged(kiln_plan *p)
-{
-    const kiln_graph *g = p->g;
-    for (uint32_t i = 0; i < g->n_nodes; i++) {
-        const kiln_node_rec *n = &g->nodes[i];
-        if (n->op != KILN_OP_PAGED_ATTENTION) continue;
-        kiln_paged_meta m = {.pos = host_i32(p, n->src[3]), .seqs = host_i32(p, n->src[4]), .blocks = host_i32(p, n->src[5]),
-                             .n_tok = p->dims[n->src[0]][0], .n_seq = p->dims[n->src[4]][0],
-                             .max_blocks = p->dims[n->src[5]][1], .block = n->i[0], .n_slots = p->dims[n->src[1]][1]};
-        bool tree = n->n_src > 6 && n->src[6] != KILN_IDX_NONE;
-        if (tree) m.parents = host_i32(p, n->src[6]);
-        if (!m.pos || !m.seqs || !m.blocks || (tree && !m.parents)) continue; /* device-bound: the kernels clamp */
-        char why[400], lab[300];
-        if (!kiln_paged_check(&m, NULL, why, sizeof why))
-            return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "%s: %s", node_label(g, i, lab, sizeof lab), why);
-        for (int k = 1; k <= 2; k++) {
-            const kiln_node_rec *w = &g->nodes[n->src[k]];
-            const int32_t *slots = w->op == KILN_OP_KV_SCATTER && p->dims[w->src[2]][0] == m.n_tok ? host_i32(p, w->src[2]) : NULL;
-            if (slots && !kiln_paged_check(&m, slots, why, sizeof why))
-                return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "%s: %s (the kv_scatter writing %s)", node_label(g, i, lab, sizeof lab), why,
-                                     k == 1 ? "k" : "v");
-        }
-    }
-    return KILN_OK;
-}
-
-static kiln_status bind(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding **out_bind)
-{
-    const kiln_graph *g = p->g;
-    kiln_ctx *ctx = p->ctx;
-    bool *sym_set = calloc(g->n_syms + 1, 1);
-    if (!sym_set) return kiln_ctx_fail(ctx, KILN_ERR_NOMEM, "out of memory");
-    kiln_status s = KILN_OK;
-    for (uint32_t i = 0; i < g->n_nodes; i++) p->bufs[i] = p->bound_dev[i] = NULL;
-    for (size_t k = 0; k < nb && s == KILN_OK; k++) {
-        const char *name = b[k].name;
-        uint32_t idx;
-        if (!name) { s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "binding %zu has no name", k); break; }
-        if ((idx = kiln_graph_find_sym(g, name)) != KILN_IDX_NONE) {
-            if (sym_set[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "symbol '%s' bound twice", name);
-            else if (b[k].value < 1 || b[k].value > g->syms[idx].max)
-                s = kiln_ctx_fail(ctx, KILN_ERR_SYMBOL, "symbol '%s' = %lld is out of its bounds [1, %lld]", name,
-                                  (long long)b[k].value, (long long)g->syms[idx].max);
-            sym_set[idx] = true;
-            p->sym_vals[idx] = b[k].value;
-        } else if ((idx = kiln_graph_find_leaf(g, name)) != KILN_IDX_NONE && g->nodes[idx].op == KILN_OP_INPUT) {
-            if (p->bufs[idx] || p->bound_dev[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound twice", name);
-            else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "input '%s' bound with NULL data", name);
-            int dsp = b[k].device ? device_input_space(p, idx) : -1;
-            if (s == KILN_OK && b[k].device && dsp < 0)
-                s = kiln_ctx_fail(ctx, KILN_ERR_BINDING,
-                                  "input '%s' is bound as device memory, but the host (or more than one device) reads it", name);
-            if (b[k].device) {
-                p->bound_dev[idx] = b[k].data;
-                p->bound_dev_be[idx] = (int8_t)dsp;
-            } else {
-                p->bufs[idx] = b[k].data;
-            }
-        } else if ((idx = kiln_graph_find_output(g, name)) != KILN_IDX_NONE) {
-            if (out_bind[idx]) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound twice", name);
-            else if (!b[k].data) s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "output '%s' bound with NULL data", name);
-            out_bind[idx] = &b[k];
-        } else if (kiln_graph_find_leaf(g, name) != KILN_IDX_NONE) {
-            s = kiln_ctx_fail(ctx, KILN_ERR_BINDING, "'%s' is a %s, not an input: it cannot be bound at run", name,
-                              kiln_op_name((enum kiln_op)g->nodes[kiln_graph_find_leaf(g, name)].op));
-        } else {
-            s = kiln_ctx_fail(ctx, KILN_ERR_NAME, "binding '%s' names no input, output or symbol of the graph", name);
-        }
-    }
-    for (uint32_t i = 0; s == KILN_OK && i < g->n_syms; i++)
-        if (!sym_set[i]) s = kiln_ctx_fail(ctx, KILN_ERR_SYMBOL, "symbol '%s' is not bound", g->syms[i].name);
-    free(sym_set);
-    return s;
-}
-
-/* Resolves dims and data pointers of every node for this run and checks input/output sizes. */
-static kiln_status resolve(kiln_plan *p, const kiln_binding *const *out_bind, const kiln_binding *b, size_t nb)
-{
-    const kiln_graph *g = p->g;
-    for (uint32_t i = 0; i < g->n_nodes; i++) {
-        const kiln_node_rec *r = &g->nodes[i];
-        kiln_node_numel(r, p->sym_vals, p->dims[i]);
-        if (r->op == KILN_OP_INPUT) {
-            if (!p->bufs[i] && !p->bound_dev[i]) return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "input '%s' is not bound", r->name);
-            size_t want = kiln_node_bytes(r, p->dims[i]);
-            for (size_t k = 0; k < nb; k++)
-                if (b[k].name && strcmp(b[k].name, r->name) == 0 && b[k].bytes != want) {
-                    char ds[160];
-                    return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "input '%s' %s %s needs %zu bytes, got %zu", r->name,
-                                         kiln_dtype_name((kiln_dtype)r->dtype),
-                                         kiln_graph_dims_str(g, r->rank, r->dims, ds, sizeof ds), want, b[k].bytes);
-                }
-        } else if (r->op == KILN_OP_WEIGHT) {
-            p->bufs[i] = (void *)r->data;
-        } else if (r->op == KILN_OP_STATE) {
-            p->bufs[i] = p->state_mem[i];
-        } else if (p->root[i] != i) {
-            p->bufs[i] = (unsigned char *)p->bufs[p->root[i]] + p->offset[i];
-        } else {
-            p->bufs[i] = p->arena + p->arena_off[i];
-        }
-    }
-    for (uint32_t o = 0; o < g->n_outs; o++) {
-        uint32_t i = g->outs[o].node;
-        size_t want = kiln_node_bytes(&g->nodes[i], p->dims[i]);
-        if (out_bind[o] && out_bind[o]->bytes < want)
-            return kiln_ctx_fail(p->ctx, KILN_ERR_BINDING, "output '%s' needs %zu bytes, the binding holds %zu",
-                                 g->outs[o].name, want, out_bind[o]->bytes);
-    }
-    return KILN_OK;
 }
 
 /* Every region on one device backend that can join a caller's queue: the backend id, else -1. */
@@ -680,20 +499,6 @@ static kiln_status join_caller(kiln_plan *p, void *stream, bool after)
     char err[512] = "";
     kiln_status s = (after ? bi->join_signal : bi->join_wait)(p->ctx->be_state[be], stream, err, sizeof err);
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: joining the caller's stream: %s", bi->name, err);
-}
-
-kiln_status kiln_sched_run_begin(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding ***out_bind)
-{
-    if (nb && !b) return kiln_ctx_fail(p->ctx, KILN_ERR_INVALID_ARG, "kiln_run: bindings is NULL but n = %zu", nb);
-    *out_bind = calloc(p->g->n_outs + 1, sizeof **out_bind);
-    if (!*out_bind) return kiln_ctx_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
-    p->ran = false;
-    if (p->what_if) return kiln_ctx_fail(p->ctx, KILN_ERR_UNSUPPORTED, "a what-if plan can be explained, not run");
-    kiln_status s = bind(p, b, nb, *out_bind);
-    if (s == KILN_OK) s = resolve(p, *out_bind, b, nb);
-    if (s == KILN_OK) s = check_paged(p);
-    if (s == KILN_OK) s = check_indices(p);
-    return s;
 }
 
 kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind)

@@ -28,7 +28,25 @@ typedef struct kiln_dev_space {
     int32_t  *params_host; /* its host staging copy */
     uint32_t  n_params;    /* slots */
     void     *rec;         /* recorded launches of the whole plan, or NULL */
+    bool      bufs_set;    /* bufs holds every node's address (they never change: arena, weights, states) */
 } kiln_dev_space;
+
+/* What every run reads of the plan and runs do not change (bind.c builds it at the first run), so
+ * that a step costs the host work in the bindings, not in the graph's nodes. */
+typedef struct kiln_run_memo {
+    uint32_t *inputs, n_inputs;     /* input nodes */
+    uint32_t *views, n_views;       /* nodes aliasing an input (their data moves with it each run) */
+    uint32_t *symbolic, n_symbolic; /* nodes with a symbolic dim (the others' dims never change) */
+    uint32_t *paged, n_paged;       /* paged attention nodes (check_paged) */
+    uint32_t *checked, n_checked;   /* kv_scatter, get_rows and attention nodes of device regions (check_indices) */
+    int8_t   *space;                /* per node: the device space an input may be bound in (device_input_space) */
+    size_t   *in_bytes;             /* per node: bytes of an input's binding this run */
+    int64_t  *syms;                 /* symbol values the dims of p->dims were resolved with */
+    uint32_t *match;                /* per binding position: its last match (symbol, input or output index) */
+    int8_t   *kind;                 /* and what it matched: 0 nothing yet, 1 symbol, 2 input, 3 output */
+    uint32_t  n_match;              /* positions kept */
+    bool      fixed;                /* dims at syms and the data pointers of every node but inputs and views are set */
+} kiln_run_memo;
 
 struct kiln_plan {
     kiln_ctx     *ctx;         /* context the plan was compiled in (errors go there) */
@@ -78,6 +96,7 @@ struct kiln_plan {
                                   (kiln_env_options; .backend is not kept) */
     void         *finite_buf;  /* host copy of a device region's output being scanned */
     size_t        finite_cap;  /* its size */
+    kiln_run_memo *memo;       /* run-time lists and matches (bind.c), built at the first run; NULL before */
     struct kiln_group *group;  /* a split plan (compile option devices): its parts run the graph and
                                   this plan only routes the public calls (group.c); else NULL */
 };
@@ -115,6 +134,8 @@ void       *kiln_sched_dev_addr(const kiln_plan *p, uint32_t node);
 kiln_status kiln_sched_put(kiln_plan *p, uint32_t node, const void *src, size_t bytes);
 /* kiln_run in two halves (plan.c), for split plans: bind, resolve and check a run's bindings
  * (*out_bind: the output bindings, freed by the caller), then copy the outputs bound out. */
+/* bind.c: frees the run memo. */
+void kiln_sched_memo_free(kiln_run_memo *m);
 kiln_status kiln_sched_run_begin(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding ***out_bind);
 kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind);
 kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Serving engines on the GPU machine (issue #21): the host time of kiln_run_async per step on a
+# captured CUDA graph (every input, output and metadata buffer bound as device memory; goal <= 10 us
+# for a 32-layer step), for llama-7b (32 layers, f16 and q4_k) and qwen2-0.5b stretched to 32 layers,
+# at 1, 16 and 64 sequences; then the paged and tree tests on cuda (tree steps of many rows now take
+# the flash kernel), test_flash_kir, and the 100-step graph replay. Builds nothing; never stops at
+# a failure; each step under a time limit; about 6 minutes in all.
+#
+# usage: scripts/device-serve.sh [BIN_DIR]   (default devbin: a Release build's binaries)
+# BIN_DIR needs kiln; test_paged, test_tree, test_flash_kir and test_replay are run when present.
+# Run it from the repository root after `source .devdeps/env.sh`. With $OUT set, every log and
+# summary.txt go there (else a temp dir); the host-time table is printed last.
+set -u
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="${1:-devbin}"
+if [[ ! -x "$bin/kiln" ]]; then
+    echo "usage: scripts/device-serve.sh [BIN_DIR] (BIN_DIR/kiln must exist)" >&2
+    exit 2
+fi
+bin="$(cd "$bin" && pwd)"
+out="${OUT:-$(mktemp -d /tmp/device-serve.XXXXXX)}"
+mkdir -p "$out"
+export KILN_SOURCE_DIR="$root" KILN_CACHE=off
+summary="$out/summary.txt"
+: >"$summary"
+
+# step NAME SECONDS CMD...: runs CMD with its output in $out/NAME.log; one status line.
+step() {
+    local name="$1" lim="$2"; shift 2
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    timeout --kill-after=5 "$lim" "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    t1=$(date +%s.%N)
+    local line
+    line=$(awk -v n="$name" -v a="$t0" -v b="$t1" -v r="$rc" 'BEGIN { printf "[%s] %-36s %6.1fs%s", r == 0 ? " ok " : "FAIL", n, b - a, r == 0 ? "" : "  rc=" r }')
+    echo "$line" | tee -a "$summary"
+    [[ $rc -ne 0 ]] && tail -n 12 "$out/$name.log" | sed 's/^/       | /'
+    return 0
+}
+
+"$bin/kiln" info >"$out/info.log" 2>&1
+grep -i -m2 "cuda" "$out/info.log" | tee -a "$summary"
+
+# host time per kiln_run_async step (JSON lines: host_us_per_step_median/p90/max, step_ms)
+host_runs=(
+    "host_llama7b_f16_s1:--preset llama-7b --wtype f16 --seqs 1 --ctx 1024"
+    "host_llama7b_f16_s64:--preset llama-7b --wtype f16 --seqs 64 --ctx 1024"
+    "host_llama7b_q4k_s16:--preset llama-7b --wtype q4_k --seqs 16 --ctx 1024"
+    "host_qwen05b_32l_s16:--preset qwen2-0.5b --wtype f16 --seqs 16 --ctx 1024"
+)
+for r in "${host_runs[@]}"; do
+    name="${r%%:*}"
+    # shellcheck disable=SC2086
+    step "$name" 300 "$bin/kiln" bench --mode serve --host --layers 32 --steps 320 --backend cuda --json ${r#*:}
+done
+
+# correctness on cuda (present binaries only)
+[[ -x "$bin/test_paged" ]] && step paged_cuda 120 "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
+[[ -x "$bin/test_tree" ]] && step tree_cuda 120 "$bin/test_tree" --jobs 4 --filter 'tree/*cuda*'
+[[ -x "$bin/test_flash_kir" ]] && step flash_kir 120 "$bin/test_flash_kir" --jobs 4
+[[ -x "$bin/test_replay" ]] && step replay_100_steps_cuda 300 "$bin/test_replay" --jobs 1 --filter 'replay/graph_replays_100*'
+step check_paged_cuda 240 "$bin/kiln" check --op paged_attention --backend cuda --quick
+
+echo | tee -a "$summary"
+echo "kiln_run_async host time per step (us), every binding device memory, 32 layers (goal <= 10):" | tee -a "$summary"
+printf "%-24s %8s %8s %8s %8s %10s\n" run kernels median p90 max step_ms | tee -a "$summary"
+for r in "${host_runs[@]}"; do
+    name="${r%%:*}"
+    line=$(grep -h '"host":true' "$out/$name.log" 2>/dev/null | tail -n1)
+    if [[ -z "$line" ]]; then
+        printf "%-24s %8s\n" "$name" "-" | tee -a "$summary"
+        continue
+    fi
+    python3 - "$name" "$line" <<'EOF' | tee -a "$summary"
+import json, sys
+j = json.loads(sys.argv[2])
+print("%-24s %8d %8.2f %8.2f %8.2f %10.3f" % (sys.argv[1], j["kernels"], j["host_us_per_step_median"],
+      j["host_us_per_step_p90"], j["host_us_per_step_max"], j["step_ms"]))
+EOF
+done
