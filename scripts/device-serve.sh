@@ -2,8 +2,9 @@
 # Serving engines on the GPU machine (issue #21): the host time of kiln_run_async per step on a
 # captured CUDA graph (every input, output and metadata buffer bound as device memory; goal <= 10 us
 # for a 32-layer step), for llama-7b (32 layers, f16 and q4_k) and qwen2-0.5b stretched to 32 layers,
-# at 1, 16 and 64 sequences; then the paged and tree tests on cuda (tree steps of many rows now take
-# the flash kernel), test_flash_kir, and the 100-step graph replay. Builds nothing; never stops at
+# at 1, 16 and 64 sequences; serve 64 x 1024 with f16 and q8_0 pools; then the paged and tree tests
+# on cuda (q8_0 pools; tree steps of many rows now take the flash kernel), test_flash_kir, the
+# 100-step graph replay and kiln check paged_attention/kv_scatter. Builds nothing; never stops at
 # a failure; each step under a time limit; about 6 minutes in all.
 #
 # usage: scripts/device-serve.sh [BIN_DIR]   (default devbin: a Release build's binaries)
@@ -54,6 +55,11 @@ for r in "${host_runs[@]}"; do
     # shellcheck disable=SC2086
     step "$name" 300 "$bin/kiln" bench --mode serve --host --layers 32 --steps 320 --backend cuda --json ${r#*:}
 done
+# q8_0 pools against f16 ones: decode 64 x 1024 and the mixed step (llama-7b f16 layers, block 16)
+for kv in f16 q8_0; do
+    step "serve_64x1024_kv_$kv" 180 "$bin/kiln" bench --preset llama-7b --mode serve --seqs 64 --ctx 1024 --chunk 512 --layers 2 \
+        --backend cuda --kv "$kv" --json
+done
 
 # correctness on cuda (present binaries only)
 [[ -x "$bin/test_paged" ]] && step paged_cuda 120 "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
@@ -61,6 +67,14 @@ done
 [[ -x "$bin/test_flash_kir" ]] && step flash_kir 120 "$bin/test_flash_kir" --jobs 4
 [[ -x "$bin/test_replay" ]] && step replay_100_steps_cuda 300 "$bin/test_replay" --jobs 1 --filter 'replay/graph_replays_100*'
 step check_paged_cuda 240 "$bin/kiln" check --op paged_attention --backend cuda --quick
+step check_kv_scatter_cuda 120 "$bin/kiln" check --op kv_scatter --backend cuda --quick
+san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+if [[ -x "$san" ]]; then # a mixed step over q8_0 pools (scatter, split and flash kernels), then a tree step's flash kernel
+    step memcheck_serve_q8_0 240 "$san" --tool memcheck --error-exitcode 3 "$bin/kiln" bench --preset qwen2-0.5b --mode serve \
+        --seqs 8 --ctx 256 --chunk 64 --layers 1 --steps 1 --backend cuda --kv q8_0
+    [[ -x "$bin/test_tree" ]] && step racecheck_tree_cuda 240 "$san" --tool racecheck --error-exitcode 3 "$bin/test_tree" --jobs 1 \
+        --filter 'tree/verify_equals_path_decoding_cuda'
+fi
 
 echo | tee -a "$summary"
 echo "kiln_run_async host time per step (us), every binding device memory, 32 layers (goal <= 10):" | tee -a "$summary"

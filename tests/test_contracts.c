@@ -73,12 +73,13 @@ Test(contracts, exact_ops_have_zero_tolerance)
 Test(contracts, float_tolerances_are_tight)
 {
     /* f32 results within 1e-8 NMSE; f16/bf16 within their rounding bounds (2^-21, 2^-15). Matmul
-     * with block weights: 1e-4, the int8 rounding of x that fast kernels use (see matmul.yaml). */
+     * with block weights: 1e-4, the int8 rounding of x that fast kernels use (see matmul.yaml);
+     * kv_scatter into a q8_0 pool: 5e-4, ggml's rounding bound for any data (kv_scatter.yaml). */
     for (int op = KILN_OP_MATMUL; op < KILN_OP_COUNT; op++) {
         contract c;
         char err[512];
         cr_assert(contract_load(kiln_op_name((enum kiln_op)op), &c, err, sizeof err), "%s", err);
-        const double q = op == KILN_OP_MATMUL ? 1e-4 : 1e-8;
+        const double q = op == KILN_OP_MATMUL ? 1e-4 : op == KILN_OP_KV_SCATTER ? 5e-4 : 1e-8;
         const double lim[KILN_DTYPE_COUNT] = {1e-8, 0x1p-21, 0x1p-15, 0, q, q, q, q, q, q, q, q, q, q, q, q};
         for (int t = 0; t < KILN_DTYPE_COUNT; t++)
             cr_assert(isnan(c.tol[t]) || c.tol[t] <= lim[t], "%s: %s tolerance %g is looser than %g", c.op,

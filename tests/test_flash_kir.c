@@ -4,7 +4,7 @@
  * every kernel of it run by the block interpreter of tests/support/kirtest.c (mma.sync included:
  * each warp's product from kir.h's fragment layouts), against the f64 reference on fresh random
  * data: f16 and f32 caches, head_dim 32/64/128, grouped-query ratios 1/4/7, n_tok not a multiple
- * of the block's rows, keys before the first query. Also the interpreter's MMA against
+ * of the block's rows, keys before the first query; paged steps (q8_0 pools, draft trees too). Also the interpreter's MMA against
  * kt_ref_mma. Must not use any printer or backend. */
 #include <criterion/criterion.h>
 
@@ -55,9 +55,16 @@ static kiln_dtype q_dtype = KILN_DTYPE_F32; /* flash_run's q (f16: the kernels' 
 static bool f16_prec(int tgt) { return tgt == TGT_CUDA_F16 || tgt == TGT_WG; }
 static double worst_f16 = 0; /* largest NMSE under f16 precision (printed: the contract's bound's margin) */
 
-/* Random values of dtype dt (f16, bf16 or f32) in [lo, hi) into n elements at mem, and as f32 at f. */
+/* Random values of dtype dt (f16, bf16, f32; q8_0: n a multiple of 32) in [lo, hi) into n elements
+ * at mem, and as f32 at f (the values dt holds). */
 static void fill(void *mem, float *f, kiln_dtype dt, int64_t n, float lo, float hi)
 {
+    if (dt == KILN_DTYPE_Q8_0) {
+        for (int64_t i = 0; i < n; i++) f[i] = (float)tu_uniform(lo, hi);
+        cr_assert_eq(kiln_quantize(dt, f, mem, n), KILN_OK);
+        cr_assert_eq(kiln_dequantize(dt, mem, f, n), KILN_OK);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
         float x = (float)tu_uniform(lo, hi);
         if (dt == KILN_DTYPE_F16) {
@@ -261,8 +268,8 @@ Test(flash_kir, grouped_heads)
 /* Paged attention of a ragged step (kiln_paged_attention): sequences with new[i] tokens after
  * prior[i] cached ones, keys through a block table of shuffled physical blocks (block 16), a pool
  * whose other slots hold other values, the unread table entries garbage; every row checked. */
-static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int n_seq, const int *nw,
-                       const int *prior)
+static void paged_case_tree(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int n_seq, const int *nw,
+                            const int *prior, const int32_t *par)
 {
     enum { BLK = 16 };
     int64_t T = 0, MB = 0, need = 0;
@@ -280,10 +287,12 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     kiln_node bt = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){ss, MB});
     kiln_dim pd[] = {Hkv, NB * BLK, hd};
     kiln_node kp = kiln_state(g, "k", cd, 3, pd), vp = kiln_state(g, "v", cd, 3, pd);
-    kiln_output(g, kiln_paged_attention_ext(g, q, kp, vp, pos, seqs, bt, BLK, 0, g_softcap, g_window), "y");
+    kiln_node pn = par ? kiln_input(g, "parents", KILN_DTYPE_I32, 1, (kiln_dim[]){ts}) : KILN_NODE_NONE;
+    kiln_output(g, par ? kiln_paged_attention_tree(g, q, kp, vp, pos, seqs, bt, pn, BLK, 0)
+                       : kiln_paged_attention_ext(g, q, kp, vp, pos, seqs, bt, BLK, 0, g_softcap, g_window), "y");
     cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
-    size_t es = cd == KILN_DTYPE_F32 ? 4 : 2;
-    void *kmem = malloc((size_t)nc * es + 16), *vmem = malloc((size_t)nc * es + 16);
+    size_t cb = tu_bytes(cd, nc, hd); /* the pools' bytes (q8_0: 34 per 32 values) */
+    void *kmem = malloc(cb + 16), *vmem = malloc(cb + 16); /* + 16: a q8_0 pool is read up to 2 bytes past its end */
     float *kf = malloc((size_t)nc * 4), *vf = malloc((size_t)nc * 4), *qf = malloc((size_t)nq * 4), *y = malloc((size_t)nq * 4 + 16);
     fill(kmem, kf, cd, nc, -1, 1);
     fill(vmem, vf, cd, nc, -0.5f, 1.5f);
@@ -302,30 +311,36 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
         int64_t kv = prior[i] + nw[i];
         for (int64_t b = 0; b < (kv + BLK - 1) / BLK; b++) bv[i * MB + b] = perm[next++];
         sv[2 * i] = (int32_t)t0, sv[2 * i + 1] = (int32_t)kv;
-        for (int j = 0; j < nw[i]; j++) pv[t0 + j] = prior[i] + j;
+        for (int j = 0; j < nw[i]; j++) { /* a tree's draft sits at its depth */
+            int d = 0;
+            for (int a = j; par && par[t0 + a] >= 0; a = par[t0 + a]) d++;
+            pv[t0 + j] = prior[i] + (par ? d : j);
+        }
         t0 += nw[i];
     }
     uint32_t params[8] = {0};
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ss)] = (uint32_t)n_seq;
     char what[160], err[1024];
-    snprintf(what, sizeof what, "paged, %s, %s pool, %lld/%lld heads, hd %lld, %d sequences, %lld rows, softcap %g, window %lld",
-             tgt_name[tgt], kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, n_seq, (long long)T,
+    snprintf(what, sizeof what, "paged%s, %s, %s pool, %lld/%lld heads, hd %lld, %d sequences, %lld rows, softcap %g, window %lld",
+             par ? " tree" : "", tgt_name[tgt], kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, n_seq, (long long)T,
              (double)g_softcap, (long long)g_window);
-    kbind kb = {.names = {"q", "k", "v", "pos", "seqs", "blocks"}, .mem = {qf, kmem, vmem, pv, sv, bv}, .n = 6};
+    kbind kb = {.names = {"q", "k", "v", "pos", "seqs", "blocks", "parents"}, .mem = {qf, kmem, vmem, pv, sv, bv, (void *)par},
+                .n = par ? 7 : 6};
     /* flash off, and Vulkan's emulated MMA: the split kernels take paged steps */
     bool flash = run_regions(g, tgt, params, &kb, y, what);
     cr_assert(flash == (tgt == TGT_CUDA || f16_prec(tgt)), "%s: flash kernel %s", what, flash ? "present" : "missing");
     cr_assert(!wg_ran, "%s: the warpgroup kernel took a paged step", what);
     ref64 *rf = ref64_new(g);
-    cr_assert_eq(ref64_state_set(rf, "k", kmem, (size_t)nc * es, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(ref64_state_set(rf, "v", vmem, (size_t)nc * es, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ref64_state_set(rf, "k", kmem, cb, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ref64_state_set(rf, "v", vmem, cb, err, sizeof err), 0, "%s", err);
     kiln_binding b[] = {{.name = "q", .data = qf, .bytes = (size_t)nq * 4},
                         {.name = "pos", .data = pv, .bytes = (size_t)T * 4},
                         {.name = "seqs", .data = sv, .bytes = (size_t)n_seq * 8},
                         {.name = "blocks", .data = bv, .bytes = (size_t)(n_seq * MB) * 4},
                         {.name = "n_tok", .value = T},
-                        {.name = "n_seq", .value = n_seq}};
-    cr_assert_eq(ref64_run(rf, b, 6, err, sizeof err), 0, "%s", err);
+                        {.name = "n_seq", .value = n_seq},
+                        {.name = "parents", .data = (void *)par, .bytes = (size_t)T * 4}};
+    cr_assert_eq(ref64_run(rf, b, par ? 7 : 6, err, sizeof err), 0, "%s", err);
     int64_t numel;
     const double *ref = ref64_output(rf, "y", NULL, &numel);
     cr_assert(ref && numel == nq, "%s: reference", what);
@@ -337,6 +352,24 @@ static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t h
     ref64_free(rf);
     kiln_graph_free(g);
     free(kmem), free(vmem), free(kf), free(vf), free(qf), free(y), free(perm), free(pv), free(sv), free(bv);
+}
+
+static void paged_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int n_seq, const int *nw,
+                       const int *prior)
+{
+    paged_case_tree(tgt, cd, H, Hkv, hd, n_seq, nw, prior, NULL);
+}
+
+/* q8_0 pools: the split kernels (Vulkan target, flash off) and the flash kernel (cuda target) read
+ * ggml's blocks through the block table. */
+Test(flash_kir, paged_q8_0_pools)
+{
+    static const int nw[] = {1, 37, 1, 150, 5}, prior[] = {20, 0, 3, 40, 100};
+    static const int nw3[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, prior3[] = {0, 5, 17, 40, 99, 3, 64, 1, 15, 16, 31, 70};
+    for (int tgt = 0; tgt < TGT_N; tgt++) {
+        paged_case(tgt, KILN_DTYPE_Q8_0, 8, 2, 64, 5, nw, prior);
+        paged_case(tgt, KILN_DTYPE_Q8_0, 4, 2, 32, 12, nw3, prior3);
+    }
 }
 
 Test(flash_kir, paged_chunks)
@@ -433,4 +466,19 @@ Test(flash_kir, softcap_and_window)
     }
     g_softcap = 0, g_window = 0;
     fprintf(stderr, "flash_kir softcap_and_window: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* Speculative verification (kiln_paged_attention_tree) on the flash kernel: random forests of drafts
+ * (each draft's parent a random earlier draft or none), paths across key tiles (90 drafts after 45
+ * cached keys), a chain, a lone root; every row against ref64's tree mask. */
+Test(flash_kir, paged_trees)
+{
+    static const int nw[] = {90, 1, 12, 20}, prior[] = {45, 7, 0, 100};
+    int32_t par[123];
+    for (int t0 = 0, s = 0; s < 4; t0 += nw[s++])
+        for (int i = 0; i < nw[s]; i++) par[t0 + i] = s == 2 ? i - 1 : (int32_t)tu_randint(-1, i); /* sequence 2: a chain */
+    for (int tgt = 0; tgt < TGT_N; tgt++) {
+        paged_case_tree(tgt, KILN_DTYPE_F16, 8, 2, 64, 4, nw, prior, par);
+        paged_case_tree(tgt, KILN_DTYPE_F32, 2, 2, 128, 4, nw, prior, par);
+    }
 }

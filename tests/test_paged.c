@@ -68,6 +68,15 @@ static void round_to(kiln_dtype t, float *x, int64_t n)
     free(d);
 }
 
+/* Rows of `row` values as the pool holds them (q8_0 quantizes each row's blocks of 32 together). */
+static float *rounded_rows(kiln_dtype t, const float *x, int64_t n, int64_t row)
+{
+    float *r = malloc((size_t)n * 4);
+    memcpy(r, x, (size_t)n * 4);
+    for (int64_t i = 0; i < n; i += row) round_to(t, r + i, row);
+    return r;
+}
+
 static void make_step(step *s, const pcase *c)
 {
     memset(s, 0, sizeof *s);
@@ -103,6 +112,7 @@ static void make_step(step *s, const pcase *c)
     tu_fill(s->vr, s->n_tok * row, -0.5f, 1.5f);
     s->K = calloc((size_t)c->n_seq, sizeof *s->K), s->V = calloc((size_t)c->n_seq, sizeof *s->V);
     int64_t next = 0, t0 = 0;
+    float *krr = rounded_rows(c->kvt, s->kr, s->n_tok * row, c->hd), *vrr = rounded_rows(c->kvt, s->vr, s->n_tok * row, c->hd);
     for (int i = 0; i < c->n_seq; i++) {
         int64_t kv = c->prior[i] + c->new_tok[i], nb = (kv + c->block - 1) / c->block;
         int32_t *bt = s->bt + i * s->MB;
@@ -116,8 +126,7 @@ static void make_step(step *s, const pcase *c)
                     float *pk = &s->pool_k[(h * s->n_slots + slot) * c->hd + d], *pv = &s->pool_v[(h * s->n_slots + slot) * c->hd + d];
                     if (j >= c->prior[i]) { /* a new token: the pool gets it from kv_scatter */
                         int64_t t = t0 + j - c->prior[i];
-                        float kx = s->kr[(t * c->Hkv + h) * c->hd + d], vx = s->vr[(t * c->Hkv + h) * c->hd + d];
-                        round_to(c->kvt, &kx, 1), round_to(c->kvt, &vx, 1);
+                        float kx = krr[(t * c->Hkv + h) * c->hd + d], vx = vrr[(t * c->Hkv + h) * c->hd + d];
                         s->K[i][(j * c->Hkv + h) * c->hd + d] = kx, s->V[i][(j * c->Hkv + h) * c->hd + d] = vx;
                     } else if (i > 0 && j < c->shared) { /* the shared prefix: sequence 0's keys */
                         s->K[i][(j * c->Hkv + h) * c->hd + d] = s->K[0][(j * c->Hkv + h) * c->hd + d];
@@ -133,7 +142,7 @@ static void make_step(step *s, const pcase *c)
         }
         t0 += c->new_tok[i];
     }
-    free(perm);
+    free(perm), free(krr), free(vrr);
 }
 
 static void free_step(step *s)
@@ -232,15 +241,13 @@ static void check_pool(const step *s, kiln_plan *p, const char *name, const floa
     double *got = malloc((size_t)n * 8);
     cr_assert_eq(kiln_plan_state_read(p, name, raw, bytes), KILN_OK);
     tu_to_f64(c->kvt, raw, n, got);
-    float *want = malloc((size_t)n * 4);
+    float *want = malloc((size_t)n * 4), *rr = rounded_rows(c->kvt, rows, s->n_tok * c->Hkv * c->hd, c->hd);
     memcpy(want, init, (size_t)n * 4);
     for (int64_t t = 0; t < s->n_tok; t++)
         for (int64_t h = 0; h < c->Hkv; h++)
-            for (int64_t d = 0; d < c->hd; d++) {
-                float x = rows[(t * c->Hkv + h) * c->hd + d];
-                round_to(c->kvt, &x, 1);
-                want[(h * s->n_slots + s->slots[t]) * c->hd + d] = x;
-            }
+            for (int64_t d = 0; d < c->hd; d++)
+                want[(h * s->n_slots + s->slots[t]) * c->hd + d] = rr[(t * c->Hkv + h) * c->hd + d];
+    free(rr);
     for (int64_t i = 0; i < n; i++)
         cr_assert(got[i] == (double)want[i], "%s: %s element %lld is %g, want %g (seed %llu)", c->what, name, (long long)i,
                   got[i], (double)want[i], (unsigned long long)tu_seed());
@@ -299,6 +306,8 @@ static void cases(const char *backend, int scale)
         {"3 sequences, block 128", 3, three_new, three_prior, 128, KILN_DTYPE_F32, 2, 2, 16, 0, 0, 0},
         {"17 sequences sharing 256 tokens, block 16, f16", 17, s17_new, s17p, 16, KILN_DTYPE_F16, 8, 2, 32, 256, 0, 0},
         {"17 sequences sharing 256 tokens, block 128", 17, s17_new, s17p, 128, KILN_DTYPE_F32, 4, 4, 32, 256, 0, 0},
+        {"3 sequences, decode + chunk + prefill, block 16, q8_0", 3, three_new, three_prior, 16, KILN_DTYPE_Q8_0, 4, 1, 64, 0, 0, 0},
+        {"17 sequences sharing 256 tokens, block 16, q8_0", 17, s17_new, s17p, 16, KILN_DTYPE_Q8_0, 8, 2, 32, 256, 0, 0},
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], backend, i == 1 && strcmp(backend, "cuda") != 0);
 }

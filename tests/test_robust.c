@@ -18,10 +18,12 @@ static kiln_graph *graph(void)
     return g;
 }
 
+/* States take q8_0 (paged KV pools, head_dim a multiple of 32) and no other block dtype; a q8_0
+ * state is refused by contiguous attention (only kv_scatter and paged attention read it). */
 Test(robust, state_refuses_block_dtypes)
 {
-    const kiln_dtype bad[] = {KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K};
-    for (int i = 0; i < 4; i++) {
+    const kiln_dtype bad[] = {KILN_DTYPE_Q4_K, KILN_DTYPE_Q5_K, KILN_DTYPE_Q6_K};
+    for (int i = 0; i < 3; i++) {
         kiln_graph *g = graph();
         cr_expect_eq(kiln_state(g, "k", bad[i], 3, (kiln_dim[]){2, 8, 256}), KILN_NODE_NONE);
         cr_expect_eq(kiln_graph_status(g), KILN_ERR_DTYPE);
@@ -31,6 +33,18 @@ Test(robust, state_refuses_block_dtypes)
     }
     kiln_graph *g = graph();
     cr_expect_neq(kiln_state(g, "k", KILN_DTYPE_F16, 3, (kiln_dim[]){2, 8, 256}), KILN_NODE_NONE);
+    kiln_graph_free(g);
+    g = graph();
+    cr_expect_eq(kiln_state(g, "k", KILN_DTYPE_Q8_0, 3, (kiln_dim[]){2, 8, 48}), KILN_NODE_NONE);
+    cr_expect_eq(kiln_graph_status(g), KILN_ERR_SHAPE);
+    cr_expect(strstr(kiln_graph_error(g), "multiple of 32"), "%s", kiln_graph_error(g));
+    kiln_graph_free(g);
+    g = graph();
+    kiln_node k = kiln_state(g, "k", KILN_DTYPE_Q8_0, 3, (kiln_dim[]){2, 8, 64});
+    cr_expect_neq(k, KILN_NODE_NONE, "%s", kiln_graph_error(g));
+    kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){1, 2, 64});
+    cr_expect_eq(kiln_attention(g, q, k, k, 8, 0), KILN_NODE_NONE);
+    cr_expect(strstr(kiln_graph_error(g), "q8_0") && strstr(kiln_graph_error(g), "f32, f16 or bf16"), "%s", kiln_graph_error(g));
     kiln_graph_free(g);
 }
 

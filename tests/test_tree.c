@@ -2,8 +2,8 @@
  * sequence, a tree, a chain or a forest of drafts over a paged cache must give every row what
  * decoding its draft path one token at a time gives (an f64 decode of each root-to-leaf path, every
  * element), on every backend that runs it and, for the cuda and Vulkan lowerings, in the kir block
- * interpreter; a chain equals kiln_paged_attention bit for bit; bad trees are refused by name before
- * any kernel, the plan usable after. Must not compare a backend only with itself. */
+ * interpreter (on sm_90 steps of many rows take the flash kernel); a chain equals
+ * kiln_paged_attention bit for bit; bad trees are refused by name before any kernel, the plan usable after. Must not compare a backend only with itself. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -329,6 +329,7 @@ static void cases(const char *backend)
         {"mixed trees, block 16", 5, mix_new, mix_prior, mix_shape, 16, KILN_DTYPE_F32, 4, 2, 32},
         {"mixed trees, block 128, f16, 8 heads per kv head", 5, mix_new, mix_prior, mix_shape, 128, KILN_DTYPE_F16, 8, 1, 64},
         {"70 drafts in a tree and a forest, block 16, f16", 2, big_new, big_prior, big_shape, 16, KILN_DTYPE_F16, 2, 2, 16},
+        {"70 drafts in a tree and a forest, block 16, f16, head_dim 64", 2, big_new, big_prior, big_shape, 16, KILN_DTYPE_F16, 4, 2, 64},
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], backend);
 }
@@ -370,8 +371,8 @@ Test(tree, chain_is_the_causal_step_cpu)
 /* ---------------------------------------------------------------- the GPU lowering, interpreted */
 
 /* Lowers every region of g for the target, runs its kernels in the block interpreter with symbol
- * values params[] over the buffers named in names[]/mem[] (the output y poisoned); false when a
- * flash kernel was among them (tree steps must stay on the split kernels). */
+ * values params[] over the buffers named in names[]/mem[] (the output y poisoned); whether the flash
+ * kernel was among them (tree steps of many rows take it where the MMA is native). */
 static bool interpret(kiln_graph *g, const kiln_lower_target *tg, uint32_t *params, const char *const *names, void *const *mem,
                       int n_mem, float *y, const char *what)
 {
@@ -379,7 +380,7 @@ static bool interpret(kiln_graph *g, const kiln_lower_target *tg, uint32_t *para
     cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
     uint32_t yi = g->outs[0].node;
     char err[1024];
-    bool split_only = true;
+    bool flash = false;
     for (uint32_t r = 0; r < f.n_regions; r++) {
         kiln_kir kk[KILN_LOWER_MAX];
         uint32_t n = 0;
@@ -397,14 +398,14 @@ static bool interpret(kiln_graph *g, const kiln_lower_target *tg, uint32_t *para
                     if (!strcmp(nm, names[j])) bufs[s] = mem[j];
                 cr_assert(bufs[s], "%s: kernel %s reads node %u", what, kk[i].name, b->node);
             }
-            split_only &= strcmp(kk[i].name, "kiln_attn_flash") != 0;
+            flash |= strcmp(kk[i].name, "kiln_attn_flash") == 0;
             cr_assert(kt_interp_block(&kk[i], bufs, err, sizeof err), "%s, kernel %s: %s", what, kk[i].name, err);
             kiln_kir_free(&kk[i]);
         }
         free(scratch);
     }
     kiln_fusion_free(&f);
-    return split_only;
+    return flash;
 }
 
 /* The pool as the kernels read it after the step's kv_scatter, in the pool's dtype. */
@@ -422,7 +423,9 @@ static void *pool_after(const tstep *s, const float *pool, const float *rows, si
     return d;
 }
 
-static void interp_case(const tcase *c, const kiln_lower_target *tg, const char *tname)
+/* flash: whether the lowering must include the flash kernel (its tiles masking draft paths; its
+ * guard runs it for steps of more than 4 rows a sequence, the split kernels' for the others). */
+static void interp_case(const tcase *c, const kiln_lower_target *tg, const char *tname, bool flash)
 {
     tstep s;
     make_step(&s, c);
@@ -449,26 +452,33 @@ static void interp_case(const tcase *c, const kiln_lower_target *tg, const char 
     void *const mem[] = {s.q, km, vm, s.pos, s.par, s.seqs, s.bt};
     char what[160];
     snprintf(what, sizeof what, "%s, %s", c->what, tname);
-    cr_assert(interpret(g, tg, params, names, mem, 7, y, what), "%s: a tree step took the flash kernel", what);
+    cr_assert(interpret(g, tg, params, names, mem, 7, y, what) == flash, "%s: the flash kernel %s", what,
+              flash ? "did not take the step" : "took the step");
     check_rows(&s, y, ref, tname);
     kiln_graph_free(g);
     free(km), free(vm), free(y), free(ref);
     free_step(&s);
 }
 
-/* The cuda lowering (sm_90, where paged steps of many rows otherwise take the flash kernel) and the
- * Vulkan one, run by the interpreter: what the PTX and GLSL printers print. */
+/* The cuda lowering (sm_90: tree steps of many rows take the flash kernel, whose tiles mask draft
+ * paths; few rows a sequence: the split kernels) and the Vulkan one (split kernels), run by the
+ * interpreter: what the PTX and GLSL printers print. The 70 drafts straddle key tiles (a path's
+ * ancestors in two tiles of 64 keys); the decode-like step has fewer than 4 rows a sequence. */
 Test(tree, gpu_lowering_interpreted)
 {
     static const int nw[] = {19, 1, 8}, pr[] = {40, 7, 0}, sh[] = {TREE, CHAIN, FOREST};
+    static const int bw[] = {40, 30}, bp[] = {100, 1}, bs[] = {TREE, FOREST};
+    static const int dw[] = {3, 2, 1, 3}, dp[] = {50, 9, 130, 0}, ds[] = {TREE, CHAIN, TREE, FOREST};
     const tcase cs[] = {
         {"trees, block 16, f16", 3, nw, pr, sh, 16, KILN_DTYPE_F16, 4, 1, 64},
         {"trees, block 32, f32, 2 kv heads", 3, nw, pr, sh, 32, KILN_DTYPE_F32, 4, 2, 32},
+        {"70 drafts across key tiles, block 16, f16, 4 heads per kv head", 2, bw, bp, bs, 16, KILN_DTYPE_F16, 8, 2, 64},
+        {"9 drafts over 4 sequences, block 16, f32", 4, dw, dp, ds, 16, KILN_DTYPE_F32, 2, 2, 32},
     };
     kiln_lower_target sm90 = kiln_lower_target_for_sm(90), vk = kiln_lower_target_default();
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
-        interp_case(&cs[i], &sm90, "cuda target (sm_90)");
-        interp_case(&cs[i], &vk, "vulkan target");
+        interp_case(&cs[i], &sm90, "cuda target (sm_90)", true); /* lowered; the last step's guard runs the split kernels */
+        interp_case(&cs[i], &vk, "vulkan target", false);
     }
 }
 

@@ -184,7 +184,9 @@ KILN_API kiln_node kiln_weight_random(kiln_graph *g, const char *name, kiln_dtyp
                                       uint64_t seed, float scale);
 /* A persistent tensor owned by each plan (zero at compile), e.g. a KV cache [n_kv_heads, max_ctx, head_dim].
  * Read and written by kiln_plan_state_read/_write; updated in place by kv_scatter. Dims constant.
- * dtype f32, f16, bf16 or i32: a block dtype (q8_0, k-quants) fails here with KILN_ERR_DTYPE. */
+ * dtype f32, f16, bf16, i32, or q8_0 (a quantized paged KV pool: ggml's blocks of 32 along the last
+ * dim, which must be a multiple of 32; only kv_scatter and paged attention take it); another block
+ * dtype (k-quants) fails here with KILN_ERR_DTYPE. */
 KILN_API kiln_node kiln_state(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims);
 
 /* Marks a node as an output, bound by name at run. A node may have several output names. */
@@ -248,7 +250,10 @@ KILN_API kiln_node kiln_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, k
 /* Paged attention over a ragged batch of sequences (the step of a serving engine). The new tokens
  * of n_seq sequences are packed as rows: q [n_tok, n_head, head_dim] (n_tok = all new tokens of
  * the step). k, v are paged pools (states, or kv_scatter results) [n_kv_head, n_blocks * block,
- * head_dim]: physical block b holds slots b * block .. b * block + block - 1. Per step, bound as
+ * head_dim] of f32, f16, bf16 or q8_0 (each slot's head_dim values as ggml's q8_0 blocks, which
+ * kv_scatter quantizes as ggml does; GPU kernels read a q8_0 pool up to 2 bytes past its last block,
+ * so a caller-owned one wants its size rounded up to 4 bytes): physical block b holds slots
+ * b * block .. b * block + block - 1. Per step, bound as
  * inputs (host or device memory), of fixed capacity so a recording stays valid:
  *   pos    i32 [n_tok]  the position of each new token in its sequence;
  *   seqs   i32 [n_seq, 2]  per sequence: the row where its new tokens start (cu_seqlens: 0 for the
@@ -277,7 +282,8 @@ KILN_API kiln_node kiln_paged_attention(kiln_graph *g, kiln_node q, kiln_node k,
  * ancestors and itself, nothing else: each row equals decoding its draft path one token at a time.
  * A chain (parents[i] = i - 1) is kiln_paged_attention. kiln_run checks the tree as it checks the
  * rest of the metadata (a parent out of range names the token and the value); device-bound parents
- * are clamped into the sequence. GPU steps of trees run on the split-KV kernels. */
+ * are clamped into the sequence. On GPUs, tree steps of many rows per sequence take the flash
+ * kernel (its tiles mask other draft paths), the others the split-KV kernels. */
 KILN_API kiln_node kiln_paged_attention_tree(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kiln_node pos,
                                              kiln_node seqs, kiln_node blocks, kiln_node parents, int block,
                                              float scale);
@@ -287,7 +293,9 @@ KILN_API kiln_node kiln_paged_attention_ext(kiln_graph *g, kiln_node q, kiln_nod
                                             int64_t window);
 /* Writes rows [n_tok, n_kv_head, head_dim] into a state [n_kv_head, max_ctx, head_dim] at the
  * positions pos i32 [n_tok] (each < max_ctx, checked at run): state[h, pos[t], :] = rows[t, h, :].
- * The result is the updated state; read it (e.g. by attention) to order the write before. */
+ * The result is the updated state; read it (e.g. by attention) to order the write before. A q8_0
+ * state (a paged pool) gets each row's blocks of 32 quantized as ggml's quantize_row_q8_0, bit for
+ * bit on every backend (contracts/kv_scatter.yaml). */
 KILN_API kiln_node kiln_kv_scatter(kiln_graph *g, kiln_node state, kiln_node rows, kiln_node pos);
 /* Embedding lookup: table [V, D] of a float or block dtype, ids i32 [n] (each < V, checked at run) -> f32 [n, D]. */
 KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids);

@@ -209,15 +209,20 @@ static void attention(kiln_check_run *r)
 /* Ragged steps over a paged pool (check/step.c draws the metadata): block sizes 1..128, shuffled
  * blocks, caches from empty to the table's capacity, and every third shape a tree step (drafts in
  * chains, trees and forests). Runs at the bounds of n_tok / n_seq and at smaller values. */
+/* Pool dtypes of paged attention and kv_scatter: the float ones, then q8_0 (head_dim a multiple of 32). */
+static const kiln_dtype POOL[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_Q8_0};
+static const int64_t Q8_HDS[] = {32, 64, 128};
+
 static void paged_attention(kiln_check_run *r)
 {
     char lab[200];
     const int64_t hds[] = {2, 8, 16, 64, 128}, ratio[] = {1, 2, 4}, blks[] = {1, 4, 16, 32, 128};
-    for (int t = 0; t < N_OF(ACT); t++)
+    for (int t = 0; t < N_OF(POOL); t++)
         for (int i = 0; i < shapes(r); i++) {
             kiln_graph *g = new_graph();
             if (!g) return;
-            int64_t hd = pick(r, hds, N_OF(hds)), Hkv = kiln_check_randint(r, 1, 3), H = Hkv * pick(r, ratio, N_OF(ratio));
+            bool q8 = POOL[t] == KILN_DTYPE_Q8_0;
+            int64_t hd = q8 ? pick(r, Q8_HDS, N_OF(Q8_HDS)) : pick(r, hds, N_OF(hds)), Hkv = kiln_check_randint(r, 1, 3), H = Hkv * pick(r, ratio, N_OF(ratio));
             int64_t B = pick(r, blks, N_OF(blks)), tmax = kiln_check_randint(r, 1, 41);
             int64_t smax = kiln_check_randint(r, 1, (tmax < 8 ? tmax : 8) + 1);
             int64_t MB = kiln_check_randint(r, 1, 300 / B + 2);
@@ -225,18 +230,18 @@ static void paged_attention(kiln_check_run *r)
             int64_t NB = kiln_check_randint(r, MB, MB * smax + 4);
             bool tree = i % 3 == 2;
             kiln_dim T = kiln_sym(g, "n_tok", tmax), S = kiln_sym(g, "n_seq", smax);
-            kiln_node q = kiln_input(g, "q", i % 4 == 1 ? ACT[t] : KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
-            kiln_node k = kiln_state(g, "k", ACT[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
-            kiln_node v = kiln_state(g, "v", ACT[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
+            kiln_node q = kiln_input(g, "q", i % 4 == 1 && !q8 ? POOL[t] : KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
+            kiln_node k = kiln_state(g, "k", POOL[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
+            kiln_node v = kiln_state(g, "v", POOL[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
             kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T), seqs = kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){S, 2});
             kiln_node bt = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){S, MB});
             float sc = i % 3 == 1 ? 0.3f : 0.0f;
             kiln_node y = tree ? kiln_paged_attention_tree(g, q, k, v, pos, seqs, bt, kiln_input(g, "parents", KILN_DTYPE_I32, 1, &T), (int)B, sc)
                                : kiln_paged_attention(g, q, k, v, pos, seqs, bt, (int)B, sc);
             snprintf(lab, sizeof lab, "paged_attention pool %s [%lld, %lld x %lld, %lld] q [n_tok<=%lld, %lld] n_seq<=%lld, %lld blocks each%s",
-                     kiln_dtype_name(ACT[t]), (long long)Hkv, (long long)NB, (long long)B, (long long)hd, (long long)tmax,
+                     kiln_dtype_name(POOL[t]), (long long)Hkv, (long long)NB, (long long)B, (long long)hd, (long long)tmax,
                      (long long)H, (long long)smax, (long long)MB, tree ? ", draft trees" : "");
-            kiln_check_spec s = {.op = "paged_attention", .key = ACT[t], .tol = -1, .lo = -2, .hi = 2, .label = lab,
+            kiln_check_spec s = {.op = "paged_attention", .key = POOL[t], .tol = -1, .lo = -2, .hi = 2, .label = lab,
                                  .state_lo = -1, .state_hi = 1.5f, .n_binds = 2, .n_ins = tree ? 4 : 3,
                                  .ins = {{"pos", KILN_CHECK_FILL_PAGED, 0, 0}, {"seqs", KILN_CHECK_FILL_PAGED, 0, 0},
                                          {"blocks", KILN_CHECK_FILL_PAGED, 0, 0}, {"parents", KILN_CHECK_FILL_PAGED, 0, 0}}};
@@ -251,19 +256,20 @@ static void kv_scatter(kiln_check_run *r)
 {
     char lab[160];
     const int64_t hds[] = {1, 2, 8, 64, 128}, cs[] = {1, 4, 17, 64, 300};
-    for (int t = 0; t < N_OF(ACT); t++)
+    for (int t = 0; t < N_OF(POOL); t++)
         for (int i = 0; i < shapes(r); i++) {
             kiln_graph *g = new_graph();
             if (!g) return;
-            int64_t hd = pick(r, hds, N_OF(hds)), C = pick(r, cs, N_OF(cs)), Hkv = kiln_check_randint(r, 1, 4);
+            bool q8 = POOL[t] == KILN_DTYPE_Q8_0; /* a q8_0 pool takes f32 rows (quantized by the scatter) */
+            int64_t hd = q8 ? pick(r, Q8_HDS, N_OF(Q8_HDS)) : pick(r, hds, N_OF(hds)), C = pick(r, cs, N_OF(cs)), Hkv = kiln_check_randint(r, 1, 4);
             int64_t tmax = kiln_check_randint(r, 1, (C < 6 ? C : 6) + 1);
             kiln_dim T = kiln_sym(g, "t", tmax);
-            kiln_node st = kiln_state(g, "k", ACT[t], 3, (kiln_dim[]){Hkv, C, hd});
-            kiln_node rows = kiln_input(g, "rows", ACT[t], 3, (kiln_dim[]){T, Hkv, hd});
+            kiln_node st = kiln_state(g, "k", POOL[t], 3, (kiln_dim[]){Hkv, C, hd});
+            kiln_node rows = kiln_input(g, "rows", q8 ? KILN_DTYPE_F32 : POOL[t], 3, (kiln_dim[]){T, Hkv, hd});
             kiln_node y = kiln_kv_scatter(g, st, rows, kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T));
-            snprintf(lab, sizeof lab, "kv_scatter %s rows [t<=%lld, %lld, %lld] into [.., %lld, ..]", kiln_dtype_name(ACT[t]),
+            snprintf(lab, sizeof lab, "kv_scatter %s rows [t<=%lld, %lld, %lld] into [.., %lld, ..]", kiln_dtype_name(POOL[t]),
                      (long long)tmax, (long long)Hkv, (long long)hd, (long long)C);
-            kiln_check_spec s = {.op = "kv_scatter", .key = ACT[t], .tol = -1, .lo = -3, .hi = 3, .label = lab,
+            kiln_check_spec s = {.op = "kv_scatter", .key = POOL[t], .tol = -1, .lo = -3, .hi = 3, .label = lab,
                                  .state_lo = -1, .state_hi = 1, .n_ins = 1,
                                  .ins = {{"pos", KILN_CHECK_FILL_POS_DISTINCT, (double)C, 0}}};
             two_binds(r, &s, tmax);

@@ -16,6 +16,7 @@ typedef struct serve_opts {
     const kiln_preset *preset;
     int64_t            seqs, ctx, block, layers, steps, chunk, seed; /* --seqs --ctx --block --layers --steps --chunk --seed */
     kiln_dtype         wtype;   /* --wtype (default f16) */
+    kiln_dtype         kv;      /* --kv: the pools' dtype (default f16; f32 with f32 weights; q8_0) */
     const char        *backend; /* --backend */
     bool               json, ragged, host; /* --json, --ragged, --host */
 } serve_opts;
@@ -33,7 +34,7 @@ typedef struct serve_state {
 
 static int parse(int argc, char *const *argv, serve_opts *o)
 {
-    *o = (serve_opts){.seqs = 16, .ctx = 1024, .block = 16, .chunk = 512, .seed = 1, .wtype = KILN_DTYPE_F16};
+    *o = (serve_opts){.seqs = 16, .ctx = 1024, .block = 16, .chunk = 512, .seed = 1, .wtype = KILN_DTYPE_F16, .kv = KILN_DTYPE_COUNT};
     kiln_cli_args a = {.argc = argc, .argv = argv, .i = 1, .cmd = "bench"};
     static const struct { const char *flag; size_t off; int64_t lo, hi; } ints[] = {
         {"--seqs", offsetof(serve_opts, seqs), 1, 4096},     {"--ctx", offsetof(serve_opts, ctx), 0, 1 << 20},
@@ -54,6 +55,12 @@ static int parse(int argc, char *const *argv, serve_opts *o)
         } else if ((r = kiln_cli_flag_value(&a, "--backend", &v)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
             o->backend = v;
+        } else if ((r = kiln_cli_flag_value(&a, "--kv", &v)) != 0) {
+            if (r < 0) return KILN_CLI_USAGE;
+            if (!kiln_dtype_parse(v, &o->kv) || (o->kv != KILN_DTYPE_F32 && o->kv != KILN_DTYPE_F16 && o->kv != KILN_DTYPE_Q8_0)) {
+                fprintf(stderr, "kiln bench: --kv wants f32, f16 or q8_0, got '%s'\n", v);
+                return KILN_CLI_USAGE;
+            }
         } else if ((r = kiln_cli_preset_flags(&a, &o->preset, &o->wtype)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
         } else if (!strcmp(argv[a.i], "--json") || !strcmp(argv[a.i], "--ragged") || !strcmp(argv[a.i], "--host")) {
@@ -64,6 +71,7 @@ static int parse(int argc, char *const *argv, serve_opts *o)
         }
     }
     if (!o->steps) o->steps = o->host ? 160 : 16;
+    if (o->kv == KILN_DTYPE_COUNT) o->kv = kiln_preset_kv_dtype(o->wtype);
     if (!o->preset) {
         fprintf(stderr, "kiln bench: missing --preset NAME (see kiln bench --help)\n");
         return KILN_CLI_USAGE;
@@ -92,7 +100,7 @@ static int setup(serve_opts *o, serve_state *st)
     st->mb = (keys + o->block - 1) / o->block;
     st->n_blocks = o->seqs * st->mb;
     st->max_tok = o->seqs + (o->chunk > 1 ? o->chunk - 1 : 0);
-    kiln_preset_build_opts bo = {.wdtype = o->wtype, .kvdtype = kiln_preset_kv_dtype(o->wtype), .n_layers = (int)o->layers,
+    kiln_preset_build_opts bo = {.wdtype = o->wtype, .kvdtype = o->kv, .n_layers = (int)o->layers,
                                  .max_ctx = st->n_blocks * o->block, .max_tok = st->max_tok, .seed = (uint64_t)o->seed,
                                  .block = o->block, .max_seqs = o->seqs, .max_blocks = st->mb};
     kiln_graph *g = NULL;
@@ -284,7 +292,7 @@ static void report_host(const serve_opts *o, const serve_state *st, const double
 
 static void report(const serve_opts *o, const serve_state *st, double dec_ms, double mix_ms, const double sp[3])
 {
-    kiln_dtype kt = kiln_preset_kv_dtype(o->wtype);
+    kiln_dtype kt = o->kv;
     double wb = (double)kiln_preset_layer_weight_bytes(o->preset, o->wtype), kvb = 0;
     for (int64_t q = 0; q < o->seqs; q++) kvb += (double)kiln_preset_layer_kv_bytes(o->preset, kt, st->len[q] + o->steps / 2 + 1);
     double per = dec_ms / (double)o->layers, gbps = (wb + kvb) / (per * 1e-3) * 1e-9;

@@ -39,6 +39,12 @@ uint32_t kl_ld_i32(kiln_kir *k, uint32_t slot, uint32_t idx);
  * bt_row (I32) of i32 buffer slot bt: bt[bt_row + j / block] * block + j % block (block a power of
  * two; the block index clamped into [0, n_blocks)). The only place lowering maps keys to slots. */
 uint32_t kl_paged_slot(kiln_kir *k, uint32_t bt, uint32_t bt_row, uint32_t j, int64_t block, int64_t n_blocks);
+/* q8_0 pools (ggml's blocks: f16 d, then 32 int8 q, 34 bytes; 2-byte aligned) read by 32-bit loads:
+ * block blk (I32) of buffer slot `slot` as d (F32) and its quants as 8 U32 words (byte e % 4 of
+ * word e / 4 is q[e]); or element e (I32, 0..31) of it as d * q[e] (F32). A block's words may reach
+ * 2 bytes past it (a pool is read up to 2 bytes past its last block). */
+void     kl_q8_block(kiln_kir *k, uint32_t slot, uint32_t blk, uint32_t *d, uint32_t w[8]);
+uint32_t kl_q8_elem(kiln_kir *k, uint32_t slot, uint32_t blk, uint32_t e);
 /* Loads node's element idx through a buffer slot of that node. */
 uint32_t kl_load_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx);
 void     kl_store_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx, uint32_t v);

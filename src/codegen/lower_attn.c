@@ -7,11 +7,13 @@
  * the same two kernels over a ragged batch: token t sees pos[t] + 1 keys of its own sequence (found
  * among the step's starts), each key's cache row through the block table (kl_paged_slot), the key
  * splits sized for a sequence's capacity; steps of more than 8 rows take the flash kernel (paged:
- * a block per row tile of a sequence). A tree step (speculative verification) stays on the split
- * kernels at every size: a row sees keys up to its own, those of other draft paths masked by
- * walking its parents (tree_visible). A sliding window starts each split's key loop at the first
+ * a block per row tile of a sequence). A tree step (speculative verification) on the split kernels:
+ * a row sees keys up to its own, those of other draft paths masked by walking its parents
+ * (tree_visible); tree steps of many rows take the flash kernel, which masks its tiles alike. A sliding window starts each split's key loop at the first
  * key in the window (splits wholly before it write an empty partial); soft-capping maps each score
- * as it is formed (kl_attn_score). Must not know any target's syntax. */
+ * as it is formed (kl_attn_score). A q8_0 pool (ggml blocks) is read a block at a time for q.k (the
+ * dot of the quants, times d) and an element at a time for p.v (kl_q8_block, kl_q8_elem); its steps
+ * stay on the split kernels. Must not know any target's syntax. */
 #include "codegen/lower.h"
 
 #include <math.h>
@@ -192,10 +194,25 @@ static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
         uint32_t walk = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, reach, st->tr.depth, kiln_ki(k, 0), 0);
         valid = kiln_k2(k, KILN_KOP_PAND, valid, tree_visible(k, &st->tr, jc, walk));
     }
-    uint32_t krow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, jc)), kiln_ki(k, hd));
+    bool q8 = a->kt == KILN_DTYPE_Q8_0;
+    uint32_t rowi = q8 ? kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, jc)) : KILN_IDX_NONE;
+    /* (this form, not rowi * hd: the golden kernels record its order of instructions) */
+    uint32_t krow = q8 ? KILN_IDX_NONE : kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, jc)), kiln_ki(k, hd));
     for (int gg = 0; gg < G; gg++) s[gg] = kiln_kf(k, 0);
-    int esz = (int)kiln_dtype_block_bytes(a->kt), per = 16 / esz; /* values per 16-byte load */
-    if (hd % per == 0) {                                          /* 16-byte loads of the key row */
+    int esz = (int)kiln_dtype_block_bytes(a->kt), per = q8 ? 1 : 16 / esz; /* values per 16-byte load */
+    if (q8) { /* a block of 32 at a time: q . quants, then times d */
+        for (int b = 0; b < hd / 32; b++) {
+            uint32_t d, w[8], part[8];
+            kl_q8_block(k, ks, kiln_kaddi(k, kiln_kmuli(k, rowi, hd / 32), b), &d, w);
+            for (int gg = 0; gg < G; gg++) part[gg] = kiln_kf(k, 0);
+            for (int e = 0; e < 32; e++) {
+                uint32_t qv = kiln_kcvt(k, KILN_KT_F32, kiln_kbfe(k, KILN_KT_I32, w[e / 4], 8 * (e % 4), 8));
+                for (int gg = 0; gg < G; gg++)
+                    part[gg] = kiln_kfma(k, kiln_klds(k, qsh, KILN_KT_F32, kiln_ki(k, gg * hd + 32 * b + e)), qv, part[gg]);
+            }
+            for (int gg = 0; gg < G; gg++) s[gg] = kiln_kfma(k, part[gg], d, s[gg]);
+        }
+    } else if (hd % per == 0) { /* 16-byte loads of the key row */
         uint32_t kw = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_MUL, krow, kiln_ki(k, esz)), kiln_ki(k, 4));
         for (int d = 0; d < hd; d += per) {
             uint32_t v4 =
@@ -260,8 +277,13 @@ static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
                                            kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))),
                                            kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))),
                                    a->sp->block ? st->last : kiln_ki(k, (int32_t)a->max_ctx - 1));
-            uint32_t vrow = kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, key)), kiln_ki(k, hd));
-            for (int d = 0; d < dpl; d++)
+            bool q8 = a->vt == KILN_DTYPE_Q8_0;
+            uint32_t vri = q8 ? kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, key)) : KILN_IDX_NONE;
+            uint32_t vrow = q8 ? KILN_IDX_NONE
+                               : kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, key)), kiln_ki(k, hd));
+            for (int d = 0; d < dpl && q8; d++) /* dims lane + 32 d: block d, element lane */
+                vv[u][d] = kl_q8_elem(k, vs, kiln_kaddi(k, kiln_kmuli(k, vri, hd / 32), d), lane);
+            for (int d = 0; d < dpl && !q8; d++)
                 vv[u][d] = kl_load(k, vs, a->vt,
                                    kiln_k2(k, KILN_KOP_ADD, vrow,
                                            kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, lane, kiln_ki(k, 32 * d)),
@@ -589,22 +611,23 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     if (a.hd < 1 || a.hd > 256 || a.G > 8 || (a.hd + 31) / 32 * a.G > 32)
         return kl_unsupported(err, n_err, "attention: head_dim %lld with %lld heads per kv head", (long long)a.hd,
                               (long long)a.G);
-    if (kiln_dtype_block(a.kt) != 1 || a.kt == KILN_DTYPE_I32 || kiln_dtype_block(a.vt) != 1 ||
-        a.vt == KILN_DTYPE_I32 || kiln_dtype_block((kiln_dtype)q->dtype) != 1 ||
-        kiln_dtype_block((kiln_dtype)n->dtype) != 1)
+    bool q8 = sp->block && a.kt == KILN_DTYPE_Q8_0 && a.vt == KILN_DTYPE_Q8_0 && a.hd % 32 == 0; /* a q8_0 pool */
+    if (((kiln_dtype_block(a.kt) != 1 || kiln_dtype_block(a.vt) != 1) && !q8) || a.kt == KILN_DTYPE_I32 ||
+        a.vt == KILN_DTYPE_I32 || kiln_dtype_block((kiln_dtype)q->dtype) != 1 || kiln_dtype_block((kiln_dtype)n->dtype) != 1)
         return kl_unsupported(err, n_err, "attention: cache dtype %s", kiln_dtype_name(a.kt));
     /* Prefill (more than KL_SMALL_ROWS query rows at the bound): the flash kernel on the tensor
      * cores takes runs of many rows; the split kernels, sized for few, take the others (decode
      * through a prefill plan), each guarded by the run's row count. */
-    if (sp->block && (a.cap > INT32_MAX / 2 || a.max_ctx > INT32_MAX / a.hd))
+    if (sp->block && (a.cap > INT32_MAX / 2 || a.max_ctx > INT32_MAX / a.hd || (q8 && a.n_kvh * a.max_ctx > INT32_MAX / (a.hd / 32 * 34))))
         return kl_unsupported(err, n_err, "paged attention: a pool of %lld slots x %lld is past 32-bit indices",
                               (long long)a.max_ctx, (long long)a.hd);
     /* paged steps of many rows too (prefill chunks with decoding sequences) where the MMA is native,
      * unless codegen.flash is off (A/B runs: the split kernels take every paged step, as before);
      * Vulkan's emulated MMA keeps paged steps on the split kernels (lavapipe runs minutes longer) */
-    /* a tree step (a.tree) stays on the split kernels at every size: only they mask draft paths */
+    /* tree steps (a.tree) of many rows take the mma.sync flash kernel (its tiles mask draft paths,
+     * flash_tree_tile), never the warpgroup one */
     bool wg = !a.tree && kl_flash_wg_fits(g, n, sp, tg); /* Hopper, f16 precision: the warpgroup kernel (lower_flash_wg.c) */
-    bool flash = wg || (kl_flash_fits(g, n) && !a.tree && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native)));
+    bool flash = wg || (kl_flash_fits(g, n) && (!sp->block || (tg->opts.flash != KILN_GEMM_OFF && tg->mma_native)));
     /* contiguous: the split kernels take only runs of up to KL_SMALL_ROWS rows; paged steps of many
      * sequences with few rows each (batched decode) stay on them too (one flash block per sequence
      * walks all its keys alone: 64 x 1024 decode ran 2x slower there), so they keep the bound */

@@ -7,11 +7,13 @@
  * warps compute on the current one (the loads' latency hides behind the MMAs). Per tile a warp
  * computes S = q . K^T (16 x tile) in registers, soft-caps and masks it (key < n_kv - n_tok + t + 1
  * and, with a sliding window, key >= the row's first key: kl_attn_score, kl_attn_first_key; computed,
- * never stored), updates the rows' running max and sum (online softmax in base 2), and adds P . V
+ * never stored; a paged tree step's rows see the new keys of their draft path only: flash_tree_tile),
+ * updates the rows' running max and sum (online softmax in base 2), and adds P . V
  * into its 16 x hd output fragments; P goes from S's accumulator layout straight into A fragments
  * (no shared memory). q and P enter the MMA as two f16 parts each (hi + lo, the sum within 2^-22
  * of the f32 value); K and V are f16 already, or, from an f32 cache, staged as two parts too (the
- * hi.hi, hi.lo and lo.hi products: three MMAs where f16 takes two): the result meets the
+ * hi.hi, hi.lo and lo.hi products: three MMAs where f16 takes two; a paged q8_0 pool is dequantized
+ * as its words load and staged the same way: key_item_q8): the result meets the
  * contract's f32 tolerance. Under codegen.precision = KILN_PREC_F16 q and P are one f16 part
  * (half the MMAs with an f16 cache; the contract's tolerance_f16_act). Query blocks run latest first (they see the most keys). The first
  * version of the kernel (64 rows of one head a block, 4 warps, no register prefetch) stays
@@ -132,6 +134,36 @@ static uint32_t key_item_paged(kiln_kir *k, const fl *f, uint32_t slot, uint32_t
                        KILN_IDX_NONE, (int32_t)slot);
 }
 
+/* Paged q8_0 pool: staging item c (dims 4c .. 4c + 3, as f32 words: d * q) of logical key kg of kv
+ * head kvh, through the block table (the key clamped as in key_item_paged). Staged as an f32 cache
+ * is (two f16 parts each: d * q has up to 19 significant bits). */
+static uint32_t key_item_q8(kiln_kir *k, const fl *f, uint32_t slot, uint32_t kvh, uint32_t kg, uint32_t c,
+                            const kiln_region_spec *sp, int64_t cap, uint32_t bt, uint32_t bt_row)
+{
+    uint32_t j = kiln_k2(k, KILN_KOP_MIN, kg, kiln_ki(k, (int32_t)cap - 1));
+    uint32_t row = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, kvh, kiln_ki(k, (int32_t)f->max_ctx)),
+                           kl_paged_slot(k, bt, bt_row, j, sp->block, f->max_ctx / sp->block));
+    uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, (int32_t)(f->hd / 32)), kiln_kshri(k, c, 3));
+    uint32_t h0 = kiln_kmuli(k, blk, 17);
+    uint32_t dw = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_kshri(k, h0, 1), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+    uint32_t d = op1(k, KILN_KOP_H2F, KILN_KT_F32,
+                     kiln_k2(k, KILN_KOP_SHR, dw, kiln_kcvt(k, KILN_KT_U32, kiln_kmuli(k, kiln_kandi(k, h0, 1), 16))), 0);
+    /* the 4 quants at byte blk * 34 + 2 + 4 (c % 8): on a word, or 2 bytes into one */
+    uint32_t byte = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, blk, 34), kiln_kaddi(k, kiln_kmuli(k, kiln_kandi(k, c, 7), 4), 2));
+    uint32_t w0 = kiln_kshri(k, byte, 2);
+    uint32_t lo = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, w0, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+    uint32_t hi = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_kaddi(k, w0, 1), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+    uint32_t mid = kiln_k2(k, KILN_KOP_NE, kiln_kandi(k, byte, 3), kiln_ki(k, 0));
+    uint32_t sh16 = kiln_ku(k, 16);
+    uint32_t q4 = kiln_ksel(k, KILN_KT_U32, mid, kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, lo, sh16), kiln_k2(k, KILN_KOP_SHL, hi, sh16)), lo);
+    uint32_t v4 = KILN_IDX_NONE;
+    for (int e = 0; e < 4; e++) {
+        uint32_t x = kiln_k2(k, KILN_KOP_MUL, d, kiln_kcvt(k, KILN_KT_F32, kiln_kbfe(k, KILN_KT_I32, q4, 8 * e, 8)));
+        v4 = setlane(k, KILN_KT_V4, v4, kiln_kbitcast(k, KILN_KT_U32, x), e);
+    }
+    return v4;
+}
+
 /* The f32 pair of words (a, b) as hi and lo f16 parts, stored at word `at` of part 0 of a tile
  * array whose parts are tw words apart. */
 static void store_parts(kiln_kir *k, uint32_t arr, uint32_t at, int32_t tw, uint32_t a, uint32_t b)
@@ -147,7 +179,8 @@ bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n)
 {
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]], *vc = &g->nodes[n->src[2]];
     int64_t hd = q->dims[2];
-    if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_F32) || hd % 32 || hd > FHD)
+    bool q8 = n->op == KILN_OP_PAGED_ATTENTION && kc->dtype == KILN_DTYPE_Q8_0; /* a q8_0 pool: staged as f32 */
+    if (kc->dtype != vc->dtype || (kc->dtype != KILN_DTYPE_F16 && kc->dtype != KILN_DTYPE_F32 && !q8) || hd % 32 || hd > FHD)
         return false;
     return kl_dim_max(g, q->dims[0]) > 8 && kc->dims[1] < ((int64_t)1 << 24);
 }
@@ -173,6 +206,12 @@ typedef struct flash_st {
     const kiln_region_spec *sp;  /* paged (sp->block > 0): the metadata nodes and block size */
     int64_t cap;                 /* paged: keys a sequence can hold (block table width x block) */
     uint32_t bt, bt_row;         /* paged: block table slot; I32 the block's sequence's row start in it */
+    bool tree;                   /* paged, a tree step (sp->parents): new keys masked off each row's draft path */
+    bool q8;                     /* paged, a q8_0 pool: items dequantized as they load (key_item_q8), staged as f32 */
+    uint32_t par, c, q0;         /* tree: parents slot; I32 the sequence's cached keys (every row sees them), first row */
+    uint32_t ti[2], walk[2];     /* tree: I32 the rows' indices among the new tokens, their depth + 1 (path length) */
+    uint32_t am[2][2];           /* tree, per tile: U32 the rows' path (ancestors and itself) among the tile's keys,
+                                    bit j of word w: key kb + 32 w + j, shifted right by 2 (lane & 3) */
 } flash_st;
 
 static int32_t cpr_of(const flash_st *st) { return st->hd * st->KP / 8; } /* 16-byte items a key's row takes */
@@ -207,9 +246,9 @@ static void flash_load(flash_st *st, uint32_t kb0, uint32_t w[FPRE], bool assign
         for (int h = 0; h < (v ? 2 : 1); h++) {
             uint32_t kg = v ? kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kk, 2), kiln_ki(k, h)) : kk;
             uint32_t key = kiln_k2(k, KILN_KOP_ADD, kb0, kg), sl = v ? st->vs : st->ks;
-            uint32_t v4 = st->sp->block
-                              ? key_item_paged(k, &st->f, sl, st->kvh, key, c, st->sp, st->cap, st->bt, st->bt_row)
-                              : key_item(k, &st->f, sl, st->kvh, key, c);
+            uint32_t v4 = st->q8      ? key_item_q8(k, &st->f, sl, st->kvh, key, c, st->sp, st->cap, st->bt, st->bt_row)
+                          : st->sp->block ? key_item_paged(k, &st->f, sl, st->kvh, key, c, st->sp, st->cap, st->bt, st->bt_row)
+                                          : key_item(k, &st->f, sl, st->kvh, key, c);
             for (int j = 0; j < 4; j++) {
                 uint32_t x = kiln_klane(k, v4, j);
                 if (assign) kiln_kset(k, w[at + 4 * h + j], x);
@@ -343,11 +382,18 @@ static void flash_softmax(flash_st *st, const uint32_t s[FKMAX / 8], uint32_t pv
     for (int nt = 0; nt < FK / 8; nt++)
         for (int j = 0; j < 4; j++) {
             uint32_t key = kiln_k2(k, KILN_KOP_ADD, key0, kiln_ki(k, 8 * nt + (j & 1)));
-            if (st->first[0] == KILN_IDX_NONE && st->capl2 == 0) { /* unmasked: the golden kernels' order */
+            if (st->first[0] == KILN_IDX_NONE && st->capl2 == 0 && !st->tree) { /* unmasked: the golden kernels' order */
                 sv[nt][j] = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]), lanef(k, s[nt], j),
                                       kiln_kf(k, -INFINITY));
             } else {
                 uint32_t in = kiln_k2(k, KILN_KOP_LT, key, seen[j >> 1]);
+                if (st->tree) { /* a cached key, or a new one on the row's path: the lane's key is kb + 2 qq + this */
+                    int32_t rel = 8 * (nt & 3) + (j & 1);
+                    uint32_t bit = kiln_k2(k, KILN_KOP_AND, st->am[j >> 1][nt >> 2], kiln_ku(k, 1u << rel));
+                    in = kiln_k2(k, KILN_KOP_PAND, in,
+                                 kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, key, st->c),
+                                         kiln_k2(k, KILN_KOP_NE, bit, kiln_ku(k, 0))));
+                }
                 if (st->first[0] != KILN_IDX_NONE)
                     in = kiln_k2(k, KILN_KOP_PAND, in, kiln_k2(k, KILN_KOP_LE, st->first[j >> 1], key));
                 uint32_t sc = kl_attn_score(k, st->capl2, lanef(k, s[nt], j));
@@ -525,6 +571,40 @@ static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const f
     }
 }
 
+/* A tree step: each row's path among the tile's keys [kb, kb + FK) as bits (st->am), by walking its
+ * `walk` ancestors (itself first) where the tile reaches the new keys (none before them: the walk is
+ * skipped). Parents are clamped below their token, so a walk on unchecked metadata stays in the step.
+ * The words are shifted right by 2 qq: the lane's keys are kb + 2 qq + 8 n + {0, 1}. */
+static void flash_tree_tile(flash_st *st)
+{
+    kiln_kir *k = st->k;
+    uint32_t reach = kiln_k2(k, KILN_KOP_LT, st->c, kiln_kaddi(k, st->kb, st->FK));
+    uint32_t sh = kiln_kcvt(k, KILN_KT_U32, kiln_kmuli(k, st->qq, 2));
+    for (int r = 0; r < 2; r++) {
+        uint32_t w[2] = {kiln_kvar(k, kiln_ku(k, 0)), kiln_kvar(k, kiln_ku(k, 0))}, an = kiln_kvar(k, st->ti[r]);
+        uint32_t x = kiln_kvar(k, kiln_ki(k, 0));
+        kiln_kloop(k, x, kiln_ksel(k, KILN_KT_I32, reach, st->walk[r], kiln_ki(k, 0)), kiln_ki(k, 1));
+        {
+            uint32_t off = kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, st->c, an), st->kb);
+            uint32_t in = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), an),
+                                  kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), off),
+                                          kiln_k2(k, KILN_KOP_LT, off, kiln_ki(k, st->FK))));
+            uint32_t bit = kiln_k2(k, KILN_KOP_SHL, kiln_ku(k, 1),
+                                   kiln_kcvt(k, KILN_KT_U32, kiln_k2(k, KILN_KOP_AND, off, kiln_ki(k, 31))));
+            uint32_t hi = kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 32), off);
+            for (int h = 0; h < 2; h++) {
+                uint32_t mine = kiln_k2(k, KILN_KOP_PAND, in, h ? hi : kiln_k1(k, KILN_KOP_PNOT, hi));
+                kiln_kset(k, w[h], kiln_ksel(k, KILN_KT_U32, mine, kiln_k2(k, KILN_KOP_OR, w[h], bit), w[h]));
+            }
+            uint32_t pa = kl_ld_i32(k, st->par, kiln_k2(k, KILN_KOP_ADD, st->q0, kiln_k2(k, KILN_KOP_MAX, an, kiln_ki(k, 0))));
+            pa = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, pa, kiln_ki(k, -1)), kiln_kaddi(k, an, -1));
+            kiln_kset(k, an, pa);
+        }
+        kl_loop_end(k);
+        for (int h = 0; h < 2; h++) st->am[r][h] = kiln_k2(k, KILN_KOP_SHR, w[h], sh);
+    }
+}
+
 /* The loop over the block's key tiles (the state's variables made here). */
 static void flash_loop(flash_st *st, uint32_t kend)
 {
@@ -538,6 +618,7 @@ static void flash_loop(flash_st *st, uint32_t kend)
     st->kb = kiln_kvar(k, kiln_ki(k, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, st->kb, kend, kiln_ki(k, st->FK), 0);
     flash_stage(st, kend);
+    if (st->tree) flash_tree_tile(st);
     uint32_t s[FKMAX / 8], pv[FKMAX / 8][4], on[FHD / 8];
     flash_scores(st, s);
     flash_softmax(st, s, pv, on);
@@ -577,10 +658,22 @@ static flash_rows flash_rows_paged(flash_st *st, const kiln_graph *g, uint32_t b
     kiln_kif(k, sq.found);
     flash_rows fr = flash_rows_of(k, st, sq.R0, warp, gq, head0, sq.start, sq.qlen);
     uint32_t pos = kiln_kir_buf(k, KILN_KBUF_NODE, st->sp->pos, false), mx = kiln_kf(k, 0);
+    if (st->tree) { /* the cached keys: KV length - new tokens, clamped into the capacity */
+        st->par = kiln_kir_buf(k, KILN_KBUF_NODE, st->sp->parents, false), st->q0 = sq.start;
+        st->c = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, kiln_k2(k, KILN_KOP_SUB, sq.kvlen, sq.qlen), kiln_ki(k, 0)),
+                        kiln_ki(k, (int32_t)st->cap - 1));
+    }
     for (int r = 0; r < 2; r++) {
         uint32_t p = kl_ld_i32(k, pos, fr.tq[r]);
         p = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, p, kiln_ki(k, 0)), kiln_ki(k, (int32_t)st->cap - 1));
         st->seen[r] = kiln_kaddi(k, p, 1);
+        if (st->tree) { /* a draft's key is c + its index (its position is c + its depth): keys up to its own */
+            st->ti[r] = kiln_k2(k, KILN_KOP_SUB, fr.tq[r], sq.start);
+            uint32_t d = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, kiln_k2(k, KILN_KOP_SUB, p, st->c), kiln_ki(k, 0)), st->ti[r]);
+            st->walk[r] = kiln_kaddi(k, d, 1);
+            st->seen[r] = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, kiln_k2(k, KILN_KOP_ADD, st->c, st->ti[r]), 1),
+                                  kiln_ki(k, (int32_t)st->cap));
+        }
         mx = kiln_k2(k, KILN_KOP_MAX, mx, kiln_kcvt(k, KILN_KT_F32, st->seen[r]));
     }
     uint32_t red = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, mx, KILN_IDX_NONE, KILN_IDX_NONE,
@@ -594,9 +687,10 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *
 {
     const kiln_node_rec *n = &g->nodes[node];
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
-    flash_st st = {.k = k, .sp = sp, .cap = sp->block ? g->nodes[sp->blocks].dims[1] * sp->block : 0};
+    flash_st st = {.k = k, .sp = sp, .cap = sp->block ? g->nodes[sp->blocks].dims[1] * sp->block : 0,
+                   .tree = sp->block && sp->parents != KILN_IDX_NONE, .q8 = sp->block && kc->dtype == KILN_DTYPE_Q8_0};
     st.f = (fl){.k = k, .n_head = q->dims[1], .hd = q->dims[2], .max_ctx = kc->dims[1],
-                .kp = kc->dtype == KILN_DTYPE_F32 ? 2 : 1};
+                .kp = kc->dtype == KILN_DTYPE_F32 || st.q8 ? 2 : 1};
     st.f.G = st.f.n_head / kc->dims[0];
     st.o = flash_geo(tg, st.f.hd, st.f.kp);
     st.KP = st.f.kp, st.hd = (int32_t)st.f.hd, st.FK = st.o.FK, st.KT = st.hd / 16, st.VT = st.FK / 16;
@@ -607,7 +701,7 @@ void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *
     if (sp->block) nqb += (int32_t)kl_dim_max(g, g->nodes[sp->seqs].dims[0]); /* a sequence's last tile may be partial */
     kiln_kir_init(k, "kiln_attn_flash", (uint32_t)FT);
     snprintf(k->what, sizeof k->what, "attention: causal flash%s, tensor cores, %d q heads/kv head%s",
-             sp->block ? " (paged)" : "", (int)(st.f.G & 0xff), st.o.share && st.f.G > 1 ? ", shared tiles" : "");
+             st.tree ? " (paged, draft trees)" : sp->block ? " (paged)" : "", (int)(st.f.G & 0xff), st.o.share && st.f.G > 1 ? ", shared tiles" : "");
     k->grid[0] = (uint32_t)(st.o.share ? kc->dims[0] : st.f.n_head);
     k->grid[1] = (uint32_t)nqb;
     st.ksh = kiln_kir_shared(k, (uint32_t)(st.KP * st.tw)), st.vsh = kiln_kir_shared(k, (uint32_t)(st.KP * st.tw));

@@ -1,7 +1,8 @@
-/* Move template: kv_scatter (rows written into a state at run-time positions) and get_rows
- * (embedding lookup, any weight dtype); one element (or one block value) per thread. Positions
+/* Move template: kv_scatter (rows written into a state at run-time positions; a q8_0 pool's rows
+ * quantized a block of 32 per thread) and get_rows (embedding lookup, any weight dtype); one element
+ * (or one block value) per thread. Positions
  * and ids out of range are skipped, never written out of bounds (the executor checks bound inputs
- * on the host first and reports them). Must not compute anything but copies and dequantization. */
+ * on the host first and reports them). Must not compute anything but copies and (de)quantization. */
 #include "codegen/lower.h"
 #include "codegen/wfmt.h"
 
@@ -54,6 +55,83 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, con
     return KILN_OK;
 }
 
+/* ggml's roundf of F32 v to an int8 (half away from zero, saturated) as I32: from the truncation t
+ * by comparisons only (v - t could be contracted into an fma by a shader compiler, changing ties). */
+static uint32_t q8_round(kiln_kir *k, uint32_t v)
+{
+    uint32_t t = kiln_kcvt(k, KILN_KT_I32, v), tf = kiln_kcvt(k, KILN_KT_F32, t);
+    uint32_t up = kiln_k2(k, KILN_KOP_LE, kiln_k2(k, KILN_KOP_ADD, tf, kiln_kf(k, 0.5f)), v);
+    uint32_t dn = kiln_k2(k, KILN_KOP_LE, v, kiln_k2(k, KILN_KOP_SUB, tf, kiln_kf(k, 0.5f)));
+    t = kiln_ksel(k, KILN_KT_I32, up, kiln_kaddi(k, t, 1), kiln_ksel(k, KILN_KT_I32, dn, kiln_kaddi(k, t, -1), t));
+    return kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, t, kiln_ki(k, -128)), kiln_ki(k, 127));
+}
+
+/* kv_scatter into a q8_0 pool: a thread per block of 32 values of a row (token, kv head), as ggml's
+ * quantize_row_q8_0 (kiln_dtype_quant_q8_0, bit for bit): d = max |x| / 127, q = roundf(x * (1 / d));
+ * the block's 34 bytes (f16 d, then the int8 q) stored as 17 halves (blocks are 2-byte aligned).
+ * The rows' element expression is evaluated twice (the maximum, then the quants). */
+static kiln_status lower_scatter_q8_0(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                                      uint32_t node, kiln_kir *k, char *err, size_t n_err)
+{
+    const kiln_node_rec *n = &g->nodes[node], *st = &g->nodes[n->src[0]], *rows = &g->nodes[n->src[1]];
+    int64_t n_kvh = st->dims[0], max_ctx = st->dims[1], hd = st->dims[2], nb = hd / 32;
+    if (hd % 32 || r->n_outs != 1) return kl_unsupported(err, n_err, "q8_0 kv_scatter with other outputs or head_dim %lld", (long long)hd);
+    kiln_kir_init(k, "kiln_kv_scatter_q8_0", 128);
+    snprintf(k->what, sizeof k->what, "kv_scatter q8_0 (a block of 32 values a thread)");
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, rows) / 32, 128);
+    uint32_t ib = kl_grid_loop(k, kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, rows, 0), kiln_ki(k, 32)));
+    uint32_t per_tok = kiln_ki(k, (int32_t)(n_kvh * nb));
+    uint32_t t = kiln_k2(k, KILN_KOP_DIV, ib, per_tok), rem = kiln_k2(k, KILN_KOP_REM, ib, per_tok);
+    uint32_t h = kiln_k2(k, KILN_KOP_DIV, rem, kiln_ki(k, (int32_t)nb)), b = kiln_k2(k, KILN_KOP_REM, rem, kiln_ki(k, (int32_t)nb));
+    uint32_t pos = kl_ld_i32(k, kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false), t);
+    uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), pos),
+                          kiln_k2(k, KILN_KOP_LT, pos, kiln_ki(k, (int32_t)max_ctx)));
+    uint32_t e0 = kiln_kmuli(k, ib, 32); /* the block's first element of rows */
+    bool failed = false;
+    char why[160] = "";
+    kiln_kif(k, ok);
+    uint32_t amax = kiln_kvar(k, kiln_kf(k, 0)), j = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kloop(k, j, kiln_ki(k, 32), kiln_ki(k, 1));
+    {
+        kl_eval ev;
+        kl_eval_init(&ev, k, g, r, n->src[1], kiln_k2(k, KILN_KOP_ADD, e0, j));
+        uint32_t a = kiln_k1(k, KILN_KOP_ABS, kl_eval_node(&ev, n->src[1]));
+        kiln_kset(k, amax, kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_LT, a, amax), amax, a)); /* ggml's MAX(amax, a) */
+        if (ev.failed) failed = true, snprintf(why, sizeof why, "%s", ev.err);
+    }
+    kl_loop_end(k);
+    uint32_t d = kiln_k2(k, KILN_KOP_DIV, amax, kiln_kf(k, 127.0f));
+    uint32_t id = kiln_ksel(k, KILN_KT_F32, kiln_k2(k, KILN_KOP_EQ, d, kiln_kf(k, 0)), kiln_kf(k, 0),
+                            kiln_k2(k, KILN_KOP_DIV, kiln_kf(k, 1.0f), d));
+    uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], true); /* the result aliases its state */
+    uint32_t row = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, h, (int32_t)max_ctx), pos);
+    uint32_t half0 = kiln_kmuli(k, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, (int32_t)nb), b), 17);
+    kiln_kir_op(k, KILN_KOP_ST16, KILN_KT_NONE, half0, kiln_kir_op(k, KILN_KOP_F2H, KILN_KT_U32, d, KILN_IDX_NONE, KILN_IDX_NONE, 0),
+                KILN_IDX_NONE, (int32_t)slot);
+    uint32_t p = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kloop(k, p, kiln_ki(k, 16), kiln_ki(k, 1));
+    {
+        uint32_t q[2];
+        for (int e = 0; e < 2; e++) {
+            kl_eval ev;
+            kl_eval_init(&ev, k, g, r, n->src[1], kiln_k2(k, KILN_KOP_ADD, e0, kiln_kaddi(k, kiln_kmuli(k, p, 2), e)));
+            q[e] = kiln_k2(k, KILN_KOP_AND, kiln_kcvt(k, KILN_KT_U32, q8_round(k, kiln_k2(k, KILN_KOP_MUL, kl_eval_node(&ev, n->src[1]), id))),
+                           kiln_ku(k, 0xffu));
+            if (ev.failed) failed = true, snprintf(why, sizeof why, "%s", ev.err);
+        }
+        uint32_t w = kiln_k2(k, KILN_KOP_OR, q[0], kiln_k2(k, KILN_KOP_SHL, q[1], kiln_ku(k, 8)));
+        kiln_kir_op(k, KILN_KOP_ST16, KILN_KT_NONE, kiln_k2(k, KILN_KOP_ADD, half0, kiln_kaddi(k, p, 1)), w, KILN_IDX_NONE, (int32_t)slot);
+    }
+    kl_loop_end(k);
+    kiln_kendif(k);
+    kl_loop_end(k);
+    if (failed) {
+        kiln_kir_free(k);
+        return kl_unsupported(err, n_err, "kv_scatter kernel: %s", why);
+    }
+    return KILN_OK;
+}
+
 /* kv_scatter: state[h, pos[t], :] = rows[t, h, :]. The region may carry elementwise ops that
  * produce the rows (evaluated per element). */
 static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
@@ -71,10 +149,12 @@ static kiln_status lower_scatter(const kiln_graph *g, const kiln_region *r, cons
     }
     if (node == KILN_IDX_NONE) return kl_unsupported(err, n_err, "scatter region without kv_scatter");
     const kiln_node_rec *n = &g->nodes[node], *st = &g->nodes[n->src[0]], *rows = &g->nodes[n->src[1]];
-    if (kiln_dtype_block((kiln_dtype)st->dtype) != 1 || st->rank != 3 || rows->rank != 3)
+    bool q8 = st->dtype == KILN_DTYPE_Q8_0;
+    if ((kiln_dtype_block((kiln_dtype)st->dtype) != 1 && !q8) || st->rank != 3 || rows->rank != 3)
         return kl_unsupported(err, n_err, "kv_scatter into a %s state", kiln_dtype_name((kiln_dtype)st->dtype));
     for (int d = 0; d < 3; d++)
         if (kiln_dim_is_sym(st->dims[d])) return kl_unsupported(err, n_err, "kv_scatter: state dims must be constants");
+    if (q8) return lower_scatter_q8_0(g, r, tg, node, k, err, n_err);
     int64_t n_kvh = st->dims[0], max_ctx = st->dims[1], hd = st->dims[2];
     kiln_kir_init(k, "kiln_kv_scatter", 256);
     snprintf(k->what, sizeof k->what, "kv_scatter %s", kiln_dtype_name((kiln_dtype)st->dtype));

@@ -140,6 +140,34 @@ uint32_t kl_ld_i32(kiln_kir *k, uint32_t slot, uint32_t idx)
 /* The position -> slot mapping of paged attention, the one copy the kernels print (the host's is
  * kiln_paged_slot): the block index is clamped into the pool, so metadata bound in device memory
  * (which kiln_run cannot check) never sends a load outside it. */
+void kl_q8_block(kiln_kir *k, uint32_t slot, uint32_t blk, uint32_t *d, uint32_t w[8])
+{
+    uint32_t h0 = kiln_kmuli(k, blk, 17), w0 = kiln_kshri(k, h0, 1); /* d is half h0: word h0 / 2 */
+    uint32_t odd = kiln_k2(k, KILN_KOP_NE, kiln_k2(k, KILN_KOP_AND, h0, kiln_ki(k, 1)), kiln_ki(k, 0));
+    uint32_t W[9];
+    for (int i = 0; i < 9; i++) W[i] = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_kaddi(k, w0, i), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+    uint32_t sh16 = kiln_ku(k, 16);
+    *d = kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32, kiln_ksel(k, KILN_KT_U32, odd, kiln_k2(k, KILN_KOP_SHR, W[0], sh16), W[0]),
+                     KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    for (int i = 0; i < 8; i++) /* odd: the quants start on a word; else 2 bytes into one */
+        w[i] = kiln_ksel(k, KILN_KT_U32, odd, W[i + 1],
+                         kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_SHR, W[i], sh16), kiln_k2(k, KILN_KOP_SHL, W[i + 1], sh16)));
+}
+
+uint32_t kl_q8_elem(kiln_kir *k, uint32_t slot, uint32_t blk, uint32_t e)
+{
+    uint32_t h0 = kiln_kmuli(k, blk, 17);
+    uint32_t dw = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_kshri(k, h0, 1), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+    uint32_t dsh = kiln_kcvt(k, KILN_KT_U32, kiln_kmuli(k, kiln_k2(k, KILN_KOP_AND, h0, kiln_ki(k, 1)), 16));
+    uint32_t d = kiln_kir_op(k, KILN_KOP_H2F, KILN_KT_F32, kiln_k2(k, KILN_KOP_SHR, dw, dsh), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t byte = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, blk, 34), kiln_kaddi(k, e, 2));
+    uint32_t qw = kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, kiln_kshri(k, byte, 2), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+    uint32_t sh = kiln_kcvt(k, KILN_KT_U32, kiln_kmuli(k, kiln_k2(k, KILN_KOP_AND, byte, kiln_ki(k, 3)), 8));
+    uint32_t q = kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_SHR, qw, sh), kiln_ku(k, 0xffu));
+    uint32_t qi = kiln_k2(k, KILN_KOP_SUB, kiln_kcvt(k, KILN_KT_I32, kiln_k2(k, KILN_KOP_XOR, q, kiln_ku(k, 0x80u))), kiln_ki(k, 0x80));
+    return kiln_k2(k, KILN_KOP_MUL, d, kiln_kcvt(k, KILN_KT_F32, qi));
+}
+
 uint32_t kl_paged_slot(kiln_kir *k, uint32_t bt, uint32_t bt_row, uint32_t j, int64_t block, int64_t n_blocks)
 {
     int32_t sh = 0;

@@ -141,6 +141,9 @@ static void rule_rope_scatter(fuse_state *f, uint32_t i)
 {
     const kiln_graph *g = f->g;
     const kiln_node_rec *n = &g->nodes[i];
+    /* a q8_0 pool's rows are quantized in blocks of 32 values by a scatter kernel of its own (a
+     * matmul epilogue stores elements one by one) */
+    if (n->op == KILN_OP_KV_SCATTER && kiln_dtype_block((kiln_dtype)g->nodes[n->src[0]].dtype) > 1) return;
     uint32_t src = n->op == KILN_OP_ROPE ? n->src[0] : n->src[1];
     /* Each link of the chain (matmul -> reshape -> [rope] -> here) must have this node as only reader. */
     for (uint32_t s = src; s != KILN_IDX_NONE;) {

@@ -287,10 +287,13 @@ KILN_API kiln_node kiln_input(kiln_graph *g, const char *name, kiln_dtype t, int
 KILN_API kiln_node kiln_state(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims)
 {
     if (!g || g->status != KILN_OK) return KILN_NODE_NONE;
-    if ((unsigned)t < KILN_DTYPE_COUNT && kiln_dtype_block(t) > 1) /* refused here, not at the first kv_scatter */
+    if ((unsigned)t < KILN_DTYPE_COUNT && kiln_dtype_block(t) > 1 && t != KILN_DTYPE_Q8_0) /* refused here, not at the first kv_scatter */
         return kiln_graph_fail(g, KILN_ERR_DTYPE,
-                               "state '%s': %s is a block format; states (KV caches) are f32, f16, bf16 or i32 "
-                               "(quantized KV caches are not supported)", name ? name : "(null)", kiln_dtype_name(t));
+                               "state '%s': %s is a block format; states (KV caches) are f32, f16, bf16, i32 or q8_0 "
+                               "(the only quantized KV cache)", name ? name : "(null)", kiln_dtype_name(t));
+    if (t == KILN_DTYPE_Q8_0 && (rank < 1 || !dims || kiln_dim_is_sym(dims[rank - 1]) || dims[rank - 1] % 32))
+        return kiln_graph_fail(g, KILN_ERR_SHAPE, "state '%s': a q8_0 state's last dim must be a constant multiple of 32 "
+                               "(blocks of 32 values)", name ? name : "(null)");
     return add_leaf(g, KILN_OP_STATE, name, t, rank, dims, true);
 }
 

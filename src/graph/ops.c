@@ -279,11 +279,12 @@ double kiln_rope_freq(const kiln_node_rec *n, int64_t i, int64_t hd)
     return n->vec && i < (int64_t)n->n_vec ? f * (double)n->vec[i] : f;
 }
 
-/* A cache operand of attention/kv_scatter: rank 3, constant dims, float dtype. */
-static bool cache_operand(build *b, const char *what, const kiln_node_rec *c)
+/* A cache operand of attention/kv_scatter: rank 3, constant dims, float dtype (q8_0 too where
+ * `pool`: kv_scatter and paged attention; its head_dim a multiple of 32, checked by kiln_state). */
+static bool cache_operand(build *b, const char *what, const kiln_node_rec *c, bool pool)
 {
     if (!b->ok) return false;
-    need_float(b, what, c);
+    if (!(pool && c && c->dtype == KILN_DTYPE_Q8_0)) need_float(b, what, c);
     if (b->ok && (c->rank != 3 || kiln_dim_is_sym(c->dims[0]) || kiln_dim_is_sym(c->dims[1]) ||
                   kiln_dim_is_sym(c->dims[2])))
         fail(b, KILN_ERR_SHAPE, "%s is %s; it must be a constant [n_kv_head, max_ctx, head_dim]", what,
@@ -319,8 +320,8 @@ KILN_API kiln_node kiln_attention_ext(kiln_graph *g, kiln_node q, kiln_node k, k
     need_float(&b, "q", qn);
     if (b.ok && (qn->rank != 3 || kiln_dim_is_sym(qn->dims[1]) || kiln_dim_is_sym(qn->dims[2])))
         fail(&b, KILN_ERR_SHAPE, "q is %s; it must be [n_tok, n_head, head_dim] (n_head, head_dim constant)", DIMS_STR(g, qn));
-    cache_operand(&b, "k", kn);
-    cache_operand(&b, "v", vn);
+    cache_operand(&b, "k", kn, false);
+    cache_operand(&b, "v", vn, false);
     if (b.ok && !dims_equal(kn, vn)) fail(&b, KILN_ERR_SHAPE, "k %s and v %s differ", DIMS_STR(g, kn), DIMS_STR(g, vn));
     if (b.ok && kn->dtype != vn->dtype) fail(&b, KILN_ERR_DTYPE, "k and v dtypes differ");
     if (b.ok && kn->dims[2] != qn->dims[2])
@@ -356,7 +357,7 @@ KILN_API kiln_node kiln_kv_scatter(kiln_graph *g, kiln_node state, kiln_node row
     const kiln_node_rec *p = operand(&b, 2, "pos", pos, false);
     if (b.ok && s->op != KILN_OP_STATE && s->op != KILN_OP_KV_SCATTER)
         fail(&b, KILN_ERR_NODE, "state must be a state leaf or a kv_scatter of one, not a %s", kiln_op_name(s->op));
-    cache_operand(&b, "state", s);
+    cache_operand(&b, "state", s, true);
     need_float(&b, "rows", r);
     if (b.ok && (r->rank != 3 || r->dims[1] != s->dims[0] || r->dims[2] != s->dims[2]))
         fail(&b, KILN_ERR_SHAPE, "rows is %s; it must be [n_tok, %lld, %lld] to fit state %s", DIMS_STR(g, r),
@@ -389,8 +390,8 @@ static kiln_node paged(kiln_graph *g, kiln_node q, kiln_node k, kiln_node v, kil
     need_float(&b, "q", qn);
     if (b.ok && (qn->rank != 3 || kiln_dim_is_sym(qn->dims[1]) || kiln_dim_is_sym(qn->dims[2])))
         fail(&b, KILN_ERR_SHAPE, "q is %s; it must be [n_tok, n_head, head_dim] (n_head, head_dim constant)", DIMS_STR(g, qn));
-    cache_operand(&b, "k", kn);
-    cache_operand(&b, "v", vn);
+    cache_operand(&b, "k", kn, true);
+    cache_operand(&b, "v", vn, true);
     if (b.ok && !dims_equal(kn, vn)) fail(&b, KILN_ERR_SHAPE, "k %s and v %s differ", DIMS_STR(g, kn), DIMS_STR(g, vn));
     if (b.ok && kn->dtype != vn->dtype) fail(&b, KILN_ERR_DTYPE, "k and v dtypes differ");
     if (b.ok && kn->dims[2] != qn->dims[2])

@@ -193,7 +193,8 @@ kiln_status kiln_preset_build_ex(const kiln_preset *p, const kiln_preset_build_o
     *out = NULL;
     if (!p || !o || !dims_ok(p) || o->n_layers < 1 || o->max_ctx < 1 || o->max_tok < 1 ||
         o->max_tok > o->max_ctx || (unsigned)o->wdtype >= KILN_DTYPE_COUNT || o->wdtype == KILN_DTYPE_I32 ||
-        (o->kvdtype != KILN_DTYPE_F32 && o->kvdtype != KILN_DTYPE_F16) ||
+        (o->kvdtype != KILN_DTYPE_F32 && o->kvdtype != KILN_DTYPE_F16 &&
+         !(o->kvdtype == KILN_DTYPE_Q8_0 && o->block && p->head_dim % 32 == 0)) || /* q8_0: paged pools only */
         (o->block && (o->block < 1 || o->max_ctx % o->block || o->max_seqs < 1 || o->max_blocks < 1)))
         return KILN_ERR_INVALID_ARG;
     kiln_graph *g;

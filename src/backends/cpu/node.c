@@ -295,7 +295,7 @@ static kiln_status attention(const node_run *c)
 
 /* Paged attention over a ragged batch (kiln.h): each sequence's keys through its block table. The
  * executor has checked the step's metadata (sched/plan.c); it is checked again here, where a
- * kernel would follow it. Pools in bf16 are staged whole through f32. */
+ * kernel would follow it. Pools in bf16 and q8_0 are staged whole through f32. */
 static kiln_status paged_attention(const node_run *c)
 {
     const kiln_node_rec *n = c->n;
