@@ -56,6 +56,7 @@ typedef void (*mutate_fn)(kiln_kir *k);
 
 /* codegen.precision of the compile (KILN_PREC_F16 tests set it for their case). */
 static int32_t g_precision = KILN_PREC_EXACT;
+static int32_t g_epilogue; /* codegen.gemm_epilogue of the compile (KILN_GEMM_ON: on the accumulators) */
 static double g_last_nmse; /* of the last case compared */
 
 /* Lowers the graph's regions for target tg (NULL: an H100 with warpgroup MMA asked for, and a
@@ -86,6 +87,7 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
         t.opts.wgmma = KILN_GEMM_ON;
         if (tg) t = *tg;
         t.opts.precision = g_precision;
+        t.opts.gemm_epilogue = g_epilogue;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
         uint64_t scratch_bytes = 0;
         for (uint32_t i = 0; i < n; i++) scratch_bytes = ks[i].scratch_bytes > scratch_bytes ? ks[i].scratch_bytes : scratch_bytes;
@@ -233,23 +235,33 @@ Test(gemm_wg, q5_k_weights) { plain_case(KILN_DTYPE_Q5_K, KILN_DTYPE_F32, 256, 1
 
 /* rms_norm prologue (x normalized and split once by the rms kernel) and two siblings with a
  * swiglu epilogue: the gate/up shape of a llama layer. */
-Test(gemm_wg, rms_norm_siblings_swiglu)
+/* rms_norm + gate/up + swiglu over K columns of x: K 64 takes the rms kernel's loop, K 1024 and
+ * 2048 its registers (rms_row_vec: 1 and 2 16-byte loads a thread); x scaled by xs (1e-20: the
+ * f32 squares underflow and the rescaled pass runs). The norm is an output too where norm_out. */
+static void swiglu_case(int64_t K, int64_t m, float xs, bool norm_out)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
     kiln_dim M = kiln_sym(c.g, "m", 144);
-    const int64_t K = 64, F = 72, m = 137;
+    const int64_t F = 72;
     kiln_node x = kiln_input(c.g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, K});
     kiln_node nw = tu_weight(c.g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){K}, 0.5f, 1.5f);
-    kiln_node h = kiln_rms_norm(c.g, x, nw, 1e-5f);
+    kiln_node h = kiln_rms_norm(c.g, x, nw, 1e-5f * xs * xs);
     kiln_node wg = tu_weight(c.g, "wg", KILN_DTYPE_F16, 2, (kiln_dim[]){F, K}, -1.0f, 1.0f);
     kiln_node wu = tu_weight(c.g, "wu", KILN_DTYPE_F16, 2, (kiln_dim[]){F, K}, -1.0f, 1.0f);
     kiln_output(c.g, kiln_swiglu(c.g, kiln_matmul(c.g, h, wg), kiln_matmul(c.g, h, wu)), "y");
+    if (norm_out) kiln_output(c.g, h, "h");
     c.b[c.nb++] = (kiln_binding){.name = "m", .value = m};
-    bind_random(&c, "x", m * K, -1.0f, 1.0f);
-    run_case(&c, "y", m, KILN_DTYPE_F16, "tma gemm rms_norm + gate/up + swiglu");
+    bind_random(&c, "x", m * K, -xs, xs);
+    char what[96];
+    snprintf(what, sizeof what, "tma gemm rms_norm (K %lld, x in +-%g) + gate/up + swiglu", (long long)K, (double)xs);
+    run_case(&c, "y", m, KILN_DTYPE_F16, what);
+    if (norm_out) run_case_on(&c, "h", m, "rms_norm", KILN_DTYPE_F32, "tma gemm: the norm beside it", NULL, NULL);
     case_free(&c);
 }
+
+Test(gemm_wg, rms_norm_siblings_swiglu) { swiglu_case(64, 137, 1.0f, false); }
+Test(gemm_wg, rms_norm_rows_in_registers) { swiglu_case(1024, 37, 1.0f, true); swiglu_case(2048, 20, 1e-20f, false); }
 
 /* A WGMMA whose accumulator is read before its wait is caught by the interpreter. */
 Test(gemm_wg, interpreter_catches_read_in_flight)
@@ -397,14 +409,17 @@ Test(gemm_wg, mutations_fail)
 Test(gemm_wg, f16_weights_long_k) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 2048, 100, 100); } /* the ring wraps 8 times */
 
 /* The QKV region of a multi-head llama layer: rms_norm prologue, three groups in one kernel
- * (q, k, v), normal rope on q and k, k and v written to their caches; q and k after rope and v
- * are outputs too, so each group's result is checked. */
-Test(gemm_wg, qkv_rope_kv_scatter)
+ * (q, k, v), rope (mode, head width hd) on q and k, k and v written to their caches; q and k after
+ * rope and v are outputs too, so each group's result is checked. The epilogue runs on the
+ * C tile, or with epi KILN_GEMM_ON on the accumulators (rope partners in one thread: adjacent
+ * columns, or + hd / 2 with hd / 2 a multiple of 8; neox partners in other threads, hd 8, take
+ * the C tile). */
+static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int32_t epi)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
     kiln_graph *g = c.g;
-    const int64_t D = 256, H = 4, HD = 64, m = 100, CTX = 128;
+    const int64_t D = 256, H = D / HD, m = 100, CTX = 128;
     kiln_dim M = kiln_sym(g, "m", 100);
     kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, D});
     kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){M});
@@ -414,8 +429,8 @@ Test(gemm_wg, qkv_rope_kv_scatter)
     kiln_node wk = tu_weight(g, "wk", KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
     kiln_node wv = tu_weight(g, "wv", KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
     kiln_dim hd3[3] = {M, H, HD};
-    kiln_node q = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wq), 3, hd3), pos, KILN_ROPE_NORMAL, 1e4f);
-    kiln_node k = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wk), 3, hd3), pos, KILN_ROPE_NORMAL, 1e4f);
+    kiln_node q = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wq), 3, hd3), pos, mode, 1e4f);
+    kiln_node k = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wk), 3, hd3), pos, mode, 1e4f);
     kiln_node vm = kiln_matmul(g, h, wv), v = kiln_reshape(g, vm, 3, hd3);
     kiln_dim sd[3] = {H, CTX, HD};
     kiln_output(g, kiln_kv_scatter(g, kiln_state(g, "kc", KILN_DTYPE_F16, 3, sd), k, pos), "kc_out");
@@ -426,14 +441,34 @@ Test(gemm_wg, qkv_rope_kv_scatter)
     c.b[c.nb++] = (kiln_binding){.name = "m", .value = m};
     bind_random(&c, "x", m * D, -1.0f, 1.0f);
     int32_t *p = malloc((size_t)m * 4);
-    for (int64_t i = 0; i < m; i++) p[i] = (int32_t)i;
+    for (int64_t i = 0; i < m; i++) p[i] = (int32_t)(i * 7 % CTX); /* positions far from the row index */
     c.in[c.nb] = p;
     c.b[c.nb++] = (kiln_binding){.name = "pos", .data = p, .bytes = (size_t)m * 4};
-    run_case(&c, "q", m, KILN_DTYPE_F16, "tma gemm qkv: q");
-    run_case(&c, "k", m, KILN_DTYPE_F16, "tma gemm qkv: k");
-    run_case(&c, "v", m, KILN_DTYPE_F16, "tma gemm qkv: v");
+    g_epilogue = epi;
+    char what[3][96];
+    for (int o = 0; o < 3; o++)
+        snprintf(what[o], sizeof what[o], "tma gemm qkv (%s rope, hd %lld, %s epilogue): %c", mode == KILN_ROPE_NEOX ? "neox" : "normal",
+                 (long long)HD, epi == KILN_GEMM_ON ? "register" : "c-tile", "qkv"[o]);
+    run_case(&c, "q", m, KILN_DTYPE_F16, what[0]);
+    run_case(&c, "k", m, KILN_DTYPE_F16, what[1]);
+    run_case(&c, "v", m, KILN_DTYPE_F16, what[2]);
+    g_epilogue = 0;
     case_free(&c);
 }
+
+Test(gemm_wg, qkv_rope_kv_scatter) { qkv_case(KILN_ROPE_NORMAL, 64, 0); }
+Test(gemm_wg, qkv_rope_register_epilogue) { qkv_case(KILN_ROPE_NORMAL, 64, KILN_GEMM_ON); }
+Test(gemm_wg, qkv_neox_rope) { qkv_case(KILN_ROPE_NEOX, 64, 0); qkv_case(KILN_ROPE_NEOX, 64, KILN_GEMM_ON); }
+Test(gemm_wg, qkv_neox_rope_narrow_heads) { qkv_case(KILN_ROPE_NEOX, 8, KILN_GEMM_ON); }
+Test(gemm_wg, register_epilogue_plain_and_swiglu)
+{
+    g_epilogue = KILN_GEMM_ON;
+    plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 96, 160, 130);
+    plain_case(KILN_DTYPE_F16, KILN_DTYPE_F16, 448, 300, 290); /* two accumulators a consumer */
+    swiglu_case(64, 137, 1.0f, false);
+    g_epilogue = 0;
+}
+
 
 /* x f16 as a view at an offset a tensor map cannot start at (2 halves = 4 bytes): the split kernel
  * copies it into the scratch (two parts: the second is zero) instead of the TMA reading the node. */

@@ -395,6 +395,10 @@ typedef struct kiln_codegen_options {
                            per 32 bytes of quants, each dot a whole 32-value group of x (about half the
                            instructions per weight byte); KILN_GEMM_AUTO/OFF: one chunk a lane
                            ($KILN_GEMV_PAIR, docs/kernels.md). Opt-in until measured */
+    int32_t gemm_epilogue; /* KILN_GEMM_ON: the sm_90 TMA GEMM runs its epilogue (bias, residual,
+                           swiglu, rope, KV writes) on each consumer thread's own accumulators;
+                           KILN_GEMM_AUTO/OFF: through a C tile in shared memory drained by every
+                           thread, the default (H100: 0-5 us faster a GEMM; $KILN_GEMM_EPILOGUE=1) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -565,6 +565,77 @@ static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[2])
     gm_drain(g, G, 0, g->bm);
 }
 
+/* The slots of a register unit as static column offsets from its first column (off) and the
+ * first columns a thread's fragment gives it (base: static parts, 2 qq is added), or false where a
+ * rope partner lies in another thread's fragment (neox with hd / 2 not a multiple of 8). Slots are
+ * rope partners (normal: adjacent columns, slots 0-1 and 2-3; neox: + hd / 2, slots 0-2 and 1-3) or
+ * the same columns of each sibling (siblings outermost, as gm_drain orders them). */
+static bool gw_reg_units(const gm *g, const gv_group *G, int off[SLOTS], int base[GM_BN / 8], int *n_base)
+{
+    int cols = G->cols, half = (int)(G->hd / 2);
+    *n_base = 0;
+    if (G->rope == 2) {
+        if (half % 8 || g->bns % G->hd || cols != 4) return false;
+        off[0] = 0, off[1] = 1, off[2] = half, off[3] = half + 1;
+        for (int b = 0; b < g->bns; b += 8)
+            if (b % G->hd < half) base[(*n_base)++] = b;
+        return true;
+    }
+    if (cols == 4) {
+        off[0] = 0, off[1] = 1, off[2] = 8, off[3] = 9;
+        for (int b = 0; b < g->bns; b += 16) base[(*n_base)++] = b;
+        return true;
+    }
+    if (cols == 2) {
+        off[0] = 0, off[1] = 1;
+        for (int b = 0; b < g->bns; b += 8) base[(*n_base)++] = b;
+        return true;
+    }
+    return false;
+}
+
+/* The epilogue straight from the accumulators (codegen.gemm_epilogue = KILN_GEMM_ON): each
+ * consumer thread runs gemv's per-element epilogue on units made of its own fragment values (rows
+ * r0 and r0 + 8 of each 64-row tile, columns 2 qq + 8 jj + {0, 1}): no C tile, no barrier, no
+ * division. Built because the layer's QKV (rope + KV writes) runs 38 us longer than the plain GEMM
+ * of its shape; measured on the H100 (ncu, real clocks, 512-token llama-7b layer) it is no faster
+ * than the C-tile drain (QKV 157.5 vs 156.5 us, O 44 vs 40, down 97.7 vs 93: its stores fill 13 of
+ * 32 bytes a sector), so the drain stays the default. Both are latency-bound with the tensor cores
+ * idle; the lever is running the epilogue under another tile's MMAs (a persistent ping-pong of the
+ * consumer warpgroups, which needs this per-thread form). */
+static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[2])
+{
+    int off[SLOTS], base[GM_BN / 8], n_base;
+    /* not for block weights: the decoders' registers beside the unrolled epilogue passed the
+       384-thread cap of 168 (ptxas spilled a q8_0 QKV with PDL, 64 rows a consumer) */
+    if (g->wblock || !gw_reg_units(g, G, off, base, &n_base)) return false;
+    gv *s = g->s;
+    kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    uint32_t wg = shri(g, g->tid, 7), w = andi(g, shri(g, g->tid, 5), 3);
+    uint32_t gq = shri(g, g->lane, 2), qq2 = muli(g, andi(g, g->lane, 3), 2);
+    uint32_t r0 = add(g, g->m0, add(g, add(g, muli(g, wg, g->rc), muli(g, w, 16)), gq));
+    uint32_t c0 = add(g, g->n0, qq2);
+    gv_unit unit = {.mc = 1}, *e = &unit;
+    for (int mt = 0; mt < g->rc / 64; mt++)
+        for (int hh = 0; hh < 2; hh++)
+            for (int b = 0; b < n_base; b++) {
+                e->t0 = addi(g, r0, mt * 64 + 8 * hh);
+                e->n_slots = 0;
+                for (int q = 0; q < G->n_sib; q++)
+                    for (int c = 0; c < G->cols; c++) {
+                        int r = e->n_slots++, tc = q * g->bns + base[b] + off[c]; /* tile column less 2 qq */
+                        e->slot_sib[r] = G->sib[q];
+                        e->slot_delta[r] = c;
+                        e->col[r] = addi(g, c0, base[b] + off[c]);
+                        e->ok[r] = o2(g, KILN_KOP_LT, e->col[r], ci(g, (int32_t)G->n));
+                        e->acc[r][0] = op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[mt], (tc / 8) << 2 | hh << 1 | (tc & 1));
+                    }
+                kl_gv_epilogue(s, G, e, g->m);
+            }
+    kendif(g);
+    return true;
+}
+
 static void gw_group(gm *g, const gv_group *G)
 {
     kiln_kir *k = g->k;
@@ -590,6 +661,7 @@ static void gw_group(gm *g, const gv_group *G)
         kendif(g);
     }
     kendif(g);
+    if (g->s->tgt->opts.gemm_epilogue == KILN_GEMM_ON && gw_epilogue_regs(g, G, acc)) return;
     barrier(g); /* every stage consumed: the ring's memory is free */
     gw_epilogue(g, G, acc);
 }
@@ -709,6 +781,29 @@ static void gw_cluster(gm *G, const kiln_lower_target *tg)
     G->cm = want;
 }
 
+/* split_kernel for f32 x: a thread loads four values at once and stores two words a part (the
+ * pair-a-thread loop moved 12 MB in 7.7 us on the H100 for llama-7b's 512 x 4096 attention output,
+ * 12.7 us for 512 x 11008). */
+static void split_quads(gv *s, kiln_kir *k, const gm *G, uint32_t xs, uint32_t scr)
+{
+    int64_t K = s->K;
+    uint32_t n = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, &s->g->nodes[s->x], 0), kiln_ki(k, 4)); /* quads */
+    k->grid[0] = kl_grid_for(s->tgt, s->m_max * K / 4, 256);
+    uint32_t e = kl_grid_loop(k, n);
+    uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_kmuli(k, e, 4), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)xs);
+    uint32_t v[4];
+    for (int c = 0; c < 4; c++) v[c] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(k, v4, c), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t row = kiln_k2(k, KILN_KOP_DIV, e, kiln_ki(k, (int32_t)(K / 4))), col = kiln_k2(k, KILN_KOP_REM, e, kiln_ki(k, (int32_t)(K / 4)));
+    uint32_t at0 = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, (int32_t)(K / 2)), kiln_kmuli(k, col, 2)); /* word of the first pair */
+    for (int p = 0; p < 2; p++) {
+        uint32_t word[3];
+        kl_split_pair(k, v[2 * p], v[2 * p + 1], G->parts, G->bf, word);
+        for (int q = 0; q < G->parts; q++)
+            kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(k, at0, G->xp_word + q * G->xp_part + p), word[q], KILN_IDX_NONE, (int32_t)scr);
+    }
+    kl_loop_end(k);
+}
+
 /* x split into the GEMM's parts in the scratch (no norm: scale 1), for the TMA to read. */
 static void split_kernel(gv *s, kiln_kir *k, const gm *G)
 {
@@ -718,6 +813,10 @@ static void split_kernel(gv *s, kiln_kir *k, const gm *G)
     int64_t K = s->K;
     k->scratch_bytes = 4 * ((uint64_t)G->xp_word + (uint64_t)G->parts * (uint64_t)G->xp_part);
     uint32_t xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false), scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
+    if (s->xdt == KILN_DTYPE_F32 && K % 4 == 0 && kl_tma_aligned(g, s->x)) { /* 16-byte loads: four values, two pairs a thread */
+        split_quads(s, k, G, xs, scr);
+        return;
+    }
     uint32_t n = kiln_k2(k, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), kiln_ki(k, 2)); /* pairs */
     k->grid[0] = kl_grid_for(s->tgt, s->m_max * K / 2, 256); /* kl_grid_loop strides by this grid: not a grid_stride kernel
                                                                  (a launcher running fewer blocks would skip pairs) */
@@ -792,6 +891,75 @@ static uint32_t rms_x_at(void *p, uint32_t j)
     return kl_load(r->k, r->xs, r->s->xdt, kiln_k2(r->k, KILN_KOP_ADD, kiln_k2(r->k, KILN_KOP_MUL, r->t, kiln_ki(r->k, (int32_t)r->s->K)), j));
 }
 
+/* The norm itself where the region outputs it (row t, scale sc). */
+static void rms_norm_out(gv *s, kiln_kir *k, uint32_t xs, uint32_t nws, uint32_t tid, uint32_t t, uint32_t sc)
+{
+    const kiln_graph *g = s->g;
+    int64_t K = s->K;
+    if (!kiln_region_is_out(s->r, s->norm)) return;
+    uint32_t e = kiln_kvar(k, tid);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, e, kiln_ki(k, (int32_t)K), kiln_ki(k, GM_THREADS), 0);
+    uint32_t idx = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), e);
+    uint32_t y = kiln_k2(k, KILN_KOP_MUL, kl_load(k, xs, s->xdt, idx), sc);
+    if (nws != KILN_IDX_NONE) y = kiln_k2(k, KILN_KOP_MUL, y, kl_load(k, nws, KILN_DTYPE_F32, e));
+    kl_store_node(k, g, s->norm, idx, y);
+    kl_loop_end(k);
+}
+
+/* rms_kernel's row t when x is f32, 16-byte aligned, K a multiple of 1024 up to 8192 and x is
+ * prepared (xp): each thread loads its K / 256 values at once (16-byte loads, none waiting on
+ * another), squares them, and normalizes, splits and stores them from registers, so x is read
+ * once. The scalar loop it replaces waited on each load (H100, llama-7b 512 x 4096 rows: 13 us,
+ * 650 GB/s). Returns the row's scale. */
+static uint32_t rms_row_vec(gv *s, kiln_kir *k, const gm *G, uint32_t xs, uint32_t nws, uint32_t scr, uint32_t tid, uint32_t t, kl_row *row)
+{
+    int64_t K = s->K;
+    int nv = (int)(K / (4 * GM_THREADS));
+    uint32_t v4[8], ss = kiln_kf(k, 0);
+    uint32_t rowword = kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), c4 = kiln_kmuli(k, tid, 4);
+    for (int i = 0; i < nv; i++)
+        v4[i] = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_k2(k, KILN_KOP_ADD, rowword, kiln_kaddi(k, c4, 4 * GM_THREADS * i)), KILN_IDX_NONE,
+                            KILN_IDX_NONE, (int32_t)xs);
+    uint32_t v[8][4];
+    for (int i = 0; i < nv; i++)
+        for (int c = 0; c < 4; c++) {
+            v[i][c] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(k, v4[i], c), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            ss = kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, v[i][c], v[i][c], ss, 0);
+        }
+    uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | GM_THREADS);
+    uint32_t qv = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, tot, kiln_kf(k, (float)K)), kiln_kf(k, s->eps));
+    uint32_t sc = kl_rms_scale(k, row, qv, s->eps); /* f32 squares redone scaled when they over/underflowed */
+    kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kl_store(k, scr, KILN_DTYPE_F32, t, sc);
+    kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    for (int i = 0; i < nv; i++) {
+        uint32_t col0 = kiln_kaddi(k, c4, 4 * GM_THREADS * i);
+        uint32_t w4 = nws != KILN_IDX_NONE ? kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, col0, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)nws) : KILN_IDX_NONE;
+        uint32_t y[4];
+        for (int c = 0; c < 4; c++) {
+            y[c] = kiln_k2(k, KILN_KOP_MUL, v[i][c], sc);
+            if (w4 != KILN_IDX_NONE)
+                y[c] = kiln_k2(k, KILN_KOP_MUL, y[c], kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(k, w4, c), KILN_IDX_NONE, KILN_IDX_NONE, 0));
+        }
+        for (int p = 0; p < 2; p++) {
+            uint32_t word[3];
+            kl_split_pair(k, y[2 * p], y[2 * p + 1], G->parts, G->bf, word);
+            uint32_t e = kiln_kaddi(k, kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)(K / 2))), kiln_k2(k, KILN_KOP_SHR, col0, kiln_ki(k, 1))), p);
+            for (int q = 0; q < G->parts; q++)
+                kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(k, e, G->xp_word + q * G->xp_part), word[q], KILN_IDX_NONE, (int32_t)scr);
+        }
+    }
+    return sc;
+}
+
+/* Whether rms_row_vec can take x (its conditions above; the norm weight, when there is one, f32). */
+static bool rms_vec_fits(const gv *s, const gm *G)
+{
+    const kiln_graph *g = s->g;
+    return G->xp && s->xdt == KILN_DTYPE_F32 && s->K % (4 * GM_THREADS) == 0 && s->K <= 8 * 4 * GM_THREADS && kl_tma_aligned(g, s->x) &&
+           (s->nw == KILN_IDX_NONE || (g->nodes[s->nw].dtype == KILN_DTYPE_F32 && kl_tma_aligned(g, s->nw)));
+}
+
 /* The rms_norm of x's rows for the GEMM: with xp (gm_prepare), x normalized and split into the
  * GEMM's parts in its element type, written to the scratch once (each column block of the GEMM
  * then stages raw words instead of loading x, the norm weight and the scale and converting);
@@ -813,6 +981,13 @@ static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
     uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
     uint32_t t = kiln_kvar(k, bid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, t, m, kiln_ki(k, (int32_t)k->grid[0]), 0);
+    rms_row xr = {s, k, xs, t};
+    kl_row row = {.at = rms_x_at, .ctx = &xr, .tid = tid, .n = kiln_ki(k, (int32_t)K), .nf = kiln_kf(k, (float)K), .step = GM_THREADS};
+    if (rms_vec_fits(s, G)) {
+        rms_norm_out(s, k, xs, nws, tid, t, rms_row_vec(s, k, G, xs, nws, scr, tid, t, &row));
+        kl_loop_end(k);
+        return;
+    }
     uint32_t ss = kiln_kvar(k, kiln_kf(k, 0));
     uint32_t j = kiln_kvar(k, tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(k, (int32_t)K), kiln_ki(k, GM_THREADS), 0);
@@ -821,8 +996,6 @@ static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
     kl_loop_end(k);
     uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | GM_THREADS);
     uint32_t qv = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, tot, kiln_kf(k, (float)K)), kiln_kf(k, s->eps));
-    rms_row xr = {s, k, xs, t};
-    kl_row row = {.at = rms_x_at, .ctx = &xr, .tid = tid, .n = kiln_ki(k, (int32_t)K), .nf = kiln_kf(k, (float)K), .step = GM_THREADS};
     uint32_t sc = kl_rms_scale(k, &row, qv, s->eps); /* f32 squares redone scaled when they over/underflowed */
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, kiln_k2(k, KILN_KOP_EQ, tid, kiln_ki(k, 0)), KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_store(k, scr, KILN_DTYPE_F32, t, sc);
@@ -844,15 +1017,7 @@ static void rms_kernel(gv *s, kiln_kir *k, const gm *G)
         }
         kl_loop_end(k);
     }
-    if (kiln_region_is_out(s->r, s->norm)) {
-        uint32_t e = kiln_kvar(k, tid);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, e, kiln_ki(k, (int32_t)K), kiln_ki(k, GM_THREADS), 0);
-        uint32_t idx = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)K)), e);
-        uint32_t y = kiln_k2(k, KILN_KOP_MUL, kl_load(k, xs, s->xdt, idx), sc);
-        if (nws != KILN_IDX_NONE) y = kiln_k2(k, KILN_KOP_MUL, y, kl_load(k, nws, KILN_DTYPE_F32, e));
-        kl_store_node(k, g, s->norm, idx, y);
-        kl_loop_end(k);
-    }
+    rms_norm_out(s, k, xs, nws, tid, t, sc);
     kl_loop_end(k);
 }
 
