@@ -14,7 +14,9 @@ static const char USAGE[] =
     "Writes a GGUF model with random weights (reproducible from --seed) to OUT.gguf.\n"
     "  --arch llama|qwen2   architecture (default llama)\n"
     "  --layers N           decoder blocks, 1..200 (default 4)\n"
-    "  --wtype T            matmul weight dtype: f32 f16 bf16 q8_0 q4_k q5_k q6_k (default q4_k)\n"
+    "  --wtype T            matmul weight dtype: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k\n"
+    "                       q6_k iq4_nl iq4_xs, or q4_k_m: llama.cpp's Q4_K_M mix (q4_k; attn_v and ffn_down\n"
+    "                       q6_k on its use_more_bits layers, output q6_k) (default q4_k)\n"
     "  --shape 7b|0.5b|tiny 7b: 4096 wide, 32 heads, ffn 11008, vocab 32000 (about 100 MiB a q4_k layer);\n"
     "                       0.5b: qwen2-0.5b's 896 wide, 14/2 heads, ffn 4864, vocab 151936;\n"
     "                       tiny: 256 wide, 4/2 heads, ffn 512, vocab 64, context 128 (tests) (default 7b)\n"
@@ -79,6 +81,8 @@ int main(int argc, char **argv)
     if (pos[2]) wt = pos[2];
     if (pos[3]) shape = pos[3];
     kiln_dtype t;
+    bool q4_k_m = !strcmp(wt, "q4_k_m");
+    if (q4_k_m) wt = "q4_k";
     if (strcmp(arch, "llama") && strcmp(arch, "qwen2")) return usage_error("unknown architecture '%s' (llama, qwen2)", arch);
     if (!kiln_dtype_parse(wt, &t) || t == KILN_DTYPE_I32) return usage_error("unknown weight dtype '%s'", wt);
     if (strcmp(shape, "7b") && strcmp(shape, "0.5b") && strcmp(shape, "tiny"))
@@ -91,10 +95,12 @@ int main(int argc, char **argv)
     bool small = !strcmp(shape, "0.5b"), tiny = !strcmp(shape, "tiny");
     gw_model m = {.arch = arch, .n_layer = (int)layers, .hidden = small ? 896 : 4096, .n_head = small ? 14 : 32,
                   .n_kv_head = small ? 2 : 32, .ffn = small ? 4864 : 11008, .n_vocab = small ? 151936 : 32000,
-                  .n_ctx = 4096, .wtype = t, .embtype = KILN_DTYPE_F16, .tied = small, .tokens = true, .seed = seed};
+                  .n_ctx = 4096, .wtype = t, .embtype = KILN_DTYPE_F16, .tied = small, .tokens = true, .seed = seed,
+                  .q4_k_m = q4_k_m};
     if (tiny) /* rows of 256: whole blocks of every weight dtype */
         m.hidden = 256, m.n_head = 4, m.n_kv_head = 2, m.ffn = 512, m.n_vocab = 64, m.n_ctx = 128;
-    fprintf(stderr, "gen_model: writing %s (%s, %ld layers, %s weights, %s shape)...\n", out, arch, layers, wt, shape);
+    fprintf(stderr, "gen_model: writing %s (%s, %ld layers, %s weights, %s shape)...\n", out, arch, layers, q4_k_m ? "q4_k_m" : wt,
+            shape);
     if (gw_model_write(&m, out) != 0) {
         fprintf(stderr, "gen_model: could not write %s\n", out);
         return 1;

@@ -3,9 +3,11 @@
 #include "support/gguf_writer.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct buf {
     uint8_t *p;   /* bytes */
@@ -125,12 +127,20 @@ uint8_t *gw_bytes(gw *w, size_t *n)
 
 int gw_write(gw *w, const char *path)
 {
-    size_t n;
-    uint8_t *p = gw_bytes(w, &n);
+    /* the same bytes as gw_bytes, written piece by piece: no second copy of a 7b model's data */
+    buf h = {0};
+    put_u32(&h, 0x46554747u);
+    put_u32(&h, w->version);
+    put_u64(&h, w->n_t);
+    put_u64(&h, w->n_kv);
+    put(&h, w->kv.p, w->kv.n);
+    put(&h, w->ti.p, w->ti.n);
+    static const uint8_t zeros[256];
+    while (h.n % w->align) put(&h, zeros, 1);
     FILE *f = fopen(path, "wb");
-    int rc = f && fwrite(p, 1, n, f) == n ? 0 : -1;
+    int rc = f && fwrite(h.p, 1, h.n, f) == h.n && (!w->data.n || fwrite(w->data.p, 1, w->data.n, f) == w->data.n) ? 0 : -1;
     if (f && fclose(f) != 0) rc = -1;
-    free(p);
+    free(h.p);
     return rc;
 }
 
@@ -156,23 +166,64 @@ static float rngf(uint64_t *s)
     return (float)((double)(z >> 40) * 0x1p-23 - 1.0);
 }
 
-/* A random tensor [rows, cols] (rows 0: 1-D [cols]) in dtype t, values offset + scale * u. */
+/* Rows [r0, r1) of a random tensor: values offset + scale * u from the generator state the first
+ * of them draws from (value i of the tensor uses state s0 + (i + 1) * step, so any split of the
+ * rows gives the same bytes), quantized into q. */
+typedef struct rand_rows {
+    kiln_dtype t;
+    int64_t    cols, r0, r1;
+    float      offset, scale;
+    uint64_t   s0;   /* the tensor's first state */
+    uint8_t   *q;    /* the tensor's bytes */
+    int        fail; /* kiln_quantize failed */
+} rand_rows;
+
+static void *rand_rows_run(void *arg)
+{
+    rand_rows *a = arg;
+    int64_t n = (a->r1 - a->r0) * a->cols;
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) abort();
+    uint64_t s = a->s0 + (uint64_t)(a->r0 * a->cols) * 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < n; i++) v[i] = a->offset + a->scale * rngf(&s);
+    if (n && kiln_quantize(a->t, v, a->q + (size_t)a->r0 * kiln_row_bytes(a->t, a->cols), n) != KILN_OK) a->fail = 1;
+    free(v);
+    return NULL;
+}
+
+/* A random tensor [rows, cols] (rows 0: 1-D [cols]) in dtype t, values offset + scale * u. Large
+ * tensors are drawn and quantized by up to 16 threads (a 7b model in minutes, not a quarter hour). */
 static void rand_tensor(gw *w, const char *name, kiln_dtype t, int64_t rows, int64_t cols, float offset, float scale,
                         uint64_t *s)
 {
     if (t != KILN_DTYPE_F32 && cols % kiln_dtype_block(t)) t = cols % 32 == 0 ? KILN_DTYPE_Q8_0 : KILN_DTYPE_F16;
-    int64_t n = (rows ? rows : 1) * cols;
-    float *v = malloc((size_t)n * sizeof *v);
-    if (!v) abort();
-    for (int64_t i = 0; i < n; i++) v[i] = offset + scale * rngf(s);
-    size_t bytes = (size_t)(rows ? rows : 1) * kiln_row_bytes(t, cols);
-    void *q = malloc(bytes);
-    if (!q || kiln_quantize(t, v, q, n) != KILN_OK) abort();
+    int64_t nr = rows ? rows : 1, n = nr * cols;
+    size_t bytes = (size_t)nr * kiln_row_bytes(t, cols);
+    uint8_t *q = malloc(bytes);
+    if (!q) abort();
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = n < (1 << 20) || cpus < 2 ? 1 : cpus > 16 ? 16 : (int)cpus;
+    if (nt > nr) nt = (int)nr;
+    rand_rows a[16];
+    pthread_t th[16];
+    for (int i = 0; i < nt; i++) {
+        a[i] = (rand_rows){.t = t, .cols = cols, .r0 = nr * i / nt, .r1 = nr * (i + 1) / nt, .offset = offset,
+                           .scale = scale, .s0 = *s, .q = q};
+        if (i && pthread_create(&th[i], NULL, rand_rows_run, &a[i]) != 0) abort();
+    }
+    rand_rows_run(&a[0]);
+    for (int i = 1; i < nt; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < nt; i++)
+        if (a[i].fail) abort();
+    *s += (uint64_t)n * 0x9e3779b97f4a7c15ull;
     int64_t dims[2] = {rows, cols};
     gw_tensor(w, name, ggml_id(t), rows ? 2 : 1, rows ? dims : dims + 1, q, bytes);
     free(q);
-    free(v);
 }
+
+/* llama.cpp's use_more_bits (llama-quant.cpp): the layers whose attn_v and ffn_down a Q4_K_M file
+ * keeps in q6_k. */
+static bool more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
 gw *gw_model_new(const gw_model *m)
 {
@@ -217,6 +268,7 @@ gw *gw_model_new(const gw_model *m)
     bool bias = strcmp(m->arch, "qwen2") == 0 || m->qkv_bias;
     bool qk_norm = strcmp(m->arch, "qwen3") == 0 || strcmp(m->arch, "gemma3") == 0 || m->qk_norm;
     bool post_norms = strncmp(m->arch, "gemma", 5) == 0, fused = strcmp(m->arch, "phi3") == 0;
+    bool mix = m->q4_k_m && m->wtype == KILN_DTYPE_Q4_K;
     int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
     if (m->rope_freqs) rand_tensor(w, "rope_freqs.weight", KILN_DTYPE_F32, 0, hd / 2, 4.0f, 3.5f, &s);
     rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
@@ -230,7 +282,8 @@ gw *gw_model_new(const gw_model *m)
         } else {
             rand_tensor(w, T("attn_q.weight"), m->wtype, qd, m->hidden, 0, sh, &s);
             rand_tensor(w, T("attn_k.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
-            rand_tensor(w, T("attn_v.weight"), m->wtype, kvd, m->hidden, 0, sh, &s);
+            rand_tensor(w, T("attn_v.weight"), mix && more_bits(l, m->n_layer) ? KILN_DTYPE_Q6_K : m->wtype, kvd,
+                        m->hidden, 0, sh, &s);
         }
         if (bias) {
             rand_tensor(w, T("attn_q.bias"), KILN_DTYPE_F32, 0, qd, 0, 0.5f, &s);
@@ -251,7 +304,8 @@ gw *gw_model_new(const gw_model *m)
             rand_tensor(w, T("ffn_gate.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
             rand_tensor(w, T("ffn_up.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
         }
-        rand_tensor(w, T("ffn_down.weight"), m->wtype, m->hidden, m->ffn, 0, sf, &s);
+        rand_tensor(w, T("ffn_down.weight"), mix && more_bits(l, m->n_layer) ? KILN_DTYPE_Q6_K : m->wtype, m->hidden,
+                    m->ffn, 0, sf, &s);
         if (post_norms) rand_tensor(w, T("post_ffw_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.25f, &s);
         if (m->ffn_bias) {
             rand_tensor(w, T("ffn_gate.bias"), KILN_DTYPE_F32, 0, m->ffn, 0, 0.5f, &s);
@@ -261,7 +315,7 @@ gw *gw_model_new(const gw_model *m)
 #undef T
     }
     rand_tensor(w, "output_norm.weight", KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
-    if (!m->tied) rand_tensor(w, "output.weight", m->wtype, m->n_vocab, m->hidden, 0, sh, &s);
+    if (!m->tied) rand_tensor(w, "output.weight", mix ? KILN_DTYPE_Q6_K : m->wtype, m->n_vocab, m->hidden, 0, sh, &s);
     return w;
 }
 

@@ -58,6 +58,8 @@ typedef struct gw_model {
     int64_t     window;       /* > 0: write attention.sliding_window */
     float       attn_softcap; /* > 0: write attn_logit_softcapping */
     float       final_softcap; /* > 0: write final_logit_softcapping */
+    bool        q4_k_m;       /* with wtype q4_k: llama.cpp's Q4_K_M mix (attn_v and ffn_down q6_k on the
+                                 layers its use_more_bits picks, output.weight q6_k) */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */
