@@ -499,18 +499,22 @@ Test(cpu_kernels, rows_rms_norm_softmax_rope)
     int32_t pos[3] = {0, 7, 4099};
     float mult[5];
     tu_fill(mult, 5, 0.1f, 1.0f);
-    for (int mode = 0; mode < 4; mode++) { /* 2, 3: with per-pair multipliers */
+    for (int mode = 0; mode < 8; mode++) { /* 2, 3: with per-pair multipliers; 4..7: partial (first 6 of 10 dims) */
+        int64_t rot = mode >= 4 ? 6 : hd;
         memcpy(y, x, sizeof(float) * (size_t)(n_tok * n_head * hd));
-        kiln_cpu_rope(y, pos, n_tok, n_head, hd, mode % 2, 10000.0f, mode >= 2 ? mult : NULL);
+        kiln_cpu_rope(y, pos, n_tok, n_head, hd, rot, mode % 2, 10000.0f, mode % 4 >= 2 ? mult : NULL);
         for (int64_t t = 0; t < n_tok; t++)
-            for (int64_t h = 0; h < n_head; h++)
-                for (int64_t i = 0; i < hd / 2; i++) {
-                    double ang = pos[t] * pow(10000.0, -2.0 * i / hd) * (mode >= 2 ? mult[i] : 1.0);
+            for (int64_t h = 0; h < n_head; h++) {
+                int64_t o = (t * n_head + h) * hd;
+                for (int64_t i = rot; i < hd; i++) cr_assert(y[o + i] == x[o + i], "rope mode %d passes dim %ld", mode, (long)i);
+                for (int64_t i = 0; i < rot / 2; i++) {
+                    double ang = pos[t] * pow(10000.0, -2.0 * i / rot) * (mode % 4 >= 2 ? mult[i] : 1.0);
                     double c = cos(ang), s = sin(ang);
-                    int64_t a = mode % 2 ? i : 2 * i, b = mode % 2 ? i + hd / 2 : 2 * i + 1, o = (t * n_head + h) * hd;
+                    int64_t a = mode % 2 ? i : 2 * i, b = mode % 2 ? i + rot / 2 : 2 * i + 1;
                     double wa = x[o + a] * c - x[o + b] * s, wb = x[o + a] * s + x[o + b] * c;
                     cr_assert(fabs(y[o + a] - wa) <= 1e-5 && fabs(y[o + b] - wb) <= 1e-5, "rope mode %d", mode);
                 }
+            }
     }
 }
 

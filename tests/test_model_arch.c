@@ -378,6 +378,71 @@ Test(model_arch, gemma_and_phi3_match_f64_on_cuda)
     check_model(phi3, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
 }
 
+/* Partial rotary (Phi-4-mini: rope.dimension_count 96 of head 128; here 8 of 16, neox): the first
+ * n_rot dims of each q/k head turn with theta^(-2i/n_rot), the rest pass through; and llama with
+ * 6 of 16 (normal pairs, an odd pair count) with rope_freqs of n_rot/2 values. Breaking the
+ * pass-through or using head_dim in the frequencies fails these. */
+static gw_model partial_phi3(void)
+{
+    gw_model m = phi3;
+    m.n_rot = 8;
+    return m;
+}
+static gw_model partial_llama(void)
+{
+    gw_model m = {.arch = "llama", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 96, .n_vocab = 80,
+                  .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32, .n_rot = 6, .rope_freqs = true};
+    return m;
+}
+Test(model_arch, partial_rotary_matches_f64)
+{
+    on_backends(partial_phi3(), KILN_DTYPE_F32);
+    on_backends(partial_llama(), KILN_DTYPE_F32);
+    gw_model m = partial_phi3();
+    m.hidden = 256, m.ffn = 256, m.n_head = 2, m.n_kv_head = 2, m.n_rot = 96; /* 96 of 128, as Phi-4-mini */
+    check_model(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+}
+Test(model_arch, partial_rotary_matches_f64_on_cuda)
+{
+    if (!backend_present("cuda")) cr_skip("no cuda device");
+    check_model(partial_phi3(), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    check_model(partial_llama(), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    gw_model m = partial_phi3();
+    m.hidden = 256, m.ffn = 256, m.n_head = 2, m.n_kv_head = 2, m.n_rot = 96;
+    check_model(m, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    m.wtype = KILN_DTYPE_Q8_0;
+    check_model(m, "cuda", model_tol(KILN_DTYPE_Q8_0, "cuda"));
+}
+/* rope.dimension_count is read (kiln_model_info.n_rot) and refused, named, when odd or above the head. */
+Test(model_arch, partial_rotary_metadata_and_refusals)
+{
+    gw_model m = partial_phi3();
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_model_info mi;
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(mi.n_rot == 8 && mi.head_dim == 16, "n_rot %lld head_dim %lld", (long long)mi.n_rot, (long long)mi.head_dim);
+    kiln_gguf_close(f);
+    free(bytes);
+    m = phi3;
+    f = open_model(&m, &bytes);
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(mi.n_rot, mi.head_dim); /* no key: the whole head */
+    kiln_gguf_close(f);
+    free(bytes);
+    const int64_t bad[] = {7, 18};
+    for (int i = 0; i < 2; i++) {
+        m = partial_phi3(), m.n_rot = bad[i];
+        f = open_model(&m, &bytes);
+        kiln_graph *g = NULL;
+        cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_UNSUPPORTED, "n_rot %lld", (long long)bad[i]);
+        cr_assert_null(g);
+        cr_assert(strstr(kiln_ctx_error(ctx), "phi3.rope.dimension_count"), "%s", kiln_ctx_error(ctx));
+        kiln_gguf_close(f);
+        free(bytes);
+    }
+}
+
 /* What the loader reads for the new architectures, and what it refuses by name. */
 Test(model_arch, gemma_and_phi3_metadata_and_refusals)
 {

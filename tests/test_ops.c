@@ -525,14 +525,19 @@ Test(ops, softmax)
 
 /* ---------------------------------------------------------------- rope */
 
+/* The rotary dims of the next rope_case (kiln_rope_partial; 0: the whole head). */
+static int64_t g_rot;
+
 static void rope_case(kiln_dtype dt, kiln_rope_mode mode, int64_t H, int64_t hd, float theta)
 {
     kiln_graph *g = graph();
     kiln_dim T = kiln_sym(g, "t", 4);
     kiln_node x = kiln_input(g, "x", dt, 3, (kiln_dim[]){T, H, hd});
-    out(g, kiln_rope(g, x, kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T), mode, theta), "y");
-    tu_sess *s = tu_sess_new(g, lab("rope %s %s [t<=4, %lld, %lld] theta %g", dn(dt), mode == KILN_ROPE_NEOX ? "neox" : "normal",
-                                    (long long)H, (long long)hd, (double)theta));
+    kiln_node pn = kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T);
+    out(g, g_rot ? kiln_rope_partial(g, x, pn, mode, theta, NULL, g_rot) : kiln_rope(g, x, pn, mode, theta), "y");
+    tu_sess *s = tu_sess_new(g, lab("rope %s %s [t<=4, %lld, %lld] theta %g rot %lld", dn(dt),
+                                    mode == KILN_ROPE_NEOX ? "neox" : "normal", (long long)H, (long long)hd,
+                                    (double)theta, (long long)(g_rot ? g_rot : hd)));
     for (int64_t t = 2; t <= 4; t += 2) {
         float pos[4];
         for (int i = 0; i < 4; i++)
@@ -558,6 +563,69 @@ Test(ops, rope)
                 if (hds[h] == 64)
                     rope_case(ACT[d], (kiln_rope_mode)m, 3, hds[h], 1000000.0f);
             }
+}
+
+/* Partial rotary (Phi-4-mini 96 of 128, stablelm 16 of 64, an odd pair count 6 of 10): the first rot
+ * dims turn with theta^(-2i/rot), the rest pass through exactly (the f64 reference checks both). */
+Test(ops, rope_partial)
+{
+    const int64_t hr[][2] = {{128, 96}, {64, 16}, {10, 6}, {8, 2}};
+    for (size_t d = 0; d < N_OF(ACT); d++)
+        for (int m = 0; m < KILN_ROPE_MODE_COUNT; m++)
+            for (size_t h = 0; h < N_OF(hr); h++) {
+                g_rot = hr[h][1];
+                rope_case(ACT[d], (kiln_rope_mode)m, 3, hr[h][0], h % 2 ? 10000.0f : 1000000.0f);
+            }
+    g_rot = 0;
+}
+
+/* q and k of a layer with partial rotary fused into their matmuls' epilogue (gemv for one token,
+ * the GEMM for 40 on GPUs): rms_norm, q/k/v, rope on the first rot dims of q and k, both caches
+ * written; each mode with rot 32 of 64 and (normal) 18 of 64, whose pair count is odd. */
+static void qkv_partial(kiln_rope_mode mode, int64_t rot, int64_t T)
+{
+    kiln_graph *g = graph();
+    const int64_t D = 256, H = 4, HD = 64, CTX = 64;
+    kiln_dim M = kiln_sym(g, "t", T);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, D});
+    kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){M});
+    kiln_node h = kiln_rms_norm(g, x, tu_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, 0.5f, 1.5f), 1e-5f);
+    kiln_dim hd3[3] = {M, H, HD}, sd[3] = {H, CTX, HD};
+    kiln_node y[3];
+    float mult[32];
+    for (int i = 0; i < 32; i++) mult[i] = 1.0f / (float)(1 + i % 5);
+    for (int i = 0; i < 3; i++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "w%d", i);
+        kiln_node w = tu_weight(g, nm, KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
+        y[i] = kiln_reshape(g, kiln_matmul(g, h, w), 3, hd3);
+        if (i < 2) y[i] = kiln_rope_partial(g, y[i], pos, mode, 1e4f, i ? mult : NULL, rot);
+    }
+    out(g, kiln_kv_scatter(g, kiln_state(g, "kc", KILN_DTYPE_F16, 3, sd), y[1], pos), "kc_out");
+    out(g, kiln_kv_scatter(g, kiln_state(g, "vc", KILN_DTYPE_F16, 3, sd), y[2], pos), "vc_out");
+    out(g, y[0], "q");
+    tu_sess *s = tu_sess_new(g, lab("qkv + partial rope %s rot %lld of %lld + kv_scatter, %lld tokens",
+                                    mode == KILN_ROPE_NEOX ? "neox" : "normal", (long long)rot, (long long)HD, (long long)T));
+    tu_sym(s, "t", T);
+    tu_input_random(s, "x", -1.0f, 1.0f);
+    int32_t p[40];
+    for (int64_t i = 0; i < T; i++) p[i] = (int32_t)((i * 7 + 3) % CTX); /* distinct slots (7 and 64 coprime) */
+    tu_input(s, "pos", p, (size_t)T * 4);
+    tu_run(s);
+    tu_check_tol(s, "q", layer_tol());
+    tu_check_state(s, "kc", "kv_scatter", KILN_DTYPE_F16);
+    tu_check_state(s, "vc", "kv_scatter", KILN_DTYPE_F16);
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, rope_partial_fused_into_qkv)
+{
+    for (int64_t T = 1; T <= 40; T += 39) {
+        qkv_partial(KILN_ROPE_NEOX, 32, T);
+        qkv_partial(KILN_ROPE_NORMAL, 32, T);
+        qkv_partial(KILN_ROPE_NORMAL, 18, T);
+    }
 }
 
 /* ---------------------------------------------------------------- attention, kv_scatter */

@@ -235,6 +235,13 @@ KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rop
  * scaling by s is mult[i] = 1/s; llama-3.1's rope_freqs tensor f gives mult[i] = 1/f[i]. */
 KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta,
                                  const float *mult);
+/* Partial rotary (Phi-4-mini, phi-2, stablelm, GPT-NeoX: llama.cpp's rope.dimension_count below the
+ * head size): kiln_rope_ext over the first n_rot dims of each head, the other head_dim - n_rot dims
+ * passed through unchanged. Within the rotated dims pairs are (2i, 2i+1) (normal) or (i, i + n_rot/2)
+ * (neox), and pair i turns by pos * theta^(-2i/n_rot) * mult[i] (mult: n_rot/2 values or NULL).
+ * n_rot even, 2 <= n_rot <= head_dim; n_rot == head_dim is kiln_rope_ext (the same node and hash). */
+KILN_API kiln_node kiln_rope_partial(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta,
+                                     const float *mult, int64_t n_rot);
 
 /* Causal grouped-query attention over a cache. q [n_tok, n_head, head_dim]; k, v states (or
  * kv_scatter results) [n_kv_head, max_ctx, head_dim], n_head a multiple of n_kv_head; n_kv (a
@@ -789,6 +796,8 @@ typedef struct kiln_model_info {
                                       residual adds (gemma 2/3: post_attention_norm, post_ffw_norm) */
     bool           gelu_gate;      /* gelu_tanh(gate) * up instead of silu(gate) * up (gemma) */
     bool           fused_qkv;      /* q/k/v in one attn_qkv matrix, gate/up in one ffn_up (phi3) */
+    int64_t        n_rot;          /* {arch}.rope.dimension_count (default head_dim): rotary dims of each
+                                      head, the rest passed through (kiln_rope_partial; Phi-4-mini 96 of 128) */
 } kiln_model_info;
 
 /* Reads and checks a file's model metadata and every tensor the graph needs. A file is either
@@ -796,8 +805,8 @@ typedef struct kiln_model_info {
  * - KILN_ERR_UNSUPPORTED for another architecture; a tensor the graph would not use (named); a
  *   metadata key under "<arch>." that kiln does not know, or one naming a feature it does not
  *   build at a value that turns the feature on (mixture of experts, rotary scaling types other
- *   than none and linear, soft-capping outside gemma, ...; named with its value); partial rotary
- *   dims; phi3 longrope (its rope_factors_long/short tensors, named); a tensor type kiln has no
+ *   than none and linear, soft-capping outside gemma, ...; named with its value); rotary dims that
+ *   are odd or above the head size; phi3 longrope (its rope_factors_long/short tensors, named); a tensor type kiln has no
  *   dtype for (named with the type);
  * - KILN_ERR_NAME for a missing key (including {arch}.attention.layer_norm_rms_epsilon, which
  *   llama.cpp requires too) or tensor; KILN_ERR_SHAPE for inconsistent sizes. */

@@ -87,7 +87,8 @@ class ModelInfo(C.Structure):
                 ("rope_scale", C.c_float), ("rope_freqs", C.c_bool), ("sliding_window", C.c_int64),
                 ("attn_softcap", C.c_float), ("final_softcap", C.c_float), ("swa_pattern", C.c_int),
                 ("swa_theta", C.c_float), ("attn_scale", C.c_float), ("embd_scale", C.c_bool),
-                ("post_norms", C.c_bool), ("gelu_gate", C.c_bool), ("fused_qkv", C.c_bool)]
+                ("post_norms", C.c_bool), ("gelu_gate", C.c_bool), ("fused_qkv", C.c_bool),
+                ("n_rot", C.c_int64)]
 
 
 class ModelOptions(C.Structure):

@@ -40,7 +40,7 @@ class Model:
                      "final_softcap": mi.final_softcap, "swa_pattern": mi.swa_pattern, "swa_theta": mi.swa_theta,
                      "attn_scale": mi.attn_scale, "embd_scale": bool(mi.embd_scale),
                      "post_norms": bool(mi.post_norms), "gelu_gate": bool(mi.gelu_gate),
-                     "fused_qkv": bool(mi.fused_qkv)}
+                     "fused_qkv": bool(mi.fused_qkv), "n_rot": mi.n_rot}
 
     @classmethod
     def load(cls, path: str, ctx: Context | None = None) -> "Model":

@@ -162,14 +162,16 @@ static void rope(kiln_check_run *r)
             float theta = i % 3 == 2 ? 1e6f : 1e4f;
             kiln_dim T = kiln_sym(g, "t", tmax);
             kiln_node x = kiln_input(g, "x", ACT[t], 3, (kiln_dim[]){T, H, hd});
-            /* every third shape with per-pair multipliers (llama-3.1 rope_freqs, linear scaling) */
+            /* every third shape with per-pair multipliers (llama-3.1 rope_freqs, linear scaling); every
+             * fourth on part of each head (partial rotary: Phi-4-mini, stablelm), the rest passed through */
             float mult[64];
             for (int64_t j = 0; j < hd / 2; j++) mult[j] = (float)(0.125 + 0.875 * kiln_check_randint(r, 0, 1000) / 1000.0);
             bool ext = i % 3 == 1;
-            kiln_node y = kiln_rope_ext(g, x, kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T), m, theta, ext ? mult : NULL);
-            snprintf(lab, sizeof lab, "rope %s %s [t<=%lld, %lld, %lld] theta %g%s", kiln_dtype_name(ACT[t]),
+            int64_t rot = i % 4 == 3 ? 2 * kiln_check_randint(r, 1, hd / 2 + 1) : hd;
+            kiln_node y = kiln_rope_partial(g, x, kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T), m, theta, ext ? mult : NULL, rot);
+            snprintf(lab, sizeof lab, "rope %s %s [t<=%lld, %lld, %lld] theta %g%s rot %lld", kiln_dtype_name(ACT[t]),
                      m ? "neox" : "normal", (long long)tmax, (long long)H, (long long)hd, (double)theta,
-                     ext ? " mult" : "");
+                     ext ? " mult" : "", (long long)rot);
             kiln_check_spec s = {.op = "rope", .key = ACT[t], .tol = -1, .lo = -1, .hi = 1, .label = lab, .n_ins = 1,
                                  .ins = {{"pos", KILN_CHECK_FILL_INT, 0, 4096}}};
             two_binds(r, &s, tmax);

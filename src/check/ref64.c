@@ -243,16 +243,17 @@ static int op_rows(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne
 static int op_rope(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     const int64_t *xd = SDIM(0);
-    int64_t T = xd[0], H = xd[1], hd = xd[2], half = hd / 2;
+    int64_t T = xd[0], H = xd[1], hd = xd[2], rot = nd->i[1] > 0 ? nd->i[1] : hd, half = rot / 2;
     const double *x = SRC(0), *pos = SRC(1), theta = nd->f[0];
-    if (SRANK(0) != 3 || hd % 2 || SNUM(1) != T || ne != T * H * hd)
-        FAIL("rope: x must be [n_tok, n_head, even head_dim] and pos [n_tok]");
+    if (SRANK(0) != 3 || hd % 2 || rot % 2 || rot > hd || SNUM(1) != T || ne != T * H * hd)
+        FAIL("rope: x must be [n_tok, n_head, even head_dim] and pos [n_tok], rotary dims even and <= head_dim");
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
             const double *xr = x + (t * H + h) * hd;
             double *yr = y + (t * H + h) * hd;
+            for (int64_t i = rot; i < hd; i++) yr[i] = xr[i]; /* partial rotary: the rest passes through */
             for (int64_t i = 0; i < half; i++) {
-                double a = pos[t] * pow(theta, -2.0 * (double)i / (double)hd) * (nd->vec ? (double)nd->vec[i] : 1.0);
+                double a = pos[t] * pow(theta, -2.0 * (double)i / (double)rot) * (nd->vec ? (double)nd->vec[i] : 1.0);
                 int64_t i0 = nd->i[0] == KILN_ROPE_NEOX ? i : 2 * i;
                 int64_t i1 = nd->i[0] == KILN_ROPE_NEOX ? i + half : 2 * i + 1;
                 yr[i0] = xr[i0] * cos(a) - xr[i1] * sin(a);

@@ -70,7 +70,7 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
                "\"qkv_bias\":%s,\"qk_norm\":%s,\"out_bias\":%s,\"ffn_bias\":%s,\"tied_output\":%s,\"weight_bytes\":%zu,"
                "\"rope_scale\":%g,\"rope_freqs\":%s,\"sliding_window\":%lld,\"swa_pattern\":%d,\"swa_theta\":%g,"
                "\"attn_softcap\":%g,\"final_softcap\":%g,\"attn_scale\":%g,\"embd_scale\":%s,\"post_norms\":%s,"
-               "\"gelu_gate\":%s,\"fused_qkv\":%s,\"backend\":\"%s\",\"kernels\":%d",
+               "\"gelu_gate\":%s,\"fused_qkv\":%s,\"rope_dims\":%lld,\"backend\":\"%s\",\"kernels\":%d",
                mi->arch, mi->n_layer, (long long)mi->hidden, (long long)mi->n_head, (long long)mi->n_kv_head,
                (long long)mi->head_dim, (long long)mi->ffn, (long long)mi->n_vocab, (long long)mi->n_ctx_train,
                mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? "true" : "false",
@@ -78,7 +78,7 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
                mi->tied_output ? "true" : "false", mi->weight_bytes, mi->rope_scale, mi->rope_freqs ? "true" : "false",
                (long long)mi->sliding_window, mi->swa_pattern, mi->swa_theta, mi->attn_softcap, mi->final_softcap,
                mi->attn_scale, mi->embd_scale ? "true" : "false", mi->post_norms ? "true" : "false",
-               mi->gelu_gate ? "true" : "false", mi->fused_qkv ? "true" : "false", be, kernels);
+               mi->gelu_gate ? "true" : "false", mi->fused_qkv ? "true" : "false", (long long)mi->n_rot, be, kernels);
     }
     printf("}\n");
 }
@@ -102,8 +102,10 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
     printf("model:  %s, %d layers, hidden %lld, %lld heads (%lld KV, head dim %lld), ffn %lld, vocab %lld\n", mi->arch,
            mi->n_layer, (long long)mi->hidden, (long long)mi->n_head, (long long)mi->n_kv_head, (long long)mi->head_dim,
            (long long)mi->ffn, (long long)mi->n_vocab);
-    printf("        context %lld, rope %s theta %g, rms eps %g%s%s%s%s%s\n", (long long)mi->n_ctx_train,
-           mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? ", q/k/v biases" : "",
+    char part[96] = "";
+    if (mi->n_rot < mi->head_dim) snprintf(part, sizeof part, " on %lld of %lld dims", (long long)mi->n_rot, (long long)mi->head_dim);
+    printf("        context %lld, rope %s%s theta %g, rms eps %g%s%s%s%s%s\n", (long long)mi->n_ctx_train,
+           mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", part, mi->theta, mi->eps, mi->qkv_bias ? ", q/k/v biases" : "",
            mi->qk_norm ? ", q/k head norms" : "", mi->out_bias ? ", output bias" : "", mi->ffn_bias ? ", ffn biases" : "",
            mi->tied_output ? ", tied output head" : "");
     if (mi->rope_scale != 1.0f || mi->rope_freqs || mi->sliding_window)

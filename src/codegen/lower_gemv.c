@@ -402,7 +402,7 @@ static void set_unit(gv *s, const gv_group *G, uint32_t gw, gv_unit *un, uint32_
             int r = un->n_slots++;
             un->slot_sib[r] = G->sib[q];
             un->slot_delta[r] = c; /* the same position in every sibling of the group */
-            un->col[r] = kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, deltas[c]));
+            un->col[r] = kl_gv_slot_col(s, G, base, deltas, c);
             un->ok[r] = kiln_k2(k, KILN_KOP_PAND, valid, kiln_k2(k, KILN_KOP_LT, un->col[r], kiln_ki(k, (int32_t)G->n)));
         }
     for (int r = 0; r < un->n_slots; r++) {
@@ -539,7 +539,8 @@ static void prefetch_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
             for (int sb = 0; sb < G->n_sib; sb++)
                 for (int cl = 0; cl < G->cols; cl++) {
                     uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, g->nodes[s->mm[G->sib[sb]]].src[1], false);
-                    uint32_t row = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, base, deltas[cl]), kiln_ki(k, (int32_t)(G->n - 1)));
+                    uint32_t col = kl_gv_partial(G) ? kl_gv_slot_col(s, G, base, deltas, cl) : kiln_kaddi(k, base, deltas[cl]);
+                    uint32_t row = kiln_k2(k, KILN_KOP_MIN, col, kiln_ki(k, (int32_t)(G->n - 1)));
                     gv_chunk ch;
                     uint32_t from = k->n_ins;
                     gv_load_step(s, t, slot, row, c, s->pair ? kiln_kandi(k, c0, 7) : KILN_IDX_NONE, G->n, &ch);

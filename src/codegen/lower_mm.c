@@ -114,11 +114,14 @@ static bool group_rope(gv *s, gv_group *G, int j, char *err, size_t n_err)
         const kiln_node_rec *n = &g->nodes[r->nodes[i]];
         if (n->op != KILN_OP_ROPE || !(deps(s, r->nodes[i], 0) & (1u << j))) continue;
         int mode = n->i[0] == KILN_ROPE_NEOX ? 2 : 1;
-        int64_t hd = n->dims[n->rank - 1];
-        if ((G->rope && (G->rope != mode || G->hd != hd)) || G->cols != 4 || hd % 4 || G->n % hd)
+        int64_t hd = n->dims[n->rank - 1], rot = kiln_rope_dims(n, hd);
+        /* a partial neox rope's units are two rotated pairs or 4 pass-through columns: rot % 4 == 0 */
+        if ((G->rope && (G->rope != mode || G->hd != hd || G->rot != rot)) || G->cols != 4 || hd % 4 || G->n % hd ||
+            (mode == 2 && rot % 4))
             return kl_unsupported(err, n_err, "gemv: rope epilogue of this shape"), false;
         G->rope = mode;
         G->hd = hd;
+        G->rot = rot;
     }
     return true;
 }
@@ -273,6 +276,11 @@ static uint32_t ev_rope(gv *s, gv_unit *u, const gv_group *G, const kiln_node_re
     /* pair index i within the head: neox i = col % hd (first half), normal i = (col % hd) / 2 */
     uint32_t cin = kiln_k2(s->k, KILN_KOP_REM, u->col[first ? r : pr], kiln_ki(s->k, (int32_t)G->hd));
     uint32_t i = G->rope == 2 ? cin : kiln_k2(s->k, KILN_KOP_SHR, cin, kiln_ki(s->k, 1));
+    uint32_t rotated = KILN_IDX_NONE; /* partial rotary: the pair's first column is below rot (else it passes) */
+    if (G->rot < G->hd) {
+        rotated = kiln_k2(s->k, KILN_KOP_LT, cin, kiln_ki(s->k, (int32_t)G->rot));
+        i = kiln_ksel(s->k, KILN_KT_I32, rotated, i, kiln_ki(s->k, 0)); /* inside the table either way */
+    }
     uint32_t tab = kl_rope_table(s->k, n, G->hd);
     uint32_t freq =
         kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, tab, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -281,6 +289,7 @@ static uint32_t ev_rope(gv *s, gv_unit *u, const gv_group *G, const kiln_node_re
     kl_sincos(s->k, kiln_k2(s->k, KILN_KOP_MUL, pos, freq), &sn, &cs);
     uint32_t y = first ? kiln_kfma(s->k, x0, cs, kiln_k1(s->k, KILN_KOP_NEG, kiln_k2(s->k, KILN_KOP_MUL, x1, sn)))
                        : kiln_kfma(s->k, x0, sn, kiln_k2(s->k, KILN_KOP_MUL, x1, cs));
+    if (rotated != KILN_IDX_NONE) y = kiln_ksel(s->k, KILN_KT_F32, rotated, y, first ? x0 : x1);
     kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
     return kl_apply(s->k, &tmp, y, KILN_IDX_NONE);
 }
@@ -381,8 +390,16 @@ uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS]
 {
     if (G->rope == 2) {
         int32_t upp = (int32_t)(G->hd / 4); /* units per head */
-        int32_t half = (int32_t)(G->hd / 2);
+        int32_t half = (int32_t)(G->rot / 2);
         deltas[0] = 0, deltas[1] = 1, deltas[2] = half, deltas[3] = half + 1;
+        if (kl_gv_partial(G)) { /* units j < rot/4: pairs (2j, 2j+1) and their partners; the rest: columns 4j .. 4j+3 */
+            uint32_t head = kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, u, kiln_ki(s->k, upp)),
+                                    kiln_ki(s->k, (int32_t)G->hd));
+            uint32_t j = kiln_k2(s->k, KILN_KOP_REM, u, kiln_ki(s->k, upp));
+            uint32_t rotated = kiln_k2(s->k, KILN_KOP_LT, j, kiln_ki(s->k, (int32_t)(G->rot / 4)));
+            uint32_t step = kiln_ksel(s->k, KILN_KT_I32, rotated, kiln_ki(s->k, 2), kiln_ki(s->k, 4));
+            return kiln_k2(s->k, KILN_KOP_ADD, head, kiln_k2(s->k, KILN_KOP_MUL, j, step));
+        }
         return kiln_k2(
             s->k, KILN_KOP_ADD,
             kiln_k2(s->k, KILN_KOP_MUL, kiln_k2(s->k, KILN_KOP_DIV, u, kiln_ki(s->k, upp)),
@@ -391,4 +408,13 @@ uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS]
     }
     for (int c = 0; c < G->cols; c++) deltas[c] = c;
     return kiln_k2(s->k, KILN_KOP_MUL, u, kiln_ki(s->k, G->cols));
+}
+
+uint32_t kl_gv_slot_col(gv *s, const gv_group *G, uint32_t base, const int deltas[SLOTS], int c)
+{
+    uint32_t col = kiln_k2(s->k, KILN_KOP_ADD, base, kiln_ki(s->k, deltas[c]));
+    if (!kl_gv_partial(G) || deltas[c] == c) return col;
+    uint32_t pass = kiln_k2(s->k, KILN_KOP_LE, kiln_ki(s->k, (int32_t)G->rot),
+                            kiln_k2(s->k, KILN_KOP_REM, base, kiln_ki(s->k, (int32_t)G->hd)));
+    return kiln_ksel(s->k, KILN_KT_I32, pass, kiln_k2(s->k, KILN_KOP_ADD, base, kiln_ki(s->k, c)), col);
 }

@@ -20,6 +20,7 @@ typedef struct gv_group {
     int64_t  n;              /* output columns (each sibling) */
     int      rope;           /* 0 none, 1 normal, 2 neox */
     int64_t  hd;             /* rope head dim */
+    int64_t  rot;            /* rope's rotary dims (kiln_rope_dims: hd unless partial); the rest pass through */
     int64_t  units;          /* units of the group */
     int      wpu;            /* warps per unit (split-K inside the block: 1, 2, 4 or 8) */
     uint32_t warp0;          /* first global warp (a multiple of WARPS) */
@@ -102,3 +103,9 @@ void kl_gv_epilogue(gv *s, const gv_group *G, gv_unit *u, uint32_t m);
 /* First column of unit u of group G (I32) and each slot's column offset from it (rope partners and
  * swiglu pairs in one unit). */
 uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS]);
+/* Column (I32) of slot position c of the unit whose base and deltas kl_gv_unit_base gave: base +
+ * deltas[c], except in the pass-through units of a partial neox rope (kl_gv_partial), base + c. */
+uint32_t kl_gv_slot_col(gv *s, const gv_group *G, uint32_t base, const int deltas[SLOTS], int c);
+/* Whether G's rope is a partial neox one: its units hold either two rotated pairs or 4 pass-through
+ * columns, so a slot's column is not base + a constant (kl_gv_slot_col). */
+static inline bool kl_gv_partial(const gv_group *G) { return G->rope == 2 && G->rot < G->hd; }

@@ -51,8 +51,14 @@ static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const k
     int32_t half = (int32_t)(hd / 2);
     uint32_t row = kiln_k2(k, KILN_KOP_DIV, p, kiln_ki(k, half)), i = kiln_k2(k, KILN_KOP_REM, p, kiln_ki(k, half));
     uint32_t base = kiln_k2(k, KILN_KOP_MUL, row, kiln_ki(k, (int32_t)hd));
-    uint32_t e0, e1;
-    if (n->i[0] == KILN_ROPE_NEOX) {
+    uint32_t e0, e1, rotated = KILN_IDX_NONE;
+    int64_t rot = kiln_rope_dims(n, hd);
+    if (rot < hd) /* partial: pairs i < rot/2 turn, the others (2i, 2i+1) pass through in either mode */
+        rotated = kiln_k2(k, KILN_KOP_LT, i, kiln_ki(k, (int32_t)(rot / 2)));
+    if (n->i[0] == KILN_ROPE_NEOX && rotated != KILN_IDX_NONE) {
+        e0 = kiln_k2(k, KILN_KOP_ADD, base, kiln_ksel(k, KILN_KT_I32, rotated, i, kiln_k2(k, KILN_KOP_ADD, i, i)));
+        e1 = kiln_k2(k, KILN_KOP_ADD, e0, kiln_ksel(k, KILN_KT_I32, rotated, kiln_ki(k, (int32_t)(rot / 2)), kiln_ki(k, 1)));
+    } else if (n->i[0] == KILN_ROPE_NEOX) {
         e0 = kiln_k2(k, KILN_KOP_ADD, base, i);
         e1 = kiln_k2(k, KILN_KOP_ADD, e0, kiln_ki(k, half));
     } else {
@@ -71,6 +77,10 @@ static kiln_status lower_rope(const kiln_graph *g, const kiln_region *r, const k
     uint32_t y0 =
         kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, cs, kiln_k1(k, KILN_KOP_NEG, kiln_k2(k, KILN_KOP_MUL, b, sn)), 0);
     uint32_t y1 = kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, a, sn, kiln_k2(k, KILN_KOP_MUL, b, cs), 0);
+    if (rotated != KILN_IDX_NONE) { /* exactly the input, whatever sin(0) and cos(0) round to */
+        y0 = kiln_ksel(k, KILN_KT_F32, rotated, y0, a);
+        y1 = kiln_ksel(k, KILN_KT_F32, rotated, y1, b);
+    }
     kiln_dtype t = (kiln_dtype)n->dtype;
     if (t != KILN_DTYPE_F32) { /* the rope result is rounded to its dtype before any epilogue */
         kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = (uint8_t)t};

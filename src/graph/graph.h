@@ -43,7 +43,8 @@ enum kiln_op_class {
     X(RMS_NORM,   "rms_norm",   ROW,         5, 1, 1, P(EPS), 0, "x [w] [eps=FLOAT]")              \
     X(LAYER_NORM, "layer_norm", ROW,         5, 1, 2, P(EPS), 0, "x [w] [b] [eps=FLOAT]")          \
     X(SOFTMAX,    "softmax",    ROW,         5, 1, 0, 0, 0, "x")                                     \
-    X(ROPE,       "rope",       ROW,         5, 2, 0, P(MODE) | P(THETA) | P(MULT), 0, "x pos [mode=normal|neox] [theta=FLOAT] [mult=\"F,F,...\"]") \
+    X(ROPE,       "rope",       ROW,         5, 2, 0, P(MODE) | P(THETA) | P(MULT) | P(ROT), 0,                    \
+      "x pos [mode=normal|neox] [theta=FLOAT] [mult=\"F,F,...\"] [rot=INT]") /* i[0] mode, i[1] rotary dims (0: all), f[0] theta */ \
     X(ATTENTION,  "attention",  ATTENTION,   0, 3, 0, P(NKV) | P(SCALE) | P(SOFTCAP) | P(WINDOW), P(NKV),             \
       "q k v n_kv=DIM [scale=FLOAT] [softcap=FLOAT] [window=INT]") /* f[0] scale, f[1] softcap, i[1] window */ \
     X(KV_SCATTER, "kv_scatter", SCATTER,     0, 3, 0, 0, 0, "state rows pos") /* aliases the state */ \
@@ -90,7 +91,7 @@ typedef struct kiln_node_rec {
     int64_t  dims[KILN_MAX_RANK];      /* kiln_dim: >= 0 constant, < 0 symbol (see kiln_sym_index) */
     uint32_t src[KILN_MAX_SRC];        /* source node indices; KILN_IDX_NONE for an absent optional */
     float    f[2];                     /* float params: eps, scale, theta */
-    int32_t  i[2];                     /* int params: rope mode, axes */
+    int32_t  i[2];                     /* int params: rope mode and rotary dims, axes */
     int64_t  dim;                      /* a kiln_dim param: attention n_kv, view offset */
     float   *vec;                      /* a float vector param (rope: per-pair frequency multipliers) or NULL; owned */
     uint32_t n_vec;                    /* its length */
@@ -188,8 +189,12 @@ kiln_status kiln_graph_weight_fill(const kiln_node_rec *n, void *dst);
 /* Formats dims as "[4096, n_kv]" into buf. */
 const char *kiln_graph_dims_str(const kiln_graph *g, int rank, const int64_t *dims, char *buf, size_t n);
 
-/* Rotary frequency of pair i of a rope node over head_dim hd: theta^(-2i/hd), times the node's
- * per-pair multiplier when it has them (kiln_rope_ext). Every backend's rope reads it from here. */
+/* Rotary dims of rope node n over head_dim hd: its n_rot (i[1], kiln_rope_partial), 0 meaning hd. */
+static inline int64_t kiln_rope_dims(const kiln_node_rec *n, int64_t hd) { return n->i[1] > 0 ? n->i[1] : hd; }
+
+/* Rotary frequency of pair i (i < hd/2) of a rope node over head_dim hd: theta^(-2i/d) with d its
+ * rotary dims, times the node's per-pair multiplier when it has them (kiln_rope_ext); 0 for the
+ * pass-through pairs i >= d/2 of a partial rope. Every backend's rope reads it from here. */
 double kiln_rope_freq(const kiln_node_rec *n, int64_t i, int64_t hd);
 
 /* The 128-bit graph hash (kiln_graph_hash prints it). */

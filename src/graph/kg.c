@@ -45,6 +45,7 @@ const char *kiln_kg_param_key(unsigned bit)
     case P(BLOCK): return "block";
     case P(SOFTCAP): return "softcap";
     case P(WINDOW): return "window";
+    case P(ROT): return "rot";
     default: return NULL;
     }
 }

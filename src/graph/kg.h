@@ -26,6 +26,7 @@ enum kiln_kg_param {
     KILN_KG_P_BLOCK = 1 << 13, /* paged_attention: block=INT (required) */
     KILN_KG_P_SOFTCAP = 1 << 14, /* attention: softcap=FLOAT (default 0 = none) */
     KILN_KG_P_WINDOW = 1 << 15,  /* attention: window=INT (default 0 = none) */
+    KILN_KG_P_ROT = 1 << 16,     /* rope: rot=INT rotary dims of each head (default: all of them) */
 };
 
 typedef struct kiln_kg_op_spec {

@@ -59,6 +59,7 @@ typedef struct kg_args {
     int64_t    block;                /* paged_attention's block size */
     float      softcap;              /* attention's logit soft-cap (0: none) */
     int64_t    window;               /* attention's sliding window (0: none) */
+    int64_t    rot;                  /* rope's rotary dims (0: the whole head) */
     int        rank;                 /* reshape/view dims */
     kiln_dim   dims[KILN_MAX_RANK];  /* reshape/view dims */
 } kg_args;
@@ -425,7 +426,7 @@ static kiln_status parse_output(kg_parser *p)
 
 /* ------------------------------------------------------------------ key=value parameters */
 
-#define MAX_KEYS 16
+#define MAX_KEYS 17 /* one per kiln_kg_param bit */
 
 /* Reads key=value pairs from token i to the end of the line. keys[k] (NULL = not accepted) names
  * slot k; vals[k] / keycol[k] receive the value token and the key's column. */
@@ -606,6 +607,7 @@ static kiln_status op_args(kg_parser *p, const char *opn, const kiln_kg_op_spec 
         case KILN_KG_P_BLOCK: s = parse_i64(p, v, key, 1, 1 << 20, &a->block); break;
         case KILN_KG_P_SOFTCAP: s = parse_f32(p, v, key, &a->softcap); break;
         case KILN_KG_P_WINDOW: s = parse_i64(p, v, key, 0, INT32_MAX, &a->window); break;
+        case KILN_KG_P_ROT: s = parse_i64(p, v, key, 1, INT32_MAX, &a->rot); break;
         default: /* axis, d0, d1 */
             s = parse_i64(p, v, key, INT32_MIN, INT32_MAX, &iv);
             *(bit == KILN_KG_P_AXIS ? &a->axis : bit == KILN_KG_P_D0 ? &a->d0 : &a->d1) = (int)iv;
@@ -614,27 +616,27 @@ static kiln_status op_args(kg_parser *p, const char *opn, const kiln_kg_op_spec 
     return s;
 }
 
-/* rope's mult="F,F,...": exactly head_dim/2 numbers (x is operand x, already resolved). */
+/* rope's mult="F,F,...": exactly rot/2 numbers (head_dim/2 without rot=; x is operand x, already resolved). */
 static kiln_status parse_mult(kg_parser *p, kiln_node x, kg_args *a)
 {
     const tok *v = a->mult;
     uint32_t xi = (uint32_t)x - 1;
     if (x == KILN_NODE_NONE || xi >= p->g->n_nodes) return KILN_OK; /* the builder names the bad operand */
     const kiln_node_rec *n = &p->g->nodes[xi];
-    int64_t half = n->rank ? n->dims[n->rank - 1] / 2 : 0, got = 0;
+    int64_t half = a->rot ? a->rot / 2 : n->rank ? n->dims[n->rank - 1] / 2 : 0, got = 0;
     if (half < 1 || half > 65536) return KILN_OK; /* the builder explains the shape */
     if (!(a->mult_v = malloc((size_t)half * sizeof *a->mult_v))) return kiln_kg_fail(p->ctx, KILN_ERR_NOMEM, "out of memory");
     for (const char *s = v->s; *s; got++) {
         char *end = NULL;
         float f = strtof(s, &end);
         if (end == s || (*end && *end != ',') || got >= half)
-            return perr(p, v->col, "mult must list exactly %lld numbers (head_dim / 2) separated by commas",
+            return perr(p, v->col, "mult must list exactly %lld numbers (rotary dims / 2) separated by commas",
                         (long long)half);
         a->mult_v[got] = f;
         s = *end ? end + 1 : end;
     }
     if (got != half)
-        return perr(p, v->col, "mult lists %lld numbers; x's head_dim needs %lld", (long long)got, (long long)half);
+        return perr(p, v->col, "mult lists %lld numbers; x's rotary dims need %lld", (long long)got, (long long)half);
     return KILN_OK;
 }
 
@@ -649,7 +651,9 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_RMS_NORM: return kiln_rms_norm(g, s[0], s[1], a->eps);
     case KILN_OP_LAYER_NORM: return kiln_layer_norm(g, s[0], s[1], s[2], a->eps);
     case KILN_OP_SOFTMAX: return kiln_softmax(g, s[0]);
-    case KILN_OP_ROPE: return kiln_rope_ext(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta, a->mult_v);
+    case KILN_OP_ROPE:
+        return a->rot ? kiln_rope_partial(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta, a->mult_v, a->rot)
+                      : kiln_rope_ext(g, s[0], s[1], (kiln_rope_mode)a->mode, a->theta, a->mult_v);
     case KILN_OP_ATTENTION: return kiln_attention_ext(g, s[0], s[1], s[2], a->n_kv, a->scale, a->softcap, a->window);
     case KILN_OP_KV_SCATTER: return kiln_kv_scatter(g, s[0], s[1], s[2]);
     case KILN_OP_PAGED_ATTENTION:

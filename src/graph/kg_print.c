@@ -209,6 +209,7 @@ static kiln_status print_op(printer *pr, uint32_t i)
         for (uint32_t j = 0; j < n->n_vec; j++)
             kiln_sbuf_printf(b, "%s%s", j ? "," : " mult=\"", kiln_kg_fmt_float(n->vec[j], buf));
         if (n->n_vec) kiln_sbuf_printf(b, "\"");
+        if (n->i[1] > 0) kiln_sbuf_printf(b, " rot=%d", (int)n->i[1]);
         break;
     case KILN_OP_ATTENTION:
         kiln_sbuf_printf(b, " n_kv=");

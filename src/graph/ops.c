@@ -233,8 +233,8 @@ static bool need_i32_vec(build *b, const char *what, const kiln_node_rec *p, int
     return true;
 }
 
-KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta,
-                                 const float *mult)
+KILN_API kiln_node kiln_rope_partial(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta,
+                                     const float *mult, int64_t n_rot)
 {
     build b = begin(g, KILN_OP_ROPE);
     const kiln_node_rec *a = operand(&b, 0, "x", x, false);
@@ -245,16 +245,20 @@ KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln
         fail(&b, KILN_ERR_SHAPE, "head_dim (last dim of x %s) must be a constant", DIMS_STR(g, a));
     if (b.ok && a->dims[2] % 2)
         fail(&b, KILN_ERR_SHAPE, "head_dim %lld must be even (x is %s)", (long long)a->dims[2], DIMS_STR(g, a));
+    if (b.ok && (n_rot < 2 || n_rot % 2 || n_rot > a->dims[2]))
+        fail(&b, KILN_ERR_INVALID_ARG, "rotary dims %lld must be even and in [2, head_dim %lld]", (long long)n_rot,
+             (long long)a->dims[2]);
     if (b.ok) need_i32_vec(&b, "pos", p, a->dims[0]);
     if (b.ok && (unsigned)mode >= KILN_ROPE_MODE_COUNT) fail(&b, KILN_ERR_INVALID_ARG, "unknown mode %d", (int)mode);
     if (b.ok && !(theta > 1 && isfinite(theta))) fail(&b, KILN_ERR_INVALID_ARG, "theta %g must be > 1", (double)theta);
-    int64_t half = b.ok ? a->dims[2] / 2 : 0;
+    int64_t half = b.ok ? n_rot / 2 : 0;
     for (int64_t i = 0; mult && b.ok && i < half; i++)
         if (!(mult[i] > 0 && isfinite(mult[i])))
             fail(&b, KILN_ERR_INVALID_ARG, "frequency multiplier %lld is %g; it must be finite and > 0", (long long)i,
                  (double)mult[i]);
     if (b.ok) set_shape(&b, a->dtype, a->rank, a->dims);
     b.r.i[0] = mode;
+    b.r.i[1] = b.ok && n_rot < a->dims[2] ? (int32_t)n_rot : 0; /* 0: the whole head (kiln_rope_ext's node) */
     b.r.f[0] = theta;
     kiln_node h = finish(&b);
     if (h == KILN_NODE_NONE || !mult) return h;
@@ -268,6 +272,17 @@ KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln
     return h;
 }
 
+KILN_API kiln_node kiln_rope_ext(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta,
+                                 const float *mult)
+{
+    uint32_t xi;
+    /* the head width names the rotary dims; a bad x is named by kiln_rope_partial's checks */
+    int64_t hd = g && x != KILN_NODE_NONE && (x >> 32) == g->id && (xi = (uint32_t)x - 1) < g->n_nodes && g->nodes[xi].rank == 3
+                     ? g->nodes[xi].dims[2]
+                     : 2;
+    return kiln_rope_partial(g, x, pos, mode, theta, mult, hd);
+}
+
 KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rope_mode mode, float theta)
 {
     return kiln_rope_ext(g, x, pos, mode, theta, NULL);
@@ -275,7 +290,9 @@ KILN_API kiln_node kiln_rope(kiln_graph *g, kiln_node x, kiln_node pos, kiln_rop
 
 double kiln_rope_freq(const kiln_node_rec *n, int64_t i, int64_t hd)
 {
-    double f = pow((double)n->f[0], -2.0 * (double)i / (double)hd);
+    int64_t d = kiln_rope_dims(n, hd);
+    if (i >= d / 2) return 0; /* a pass-through pair: turned by 0 */
+    double f = pow((double)n->f[0], -2.0 * (double)i / (double)d);
     return n->vec && i < (int64_t)n->n_vec ? f * (double)n->vec[i] : f;
 }
 

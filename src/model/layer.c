@@ -22,10 +22,11 @@ static kiln_node attn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_l
     /* q then k, each reshape -> [norm] -> rope: the node order fusion and the golden kernels expect */
     q = kiln_reshape(g, q, 3, qh);
     if (w->q_norm != KILN_NODE_NONE) q = kiln_rms_norm(g, q, w->q_norm, d->eps); /* per head: the last dim */
-    q = kiln_rope_ext(g, q, io->pos, d->rope, d->theta, d->rope_mult);
+    int64_t rot = d->n_rot ? d->n_rot : d->head_dim;
+    q = kiln_rope_partial(g, q, io->pos, d->rope, d->theta, d->rope_mult, rot);
     k = kiln_reshape(g, k, 3, kh);
     if (w->k_norm != KILN_NODE_NONE) k = kiln_rms_norm(g, k, w->k_norm, d->eps);
-    k = kiln_rope_ext(g, k, io->pos, d->rope, d->theta, d->rope_mult);
+    k = kiln_rope_partial(g, k, io->pos, d->rope, d->theta, d->rope_mult, rot);
     v = kiln_reshape(g, v, 3, kh);
     kiln_dim sd[3] = {d->n_kv_head, d->max_ctx, d->head_dim};
     char name[64];

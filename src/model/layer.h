@@ -12,8 +12,9 @@ typedef struct kiln_layer_dims {
     int64_t        n_kv_head; /* key/value heads; divides n_head */
     int64_t        head_dim;  /* per-head width (even) */
     kiln_rope_mode rope;      /* rotary mode */
+    int64_t        n_rot;     /* rotary dims of each head (kiln_rope_partial); 0: head_dim */
     float          theta;     /* rotary base */
-    const float   *rope_mult; /* [head_dim/2] per-pair frequency multipliers (kiln_rope_ext) or NULL */
+    const float   *rope_mult; /* [n_rot/2] per-pair frequency multipliers (kiln_rope_partial) or NULL */
     float          eps;       /* rms_norm epsilon */
     int64_t        max_ctx;   /* KV-cache rows (states k<L>, v<L> [n_kv_head, max_ctx, head_dim]); paged:
                                  the pool's slots */

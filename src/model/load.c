@@ -201,10 +201,16 @@ static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_
                              "%s: embedding_length %lld, head_count %lld, head_count_kv %lld, key_length %lld do not "
                              "give an even head size shared by the KV heads", f->path, (long long)m->hidden,
                              (long long)m->n_head, (long long)m->n_kv_head, (long long)key_len);
-    if ((rot && rot != m->head_dim) || (val_len && val_len != m->head_dim))
+    if (val_len && val_len != m->head_dim)
         return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED,
-                             "%s: rotary dims %lld / value length %lld differ from the head size %lld (not supported)",
-                             f->path, (long long)rot, (long long)val_len, (long long)m->head_dim);
+                             "%s: value length %lld differs from the head size %lld (not supported)", f->path,
+                             (long long)val_len, (long long)m->head_dim);
+    /* partial rotary (Phi-4-mini: 96 of 128): the first rot dims of each head turn, the rest pass */
+    if (rot && (rot % 2 || rot > m->head_dim))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s.rope.dimension_count' = %lld: rotary "
+                             "dims must be even and at most the head size %lld", f->path, arch, (long long)rot,
+                             (long long)m->head_dim);
+    m->n_rot = rot ? rot : m->head_dim;
     m->rope = a->rope;
     return read_arch_math(f, a, m);
 }
@@ -290,19 +296,19 @@ static kiln_status check_all_used(const tensor_use *u, const kiln_arch *a)
 }
 
 /* rope_freqs.weight (llama 3.1+: the converter's llama3 rotary scaling as one factor per pair,
- * shared by every layer): f32 [head_dim / 2], each finite and > 0; pair i's angle is divided by it. */
+ * shared by every layer): f32 [n_rot / 2], each finite and > 0; pair i's angle is divided by it. */
 static kiln_status check_rope_freqs(tensor_use *u, kiln_model_info *m)
 {
     const kiln_gguf *f = u->f;
     if (!has_tensor(f, "rope_freqs.weight")) return KILN_OK;
-    kiln_status s = want_tensor(u, "rope_freqs.weight", 1, m->head_dim / 2, 0);
+    kiln_status s = want_tensor(u, "rope_freqs.weight", 1, m->n_rot / 2, 0);
     if (s != KILN_OK) return s;
     kiln_gguf_tensor t;
     kiln_gguf_tensor_get(f, "rope_freqs.weight", &t);
     if (t.t != KILN_DTYPE_F32)
         return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: tensor 'rope_freqs.weight' is %s; it must be f32", f->path,
                              kiln_dtype_name(t.t));
-    for (int64_t i = 0; i < m->head_dim / 2; i++) {
+    for (int64_t i = 0; i < m->n_rot / 2; i++) {
         float v;
         memcpy(&v, (const char *)t.data + 4 * i, 4);
         if (!(isfinite(v) && v > 0))

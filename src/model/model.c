@@ -69,14 +69,14 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         .attn_post_norm = n[KILN_ROLE_ATTN_POST_NORM], .ffn_post_norm = n[KILN_ROLE_FFN_POST_NORM]};
 }
 
-/* The rotary multipliers of a file (kiln_rope_ext): 1 / (linear factor * rope_freqs[i]), as llama.cpp
- * divides each angle by both. NULL when the file scales nothing; else mult (head_dim / 2 values). */
+/* The rotary multipliers of a file (kiln_rope_partial): 1 / (linear factor * rope_freqs[i]), as llama.cpp
+ * divides each angle by both. NULL when the file scales nothing; else mult (n_rot / 2 values). */
 static const float *rope_mult(const kiln_gguf *f, const kiln_model_info *m, float *mult)
 {
     if (!m->rope_freqs && m->rope_scale == 1.0f) return NULL;
     kiln_gguf_tensor t = {0};
     if (m->rope_freqs && kiln_gguf_tensor_get(f, "rope_freqs.weight", &t) != KILN_OK) return NULL; /* checked */
-    for (int64_t i = 0; i < m->head_dim / 2; i++) {
+    for (int64_t i = 0; i < m->n_rot / 2; i++) {
         float ff = 1.0f;
         if (m->rope_freqs) memcpy(&ff, (const char *)t.data + 4 * i, 4);
         mult[i] = (float)(1.0 / ((double)m->rope_scale * (double)ff));
@@ -94,7 +94,7 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     }
     kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
     kiln_layer_dims ld = {.hidden = m->hidden, .n_head = m->n_head, .n_kv_head = m->n_kv_head, .head_dim = m->head_dim,
-                          .rope = m->rope, .theta = m->theta, .rope_mult = rope_mult(f, m, mult), .eps = m->eps,
+                          .rope = m->rope, .n_rot = m->n_rot, .theta = m->theta, .rope_mult = rope_mult(f, m, mult), .eps = m->eps,
                           .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype, .attn_scale = m->attn_scale,
                           .softcap = m->attn_softcap, .gelu_gate = m->gelu_gate};
     kiln_dim td[1] = {io.n_tok};

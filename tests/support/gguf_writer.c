@@ -250,6 +250,7 @@ gw *gw_model_new(const gw_model *m)
         gw_kv_f32(w, ARCH_KEY("rope.scaling.factor"), m->rope_scale);
     }
     if (m->window > 0) gw_kv_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t)m->window);
+    if (m->n_rot > 0) gw_kv_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t)m->n_rot);
     if (m->attn_softcap > 0) gw_kv_f32(w, ARCH_KEY("attn_logit_softcapping"), m->attn_softcap);
     if (m->final_softcap > 0) gw_kv_f32(w, ARCH_KEY("final_logit_softcapping"), m->final_softcap);
 #undef ARCH_KEY
@@ -270,7 +271,7 @@ gw *gw_model_new(const gw_model *m)
     bool post_norms = strncmp(m->arch, "gemma", 5) == 0, fused = strcmp(m->arch, "phi3") == 0;
     bool mix = m->q4_k_m && m->wtype == KILN_DTYPE_Q4_K;
     int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
-    if (m->rope_freqs) rand_tensor(w, "rope_freqs.weight", KILN_DTYPE_F32, 0, hd / 2, 4.0f, 3.5f, &s);
+    if (m->rope_freqs) rand_tensor(w, "rope_freqs.weight", KILN_DTYPE_F32, 0, (m->n_rot > 0 ? m->n_rot : hd) / 2, 4.0f, 3.5f, &s);
     rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
     float sh = 1.0f / sqrtf((float)m->hidden), sq = 1.0f / sqrtf((float)qd), sf = 1.0f / sqrtf((float)m->ffn);
     for (int l = 0; l < m->n_layer; l++) {

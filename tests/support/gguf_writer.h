@@ -54,10 +54,11 @@ typedef struct gw_model {
     int64_t     head_dim;     /* 0: hidden / n_head; else written as attention.key_length/value_length */
     bool        qk_norm;      /* write attn_q_norm/attn_k_norm.weight [head_dim] (always for qwen3) */
     float       rope_scale;   /* > 0: write rope.scaling.type "linear" and rope.scaling.factor */
-    bool        rope_freqs;   /* write rope_freqs.weight [head_dim/2], random factors in [0.5, 7.5] */
+    bool        rope_freqs;   /* write rope_freqs.weight [n_rot/2], random factors in [0.5, 7.5] */
     int64_t     window;       /* > 0: write attention.sliding_window */
     float       attn_softcap; /* > 0: write attn_logit_softcapping */
     float       final_softcap; /* > 0: write final_logit_softcapping */
+    int64_t     n_rot;        /* > 0: write rope.dimension_count (partial rotary when below head_dim) */
     bool        q4_k_m;       /* with wtype q4_k: llama.cpp's Q4_K_M mix (attn_v and ffn_down q6_k on the
                                  layers its use_more_bits picks, output.weight q6_k) */
 } gw_model;

@@ -18,9 +18,10 @@ typedef struct mref {
     size_t           nerr;
     const char      *arch;
     int64_t          hidden, n_head, n_kv, hd, ffn, vocab, n_layer, window;
+    int64_t          n_rot; /* rotary dims of a head (rope.dimension_count, default hd) */
     double           eps, theta, freq_scale;
     bool             neox;
-    double          *freq_factors; /* [hd/2] or NULL */
+    double          *freq_factors; /* [n_rot/2] or NULL */
     bool             gemma, phi3;  /* gemma2/gemma3; phi3 */
     int              swa_pattern;  /* gemma: layers l % p < p - 1 are local (windowed, base 10000) */
     double           scale, attn_cap, final_cap; /* score scale; soft-caps (0: none) */
@@ -106,14 +107,15 @@ static void rms_norm(const double *x, const double *w, double *y, int64_t rows, 
     }
 }
 
-/* Rotary embedding of one head vector at position p: pair i rotated by
- * p * freq_scale * theta^(-2i/hd) / freq_factor[i]. */
+/* Rotary embedding of the first n_rot dims of one head vector at position p (the rest stay, as
+ * llama.cpp's rope with n_dims = rope.dimension_count): pair i rotated by
+ * p * freq_scale * theta^(-2i/n_rot) / freq_factor[i]. */
 static void rope(const mref *m, double *v, int64_t p, bool local)
 {
-    int64_t half = m->hd / 2;
+    int64_t half = m->n_rot / 2;
     bool plain = local && m->gemma; /* gemma's local layers: base 10000, no scaling */
     for (int64_t i = 0; i < half; i++) {
-        double ang = (double)p * (plain ? 1.0 : m->freq_scale) * pow(plain ? 10000.0 : m->theta, -2.0 * (double)i / (double)m->hd);
+        double ang = (double)p * (plain ? 1.0 : m->freq_scale) * pow(plain ? 10000.0 : m->theta, -2.0 * (double)i / (double)m->n_rot);
         if (m->freq_factors && !plain) ang /= m->freq_factors[i];
         int64_t a = m->neox ? i : 2 * i, b = m->neox ? i + half : 2 * i + 1;
         double x0 = v[a], x1 = v[b], c = cos(ang), s = sin(ang);
@@ -239,7 +241,8 @@ static bool read_meta(mref *m)
     m->freq_scale = strcmp(type, "none") != 0 && factor != 0 ? 1.0 / factor : 1.0;
     int64_t nf = 0;
     m->freq_factors = tensor(m, "rope_freqs.weight", &nf);
-    if (m->freq_factors && nf != m->hd / 2) return fail(m, "rope_freqs has %lld values", (long long)nf), false;
+    m->n_rot = key_int(m, "rope.dimension_count", m->hd);
+    if (m->freq_factors && nf != m->n_rot / 2) return fail(m, "rope_freqs has %lld values", (long long)nf), false;
     if (!m->hidden || !m->n_head || !m->hd || !m->ffn || !m->n_layer) return fail(m, "missing sizes"), false;
     m->scale = 1.0 / sqrt((double)(wide ? m->hidden / m->n_head : m->hd));
     return true;

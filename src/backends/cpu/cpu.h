@@ -117,10 +117,11 @@ kiln_status kiln_cpu_paged_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa,
 void kiln_cpu_rms_norm(const float *x, const float *w, float eps, int64_t rows, int64_t d, float *y);
 /* Softmax over each row of d. y may equal x. */
 void kiln_cpu_softmax(const float *x, int64_t rows, int64_t d, float *y);
-/* Rotary embedding in place on x [n_tok, n_head, hd]; mode 0 = normal (pairs 2i, 2i+1), 1 = neox
- * (pairs i, i + hd/2); angle of pair i = pos[t] * theta^(-2i/hd). */
-void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t hd, int mode,
-                   float theta, const float *mult); /* mult: [hd/2] per-pair frequency multipliers or NULL */
+/* Rotary embedding in place on the first rot (even, <= hd) dims of each head of x [n_tok, n_head, hd]
+ * (the others stay); mode 0 = normal (pairs 2i, 2i+1), 1 = neox (pairs i, i + rot/2); angle of pair
+ * i = pos[t] * theta^(-2i/rot). */
+void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t hd, int64_t rot, int mode,
+                   float theta, const float *mult); /* mult: [rot/2] per-pair frequency multipliers or NULL */
 
 /* ---------------------------------------------------------------- calibration */
 

@@ -229,8 +229,9 @@ static kiln_status rope(const node_run *c)
     const float *x = src_f32(c, xi, &owned, &st);
     float *y = x ? out_f32(c, total, &st) : NULL;
     if (y && y != x && total > 0) memcpy(y, x, (size_t)total * sizeof(float));
-    if (y && n_tok > 0) kiln_cpu_rope(y, c->v->bufs[pi], n_tok, total / (n_tok * hd), hd, c->n->i[0], c->n->f[0],
-                                    c->n->vec);
+    if (y && n_tok > 0)
+        kiln_cpu_rope(y, c->v->bufs[pi], n_tok, total / (n_tok * hd), hd, kiln_rope_dims(c->n, hd), c->n->i[0],
+                      c->n->f[0], c->n->vec);
     if (y) st = put_out(c, y, total, st);
     drop(x, owned);
     return st;

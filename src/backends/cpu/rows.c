@@ -46,14 +46,14 @@ void kiln_cpu_softmax(const float *x, int64_t rows, int64_t d, float *y)
     }
 }
 
-void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t hd, int mode,
+void kiln_cpu_rope(float *x, const int32_t *pos, int64_t n_tok, int64_t n_head, int64_t hd, int64_t rot, int mode,
                    float theta, const float *mult)
 {
-    const int64_t half = hd / 2;
+    const int64_t half = rot / 2; /* dims rot .. hd - 1 are left as they are */
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t i = 0; i < half; i++) {
             /* Angles in double: positions up to 1e5+ lose digits in f32. */
-            double ang = (double)pos[t] * pow((double)theta, -2.0 * (double)i / (double)hd);
+            double ang = (double)pos[t] * pow((double)theta, -2.0 * (double)i / (double)rot);
             if (mult) ang *= (double)mult[i];
             float c = (float)cos(ang), s = (float)sin(ang);
             for (int64_t h = 0; h < n_head; h++) {

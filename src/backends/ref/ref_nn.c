@@ -49,7 +49,8 @@ kiln_status kiln_ref_matmul(const kiln_ref_ctx *c)
     return st;
 }
 
-/* x [n_tok, n_head, hd], pos i32 [n_tok]; pair i turns by pos * theta^(-2i/hd) (* its multiplier). */
+/* x [n_tok, n_head, hd], pos i32 [n_tok]; pair i of the first d = kiln_rope_dims dims turns by
+ * pos * theta^(-2i/d) (* its multiplier); the dims from d on pass through. */
 kiln_status kiln_ref_rope(const kiln_ref_ctx *c)
 {
     uint32_t xi = c->node->src[0], pi = c->node->src[1];
@@ -62,7 +63,7 @@ kiln_status kiln_ref_rope(const kiln_ref_ctx *c)
     float *x = kiln_ref_load_node(c, xi, &st);
     if (!x)
         return st;
-    int64_t n_head = n_tok > 0 ? numel / (n_tok * hd) : 0, half = hd / 2;
+    int64_t n_head = n_tok > 0 ? numel / (n_tok * hd) : 0, half = kiln_rope_dims(c->node, hd) / 2;
     for (int64_t t = 0; t < n_tok; t++) {
         double pos = read_i32(c->v->bufs[pi], t);
         for (int64_t h = 0; h < n_head; h++) {
