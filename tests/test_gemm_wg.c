@@ -413,8 +413,8 @@ Test(gemm_wg, f16_weights_long_k) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 2
  * rope and v are outputs too, so each group's result is checked. The epilogue runs on the
  * C tile, or with epi KILN_GEMM_ON on the accumulators (rope partners in one thread: adjacent
  * columns, or + hd / 2 with hd / 2 a multiple of 8; neox partners in other threads, hd 8, take
- * the C tile). */
-static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int32_t epi)
+ * the C tile; so does a partial rope, rot of HD dims). */
+static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int64_t rot, int32_t epi)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
@@ -429,8 +429,8 @@ static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int32_t epi)
     kiln_node wk = tu_weight(g, "wk", KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
     kiln_node wv = tu_weight(g, "wv", KILN_DTYPE_F16, 2, (kiln_dim[]){D, D}, -1.0f, 1.0f);
     kiln_dim hd3[3] = {M, H, HD};
-    kiln_node q = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wq), 3, hd3), pos, mode, 1e4f);
-    kiln_node k = kiln_rope(g, kiln_reshape(g, kiln_matmul(g, h, wk), 3, hd3), pos, mode, 1e4f);
+    kiln_node q = kiln_rope_partial(g, kiln_reshape(g, kiln_matmul(g, h, wq), 3, hd3), pos, mode, 1e4f, NULL, rot);
+    kiln_node k = kiln_rope_partial(g, kiln_reshape(g, kiln_matmul(g, h, wk), 3, hd3), pos, mode, 1e4f, NULL, rot);
     kiln_node vm = kiln_matmul(g, h, wv), v = kiln_reshape(g, vm, 3, hd3);
     kiln_dim sd[3] = {H, CTX, HD};
     kiln_output(g, kiln_kv_scatter(g, kiln_state(g, "kc", KILN_DTYPE_F16, 3, sd), k, pos), "kc_out");
@@ -447,8 +447,8 @@ static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int32_t epi)
     g_epilogue = epi;
     char what[3][96];
     for (int o = 0; o < 3; o++)
-        snprintf(what[o], sizeof what[o], "tma gemm qkv (%s rope, hd %lld, %s epilogue): %c", mode == KILN_ROPE_NEOX ? "neox" : "normal",
-                 (long long)HD, epi == KILN_GEMM_ON ? "register" : "c-tile", "qkv"[o]);
+        snprintf(what[o], sizeof what[o], "tma gemm qkv (%s rope %lld of %lld, %s epilogue): %c", mode == KILN_ROPE_NEOX ? "neox" : "normal",
+                 (long long)rot, (long long)HD, epi == KILN_GEMM_ON ? "register" : "c-tile", "qkv"[o]);
     run_case(&c, "q", m, KILN_DTYPE_F16, what[0]);
     run_case(&c, "k", m, KILN_DTYPE_F16, what[1]);
     run_case(&c, "v", m, KILN_DTYPE_F16, what[2]);
@@ -456,10 +456,11 @@ static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int32_t epi)
     case_free(&c);
 }
 
-Test(gemm_wg, qkv_rope_kv_scatter) { qkv_case(KILN_ROPE_NORMAL, 64, 0); }
-Test(gemm_wg, qkv_rope_register_epilogue) { qkv_case(KILN_ROPE_NORMAL, 64, KILN_GEMM_ON); }
-Test(gemm_wg, qkv_neox_rope) { qkv_case(KILN_ROPE_NEOX, 64, 0); qkv_case(KILN_ROPE_NEOX, 64, KILN_GEMM_ON); }
-Test(gemm_wg, qkv_neox_rope_narrow_heads) { qkv_case(KILN_ROPE_NEOX, 8, KILN_GEMM_ON); }
+Test(gemm_wg, qkv_rope_kv_scatter) { qkv_case(KILN_ROPE_NORMAL, 64, 64, 0); }
+Test(gemm_wg, qkv_partial_neox_rope) { qkv_case(KILN_ROPE_NEOX, 64, 32, 0); qkv_case(KILN_ROPE_NEOX, 64, 32, KILN_GEMM_ON); }
+Test(gemm_wg, qkv_rope_register_epilogue) { qkv_case(KILN_ROPE_NORMAL, 64, 64, KILN_GEMM_ON); }
+Test(gemm_wg, qkv_neox_rope) { qkv_case(KILN_ROPE_NEOX, 64, 64, 0); qkv_case(KILN_ROPE_NEOX, 64, 64, KILN_GEMM_ON); }
+Test(gemm_wg, qkv_neox_rope_narrow_heads) { qkv_case(KILN_ROPE_NEOX, 8, 8, KILN_GEMM_ON); }
 Test(gemm_wg, register_epilogue_plain_and_swiglu)
 {
     g_epilogue = KILN_GEMM_ON;

@@ -328,7 +328,7 @@ static void gm_drain(gm *g, const gv_group *G, int r0, int rows)
             int r = e->n_slots++;
             e->slot_sib[r] = G->sib[q];
             e->slot_delta[r] = c;
-            uint32_t lc = addi(g, base, deltas[c]);
+            uint32_t lc = kl_gv_partial(G) ? kl_gv_slot_col(s, G, base, deltas, c) : addi(g, base, deltas[c]);
             e->col[r] = add(g, g->n0, lc);
             e->ok[r] = o2(g, KILN_KOP_LT, e->col[r], ci(g, (int32_t)G->n));
             uint32_t cidx = add(g, muli(g, row, GM_CS), addi(g, lc, q * g->bns));
@@ -574,6 +574,7 @@ static bool gw_reg_units(const gm *g, const gv_group *G, int off[SLOTS], int bas
 {
     int cols = G->cols, half = (int)(G->hd / 2);
     *n_base = 0;
+    if (G->rope && G->rot < G->hd) return false; /* partial rope: pass-through units (kl_gv_slot_col) keep the C tile */
     if (G->rope == 2) {
         if (half % 8 || g->bns % G->hd || cols != 4) return false;
         off[0] = 0, off[1] = 1, off[2] = half, off[3] = half + 1;
