@@ -4,12 +4,12 @@
 # llama.cpp's Q4_K_M mix (q4_k; attn_v/ffn_down q6_k on use_more_bits layers; output q6_k; token_embd
 # f16 in all three), each run by `kiln generate` (a 512-token prompt of ids, then 128 greedy tokens,
 # --ignore-eos) and `kiln bench --model` (512-token prefill; decode at KV 512) on cuda and cpu. First
-# the cuda cases of issue #20's tests (test_paged softcap_and_window, test_model_arch gemma/phi3 and
-# every weight format). Never stops at a failure; every step runs under a limit. Summary table last.
+# the cuda cases of issue #20's tests (test_paged softcap_and_window, test_model_arch gemma/phi3,
+# partial rotary and every weight format, test_ops rope_partial, kiln check's attention masks). Never stops at a failure; every step runs under a limit. Summary table last.
 #
 # usage: scripts/device-models.sh [BIN_DIR] [FORMAT...]   (BIN_DIR default devbin; FORMAT q4_0 q8_0
 #        q4_k_m, default all three; "tests" runs only the correctness steps)
-# Needs from a Release build in BIN_DIR: kiln, gen_model, test_paged, test_model_arch. The model
+# Needs from a Release build in BIN_DIR: kiln, gen_model, test_paged, test_model_arch, test_ops. The model
 # files go to $KILN_MODEL_DIR (default /tmp/kiln-models: the device's disk, never $OUT; 3.8, 7.2 and
 # 4.1 GB; a file already there is reused). Logs and summary.txt go to $OUT (else a temp dir). About
 # 2 minutes a format to write it, 1-2 on cuda, 2-4 on cpu: run one format per call when calls are
@@ -70,6 +70,12 @@ if [[ -x "$bin/test_model_arch" ]]; then
     step model_arch_formats_cuda 300 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/every_weight_format_matches_f64_on_cuda'
     step model_arch_partial_rope_cuda 300 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/partial_rotary*cuda*'
 fi
+
+# partial rotary on cuda: the rope row kernel and the q/k gemv/GEMM epilogues (rot 32 and 18 of 64)
+[[ -x "$bin/test_ops" ]] && step ops_rope_partial_cuda 300 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 2 --filter 'ops/rope_partial*'
+# kiln check's attention masks (softcap, window, both; paged too) on cuda
+step check_masks_cuda 300 "$kiln" check --op attention:masks --backend cuda --quick
+step check_paged_masks_cuda 300 "$kiln" check --op paged_attention:masks --backend cuda --quick
 
 # a 512-token prompt of ids (the random model's vocabulary has no text)
 ids=$(awk 'BEGIN { for (i = 0; i < 512; i++) printf "%s%d", i ? "," : "", 1 + (i * 7919) % 31999 }')

@@ -70,6 +70,22 @@ static void catches(const char *fault, const char *op)
 
 Test(check, catches_off_by_one_softmax, .init = setup, .fini = teardown) { catches("cpu_softmax_off_by_one", "softmax"); }
 Test(check, catches_wrong_scale_rms_norm, .init = setup, .fini = teardown) { catches("cpu_rms_norm_scale", "rms_norm"); }
+/* The attention masks (soft-cap, window, both): they pass on ref and cpu, and a window one key too
+ * wide fails the cpu rows (every quick run has 1-key windows). */
+Test(check, attention_masks_pass_and_catch_a_wide_window, .init = setup, .fini = teardown)
+{
+    const char *ops[] = {"attention:masks", "paged_attention:masks"}, *bes[] = {"cpu", "ref"};
+    for (int i = 0; i < 2; i++)
+        for (int b = 0; b < 2; b++) {
+            kiln_check_report *r = run(bes[b], ops[i]);
+            for (int k = 0; k < r->n_results; k++)
+                cr_expect(r->results[k].ok, "%s %s %s: %s (seed %llu)", r->results[k].op, r->results[k].dtype,
+                          r->results[k].backend, r->results[k].detail, (unsigned long long)r->seed);
+            find(r, ops[i], "f16", bes[b]);
+            kiln_check_report_free(r);
+        }
+    catches("cpu_attn_window_wide", "attention:masks");
+}
 
 /* A mild failure first, then NaNs (issue #17: a worst NMSE of inf was reported with the detail of
  * the first, mild failure): the detail names the NaN, in the report and in its JSON with the seed. */

@@ -254,6 +254,88 @@ static void paged_attention(kiln_check_run *r)
         }
 }
 
+/* The masks of kiln_attention_ext / kiln_paged_attention_ext (gemma 2/3, mistral, phi3): case i takes a
+ * soft-cap (i % 3 != 1: 1.5 .. 50, deep in tanh's bend at the low end), a window (i % 3 != 0) or both.
+ * Windows: 1 key in cases 1 and 2 (so a quick run always has one: a window one key too wide fails
+ * it), then a few keys, then more than the cache. */
+static void mask_of(kiln_check_run *r, int i, int64_t keys, float *softcap, int64_t *window)
+{
+    static const float caps[] = {1.5f, 5.0f, 20.0f, 50.0f};
+    *softcap = i % 3 != 1 ? caps[kiln_check_randint(r, 0, 4)] : 0.0f;
+    int w = (i / 3) % 3;
+    *window = i % 3 == 0 ? 0 : w == 0 ? 1 : w == 1 ? kiln_check_randint(r, 2, keys + 2) : keys + kiln_check_randint(r, 1, 9);
+}
+
+static void attention_masks(kiln_check_run *r)
+{
+    char lab[200];
+    const int64_t hds[] = {8, 16, 64, 128, 256}, cs[] = {5, 17, 64, 130, 300}, ratio[] = {1, 2, 4};
+    for (int t = 0; t < N_OF(ACT); t++)
+        for (int i = 0; i < shapes(r); i++) {
+            kiln_graph *g = new_graph();
+            if (!g) return;
+            int64_t hd = pick(r, hds, N_OF(hds)), C = pick(r, cs, N_OF(cs)), Hkv = kiln_check_randint(r, 1, 3);
+            int64_t H = Hkv * pick(r, ratio, N_OF(ratio)), tmax = kiln_check_randint(r, 1, (C < 40 ? C : 40) + 1);
+            float cap;
+            int64_t win;
+            mask_of(r, i, C, &cap, &win);
+            kiln_dim T = kiln_sym(g, "n_tok", tmax), NKV = kiln_sym(g, "n_kv", C);
+            kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
+            kiln_node k = kiln_state(g, "k", ACT[t], 3, (kiln_dim[]){Hkv, C, hd});
+            kiln_node v = kiln_state(g, "v", ACT[t], 3, (kiln_dim[]){Hkv, C, hd});
+            kiln_node y = kiln_attention_ext(g, q, k, v, NKV, 0.0f, cap, win);
+            snprintf(lab, sizeof lab, "attention masks cache %s q [n_tok<=%lld, %lld, %lld] kv [%lld, %lld] softcap %g window %lld",
+                     kiln_dtype_name(ACT[t]), (long long)tmax, (long long)H, (long long)hd, (long long)Hkv, (long long)C,
+                     (double)cap, (long long)win);
+            kiln_check_spec s = {.op = "attention:masks", .key = ACT[t], .tol = -1, .lo = -2, .hi = 2, .label = lab,
+                                 .state_lo = -1, .state_hi = 1.5f, .n_binds = 2};
+            for (int b = 0; b < 2; b++) {
+                s.syms[b][0] = b == 0 ? tmax : kiln_check_randint(r, 1, tmax + 1);
+                s.syms[b][1] = b == 0 ? C : kiln_check_randint(r, s.syms[b][0], C + 1);
+            }
+            finish(r, &s, g, y);
+        }
+}
+
+/* Ragged paged steps (as paged_attention, without draft trees) with a soft-cap, a window or both. */
+static void paged_masks(kiln_check_run *r)
+{
+    char lab[200];
+    const int64_t hds[] = {8, 16, 64, 128}, ratio[] = {1, 2, 4}, blks[] = {1, 4, 16, 32};
+    for (int t = 0; t < N_OF(ACT); t++)
+        for (int i = 0; i < shapes(r); i++) {
+            kiln_graph *g = new_graph();
+            if (!g) return;
+            int64_t hd = pick(r, hds, N_OF(hds)), Hkv = kiln_check_randint(r, 1, 3), H = Hkv * pick(r, ratio, N_OF(ratio));
+            int64_t B = pick(r, blks, N_OF(blks)), tmax = kiln_check_randint(r, 1, 41);
+            int64_t smax = kiln_check_randint(r, 1, (tmax < 8 ? tmax : 8) + 1);
+            int64_t MB = kiln_check_randint(r, 1, 200 / B + 2);
+            if (MB * B < tmax) MB = (tmax + B - 1) / B;
+            int64_t NB = kiln_check_randint(r, MB, MB * smax + 4);
+            float cap;
+            int64_t win;
+            mask_of(r, i, MB * B, &cap, &win);
+            kiln_dim T = kiln_sym(g, "n_tok", tmax), S = kiln_sym(g, "n_seq", smax);
+            kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
+            kiln_node k = kiln_state(g, "k", ACT[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
+            kiln_node v = kiln_state(g, "v", ACT[t], 3, (kiln_dim[]){Hkv, NB * B, hd});
+            kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, &T), seqs = kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){S, 2});
+            kiln_node bt = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){S, MB});
+            kiln_node y = kiln_paged_attention_ext(g, q, k, v, pos, seqs, bt, (int)B, 0.0f, cap, win);
+            snprintf(lab, sizeof lab, "paged_attention masks pool %s [%lld, %lld x %lld, %lld] q [n_tok<=%lld, %lld] n_seq<=%lld softcap %g window %lld",
+                     kiln_dtype_name(ACT[t]), (long long)Hkv, (long long)NB, (long long)B, (long long)hd, (long long)tmax,
+                     (long long)H, (long long)smax, (double)cap, (long long)win);
+            kiln_check_spec s = {.op = "paged_attention:masks", .key = ACT[t], .tol = -1, .lo = -2, .hi = 2, .label = lab,
+                                 .state_lo = -1, .state_hi = 1.5f, .n_binds = 2, .n_ins = 3,
+                                 .ins = {{"pos", KILN_CHECK_FILL_PAGED, 0, 0}, {"seqs", KILN_CHECK_FILL_PAGED, 0, 0},
+                                         {"blocks", KILN_CHECK_FILL_PAGED, 0, 0}}};
+            s.syms[0][0] = tmax, s.syms[0][1] = smax;
+            s.syms[1][0] = kiln_check_randint(r, 1, tmax + 1);
+            s.syms[1][1] = kiln_check_randint(r, 1, (s.syms[1][0] < smax ? s.syms[1][0] : smax) + 1);
+            finish(r, &s, g, y);
+        }
+}
+
 static void kv_scatter(kiln_check_run *r)
 {
     char lab[160];
@@ -383,7 +465,9 @@ void kiln_check_ops(kiln_check_run *r)
     for (ew op = EW_SCALE; op <= EW_TANH; op++) elementwise(r, op);
     if (kiln_check_wants(r, "rope")) rope(r);
     if (kiln_check_wants(r, "attention")) attention(r);
+    if (kiln_check_wants(r, "attention:masks")) attention_masks(r);
     if (kiln_check_wants(r, "paged_attention")) paged_attention(r);
+    if (kiln_check_wants(r, "paged_attention:masks")) paged_masks(r);
     if (kiln_check_wants(r, "kv_scatter")) kv_scatter(r);
     if (kiln_check_wants(r, "get_rows")) get_rows(r);
     if (kiln_check_wants(r, "cast")) cast(r);

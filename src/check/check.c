@@ -404,8 +404,9 @@ static double spec_tol(kiln_check_run *r, const kiln_check_spec *s)
 {
     if (s->tol >= 0) return s->tol;
     kiln_contract c;
-    char err[512];
-    if (!kiln_contract_load(s->op, &c, err, sizeof err)) {
+    char err[512], op[64];
+    snprintf(op, sizeof op, "%.*s", (int)strcspn(s->op, ":"), s->op); /* "attention:masks": attention's contract */
+    if (!kiln_contract_load(op, &c, err, sizeof err)) {
         r->status = KILN_ERR_IO;
         kiln_check_fail_all(r, s->op, s->key, "contract: %s", err);
         kiln_ctx_set_error(r->ctx, "%s", err);
@@ -623,7 +624,8 @@ static double now_s(void)
 }
 
 static const char *const GROUPS[] = {"matmul", "add", "mul", "scale", "silu", "gelu", "sigmoid", "tanh", "swiglu", "rms_norm",
-                                     "layer_norm", "softmax", "rope", "attention", "paged_attention", "kv_scatter", "get_rows",
+                                     "layer_norm", "softmax", "rope", "attention", "attention:masks", "paged_attention",
+                                     "paged_attention:masks", "kv_scatter", "get_rows",
                                      "argmax", "cast", "reshape", "view", "transpose", "concat", "fused",
                                      "unfused", "fused-vs-unfused", "preset", "determinism"};
 

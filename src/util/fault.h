@@ -12,7 +12,7 @@
 
 /* Faults kernels know: "cpu_softmax_off_by_one" (the last element of each row left out of the
  * sum), "cpu_rms_norm_scale" (the result scaled by 1.001), "cpu_rms_norm_nan_late" (every call after the
- * process's first stores a NaN at element 0). Faults of the Vulkan backend that a test
+ * process's first stores a NaN at element 0), "cpu_attn_window_wide" (attention windows one key wider). Faults of the Vulkan backend that a test
  * cannot cause on demand (tests/test_faults.c): "vk_glsl_error" (every generated shader gets a line
  * glslang rejects), "vk_device_lost" (queue submissions fail with VK_ERROR_DEVICE_LOST). */
 static inline bool kiln_fault(const char *name)

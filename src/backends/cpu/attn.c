@@ -5,6 +5,7 @@
  * over the K/V block (in L1/L2). Decode (few units) splits the KV range over threads and merges the
  * partial softmaxes afterwards. Must not contain ISA intrinsics: the vector ops come from the
  * kernel table. */
+#include "util/fault.h"
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -262,7 +263,7 @@ static void job_init(attn_job *a, enum kiln_cpu_isa isa, const float *q, int64_t
     a->grp = n_head / n_kv_head;
     a->scale = mk->scale != 0 ? mk->scale : 1.0f / sqrtf((float)hd);
     a->softcap = mk->softcap;
-    a->window = mk->window;
+    a->window = mk->window && kiln_fault("cpu_attn_window_wide") ? mk->window + 1 : mk->window; /* test-only */
 }
 
 kiln_status kiln_cpu_attention(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const float *q, int64_t n_tok,
