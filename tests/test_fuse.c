@@ -180,6 +180,52 @@ Test(fuse, rule6_adds_and_norm_after_all_reduce_are_one_kernel)
     kiln_graph_free(g);
 }
 
+/* Rule 1 on a norm's row kernel: gemma's post-norm of a matmul output and the residual add after it
+ * are one row kernel (the norm is not stored), the matmul before it stays alone; fused == unfused
+ * on the host backend under test and on vulkan where present (the GPU row kernel's epilogue); a
+ * norm that something else reads too keeps its own kernel. */
+Test(fuse, rule1_post_norm_and_residual_add_are_one_row_kernel)
+{
+    kiln_graph *g = gnew();
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){3, 64});
+    kiln_node y = kiln_matmul(g, x, tu_weight(g, "wo", KILN_DTYPE_F16, 2, (kiln_dim[]){64, 64}, -0.2f, 0.2f));
+    kiln_node n = kiln_rms_norm(g, y, tu_weight(g, "pn", KILN_DTYPE_F32, 1, (kiln_dim[]){64}, 0.5f, 1.5f), 1e-6f);
+    kiln_output(g, kiln_add(g, x, n), "out0");
+    feed f[] = {{"x", .t = KILN_DTYPE_F32, .n = 192}};
+    double tol = 4 * tu_tol("matmul", KILN_DTYPE_F16) + 4 * tu_tol("rms_norm", KILN_DTYPE_F32);
+    const char *bes[] = {fuse_backend(), "vulkan"};
+    for (int k = 0; k < 2; k++) {
+        kiln_backend_info bi;
+        bool present = false;
+        for (int i = 0; i < kiln_backend_count(g_ctx); i++)
+            present |= kiln_backend_get(g_ctx, i, &bi) == KILN_OK && !strcmp(bi.name, bes[k]) && bi.available;
+        if (!present) continue;
+        if (k == 1) setenv("KILN_TEST_BACKEND", "vulkan", 1);
+        int kf, ku;
+        fused_vs_unfused(g, f, 1, tol, &kf, &ku);
+        unsetenv("KILN_TEST_BACKEND");
+        cr_assert_eq(kf, 2, "%s: the matmul, then rms_norm + add: got %d", bes[k], kf);
+        cr_assert_eq(ku, 3);
+        kiln_plan *p = NULL;
+        cr_assert_eq(kiln_compile(g_ctx, g, &(kiln_compile_options){.backend = bes[k]}, &p), KILN_OK, "%s", kiln_ctx_error(g_ctx));
+        kiln_region_info ri;
+        cr_assert_eq(kiln_plan_region(p, 1, &ri), KILN_OK);
+        cr_expect_str_eq(ri.kind, "rows", "%s: region 1 is %s (%s)", bes[k], ri.kind, ri.ops);
+        cr_expect(strstr(ri.ops, "rms_norm") && strstr(ri.ops, "add"), "%s: %s", bes[k], ri.ops);
+        kiln_plan_free(p);
+    }
+    kiln_graph_free(g);
+    g = gnew(); /* the norm also an output: the add cannot take it over */
+    x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){3, 64});
+    n = kiln_rms_norm(g, x, KILN_NODE_NONE, 1e-6f);
+    kiln_output(g, kiln_add(g, x, n), "out0");
+    kiln_output(g, n, "out1");
+    int kf;
+    fused_vs_unfused(g, f, 1, tol, &kf, NULL);
+    cr_assert_eq(kf, 2, "got %d", kf);
+    kiln_graph_free(g);
+}
+
 Test(fuse, rule5_attention_written_as_ops_is_one_kernel)
 {
     for (int variant = 0; variant < 2; variant++) {

@@ -378,6 +378,38 @@ Test(model_arch, gemma_and_phi3_match_f64_on_cuda)
     check_model(phi3, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
 }
 
+/* Kernels per decode layer on cpu: compiled with 2 layers minus 1 layer. */
+static int layer_kernels(gw_model m)
+{
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    int k[2];
+    for (int n = 1; n <= 2; n++) {
+        kiln_graph *g;
+        cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 32, .max_tok = 1, .n_layers = n}, &g), KILN_OK,
+                     "%s", kiln_ctx_error(ctx));
+        kiln_plan *p;
+        cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "cpu"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        k[n - 1] = kiln_plan_kernel_count(p);
+        kiln_plan_free(p);
+        kiln_graph_free(g);
+    }
+    kiln_gguf_close(f);
+    free(bytes);
+    return k[1] - k[0];
+}
+
+/* gemma's post-norms take their residual adds into their row kernels (fusion rule 1): a gemma 2
+ * layer is llama's 5 kernels plus one per post-norm (it needs the whole row of its matmul's output,
+ * so it cannot be that matmul's epilogue); it was 9 before. */
+Test(model_arch, gemma_post_norms_fuse_with_their_residual_adds)
+{
+    if (!backend_present("cpu")) cr_skip("no cpu backend");
+    int llama = layer_kernels(biased), gemma = layer_kernels(gemma2);
+    cr_assert_eq(llama, 5, "llama layer: %d kernels", llama);
+    cr_assert_eq(gemma, 7, "gemma2 layer: %d kernels", gemma);
+}
+
 /* Partial rotary (Phi-4-mini: rope.dimension_count 96 of head 128; here 8 of 16, neox): the first
  * n_rot dims of each q/k head turn with theta^(-2i/n_rot), the rest pass through; and llama with
  * 6 of 16 (normal pairs, an odd pair count) with rope_freqs of n_rot/2 values. Breaking the

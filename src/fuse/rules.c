@@ -1,6 +1,6 @@
 /* Fusion rules (DESIGN.md, Fusion), applied in one topological pass over a const graph:
  *  1. an elementwise op joins the region of its operand when it is that operand's only reader
- *     and has its shape (chains merge; epilogues of any anchor);
+ *     and has its shape (chains merge; epilogues of matmuls, maps and norm/softmax row kernels);
  *  2. rms_norm read only by matmuls (as x) becomes their prologue;
  *  3. matmuls reading the same x merge into one multi-output region (Q/K/V, gate/up), up to 4;
  *  4. matmul epilogues: bias add, residual add and swiglu (via 1), rope on a reshaped (biased)
@@ -83,7 +83,18 @@ static bool same_dims(const kiln_node_rec *a, const kiln_node_rec *b)
     return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
 }
 
-/* Rule 1/4: elementwise op i joins the group of an operand it alone reads. */
+/* A norm or softmax anchoring a plain row region of its own (not one rule 6 made): its row kernel
+ * applies elementwise epilogues before its stores. */
+static bool is_row_anchor(const fuse_state *f, uint32_t src)
+{
+    uint8_t op = f->g->nodes[src].op;
+    uint32_t gid = f->group[src];
+    return (op == KILN_OP_RMS_NORM || op == KILN_OP_LAYER_NORM || op == KILN_OP_SOFTMAX) && f->anchor[gid] == src &&
+           !f->kind[gid];
+}
+
+/* Rule 1/4: elementwise op i joins the group of an operand it alone reads (a matmul's, a map's, or
+ * a norm's row kernel: gemma's post-norm and its residual add are one kernel). */
 static void rule_epilogue(fuse_state *f, uint32_t i)
 {
     const kiln_node_rec *n = &f->g->nodes[i];
@@ -92,7 +103,7 @@ static void rule_epilogue(fuse_state *f, uint32_t i)
         if (src == KILN_IDX_NONE || f->group[src] == KILN_IDX_NONE || f->readers[src] != 1) continue;
         const kiln_node_rec *m = &f->g->nodes[src];
         if (!same_dims(m, n)) continue;
-        if (m->op != KILN_OP_MATMUL && !is_map(m->op)) continue; /* rows/attention epilogues: not yet */
+        if (m->op != KILN_OP_MATMUL && !is_map(m->op) && !is_row_anchor(f, src)) continue; /* attention: not yet */
         uint32_t gid = f->group[src];
         if (f->kind[gid] == KILN_REGION_ATTENTION) continue; /* rule 5's kernel writes only its anchor */
         if (n->op == KILN_OP_SWIGLU) { /* both halves must come from the same group */
