@@ -2,17 +2,20 @@
 # Decode at the memory roof (issue #22) on the GPU machine: every knob variant of the decode kernels
 # A/B'd in one run, interleaved (two rounds, the second in reverse order), on llama-7b f16/q8_0/q4_k
 # at KV 1024 and f16 at KV 4096 (2 layers) and qwen2-0.5b f16/q8_0/q4_k (24 layers in one plan).
-# Variants: the defaults; programmatic dependent launch with the gemv's L2 prefetch (KILN_PDL=1),
-# without it (2), with the first weight chunks loaded into registers before the wait (3); gemv's pair
-# path for q8_0/q4_K (KILN_GEMV_PAIR=1) alone and with PDL 2 and 3. Every `kiln bench` measures the
+# Variants: the defaults; programmatic dependent launch with the gemv's L2 prefetch (pdl1, KILN_PDL=1,
+# not in the default list), without it (pdl2), with the first weight chunks loaded into registers
+# before the wait (pdl3); the gemv's chunk loop asking L2 for the weights 1 or 2 steps ahead (pf1,
+# pf2: KILN_GEMV_PREFETCH); gemv's pair path for q8_0/q4_K (pair: KILN_GEMV_PAIR=1), with pf1, and
+# with pf1 and pdl3. Every `kiln bench` measures the
 # copy bandwidth after its run (the roof); the floor is (weights + KV read per step) / that copy
 # bandwidth. Then per-kernel profiles (achieved GB/s) of the default and pair variants, and ncu's
 # warp stall reasons of the q4_k and q8_0 gemv when ncu is there. Builds nothing; never stops at a
-# failure; about 6-8 minutes in all. The summary table (fraction of the floor) comes last.
+# failure. Timed benches stop starting after BUDGET_S seconds (default 420), so that the profiles and
+# the summary table (fraction of the floor, last) always come within a 10-minute run.
 #
 # usage: scripts/device-decode.sh [BIN_DIR]   (default devbin; BIN_DIR/kiln must exist: it is static)
 # With $OUT set, every log and summary.txt go there (else a temp dir). ROUNDS (default 2), STEPS
-# (default 32), LLAMA_LAYERS (2), QWEN_LAYERS (24), VARIANTS (a subset of the names below) narrow it.
+# (default 32), LLAMA_LAYERS (2), QWEN_LAYERS (24), VARIANTS (names below), BUDGET_S narrow it.
 set -u
 bin="${1:-devbin}"
 if [[ ! -x "$bin/kiln" ]]; then
@@ -33,11 +36,13 @@ declare -A env_of=(
     [pdl1]="KILN_PDL=1"
     [pdl2]="KILN_PDL=2"
     [pdl3]="KILN_PDL=3"
+    [pf1]="KILN_GEMV_PREFETCH=1"
+    [pf2]="KILN_GEMV_PREFETCH=2"
     [pair]="KILN_GEMV_PAIR=1"
-    [pair_pdl2]="KILN_GEMV_PAIR=1 KILN_PDL=2"
-    [pair_pdl3]="KILN_GEMV_PAIR=1 KILN_PDL=3"
+    [pair_pf1]="KILN_GEMV_PAIR=1 KILN_GEMV_PREFETCH=1"
+    [pair_pf1_pdl3]="KILN_GEMV_PAIR=1 KILN_GEMV_PREFETCH=1 KILN_PDL=3"
 )
-variants=(${VARIANTS:-base pdl1 pdl2 pdl3 pair pair_pdl2 pair_pdl3})
+variants=(${VARIANTS:-base pdl2 pdl3 pf1 pf2 pair pair_pf1 pair_pf1_pdl3})
 # case name -> kiln bench arguments
 cases=(llama_f16_1k llama_q8_0_1k llama_q4_k_1k llama_f16_4k qwen_f16 qwen_q8_0 qwen_q4_k)
 declare -A args_of=(
@@ -57,8 +62,10 @@ grep -i -m2 "cuda" "$out/info.log" | tee -a "$summary"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader >>"$summary" 2>/dev/null
 
 # one timed bench: $out/r<round>_<case>_<variant>.log
+t_start=$SECONDS
 bench() {
     local r="$1" c="$2" v="$3" log="$out/r$1_$2_$3.log"
+    if ((SECONDS - t_start > ${BUDGET_S:-420})); then echo "[skip] $c $v round $r: past BUDGET_S" >>"$summary"; return; fi
     # shellcheck disable=SC2086
     timeout --kill-after=5 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda \
         --steps "$steps" --json >"$log" 2>&1 || echo "[FAIL] $c $v round $r (rc=$?)" | tee -a "$summary"
@@ -73,7 +80,7 @@ done
 
 # per-kernel profiles (kernel by kernel: achieved GB/s of each, not the overlap)
 for c in llama_q4_k_1k llama_q8_0_1k llama_f16_1k qwen_q8_0; do
-    for v in base pair; do
+    for v in base pf1 pair_pf1; do
         applies "$v" "$c" || continue
         # shellcheck disable=SC2086
         timeout --kill-after=5 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda \
@@ -85,7 +92,7 @@ done
 ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
 if [[ -x "$ncu" ]]; then
     for w in q4_k q8_0; do
-        for v in base pair; do
+        for v in base pair_pf1; do
             # shellcheck disable=SC2086
             timeout --kill-after=5 180 env ${env_of[$v]} KILN_NO_RECORD=1 "$ncu" --kernel-name kiln_gemv --launch-skip 8 --launch-count 4 \
                 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
@@ -102,7 +109,7 @@ fi
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$2" | head -n 1 | tr -d '"'; }
 {
     echo
-    echo "== per-kernel profiles (default vs pair), the gemv lines:"
+    echo "== per-kernel profiles (base, pf1, pair_pf1), the gemv lines:"
     for f in "$out"/profile_*.log; do
         [[ -e "$f" ]] || continue
         echo "-- $(basename "$f" .log)"

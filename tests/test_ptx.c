@@ -551,6 +551,39 @@ Test(ptx, pdl_kernels_assemble_for_sm90, .timeout = 600)
     cr_assert(with_prefetch > 0);
 }
 
+/* The decode gemv's A/B variants (codegen.pdl 3: weights in registers before the wait, gemv_pair,
+ * gemv_prefetch) assemble for sm_90 without spills, for the qwen2-0.5b and llama-7b decode layers. */
+Test(ptx, gemv_variants_assemble_for_sm90, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static seen_set seen;
+    lower_tally t = {0};
+    static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (int v = 0; v < 2; v++) {
+        kiln_lower_target tg = kiln_lower_target_for_sm(90);
+        tg.opts.pdl = KILN_PDL_REGS;
+        tg.opts.gemv_pair = v ? KILN_GEMM_AUTO : KILN_GEMM_ON;
+        tg.opts.gemv_prefetch = v ? 2 : 1;
+        for (int p = 0; p < kiln_preset_count(); p++)
+            for (int w = 0; w < 3; w++) {
+                if (strcmp(kiln_preset_at(p)->name, "qwen2-7b") == 0 || (v == 0 && wt[w] == KILN_DTYPE_F16)) continue;
+                kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096, .max_tok = 1,
+                                            .seed = 1, .shape_only = true};
+                kiln_graph *g = NULL;
+                char err[512] = "", what[128];
+                cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+                snprintf(what, sizeof what, "gemv variant %d %s %s", v, kiln_preset_at(p)->name, kiln_dtype_name(wt[w]));
+                lower_all_for(g, &tg, what, ptxas, &seen, &t);
+                kiln_graph_free(g);
+            }
+    }
+    cr_log_info("gemv variants: %d regions lowered, %d distinct kernels assembled (max %d registers)", t.lowered, t.assembled, t.max_regs);
+    cr_assert_eq(t.unsupported, 0, "%s", t.first_unsupported);
+    cr_assert_eq(t.n_spilling, 0, "%d kernels spill:\n%s", t.n_spilling, t.spills);
+    cr_assert(t.assembled > 0);
+}
+
 /* The three ops print as PTX ISA 7.8 text, only for sm_90. */
 Test(ptx, pdl_ops_print_for_sm90_only)
 {

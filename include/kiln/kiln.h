@@ -406,6 +406,11 @@ typedef struct kiln_codegen_options {
                            swiglu, rope, KV writes) on each consumer thread's own accumulators;
                            KILN_GEMM_AUTO/OFF: through a C tile in shared memory drained by every
                            thread, the default (H100: 0-5 us faster a GEMM; $KILN_GEMM_EPILOGUE=1) */
+    int32_t gemv_prefetch; /* N in 1..4: the gemv's chunk loop asks L2 (prefetch.global.L2) for the weights
+                           of its step N steps ahead at the top of every step, so each warp keeps more
+                           than one step's bytes in flight (ptxas issues a step's loads row by row, each
+                           after the previous row's arithmetic); 0: none ($KILN_GEMV_PREFETCH). Opt-in
+                           until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -39,7 +39,8 @@ class CodegenOptions(C.Structure):
     _fields_ = [("gemm", C.c_int32), ("gemm_rows", C.c_int32), ("grid_cap", C.c_int32), ("vk_disable", C.c_int32),
                 ("wgmma", C.c_int32), ("pdl", C.c_int32), ("precision", C.c_int32), ("flash", C.c_int32),
                 ("flash_wg", C.c_int32), ("gemm_cluster", C.c_int32), ("gemv_pair", C.c_int32),
-                ("gemm_epilogue", C.c_int32)]
+                ("gemm_epilogue", C.c_int32),
+                ("gemv_prefetch", C.c_int32)]
 
 
 class CompileOptions(C.Structure):

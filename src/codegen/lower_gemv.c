@@ -456,6 +456,25 @@ static void peel_first(gv *s, const gv_group *G, kiln_dtype t, bool two, uint32_
     kiln_kendif(k);
 }
 
+/* codegen.gemv_prefetch: at the top of a step at c, L2 is asked for the weights of the step at
+ * c + ahead (clamped into the row: the last steps ask again for the row's last one), through the
+ * format's own loads turned into prefetches. They take no registers, so ptxas leaves them where
+ * they are, and a warp has that step's bytes in flight while it works through this one. */
+static void prefetch_ahead(gv *s, kiln_dtype t, const gv_group *G, bool two, uint32_t c, uint32_t pm, const uint32_t slot_w[SLOTS],
+                           const uint32_t row[SLOTS], int32_t ahead, int64_t cpr)
+{
+    kiln_kir *k = s->k;
+    for (int h = 0; h < (two ? 2 : 1); h++) {
+        uint32_t cn = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, c, ahead + h * 32 * G->wpu), kiln_ki(k, (int32_t)(cpr - 1)));
+        for (int r = 0; r < s->u.n_slots; r++) {
+            gv_chunk ch;
+            uint32_t from = k->n_ins;
+            gv_load_step(s, t, slot_w[r], row[r], cn, pm, G->n, &ch);
+            kl_pdl_prefetch_tail(k, from);
+        }
+    }
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
@@ -486,6 +505,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, kiln_ki(s->k, (int32_t)cpr), kiln_ki(s->k, step), 0);
     gv_chunk ch[2][SLOTS];
     uint32_t cc[2] = {c, two ? kiln_k2(s->k, KILN_KOP_ADD, c, kiln_ki(s->k, 32 * G->wpu)) : KILN_IDX_NONE};
+    if (s->tgt->opts.gemv_prefetch > 0 && s->tgt->opts.gemv_prefetch <= 4) /* codegen.gemv_prefetch steps ahead */
+        prefetch_ahead(s, t, G, two, c, pm, slot_w, row, step * s->tgt->opts.gemv_prefetch, cpr);
     for (int h = 0; h < (two ? 2 : 1); h++)
         for (int r = 0; r < s->u.n_slots; r++) gv_load_step(s, t, slot_w[r], row[r], cc[h], pm, rows, &ch[h][r]);
     step_math(s, t, two, ch, cc, pm, xs, nws);

@@ -39,6 +39,7 @@ enum kiln_env_var {
     KILN_ENV_CONDA_PREFIX,   /* a conda environment, likewise */
     KILN_ENV_SPLIT,          /* "all": split plans divide whatever divides, without the cost model */
     KILN_ENV_GEMV_PAIR,      /* kiln_compile_options.codegen.gemv_pair */
+    KILN_ENV_GEMV_PREFETCH,  /* kiln_compile_options.codegen.gemv_prefetch */
     KILN_ENV_COUNT
 };
 
