@@ -313,7 +313,7 @@ static void compare_ref(const char *what, const char *out, const float *y, const
 }
 
 /* Runs c without pdl and with each pdl mode (L2 prefetch, none, weights in registers) and with the
- * gemv's prefetches 1 and 2 steps ahead: for each of its outputs the same bits, at the matmul
+ * gemv's prefetches 1 and 2 steps ahead (and its fence after a step's loads): for each of its outputs the same bits, at the matmul
  * contract's tolerance from ref64. Weights with gemv's pair path (q8_0, q4_K) run it too, plain and
  * with weights in registers and prefetches: the same bits, at the contract's tolerance (the pair
  * path sums in another order than the chunk path). */
@@ -343,6 +343,7 @@ static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
         for (int32_t ahead = 1; ahead <= 2; ahead++) { /* codegen.gemv_prefetch: L2 hints only */
             kiln_lower_target pf = mode_target(ahead == 2 ? KILN_PDL_REGS : 0, false);
             pf.opts.gemv_prefetch = ahead;
+            pf.opts.gemv_fence = ahead == 2 ? KILN_GEMM_ON : KILN_GEMM_AUTO; /* and a fence after each step's loads */
             int n_pf = 0;
             float *y = run_kernels(c, &pf, out, numel, &n_pf);
             cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: gemv prefetching %d steps ahead computed other bits", what, out, ahead);
@@ -352,6 +353,7 @@ static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
         if (pair) {
             kiln_lower_target p0 = mode_target(0, true), p3 = mode_target(KILN_PDL_REGS, true);
             p3.opts.gemv_prefetch = 1;
+            p3.opts.gemv_fence = KILN_GEMM_ON;
             int n0 = 0, n3 = 0;
             float *yp = run_kernels(c, &p0, out, numel, &n0), *yr = run_kernels(c, &p3, out, numel, &n3);
             cr_assert_eq(memcmp(yp, yr, (size_t)numel * 4), 0, "%s, %s: pair path with weights in registers computed other bits", what, out);

@@ -552,7 +552,7 @@ Test(ptx, pdl_kernels_assemble_for_sm90, .timeout = 600)
 }
 
 /* The decode gemv's A/B variants (codegen.pdl 3: weights in registers before the wait, gemv_pair,
- * gemv_prefetch) assemble for sm_90 without spills, for the qwen2-0.5b and llama-7b decode layers. */
+ * gemv_prefetch, gemv_fence) assemble for sm_90 without spills, for the qwen2-0.5b and llama-7b decode layers. */
 Test(ptx, gemv_variants_assemble_for_sm90, .timeout = 600)
 {
     char ptxas[1024];
@@ -565,6 +565,7 @@ Test(ptx, gemv_variants_assemble_for_sm90, .timeout = 600)
         tg.opts.pdl = KILN_PDL_REGS;
         tg.opts.gemv_pair = v ? KILN_GEMM_AUTO : KILN_GEMM_ON;
         tg.opts.gemv_prefetch = v ? 2 : 1;
+        tg.opts.gemv_fence = KILN_GEMM_ON;
         for (int p = 0; p < kiln_preset_count(); p++)
             for (int w = 0; w < 3; w++) {
                 if (strcmp(kiln_preset_at(p)->name, "qwen2-7b") == 0 || (v == 0 && wt[w] == KILN_DTYPE_F16)) continue;

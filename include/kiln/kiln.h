@@ -411,6 +411,10 @@ typedef struct kiln_codegen_options {
                            than one step's bytes in flight (ptxas issues a step's loads row by row, each
                            after the previous row's arithmetic); 0: none ($KILN_GEMV_PREFETCH). Opt-in
                            until measured */
+    int32_t gemv_fence; /* KILN_GEMM_ON: a block-scope fence (PTX fence.acq_rel.cta) after each step's loads in the
+                           gemv's chunk loop, which ptxas does not move loads across: all of a step's rows
+                           are in flight together (else ptxas may load each row next to its arithmetic);
+                           KILN_GEMM_AUTO/OFF: none ($KILN_GEMV_FENCE). Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

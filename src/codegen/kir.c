@@ -29,6 +29,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_SETMAXNREG] = "setmaxnreg",
     [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch", [KILN_KOP_WSET] = "wset",
     [KILN_KOP_NBAR_SYNC] = "nbar_sync", [KILN_KOP_NBAR_ARRIVE] = "nbar_arrive", [KILN_KOP_PACK2] = "pack2",
+    [KILN_KOP_FENCE_CTA] = "fence_cta",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
@@ -347,7 +348,7 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
                      kiln_kt_name(ta[1]), kiln_kt_name(ta[2]), in->imm.u);
             if (k->block % 32) FAIL("mma in a block that is not whole warps");
             break;
-        case KILN_KOP_BARRIER: case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: case KILN_KOP_WG_COMMIT: break;
+        case KILN_KOP_BARRIER: case KILN_KOP_FENCE_ASYNC: case KILN_KOP_WG_FENCE: case KILN_KOP_WG_COMMIT: case KILN_KOP_FENCE_CTA: break;
         case KILN_KOP_GRID_WAIT: waited |= depth == 0; break;
         case KILN_KOP_GRID_LAUNCH: break;
         case KILN_KOP_WG_WAIT: if (in->imm.i < 0 || in->imm.i > 7) FAIL("wait for %d groups", in->imm.i); break;

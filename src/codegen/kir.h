@@ -173,6 +173,9 @@ enum kiln_kop {
     KILN_KOP_NBAR_ARRIVE, /* NONE: arrives at named barrier imm without waiting */
     KILN_KOP_PACK2,       /* U32: F2H (imm 1: F2B) of F32 a in the low half, of F32 b in the high half, in one
                              instruction (cvt.rn.f16x2.f32: half the conversions of two F2H); CUDA only */
+    KILN_KOP_FENCE_CTA,   /* NONE: this thread's memory accesses before it are ordered before those after it, at the
+                             block's scope (PTX fence.acq_rel.cta; GLSL: nothing). The gemv puts one after a step's
+                             loads so that ptxas issues them together instead of next to each use (codegen.gemv_fence) */
     KILN_KOP_COUNT
 };
 

@@ -546,6 +546,7 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
         kiln_sbuf_printf(&p->body, in->imm.i ? "\tfence.mbarrier_init.release.cluster;\n" : "\tfence.proxy.async.shared::cta;\n");
         return KILN_OK;
     case KILN_KOP_WG_FENCE: kiln_sbuf_printf(&p->body, "\twgmma.fence.sync.aligned;\n"); return KILN_OK;
+    case KILN_KOP_FENCE_CTA: kiln_sbuf_printf(&p->body, "\tfence.acq_rel.cta;\n"); return KILN_OK;
     case KILN_KOP_WG_COMMIT: kiln_sbuf_printf(&p->body, "\twgmma.commit_group.sync.aligned;\n"); return KILN_OK;
     case KILN_KOP_WG_WAIT: kiln_sbuf_printf(&p->body, "\twgmma.wait_group.sync.aligned %d;\n", in->imm.i); return KILN_OK;
     case KILN_KOP_MBAR_INIT: kiln_sbuf_printf(&p->body, "\tmbarrier.init.shared::cta.b64 [%s], %d;\n", vreg(p, in->a).s, in->imm.i); return KILN_OK;

@@ -384,6 +384,7 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
         case KILN_KOP_ENDLOOP: case KILN_KOP_ENDIF: kiln_sbuf_printf(&s, "%s}\n", ind); break;
         /* programmatic dependent launch is CUDA's: a Vulkan queue runs dispatches in order anyway */
         case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: break;
+        case KILN_KOP_FENCE_CTA: break; /* a scheduling hint for ptxas; a thread's own accesses are in order anyway */
         default: {
             const op_text *t = op < KILN_KOP_COUNT ? &op_texts[op] : NULL;
             const char *tx = op == KILN_KOP_FMA && f && f->fma_f64 ? "kiln_fma($a, $b, $c)"

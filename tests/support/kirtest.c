@@ -58,6 +58,7 @@ void kt_build_alu(kiln_kir *k, uint32_t *n_out, uint8_t out_ops[256])
     uint32_t bx = op3(k, KILN_KOP_BID, I, NONE, NONE, NONE, 0), by = op3(k, KILN_KOP_BID, I, NONE, NONE, NONE, 1);
     uint32_t blk = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, by, op3(k, KILN_KOP_NBID, I, NONE, NONE, NONE, 0)), bx); /* nbid.x = KT_GRID_X */
     uint32_t gid = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, blk, kiln_ki(k, KT_BLOCK)), tid);
+    op3(k, KILN_KOP_FENCE_CTA, KILN_KT_NONE, NONE, NONE, NONE, 0); /* orders nothing here: printed, interpreted */
     alu a = {.k = k, .base = kiln_k2(k, KILN_KOP_MUL, gid, kiln_ki(k, KT_OUT_STRIDE)), .ops = out_ops};
     uint32_t g4 = kiln_k2(k, KILN_KOP_MUL, gid, kiln_ki(k, 4));
     uint32_t v4 = op3(k, KILN_KOP_LD4, KILN_KT_V4, g4, NONE, NONE, 1);
@@ -427,6 +428,7 @@ static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs,
     case KILN_KOP_ST: bufs[in->imm.u][a.i] = b.u; return true;
     case KILN_KOP_ST16: ((uint16_t *)bufs[in->imm.u])[a.i] = (uint16_t)b.u; return true;
     case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* one kernel at a time: nothing overlaps */
+    case KILN_KOP_FENCE_CTA: return true; /* a thread's accesses happen in program order here */
     default:
         snprintf(err, n_err, "kt_interp: op %s not interpreted", kiln_kop_name((enum kiln_kop)in->op));
         return false;
@@ -769,6 +771,7 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
     }
     case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* kernels run one after another */
     case KILN_KOP_NBAR_ARRIVE: { uint32_t g; return nbar_arrive(S, in, v, &g); }
+    case KILN_KOP_FENCE_CTA: return true; /* a thread's accesses happen in program order here */
     case KILN_KOP_WGMMA:
         if (th->n_pend == th->cap_pend) {
             uint32_t cap = th->cap_pend ? 2 * th->cap_pend : 16;
