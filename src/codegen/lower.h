@@ -112,6 +112,8 @@ void     kl_loop_end(kiln_kir *k);
  * kl_frag_b_word: word of the pair p of row n (an n column of B, k pairs contiguous in memory):
  * lanes 0, 1 of a lane's V4 are the B operand of n-tile 2 (n / 16), lanes 2, 3 that of the next. */
 uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane);
+/* Lane i of a V4 (16-byte load) as an F32. */
+uint32_t kl_lanef(kiln_kir *k, uint32_t v4, int i);
 /* The MMA words of the f32 pair (a, b) in n parts (1..3) of f16, or bf16 with bf: part i holds the
  * rounded remainder of a and of b after parts 0..i-1 (a in the low half), so the parts sum to
  * the f32 values within 2^-22 (two f16 parts) or 2^-24 (three bf16 parts), and each part's

@@ -94,7 +94,7 @@ static uint32_t op1(gm *g, enum kiln_kop op, enum kiln_kt t, uint32_t a, int32_t
     return kiln_kir_op(g->k, op, t, a, KILN_IDX_NONE, KILN_IDX_NONE, imm);
 }
 static uint32_t ld4(gm *g, uint32_t slot, uint32_t word) { return op1(g, KILN_KOP_LD4, KILN_KT_V4, word, (int32_t)slot); }
-static uint32_t lanef(gm *g, uint32_t v4, int i) { return op1(g, KILN_KOP_BITCAST, KILN_KT_F32, op1(g, KILN_KOP_LANE, KILN_KT_U32, v4, i), 0); }
+static uint32_t lanef(gm *g, uint32_t v4, int i) { return kl_lanef(g->k, v4, i); }
 static void sts(gm *g, uint32_t idx, uint32_t v) { kiln_kir_op(g->k, KILN_KOP_STS, KILN_KT_NONE, idx, v, KILN_IDX_NONE, (int32_t)g->sh); }
 static void barrier(gm *g) { kiln_kir_op(g->k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
 static void kif(gm *g, uint32_t p) { kiln_kir_op(g->k, KILN_KOP_IF, KILN_KT_NONE, p, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
@@ -793,7 +793,7 @@ static void split_quads(gv *s, kiln_kir *k, const gm *G, uint32_t xs, uint32_t s
     uint32_t e = kl_grid_loop(k, n);
     uint32_t v4 = kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, kiln_kmuli(k, e, 4), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)xs);
     uint32_t v[4];
-    for (int c = 0; c < 4; c++) v[c] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(k, v4, c), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    for (int c = 0; c < 4; c++) v[c] = kl_lanef(k, v4, c);
     uint32_t row = kiln_k2(k, KILN_KOP_DIV, e, kiln_ki(k, (int32_t)(K / 4))), col = kiln_k2(k, KILN_KOP_REM, e, kiln_ki(k, (int32_t)(K / 4)));
     uint32_t at0 = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, (int32_t)(K / 2)), kiln_kmuli(k, col, 2)); /* word of the first pair */
     for (int p = 0; p < 2; p++) {
@@ -924,7 +924,7 @@ static uint32_t rms_row_vec(gv *s, kiln_kir *k, const gm *G, uint32_t xs, uint32
     uint32_t v[8][4];
     for (int i = 0; i < nv; i++)
         for (int c = 0; c < 4; c++) {
-            v[i][c] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(k, v4[i], c), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            v[i][c] = kl_lanef(k, v4[i], c);
             ss = kiln_kir_op(k, KILN_KOP_FMA, KILN_KT_F32, v[i][c], v[i][c], ss, 0);
         }
     uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE, (KILN_KRED_SUM << 16) | GM_THREADS);
@@ -940,7 +940,7 @@ static uint32_t rms_row_vec(gv *s, kiln_kir *k, const gm *G, uint32_t xs, uint32
         for (int c = 0; c < 4; c++) {
             y[c] = kiln_k2(k, KILN_KOP_MUL, v[i][c], sc);
             if (w4 != KILN_IDX_NONE)
-                y[c] = kiln_k2(k, KILN_KOP_MUL, y[c], kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(k, w4, c), KILN_IDX_NONE, KILN_IDX_NONE, 0));
+                y[c] = kiln_k2(k, KILN_KOP_MUL, y[c], kl_lanef(k, w4, c));
         }
         for (int p = 0; p < 2; p++) {
             uint32_t word[3];

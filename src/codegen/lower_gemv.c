@@ -49,8 +49,7 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
             for (int i = 0; i < V; i += 4) {
                 uint32_t v4 = kiln_kld4(s->k, nws, kiln_k2(s->k, KILN_KOP_ADD, e0, kiln_ki(s->k, i)));
                 for (int l = 0; l < 4; l++)
-                    nwv[i + l] = kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l), KILN_IDX_NONE,
-                                             KILN_IDX_NONE, 0);
+                    nwv[i + l] = kl_lanef(k, v4, l);
             }
         for (int q = 0; q < s->mc; q++) {
             uint32_t xv[16] = {0};
@@ -62,8 +61,7 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
                     vec ? kiln_kld4(s->k, xs, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, i))) : KILN_IDX_NONE;
                 for (int l = 0; l < 4 && i + l < V; l++) {
                     xv[i + l] = !vec ? kl_load(k, xs, s->xdt, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, i + l)))
-                                     : kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l),
-                                                   KILN_IDX_NONE, KILN_IDX_NONE, 0);
+                                     : kl_lanef(k, v4, l);
                     if (s->nsc[q] != KILN_IDX_NONE) {
                         xv[i + l] = kiln_k2(s->k, KILN_KOP_MUL, xv[i + l], s->nsc[q]);
                         if (nws != KILN_IDX_NONE) xv[i + l] = kiln_k2(s->k, KILN_KOP_MUL, xv[i + l], nwv[i + l]);
@@ -122,14 +120,12 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
         uint32_t n4 = nws != KILN_IDX_NONE ? kiln_kld4(s->k, nws, e) : KILN_IDX_NONE;
         uint32_t amax = KILN_IDX_NONE, sum = KILN_IDX_NONE;
         for (int l = 0; l < 4; l++) {
-            x[l] = v4 != KILN_IDX_NONE ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, v4, l),
-                                                     KILN_IDX_NONE, KILN_IDX_NONE, 0)
+            x[l] = v4 != KILN_IDX_NONE ? kl_lanef(k, v4, l)
                                        : kl_load(k, xs, s->xdt, kiln_k2(s->k, KILN_KOP_ADD, xb, kiln_ki(s->k, l)));
             if (s->nsc[q] != KILN_IDX_NONE) x[l] = kiln_k2(s->k, KILN_KOP_MUL, x[l], s->nsc[q]);
             if (n4 != KILN_IDX_NONE)
                 x[l] = kiln_k2(s->k, KILN_KOP_MUL, x[l],
-                               kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(s->k, n4, l), KILN_IDX_NONE,
-                                           KILN_IDX_NONE, 0));
+                               kl_lanef(k, n4, l));
             uint32_t a = kiln_k1(k, KILN_KOP_ABS, x[l]);
             amax = l ? kiln_k2(s->k, KILN_KOP_MAX, amax, a) : a;
             if (!qsum) sum = l ? kiln_k2(s->k, KILN_KOP_ADD, sum, x[l]) : x[l];

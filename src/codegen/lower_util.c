@@ -478,6 +478,11 @@ void kl_split_pair(kiln_kir *k, uint32_t a, uint32_t b, int n, bool bf, uint32_t
         word[i] = kiln_k2(k, KILN_KOP_OR, h[0][i], kiln_k2(k, KILN_KOP_SHL, h[1][i], kiln_ku(k, 16)));
 }
 
+uint32_t kl_lanef(kiln_kir *k, uint32_t v4, int i)
+{
+    return kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_klane(k, v4, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
+
 uint32_t kl_frag_slot(kiln_kir *k, uint32_t lane)
 {
     return kiln_k2(k, KILN_KOP_XOR, lane, kiln_kandi(k, kiln_kshri(k, lane, 3), 3));
