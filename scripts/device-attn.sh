@@ -16,35 +16,12 @@
 # summary.txt go there (else a temp dir).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin="${1:-devbin}"
-if [[ ! -x "$bin/kiln" || ! -x "$bin/test_ops" || ! -x "$bin/bench_attn" ]]; then
-    echo "usage: scripts/device-attn.sh [BIN_DIR] (BIN_DIR/kiln, test_ops and bench_attn must exist)" >&2
-    exit 2
-fi
-bin="$(cd "$bin" && pwd)"
-out="${OUT:-$(mktemp -d /tmp/device-attn.XXXXXX)}"
-mkdir -p "$out"
+# shellcheck source=scripts/device-lib.sh
+. "$root/scripts/device-lib.sh"
+dev_bin "${1:-devbin}" "scripts/device-attn.sh [BIN_DIR]" kiln test_ops bench_attn
+dev_out attn
 export KILN_SOURCE_DIR="$root" KILN_CACHE=off
-summary="$out/summary.txt"
-: >"$summary"
-
-# step NAME SECONDS CMD...: runs CMD with its output in $out/NAME.log; one status line.
-step() {
-    local name="$1" lim="$2"; shift 2
-    local t0 t1 rc
-    t0=$(date +%s.%N)
-    timeout --kill-after=5 "$lim" "$@" >"$out/$name.log" 2>&1
-    rc=$?
-    t1=$(date +%s.%N)
-    local line
-    line=$(awk -v n="$name" -v a="$t0" -v b="$t1" -v r="$rc" 'BEGIN { printf "[%s] %-36s %6.1fs%s", r == 0 ? " ok " : "FAIL", n, b - a, r == 0 ? "" : "  rc=" r }')
-    echo "$line" | tee -a "$summary"
-    [[ $rc -ne 0 ]] && tail -n 12 "$out/$name.log" | sed 's/^/       | /'
-    return 0
-}
-
-"$bin/kiln" info >"$out/info.log" 2>&1
-grep -i -m2 "cuda" "$out/info.log" | tee -a "$summary"
+dev_info
 
 # correctness on cuda: the flash kernel (new, then the first) and the paged kernels
 step attn_ops_new 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 4 --filter 'ops/attention*'

@@ -18,17 +18,11 @@
 # With $OUT set, every log and summary.txt go there (else a temp dir). ROUNDS (default 1), STEPS
 # (default 32), LLAMA_LAYERS (2), QWEN_LAYERS (24), VARIANTS (names below), BUDGET_S narrow it.
 set -u
-bin="${1:-devbin}"
-if [[ ! -x "$bin/kiln" ]]; then
-    echo "usage: scripts/device-decode.sh [BIN_DIR] (BIN_DIR/kiln must exist)" >&2
-    exit 2
-fi
-bin="$(cd "$bin" && pwd)"
-out="${OUT:-$(mktemp -d /tmp/device-decode.XXXXXX)}"
-mkdir -p "$out"
+# shellcheck source=scripts/device-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/device-lib.sh"
+dev_bin "${1:-devbin}" "scripts/device-decode.sh [BIN_DIR]" kiln
+dev_out decode
 export KILN_CACHE=off
-summary="$out/summary.txt"
-: >"$summary"
 rounds="${ROUNDS:-1}" steps="${STEPS:-32}"
 
 # variant name -> environment
@@ -62,18 +56,16 @@ declare -A args_of=(
 # the pair path changes only q8_0/q4_k kernels: f16 cases skip its variants
 applies() { [[ "$1" != pair* || "$2" != *f16* ]]; }
 
-"$bin/kiln" info >"$out/info.log" 2>&1
-grep -i -m2 "cuda" "$out/info.log" | tee -a "$summary"
+dev_info
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader >>"$summary" 2>/dev/null
 
 # one timed bench: $out/r<round>_<case>_<variant>.log
 t_start=$SECONDS
 bench() {
-    local r="$1" c="$2" v="$3" log="$out/r$1_$2_$3.log"
-    if ((SECONDS - t_start > ${BUDGET_S:-420})); then echo "[skip] $c $v round $r: past BUDGET_S" >>"$summary"; return; fi
+    local r="$1" c="$2" v="$3"
+    if ((SECONDS - t_start > ${BUDGET_S:-420})); then dev_skip "r$1_$2_$3" "past BUDGET_S"; return; fi
     # shellcheck disable=SC2086
-    timeout --kill-after=5 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda \
-        --steps "$steps" --json >"$log" 2>&1 || echo "[FAIL] $c $v round $r (rc=$?)" | tee -a "$summary"
+    step "r$1_$2_$3" 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda --steps "$steps" --json
 }
 for ((r = 1; r <= rounds; r++)); do
     for c in "${cases[@]}"; do
@@ -88,8 +80,8 @@ for c in llama_q4_k_1k llama_q8_0_1k llama_f16_1k qwen_q8_0; do
     for v in base fence pair_fence; do
         applies "$v" "$c" || continue
         # shellcheck disable=SC2086
-        timeout --kill-after=5 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda \
-            --steps 8 --no-roof --profile >"$out/profile_${c}_$v.log" 2>&1
+        step "profile_${c}_$v" 120 env ${env_of[$v]} "$bin/kiln" bench ${args_of[$c]} --mode decode --backend cuda \
+            --steps 8 --no-roof --profile
     done
 done
 
@@ -99,11 +91,10 @@ if [[ -x "$ncu" ]]; then
     for w in q4_k q8_0; do
         for v in base fence pair_fence; do
             # shellcheck disable=SC2086
-            timeout --kill-after=5 180 env ${env_of[$v]} KILN_NO_RECORD=1 "$ncu" --kernel-name kiln_gemv --launch-skip 8 --launch-count 4 \
+            step "ncu_llama_${w}_$v" 180 env ${env_of[$v]} KILN_NO_RECORD=1 "$ncu" --kernel-name kiln_gemv --launch-skip 8 --launch-count 4 \
                 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
                 --section LaunchStats --section Occupancy \
-                "$bin/kiln" bench --preset llama-7b --wtype "$w" --ctx 1024 --layers 1 --mode decode --backend cuda --steps 2 --no-roof \
-                >"$out/ncu_llama_${w}_$v.log" 2>&1 || echo "[FAIL] ncu $w $v (see ncu_llama_${w}_$v.log)" | tee -a "$summary"
+                "$bin/kiln" bench --preset llama-7b --wtype "$w" --ctx 1024 --layers 1 --mode decode --backend cuda --steps 2 --no-roof
         done
     done
 else

@@ -19,8 +19,9 @@ if [[ -z "$bundle" || ! -e "$bundle" || ! "$secs" =~ ^[0-9]+$ || ! "$cores" =~ ^
     echo "usage: scripts/device-fuzz.sh BUNDLE(.tar.xz or folder) [SECONDS] [CORES >= 3]" >&2
     exit 2
 fi
-out="${OUT:-$(mktemp -d /tmp/device-fuzz.XXXXXX)}"
-mkdir -p "$out"
+# shellcheck source=scripts/device-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/device-lib.sh"
+dev_out fuzz
 work="$(mktemp -d /tmp/fuzzwork.XXXXXX)"
 if [[ -d "$bundle" ]]; then
     b="$(cd "$bundle" && pwd)"

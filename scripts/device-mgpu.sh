@@ -16,32 +16,14 @@
 # (pip's nvidia-nccl-cu12, as torch installs it); NCCL_NVLS_ENABLE=0 stays set (no NVLink multicast).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin="$(cd "${1:-$root/devbin}" 2>/dev/null && pwd)" || { echo "no folder ${1:-devbin}" >&2; exit 2; }
-[[ -x "$bin/kiln" ]] || { echo "usage: scripts/device-mgpu.sh BIN_DIR (BIN_DIR/kiln must exist)" >&2; exit 2; }
-out="${OUT:-$(mktemp -d /tmp/device-mgpu.XXXXXX)}"
-mkdir -p "$out"
+# shellcheck source=scripts/device-lib.sh
+. "$root/scripts/device-lib.sh"
+dev_bin "${1:-$root/devbin}" "scripts/device-mgpu.sh BIN_DIR" kiln
+dev_out mgpu
 export NCCL_NVLS_ENABLE=0
 export KILN_SOURCE_DIR="$root"
 export KILN_CACHE_DIR="${KILN_CACHE_DIR:-/tmp/kiln-mgpu-cache}" # cubins shared by the steps, not sent back
 kiln="$bin/kiln"
-names=() results=()
-
-# step NAME LIMIT CMD...: output to $out/NAME.log; one status line, the log's tail on failure.
-step() {
-    local name="$1" limit="$2"; shift 2
-    local log="$out/$name.log" t0 rc
-    t0=$(date +%s)
-    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
-    rc=$?
-    local secs=$(( $(date +%s) - t0 ))
-    if [[ $rc -eq 0 ]]; then
-        printf '[ ok ] %-28s %4ss\n' "$name" "$secs"; names+=("$name"); results+=("ok (${secs}s)")
-    else
-        local why="rc=$rc"; [[ $rc -eq 124 || $rc -eq 137 ]] && why="timed out after ${limit}s"
-        printf '[FAIL] %-28s %4ss  %s\n' "$name" "$secs" "$why"; tail -n 12 "$log" | sed 's/^/       | /'
-        names+=("$name"); results+=("FAIL: $why")
-    fi
-}
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv >"$out/gpus.txt" 2>&1
 nvidia-smi topo -m >>"$out/gpus.txt" 2>&1
@@ -58,7 +40,7 @@ if [[ -x "$bin/test_split" ]]; then
     step test_split_cuda 170 "$bin/test_split" --jobs 1 --verbose --filter 'split/cuda*'
     grep -E 'NMSE|Synthesis|skip' "$out/test_split_cuda.log" | tail -n 12
 else
-    names+=(test_split_cuda); results+=("skip: $bin/test_split missing")
+    dev_skip test_split_cuda "$bin/test_split missing"
 fi
 
 if [[ -x "$bin/gen_model" ]]; then
@@ -71,7 +53,7 @@ if [[ -x "$bin/gen_model" ]]; then
     grep -h '^{' "$out/generate-1gpu.log" "$out/generate-2gpu.log" | cut -c1-300
     rm -f "$model"
 else
-    names+=(generate); results+=("skip: $bin/gen_model missing")
+    dev_skip generate "$bin/gen_model missing"
 fi
 
 # bench NAME ARGS...: one JSON line to $out/NAME.json
@@ -93,18 +75,20 @@ if command -v compute-sanitizer >/dev/null; then
     step memcheck-split-step 100 compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$kiln" bench --preset llama-7b --layers 1 --wtype f16 --mode decode --ctx 64 --steps 1 --gpus 2 --no-roof
 else
-    names+=(memcheck-split-step); results+=("skip: no compute-sanitizer")
+    dev_skip memcheck-split-step "no compute-sanitizer"
 fi
 
-echo
-echo "== summary ($out)"
-for i in "${!names[@]}"; do printf '%-28s %s\n' "${names[$i]}" "${results[$i]}"; done
-printf '\n%-20s %14s %10s %10s\n' bench ms/layer-step GB/s GFLOP/s
-for f in "$out"/*.json; do
-    [[ -s "$f" ]] || continue
-    python3 - "$f" <<'EOF' 2>/dev/null || true
+{
+    echo
+    echo "== summary ($out)"
+    dev_steps
+    printf '\n%-20s %14s %10s %10s\n' bench ms/layer-step GB/s GFLOP/s
+    for f in "$out"/*.json; do
+        [[ -s "$f" ]] || continue
+        python3 - "$f" <<'EOF' 2>/dev/null || true
 import json, os, sys
 j = json.loads(open(sys.argv[1]).readline())
 print(f"{os.path.basename(sys.argv[1])[:-5]:<20} {j['ms_per_layer_step']:14.4f} {j['gb_per_s']:10.1f} {j['gflop_per_s']:10.1f}")
 EOF
-done | tee "$out/summary.txt"
+    done
+} | tee -a "$summary"

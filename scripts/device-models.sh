@@ -16,42 +16,19 @@
 # limited to 10 minutes.
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bin="$(cd "${1:-$root/devbin}" 2>/dev/null && pwd)" || { echo "no folder ${1:-devbin}" >&2; exit 2; }
+# shellcheck source=scripts/device-lib.sh
+. "$root/scripts/device-lib.sh"
+dev_bin "${1:-$root/devbin}" "scripts/device-models.sh BIN_DIR [FORMAT...]" kiln gen_model
 shift || true
-for b in kiln gen_model; do
-    [[ -x "$bin/$b" ]] || { echo "usage: scripts/device-models.sh BIN_DIR [FORMAT...] ($bin/$b missing)" >&2; exit 2; }
-done
 formats=("$@")
 [[ ${#formats[@]} -eq 0 ]] && formats=(q4_0 q8_0 q4_k_m)
-out="${OUT:-$(mktemp -d /tmp/device-models.XXXXXX)}"
+dev_out models
 mdir="${KILN_MODEL_DIR:-/tmp/kiln-models}"
-mkdir -p "$out" "$mdir"
+mkdir -p "$mdir"
 export KILN_SOURCE_DIR="$root"
 export KILN_CACHE_DIR="${KILN_CACHE_DIR:-/tmp/kiln-models-cache}" # kernels shared by the steps, not sent back
 kiln="$bin/kiln"
-names=() results=() rows=()
-
-# step NAME LIMIT CMD...: output to $out/NAME.log; one status line, the log's tail on failure.
-step() {
-    local name="$1" limit="$2"; shift 2
-    local log="$out/$name.log" t0 rc
-    t0=$(date +%s)
-    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
-    rc=$?
-    local secs=$(( $(date +%s) - t0 ))
-    if [[ $rc -eq 0 ]] && grep -q 'Synthesis: Tested: 0 ' "$log"; then # a filter that matched nothing, or a skip
-        printf '[FAIL] %-34s %4ss  no test ran\n' "$name" "$secs"; names+=("$name"); results+=("FAIL: no test ran")
-        grep -m3 -i 'skip' "$log" | sed 's/^/       | /'
-    elif [[ $rc -eq 0 ]]; then
-        local ran; ran=$(sed -n 's/.*Synthesis: Tested: \([0-9]*\) .*/, \1 tests/p' "$log" | tail -n 1)
-        printf '[ ok ] %-34s %4ss%s\n' "$name" "$secs" "$ran"; names+=("$name"); results+=("ok (${secs}s$ran)")
-    else
-        local why="rc=$rc"; [[ $rc -eq 124 || $rc -eq 137 ]] && why="timed out after ${limit}s"
-        printf '[FAIL] %-34s %4ss  %s\n' "$name" "$secs" "$why"; names+=("$name"); results+=("FAIL: $why")
-        tail -n 12 "$log" | sed 's/^/       | /'
-    fi
-    return 0
-}
+rows=()
 
 # json_num LOG KEY: the number after "KEY": in the last JSON line of LOG, or "-".
 json_num() {
@@ -106,7 +83,7 @@ done
 {
     echo
     echo "== device-models summary ($(date -u +%H:%M) UTC; logs in $out)"
-    for i in "${!names[@]}"; do printf '  %-34s %s\n' "${names[$i]}" "${results[$i]}"; done
+    dev_steps
     if [[ ${#rows[@]} -gt 0 ]]; then
         echo
         echo "llama-7b shape, 32 layers, tokens/s (generate: 512-token prompt, 128 generated; bench --model: prefill 512, decode at KV 512)"
@@ -114,4 +91,4 @@ done
         echo "|---------|------|-----------|-----------|-----------|-----------|---------|"
         printf '%s\n' "${rows[@]}"
     fi
-} | tee "$out/summary.txt"
+} | tee -a "$summary"
