@@ -19,9 +19,9 @@ if [[ -z "$bundle" || ! -e "$bundle" || ! "$secs" =~ ^[0-9]+$ || ! "$cores" =~ ^
     echo "usage: scripts/device-fuzz.sh BUNDLE(.tar.xz or folder) [SECONDS] [CORES >= 3]" >&2
     exit 2
 fi
-# shellcheck source=scripts/device-lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/device-lib.sh"
-dev_out fuzz
+# (stands alone, without scripts/device-lib.sh: it travels inside the bundle and as devrun/'s copy)
+out="${OUT:-$(mktemp -d /tmp/device-fuzz.XXXXXX)}"
+mkdir -p "$out"
 work="$(mktemp -d /tmp/fuzzwork.XXXXXX)"
 if [[ -d "$bundle" ]]; then
     b="$(cd "$bundle" && pwd)"
