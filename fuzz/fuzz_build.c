@@ -13,6 +13,7 @@
 #include "fuzz/fuzz.h"
 
 #define MAX_NODES 40 /* builder calls per input */
+#define SLACK 16 /* bytes allocated past each input's and output's size: a claim of a larger buffer stays true */
 
 typedef struct rd {
     const uint8_t *p; /* bytes */
@@ -111,8 +112,9 @@ static kiln_node step(prog *p, char *name)
 }
 
 /* Fills the bindings for symbol values from the bytes and inputs with values from a generator
- * seeded by the bytes; returns the count. Buffers go into own[]. */
-static size_t bind(prog *p, kiln_binding *b, void **own, int64_t *sv)
+ * seeded by the bytes; returns the count. Buffers go into own[], their allocated sizes into held[]
+ * (SLACK more than each claims). */
+static size_t bind(prog *p, kiln_binding *b, void **own, size_t *held, int64_t *sv)
 {
     const kiln_graph *g = p->g;
     size_t n = 0;
@@ -128,7 +130,7 @@ static size_t bind(prog *p, kiln_binding *b, void **own, int64_t *sv)
         int64_t e = kiln_node_numel(nd, sv, dims);
         size_t bytes = kiln_node_bytes(nd, dims);
         float *v = malloc((size_t)(e ? e : 1) * sizeof *v);
-        void *d = malloc(bytes ? bytes : 1);
+        void *d = malloc(bytes + SLACK);
         for (int64_t k = 0; v && k < e; k++) {
             seed = seed * 6364136223846793005ull + 1442695040888963407ull;
             v[k] = (float)((double)(seed >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
@@ -139,9 +141,21 @@ static size_t bind(prog *p, kiln_binding *b, void **own, int64_t *sv)
             kiln_quantize((kiln_dtype)nd->dtype, v, d, e);
         free(v);
         own[n] = d;
+        held[n] = bytes + SLACK;
         b[n++] = (kiln_binding){.name = nd->name, .data = d, .bytes = bytes};
     }
     return n;
+}
+
+/* Output o's size at this run's symbol values sv (its element count in *numel): what a run with
+ * these bindings writes. kiln_plan_tensor reports the last run's dims, which a new run's symbols
+ * may exceed, so it must not size a buffer the next run fills. */
+static size_t out_bytes(const kiln_graph *g, uint32_t o, const int64_t *sv, int64_t *numel)
+{
+    int64_t dims[KILN_MAX_RANK];
+    const kiln_node_rec *nd = &g->nodes[g->outs[o].node];
+    *numel = kiln_node_numel(nd, sv, dims);
+    return kiln_node_bytes(nd, dims);
 }
 
 /* Runs both plans on the same bindings and compares every output where both succeed. */
@@ -150,19 +164,18 @@ static void run_and_compare(prog *p, kiln_plan *ref, kiln_plan *cpu)
     const kiln_graph *g = p->g;
     kiln_binding b[64];
     void *own[64] = {0};
+    size_t held[64] = {0};
     int64_t sv[8] = {0};
-    size_t nb = bind(p, b, own, sv);
+    size_t nb = bind(p, b, own, held, sv);
     kiln_status s1 = kiln_run(ref, b, nb), s2 = kiln_run(cpu, b, nb);
     for (uint32_t o = 0; s1 == KILN_OK && s2 == KILN_OK && o < g->n_outs; o++) {
         const kiln_node_rec *nd = &g->nodes[g->outs[o].node];
-        kiln_tensor_info ti;
-        if (kiln_plan_tensor(ref, g->outs[o].name, &ti) != KILN_OK) continue;
-        int64_t e = 1;
-        for (int d = 0; d < ti.rank; d++) e *= ti.dims[d];
-        void *y1 = malloc(ti.bytes + 1), *y2 = malloc(ti.bytes + 1);
+        int64_t e;
+        size_t bytes = out_bytes(g, o, sv, &e);
+        void *y1 = malloc(bytes + 1), *y2 = malloc(bytes + 1);
         float *f1 = malloc((size_t)(e + 1) * sizeof *f1), *f2 = malloc((size_t)(e + 1) * sizeof *f2);
-        bool got = y1 && y2 && f1 && f2 && kiln_plan_read(ref, g->outs[o].name, y1, ti.bytes) == KILN_OK &&
-                   kiln_plan_read(cpu, g->outs[o].name, y2, ti.bytes) == KILN_OK;
+        bool got = y1 && y2 && f1 && f2 && kiln_plan_read(ref, g->outs[o].name, y1, bytes) == KILN_OK &&
+                   kiln_plan_read(cpu, g->outs[o].name, y2, bytes) == KILN_OK;
         if (got && nd->dtype == KILN_DTYPE_I32) {
             for (int64_t k = 0; k < e; k++) f1[k] = (float)((int32_t *)y1)[k], f2[k] = (float)((int32_t *)y2)[k];
         } else if (got) {
@@ -197,13 +210,16 @@ static void hostile(prog *p, kiln_plan *ref, kiln_plan *cpu)
     const kiln_graph *g = p->g;
     kiln_binding b[72];
     void *own[72] = {0};
+    size_t held[72] = {0}; /* bytes allocated behind binding k: never claim more */
     int64_t sv[8] = {0};
-    size_t nb = bind(p, b, own, sv), n_in = nb;
-    float *outs[4] = {0};
-    for (uint32_t o = 0; o < g->n_outs && o < 4 && nb < 70; o++) { /* outputs at their bound's size */
-        kiln_tensor_info ti;
-        if (kiln_plan_tensor(ref, g->outs[o].name, &ti) != KILN_OK || !(outs[o] = malloc(ti.bytes + 1))) continue;
-        b[nb++] = (kiln_binding){.name = g->outs[o].name, .data = outs[o], .bytes = ti.bytes};
+    size_t nb = bind(p, b, own, held, sv), n_in = nb;
+    void *outs[4] = {0};
+    for (uint32_t o = 0; o < g->n_outs && o < 4 && nb < 70; o++) { /* outputs at this run's size */
+        int64_t e;
+        size_t bytes = out_bytes(g, o, sv, &e);
+        if (!(outs[o] = malloc(bytes + SLACK))) continue;
+        held[nb] = bytes + SLACK;
+        b[nb++] = (kiln_binding){.name = g->outs[o].name, .data = outs[o], .bytes = bytes};
     }
     if (!nb) goto out;
     unsigned kind = u8(&p->r) % 9, at = u8(&p->r) % (unsigned)nb;
@@ -219,7 +235,7 @@ static void hostile(prog *p, kiln_plan *ref, kiln_plan *cpu)
     case 1: bad[nbad++] = b[at]; break; /* twice */
     case 2: bad[at].name = "no_such_binding"; break;
     case 3: bad[at].name = NULL; break;
-    case 4: /* a size off by one: too small fails everywhere; larger only an input */
+    case 4: /* a size off by one (the buffer has the byte): too small fails everywhere; larger only an input */
         if (is_sym) bad[at].value = 0;
         else if (u8(&p->r) & 1 || !bad[at].bytes) bad[at].bytes += 1, must_fail = is_in;
         else bad[at].bytes -= 1;
@@ -232,9 +248,10 @@ static void hostile(prog *p, kiln_plan *ref, kiln_plan *cpu)
         break;
     }
     case 7: if (!is_sym) bad[at].device = true; else bad[at].value = INT64_MIN; break;
-    default: /* an output may be larger than its tensor: only a symbol or an input must fail */
+    default: /* the whole allocation claimed: an output may be larger than its tensor, an input must
+              * match its size exactly; a symbol far out of range */
         if (is_sym) bad[at].value = INT64_MAX;
-        else bad[at].bytes = SIZE_MAX, must_fail = is_in;
+        else bad[at].bytes = held[at], must_fail = is_in;
         break;
     }
     kiln_plan *plans[2] = {ref, cpu};
