@@ -19,7 +19,7 @@
 # (default 32), LLAMA_LAYERS (2), QWEN_LAYERS (24), VARIANTS (names below), BUDGET_S narrow it.
 set -u
 # shellcheck source=scripts/device-lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/device-lib.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/device-lib.sh" # from scripts/ or a copy in devrun/
 dev_bin "${1:-devbin}" "scripts/device-decode.sh [BIN_DIR]" kiln
 dev_out decode
 export KILN_CACHE=off
