@@ -400,8 +400,10 @@ typedef struct kiln_codegen_options {
     int32_t gemv_pair;  /* KILN_GEMM_ON: the decode gemv of q8_0 and q4_K weights (integer dot products)
                            gives each lane two adjacent 16-byte chunks a step: one scale read and decoded
                            per 32 bytes of quants, each dot a whole 32-value group of x (about half the
-                           instructions per weight byte); KILN_GEMM_AUTO/OFF: one chunk a lane
-                           ($KILN_GEMV_PAIR, docs/kernels.md). Opt-in until measured */
+                           instructions per weight byte); KILN_GEMM_OFF: one chunk a lane;
+                           KILN_GEMM_AUTO: the weight format's decode default (kl_wfmt.gemv_auto in
+                           src/codegen/wfmt.c: one chunk a lane until measured otherwise on the H100)
+                           ($KILN_GEMV_PAIR=1/0, docs/kernels.md) */
     int32_t gemm_epilogue; /* KILN_GEMM_ON: the sm_90 TMA GEMM runs its epilogue (bias, residual,
                            swiglu, rope, KV writes) on each consumer thread's own accumulators;
                            KILN_GEMM_AUTO/OFF: through a C tile in shared memory drained by every
@@ -414,7 +416,8 @@ typedef struct kiln_codegen_options {
     int32_t gemv_fence; /* KILN_GEMM_ON: a block-scope fence (PTX fence.acq_rel.cta) after each step's loads in the
                            gemv's chunk loop, which ptxas does not move loads across: all of a step's rows
                            are in flight together (else ptxas may load each row next to its arithmetic);
-                           KILN_GEMM_AUTO/OFF: none ($KILN_GEMV_FENCE). Opt-in until measured */
+                           KILN_GEMM_OFF: none; KILN_GEMM_AUTO: the weight format's decode default
+                           (kl_wfmt.gemv_auto: none until measured otherwise) ($KILN_GEMV_FENCE=1/0) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -505,7 +505,8 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         prefetch_ahead(s, t, G, two, c, pm, slot_w, row, step * s->tgt->opts.gemv_prefetch, cpr);
     for (int h = 0; h < (two ? 2 : 1); h++)
         for (int r = 0; r < s->u.n_slots; r++) gv_load_step(s, t, slot_w[r], row[r], cc[h], pm, rows, &ch[h][r]);
-    if (s->tgt->opts.gemv_fence == KILN_GEMM_ON) /* the step's loads issue together (ptxas moves no load across it) */
+    /* the step's loads issue together (ptxas moves no load across it): codegen.gemv_fence, or at AUTO the format's default */
+    if (s->tgt->opts.gemv_fence == KILN_GEMM_ON || (s->tgt->opts.gemv_fence == KILN_GEMM_AUTO && (fmt(t)->gemv_auto & KL_GV_FENCE)))
         kiln_kir_op(k, KILN_KOP_FENCE_CTA, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     step_math(s, t, two, ch, cc, pm, xs, nws);
     kl_loop_end(k);

@@ -99,9 +99,12 @@ static bool check_weights(gv *s, char *err, size_t n_err)
               (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
     for (int j = 0; j < s->n_mm; j++)
         if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->dp4a_at) s->dp4a = false; /* float weights */
-    s->pair = s->pair_ok && s->dp4a && s->tgt->opts.gemv_pair == KILN_GEMM_ON;
-    for (int j = 0; j < s->n_mm; j++)
-        if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->pair_subs) s->pair = false;
+    /* codegen.gemv_pair, or at AUTO every weight format's default (kl_wfmt.gemv_auto) */
+    s->pair = s->pair_ok && s->dp4a && s->tgt->opts.gemv_pair != KILN_GEMM_OFF;
+    for (int j = 0; j < s->n_mm; j++) {
+        const kl_wfmt *f = fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype);
+        if (!f->pair_subs || (s->tgt->opts.gemv_pair != KILN_GEMM_ON && !(f->gemv_auto & KL_GV_PAIR))) s->pair = false;
+    }
     return true;
 }
 

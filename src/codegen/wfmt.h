@@ -37,6 +37,8 @@ typedef struct kl_dp4a_scales {
     uint32_t mn[2];   /* F32 mins of the two sub-blocks, or 0 */
 } kl_dp4a_scales;
 
+enum { KL_GV_FENCE = 1, KL_GV_PAIR = 2 }; /* kl_wfmt.gemv_auto bits */
+
 typedef struct kl_wfmt {
     kiln_dtype        t;        /* the dtype this row is for */
     enum kiln_klayout layout;   /* device layout (kiln_lower_weight_layout) */
@@ -48,6 +50,11 @@ typedef struct kl_wfmt {
     int               mc_cap;   /* tokens per gemv pass at most (decoders' registers) */
     bool              two;      /* gemv loads two chunks per step (both in flight before the first is used) */
     bool              two_dp4a; /* the same with integer dot products */
+    uint8_t           gemv_auto; /* what the gemv knobs left at KILN_GEMM_AUTO mean for this format (KL_GV_*
+                                    bits; the one place the per-format decode defaults live, chosen on the
+                                    H100 by scripts/device-decode.sh's repeated A B A B runs): KL_GV_FENCE
+                                    codegen.gemv_fence on, KL_GV_PAIR codegen.gemv_pair on (a kernel takes
+                                    the pair path when every weight's format asks for it). 0: both off */
     /* device bytes of a [rows, k] weight, and the repack into them (dst holds that many bytes) */
     size_t (*dev_bytes)(int64_t rows, int64_t k);
     void   (*repack)(int64_t rows, int64_t k, const void *src, void *dst);
