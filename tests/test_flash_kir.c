@@ -52,6 +52,10 @@ static int  wg_mutate;     /* run_regions corrupts the warpgroup kernel's WGMMAs
 static int32_t wg_option;  /* codegen.flash_wg for the TGT_WG runs (0: the default, the ping-pong kernel) */
 static bool wg_deadlocked; /* the last run_regions' warpgroup kernel deadlocked (expected with mutation 4) */
 static kiln_dtype q_dtype = KILN_DTYPE_F32; /* flash_run's q (f16: the kernels' 16-bit q loads) */
+static int32_t attn_cl;    /* codegen.attn_cluster of every run_regions (0: the default) */
+static bool cl_ran;        /* the last run_regions ran the cluster decode kernel, and it alone */
+static int64_t g_ctx;      /* flash_run's cache rows and decode mode: runs of at most 8 rows at the bound (no flash
+                              kernel), C rows (0: flash runs, n_kv + 5 rows) */
 static bool f16_prec(int tgt) { return tgt == TGT_CUDA_F16 || tgt == TGT_WG; }
 static double worst_f16 = 0; /* largest NMSE under f16 precision (printed: the contract's bound's margin) */
 
@@ -126,15 +130,17 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
     if (f16_prec(tgt)) co.precision = KILN_PREC_F16;
     if (tgt == TGT_CUDA_F16) co.flash_wg = KILN_GEMM_OFF;
     if (tgt == TGT_WG) co.flash_wg = wg_option;
+    co.attn_cluster = attn_cl;
     kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
     uint32_t yi = g->outs[0].node;
     char err[1024];
     bool flash = false;
-    wg_ran = false;
+    wg_ran = false, cl_ran = false;
     for (uint32_t r = 0; r < f.n_regions; r++) {
         kiln_kir kk[KILN_LOWER_MAX];
         uint32_t n = 0;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tg, kk, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
+        cl_ran |= n == 1 && strcmp(kk[0].name, "kiln_attn_decode") == 0;
         uint64_t sb = 0;
         for (uint32_t i = 0; i < n; i++) sb = kk[i].scratch_bytes > sb ? kk[i].scratch_bytes : sb;
         uint32_t *scratch = calloc(sb / 4 + 4, 4);
@@ -176,7 +182,7 @@ static int64_t g_window;
 static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int64_t T, int64_t n_kv, bool stale_inf,
                         bool mutant)
 {
-    const int64_t C = n_kv + 5, Tmax = T + 3;
+    const int64_t C = g_ctx ? g_ctx : n_kv + 5, Tmax = g_ctx ? (T + 3 <= 8 ? T + 3 : 8) : T + 3;
     kiln_graph *g;
     cr_assert_eq(kiln_graph_new(&g), KILN_OK);
     kiln_dim ts = kiln_sym(g, "t", Tmax), ks = kiln_sym(g, "n_kv", C);
@@ -203,14 +209,17 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     uint32_t params[8] = {0};
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ks)] = (uint32_t)n_kv;
     char what[260], err[1024];
-    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys%s%s, softcap %g, window %lld",
+    snprintf(what, sizeof what, "%s, %s cache, %lld/%lld heads, hd %lld, %lld rows, %lld keys%s%s, softcap %g, window %lld%s",
              tgt_name[tgt], kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv,
-             stale_inf ? ", inf past n_kv" : "", qs == 2 ? ", f16 q" : "", (double)g_softcap, (long long)g_window);
+             stale_inf ? ", inf past n_kv" : "", qs == 2 ? ", f16 q" : "", (double)g_softcap, (long long)g_window,
+             attn_cl == KILN_GEMM_ON ? ", attn_cluster" : "");
     kbind kb = {.names = {"q", "k", "v"}, .mem = {qmem, kmem, vmem}, .n = 3};
     bool flash = run_regions(g, tgt, params, &kb, y, what);
-    cr_assert(flash, "%s: no flash kernel", what);
-    bool wg_fits = cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128 || hd == 256) && H / Hkv <= 8;
+    cr_assert(flash == !g_ctx, "%s: flash kernel %s", what, flash ? "ran" : "did not run");
+    bool wg_fits = !g_ctx && cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128 || hd == 256) && H / Hkv <= 8;
     cr_assert(wg_ran == (tgt == TGT_WG && wg_fits), "%s: warpgroup kernel %s", what, wg_ran ? "ran" : "did not run");
+    bool sm90 = tgt == TGT_CUDA || f16_prec(tgt);
+    cr_assert(cl_ran == (g_ctx && attn_cl == KILN_GEMM_ON && sm90), "%s: cluster decode kernel %s", what, cl_ran ? "ran" : "did not run");
 
     ref64 *rf = ref64_new(g);
     cr_assert_eq(ref64_state_set(rf, "k", kmem, nc * es, err, sizeof err), 0, "%s", err);
@@ -466,6 +475,36 @@ Test(flash_kir, softcap_and_window)
     }
     g_softcap = 0, g_window = 0;
     fprintf(stderr, "flash_kir softcap_and_window: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* Decode (runs of at most 8 rows at the graph's bound: no flash kernel) on every target, with
+ * codegen.attn_cluster on and off: on sm_90 with it on, the key splits of a query-head group are one
+ * thread block cluster's blocks that combine through distributed shared memory (kiln_attn_decode,
+ * the region's only kernel; the interpreter runs a cluster's blocks together and their LDS_CL
+ * reads); else the split and combine kernels. Clusters of 2 to 8 blocks of 1 to 4 warps (the cache
+ * bound sets them), splits past n_kv (empty blocks, stale inf rows there), grouped heads split over
+ * blocks (qwen2-0.5b's 14/2 heads), several rows, soft-cap and window; f16, bf16 and f32 caches. */
+static void decode_case(kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int64_t T, int64_t n_kv, int64_t ctx, bool stale_inf)
+{
+    g_ctx = ctx;
+    for (int on = 0; on < 2; on++) {
+        attn_cl = on ? KILN_GEMM_ON : 0;
+        for (int tgt = 0; tgt < TGT_N; tgt++) {
+            if (tgt == TGT_V1 || tgt == TGT_CUDA_F16) continue; /* the flash variants: the same decode kernels */
+            flash_run(tgt, cd, H, Hkv, hd, T, n_kv, stale_inf, false);
+        }
+    }
+    attn_cl = 0, g_ctx = 0;
+}
+
+Test(flash_kir, decode_cluster)
+{
+    decode_case(KILN_DTYPE_F16, 14, 2, 64, 1, 1000, 1058, true); /* qwen2-0.5b: 8 blocks x 4 warps */
+    decode_case(KILN_DTYPE_F32, 8, 2, 128, 3, 77, 300, true);    /* most blocks past n_kv */
+    decode_case(KILN_DTYPE_BF16, 4, 4, 32, 2, 5, 40, false);     /* 2 one-warp blocks */
+    g_softcap = 30.0f, g_window = 100;
+    decode_case(KILN_DTYPE_F16, 7, 1, 64, 4, 600, 700, false);
+    g_softcap = 0, g_window = 0;
 }
 
 /* Speculative verification (kiln_paged_attention_tree) on the flash kernel: random forests of drafts

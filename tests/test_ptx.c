@@ -773,3 +773,56 @@ Test(ptx, flash_wg_assembles, .timeout = 600)
         kiln_graph_free(g);
     }
 }
+
+/* Decode attention as one cluster kernel (codegen.attn_cluster, lower_attn.c: a group's key splits
+ * are a thread block cluster's blocks that combine through distributed shared memory, kir LDS_CL):
+ * qwen2-0.5b (7 query heads a kv head, 8 blocks x 4 warps) and llama-7b (head_dim 128, 2 warps a
+ * block) at a 1058-row cache, with and without programmatic dependent launch, and qwen2-7b at a
+ * 300-row one (one-warp blocks) assemble for sm_90 with no spills; the split and combine kernels
+ * are gone. */
+Test(ptx, attn_cluster_assembles_for_sm90, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static const struct { const char *preset; int64_t ctx; int32_t pdl; } cases[] = {
+        {"qwen2-0.5b", 1058, 0}, {"qwen2-0.5b", 1058, KILN_PDL_REGS}, {"llama-7b", 1058, KILN_GEMM_ON}, {"qwen2-7b", 300, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        kiln_lower_target tg = kiln_lower_target_for_sm(90);
+        tg.opts.attn_cluster = KILN_GEMM_ON, tg.opts.pdl = cases[c].pdl;
+        kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = cases[c].ctx,
+                                    .max_tok = 1, .seed = 1, .shape_only = true};
+        kiln_graph *g = NULL;
+        char err[8192] = "", what[128];
+        cr_assert_eq(kiln_preset_build_ex(kiln_preset_find(cases[c].preset), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+        snprintf(what, sizeof what, "%s decode, %lld-row cache, pdl %d", cases[c].preset, (long long)cases[c].ctx, cases[c].pdl);
+        kiln_fusion f;
+        cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+        int found = 0, split = 0;
+        for (uint32_t r = 0; r < f.n_regions; r++) {
+            kiln_kir ks[KILN_LOWER_MAX];
+            uint32_t nk = 0;
+            cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tg, ks, &nk, err, sizeof err), KILN_OK, "%s: %s", what, err);
+            for (uint32_t i = 0; i < nk; i++) {
+                split += !strncmp(ks[i].name, "kiln_attn_split", 15) || !strncmp(ks[i].name, "kiln_attn_combine", 17);
+                if (!strcmp(ks[i].name, "kiln_attn_decode")) {
+                    char *txt = NULL;
+                    unsigned flags;
+                    kiln_ptxas_report rep;
+                    kiln_status s = kiln_ptx_print_assembled(ptxas, &ks[i], 90, &txt, &flags, NULL, &rep, err, sizeof err);
+                    cr_assert_eq(s, KILN_OK, "%s: %s", what, err);
+                    cr_assert(strstr(txt, "ld.shared::cluster.f32") && strstr(txt, ".reqnctapercluster"), "%s: no cluster loads", what);
+                    cr_assert_eq(rep.spill_stores + rep.spill_loads + rep.stack, 0, "%s: %d/%d spill bytes, stack %d:\n%s", what,
+                                 rep.spill_stores, rep.spill_loads, rep.stack, rep.log);
+                    cr_log_info("%s: %s, cluster %u, %u threads, %d registers", what, ks[i].what, ks[i].cluster, ks[i].block, rep.regs);
+                    free(txt);
+                    found++;
+                }
+                kiln_kir_free(&ks[i]);
+            }
+        }
+        kiln_fusion_free(&f);
+        kiln_graph_free(g);
+        cr_assert_eq(found, 1, "%s: %d cluster decode kernels", what, found);
+        cr_assert_eq(split, 0, "%s: split/combine kernels remain", what);
+    }
+}

@@ -418,6 +418,11 @@ typedef struct kiln_codegen_options {
                            are in flight together (else ptxas may load each row next to its arithmetic);
                            KILN_GEMM_OFF: none; KILN_GEMM_AUTO: the weight format's decode default
                            (kl_wfmt.gemv_auto: none until measured otherwise) ($KILN_GEMV_FENCE=1/0) */
+    int32_t attn_cluster; /* KILN_GEMM_ON: on sm_90, decode attention (up to 8 query rows, contiguous cache) is one
+                           kernel: the key splits of a query-head group are the blocks of a thread block cluster
+                           (up to 8) and combine through distributed shared memory, instead of the split kernel
+                           writing partials that kiln_attn_combine reads; KILN_GEMM_AUTO/OFF: the two kernels
+                           ($KILN_ATTN_CLUSTER, docs/kernels.md). Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

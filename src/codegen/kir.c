@@ -29,7 +29,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_SETMAXNREG] = "setmaxnreg",
     [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch", [KILN_KOP_WSET] = "wset",
     [KILN_KOP_NBAR_SYNC] = "nbar_sync", [KILN_KOP_NBAR_ARRIVE] = "nbar_arrive", [KILN_KOP_PACK2] = "pack2",
-    [KILN_KOP_FENCE_CTA] = "fence_cta",
+    [KILN_KOP_FENCE_CTA] = "fence_cta", [KILN_KOP_LDS_CL] = "lds_cl",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
@@ -405,6 +405,10 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
             break;
         case KILN_KOP_CLUSTER_SYNC:
             if (k->cluster < 2) FAIL("cluster sync in a kernel without a cluster");
+            break;
+        case KILN_KOP_LDS_CL:
+            if (k->cluster < 2 || ta[0] != KILN_KT_U32 || ta[1] != KILN_KT_U32 || (t != KILN_KT_U32 && t != KILN_KT_F32))
+                FAIL("remote shared load needs a cluster, a u32 address and a u32 rank, and gives u32 or f32");
             break;
         case KILN_KOP_SETMAXNREG: {
             uint32_t r = in->imm.u & 0xffff;

@@ -176,6 +176,9 @@ enum kiln_kop {
     KILN_KOP_FENCE_CTA,   /* NONE: this thread's memory accesses before it are ordered before those after it, at the
                              block's scope (PTX fence.acq_rel.cta; GLSL: nothing). The gemv puts one after a step's
                              loads so that ptxas issues them together instead of next to each use (codegen.gemv_fence) */
+    KILN_KOP_LDS_CL,      /* U32 or F32: the word at shared byte address a (U32, from SADDR) in the block of the cluster
+                             of rank b (U32) (PTX mapa + ld.shared::cluster; kernels with cluster > 1): another block's
+                             shared stores before a CLUSTER_SYNC are visible after it. Attention's split-combine */
     KILN_KOP_COUNT
 };
 

@@ -2,7 +2,10 @@
  * sharing each K/V read. Kernel 1: one block per (kv head, key split, token) computes, for every
  * query head of the group, the split's running max, sum and weighted V (online softmax over tiles
  * of 128 keys: a lane per key for q.k, lanes over head dims for p.v) into the region's scratch.
- * Kernel 2: one block per (query head, token) combines the splits. The causal limit of token t is
+ * Kernel 2: one block per (query head, token) combines the splits. On sm_90 with codegen.attn_cluster,
+ * decode over a contiguous cache is one kernel instead (kiln_attn_decode): a group's splits are the
+ * blocks of a thread block cluster, which combine through distributed shared memory (cluster_combine).
+ * The causal limit of token t is
  * n_kv - n_tok + t + 1 keys, from the parameter buffer. Paged attention (kiln_paged_attention) runs
  * the same two kernels over a ragged batch: token t sees pos[t] + 1 keys of its own sequence (found
  * among the step's starts), each key's cache row through the block table (kl_paged_slot), the key
@@ -18,8 +21,11 @@
 
 #include <math.h>
 
-#define AW   1 /* warps per block: one warp per key split keeps thousands of splits in flight */
-#define ABLK (32 * AW)
+/* Warps per block (at.aw): one warp per key split keeps thousands of splits in flight; the cluster
+ * kernel's blocks take up to CL_AW. Threads per block: */
+#define ABLK (32 * a->aw)
+#define CL_AW  4 /* cluster kernel: most warps a block (a split's tile is 32 keys a warp) */
+#define CL_MAX 8 /* blocks a cluster (the portable bound) */
 #define VU   8 /* keys per unrolled step of p.v */
 #define CU   8 /* splits per unrolled step of the combine */
 
@@ -30,6 +36,9 @@ typedef struct at {
     int64_t cap;                /* paged: keys a sequence can hold (block table width x block) */
     bool tree;                  /* paged, a tree step (sp->parents): new keys masked off other draft paths */
     int64_t HB, GB; /* query heads per block, blocks per kv head (HB * GB = G) */
+    int32_t aw;     /* warps per block (1; the cluster kernel up to CL_AW) */
+    int32_t cl;     /* blocks per cluster: the n_split splits of a group are one cluster's blocks and
+                       combine in distributed shared memory (one kernel); 0: split + combine kernels */
     kiln_dtype kt, vt;
 } at;
 
@@ -160,11 +169,12 @@ typedef struct attn_st {
     const at *a;
     int32_t G, hd, dpl;           /* query heads of the block, head dim, dims per lane */
     uint32_t qsh, psh, csh;       /* shared: q, p, the warps' partial results */
+    uint32_t bsh;                 /* shared (cluster kernel): the block's partial result, read by the cluster */
     uint32_t scr, ks, vs;         /* slots: scratch, K and V caches */
     uint32_t tid, t, lane, warp;  /* I32: thread, query row, lane, warp */
     uint32_t qh0, sp, start, end; /* I32: first query head, split, its key range */
     uint32_t head_row, kb;        /* I32: the kv head's first cache row; the tile's first key */
-    uint32_t bt, bt_row, last;    /* paged: block table slot, the sequence's row start in it, its last key seen */
+    uint32_t bt, bt_row, last;    /* paged: block table slot, the sequence's row start in it; the row's last key seen */
     tree_row tr;                  /* a tree step: the row's place in its sequence's tree */
     uint32_t m[8], l[8], o[8][8]; /* F32 variables: running max, sum and output of each head */
     float softcap;                /* the node's logit soft-cap (0: none) */
@@ -190,7 +200,7 @@ static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
     uint32_t valid = kiln_k2(k, KILN_KOP_LT, j, end);
     uint32_t jc = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, start, 0);
     if (a->tree) { /* keys of other draft paths score -inf like keys past the split */
-        uint32_t reach = kiln_k2(k, KILN_KOP_LT, st->tr.c, kiln_k2(k, KILN_KOP_ADD, kb, kiln_ki(k, ABLK)));
+        uint32_t reach = kiln_k2(k, KILN_KOP_LT, st->tr.c, kiln_k2(k, KILN_KOP_ADD, kb, kiln_ki(k, 32 * a->aw)));
         uint32_t walk = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, reach, st->tr.depth, kiln_ki(k, 0), 0);
         valid = kiln_k2(k, KILN_KOP_PAND, valid, tree_visible(k, &st->tr, jc, walk));
     }
@@ -276,7 +286,7 @@ static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
                                    kiln_k2(k, KILN_KOP_ADD,
                                            kiln_k2(k, KILN_KOP_ADD, kb, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, 32))),
                                            kiln_k2(k, KILN_KOP_ADD, kk, kiln_ki(k, u))),
-                                   a->sp->block ? st->last : kiln_ki(k, (int32_t)a->max_ctx - 1));
+                                   st->last); /* p is 0 past it, but 0 x a stale inf in the cache is not */
             bool q8 = a->vt == KILN_DTYPE_Q8_0;
             uint32_t vri = q8 ? kiln_k2(k, KILN_KOP_ADD, head_row, key_row(st, key)) : KILN_IDX_NONE;
             uint32_t vrow = q8 ? KILN_IDX_NONE
@@ -331,11 +341,11 @@ static void write_partial(attn_st *st)
         uint32_t gg = kiln_k2(k, KILN_KOP_DIV, x, kiln_ki(k, hd)), d = kiln_k2(k, KILN_KOP_REM, x, kiln_ki(k, hd));
         uint32_t gb = kiln_k2(k, KILN_KOP_MUL, gg, kiln_ki(k, hd + 2));
         uint32_t mm = kiln_kf(k, -INFINITY);
-        for (int w = 0; w < AW; w++)
+        for (int w = 0; w < a->aw; w++)
             mm = kiln_k2(k, KILN_KOP_MAX, mm,
                          kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, w * cw), gb)));
         uint32_t ms = safe_max(k, mm), L = kiln_kf(k, 0), O = kiln_kf(k, 0);
-        for (int w = 0; w < AW; w++) {
+        for (int w = 0; w < a->aw; w++) {
             uint32_t wb = kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, w * cw), gb);
             uint32_t f = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, kiln_klds(k, csh, KILN_KT_F32, wb), ms));
             L = kiln_kfma(k, kiln_klds(k, csh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, wb, kiln_ki(k, 1))), f, L);
@@ -344,20 +354,29 @@ static void write_partial(attn_st *st)
                                     kiln_k2(k, KILN_KOP_ADD, wb, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2)))),
                           f, O);
         }
-        uint32_t head = kiln_k2(k, KILN_KOP_ADD, qh0, gg);
-        uint32_t base = kiln_k2(
-            k, KILN_KOP_MUL,
-            kiln_k2(k, KILN_KOP_ADD,
-                    kiln_k2(k, KILN_KOP_MUL,
-                            kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head),
-                            kiln_ki(k, (int32_t)a->n_split)),
-                    sp),
-            kiln_ki(k, hd + 2));
-        kiln_kif(k, kiln_k2(k, KILN_KOP_EQ, d, kiln_ki(k, 0)));
-        kl_store(k, scr, KILN_DTYPE_F32, base, mm);
-        kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, 1)), L);
-        kiln_kendif(k);
-        kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))), O);
+        if (a->cl) { /* the cluster kernel: the block's result stays in its shared memory (cluster_combine) */
+            uint32_t b = kiln_k2(k, KILN_KOP_MUL, gg, kiln_ki(k, hd + 2));
+            kiln_kif(k, kiln_k2(k, KILN_KOP_EQ, d, kiln_ki(k, 0)));
+            kiln_ksts(k, st->bsh, b, mm);
+            kiln_ksts(k, st->bsh, kiln_kaddi(k, b, 1), L);
+            kiln_kendif(k);
+            kiln_ksts(k, st->bsh, kiln_k2(k, KILN_KOP_ADD, b, kiln_kaddi(k, d, 2)), O);
+        } else {
+            uint32_t head = kiln_k2(k, KILN_KOP_ADD, qh0, gg);
+            uint32_t base = kiln_k2(
+                k, KILN_KOP_MUL,
+                kiln_k2(k, KILN_KOP_ADD,
+                        kiln_k2(k, KILN_KOP_MUL,
+                                kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, t, kiln_ki(k, (int32_t)a->n_head)), head),
+                                kiln_ki(k, (int32_t)a->n_split)),
+                        sp),
+                kiln_ki(k, hd + 2));
+            kiln_kif(k, kiln_k2(k, KILN_KOP_EQ, d, kiln_ki(k, 0)));
+            kl_store(k, scr, KILN_DTYPE_F32, base, mm);
+            kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_ki(k, 1)), L);
+            kiln_kendif(k);
+            kl_store(k, scr, KILN_DTYPE_F32, kiln_k2(k, KILN_KOP_ADD, base, kiln_k2(k, KILN_KOP_ADD, d, kiln_ki(k, 2))), O);
+        }
     }
     kl_loop_end(k);
 }
@@ -379,17 +398,58 @@ static void stage_q(kiln_kir *k, const at *a, float scale, uint32_t qs, kiln_dty
     kiln_kbarrier(k);
 }
 
-static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir *k)
+/* The cluster kernel's end: every block's partial result is in its shared memory (bsh); the
+ * cluster's threads each take an output element (gg, d) of the group, weigh the blocks' results by
+ * exp(m_r - max m) through distributed shared memory, and store O / L. */
+static void cluster_combine(const kiln_graph *g, uint32_t node, const attn_st *st)
 {
-    kiln_kir_init(k, "kiln_attn_split", ABLK);
-    snprintf(k->what, sizeof k->what, "attention: %lld key splits, %lld q heads per kv head", (long long)a->n_split,
-             (long long)a->G);
+    kiln_kir *k = st->k;
+    const at *a = st->a;
+    int32_t G = st->G, hd = st->hd, cl = a->cl, blk = 32 * a->aw;
+    kiln_kir_op(k, KILN_KOP_CLUSTER_SYNC, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t x = kiln_kvar(k, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, st->sp, blk), st->tid)); /* sp: the block's rank */
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, x, kiln_ki(k, G * hd), kiln_ki(k, cl * blk), 0);
+    {
+        uint32_t gg = kiln_k2(k, KILN_KOP_DIV, x, kiln_ki(k, hd)), d = kiln_k2(k, KILN_KOP_REM, x, kiln_ki(k, hd));
+        uint32_t b = kiln_k2(k, KILN_KOP_MUL, gg, kiln_ki(k, hd + 2)), ad[3];
+        ad[0] = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, b, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)st->bsh);
+        ad[1] = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, kiln_kaddi(k, b, 1), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)st->bsh);
+        ad[2] = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, kiln_k2(k, KILN_KOP_ADD, b, kiln_kaddi(k, d, 2)), KILN_IDX_NONE,
+                            KILN_IDX_NONE, (int32_t)st->bsh);
+        uint32_t v[CL_MAX][3], mm = kiln_kf(k, -INFINITY);
+        for (int r = 0; r < cl; r++) { /* every load in flight before the first use */
+            for (int j = 0; j < 3; j++)
+                v[r][j] = kiln_kir_op(k, KILN_KOP_LDS_CL, KILN_KT_F32, ad[j], kiln_ku(k, (uint32_t)r), KILN_IDX_NONE, 0);
+            mm = kiln_k2(k, KILN_KOP_MAX, mm, v[r][0]);
+        }
+        uint32_t ms = safe_max(k, mm), L = kiln_kf(k, 0), O = kiln_kf(k, 0);
+        for (int r = 0; r < cl; r++) { /* a block whose keys were all past n_kv (m = -inf) weighs 0 */
+            uint32_t f = kl_exp(k, kiln_k2(k, KILN_KOP_SUB, v[r][0], ms));
+            L = kiln_kfma(k, v[r][1], f, L);
+            O = kiln_kfma(k, v[r][2], f, O);
+        }
+        uint32_t row = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, st->t, kiln_ki(k, (int32_t)a->n_head)),
+                               kiln_k2(k, KILN_KOP_ADD, st->qh0, gg));
+        kl_store_node(k, g, node, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, hd), d), kiln_k2(k, KILN_KOP_DIV, O, L));
+    }
+    kl_loop_end(k);
+    /* no block leaves while another may still read its shared memory */
+    kiln_kir_op(k, KILN_KOP_CLUSTER_SYNC, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
+
+static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, at *a, kiln_kir *k)
+{
+    kiln_kir_init(k, a->cl ? "kiln_attn_decode" : "kiln_attn_split", ABLK);
+    snprintf(k->what, sizeof k->what, "attention: %lld key splits%s, %lld q heads per kv head", (long long)a->n_split,
+             a->cl ? " a cluster, combined in it" : "", (long long)a->G);
     k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
     k->grid[1] = (uint32_t)a->tok_max;
+    if (a->cl) k->cluster = (uint32_t)a->cl; /* n_split = cl: a cluster is a group's splits */
     int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
-    uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(AW * G * 32));
-    uint32_t csh = kiln_kir_shared(k, (uint32_t)(AW * G * (hd + 2)));
-    uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
+    uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(a->aw * G * 32));
+    uint32_t csh = kiln_kir_shared(k, (uint32_t)(a->aw * G * (hd + 2)));
+    uint32_t bsh = a->cl ? kiln_kir_shared(k, (uint32_t)(G * (hd + 2))) : KILN_IDX_NONE;
+    uint32_t scr = a->cl ? KILN_IDX_NONE : kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
     uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false),
              vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
@@ -418,7 +478,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     }
     uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
     uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
-    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, t, n_tok), kiln_k2(k, KILN_KOP_LT, start, seen)));
+    /* the cluster kernel's blocks all reach its cluster syncs (an empty split loops zero times) */
+    uint32_t live = kiln_k2(k, KILN_KOP_LT, t, n_tok);
+    kiln_kif(k, a->cl ? live : kiln_k2(k, KILN_KOP_PAND, live, kiln_k2(k, KILN_KOP_LT, start, seen)));
     stage_q(k, a, n->f[0], qs, (kiln_dtype)q->dtype, qsh, tid, t, qh0, G, hd);
     attn_st st = {.k = k,
                   .a = a,
@@ -428,6 +490,7 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
                   .qsh = qsh,
                   .psh = psh,
                   .csh = csh,
+                  .bsh = bsh,
                   .scr = scr,
                   .ks = ks,
                   .vs = vs,
@@ -442,7 +505,7 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
                   .bt = a->sp->block ? kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->blocks, false) : KILN_IDX_NONE,
                   .bt_row = bt_row,
                   .tr = tr,
-                  .last = a->sp->block ? kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1)) : KILN_IDX_NONE};
+                  .last = kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1))};
     for (int gg = 0; gg < G; gg++) {
         st.m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
         st.l[gg] = kiln_kvar(k, kiln_kf(k, 0));
@@ -462,8 +525,9 @@ static void partial(const kiln_graph *g, const kiln_node_rec *n, at *a, kiln_kir
     }
     kl_loop_end(k);
     write_partial(&st);
+    if (a->cl) cluster_combine(g, node, &st);
     kiln_kendif(k);
-    k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
+    if (!a->cl) k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
 }
 
 /* Paged steps go to the flash kernel when they have more than KL_SMALL_ROWS rows and more than
@@ -639,8 +703,9 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     int64_t want = fill / (a.n_kvh * tok), keys = sp->block ? a.cap : a.max_ctx; /* paged: one sequence's keys */
     if (want < 1) want = 1;
     a.S = (keys + want - 1) / want;
-    a.S = (a.S + ABLK - 1) / ABLK * ABLK;
-    if (a.S < ABLK) a.S = ABLK;
+    a.aw = 1; /* one-warp splits of a multiple of 32 keys */
+    a.S = (a.S + 31) / 32 * 32;
+    if (a.S < 32) a.S = 32;
     a.n_split = (keys + a.S - 1) / a.S;
     a.HB = a.G;
     while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < fill) {
@@ -650,17 +715,30 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
         a.HB = hb;
     }
     a.GB = a.G / a.HB;
-    partial(g, n, &a, &k[0]);
-    combine(g, node, n, &a, &k[1]);
-    *n_out = 2;
+    /* codegen.attn_cluster (sm_90, a contiguous cache, runs of up to KL_SMALL_ROWS rows): a group's
+     * splits become the blocks of one thread block cluster, of up to CL_AW warps each (about as many
+     * warps as the one-warp splits above), which combine in distributed shared memory: one kernel, no
+     * partials in global memory. Bounds that want many more splits than a cluster holds (long caches
+     * over few kv heads) keep the two kernels. */
+    if (tg->wgmma && tg->opts.attn_cluster == KILN_GEMM_ON && !sp->block && a.tok_max <= KL_SMALL_ROWS &&
+        a.n_split <= 2 * CL_MAX * CL_AW) {
+        while (a.aw < CL_AW && 2 * a.aw * CL_MAX <= a.n_split) a.aw *= 2;
+        a.cl = 2;
+        while (a.cl < CL_MAX && a.cl * a.aw < a.n_split) a.cl *= 2;
+        a.n_split = a.cl;
+    }
+    partial(g, node, n, &a, &k[0]);
+    uint32_t f = 1; /* kernels before the flash kernel: the cluster kernel, or split and combine */
+    if (!a.cl) combine(g, node, n, &a, &k[f++]);
+    *n_out = f;
     if (flash) {
         int64_t per_row = a.n_head * a.hd;
-        if (wg) kl_lower_flash_wg(g, node, tg, &k[2]); /* contiguous caches only */
-        else kl_lower_flash(g, node, sp, tg, &k[2]);
-        for (int i = 0; i < 3; i++)
+        if (wg) kl_lower_flash_wg(g, node, tg, &k[f]); /* contiguous caches only */
+        else kl_lower_flash(g, node, sp, tg, &k[f]);
+        for (uint32_t i = 0; i <= f; i++)
             kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, sp->block ? sp->seqs : KILN_IDX_NONE,
-                          PAGED_FLASH_ROWS, i < 2);
-        *n_out = 3;
+                          PAGED_FLASH_ROWS, i < f);
+        *n_out = f + 1;
     }
     return KILN_OK;
 }

@@ -584,6 +584,12 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     case KILN_KOP_CLUSTER_SYNC:
         kiln_sbuf_printf(&p->body, "\tbarrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n");
         return KILN_OK;
+    case KILN_KOP_LDS_CL: {
+        rname ra = nreg(RC_R, new_reg(p, RC_R)), d = def(p, i);
+        kiln_sbuf_printf(&p->body, "\tmapa.shared::cluster.u32 %s, %s, %s;\n\tld.shared::cluster.%s %s, [%s];\n", ra.s, vreg(p, in->a).s,
+                         vreg(p, in->b).s, in->type == KILN_KT_F32 ? "f32" : "u32", d.s, ra.s);
+        return KILN_OK;
+    }
     case KILN_KOP_SETMAXNREG:
         kiln_sbuf_printf(&p->body, "\tsetmaxnreg.%s.sync.aligned.u32 %u;\n", (in->imm.u >> 16) ? "inc" : "dec", in->imm.u & 0xffff);
         return KILN_OK;

@@ -41,6 +41,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_GEMV_PAIR] = "KILN_GEMV_PAIR",
     [KILN_ENV_GEMV_PREFETCH] = "KILN_GEMV_PREFETCH",
     [KILN_ENV_GEMV_FENCE] = "KILN_GEMV_FENCE",
+    [KILN_ENV_ATTN_CLUSTER] = "KILN_ATTN_CLUSTER",
 };
 
 const char *kiln_env(enum kiln_env_var v)
@@ -69,6 +70,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     if (!c->gemv_prefetch && (e = kiln_env(KILN_ENV_GEMV_PREFETCH)) && e[0] >= '1' && e[0] <= '4' && !e[1]) c->gemv_prefetch = e[0] - '0';
     if (!c->gemv_fence && (e = kiln_env(KILN_ENV_GEMV_FENCE)))
         c->gemv_fence = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->attn_cluster && (e = kiln_env(KILN_ENV_ATTN_CLUSTER)))
+        c->attn_cluster = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))

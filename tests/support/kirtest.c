@@ -760,6 +760,14 @@ static bool bstep(bstate *S, uint32_t t, uint32_t pc)
         }
         return true;
     }
+    case KILN_KOP_LDS_CL: { /* a word of the shared window of the cluster's block of rank b */
+        uint32_t r = v[in->b].u, at = v[in->a].u;
+        if (r >= S->ncl) return snprintf(S->err, S->n_err, "kt_interp_block: shared load from rank %u in a cluster of %u", r, S->ncl), false;
+        if (at % 4 || at + 4 > S->cl[r].sh_bytes)
+            return snprintf(S->err, S->n_err, "kt_interp_block: shared load at byte %u of rank %u's %u", at, r, S->cl[r].sh_bytes), false;
+        memcpy(&v[pc].u, S->cl[r].sh + at, 4);
+        return true;
+    }
     case KILN_KOP_MBAR_ARRIVE_CL: {
         uint32_t r = v[in->b].u;
         if (r >= S->ncl) return snprintf(S->err, S->n_err, "kt_interp_block: arrive at the block of rank %u in a cluster of %u", r, S->ncl), false;
