@@ -51,6 +51,11 @@ double tu_compare(const char *what, const double *got, const double *ref, int64_
 /* Same for values of dtype t: the NMSE denominator is at least n * m^2, m the smallest normal of t
  * (contracts/: f16's subnormals have a fixed step of 2^-24). tu_compare is this with f32. */
 double tu_compare_t(const char *what, kiln_dtype t, const double *got, const double *ref, int64_t n, double tol);
+/* Same with the NMSE taken against the magnitude of the terms each output sums (mag[i] >= |ref[i]|,
+ * e.g. sum_k |x_k w_k| for a dot product) instead of ref: rounding errors scale with the terms, so
+ * an output that cancels to near 0 does not inflate the ratio (contracts/matmul.yaml). mag NULL: ref. */
+double tu_compare_mag(const char *what, kiln_dtype t, const double *got, const double *ref, const double *mag, int64_t n,
+                      double tol);
 
 /* The contract's NMSE bound for op and dtype (tolerance_f16_act's under $KILN_PRECISION=f16); asserts
  * that it exists. */
@@ -89,6 +94,8 @@ void tu_run(tu_sess *s);
 kiln_status tu_run_status(tu_sess *s);
 /* Checks output `out` of the last run against ref64 with tolerance tol. Returns the NMSE. */
 double tu_check_tol(tu_sess *s, const char *out, double tol);
+/* Same with the NMSE against the terms' magnitude mag (tu_compare_mag; one value per output element). */
+double tu_check_mag(tu_sess *s, const char *out, const double *mag, double tol);
 /* Same with the contract's tolerance for (op, key dtype). */
 double tu_check(tu_sess *s, const char *out, const char *op, kiln_dtype key);
 /* Checks a state of the plan against ref64's with the contract's tolerance. */
