@@ -1,114 +1,219 @@
 #!/usr/bin/env bash
-# Prefill attention on the GPU machine (issues #19 and #21): correctness of the flash kernel on cuda
-# (test_ops attention cases and the paged tests, the new kernel and the first one with KILN_FLASH=0;
-# draft trees, a CUDA graph replayed over 100 changing serve steps, kiln check paged_attention),
-# compute-sanitizer racecheck of one flash launch, then a timing table of attention alone
-# (bench_attn: n_tok 512 / 4096, GQA 1/4/8, hd 128, 64 and 256, gemma's soft-cap and window, f16
-# cache, new vs first kernel), the warpgroup kernel under KILN_PRECISION=f16 (test_ops on cuda with and
-# without its ping-pong (KILN_FLASH_WG=2), racecheck/memcheck/synccheck, timing against the
-# ping-pong-less variant and the mma.sync kernel with KILN_FLASH_WG=0, Nsight Compute sections of
-# the 512- and 4096-token llama kernels where ncu is found) and the mixed serve step of a 512-token
-# paged prefill chunk with 63 decoding sequences (matmul/attention split).
-# Never stops at a failure; each step under a time limit; about 7 minutes in all.
+# Prefill attention on the GPU machine (issues #19 and #21). Three modes, each fitting one 10-minute call:
+#   ab (default): the warpgroup kernel's variants A/B'd at f16 precision in one run, with a quick
+#       correctness pass on cuda of each (test_ops attention): auto (ping-pong chosen by shape),
+#       pp / nopp (KILN_FLASH_WG=3 / 2: ping-pong on / off everywhere), r64 (KILN_FLASH_ROWS=64: 64-row
+#       blocks, two an SM), s2 / s4 (KILN_FLASH_SPLIT=2 / 4: key split over a cluster), r64s2, and
+#       pdl (auto with KILN_PDL=1: the region's three launches overlapped); bench_attn at 512 and
+#       4096 tokens, MHA 32/32, GQA 32/8, hd 64 (14/2), hd 256 (16/8); ROUNDS (default 2) rounds,
+#       the variants in reverse order every other round (VARIANTS, SHAPES, STEPS narrow it), the
+#       correctness pass between rounds 1 and 2; Nsight Compute's duration of the flash
+#       kernel alone (no launch gaps, no idle row-guard kernels) for auto, r64, s2 at 512 tokens;
+#   check: correctness and sanitizers: test_ops attention on cuda (exact and f16 precision, the
+#       first kernel), paged and tree cases, a CUDA graph over 100 serve steps, kiln check
+#       paged_attention, racecheck/memcheck/synccheck of the warpgroup kernel (auto, r64, s2);
+#   full: the earlier table (new vs first kernel, f16 wg vs mma), ncu sections, layer profiles,
+#       the serve mixed step.
+# Builds nothing; never stops at a failure; each step under a time limit; steps stop starting after
+# BUDGET_S (default 420) seconds, so the summary (the tables last, on stdout) always comes.
 #
-# usage: scripts/device-attn.sh [BIN_DIR]   (default devbin: a Release build's binaries)
-# Run it from the repository root after `source .devdeps/env.sh`. With $OUT set, every log and
-# summary.txt go there (else a temp dir).
+# usage: scripts/device-attn.sh [BIN_DIR] [ab|check|full]   (default devbin ab: a Release build's binaries)
+# Run it from the repository root after `source .devdeps/env.sh`. Logs go to a temp dir, packed into
+# $OUT/logs.tar.xz; summary.txt to $OUT (else the temp dir).
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/device-lib.sh
 . "$root/scripts/device-lib.sh"
-dev_bin "${1:-devbin}" "scripts/device-attn.sh [BIN_DIR]" kiln test_ops bench_attn
-dev_out attn
+mode="${2:-ab}"
+usage="scripts/device-attn.sh [BIN_DIR] [ab|check|full]"
+[[ "$mode" =~ ^(ab|check|full)$ ]] || { echo "usage: $usage" >&2; exit 2; }
+dev_bin "${1:-devbin}" "$usage" kiln test_ops bench_attn
+final="${OUT:-}" # the logs stay in a temp dir (a device call brings back only a few files): $OUT gets summary.txt and logs.tar.xz
+OUT="$(mktemp -d /tmp/device-attn.XXXXXX)" dev_out attn
+logs="$out"
 export KILN_SOURCE_DIR="$root" KILN_CACHE=off
 dev_info
-
-# correctness on cuda: the flash kernel (new, then the first) and the paged kernels
-step attn_ops_new 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
-step attn_ops_first 90 env KILN_TEST_BACKEND=cuda KILN_FLASH=0 "$bin/test_ops" --jobs 4 --filter 'ops/attention_prefill'
-[[ -x "$bin/test_paged" ]] && step paged_cuda 90 "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
-# draft trees (split kernels at every size), a CUDA graph over 100 changing steps vs launched runs, kiln check
-[[ -x "$bin/test_tree" ]] && step tree_cuda 120 "$bin/test_tree" --jobs 4 --filter 'tree/*cuda*'
-[[ -x "$bin/test_replay" ]] && step replay_100_steps_cuda 300 "$bin/test_replay" --jobs 1 --filter 'replay/graph_replays_100*'
-step check_paged_cuda 240 "$bin/kiln" check --op paged_attention --backend cuda --quick
 san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-if [[ -x "$san" ]]; then
-    step racecheck_flash 120 "$san" --tool racecheck --error-exitcode 3 "$bin/kiln" bench --preset qwen2-0.5b --mode prefill \
-        --tokens 300 --backend cuda --wtype f16 --layers 1 --steps 1 --no-roof
-fi
+ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
+t_start=$SECONDS
 
-# attention alone: new kernel, then the first (same shapes)
-step bench_attn_new 60 "$bin/bench_attn" cuda 20
-step bench_attn_first 60 env KILN_FLASH=0 "$bin/bench_attn" cuda 20
-# f16 precision (sm_90a): the warpgroup kernel (TMA + wgmma, lower_flash_wg.c), then the mma.sync one
-step attn_ops_wg 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
-step attn_ops_wg_nopp 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
-if [[ -x "$san" ]]; then
-    for tool in racecheck memcheck synccheck; do # llama-7b 512 (shape 0) and gemma hd 256 + soft-cap (shape 10)
-        for sh in 0 10; do
-            step "${tool}_flash_wg_shape$sh" 120 env KILN_PRECISION=f16 "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512 "$sh"
+# bstep NAME LIMIT CMD...: a step, unless the run is past BUDGET_S seconds (then skipped, so that the
+# tables always come within one 10-minute call)
+bstep() {
+    if ((SECONDS - t_start > ${BUDGET_S:-420})); then dev_skip "$1" "past BUDGET_S"; return 0; fi
+    step "$@"
+}
+
+# the warpgroup kernel's variants: name -> environment (all at KILN_PRECISION=f16)
+declare -A env_of=(
+    [auto]=""
+    [pp]="KILN_FLASH_WG=3"
+    [nopp]="KILN_FLASH_WG=2"
+    [r64]="KILN_FLASH_ROWS=64"
+    [s2]="KILN_FLASH_SPLIT=2"
+    [s4]="KILN_FLASH_SPLIT=4"
+    [r64s2]="KILN_FLASH_ROWS=64 KILN_FLASH_SPLIT=2"
+    [pdl]="KILN_PDL=1"
+)
+# shellcheck disable=SC2206
+variants=(${VARIANTS:-auto pp nopp r64 s2 s4 r64s2 pdl})
+# bench_attn shapes: 0 512 32/32 hd128, 1 512 32/8, 3 4096 32/32, 4 4096 32/8, 6 512 14/2 hd64,
+# 7 4096 14/2 hd64, 8 512 16/8 hd256, 9 4096 16/8 hd256
+shapes="${SHAPES:-0,1,3,4,6,7,8,9}"
+
+# wgbench NAME VARIANT SECONDS [bench_attn args]: bench_attn under the variant's environment
+wgbench() {
+    local name="$1" v="$2" lim="$3"; shift 3
+    # shellcheck disable=SC2086
+    bstep "$name" "$lim" env KILN_PRECISION=f16 ${env_of[$v]} "$bin/bench_attn" cuda "$@"
+}
+
+if [[ "$mode" == ab ]]; then
+    rounds="${ROUNDS:-2}"
+    for ((r = 1; r <= rounds; r++)); do
+        if ((r == 2)); then # correctness of each variant on cuda (between the rounds: round 1 always comes)
+            for v in r64 s2 s4 pp; do
+                # shellcheck disable=SC2086
+                bstep "ops_wg_$v" 100 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 ${env_of[$v]} "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+            done
+        fi
+        order=("${variants[@]}")
+        if ((r % 2 == 0)); then
+            order=()
+            for ((i = ${#variants[@]} - 1; i >= 0; i--)); do order+=("${variants[$i]}"); done
+        fi
+        for v in "${order[@]}"; do
+            sh="$shapes"
+            [[ $v == pdl ]] && sh=0,1,6,8 # launch overlap matters at 512 tokens only
+            wgbench "ab_r${r}_$v" "$v" 90 "${STEPS:-20}" 1000000 "$sh"
         done
     done
+    # the flash kernel alone (Nsight Compute's gpu__time_duration at real clocks) at 512 tokens, MHA
+    if [[ -n "$ncu_bin" ]]; then
+        for v in auto r64 s2; do
+            # shellcheck disable=SC2086
+            bstep "ncu_$v" 100 env KILN_PRECISION=f16 KILN_NO_RECORD=1 ${env_of[$v]} "$ncu_bin" --clock-control none --kernel-name kiln_attn_flash_wg \
+                --launch-skip 2 --launch-count 3 --metrics gpu__time_duration.sum "$bin/bench_attn" cuda 4 512 0
+        done
+    fi
 fi
-step bench_attn_wg 90 env KILN_PRECISION=f16 "$bin/bench_attn" cuda 20
-step bench_attn_wg_nopp 90 env KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/bench_attn" cuda 20
-step bench_attn_mma_f16 90 env KILN_PRECISION=f16 KILN_FLASH_WG=0 "$bin/bench_attn" cuda 20
-# the 512-token region is three launches (two split kernels that exit at their row guard, then the
-# flash kernel): programmatic dependent launch overlaps them; the difference is launch overhead
-step bench_attn_wg_pdl 90 env KILN_PRECISION=f16 KILN_PDL=1 "$bin/bench_attn" cuda 20 512
-# where the 512-token kernel's 30 us go (launch, Q staging, tiles, stores): Nsight Compute on the
-# warpgroup kernel of llama-7b 512 (shape 0) and 4096 tokens (shape 3)
-ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
-if [[ -n "$ncu_bin" ]]; then
-    for sh in 0 3; do
-        step "ncu_flash_wg_shape$sh" 180 env KILN_PRECISION=f16 KILN_NO_RECORD=1 "$ncu_bin" --kernel-name kiln_attn_flash_wg --launch-skip 1 --launch-count 1 \
-            --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
-            --section MemoryWorkloadAnalysis "$bin/bench_attn" cuda 2 4096 "$sh"
-    done
+
+if [[ "$mode" == check ]]; then
+    # correctness on cuda: the flash kernel (new, then the first) and the paged kernels
+    bstep attn_ops_new 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+    bstep attn_ops_first 90 env KILN_TEST_BACKEND=cuda KILN_FLASH=0 "$bin/test_ops" --jobs 4 --filter 'ops/attention_prefill'
+    bstep attn_ops_wg 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+    bstep attn_ops_wg_nopp 120 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+    [[ -x "$bin/test_paged" ]] && bstep paged_cuda 90 "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
+    # draft trees (split kernels at every size), a CUDA graph over 100 changing steps vs launched runs, kiln check
+    [[ -x "$bin/test_tree" ]] && bstep tree_cuda 120 "$bin/test_tree" --jobs 4 --filter 'tree/*cuda*'
+    [[ -x "$bin/test_replay" ]] && bstep replay_100_steps_cuda 300 "$bin/test_replay" --jobs 1 --filter 'replay/graph_replays_100*'
+    bstep check_paged_cuda 240 "$bin/kiln" check --op paged_attention --backend cuda --quick
+    [[ -x "$san" ]] && bstep racecheck_flash 120 "$san" --tool racecheck --error-exitcode 3 "$bin/kiln" bench --preset qwen2-0.5b \
+        --mode prefill --tokens 300 --backend cuda --wtype f16 --layers 1 --steps 1 --no-roof
+    if [[ -x "$san" ]]; then # llama-7b 512 (shape 0) and gemma hd 256 + soft-cap (shape 10); the variants at shape 0
+        for tool in racecheck memcheck synccheck; do
+            for sh in 0 10; do
+                bstep "${tool}_wg_shape$sh" 120 env KILN_PRECISION=f16 "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512 "$sh"
+            done
+            for v in r64 s2; do
+                # shellcheck disable=SC2086
+                bstep "${tool}_wg_${v}_shape0" 120 env KILN_PRECISION=f16 ${env_of[$v]} "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512 0
+            done
+        done
+    fi
 fi
-step prefill_profile_wg 60 env KILN_PRECISION=f16 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda \
-    --wtype f16 --layers 1 --steps 5 --no-roof --profile
-# a llama-7b prefill layer, per kernel
-step prefill_profile 60 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda --wtype f16 \
-    --layers 1 --steps 5 --no-roof --profile
-# paged: the mixed step (a 512-token chunk + 63 decoding sequences at 1024), attention's share
-step serve_mixed 90 "$bin/kiln" bench --preset llama-7b --mode serve --seqs 64 --ctx 1024 --chunk 512 --layers 2 \
-    --backend cuda --json
-step serve_mixed_first 90 env KILN_FLASH=0 "$bin/kiln" bench --preset llama-7b --mode serve --seqs 64 --ctx 1024 --chunk 512 \
-    --layers 2 --backend cuda --json
+
+if [[ "$mode" == full ]]; then
+    # attention alone: new kernel, then the first (same shapes)
+    bstep bench_attn_new 60 "$bin/bench_attn" cuda 20
+    bstep bench_attn_first 60 env KILN_FLASH=0 "$bin/bench_attn" cuda 20
+    bstep bench_attn_wg 90 env KILN_PRECISION=f16 "$bin/bench_attn" cuda 20
+    bstep bench_attn_wg_nopp 90 env KILN_PRECISION=f16 KILN_FLASH_WG=2 "$bin/bench_attn" cuda 20
+    bstep bench_attn_mma_f16 90 env KILN_PRECISION=f16 KILN_FLASH_WG=0 "$bin/bench_attn" cuda 20
+    # where the 512-token kernel's time goes: Nsight Compute on the warpgroup kernel of llama-7b 512
+    # (shape 0) and 4096 tokens (shape 3)
+    if [[ -n "$ncu_bin" ]]; then
+        for sh in 0 3; do
+            bstep "ncu_flash_wg_shape$sh" 180 env KILN_PRECISION=f16 KILN_NO_RECORD=1 "$ncu_bin" --kernel-name kiln_attn_flash_wg --launch-skip 1 --launch-count 1 \
+                --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \
+                --section MemoryWorkloadAnalysis "$bin/bench_attn" cuda 2 4096 "$sh"
+        done
+    fi
+    bstep prefill_profile_wg 60 env KILN_PRECISION=f16 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda \
+        --wtype f16 --layers 1 --steps 5 --no-roof --profile
+    bstep prefill_profile 60 "$bin/kiln" bench --preset llama-7b --mode prefill --tokens 512 --backend cuda --wtype f16 \
+        --layers 1 --steps 5 --no-roof --profile
+    # paged: the mixed step (a 512-token chunk + 63 decoding sequences at 1024), attention's share
+    bstep serve_mixed 90 "$bin/kiln" bench --preset llama-7b --mode serve --seqs 64 --ctx 1024 --chunk 512 --layers 2 \
+        --backend cuda --json
+    bstep serve_mixed_first 90 env KILN_FLASH=0 "$bin/kiln" bench --preset llama-7b --mode serve --seqs 64 --ctx 1024 --chunk 512 \
+        --layers 2 --backend cuda --json
+fi
+
+# fields of bench_attn's JSON lines: n_tok heads kv_heads hd us tflop_per_s
+fields() { sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4 \5 \6/p' "$@"; }
 
 {
     echo
-    echo "attention alone (f16 cache; us and TFLOP/s of causal work):"
-    printf '%-7s %-8s %-4s %12s %12s %12s %12s\n' n_tok kv_heads hd "new us" "new TF/s" "first us" "first TF/s"
-    paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_new.log") <(grep '"n_tok"' "$out/bench_attn_first.log") |
-        sed -n 's/.*"n_tok": \([0-9]*\).*"kv_heads": \([0-9]*\), "hd": \([0-9]*\).*"us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4 \5/p' |
-        paste -d' ' - - | awk '{ printf "%-7s %-8s %-4s %12s %12s %12s %12s\n", $1, $2, $3, $4, $5, $9, $10 }'
+    echo "steps:"
+    dev_steps
     echo
-    echo "f16 precision: warpgroup kernel (ping-pong), without ping-pong (KILN_FLASH_WG=2), mma.sync kernel (us, TFLOP/s of"
-    echo "causal work, windowed rows counting their window's keys; targets: llama-7b 512 <= 15 us, 4096 >= 350 TF/s):"
-    printf '%-6s %-5s %-4s %-4s %-5s %-6s %9s %8s %9s %8s %9s %8s\n' n_tok heads kvh hd cap window "wg us" "wg TF/s" "nopp us" "nopp TF" "mma us" "mma TF"
-    paste -d'\n' <(grep '"n_tok"' "$out/bench_attn_wg.log") <(grep '"n_tok"' "$out/bench_attn_wg_nopp.log") <(grep '"n_tok"' "$out/bench_attn_mma_f16.log") |
-        sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\), "softcap": \([0-9.e+-]*\), "window": \([0-9]*\).*/\1 \2 \3 \4 \7 \8 \5 \6/p' |
-        paste -d' ' - - - | awk '{ printf "%-6s %-5s %-4s %-4s %-5s %-6s %9s %8s %9s %8s %9s %8s\n", $1, $2, $3, $4, $5, $6, $7, $8, $15, $16, $23, $24 }'
-    echo
-    echo "512 tokens with KILN_PDL=1 (launch overlap), wg kernel:"
-    grep '"n_tok"' "$out/bench_attn_wg_pdl.log" | sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\), "softcap": \([0-9.e+-]*\), "window": \([0-9]*\).*/  \1 tokens \2\/\3 heads hd \4 cap \7 window \8: \5 us, \6 TF\/s/p'
-    echo
-    for f in "$out"/ncu_flash_wg_shape*.log; do
-        [[ -f "$f" ]] || continue
-        echo "ncu $(basename "$f" .log):"
-        grep -E "^ +(Duration|Elapsed Cycles|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Achieved Occupancy|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued Instruction)" "$f" | head -n 14
-    done
-    echo
-    echo "llama-7b prefill layer at f16 precision, attention line:"
-    grep -i "attn" "$out/prefill_profile_wg.log" | head -n 4
-    echo
-    echo "llama-7b prefill layer, flash kernel line:"
-    grep -i "attn" "$out/prefill_profile.log" | head -n 4
-    echo
-    echo "serve mixed step (new, then first):"
-    grep -o '"mixed[^}]*}' "$out/serve_mixed.log" | head -n 1
-    grep -o '"mixed[^}]*}' "$out/serve_mixed_first.log" | head -n 1
+    if [[ "$mode" == ab ]]; then
+        echo "warpgroup attention variants at f16 precision, f16 cache, causal: us per round (r1/r2...), the attention"
+        echo "region's kernel time (flash kernel + 2 idle row-guard kernels); targets: 512 MHA <= 15 us, 4096 >= 350 TFLOP/s"
+        printf '%-6s %-6s %-4s' n_tok heads hd
+        for v in "${variants[@]}"; do printf ' %13s' "$v"; done
+        echo
+        for s in $(fields "$logs"/ab_r1_auto.log 2>/dev/null | awk '{ print $1 "_" $2 "_" $3 "_" $4 }'); do
+            IFS=_ read -r nt h kvh hd <<<"$s"
+            printf '%-6s %-6s %-4s' "$nt" "$h/$kvh" "$hd"
+            for v in "${variants[@]}"; do
+                cell=""
+                for f in "$logs"/ab_r*_"$v".log; do
+                    [[ -f "$f" ]] || continue
+                    u=$(fields "$f" | awk -v a="$nt" -v b="$h" -v c="$kvh" -v d="$hd" '$1 == a && $2 == b && $3 == c && $4 == d { print $5 }')
+                    cell="${cell:+$cell/}${u:--}"
+                done
+                printf ' %13s' "${cell:--}"
+            done
+            echo
+        done
+        echo
+        echo "TFLOP/s of causal work, round 1:"
+        for v in "${variants[@]}"; do
+            [[ -f "$logs/ab_r1_$v.log" ]] || continue
+            printf '  %-6s' "$v"
+            fields "$logs/ab_r1_$v.log" | awk '{ printf " %s/%s/%s:%s", $1, $3, $4, $6 } END { print "" }'
+        done
+        for v in auto r64 s2; do
+            f="$logs/ncu_$v.log"
+            [[ -f "$f" ]] || continue
+            echo "ncu flash kernel alone, 512 MHA, $v: $(grep -E 'gpu__time_duration.sum' "$f" | awk '{ printf "%s %s; ", $(NF - 1), $NF }')"
+        done
+    fi
+    if [[ "$mode" == full ]]; then
+        echo "attention alone (f16 cache; us and TFLOP/s of causal work): new, first"
+        paste -d' ' <(fields "$logs/bench_attn_new.log") <(fields "$logs/bench_attn_first.log") |
+            awk '{ printf "%-6s %-6s %-4s %10s %8s %10s %8s\n", $1, $2 "/" $3, $4, $5, $6, $11, $12 }'
+        echo
+        echo "f16 precision: warpgroup kernel (auto ping-pong), without ping-pong, mma.sync kernel (us, TFLOP/s)"
+        paste -d' ' <(fields "$logs/bench_attn_wg.log") <(fields "$logs/bench_attn_wg_nopp.log") <(fields "$logs/bench_attn_mma_f16.log") |
+            awk '{ printf "%-6s %-6s %-4s %10s %8s %10s %8s %10s %8s\n", $1, $2 "/" $3, $4, $5, $6, $11, $12, $17, $18 }'
+        for f in "$logs"/ncu_flash_wg_shape*.log; do
+            [[ -f "$f" ]] || continue
+            echo "ncu $(basename "$f" .log):"
+            grep -E "^ +(Duration|Elapsed Cycles|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per Thread|Achieved Occupancy|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued Instruction)" "$f" | head -n 14
+        done
+        echo "llama-7b prefill layer, attention lines (f16 precision, then exact):"
+        grep -i "attn" "$logs/prefill_profile_wg.log" "$logs/prefill_profile.log" 2>/dev/null | head -n 8
+        echo "serve mixed step (new, then first):"
+        grep -ho '"mixed[^}]*}' "$logs/serve_mixed.log" "$logs/serve_mixed_first.log" 2>/dev/null | head -n 2
+    fi
 } | tee -a "$summary"
-echo "logs: $out"
+if [[ -n "$final" ]]; then
+    mkdir -p "$final"
+    cp "$summary" "$final/summary.txt"
+    tar -cJf "$final/logs.tar.xz" -C "$logs" . 2>/dev/null
+fi
+echo "logs: $logs${final:+ (packed into $final/logs.tar.xz)}"

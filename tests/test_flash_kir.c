@@ -49,7 +49,8 @@ static const char *const tgt_name[] = {"vulkan target", "cuda target", "flash of
                                        "sm_90a, f16 precision (warpgroup kernel where it fits)"};
 static bool wg_ran;        /* the last run_regions ran the warpgroup flash kernel */
 static int  wg_mutate;     /* run_regions corrupts the warpgroup kernel's WGMMAs (mutation checks): 0 none */
-static int32_t wg_option;  /* codegen.flash_wg for the TGT_WG runs (0: the default, the ping-pong kernel) */
+static int32_t wg_option;  /* codegen.flash_wg for the TGT_WG runs (0: the default, ping-pong chosen by shape) */
+static int32_t wg_rows, wg_split; /* codegen.flash_rows and flash_split for the TGT_WG runs (0: the defaults) */
 static bool wg_deadlocked; /* the last run_regions' warpgroup kernel deadlocked (expected with mutation 4) */
 static kiln_dtype q_dtype = KILN_DTYPE_F32; /* flash_run's q (f16: the kernels' 16-bit q loads) */
 static int32_t attn_cl;    /* codegen.attn_cluster of every run_regions (0: the default) */
@@ -98,7 +99,8 @@ typedef struct kbind {
  * wrong place), 3 moves S's K operand of every first k16 step by 32 bytes (a wrong descriptor
  * address: the tile's dims 16..31 instead of 0..15), 4 drops the ping-pong's hand-over (a
  * warpgroup's arrival at the other's named barrier after its products): the other never gets
- * its turn, a deadlock. */
+ * its turn, a deadlock; 5 drops a key split's stores of partial results (the first block folds in
+ * the scratch buffer's NaN poison). */
 static void mutate_wg(kiln_kir *k, int how)
 {
     uint32_t n = 0;
@@ -106,7 +108,9 @@ static void mutate_wg(kiln_kir *k, int how)
         kiln_kinst *in = &k->ins[i];
         if (how == 4 && in->op == KILN_KOP_NBAR_ARRIVE && k->ins[in->a].op == KILN_KOP_SUB) /* the arrival at `other` = 2 - wg */
             in->op = KILN_KOP_FENCE_ASYNC, in->a = KILN_IDX_NONE, in->imm.u = 0, n++;
-        if (how == 4 || in->op != KILN_KOP_WGMMA) continue;
+        if (how == 5 && in->op == KILN_KOP_ST && k->bufs[in->imm.u].kind == KILN_KBUF_SCRATCH)
+            in->op = KILN_KOP_FENCE_ASYNC, in->a = in->b = KILN_IDX_NONE, in->imm.u = 0, n++;
+        if (how >= 4 || in->op != KILN_KOP_WGMMA) continue;
         bool pv = in->imm.u & 4;
         if (how == 1 && pv) in->imm.u = (in->imm.u & ~(8u | 0x3fff0000u)), n++;
         if (how == 2 && pv) in->imm.u = (in->imm.u & ~0x3fff0000u) | ((in->imm.u >> 17 & 0x3fff) << 16), n++;
@@ -129,7 +133,7 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
     if (tgt == TGT_V1) co.flash = KILN_GEMM_OFF;
     if (f16_prec(tgt)) co.precision = KILN_PREC_F16;
     if (tgt == TGT_CUDA_F16) co.flash_wg = KILN_GEMM_OFF;
-    if (tgt == TGT_WG) co.flash_wg = wg_option;
+    if (tgt == TGT_WG) co.flash_wg = wg_option, co.flash_rows = wg_rows, co.flash_split = wg_split;
     co.attn_cluster = attn_cl;
     kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
     uint32_t yi = g->outs[0].node;
@@ -143,7 +147,8 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
         cl_ran |= n == 1 && strcmp(kk[0].name, "kiln_attn_decode") == 0;
         uint64_t sb = 0;
         for (uint32_t i = 0; i < n; i++) sb = kk[i].scratch_bytes > sb ? kk[i].scratch_bytes : sb;
-        uint32_t *scratch = calloc(sb / 4 + 4, 4);
+        uint32_t *scratch = malloc((sb / 4 + 4) * 4);
+        memset(scratch, 0xFF, (sb / 4 + 4) * 4); /* NaN poison: a partial read before it is written shows */
         for (uint32_t i = 0; i < n; i++) {
             uint32_t *bufs[MAXB] = {params};
             for (uint32_t s = 1; s < kk[i].n_bufs; s++) {
@@ -439,6 +444,37 @@ Test(flash_kir, warpgroup_head_dim_256_and_masks)
     fprintf(stderr, "flash_kir warpgroup_head_dim_256_and_masks: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
+/* The short-prompt variants of the warpgroup kernel: 64-row blocks (one consumer warpgroup, 64-key
+ * tiles at head_dim 128; head_dim 256 keeps 128) and key splits over clusters of 2 and 4 blocks (rank r walks every 2nd / 4th
+ * tile from r; the first block folds the others' partial results in), alone and together: several
+ * tiles per rank, ranks with no tile (fewer tiles than blocks), windows (the walk starts past t0),
+ * head_dim 256 (two O accumulators folded) and 64, grouped heads, bf16, inf past n_kv; and the
+ * ping-pong forced on a grouped-heads shape (off there by default). */
+Test(flash_kir, warpgroup_short_prompt_variants)
+{
+    wg_rows = 64;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 150, 400, true, false);
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 4, 1, 64, 45, 300, false, false);
+    g_softcap = 50.0f, g_window = 70;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 150, 300, true, false);
+    g_softcap = 0, g_window = 0;
+    wg_rows = 0, wg_split = 2;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 150, 400, true, false);
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 8, 2, 64, 20, 20, false, false); /* one tile: rank 1 has none */
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 1, 256, 70, 180, true, false);
+    wg_split = 4;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 100, 700, true, false);
+    g_softcap = 2.0f, g_window = 150;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 150, 600, true, false); /* the window starts the walk at tile 3 */
+    g_softcap = 0, g_window = 0;
+    wg_rows = 64;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 130, 330, true, false);
+    wg_rows = 0, wg_split = 0, wg_option = KILN_FLASH_WG_PINGPONG;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 1, 128, 60, 400, true, false);
+    wg_option = 0;
+    fprintf(stderr, "flash_kir warpgroup_short_prompt_variants: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
 /* A wrong transposition or descriptor in the warpgroup kernel's WGMMAs fails: each mutation's NMSE
  * is past 100x the contract's tolerance (measured >= 1.4e-3; the kernel itself stays under 1e-8). */
 Test(flash_kir, warpgroup_mutations)
@@ -451,6 +487,10 @@ Test(flash_kir, warpgroup_mutations)
         cr_assert(e > 100 * tol, "mutation %d: NMSE %.3g is within 100x the tolerance %.1g", how, e, tol);
         fprintf(stderr, "flash_kir warpgroup_mutations: mutation %d NMSE %.3g\n", how, e);
     }
+    wg_mutate = 5, wg_split = 2; /* the fold reads what the other block of the cluster stored */
+    double e5 = flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 150, 400, false, true);
+    wg_mutate = 0, wg_split = 0;
+    cr_assert(!(e5 <= 100 * tol), "mutation 5: NMSE %.3g is within 100x the tolerance %.1g", e5, tol);
     wg_mutate = 4, wg_deadlocked = false;
     flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 40, 300, false, true); /* 3 tiles: the loop runs */
     wg_mutate = 0;

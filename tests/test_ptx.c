@@ -728,7 +728,8 @@ static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, c
 /* Prefill attention's warpgroup flash kernel (sm_90a, codegen.precision f16; lower_flash_wg.c):
  * llama-7b (head_dim 128, 32 heads) and qwen2-0.5b (head_dim 64, 7 query heads a kv head) with
  * f16 caches, an attention over a bf16 cache, and gemma's soft-capped, windowed attention at head_dim
- * 256 and 128 assemble for sm_90a with no spills (llama-7b also without the ping-pong), and ptxas
+ * 256 and 128 assemble for sm_90a with no spills (llama-7b also without the ping-pong, in 64-row
+ * blocks and with key splits of 2 and 4; masked head_dim 128 in 64-row blocks, head_dim 256 split), and ptxas
  * keeps the WGMMAs asynchronous (no serialization notice: P V overlaps the next softmax). */
 Test(ptx, flash_wg_assembles, .timeout = 600)
 {
@@ -736,18 +737,24 @@ Test(ptx, flash_wg_assembles, .timeout = 600)
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
     kiln_lower_target tg = kiln_lower_target_for_sm(90);
     tg.opts.precision = KILN_PREC_F16;
-    static const char *const presets[] = {"llama-7b", "qwen2-0.5b", "llama-7b"};
-    for (int p = 0; p < 3; p++) {
-        tg.opts.flash_wg = p == 2 ? KILN_FLASH_WG_NO_PINGPONG : 0; /* the A/B variant too */
+    /* the A/B variants too: no ping-pong; 64-row blocks (two an SM: 216 registers a consumer thread);
+     * key splits over clusters of 2 and 4; 64 rows with a split of 2 */
+    static const char *const presets[] = {"llama-7b", "qwen2-0.5b", "llama-7b", "llama-7b", "llama-7b", "llama-7b", "llama-7b"};
+    static const char *const variant[] = {"llama-7b", "qwen2-0.5b", "llama-7b, no ping-pong", "llama-7b, 64 rows", "llama-7b, split 2",
+                                          "llama-7b, split 4", "llama-7b, 64 rows, split 2"};
+    static const int32_t rows[] = {0, 0, 0, 64, 0, 0, 64}, split[] = {0, 0, 0, 0, 2, 4, 2};
+    for (int p = 0; p < 7; p++) {
+        tg.opts.flash_wg = p == 2 ? KILN_FLASH_WG_NO_PINGPONG : 0;
+        tg.opts.flash_rows = rows[p], tg.opts.flash_split = split[p];
         kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096, .max_tok = 512,
                                     .seed = 1, .shape_only = true};
         kiln_graph *g = NULL;
         char err[512] = "";
         cr_assert_eq(kiln_preset_build_ex(kiln_preset_find(presets[p]), &o, &g, err, sizeof err), KILN_OK, "%s", err);
-        cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, p == 2 ? "llama-7b, no ping-pong" : presets[p]), 1, "%s: one warpgroup flash kernel", presets[p]);
+        cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, variant[p]), 1, "%s: one warpgroup flash kernel", variant[p]);
         kiln_graph_free(g);
     }
-    tg.opts.flash_wg = 0;
+    tg.opts.flash_wg = 0, tg.opts.flash_rows = 0, tg.opts.flash_split = 0;
     kiln_graph *g;
     cr_assert_eq(kiln_graph_new(&g), KILN_OK);
     kiln_dim ts = kiln_sym(g, "t", 4096), ks = kiln_sym(g, "n_kv", 4096);
@@ -758,8 +765,10 @@ Test(ptx, flash_wg_assembles, .timeout = 600)
     cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, "bf16 cache, 32/8 heads"), 1, "bf16 cache: one warpgroup flash kernel");
     kiln_graph_free(g);
     /* gemma: head_dim 256 (O in two accumulators, 64-key tiles) with the soft-cap and a window; head_dim 128 masked */
-    static const struct { int64_t H, Hkv, hd; float cap; int64_t win; } gm[] = {{16, 8, 256, 50.0f, 4096}, {32, 16, 128, 50.0f, 1024}};
-    for (int i = 0; i < 2; i++) {
+    static const struct { int64_t H, Hkv, hd; float cap; int64_t win; } gm[] = {
+        {16, 8, 256, 50.0f, 4096}, {32, 16, 128, 50.0f, 1024}, {32, 16, 128, 50.0f, 1024}, {16, 8, 256, 50.0f, 4096}};
+    for (int i = 0; i < 4; i++) { /* the masked head_dim 128 also in 64-row blocks, head_dim 256 split over 2 */
+        tg.opts.flash_rows = i == 2 ? 64 : 0, tg.opts.flash_split = i == 3 ? 2 : 0;
         cr_assert_eq(kiln_graph_new(&g), KILN_OK);
         ts = kiln_sym(g, "t", 4096), ks = kiln_sym(g, "n_kv", 8192);
         q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, gm[i].H, gm[i].hd});
@@ -767,8 +776,8 @@ Test(ptx, flash_wg_assembles, .timeout = 600)
         vc = kiln_state(g, "v", KILN_DTYPE_F16, 3, (kiln_dim[]){gm[i].Hkv, 8192, gm[i].hd});
         kiln_output(g, kiln_attention_ext(g, q, kc, vc, ks, 0, gm[i].cap, gm[i].win), "y");
         char what[96];
-        snprintf(what, sizeof what, "hd %lld, %lld/%lld heads, soft-cap %g, window %lld", (long long)gm[i].hd, (long long)gm[i].H,
-                 (long long)gm[i].Hkv, (double)gm[i].cap, (long long)gm[i].win);
+        snprintf(what, sizeof what, "hd %lld, %lld/%lld heads, soft-cap %g, window %lld%s", (long long)gm[i].hd, (long long)gm[i].H,
+                 (long long)gm[i].Hkv, (double)gm[i].cap, (long long)gm[i].win, i == 2 ? ", 64 rows" : i == 3 ? ", split 2" : "");
         cr_assert_eq(assemble_flash_wg(g, &tg, ptxas, what), 1, "%s: one warpgroup flash kernel", what);
         kiln_graph_free(g);
     }

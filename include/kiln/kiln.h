@@ -352,7 +352,8 @@ typedef struct kiln_plan kiln_plan;
  * keys by construction). Fields left at zero take $KILN_GEMM, $KILN_GEMM_BM, $KILN_GRID_CAP,
  * $KILN_VK_DISABLE, $KILN_WGMMA, $KILN_PDL, $KILN_PRECISION and the other variables of docs/env.md when set (docs/env.md). */
 enum { KILN_GEMM_AUTO = 0, KILN_GEMM_OFF = -1, KILN_GEMM_ON = 1 };
-enum { KILN_FLASH_WG_NO_PINGPONG = 2 }; /* codegen.flash_wg: the warpgroup kernel without its ping-pong (A/B runs) */
+enum { KILN_FLASH_WG_NO_PINGPONG = 2, KILN_FLASH_WG_PINGPONG = 3 }; /* codegen.flash_wg: the warpgroup kernel without / with its
+                                                                   ping-pong whatever the shape (A/B runs) */
 enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
 enum { KILN_PREC_EXACT = 0, KILN_PREC_F16 = 1 };
 enum { KILN_PDL_NO_PREFETCH = 2, KILN_PDL_REGS = 3 }; /* codegen.pdl's variants beside KILN_GEMM_ON */
@@ -388,10 +389,12 @@ typedef struct kiln_codegen_options {
                            kernels (A/B runs, $KILN_FLASH=0) */
     int32_t flash_wg;   /* KILN_GEMM_AUTO/ON: on sm_90 under precision f16, prefill attention over a
                            contiguous f16/bf16 cache of head_dim 64/128/256 takes the warpgroup flash kernel
-                           (TMA + wgmma, FlashAttention-3 style); KILN_GEMM_OFF: the mma.sync flash
-                           kernel (A/B runs, $KILN_FLASH_WG=0); KILN_FLASH_WG_NO_PINGPONG: the warpgroup
-                           kernel with its two consumer warpgroups not taking turns at the tensor
-                           cores (A/B runs, $KILN_FLASH_WG=2) */
+                           (TMA + wgmma, FlashAttention-3 style), its two consumer warpgroups taking turns
+                           at the tensor cores (ping-pong) where the shape gains from it (one query head a
+                           kv head, head_dim <= 128: docs/kernels.md); KILN_GEMM_OFF: the mma.sync flash
+                           kernel (A/B runs, $KILN_FLASH_WG=0); KILN_FLASH_WG_NO_PINGPONG /
+                           KILN_FLASH_WG_PINGPONG: the warpgroup kernel without / with the ping-pong on
+                           every shape (A/B runs, $KILN_FLASH_WG=2 / 3) */
     int32_t gemm_cluster; /* sm_90 TMA GEMM of f16/bf16 weights: 2 or 4 blocks of consecutive token rows
                            form a thread block cluster and share each weight tile, every block bringing
                            1/n of it by TMA multicast into all of them (L2 traffic per tile falls from
@@ -423,6 +426,13 @@ typedef struct kiln_codegen_options {
                            (up to 8) and combine through distributed shared memory, instead of the split kernel
                            writing partials that kiln_attn_combine reads; KILN_GEMM_AUTO/OFF: the two kernels
                            ($KILN_ATTN_CLUSTER, docs/kernels.md). Opt-in until measured */
+    int32_t flash_rows; /* the warpgroup flash kernel's query rows a block: 0 (128: two consumer warpgroups)
+                           or 64 (one consumer warpgroup, 64-key tiles at head_dim 128, two blocks an SM:
+                           twice the blocks for short prompts; A/B runs, $KILN_FLASH_ROWS=64) */
+    int32_t flash_split; /* the warpgroup flash kernel's key split: 2 or 4 blocks of a thread block cluster
+                           share each query tile's key tiles (taking every 2nd / 4th) and the first block
+                           combines their partial results (short prompts: more blocks, shorter walks);
+                           0 or 1: none (A/B runs, $KILN_FLASH_SPLIT) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

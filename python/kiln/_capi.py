@@ -40,7 +40,8 @@ class CodegenOptions(C.Structure):
                 ("wgmma", C.c_int32), ("pdl", C.c_int32), ("precision", C.c_int32), ("flash", C.c_int32),
                 ("flash_wg", C.c_int32), ("gemm_cluster", C.c_int32), ("gemv_pair", C.c_int32),
                 ("gemm_epilogue", C.c_int32),
-                ("gemv_prefetch", C.c_int32), ("gemv_fence", C.c_int32), ("attn_cluster", C.c_int32)]
+                ("gemv_prefetch", C.c_int32), ("gemv_fence", C.c_int32), ("attn_cluster", C.c_int32),
+                ("flash_rows", C.c_int32), ("flash_split", C.c_int32)]
 
 
 class CompileOptions(C.Structure):

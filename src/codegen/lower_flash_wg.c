@@ -14,18 +14,18 @@
  * barriers), so one's softmax also runs while the other's products hold the tensor cores. Grouped
  * query heads share a block's K/V tiles (rows are (token, head) pairs); blocks run latest rows
  * first, start at the first tile their first row's window reaches and stop at the keys their last
- * row sees. Must not know any target's syntax; the mma.sync kernel (lower_flash.c) takes every
- * other shape. */
+ * row sees. Choices per shape in one place (fw_choose): the ping-pong, and for short prompts
+ * 64-row blocks (one consumer warpgroup, two blocks an SM) and key splits over a thread block
+ * cluster (rank 0 folds the others' partial results in). Must not know any target's syntax; the
+ * mma.sync kernel (lower_flash.c) takes every other shape. */
 #include "codegen/lower.h"
 
 #include <math.h>
 #include <string.h>
 
-#define FW_ROWS 128   /* query rows a block: two consumer warpgroups of 64 */
 #define FW_KMAX 128   /* keys a tile at most (the S accumulator m64n128; f->nk) */
 #define FW_STAGES 2   /* stages of the K and of the V ring */
-#define FW_THREADS 384
-#define FW_VTHREADS 96 /* the producer's V threads (warps 9 .. 11) */
+#define FW_VTHREADS 96 /* the producer's V threads (its warps 1 .. 3) */
 
 typedef struct fw {
     kiln_kir *k;
@@ -38,10 +38,15 @@ typedef struct fw {
     uint32_t qbase, rbase, bbase; /* their U32 byte addresses */
     uint32_t kmap, vmap, vs;     /* tensor maps of the caches; V's buffer slot (the boundary tile) */
     bool pingpong;               /* the consumer warpgroups take turns at the tensor cores (named barriers) */
-    int32_t nk;                  /* keys a tile: 128, 64 at head_dim 256 */
+    int32_t rows;                /* query rows a block: 128 (two consumer warpgroups) or 64 (one) */
+    int32_t ct;                  /* consumer threads: rows * 2 (64 rows a warpgroup); the producer warpgroup follows */
+    int32_t nk;                  /* keys a tile: 128, 64 at head_dim 256 and in 64-row blocks of head_dim 128 */
     float capl2;                 /* soft-cap in the base-2 units of the scores (0: none) */
     int32_t win;                 /* sliding window (0: none) */
-    uint32_t t0;                 /* I32 the block's first tile (its first row's window start / nk; 0 without a window) */
+    uint32_t t0;                 /* I32 the block's first tile (its first row's window start / nk, 0 without a window;
+                                    + its rank under a key split) */
+    int32_t split;               /* blocks of a cluster sharing the rows' tiles (each every split-th tile); 1: none */
+    uint32_t rank, scr;          /* I32 the block's rank in its cluster; the scratch slot of the partial results */
 } fw;
 
 static uint32_t ci(fw *f, int32_t v) { return kiln_ki(f->k, v); }
@@ -56,6 +61,8 @@ static void sync_op(fw *f, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm
 }
 
 static int32_t tile_bytes(const fw *f) { return f->nk * f->hd * 2; } /* one K or V tile */
+/* Key split: words of a consumer thread's partial result (m and l of its two rows, its O lanes). */
+static int32_t fw_part_words(const fw *f) { return 4 + (f->hd == 256 ? 2 : 1) * (f->hd == 64 ? 32 : 64); }
 /* Byte address of stage s's K (v = 0) or V (v = 1) tile; its hd / 64 chunks are nk rows of 128 bytes each. */
 static uint32_t stage_at(fw *f, uint32_t s, int v)
 {
@@ -111,24 +118,24 @@ static void q_values(fw *f, const kiln_node_rec *q, uint32_t qs, uint32_t R, uin
     for (int e = 0; e < 8; e++) x[e] = kl_load(k, qs, t, kiln_kaddi(k, at, e));
 }
 
-/* The consumers (256 threads, after their setmaxnreg): the block's 128 rows of q, scaled by the
+/* The consumers (f->ct threads, after their setmaxnreg): the block's rows of q, scaled by the
  * attention's scale x log2(e), as one 16-bit part into Q's swizzled tile; straight-line code, so
  * every load is in flight at once while the producer's first TMAs run. Then every consumer arrives
  * at the Q mbarrier (its stores shown to WGMMA first) and waits for the others. */
 static void stage_q(fw *f, const kiln_node_rec *n, const kiln_node_rec *q, uint32_t qs)
 {
     kiln_kir *k = f->k;
-    int32_t pieces = f->hd / 8, per = FW_ROWS * pieces / 256;
+    int32_t pieces = f->hd / 8, per = f->rows * pieces / f->ct;
     float qscale = n->f[0] * 1.44269504088896341f;
     for (int u = 0; u < per; u++) {
-        uint32_t i = kiln_kaddi(k, f->tid, 256 * u);
+        uint32_t i = kiln_kaddi(k, f->tid, f->ct * u);
         uint32_t r = o2(f, KILN_KOP_DIV, i, ci(f, pieces)), p = o2(f, KILN_KOP_REM, i, ci(f, pieces)), x[8], v4 = KILN_IDX_NONE;
         q_values(f, q, qs, o2(f, KILN_KOP_ADD, f->R0, r), p, x);
         for (int e = 0; e < 4; e++)
             v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4,
                              pack2(f, o2(f, KILN_KOP_MUL, x[2 * e], kiln_kf(k, qscale)), o2(f, KILN_KOP_MUL, x[2 * e + 1], kiln_kf(k, qscale))),
                              KILN_IDX_NONE, e);
-        kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, swz_word(f, r, p, FW_ROWS), v4, KILN_IDX_NONE, (int32_t)f->qsh);
+        kiln_kir_op(k, KILN_KOP_STS4, KILN_KT_NONE, swz_word(f, r, p, f->rows), v4, KILN_IDX_NONE, (int32_t)f->qsh);
     }
     sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* Q's stores, visible to WGMMA */
     uint32_t qb = bar_at(f, 4, ci(f, 0));
@@ -155,10 +162,13 @@ static void tma_tile(fw *f, uint32_t m, uint32_t dst, uint32_t bar, uint32_t kb)
         tma(f, m, o2(f, KILN_KOP_ADD, dst, cu(f, (uint32_t)(c * f->nk * 128))), bar, 64 * c, row);
 }
 
-/* The first key of the block's i-th tile. */
-static uint32_t key0(fw *f, uint32_t i) { return kiln_kmuli(f->k, o2(f, KILN_KOP_ADD, f->t0, i), f->nk); }
+/* The first key of the block's i-th tile (tile t0 + i split). */
+static uint32_t key0(fw *f, uint32_t i)
+{
+    return kiln_kmuli(f->k, o2(f, KILN_KOP_ADD, f->t0, f->split > 1 ? kiln_kmuli(f->k, i, f->split) : i), f->nk);
+}
 
-/* The producer warpgroup's K warp (its thread 256 alone): per tile, wait for its K stage to be
+/* The producer warpgroup's K warp (its first thread alone): per tile, wait for its K stage to be
  * freed and bring K by TMA. K and V have their own producers so that a V stage freed late (P V
  * runs a tile behind) never holds back the next K. */
 static void producer_k(fw *f)
@@ -174,7 +184,7 @@ static void producer_k(fw *f)
     kl_loop_end(k);
 }
 
-/* The producer warpgroup's V warps (its threads 288 .. 383, vt = 0 .. 95; vt 0 issues the TMAs):
+/* The producer warpgroup's V warps (its threads 32 .. 127, vt = 0 .. 95; vt 0 issues the TMAs):
  * per tile, wait for its V stage and bring V by TMA, or, for the tile that crosses n_kv, by every
  * V thread's own loads with the keys past n_kv as zeros (stored in the TMA's layout, then a proxy
  * fence). */
@@ -355,7 +365,7 @@ static void issue_s(fw *f, fwc *c, uint32_t s)
 {
     uint32_t kt = stage_at(f, s, 0);
     for (int kk = 0; kk < f->hd / 16; kk++) { /* chunk kk / 4 of 64 dims, 32 bytes per k16 step inside it */
-        uint32_t a = o2(f, KILN_KOP_ADD, c->qa, cu(f, (uint32_t)(kk / 4 * FW_ROWS * 128 + kk % 4 * 32)));
+        uint32_t a = o2(f, KILN_KOP_ADD, c->qa, cu(f, (uint32_t)(kk / 4 * f->rows * 128 + kk % 4 * 32)));
         uint32_t b = o2(f, KILN_KOP_ADD, kt, cu(f, (uint32_t)(kk / 4 * f->nk * 128 + kk % 4 * 32)));
         kiln_kir_op(f->k, KILN_KOP_WGMMA, KILN_KT_NONE, c->S, a, b, c->flags_s);
     }
@@ -427,9 +437,61 @@ static void consumer_store(fw *f, fwc *c, uint32_t node)
     }
 }
 
+/* Key split: word w of partial result p (a block of rank >= 1) of consumer thread tid, in the
+ * threads' order (each thread reads back only what its twin of rank 0 wrote). */
+static uint32_t part_word(fw *f, uint32_t p, int32_t w)
+{
+    return o2(f, KILN_KOP_ADD, kiln_kmuli(f->k, p, f->ct * fw_part_words(f)), kiln_kaddi(f->k, f->tid, w * f->ct));
+}
+
+/* Key split: every block of rank >= 1 writes its rows' state (O unnormalized, m, each thread's l)
+ * into the scratch buffer; the cluster meets (its release/acquire orders those stores); the block
+ * of rank 0 folds each in: m = max(m, m'), O = O 2^(m_0 - m) + O' 2^(m' - m), l alike (a max of -inf,
+ * a row with no key in either, stands in as 0: the factors are 0, not NaN). */
+static void split_combine(fw *f, fwc *c)
+{
+    kiln_kir *k = f->k;
+    int32_t no = f->hd == 64 ? 32 : 64, nacc = c->O2 != KILN_IDX_NONE ? 2 : 1;
+    uint32_t bq = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
+    uint32_t part0 = kiln_kmuli(k, o2(f, KILN_KOP_ADD, kiln_kmuli(k, bq, f->n_kvh), f->kvh), f->split - 1); /* the cluster's first */
+    kiln_kif(k, o2(f, KILN_KOP_LT, ci(f, 0), f->rank));
+    uint32_t p = o2(f, KILN_KOP_ADD, part0, kiln_kaddi(k, f->rank, -1));
+    for (int r = 0; r < 2; r++) {
+        kl_store(k, f->scr, KILN_DTYPE_F32, part_word(f, p, 2 * r), c->m[r]);
+        kl_store(k, f->scr, KILN_DTYPE_F32, part_word(f, p, 2 * r + 1), c->l[r]);
+    }
+    for (int h = 0; h < nacc; h++)
+        for (int j = 0; j < no; j++) kl_store(k, f->scr, KILN_DTYPE_F32, part_word(f, p, 4 + h * no + j), lanef(f, h ? c->O2 : c->O, j));
+    kiln_kendif(k);
+    sync_op(f, KILN_KOP_CLUSTER_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kiln_kif(k, o2(f, KILN_KOP_EQ, f->rank, ci(f, 0)));
+    for (int q = 1; q < f->split; q++) {
+        uint32_t pq = kiln_kaddi(k, part0, q - 1), a[2], b[2];
+        for (int r = 0; r < 2; r++) {
+            uint32_t m2 = kl_load(k, f->scr, KILN_DTYPE_F32, part_word(f, pq, 2 * r));
+            uint32_t l2 = kl_load(k, f->scr, KILN_DTYPE_F32, part_word(f, pq, 2 * r + 1));
+            uint32_t mn = o2(f, KILN_KOP_MAX, c->m[r], m2);
+            uint32_t ms = kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn);
+            a[r] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, c->m[r], ms));
+            b[r] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, m2, ms));
+            kiln_kset(k, c->l[r], kiln_kfma(k, c->l[r], a[r], o2(f, KILN_KOP_MUL, l2, b[r])));
+            kiln_kset(k, c->m[r], mn);
+        }
+        for (int h = 0; h < nacc; h++) {
+            uint32_t o = h ? c->O2 : c->O;
+            for (int j = 0; j < no; j++) {
+                uint32_t x = kl_load(k, f->scr, KILN_DTYPE_F32, part_word(f, pq, 4 + h * no + j));
+                kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, o, kiln_kfma(k, lanef(f, o, j), a[(j >> 1) & 1], o2(f, KILN_KOP_MUL, x, b[(j >> 1) & 1])),
+                            KILN_IDX_NONE, j);
+            }
+        }
+    }
+    kiln_kendif(k);
+}
+
 /* Named barrier `id` (an I32 value) of the two consumer warpgroups' 256 threads: wait for it (sync)
  * or only arrive. */
-static void nbar(fw *f, enum kiln_kop op, uint32_t id) { kiln_kir_op(f->k, op, KILN_KT_NONE, id, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8); }
+static void nbar(fw *f, enum kiln_kop op, uint32_t id) { kiln_kir_op(f->k, op, KILN_KT_NONE, id, KILN_IDX_NONE, KILN_IDX_NONE, f->ct << 8); }
 
 /* A consumer warpgroup over the block's tiles, P V one tile behind (FlashAttention-3's overlap):
  * tile i issues S_i = Q K_i^T, then O += P_{i-1} V_{i-1}; once S_i has retired (K_i's stage is
@@ -448,6 +510,7 @@ static void consumer(fw *f, uint32_t node)
     fwc c = {0};
     consumer_rows(f, &c);
     uint32_t pa[FW_KMAX / 16], z = ci(f, 0);
+    if (f->split > 1) kiln_kif(k, o2(f, KILN_KOP_LT, z, f->ntiles)); /* a split's block may have no tile */
     wait_bar(f, 0, z, z); /* tile 0: stage 0, phase 0 */
     wg_fence(f);
     issue_s(f, &c, z);
@@ -481,7 +544,13 @@ static void consumer(fw *f, uint32_t node)
     wg_fence(f);
     issue_pv(f, &c, sl, pa);
     wg_wait(f, 0);
+    if (f->split > 1) {
+        kiln_kendif(k);
+        split_combine(f, &c);
+        kiln_kif(k, o2(f, KILN_KOP_EQ, f->rank, z));
+    }
     consumer_store(f, &c, node);
+    if (f->split > 1) kiln_kendif(k);
 }
 
 
@@ -497,6 +566,27 @@ bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_re
     return kl_dim_max(g, q->dims[0]) > KL_SMALL_ROWS && kl_tma_aligned(g, n->src[1]) && kl_tma_aligned(g, n->src[2]);
 }
 
+/* The kernel's per-shape choices, made here only (docs/kernels.md, Attention: the ping-pong table):
+ * - ping-pong of the two consumer warpgroups: on for one query head a kv head at head_dim <= 128,
+ *   off for grouped heads and head_dim 256 (H100, 4096 tokens: MHA hd 128 371 vs 323 TFLOP/s with
+ *   / without; GQA 32/8 386 vs 404; hd 256 244 vs 274); codegen.flash_wg forces it either way;
+ * - query rows a block: 128 unless codegen.flash_rows is 64 at head_dim <= 128 (one consumer
+ *   warpgroup, 64-key tiles at head_dim 128: two blocks share an SM, twice the blocks for short
+ *   prompts; at head_dim 256 one would fill an SM alone);
+ * - keys a tile: 64 where O and S would not fit the registers (head_dim 256) or two 64-row blocks
+ *   the shared memory (head_dim 128), else 128. */
+static void fw_choose(fw *f, const kiln_codegen_options *o)
+{
+    f->rows = o->flash_rows == 64 && f->hd <= 128 ? 64 : 128;
+    f->ct = 2 * f->rows;
+    f->nk = f->hd == 256 || (f->rows == 64 && f->hd == 128) ? 64 : 128;
+    bool pp = f->G == 1 && f->hd <= 128;
+    if (o->flash_wg == KILN_FLASH_WG_NO_PINGPONG) pp = false;
+    if (o->flash_wg == KILN_FLASH_WG_PINGPONG) pp = true;
+    f->pingpong = pp && f->rows == 128; /* one consumer warpgroup has no one to take turns with */
+    f->split = o->flash_split == 2 || o->flash_split == 4 ? o->flash_split : 1;
+}
+
 /* The mbarriers (thread 0) before the warpgroups part. */
 static void fw_setup(fw *f)
 {
@@ -505,10 +595,10 @@ static void fw_setup(fw *f)
     for (int s = 0; s < FW_STAGES; s++) {
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 0, ci(f, s)), KILN_IDX_NONE, 1);   /* the producer's expect_tx + K's bytes */
         sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 1, ci(f, s)), KILN_IDX_NONE, FW_VTHREADS); /* every V thread (+ V's bytes) */
-        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 2, ci(f, s)), KILN_IDX_NONE, 256); /* every consumer thread */
-        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 3, ci(f, s)), KILN_IDX_NONE, 256);
+        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 2, ci(f, s)), KILN_IDX_NONE, f->ct); /* every consumer thread */
+        sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 3, ci(f, s)), KILN_IDX_NONE, f->ct);
     }
-    sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 4, ci(f, 0)), KILN_IDX_NONE, 256); /* Q staged: every consumer thread */
+    sync_op(f, KILN_KOP_MBAR_INIT, bar_at(f, 4, ci(f, 0)), KILN_IDX_NONE, f->ct); /* Q staged: every consumer thread */
     sync_op(f, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
     kiln_kendif(k);
     kiln_kbarrier(k);
@@ -522,16 +612,24 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
             .n_kvh = (int32_t)kc->dims[0], .bf = kc->dtype == KILN_DTYPE_BF16};
     f.G = f.n_head / f.n_kvh;
     f.q16 = kl_tma_aligned(g, n->src[0]);
-    f.pingpong = tg->opts.flash_wg != KILN_FLASH_WG_NO_PINGPONG;
-    f.nk = f.hd == 256 ? 64 : 128; /* head_dim 256: O takes 128 registers, S half of 64 */
+    fw_choose(&f, &tg->opts);
     f.capl2 = n->f[1] * 1.44269504088896341f, f.win = (int32_t)n->i[1]; /* the scores carry log2 e */
-    int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * f.G + FW_ROWS - 1) / FW_ROWS);
-    kiln_kir_init(k, "kiln_attn_flash_wg", FW_THREADS);
-    snprintf(k->what, sizeof k->what, "attention: flash, wgmma + TMA, %d q heads/kv head, hd %d%s%s%s", (int)f.G, (int)f.hd,
-             f.capl2 != 0 ? ", cap" : "", f.win ? ", window" : "", f.pingpong ? "" : ", no ping-pong");
-    k->grid[0] = (uint32_t)f.n_kvh, k->grid[1] = (uint32_t)nqb;
+    int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * f.G + f.rows - 1) / f.rows);
+    int64_t parts = (int64_t)f.n_kvh * nqb * (f.split - 1) * f.ct * fw_part_words(&f); /* key split: scratch words */
+    if (parts > INT32_MAX) f.split = 1, parts = 0; /* past I32 indices: no split */
+    kiln_kir_init(k, "kiln_attn_flash_wg", (uint32_t)(f.ct + 128));
+    snprintf(k->what, sizeof k->what, "attention: flash wg, %d q heads a kv head, hd %d%s%s%s, %d rows%s", (int)(f.G & 15), (int)(f.hd & 511),
+             f.capl2 != 0 ? ", cap" : "", f.win ? ", window" : "", f.pingpong ? ", ping-pong" : "", (int)(f.rows & 255),
+             f.split == 2 ? ", split 2" : f.split == 4 ? ", split 4" : "");
+    k->grid[0] = (uint32_t)(f.n_kvh * f.split), k->grid[1] = (uint32_t)nqb;
+    k->cluster = f.split > 1 ? (uint32_t)f.split : 0;
+    k->scratch_bytes = (uint64_t)parts * 4;
     k->dyn_shared = true;
-    f.qsh = kiln_kir_shared(k, (uint32_t)(FW_ROWS * f.hd / 2));
+    /* 64-row blocks are written for two an SM (at most 82 KB of shared memory each; 128 registers a thread
+     * at entry: the consumers' 216 and the producers' 40 fill the block's 256 x 128) */
+    k->min_blocks = f.rows == 64 ? 2 : 0;
+    int32_t creg = f.rows == 128 ? 232 : 216;
+    f.qsh = kiln_kir_shared(k, (uint32_t)(f.rows * f.hd / 2));
     f.ring = kiln_kir_shared(k, (uint32_t)(FW_STAGES * 2 * f.nk * f.hd / 2));
     f.bars = kiln_kir_shared(k, 2 * (4 * FW_STAGES + 1)); /* full and empty of K and V per stage, and Q's */
     uint32_t qs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], false);
@@ -544,17 +642,22 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     f.vmap = kiln_kir_tmap(k, &m);
     f.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     f.kvh = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    if (f.split > 1) { /* a cluster of split blocks a kv head's query tile */
+        f.rank = o2(&f, KILN_KOP_REM, f.kvh, ci(&f, f.split));
+        f.kvh = o2(&f, KILN_KOP_DIV, f.kvh, ci(&f, f.split));
+        f.scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
+    }
     uint32_t bq = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     f.head0 = kiln_kmuli(k, f.kvh, f.G);
     f.n_tok = kl_dim(k, q->dims[0]), f.n_kv = kl_dim(k, n->dim);
     f.past = o2(&f, KILN_KOP_SUB, f.n_kv, f.n_tok); /* keys before the first query */
-    f.R0 = kiln_kmuli(k, o2(&f, KILN_KOP_SUB, ci(&f, nqb - 1), bq), FW_ROWS); /* latest rows first */
+    f.R0 = kiln_kmuli(k, o2(&f, KILN_KOP_SUB, ci(&f, nqb - 1), bq), f.rows); /* latest rows first */
     f.qbase = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(&f, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f.qsh);
     f.rbase = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(&f, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f.ring);
     f.bbase = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(&f, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f.bars);
     kiln_kif(k, o2(&f, KILN_KOP_LT, f.R0, kiln_kmuli(k, f.n_tok, f.G)));
-    /* keys the block's last row sees: its token is (R0 + 127) / G, at most the run's last */
-    uint32_t last = o2(&f, KILN_KOP_MIN, o2(&f, KILN_KOP_DIV, kiln_kaddi(k, f.R0, FW_ROWS - 1), ci(&f, f.G)), kiln_kaddi(k, f.n_tok, -1));
+    /* keys the block's last row sees: its token is (R0 + rows - 1) / G, at most the run's last */
+    uint32_t last = o2(&f, KILN_KOP_MIN, o2(&f, KILN_KOP_DIV, kiln_kaddi(k, f.R0, f.rows - 1), ci(&f, f.G)), kiln_kaddi(k, f.n_tok, -1));
     uint32_t kend = o2(&f, KILN_KOP_ADD, f.past, kiln_kaddi(k, last, 1));
     f.ntiles = o2(&f, KILN_KOP_DIV, kiln_kaddi(k, kend, f.nk - 1), ci(&f, f.nk));
     f.t0 = ci(&f, 0);
@@ -563,14 +666,19 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
         f.t0 = o2(&f, KILN_KOP_DIV, o2(&f, KILN_KOP_MAX, o2(&f, KILN_KOP_SUB, seen, ci(&f, f.win)), ci(&f, 0)), ci(&f, f.nk));
     }
     f.ntiles = o2(&f, KILN_KOP_SUB, f.ntiles, f.t0); /* the tiles the block walks, from t0 */
+    if (f.split > 1) { /* rank r takes tiles t0 + r, t0 + r + split, ...: ceil((ntiles - r) / split) of them, maybe none */
+        f.ntiles = o2(&f, KILN_KOP_DIV, o2(&f, KILN_KOP_MAX, kiln_kaddi(k, o2(&f, KILN_KOP_SUB, f.ntiles, f.rank), f.split - 1), ci(&f, 0)),
+                      ci(&f, f.split));
+        f.t0 = o2(&f, KILN_KOP_ADD, f.t0, f.rank);
+    }
     fw_setup(&f);
-    kiln_kif(k, o2(&f, KILN_KOP_LT, f.tid, ci(&f, 256)));
-    sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 232);
+    kiln_kif(k, o2(&f, KILN_KOP_LT, f.tid, ci(&f, f.ct)));
+    sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | creg);
     stage_q(&f, n, q, qs);
     consumer(&f, node);
     kiln_kelse(k);
     sync_op(&f, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 40);
-    uint32_t pt = kiln_kaddi(k, f.tid, -256);
+    uint32_t pt = kiln_kaddi(k, f.tid, -f.ct);
     kiln_kif(k, o2(&f, KILN_KOP_EQ, pt, ci(&f, 0)));
     producer_k(&f);
     kiln_kelse(k);
@@ -578,6 +686,9 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
     producer_v(&f, kiln_kaddi(k, pt, -32));
     kiln_kendif(k);
     kiln_kendif(k);
+    /* a key split's cluster meets once (split_combine): the producers too, so that its count never
+     * hangs on threads still running or gone */
+    if (f.split > 1) sync_op(&f, KILN_KOP_CLUSTER_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kiln_kendif(k);
     kiln_kendif(k);
 }

@@ -32,6 +32,8 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_PRECISION] = "KILN_PRECISION",
     [KILN_ENV_FLASH] = "KILN_FLASH",
     [KILN_ENV_FLASH_WG] = "KILN_FLASH_WG",
+    [KILN_ENV_FLASH_ROWS] = "KILN_FLASH_ROWS",
+    [KILN_ENV_FLASH_SPLIT] = "KILN_FLASH_SPLIT",
     [KILN_ENV_GEMM_CLUSTER] = "KILN_GEMM_CLUSTER",
     [KILN_ENV_GEMM_EPILOGUE] = "KILN_GEMM_EPILOGUE",
     [KILN_ENV_NCCL_LIB] = "KILN_NCCL_LIB",
@@ -75,7 +77,10 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))
-        c->flash_wg = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : !strcmp(e, "2") ? KILN_FLASH_WG_NO_PINGPONG : 0;
+        c->flash_wg = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : !strcmp(e, "2") ? KILN_FLASH_WG_NO_PINGPONG
+                    : !strcmp(e, "3") ? KILN_FLASH_WG_PINGPONG : 0;
+    if (!c->flash_rows && (e = kiln_env(KILN_ENV_FLASH_ROWS)) && !strcmp(e, "64")) c->flash_rows = 64;
+    if (!c->flash_split && (e = kiln_env(KILN_ENV_FLASH_SPLIT))) c->flash_split = !strcmp(e, "2") ? 2 : !strcmp(e, "4") ? 4 : 0;
     if (!c->gemm_cluster && (e = kiln_env(KILN_ENV_GEMM_CLUSTER)))
         c->gemm_cluster = !strcmp(e, "1") ? 1 : !strcmp(e, "2") ? 2 : !strcmp(e, "4") ? 4 : 0;
     if (!c->gemm_epilogue && (e = kiln_env(KILN_ENV_GEMM_EPILOGUE)))

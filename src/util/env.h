@@ -32,6 +32,8 @@ enum kiln_env_var {
     KILN_ENV_PRECISION,      /* kiln_compile_options.codegen.precision */
     KILN_ENV_FLASH,          /* kiln_compile_options.codegen.flash */
     KILN_ENV_FLASH_WG,       /* kiln_compile_options.codegen.flash_wg */
+    KILN_ENV_FLASH_ROWS,     /* kiln_compile_options.codegen.flash_rows */
+    KILN_ENV_FLASH_SPLIT,    /* kiln_compile_options.codegen.flash_split */
     KILN_ENV_GEMM_CLUSTER,   /* kiln_compile_options.codegen.gemm_cluster */
     KILN_ENV_GEMM_EPILOGUE,  /* kiln_compile_options.codegen.gemm_epilogue */
     KILN_ENV_NCCL_LIB,       /* libnccl for split plans over distinct GPUs */
