@@ -35,6 +35,7 @@ typedef struct feed {
     bool        ints;  /* i32 input */
     kiln_dtype  t;     /* input dtype */
     int64_t     n;     /* elements (after symbols) */
+    bool        seq;   /* i32 inputs: lo, lo + 1, ... instead of random (distinct cache positions) */
 } feed;
 
 /* Runs g fused and unfused with the same fresh inputs and states; compares every output. */
@@ -55,7 +56,7 @@ static void fused_vs_unfused(kiln_graph *g, const feed *f, int nf, double tol, i
         float *tmp = malloc(f[i].n * sizeof(float));
         if (f[i].ints) {
             int32_t *v = malloc(f[i].n * 4);
-            for (int64_t j = 0; j < f[i].n; j++) v[j] = (int32_t)tu_randint(f[i].lo, f[i].value);
+            for (int64_t j = 0; j < f[i].n; j++) v[j] = (int32_t)(f[i].seq ? f[i].lo + j : tu_randint(f[i].lo, f[i].value));
             bufs[i] = v;
             b[i].bytes = f[i].n * 4;
         } else {
@@ -223,6 +224,126 @@ Test(fuse, rule1_post_norm_and_residual_add_are_one_row_kernel)
     int kf;
     fused_vs_unfused(g, f, 1, tol, &kf, NULL);
     cr_assert_eq(kf, 2, "got %d", kf);
+    kiln_graph_free(g);
+}
+
+static bool present(const char *be)
+{
+    kiln_backend_info bi;
+    for (int i = 0; i < kiln_backend_count(g_ctx); i++)
+        if (kiln_backend_get(g_ctx, i, &bi) == KILN_OK && !strcmp(bi.name, be) && bi.available) return true;
+    return false;
+}
+
+/* fused_vs_unfused on the test's backend and on vulkan (lavapipe in CI: the GPU lowering); the
+ * fused kernel count must be `want` on each. */
+static void fused_vs_unfused_gpu_too(kiln_graph *g, const feed *f, int nf, double tol, int want, int want_unfused)
+{
+    const char *bes[] = {fuse_backend(), "vulkan"};
+    for (int b = 0; b < 2; b++) {
+        if (b == 1 && (!present("vulkan") || !strcmp(bes[0], "vulkan"))) continue;
+        if (b == 1) setenv("KILN_TEST_BACKEND", "vulkan", 1);
+        int kf, ku;
+        fused_vs_unfused(g, f, nf, tol, &kf, &ku);
+        if (b == 1) unsetenv("KILN_TEST_BACKEND");
+        cr_assert_eq(kf, want, "%s: %d kernels fused, want %d", bes[b], kf, want);
+        cr_assert_eq(ku, want_unfused, "%s: %d kernels unfused", bes[b], ku);
+    }
+}
+
+/* Rule 7 (qwen3's and gemma3's per-head q/k norms): rms_norm over each head, its rope and the
+ * kv_scatter of the roped k are one row kernel. Prefill rows at distinct cache positions, every
+ * rope pairing (neox, normal, partial of each), f32 and f16 caches; the roped q and the whole cache
+ * compared with the unfused plan. */
+Test(fuse, rule7_head_norm_rope_and_kv_write_are_one_row_kernel)
+{
+    const struct { kiln_rope_mode mode; int64_t rot; kiln_dtype kv; } cases[] = {
+        {KILN_ROPE_NEOX, 16, KILN_DTYPE_F32}, {KILN_ROPE_NORMAL, 16, KILN_DTYPE_F16},
+        {KILN_ROPE_NEOX, 8, KILN_DTYPE_F16},  {KILN_ROPE_NORMAL, 10, KILN_DTYPE_F32}};
+    for (int c = 0; c < 4; c++) {
+        kiln_graph *g = gnew();
+        kiln_dim t = kiln_sym(g, "n_tok", 8);
+        kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){t});
+        kiln_node xq = kiln_input(g, "xq", KILN_DTYPE_F32, 3, (kiln_dim[]){t, 3, 16});
+        kiln_node xk = kiln_input(g, "xk", KILN_DTYPE_F32, 3, (kiln_dim[]){t, 2, 16});
+        kiln_node kc = kiln_state(g, "kc", cases[c].kv, 3, (kiln_dim[]){2, 32, 16});
+        const float mult[8] = {1.0f, 0.5f, 0.25f, 2.0f, 1.5f, 1.0f, 0.75f, 3.0f};
+        kiln_node q = kiln_rms_norm(g, xq, tu_weight(g, "qn", KILN_DTYPE_F32, 1, (kiln_dim[]){16}, 0.5f, 1.5f), 1e-6f);
+        kiln_node k = kiln_rms_norm(g, xk, tu_weight(g, "kn", KILN_DTYPE_F32, 1, (kiln_dim[]){16}, 0.5f, 1.5f), 1e-6f);
+        kiln_output(g, kiln_rope_partial(g, q, pos, cases[c].mode, 10000.0f, mult, cases[c].rot), "out0");
+        kiln_node kr = kiln_rope_partial(g, k, pos, cases[c].mode, 1e6f, NULL, cases[c].rot);
+        kiln_output(g, kiln_kv_scatter(g, kc, kr, pos), "out1");
+        cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+        double tol = 4 * tu_tol("rms_norm", KILN_DTYPE_F32) + 4 * tu_tol("rope", KILN_DTYPE_F32) +
+                     (cases[c].kv == KILN_DTYPE_F16 ? 4 * tu_tol("rope", KILN_DTYPE_F16) : 0);
+        for (int64_t n = 1; n <= 7; n += 6) { /* a decode row, then 7 prefill rows at 20.. */
+            feed f[] = {{"n_tok", .value = n}, {"pos", .ints = true, .seq = true, .lo = n == 1 ? 31 : 20, .value = 32, .n = n},
+                        {"xq", .t = KILN_DTYPE_F32, .n = n * 48}, {"xk", .t = KILN_DTYPE_F32, .n = n * 32}};
+            fused_vs_unfused_gpu_too(g, f, 4, tol, 2, 5);
+        }
+        kiln_plan *p;
+        cr_assert_eq(kiln_compile(g_ctx, g, &(kiln_compile_options){.backend = fuse_backend()}, &p), KILN_OK);
+        kiln_region_info ri;
+        int writes = 0; /* the plan may order the two kernels either way */
+        for (int r = 0; r < 2; r++) {
+            cr_assert_eq(kiln_plan_region(p, r, &ri), KILN_OK);
+            cr_expect_str_eq(ri.kind, "rows", "%s", ri.ops);
+            cr_expect(strstr(ri.ops, "rms_norm") && strstr(ri.ops, "rope"), "case %d region %d: %s", c, r, ri.ops);
+            writes += strstr(ri.ops, "kv_scatter") != NULL;
+        }
+        cr_expect_eq(writes, 1, "case %d: the cache write is in neither row kernel", c);
+        kiln_plan_free(p);
+        kiln_graph_free(g);
+    }
+}
+
+/* Rule 1 on a lookup (gemma's embedding scale): get_rows and the scale after it are one kernel, for
+ * a block-format and a plain table; the scaled rows feed a norm and an output as in a model. */
+Test(fuse, rule1_embedding_scale_is_the_lookups_epilogue)
+{
+    kiln_dtype types[] = {KILN_DTYPE_Q8_0, KILN_DTYPE_F16};
+    for (int t = 0; t < 2; t++) {
+        kiln_graph *g = gnew();
+        kiln_node ids = kiln_input(g, "ids", KILN_DTYPE_I32, 1, (kiln_dim[]){5});
+        kiln_node e = kiln_get_rows(g, tu_weight(g, "emb", types[t], 2, (kiln_dim[]){12, 64}, -1.0f, 1.0f), ids);
+        e = kiln_scale(g, e, 8.0f);
+        kiln_output(g, e, "out0");
+        kiln_output(g, kiln_rms_norm(g, e, KILN_NODE_NONE, 1e-6f), "out1");
+        cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+        feed f[] = {{"ids", .ints = true, .lo = 0, .value = 12, .n = 5}};
+        fused_vs_unfused_gpu_too(g, f, 1, 4 * tu_tol("rms_norm", KILN_DTYPE_F32), 2, 3);
+        kiln_graph_free(g);
+    }
+}
+
+/* Rule 7 inside a decode step as qwen3 builds it: q/k/v from one matmul kernel, each head norm with
+ * its rope (and k's cache write) one row kernel, attention reads both: 4 kernels, fused == unfused. */
+Test(fuse, rule7_qwen3_attention_is_four_kernels)
+{
+    kiln_graph *g = gnew();
+    kiln_dim n_kv = kiln_sym(g, "n_kv", 16);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){1, 64});
+    kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){1});
+    kiln_node kc = kiln_state(g, "kc", KILN_DTYPE_F16, 3, (kiln_dim[]){2, 16, 32});
+    kiln_node vc = kiln_state(g, "vc", KILN_DTYPE_F16, 3, (kiln_dim[]){2, 16, 32});
+    kiln_node h = kiln_rms_norm(g, x, tu_weight(g, "n1", KILN_DTYPE_F32, 1, (kiln_dim[]){64}, 0.8f, 1.2f), 1e-6f);
+    kiln_node q = kiln_matmul(g, h, tu_weight(g, "wq", KILN_DTYPE_Q8_0, 2, (kiln_dim[]){128, 64}, -0.2f, 0.2f));
+    kiln_node k = kiln_matmul(g, h, tu_weight(g, "wk", KILN_DTYPE_Q8_0, 2, (kiln_dim[]){64, 64}, -0.2f, 0.2f));
+    kiln_node v = kiln_matmul(g, h, tu_weight(g, "wv", KILN_DTYPE_Q8_0, 2, (kiln_dim[]){64, 64}, -0.2f, 0.2f));
+    q = kiln_rms_norm(g, kiln_reshape(g, q, 3, (kiln_dim[]){1, 4, 32}),
+                      tu_weight(g, "qn", KILN_DTYPE_F32, 1, (kiln_dim[]){32}, 0.5f, 1.5f), 1e-6f);
+    k = kiln_rms_norm(g, kiln_reshape(g, k, 3, (kiln_dim[]){1, 2, 32}),
+                      tu_weight(g, "kn", KILN_DTYPE_F32, 1, (kiln_dim[]){32}, 0.5f, 1.5f), 1e-6f);
+    q = kiln_rope(g, q, pos, KILN_ROPE_NEOX, 1e6f);
+    kiln_node ks = kiln_kv_scatter(g, kc, kiln_rope(g, k, pos, KILN_ROPE_NEOX, 1e6f), pos);
+    kiln_node vs = kiln_kv_scatter(g, vc, kiln_reshape(g, v, 3, (kiln_dim[]){1, 2, 32}), pos);
+    kiln_output(g, kiln_attention(g, q, ks, vs, n_kv, 0), "out0");
+    cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+    double tol = 4 * tu_tol("matmul", KILN_DTYPE_Q8_0) + 4 * tu_tol("attention", KILN_DTYPE_F16);
+    for (int64_t n = 1; n <= 3; n++) {
+        feed f[] = {{"n_kv", .value = n}, {"x", .t = KILN_DTYPE_F32, .n = 64}, {"pos", .ints = true, .lo = n - 1, .value = n, .n = 1}};
+        fused_vs_unfused_gpu_too(g, f, 3, tol, 4, 11);
+    }
     kiln_graph_free(g);
 }
 

@@ -165,6 +165,16 @@ static const gw_model qwen3 = {.arch = "qwen3", .n_layer = 2, .hidden = 64, .n_h
 Test(model_arch, qwen3_matches_f64_on_ref) { check_model(qwen3, "ref", model_tol(KILN_DTYPE_F32, "ref")); }
 Test(model_arch, qwen3_matches_f64_on_cpu) { check_model(qwen3, "cpu", model_tol(KILN_DTYPE_F32, "cpu")); }
 
+/* On the GPU: the q/k head norms as rule 7's row kernels (norm, rope, cache write), f32 and q8_0. */
+Test(model_arch, qwen3_matches_f64_on_cuda)
+{
+    if (!backend_present("cuda")) cr_skip("no cuda device");
+    gw_model m = qwen3;
+    check_model(m, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    m.wtype = KILN_DTYPE_Q8_0;
+    check_model(m, "cuda", model_tol(KILN_DTYPE_Q8_0, "cuda"));
+}
+
 Test(model_arch, qwen3_q8_0_matches_f64_on_cpu)
 {
     gw_model m = qwen3;
@@ -378,8 +388,9 @@ Test(model_arch, gemma_and_phi3_match_f64_on_cuda)
     check_model(phi3, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
 }
 
-/* Kernels per decode layer on cpu: compiled with 2 layers minus 1 layer. */
-static int layer_kernels(gw_model m)
+/* Kernels per decode layer on cpu: compiled with 2 layers minus 1 layer; *rest: the 1-layer plan's
+ * others (embedding, head, argmax). */
+static int layer_kernels_rest(gw_model m, int *rest)
 {
     uint8_t *bytes;
     kiln_gguf *f = open_model(&m, &bytes);
@@ -396,8 +407,11 @@ static int layer_kernels(gw_model m)
     }
     kiln_gguf_close(f);
     free(bytes);
+    if (rest) *rest = 2 * k[0] - k[1];
     return k[1] - k[0];
 }
+
+static int layer_kernels(gw_model m) { return layer_kernels_rest(m, NULL); }
 
 /* gemma's post-norms take their residual adds into their row kernels (fusion rule 1): a gemma 2
  * layer is llama's 5 kernels plus one per post-norm (it needs the whole row of its matmul's output,
@@ -409,6 +423,24 @@ Test(model_arch, gemma_post_norms_fuse_with_their_residual_adds)
     cr_assert_eq(llama, 5, "llama layer: %d kernels", llama);
     cr_assert_eq(gemma, 7, "gemma2 layer: %d kernels", gemma);
 }
+
+/* Fusion rule 7: qwen3's and gemma3's per-head q/k norms each join their rope's row kernel (with
+ * k's cache write): 3 kernels fewer a layer than the norm, rope and write apart (qwen3 10 -> 7,
+ * gemma3 12 -> 9). Gemma's embedding scale is the lookup's epilogue: the kernels outside the layers
+ * (lookup, head, argmax) are llama's 3. The f64 tests above check the numbers of these plans. */
+Test(model_arch, head_norms_and_embedding_scale_fuse)
+{
+    if (!backend_present("cpu")) cr_skip("no cpu backend");
+    int rest[4];
+    int k[4] = {layer_kernels_rest(biased, &rest[0]), layer_kernels_rest(qwen3, &rest[1]),
+                layer_kernels_rest(gemma2, &rest[2]), layer_kernels_rest(gemma3, &rest[3])};
+    cr_log_info("kernels a layer: llama %d, qwen3 %d, gemma2 %d, gemma3 %d; outside: %d %d %d %d", k[0], k[1], k[2], k[3],
+                rest[0], rest[1], rest[2], rest[3]);
+    cr_assert_eq(k[1], 7, "qwen3 layer: %d kernels", k[1]);
+    cr_assert_eq(k[3], 9, "gemma3 layer: %d kernels", k[3]);
+    for (int i = 1; i < 4; i++) cr_assert_eq(rest[i], rest[0], "model %d: %d kernels outside the layers, llama %d", i, rest[i], rest[0]);
+}
+
 
 /* Partial rotary (Phi-4-mini: rope.dimension_count 96 of head 128; here 8 of 16, neox): the first
  * n_rot dims of each q/k head turn with theta^(-2i/n_rot), the rest pass through; and llama with

@@ -1,8 +1,9 @@
 /* Move template: kv_scatter (rows written into a state at run-time positions; a q8_0 pool's rows
- * quantized a block of 32 per thread) and get_rows (embedding lookup, any weight dtype); one element
- * (or one block value) per thread. Positions
+ * quantized a block of 32 per thread) and get_rows (embedding lookup, any weight dtype, with an
+ * elementwise epilogue); one element (or one block value) per thread. Positions
  * and ids out of range are skipped, never written out of bounds (the executor checks bound inputs
- * on the host first and reports them). Must not compute anything but copies and (de)quantization. */
+ * on the host first and reports them). Must not compute anything but copies, (de)quantization and a
+ * lookup's fused elementwise epilogue. */
 #include "codegen/lower.h"
 #include "codegen/wfmt.h"
 
@@ -23,7 +24,9 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, con
     uint32_t node = r->anchor;
     const kiln_node_rec *n = &g->nodes[node], *tab = &g->nodes[n->src[0]];
     kiln_dtype t = (kiln_dtype)tab->dtype;
-    if (r->n_nodes != 1) return kl_unsupported(err, n_err, "get_rows with fused ops");
+    for (uint32_t j = 0; j < r->n_nodes; j++)
+        if (r->nodes[j] != node && !kl_is_elementwise((enum kiln_op)g->nodes[r->nodes[j]].op))
+            return kl_unsupported(err, n_err, "get_rows with %s fused", kiln_op_name((enum kiln_op)g->nodes[r->nodes[j]].op));
     const kl_wfmt *wf = kl_wfmt_of(t);
     if (t == KILN_DTYPE_I32 || (kiln_dtype_block(t) != 1 && (!wf || !wf->elem)))
         return kl_unsupported(err, n_err, "get_rows of %s", kiln_dtype_name(t));
@@ -49,9 +52,22 @@ static kiln_status lower_get_rows(const kiln_graph *g, const kiln_region *r, con
     uint32_t ok = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), id),
                           kiln_k2(k, KILN_KOP_LT, id, kl_dim(k, tab->dims[0])));
     kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, ok, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    kl_store_node(k, g, node, i, load_block_elem(k, slot, t, D, V, id, col));
+    uint32_t v = load_block_elem(k, slot, t, D, V, id, col);
+    kl_eval ev = {.failed = false};
+    if (r->n_nodes == 1) {
+        kl_store_node(k, g, node, i, v);
+    } else { /* an elementwise epilogue (fusion rule 1: gemma's embedding scale) on the looked-up value */
+        kiln_node_rec cast = {.op = KILN_OP_CAST, .dtype = n->dtype};
+        kl_eval_init(&ev, k, g, r, node, i);
+        kl_eval_set(&ev, node, kl_apply(k, &cast, v, KILN_IDX_NONE));
+        for (uint32_t o = 0; o < r->n_outs; o++) kl_store_node(k, g, r->outs[o], i, kl_eval_node(&ev, r->outs[o]));
+    }
     kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_loop_end(k);
+    if (ev.failed) {
+        kiln_kir_free(k);
+        return kl_unsupported(err, n_err, "get_rows kernel: %s", ev.err);
+    }
     return KILN_OK;
 }
 

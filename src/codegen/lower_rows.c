@@ -1,7 +1,7 @@
 /* Row template: one block per row (grid-stride over rows) for rms_norm, layer_norm, softmax and
  * argmax, with block reductions, the fused elementwise prologue re-evaluated on each pass and the
- * epilogue applied before the stores; and rope, one thread per rotated pair. Must not handle
- * matmuls or attention. */
+ * epilogue applied before the stores (fusion rule 7: a per-head rms_norm's rope and the kv_scatter
+ * of that rope); and rope alone, one thread per rotated pair. Must not handle matmuls or attention. */
 #include "codegen/lower.h"
 
 #include <math.h>
@@ -105,6 +105,7 @@ typedef struct rows_ctx {
     const kiln_graph *g;
     const kiln_region *r;
     uint32_t anchor;                /* the row op's node */
+    uint32_t rope, kv;              /* rule 7: a rope of the (rms_norm) anchor and a kv_scatter of it, or NONE */
     uint32_t tid, d, base, df, row; /* I32 thread, row length, first element, F32 d, the row */
     kl_eval pe, ee;                 /* prologue and epilogue evaluation */
     bool failed;                    /* a fused op could not be evaluated (why) */
@@ -163,6 +164,78 @@ static uint32_t rows_at(void *p, uint32_t j)
     return xv;
 }
 
+/* Stores kv_scatter node kv's element (row element j of flat element idx of its rows) of value v:
+ * state[h, pos[t], j] as lower_move's scatter kernel writes it (positions outside the state skipped). */
+static void rows_kv_store(rows_ctx *c, uint32_t idx, uint32_t j, uint32_t v)
+{
+    kiln_kir *k = c->k;
+    const kiln_node_rec *n = &c->g->nodes[c->kv], *st = &c->g->nodes[n->src[0]];
+    int64_t n_kvh = st->dims[0], max_ctx = st->dims[1], hd = st->dims[2];
+    uint32_t t = kiln_k2(k, KILN_KOP_DIV, idx, kiln_ki(k, (int32_t)(n_kvh * hd)));
+    uint32_t h = kiln_k2(k, KILN_KOP_REM, kiln_k2(k, KILN_KOP_DIV, idx, kiln_ki(k, (int32_t)hd)), kiln_ki(k, (int32_t)n_kvh));
+    uint32_t pos = kiln_kcvt(k, KILN_KT_I32, kiln_kld(k, kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false), t));
+    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, kiln_ki(k, 0), pos),
+                        kiln_k2(k, KILN_KOP_LT, pos, kiln_ki(k, (int32_t)max_ctx))));
+    uint32_t dst = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, h, (int32_t)max_ctx), pos),
+                                                          (int32_t)hd), j);
+    kl_store(k, kiln_kir_buf(k, KILN_KBUF_NODE, n->src[0], true), (kiln_dtype)st->dtype, dst, v);
+    kiln_kendif(k);
+}
+
+/* rms_norm's value at row element jj (its prologue evaluated by e): x sc w, in the norm's dtype. */
+static uint32_t rms_at(rows_ctx *c, const kiln_node_rec *n, uint32_t sc, uint32_t jj, kl_eval *e)
+{
+    kiln_kir *k = c->k;
+    uint32_t y = kiln_k2(k, KILN_KOP_MUL, input_at(k, c->g, c->r, c->anchor, kiln_k2(k, KILN_KOP_ADD, c->base, jj), e), sc);
+    if (e->failed) c->failed = true, memcpy(c->why, e->err, sizeof c->why);
+    if (n->n_src > 1 && n->src[1] != KILN_IDX_NONE) y = kiln_k2(k, KILN_KOP_MUL, y, kl_load_node(k, c->g, n->src[1], jj));
+    kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = n->dtype};
+    return kl_apply(k, &tmp, y, KILN_IDX_NONE);
+}
+
+/* Rule 7's store: element j of the normalized head (y, at flat idx) turned with its rope partner,
+ * which this thread normalizes itself: the same f32 operations as the norm kernel then lower_rope's
+ * (bit for bit the unfused result). Stores the rope and/or the KV row. */
+static void rows_rope_store(rows_ctx *c, const kiln_node_rec *n, uint32_t sc, uint32_t j, uint32_t idx, uint32_t y)
+{
+    kiln_kir *k = c->k;
+    const kiln_node_rec *rp = &c->g->nodes[c->rope];
+    int64_t hd = rp->dims[rp->rank - 1], rot = kiln_rope_dims(rp, hd), hr = rot / 2;
+    uint32_t rotated = kiln_k2(k, KILN_KOP_LT, j, kiln_ki(k, (int32_t)rot)), first, i, partner;
+    if (rp->i[0] == KILN_ROPE_NEOX) { /* pairs (i, i + rot/2) */
+        first = kiln_k2(k, KILN_KOP_LT, j, kiln_ki(k, (int32_t)hr));
+        i = kiln_ksel(k, KILN_KT_I32, first, j, kiln_kaddi(k, j, (int32_t)-hr));
+        partner = kiln_ksel(k, KILN_KT_I32, first, kiln_kaddi(k, j, (int32_t)hr), i);
+    } else { /* pairs (2i, 2i + 1) */
+        first = kiln_k2(k, KILN_KOP_EQ, kiln_kandi(k, j, 1), kiln_ki(k, 0));
+        i = kiln_kshri(k, j, 1);
+        partner = kiln_ksel(k, KILN_KT_I32, first, kiln_kaddi(k, j, 1), kiln_kaddi(k, j, -1));
+    }
+    i = kiln_ksel(k, KILN_KT_I32, rotated, i, kiln_ki(k, 0)); /* pass-through dims: any pair in the table */
+    partner = kiln_ksel(k, KILN_KT_I32, rotated, partner, j);
+    kl_eval pe;
+    uint32_t yp = rms_at(c, n, sc, partner, &pe);
+    uint32_t a = kiln_ksel(k, KILN_KT_F32, first, y, yp), b = kiln_ksel(k, KILN_KT_F32, first, yp, y);
+    uint32_t per_tok = kiln_ki(k, 1);
+    for (int d = 1; d < rp->rank; d++) per_tok = kiln_k2(k, KILN_KOP_MUL, per_tok, kl_dim(k, rp->dims[d]));
+    uint32_t pos = kl_load_node(k, c->g, rp->src[1], kiln_k2(k, KILN_KOP_DIV, idx, per_tok));
+    uint32_t tab = kl_rope_table(k, rp, hd);
+    uint32_t freq = kiln_kbitcast(k, KILN_KT_F32, kiln_kir_op(k, KILN_KOP_LD, KILN_KT_U32, i, KILN_IDX_NONE, KILN_IDX_NONE,
+                                                                 (int32_t)tab));
+    uint32_t sn, cs;
+    kl_sincos(k, kiln_k2(k, KILN_KOP_MUL, pos, freq), &sn, &cs);
+    uint32_t y0 = kiln_kfma(k, a, cs, kiln_k1(k, KILN_KOP_NEG, kiln_k2(k, KILN_KOP_MUL, b, sn)));
+    uint32_t y1 = kiln_kfma(k, a, sn, kiln_k2(k, KILN_KOP_MUL, b, cs));
+    uint32_t yr = kiln_ksel(k, KILN_KT_F32, rotated, kiln_ksel(k, KILN_KT_F32, first, y0, y1), y);
+    kiln_node_rec tmp = {.op = KILN_OP_CAST, .dtype = rp->dtype};
+    yr = kl_apply(k, &tmp, yr, KILN_IDX_NONE);
+    for (uint32_t o = 0; o < c->r->n_outs; o++) {
+        uint32_t node = c->r->outs[o];
+        if (node == c->kv) rows_kv_store(c, idx, j, yr);
+        else kl_store_node(k, c->g, node, idx, node == c->rope ? yr : y); /* the rope or the norm itself */
+    }
+}
+
 /* rms_norm, layer_norm, softmax: one or two reduction passes, then the pass that stores. The
  * norms' f32 statistics are redone on the row scaled by a power of two when they over- or
  * underflowed (kl_norm_stats); the store pass then computes (x s - ms) sc, s = 1 otherwise. */
@@ -209,6 +282,13 @@ static void rows_norm(rows_ctx *c, const kiln_node_rec *n, enum kiln_op op)
         else
             nm.sc = kl_rms_scale(k, &row, q, n->f[0]);
     }
+    if (c->rope != KILN_IDX_NONE) { /* rule 7 (an rms_norm): the norm's value, then the rope's */
+        PASS_BEGIN();
+        (void)xv;
+        rows_rope_store(c, n, nm.sc, j, idx, rms_at(c, n, nm.sc, j, &c->ee));
+        kl_loop_end(k);
+        return;
+    }
     {
         PASS_BEGIN();
         uint32_t y;
@@ -231,15 +311,43 @@ static void rows_norm(rows_ctx *c, const kiln_node_rec *n, enum kiln_op op)
 }
 #undef PASS_BEGIN
 
+/* The region's nodes besides its anchor: elementwise ones (a prologue, or an epilogue without a
+ * rope), or rule 7's rope of the rms_norm anchor and a kv_scatter of that rope into a plain-dtype
+ * state of constant dims (after the anchor, nothing else). False for any other mix. */
+static bool rule7_nodes(const kiln_graph *g, const kiln_region *r, uint32_t *rope, uint32_t *kv)
+{
+    uint32_t anchor = r->anchor;
+    bool after = false; /* an elementwise node after the anchor */
+    for (uint32_t i = 0; i < r->n_nodes; i++) {
+        uint32_t id = r->nodes[i];
+        const kiln_node_rec *m = &g->nodes[id];
+        if (id == anchor) continue;
+        if (kl_is_elementwise((enum kiln_op)m->op)) {
+            after |= id > anchor;
+        } else if (m->op == KILN_OP_ROPE && *rope == KILN_IDX_NONE && m->src[0] == anchor &&
+                   g->nodes[anchor].op == KILN_OP_RMS_NORM && kl_same_numel(m, &g->nodes[anchor])) {
+            *rope = id;
+        } else if (m->op == KILN_OP_KV_SCATTER && *rope != KILN_IDX_NONE && *kv == KILN_IDX_NONE && m->src[1] == *rope) {
+            const kiln_node_rec *st = &g->nodes[m->src[0]];
+            if (st->rank != 3 || kiln_dtype_block((kiln_dtype)st->dtype) != 1 || g->nodes[*rope].rank != 3) return false;
+            for (int d = 0; d < 3; d++)
+                if (kiln_dim_is_sym(st->dims[d])) return false;
+            *kv = id;
+        } else {
+            return false;
+        }
+    }
+    return *rope == KILN_IDX_NONE || !after;
+}
+
 kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
                             char *err, size_t n_err)
 {
     uint32_t anchor = r->anchor;
     const kiln_node_rec *n = &g->nodes[anchor];
     enum kiln_op op = (enum kiln_op)n->op;
-    for (uint32_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i] != anchor && !kl_is_elementwise((enum kiln_op)g->nodes[r->nodes[i]].op))
-            return kl_unsupported(err, n_err, "row kernel: two row ops in one region");
+    uint32_t rope = KILN_IDX_NONE, kv = KILN_IDX_NONE;
+    if (!rule7_nodes(g, r, &rope, &kv)) return kl_unsupported(err, n_err, "row kernel: two row ops in one region");
     if (op == KILN_OP_ROPE) return lower_rope(g, r, tg, anchor, k, err, n_err);
     if (op != KILN_OP_RMS_NORM && op != KILN_OP_LAYER_NORM && op != KILN_OP_SOFTMAX && op != KILN_OP_ARGMAX)
         return kl_unsupported(err, n_err, "row kernel: %s", kiln_op_name(op));
@@ -261,7 +369,8 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, row, rows, kiln_ki(k, (int32_t)k->grid[0]), 0);
     uint32_t base = kiln_k2(k, KILN_KOP_MUL, row, d);
     uint32_t df = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, d, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    rows_ctx c = {.k = k, .g = g, .r = r, .anchor = anchor, .tid = tid, .d = d, .base = base, .df = df, .row = row};
+    rows_ctx c = {.k = k, .g = g, .r = r, .anchor = anchor, .rope = rope, .kv = kv, .tid = tid, .d = d, .base = base,
+                  .df = df, .row = row};
     if (op == KILN_OP_ARGMAX)
         rows_argmax(&c);
     else

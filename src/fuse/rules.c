@@ -1,13 +1,16 @@
 /* Fusion rules (DESIGN.md, Fusion), applied in one topological pass over a const graph:
  *  1. an elementwise op joins the region of its operand when it is that operand's only reader
- *     and has its shape (chains merge; epilogues of matmuls, maps and norm/softmax row kernels);
+ *     and has its shape (chains merge; epilogues of matmuls, maps, norm/softmax row kernels and
+ *     get_rows lookups);
  *  2. rms_norm read only by matmuls (as x) becomes their prologue;
  *  3. matmuls reading the same x merge into one multi-output region (Q/K/V, gate/up), up to 4;
  *  4. matmul epilogues: bias add, residual add and swiglu (via 1), rope on a reshaped (biased)
  *     Q/K, kv_scatter of the roped K or the reshaped (biased) V;
  *  5. softmax(scale(q . k^T) [+ mask]) . v written as ops (v given as transpose(v) or as [d, S])
  *     becomes one attention region: the [T, S] scores never reach memory;
- *  6. an rms_norm of adds after an all_reduce anchors those adds' region (the all-reduce's epilogue).
+ *  6. an rms_norm of adds after an all_reduce anchors those adds' region (the all-reduce's epilogue);
+ *  7. a rope whose input is an rms_norm it alone reads (qwen3's and gemma3's per-head q/k norms)
+ *     joins the norm's row kernel, and a kv_scatter of that rope joins it too (rule 4's chain).
  * Every merge keeps regions convex: all operands from outside a region are ready before it. */
 #include "fuse/fuse.h"
 
@@ -93,8 +96,16 @@ static bool is_row_anchor(const fuse_state *f, uint32_t src)
            !f->kind[gid];
 }
 
-/* Rule 1/4: elementwise op i joins the group of an operand it alone reads (a matmul's, a map's, or
- * a norm's row kernel: gemma's post-norm and its residual add are one kernel). */
+/* A get_rows anchoring a region of its own: the lookup kernel applies elementwise epilogues before
+ * its stores (gemma's embedding scale). */
+static bool is_lookup_anchor(const fuse_state *f, uint32_t src)
+{
+    uint32_t gid = f->group[src];
+    return f->g->nodes[src].op == KILN_OP_GET_ROWS && f->anchor[gid] == src && !f->kind[gid];
+}
+
+/* Rule 1/4: elementwise op i joins the group of an operand it alone reads (a matmul's, a map's, a
+ * norm's row kernel: gemma's post-norm and its residual add are one kernel; or an embedding lookup). */
 static void rule_epilogue(fuse_state *f, uint32_t i)
 {
     const kiln_node_rec *n = &f->g->nodes[i];
@@ -103,7 +114,8 @@ static void rule_epilogue(fuse_state *f, uint32_t i)
         if (src == KILN_IDX_NONE || f->group[src] == KILN_IDX_NONE || f->readers[src] != 1) continue;
         const kiln_node_rec *m = &f->g->nodes[src];
         if (!same_dims(m, n)) continue;
-        if (m->op != KILN_OP_MATMUL && !is_map(m->op) && !is_row_anchor(f, src)) continue; /* attention: not yet */
+        if (m->op != KILN_OP_MATMUL && !is_map(m->op) && !is_row_anchor(f, src) && !is_lookup_anchor(f, src))
+            continue; /* attention: not yet */
         uint32_t gid = f->group[src];
         if (f->kind[gid] == KILN_REGION_ATTENTION) continue; /* rule 5's kernel writes only its anchor */
         if (n->op == KILN_OP_SWIGLU) { /* both halves must come from the same group */
@@ -147,11 +159,24 @@ static bool is_bias_add(const kiln_graph *g, const kiln_node_rec *m)
            g->nodes[m->src[0]].rank > 1;
 }
 
+/* Rule 7: rope i of a per-head rms_norm that only it reads joins the norm's row region (the row
+ * kernel normalizes a head, then turns its pairs: the normalized head never reaches memory). */
+static bool rule_rope_after_norm(fuse_state *f, uint32_t i)
+{
+    const kiln_graph *g = f->g;
+    uint32_t src = g->nodes[i].src[0];
+    if (g->nodes[src].op != KILN_OP_RMS_NORM || f->readers[src] != 1 || !is_row_anchor(f, src) ||
+        !same_dims(&g->nodes[src], &g->nodes[i]))
+        return false;
+    return join(f, i, f->group[src]);
+}
+
 /* Rule 4: rope of a reshaped (and biased) matmul output, and kv_scatter of such a rope or reshaped matmul. */
 static void rule_rope_scatter(fuse_state *f, uint32_t i)
 {
     const kiln_graph *g = f->g;
     const kiln_node_rec *n = &g->nodes[i];
+    if (n->op == KILN_OP_ROPE && rule_rope_after_norm(f, i)) return;
     /* a q8_0 pool's rows are quantized in blocks of 32 values by a scatter kernel of its own (a
      * matmul epilogue stores elements one by one) */
     if (n->op == KILN_OP_KV_SCATTER && kiln_dtype_block((kiln_dtype)g->nodes[n->src[0]].dtype) > 1) return;
