@@ -22,6 +22,7 @@ TestSuite(model_arch, .init = setup, .fini = teardown);
 #define N_PREFILL 12 /* more than 8 rows: the prefill GEMM path */
 #define N_DECODE 3
 #define N_ALL (N_PREFILL + N_DECODE)
+#define MAX_CTX 32 /* the plans' context (what picks phi3's longrope factors) */
 
 static bool backend_present(const char *name)
 {
@@ -48,7 +49,7 @@ static kiln_gguf *open_model(const gw_model *m, uint8_t **bytes)
 static void run_kiln(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V, double *got, int *kernels)
 {
     kiln_graph *g;
-    kiln_model_options o = {.max_ctx = 32, .max_tok = 16, .logits = true};
+    kiln_model_options o = {.max_ctx = MAX_CTX, .max_tok = 16, .logits = true};
     cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
     kiln_plan *p;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = be}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -83,7 +84,7 @@ static void check_model(gw_model m, const char *be, double tol)
     for (int i = 0; i < N_ALL; i++) ids[i] = (int32_t)tu_randint(0, m.n_vocab);
     char err[256];
     int64_t V = 0;
-    double *want = mref_logits(f, ids, N_ALL, &V, err, sizeof err);
+    double *want = mref_logits_ctx(f, ids, N_ALL, MAX_CTX, &V, err, sizeof err);
     cr_assert(want, "f64 forward: %s", err);
     cr_assert_eq(V, m.n_vocab);
     double *got = malloc((size_t)(N_ALL * V) * sizeof *got);
@@ -502,6 +503,75 @@ Test(model_arch, partial_rotary_metadata_and_refusals)
         cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_UNSUPPORTED, "n_rot %lld", (long long)bad[i]);
         cr_assert_null(g);
         cr_assert(strstr(kiln_ctx_error(ctx), "phi3.rope.dimension_count"), "%s", kiln_ctx_error(ctx));
+        kiln_gguf_close(f);
+        free(bytes);
+    }
+}
+
+/* phi3 longrope (Phi-3.5-mini, Phi-3-128k, Phi-4-mini): per-pair factors dividing the angles, the
+ * long ones when the plan's context (32) exceeds rope.scaling.original_context_length (16 here;
+ * 64: the short ones), and rope.scaling.attn_factor times the rotated q/k dims: folded into the
+ * score scale with every dim rotated, a q multiplier with partial rotary (Phi-4-mini: 96 of 128;
+ * here 8 of 16). Using the other factor set, or leaving the factor out, fails these. */
+static gw_model longrope_phi3(int64_t orig, int64_t n_rot)
+{
+    gw_model m = phi3;
+    m.longrope = true, m.n_ctx_orig = orig, m.rope_attn_factor = 1.19f, m.n_rot = n_rot;
+    return m;
+}
+Test(model_arch, phi3_longrope_long_factors_match_f64) { on_backends(longrope_phi3(16, 0), KILN_DTYPE_F32); }
+Test(model_arch, phi3_longrope_short_factors_partial_rotary_match_f64)
+{
+    on_backends(longrope_phi3(64, 8), KILN_DTYPE_F32);
+    check_model(longrope_phi3(16, 8), "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+}
+Test(model_arch, phi3_longrope_matches_f64_on_cuda)
+{
+    if (!backend_present("cuda")) cr_skip("no cuda device");
+    check_model(longrope_phi3(16, 0), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    check_model(longrope_phi3(64, 8), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+}
+
+/* What the loader reads for a longrope file, and the longrope tensors it refuses: on an
+ * architecture llama.cpp does not read them for, one without the other, beside rope_freqs. */
+Test(model_arch, longrope_metadata_and_refusals)
+{
+    gw_model m = longrope_phi3(16, 8);
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_model_info mi;
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(mi.longrope && mi.n_ctx_orig == 16 && mi.rope_attn_factor == 1.19f && mi.n_rot == 8);
+    kiln_gguf_close(f);
+    free(bytes);
+    m = phi3;
+    f = open_model(&m, &bytes);
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(!mi.longrope && mi.n_ctx_orig == mi.n_ctx_train && mi.rope_attn_factor == 1.0f);
+    kiln_gguf_close(f);
+    free(bytes);
+    struct { gw_model m; const char *rename, *want; } bad[3] = {
+        {biased, NULL, "rope_factors_long.weight"},                       /* llama: not read there */
+        {longrope_phi3(16, 0), "rope_factors_short.weight", "alone"},     /* one of the two */
+        {longrope_phi3(16, 0), NULL, "rope_freqs"},                       /* with rope_freqs */
+    };
+    bad[0].m.longrope = true;
+    bad[2].m.rope_freqs = true;
+    for (int i = 0; i < 3; i++) {
+        gw *w = gw_model_new(&bad[i].m);
+        size_t n;
+        bytes = gw_bytes(w, &n);
+        gw_free(w);
+        if (bad[i].rename) { /* "rope_factors_short.weight" -> "rope_factors_xhort.weight": then unused */
+            uint8_t *p = NULL;
+            for (size_t j = 0; !p && j + 25 <= n; j++) p = memcmp(bytes + j, bad[i].rename, 25) ? NULL : bytes + j;
+            cr_assert(p);
+            p[13] = 'x';
+        }
+        cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+        cr_assert_eq(kiln_model_info_get(f, &mi), KILN_ERR_UNSUPPORTED, "case %d", i);
+        cr_assert(strstr(kiln_ctx_error(ctx), bad[i].want), "case %d: %s", i, kiln_ctx_error(ctx));
+        cr_log_info("%s", kiln_ctx_error(ctx));
         kiln_gguf_close(f);
         free(bytes);
     }

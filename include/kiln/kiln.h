@@ -825,6 +825,13 @@ typedef struct kiln_model_info {
     bool           fused_qkv;      /* q/k/v in one attn_qkv matrix, gate/up in one ffn_up (phi3) */
     int64_t        n_rot;          /* {arch}.rope.dimension_count (default head_dim): rotary dims of each
                                       head, the rest passed through (kiln_rope_partial; Phi-4-mini 96 of 128) */
+    bool           longrope;       /* rope_factors_long/short.weight (phi3 longrope: Phi-3.5-mini, Phi-4-mini):
+                                      a factor per rotated pair dividing its angle, the long ones when
+                                      the plan's max_ctx exceeds n_ctx_orig (llama.cpp's choice by n_ctx) */
+    int64_t        n_ctx_orig;     /* {arch}.rope.scaling.original_context_length (default n_ctx_train) */
+    float          rope_attn_factor; /* {arch}.rope.scaling.attn_factor (phi3; default 1): the rotated dims of
+                                      q and k times it (llama.cpp's rope mscale), so those dims' share of
+                                      each score times its square */
 } kiln_model_info;
 
 /* Reads and checks a file's model metadata and every tensor the graph needs. A file is either

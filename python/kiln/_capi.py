@@ -90,7 +90,8 @@ class ModelInfo(C.Structure):
                 ("attn_softcap", C.c_float), ("final_softcap", C.c_float), ("swa_pattern", C.c_int),
                 ("swa_theta", C.c_float), ("attn_scale", C.c_float), ("embd_scale", C.c_bool),
                 ("post_norms", C.c_bool), ("gelu_gate", C.c_bool), ("fused_qkv", C.c_bool),
-                ("n_rot", C.c_int64)]
+                ("n_rot", C.c_int64), ("longrope", C.c_bool), ("n_ctx_orig", C.c_int64),
+                ("rope_attn_factor", C.c_float)]
 
 
 class ModelOptions(C.Structure):

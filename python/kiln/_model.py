@@ -40,7 +40,9 @@ class Model:
                      "final_softcap": mi.final_softcap, "swa_pattern": mi.swa_pattern, "swa_theta": mi.swa_theta,
                      "attn_scale": mi.attn_scale, "embd_scale": bool(mi.embd_scale),
                      "post_norms": bool(mi.post_norms), "gelu_gate": bool(mi.gelu_gate),
-                     "fused_qkv": bool(mi.fused_qkv), "n_rot": mi.n_rot}
+                     "fused_qkv": bool(mi.fused_qkv), "n_rot": mi.n_rot,
+                     "longrope": bool(mi.longrope), "n_ctx_orig": mi.n_ctx_orig,
+                     "rope_attn_factor": mi.rope_attn_factor}
 
     @classmethod
     def load(cls, path: str, ctx: Context | None = None) -> "Model":

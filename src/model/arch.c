@@ -105,8 +105,8 @@ static const kiln_arch_key gemma_keys[] = {
     {NULL, KILN_KEY_READ, 0},
 };
 
-/* phi3 (llama.cpp's LLM_ARCH_PHI3): longrope files carry rope_factors_long/short tensors and
- * rope.scaling.attn_factor; both are refused (the tensors by name in load.c). */
+/* phi3 (llama.cpp's LLM_ARCH_PHI3): longrope files carry rope_factors_long/short tensors, the
+ * original context that picks between them and rope.scaling.attn_factor (load.c reads all three). */
 static const kiln_arch_key phi3_keys[] = {
     {"block_count", KILN_KEY_READ, 0},
     {"context_length", KILN_KEY_READ, 0},
@@ -124,10 +124,10 @@ static const kiln_arch_key phi3_keys[] = {
     {"rope.scaling.type", KILN_KEY_READ, 0},
     {"rope.scaling.factor", KILN_KEY_READ, 0},
     {"rope.scale_linear", KILN_KEY_READ, 0},
-    {"rope.scaling.original_context_length", KILN_KEY_INFO, 0}, /* longrope's (refused by its tensors) */
+    {"rope.scaling.original_context_length", KILN_KEY_READ, 0}, /* longrope: short or long factors */
     {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
     {"tensor_data_layout", KILN_KEY_INFO, 0},
-    {"rope.scaling.attn_factor", KILN_KEY_NEUTRAL, 1},
+    {"rope.scaling.attn_factor", KILN_KEY_READ, 0},
     {"attention.causal", KILN_KEY_NEUTRAL, 1},
     {"logit_scale", KILN_KEY_NEUTRAL, 1},
     {"embedding_scale", KILN_KEY_NEUTRAL, 1},
@@ -160,7 +160,7 @@ static const kiln_arch archs[] = {
      .swa_theta = 10000.0f, .wide_scale_layers = {62}},
     {.name = "phi3", .rope = KILN_ROPE_NEOX,
      .required = NORMS | B(KILN_ROLE_WQKV) | B(KILN_ROLE_WO) | B(KILN_ROLE_WGU) | B(KILN_ROLE_WD), .optional = 0,
-     .keys = phi3_keys},
+     .keys = phi3_keys, .longrope = true},
 };
 
 const kiln_arch *kiln_arch_find(const char *name)

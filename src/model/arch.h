@@ -87,6 +87,8 @@ typedef struct kiln_arch {
     float                final_softcap_default; /* final_logit_softcapping when absent (gemma 2: 30; 0: none) */
     int                  wide_scale_layers[2]; /* block counts whose score scale is 1/sqrt(hidden / n_head)
                                                   instead of 1/sqrt(head_dim) (llama.cpp's gemma 27B rule) */
+    bool                 longrope; /* reads rope_factors_long/short.weight, rope.scaling.original_context_length
+                                      and rope.scaling.attn_factor (phi3) */
 } kiln_arch;
 
 /* The row of architecture name, or NULL. */

@@ -24,6 +24,7 @@ static kiln_node attn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_l
     if (w->q_norm != KILN_NODE_NONE) q = kiln_rms_norm(g, q, w->q_norm, d->eps); /* per head: the last dim */
     int64_t rot = d->n_rot ? d->n_rot : d->head_dim;
     q = kiln_rope_partial(g, q, io->pos, d->rope, d->theta, d->rope_mult, rot);
+    if (w->q_mult != KILN_NODE_NONE) q = kiln_mul(g, q, w->q_mult);
     k = kiln_reshape(g, k, 3, kh);
     if (w->k_norm != KILN_NODE_NONE) k = kiln_rms_norm(g, k, w->k_norm, d->eps);
     k = kiln_rope_partial(g, k, io->pos, d->rope, d->theta, d->rope_mult, rot);

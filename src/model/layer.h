@@ -48,6 +48,8 @@ typedef struct kiln_layer_weights {
     kiln_node wg, wu, wd;     /* [ffn, hidden] x2, [hidden, ffn] */
     kiln_node bg, bu, bd;     /* optional [ffn] x2, [hidden] */
     kiln_node attn_post_norm, ffn_post_norm; /* optional [hidden]: rms norms of each half's output (gemma 2/3) */
+    kiln_node q_mult;         /* optional [hd]: the roped q times it (phi3's rope attn_factor^2 on the
+                                 rotated dims with partial rotary, 1 on the rest) */
 } kiln_layer_weights;
 
 /* Layer l on x f32 [n_tok, hidden]: x += o(attention(rope(qn(q + bq)), kv_scatter(rope(kn(k + bk))),

@@ -166,6 +166,17 @@ static kiln_status read_arch_math(const kiln_gguf *f, const kiln_arch *a, kiln_m
     m->gelu_gate = a->gate == KILN_GATE_GELU;
     m->post_norms = a->required & KILN_ROLE_BIT(KILN_ROLE_ATTN_POST_NORM);
     m->fused_qkv = a->required & KILN_ROLE_BIT(KILN_ROLE_WQKV);
+    m->rope_attn_factor = 1.0f;
+    m->n_ctx_orig = m->n_ctx_train;
+    if (!a->longrope) return KILN_OK; /* elsewhere both keys are NEUTRAL or INFO (check_key) */
+    if ((s = arch_float(f, a->name, "rope.scaling.attn_factor", false, &m->rope_attn_factor)) != KILN_OK ||
+        (s = arch_int(f, a->name, "rope.scaling.original_context_length", false, &m->n_ctx_orig)) != KILN_OK)
+        return s;
+    if (!(isfinite(m->rope_attn_factor) && m->rope_attn_factor > 0) || m->n_ctx_orig < 1)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s.rope.scaling.attn_factor' = %g, "
+                             "'%s.rope.scaling.original_context_length' = %lld: need a finite factor > 0 and a "
+                             "context of at least 1", f->path, a->name, m->rope_attn_factor, a->name,
+                             (long long)m->n_ctx_orig);
     return KILN_OK;
 }
 
@@ -295,27 +306,50 @@ static kiln_status check_all_used(const tensor_use *u, const kiln_arch *a)
     return KILN_OK;
 }
 
-/* rope_freqs.weight (llama 3.1+: the converter's llama3 rotary scaling as one factor per pair,
- * shared by every layer): f32 [n_rot / 2], each finite and > 0; pair i's angle is divided by it. */
-static kiln_status check_rope_freqs(tensor_use *u, kiln_model_info *m)
+/* A rotary factor tensor (one factor per rotated pair, shared by every layer; pair i's angle is
+ * divided by it): f32 [n_rot / 2], each finite and > 0. */
+static kiln_status check_factors(tensor_use *u, const kiln_model_info *m, const char *name)
 {
     const kiln_gguf *f = u->f;
-    if (!has_tensor(f, "rope_freqs.weight")) return KILN_OK;
-    kiln_status s = want_tensor(u, "rope_freqs.weight", 1, m->n_rot / 2, 0);
+    kiln_status s = want_tensor(u, name, 1, m->n_rot / 2, 0);
     if (s != KILN_OK) return s;
     kiln_gguf_tensor t;
-    kiln_gguf_tensor_get(f, "rope_freqs.weight", &t);
+    kiln_gguf_tensor_get(f, name, &t);
     if (t.t != KILN_DTYPE_F32)
-        return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: tensor 'rope_freqs.weight' is %s; it must be f32", f->path,
+        return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: tensor '%s' is %s; it must be f32", f->path, name,
                              kiln_dtype_name(t.t));
     for (int64_t i = 0; i < m->n_rot / 2; i++) {
         float v;
         memcpy(&v, (const char *)t.data + 4 * i, 4);
         if (!(isfinite(v) && v > 0))
-            return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: tensor 'rope_freqs.weight' value %lld is %g; rotary "
-                                 "frequency factors must be finite and > 0", f->path, (long long)i, v);
+            return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: tensor '%s' value %lld is %g; rotary frequency factors "
+                                 "must be finite and > 0", f->path, name, (long long)i, v);
     }
-    m->rope_freqs = true;
+    return KILN_OK;
+}
+
+/* rope_freqs.weight (llama 3.1+: the converter's llama3 rotary scaling), or longrope's
+ * rope_factors_long/short.weight (phi3 128k files; both or neither, and never with rope_freqs). */
+static kiln_status check_rope_factors(tensor_use *u, const kiln_arch *a, kiln_model_info *m)
+{
+    const kiln_gguf *f = u->f;
+    static const char *const lr[2] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+    bool has[2] = {has_tensor(f, lr[0]), has_tensor(f, lr[1])};
+    kiln_status s;
+    if (has_tensor(f, "rope_freqs.weight")) {
+        if ((s = check_factors(u, m, "rope_freqs.weight")) != KILN_OK) return s;
+        m->rope_freqs = true;
+    }
+    if (!has[0] && !has[1]) return KILN_OK;
+    const char *name = lr[has[0] ? 0 : 1];
+    if (!a->longrope)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor '%s': longrope rotary scaling is read for phi3 "
+                             "only (as in llama.cpp), not for %s", f->path, name, a->name);
+    if (has[0] != has[1] || m->rope_freqs)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor '%s' %s: longrope needs both factor tensors and "
+                             "no rope_freqs.weight", f->path, name, m->rope_freqs ? "beside rope_freqs.weight" : "alone");
+    if ((s = check_factors(u, m, lr[0])) != KILN_OK || (s = check_factors(u, m, lr[1])) != KILN_OK) return s;
+    m->longrope = true;
     return KILN_OK;
 }
 
@@ -325,12 +359,7 @@ static kiln_status check_tensors(tensor_use *u, kiln_model_desc *d)
     kiln_model_info *m = &d->info;
     kiln_gguf_tensor t;
     kiln_status s;
-    if ((s = check_rope_freqs(u, m)) != KILN_OK) return s;
-    static const char *const longrope[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
-    for (int i = 0; i < 2; i++)
-        if (has_tensor(f, longrope[i]))
-            return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor '%s': longrope rotary scaling (phi3 128k "
-                                 "models) is not supported", f->path, longrope[i]);
+    if ((s = check_rope_factors(u, d->arch, m)) != KILN_OK) return s;
     if ((s = kiln_gguf_tensor_get(f, "token_embd.weight", &t)) != KILN_OK) return s;
     m->n_vocab = t.dims[0];
     int64_t vocab = 0;

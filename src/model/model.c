@@ -69,19 +69,45 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         .attn_post_norm = n[KILN_ROLE_ATTN_POST_NORM], .ffn_post_norm = n[KILN_ROLE_FFN_POST_NORM]};
 }
 
-/* The rotary multipliers of a file (kiln_rope_partial): 1 / (linear factor * rope_freqs[i]), as llama.cpp
- * divides each angle by both. NULL when the file scales nothing; else mult (n_rot / 2 values). */
-static const float *rope_mult(const kiln_gguf *f, const kiln_model_info *m, float *mult)
+/* The rotary multipliers of a file (kiln_rope_partial): 1 / (linear factor * factor[i]), as llama.cpp
+ * divides each angle by both; factor: rope_freqs, or longrope's long factors when the plan holds more
+ * than the original context (max_ctx > n_ctx_orig, llama.cpp's test on n_ctx), else its short ones.
+ * NULL when the file scales nothing; else mult (n_rot / 2 values). */
+static const float *rope_mult(const kiln_gguf *f, const kiln_model_info *m, int64_t max_ctx, float *mult)
 {
-    if (!m->rope_freqs && m->rope_scale == 1.0f) return NULL;
+    if (!m->rope_freqs && !m->longrope && m->rope_scale == 1.0f) return NULL;
+    const char *name = m->rope_freqs                 ? "rope_freqs.weight"
+                       : !m->longrope                ? NULL
+                       : max_ctx > m->n_ctx_orig     ? "rope_factors_long.weight"
+                                                     : "rope_factors_short.weight";
     kiln_gguf_tensor t = {0};
-    if (m->rope_freqs && kiln_gguf_tensor_get(f, "rope_freqs.weight", &t) != KILN_OK) return NULL; /* checked */
+    if (name && kiln_gguf_tensor_get(f, name, &t) != KILN_OK) return NULL; /* checked by load.c */
     for (int64_t i = 0; i < m->n_rot / 2; i++) {
         float ff = 1.0f;
-        if (m->rope_freqs) memcpy(&ff, (const char *)t.data + 4 * i, 4);
+        if (name) memcpy(&ff, (const char *)t.data + 4 * i, 4);
         mult[i] = (float)(1.0 / ((double)m->rope_scale * (double)ff));
     }
     return mult;
+}
+
+/* llama.cpp's rope mscale (phi3's rope.scaling.attn_factor a): the rotated dims of q and k times a,
+ * so their part of each score times a^2. With every dim rotated that is the score scale times a^2
+ * (no kernel); with partial rotary, q times a^2 on its rotated dims: the [head_dim] weight returned
+ * for the layers' q_mult (KILN_NODE_NONE otherwise). The KV cache holds k unscaled either way. */
+static kiln_node rope_attn_factor(kiln_graph *g, const kiln_model_info *m, kiln_layer_dims *ld)
+{
+    double a2 = (double)m->rope_attn_factor * (double)m->rope_attn_factor;
+    if (m->rope_attn_factor == 1.0f) return KILN_NODE_NONE;
+    if (m->n_rot == m->head_dim) {
+        ld->attn_scale = (float)((double)m->attn_scale * a2);
+        return KILN_NODE_NONE;
+    }
+    float *v = malloc((size_t)m->head_dim * sizeof *v);
+    if (!v) return kiln_graph_fail(g, KILN_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < m->head_dim; i++) v[i] = i < m->n_rot ? (float)a2 : 1.0f;
+    kiln_node w = kiln_weight(g, "rope_attn_factor.q", KILN_DTYPE_F32, 1, (kiln_dim[]){m->head_dim}, v, KILN_WEIGHT_COPY);
+    free(v);
+    return w;
 }
 
 static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, const kiln_model_options *o)
@@ -94,9 +120,10 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     }
     kiln_layer_io io = {.n_tok = kiln_sym(g, "n_tok", o->max_tok), .n_kv = kiln_sym(g, "n_kv", o->max_ctx)};
     kiln_layer_dims ld = {.hidden = m->hidden, .n_head = m->n_head, .n_kv_head = m->n_kv_head, .head_dim = m->head_dim,
-                          .rope = m->rope, .n_rot = m->n_rot, .theta = m->theta, .rope_mult = rope_mult(f, m, mult), .eps = m->eps,
-                          .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype, .attn_scale = m->attn_scale,
+                          .rope = m->rope, .n_rot = m->n_rot, .theta = m->theta, .rope_mult = rope_mult(f, m, o->max_ctx, mult),
+                          .eps = m->eps, .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype, .attn_scale = m->attn_scale,
                           .softcap = m->attn_softcap, .gelu_gate = m->gelu_gate};
+    kiln_node q_mult = rope_attn_factor(g, m, &ld);
     kiln_dim td[1] = {io.n_tok};
     kiln_node ids = kiln_input(g, "ids", KILN_DTYPE_I32, 1, td);
     io.pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, td);
@@ -105,6 +132,7 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     if (m->embd_scale) x = kiln_scale(g, x, sqrtf((float)m->hidden)); /* llama.cpp: sqrtf(n_embd), in f32 */
     for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++) {
         kiln_layer_weights w = layer_weights(g, f, d, l);
+        w.q_mult = q_mult;
         kiln_layer_dims dl = ld;
         if (m->sliding_window && kiln_arch_layer_windowed(d->arch, l)) {
             dl.window = m->sliding_window;

@@ -251,6 +251,8 @@ gw *gw_model_new(const gw_model *m)
     }
     if (m->window > 0) gw_kv_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t)m->window);
     if (m->n_rot > 0) gw_kv_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t)m->n_rot);
+    if (m->n_ctx_orig > 0) gw_kv_u32(w, ARCH_KEY("rope.scaling.original_context_length"), (uint32_t)m->n_ctx_orig);
+    if (m->rope_attn_factor > 0) gw_kv_f32(w, ARCH_KEY("rope.scaling.attn_factor"), m->rope_attn_factor);
     if (m->attn_softcap > 0) gw_kv_f32(w, ARCH_KEY("attn_logit_softcapping"), m->attn_softcap);
     if (m->final_softcap > 0) gw_kv_f32(w, ARCH_KEY("final_logit_softcapping"), m->final_softcap);
 #undef ARCH_KEY
@@ -272,6 +274,10 @@ gw *gw_model_new(const gw_model *m)
     bool mix = m->q4_k_m && m->wtype == KILN_DTYPE_Q4_K;
     int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
     if (m->rope_freqs) rand_tensor(w, "rope_freqs.weight", KILN_DTYPE_F32, 0, (m->n_rot > 0 ? m->n_rot : hd) / 2, 4.0f, 3.5f, &s);
+    if (m->longrope) { /* long factors larger on average than short ones, as in the released files */
+        rand_tensor(w, "rope_factors_long.weight", KILN_DTYPE_F32, 0, (m->n_rot > 0 ? m->n_rot : hd) / 2, 8.0f, 7.0f, &s);
+        rand_tensor(w, "rope_factors_short.weight", KILN_DTYPE_F32, 0, (m->n_rot > 0 ? m->n_rot : hd) / 2, 2.0f, 1.0f, &s);
+    }
     rand_tensor(w, "token_embd.weight", m->embtype, m->n_vocab, m->hidden, 0, 1.0f, &s);
     float sh = 1.0f / sqrtf((float)m->hidden), sq = 1.0f / sqrtf((float)qd), sf = 1.0f / sqrtf((float)m->ffn);
     for (int l = 0; l < m->n_layer; l++) {

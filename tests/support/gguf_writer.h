@@ -61,6 +61,9 @@ typedef struct gw_model {
     int64_t     n_rot;        /* > 0: write rope.dimension_count (partial rotary when below head_dim) */
     bool        q4_k_m;       /* with wtype q4_k: llama.cpp's Q4_K_M mix (attn_v and ffn_down q6_k on the
                                  layers its use_more_bits picks, output.weight q6_k) */
+    bool        longrope;     /* write rope_factors_long/short.weight [n_rot/2] (phi3 128k files) */
+    int64_t     n_ctx_orig;   /* > 0: write rope.scaling.original_context_length */
+    float       rope_attn_factor; /* > 0: write rope.scaling.attn_factor */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */

@@ -21,7 +21,9 @@ typedef struct mref {
     int64_t          n_rot; /* rotary dims of a head (rope.dimension_count, default hd) */
     double           eps, theta, freq_scale;
     bool             neox;
-    double          *freq_factors; /* [n_rot/2] or NULL */
+    double          *freq_factors; /* [n_rot/2] or NULL (rope_freqs, or longrope's long or short factors) */
+    double           mscale;       /* rotated dims times it (phi3's rope.scaling.attn_factor; 1) */
+    int64_t          max_ctx;      /* the plan's context: longrope takes its long factors above the original */
     bool             gemma, phi3;  /* gemma2/gemma3; phi3 */
     int              swa_pattern;  /* gemma: layers l % p < p - 1 are local (windowed, base 10000) */
     double           scale, attn_cap, final_cap; /* score scale; soft-caps (0: none) */
@@ -119,8 +121,8 @@ static void rope(const mref *m, double *v, int64_t p, bool local)
         if (m->freq_factors && !plain) ang /= m->freq_factors[i];
         int64_t a = m->neox ? i : 2 * i, b = m->neox ? i + half : 2 * i + 1;
         double x0 = v[a], x1 = v[b], c = cos(ang), s = sin(ang);
-        v[a] = x0 * c - x1 * s;
-        v[b] = x0 * s + x1 * c;
+        v[a] = (x0 * c - x1 * s) * m->mscale;
+        v[b] = (x0 * s + x1 * c) * m->mscale;
     }
 }
 
@@ -242,7 +244,12 @@ static bool read_meta(mref *m)
     int64_t nf = 0;
     m->freq_factors = tensor(m, "rope_freqs.weight", &nf);
     m->n_rot = key_int(m, "rope.dimension_count", m->hd);
-    if (m->freq_factors && nf != m->n_rot / 2) return fail(m, "rope_freqs has %lld values", (long long)nf), false;
+    m->mscale = m->phi3 ? key_f(m, "rope.scaling.attn_factor", 1.0) : 1.0;
+    if (m->phi3 && !m->freq_factors) { /* llama.cpp's get_rope_factors: long above the original context */
+        int64_t orig = key_int(m, "rope.scaling.original_context_length", key_int(m, "context_length", 0));
+        m->freq_factors = tensor(m, m->max_ctx > orig ? "rope_factors_long.weight" : "rope_factors_short.weight", &nf);
+    }
+    if (m->freq_factors && nf != m->n_rot / 2) return fail(m, "rope factors: %lld values", (long long)nf), false;
     if (!m->hidden || !m->n_head || !m->hd || !m->ffn || !m->n_layer) return fail(m, "missing sizes"), false;
     m->scale = 1.0 / sqrt((double)(wide ? m->hidden / m->n_head : m->hd));
     return true;
@@ -250,7 +257,13 @@ static bool read_meta(mref *m)
 
 double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *n_vocab, char *err, size_t nerr)
 {
-    mref m = {.f = f, .err = err, .nerr = nerr};
+    return mref_logits_ctx(f, ids, n, 0, n_vocab, err, nerr);
+}
+
+double *mref_logits_ctx(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t max_ctx, int64_t *n_vocab, char *err,
+                        size_t nerr)
+{
+    mref m = {.f = f, .err = err, .nerr = nerr, .max_ctx = max_ctx};
     if (err && nerr) err[0] = 0;
     if (!read_meta(&m)) return NULL;
     int64_t ne = 0;

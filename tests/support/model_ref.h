@@ -12,5 +12,9 @@
 /* Logits [n, n_vocab] (malloc'ed) of tokens ids[0..n) at positions 0..n-1, causal. Weights are
  * dequantized with kiln_dequantize (bit-exact with ggml's dequantizers, tested on their own), every
  * other step in f64. Honours: q/k/v/output/ffn biases, per-head q/k rms norms, rope_freqs.weight
- * and linear rotary scaling, a sliding window, tied output; rope mode by architecture. */
+ * and linear rotary scaling, a sliding window, tied output; rope mode by architecture; phi3's longrope
+ * factors (long ones when max_ctx exceeds the original context) and rope attn_factor. */
 double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *n_vocab, char *err, size_t nerr);
+/* mref_logits for a plan of max_ctx positions (what picks longrope's factors; 0 in mref_logits). */
+double *mref_logits_ctx(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t max_ctx, int64_t *n_vocab, char *err,
+                        size_t nerr);
