@@ -121,18 +121,19 @@ PY
 
 tests() {
     dev_info
-    [[ -x "$bin/test_paged" ]] && step paged_softcap_window_cuda 120 "$bin/test_paged" --jobs 2 --filter 'paged/softcap_and_window_cuda'
+    [[ -x "$bin/test_paged" ]] && bstep paged_softcap_window_cuda 120 "$bin/test_paged" --jobs 2 --filter 'paged/softcap_and_window_cuda'
     if [[ -x "$bin/test_model_arch" ]]; then
-        step model_arch_gemma_phi3_cuda 150 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/gemma_and_phi3_match_f64_on_cuda'
-        step model_arch_qwen3_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/qwen3*cuda*'
-        step model_arch_formats_cuda 150 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/every_weight_format_matches_f64_on_cuda'
-        step model_arch_partial_rope_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/partial_rotary*cuda*'
+        bstep model_arch_gemma_phi3_cuda 150 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/gemma_and_phi3_match_f64_on_cuda'
+        bstep model_arch_qwen3_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/qwen3*cuda*'
+        bstep model_arch_longrope_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/phi3_longrope*cuda*'
+        bstep model_arch_formats_cuda 150 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/every_weight_format_matches_f64_on_cuda'
+        bstep model_arch_partial_rope_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/partial_rotary*cuda*'
     fi
-    [[ -x "$bin/test_fuse" ]] && step fuse_head_norm_cuda 60 env KILN_TEST_BACKEND=cuda "$bin/test_fuse" --jobs 2 --filter 'fuse/rule7*'
+    [[ -x "$bin/test_fuse" ]] && bstep fuse_rules_cuda 90 env KILN_TEST_BACKEND=cuda "$bin/test_fuse" --jobs 2 --filter 'fuse/rule*'
     # partial rotary on cuda: the rope row kernel and the q/k gemv/GEMM epilogues (rot 32 and 18 of 64)
-    [[ -x "$bin/test_ops" ]] && step ops_rope_partial_cuda 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 2 --filter 'ops/rope_partial*'
-    step check_masks_cuda 90 "$kiln" check --op attention:masks --backend cuda --quick
-    step check_paged_masks_cuda 90 "$kiln" check --op paged_attention:masks --backend cuda --quick
+    [[ -x "$bin/test_ops" ]] && bstep ops_rope_partial_cuda 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 2 --filter 'ops/rope_partial*'
+    bstep check_masks_cuda 90 "$kiln" check --op attention:masks --backend cuda --quick
+    bstep check_paged_masks_cuda 90 "$kiln" check --op paged_attention:masks --backend cuda --quick
 }
 
 case "$1" in
