@@ -349,6 +349,13 @@ static const gw_model phi3 = {.arch = "phi3", .n_layer = 2, .hidden = 64, .n_hea
                               .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
                               .window = 7};
 
+/* gemma 1 (llama.cpp's LLM_ARCH_GEMMA: gemma-2b/7b, codegemma): embeddings x sqrt(hidden) and the
+ * gelu gate, no post-norms, window or soft-caps; head_dim 32 != hidden / n_head (gemma-7b: 256 for
+ * 3072 / 16); the head is the tied embedding. */
+static const gw_model gemma1 = {.arch = "gemma", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 4, .ffn = 96,
+                                .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                                .tied = true, .head_dim = 32};
+
 /* ref and cpu here; GPUs through cuda (below) and the op tests (test_ops, test_paged, test_flash_kir
  * run the new masks and tanh on lavapipe; a whole model there takes minutes). */
 static void on_backends(gw_model m, kiln_dtype w)
@@ -359,6 +366,32 @@ static void on_backends(gw_model m, kiln_dtype w)
 }
 
 Test(model_arch, gemma2_matches_f64) { on_backends(gemma2, KILN_DTYPE_F32); }
+Test(model_arch, gemma1_matches_f64)
+{
+    on_backends(gemma1, KILN_DTYPE_F32);
+    gw_model m = gemma1;
+    m.wtype = KILN_DTYPE_Q8_0, m.n_kv_head = 1; /* gemma-2b: one KV head */
+    check_model(m, "cpu", model_tol(KILN_DTYPE_Q8_0, "cpu"));
+}
+
+/* What llama.cpp's gemma loaders refuse or ignore: a window or soft-cap key on gemma 1 (it reads
+ * neither: refused unless at the value that turns it off), an output.weight on any gemma (the head
+ * is always the embedding: the tensor would go unread). */
+Test(model_arch, gemma1_refusals_and_kernels)
+{
+    struct { gw_model m; const char *want; } bad[3] = {{gemma1, "sliding_window"}, {gemma1, "attn_logit_softcapping"},
+                                                       {gemma2, "output.weight"}};
+    bad[0].m.window = 4, bad[1].m.attn_softcap = 50.0f, bad[2].m.tied = false;
+    for (int i = 0; i < 3; i++) {
+        uint8_t *bytes;
+        kiln_gguf *f = open_model(&bad[i].m, &bytes);
+        kiln_model_info mi;
+        cr_assert_eq(kiln_model_info_get(f, &mi), KILN_ERR_UNSUPPORTED, "case %d", i);
+        cr_assert(strstr(kiln_ctx_error(ctx), bad[i].want), "case %d: %s", i, kiln_ctx_error(ctx));
+        kiln_gguf_close(f);
+        free(bytes);
+    }
+}
 Test(model_arch, gemma2_defaults_and_q8_0_match_f64)
 {
     gw_model m = gemma2;
@@ -387,6 +420,7 @@ Test(model_arch, gemma_and_phi3_match_f64_on_cuda)
     check_model(m, "cuda", model_tol(KILN_DTYPE_Q8_0, "cuda"));
     check_model(gemma3, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
     check_model(phi3, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    check_model(gemma1, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
 }
 
 /* Kernels per decode layer on cpu: compiled with 2 layers minus 1 layer; *rest: the 1-layer plan's
@@ -440,6 +474,8 @@ Test(model_arch, head_norms_and_embedding_scale_fuse)
     cr_assert_eq(k[1], 7, "qwen3 layer: %d kernels", k[1]);
     cr_assert_eq(k[3], 9, "gemma3 layer: %d kernels", k[3]);
     for (int i = 1; i < 4; i++) cr_assert_eq(rest[i], rest[0], "model %d: %d kernels outside the layers, llama %d", i, rest[i], rest[0]);
+    int g1 = layer_kernels(gemma1); /* gemma 1: llama's layer with a gelu gate */
+    cr_assert_eq(g1, 5, "gemma layer: %d kernels", g1);
 }
 
 

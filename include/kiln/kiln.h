@@ -786,7 +786,8 @@ KILN_API kiln_status kiln_gguf_tensor_get(const kiln_gguf *f, const char *name, 
 
 /* What kiln_model_build reads from a file's metadata. */
 typedef struct kiln_model_info {
-    char           arch[32];    /* general.architecture: "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3" */
+    char           arch[32];    /* general.architecture: "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
+                                   "phi3" */
     int            n_layer;     /* {arch}.block_count */
     int64_t        hidden;      /* {arch}.embedding_length */
     int64_t        n_head;      /* {arch}.attention.head_count */
@@ -797,7 +798,7 @@ typedef struct kiln_model_info {
     int64_t        n_ctx_train; /* {arch}.context_length */
     float          theta;       /* {arch}.rope.freq_base (default 10000) */
     float          eps;         /* {arch}.attention.layer_norm_rms_epsilon */
-    kiln_rope_mode rope;        /* NORMAL for llama, NEOX for qwen2, qwen3, gemma2, gemma3, phi3 */
+    kiln_rope_mode rope;        /* NORMAL for llama, NEOX for qwen2, qwen3, gemma, gemma2, gemma3, phi3 */
     bool           qkv_bias;    /* q/k/v biases present (qwen2; optional in llama) */
     bool           tied_output; /* no output.weight: the head reuses token_embd.weight */
     size_t         weight_bytes; /* bytes of all tensors the graph reads */
@@ -856,7 +857,7 @@ typedef struct kiln_model_options {
                              picks it; `next` is then [1]. Saves the head's work on prefill. */
 } kiln_model_options;
 
-/* Builds the decoder graph of a llama, qwen2, qwen3, gemma2, gemma3 or phi3 file. Interface: symbols `n_tok`, `n_kv`; inputs
+/* Builds the decoder graph of a llama, qwen2, qwen3, gemma, gemma2, gemma3 or phi3 file. Interface: symbols `n_tok`, `n_kv`; inputs
  * `ids` i32 [n_tok] (token ids) and `pos` i32 [n_tok] (positions, n_kv - n_tok .. n_kv - 1);
  * states `k<L>`, `v<L>` [n_kv_head, max_ctx, head_dim]; output `next` i32 [n_tok] (argmax of
  * each token's logits) and, with opts->logits, `logits`. Weights are borrowed from the mapping:

@@ -105,6 +105,40 @@ static const kiln_arch_key gemma_keys[] = {
     {NULL, KILN_KEY_READ, 0},
 };
 
+/* gemma 1 (llama.cpp's LLM_ARCH_GEMMA): reads no window and no soft-cap (keys for them are accepted
+ * only at the value that turns them off). */
+static const kiln_arch_key gemma1_keys[] = {
+    {"block_count", KILN_KEY_READ, 0},
+    {"context_length", KILN_KEY_READ, 0},
+    {"embedding_length", KILN_KEY_READ, 0},
+    {"feed_forward_length", KILN_KEY_READ, 0},
+    {"vocab_size", KILN_KEY_READ, 0},
+    {"attention.head_count", KILN_KEY_READ, 0},
+    {"attention.head_count_kv", KILN_KEY_READ, 0},
+    {"attention.key_length", KILN_KEY_READ, 0},
+    {"attention.value_length", KILN_KEY_READ, 0},
+    {"attention.layer_norm_rms_epsilon", KILN_KEY_READ, 0},
+    {"rope.dimension_count", KILN_KEY_READ, 0},
+    {"rope.freq_base", KILN_KEY_READ, 0},
+    {"rope.scaling.type", KILN_KEY_READ, 0},
+    {"rope.scaling.factor", KILN_KEY_READ, 0},
+    {"rope.scale_linear", KILN_KEY_READ, 0},
+    {"rope.scaling.original_context_length", KILN_KEY_INFO, 0},
+    {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
+    {"tensor_data_layout", KILN_KEY_INFO, 0},
+    {"expert_count", KILN_KEY_NEUTRAL, 0},
+    {"expert_used_count", KILN_KEY_NEUTRAL, 0},
+    {"rope.scaling.attn_factor", KILN_KEY_NEUTRAL, 1},
+    {"attention.causal", KILN_KEY_NEUTRAL, 1},
+    {"attention.sliding_window", KILN_KEY_NEUTRAL, 0},
+    {"attn_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {"final_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {"logit_scale", KILN_KEY_NEUTRAL, 1},
+    {"embedding_scale", KILN_KEY_NEUTRAL, 1},
+    {"residual_scale", KILN_KEY_NEUTRAL, 1},
+    {NULL, KILN_KEY_READ, 0},
+};
+
 /* phi3 (llama.cpp's LLM_ARCH_PHI3): longrope files carry rope_factors_long/short tensors, the
  * original context that picks between them and rope.scaling.attn_factor (load.c reads all three). */
 static const kiln_arch_key phi3_keys[] = {
@@ -152,11 +186,13 @@ static const kiln_arch archs[] = {
     {.name = "qwen2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys},
     {.name = "qwen3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
      .optional = 0, .keys = llama_keys},
+    {.name = "gemma", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS, .optional = 0, .keys = gemma1_keys,
+     .gate = KILN_GATE_GELU, .embd_scale = true, .tied_head = true},
     {.name = "gemma2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | POST_NORMS, .optional = 0, .keys = gemma_keys,
-     .gate = KILN_GATE_GELU, .embd_scale = true, .swa_pattern = 2, .swa_theta = 10000.0f, .window_default = 4096,
+     .gate = KILN_GATE_GELU, .embd_scale = true, .tied_head = true, .swa_pattern = 2, .swa_theta = 10000.0f, .window_default = 4096,
      .attn_softcap_default = 50.0f, .final_softcap_default = 30.0f, .wide_scale_layers = {46}},
     {.name = "gemma3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | POST_NORMS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
-     .optional = 0, .keys = gemma_keys, .gate = KILN_GATE_GELU, .embd_scale = true, .swa_pattern = 6,
+     .optional = 0, .keys = gemma_keys, .gate = KILN_GATE_GELU, .embd_scale = true, .tied_head = true, .swa_pattern = 6,
      .swa_theta = 10000.0f, .wide_scale_layers = {62}},
     {.name = "phi3", .rope = KILN_ROPE_NEOX,
      .required = NORMS | B(KILN_ROLE_WQKV) | B(KILN_ROLE_WO) | B(KILN_ROLE_WGU) | B(KILN_ROLE_WD), .optional = 0,
@@ -170,7 +206,7 @@ const kiln_arch *kiln_arch_find(const char *name)
     return NULL;
 }
 
-const char *kiln_arch_names(void) { return "llama, qwen2, qwen3, gemma2, gemma3, phi3"; }
+const char *kiln_arch_names(void) { return "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3"; }
 
 bool kiln_arch_layer_windowed(const kiln_arch *a, int l)
 {

@@ -79,6 +79,8 @@ typedef struct kiln_arch {
     const kiln_arch_key *keys;     /* keys under "<arch>." the loader knows; ends with a NULL suffix */
     kiln_gate_act        gate;     /* feed-forward gate activation */
     bool                 embd_scale; /* token embeddings times sqrt(hidden), in f32 (gemma) */
+    bool                 tied_head;  /* the head is always token_embd.weight (llama.cpp's gemma loaders): an
+                                        output.weight is not read, so the file is refused */
     int                  swa_pattern; /* > 0: only layers l with l % swa_pattern < swa_pattern - 1 use the
                                          sliding window (gemma 2: 2, gemma 3: 6); 0: every layer does */
     float                swa_theta;  /* > 0: window layers rotate with this base, unscaled (gemma: 10000) */

@@ -370,7 +370,7 @@ static kiln_status check_tensors(tensor_use *u, kiln_model_desc *d)
     if ((s = want_tensor(u, "token_embd.weight", 2, m->n_vocab, m->hidden)) != KILN_OK ||
         (s = want_tensor(u, "output_norm.weight", 1, m->hidden, 0)) != KILN_OK)
         return s;
-    m->tied_output = !has_tensor(f, "output.weight");
+    m->tied_output = d->arch->tied_head || !has_tensor(f, "output.weight");
     if (!m->tied_output && (s = want_tensor(u, "output.weight", 2, m->n_vocab, m->hidden)) != KILN_OK) return s;
     if ((s = check_layers(u, d)) != KILN_OK) return s;
     m->qkv_bias = d->roles & KILN_ROLE_BIT(KILN_ROLE_BQ);

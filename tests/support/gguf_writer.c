@@ -270,7 +270,7 @@ gw *gw_model_new(const gw_model *m)
     }
     bool bias = strcmp(m->arch, "qwen2") == 0 || m->qkv_bias;
     bool qk_norm = strcmp(m->arch, "qwen3") == 0 || strcmp(m->arch, "gemma3") == 0 || m->qk_norm;
-    bool post_norms = strncmp(m->arch, "gemma", 5) == 0, fused = strcmp(m->arch, "phi3") == 0;
+    bool post_norms = strcmp(m->arch, "gemma2") == 0 || strcmp(m->arch, "gemma3") == 0, fused = strcmp(m->arch, "phi3") == 0;
     bool mix = m->q4_k_m && m->wtype == KILN_DTYPE_Q4_K;
     int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
     if (m->rope_freqs) rand_tensor(w, "rope_freqs.weight", KILN_DTYPE_F32, 0, (m->n_rot > 0 ? m->n_rot : hd) / 2, 4.0f, 3.5f, &s);

@@ -1,5 +1,5 @@
 /* f64 reference forward of llama-family GGUF models (see model_ref.h): embedding [x sqrt(hidden):
- * gemma], per layer rms_norm -> q/k/v (+bias; phi3: rows of attn_qkv) -> [per-head q/k norm] ->
+ * gemma 1/2/3], per layer rms_norm -> q/k/v (+bias; phi3: rows of attn_qkv) -> [per-head q/k norm] ->
  * rope (gemma's local layers: base 10000) -> causal GQA attention [soft-capped, windowed] -> output
  * (+bias) [post-norm] -> residual, rms_norm -> gate/up (+bias; phi3: halves of ffn_up) ->
  * silu(gate)*up [gemma: gelu_tanh] -> down (+bias) [post-norm] -> residual; final norm, head
@@ -220,7 +220,7 @@ static bool read_meta(mref *m)
     if (kiln_gguf_get_str(m->f, "general.architecture", &m->arch, NULL) != KILN_OK) return fail(m, "no arch"), false;
     m->neox = strcmp(m->arch, "llama") != 0; /* qwen2, qwen3, gemma2/3, phi3: NEOX pairing in llama.cpp */
     bool gemma2 = strcmp(m->arch, "gemma2") == 0, gemma3 = strcmp(m->arch, "gemma3") == 0;
-    m->gemma = gemma2 || gemma3;
+    m->gemma = gemma2 || gemma3 || strcmp(m->arch, "gemma") == 0; /* gemma 1: no window, caps or post-norms */
     m->phi3 = strcmp(m->arch, "phi3") == 0;
     m->swa_pattern = gemma2 ? 2 : gemma3 ? 6 : 0;
     m->hidden = key_int(m, "embedding_length", 0);
@@ -229,9 +229,10 @@ static bool read_meta(mref *m)
     m->hd = key_int(m, "attention.key_length", m->n_head ? m->hidden / m->n_head : 0);
     m->ffn = key_int(m, "feed_forward_length", 0);
     m->n_layer = key_int(m, "block_count", 0);
-    m->window = key_int(m, "attention.sliding_window", gemma2 ? 4096 : 0);
-    m->attn_cap = m->gemma ? key_f(m, "attn_logit_softcapping", gemma2 ? 50.0 : 0.0) : 0;
-    m->final_cap = m->gemma ? key_f(m, "final_logit_softcapping", gemma2 ? 30.0 : 0.0) : 0;
+    bool caps = gemma2 || gemma3; /* the architectures llama.cpp reads a window and soft-caps for */
+    m->window = m->gemma && !caps ? 0 : key_int(m, "attention.sliding_window", gemma2 ? 4096 : 0);
+    m->attn_cap = caps ? key_f(m, "attn_logit_softcapping", gemma2 ? 50.0 : 0.0) : 0;
+    m->final_cap = caps ? key_f(m, "final_logit_softcapping", gemma2 ? 30.0 : 0.0) : 0;
     bool wide = (gemma2 && m->n_layer == 46) || (gemma3 && m->n_layer == 62); /* llama.cpp's 27B rule */
     m->eps = key_f(m, "attention.layer_norm_rms_epsilon", 1e-5);
     m->theta = key_f(m, "rope.freq_base", 10000.0);
