@@ -64,6 +64,8 @@ static double g_last_nmse; /* of the last case compared */
  * output `out` with the reference at the contract of op `op` (key: dtype): asserts the match
  * without mut; with it returns whether the kernels failed or the output missed the tolerance. */
 static uint32_t g_cluster; /* the last TMA GEMM's blocks per cluster */
+static uint32_t g_col_blocks; /* the last TMA GEMM's column blocks (its grid's y) */
+static int32_t g_cols; /* codegen.gemm_cols of the compile (0: the shape's choice) */
 
 static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, kiln_dtype key, const char *what, mutate_fn mut,
                         const kiln_lower_target *tg)
@@ -88,6 +90,7 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
         if (tg) t = *tg;
         t.opts.precision = g_precision;
         t.opts.gemm_epilogue = g_epilogue;
+        if (!tg) t.opts.gemm_cols = g_cols;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
         uint64_t scratch_bytes = 0;
         for (uint32_t i = 0; i < n; i++) scratch_bytes = ks[i].scratch_bytes > scratch_bytes ? ks[i].scratch_bytes : scratch_bytes;
@@ -96,7 +99,7 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
         for (uint32_t i = 0; i < n; i++) {
             bool wg = strcmp(ks[i].name, "kiln_gemm_tma") == 0;
             saw_wg |= wg;
-            if (wg) g_cluster = ks[i].cluster;
+            if (wg) g_cluster = ks[i].cluster, g_col_blocks = ks[i].grid[1];
             if (wg && mut) mut(&ks[i]);
             uint32_t *bufs[MAXB] = {params};
             for (uint32_t s = 1; s < ks[i].n_bufs; s++) {
@@ -470,6 +473,27 @@ Test(gemm_wg, register_epilogue_plain_and_swiglu)
     g_epilogue = 0;
 }
 
+/* Wide tiles (codegen.gemm_cols 192 / 256: two accumulators a consumer side by side, the second
+ * 64 or 128 columns wide; x in one part): several column blocks with a tail, gate/up siblings
+ * (96 or 128 columns each) and the QKV epilogue (normal and neox rope, KV writes) on the C tile of
+ * bn + 4 words a row. The grid shows the width was taken. */
+Test(gemm_wg, wide_tiles)
+{
+    static const int32_t cols[2] = {192, 256};
+    for (int i = 0; i < 2; i++) {
+        g_cols = cols[i];
+        plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 192, 456, 150, 140, NULL, NULL);
+        cr_assert_eq(g_col_blocks, (uint32_t)((456 + cols[i] - 1) / cols[i]), "bn %d: %u column blocks", cols[i], g_col_blocks);
+        g_precision = KILN_PREC_F16;
+        swiglu_case(128, 137, 1.0f, false);
+        cr_assert_eq(g_col_blocks, 1u, "bn %d: siblings of 72 columns in %u blocks", cols[i], g_col_blocks);
+        qkv_case(KILN_ROPE_NORMAL, 64, 64, 0);
+        cr_assert_eq(g_col_blocks, (uint32_t)(3 * ((256 + cols[i] - 1) / cols[i])), "bn %d: qkv in %u blocks", cols[i], g_col_blocks);
+        qkv_case(KILN_ROPE_NEOX, 64, 64, 0);
+        g_precision = KILN_PREC_EXACT;
+    }
+    g_cols = 0;
+}
 
 /* x f16 as a view at an offset a tensor map cannot start at (2 halves = 4 bytes): the split kernel
  * copies it into the scratch (two parts: the second is zero) instead of the TMA reading the node. */

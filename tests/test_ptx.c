@@ -692,7 +692,8 @@ Test(ptx, named_barriers_print)
 
 /* The warpgroup flash kernels (kiln_attn_flash_wg) among g's regions lowered for tg, assembled for
  * sm_90a: asserts no spills; returns how many. */
-static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, const char *ptxas, const char *what)
+/* Assembles g's kernels named `name` for sm_90a (no spills, WGMMAs kept asynchronous); returns how many. */
+static int assemble_named(const kiln_graph *g, const kiln_lower_target *tg, const char *ptxas, const char *what, const char *name)
 {
     kiln_fusion f;
     char err[8192] = "";
@@ -703,7 +704,7 @@ static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, c
         uint32_t nk = 0;
         if (kiln_lower_region_for(g, &f.regions[r], tg, ks, &nk, err, sizeof err) != KILN_OK) continue;
         for (uint32_t i = 0; i < nk; i++) {
-            if (!strcmp(ks[i].name, "kiln_attn_flash_wg")) {
+            if (!strcmp(ks[i].name, name)) {
                 char *txt = NULL;
                 unsigned flags;
                 kiln_ptxas_report rep;
@@ -713,7 +714,7 @@ static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, c
                              rep.spill_stores, rep.spill_loads, rep.stack, rep.log);
                 /* ptxas falls back to one WGMMA at a time (C7513/C7510) when a register an in-flight WGMMA reads may be written */
                 cr_assert(!strstr(rep.log, "serialized") && !strstr(rep.log, "setmaxnreg' ignored"), "%s: ptxas:\n%s", what, rep.log);
-                cr_log_info("%s: warpgroup flash kernel, %d registers at entry, %u B dynamic shared", what, rep.regs,
+                cr_log_info("%s: %s, %d registers at entry, %u B dynamic shared", what, name, rep.regs,
                             (unsigned)kiln_kir_shared_bytes(&ks[i]));
                 free(txt);
                 found++;
@@ -723,6 +724,35 @@ static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, c
     }
     kiln_fusion_free(&f);
     return found;
+}
+
+static int assemble_flash_wg(const kiln_graph *g, const kiln_lower_target *tg, const char *ptxas, const char *what)
+{
+    return assemble_named(g, tg, ptxas, what, "kiln_attn_flash_wg");
+}
+
+/* The TMA GEMM's wide tiles (codegen.gemm_cols 192 / 256: two accumulators side by side) on the
+ * 512-token llama-7b (normal rope) and qwen2-7b (neox, 128-wide heads: 256 only for QKV) layers
+ * under precision f16 assemble for sm_90a with no spills, WGMMAs asynchronous. */
+Test(ptx, wide_gemm_tiles_assemble, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    kiln_lower_target tg = kiln_lower_target_for_sm(90);
+    tg.opts.precision = KILN_PREC_F16;
+    static const char *const presets[] = {"llama-7b", "qwen2-7b"};
+    for (int p = 0; p < 2; p++)
+        for (int c = 0; c < 2; c++) {
+            tg.opts.gemm_cols = c ? 256 : 192;
+            kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+                                        .max_tok = 512, .seed = 1, .shape_only = true};
+            kiln_graph *g = NULL;
+            char err[512] = "", what[64];
+            cr_assert_eq(kiln_preset_build_ex(kiln_preset_find(presets[p]), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+            snprintf(what, sizeof what, "%s, %d columns a block", presets[p], tg.opts.gemm_cols);
+            cr_assert_eq(assemble_named(g, &tg, ptxas, what, "kiln_gemm_tma"), 4, "%s: four TMA GEMMs", what);
+            kiln_graph_free(g);
+        }
 }
 
 /* Prefill attention's warpgroup flash kernel (sm_90a, codegen.precision f16; lower_flash_wg.c):

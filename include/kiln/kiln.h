@@ -433,6 +433,9 @@ typedef struct kiln_codegen_options {
                            share each query tile's key tiles (taking every 2nd / 4th) and the first block
                            combines their partial results (short prompts: more blocks, shorter walks);
                            0 or 1: none (A/B runs, $KILN_FLASH_SPLIT) */
+    int32_t gemm_cols;  /* sm_90 TMA GEMM of f16/bf16 weights: columns a block (128, 192 or 256; 0: the
+                           shape's choice, docs/kernels.md) where the shape allows it (A/B runs,
+                           $KILN_GEMM_BN) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -41,7 +41,8 @@ class CodegenOptions(C.Structure):
                 ("flash_wg", C.c_int32), ("gemm_cluster", C.c_int32), ("gemv_pair", C.c_int32),
                 ("gemm_epilogue", C.c_int32),
                 ("gemv_prefetch", C.c_int32), ("gemv_fence", C.c_int32), ("attn_cluster", C.c_int32),
-                ("flash_rows", C.c_int32), ("flash_split", C.c_int32)]
+                ("flash_rows", C.c_int32), ("flash_split", C.c_int32),
+                ("gemm_cols", C.c_int32)]
 
 
 class CompileOptions(C.Structure):

@@ -33,6 +33,8 @@ typedef struct gm {
     int        parts;     /* x as 1..3 f16/bf16 parts */
     bool       bf;        /* the group multiplies bf16 (else f16) */
     kiln_dtype wt;        /* the group's weight dtype */
+    int        bn;        /* columns per block, all siblings together: GM_BN, or with wg 192 / 256 (gw_shape) */
+    int        cs;        /* words per row of the C tile in shared memory (bn + 4) */
     int        bns;       /* columns per sibling per block */
     int        wparts;    /* f16 parts of the weights in the B tile: 2 for f32 weights (hi, lo), else 1 */
     int        U;         /* tiles per k-period of the weight format (the decoders' sub-steps) */
@@ -54,6 +56,7 @@ typedef struct gm {
     int        cm;        /* wg: blocks of consecutive token rows per thread block cluster (1: none); each
                              brings 1/cm of every weight tile into all of them (TMA multicast) */
     uint32_t   crank;     /* wg with cm > 1: I32 rank of the block in its cluster */
+    gv_unit    st;        /* wg: what the epilogue reads from shared memory (n_st, st_arr, st_node/kind/off) */
 } gm;
 
 /* What a thread stages, fixed for the whole K loop (computed once, before it): its items of the
@@ -314,12 +317,20 @@ static void gm_drain(gm *g, const gv_group *G, int r0, int rows)
 {
     gv *s = g->s;
     kiln_kir *k = g->k;
-    int upb = GM_BN / 4; /* units per block: 4 slots each */
+    int upb = g->bn / 4; /* units per block: 4 slots each */
+    /* every block's columns exist: no guard; or a unit's columns exist together (its first does:
+       pairs and neox partners lie in one head, a head inside the n columns): one guard a unit */
+    bool whole = G->n % g->bns == 0, by_unit = !whole && G->n % G->cols == 0 && G->n % (G->rope ? G->hd : 1) == 0;
     uint32_t it = kiln_kvar(k, g->tid);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, ci(g, rows * upb), ci(g, g->threads), 0);
     uint32_t row = o2(g, KILN_KOP_DIV, it, ci(g, upb)), u = o2(g, KILN_KOP_REM, it, ci(g, upb));
     gv_unit unit = {.mc = 1}, *e = &unit; /* the epilogue's input: this template's own, not gemv's */
     e->t0 = add(g, g->m0, addi(g, row, r0));
+    if ((e->n_st = g->st.n_st)) {
+        e->st_arr = g->st.st_arr, e->st_row = addi(g, row, r0);
+        memcpy(e->st_node, g->st.st_node, sizeof e->st_node), memcpy(e->st_kind, g->st.st_kind, sizeof e->st_kind);
+        memcpy(e->st_off, g->st.st_off, sizeof e->st_off);
+    }
     int deltas[SLOTS];
     uint32_t base = kl_gv_unit_base(s, G, u, deltas);
     e->n_slots = 0;
@@ -330,11 +341,13 @@ static void gm_drain(gm *g, const gv_group *G, int r0, int rows)
             e->slot_delta[r] = c;
             uint32_t lc = kl_gv_partial(G) ? kl_gv_slot_col(s, G, base, deltas, c) : addi(g, base, deltas[c]);
             e->col[r] = add(g, g->n0, lc);
-            e->ok[r] = o2(g, KILN_KOP_LT, e->col[r], ci(g, (int32_t)G->n));
-            uint32_t cidx = add(g, muli(g, row, GM_CS), addi(g, lc, q * g->bns));
+            e->ok[r] = whole || by_unit ? KILN_IDX_NONE : o2(g, KILN_KOP_LT, e->col[r], ci(g, (int32_t)G->n));
+            uint32_t cidx = add(g, muli(g, row, g->cs), addi(g, lc, q * g->bns));
             e->acc[r][0] = kiln_kir_op(k, KILN_KOP_LDS, KILN_KT_F32, cidx, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)g->sh);
         }
+    if (by_unit) kif(g, o2(g, KILN_KOP_LT, add(g, g->n0, base), ci(g, (int32_t)G->n)));
     kl_gv_epilogue(s, G, e, g->m);
+    if (by_unit) kendif(g);
     kl_loop_end(k);
 }
 
@@ -349,7 +362,7 @@ static void gm_epilogue(gm *g, const gv_group *G, uint32_t acc[GM_MT][4])
                 for (int j = 0; j < 4; j++) {
                     uint32_t row = addi(g, gq, mt * 16 + 8 * (j >> 1));
                     uint32_t col = add(g, muli(g, g->wn, 32), addi(g, muli(g, qq, 2), nt * 8 + (j & 1)));
-                    sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[2 * (h % hpw) + mt][nt], j));
+                    sts(g, add(g, muli(g, row, g->cs), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[2 * (h % hpw) + mt][nt], j));
                 }
         kendif(g);
         barrier(g);
@@ -510,7 +523,13 @@ static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
     kl_loop_end(k);
 }
 
-/* A consumer warpgroup: acc[0..rc/64) += its rows of x . the weights, stage by stage. */
+/* n-tiles of a consumer's accumulators (128 columns each, the last one 64 with bn 192) and the
+ * accumulator of m-tile mt, n-tile nt (at most two in all: rc 128 x bn 128 or rc 64 x bn <= 256). */
+static int gw_nn(const gm *g) { return (g->bn + 127) / 128; }
+static int gw_ncols(const gm *g, int nt) { return g->bn - 128 * nt < 128 ? g->bn - 128 * nt : 128; }
+static int gw_acc(const gm *g, int mt, int nt) { return mt * gw_nn(g) + nt; }
+
+/* A consumer warpgroup: its accumulators += its rows of x . the weights, stage by stage. */
 static void gw_consumer(gm *g, const uint32_t acc[2], int32_t nk)
 {
     kiln_kir *k = g->k;
@@ -525,11 +544,13 @@ static void gw_consumer(gm *g, const uint32_t acc[2], int32_t nk)
     gw_sync(g, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     for (int q = 0; q < g->parts; q++)
         for (int ks = 0; ks < GW_BK / 16; ks++)
-            for (int mt = 0; mt < g->rc / 64; mt++) {
-                uint32_t a = addu(g, addu(g, st, arow), cu(g, (uint32_t)(q * g->bm * 128 + mt * 64 * 128 + ks * 32)));
-                uint32_t b = addu(g, st, cu(g, (uint32_t)(g->parts * g->bm * 128 + ks * 32)));
-                kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, acc[mt], a, b, flags);
-            }
+            for (int mt = 0; mt < g->rc / 64; mt++)
+                for (int nt = 0; nt < gw_nn(g); nt++) { /* n-tile nt: B rows 128 nt .. (128 bytes a row) */
+                    uint32_t a = addu(g, addu(g, st, arow), cu(g, (uint32_t)(q * g->bm * 128 + mt * 64 * 128 + ks * 32)));
+                    uint32_t b = addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + 128 * nt) * 128 + ks * 32)));
+                    int n = gw_ncols(g, nt);
+                    kiln_kir_op(k, KILN_KOP_WGMMA, KILN_KT_NONE, acc[gw_acc(g, mt, nt)], a, b, flags | (n < 128 ? (n / 16) << 4 : 0));
+                }
     gw_sync(g, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the previous stage's WGMMAs have retired */
     kif(g, o2(g, KILN_KOP_LT, ci(g, 0), kt));
@@ -546,6 +567,60 @@ static void gw_consumer(gm *g, const uint32_t acc[2], int32_t nk)
     gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
 }
 
+/* The epilogue's per-token values (positions of the rope and KV writes, as f32 and i32) and rope
+ * frequency tables of the region, staged in a shared array of their own so that the drain reads
+ * them with shared loads: loaded from global memory inside its loop they left the QKV drain
+ * latency-bound (a load or two in flight a warp, 16 iterations). Sets G->st; returns the words. */
+static uint32_t gw_stage_plan(gm *G)
+{
+    gv *s = G->s;
+    const kiln_graph *g = s->g;
+    gv_unit *u = &G->st;
+    uint32_t words = 0;
+    u->n_st = 0;
+    for (uint32_t i = 0; i < s->r->n_nodes; i++) {
+        uint32_t id = s->r->nodes[i];
+        const kiln_node_rec *n = &g->nodes[id];
+        uint32_t node[2] = {KILN_IDX_NONE, KILN_IDX_NONE};
+        int kind[2] = {0, 0};
+        if (n->op == KILN_OP_ROPE) node[0] = n->src[1], kind[0] = 0, node[1] = id, kind[1] = 2;
+        if (n->op == KILN_OP_KV_SCATTER) node[0] = n->src[2], kind[0] = 1;
+        for (int j = 0; j < 2; j++) {
+            if (node[j] == KILN_IDX_NONE) continue;
+            bool seen = false;
+            for (int q = 0; q < u->n_st; q++) seen = seen || (u->st_node[q] == node[j] && u->st_kind[q] == kind[j]);
+            int32_t len = kind[j] == 2 ? (int32_t)(n->dims[n->rank - 1] / 2) : G->bm;
+            if (seen || u->n_st == 4 || (kind[j] == 2 && (len < 1 || len > 256))) continue;
+            u->st_node[u->n_st] = node[j], u->st_kind[u->n_st] = kind[j], u->st_off[u->n_st++] = (int32_t)words;
+            words += (uint32_t)len;
+        }
+    }
+    return words;
+}
+
+/* Each staged value into G->st's array (before the barrier that precedes the drain). */
+static void gw_stage_values(gm *g)
+{
+    gv *s = g->s;
+    const gv_unit *u = &g->st;
+    for (int i = 0; i < u->n_st; i++) {
+        const kiln_node_rec *n = &s->g->nodes[u->st_node[i]];
+        if (u->st_kind[i] == 2) { /* the rope's frequencies: the table its epilogue reads */
+            int32_t half = (int32_t)(n->dims[n->rank - 1] / 2);
+            kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, half)));
+            uint32_t v = kiln_kld(g->k, kl_rope_table(g->k, n, n->dims[n->rank - 1]), g->tid);
+            kiln_kir_op(g->k, KILN_KOP_STS, KILN_KT_NONE, addi(g, g->tid, u->st_off[i]), v, KILN_IDX_NONE, (int32_t)u->st_arr);
+            kendif(g);
+            continue;
+        }
+        uint32_t row = add(g, g->m0, g->tid);
+        kif(g, o2(g, KILN_KOP_PAND, o2(g, KILN_KOP_LT, g->tid, ci(g, g->bm)), o2(g, KILN_KOP_LT, row, g->m)));
+        uint32_t v = kl_gv_token_raw(s, u->st_node[i], row, u->st_kind[i] == 1);
+        kiln_kir_op(g->k, KILN_KOP_STS, KILN_KT_NONE, addi(g, g->tid, u->st_off[i]), v, KILN_IDX_NONE, (int32_t)u->st_arr);
+        kendif(g);
+    }
+}
+
 /* The accumulators into the C tile (the ring's memory, every load retired), then gemv's epilogue
  * over all bm rows with every thread. */
 static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[2])
@@ -555,12 +630,14 @@ static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[2])
     uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
     uint32_t r0 = add(g, add(g, muli(g, wg, g->rc), muli(g, w, 16)), gq);
     for (int mt = 0; mt < g->rc / 64; mt++)
-        for (int j = 0; j < 64; j++) {
-            uint32_t row = addi(g, r0, mt * 64 + 8 * ((j >> 1) & 1));
-            uint32_t col = addi(g, muli(g, qq, 2), 8 * (j >> 2) + (j & 1));
-            sts(g, add(g, muli(g, row, GM_CS), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[mt], j));
-        }
+        for (int nt = 0; nt < gw_nn(g); nt++)
+            for (int j = 0; j < gw_ncols(g, nt) / 2; j++) {
+                uint32_t row = addi(g, r0, mt * 64 + 8 * ((j >> 1) & 1));
+                uint32_t col = addi(g, muli(g, qq, 2), 128 * nt + 8 * (j >> 2) + (j & 1));
+                sts(g, add(g, muli(g, row, g->cs), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[gw_acc(g, mt, nt)], j));
+            }
     kendif(g);
+    gw_stage_values(g);
     barrier(g);
     gm_drain(g, G, 0, g->bm);
 }
@@ -609,7 +686,7 @@ static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[2])
     int off[SLOTS], base[GM_BN / 8], n_base;
     /* not for block weights: the decoders' registers beside the unrolled epilogue passed the
        384-thread cap of 168 (ptxas spilled a q8_0 QKV with PDL, 64 rows a consumer) */
-    if (g->wblock || !gw_reg_units(g, G, off, base, &n_base)) return false;
+    if (g->wblock || g->bn != GM_BN || !gw_reg_units(g, G, off, base, &n_base)) return false;
     gv *s = g->s;
     kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
     uint32_t wg = shri(g, g->tid, 7), w = andi(g, shri(g, g->tid, 5), 3);
@@ -642,7 +719,7 @@ static void gw_group(gm *g, const gv_group *G)
     kiln_kir *k = g->k;
     gv *s = g->s;
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t acc[2] = {kiln_kvar(k, zero), g->rc > 64 ? kiln_kvar(k, zero) : KILN_IDX_NONE};
+    uint32_t acc[2] = {kiln_kvar(k, zero), g->rc > 64 || gw_nn(g) > 1 ? kiln_kvar(k, zero) : KILN_IDX_NONE};
     int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK); /* a last half stage reads zeros past K */
     uint32_t wmap[2] = {KILN_IDX_NONE, KILN_IDX_NONE};
     for (int sp = 0; !g->wblock && sp < G->n_sib; sp++) {
@@ -671,13 +748,15 @@ static void gw_group(gm *g, const gv_group *G)
 static void gw_setup(gm *G, kiln_kir *k)
 {
     gv *s = G->s;
-    G->sb = (uint32_t)((G->parts * G->bm + GM_BN) * 128);
-    G->stages = (int)(GW_STAGE_MAX / G->sb);
+    G->sb = (uint32_t)((G->parts * G->bm + G->bn) * 128);
+    uint32_t st_words = gw_stage_plan(G), st_bytes = (st_words * 4 + 1023) / 1024 * 1024; /* arrays are 1024-aligned */
+    G->stages = (int)((GW_STAGE_MAX - st_bytes) / G->sb);
     if (G->stages > 6) G->stages = 6;
     uint32_t ring_words = (uint32_t)G->stages * G->sb / 4;
-    if (ring_words < (uint32_t)(G->bm * GM_CS)) ring_words = (uint32_t)(G->bm * GM_CS); /* the C tile */
+    if (ring_words < (uint32_t)(G->bm * G->cs)) ring_words = (uint32_t)(G->bm * G->cs); /* the C tile */
     G->sh = kiln_kir_shared(k, ring_words);
     uint32_t mb = kiln_kir_shared(k, (uint32_t)(4 * G->stages));
+    if (G->st.n_st) G->st.st_arr = kiln_kir_shared(k, st_words);
     k->dyn_shared = true;
     G->ring = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(G, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)G->sh);
     G->bars = kiln_kir_op(k, KILN_KOP_SADDR, KILN_KT_U32, ci(G, 0), KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)mb);
@@ -749,17 +828,51 @@ static bool gw_choose(gm *G, const kiln_lower_target *tg)
     return true;
 }
 
-/* Rows per consumer (two W64 accumulators where the grid still fills the GPU: a 256 x 128 tile
- * reads each operand byte for twice the work of a 128 x 128 one) and the stages that fit. */
-static void gw_shape(gm *G, int64_t col_blocks, const kiln_lower_target *tg)
+/* Column blocks of the region with bn columns a block (each group's siblings share them). */
+static int64_t gw_col_blocks(const gv *s, int bn)
+{
+    int64_t b = 0;
+    for (int q = 0; q < s->n_grp; q++) b += (s->grp[q].n + bn / s->grp[q].n_sib - 1) / (bn / s->grp[q].n_sib);
+    return b;
+}
+
+/* Whether bn columns a block suit every group: wider than GM_BN only for TMA weights (the block
+ * decoders write 128 rows) in one part, no clusters, and a neox head inside a sibling's columns. */
+static bool gw_cols_ok(const gm *G, int bn, const kiln_lower_target *tg)
+{
+    if (bn == GM_BN) return true;
+    if (G->wblock || G->parts != 1 || tg->opts.gemm_cluster > 1) return false;
+    for (int q = 0; q < G->s->n_grp; q++) {
+        const gv_group *Gq = &G->s->grp[q];
+        if (bn % (8 * Gq->n_sib) || (Gq->rope == 2 && (bn / Gq->n_sib) % Gq->hd)) return false;
+    }
+    return true;
+}
+
+/* The block's tile: rows per consumer (rc 64 or 128) and columns (bn 128, 192 or 256), at most two
+ * W64 accumulators a consumer. A stage brings (bm + bn) x 128 bytes from L2 for bm x bn x 64 MACs:
+ * the tile's rate goes as bm bn / (bm + bn) (measured on the H100: 256 x 128 tiles 1.33x the rate of
+ * 128 x 128 ones, as the ratio says), and its time as waves of the grid (whole waves: the last one
+ * takes as long as a full one) times bm + bn. 128 x 256 tiles (two n-tiles a consumer) measured
+ * slower than 256 x 128 ones at every shape (4096^3 564 vs 592, 512 x 22016 x 4096 509 vs 553
+ * TFLOP/s), so only codegen.gemm_cols asks for them; 128 x 192 ran 512 x 12288 x 4096 at 510 vs
+ * 475. codegen.gemm_rows 64 / gemm_cols force a side. */
+static void gw_shape(gm *G, const kiln_lower_target *tg)
 {
     gv *s = G->s;
     int64_t sms = tg->sm_count ? tg->sm_count : 132;
-    int64_t b256 = col_blocks * ((s->m_max + 255) / 256), b128 = col_blocks * ((s->m_max + 127) / 128);
-    /* fraction of the last wave that works, 256-row tiles against 128-row ones (twice the blocks, each half the work) */
-    double e256 = (double)b256 / (double)(((b256 + sms - 1) / sms) * sms), e128 = (double)b128 / (double)(((b128 + sms - 1) / sms) * sms);
-    G->rc = G->parts == 1 && s->m_max > 128 && e256 >= 0.85 * e128 ? 128 : 64;
-    if (tg->opts.gemm_rows == 64) G->rc = 64;
+    static const int cand[][2] = {{64, 128}, {128, 128}, {64, 192}, {64, 256}};
+    int64_t best = -1;
+    G->rc = 64, G->bn = GM_BN;
+    for (int c = 0; c < 4; c++) {
+        int rc = cand[c][0], bn = cand[c][1];
+        if (rc == 128 && (G->parts != 1 || s->m_max <= 128 || tg->opts.gemm_rows == 64)) continue;
+        if (tg->opts.gemm_cols ? bn != tg->opts.gemm_cols : bn == 256) continue; /* 256: measured slower at every shape */
+        if (!gw_cols_ok(G, bn, tg)) continue;
+        int64_t blocks = gw_col_blocks(s, bn) * ((s->m_max + 2 * rc - 1) / (2 * rc));
+        int64_t cost = (blocks + sms - 1) / sms * (2 * rc + bn);
+        if (best < 0 || cost < best) best = cost, G->rc = rc, G->bn = bn;
+    }
     G->bm = 2 * G->rc;
     G->apart = G->bm * 16;
 }
@@ -778,7 +891,7 @@ static void gw_cluster(gm *G, const kiln_lower_target *tg)
     int64_t rows = (s->m_max + G->bm - 1) / G->bm;
     int sib = 1;
     for (int q = 0; q < s->n_grp; q++) sib = s->grp[q].n_sib > sib ? s->grp[q].n_sib : sib;
-    while (want > 1 && (G->wblock || rows < want || (GM_BN / sib) % (8 * want))) want /= 2;
+    while (want > 1 && (G->wblock || G->bn != GM_BN || rows < want || (GM_BN / sib) % (8 * want))) want /= 2;
     G->cm = want;
 }
 
@@ -844,7 +957,7 @@ static void gm_group(gm *g, const gv_group *G, uint32_t nb)
     bool x_exact = s->norm == KILN_IDX_NONE && s->xdt == (g->bf ? KILN_DTYPE_BF16 : KILN_DTYPE_F16);
     if (!g->wg) g->parts = x_parts(s, g->wt, x_exact); /* with xp: what gm_prepare found for every group; wg: gw_choose's */
     g->wparts = g->wt == KILN_DTYPE_F32 ? 2 : 1;
-    g->bns = GM_BN / G->n_sib;
+    g->bns = g->bn / G->n_sib;
     g->U = kl_wfmt_of(g->wt)->subs;
     g->n0 = muli(g, nb, g->bns);
     if (g->wg) {
@@ -1081,7 +1194,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         free(s);
         return KILN_ERR_UNSUPPORTED;
     }
-    gm G = {.s = s, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE, .threads = GM_THREADS};
+    gm G = {.s = s, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE, .threads = GM_THREADS, .bn = GM_BN, .cs = GM_CS};
     bool pre = gw_choose(&G, tg); /* the Hopper template, and whether a split kernel prepares x for it */
     if (!G.wg) gm_prepare(&G);
     pre = pre || s->norm != KILN_IDX_NONE;
@@ -1104,12 +1217,10 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
      * 4096 columns: 128 blocks, 373 -> 485 us). So: block weights only, and only with at least
      * two blocks per SM (264 on a 132-SM H100); never for x in three parts (the A tile would pass
      * lavapipe's 32 KB of shared memory). */
-    int64_t col_blocks = 0;
+    int64_t col_blocks = gw_col_blocks(s, GM_BN);
     bool all_blocks = true;
-    for (int q = 0; q < s->n_grp; q++) {
-        col_blocks += (s->grp[q].n + GM_BN / s->grp[q].n_sib - 1) / (GM_BN / s->grp[q].n_sib);
+    for (int q = 0; q < s->n_grp; q++)
         if (kiln_dtype_block(wdtype(s, s->grp[q].sib[0])) == 1) all_blocks = false;
-    }
     if (!G.wg) {
         G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 2 * (int64_t)tg->sm_count &&
                        kl_gemm_rows(tg) == 128 ? 128 : 64;
@@ -1119,7 +1230,8 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         G.sh = kiln_kir_shared(k, words);
         k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
     } else {
-        gw_shape(&G, col_blocks, tg);
+        gw_shape(&G, tg);
+        G.cs = G.bn + 4;
         gw_cluster(&G, tg);
     }
     k->cluster = G.cm > 1 ? (uint32_t)G.cm : 0;
@@ -1156,7 +1268,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     kif(&G, o2(&G, KILN_KOP_LT, G.cm > 1 ? muli(&G, o2(&G, KILN_KOP_SUB, by, G.crank), G.bm) : G.m0, G.m));
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *Gq = &s->grp[q];
-        uint32_t nb = (uint32_t)((Gq->n + GM_BN / Gq->n_sib - 1) / (GM_BN / Gq->n_sib));
+        uint32_t nb = (uint32_t)((Gq->n + G.bn / Gq->n_sib - 1) / (G.bn / Gq->n_sib));
         kif(&G, o2(&G, KILN_KOP_PAND, o2(&G, KILN_KOP_LE, ci(&G, (int32_t)blocks), bx), o2(&G, KILN_KOP_LT, bx, ci(&G, (int32_t)(blocks + nb)))));
         gm_group(&G, Gq, addi(&G, bx, -(int32_t)blocks));
         kendif(&G);

@@ -267,6 +267,45 @@ static uint32_t flat(gv *s, const gv_unit *u, int t, int r, int64_t n)
 
 static uint32_t ev(gv *s, gv_unit *u, const gv_group *G, uint32_t node, int t, int r, int depth);
 
+/* Memo keys beside ev's (node, token, slot) ones, bit 31 set: kind 0 a per-token value of a node,
+ * 1 / 2 the sin / cos of a rope node's pair whose first slot is r. */
+static uint32_t side_key(uint32_t kind, uint32_t node, int t, int r)
+{
+    return 0x80000000u | kind << 29 | ((node * 64u + (uint32_t)t * SLOTS + (uint32_t)r) & 0x1fffffffu);
+}
+
+/* The shared array element where the unit's template staged kind `kind` of node (plus idx), or NONE. */
+static uint32_t staged(gv *s, const gv_unit *u, int kind, uint32_t node, uint32_t idx, enum kiln_kt t)
+{
+    for (int i = 0; i < u->n_st; i++)
+        if (u->st_kind[i] == kind && u->st_node[i] == node)
+            return kiln_kir_op(s->k, KILN_KOP_LDS, t, kiln_k2(s->k, KILN_KOP_ADD, idx, kiln_ki(s->k, u->st_off[i])), KILN_IDX_NONE,
+                               KILN_IDX_NONE, (int32_t)u->st_arr);
+    return KILN_IDX_NONE;
+}
+
+/* The value of a per-token node (positions) for token t, loaded once a block (as I32 with as_int):
+ * from the template's staged copy where it made one. */
+static uint32_t token_value(gv *s, gv_unit *u, uint32_t node, int t, bool as_int)
+{
+    uint32_t key = side_key(0, node, t, as_int), v = memo_get(u, key);
+    if (v != KILN_IDX_NONE) return v;
+    uint32_t row = kiln_k2(s->k, KILN_KOP_ADD, u->st_row, kiln_ki(s->k, t));
+    if (u->n_st && (v = staged(s, u, as_int, node, row, as_int ? KILN_KT_U32 : KILN_KT_F32)) != KILN_IDX_NONE) {
+        if (as_int) v = kiln_kcvt(s->k, KILN_KT_I32, v);
+    } else {
+        v = as_int ? kiln_kcvt(s->k, KILN_KT_I32, kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, node, false), kl_gv_tok(s, u, t)))
+                   : kl_load_node(s->k, s->g, node, kl_gv_tok(s, u, t));
+    }
+    memo_put(u, key, v);
+    return v;
+}
+
+uint32_t kl_gv_token_raw(gv *s, uint32_t node, uint32_t tok, bool as_int)
+{
+    return as_int ? kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, node, false), tok) : kl_load_node(s->k, s->g, node, tok);
+}
+
 static uint32_t ev_rope(gv *s, gv_unit *u, const gv_group *G, const kiln_node_rec *n, int t, int r, int depth)
 {
     int d = u->slot_delta[r];
@@ -284,12 +323,20 @@ static uint32_t ev_rope(gv *s, gv_unit *u, const gv_group *G, const kiln_node_re
         rotated = kiln_k2(s->k, KILN_KOP_LT, cin, kiln_ki(s->k, (int32_t)G->rot));
         i = kiln_ksel(s->k, KILN_KT_I32, rotated, i, kiln_ki(s->k, 0)); /* inside the table either way */
     }
-    uint32_t tab = kl_rope_table(s->k, n, G->hd);
-    uint32_t freq =
-        kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, tab, i), KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t pos = kl_load_node(s->k, s->g, n->src[1], kl_gv_tok(s, u, t));
-    uint32_t sn, cs;
-    kl_sincos(s->k, kiln_k2(s->k, KILN_KOP_MUL, pos, freq), &sn, &cs);
+    /* the pair's angle is the same for both of its slots: sin and cos once a pair (memo keys
+       outside ev's node space: bit 31 set) */
+    uint32_t self = (uint32_t)(n - s->g->nodes);
+    uint32_t sn = memo_get(u, side_key(1, self, t, first ? r : pr)), cs = memo_get(u, side_key(2, self, t, first ? r : pr));
+    if (sn == KILN_IDX_NONE || cs == KILN_IDX_NONE) {
+        uint32_t freq = u->n_st ? staged(s, u, 2, self, i, KILN_KT_F32) : KILN_IDX_NONE;
+        if (freq == KILN_IDX_NONE)
+            freq = kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, kl_rope_table(s->k, n, G->hd), i), KILN_IDX_NONE,
+                               KILN_IDX_NONE, 0);
+        uint32_t pos = token_value(s, u, n->src[1], t, false);
+        kl_sincos(s->k, kiln_k2(s->k, KILN_KOP_MUL, pos, freq), &sn, &cs);
+        memo_put(u, side_key(1, self, t, first ? r : pr), sn);
+        memo_put(u, side_key(2, self, t, first ? r : pr), cs);
+    }
     uint32_t y = first ? kiln_kfma(s->k, x0, cs, kiln_k1(s->k, KILN_KOP_NEG, kiln_k2(s->k, KILN_KOP_MUL, x1, sn)))
                        : kiln_kfma(s->k, x0, sn, kiln_k2(s->k, KILN_KOP_MUL, x1, cs));
     if (rotated != KILN_IDX_NONE) y = kiln_ksel(s->k, KILN_KT_F32, rotated, y, first ? x0 : x1);
@@ -345,12 +392,27 @@ static int home_sib(const gv *s, uint32_t node)
 void kl_gv_epilogue(gv *s, const gv_group *G, gv_unit *u, uint32_t m)
 {
     const kiln_graph *g = s->g;
+    /* ok[r] NONE for every slot: the caller knows each column exists, so the slots share one block
+       and reuse each other's values (rope partners, sin/cos, positions) */
+    bool guarded = false;
+    for (int r = 0; r < u->n_slots; r++) guarded = guarded || u->ok[r] != KILN_IDX_NONE;
     for (int t = 0; t < u->mc; t++) {
         kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_LT, kl_gv_tok(s, u, t), m));
         u->n_memo = 0;
+        /* the token's positions (rope angles, KV-cache rows) before any slot's branch: one load a
+           token, in flight while the slots compute (a load per slot inside its branch left the
+           GEMM's drain latency-bound on them) */
+        for (uint32_t i = 0; i < s->r->n_nodes; i++) {
+            const kiln_node_rec *n = &g->nodes[s->r->nodes[i]];
+            if (n->op == KILN_OP_ROPE) token_value(s, u, n->src[1], t, false);
+            if (n->op == KILN_OP_KV_SCATTER) token_value(s, u, n->src[2], t, true);
+        }
+        int kept = u->n_memo;
         for (int r = 0; r < u->n_slots; r++) {
-            u->n_memo = 0; /* values of one IF block are not reused in another */
-            kiln_kif(s->k, u->ok[r]);
+            if (guarded) {
+                u->n_memo = kept; /* values of one IF block are not reused in another (but the token's are) */
+                kiln_kif(s->k, u->ok[r]);
+            }
             for (uint32_t o = 0; o < s->r->n_outs; o++) {
                 uint32_t node = s->r->outs[o];
                 if (node == s->norm) continue;
@@ -360,9 +422,7 @@ void kl_gv_epilogue(gv *s, const gv_group *G, gv_unit *u, uint32_t m)
                     const kiln_node_rec *st = &g->nodes[n->src[0]];
                     int64_t max_ctx = st->dims[1], hd = st->dims[2];
                     uint32_t val = ev(s, u, G, n->src[1], t, r, 0);
-                    uint32_t pos = kiln_kcvt(
-                        s->k, KILN_KT_I32,
-                        kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, n->src[2], false), kl_gv_tok(s, u, t)));
+                    uint32_t pos = token_value(s, u, n->src[2], t, true);
                     uint32_t okp = kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_LE, kiln_ki(s->k, 0), pos),
                                            kiln_k2(s->k, KILN_KOP_LT, pos, kiln_ki(s->k, (int32_t)max_ctx)));
                     kiln_kif(s->k, okp);
@@ -383,7 +443,7 @@ void kl_gv_epilogue(gv *s, const gv_group *G, gv_unit *u, uint32_t m)
                 if (home_sib(s, node) != u->slot_sib[r]) continue;
                 kl_store_node(s->k, g, node, flat(s, u, t, r, G->n), ev(s, u, G, node, t, r, 0));
             }
-            kiln_kendif(s->k);
+            if (guarded) kiln_kendif(s->k);
         }
         kiln_kendif(s->k);
     }

@@ -40,6 +40,15 @@ typedef struct gv_unit {
     uint32_t  t0;               /* I32 first token of the pass */
     uint32_t  memo_key[MEMO], memo_val[MEMO]; /* epilogue values already emitted in the current IF block */
     int       n_memo;
+    /* Values a template staged in shared memory for its epilogue (the TMA GEMM's drain: a tile's
+     * positions and rope frequencies, read with a shared load instead of a global one inside the
+     * loop); n_st 0: none, the epilogue loads from global memory. */
+    int       n_st;
+    uint32_t  st_arr;           /* the shared array */
+    uint32_t  st_row;           /* I32 staged row of token t0 */
+    uint32_t  st_node[4];       /* kind 0: a per-token node's f32 value, 1: its i32 value; 2: a rope node's frequencies */
+    int       st_kind[4];
+    int32_t   st_off[4];        /* first element */
 } gv_unit;
 
 typedef struct gv {
@@ -100,6 +109,9 @@ void kl_gv_decode(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, int sub, 
 /* The epilogue of unit u (its slots, accumulators, t0 and mc set) for tokens t0 .. t0 + mc - 1 < m.
  * Reads the analysis in s; writes only u (its memo) and the kernel. */
 void kl_gv_epilogue(gv *s, const gv_group *G, gv_unit *u, uint32_t m);
+/* What a template stages for token_value (kind 0 / as_int 1 of gv_unit.st_kind): node's value for
+ * token tok, F32, or its I32 bits as U32. */
+uint32_t kl_gv_token_raw(gv *s, uint32_t node, uint32_t tok, bool as_int);
 /* First column of unit u of group G (I32) and each slot's column offset from it (rope partners and
  * swiglu pairs in one unit). */
 uint32_t kl_gv_unit_base(gv *s, const gv_group *G, uint32_t u, int deltas[SLOTS]);

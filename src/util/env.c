@@ -36,6 +36,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_FLASH_SPLIT] = "KILN_FLASH_SPLIT",
     [KILN_ENV_GEMM_CLUSTER] = "KILN_GEMM_CLUSTER",
     [KILN_ENV_GEMM_EPILOGUE] = "KILN_GEMM_EPILOGUE",
+    [KILN_ENV_GEMM_BN] = "KILN_GEMM_BN",
     [KILN_ENV_NCCL_LIB] = "KILN_NCCL_LIB",
     [KILN_ENV_VIRTUAL_ENV] = "VIRTUAL_ENV",
     [KILN_ENV_CONDA_PREFIX] = "CONDA_PREFIX",
@@ -85,6 +86,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->gemm_cluster = !strcmp(e, "1") ? 1 : !strcmp(e, "2") ? 2 : !strcmp(e, "4") ? 4 : 0;
     if (!c->gemm_epilogue && (e = kiln_env(KILN_ENV_GEMM_EPILOGUE)))
         c->gemm_epilogue = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->gemm_cols && (e = kiln_env(KILN_ENV_GEMM_BN)))
+        c->gemm_cols = !strcmp(e, "128") ? 128 : !strcmp(e, "192") ? 192 : !strcmp(e, "256") ? 256 : 0;
     if (!c->grid_cap && (e = kiln_env(KILN_ENV_GRID_CAP))) {
         long v = strtol(e, NULL, 10);
         c->grid_cap = v > 0 && v <= INT32_MAX ? (int32_t)v : v == 0 ? -1 : 0; /* "0": every virtual block */

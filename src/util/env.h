@@ -36,6 +36,7 @@ enum kiln_env_var {
     KILN_ENV_FLASH_SPLIT,    /* kiln_compile_options.codegen.flash_split */
     KILN_ENV_GEMM_CLUSTER,   /* kiln_compile_options.codegen.gemm_cluster */
     KILN_ENV_GEMM_EPILOGUE,  /* kiln_compile_options.codegen.gemm_epilogue */
+    KILN_ENV_GEMM_BN,        /* kiln_compile_options.codegen.gemm_cols */
     KILN_ENV_NCCL_LIB,       /* libnccl for split plans over distinct GPUs */
     KILN_ENV_VIRTUAL_ENV,    /* a Python environment that may ship NCCL (nvidia/nccl/lib) */
     KILN_ENV_CONDA_PREFIX,   /* a conda environment, likewise */
