@@ -3,11 +3,14 @@
  * a GPU (matmul, attention, map, rows, scatter) never fall back; lowering is deterministic; the
  * supports()-to-compile() memo answers only for the region it was given. */
 #include "codegen/kir.h"
+#include "codegen/lower.h"
 #include "codegen/lower_memo.h"
 #include "codegen/wfmt.h"
 #include "graph/dtype.h"
 #include "fuse/fuse.h"
+#include "graph/graph.h"
 #include "model/presets.h"
+#include "support/kirtest.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -161,4 +164,54 @@ Test(lower, memo_keeps_a_lowering_for_the_same_region_only)
     kiln_fusion_free(&f2);
     kiln_graph_free(g);
     kiln_graph_free(g2);
+}
+
+/* A launcher skips a kernel whose row guard fails (kiln_krows_pass, evaluated on the host): it must
+ * agree with the guard the kernel itself evaluates, at every size. Kernels guarded by kl_guard_rows
+ * (few rows / many rows; with a sequence count: many rows and more than per_seq a sequence) store
+ * 1 when they pass; the interpreter runs them at random sizes around the caps. */
+Test(lower, host_row_guard_matches_the_kernel)
+{
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim T = kiln_sym(g, "t", 4096), S = kiln_sym(g, "s", 64);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 3, (kiln_dim[]){T, 2, 24});
+    kiln_node sq = kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){S, 2});
+    kiln_node y = kiln_input(g, "y", KILN_DTYPE_F32, 1, (kiln_dim[]){4});
+    uint32_t xi, si, yi;
+    cr_assert(kiln_graph_resolve(g, "test", "x", x, &xi) && kiln_graph_resolve(g, "test", "seqs", sq, &si) &&
+              kiln_graph_resolve(g, "test", "y", y, &yi));
+    int32_t tsym = (int32_t)kiln_sym_index(T), ssym = (int32_t)kiln_sym_index(S);
+    unsigned seed = 12345u;
+    int passes = 0, fails = 0;
+    for (int c = 0; c < 8; c++) {
+        bool small = c & 1, with_seqs = c & 2;
+        int64_t per_row = c & 4 ? 48 : 24, cap = c & 4 ? 8 : 64, per_seq = 3;
+        kiln_kir k;
+        kiln_kir_init(&k, "guarded", 32);
+        uint32_t slot = kiln_kir_buf(&k, KILN_KBUF_NODE, yi, true);
+        kl_store(&k, slot, KILN_DTYPE_F32, kiln_ki(&k, 0), kiln_kf(&k, 1.0f));
+        kl_guard_rows(&k, g, xi, per_row, cap, with_seqs ? si : KILN_IDX_NONE, per_seq, small);
+        cr_assert(k.rows.set && k.rows.small == small);
+        for (int i = 0; i < 200; i++) {
+            seed = seed * 1103515245u + 12345u;
+            int64_t t = 1 + (seed >> 8) % (i < 100 ? 80 : 4096), s = 1 + (seed >> 20) % 64;
+            int64_t dims[64][KILN_MAX_RANK] = {{0}};
+            dims[xi][0] = t, dims[xi][1] = 2, dims[xi][2] = 24;
+            dims[si][0] = s, dims[si][1] = 2;
+            dims[yi][0] = 4;
+            uint32_t params[8] = {0}, out[4] = {0};
+            params[tsym] = (uint32_t)t, params[ssym] = (uint32_t)s;
+            uint32_t *bufs[4] = {params, out};
+            char err[256];
+            cr_assert(kt_interp_block(&k, bufs, err, sizeof err), "%s", err);
+            bool host = kiln_krows_pass(&k.rows, g, (const int64_t(*)[KILN_MAX_RANK])dims), dev = out[0] == 0x3f800000u;
+            cr_assert_eq(host, dev, "case %d (small %d, seqs %d, per_row %lld, cap %lld): t %lld, s %lld: host %d, kernel %d", c, small,
+                         with_seqs, (long long)per_row, (long long)cap, (long long)t, (long long)s, host, dev);
+            passes += dev, fails += !dev;
+        }
+        kiln_kir_free(&k);
+    }
+    cr_assert(passes > 100 && fails > 100, "sizes on both sides of the caps: %d pass, %d fail", passes, fails);
+    kiln_graph_free(g);
 }

@@ -75,6 +75,18 @@ uint32_t kiln_kir_op(kiln_kir *k, enum kiln_kop op, enum kiln_kt t, uint32_t a, 
     return k->n_ins++;
 }
 
+bool kiln_krows_pass(const kiln_krows *r, const kiln_graph *g, const int64_t (*dims)[KILN_MAX_RANK])
+{
+    if (!r->set) return true;
+    uint32_t numel = 1;
+    for (int i = 0; i < g->nodes[r->node].rank; i++) numel *= (uint32_t)dims[r->node][i];
+    int32_t rows = (int32_t)numel / (int32_t)r->per_row;
+    if (r->seqs == KILN_IDX_NONE) return r->small ? rows <= (int32_t)r->cap : (int32_t)r->cap < rows;
+    int32_t ns = (int32_t)((uint32_t)dims[r->seqs][0] * (uint32_t)r->per_seq);
+    bool many = (int32_t)r->cap < rows && ns < rows;
+    return r->small ? !many : many;
+}
+
 void kiln_kir_guard(kiln_kir *k, const kiln_kir *cond, uint32_t pred)
 {
     if (k->oom || cond->oom) {

@@ -248,6 +248,16 @@ typedef struct kiln_ktable {
 #define KILN_KIR_MAX_TABLES 4
 #define KILN_KIR_MAX_TMAPS 8
 
+/* The row guard a kernel is wrapped in (kl_guard_rows), kept for launchers: a kernel whose guard
+ * fails at a run's sizes does nothing, so a launcher may skip it (kiln_krows_pass). */
+typedef struct kiln_krows {
+    bool     set;     /* the kernel has one */
+    bool     small;   /* runs for few rows (rows <= cap, or not "many rows per sequence"), else many */
+    uint32_t node;    /* rows = numel(node) / per_row */
+    uint32_t seqs;    /* KILN_IDX_NONE, or the node whose dim 0 counts sequences (per_seq rows each) */
+    int64_t  per_row, cap, per_seq;
+} kiln_krows;
+
 typedef struct kiln_kir {
     char        name[48];                       /* kernel entry name, a C identifier */
     uint32_t    block;                          /* threads per block (1-D), a multiple of 32 */
@@ -282,6 +292,7 @@ typedef struct kiln_kir {
                                                    not in pdl_const (codegen/lower_pdl.c) */
     uint32_t    pdl_const;                      /* with pdl: bit s set when no kernel writes slot s (weights,
                                                    tables, the host-written parameter buffer): read before the wait */
+    kiln_krows  rows;                           /* its row guard, if any */
 } kiln_kir;
 
 /* ------------------------------------------------------------------ building (kir.c) */
@@ -305,6 +316,9 @@ uint32_t kiln_kir_table(kiln_kir *k, const uint32_t *words, uint32_t n);
  * after them (operands renumbered), and an ENDIF last. A kernel whose condition is false for a run
  * does nothing (its blocks exit at once). Sets k->oom on failure. */
 void     kiln_kir_guard(kiln_kir *k, const kiln_kir *cond, uint32_t pred);
+/* Whether row guard r passes at a run's dims (dims[i]: node i's; g: the graph), computed as the
+ * kernel computes it (32-bit products and division); true without a guard. */
+bool     kiln_krows_pass(const kiln_krows *r, const kiln_graph *g, const int64_t (*dims)[KILN_MAX_RANK]);
 /* Checks operand types, control-flow nesting and slot ranges; returns false and a message. */
 bool     kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err);
 /* Name of an op / type for listings and printers' errors. */

@@ -522,6 +522,7 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
     }
     kiln_kir_guard(k, &c, p);
     kiln_kir_free(&c);
+    k->rows = (kiln_krows){.set = true, .small = small, .node = node, .seqs = seqs, .per_row = per_row, .cap = cap, .per_seq = per_seq};
 }
 
 bool kl_tma_aligned(const kiln_graph *g, uint32_t node)

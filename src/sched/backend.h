@@ -50,6 +50,10 @@ typedef struct kiln_backend_i {
      * backends only enqueue: the work completes by the next sync. Required. */
     kiln_status (*launch)(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                           char *err, size_t n_err);
+    /* Which of kernel k's launches run at v's sizes (optional; bit i: its i-th launch; NULL: all):
+     * launch skips the others (a row guard that fails: the prefill GEMM in a decode step, the
+     * decode gemv in a prefill). The executor keeps a recording per distinct answer. */
+    uint64_t (*active)(void *state, const kiln_kernel *k, const kiln_exec_view *v);
     /* Device memory. All NULL for backends that run on host memory (ref, cpu); all set for device
      * backends. Addresses from alloc may be offset by plain arithmetic inside their allocation.
      * upload/download/copy are ordered with launches (one queue); host memory given to upload

@@ -334,7 +334,8 @@ void kiln_sched_devices_free(kiln_plan *p) /* the caller (kiln_plan_free) holds 
         if (!d->used) continue;
         const kiln_backend_i *b = kiln_backends[sp];
         void *st = p->ctx->be_state[sp];
-        if (d->rec && b->record_free) b->record_free(st, d->rec);
+        for (int i = 0; i < d->n_rec; i++)
+            if (d->rec[i] && b->record_free) b->record_free(st, d->rec[i]);
         for (uint32_t i = 0; d->wbuf && i < p->g->n_nodes; i++)
             if (d->wbuf[i]) b->free(st, d->wbuf[i]);
         if (d->arena) b->free(st, d->arena);
@@ -423,6 +424,22 @@ kiln_status kiln_sched_check_attention_pos(kiln_plan *p, uint32_t i, bool host_r
             }
     }
     return KILN_OK;
+}
+
+uint64_t kiln_sched_run_sig(const kiln_plan *p, int sp)
+{
+    const kiln_backend_i *b = kiln_backends[sp];
+    if (!b->active) return 0;
+    kiln_exec_view v = {.g = p->g, .bufs = p->dev[sp].bufs, .dims = (const int64_t(*)[KILN_MAX_RANK])p->dims,
+                        .sym_vals = p->sym_vals, .params = p->dev[sp].params};
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over (region, mask) */
+    for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
+        if (space_of_be(p->region_be[r]) != sp) continue;
+        uint64_t m = b->active(p->ctx->be_state[sp], p->kernels[r], &v);
+        for (int k = 0; k < 8; k++) h = (h ^ ((m >> (8 * k)) & 0xff)) * 1099511628211ull;
+        h = (h ^ (r & 0xff)) * 1099511628211ull;
+    }
+    return h;
 }
 
 static kiln_status launch_region(kiln_plan *p, uint32_t r)
@@ -563,13 +580,20 @@ kiln_status kiln_sched_execute(kiln_plan *p)
         void *st = p->ctx->be_state[rs];
         kiln_dev_space *d = &p->dev[rs];
         char err[512] = "";
-        if (s == KILN_OK && !d->rec) {
+        uint64_t sig = kiln_sched_run_sig(p, rs);
+        int i = 0;
+        while (i < d->n_rec && (d->rec_sig[i] != sig || !d->rec[i])) i++;
+        if (s == KILN_OK && i == d->n_rec) { /* kernels not launched together before: a recording of them */
+            i = d->n_rec < KILN_RECS ? d->n_rec++ : d->next_rec++ % KILN_RECS;
+            if (d->rec[i] && b->record_free) b->record_free(st, d->rec[i]);
+            d->rec[i] = NULL;
+            d->rec_sig[i] = sig;
             s = b->record_begin(st, err, sizeof err);
             for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) s = launch_region(p, r);
-            kiln_status e = b->record_end(st, &d->rec, err, sizeof err);
+            kiln_status e = b->record_end(st, &d->rec[i], err, sizeof err);
             if (s == KILN_OK && e != KILN_OK) s = dev_fail(p, rs, e, "recording the plan", err);
         }
-        if (s == KILN_OK && (s = b->replay(st, d->rec, err, sizeof err)) != KILN_OK) s = dev_fail(p, rs, s, "replaying the plan", err);
+        if (s == KILN_OK && (s = b->replay(st, d->rec[i], err, sizeof err)) != KILN_OK) s = dev_fail(p, rs, s, "replaying the plan", err);
         return s;
     }
     return s == KILN_OK ? run_regions(p, 0, p->fusion.n_regions, x) : s;

@@ -374,14 +374,15 @@ static kiln_status run_graphs(kiln_group *gr, bool *done)
         uint32_t y = p0->fusion.regions[gr->coll[0][k]].anchor;
         bytes[k] = kiln_node_bytes(&p0->g->nodes[y], p0->dims[y]);
     }
+    bytes[gr->n_coll] = (size_t)kiln_sched_run_sig(p0, gr->coll_be); /* and the kernels this run launches */
     group_rec *r = NULL;
     for (int k = 0; k < gr->n_recs && !r; k++)
-        if (gr->recs[k].bytes && !memcmp(gr->recs[k].bytes, bytes, gr->n_coll * sizeof *bytes)) r = &gr->recs[k];
+        if (gr->recs[k].bytes && !memcmp(gr->recs[k].bytes, bytes, (gr->n_coll + 1) * sizeof *bytes)) r = &gr->recs[k];
     if (!r) { /* first seen: remembered, run as launches */
         r = &gr->recs[gr->n_recs < GROUP_RECS ? gr->n_recs++ : gr->next_rec++ % GROUP_RECS];
         rec_free(gr, r);
         if (!(r->bytes = malloc((gr->n_coll + 1) * sizeof *bytes))) return KILN_ERR_NOMEM;
-        memcpy(r->bytes, bytes, gr->n_coll * sizeof *bytes);
+        memcpy(r->bytes, bytes, (gr->n_coll + 1) * sizeof *bytes);
         return KILN_OK;
     }
     kiln_status s = KILN_OK;

@@ -17,6 +17,8 @@ typedef struct kiln_xfer {
 } kiln_xfer;
 
 /* What a plan keeps on one device backend. */
+#define KILN_RECS 8 /* recordings a plan keeps: decode, prefill, mixed steps activate different kernels */
+
 typedef struct kiln_dev_space {
     bool      used;        /* some region runs on this backend */
     void     *arena;       /* intermediates, inputs and copies (liveness-shared) */
@@ -27,7 +29,9 @@ typedef struct kiln_dev_space {
     void     *params;      /* per-run parameter buffer: int32 slot i = symbol i */
     int32_t  *params_host; /* its host staging copy */
     uint32_t  n_params;    /* slots */
-    void     *rec;         /* recorded launches of the whole plan, or NULL */
+    void     *rec[KILN_RECS];     /* recorded launches of the whole plan, one per set of active kernels */
+    uint64_t  rec_sig[KILN_RECS]; /* kiln_sched_run_sig of each */
+    int       n_rec, next_rec;    /* recordings kept; the one replaced next when all are taken */
     bool      bufs_set;    /* bufs holds every node's address (they never change: arena, weights, states) */
 } kiln_dev_space;
 
@@ -127,6 +131,10 @@ kiln_status kiln_sched_execute_range(kiln_plan *p, uint32_t r0, uint32_t r1);
  * the launches of regions [r0, r1) alone, to be captured. */
 kiln_status kiln_sched_prepare_all(kiln_plan *p);
 kiln_status kiln_sched_launch_range(kiln_plan *p, uint32_t r0, uint32_t r1);
+/* Which kernels this run launches on backend space sp (the backends' `active` answers for every
+ * region there, hashed; 0 where no backend answers): runs with equal signatures launch the same
+ * kernels, so one recording serves them. */
+uint64_t kiln_sched_run_sig(const kiln_plan *p, int sp);
 /* The device address of a node's value in this run (after the run's first region range), or NULL
  * when it lives on the host. */
 void       *kiln_sched_dev_addr(const kiln_plan *p, uint32_t node);

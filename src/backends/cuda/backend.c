@@ -350,6 +350,7 @@ const kiln_backend_i kiln_backend_cuda = {
     .download = cuda_download,
     .copy = cuda_copy,
     .sync = cuda_sync,
+    .active = kiln_cuda_active,
     .record_begin = cuda_record_begin,
     .record_end = cuda_record_end,
     .replay = cuda_replay,

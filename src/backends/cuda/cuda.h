@@ -273,5 +273,7 @@ void        kiln_cuda_identity(void *state, char *buf, size_t n);
 kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out, size_t *len);
 kiln_status kiln_cuda_kernel_load(void *state, const kiln_graph *g, const kiln_region *r, const kiln_compile_options *o,
                                   const void *buf, size_t len, kiln_kernel **out, char *err, size_t n);
+/* Bit i set when region kernel i runs at v's sizes (its row guard passes); launches skip the others. */
+uint64_t kiln_cuda_active(void *state, const kiln_kernel *k, const kiln_exec_view *v);
 kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                              char *err, size_t n);

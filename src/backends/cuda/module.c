@@ -25,6 +25,7 @@ typedef struct cuda_fn {
     kiln_ktmap  tmaps[KILN_KIR_MAX_TMAPS];    /* TMA tensor maps, encoded at each launch from their slot's address */
     uint32_t    n_tmaps;                      /* used */
     uint32_t    dyn_shared;                   /* dynamic shared bytes the launch asks for */
+    kiln_krows  rows;                         /* its row guard: launches whose guard fails are skipped */
 } cuda_fn;
 
 struct kiln_kernel {
@@ -307,6 +308,7 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
     if (s == KILN_OK) s = setup_async(c, kir, f, err, n);
     if (s == KILN_OK && kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir->grid[0], kir->block);
     f->pdl = kir->pdl;
+    f->rows = kir->rows;
     if (s == KILN_OK) entry_fn(entry, kir, used, cubin, cubin_n);
     free(cubin);
     free(again);
@@ -415,6 +417,7 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
     if (s == KILN_OK) s = setup_async(c, want, f, err, n); /* tensor maps and dynamic shared memory: want's (the metadata matched) */
     if (s == KILN_OK && m.grid_stride) f->grid[0] = stride_grid(c, f->fn, m.grid[0], m.block);
     f->pdl = want->pdl; /* the entry's key holds the options that made it so */
+    f->rows = want->rows; /* this build's lowering of the region, as the entry's metadata */
     free(image);
     for (uint32_t t = 0; t < m.n_tables; t++) free(copies[t]);
     return s;
@@ -495,6 +498,15 @@ static kiln_status encode_tmap(kiln_cuda *c, const cuda_fn *f, const kiln_ktmap 
     return KILN_OK;
 }
 
+uint64_t kiln_cuda_active(void *state, const kiln_kernel *k, const kiln_exec_view *v)
+{
+    (void)state;
+    uint64_t m = 0;
+    for (uint32_t i = 0; k && i < k->n_fns; i++)
+        if (kiln_krows_pass(&k->fns[i].rows, v->g, v->dims)) m |= 1ull << i;
+    return m;
+}
+
 kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                              char *err, size_t n)
 {
@@ -507,6 +519,7 @@ kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_regio
     }
     for (uint32_t i = 0; i < k->n_fns; i++) {
         const cuda_fn *f = &k->fns[i];
+        if (!kiln_krows_pass(&f->rows, v->g, v->dims)) continue; /* its row guard fails: it would do nothing */
         CUdeviceptr ptr[KILN_KIR_MAX_BUFS];
         void *args[KILN_KIR_MAX_BUFS + KILN_KIR_MAX_TMAPS];
         _Alignas(64) unsigned char maps[KILN_KIR_MAX_TMAPS][128];
