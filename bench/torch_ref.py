@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch on the same GPU as kiln, for the comparisons in bench/ and scripts/device-check: cuBLAS
 GEMM rates (torch.matmul, f16) at kiln's shapes, and one llama-7b decoder layer's 512-token prefill
-in eager PyTorch and torch.compile (f16 weights and activations, SDPA attention, RoPE, SwiGLU).
+in eager PyTorch and torch.compile (f16 weights and activations, SDPA attention, RoPE, SwiGLU),
+each also captured into a CUDA graph and replayed (the GPU's time alone, as kiln's replay is).
 JSON, one object per line. Needs torch with CUDA; prints an error object otherwise.
 Usage: bench/torch_ref.py [gemm] [layer] [--compile]"""
 import json, sys, time
@@ -17,6 +18,25 @@ def timed(fn, reps=20):
         ts.append(a.elapsed_time(b))
     ts.sort()
     return ts[len(ts) // 2] * 1e-3
+
+def graphed(fn, x, reps=50):
+    """fn(x) captured into a CUDA graph, replayed reps times back to back: seconds per replay."""
+    import torch
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        for _ in range(3): fn(x)
+    torch.cuda.current_stream().wait_stream(st)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(x)
+    for _ in range(3): g.replay()
+    torch.cuda.synchronize()
+    a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps): g.replay()
+    b.record(); torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e-3 / reps
 
 def gemm():
     import torch
@@ -55,13 +75,21 @@ def layer(compile_too):
     with torch.no_grad():
         s = timed(lambda: f(x))
         print(json.dumps({"torch": "llama-7b layer prefill", "mode": "eager", "tokens": T, "ms_per_layer": round(s * 1e3, 4)}), flush=True)
+        # kiln replays a recorded CUDA graph; eager PyTorch pays a Python launch per op. The same
+        # layer captured into a CUDA graph and replayed times the GPU's work alone.
+        print(json.dumps({"torch": "llama-7b layer prefill", "mode": "eager+cudagraph", "tokens": T,
+                          "ms_per_layer": round(graphed(f, x) * 1e3, 4)}), flush=True)
         if compile_too:
-            t0 = time.time()
-            fc = torch.compile(f)
-            fc(x); torch.cuda.synchronize()
-            s = timed(lambda: fc(x))
-            print(json.dumps({"torch": "llama-7b layer prefill", "mode": "torch.compile", "tokens": T,
-                              "ms_per_layer": round(s * 1e3, 4), "compile_s": round(time.time() - t0, 1)}), flush=True)
+            for mode in ("default", "max-autotune-no-cudagraphs"):
+                t0 = time.time()
+                fc = torch.compile(f, mode=mode)
+                fc(x); torch.cuda.synchronize()
+                s = timed(lambda: fc(x))
+                cs = round(time.time() - t0, 1)
+                print(json.dumps({"torch": "llama-7b layer prefill", "mode": f"torch.compile {mode}", "tokens": T,
+                                  "ms_per_layer": round(s * 1e3, 4), "compile_s": cs}), flush=True)
+                print(json.dumps({"torch": "llama-7b layer prefill", "mode": f"torch.compile {mode}+cudagraph", "tokens": T,
+                                  "ms_per_layer": round(graphed(fc, x) * 1e3, 4)}), flush=True)
 
 if __name__ == "__main__":
     try:
