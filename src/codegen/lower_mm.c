@@ -284,6 +284,11 @@ static uint32_t staged(gv *s, const gv_unit *u, int kind, uint32_t node, uint32_
     return KILN_IDX_NONE;
 }
 
+uint32_t kl_gv_token_raw(gv *s, uint32_t node, uint32_t tok, bool as_int)
+{
+    return as_int ? kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, node, false), tok) : kl_load_node(s->k, s->g, node, tok);
+}
+
 /* The value of a per-token node (positions) for token t, loaded once a block (as I32 with as_int):
  * from the template's staged copy where it made one. */
 static uint32_t token_value(gv *s, gv_unit *u, uint32_t node, int t, bool as_int)
@@ -291,19 +296,11 @@ static uint32_t token_value(gv *s, gv_unit *u, uint32_t node, int t, bool as_int
     uint32_t key = side_key(0, node, t, as_int), v = memo_get(u, key);
     if (v != KILN_IDX_NONE) return v;
     uint32_t row = kiln_k2(s->k, KILN_KOP_ADD, u->st_row, kiln_ki(s->k, t));
-    if (u->n_st && (v = staged(s, u, as_int, node, row, as_int ? KILN_KT_U32 : KILN_KT_F32)) != KILN_IDX_NONE) {
-        if (as_int) v = kiln_kcvt(s->k, KILN_KT_I32, v);
-    } else {
-        v = as_int ? kiln_kcvt(s->k, KILN_KT_I32, kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, node, false), kl_gv_tok(s, u, t)))
-                   : kl_load_node(s->k, s->g, node, kl_gv_tok(s, u, t));
-    }
+    v = u->n_st ? staged(s, u, as_int, node, row, as_int ? KILN_KT_U32 : KILN_KT_F32) : KILN_IDX_NONE;
+    if (v == KILN_IDX_NONE) v = kl_gv_token_raw(s, node, kl_gv_tok(s, u, t), as_int); /* what a template stages */
+    if (as_int) v = kiln_kcvt(s->k, KILN_KT_I32, v);
     memo_put(u, key, v);
     return v;
-}
-
-uint32_t kl_gv_token_raw(gv *s, uint32_t node, uint32_t tok, bool as_int)
-{
-    return as_int ? kiln_kld(s->k, kiln_kir_buf(s->k, KILN_KBUF_NODE, node, false), tok) : kl_load_node(s->k, s->g, node, tok);
 }
 
 static uint32_t ev_rope(gv *s, gv_unit *u, const gv_group *G, const kiln_node_rec *n, int t, int r, int depth)
