@@ -132,8 +132,19 @@ tests() {
     [[ -x "$bin/test_fuse" ]] && bstep fuse_rule7_embedding_cuda 90 env KILN_TEST_BACKEND=cuda "$bin/test_fuse" --jobs 2 --filter 'fuse/rule@(7*|1_embedding*)'
     # partial rotary on cuda: the rope row kernel and the q/k gemv/GEMM epilogues (rot 32 and 18 of 64)
     [[ -x "$bin/test_ops" ]] && bstep ops_rope_partial_cuda 90 env KILN_TEST_BACKEND=cuda "$bin/test_ops" --jobs 2 --filter 'ops/rope_partial*'
-    bstep check_masks_cuda 90 "$kiln" check --op attention:masks --backend cuda --quick
-    bstep check_paged_masks_cuda 90 "$kiln" check --op paged_attention:masks --backend cuda --quick
+    check_masks attention:masks check_masks_cuda
+    check_masks paged_attention:masks check_paged_masks_cuda
+}
+
+# check_masks OP NAME: kiln check's soft-cap/window cases of OP on cuda. `kiln check --op` takes
+# attention:masks and paged_attention:masks since 3f0896b; a kiln built before that answers "unknown
+# op" (session 5's device run did: a stale kiln in BIN_DIR), so that is named as such, not run.
+check_masks() {
+    if ! "$kiln" check --help 2>&1 | grep -q "$1"; then
+        dev_skip "$2" "$bin/kiln predates 'kiln check --op $1' (main 3f0896b): rebuild the kiln target"
+        return 0
+    fi
+    bstep "$2" 90 "$kiln" check --op "$1" --backend cuda --quick
 }
 
 case "$1" in
@@ -150,6 +161,8 @@ esac
 {
     echo
     echo "== device-models $* ($(date -u +%H:%M) UTC, $(( $(date +%s) - t_start )) s; logs in $out)"
+    # which kiln measured: session 5's figures came from a BIN_DIR whose kiln predated main's changes
+    echo "   kiln: $(date -u -r "$kiln" '+built %Y-%m-%d %H:%M UTC') $(sha256sum "$kiln" | cut -c1-12)"
     dev_steps
     if [[ -s "$mdir/figures.tsv" ]]; then
         echo
