@@ -274,14 +274,19 @@ static uint32_t side_key(uint32_t kind, uint32_t node, int t, int r)
     return 0x80000000u | kind << 29 | ((node * 64u + (uint32_t)t * SLOTS + (uint32_t)r) & 0x1fffffffu);
 }
 
-/* The shared array element where the unit's template staged kind `kind` of node (plus idx), or NONE. */
-static uint32_t staged(gv *s, const gv_unit *u, int kind, uint32_t node, uint32_t idx, enum kiln_kt t)
+/* Which of the unit's staged copies holds kind `kind` of node, or -1 where its template staged none. */
+static int staged_at(const gv_unit *u, int kind, uint32_t node)
 {
     for (int i = 0; i < u->n_st; i++)
-        if (u->st_kind[i] == kind && u->st_node[i] == node)
-            return kiln_kir_op(s->k, KILN_KOP_LDS, t, kiln_k2(s->k, KILN_KOP_ADD, idx, kiln_ki(s->k, u->st_off[i])), KILN_IDX_NONE,
-                               KILN_IDX_NONE, (int32_t)u->st_arr);
-    return KILN_IDX_NONE;
+        if (u->st_kind[i] == kind && u->st_node[i] == node) return i;
+    return -1;
+}
+
+/* Element idx of the unit's staged copy i, read from its shared array as type t. */
+static uint32_t staged_ld(gv *s, const gv_unit *u, int i, uint32_t idx, enum kiln_kt t)
+{
+    return kiln_kir_op(s->k, KILN_KOP_LDS, t, kiln_k2(s->k, KILN_KOP_ADD, idx, kiln_ki(s->k, u->st_off[i])), KILN_IDX_NONE,
+                       KILN_IDX_NONE, (int32_t)u->st_arr);
 }
 
 uint32_t kl_gv_token_raw(gv *s, uint32_t node, uint32_t tok, bool as_int)
@@ -295,9 +300,9 @@ static uint32_t token_value(gv *s, gv_unit *u, uint32_t node, int t, bool as_int
 {
     uint32_t key = side_key(0, node, t, as_int), v = memo_get(u, key);
     if (v != KILN_IDX_NONE) return v;
-    uint32_t row = kiln_k2(s->k, KILN_KOP_ADD, u->st_row, kiln_ki(s->k, t));
-    v = u->n_st ? staged(s, u, as_int, node, row, as_int ? KILN_KT_U32 : KILN_KT_F32) : KILN_IDX_NONE;
-    if (v == KILN_IDX_NONE) v = kl_gv_token_raw(s, node, kl_gv_tok(s, u, t), as_int); /* what a template stages */
+    int i = staged_at(u, as_int, node); /* the staged row is computed only where there is one to read */
+    v = i >= 0 ? staged_ld(s, u, i, kiln_k2(s->k, KILN_KOP_ADD, u->st_row, kiln_ki(s->k, t)), as_int ? KILN_KT_U32 : KILN_KT_F32)
+               : kl_gv_token_raw(s, node, kl_gv_tok(s, u, t), as_int); /* what a template stages */
     if (as_int) v = kiln_kcvt(s->k, KILN_KT_I32, v);
     memo_put(u, key, v);
     return v;
@@ -325,7 +330,8 @@ static uint32_t ev_rope(gv *s, gv_unit *u, const gv_group *G, const kiln_node_re
     uint32_t self = (uint32_t)(n - s->g->nodes);
     uint32_t sn = memo_get(u, side_key(1, self, t, first ? r : pr)), cs = memo_get(u, side_key(2, self, t, first ? r : pr));
     if (sn == KILN_IDX_NONE || cs == KILN_IDX_NONE) {
-        uint32_t freq = u->n_st ? staged(s, u, 2, self, i, KILN_KT_F32) : KILN_IDX_NONE;
+        int at = staged_at(u, 2, self);
+        uint32_t freq = at >= 0 ? staged_ld(s, u, at, i, KILN_KT_F32) : KILN_IDX_NONE;
         if (freq == KILN_IDX_NONE)
             freq = kiln_kir_op(s->k, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(s->k, kl_rope_table(s->k, n, G->hd), i), KILN_IDX_NONE,
                                KILN_IDX_NONE, 0);
