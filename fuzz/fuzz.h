@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cache/cache.h"
 #include "graph/graph.h"
+#include "sched/ctx.h"
 
 #define FUZZ_CAP_BYTES ((size_t)64 << 20) /* most bytes of all nodes together that get compiled */
 #ifndef FUZZ_CAP_WORK
@@ -109,4 +111,13 @@ static inline kiln_ctx *fuzz_ctx(void)
     static kiln_ctx *ctx;
     if (!ctx) kiln_ctx_new(&(kiln_ctx_options){.n_threads = 1, .quiet = true}, &ctx);
     return ctx;
+}
+
+/* Drops what an input's compiles left in ctx's memory table, so that no input sees an earlier
+ * one's plans (a finding replays alone as it ran) and an input frees all it allocated: libFuzzer
+ * re-runs an input that ends with more mallocs than frees and scans the heap for leaks after it,
+ * which a table growing by every input's plans turned into two runs and a heap scan per input. */
+static inline void fuzz_forget(kiln_ctx *ctx)
+{
+    if (ctx) kiln_cache_mem_clear(ctx->cache);
 }

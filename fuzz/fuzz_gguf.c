@@ -84,5 +84,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (kiln_gguf_open_memory(ctx, copy, size, &f) == KILN_OK) walk(f);
     kiln_gguf_close(f);
     free(copy);
+    fuzz_forget(ctx);
     return 0;
 }

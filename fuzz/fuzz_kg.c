@@ -43,5 +43,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     kiln_graph_free(g);
+    fuzz_forget(ctx);
     return 0;
 }
