@@ -446,7 +446,7 @@ static kiln_status launch_region(kiln_plan *p, uint32_t r)
 {
     int be = p->region_be[r];
     int sp = space_of_be(be);
-    char err[1024] = "";
+    char err[KILN_ERR_CAP] = ""; /* the sink's capacity */
     const kiln_region *reg = &p->fusion.regions[r];
     for (uint32_t a = 0; sp == KILN_SPACE_HOST && a < reg->n_nodes; a++) /* devices': at bind (plan.c) */
         if (p->g->nodes[reg->nodes[a]].op == KILN_OP_ATTENTION) {

@@ -296,7 +296,7 @@ static void free_kernels(kiln_plan *p)
 
 static kiln_status compile_regions(kiln_plan *p, kiln_progress *prog)
 {
-    char err[1024] = "";
+    char err[KILN_ERR_CAP] = ""; /* the sink's capacity: a JIT or glslang log is not cut short here */
     if (p->what_if) return KILN_OK;
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         const kiln_region *reg = &p->fusion.regions[r];
