@@ -724,19 +724,28 @@ typedef enum kiln_gguf_type { /* GGUF metadata value types, numbered as in the f
 /* "u32", "string", "array", ...; "?" out of range. */
 KILN_API const char *kiln_gguf_type_name(kiln_gguf_type t);
 /* Opens and parses the file at path (mmap). Errors: KILN_ERR_IO (cannot open/map), KILN_ERR_PARSE
- * (malformed: "FILE: byte N: FIELD: what"), KILN_ERR_NOMEM. *out is NULL on error. */
+ * (malformed: "FILE: byte N: FIELD: what"), KILN_ERR_NOMEM. *out is NULL on error.
+ * A split GGUF (split.count > 1, as llama-gguf-split and the converters write large models) is
+ * opened by its first part, NAME-00001-of-0000N.gguf: every other part is opened from the same
+ * folder by llama.cpp's naming, checked (split.no, split.count, split.tensors.count, no tensor in
+ * two parts, metadata that does not contradict the first part's) and its tensors join the first
+ * part's table; metadata is the first part's (as in llama.cpp). A missing part is KILN_ERR_IO naming
+ * it; a later part opened alone, or parts that disagree, KILN_ERR_PARSE. */
 KILN_API kiln_status kiln_gguf_open(kiln_ctx *ctx, const char *path, kiln_gguf **out);
 /* Same over a caller's buffer (borrowed: it must outlive the file; 8-byte aligned when the file
  * holds tensors, else KILN_ERR_INVALID_ARG, because tensor data is used in place). For tests and
  * fuzzing. A file whose general.alignment is not a multiple of 8 is refused (KILN_ERR_PARSE), as
- * the format requires. */
+ * the format requires. A part of a split GGUF is refused (KILN_ERR_UNSUPPORTED): its other parts
+ * can only be found by path. */
 KILN_API kiln_status kiln_gguf_open_memory(kiln_ctx *ctx, const void *data, size_t bytes, kiln_gguf **out);
 /* Unmaps and frees; NULL does nothing. */
 KILN_API void kiln_gguf_close(kiln_gguf *f);
 /* Format version (2 or 3), data alignment, and the file's size in bytes. */
 KILN_API uint32_t kiln_gguf_version(const kiln_gguf *f);
 KILN_API uint32_t kiln_gguf_alignment(const kiln_gguf *f);
-KILN_API size_t kiln_gguf_size(const kiln_gguf *f);
+KILN_API size_t kiln_gguf_size(const kiln_gguf *f); /* a split GGUF: of every part */
+/* Files the model was read from: 1, or a split GGUF's part count. */
+KILN_API int kiln_gguf_part_count(const kiln_gguf *f);
 
 /* Metadata, by index (0 .. count-1, file order) or by key. */
 KILN_API int64_t kiln_gguf_kv_count(const kiln_gguf *f);
@@ -777,7 +786,8 @@ typedef struct kiln_gguf_tensor {
     int64_t     dims[KILN_MAX_RANK]; /* kiln order, outermost first (GGUF lists ne[0] = row length first) */
     const void *data;              /* the bytes in the mapping */
     size_t      bytes;             /* their size */
-    uint64_t    offset;            /* absolute byte offset of the data in the file */
+    uint64_t    offset;            /* absolute byte offset of the data in its file (a split GGUF: its part) */
+    int         part;              /* split GGUF: the part holding the data (0: the first file) */
 } kiln_gguf_tensor;
 
 KILN_API int64_t kiln_gguf_tensor_count(const kiln_gguf *f);

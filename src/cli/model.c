@@ -55,8 +55,9 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
 {
     printf("{\"file\":");
     kiln_cli_json_str(stdout, path);
-    printf(",\"gguf_version\":%u,\"bytes\":%zu,\"metadata\":%lld,\"tensors\":%lld,\"types\":[", kiln_gguf_version(f),
-           kiln_gguf_size(f), (long long)kiln_gguf_kv_count(f), (long long)kiln_gguf_tensor_count(f));
+    printf(",\"gguf_version\":%u,\"parts\":%d,\"bytes\":%zu,\"metadata\":%lld,\"tensors\":%lld,\"types\":[",
+           kiln_gguf_version(f), kiln_gguf_part_count(f), kiln_gguf_size(f), (long long)kiln_gguf_kv_count(f),
+           (long long)kiln_gguf_tensor_count(f));
     for (int i = 0; i < n_st; i++)
         printf("%s{\"type\":\"%s\",\"tensors\":%lld,\"bytes\":%zu,\"supported\":%s}", i ? "," : "", st[i].name,
                (long long)st[i].n, st[i].bytes, st[i].ok ? "true" : "false");
@@ -90,9 +91,11 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
 {
     const char *name = NULL;
     kiln_gguf_get_str(f, "general.name", &name, NULL);
-    printf("%s: GGUF v%u, %.1f MiB, %lld metadata keys, %lld tensors%s%s%s\n", path, kiln_gguf_version(f),
-           (double)kiln_gguf_size(f) / 1048576, (long long)kiln_gguf_kv_count(f), (long long)kiln_gguf_tensor_count(f),
-           name ? " (" : "", name ? name : "", name ? ")" : "");
+    char parts[32] = ""; /* a split GGUF: how many files it was read from */
+    if (kiln_gguf_part_count(f) > 1) snprintf(parts, sizeof parts, " in %d split parts", kiln_gguf_part_count(f));
+    printf("%s: GGUF v%u, %.1f MiB%s, %lld metadata keys, %lld tensors%s%s%s\n", path, kiln_gguf_version(f),
+           (double)kiln_gguf_size(f) / 1048576, parts, (long long)kiln_gguf_kv_count(f),
+           (long long)kiln_gguf_tensor_count(f), name ? " (" : "", name ? name : "", name ? ")" : "");
     printf("tensor types:\n");
     for (int i = 0; i < n_st; i++)
         printf("  %-8s %5lld tensors %10.2f MiB%s\n", st[i].name, (long long)st[i].n, (double)st[i].bytes / 1048576,

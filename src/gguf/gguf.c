@@ -321,6 +321,8 @@ static kiln_status parse(kiln_gguf *f)
 
 static kiln_status open_common(kiln_ctx *ctx, kiln_gguf *f, kiln_gguf **out)
 {
+    f->n_parts = 1;
+    f->total = f->size;
     kiln_status s = parse(f);
     if (s != KILN_OK) {
         if (s == KILN_ERR_NOMEM && !kiln_ctx_error(ctx)[0]) kiln_ctx_set_error(ctx, "%s: out of memory", f->path);
@@ -348,6 +350,11 @@ KILN_API kiln_status kiln_gguf_open_memory(kiln_ctx *ctx, const void *data, size
     f->base = data ? data : (const uint8_t *)"";
     f->size = bytes;
     kiln_status s = open_common(ctx, f, out);
+    if (s == KILN_OK && (s = kiln_gguf_join_parts(f, false)) != KILN_OK) { /* a split part: refused */
+        kiln_gguf_close(f);
+        *out = NULL;
+        return s;
+    }
     if (s == KILN_OK && f->n_tensors && (uintptr_t)data % 8) { /* tensor data is used in place */
         kiln_gguf_close(f);
         *out = NULL;
@@ -365,6 +372,16 @@ KILN_API kiln_status kiln_gguf_open(kiln_ctx *ctx, const char *path, kiln_gguf *
         return KILN_ERR_INVALID_ARG;
     }
     kiln_ctx_set_error(ctx, "%s", "");
+    kiln_status s = kiln_gguf_open_one(ctx, path, out);
+    if (s == KILN_OK && (s = kiln_gguf_join_parts(*out, true)) != KILN_OK) {
+        kiln_gguf_close(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+kiln_status kiln_gguf_open_one(kiln_ctx *ctx, const char *path, kiln_gguf **out)
+{
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return kiln_ctx_fail(ctx, KILN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -407,6 +424,8 @@ KILN_API void kiln_gguf_close(kiln_gguf *f)
         free(f->kvs[i].str_offs);
     }
     for (uint64_t i = 0; f->tensors && i < f->n_tensors; i++) free(f->tensors[i].name);
+    for (int i = 0; f->parts && i < f->n_parts - 1; i++) kiln_gguf_close(f->parts[i]);
+    free(f->parts);
     free(f->kvs);
     free(f->tensors);
     if (f->mapped) munmap((void *)f->base, f->size);

@@ -26,6 +26,8 @@ typedef struct gguf_tensor {
     uint64_t       rel_off;   /* offset inside the data section */
     uint64_t       bytes;     /* data bytes */
     size_t         info_off;  /* byte offset of the tensor info in the file (for messages) */
+    const struct kiln_gguf *home; /* split GGUF: the part whose data section holds it (NULL: this file) */
+    int            part;      /* its part's index (0: the first file) */
     UT_hash_handle hh;        /* by name */
 } gguf_tensor;
 
@@ -44,8 +46,18 @@ struct kiln_gguf {
     gguf_tensor   *tensors;   /* array of n_tensors */
     uint64_t       n_tensors; /* count */
     gguf_tensor   *t_by_name; /* uthash over tensors */
+    struct kiln_gguf **parts; /* split GGUF: parts 2..n_parts, each parsed alone (tensors moved here); owned */
+    int            n_parts;   /* 1 for a single file */
+    size_t         total;     /* bytes of every part */
 };
 
+/* Maps and parses one file (no split handling); KILN_OK or the error in ctx. */
+kiln_status kiln_gguf_open_one(kiln_ctx *ctx, const char *path, kiln_gguf **out);
+/* After the first part f is parsed: when its split.count is above 1, opens every other part
+ * (named as llama.cpp's llama_split_path names them), checks they agree, and moves their tensors
+ * into f's table. A single file is left alone; a part read from memory (by_path false) is refused,
+ * since its siblings cannot be found. */
+kiln_status kiln_gguf_join_parts(kiln_gguf *f, bool by_path);
 /* Size in bytes of one scalar value of type t (0 for STRING/ARRAY/unknown). */
 size_t kiln_gguf_scalar_size(kiln_gguf_type t);
 /* The kiln dtype of a ggml type id, or KILN_DTYPE_COUNT when kiln has none. */

@@ -62,7 +62,8 @@ KILN_API const char *kiln_gguf_type_name(kiln_gguf_type t)
 
 KILN_API uint32_t kiln_gguf_version(const kiln_gguf *f) { return f ? f->version : 0; }
 KILN_API uint32_t kiln_gguf_alignment(const kiln_gguf *f) { return f ? f->alignment : 0; }
-KILN_API size_t kiln_gguf_size(const kiln_gguf *f) { return f ? f->size : 0; }
+KILN_API size_t kiln_gguf_size(const kiln_gguf *f) { return f ? f->total : 0; }
+KILN_API int kiln_gguf_part_count(const kiln_gguf *f) { return f ? f->n_parts : 0; }
 KILN_API int64_t kiln_gguf_kv_count(const kiln_gguf *f) { return f ? (int64_t)f->n_kv : 0; }
 
 KILN_API const char *kiln_gguf_kv_key(const kiln_gguf *f, int64_t i)
@@ -265,10 +266,11 @@ KILN_API int64_t kiln_gguf_tensor_count(const kiln_gguf *f) { return f ? (int64_
 
 static void fill_tensor(const kiln_gguf *f, const gguf_tensor *t, kiln_gguf_tensor *out)
 {
+    const kiln_gguf *h = t->home ? t->home : f; /* a split GGUF's tensor lives in its part's mapping */
     *out = (kiln_gguf_tensor){.name = t->name, .ggml_type = t->ggml_type, .type_name = kiln_gguf_type_label(t->ggml_type),
                               .t = kiln_gguf_dtype_of(t->ggml_type), .rank = t->rank,
-                              .data = f->base + f->data_off + t->rel_off, .bytes = (size_t)t->bytes,
-                              .offset = f->data_off + t->rel_off};
+                              .data = h->base + h->data_off + t->rel_off, .bytes = (size_t)t->bytes,
+                              .offset = h->data_off + t->rel_off, .part = t->part};
     for (int d = 0; d < t->rank; d++) out->dims[d] = t->ne[t->rank - 1 - d];
 }
 

@@ -59,14 +59,10 @@ static bool key_number(const kiln_gguf *f, const char *key, double *v)
 static kiln_status check_key(const kiln_gguf *f, const kiln_arch *a, const char *key)
 {
     size_t al = strlen(a->name);
-    if (strncmp(key, "general.", 8) == 0 || strncmp(key, "tokenizer.", 10) == 0 || strncmp(key, "quantize.", 9) == 0)
+    /* split.*: how the file is cut into parts, which kiln_gguf_open joined and checked */
+    if (strncmp(key, "general.", 8) == 0 || strncmp(key, "tokenizer.", 10) == 0 || strncmp(key, "quantize.", 9) == 0 ||
+        strncmp(key, "split.", 6) == 0)
         return KILN_OK;
-    if (strncmp(key, "split.", 6) == 0) {
-        double n = 1;
-        if (strcmp(key, "split.count") != 0 || !key_number(f, key, &n) || n <= 1) return KILN_OK;
-        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata 'split.count' = %g: split GGUF files are not "
-                             "supported (merge them with llama-gguf-split --merge)", f->path, n);
-    }
     const kiln_arch_key *k = strncmp(key, a->name, al) == 0 && key[al] == '.' ? kiln_arch_key_find(a, key + al + 1) : NULL;
     if (!k)
         return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata key '%s' is not one kiln's %s loader knows; "
