@@ -330,7 +330,7 @@ Test(model, bad_models_name_key_or_tensor)
         const char *want[4] = {"llama.expert_count", "llama.rope.scaling.type", "llama.attn_logit_softcapping",
                                "llama.final_logit_softcapping"};
         if (k == 0) gw_kv_u32(w, "llama.expert_count", 8);
-        if (k == 1) gw_kv_str(w, "llama.rope.scaling.type", "yarn");
+        if (k == 1) gw_kv_str(w, "llama.rope.scaling.type", "longrope");
         if (k == 2) gw_kv_f32(w, "llama.attn_logit_softcapping", 50.0f);
         if (k == 3) gw_kv_f32(w, "llama.final_logit_softcapping", 30.0f);
         bytes = gw_bytes(w, &n);

@@ -648,3 +648,73 @@ Test(model_arch, gemma_and_phi3_metadata_and_refusals)
     kiln_gguf_close(f);
     free(bytes);
 }
+
+/* yarn (Qwen2.5/Qwen3 long-context files, llama with rope.scaling.type yarn): pair i's angle is
+ * ggml's rope_yarn mix of the scaled and unscaled angle over the correction dims of beta 32 / 1 at
+ * rope.scaling.original_context_length, and the rotated dims times 1 + 0.1 ln(factor) (and any
+ * rope.scaling.attn_factor). Base 100 and an original context of 256 put the ramp across the 8
+ * pairs of a 16-wide head (pair 0 unscaled, 7 fully scaled), so reading yarn as linear scaling, or
+ * leaving out the mscale, fails these. */
+static gw_model yarn_model(const char *arch, float factor, int64_t n_rot, float attn_factor)
+{
+    gw_model m = biased;
+    m.arch = arch, m.out_bias = m.ffn_bias = false, m.qkv_bias = strcmp(arch, "qwen2") == 0;
+    m.yarn = true, m.rope_scale = factor, m.theta = 100.0f, m.n_ctx_orig = 256, m.n_rot = n_rot;
+    m.rope_attn_factor = attn_factor;
+    return m;
+}
+Test(model_arch, qwen2_yarn_matches_f64) { on_backends(yarn_model("qwen2", 4.0f, 0, 0), KILN_DTYPE_F32); }
+Test(model_arch, llama_yarn_rope_freqs_partial_attn_factor_match_f64)
+{
+    gw_model m = yarn_model("llama", 8.0f, 12, 1.1f);
+    m.rope_freqs = true;
+    on_backends(m, KILN_DTYPE_F32);
+    m = yarn_model("qwen3", 2.5f, 0, 0);
+    m.wtype = KILN_DTYPE_Q8_0;
+    check_model(m, "cpu", model_tol(KILN_DTYPE_Q8_0, "cpu"));
+}
+Test(model_arch, yarn_matches_f64_on_cuda)
+{
+    if (!backend_present("cuda")) cr_skip("no cuda device");
+    check_model(yarn_model("qwen2", 4.0f, 0, 0), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+    check_model(yarn_model("llama", 8.0f, 12, 1.1f), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
+}
+
+/* What the loader reads for yarn, and what it refuses: yarn on gemma (unscaled local layers) and
+ * phi3, a yarn key these architectures do not read in llama.cpp. */
+Test(model_arch, yarn_metadata_and_refusals)
+{
+    gw_model m = yarn_model("qwen2", 4.0f, 0, 1.25f);
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_model_info mi;
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    float want = 1.25f * (1.0f + 0.1f * logf(4.0f));
+    cr_assert(mi.yarn && mi.rope_scale == 4.0f && mi.n_ctx_orig == 256 && mi.yarn_beta_fast == 32.0f &&
+                  mi.yarn_beta_slow == 1.0f && fabsf(mi.rope_attn_factor - want) < 1e-6f,
+              "yarn %d scale %g orig %lld mscale %g (want %g)", mi.yarn, mi.rope_scale, (long long)mi.n_ctx_orig,
+              mi.rope_attn_factor, want);
+    kiln_gguf_close(f);
+    free(bytes);
+    struct { gw_model m; const char *key; const char *want; } bad[3] = {
+        {yarn_model("gemma2", 4.0f, 0, 0), NULL, "not for gemma2"},
+        {yarn_model("phi3", 4.0f, 0, 0), NULL, "not for phi3"},
+        {yarn_model("qwen2", 4.0f, 0, 0), "qwen2.rope.scaling.yarn_beta_fast", "qwen2.rope.scaling.yarn_beta_fast"},
+    };
+    bad[0].m.n_kv_head = bad[0].m.n_head; /* shapes gemma2 takes otherwise */
+    bad[1].m = phi3, bad[1].m.yarn = true, bad[1].m.rope_scale = 4.0f;
+    for (int i = 0; i < 3; i++) {
+        gw *w = gw_model_new(&bad[i].m);
+        if (bad[i].key) gw_kv_f32(w, bad[i].key, 16.0f);
+        size_t n;
+        bytes = gw_bytes(w, &n);
+        gw_free(w);
+        cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+        kiln_graph *g = NULL;
+        cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_UNSUPPORTED, "case %d: %s", i, kiln_ctx_error(ctx));
+        cr_assert_null(g);
+        cr_assert(strstr(kiln_ctx_error(ctx), bad[i].want), "case %d: %s", i, kiln_ctx_error(ctx));
+        kiln_gguf_close(f);
+        free(bytes);
+    }
+}

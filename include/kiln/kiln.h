@@ -845,7 +845,14 @@ typedef struct kiln_model_info {
     int64_t        n_ctx_orig;     /* {arch}.rope.scaling.original_context_length (default n_ctx_train) */
     float          rope_attn_factor; /* {arch}.rope.scaling.attn_factor (phi3; default 1): the rotated dims of
                                       q and k times it (llama.cpp's rope mscale), so those dims' share of
-                                      each score times its square */
+                                      each score times its square; with yarn, times llama.cpp's yarn mscale
+                                      1 + 0.1 ln(rope_scale) when rope_scale > 1) */
+    bool           yarn;           /* {arch}.rope.scaling.type "yarn" (llama, qwen2, qwen3: Qwen2.5/Qwen3 long-context
+                                      files): pair i's angle times s + (1 - s) * ramp_i, s = 1 / rope_scale, ramp_i
+                                      llama.cpp's rope_yarn_ramp over ggml_rope_yarn_corr_dims(n_rot, n_ctx_orig,
+                                      theta, yarn_beta_fast, yarn_beta_slow); the rotated dims times the mscale above */
+    float          yarn_beta_fast; /* 32: llama.cpp's default (these architectures read no key for it) */
+    float          yarn_beta_slow; /* 1 */
 } kiln_model_info;
 
 /* Reads and checks a file's model metadata and every tensor the graph needs. A file is either

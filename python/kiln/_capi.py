@@ -92,7 +92,8 @@ class ModelInfo(C.Structure):
                 ("swa_theta", C.c_float), ("attn_scale", C.c_float), ("embd_scale", C.c_bool),
                 ("post_norms", C.c_bool), ("gelu_gate", C.c_bool), ("fused_qkv", C.c_bool),
                 ("n_rot", C.c_int64), ("longrope", C.c_bool), ("n_ctx_orig", C.c_int64),
-                ("rope_attn_factor", C.c_float)]
+                ("rope_attn_factor", C.c_float), ("yarn", C.c_bool), ("yarn_beta_fast", C.c_float),
+                ("yarn_beta_slow", C.c_float)]
 
 
 class ModelOptions(C.Structure):

@@ -42,7 +42,7 @@ class Model:
                      "post_norms": bool(mi.post_norms), "gelu_gate": bool(mi.gelu_gate),
                      "fused_qkv": bool(mi.fused_qkv), "n_rot": mi.n_rot,
                      "longrope": bool(mi.longrope), "n_ctx_orig": mi.n_ctx_orig,
-                     "rope_attn_factor": mi.rope_attn_factor}
+                     "rope_attn_factor": mi.rope_attn_factor, "yarn": bool(mi.yarn)}
 
     @classmethod
     def load(cls, path: str, ctx: Context | None = None) -> "Model":

@@ -72,7 +72,7 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
                "\"rope_scale\":%g,\"rope_freqs\":%s,\"sliding_window\":%lld,\"swa_pattern\":%d,\"swa_theta\":%g,"
                "\"attn_softcap\":%g,\"final_softcap\":%g,\"attn_scale\":%g,\"embd_scale\":%s,\"post_norms\":%s,"
                "\"gelu_gate\":%s,\"fused_qkv\":%s,\"rope_dims\":%lld,\"longrope\":%s,\"rope_orig_context\":%lld,"
-               "\"rope_attn_factor\":%g,\"backend\":\"%s\",\"kernels\":%d",
+               "\"rope_attn_factor\":%g,\"yarn\":%s,\"backend\":\"%s\",\"kernels\":%d",
                mi->arch, mi->n_layer, (long long)mi->hidden, (long long)mi->n_head, (long long)mi->n_kv_head,
                (long long)mi->head_dim, (long long)mi->ffn, (long long)mi->n_vocab, (long long)mi->n_ctx_train,
                mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", mi->theta, mi->eps, mi->qkv_bias ? "true" : "false",
@@ -81,7 +81,8 @@ static void info_model_json(const char *path, const kiln_gguf *f, const kiln_mod
                (long long)mi->sliding_window, mi->swa_pattern, mi->swa_theta, mi->attn_softcap, mi->final_softcap,
                mi->attn_scale, mi->embd_scale ? "true" : "false", mi->post_norms ? "true" : "false",
                mi->gelu_gate ? "true" : "false", mi->fused_qkv ? "true" : "false", (long long)mi->n_rot,
-               mi->longrope ? "true" : "false", (long long)mi->n_ctx_orig, mi->rope_attn_factor, be, kernels);
+               mi->longrope ? "true" : "false", (long long)mi->n_ctx_orig, mi->rope_attn_factor,
+               mi->yarn ? "true" : "false", be, kernels);
     }
     printf("}\n");
 }
@@ -113,11 +114,14 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
            mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", part, mi->theta, mi->eps, mi->qkv_bias ? ", q/k/v biases" : "",
            mi->qk_norm ? ", q/k head norms" : "", mi->out_bias ? ", output bias" : "", mi->ffn_bias ? ", ffn biases" : "",
            mi->tied_output ? ", tied output head" : "");
-    if (mi->longrope || mi->rope_attn_factor != 1.0f)
+    if (mi->yarn)
+        printf("        yarn: factor %g over the original context %lld (beta fast %g, slow %g), rotated q/k dims x%g\n",
+               mi->rope_scale, (long long)mi->n_ctx_orig, mi->yarn_beta_fast, mi->yarn_beta_slow, mi->rope_attn_factor);
+    else if (mi->longrope || mi->rope_attn_factor != 1.0f)
         printf("        longrope: %s factors per pair (long ones past the original context %lld), rotated q/k dims x%g\n",
                mi->longrope ? "long/short" : "no", (long long)mi->n_ctx_orig, mi->rope_attn_factor);
-    if (mi->rope_scale != 1.0f || mi->rope_freqs || mi->sliding_window)
-        printf("        rotary scaling: linear x%g%s; sliding window: %lld%s\n", mi->rope_scale,
+    if ((mi->rope_scale != 1.0f && !mi->yarn) || mi->rope_freqs || mi->sliding_window)
+        printf("        rotary scaling: linear x%g%s; sliding window: %lld%s\n", mi->yarn ? 1.0f : mi->rope_scale,
                mi->rope_freqs ? " and rope_freqs factors per pair (llama 3.1)" : "", (long long)mi->sliding_window,
                !mi->sliding_window ? " (none)" : mi->swa_pattern ? " positions on the local layers" : " positions");
     if (mi->swa_pattern && mi->sliding_window)

@@ -51,13 +51,13 @@ static const kiln_arch_key llama_keys[] = {
     {"rope.scaling.type", KILN_KEY_READ, 0},
     {"rope.scaling.factor", KILN_KEY_READ, 0},
     {"rope.scale_linear", KILN_KEY_READ, 0},
-    {"rope.scaling.original_context_length", KILN_KEY_INFO, 0}, /* used by yarn only (refused) */
+    {"rope.scaling.original_context_length", KILN_KEY_READ, 0}, /* yarn's correction dims */
     {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
     {"tensor_data_layout", KILN_KEY_INFO, 0},
     {"expert_count", KILN_KEY_NEUTRAL, 0},
     {"expert_used_count", KILN_KEY_NEUTRAL, 0},
     {"expert_shared_count", KILN_KEY_NEUTRAL, 0},
-    {"rope.scaling.attn_factor", KILN_KEY_NEUTRAL, 1},
+    {"rope.scaling.attn_factor", KILN_KEY_READ, 0}, /* rope mscale (llama.cpp: every arch) */
     {"attention.causal", KILN_KEY_NEUTRAL, 1},
     {"attention.clamp_kqv", KILN_KEY_NEUTRAL, 0},
     {"attention.max_alibi_bias", KILN_KEY_NEUTRAL, 0},
@@ -182,10 +182,11 @@ static const kiln_arch_key phi3_keys[] = {
  * refuse for a missing tensor, kiln refuses too; an optional one is used when present. */
 static const kiln_arch archs[] = {
     {.name = "llama", .rope = KILN_ROPE_NORMAL, .required = NORMS | MATS, .optional = QKV_BIAS | OUT_FFN_BIAS,
-     .keys = llama_keys},
-    {.name = "qwen2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys},
+     .keys = llama_keys, .yarn = true},
+    {.name = "qwen2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys,
+     .yarn = true},
     {.name = "qwen3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
-     .optional = 0, .keys = llama_keys},
+     .optional = 0, .keys = llama_keys, .yarn = true},
     {.name = "gemma", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS, .optional = 0, .keys = gemma1_keys,
      .gate = KILN_GATE_GELU, .embd_scale = true, .tied_head = true},
     {.name = "gemma2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | POST_NORMS, .optional = 0, .keys = gemma_keys,

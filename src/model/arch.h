@@ -91,6 +91,9 @@ typedef struct kiln_arch {
                                                   instead of 1/sqrt(head_dim) (llama.cpp's gemma 27B rule) */
     bool                 longrope; /* reads rope_factors_long/short.weight, rope.scaling.original_context_length
                                       and rope.scaling.attn_factor (phi3) */
+    bool                 yarn;     /* rope.scaling.type "yarn" is built (llama, qwen2, qwen3: every layer rotates
+                                      with the file's base; gemma's unscaled local layers and phi3's longrope
+                                      are not combined with it) */
 } kiln_arch;
 
 /* The row of architecture name, or NULL. */

@@ -77,18 +77,23 @@ static kiln_status check_key(const kiln_gguf *f, const kiln_arch *a, const char 
     return KILN_OK;
 }
 
-/* Rotary scaling: type absent (llama.cpp reads that as linear), "none" or "linear"; the linear
- * factor (rope.scaling.factor, else rope.scale_linear; 0: unset) divides every angle (llama.cpp's
- * freq_scale = 1 / factor). Other types (yarn, longrope) are refused by name. */
-static kiln_status read_rope_scaling(const kiln_gguf *f, const char *arch, float *scale)
+/* Rotary scaling: type absent (llama.cpp reads that as linear), "none", "linear" or "yarn" (where the
+ * architecture builds it: a->yarn); the factor (rope.scaling.factor, else rope.scale_linear; 0:
+ * unset) divides every angle (llama.cpp's freq_scale = 1 / factor), and yarn mixes it per pair with
+ * the unscaled angle (read_yarn). Other types (longrope as a type) are refused by name. */
+static kiln_status read_rope_scaling(const kiln_gguf *f, const kiln_arch *a, float *scale, bool *yarn)
 {
     char key[128];
-    const char *type = "linear";
+    const char *type = "linear", *arch = a->name;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     if (kiln_gguf_kv_find(f, key) >= 0 && kiln_gguf_get_str(f, key, &type, NULL) != KILN_OK) return KILN_ERR_DTYPE;
-    if (strcmp(type, "none") != 0 && strcmp(type, "linear") != 0)
+    *yarn = strcmp(type, "yarn") == 0;
+    if (*yarn && !a->yarn)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = 'yarn': yarn rotary scaling is built for "
+                             "llama, qwen2 and qwen3, not for %s (whose layers rotate otherwise)", f->path, key, arch);
+    if (strcmp(type, "none") != 0 && strcmp(type, "linear") != 0 && !*yarn)
         return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = '%.32s': rotary scaling of that type "
-                             "is not supported (kiln builds none, linear, and llama 3's rope_freqs tensor)",
+                             "is not supported (kiln builds none, linear, yarn, and llama 3's rope_freqs tensor)",
                              f->path, key, type);
     if (strcmp(type, "none") == 0) return KILN_OK; /* llama.cpp ignores the factor then */
     const char *names[2] = {"rope.scaling.factor", "rope.scale_linear"};
@@ -99,7 +104,7 @@ static kiln_status read_rope_scaling(const kiln_gguf *f, const char *arch, float
         kiln_status s = kiln_gguf_get_f32(f, key, &factor);
         if (s != KILN_OK) return s;
         if (factor != 0 && !(isfinite(factor) && factor > 0))
-            return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s' = %g: a linear rotary scaling factor must "
+            return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s' = %g: a rotary scaling factor must "
                                  "be positive", f->path, key, factor);
         *scale = factor != 0 ? factor : 1;
         return KILN_OK; /* the first key found wins, as in llama.cpp */
@@ -164,7 +169,8 @@ static kiln_status read_arch_math(const kiln_gguf *f, const kiln_arch *a, kiln_m
     m->fused_qkv = a->required & KILN_ROLE_BIT(KILN_ROLE_WQKV);
     m->rope_attn_factor = 1.0f;
     m->n_ctx_orig = m->n_ctx_train;
-    if (!a->longrope) return KILN_OK; /* elsewhere both keys are NEUTRAL or INFO (check_key) */
+    /* llama.cpp reads both for every architecture; where a table has them NEUTRAL (gemma) check_key
+     * let only 1 / nothing through */
     if ((s = arch_float(f, a->name, "rope.scaling.attn_factor", false, &m->rope_attn_factor)) != KILN_OK ||
         (s = arch_int(f, a->name, "rope.scaling.original_context_length", false, &m->n_ctx_orig)) != KILN_OK)
         return s;
@@ -173,6 +179,10 @@ static kiln_status read_arch_math(const kiln_gguf *f, const kiln_arch *a, kiln_m
                              "'%s.rope.scaling.original_context_length' = %lld: need a finite factor > 0 and a "
                              "context of at least 1", f->path, a->name, m->rope_attn_factor, a->name,
                              (long long)m->n_ctx_orig);
+    if (m->yarn) { /* llama.cpp's defaults (these architectures read no beta key) and its total mscale */
+        m->yarn_beta_fast = 32.0f, m->yarn_beta_slow = 1.0f;
+        if (m->rope_scale > 1.0f) m->rope_attn_factor *= 1.0f + 0.1f * logf(m->rope_scale);
+    }
     return KILN_OK;
 }
 
@@ -199,7 +209,7 @@ static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_
         (s = arch_int(f, arch, "attention.key_length", false, &key_len)) != KILN_OK ||
         (s = arch_int(f, arch, "attention.value_length", false, &val_len)) != KILN_OK ||
         (s = arch_float(f, arch, "rope.freq_base", false, &m->theta)) != KILN_OK ||
-        (s = read_rope_scaling(f, arch, &m->rope_scale)) != KILN_OK ||
+        (s = read_rope_scaling(f, a, &m->rope_scale, &m->yarn)) != KILN_OK ||
         (s = read_window(f, arch, &m->sliding_window)) != KILN_OK)
         return s;
     m->head_dim = key_len ? key_len : m->hidden / m->n_head;

@@ -69,13 +69,34 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         .attn_post_norm = n[KILN_ROLE_ATTN_POST_NORM], .ffn_post_norm = n[KILN_ROLE_FFN_POST_NORM]};
 }
 
-/* The rotary multipliers of a file (kiln_rope_partial): 1 / (linear factor * factor[i]), as llama.cpp
- * divides each angle by both; factor: rope_freqs, or longrope's long factors when the plan holds more
- * than the original context (max_ctx > n_ctx_orig, llama.cpp's test on n_ctx), else its short ones.
- * NULL when the file scales nothing; else mult (n_rot / 2 values). */
+/* ggml_rope_yarn_corr_dim and _dims, in ggml's float arithmetic (where floor and ceil land decides
+ * which pairs are interpolated, so it is computed as llama.cpp computes it): the pairs below dims[0]
+ * keep their angle, those above dims[1] take the scaled one, a linear ramp between. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base)
+{
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * (float)3.14159265358979323846)) / (2 * logf(base));
+}
+
+static void yarn_corr_dims(const kiln_model_info *m, float dims[2])
+{
+    int n_dims = (int)m->n_rot, n_ctx = (int)m->n_ctx_orig;
+    float start = floorf(yarn_corr_dim(n_dims, n_ctx, m->yarn_beta_fast, m->theta));
+    float end = ceilf(yarn_corr_dim(n_dims, n_ctx, m->yarn_beta_slow, m->theta));
+    dims[0] = fmaxf(0.0f, start);
+    dims[1] = fminf((float)(n_dims - 1), end);
+}
+
+/* The rotary multipliers of a file (kiln_rope_partial): s / factor[i], as llama.cpp divides each angle
+ * by factor[i] and multiplies it by freq_scale s = 1 / rope_scale; factor: rope_freqs, or longrope's
+ * long factors when the plan holds more than the original context (max_ctx > n_ctx_orig, llama.cpp's
+ * test on n_ctx), else its short ones. yarn: s becomes s (1 - r_i) + r_i with r_i ggml's rope_yarn_ramp
+ * of pair i (ext_factor 1), which is rope_yarn's mix of the scaled and unscaled angle, linear in the
+ * position. NULL when the file scales nothing; else mult (n_rot / 2 values). */
 static const float *rope_mult(const kiln_gguf *f, const kiln_model_info *m, int64_t max_ctx, float *mult)
 {
     if (!m->rope_freqs && !m->longrope && m->rope_scale == 1.0f) return NULL;
+    float corr[2] = {0, 0};
+    if (m->yarn) yarn_corr_dims(m, corr);
     const char *name = m->rope_freqs                 ? "rope_freqs.weight"
                        : !m->longrope                ? NULL
                        : max_ctx > m->n_ctx_orig     ? "rope_factors_long.weight"
@@ -85,7 +106,13 @@ static const float *rope_mult(const kiln_gguf *f, const kiln_model_info *m, int6
     for (int64_t i = 0; i < m->n_rot / 2; i++) {
         float ff = 1.0f;
         if (name) memcpy(&ff, (const char *)t.data + 4 * i, 4);
-        mult[i] = (float)(1.0 / ((double)m->rope_scale * (double)ff));
+        double scaled = 1.0 / (double)m->rope_scale;
+        if (m->yarn) {
+            float y = ((float)i - corr[0]) / fmaxf(0.001f, corr[1] - corr[0]);
+            double ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+            scaled = scaled * (1.0 - ramp) + ramp;
+        }
+        mult[i] = (float)(scaled / (double)ff);
     }
     return mult;
 }

@@ -239,14 +239,14 @@ gw *gw_model_new(const gw_model *m)
     gw_kv_u32(w, ARCH_KEY("feed_forward_length"), (uint32_t)(m->meta_ffn ? m->meta_ffn : m->ffn));
     gw_kv_u32(w, ARCH_KEY("attention.head_count"), (uint32_t)m->n_head);
     gw_kv_u32(w, ARCH_KEY("attention.head_count_kv"), (uint32_t)m->n_kv_head);
-    gw_kv_f32(w, ARCH_KEY("rope.freq_base"), strcmp(m->arch, "llama") != 0 ? 1e6f : 1e4f);
+    gw_kv_f32(w, ARCH_KEY("rope.freq_base"), m->theta > 0 ? m->theta : strcmp(m->arch, "llama") != 0 ? 1e6f : 1e4f);
     if (m->head_dim) {
         gw_kv_u32(w, ARCH_KEY("attention.key_length"), (uint32_t)m->head_dim);
         gw_kv_u32(w, ARCH_KEY("attention.value_length"), (uint32_t)m->head_dim);
     }
     if (!m->no_eps) gw_kv_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
     if (m->rope_scale > 0) {
-        gw_kv_str(w, ARCH_KEY("rope.scaling.type"), "linear");
+        gw_kv_str(w, ARCH_KEY("rope.scaling.type"), m->yarn ? "yarn" : "linear");
         gw_kv_f32(w, ARCH_KEY("rope.scaling.factor"), m->rope_scale);
     }
     if (m->window > 0) gw_kv_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t)m->window);

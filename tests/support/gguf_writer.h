@@ -53,7 +53,9 @@ typedef struct gw_model {
     bool        no_eps;       /* leave out attention.layer_norm_rms_epsilon */
     int64_t     head_dim;     /* 0: hidden / n_head; else written as attention.key_length/value_length */
     bool        qk_norm;      /* write attn_q_norm/attn_k_norm.weight [head_dim] (always for qwen3) */
-    float       rope_scale;   /* > 0: write rope.scaling.type "linear" and rope.scaling.factor */
+    float       rope_scale;   /* > 0: write rope.scaling.type "linear" (yarn: "yarn") and rope.scaling.factor */
+    bool        yarn;         /* with rope_scale: the type is "yarn" */
+    float       theta;        /* > 0: rope.freq_base (else 1e4 for llama, 1e6 for the others) */
     bool        rope_freqs;   /* write rope_freqs.weight [n_rot/2], random factors in [0.5, 7.5] */
     int64_t     window;       /* > 0: write attention.sliding_window */
     float       attn_softcap; /* > 0: write attn_logit_softcapping */

@@ -22,7 +22,9 @@ typedef struct mref {
     double           eps, theta, freq_scale;
     bool             neox;
     double          *freq_factors; /* [n_rot/2] or NULL (rope_freqs, or longrope's long or short factors) */
-    double           mscale;       /* rotated dims times it (phi3's rope.scaling.attn_factor; 1) */
+    double           mscale;       /* rotated dims times it (rope.scaling.attn_factor, and yarn's mscale; 1) */
+    bool             yarn;         /* rope.scaling.type yarn: ggml's rope_yarn with ext_factor 1 */
+    float            corr[2];      /* yarn's correction dims (ggml_rope_yarn_corr_dims) */
     int64_t          max_ctx;      /* the plan's context: longrope takes its long factors above the original */
     bool             gemma, phi3;  /* gemma2/gemma3; phi3 */
     int              swa_pattern;  /* gemma: layers l % p < p - 1 are local (windowed, base 10000) */
@@ -109,6 +111,30 @@ static void rms_norm(const double *x, const double *w, double *y, int64_t rows, 
     }
 }
 
+/* ggml_rope_yarn_corr_dim as ggml writes it, in float: the floor and ceil of it are integers the
+ * reference must land on exactly as llama.cpp does (they are the definition, not a rounding). */
+static float corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base)
+{
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2 * (float)3.14159265358979323846)) / (2 * logf(base));
+}
+
+/* yarn as llama.cpp sets it up for llama/qwen2/qwen3 (llama_context: ext_factor 1, beta_fast 32,
+ * beta_slow 1, n_ctx_orig from rope.scaling.original_context_length else the training context; the
+ * attention factor get_mscale(factor) / (1 + 0.1 ln factor) times rope.scaling.attn_factor, which the
+ * kernel's rope_yarn multiplies by 1 + 0.1 ln(1 / freq_scale) again). */
+static void yarn_setup(mref *m, double factor)
+{
+    int n_ctx = (int)key_int(m, "rope.scaling.original_context_length", key_int(m, "context_length", 0));
+    int n_dims = (int)m->n_rot;
+    float start = floorf(corr_dim(n_dims, n_ctx, 32.0f, (float)m->theta));
+    float end = ceilf(corr_dim(n_dims, n_ctx, 1.0f, (float)m->theta));
+    m->corr[0] = fmaxf(0.0f, start);
+    m->corr[1] = fminf((float)(n_dims - 1), end);
+    double f = factor != 0 ? factor : 1.0;
+    double get_mscale = f <= 1.0 ? 1.0 : 0.1 * log(f) + 1.0;
+    m->mscale *= get_mscale / (1.0 + 0.1 * log(f)) * (1.0 + 0.1 * log(1.0 / m->freq_scale));
+}
+
 /* Rotary embedding of the first n_rot dims of one head vector at position p (the rest stay, as
  * llama.cpp's rope with n_dims = rope.dimension_count): pair i rotated by
  * p * freq_scale * theta^(-2i/n_rot) / freq_factor[i]. */
@@ -119,6 +145,12 @@ static void rope(const mref *m, double *v, int64_t p, bool local)
     for (int64_t i = 0; i < half; i++) {
         double ang = (double)p * (plain ? 1.0 : m->freq_scale) * pow(plain ? 10000.0 : m->theta, -2.0 * (double)i / (double)m->n_rot);
         if (m->freq_factors && !plain) ang /= m->freq_factors[i];
+        if (m->yarn) { /* ggml's rope_yarn: the scaled (interp) and unscaled (extrap) angle mixed by the ramp */
+            double extrap = ang / m->freq_scale;
+            double y = ((double)i - m->corr[0]) / fmax(0.001, (double)m->corr[1] - m->corr[0]);
+            double mix = 1.0 - fmin(1.0, fmax(0.0, y));
+            ang = ang * (1.0 - mix) + extrap * mix;
+        }
         int64_t a = m->neox ? i : 2 * i, b = m->neox ? i + half : 2 * i + 1;
         double x0 = v[a], x1 = v[b], c = cos(ang), s = sin(ang);
         v[a] = (x0 * c - x1 * s) * m->mscale;
@@ -245,7 +277,9 @@ static bool read_meta(mref *m)
     int64_t nf = 0;
     m->freq_factors = tensor(m, "rope_freqs.weight", &nf);
     m->n_rot = key_int(m, "rope.dimension_count", m->hd);
-    m->mscale = m->phi3 ? key_f(m, "rope.scaling.attn_factor", 1.0) : 1.0;
+    m->mscale = key_f(m, "rope.scaling.attn_factor", 1.0);
+    m->yarn = strcmp(type, "yarn") == 0;
+    if (m->yarn) yarn_setup(m, factor);
     if (m->phi3 && !m->freq_factors) { /* llama.cpp's get_rope_factors: long above the original context */
         int64_t orig = key_int(m, "rope.scaling.original_context_length", key_int(m, "context_length", 0));
         m->freq_factors = tensor(m, m->max_ctx > orig ? "rope_factors_long.weight" : "rope_factors_short.weight", &nf);
