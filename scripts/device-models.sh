@@ -128,6 +128,7 @@ tests() {
         bstep model_arch_longrope_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/phi3_longrope*cuda*'
         bstep model_arch_formats_cuda 150 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/every_weight_format_matches_f64_on_cuda'
         bstep model_arch_partial_rope_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/partial_rotary*cuda*'
+        bstep model_arch_yarn_cuda 90 "$bin/test_model_arch" --jobs 2 --filter 'model_arch/yarn_matches_f64_on_cuda'
     fi
     [[ -x "$bin/test_fuse" ]] && bstep fuse_rule7_embedding_cuda 90 env KILN_TEST_BACKEND=cuda "$bin/test_fuse" --jobs 2 --filter 'fuse/rule@(7*|1_embedding*)'
     # partial rotary on cuda: the rope row kernel and the q/k gemv/GEMM epilogues (rot 32 and 18 of 64)
