@@ -107,7 +107,19 @@ Test(model_rules, feature_key_turned_on_is_refused_with_its_value)
         gw *w = model(&base);
         if (k == 3) gw_kv_u32(w, keys[k], 8);
         else gw_kv_f32(w, keys[k], k == 2 ? 0.5f : 30.0f);
-        expect_refused(w, 0, KILN_ERR_UNSUPPORTED, keys[k], k == 3 ? "= 8" : NULL);
+        expect_refused(w, 0, KILN_ERR_UNSUPPORTED, keys[k], k == 3 ? "= 8: a mixture-of-experts model" : NULL);
+    }
+}
+
+/* qwen2moe/qwen3moe files: the architecture is named as a mixture-of-experts model kiln does not build. */
+Test(model_rules, moe_architecture_is_refused_as_such)
+{
+    const char *archs[2] = {"qwen2moe", "qwen3moe"};
+    for (int k = 0; k < 2; k++) {
+        gw *w = gw_new(3, 0);
+        gw_kv_str(w, "general.architecture", archs[k]);
+        gw_kv_u32(w, "qwen3moe.expert_count", 8);
+        expect_refused(w, 0, KILN_ERR_UNSUPPORTED, archs[k], "a mixture-of-experts model");
     }
 }
 

@@ -71,6 +71,10 @@ static kiln_status check_key(const kiln_gguf *f, const kiln_arch *a, const char 
     if (k->use != KILN_KEY_NEUTRAL) return KILN_OK;
     if (!key_number(f, key, &v))
         return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: metadata '%s' is not a number", f->path, key);
+    if (v != k->neutral && strcmp(k->suffix, "expert_count") == 0) /* mixtral: llama with experts */
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g: a mixture-of-experts model "
+                             "(ffn_gate_inp routing over ffn_*_exps experts), which kiln does not build yet (only "
+                             "0 is accepted)", f->path, key, v);
     if (v != k->neutral)
         return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g turns on a feature kiln does not "
                              "build (only %g is accepted)", f->path, key, v, k->neutral);
@@ -393,8 +397,11 @@ kiln_status kiln_model_desc_read(const kiln_gguf *f, kiln_model_desc *out)
     const char *arch;
     kiln_status s = kiln_gguf_get_str(f, "general.architecture", &arch, NULL);
     if (s != KILN_OK) return s;
+    size_t al = strlen(arch);
     if (!(d.arch = kiln_arch_find(arch)))
-        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: architecture '%.64s' (kiln builds %s)", f->path, arch,
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: architecture '%.64s'%s (kiln builds %s)", f->path, arch,
+                             al > 3 && strcmp(arch + al - 3, "moe") == 0 /* qwen2moe, qwen3moe, phimoe, ... */
+                                 ? ": a mixture-of-experts model, which kiln does not build yet" : "",
                              kiln_arch_names());
     snprintf(d.info.arch, sizeof d.info.arch, "%s", arch);
     for (int64_t i = 0; i < kiln_gguf_kv_count(f); i++)
