@@ -100,7 +100,15 @@ typedef struct kbind {
  * address: the tile's dims 16..31 instead of 0..15), 4 drops the ping-pong's hand-over (a
  * warpgroup's arrival at the other's named barrier after its products): the other never gets
  * its turn, a deadlock; 5 drops a key split's stores of partial results (the first block folds in
- * the scratch buffer's NaN poison). */
+ * the scratch buffer's NaN poison); 6 drops the guards that stand 0 in for a running max of -inf
+ * (m == -inf ? 0 : m becomes m): a key split's rank whose first tile some rows see no key of
+ * computes exp2(-inf - -inf), NaN (the H100's KILN_FLASH_SPLIT defect). */
+static bool is_f32_const(const kiln_kir *k, uint32_t i, float v)
+{
+    float x;
+    memcpy(&x, &k->ins[i].imm.u, 4);
+    return k->ins[i].op == KILN_KOP_CONST && k->ins[i].type == KILN_KT_F32 && x == v;
+}
 static void mutate_wg(kiln_kir *k, int how)
 {
     uint32_t n = 0;
@@ -110,6 +118,9 @@ static void mutate_wg(kiln_kir *k, int how)
             in->op = KILN_KOP_FENCE_ASYNC, in->a = KILN_IDX_NONE, in->imm.u = 0, n++;
         if (how == 5 && in->op == KILN_KOP_ST && k->bufs[in->imm.u].kind == KILN_KBUF_SCRATCH)
             in->op = KILN_KOP_FENCE_ASYNC, in->a = in->b = KILN_IDX_NONE, in->imm.u = 0, n++;
+        if (how == 6 && in->op == KILN_KOP_SELECT && is_f32_const(k, in->b, 0.0f) && k->ins[in->a].op == KILN_KOP_EQ &&
+            is_f32_const(k, k->ins[in->a].b, -INFINITY))
+            in->b = in->c, n++;
         if (how >= 4 || in->op != KILN_KOP_WGMMA) continue;
         bool pv = in->imm.u & 4;
         if (how == 1 && pv) in->imm.u = (in->imm.u & ~(8u | 0x3fff0000u)), n++;
@@ -444,6 +455,26 @@ Test(flash_kir, warpgroup_head_dim_256_and_masks)
     fprintf(stderr, "flash_kir warpgroup_head_dim_256_and_masks: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
+/* Key splits whose rank r >= 1 starts its walk at a tile that some of the block's rows see no key
+ * of (those rows' keys all lie in earlier tiles, another rank's): their running max is still -inf
+ * after that tile, and exp2(-inf - -inf) would be NaN (on the H100 this was KILN_FLASH_SPLIT's NaN
+ * outputs: test_ops' 28/4-head and 8/2-head prefills with n_kv - n_tok not a multiple of 128).
+ * Splits 2 and 4, 128 and 64 rows, head_dim 64, 128 and 256, grouped heads 1, 2 and 7 (a block's
+ * rows straddle a tile's first key), keys before the first query. */
+static void split_first_tile_masked(void)
+{
+    int32_t saved_rows = wg_rows, saved_split = wg_split;
+    wg_split = 2;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 64, 150, 160, true, false);  /* rows 0..116 see none of tile 1 */
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 7, 1, 128, 40, 140, false, false); /* 18 tokens a block around key 128 */
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 1, 256, 40, 100, true, false);  /* 64-key tiles, 64 tokens a block */
+    wg_split = 4;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 100, 300, true, false); /* rank 2's first tile: tokens 0..54 see none */
+    wg_rows = 64;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 100, 170, false, false);
+    wg_rows = saved_rows, wg_split = saved_split;
+}
+
 /* The short-prompt variants of the warpgroup kernel: 64-row blocks (one consumer warpgroup, 64-key
  * tiles at head_dim 128; head_dim 256 keeps 128) and key splits over clusters of 2 and 4 blocks (rank r walks every 2nd / 4th
  * tile from r; the first block folds the others' partial results in), alone and together: several
@@ -469,7 +500,9 @@ Test(flash_kir, warpgroup_short_prompt_variants)
     g_softcap = 0, g_window = 0;
     wg_rows = 64;
     flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 130, 330, true, false);
-    wg_rows = 0, wg_split = 0, wg_option = KILN_FLASH_WG_PINGPONG;
+    wg_rows = 0;
+    split_first_tile_masked();
+    wg_split = 0, wg_option = KILN_FLASH_WG_PINGPONG;
     flash_run(TGT_WG, KILN_DTYPE_F16, 4, 1, 128, 60, 400, true, false);
     wg_option = 0;
     fprintf(stderr, "flash_kir warpgroup_short_prompt_variants: worst NMSE at f16 precision %.3g\n", worst_f16);
@@ -491,6 +524,12 @@ Test(flash_kir, warpgroup_mutations)
     double e5 = flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 150, 400, false, true);
     wg_mutate = 0, wg_split = 0;
     cr_assert(!(e5 <= 100 * tol), "mutation 5: NMSE %.3g is within 100x the tolerance %.1g", e5, tol);
+    for (int32_t sp = 2; sp <= 4; sp += 2) { /* rank sp - 1 starts at tile 1 or 3, which rows 0 .. 116 see no key of */
+        wg_mutate = 6, wg_split = sp;
+        double e6 = flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 64, 150, sp == 2 ? 160 : 420, true, true);
+        wg_mutate = 0, wg_split = 0;
+        cr_assert(!(e6 <= 100 * tol), "mutation 6, split %d: NMSE %.3g is within 100x the tolerance %.1g", sp, e6, tol);
+    }
     wg_mutate = 4, wg_deadlocked = false;
     flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 40, 300, false, true); /* 3 tiles: the loop runs */
     wg_mutate = 0;

@@ -285,9 +285,11 @@ static void mask_s(fw *f, fwc *c, uint32_t kb)
 /* Online softmax of tile kb's scores (S's nk / 2 lanes: lane j is row (j >> 1) & 1, key kb + 8 (j >> 2)
  * + 2 q + (j & 1)), capped and masked to each row's keys: the rows' new max and sums, O's factors
  * alpha[2] (applied once the previous tile's P V has retired), and P in f32 (p[j] for S's lane j).
- * Touches neither O nor the P variables. Without a window every row sees key 0 in tile 0, so its
- * max is finite; with one a row may see no key of its first tiles: its max then stays -inf, and 0
- * stands in for it (exp2(-inf - 0) = 0, not NaN). */
+ * Touches neither O nor the P variables. A row that sees no key of the tiles walked so far keeps
+ * the max -inf, and 0 stands in for it (exp2(-inf - 0) = 0, not exp2(-inf - -inf) = NaN): under a
+ * window (its first tiles), and under a key split, whose rank r >= 1 starts at tile t0 + r, which a
+ * block's earlier rows may see none of (their keys end in an earlier rank's tiles). Else every row
+ * sees key 0 in tile 0 and the max is finite from the first tile on. */
 static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t alpha[2], uint32_t p[FW_KMAX / 2])
 {
     kiln_kir *k = f->k;
@@ -301,7 +303,7 @@ static void softmax(fw *f, fwc *c, uint32_t kb, uint32_t alpha[2], uint32_t p[FW
             mx = o2(f, KILN_KOP_MAX, mx, sv[j]);
         }
         uint32_t mn = o2(f, KILN_KOP_MAX, c->m[r], red4(f, mx, KILN_KRED_MAX));
-        ms[r] = f->win ? kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn) : mn;
+        ms[r] = f->win || f->split > 1 ? kiln_ksel(k, KILN_KT_F32, o2(f, KILN_KOP_EQ, mn, kiln_kf(k, -INFINITY)), kiln_kf(k, 0), mn) : mn;
         alpha[r] = kiln_k1(k, KILN_KOP_EX2, o2(f, KILN_KOP_SUB, c->m[r], ms[r]));
         kiln_kset(k, c->m[r], mn);
     }
