@@ -94,6 +94,10 @@ int main(int argc, char **argv)
         {512, 14, 2, 64, 0, 0}, {4096, 14, 2, 64, 0, 0},
         {512, 16, 8, 256, 0, 0}, {4096, 16, 8, 256, 0, 0}, {512, 16, 8, 256, 50, 0}, {4096, 16, 8, 256, 50, 1024},
         {4096, 32, 8, 128, 0, 1024}, {4096, 32, 8, 128, 50, 0},
+        /* 14-17: llama-7b's MHA at 128, 256, 384 and 1024 tokens: the critical block walks 1, 2, 3 (and at
+         * 512 tokens 4) key tiles, so the times against n_tok split a short prompt's time into a fixed part
+         * and a part per key tile (1024: two waves) */
+        {128, 32, 32, 128, 0, 0}, {256, 32, 32, 128, 0, 0}, {384, 32, 32, 128, 0, 0}, {1024, 32, 32, 128, 0, 0},
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Prefill attention on the GPU machine (issues #19 and #21). Three modes, each fitting one 10-minute call:
-#   ab (default): the warpgroup kernel's variants A/B'd at f16 precision in one run, with a quick
-#       correctness pass on cuda of each (test_ops attention): auto (ping-pong chosen by shape),
-#       pp / nopp (KILN_FLASH_WG=3 / 2: ping-pong on / off everywhere), r64 (KILN_FLASH_ROWS=64: 64-row
-#       blocks, two an SM), s2 / s4 (KILN_FLASH_SPLIT=2 / 4: key split over a cluster), r64s2, and
-#       pdl (auto with KILN_PDL=1: the region's three launches overlapped); bench_attn at 512 and
-#       4096 tokens, MHA 32/32, GQA 32/8, hd 64 (14/2), hd 256 (16/8); ROUNDS (default 2) rounds,
-#       the variants in reverse order every other round (VARIANTS, SHAPES, STEPS narrow it), the
-#       correctness pass between rounds 1 and 2; Nsight Compute's duration of the flash
-#       kernel alone (no launch gaps, no idle row-guard kernels) for auto, r64, s2 at 512 tokens;
+#   ab (default): first the key split's correctness on cuda (split_ops: test_ops attention_prefill and
+#       attention_softcap_and_window under KILN_FLASH_SPLIT=2, 4 and 64 rows + 2), then the warpgroup
+#       kernel's variants A/B'd at f16 precision in one run: auto (the per-shape defaults), r64
+#       (KILN_FLASH_ROWS=64: 64-row blocks, two an SM), s2 / s4 (KILN_FLASH_SPLIT=2 / 4: key split
+#       over a cluster), r64s2 (pp / nopp / pdl on request: VARIANTS); bench_attn at 512 and 4096
+#       tokens, MHA 32/32, GQA 32/8, hd 64 (14/2), hd 256 (16/8); ROUNDS (default 2) rounds, the
+#       variants in reverse order every other round (VARIANTS, SHAPES, STEPS narrow it), a
+#       correctness pass of r64 between rounds 1 and 2; the short-prompt scaling (auto and s2 at
+#       128, 256, 384, 512, 1024 tokens: the critical block walks 1..4 key tiles, so the times split
+#       into a fixed part and a part per tile); Nsight Compute's duration of the flash kernel alone
+#       for auto, r64, s2, s4 at 512 tokens, and its sections (SOL, memory, warp states) at 128 and
+#       512 tokens for auto;
+#   split: split_ops alone, and compute-sanitizer racecheck / synccheck of s2 and s4 at 512 tokens;
 #   check: correctness and sanitizers: test_ops attention on cuda (exact and f16 precision, the
 #       first kernel), paged and tree cases, a CUDA graph over 100 serve steps, kiln check
 #       paged_attention, racecheck/memcheck/synccheck of the warpgroup kernel (auto, r64, s2);
@@ -17,7 +21,7 @@
 # Builds nothing; never stops at a failure; each step under a time limit; steps stop starting after
 # BUDGET_S (default 420) seconds, so the summary (the tables last, on stdout) always comes.
 #
-# usage: scripts/device-attn.sh [BIN_DIR] [ab|check|full]   (default devbin ab: a Release build's binaries)
+# usage: scripts/device-attn.sh [BIN_DIR] [ab|split|check|full]   (default devbin ab: a Release build's binaries)
 # Run it from the repository root after `source .devdeps/env.sh`. Logs go to a temp dir, packed into
 # $OUT/logs.tar.xz; summary.txt to $OUT (else the temp dir).
 set -u
@@ -25,8 +29,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/device-lib.sh
 . "$root/scripts/device-lib.sh"
 mode="${2:-ab}"
-usage="scripts/device-attn.sh [BIN_DIR] [ab|check|full]"
-[[ "$mode" =~ ^(ab|check|full)$ ]] || { echo "usage: $usage" >&2; exit 2; }
+usage="scripts/device-attn.sh [BIN_DIR] [ab|split|check|full]"
+[[ "$mode" =~ ^(ab|split|check|full)$ ]] || { echo "usage: $usage" >&2; exit 2; }
 dev_bin "${1:-devbin}" "$usage" kiln test_ops bench_attn
 final="${OUT:-}" # the logs stay in a temp dir (a device call brings back only a few files): $OUT gets summary.txt and logs.tar.xz
 OUT="$(mktemp -d /tmp/device-attn.XXXXXX)" dev_out attn
@@ -56,10 +60,10 @@ declare -A env_of=(
     [pdl]="KILN_PDL=1"
 )
 # shellcheck disable=SC2206
-variants=(${VARIANTS:-auto pp nopp r64 s2 s4 r64s2 pdl})
+variants=(${VARIANTS:-auto r64 s2 s4 r64s2})
 # bench_attn shapes: 0 512 32/32 hd128, 1 512 32/8, 3 4096 32/32, 4 4096 32/8, 6 512 14/2 hd64,
-# 7 4096 14/2 hd64, 8 512 16/8 hd256, 9 4096 16/8 hd256
-shapes="${SHAPES:-0,1,3,4,6,7,8,9}"
+# 7 4096 14/2 hd64, 8 512 16/8 hd256, 9 4096 16/8 hd256; 14-17 32/32 hd128 at 128, 256, 384, 1024
+shapes="${SHAPES:-0,1,3,4,6,8}"
 
 # wgbench NAME VARIANT SECONDS [bench_attn args]: bench_attn under the variant's environment
 wgbench() {
@@ -68,11 +72,35 @@ wgbench() {
     bstep "$name" "$lim" env KILN_PRECISION=f16 ${env_of[$v]} "$bin/bench_attn" cuda "$@"
 }
 
+# split_ops: the key split's correctness on cuda at f16 precision (the warpgroup kernel): the prefill
+# shapes whose rank >= 1 starts at a tile some rows see no key of (28/4 heads; 8/2 with keys before the
+# first query), and the soft-capped / windowed ones; splits 2 and 4, and 2 in 64-row blocks
+split_ops() {
+    for v in s2 s4 r64s2; do
+        # shellcheck disable=SC2086
+        bstep "split_ops_$v" 100 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 ${env_of[$v]} "$bin/test_ops" --jobs 4 \
+            --filter 'ops/attention_@(prefill|softcap_and_window)'
+    done
+}
+
+if [[ "$mode" == split ]]; then
+    split_ops
+    if [[ -x "$san" ]]; then
+        for tool in racecheck synccheck; do
+            for v in s2 s4; do
+                # shellcheck disable=SC2086
+                bstep "${tool}_wg_${v}_shape0" 120 env KILN_PRECISION=f16 ${env_of[$v]} "$san" --tool "$tool" --error-exitcode 3 "$bin/bench_attn" cuda 1 512 0
+            done
+        done
+    fi
+fi
+
 if [[ "$mode" == ab ]]; then
+    split_ops
     rounds="${ROUNDS:-2}"
     for ((r = 1; r <= rounds; r++)); do
-        if ((r == 2)); then # correctness of each variant on cuda (between the rounds: round 1 always comes)
-            for v in r64 s2 s4 pp; do
+        if ((r == 2)); then # correctness of the other variants on cuda (between the rounds: round 1 always comes)
+            for v in ${OPS_VARIANTS:-r64}; do
                 # shellcheck disable=SC2086
                 bstep "ops_wg_$v" 100 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 ${env_of[$v]} "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
             done
@@ -88,9 +116,19 @@ if [[ "$mode" == ab ]]; then
             wgbench "ab_r${r}_$v" "$v" 90 "${STEPS:-20}" 1000000 "$sh"
         done
     done
+    # short prompts: MHA hd 128 at 128 .. 1024 tokens (shapes 14, 15, 16, 0, 17), auto and s2
+    for v in auto s2; do
+        wgbench "scale_$v" "$v" 90 "${STEPS:-20}" 1000000 14,15,16,0,17
+    done
     # the flash kernel alone (Nsight Compute's gpu__time_duration at real clocks) at 512 tokens, MHA
     if [[ -n "$ncu_bin" ]]; then
-        for v in auto r64 s2; do
+        for sh in 14 0; do # where its time goes at 128 and 512 tokens (one launch each, after a warm-up)
+            bstep "ncu_sections_auto_shape$sh" 120 env KILN_PRECISION=f16 KILN_NO_RECORD=1 "$ncu_bin" --clock-control none \
+                --kernel-name kiln_attn_flash_wg --launch-skip 2 --launch-count 1 --section SpeedOfLight --section LaunchStats \
+                --section Occupancy --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+                "$bin/bench_attn" cuda 4 1024 "$sh"
+        done
+        for v in ${NCU_VARIANTS:-auto r64 s2 s4}; do
             # shellcheck disable=SC2086
             bstep "ncu_$v" 100 env KILN_PRECISION=f16 KILN_NO_RECORD=1 ${env_of[$v]} "$ncu_bin" --clock-control none --kernel-name kiln_attn_flash_wg \
                 --launch-skip 2 --launch-count 3 --metrics gpu__time_duration.sum "$bin/bench_attn" cuda 4 512 0
@@ -161,7 +199,7 @@ fields() { sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([
     echo
     if [[ "$mode" == ab ]]; then
         echo "warpgroup attention variants at f16 precision, f16 cache, causal: us per round (r1/r2...), the attention"
-        echo "region's kernel time (flash kernel + 2 idle row-guard kernels); targets: 512 MHA <= 15 us, 4096 >= 350 TFLOP/s"
+        echo "region's kernel time (the flash kernel; the idle row-guard kernels are not launched); targets: 512 MHA <= 15 us, 4096 >= 350 TFLOP/s"
         printf '%-6s %-6s %-4s' n_tok heads hd
         for v in "${variants[@]}"; do printf ' %13s' "$v"; done
         echo
@@ -186,10 +224,32 @@ fields() { sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([
             printf '  %-6s' "$v"
             fields "$logs/ab_r1_$v.log" | awk '{ printf " %s/%s/%s:%s", $1, $3, $4, $6 } END { print "" }'
         done
-        for v in auto r64 s2; do
+        echo
+        echo "short prompts, MHA 32/32 hd 128, us (the critical block walks n_tok / 128 key tiles; 1024: two waves):"
+        for v in auto s2; do
+            [[ -f "$logs/scale_$v.log" ]] || continue
+            printf '  %-6s' "$v"
+            fields "$logs/scale_$v.log" | awk '{ printf " %s:%s", $1, $5 } END { print "" }'
+        done
+        for v in ${NCU_VARIANTS:-auto r64 s2 s4}; do
             f="$logs/ncu_$v.log"
             [[ -f "$f" ]] || continue
             echo "ncu flash kernel alone, 512 MHA, $v: $(grep -E 'gpu__time_duration.sum' "$f" | awk '{ printf "%s %s; ", $(NF - 1), $NF }')"
+        done
+        for f in "$logs"/ncu_sections_auto_shape*.log; do
+            [[ -f "$f" ]] || continue
+            echo "ncu $(basename "$f" .log):"
+            grep -E "^ +(Duration|Elapsed Cycles|SM Active Cycles|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Hit Rate|Registers Per Thread|Achieved Occupancy|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued Instruction)" "$f" | head -n 16
+        done
+    fi
+    if [[ "$mode" == ab || "$mode" == split ]]; then
+        echo
+        echo "key split correctness on cuda (test_ops attention_prefill + attention_softcap_and_window, f16 precision):"
+        for v in s2 s4 r64s2; do
+            f="$logs/split_ops_$v.log"
+            [[ -f "$f" ]] || continue
+            echo "  $v: $(grep -hE 'Synthesis' "$f" | tail -n 1)"
+            grep -hE "is -?nan|is -?inf|NMSE|FAIL" "$f" | head -n 3 | sed 's/^/    /'
         done
     fi
     if [[ "$mode" == full ]]; then
