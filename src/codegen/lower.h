@@ -39,6 +39,12 @@ uint32_t kl_ld_i32(kiln_kir *k, uint32_t slot, uint32_t idx);
  * bt_row (I32) of i32 buffer slot bt: bt[bt_row + j / block] * block + j % block (block a power of
  * two; the block index clamped into [0, n_blocks)). The only place lowering maps keys to slots. */
 uint32_t kl_paged_slot(kiln_kir *k, uint32_t bt, uint32_t bt_row, uint32_t j, int64_t block, int64_t n_blocks);
+/* A tree step's parent (I32) of new token `an` (I32: its index among its sequence's new tokens, which
+ * start at row q0 of the step) from i32 buffer slot par (kiln_paged_step's parents): par[q0 + max(an,
+ * 0)] clamped into [-1, an - 1], so a walk up unchecked metadata stays among the step's earlier
+ * tokens and ends at -1 (the cached keys). The one place lowering reads the tree: the split
+ * kernels' mask (lower_attn.c) and the flash kernel's (lower_flash.c) walk through it. */
+uint32_t kl_tree_parent(kiln_kir *k, uint32_t par, uint32_t q0, uint32_t an);
 /* q8_0 pools (ggml's blocks: f16 d, then 32 int8 q, 34 bytes; 2-byte aligned) read by 32-bit loads:
  * block blk (I32) of buffer slot `slot` as d (F32) and its quants as 8 U32 words (byte e % 4 of
  * word e / 4 is q[e]); or element e (I32, 0..31) of it as d * q[e] (F32). A block's words may reach

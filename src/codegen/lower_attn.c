@@ -145,19 +145,17 @@ static uint32_t tree_seen(kiln_kir *k, const kiln_graph *g, const at *a, uint32_
                    kiln_ki(k, (int32_t)a->cap));
 }
 
-/* Whether the row sees key j < its own of its sequence (the tree mask, the kernels' one copy of
- * kiln_paged_sees): a cached key, or a new one that walking `walk` parents up from the row meets
- * (walk: its depth where the tile reaches past the cached keys, else 0; every thread of the block
- * takes the same trip count). Parents are clamped below their token, so the walk stays in the step. */
+/* Whether the row sees key j < its own of its sequence (the split kernels' tree mask, kiln_paged_sees's
+ * rule): a cached key, or a new one that walking `walk` parents up from the row (kl_tree_parent, as
+ * the flash kernel's flash_tree_tile) meets (walk: its depth where the tile reaches past the cached
+ * keys, else 0; every thread of the block takes the same trip count). */
 static uint32_t tree_visible(kiln_kir *k, const tree_row *tr, uint32_t j, uint32_t walk)
 {
     uint32_t jj = kiln_k2(k, KILN_KOP_SUB, j, tr->c), an = kiln_kvar(k, tr->i), x = kiln_kvar(k, kiln_ki(k, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, x, walk, kiln_ki(k, 1), 0);
     {
         uint32_t up = kiln_k2(k, KILN_KOP_LT, jj, an);
-        uint32_t pa = kl_ld_i32(k, tr->par, kiln_k2(k, KILN_KOP_ADD, tr->q0, kiln_k2(k, KILN_KOP_MAX, an, kiln_ki(k, 0))));
-        pa = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, pa, kiln_ki(k, -1)), kiln_k2(k, KILN_KOP_SUB, an, kiln_ki(k, 1)));
-        kiln_kset(k, an, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, up, pa, an, 0));
+        kiln_kset(k, an, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, up, kl_tree_parent(k, tr->par, tr->q0, an), an, 0));
     }
     kl_loop_end(k);
     return kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, j, tr->c), kiln_k2(k, KILN_KOP_EQ, an, jj));

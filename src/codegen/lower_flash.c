@@ -573,7 +573,7 @@ static void flash_store(kiln_kir *k, const kiln_graph *g, uint32_t node, const f
 
 /* A tree step: each row's path among the tile's keys [kb, kb + FK) as bits (st->am), by walking its
  * `walk` ancestors (itself first) where the tile reaches the new keys (none before them: the walk is
- * skipped). Parents are clamped below their token, so a walk on unchecked metadata stays in the step.
+ * skipped), up the tree by kl_tree_parent (the split kernels' tree_visible walks alike).
  * The words are shifted right by 2 qq: the lane's keys are kb + 2 qq + 8 n + {0, 1}. */
 static void flash_tree_tile(flash_st *st)
 {
@@ -596,9 +596,7 @@ static void flash_tree_tile(flash_st *st)
                 uint32_t mine = kiln_k2(k, KILN_KOP_PAND, in, h ? hi : kiln_k1(k, KILN_KOP_PNOT, hi));
                 kiln_kset(k, w[h], kiln_ksel(k, KILN_KT_U32, mine, kiln_k2(k, KILN_KOP_OR, w[h], bit), w[h]));
             }
-            uint32_t pa = kl_ld_i32(k, st->par, kiln_k2(k, KILN_KOP_ADD, st->q0, kiln_k2(k, KILN_KOP_MAX, an, kiln_ki(k, 0))));
-            pa = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, pa, kiln_ki(k, -1)), kiln_kaddi(k, an, -1));
-            kiln_kset(k, an, pa);
+            kiln_kset(k, an, kl_tree_parent(k, st->par, st->q0, an));
         }
         kl_loop_end(k);
         for (int h = 0; h < 2; h++) st->am[r][h] = kiln_k2(k, KILN_KOP_SHR, w[h], sh);

@@ -178,6 +178,12 @@ uint32_t kl_paged_slot(kiln_kir *k, uint32_t bt, uint32_t bt_row, uint32_t j, in
                    kiln_k2(k, KILN_KOP_AND, j, kiln_ki(k, (int32_t)block - 1)));
 }
 
+uint32_t kl_tree_parent(kiln_kir *k, uint32_t par, uint32_t q0, uint32_t an)
+{
+    uint32_t pa = kl_ld_i32(k, par, kiln_k2(k, KILN_KOP_ADD, q0, kiln_k2(k, KILN_KOP_MAX, an, kiln_ki(k, 0))));
+    return kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, pa, kiln_ki(k, -1)), kiln_k2(k, KILN_KOP_SUB, an, kiln_ki(k, 1)));
+}
+
 uint32_t kl_load_node(kiln_kir *k, const kiln_graph *g, uint32_t node, uint32_t idx)
 {
     return kl_load(k, kiln_kir_buf(k, KILN_KBUF_NODE, node, false), (kiln_dtype)g->nodes[node].dtype, idx);
