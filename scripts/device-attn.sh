@@ -95,39 +95,42 @@ if [[ "$mode" == split ]]; then
     fi
 fi
 
-if [[ "$mode" == ab ]]; then
-    split_ops
-    rounds="${ROUNDS:-2}"
-    for ((r = 1; r <= rounds; r++)); do
-        if ((r == 2)); then # correctness of the other variants on cuda (between the rounds: round 1 always comes)
-            for v in ${OPS_VARIANTS:-r64}; do
-                # shellcheck disable=SC2086
-                bstep "ops_wg_$v" 100 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 ${env_of[$v]} "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
-            done
-        fi
-        order=("${variants[@]}")
-        if ((r % 2 == 0)); then
-            order=()
-            for ((i = ${#variants[@]} - 1; i >= 0; i--)); do order+=("${variants[$i]}"); done
-        fi
-        for v in "${order[@]}"; do
-            sh="$shapes"
-            [[ $v == pdl ]] && sh=0,1,6,8 # launch overlap matters at 512 tokens only
-            wgbench "ab_r${r}_$v" "$v" 90 "${STEPS:-20}" 1000000 "$sh"
-        done
+# ab_round R: one bench_attn run of every variant (reverse order in even rounds)
+ab_round() {
+    local r="$1" order=("${variants[@]}") i v sh
+    if (($1 % 2 == 0)); then
+        order=()
+        for ((i = ${#variants[@]} - 1; i >= 0; i--)); do order+=("${variants[$i]}"); done
+    fi
+    for v in "${order[@]}"; do
+        sh="$shapes"
+        [[ $v == pdl ]] && sh=0,1,6,8 # launch overlap matters at 512 tokens only
+        wgbench "ab_r${r}_$v" "$v" 90 "${STEPS:-20}" 1000000 "$sh"
     done
+}
+
+if [[ "$mode" == ab ]]; then # in order of need: correctness, round 1, where the time goes, then round 2 and the rest
+    split_ops
+    ab_round 1
     # short prompts: MHA hd 128 at 128 .. 1024 tokens (shapes 14, 15, 16, 0, 17), auto and s2
     for v in auto s2; do
         wgbench "scale_$v" "$v" 90 "${STEPS:-20}" 1000000 14,15,16,0,17
     done
-    # the flash kernel alone (Nsight Compute's gpu__time_duration at real clocks) at 512 tokens, MHA
-    if [[ -n "$ncu_bin" ]]; then
-        for sh in 14 0; do # where its time goes at 128 and 512 tokens (one launch each, after a warm-up)
+    if [[ -n "$ncu_bin" ]]; then # where its time goes at 128 and 512 tokens (one launch each, after warm-ups)
+        for sh in 14 0; do
             bstep "ncu_sections_auto_shape$sh" 120 env KILN_PRECISION=f16 KILN_NO_RECORD=1 "$ncu_bin" --clock-control none \
                 --kernel-name kiln_attn_flash_wg --launch-skip 2 --launch-count 1 --section SpeedOfLight --section LaunchStats \
                 --section Occupancy --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
                 "$bin/bench_attn" cuda 4 1024 "$sh"
         done
+    fi
+    for v in ${OPS_VARIANTS:-r64}; do # correctness of the other variants on cuda
+        # shellcheck disable=SC2086
+        bstep "ops_wg_$v" 100 env KILN_TEST_BACKEND=cuda KILN_PRECISION=f16 ${env_of[$v]} "$bin/test_ops" --jobs 4 --filter 'ops/attention*'
+    done
+    for ((r = 2; r <= ${ROUNDS:-2}; r++)); do ab_round "$r"; done
+    # the flash kernel alone (Nsight Compute's gpu__time_duration at real clocks) at 512 tokens, MHA
+    if [[ -n "$ncu_bin" ]]; then
         for v in ${NCU_VARIANTS:-auto r64 s2 s4}; do
             # shellcheck disable=SC2086
             bstep "ncu_$v" 100 env KILN_PRECISION=f16 KILN_NO_RECORD=1 ${env_of[$v]} "$ncu_bin" --clock-control none --kernel-name kiln_attn_flash_wg \
