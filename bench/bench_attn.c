@@ -5,7 +5,7 @@
  * times the first flash kernel for comparison; under KILN_PRECISION=f16 on sm_90 the warpgroup
  * kernel runs ("kernel": "wg"), KILN_FLASH_WG=0 keeps the mma.sync one (2 / 3: the warpgroup kernel
  * without / with its ping-pong on every shape: "wg_nopp" / "wg_pp"; KILN_FLASH_ROWS=64 and
- * KILN_FLASH_SPLIT=2|4 its short-prompt variants, reported as "rows" and "split"). Also head_dim 64 (14 query heads over 2, qwen2-style), head_dim 256 (16
+ * KILN_FLASH_SPLIT=2|4|auto its short-prompt variants, reported as "rows" and "split", -1 for auto). Also head_dim 64 (14 query heads over 2, qwen2-style), head_dim 256 (16
  * over 8, gemma-style) and gemma's masks: soft-cap 50 and a 1024-key sliding window (the keys a
  * row sees, and so the work counted, are at most the window). JSON, one object per line.
  * Usage: bench_attn [backend] [steps] [max_tokens] [shapes] (shapes of at most max_tokens rows: sanitizer
@@ -50,12 +50,12 @@ static int run_case(kiln_ctx *ctx, const char *backend, const shape *s, int step
         const char *fe = getenv("KILN_FLASH"), *pe = getenv("KILN_PRECISION"), *we = getenv("KILN_FLASH_WG");
         const char *re = getenv("KILN_FLASH_ROWS"), *se = getenv("KILN_FLASH_SPLIT");
         bool f16 = pe && !strcmp(pe, "f16"), wg = f16 && !(we && !strcmp(we, "0")), nopp = wg && we && !strcmp(we, "2"), pp = wg && we && !strcmp(we, "3");
-        int rows = wg && re && !strcmp(re, "64") && hd <= 128 ? 64 : wg ? 128 : 0, split = wg && se ? atoi(se) : 0;
+        int rows = wg && re && !strcmp(re, "64") && hd <= 128 ? 64 : wg ? 128 : 0, split = wg && se ? (!strcmp(se, "auto") ? -1 : atoi(se)) : 0;
         printf("{\"backend\": \"%s\", \"flash\": \"%s\", \"precision\": \"%s\", \"kernel\": \"%s\", \"n_tok\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"hd\": %lld, "
                "\"us\": %.2f, \"tflop_per_s\": %.1f, \"softcap\": %g, \"window\": %lld, \"rows\": %d, \"split\": %d}\n",
                backend, fe && !strcmp(fe, "0") ? "first" : "new", f16 ? "f16" : "exact", nopp ? "wg_nopp" : pp ? "wg_pp" : wg ? "wg" : "mma", (long long)T,
                (long long)H, (long long)s->kv_heads, (long long)hd, med * 1e6, fl / med * 1e-12, (double)s->softcap, (long long)s->window, rows,
-               split == 2 || split == 4 ? split : 1);
+               split == 2 || split == 4 || split == -1 ? split : 1);
     }
     free(qd), free(y);
     kiln_graph_free(g);

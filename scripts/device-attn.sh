@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Prefill attention on the GPU machine (issues #19 and #21). Three modes, each fitting one 10-minute call:
+# Prefill attention on the GPU machine (issues #19 and #21). Four modes, each fitting one 10-minute call:
 #   ab (default): first the key split's correctness on cuda (split_ops: test_ops attention_prefill and
 #       attention_softcap_and_window under KILN_FLASH_SPLIT=2, 4 and 64 rows + 2), then the warpgroup
 #       kernel's variants A/B'd at f16 precision in one run: auto (the per-shape defaults), r64
 #       (KILN_FLASH_ROWS=64: 64-row blocks, two an SM), s2 / s4 (KILN_FLASH_SPLIT=2 / 4: key split
-#       over a cluster), r64s2 (pp / nopp / pdl on request: VARIANTS); bench_attn at 512 and 4096
+#       over a cluster), sauto (KILN_FLASH_SPLIT=auto: a split where the grid leaves SMs idle),
+#       r64s2 (pp / nopp / pdl on request: VARIANTS); bench_attn at 512 and 4096
 #       tokens, MHA 32/32, GQA 32/8, hd 64 (14/2), hd 256 (16/8); ROUNDS (default 2) rounds, the
 #       variants in reverse order every other round (VARIANTS, SHAPES, STEPS narrow it), a
-#       correctness pass of r64 between rounds 1 and 2; the short-prompt scaling (auto and s2 at
+#       correctness pass of r64 between rounds 1 and 2; the short-prompt scaling (auto, s2, s4 at
 #       128, 256, 384, 512, 1024 tokens: the critical block walks 1..4 key tiles, so the times split
 #       into a fixed part and a part per tile); Nsight Compute's duration of the flash kernel alone
 #       for auto, r64, s2, s4 at 512 tokens, and its sections (SOL, memory, warp states) at 128 and
@@ -57,10 +58,11 @@ declare -A env_of=(
     [s2]="KILN_FLASH_SPLIT=2"
     [s4]="KILN_FLASH_SPLIT=4"
     [r64s2]="KILN_FLASH_ROWS=64 KILN_FLASH_SPLIT=2"
+    [sauto]="KILN_FLASH_SPLIT=auto"
     [pdl]="KILN_PDL=1"
 )
 # shellcheck disable=SC2206
-variants=(${VARIANTS:-auto r64 s2 s4 r64s2})
+variants=(${VARIANTS:-auto sauto r64 s2 s4 r64s2})
 # bench_attn shapes: 0 512 32/32 hd128, 1 512 32/8, 3 4096 32/32, 4 4096 32/8, 6 512 14/2 hd64,
 # 7 4096 14/2 hd64, 8 512 16/8 hd256, 9 4096 16/8 hd256; 14-17 32/32 hd128 at 128, 256, 384, 1024
 shapes="${SHAPES:-0,1,3,4,6,8}"
@@ -112,8 +114,8 @@ ab_round() {
 if [[ "$mode" == ab ]]; then # in order of need: correctness, round 1, where the time goes, then round 2 and the rest
     split_ops
     ab_round 1
-    # short prompts: MHA hd 128 at 128 .. 1024 tokens (shapes 14, 15, 16, 0, 17), auto and s2
-    for v in auto s2; do
+    # short prompts: MHA hd 128 at 128 .. 1024 tokens (shapes 14, 15, 16, 0, 17), auto, s2 and s4
+    for v in auto s2 s4; do
         wgbench "scale_$v" "$v" 90 "${STEPS:-20}" 1000000 14,15,16,0,17
     done
     if [[ -n "$ncu_bin" ]]; then # where its time goes at 128 and 512 tokens (one launch each, after warm-ups)
@@ -229,7 +231,7 @@ fields() { sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([
         done
         echo
         echo "short prompts, MHA 32/32 hd 128, us (the critical block walks n_tok / 128 key tiles; 1024: two waves):"
-        for v in auto s2; do
+        for v in auto s2 s4; do
             [[ -f "$logs/scale_$v.log" ]] || continue
             printf '  %-6s' "$v"
             fields "$logs/scale_$v.log" | awk '{ printf " %s:%s", $1, $5 } END { print "" }'

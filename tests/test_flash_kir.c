@@ -508,6 +508,65 @@ Test(flash_kir, warpgroup_short_prompt_variants)
     fprintf(stderr, "flash_kir warpgroup_short_prompt_variants: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
+/* The warpgroup flash kernel's cluster (its key split) for an attention of T rows (the bound) with
+ * H / Hkv heads of head_dim hd under codegen.flash_split `split` and flash_rows `rows` on an
+ * H100-sized target (132 SMs). */
+static uint32_t wg_cluster(int64_t T, int64_t H, int64_t Hkv, int64_t hd, int32_t split, int32_t rows)
+{
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim ts = kiln_sym(g, "t", T), ks = kiln_sym(g, "n_kv", 4096);
+    kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, H, hd});
+    kiln_node kc = kiln_state(g, "k", KILN_DTYPE_F16, 3, (kiln_dim[]){Hkv, 4096, hd});
+    kiln_node vc = kiln_state(g, "v", KILN_DTYPE_F16, 3, (kiln_dim[]){Hkv, 4096, hd});
+    kiln_output(g, kiln_attention(g, q, kc, vc, ks, 0), "y");
+    kiln_fusion f;
+    cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+    kiln_lower_target t0 = kiln_lower_target_for_sm(90);
+    kiln_codegen_options co = {.precision = KILN_PREC_F16, .flash_split = split, .flash_rows = rows};
+    kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
+    cr_assert_eq(tg.sm_count, 132);
+    uint32_t cl = UINT32_MAX;
+    char err[512];
+    for (uint32_t r = 0; r < f.n_regions; r++) {
+        kiln_kir kk[KILN_LOWER_MAX];
+        uint32_t n = 0;
+        cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tg, kk, &n, err, sizeof err), KILN_OK, "%s", err);
+        for (uint32_t i = 0; i < n; i++) {
+            if (strcmp(kk[i].name, "kiln_attn_flash_wg") == 0) cl = kk[i].cluster;
+            kiln_kir_free(&kk[i]);
+        }
+    }
+    kiln_fusion_free(&f);
+    kiln_graph_free(g);
+    cr_assert(cl != UINT32_MAX, "%lld rows, %lld/%lld heads, hd %lld: no warpgroup flash kernel", (long long)T, (long long)H,
+              (long long)Hkv, (long long)hd);
+    return cl;
+}
+
+/* codegen.flash_split = -1 (KILN_FLASH_SPLIT=auto) splits where the grid leaves SMs idle and the
+ * walk has the tiles: 512 tokens of 14/2 heads at head_dim 64 (56 blocks) and of 16/8 at 256 (64)
+ * over 2; 32 heads of 128 rows at 256 tokens (64 blocks) over 2, at 128 tokens (1 tile) not; 512
+ * tokens of 32/32 and 32/8 (128 blocks) and 4096 tokens not; 64-row blocks count two an SM; the
+ * default (0) and 1 never split, 2 and 4 always. */
+Test(flash_kir, warpgroup_split_choice)
+{
+    cr_assert_eq(wg_cluster(512, 14, 2, 64, -1, 0), 2);
+    cr_assert_eq(wg_cluster(512, 16, 8, 256, -1, 0), 2);
+    cr_assert_eq(wg_cluster(256, 32, 32, 128, -1, 0), 2);
+    cr_assert_eq(wg_cluster(512, 4, 4, 128, -1, 0), 4);   /* 16 blocks */
+    cr_assert_eq(wg_cluster(128, 32, 32, 128, -1, 0), 0); /* one key tile */
+    cr_assert_eq(wg_cluster(512, 32, 32, 128, -1, 0), 0);
+    cr_assert_eq(wg_cluster(512, 32, 8, 128, -1, 0), 0);
+    cr_assert_eq(wg_cluster(4096, 14, 2, 64, -1, 0), 0);
+    cr_assert_eq(wg_cluster(512, 32, 32, 128, -1, 64), 0); /* 256 blocks, two an SM */
+    cr_assert_eq(wg_cluster(256, 32, 32, 128, -1, 64), 2); /* 128 blocks of 64 rows */
+    cr_assert_eq(wg_cluster(512, 14, 2, 64, 0, 0), 0);
+    cr_assert_eq(wg_cluster(512, 14, 2, 64, 1, 0), 0);
+    cr_assert_eq(wg_cluster(512, 32, 32, 128, 2, 0), 2);
+    cr_assert_eq(wg_cluster(512, 32, 32, 128, 4, 0), 4);
+}
+
 /* A wrong transposition or descriptor in the warpgroup kernel's WGMMAs fails: each mutation's NMSE
  * is past 100x the contract's tolerance (measured >= 1.4e-3; the kernel itself stays under 1e-8). */
 Test(flash_kir, warpgroup_mutations)

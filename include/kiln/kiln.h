@@ -432,7 +432,8 @@ typedef struct kiln_codegen_options {
     int32_t flash_split; /* the warpgroup flash kernel's key split: 2 or 4 blocks of a thread block cluster
                            share each query tile's key tiles (taking every 2nd / 4th) and the first block
                            combines their partial results (short prompts: more blocks, shorter walks);
-                           0 or 1: none (A/B runs, $KILN_FLASH_SPLIT) */
+                           0 or 1: none; -1: split where the grid leaves SMs idle (the most blocks a cluster
+                           whose grid still fits the device at once; A/B runs, $KILN_FLASH_SPLIT=2|4|1|auto) */
     int32_t gemm_cols;  /* sm_90 TMA GEMM of f16/bf16 weights: columns a block (128, 192 or 256; 0: the
                            shape's choice, docs/kernels.md) where the shape allows it (A/B runs,
                            $KILN_GEMM_BN) */

@@ -568,6 +568,20 @@ bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_re
     return kl_dim_max(g, q->dims[0]) > KL_SMALL_ROWS && kl_tma_aligned(g, n->src[1]) && kl_tma_aligned(g, n->src[2]);
 }
 
+/* The key split of codegen.flash_split -1 (KILN_FLASH_SPLIT=auto): the most blocks of a cluster (4, 2)
+ * that still fit the grid on the device at once (blocks x split <= the SMs, two 64-row blocks an SM)
+ * and that the heaviest block's walk has tiles for (at least split of them at the bound's n_tok):
+ * grids that leave SMs idle (the 512-token shapes of head_dim 64 with 7 heads a kv head, 56
+ * blocks, and head_dim 256 16/8, 64 blocks) fill them; grids of a full wave keep none. */
+static int32_t fw_split_auto(const fw *f, int64_t tok_max, uint32_t sms)
+{
+    int64_t blocks = (int64_t)f->n_kvh * ((tok_max * f->G + f->rows - 1) / f->rows), cap = (int64_t)sms * (f->rows == 64 ? 2 : 1);
+    int64_t tiles = (tok_max + f->nk - 1) / f->nk;
+    for (int32_t s = 4; s >= 2; s /= 2)
+        if (blocks * s <= cap && tiles >= s) return s;
+    return 1;
+}
+
 /* The kernel's per-shape choices, made here only (docs/kernels.md, Attention: the ping-pong table):
  * - ping-pong of the two consumer warpgroups: on for one query head a kv head at head_dim <= 128,
  *   off for grouped heads and head_dim 256 (H100, 4096 tokens: MHA hd 128 371 vs 323 TFLOP/s with
@@ -576,8 +590,10 @@ bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_re
  *   warpgroup, 64-key tiles at head_dim 128: two blocks share an SM, twice the blocks for short
  *   prompts; at head_dim 256 one would fill an SM alone);
  * - keys a tile: 64 where O and S would not fit the registers (head_dim 256) or two 64-row blocks
- *   the shared memory (head_dim 128), else 128. */
-static void fw_choose(fw *f, const kiln_codegen_options *o)
+ *   the shared memory (head_dim 128), else 128;
+ * - a key split over a cluster: codegen.flash_split 2 or 4, or -1 for fw_split_auto's; none by
+ *   default (0, or 1). */
+static void fw_choose(fw *f, const kiln_codegen_options *o, int64_t tok_max, uint32_t sms)
 {
     f->rows = o->flash_rows == 64 && f->hd <= 128 ? 64 : 128;
     f->ct = 2 * f->rows;
@@ -586,7 +602,7 @@ static void fw_choose(fw *f, const kiln_codegen_options *o)
     if (o->flash_wg == KILN_FLASH_WG_NO_PINGPONG) pp = false;
     if (o->flash_wg == KILN_FLASH_WG_PINGPONG) pp = true;
     f->pingpong = pp && f->rows == 128; /* one consumer warpgroup has no one to take turns with */
-    f->split = o->flash_split == 2 || o->flash_split == 4 ? o->flash_split : 1;
+    f->split = o->flash_split == 2 || o->flash_split == 4 ? o->flash_split : o->flash_split == -1 ? fw_split_auto(f, tok_max, sms) : 1;
 }
 
 /* The mbarriers (thread 0) before the warpgroups part. */
@@ -614,7 +630,7 @@ void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_targ
             .n_kvh = (int32_t)kc->dims[0], .bf = kc->dtype == KILN_DTYPE_BF16};
     f.G = f.n_head / f.n_kvh;
     f.q16 = kl_tma_aligned(g, n->src[0]);
-    fw_choose(&f, &tg->opts);
+    fw_choose(&f, &tg->opts, kl_dim_max(g, q->dims[0]), tg->sm_count);
     f.capl2 = n->f[1] * 1.44269504088896341f, f.win = (int32_t)n->i[1]; /* the scores carry log2 e */
     int32_t nqb = (int32_t)((kl_dim_max(g, q->dims[0]) * f.G + f.rows - 1) / f.rows);
     int64_t parts = (int64_t)f.n_kvh * nqb * (f.split - 1) * f.ct * fw_part_words(&f); /* key split: scratch words */
