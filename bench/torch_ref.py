@@ -2,9 +2,12 @@
 """PyTorch on the same GPU as kiln, for the comparisons in bench/ and scripts/device-check: cuBLAS
 GEMM rates (torch.matmul, f16) at kiln's shapes, and one llama-7b decoder layer's 512-token prefill
 in eager PyTorch and torch.compile (f16 weights and activations, SDPA attention, RoPE, SwiGLU),
-each also captured into a CUDA graph and replayed (the GPU's time alone, as kiln's replay is).
-JSON, one object per line. Needs torch with CUDA; prints an error object otherwise.
-Usage: bench/torch_ref.py [gemm] [layer] [--compile]"""
+each also captured into a CUDA graph and replayed (the GPU's time alone, as kiln's replay is);
+serve: the same layer's decode step of N sequences at KV length C (issue #21's peer: cuBLAS + SDPA over
+contiguous equal-length caches, no paging, one captured CUDA graph) and the copy bandwidth of the run
+(the floor is weights + KV bytes over it). JSON, one object per line. Needs torch with CUDA; prints
+an error object otherwise.
+Usage: bench/torch_ref.py [gemm] [layer] [--compile] [serve NxC ...]   (serve default: 16x1024 64x1024 256x1024 64x4096)"""
 import json, sys, time
 
 def timed(fn, reps=20):
@@ -91,6 +94,60 @@ def layer(compile_too):
                 print(json.dumps({"torch": "llama-7b layer prefill", "mode": f"torch.compile {mode}+cudagraph", "tokens": T,
                                   "ms_per_layer": round(graphed(fc, x) * 1e3, 4)}), flush=True)
 
+def copy_bw():
+    """GB/s of a 2 GiB device-to-device copy (read + write bytes over the time), as kiln calibrate's."""
+    import torch
+    a = torch.empty(1 << 30, device="cuda", dtype=torch.float16); b = torch.empty_like(a)
+    s = timed(lambda: b.copy_(a), reps=10)
+    del a, b
+    return 2 * (1 << 31) / s * 1e-9
+
+def serve(cases, compile_too):
+    """A llama-7b f16 layer's decode step of N sequences at KV C: q, k, v of the N new tokens, k and
+    v written into contiguous [N, H, C + 1, HD] caches at position C, SDPA of one query row per
+    sequence over its C + 1 keys, O, MLP. Captured into a CUDA graph, replayed."""
+    import torch, torch.nn.functional as F
+    D, H, HD, FF = 4096, 32, 128, 11008
+    dt = torch.float16
+    bw = copy_bw()
+    print(json.dumps({"torch": "copy", "gb_per_s": round(bw, 1)}), flush=True)
+    p = {n: (torch.randn(*s, device="cuda", dtype=dt) * 0.02) for n, s in
+         [("wqkv", (3 * D, D)), ("wo", (D, D)), ("wgu", (2 * FF, D)), ("wd", (D, FF))]}
+    wbytes = sum(t.numel() * 2 for t in p.values())
+    n1 = torch.ones(D, device="cuda", dtype=dt); n2 = torch.ones(D, device="cuda", dtype=dt)
+    inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, device="cuda").float() / HD))
+    def rms(x, w): return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dt) * w
+    for case in cases:
+        N, C = (int(v) for v in case.split("x"))
+        kc = torch.randn(N, H, C + 1, HD, device="cuda", dtype=dt); vc = torch.randn_like(kc)
+        ang = torch.full((N, 1), float(C), device="cuda") * inv[None, :]
+        cos, sin = ang.cos().to(dt)[:, None, :], ang.sin().to(dt)[:, None, :]
+        def rope(x):
+            x1, x2 = x[..., ::2], x[..., 1::2]
+            return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+        def f(x):
+            h = rms(x, n1) @ p["wqkv"].t()
+            q, k, v = h.split(D, -1)
+            q = rope(q.view(N, H, HD)); k = rope(k.view(N, H, HD))
+            kc[:, :, C] = k; vc[:, :, C] = v.view(N, H, HD)
+            a = F.scaled_dot_product_attention(q[:, :, None], kc, vc).reshape(N, D)
+            x = x + a @ p["wo"].t()
+            g, u = (rms(x, n2) @ p["wgu"].t()).split(FF, -1)
+            return x + (F.silu(g) * u) @ p["wd"].t()
+        x = torch.randn(N, D, device="cuda", dtype=dt)
+        kvbytes = 2 * kc.numel() * 2
+        floor = (wbytes + kvbytes) / (bw * 1e9) * 1e3
+        modes = [("eager+cudagraph", f)]
+        if compile_too: modes.append(("torch.compile default+cudagraph", torch.compile(f)))
+        with torch.no_grad():
+            for mode, fn in modes:
+                ms = graphed(fn, x) * 1e3
+                print(json.dumps({"torch": "llama-7b layer serve decode", "mode": mode, "seqs": N, "ctx": C,
+                                  "ms_per_layer": round(ms, 4), "floor_ms": round(floor, 4),
+                                  "fraction_of_floor": round(floor / ms, 3), "bytes": wbytes + kvbytes}), flush=True)
+        del kc, vc
+        torch.cuda.empty_cache()
+
 if __name__ == "__main__":
     try:
         import torch
@@ -100,3 +157,6 @@ if __name__ == "__main__":
     args = sys.argv[1:] or ["gemm", "layer"]
     if "gemm" in args: gemm()
     if "layer" in args: layer("--compile" in args)
+    if "serve" in args:
+        cases = [a for a in args if "x" in a and a[0].isdigit()] or ["16x1024", "64x1024", "256x1024", "64x4096"]
+        serve(cases, "--compile" in args)

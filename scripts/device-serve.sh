@@ -1,23 +1,52 @@
 #!/usr/bin/env bash
-# Serving engines on the GPU machine (issue #21): the host time of kiln_run_async per step on a
-# captured CUDA graph (every input, output and metadata buffer bound as device memory; goal <= 10 us
-# for a 32-layer step), for llama-7b (32 layers, f16 and q4_k; the 64-sequence case 8 layers: 32 of them
-# with a 64 x 1024 KV cache need 81.65 GiB, past an H100's 80) and qwen2-0.5b stretched to 32 layers,
-# at 1, 16 and 64 sequences; serve 64 x 1024 with f16 and q8_0 pools; then the paged and tree tests
-# on cuda (q8_0 pools; tree steps of many rows now take the flash kernel), test_flash_kir, the
-# 100-step graph replay and kiln check paged_attention/kv_scatter. Builds nothing; never stops at
-# a failure; each step under a time limit; about 6 minutes in all.
+# Serving engines on the GPU machine (issue #21). Two modes; builds nothing; never stops at a failure;
+# each step under a time limit.
 #
-# usage: scripts/device-serve.sh [BIN_DIR]   (default devbin: a Release build's binaries)
-# BIN_DIR needs kiln; test_paged, test_tree, test_flash_kir and test_replay are run when present.
+# check (default, about 6 minutes): the host time of kiln_run_async per step on a captured CUDA graph
+# (every input, output and metadata buffer bound as device memory; goal <= 10 us for a 32-layer step),
+# for llama-7b (32 layers, f16 and q4_k; the 64-sequence case 8 layers: 32 of them with a 64 x 1024
+# KV cache need 81.65 GiB, past an H100's 80) and qwen2-0.5b stretched to 32 layers, at 1, 16 and 64
+# sequences; serve 64 x 1024 with f16 and q8_0 pools; then the paged and tree tests on cuda (q8_0
+# pools; tree steps of many rows now take the flash kernel), test_flash_kir, the 100-step graph
+# replay and kiln check paged_attention/kv_scatter.
+#
+# steps (about 8 minutes, BUDGET_S=470 cuts the later steps): where a serve decode step's time goes.
+# llama-7b f16 layers, paged f16 pool (block 16, shuffled), the plan of a 512-token chunk + decode
+# (as engines compile it): decode of 16x1024, 64x1024, 256x1024 and 64x4096 (and 64x1024 ragged,
+# and the 64x1024 mixed step) for each variant of VARIANTS (default "base f16": kiln's default
+# precision and KILN_PRECISION=f16; name=VAR=1+VAR2=2 adds one), two rounds A B A B; then under ncu
+# (--clock-control none) one decode step of one layer per case: every kernel's time, DRAM bytes and
+# achieved GB/s; stall reasons of the 64x1024 attention and GEMM kernels; then PyTorch in the same
+# run (bench/torch_ref.py serve: cuBLAS + SDPA over contiguous caches, one CUDA graph) with the copy
+# bandwidth that sets the floor. Summary tables last on stdout.
+#
+# usage: scripts/device-serve.sh [BIN_DIR] [check|steps]   (default devbin: a Release build's binaries)
+# BIN_DIR needs kiln; check runs test_paged, test_tree, test_flash_kir and test_replay when present.
 # Run it from the repository root after `source .devdeps/env.sh`. With $OUT set, every log and
-# summary.txt go there (else a temp dir); the host-time table is printed last.
+# summary.txt go there (else a temp dir); steps writes only summary.txt and logs.tar.xz there.
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/device-lib.sh
 . "$root/scripts/device-lib.sh"
-dev_bin "${1:-devbin}" "scripts/device-serve.sh [BIN_DIR]" kiln
+dev_bin "${1:-devbin}" "scripts/device-serve.sh [BIN_DIR] [check|steps]" kiln
+mode="${2:-check}"
+final="${OUT:-}"
+if [[ "$mode" == steps ]]; then # the logs stay in a temp dir (a call brings back a few files): $OUT gets summary.txt and logs.tar.xz
+    OUT="$(mktemp -d /tmp/device-serve.XXXXXX)" dev_out serve
+    # shellcheck source=scripts/device-serve-steps.sh
+    . "$root/scripts/device-serve-steps.sh"
+    if [[ -n "$final" ]]; then
+        mkdir -p "$final"
+        cp "$summary" "$final/summary.txt"
+        tar -cJf "$final/logs.tar.xz" -C "$out" --exclude ./cache . 2>/dev/null
+    fi
+    exit 0
+fi
 dev_out serve
+if [[ "$mode" != check ]]; then
+    echo "usage: scripts/device-serve.sh [BIN_DIR] [check|steps] (unknown mode '$mode')" >&2
+    exit 2
+fi
 export KILN_SOURCE_DIR="$root" KILN_CACHE=off
 dev_info
 

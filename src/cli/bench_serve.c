@@ -2,8 +2,10 @@
  * as a serving engine runs them: steady-state decode of --seqs sequences at KV length --ctx (one
  * token each per step, blocks shuffled over the pool, equal or ragged lengths with the same total)
  * and a mixed step (one --chunk-token prefill chunk plus seqs - 1 decoding sequences) with its time
- * split between matmul and attention kernels; or (--host, cuda) the host time of kiln_run_async per
- * step with every binding in device memory. JSON or text out. Must not assert on speed. */
+ * split between matmul and attention kernels (--only decode|mixed: one of them, e.g. under a
+ * profiler; --profile: the plan's per-kernel table of the decode steps); or (--host, cuda) the host
+ * time of kiln_run_async per step with every binding in device memory. JSON or text out. Must not
+ * assert on speed. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,7 +20,8 @@ typedef struct serve_opts {
     kiln_dtype         wtype;   /* --wtype (default f16) */
     kiln_dtype         kv;      /* --kv: the pools' dtype (default f16; f32 with f32 weights; q8_0) */
     const char        *backend; /* --backend */
-    bool               json, ragged, host; /* --json, --ragged, --host */
+    bool               json, ragged, host, profile; /* --json, --ragged, --host, --profile */
+    char               only;    /* --only decode|mixed: 'd' or 'm'; 0: both */
 } serve_opts;
 
 typedef struct serve_state {
@@ -52,6 +55,12 @@ static int parse(int argc, char *const *argv, serve_opts *o)
                 return KILN_CLI_USAGE;
         } else if ((r = kiln_cli_flag_value(&a, "--mode", &v)) != 0) {
             if (r < 0 || strcmp(v, "serve") != 0) return KILN_CLI_USAGE;
+        } else if ((r = kiln_cli_flag_value(&a, "--only", &v)) != 0) {
+            if (r < 0 || (strcmp(v, "decode") != 0 && strcmp(v, "mixed") != 0)) {
+                fprintf(stderr, "kiln bench: --only wants decode or mixed\n");
+                return KILN_CLI_USAGE;
+            }
+            o->only = v[0];
         } else if ((r = kiln_cli_flag_value(&a, "--backend", &v)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
             o->backend = v;
@@ -63,8 +72,10 @@ static int parse(int argc, char *const *argv, serve_opts *o)
             }
         } else if ((r = kiln_cli_preset_flags(&a, &o->preset, &o->wtype)) != 0) {
             if (r < 0) return KILN_CLI_USAGE;
-        } else if (!strcmp(argv[a.i], "--json") || !strcmp(argv[a.i], "--ragged") || !strcmp(argv[a.i], "--host")) {
-            *(argv[a.i][2] == 'j' ? &o->json : argv[a.i][2] == 'r' ? &o->ragged : &o->host) = true;
+        } else if (!strcmp(argv[a.i], "--json") || !strcmp(argv[a.i], "--ragged") || !strcmp(argv[a.i], "--host") ||
+                   !strcmp(argv[a.i], "--profile")) {
+            char c = argv[a.i][2];
+            *(c == 'j' ? &o->json : c == 'r' ? &o->ragged : c == 'h' ? &o->host : &o->profile) = true;
             a.i++;
         } else {
             return kiln_cli_unknown_flag("bench", argv[a.i]);
@@ -74,6 +85,10 @@ static int parse(int argc, char *const *argv, serve_opts *o)
     if (o->kv == KILN_DTYPE_COUNT) o->kv = kiln_preset_kv_dtype(o->wtype);
     if (!o->preset) {
         fprintf(stderr, "kiln bench: missing --preset NAME (see kiln bench --help)\n");
+        return KILN_CLI_USAGE;
+    }
+    if (o->only == 'm' && o->chunk < 2) {
+        fprintf(stderr, "kiln bench: --only mixed needs a prefill chunk (--chunk of 2 or more)\n");
         return KILN_CLI_USAGE;
     }
     if (o->block & (o->block - 1)) {
@@ -290,36 +305,49 @@ static void report_host(const serve_opts *o, const serve_state *st, const double
            (long long)o->seqs, (long long)o->ctx, r[0], r[1], r[2], (long long)o->steps, r[3]);
 }
 
-static void report(const serve_opts *o, const serve_state *st, double dec_ms, double mix_ms, const double sp[3])
+static void report(const serve_opts *o, const serve_state *st, double dec_ms, double mix_ms, const double sp[3], const char *prof)
 {
     kiln_dtype kt = o->kv;
     double wb = (double)kiln_preset_layer_weight_bytes(o->preset, o->wtype), kvb = 0;
     for (int64_t q = 0; q < o->seqs; q++) kvb += (double)kiln_preset_layer_kv_bytes(o->preset, kt, st->len[q] + o->steps / 2 + 1);
-    double per = dec_ms / (double)o->layers, gbps = (wb + kvb) / (per * 1e-3) * 1e-9;
+    double per = dec_ms / (double)o->layers, gbps = per > 0 ? (wb + kvb) / (per * 1e-3) * 1e-9 : 0; /* 0: --only mixed */
     const char *be = kiln_plan_backend(st->plan);
     if (o->json) {
         printf("{\"preset\":\"%s\",\"mode\":\"serve\",\"backend\":\"%s\",\"wtype\":\"%s\",\"kvtype\":\"%s\",\"layers\":%lld,"
                "\"seqs\":%lld,\"ctx\":%lld,\"ragged\":%s,\"block\":%lld,\"pool_blocks\":%lld,\"steps\":%lld,\"io\":\"%s\","
                "\"decode_ms_per_layer\":%.6f,\"decode_bytes_per_layer\":%.0f,\"decode_gb_per_s\":%.4f,\"decode_tok_per_s\":%.1f,"
                "\"chunk\":%lld,\"mixed_ms_per_layer\":%.6f,\"mixed_matmul_ms_per_layer\":%.6f,\"mixed_attention_ms_per_layer\":%.6f,"
-               "\"mixed_profiled_ms_per_layer\":%.6f}\n",
+               "\"mixed_profiled_ms_per_layer\":%.6f%s%s}\n",
                o->preset->name, be, kiln_dtype_name(o->wtype), kiln_dtype_name(kt), (long long)o->layers, (long long)o->seqs,
                (long long)o->ctx, o->ragged ? "true" : "false", (long long)o->block, (long long)st->n_blocks, (long long)o->steps,
-               st->dev ? "device" : "host", per, wb + kvb, gbps, (double)o->seqs / (dec_ms * 1e-3), (long long)o->chunk,
+               st->dev ? "device" : "host", per, wb + kvb, gbps, dec_ms > 0 ? (double)o->seqs / (dec_ms * 1e-3) : 0, (long long)o->chunk,
                mix_ms / (double)o->layers, sp[0] * 1e3 / (double)o->layers, sp[1] * 1e3 / (double)o->layers,
-               sp[2] * 1e3 / (double)o->layers);
+               sp[2] * 1e3 / (double)o->layers, prof ? ",\"profile\":" : "", prof ? prof : "");
         return;
     }
     printf("%s serve on %s, %s weights, %s KV in blocks of %lld (pool %lld blocks, shuffled), %lld layers\n", o->preset->name, be,
            kiln_dtype_name(o->wtype), kiln_dtype_name(kt), (long long)o->block, (long long)st->n_blocks, (long long)o->layers);
-    printf("  decode: %lld sequences at KV %lld%s: median %.3f ms/layer-step, %.1f MB read per layer, %.2f GB/s, %.0f tok/s\n",
-           (long long)o->seqs, (long long)o->ctx, o->ragged ? " (ragged: ctx/2..3ctx/2, same total)" : "", per, (wb + kvb) * 1e-6,
-           gbps, (double)o->seqs / (dec_ms * 1e-3));
-    if (o->chunk > 1)
+    if (dec_ms > 0)
+        printf("  decode: %lld sequences at KV %lld%s: median %.3f ms/layer-step, %.1f MB read per layer, %.2f GB/s, %.0f tok/s\n",
+               (long long)o->seqs, (long long)o->ctx, o->ragged ? " (ragged: ctx/2..3ctx/2, same total)" : "", per,
+               (wb + kvb) * 1e-6, gbps, (double)o->seqs / (dec_ms * 1e-3));
+    if (o->chunk > 1 && mix_ms > 0)
         printf("  mixed: a %lld-token prefill chunk + %lld decoding: median %.3f ms/layer-step; profiled: matmul %.3f, attention "
                "%.3f of %.3f ms/layer\n",
                (long long)o->chunk, (long long)o->seqs - 1, mix_ms / (double)o->layers, sp[0] * 1e3 / (double)o->layers,
                sp[1] * 1e3 / (double)o->layers, sp[2] * 1e3 / (double)o->layers);
+    if (prof) printf("\nper kernel of the decode steps, all %lld layers (measured = mean over %lld steps):\n%s", (long long)o->layers,
+                     (long long)o->steps, prof);
+}
+
+/* --profile: the plan's per-kernel table (text or JSON) over `steps` profiled decode steps. */
+static kiln_status decode_profile(const serve_opts *o, serve_state *st, char **out)
+{
+    kiln_plan_profile(st->plan, true);
+    kiln_status s = KILN_OK;
+    for (int64_t i = 0; s == KILN_OK && i < o->steps; i++) s = step(o, st, 1, i + 1);
+    kiln_plan_profile(st->plan, false);
+    return s == KILN_OK ? kiln_plan_explain(st->plan, o->json ? "json" : "text", out) : s;
 }
 
 int kiln_cli_bench_serve(int argc, char *const *argv)
@@ -329,6 +357,7 @@ int kiln_cli_bench_serve(int argc, char *const *argv)
     if (rc != KILN_CLI_OK) return rc;
     serve_state st = {0};
     double dec = 0, mix = 0, sp[4] = {0, 0, 0, 0};
+    char *prof = NULL;
     rc = setup(&o, &st);
     kiln_status s = KILN_OK;
     if (rc == KILN_CLI_OK && o.host) {
@@ -342,11 +371,14 @@ int kiln_cli_bench_serve(int argc, char *const *argv)
         }
         o.chunk = 0, o.steps = 0; /* nothing more to time */
     }
-    if (rc == KILN_CLI_OK && o.steps) s = timed(&o, &st, 1, o.steps, &dec);
-    if (rc == KILN_CLI_OK && s == KILN_OK && o.chunk > 1) s = timed(&o, &st, o.chunk, o.steps / 2 + 1, &mix);
-    if (rc == KILN_CLI_OK && s == KILN_OK && o.chunk > 1) s = split(&o, &st, 3, sp);
+    bool dec_on = o.steps && o.only != 'm', mix_on = o.chunk > 1 && o.only != 'd';
+    if (rc == KILN_CLI_OK && dec_on) s = timed(&o, &st, 1, o.steps, &dec);
+    if (rc == KILN_CLI_OK && s == KILN_OK && dec_on && o.profile) s = decode_profile(&o, &st, &prof);
+    if (rc == KILN_CLI_OK && s == KILN_OK && mix_on) s = timed(&o, &st, o.chunk, o.steps / 2 + 1, &mix);
+    if (rc == KILN_CLI_OK && s == KILN_OK && mix_on) s = split(&o, &st, 3, sp);
     if (rc == KILN_CLI_OK && s != KILN_OK) rc = kiln_cli_fail("bench", st.ctx, s, "running a step");
-    if (rc == KILN_CLI_OK && !o.host) report(&o, &st, dec, mix, sp);
+    if (rc == KILN_CLI_OK && !o.host) report(&o, &st, dec, mix, sp, prof);
+    free(prof);
     for (int i = 0; i < 4; i++)
         if (st.dmeta[i]) kiln_backends[KILN_BACKEND_CUDA]->free(st.ctx->be_state[KILN_BACKEND_CUDA], st.dmeta[i]);
     if (st.dev) {

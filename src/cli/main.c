@@ -140,7 +140,8 @@ static const char usage_bench[] =
     "fraction of the read bandwidth (and FMA peak) measured in the same run.\n"
     "\n"
     "       kiln bench --preset NAME --mode serve [--seqs N] [--ctx C] [--ragged] [--block B] [--chunk P]\n"
-    "                  [--layers N] [--steps S] [--wtype T] [--kv T] [--backend B] [--seed N] [--host] [--json]\n"
+    "                  [--layers N] [--steps S] [--wtype T] [--kv T] [--backend B] [--seed N] [--host]\n"
+    "                  [--only decode|mixed] [--profile] [--json]\n"
     "--mode serve: the layers with paged attention (blocks shuffled over the pool), as an engine runs\n"
     "them: steady-state decode of N sequences (default 16) at KV length C (default 1024; --ragged:\n"
     "lengths spread over C/2..3C/2, same total), one token each per step; then a mixed step of a\n"
@@ -148,6 +149,8 @@ static const char usage_bench[] =
     "between matmul and attention kernels (profiled). --block B tokens per block (default 16),\n"
     "--layers (default 4; 1 on ref), --wtype (default f16), --kv the pools' dtype (f16; f32 with f32\n"
     "weights; q8_0: ggml's blocks, quantized by kv_scatter). On cuda x and y stay in device memory.\n"
+    "--only decode|mixed times one of the two (under a profiler); --profile adds the per-kernel table\n"
+    "(predicted vs measured) of S profiled decode steps (with --json, a \"profile\" object).\n"
     "--host (cuda): instead, the host time of each kiln_run_async call (median, p90, max us) over S\n"
     "decode steps (default 160) of a captured graph with every input, output and metadata buffer bound\n"
     "as device memory, --layers default 32: the per-step overhead an engine pays on its stream.\n";
