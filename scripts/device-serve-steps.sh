@@ -13,10 +13,10 @@ bstep() { # a step, unless past BUDGET_S (then skipped, so that the tables come 
 }
 ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
 
-# variants: name, or name=VAR=1+VAR2=2
-declare -A env_of=([base]="" [f16]="KILN_PRECISION=f16")
+# variants: name, or name=VAR=1+VAR2=2 (pd: the coalesced paged split kernels, codegen.paged_decode)
+declare -A env_of=([base]="" [f16]="KILN_PRECISION=f16" [pd]="KILN_PAGED_DECODE=1" [pd16]="KILN_PAGED_DECODE=1 KILN_PRECISION=f16")
 variants=()
-for v in ${VARIANTS:-base f16}; do
+for v in ${VARIANTS:-base pd f16 pd16}; do
     n="${v%%=*}"
     [[ "$v" == *=* ]] && env_of[$n]="${v#*=}" && env_of[$n]="${env_of[$n]//+/ }"
     variants+=("$n")
@@ -33,18 +33,28 @@ declare -A args_of=(
 )
 common="--preset llama-7b --wtype f16 --mode serve --backend cuda --block 16 --chunk 512"
 
-# bench_round R: every case of every variant (the ragged case in round 1 and for the first variant only)
+# bench_round R CASE...: each case of every variant (the ragged case: base and pd only)
 bench_round() {
-    local c v
-    for c in "${cases[@]}"; do
+    local c v r="$1"
+    shift
+    for c in "$@"; do
         for v in "${variants[@]}"; do
-            [[ $c == s64rag && ($1 == 2 || $v != "${variants[0]}") ]] && continue
+            [[ $c == s64rag && $v != base && $v != pd ]] && continue
             # shellcheck disable=SC2086
-            bstep "r${1}_${c}_$v" 120 env ${env_of[$v]} "$bin/kiln" bench $common ${args_of[$c]} --layers 2 --steps 16 --json
+            bstep "r${r}_${c}_$v" 120 env ${env_of[$v]} "$bin/kiln" bench $common ${args_of[$c]} --layers 2 --steps 16 --json
         done
     done
 }
-bench_round 1
+bench_round 1 "${cases[@]}"
+
+# the variants' paged steps on cuda against the f64 reference (test_paged present)
+if [[ -x "$bin/test_paged" ]]; then
+    for v in "${variants[@]}"; do
+        [[ -n "${env_of[$v]}" && $v != f16 && $v != pd16 ]] || continue
+        # shellcheck disable=SC2086
+        bstep "paged_cuda_$v" 150 env ${env_of[$v]} "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
+    done
+fi
 
 # PyTorch in the same run (eager ops captured into one CUDA graph; TORCH_COMPILE=1 adds torch.compile's)
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
@@ -64,17 +74,23 @@ ncu_run() { # NAME VARIANT BENCH-FLAGS...
 }
 if [[ -n "$ncu" ]]; then
     for v in "${variants[@]}"; do ncu_run "ncu_s64_$v" "$v" --seqs 64 --ctx 1024 --only decode; done
-    # the mixed step (2 timed + 3 profiled steps after the first: the last fifth is one step)
-    ncu_run "ncu_s64mixed_${variants[0]}" "${variants[0]}" --seqs 64 --ctx 1024 --only mixed
-    for c in s16 s256 s64k4; do
-        # shellcheck disable=SC2086
-        ncu_run "ncu_${c}_${variants[0]}" "${variants[0]}" ${args_of[$c]}
-    done
 else
     dev_skip ncu "ncu not found"
 fi
 
-bench_round 2
+bench_round 2 s64 s16
+
+if [[ -n "$ncu" ]]; then
+    # the mixed step (2 timed + 3 profiled steps after the first: the last fifth is one step)
+    ncu_run "ncu_s64mixed_${variants[0]}" "${variants[0]}" --seqs 64 --ctx 1024 --only mixed
+    for c in s16 s256 s64k4; do
+        for v in "${variants[0]}" pd; do
+            [[ -n "${env_of[$v]+x}" ]] || continue
+            # shellcheck disable=SC2086
+            ncu_run "ncu_${c}_$v" "$v" ${args_of[$c]}
+        done
+    done
+fi
 
 # why: stall reasons of the 64 x 1024 decode step's attention and GEMM kernels (second step)
 if [[ -n "$ncu" ]]; then

@@ -57,6 +57,10 @@ static int32_t attn_cl;    /* codegen.attn_cluster of every run_regions (0: the 
 static bool cl_ran;        /* the last run_regions ran the cluster decode kernel, and it alone */
 static int64_t g_ctx;      /* flash_run's cache rows and decode mode: runs of at most 8 rows at the bound (no flash
                               kernel), C rows (0: flash runs, n_kv + 5 rows) */
+static int32_t paged_dec;  /* codegen.paged_decode of every run_regions (0: the default) */
+static bool co_ran;        /* the last run_regions ran the coalesced paged split kernel (codegen.paged_decode) */
+static int32_t g_sms;      /* the target's SM count for run_regions (0: the target's own) */
+static int64_t g_blk;      /* paged_case's tokens a block (0: 16) */
 static bool f16_prec(int tgt) { return tgt == TGT_CUDA_F16 || tgt == TGT_WG; }
 static double worst_f16 = 0; /* largest NMSE under f16 precision (printed: the contract's bound's margin) */
 
@@ -146,16 +150,19 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
     if (tgt == TGT_CUDA_F16) co.flash_wg = KILN_GEMM_OFF;
     if (tgt == TGT_WG) co.flash_wg = wg_option, co.flash_rows = wg_rows, co.flash_split = wg_split;
     co.attn_cluster = attn_cl;
+    co.paged_decode = paged_dec;
     kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
+    if (g_sms) tg.sm_count = g_sms;
     uint32_t yi = g->outs[0].node;
     char err[1024];
     bool flash = false;
-    wg_ran = false, cl_ran = false;
+    wg_ran = false, cl_ran = false, co_ran = false;
     for (uint32_t r = 0; r < f.n_regions; r++) {
         kiln_kir kk[KILN_LOWER_MAX];
         uint32_t n = 0;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tg, kk, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
         cl_ran |= n == 1 && strcmp(kk[0].name, "kiln_attn_decode") == 0;
+        co_ran |= n >= 1 && strstr(kk[0].what, "coalesced") != NULL;
         uint64_t sb = 0;
         for (uint32_t i = 0; i < n; i++) sb = kk[i].scratch_bytes > sb ? kk[i].scratch_bytes : sb;
         uint32_t *scratch = malloc((sb / 4 + 4) * 4);
@@ -296,7 +303,7 @@ Test(flash_kir, grouped_heads)
 static void paged_case_tree(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int n_seq, const int *nw,
                             const int *prior, const int32_t *par)
 {
-    enum { BLK = 16 };
+    const int64_t BLK = g_blk ? g_blk : 16;
     int64_t T = 0, MB = 0, need = 0;
     for (int i = 0; i < n_seq; i++) {
         int64_t nb = (prior[i] + nw[i] + BLK - 1) / BLK;
@@ -345,16 +352,18 @@ static void paged_case_tree(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int6
     }
     uint32_t params[8] = {0};
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ss)] = (uint32_t)n_seq;
-    char what[160], err[1024];
-    snprintf(what, sizeof what, "paged%s, %s, %s pool, %lld/%lld heads, hd %lld, %d sequences, %lld rows, softcap %g, window %lld",
-             par ? " tree" : "", tgt_name[tgt], kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, n_seq, (long long)T,
-             (double)g_softcap, (long long)g_window);
+    char what[260], err[1024];
+    snprintf(what, sizeof what, "paged%s%s, %s, %s pool, %lld/%lld heads, hd %lld, %d sequences, %lld rows, block %lld, softcap %g, window %lld",
+             par ? " tree" : "", paged_dec == KILN_GEMM_ON ? " (paged_decode)" : "", tgt_name[tgt], kiln_dtype_name(cd), (long long)H,
+             (long long)Hkv, (long long)hd, n_seq, (long long)T, (long long)BLK, (double)g_softcap, (long long)g_window);
     kbind kb = {.names = {"q", "k", "v", "pos", "seqs", "blocks", "parents"}, .mem = {qf, kmem, vmem, pv, sv, bv, (void *)par},
                 .n = par ? 7 : 6};
     /* flash off, and Vulkan's emulated MMA: the split kernels take paged steps */
     bool flash = run_regions(g, tgt, params, &kb, y, what);
     cr_assert(flash == (tgt == TGT_CUDA || f16_prec(tgt)), "%s: flash kernel %s", what, flash ? "present" : "missing");
     cr_assert(!wg_ran, "%s: the warpgroup kernel took a paged step", what);
+    bool co_fits = !par && cd != KILN_DTYPE_Q8_0 && hd % (cd == KILN_DTYPE_F32 ? 4 : 8) == 0 && H / Hkv * (cd == KILN_DTYPE_F32 ? 4 : 8) <= 32;
+    cr_assert(co_ran == (paged_dec == KILN_GEMM_ON && co_fits), "%s: coalesced split kernel %s", what, co_ran ? "ran" : "did not run");
     ref64 *rf = ref64_new(g);
     cr_assert_eq(ref64_state_set(rf, "k", kmem, cb, err, sizeof err), 0, "%s", err);
     cr_assert_eq(ref64_state_set(rf, "v", vmem, cb, err, sizeof err), 0, "%s", err);
@@ -658,4 +667,47 @@ Test(flash_kir, paged_trees)
         paged_case_tree(tgt, KILN_DTYPE_F16, 8, 2, 64, 4, nw, prior, par);
         paged_case_tree(tgt, KILN_DTYPE_F32, 2, 2, 128, 4, nw, prior, par);
     }
+}
+
+/* codegen.paged_decode: the coalesced split kernels (a key row's 16-byte chunks over consecutive
+ * lanes, splits sized per row from its key count and the step's sequences, a loop over the step's
+ * rows) on every target: batched decode of 1 to 17 sequences (ragged, 1 to 1000 keys: one split to
+ * eight, several tiles a split), rows per sequence 1 to 4 (and, on the Vulkan target, prefill chunks),
+ * blocks of 16 and 128, MHA and grouped heads 2/4 (f16) and 4/8 (f32), head_dim 32 to 256, f16/bf16/f32
+ * pools, soft-cap and window; an SM count of 1 makes a step want fewer splits than the grid has
+ * (co_want). q8_0 pools and groups of 7 or 8 f16 heads keep the lane-a-key kernels (checked: the
+ * coalesced kernel does not run there). */
+Test(flash_kir, paged_decode_coalesced)
+{
+    static const int one[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    static const int prior17[] = {0, 999, 31, 32, 33, 64, 300, 5, 127, 128, 129, 17, 511, 700, 1, 2, 250};
+    static const int few[] = {2, 1, 4, 3}, prior4[] = {40, 0, 260, 95};
+    static const int chunk[] = {1, 37, 1}, priorc[] = {20, 0, 300};
+    paged_dec = KILN_GEMM_ON;
+    for (int tgt = 0; tgt < TGT_N; tgt++) {
+        if (tgt == TGT_V1 || tgt == TGT_WG) continue; /* the same split kernels as the cuda target's */
+        g_blk = 16;
+        paged_case(tgt, KILN_DTYPE_F16, 4, 4, 128, 17, one, prior17);
+        paged_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 4, few, prior4);
+        paged_case(tgt, KILN_DTYPE_F16, 8, 2, 32, 4, few, prior4);
+        paged_case(tgt, KILN_DTYPE_F32, 2, 2, 128, 4, few, prior4);
+        paged_case(tgt, KILN_DTYPE_F32, 8, 1, 64, 3, chunk, priorc); /* 8 heads a group; cuda: the flash kernel takes the chunk */
+        paged_case(tgt, KILN_DTYPE_F16, 7, 1, 64, 4, few, prior4);   /* 7 f16 heads a group: not taken */
+        if (tgt == TGT_VULKAN) { /* no flash kernel for bf16 pools or head_dim 256: the split kernels take every step */
+            paged_case(tgt, KILN_DTYPE_BF16, 4, 1, 64, 4, few, prior4);
+            paged_case(tgt, KILN_DTYPE_F16, 2, 1, 256, 3, chunk, priorc);
+        }
+        g_blk = 128;
+        paged_case(tgt, KILN_DTYPE_F16, 8, 2, 128, 17, one, prior17);
+        g_sms = 1; /* fill 16: 1-2 splits a row */
+        paged_case(tgt, KILN_DTYPE_F16, 4, 4, 128, 17, one, prior17);
+        paged_case(tgt, KILN_DTYPE_F32, 8, 2, 64, 4, few, prior4);
+        g_sms = 0, g_blk = 16;
+        g_softcap = 30.0f, g_window = 100;
+        paged_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 4, few, prior4);
+        g_softcap = 0, g_window = 0;
+        paged_case(tgt, KILN_DTYPE_Q8_0, 4, 2, 32, 4, few, prior4); /* not taken */
+    }
+    paged_dec = 0, g_blk = 0;
+    fprintf(stderr, "flash_kir paged_decode_coalesced: worst NMSE at f16 precision %.3g\n", worst_f16);
 }

@@ -865,3 +865,53 @@ Test(ptx, attn_cluster_assembles_for_sm90, .timeout = 600)
         cr_assert_eq(split, 0, "%s: split/combine kernels remain", what);
     }
 }
+
+/* Paged decode's coalesced split kernels (codegen.paged_decode, lower_attn.c co_tile: a key row's
+ * 16-byte chunks over consecutive lanes, q.k by group reductions): llama-7b (MHA, head_dim 128)
+ * serving steps of 64 sequences (blocks of 16 and 128, a plan holding a 512-token chunk) assemble for
+ * sm_90 with no spills; qwen2-7b's 7 query heads a kv head keep the lane-a-key kernel. */
+Test(ptx, paged_decode_assembles_for_sm90, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    static const struct { const char *preset; int64_t block; int co; } cases[] = {{"llama-7b", 16, 1}, {"llama-7b", 128, 1}, {"qwen2-7b", 16, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        kiln_lower_target tg = kiln_lower_target_for_sm(90);
+        tg.opts.paged_decode = KILN_GEMM_ON;
+        int64_t mb = 2064 / cases[c].block + 1;
+        kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 64 * mb * cases[c].block,
+                                    .max_tok = 64 + 511, .seed = 1, .shape_only = true, .block = cases[c].block, .max_seqs = 64,
+                                    .max_blocks = mb};
+        kiln_graph *g = NULL;
+        char err[8192] = "", what[128];
+        cr_assert_eq(kiln_preset_build_ex(kiln_preset_find(cases[c].preset), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+        snprintf(what, sizeof what, "%s serve, block %lld", cases[c].preset, (long long)cases[c].block);
+        kiln_fusion f;
+        cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+        int found = 0;
+        for (uint32_t r = 0; r < f.n_regions; r++) {
+            kiln_kir ks[KILN_LOWER_MAX];
+            uint32_t nk = 0;
+            cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tg, ks, &nk, err, sizeof err), KILN_OK, "%s: %s", what, err);
+            for (uint32_t i = 0; i < nk; i++) {
+                if (!strncmp(ks[i].name, "kiln_attn_", 10) && strncmp(ks[i].name, "kiln_attn_flash", 15)) {
+                    char *txt = NULL;
+                    unsigned flags;
+                    kiln_ptxas_report rep;
+                    kiln_status s = kiln_ptx_print_assembled(ptxas, &ks[i], 90, &txt, &flags, NULL, &rep, err, sizeof err);
+                    cr_assert_eq(s, KILN_OK, "%s, %s: %s", what, ks[i].name, err);
+                    cr_assert_eq(rep.spill_stores + rep.spill_loads + rep.stack, 0, "%s, %s: %d/%d spill bytes, stack %d:\n%s", what,
+                                 ks[i].name, rep.spill_stores, rep.spill_loads, rep.stack, rep.log);
+                    cr_log_info("%s: %s (%s), grid %u x %u, %u threads, %d registers", what, ks[i].name, ks[i].what, ks[i].grid[0],
+                                ks[i].grid[1], ks[i].block, rep.regs);
+                    found += strstr(ks[i].what, "coalesced") != NULL;
+                    free(txt);
+                }
+                kiln_kir_free(&ks[i]);
+            }
+        }
+        kiln_fusion_free(&f);
+        kiln_graph_free(g);
+        cr_assert_eq(found, cases[c].co, "%s: %d coalesced split kernels", what, found);
+    }
+}

@@ -40,6 +40,11 @@ typedef struct at {
     int32_t cl;     /* blocks per cluster: the n_split splits of a group are one cluster's blocks and
                        combine in distributed shared memory (one kernel); 0: split + combine kernels */
     kiln_dtype kt, vt;
+    bool co;        /* paged, codegen.paged_decode: coalesced tiles (co_tile), splits sized at run time
+                       (co_split), a loop over the step's rows in a grid of gy rows */
+    int32_t L, per; /* co: lanes a key row (16 bytes each: per values), L a power of two up to 32 */
+    int64_t gy;     /* co: rows of the grid (the sequences' bound) */
+    int64_t fill;   /* co: one-warp blocks the splits aim at (about 16 an SM) */
 } at;
 
 static uint32_t red(kiln_kir *k, uint32_t v, enum kiln_kred op)
@@ -176,6 +181,8 @@ typedef struct attn_st {
     tree_row tr;                  /* a tree step: the row's place in its sequence's tree */
     uint32_t m[8], l[8], o[8][8]; /* F32 variables: running max, sum and output of each head */
     float softcap;                /* the node's logit soft-cap (0: none) */
+    uint32_t qr[8][8], oc[8][8];  /* co: q (values) and the output (F32 variables) of the lane's dims c per .. */
+    uint32_t osh;                 /* co: shared, the lanes' outputs gathered for write_partial */
 } attn_st;
 
 /* Cache row (within a kv head) of key j: j itself, or its slot through the block table. */
@@ -248,15 +255,14 @@ static void tile_scores(const attn_st *st, uint32_t s[8], uint32_t *valid_out)
     *valid_out = valid;
 }
 
-/* The online softmax over the tile's scores (p through shared memory), then O += P . V, VU keys
- * per step with their V loads in flight together. */
-static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
+/* The online softmax step of a tile: each lane's score s (of its key, slot pslot of the tile; -inf
+ * where not valid) updates the running max and sum, p goes to shared memory (slot pslot), and the
+ * n_o output variables of each head are rescaled. */
+static void softmax_step(attn_st *st, const uint32_t s[8], uint32_t valid, uint32_t pslot, uint32_t (*o)[8], int n_o)
 {
     kiln_kir *k = st->k;
-    const at *a = st->a;
-    int32_t G = st->G, hd = st->hd, dpl = st->dpl;
-    uint32_t kb = st->kb, lane = st->lane, warp = st->warp, head_row = st->head_row, psh = st->psh, vs = st->vs;
-    uint32_t *m = st->m, *l = st->l, (*o)[8] = st->o;
+    int32_t G = st->G;
+    uint32_t warp = st->warp, psh = st->psh, *m = st->m, *l = st->l;
     kiln_kbarrier(k); /* the previous tile's p is consumed */
     uint32_t alpha[8];
     for (int gg = 0; gg < G; gg++) {
@@ -269,12 +275,24 @@ static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
         kiln_kset(k, m[gg], mn);
         kiln_ksts(k, psh,
                   kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, warp, kiln_ki(k, G * 32)),
-                          kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32), lane)),
+                          kiln_k2(k, KILN_KOP_ADD, kiln_ki(k, gg * 32), pslot)),
                   p);
     }
     kiln_kbarrier(k);
     for (int gg = 0; gg < G; gg++)
-        for (int d = 0; d < dpl; d++) kiln_kset(k, o[gg][d], kiln_k2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
+        for (int d = 0; d < n_o; d++) kiln_kset(k, o[gg][d], kiln_k2(k, KILN_KOP_MUL, o[gg][d], alpha[gg]));
+}
+
+/* The online softmax over the tile's scores (p through shared memory), then O += P . V, VU keys
+ * per step with their V loads in flight together. */
+static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
+{
+    kiln_kir *k = st->k;
+    const at *a = st->a;
+    int32_t G = st->G, hd = st->hd, dpl = st->dpl;
+    uint32_t kb = st->kb, lane = st->lane, warp = st->warp, head_row = st->head_row, psh = st->psh, vs = st->vs;
+    uint32_t (*o)[8] = st->o;
+    softmax_step(st, s, valid, lane, o, dpl);
     uint32_t kk = kiln_kvar(k, kiln_ki(k, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kk, kiln_ki(k, 32), kiln_ki(k, VU), 0);
     { /* VU keys per iteration: their V loads are all in flight before the first use */
@@ -306,6 +324,126 @@ static void tile_softmax_pv(attn_st *st, const uint32_t s[8], uint32_t valid)
             }
     }
     kl_loop_end(k);
+}
+
+/* ------------------------------------------------------------------ coalesced tiles (a->co)
+ * A lane = sub * L + c of the (one-warp) block reads 16 bytes, dims c per .. c per + per - 1, of
+ * key rows kb + i R + sub (R = 32 / L rows a load, i < L): each load instruction reads R whole rows
+ * of consecutive bytes (a lane a key read 32 rows 16 bytes at a time). q.k sums a row's L lanes with a
+ * group reduction; lane c of group sub keeps key c R + sub's score, so the softmax step is the lane
+ * a key one's; p.v accumulates each lane's dims over its group's keys, summed over the R groups at
+ * the end (co_finish). Both phases read the rows a key table of the tile gives once. */
+
+static int32_t lg2i(int32_t v)
+{
+    int32_t r = 0;
+    while ((1 << r) < v) r++;
+    return r;
+}
+
+/* The per F32 values of a 16-byte load of the pool (f16/bf16 halves, or f32 words). */
+static void co_vals(kiln_kir *k, kiln_dtype t, uint32_t v4, int per, uint32_t out[8])
+{
+    for (int e = 0; e < per; e++) {
+        uint32_t w = kiln_klane(k, v4, per == 4 ? e : e / 2);
+        out[e] = per == 4 ? kiln_kir_op(k, KILN_KOP_BITCAST, KILN_KT_F32, w, KILN_IDX_NONE, KILN_IDX_NONE, 0)
+                          : kiln_kir_op(k, t == KILN_DTYPE_F16 ? KILN_KOP_H2F : KILN_KOP_B2F, KILN_KT_F32, w, KILN_IDX_NONE,
+                                        KILN_IDX_NONE, e % 2);
+    }
+}
+
+/* The 16 bytes of cache row `row` (kv head's rows included) at dims c per .. of buffer slot `slot`. */
+static uint32_t co_ld(const attn_st *st, uint32_t slot, uint32_t row, uint32_t c)
+{
+    kiln_kir *k = st->k;
+    int32_t words = st->hd * (16 / st->a->per) / 4; /* of a row */
+    uint32_t w = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, row, words), kiln_kmuli(k, c, 4));
+    return kiln_kir_op(k, KILN_KOP_LD4, KILN_KT_V4, w, KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)slot);
+}
+
+/* One tile of 32 keys: the scores (q.k by group reductions), the softmax step, O += P . V. */
+static void co_tile(attn_st *st)
+{
+    kiln_kir *k = st->k;
+    const at *a = st->a;
+    int32_t G = st->G, L = a->L, R = 32 / L, per = a->per, B = G <= 2 ? 16 : 8;
+    if (B > L) B = L;
+    uint32_t c = kiln_kandi(k, st->lane, L - 1), sub = kiln_kshri(k, st->lane, lg2i(L));
+    uint32_t row[32], own[8] = {0}, v4[16];
+    for (int i = 0; i < L; i++) { /* keys past the row's last read its last (p is 0 there; 0 x a stale inf is not) */
+        uint32_t key = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, st->kb, kiln_kaddi(k, sub, i * R)), st->last);
+        row[i] = kiln_k2(k, KILN_KOP_ADD, st->head_row, key_row(st, key));
+    }
+    for (int gg = 0; gg < G; gg++) own[gg] = kiln_kf(k, 0);
+    for (int i0 = 0; i0 < L; i0 += B) { /* B rows' loads in flight together */
+        for (int i = i0; i < i0 + B; i++) v4[i - i0] = co_ld(st, st->ks, row[i], c);
+        for (int i = i0; i < i0 + B; i++) {
+            uint32_t v[8], here = kiln_k2(k, KILN_KOP_EQ, c, kiln_ki(k, i));
+            co_vals(k, a->kt, v4[i - i0], per, v);
+            for (int gg = 0; gg < G; gg++) {
+                uint32_t part = kiln_kf(k, 0);
+                for (int e = 0; e < per; e++) part = kiln_kfma(k, st->qr[gg][e], v[e], part);
+                uint32_t full = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, part, KILN_IDX_NONE, KILN_IDX_NONE,
+                                            (int32_t)((KILN_KRED_SUM << 16) | L));
+                own[gg] = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, here, full, own[gg], 0);
+            }
+        }
+    }
+    uint32_t slot = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, c, R), sub), s[8] = {0}; /* the lane's key: kb + slot */
+    uint32_t valid = kiln_k2(k, KILN_KOP_LT, kiln_k2(k, KILN_KOP_ADD, st->kb, slot), st->end);
+    for (int gg = 0; gg < G; gg++) s[gg] = kl_attn_score(k, st->softcap, own[gg]);
+    softmax_step(st, s, valid, slot, st->oc, per);
+    uint32_t pw = kiln_kmuli(k, st->warp, G * 32);
+    for (int i0 = 0; i0 < L; i0 += B) {
+        for (int i = i0; i < i0 + B; i++) v4[i - i0] = co_ld(st, st->vs, row[i], c);
+        for (int i = i0; i < i0 + B; i++) {
+            uint32_t v[8];
+            co_vals(k, a->vt, v4[i - i0], per, v);
+            for (int gg = 0; gg < G; gg++) {
+                uint32_t p = kiln_klds(k, st->psh, KILN_KT_F32, kiln_k2(k, KILN_KOP_ADD, pw, kiln_kaddi(k, sub, gg * 32 + i * R)));
+                for (int e = 0; e < per; e++) kiln_kset(k, st->oc[gg][e], kiln_kfma(k, p, v[e], st->oc[gg][e]));
+            }
+        }
+    }
+}
+
+/* The lanes' outputs summed over the R groups of rows into st->o (lane owns dims lane + 32 d, as
+ * write_partial takes them), through shared memory. */
+static void co_finish(attn_st *st)
+{
+    kiln_kir *k = st->k;
+    const at *a = st->a;
+    int32_t G = st->G, hd = st->hd, L = a->L, R = 32 / L, per = a->per;
+    uint32_t c = kiln_kandi(k, st->lane, L - 1), sub = kiln_kshri(k, st->lane, lg2i(L));
+    uint32_t base = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, sub, G * hd), kiln_kmuli(k, c, per));
+    for (int gg = 0; gg < G; gg++)
+        for (int e = 0; e < per; e++) kiln_ksts(k, st->osh, kiln_kaddi(k, base, gg * hd + e), st->oc[gg][e]);
+    kiln_kbarrier(k);
+    for (int gg = 0; gg < G; gg++)
+        for (int d = 0; d < st->dpl; d++) {
+            uint32_t dim = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, st->lane, 32 * d), kiln_ki(k, hd - 1)), sum = kiln_kf(k, 0);
+            for (int r = 0; r < R; r++) sum = kiln_k2(k, KILN_KOP_ADD, sum, kiln_klds(k, st->osh, KILN_KT_F32, kiln_kaddi(k, dim, (r * G + gg) * hd)));
+            st->o[gg][d] = sum;
+        }
+}
+
+/* Splits of a row the step runs (co): enough one-warp blocks for a->fill over the step's sequences
+ * and kv-head groups, 1 .. n_split (I32). */
+static uint32_t co_want(kiln_kir *k, const kiln_graph *g, const at *a)
+{
+    uint32_t ns = kl_dim(k, g->nodes[a->sp->seqs].dims[0]);
+    uint32_t den = kiln_k2(k, KILN_KOP_MAX, kiln_kmuli(k, ns, (int32_t)(a->n_kvh * a->GB)), kiln_ki(k, 1));
+    uint32_t w = kiln_k2(k, KILN_KOP_DIV, kiln_kaddi(k, den, (int32_t)a->fill - 1), den);
+    return kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, w, kiln_ki(k, 1)), kiln_ki(k, (int32_t)a->n_split));
+}
+
+/* Keys per split of a row that sees `seen` keys (co): seen over co_want splits, a multiple of 32. */
+static uint32_t co_split(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t seen)
+{
+    uint32_t w = co_want(k, g, a);
+    uint32_t per = kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_ADD, seen, kiln_kaddi(k, w, -1)), w);
+    per = kiln_kmuli(k, kiln_k2(k, KILN_KOP_DIV, kiln_kaddi(k, per, 31), kiln_ki(k, 32)), 32);
+    return kiln_k2(k, KILN_KOP_MAX, per, kiln_ki(k, 32));
 }
 
 /* Combines the block's warps, then writes the split's partial result (max, sum, output). */
@@ -439,14 +577,15 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
 {
     kiln_kir_init(k, a->cl ? "kiln_attn_decode" : "kiln_attn_split", ABLK);
     snprintf(k->what, sizeof k->what, "attention: %lld key splits%s, %lld q heads per kv head", (long long)a->n_split,
-             a->cl ? " a cluster, combined in it" : "", (long long)a->G);
+             a->cl ? " a cluster, combined in it" : a->co ? " sized per row, coalesced rows" : "", (long long)a->G);
     k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
-    k->grid[1] = (uint32_t)a->tok_max;
+    k->grid[1] = (uint32_t)(a->co ? a->gy : a->tok_max);
     if (a->cl) k->cluster = (uint32_t)a->cl; /* n_split = cl: a cluster is a group's splits */
     int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
     uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(a->aw * G * 32));
     uint32_t csh = kiln_kir_shared(k, (uint32_t)(a->aw * G * (hd + 2)));
     uint32_t bsh = a->cl ? kiln_kir_shared(k, (uint32_t)(G * (hd + 2))) : KILN_IDX_NONE;
+    uint32_t osh = a->co ? kiln_kir_shared(k, (uint32_t)(32 / a->L * G * hd)) : KILN_IDX_NONE;
     uint32_t scr = a->cl ? KILN_IDX_NONE : kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true);
     uint32_t ks = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[1], false),
              vs = kiln_kir_buf(k, KILN_KBUF_NODE, n->src[2], false);
@@ -463,6 +602,12 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
         kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S; /* n_kv: paged attention has none (0) */
+    if (a->co) { /* rows t, t + gy, ... of the step; splits past what the step wants leave at once */
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, sp, co_want(k, g, a)));
+        t = kiln_kvar(k, t);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, t, n_tok, kiln_ki(k, (int32_t)a->gy), 0);
+        kiln_kbarrier(k); /* the previous row's shared memory is consumed */
+    }
     uint32_t seen, bt_row = KILN_IDX_NONE;
     tree_row tr = {0};
     if (a->tree) {
@@ -473,6 +618,7 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     } else {
         seen = token_seen(k, a, n_kv, t, n_tok, &S);
         if (a->sp->block) bt_row = seq_bt_row(k, g, a, t, n_tok, tid, ABLK);
+        if (a->co) S = co_split(k, g, a, seen);
     }
     uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
     uint32_t end = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_ADD, start, S), seen);
@@ -503,11 +649,17 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
                   .bt = a->sp->block ? kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->blocks, false) : KILN_IDX_NONE,
                   .bt_row = bt_row,
                   .tr = tr,
-                  .last = kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1))};
+                  .last = kiln_k2(k, KILN_KOP_SUB, seen, kiln_ki(k, 1)),
+                  .osh = osh};
     for (int gg = 0; gg < G; gg++) {
         st.m[gg] = kiln_kvar(k, kiln_kf(k, -INFINITY));
         st.l[gg] = kiln_kvar(k, kiln_kf(k, 0));
-        for (int d = 0; d < dpl; d++) st.o[gg][d] = kiln_kvar(k, kiln_kf(k, 0));
+        for (int d = 0; d < dpl && !a->co; d++) st.o[gg][d] = kiln_kvar(k, kiln_kf(k, 0));
+        for (int e = 0; a->co && e < a->per; e++) { /* q of the lane's dims in registers, its outputs */
+            uint32_t c = kiln_kandi(k, lane, a->L - 1);
+            st.qr[gg][e] = kiln_klds(k, qsh, KILN_KT_F32, kiln_kaddi(k, kiln_kmuli(k, c, a->per), gg * hd + e));
+            st.oc[gg][e] = kiln_kvar(k, kiln_kf(k, 0));
+        }
     }
     uint32_t head_row = kiln_k2(k, KILN_KOP_MUL, h, kiln_ki(k, (int32_t)a->max_ctx));
     st.softcap = n->f[1];
@@ -516,16 +668,47 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kb, end, kiln_ki(k, ABLK), 0);
     st.head_row = head_row;
     st.kb = kb;
-    {
+    if (a->co) {
+        co_tile(&st);
+    } else {
         uint32_t s[8], valid;
         tile_scores(&st, s, &valid);
         tile_softmax_pv(&st, s, valid);
     }
     kl_loop_end(k);
+    if (a->co) co_finish(&st);
     write_partial(&st);
     if (a->cl) cluster_combine(g, node, &st);
     kiln_kendif(k);
+    if (a->co) {
+        kl_loop_end(k);
+        kiln_kendif(k);
+    }
     if (!a->cl) k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
+}
+
+/* codegen.paged_decode (co): a paged, non-tree step over an f16/bf16/f32 pool whose rows are whole
+ * 16-byte chunks over a power of two of lanes, with q and the output of the lane's chunk for every head
+ * of the group in at most 32 registers each (sm_90: llama-7b's kernel 72 registers; 7 heads a group
+ * took 242, so groups of more than 4 f16 heads keep the lane-a-key kernel). Its splits: up to CO_SPLITS a row (how many a step runs comes
+ * from its sequences, co_want), one query-head group a block, a grid of the sequences' bound in rows. */
+#define CO_SPLITS 8
+static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kiln_lower_target *tg, bool flash, at *a)
+{
+    int per = a->kt == KILN_DTYPE_F32 ? 4 : 8, L = (int)a->hd / per;
+    a->co = sp->block && !a->tree && tg->opts.paged_decode == KILN_GEMM_ON && a->kt == a->vt &&
+            (a->kt == KILN_DTYPE_F16 || a->kt == KILN_DTYPE_BF16 || a->kt == KILN_DTYPE_F32) && a->hd % per == 0 && L >= 1 &&
+            L <= 32 && (L & (L - 1)) == 0 && a->G * per <= 32;
+    if (!a->co) return;
+    a->per = per, a->L = L;
+    a->HB = a->G, a->GB = 1;
+    a->n_split = (a->cap + 31) / 32 < CO_SPLITS ? (a->cap + 31) / 32 : CO_SPLITS;
+    /* with the flash kernel beside them the split kernels run steps of up to PAGED_FLASH_ROWS rows a
+     * sequence (a pass or a few); without it every step, prefill chunks too: a row a grid row */
+    int64_t seqs = flash ? kl_dim_max(g, g->nodes[sp->seqs].dims[0]) : a->tok_max;
+    a->gy = seqs < a->tok_max ? seqs : a->tok_max;
+    if (a->gy < 1) a->gy = 1;
+    a->fill = 16 * (int64_t)(tg->sm_count ? tg->sm_count : 132);
 }
 
 /* Paged steps go to the flash kernel when they have more than KL_SMALL_ROWS rows and more than
@@ -576,7 +759,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kir_init(k, "kiln_attn_combine", 128);
     snprintf(k->what, sizeof k->what, "attention: combine up to %lld splits", (long long)a->n_split);
     k->grid[0] = (uint32_t)a->n_head;
-    k->grid[1] = (uint32_t)a->tok_max;
+    k->grid[1] = (uint32_t)(a->co ? a->gy : a->tok_max);
     k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
     int32_t hd = (int32_t)a->hd;
     uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
@@ -585,6 +768,11 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S;
+    if (a->co) { /* rows t, t + gy, ... of the step (the partial kernel's rows) */
+        t = kiln_kvar(k, t);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, t, n_tok, kiln_ki(k, (int32_t)a->gy), 0);
+        kiln_kbarrier(k); /* the previous row's weights in shared memory are consumed */
+    }
     kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t, n_tok));
     uint32_t seen;
     if (a->tree) {
@@ -593,6 +781,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
         S = split_keys(k, a, kiln_ki(k, (int32_t)a->cap));
     } else {
         seen = token_seen(k, a, n_kv, t, n_tok, &S);
+        if (a->co) S = co_split(k, g, a, seen);
     }
     uint32_t nsp =
         kiln_k2(k, KILN_KOP_DIV, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_ADD, seen, S), kiln_ki(k, 1)), S);
@@ -644,6 +833,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kbarrier(k); /* every weight is in shared memory */
     combine_out(k, g, node, a, scr, fsh, tid, t, head, row, nsp, L);
     kiln_kendif(k);
+    if (a->co) kl_loop_end(k);
 }
 
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
@@ -713,6 +903,7 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
         a.HB = hb;
     }
     a.GB = a.G / a.HB;
+    co_choose(g, sp, tg, flash, &a);
     /* codegen.attn_cluster (sm_90, a contiguous cache, runs of up to KL_SMALL_ROWS rows): a group's
      * splits become the blocks of one thread block cluster, of up to CL_AW warps each (about as many
      * warps as the one-warp splits above), which combine in distributed shared memory: one kernel, no

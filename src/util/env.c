@@ -45,6 +45,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_GEMV_PREFETCH] = "KILN_GEMV_PREFETCH",
     [KILN_ENV_GEMV_FENCE] = "KILN_GEMV_FENCE",
     [KILN_ENV_ATTN_CLUSTER] = "KILN_ATTN_CLUSTER",
+    [KILN_ENV_PAGED_DECODE] = "KILN_PAGED_DECODE",
 };
 
 const char *kiln_env(enum kiln_env_var v)
@@ -75,6 +76,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->gemv_fence = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->attn_cluster && (e = kiln_env(KILN_ENV_ATTN_CLUSTER)))
         c->attn_cluster = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->paged_decode && (e = kiln_env(KILN_ENV_PAGED_DECODE)))
+        c->paged_decode = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))
