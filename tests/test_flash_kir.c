@@ -699,7 +699,7 @@ Test(flash_kir, paged_decode_coalesced)
         }
         g_blk = 128;
         paged_case(tgt, KILN_DTYPE_F16, 8, 2, 128, 17, one, prior17);
-        g_sms = 1; /* fill 16: 1-2 splits a row */
+        g_sms = 1; /* 24 blocks at once: 1 split a row (17 x 4 kv heads), 3 (4 x 2) */
         paged_case(tgt, KILN_DTYPE_F16, 4, 4, 128, 17, one, prior17);
         paged_case(tgt, KILN_DTYPE_F32, 8, 2, 64, 4, few, prior4);
         g_sms = 0, g_blk = 16;

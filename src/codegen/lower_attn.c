@@ -44,7 +44,7 @@ typedef struct at {
                        (co_split), a loop over the step's rows in a grid of gy rows */
     int32_t L, per; /* co: lanes a key row (16 bytes each: per values), L a power of two up to 32 */
     int64_t gy;     /* co: rows of the grid (the sequences' bound) */
-    int64_t fill;   /* co: one-warp blocks the splits aim at (about 16 an SM) */
+    int64_t fill;   /* co: one-warp blocks that run at once (24 an SM), which a step's splits stay within */
 } at;
 
 static uint32_t red(kiln_kir *k, uint32_t v, enum kiln_kred op)
@@ -427,13 +427,14 @@ static void co_finish(attn_st *st)
         }
 }
 
-/* Splits of a row the step runs (co): enough one-warp blocks for a->fill over the step's sequences
- * and kv-head groups, 1 .. n_split (I32). */
+/* Splits of a row the step runs (co): as many as keep every (sequence, kv-head group, split) block
+ * of the step in one wave of a->fill, 1 .. n_split (I32): a second, partial wave would double the
+ * step's time for the blocks in it (64 sequences x 32 kv heads: 1 split; 16: 3). */
 static uint32_t co_want(kiln_kir *k, const kiln_graph *g, const at *a)
 {
     uint32_t ns = kl_dim(k, g->nodes[a->sp->seqs].dims[0]);
     uint32_t den = kiln_k2(k, KILN_KOP_MAX, kiln_kmuli(k, ns, (int32_t)(a->n_kvh * a->GB)), kiln_ki(k, 1));
-    uint32_t w = kiln_k2(k, KILN_KOP_DIV, kiln_kaddi(k, den, (int32_t)a->fill - 1), den);
+    uint32_t w = kiln_k2(k, KILN_KOP_DIV, kiln_ki(k, (int32_t)a->fill), den);
     return kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, w, kiln_ki(k, 1)), kiln_ki(k, (int32_t)a->n_split));
 }
 
@@ -708,7 +709,7 @@ static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kil
     int64_t seqs = flash ? kl_dim_max(g, g->nodes[sp->seqs].dims[0]) : a->tok_max;
     a->gy = seqs < a->tok_max ? seqs : a->tok_max;
     if (a->gy < 1) a->gy = 1;
-    a->fill = 16 * (int64_t)(tg->sm_count ? tg->sm_count : 132);
+    a->fill = 24 * (int64_t)(tg->sm_count ? tg->sm_count : 132); /* 72 registers: 28 one-warp blocks fit an SM */
 }
 
 /* Paged steps go to the flash kernel when they have more than KL_SMALL_ROWS rows and more than
