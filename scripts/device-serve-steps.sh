@@ -14,9 +14,11 @@ bstep() { # a step, unless past BUDGET_S (then skipped, so that the tables come 
 ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
 
 # variants: name, or name=VAR=1+VAR2=2 (pd: the coalesced paged split kernels, codegen.paged_decode)
-declare -A env_of=([base]="" [f16]="KILN_PRECISION=f16" [pd]="KILN_PAGED_DECODE=1" [pd16]="KILN_PAGED_DECODE=1 KILN_PRECISION=f16")
+# (pd48: its splits sized for waves of 48 one-warp blocks an SM instead of 24: 2 a row at 64 x 1024)
+declare -A env_of=([base]="" [f16]="KILN_PRECISION=f16" [pd]="KILN_PAGED_DECODE=1" [pd16]="KILN_PAGED_DECODE=1 KILN_PRECISION=f16"
+    [pd48]="KILN_PAGED_DECODE=48")
 variants=()
-for v in ${VARIANTS:-base pd f16 pd16}; do
+for v in ${VARIANTS:-base pd pd48 f16 pd16}; do
     n="${v%%=*}"
     [[ "$v" == *=* ]] && env_of[$n]="${v#*=}" && env_of[$n]="${env_of[$n]//+/ }"
     variants+=("$n")
@@ -40,6 +42,7 @@ bench_round() {
     for c in "$@"; do
         for v in "${variants[@]}"; do
             [[ $c == s64rag && $v != base && $v != pd ]] && continue
+            [[ $v == pd48 && $c != s64 && $c != s16 ]] && continue
             # shellcheck disable=SC2086
             bstep "r${r}_${c}_$v" 120 env ${env_of[$v]} "$bin/kiln" bench $common ${args_of[$c]} --layers 2 --steps 16 --json
         done
@@ -50,7 +53,7 @@ bench_round 1 "${cases[@]}"
 # the variants' paged steps on cuda against the f64 reference (test_paged present)
 if [[ -x "$bin/test_paged" ]]; then
     for v in "${variants[@]}"; do
-        [[ -n "${env_of[$v]}" && $v != f16 && $v != pd16 ]] || continue
+        [[ $v == pd ]] || continue
         # shellcheck disable=SC2086
         bstep "paged_cuda_$v" 150 env ${env_of[$v]} "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
     done

@@ -441,8 +441,10 @@ typedef struct kiln_codegen_options {
                            pool) read each key and value row with 16-byte loads of consecutive lanes (a
                            row's lanes sum q.k by a group reduction), size each row's key splits from its
                            own key count and the step's sequences, and loop over the step's rows (a grid
-                           of the sequences' bound, not the token capacity); KILN_GEMM_AUTO/OFF: a lane a
-                           key, splits sized for a sequence's capacity ($KILN_PAGED_DECODE, docs/kernels.md) */
+                           of the sequences' bound, not the token capacity); N in 2..64: the same with a
+                           step's splits sized for waves of N one-warp blocks an SM instead of 24 (A/B
+                           runs); KILN_GEMM_AUTO/OFF: a lane a key, splits sized for a sequence's capacity
+                           ($KILN_PAGED_DECODE, docs/kernels.md) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

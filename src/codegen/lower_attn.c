@@ -697,7 +697,8 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
 static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kiln_lower_target *tg, bool flash, at *a)
 {
     int per = a->kt == KILN_DTYPE_F32 ? 4 : 8, L = (int)a->hd / per;
-    a->co = sp->block && !a->tree && tg->opts.paged_decode == KILN_GEMM_ON && a->kt == a->vt &&
+    int32_t on = tg->opts.paged_decode; /* KILN_GEMM_ON, or 2..64: one-warp blocks an SM a wave holds */
+    a->co = sp->block && !a->tree && (on == KILN_GEMM_ON || (on >= 2 && on <= 64)) && a->kt == a->vt &&
             (a->kt == KILN_DTYPE_F16 || a->kt == KILN_DTYPE_BF16 || a->kt == KILN_DTYPE_F32) && a->hd % per == 0 && L >= 1 &&
             L <= 32 && (L & (L - 1)) == 0 && a->G * per <= 32;
     if (!a->co) return;
@@ -709,7 +710,8 @@ static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kil
     int64_t seqs = flash ? kl_dim_max(g, g->nodes[sp->seqs].dims[0]) : a->tok_max;
     a->gy = seqs < a->tok_max ? seqs : a->tok_max;
     if (a->gy < 1) a->gy = 1;
-    a->fill = 24 * (int64_t)(tg->sm_count ? tg->sm_count : 132); /* 72 registers: 28 one-warp blocks fit an SM */
+    /* 72 registers: 28 one-warp blocks fit an SM; codegen.paged_decode 2..64 sets the wave (A/B runs) */
+    a->fill = (on >= 2 ? on : 24) * (int64_t)(tg->sm_count ? tg->sm_count : 132);
 }
 
 /* Paged steps go to the flash kernel when they have more than KL_SMALL_ROWS rows and more than

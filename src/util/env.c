@@ -63,6 +63,7 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     else memset(out, 0, sizeof *out);
     kiln_codegen_options *c = &out->codegen;
     const char *e;
+    char *end = NULL;
     if (!c->gemm && (e = kiln_env(KILN_ENV_GEMM)) && !strcmp(e, "0")) c->gemm = KILN_GEMM_OFF;
     if (!c->gemm_rows && (e = kiln_env(KILN_ENV_GEMM_BM)) && !strcmp(e, "64")) c->gemm_rows = 64;
     if (!c->wgmma && (e = kiln_env(KILN_ENV_WGMMA))) c->wgmma = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
@@ -76,8 +77,10 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->gemv_fence = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->attn_cluster && (e = kiln_env(KILN_ENV_ATTN_CLUSTER)))
         c->attn_cluster = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
-    if (!c->paged_decode && (e = kiln_env(KILN_ENV_PAGED_DECODE)))
-        c->paged_decode = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->paged_decode && (e = kiln_env(KILN_ENV_PAGED_DECODE))) {
+        long v = strtol(e, &end, 10);
+        c->paged_decode = *end ? 0 : v == 0 ? KILN_GEMM_OFF : v >= 1 && v <= 64 ? (int32_t)v : 0;
+    }
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))
