@@ -1,6 +1,6 @@
 /* The Vulkan backend's shared state: instance/device/queue (vk_device.c), memory with opaque
  * addresses (vk_memory.c), command buffers, barriers, recordings and timers (vk_queue.c), kernels
- * as pipelines with descriptor sets (vk_kernel.c). Internal to src/backends/vulkan; nothing here
+ * as pipelines with descriptor sets (vk_kernel.c), failed calls worded (vk_error.c). Internal to src/backends/vulkan; nothing here
  * may be used outside it except through kiln_backend_vulkan. */
 #pragma once
 
@@ -80,7 +80,7 @@ typedef struct kiln_vk {
     uint32_t          n_downloads, cap_downloads; /* used / allocated */
 } kiln_vk;
 
-/* vk_device.c */
+/* vk_error.c */
 const char *kiln_vk_result_name(VkResult r);
 /* Translates a failed VkResult: err = "vulkan: WHAT: VK_ERROR_...", marks the device lost, and
  * returns KILN_ERR_NOMEM for out-of-memory, KILN_ERR_BACKEND otherwise. */
