@@ -336,6 +336,68 @@ static void print_decls(sbuf *s, const kiln_kir *k)
     }
 }
 
+/* An arithmetic instruction through its op_texts template (kiln_fma for FMA where the device's fma
+ * rounds twice). */
+static kiln_status print_alu(sbuf *s, const kiln_kir *k, const kiln_spv_features *f, const kiln_kinst *in, uint32_t i,
+                             const char *ind, char *err, size_t n)
+{
+    enum kiln_kop op = (enum kiln_kop)in->op;
+    const op_text *t = op < KILN_KOP_COUNT ? &op_texts[op] : NULL;
+    const char *tx = op == KILN_KOP_FMA && f && f->fma_f64 ? "kiln_fma($a, $b, $c)"
+        : !t ? NULL
+        : in->type == KILN_KT_F32 && t->f32 ? t->f32
+        : in->type == KILN_KT_I32 && t->i32 ? t->i32
+        : in->type == KILN_KT_U32 && t->u32 ? t->u32 : t->any;
+    if (!tx) {
+        snprintf(err, n, "kernel %s, instruction %u: the GLSL printer does not take op %s", k->name, i, kiln_kop_name(op));
+        return KILN_ERR_UNSUPPORTED;
+    }
+    kiln_sbuf_printf(s, "%sv%u = ", ind, i);
+    if (!print_template(s, tx, in)) {
+        snprintf(err, n, "GLSL printer: bad template for op %s", kiln_kop_name(op));
+        return KILN_ERR_INTERNAL;
+    }
+    kiln_sbuf_printf(s, ";\n");
+    return KILN_OK;
+}
+
+/* Instruction i at indentation ind. */
+static kiln_status print_ins(sbuf *s, const kiln_kir *k, const kiln_spv_features *f, uint32_t i, const char *ind, char *err,
+                             size_t n)
+{
+    const kiln_kinst *in = &k->ins[i];
+    switch ((enum kiln_kop)in->op) {
+    case KILN_KOP_CONST: kiln_sbuf_printf(s, "%sv%u = ", ind, i); print_const(s, in); kiln_sbuf_printf(s, ";\n"); break;
+    case KILN_KOP_BID: kiln_sbuf_printf(s, "%sv%u = int(gl_WorkGroupID.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
+    case KILN_KOP_NBID: kiln_sbuf_printf(s, "%sv%u = int(gl_NumWorkGroups.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
+    case KILN_KOP_CVT: case KILN_KOP_BITCAST: kiln_sbuf_printf(s, "%sv%u = ", ind, i); print_convert(s, k, in); kiln_sbuf_printf(s, ";\n"); break;
+    case KILN_KOP_ASSIGN: kiln_sbuf_printf(s, "%sv%u = v%u;\n", ind, in->a, in->b); break;
+    case KILN_KOP_ST: kiln_sbuf_printf(s, "%sb%u.w[pc.off[%u] + uint(v%u)] = v%u;\n", ind, in->imm.u, in->imm.u, in->a, in->b); break;
+    case KILN_KOP_ST16: print_st16(s, f, in, ind); break;
+    case KILN_KOP_STS:
+        kiln_sbuf_printf(s, kiln_ktype(k, in->b) == KILN_KT_F32 ? "%ss%u[v%u] = floatBitsToUint(v%u);\n" : "%ss%u[v%u] = v%u;\n", ind,
+                  in->imm.u, in->a, in->b);
+        break;
+    case KILN_KOP_BARRIER: kiln_sbuf_printf(s, "%smemoryBarrierShared();\n%sbarrier();\n", ind, ind); break;
+    case KILN_KOP_REDUCE: print_reduce(s, k, f, in, i, ind); break;
+    case KILN_KOP_MMA: print_mma(s, in, i, ind); break;
+    case KILN_KOP_SETLANE:
+        if (in->a != KILN_IDX_NONE) kiln_sbuf_printf(s, "%sv%u = v%u;\n", ind, i, in->a);
+        else kiln_sbuf_printf(s, in->type == KILN_KT_F4 ? "%sv%u = vec4(0.0);\n" : "%sv%u = uvec4(0u);\n", ind, i);
+        kiln_sbuf_printf(s, "%sv%u[%d] = v%u;\n", ind, i, in->imm.i, in->b);
+        break;
+    case KILN_KOP_LOOP: kiln_sbuf_printf(s, "%sfor (; v%u < v%u; v%u += v%u) {\n", ind, in->a, in->b, in->a, in->c); break;
+    case KILN_KOP_IF: kiln_sbuf_printf(s, "%sif (v%u) {\n", ind, in->a); break;
+    case KILN_KOP_ELSE: kiln_sbuf_printf(s, "%s} else {\n", ind); break;
+    case KILN_KOP_ENDLOOP: case KILN_KOP_ENDIF: kiln_sbuf_printf(s, "%s}\n", ind); break;
+    /* programmatic dependent launch is CUDA's: a Vulkan queue runs dispatches in order anyway */
+    case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: break;
+    case KILN_KOP_FENCE_CTA: break; /* a scheduling hint for ptxas; a thread's own accesses are in order anyway */
+    default: return print_alu(s, k, f, in, i, ind, err, n);
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **out, char *err, size_t n)
 {
     *out = NULL;
@@ -355,56 +417,12 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
     int depth = 1; /* nesting depth; the verifier allows at most 64 open blocks */
     const char *ind = spaces + sizeof spaces - 1 - 4;
     for (uint32_t i = 0; i < k->n_ins; i++) {
-        const kiln_kinst *in = &k->ins[i];
-        enum kiln_kop op = (enum kiln_kop)in->op;
+        enum kiln_kop op = (enum kiln_kop)k->ins[i].op;
         if (op == KILN_KOP_ENDLOOP || op == KILN_KOP_ENDIF || op == KILN_KOP_ELSE) ind = spaces + sizeof spaces - 1 - 4 * --depth;
-        switch (op) {
-        case KILN_KOP_CONST: kiln_sbuf_printf(&s, "%sv%u = ", ind, i); print_const(&s, in); kiln_sbuf_printf(&s, ";\n"); break;
-        case KILN_KOP_BID: kiln_sbuf_printf(&s, "%sv%u = int(gl_WorkGroupID.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
-        case KILN_KOP_NBID: kiln_sbuf_printf(&s, "%sv%u = int(gl_NumWorkGroups.%c);\n", ind, i, "xyz"[in->imm.u % 3]); break;
-        case KILN_KOP_CVT: case KILN_KOP_BITCAST: kiln_sbuf_printf(&s, "%sv%u = ", ind, i); print_convert(&s, k, in); kiln_sbuf_printf(&s, ";\n"); break;
-        case KILN_KOP_ASSIGN: kiln_sbuf_printf(&s, "%sv%u = v%u;\n", ind, in->a, in->b); break;
-        case KILN_KOP_ST: kiln_sbuf_printf(&s, "%sb%u.w[pc.off[%u] + uint(v%u)] = v%u;\n", ind, in->imm.u, in->imm.u, in->a, in->b); break;
-        case KILN_KOP_ST16: print_st16(&s, f, in, ind); break;
-        case KILN_KOP_STS:
-            kiln_sbuf_printf(&s, kiln_ktype(k, in->b) == KILN_KT_F32 ? "%ss%u[v%u] = floatBitsToUint(v%u);\n" : "%ss%u[v%u] = v%u;\n", ind,
-                      in->imm.u, in->a, in->b);
-            break;
-        case KILN_KOP_BARRIER: kiln_sbuf_printf(&s, "%smemoryBarrierShared();\n%sbarrier();\n", ind, ind); break;
-        case KILN_KOP_REDUCE: print_reduce(&s, k, f, in, i, ind); break;
-        case KILN_KOP_MMA: print_mma(&s, in, i, ind); break;
-        case KILN_KOP_SETLANE:
-            if (in->a != KILN_IDX_NONE) kiln_sbuf_printf(&s, "%sv%u = v%u;\n", ind, i, in->a);
-            else kiln_sbuf_printf(&s, in->type == KILN_KT_F4 ? "%sv%u = vec4(0.0);\n" : "%sv%u = uvec4(0u);\n", ind, i);
-            kiln_sbuf_printf(&s, "%sv%u[%d] = v%u;\n", ind, i, in->imm.i, in->b);
-            break;
-        case KILN_KOP_LOOP: kiln_sbuf_printf(&s, "%sfor (; v%u < v%u; v%u += v%u) {\n", ind, in->a, in->b, in->a, in->c); break;
-        case KILN_KOP_IF: kiln_sbuf_printf(&s, "%sif (v%u) {\n", ind, in->a); break;
-        case KILN_KOP_ELSE: kiln_sbuf_printf(&s, "%s} else {\n", ind); break;
-        case KILN_KOP_ENDLOOP: case KILN_KOP_ENDIF: kiln_sbuf_printf(&s, "%s}\n", ind); break;
-        /* programmatic dependent launch is CUDA's: a Vulkan queue runs dispatches in order anyway */
-        case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: break;
-        case KILN_KOP_FENCE_CTA: break; /* a scheduling hint for ptxas; a thread's own accesses are in order anyway */
-        default: {
-            const op_text *t = op < KILN_KOP_COUNT ? &op_texts[op] : NULL;
-            const char *tx = op == KILN_KOP_FMA && f && f->fma_f64 ? "kiln_fma($a, $b, $c)"
-                : !t ? NULL
-                : in->type == KILN_KT_F32 && t->f32 ? t->f32
-                : in->type == KILN_KT_I32 && t->i32 ? t->i32
-                : in->type == KILN_KT_U32 && t->u32 ? t->u32 : t->any;
-            if (!tx) {
-                free(s.s);
-                snprintf(err, n, "kernel %s, instruction %u: the GLSL printer does not take op %s", k->name, i, kiln_kop_name(op));
-                return KILN_ERR_UNSUPPORTED;
-            }
-            kiln_sbuf_printf(&s, "%sv%u = ", ind, i);
-            if (!print_template(&s, tx, in)) {
-                free(s.s);
-                snprintf(err, n, "GLSL printer: bad template for op %s", kiln_kop_name(op));
-                return KILN_ERR_INTERNAL;
-            }
-            kiln_sbuf_printf(&s, ";\n");
-        }
+        kiln_status st = print_ins(&s, k, f, i, ind, err, n);
+        if (st != KILN_OK) {
+            free(s.s);
+            return st;
         }
         if (op == KILN_KOP_LOOP || op == KILN_KOP_IF || op == KILN_KOP_ELSE) ind = spaces + sizeof spaces - 1 - 4 * ++depth;
     }
