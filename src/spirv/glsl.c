@@ -94,8 +94,6 @@ static const char *const dp4a_bytes =
     "    ivec4 y = ivec4(bitfieldExtract(int(b), 0, 8), bitfieldExtract(int(b), 8, 8), bitfieldExtract(int(b), 16, 8), bitfieldExtract(int(b), 24, 8));\n"
     "    return c + x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;\n}\n";
 
-/* glslang 12 has no GL_EXT_integer_dot_product: OpSDot (4450) with capabilities DotProduct (6019)
- * and DotProductInput4x8BitPacked (6018), packed format 0 = 4x8 bit. */
 /* a*b is exact in f64, so one f64 add and the final rounding give fma but for rare double roundings */
 static const char *const fma_f64 =
     "// fma rounded (almost always) once on a device whose fma() rounds twice\n"
@@ -106,6 +104,8 @@ static const char *const mma_helpers =
     "float kiln_hf(uint w, uint e) { return unpackHalf2x16(w)[e]; }\n"
     "float kiln_bf(uint w, uint e) { return uintBitsToFloat(e != 0u ? (w & 0xffff0000u) : (w << 16)); }\n";
 
+/* glslang 12 has no GL_EXT_integer_dot_product: OpSDot (4450) with capabilities DotProduct (6019)
+ * and DotProductInput4x8BitPacked (6018), packed format 0 = 4x8 bit. */
 static const char *const dp4a_ext =
     "// c + sum of the four signed byte products: the non-saturating packed dot product (OpSDot)\n"
     "spirv_instruction(extensions = [\"SPV_KHR_integer_dot_product\"], capabilities = [6019, 6018], id = 4450)\n"
