@@ -354,7 +354,7 @@ static void paged_case_tree(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int6
     params[kiln_sym_index(ts)] = (uint32_t)T, params[kiln_sym_index(ss)] = (uint32_t)n_seq;
     char what[260], err[1024];
     snprintf(what, sizeof what, "paged%s%s, %s, %s pool, %lld/%lld heads, hd %lld, %d sequences, %lld rows, block %lld, softcap %g, window %lld",
-             par ? " tree" : "", paged_dec > 0 ? " (paged_decode)" : "", tgt_name[tgt], kiln_dtype_name(cd), (long long)H,
+             par ? " tree" : "", paged_dec == KILN_GEMM_OFF ? " (paged_decode off)" : "", tgt_name[tgt], kiln_dtype_name(cd), (long long)H,
              (long long)Hkv, (long long)hd, n_seq, (long long)T, (long long)BLK, (double)g_softcap, (long long)g_window);
     kbind kb = {.names = {"q", "k", "v", "pos", "seqs", "blocks", "parents"}, .mem = {qf, kmem, vmem, pv, sv, bv, (void *)par},
                 .n = par ? 7 : 6};
@@ -363,7 +363,7 @@ static void paged_case_tree(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int6
     cr_assert(flash == (tgt == TGT_CUDA || f16_prec(tgt)), "%s: flash kernel %s", what, flash ? "present" : "missing");
     cr_assert(!wg_ran, "%s: the warpgroup kernel took a paged step", what);
     bool co_fits = !par && cd != KILN_DTYPE_Q8_0 && hd % (cd == KILN_DTYPE_F32 ? 4 : 8) == 0 && H / Hkv * (cd == KILN_DTYPE_F32 ? 4 : 8) <= 32;
-    cr_assert(co_ran == (paged_dec > 0 && co_fits), "%s: coalesced split kernel %s", what, co_ran ? "ran" : "did not run");
+    cr_assert(co_ran == (paged_dec != KILN_GEMM_OFF && co_fits), "%s: coalesced split kernel %s", what, co_ran ? "ran" : "did not run");
     ref64 *rf = ref64_new(g);
     cr_assert_eq(ref64_state_set(rf, "k", kmem, cb, err, sizeof err), 0, "%s", err);
     cr_assert_eq(ref64_state_set(rf, "v", vmem, cb, err, sizeof err), 0, "%s", err);
@@ -412,11 +412,14 @@ Test(flash_kir, paged_chunks)
     static const int nw2[] = {70, 1, 1}, prior2[] = {33, 64, 0};
     /* batched decode: 12 rows, one per sequence: the split kernels' guard takes it on cuda too */
     static const int nw3[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, prior3[] = {0, 5, 17, 40, 99, 3, 64, 1, 15, 16, 31, 70};
-    for (int tgt = 0; tgt < TGT_N; tgt++) {
-        paged_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 5, nw, prior);
-        paged_case(tgt, KILN_DTYPE_F32, 2, 2, 128, 3, nw2, prior2);
-        paged_case(tgt, KILN_DTYPE_F16, 4, 2, 64, 12, nw3, prior3);
-    }
+    for (int tgt = 0; tgt < TGT_N; tgt++)
+        for (int off = 0; off < 2; off++) { /* the default (coalesced split kernels), codegen.paged_decode off */
+            paged_dec = off ? KILN_GEMM_OFF : 0;
+            paged_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 5, nw, prior);
+            paged_case(tgt, KILN_DTYPE_F32, 2, 2, 128, 3, nw2, prior2);
+            paged_case(tgt, KILN_DTYPE_F16, 4, 2, 64, 12, nw3, prior3);
+        }
+    paged_dec = 0;
     fprintf(stderr, "flash_kir paged_chunks: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
@@ -713,4 +716,48 @@ Test(flash_kir, paged_decode_coalesced)
     }
     paged_dec = 0, g_blk = 0;
     fprintf(stderr, "flash_kir paged_decode_coalesced: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* Pools past 32-bit indices are refused at lowering with a message naming them, never run (on the
+ * H100 a 2.2 G-element llama-7b pool hit illegal addresses): 32 kv heads x 600000 slots x 128 (2.5 G
+ * elements) on both kernels; 300000 slots (1.2 G elements, 2.5 G bytes) only on the lane-a-key
+ * kernel (byte offsets), which codegen.paged_decode off keeps. Lowering only: nothing is allocated. */
+Test(flash_kir, paged_pool_past_32_bits_refused)
+{
+    static const int64_t slots[] = {600000, 300000};
+    for (int i = 0; i < 2; i++)
+        for (int off = 0; off < 2; off++) {
+            kiln_graph *g;
+            cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+            kiln_dim ts = kiln_sym(g, "n_tok", 64), ss = kiln_sym(g, "n_seq", 64);
+            kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, 32, 128});
+            kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){ts});
+            kiln_node seqs = kiln_input(g, "seqs", KILN_DTYPE_I32, 2, (kiln_dim[]){ss, 2});
+            kiln_node bt = kiln_input(g, "blocks", KILN_DTYPE_I32, 2, (kiln_dim[]){ss, 100});
+            kiln_dim pd[] = {32, slots[i], 128};
+            kiln_node kp = kiln_state(g, "k", KILN_DTYPE_F16, 3, pd), vp = kiln_state(g, "v", KILN_DTYPE_F16, 3, pd);
+            kiln_output(g, kiln_paged_attention_ext(g, q, kp, vp, pos, seqs, bt, 16, 0, 0, 0), "y");
+            cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+            kiln_fusion f;
+            cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+            kiln_lower_target t0 = kiln_lower_target_for_sm(90);
+            kiln_codegen_options co = {.paged_decode = off ? KILN_GEMM_OFF : 0};
+            kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
+            bool refused = false;
+            char err[1024] = "";
+            for (uint32_t r = 0; r < f.n_regions; r++) {
+                kiln_kir kk[KILN_LOWER_MAX];
+                uint32_t n = 0;
+                kiln_status s = kiln_lower_region_for(g, &f.regions[r], &tg, kk, &n, err, sizeof err);
+                if (s != KILN_OK) {
+                    cr_assert(strstr(err, "past 32-bit indices"), "%lld slots, paged_decode %s: %s", (long long)slots[i], off ? "off" : "on", err);
+                    refused = true;
+                }
+                for (uint32_t j = 0; s == KILN_OK && j < n; j++) kiln_kir_free(&kk[j]);
+            }
+            cr_assert_eq(refused, i == 0 || off, "%lld slots, paged_decode %s: %s", (long long)slots[i], off ? "off" : "on",
+                         refused ? "refused" : "lowered");
+            kiln_fusion_free(&f);
+            kiln_graph_free(g);
+        }
 }

@@ -437,13 +437,14 @@ typedef struct kiln_codegen_options {
     int32_t gemm_cols;  /* sm_90 TMA GEMM of f16/bf16 weights: columns a block (128, 192 or 256; 0: the
                            shape's choice, docs/kernels.md) where the shape allows it (A/B runs,
                            $KILN_GEMM_BN) */
-    int32_t paged_decode; /* KILN_GEMM_ON: paged attention's split kernels (batched decode over a f16/bf16/f32
+    int32_t paged_decode; /* KILN_GEMM_AUTO/ON (the default, measured on the H100: device-serve.sh steps):
+                           paged attention's split kernels (batched decode over a f16/bf16/f32
                            pool) read each key and value row with 16-byte loads of consecutive lanes (a
                            row's lanes sum q.k by a group reduction), size each row's key splits from its
                            own key count and the step's sequences, and loop over the step's rows (a grid
                            of the sequences' bound, not the token capacity); N in 2..64: the same with a
                            step's splits sized for waves of N one-warp blocks an SM instead of 24 (A/B
-                           runs); KILN_GEMM_AUTO/OFF: a lane a key, splits sized for a sequence's capacity
+                           runs); KILN_GEMM_OFF: a lane a key, splits sized for a sequence's capacity
                            ($KILN_PAGED_DECODE, docs/kernels.md) */
 } kiln_codegen_options;
 

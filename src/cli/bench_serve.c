@@ -111,7 +111,8 @@ static int setup(serve_opts *o, serve_state *st)
     kiln_status s = kiln_ctx_new(&(kiln_ctx_options){.quiet = kiln_cli_quiet}, &st->ctx);
     if (s != KILN_OK) return kiln_cli_fail("bench", st->ctx, s, "creating the context");
     if (!o->layers) o->layers = o->host ? 32 : o->backend && !strcmp(o->backend, "ref") ? 1 : 4;
-    int64_t keys = o->ctx + o->ctx / 2 + o->steps + o->chunk + 2; /* the longest sequence's keys */
+    /* the longest sequence's keys (a pool no larger than needed: past 2^31 elements kiln refuses it) */
+    int64_t keys = o->ctx + (o->ragged ? o->ctx / 2 : 0) + o->steps + o->chunk + 2;
     st->mb = (keys + o->block - 1) / o->block;
     st->n_blocks = o->seqs * st->mb;
     st->max_tok = o->seqs + (o->chunk > 1 ? o->chunk - 1 : 0);

@@ -697,8 +697,8 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
 static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kiln_lower_target *tg, bool flash, at *a)
 {
     int per = a->kt == KILN_DTYPE_F32 ? 4 : 8, L = (int)a->hd / per;
-    int32_t on = tg->opts.paged_decode; /* KILN_GEMM_ON, or 2..64: one-warp blocks an SM a wave holds */
-    a->co = sp->block && !a->tree && (on == KILN_GEMM_ON || (on >= 2 && on <= 64)) && a->kt == a->vt &&
+    int32_t on = tg->opts.paged_decode; /* AUTO/ON, or 2..64: one-warp blocks an SM a wave holds */
+    a->co = sp->block && !a->tree && (on == KILN_GEMM_AUTO || on == KILN_GEMM_ON || (on >= 2 && on <= 64)) && a->kt == a->vt &&
             (a->kt == KILN_DTYPE_F16 || a->kt == KILN_DTYPE_BF16 || a->kt == KILN_DTYPE_F32) && a->hd % per == 0 && L >= 1 &&
             L <= 32 && (L & (L - 1)) == 0 && a->G * per <= 32;
     if (!a->co) return;
@@ -907,6 +907,15 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
     }
     a.GB = a.G / a.HB;
     co_choose(g, sp, tg, flash, &a);
+    /* a pool's element (co: word) and the lane-a-key kernel's byte indices are 32-bit (and so are the
+     * KV writes of the GEMM epilogue and kv_scatter): on the H100 a 256 x 2064-slot llama-7b pool
+     * (2.2 G elements) and, in the lane-a-key kernel, a 64 x 6688-slot one (3.5 G bytes) hit illegal
+     * addresses; refused here instead */
+    int64_t pool = a.n_kvh * a.max_ctx * a.hd;
+    if (sp->block && !q8 && (pool > INT32_MAX || (!a.co && pool > INT32_MAX / (int64_t)kiln_dtype_block_bytes(a.kt))))
+        return kl_unsupported(err, n_err, "paged attention: a pool of %lld kv heads x %lld slots x %lld is past 32-bit indices%s",
+                              (long long)a.n_kvh, (long long)a.max_ctx, (long long)a.hd,
+                              a.co ? "" : " (the lane-a-key kernel's byte offsets)");
     /* codegen.attn_cluster (sm_90, a contiguous cache, runs of up to KL_SMALL_ROWS rows): a group's
      * splits become the blocks of one thread block cluster, of up to CL_AW warps each (about as many
      * warps as the one-warp splits above), which combine in distributed shared memory: one kernel, no
