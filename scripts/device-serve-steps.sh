@@ -14,11 +14,12 @@ bstep() { # a step, unless past BUDGET_S (then skipped, so that the tables come 
 ncu="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
 
 # variants: name, or name=VAR=1+VAR2=2 (pd: the coalesced paged split kernels, codegen.paged_decode)
-# (pd48: its splits sized for waves of 48 one-warp blocks an SM instead of 24: 2 a row at 64 x 1024)
+# (pd48: the default's splits sized for waves of 48 one-warp blocks an SM instead of 24: 2 a row at 64 x 1024)
+# (off: KILN_PAGED_DECODE=0, the lane-a-key kernel the coalesced one replaced as the default)
 declare -A env_of=([base]="" [f16]="KILN_PRECISION=f16" [pd]="KILN_PAGED_DECODE=1" [pd16]="KILN_PAGED_DECODE=1 KILN_PRECISION=f16"
-    [pd48]="KILN_PAGED_DECODE=48")
+    [pd48]="KILN_PAGED_DECODE=48" [off]="KILN_PAGED_DECODE=0")
 variants=()
-for v in ${VARIANTS:-base pd pd48 f16 pd16}; do
+for v in ${VARIANTS:-base off pd48 f16}; do
     n="${v%%=*}"
     [[ "$v" == *=* ]] && env_of[$n]="${v#*=}" && env_of[$n]="${env_of[$n]//+/ }"
     variants+=("$n")
@@ -35,13 +36,13 @@ declare -A args_of=(
 )
 common="--preset llama-7b --wtype f16 --mode serve --backend cuda --block 16 --chunk 512"
 
-# bench_round R CASE...: each case of every variant (the ragged case: base and pd only)
+# bench_round R CASE...: each case of every variant (the ragged case: base and off only)
 bench_round() {
     local c v r="$1"
     shift
     for c in "$@"; do
         for v in "${variants[@]}"; do
-            [[ $c == s64rag && $v != base && $v != pd ]] && continue
+            [[ $c == s64rag && $v != base && $v != off ]] && continue
             [[ $v == pd48 && $c != s64 && $c != s16 ]] && continue
             # shellcheck disable=SC2086
             bstep "r${r}_${c}_$v" 120 env ${env_of[$v]} "$bin/kiln" bench $common ${args_of[$c]} --layers 2 --steps 16 --json
@@ -53,7 +54,7 @@ bench_round 1 "${cases[@]}"
 # the variants' paged steps on cuda against the f64 reference (test_paged present)
 if [[ -x "$bin/test_paged" ]]; then
     for v in "${variants[@]}"; do
-        [[ $v == pd ]] || continue
+        [[ $v == base || $v == off ]] || continue
         # shellcheck disable=SC2086
         bstep "paged_cuda_$v" 150 env ${env_of[$v]} "$bin/test_paged" --jobs 4 --filter 'paged/*cuda*'
     done
@@ -87,7 +88,7 @@ if [[ -n "$ncu" ]]; then
     # the mixed step (2 timed + 3 profiled steps after the first: the last fifth is one step)
     ncu_run "ncu_s64mixed_${variants[0]}" "${variants[0]}" --seqs 64 --ctx 1024 --only mixed
     for c in s16 s256 s64k4; do
-        for v in "${variants[0]}" pd; do
+        for v in "${variants[0]}" off; do
             [[ -n "${env_of[$v]+x}" ]] || continue
             # shellcheck disable=SC2086
             ncu_run "ncu_${c}_$v" "$v" ${args_of[$c]}

@@ -13,8 +13,9 @@
 # steps (about 8 minutes, BUDGET_S=470 cuts the later steps): where a serve decode step's time goes.
 # llama-7b f16 layers, paged f16 pool (block 16, shuffled), the plan of a 512-token chunk + decode
 # (as engines compile it): decode of 16x1024, 64x1024, 256x1024 and 64x4096 (and 64x1024 ragged,
-# and the 64x1024 mixed step) for each variant of VARIANTS (default "base f16": kiln's default
-# precision and KILN_PRECISION=f16; name=VAR=1+VAR2=2 adds one), two rounds A B A B; then under ncu
+# and the 64x1024 mixed step) for each variant of VARIANTS (default "base off pd48 f16": off =
+# KILN_PAGED_DECODE=0, pd48 = KILN_PAGED_DECODE=48, f16 = KILN_PRECISION=f16; name=VAR=1+VAR2=2 adds
+# one), two rounds A B A B; then under ncu
 # (--clock-control none) one decode step of one layer per case: every kernel's time, DRAM bytes and
 # achieved GB/s; stall reasons of the 64x1024 attention and GEMM kernels; then PyTorch in the same
 # run (bench/torch_ref.py serve: cuBLAS + SDPA over contiguous caches, one CUDA graph) with the copy
