@@ -2,7 +2,8 @@
 # Prefill attention on the GPU machine (issues #19 and #21). Four modes, each fitting one 10-minute call:
 #   ab (default): first the key split's correctness on cuda (split_ops: test_ops attention_prefill and
 #       attention_softcap_and_window under KILN_FLASH_SPLIT=2, 4 and 64 rows + 2), then the warpgroup
-#       kernel's variants A/B'd at f16 precision in one run: auto (the per-shape defaults), r64
+#       kernel's variants A/B'd at f16 precision in one run: auto (the per-shape defaults), r128
+#       (KILN_FLASH_ROWS=128 KILN_FLASH_SPLIT=1: 128-row blocks, no split: the defaults before session 6), r64
 #       (KILN_FLASH_ROWS=64: 64-row blocks, two an SM), s2 / s4 (KILN_FLASH_SPLIT=2 / 4: key split
 #       over a cluster), sauto (KILN_FLASH_SPLIT=auto: a split where the grid leaves SMs idle),
 #       r64s2 (pp / nopp / pdl on request: VARIANTS); bench_attn at 512 and 4096
@@ -37,6 +38,8 @@ final="${OUT:-}" # the logs stay in a temp dir (a device call brings back only a
 OUT="$(mktemp -d /tmp/device-attn.XXXXXX)" dev_out attn
 logs="$out"
 export KILN_SOURCE_DIR="$root" KILN_CACHE=off
+# test_ops reads the tolerances from contracts/ under KILN_SOURCE_DIR: run from a checkout that has them
+[[ -d "$root/contracts" ]] || echo "warning: $root/contracts is missing: the test_ops steps will fail (run from the repository root)" | tee -a "$summary"
 dev_info
 san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
@@ -59,10 +62,11 @@ declare -A env_of=(
     [s4]="KILN_FLASH_SPLIT=4"
     [r64s2]="KILN_FLASH_ROWS=64 KILN_FLASH_SPLIT=2"
     [sauto]="KILN_FLASH_SPLIT=auto"
+    [r128]="KILN_FLASH_ROWS=128 KILN_FLASH_SPLIT=1"
     [pdl]="KILN_PDL=1"
 )
 # shellcheck disable=SC2206
-variants=(${VARIANTS:-auto sauto r64 s2 s4 r64s2})
+variants=(${VARIANTS:-auto r128 r64 s2 s4 r64s2})
 # bench_attn shapes: 0 512 32/32 hd128, 1 512 32/8, 3 4096 32/32, 4 4096 32/8, 6 512 14/2 hd64,
 # 7 4096 14/2 hd64, 8 512 16/8 hd256, 9 4096 16/8 hd256; 14-17 32/32 hd128 at 128, 256, 384, 1024
 shapes="${SHAPES:-0,1,3,4,6,8}"

@@ -50,7 +50,7 @@ static const char *const tgt_name[] = {"vulkan target", "cuda target", "flash of
 static bool wg_ran;        /* the last run_regions ran the warpgroup flash kernel */
 static int  wg_mutate;     /* run_regions corrupts the warpgroup kernel's WGMMAs (mutation checks): 0 none */
 static int32_t wg_option;  /* codegen.flash_wg for the TGT_WG runs (0: the default, ping-pong chosen by shape) */
-static int32_t wg_rows, wg_split; /* codegen.flash_rows and flash_split for the TGT_WG runs (0: the defaults) */
+static int32_t wg_rows, wg_split; /* codegen.flash_rows and flash_split for the TGT_WG runs (0: the shape's choice) */
 static bool wg_deadlocked; /* the last run_regions' warpgroup kernel deadlocked (expected with mutation 4) */
 static kiln_dtype q_dtype = KILN_DTYPE_F32; /* flash_run's q (f16: the kernels' 16-bit q loads) */
 static int32_t attn_cl;    /* codegen.attn_cluster of every run_regions (0: the default) */
@@ -441,6 +441,10 @@ Test(flash_kir, warpgroup_kernel)
     wg_option = KILN_FLASH_WG_NO_PINGPONG; /* the A/B variant: warpgroups not taking turns */
     flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 60, 400, true, false);
     wg_option = 0;
+    wg_rows = 128, wg_split = 1; /* head_dim 64 in 128-row blocks (small grids take 64 by default) */
+    flash_run(TGT_WG, KILN_DTYPE_F16, 7, 1, 64, 37, 290, true, false);
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 2, 2, 64, 130, 200, true, false);
+    wg_rows = 0, wg_split = 0;
     fprintf(stderr, "flash_kir warpgroup_kernel: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
@@ -523,6 +527,7 @@ Test(flash_kir, warpgroup_short_prompt_variants)
 /* The warpgroup flash kernel's cluster (its key split) for an attention of T rows (the bound) with
  * H / Hkv heads of head_dim hd under codegen.flash_split `split` and flash_rows `rows` on an
  * H100-sized target (132 SMs). */
+static uint32_t wg_block; /* the last wg_cluster's kernel's threads a block (rows * 2 + 128) */
 static uint32_t wg_cluster(int64_t T, int64_t H, int64_t Hkv, int64_t hd, int32_t split, int32_t rows)
 {
     kiln_graph *g;
@@ -545,7 +550,7 @@ static uint32_t wg_cluster(int64_t T, int64_t H, int64_t Hkv, int64_t hd, int32_
         uint32_t n = 0;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tg, kk, &n, err, sizeof err), KILN_OK, "%s", err);
         for (uint32_t i = 0; i < n; i++) {
-            if (strcmp(kk[i].name, "kiln_attn_flash_wg") == 0) cl = kk[i].cluster;
+            if (strcmp(kk[i].name, "kiln_attn_flash_wg") == 0) cl = kk[i].cluster, wg_block = kk[i].block;
             kiln_kir_free(&kk[i]);
         }
     }
@@ -573,10 +578,23 @@ Test(flash_kir, warpgroup_split_choice)
     cr_assert_eq(wg_cluster(4096, 14, 2, 64, -1, 0), 0);
     cr_assert_eq(wg_cluster(512, 32, 32, 128, -1, 64), 0); /* 256 blocks, two an SM */
     cr_assert_eq(wg_cluster(256, 32, 32, 128, -1, 64), 2); /* 128 blocks of 64 rows */
-    cr_assert_eq(wg_cluster(512, 14, 2, 64, 0, 0), 0);
     cr_assert_eq(wg_cluster(512, 14, 2, 64, 1, 0), 0);
     cr_assert_eq(wg_cluster(512, 32, 32, 128, 2, 0), 2);
     cr_assert_eq(wg_cluster(512, 32, 32, 128, 4, 0), 4);
+    /* the defaults (0, 0): 64-row blocks at head_dim 64, split at 128 and 256, where 128-row blocks leave half the SMs idle */
+    cr_assert_eq(wg_cluster(512, 14, 2, 64, 0, 0), 0);
+    cr_assert_eq(wg_block, 256, "512 tokens, 14/2 heads, hd 64: 64-row blocks by default");
+    cr_assert_eq(wg_cluster(512, 14, 2, 64, 0, 128), 2); /* 128 rows forced: split instead */
+    cr_assert_eq(wg_block, 384);
+    cr_assert_eq(wg_cluster(512, 16, 8, 256, 0, 0), 2);
+    cr_assert_eq(wg_cluster(256, 32, 32, 128, 0, 0), 2);
+    cr_assert_eq(wg_block, 384);
+    cr_assert_eq(wg_cluster(512, 32, 32, 128, 0, 0), 0);
+    cr_assert_eq(wg_block, 384);
+    cr_assert_eq(wg_cluster(512, 32, 8, 128, 0, 0), 0);
+    cr_assert_eq(wg_cluster(4096, 14, 2, 64, 0, 0), 0);
+    cr_assert_eq(wg_block, 384, "4096 tokens, 14/2 heads, hd 64: 128-row blocks");
+    cr_assert_eq(wg_cluster(256, 32, 32, 128, 1, 0), 0);
 }
 
 /* A wrong transposition or descriptor in the warpgroup kernel's WGMMAs fails: each mutation's NMSE

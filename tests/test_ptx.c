@@ -769,11 +769,12 @@ Test(ptx, flash_wg_assembles, .timeout = 600)
     tg.opts.precision = KILN_PREC_F16;
     /* the A/B variants too: no ping-pong; 64-row blocks (two an SM: 216 registers a consumer thread);
      * key splits over clusters of 2 and 4; 64 rows with a split of 2 */
-    static const char *const presets[] = {"llama-7b", "qwen2-0.5b", "llama-7b", "llama-7b", "llama-7b", "llama-7b", "llama-7b"};
-    static const char *const variant[] = {"llama-7b", "qwen2-0.5b", "llama-7b, no ping-pong", "llama-7b, 64 rows", "llama-7b, split 2",
-                                          "llama-7b, split 4", "llama-7b, 64 rows, split 2"};
-    static const int32_t rows[] = {0, 0, 0, 64, 0, 0, 64}, split[] = {0, 0, 0, 0, 2, 4, 2};
-    for (int p = 0; p < 7; p++) {
+    static const char *const presets[] = {"llama-7b", "qwen2-0.5b", "llama-7b", "llama-7b", "llama-7b", "llama-7b", "llama-7b", "qwen2-0.5b"};
+    static const char *const variant[] = {"llama-7b", "qwen2-0.5b (64 rows: its 512-token grid is small)", "llama-7b, no ping-pong",
+                                          "llama-7b, 64 rows", "llama-7b, split 2", "llama-7b, split 4", "llama-7b, 64 rows, split 2",
+                                          "qwen2-0.5b, 128 rows, no split"};
+    static const int32_t rows[] = {0, 0, 0, 64, 0, 0, 64, 128}, split[] = {0, 0, 0, 0, 2, 4, 2, 1};
+    for (int p = 0; p < 8; p++) {
         tg.opts.flash_wg = p == 2 ? KILN_FLASH_WG_NO_PINGPONG : 0;
         tg.opts.flash_rows = rows[p], tg.opts.flash_split = split[p];
         kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096, .max_tok = 512,

@@ -426,14 +426,16 @@ typedef struct kiln_codegen_options {
                            (up to 8) and combine through distributed shared memory, instead of the split kernel
                            writing partials that kiln_attn_combine reads; KILN_GEMM_AUTO/OFF: the two kernels
                            ($KILN_ATTN_CLUSTER, docs/kernels.md). Opt-in until measured */
-    int32_t flash_rows; /* the warpgroup flash kernel's query rows a block: 0 (128: two consumer warpgroups)
-                           or 64 (one consumer warpgroup, 64-key tiles at head_dim 128, two blocks an SM:
-                           twice the blocks for short prompts; A/B runs, $KILN_FLASH_ROWS=64) */
+    int32_t flash_rows; /* the warpgroup flash kernel's query rows a block: 128 (two consumer warpgroups), 64
+                           (one consumer warpgroup, 64-key tiles at head_dim 128, two blocks an SM: twice the
+                           blocks for short prompts), or 0: the shape's choice (64 at head_dim 64 where 128-row
+                           blocks leave half the SMs idle, else 128; A/B runs, $KILN_FLASH_ROWS=64|128) */
     int32_t flash_split; /* the warpgroup flash kernel's key split: 2 or 4 blocks of a thread block cluster
                            share each query tile's key tiles (taking every 2nd / 4th) and the first block
                            combines their partial results (short prompts: more blocks, shorter walks);
-                           0 or 1: none; -1: split where the grid leaves SMs idle (the most blocks a cluster
-                           whose grid still fits the device at once; A/B runs, $KILN_FLASH_SPLIT=2|4|1|auto) */
+                           1: none; -1: split where the grid leaves SMs idle (the most blocks a cluster whose
+                           grid still fits the device at once); 0: the shape's choice (-1's where 128-row blocks
+                           leave half the SMs idle, else none; A/B runs, $KILN_FLASH_SPLIT=2|4|1|auto) */
     int32_t gemm_cols;  /* sm_90 TMA GEMM of f16/bf16 weights: columns a block (128, 192 or 256; 0: the
                            shape's choice, docs/kernels.md) where the shape allows it (A/B runs,
                            $KILN_GEMM_BN) */

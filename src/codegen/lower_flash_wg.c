@@ -591,18 +591,26 @@ static int32_t fw_split_auto(const fw *f, int64_t tok_max, uint32_t sms)
  *   prompts; at head_dim 256 one would fill an SM alone);
  * - keys a tile: 64 where O and S would not fit the registers (head_dim 256) or two 64-row blocks
  *   the shared memory (head_dim 128), else 128;
- * - a key split over a cluster: codegen.flash_split 2 or 4, or -1 for fw_split_auto's; none by
- *   default (0, or 1). */
+ * - for grids of 128-row blocks that leave half the SMs idle (short prompts of few heads): 64-row
+ *   blocks at head_dim 64, fw_split_auto's key split at 128 and 256 (codegen.flash_rows 128 and
+ *   flash_split 1 keep them off; flash_split 2 or 4 forces a split, -1 fw_split_auto's anywhere). */
 static void fw_choose(fw *f, const kiln_codegen_options *o, int64_t tok_max, uint32_t sms)
 {
-    f->rows = o->flash_rows == 64 && f->hd <= 128 ? 64 : 128;
+    /* a grid of 128-row blocks that leaves half the SMs idle: head_dim 64 takes 64-row blocks, the
+     * others a key split (H100, 512 tokens, two rounds: hd 64 14/2, 56 blocks: 13.7/14.1 us in 64-row
+     * blocks, 15.7/15.5 split 2, 16.9/19.1 as is; hd 256 16/8, 64 blocks: 41.4/41.4 split 2 against
+     * 48.3/46.5; hd 128 32/32 at 256 tokens: 19.4 split 2 against 21.6) */
+    int64_t blocks = (int64_t)f->n_kvh * ((tok_max * f->G + 127) / 128);
+    bool idle = sms && blocks * 2 <= (int64_t)sms;
+    f->rows = f->hd <= 128 && (o->flash_rows == 64 || (!o->flash_rows && idle && f->hd == 64)) ? 64 : 128;
     f->ct = 2 * f->rows;
     f->nk = f->hd == 256 || (f->rows == 64 && f->hd == 128) ? 64 : 128;
     bool pp = f->G == 1 && f->hd <= 128;
     if (o->flash_wg == KILN_FLASH_WG_NO_PINGPONG) pp = false;
     if (o->flash_wg == KILN_FLASH_WG_PINGPONG) pp = true;
     f->pingpong = pp && f->rows == 128; /* one consumer warpgroup has no one to take turns with */
-    f->split = o->flash_split == 2 || o->flash_split == 4 ? o->flash_split : o->flash_split == -1 ? fw_split_auto(f, tok_max, sms) : 1;
+    bool autosplit = o->flash_split == -1 || (!o->flash_split && idle && f->rows == 128);
+    f->split = o->flash_split == 2 || o->flash_split == 4 ? o->flash_split : autosplit ? fw_split_auto(f, tok_max, sms) : 1;
 }
 
 /* The mbarriers (thread 0) before the warpgroups part. */

@@ -86,7 +86,7 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))
         c->flash_wg = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : !strcmp(e, "2") ? KILN_FLASH_WG_NO_PINGPONG
                     : !strcmp(e, "3") ? KILN_FLASH_WG_PINGPONG : 0;
-    if (!c->flash_rows && (e = kiln_env(KILN_ENV_FLASH_ROWS)) && !strcmp(e, "64")) c->flash_rows = 64;
+    if (!c->flash_rows && (e = kiln_env(KILN_ENV_FLASH_ROWS))) c->flash_rows = !strcmp(e, "64") ? 64 : !strcmp(e, "128") ? 128 : 0;
     if (!c->flash_split && (e = kiln_env(KILN_ENV_FLASH_SPLIT))) c->flash_split = !strcmp(e, "2") ? 2 : !strcmp(e, "4") ? 4 : !strcmp(e, "1") ? 1 : !strcmp(e, "auto") ? -1 : 0;
     if (!c->gemm_cluster && (e = kiln_env(KILN_ENV_GEMM_CLUSTER)))
         c->gemm_cluster = !strcmp(e, "1") ? 1 : !strcmp(e, "2") ? 2 : !strcmp(e, "4") ? 4 : 0;
