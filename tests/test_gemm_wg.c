@@ -241,12 +241,14 @@ Test(gemm_wg, q5_k_weights) { plain_case(KILN_DTYPE_Q5_K, KILN_DTYPE_F32, 256, 1
 /* rms_norm + gate/up + swiglu over K columns of x: K 64 takes the rms kernel's loop, K 1024 and
  * 2048 its registers (rms_row_vec: 1 and 2 16-byte loads a thread); x scaled by xs (1e-20: the
  * f32 squares underflow and the rescaled pass runs). The norm is an output too where norm_out. */
+static int64_t g_swiglu_f = 72; /* columns of each sibling */
+
 static void swiglu_case(int64_t K, int64_t m, float xs, bool norm_out)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
     kiln_dim M = kiln_sym(c.g, "m", 144);
-    const int64_t F = 72;
+    const int64_t F = g_swiglu_f;
     kiln_node x = kiln_input(c.g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, K});
     kiln_node nw = tu_weight(c.g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){K}, 0.5f, 1.5f);
     kiln_node h = kiln_rms_norm(c.g, x, nw, 1e-5f * xs * xs);
@@ -493,6 +495,31 @@ Test(gemm_wg, wide_tiles)
         g_precision = KILN_PREC_EXACT;
     }
     g_cols = 0;
+}
+
+/* The wide tiles (256 rows x 144, 160 or 176 columns): four accumulators a consumer thread (up to
+ * 176 registers), setmaxnreg 232 / 40, the consumers draining alone between named barriers; the
+ * second n-tile narrower than 128 (16, 32, 48 columns). Columns past N in the last block (72 and
+ * 200 columns a sibling against 88 a block), rows past the run's count, rope pairs and neox heads
+ * across a block's columns. */
+Test(gemm_wg, wide_accumulators)
+{
+    static const int32_t cols[3] = {144, 160, 176};
+    g_precision = KILN_PREC_F16;
+    for (int i = 0; i < 3; i++) {
+        g_cols = cols[i];
+        plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 192, 456, 300, 290, NULL, NULL);
+        cr_assert_eq(g_col_blocks, (uint32_t)((456 + cols[i] - 1) / cols[i]), "bn %d: %u column blocks", cols[i], g_col_blocks);
+        for (int f = 0; f < 2; f++) {
+            g_swiglu_f = f ? 200 : 72;
+            swiglu_case(128, 137, 1.0f, false);
+            cr_assert_eq(g_col_blocks, (uint32_t)((g_swiglu_f + cols[i] / 2 - 1) / (cols[i] / 2)), "bn %d: siblings of %lld columns in %u blocks",
+                         cols[i], (long long)g_swiglu_f, g_col_blocks);
+        }
+        g_swiglu_f = 72;
+    }
+    g_cols = 0;
+    g_precision = KILN_PREC_EXACT;
 }
 
 /* x f16 as a view at an offset a tensor map cannot start at (2 halves = 4 bytes): the split kernel

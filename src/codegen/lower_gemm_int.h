@@ -37,6 +37,9 @@ typedef struct gm {
     int32_t    xp_part;   /* words of one part (m_max * K / 2) */
     int        apart;     /* words of one part of the A tile (bm x 32 halves) */
     bool       wg;        /* Hopper: TMA + warpgroup MMA, producer and consumer warpgroups (gw_*) */
+    bool       wide;      /* wg with rc 128 and bn > 128: the consumers' accumulators pass the 168
+                             registers a thread of 384 gets, so setmaxnreg gives them 232 and the
+                             producer 40, and the consumers drain the C tile alone (kl_gw_group) */
     int        threads;   /* threads of the GEMM kernel */
     int        rc;        /* wg: rows per consumer warpgroup (64, 128); bm = 2 rc */
     int        stages;    /* wg: stages of the ring */

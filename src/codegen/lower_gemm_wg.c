@@ -156,14 +156,16 @@ static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
     kl_loop_end(k);
 }
 
-/* n-tiles of a consumer's accumulators (128 columns each, the last one 64 with bn 192) and the
- * accumulator of m-tile mt, n-tile nt (at most two in all: rc 128 x bn 128 or rc 64 x bn <= 256). */
+/* n-tiles of a consumer's accumulators (128 columns each, the last one narrower: 64 with bn 192,
+ * 48 with bn 176) and the accumulator of m-tile mt, n-tile nt (at most GW_ACC: two m-tiles x two
+ * n-tiles with wide, else rc 128 x bn 128 or rc 64 x bn <= 256). */
+#define GW_ACC 4
 static int gw_nn(const gm *g) { return (g->bn + 127) / 128; }
 static int gw_ncols(const gm *g, int nt) { return g->bn - 128 * nt < 128 ? g->bn - 128 * nt : 128; }
 static int gw_acc(const gm *g, int mt, int nt) { return mt * gw_nn(g) + nt; }
 
 /* A consumer warpgroup: its accumulators += its rows of x . the weights, stage by stage. */
-static void gw_consumer(gm *g, const uint32_t acc[2], int32_t nk)
+static void gw_consumer(gm *g, const uint32_t acc[GW_ACC], int32_t nk)
 {
     kiln_kir *k = g->k;
     uint32_t wg = shri(g, g->tid, 7);
@@ -255,10 +257,13 @@ static void gw_stage_values(gm *g)
 }
 
 /* The accumulators into the C tile (the ring's memory, every load retired), then gemv's epilogue
- * over all bm rows with every thread. */
-static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[2])
+ * over all bm rows with every thread; with wide, the consumers' 256 threads alone, meeting at named
+ * barrier 1 (the producer warpgroup has left). */
+static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[GW_ACC])
 {
-    kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    const int32_t consumers = 1 | 256 << 8; /* named barrier 1, 256 threads */
+    if (g->wide) kl_gw_sync(g, KILN_KOP_NBAR_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, consumers); /* both warpgroups' WGMMAs retired: the ring is free */
+    else kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
     uint32_t wg = shri(g, g->tid, 7), w = andi(g, shri(g, g->tid, 5), 3);
     uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
     uint32_t r0 = add(g, add(g, muli(g, wg, g->rc), muli(g, w, 16)), gq);
@@ -269,10 +274,14 @@ static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[2])
                 uint32_t col = addi(g, muli(g, qq, 2), 128 * nt + 8 * (j >> 2) + (j & 1));
                 sts(g, add(g, muli(g, row, g->cs), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[gw_acc(g, mt, nt)], j));
             }
-    kendif(g);
+    if (!g->wide) kendif(g);
     gw_stage_values(g);
-    barrier(g);
+    if (g->wide) kl_gw_sync(g, KILN_KOP_NBAR_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, consumers);
+    else barrier(g);
+    int threads = g->threads;
+    if (g->wide) g->threads = 256;
     kl_gm_drain(g, G, 0, g->bm);
+    g->threads = threads;
 }
 
 /* The slots of a register unit as static column offsets from its first column (off) and the
@@ -314,7 +323,7 @@ static bool gw_reg_units(const gm *g, const gv_group *G, int off[SLOTS], int bas
  * 32 bytes a sector), so the drain stays the default. Both are latency-bound with the tensor cores
  * idle; the lever is running the epilogue under another tile's MMAs (a persistent ping-pong of the
  * consumer warpgroups, which needs this per-thread form). */
-static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[2])
+static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[GW_ACC])
 {
     int off[SLOTS], base[GM_BN / 8], n_base;
     /* not for block weights: the decoders' registers beside the unrolled epilogue passed the
@@ -352,7 +361,10 @@ void kl_gw_group(gm *g, const gv_group *G)
     kiln_kir *k = g->k;
     gv *s = g->s;
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    uint32_t acc[2] = {kiln_kvar(k, zero), g->rc > 64 || gw_nn(g) > 1 ? kiln_kvar(k, zero) : KILN_IDX_NONE};
+    uint32_t acc[GW_ACC];
+    /* wide: the accumulators live from inside the consumers' branch, after their setmaxnreg (zeroed
+       before it, their 176 registers passed the 168 of the code before it: ptxas spilled) */
+    for (int i = 0; i < GW_ACC; i++) acc[i] = !g->wide && i < g->rc / 64 * gw_nn(g) ? kiln_kvar(k, zero) : KILN_IDX_NONE;
     int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK); /* a last half stage reads zeros past K */
     uint32_t wmap[2] = {KILN_IDX_NONE, KILN_IDX_NONE};
     for (int sp = 0; !g->wblock && sp < G->n_sib; sp++) {
@@ -362,8 +374,12 @@ void kl_gw_group(gm *g, const gv_group *G)
         wmap[sp] = kiln_kir_tmap(k, &m);
     }
     kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    if (g->wide) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 240);
+    for (int i = 0; g->wide && i < g->rc / 64 * gw_nn(g); i++) acc[i] = kiln_kvar(k, zero);
     gw_consumer(g, acc, nk);
+    if (g->wide) gw_epilogue(g, G, acc); /* the consumers alone: the producer's registers are gone */
     kiln_kelse(k);
+    if (g->wide) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 24);
     if (g->wblock) {
         gw_producer_blocks(g, G, nk);
     } else {
@@ -372,6 +388,7 @@ void kl_gw_group(gm *g, const gv_group *G)
         kendif(g);
     }
     kendif(g);
+    if (g->wide) return;
     if (g->s->tgt->opts.gemm_epilogue == KILN_GEMM_ON && gw_epilogue_regs(g, G, acc)) return;
     barrier(g); /* every stage consumed: the ring's memory is free */
     gw_epilogue(g, G, acc);
@@ -481,22 +498,25 @@ static bool gw_cols_ok(const gm *G, int bn, const kiln_lower_target *tg)
     return true;
 }
 
-/* The block's tile: rows per consumer (rc 64 or 128) and columns (bn 128, 192 or 256), at most two
- * W64 accumulators a consumer. A stage brings (bm + bn) x 128 bytes from L2 for bm x bn x 64 MACs:
+/* The block's tile: rows per consumer (rc 64 or 128) and columns (bn 128, 192 or 256; with rc 128
+ * also 144, 160 or 176: wide). A stage brings (bm + bn) x 128 bytes from L2 for bm x bn x 64 MACs:
  * the tile's rate goes as bm bn / (bm + bn) (measured on the H100: 256 x 128 tiles 1.33x the rate of
  * 128 x 128 ones, as the ratio says), and its time as waves of the grid (whole waves: the last one
  * takes as long as a full one) times bm + bn. 128 x 256 tiles (two n-tiles a consumer) measured
  * slower than 256 x 128 ones at every shape (4096^3 564 vs 592, 512 x 22016 x 4096 509 vs 553
  * TFLOP/s), so only codegen.gemm_cols asks for them; 128 x 192 ran 512 x 12288 x 4096 at 510 vs
- * 475. codegen.gemm_rows 64 / gemm_cols force a side. */
+ * 475. The wide tiles are for a grid whose last wave is mostly empty: llama-7b's 512-token gate/up
+ * (2 x 11008 columns) takes 344 blocks of 256 x 128 (2.6 waves on 132 SMs, 85% of the SMs busy),
+ * or 252 of 256 x 176 (88 columns of each sibling; 1.9 waves). codegen.gemm_rows 64 / gemm_cols
+ * force a side. */
 void kl_gw_shape(gm *G, const kiln_lower_target *tg)
 {
     gv *s = G->s;
     int64_t sms = tg->sm_count ? tg->sm_count : 132;
-    static const int cand[][2] = {{64, 128}, {128, 128}, {64, 192}, {64, 256}};
+    static const int cand[][2] = {{64, 128}, {128, 128}, {64, 192}, {64, 256}, {128, 144}, {128, 160}, {128, 176}};
     int64_t best = -1;
     G->rc = 64, G->bn = GM_BN;
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < (int)(sizeof cand / sizeof cand[0]); c++) {
         int rc = cand[c][0], bn = cand[c][1];
         if (rc == 128 && (G->parts != 1 || s->m_max <= 128 || tg->opts.gemm_rows == 64)) continue;
         if (tg->opts.gemm_cols ? bn != tg->opts.gemm_cols : bn == 256) continue; /* 256: measured slower at every shape */
@@ -507,6 +527,7 @@ void kl_gw_shape(gm *G, const kiln_lower_target *tg)
     }
     G->bm = 2 * G->rc;
     G->apart = G->bm * 16;
+    G->wide = G->rc == 128 && G->bn > GM_BN;
 }
 
 /* Thread block clusters for TMA weights (codegen.gemm_cluster: 0 or 1 = none, 2, 4): the token-row

@@ -93,7 +93,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
     if (!c->gemm_epilogue && (e = kiln_env(KILN_ENV_GEMM_EPILOGUE)))
         c->gemm_epilogue = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->gemm_cols && (e = kiln_env(KILN_ENV_GEMM_BN)))
-        c->gemm_cols = !strcmp(e, "128") ? 128 : !strcmp(e, "192") ? 192 : !strcmp(e, "256") ? 256 : 0;
+        c->gemm_cols = !strcmp(e, "128") ? 128 : !strcmp(e, "144") ? 144 : !strcmp(e, "160") ? 160 : !strcmp(e, "176") ? 176
+                     : !strcmp(e, "192") ? 192 : !strcmp(e, "256") ? 256 : 0;
     if (!c->grid_cap && (e = kiln_env(KILN_ENV_GRID_CAP))) {
         long v = strtol(e, NULL, 10);
         c->grid_cap = v > 0 && v <= INT32_MAX ? (int32_t)v : v == 0 ? -1 : 0; /* "0": every virtual block */
