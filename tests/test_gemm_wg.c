@@ -419,13 +419,15 @@ Test(gemm_wg, f16_weights_long_k) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 2
  * C tile, or with epi KILN_GEMM_ON on the accumulators (rope partners in one thread: adjacent
  * columns, or + hd / 2 with hd / 2 a multiple of 8; neox partners in other threads, hd 8, take
  * the C tile; so does a partial rope, rot of HD dims). */
+static int64_t g_qkv_m = 100; /* rows (and their bound) of qkv_case */
+
 static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int64_t rot, int32_t epi)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
     kiln_graph *g = c.g;
-    const int64_t D = 256, H = D / HD, m = 100, CTX = 128;
-    kiln_dim M = kiln_sym(g, "m", 100);
+    const int64_t D = 256, H = D / HD, m = g_qkv_m, CTX = m > 128 ? 256 : 128;
+    kiln_dim M = kiln_sym(g, "m", m);
     kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, D});
     kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){M});
     kiln_node nw = tu_weight(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){D}, 0.5f, 1.5f);
@@ -518,6 +520,11 @@ Test(gemm_wg, wide_accumulators)
         }
         g_swiglu_f = 72;
     }
+    g_cols = 144; /* 48 columns of each of q, k, v: rope pairs and KV writes across blocks, 256-row tiles */
+    g_qkv_m = 200;
+    qkv_case(KILN_ROPE_NORMAL, 64, 64, 0);
+    cr_assert_eq(g_col_blocks, 6u, "qkv in %u blocks of 48 columns a sibling", g_col_blocks);
+    g_qkv_m = 100;
     g_cols = 0;
     g_precision = KILN_PREC_EXACT;
 }

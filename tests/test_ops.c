@@ -324,6 +324,16 @@ Test(ops, matmul_gemm_layer_sized, .timeout = 300)
     layer_gemm(KILN_DTYPE_F32, 11008, 4096, 100, false);
 }
 
+/* 512 rows: under $KILN_PRECISION=f16 on sm_90 the 256-row tiles, gate/up on 256 x 176 ones (wide:
+ * four accumulators a consumer, setmaxnreg) and the O / down shapes */
+Test(ops, gemm_layer_512_rows, .timeout = 300)
+{
+    GPU_ONLY();
+    layer_gemm(KILN_DTYPE_F32, 4096, 11008, 512, true);
+    layer_gemm(KILN_DTYPE_F32, 4096, 4096, 512, false);
+    layer_gemm(KILN_DTYPE_F32, 11008, 4096, 512, false);
+}
+
 Test(ops, gemm_long_k_f16x) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F16, 11008, 520, 100, false); }
 Test(ops, gemm_long_k_8192) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F32, 8192, 520, 100, false); }
 Test(ops, gemm_long_k_narrow) { GPU_ONLY(); layer_gemm(KILN_DTYPE_F32, 11008, 520, 100, false); }
