@@ -524,6 +524,14 @@ Test(gemm_wg, wide_accumulators)
     g_qkv_m = 200;
     qkv_case(KILN_ROPE_NORMAL, 64, 64, 0);
     cr_assert_eq(g_col_blocks, 6u, "qkv in %u blocks of 48 columns a sibling", g_col_blocks);
+    qkv_case(KILN_ROPE_NORMAL, 64, 64, KILN_GEMM_ON); /* the register epilogue inside the consumers' branch */
+    g_cols = 176;
+    g_epilogue = KILN_GEMM_ON;
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 192, 456, 300, 290, NULL, NULL);
+    g_swiglu_f = 200;
+    swiglu_case(128, 137, 1.0f, false);
+    g_swiglu_f = 72;
+    g_epilogue = 0;
     g_qkv_m = 100;
     g_cols = 0;
     g_precision = KILN_PREC_EXACT;

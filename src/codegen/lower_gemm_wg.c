@@ -289,7 +289,8 @@ static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[GW_ACC])
  * rope partner lies in another thread's fragment (neox with hd / 2 not a multiple of 8). Slots are
  * rope partners (normal: adjacent columns, slots 0-1 and 2-3; neox: + hd / 2, slots 0-2 and 1-3) or
  * the same columns of each sibling (siblings outermost, as kl_gm_drain orders them). */
-static bool gw_reg_units(const gm *g, const gv_group *G, int off[SLOTS], int base[GM_BN / 8], int *n_base)
+#define GW_BASES 32 /* first columns of a thread's register units: bns / 8 at most */
+static bool gw_reg_units(const gm *g, const gv_group *G, int off[SLOTS], int base[GW_BASES], int *n_base)
 {
     int cols = G->cols, half = (int)(G->hd / 2);
     *n_base = 0;
@@ -302,6 +303,7 @@ static bool gw_reg_units(const gm *g, const gv_group *G, int off[SLOTS], int bas
         return true;
     }
     if (cols == 4) {
+        if (g->bns % 16) return false; /* a unit's columns 8 and 9 would be the next sibling's */
         off[0] = 0, off[1] = 1, off[2] = 8, off[3] = 9;
         for (int b = 0; b < g->bns; b += 16) base[(*n_base)++] = b;
         return true;
@@ -325,12 +327,13 @@ static bool gw_reg_units(const gm *g, const gv_group *G, int off[SLOTS], int bas
  * consumer warpgroups, which needs this per-thread form). */
 static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[GW_ACC])
 {
-    int off[SLOTS], base[GM_BN / 8], n_base;
+    int off[SLOTS], base[GW_BASES], n_base;
     /* not for block weights: the decoders' registers beside the unrolled epilogue passed the
-       384-thread cap of 168 (ptxas spilled a q8_0 QKV with PDL, 64 rows a consumer) */
-    if (g->wblock || g->bn != GM_BN || !gw_reg_units(g, G, off, base, &n_base)) return false;
+       384-thread cap of 168 (ptxas spilled a q8_0 QKV with PDL, 64 rows a consumer); wide tiles
+       run it inside the consumers' branch */
+    if (g->wblock || (g->bn != GM_BN && !g->wide) || !gw_reg_units(g, G, off, base, &n_base)) return false;
     gv *s = g->s;
-    kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    if (!g->wide) kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
     uint32_t wg = shri(g, g->tid, 7), w = andi(g, shri(g, g->tid, 5), 3);
     uint32_t gq = shri(g, g->lane, 2), qq2 = muli(g, andi(g, g->lane, 3), 2);
     uint32_t r0 = add(g, g->m0, add(g, add(g, muli(g, wg, g->rc), muli(g, w, 16)), gq));
@@ -348,11 +351,11 @@ static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[GW_ACC
                         e->slot_delta[r] = c;
                         e->col[r] = addi(g, c0, base[b] + off[c]);
                         e->ok[r] = o2(g, KILN_KOP_LT, e->col[r], ci(g, (int32_t)G->n));
-                        e->acc[r][0] = op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[mt], (tc / 8) << 2 | hh << 1 | (tc & 1));
+                        e->acc[r][0] = op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[gw_acc(g, mt, tc / 128)], (tc % 128 / 8) << 2 | hh << 1 | (tc & 1));
                     }
                 kl_gv_epilogue(s, G, e, g->m);
             }
-    kendif(g);
+    if (!g->wide) kendif(g);
     return true;
 }
 
@@ -377,7 +380,8 @@ void kl_gw_group(gm *g, const gv_group *G)
     if (g->wide) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 240);
     for (int i = 0; g->wide && i < g->rc / 64 * gw_nn(g); i++) acc[i] = kiln_kvar(k, zero);
     gw_consumer(g, acc, nk);
-    if (g->wide) gw_epilogue(g, G, acc); /* the consumers alone: the producer's registers are gone */
+    if (g->wide && !(g->s->tgt->opts.gemm_epilogue == KILN_GEMM_ON && gw_epilogue_regs(g, G, acc)))
+        gw_epilogue(g, G, acc); /* the consumers alone: the producer's registers are gone */
     kiln_kelse(k);
     if (g->wide) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 24);
     if (g->wblock) {
