@@ -645,6 +645,9 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     } else {
         kl_gw_shape(&G, tg);
         G.cs = G.bn + 4;
+        /* wide: its setmaxnreg takes effect only where the entry's register count is known (one
+           block an SM); without it the H100's JIT kept 168 a thread and spilled the accumulators */
+        if (G.wide) k->min_blocks = 1;
         kl_gw_cluster(&G, tg);
     }
     k->cluster = G.cm > 1 ? (uint32_t)G.cm : 0;

@@ -691,7 +691,7 @@ static void print_module(pstate *p, int sm, unsigned flags, sbuf *out)
     for (uint32_t t = 0; t < k->n_tmaps; t++) kiln_sbuf_printf(out, "\t.param .align 64 .b8 %s_t%u[128]%s\n", k->name, t, t + 1 < k->n_tmaps ? "," : "");
     kiln_sbuf_printf(out, ")\n.maxntid %u, 1, 1\n", k->block);
     if (flags & KILN_PTX_ALL_REGISTERS) kiln_sbuf_printf(out, ".minnctapersm 1\n");
-    else if (k->min_blocks > 1) kiln_sbuf_printf(out, ".minnctapersm %u\n", k->min_blocks);
+    else if (k->min_blocks >= 1) kiln_sbuf_printf(out, ".minnctapersm %u\n", k->min_blocks);
     if (k->cluster > 1) kiln_sbuf_printf(out, ".reqnctapercluster %u, 1, 1\n", k->cluster);
     kiln_sbuf_printf(out, "{\n");
     for (int c = 0; c < RC_COUNT; c++)

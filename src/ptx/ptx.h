@@ -41,7 +41,8 @@ typedef struct kiln_ptx_stats {
  * registers so that several blocks share an SM (a decode gemv: about 60 registers, 4 blocks),
  * which can spill a heavy kernel. KILN_PTX_ALL_REGISTERS adds `.minnctapersm 1` (up to 255, or
  * 65536 / block): for kernels that spilled under the default (print, assemble, look, reprint).
- * A kernel's own min_blocks (kir) adds `.minnctapersm min_blocks` when the flag is not given. */
+ * A kernel's own min_blocks (kir) adds `.minnctapersm min_blocks` when the flag is not given (1:
+ * a kernel whose setmaxnreg needs the entry's register count known, else the JIT ignores it). */
 enum { KILN_PTX_ALL_REGISTERS = 1 };
 
 /* Prints kernel k as one PTX module for sm (80 or 90): `.version 8.0`, one `.entry` named k->name

@@ -89,6 +89,30 @@ static kiln_status jit_fail(kiln_cuda *c, CUresult r, const char *what, const ch
     return kiln_cuda_fail(c, r, whatlog, err, n);
 }
 
+/* $KILN_PTX_DUMP: each printed kernel as DIR/NAME.N.ptx (N counts the prints of the process: kernels
+ * of one name do not overwrite each other) and the JIT's info log of its link as DIR/NAME.N.log
+ * (registers, spills: what the driver's JIT made of it, which can differ from a ptxas run).
+ * Compiles of one backend hold its lock, so the count needs no atomics. */
+static unsigned dump_n;
+
+static void dump_text(const char *name, const char *ext, const char *text)
+{
+    const char *dir = kiln_env(KILN_ENV_PTX_DUMP);
+    if (!dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.%u.%s", dir, name, dump_n, ext);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+static void dump(const char *name, const char *ptx)
+{
+    dump_n++;
+    dump_text(name, "ptx", ptx);
+}
+
 kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, CUmodule *mod, CUfunction *fn,
                                int *spills, char *err, size_t n)
 {
@@ -98,6 +122,7 @@ kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, 
     CUresult r = c->d.module_load(mod, ptx, 5, j.opts, j.vals);
     kiln_status s = KILN_OK;
     if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(j.ilog) : -1;
+    dump_text(name, "log", j.ilog);
     if (r != KILN_CU_SUCCESS) {
         s = jit_fail(c, r, "cuModuleLoadDataEx", name, &j, err, n);
     } else if ((r = c->d.module_function(fn, *mod, name)) != KILN_CU_SUCCESS) {
@@ -135,6 +160,7 @@ static kiln_status link_ptx(kiln_cuda *c, const char *ptx, const char *name, CUm
     }
     kiln_status s = KILN_OK;
     if (spills) *spills = r == KILN_CU_SUCCESS ? log_spills(j.ilog) : -1;
+    dump_text(name, "log", j.ilog);
     if (r != KILN_CU_SUCCESS) {
         s = jit_fail(c, r, what, name, &j, err, n);
     } else if (!image || !image_n || !(*cubin = malloc(image_n))) {
@@ -206,18 +232,6 @@ bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, 
 }
 
 /* $KILN_PTX_DUMP=DIR: every compiled kernel's PTX is also written to DIR/<name>.ptx. */
-static void dump(const char *name, const char *ptx)
-{
-    const char *dir = kiln_env(KILN_ENV_PTX_DUMP);
-    if (!dir) return;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s.ptx", dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) return;
-    fputs(ptx, f);
-    fclose(f);
-}
-
 /* Blocks to launch for a grid-stride kernel: as many as are resident on the whole GPU at once
  * (the driver's occupancy for this function times the SM count), through kiln_stride_blocks. */
 static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, uint32_t n, uint32_t block)
@@ -274,6 +288,22 @@ static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const
     kiln_blob_bytes(w, cubin, cubin_n);
 }
 
+/* The JIT of one printed kernel into f->mod / f->fn: sm_90a (warpgroup) kernels whole-program
+ * (cuModuleLoadDataEx: no cubin to keep), the others through the linker, whose cubin the cache
+ * entry keeps. The linker compiles a module as one of several compilation units: on the H100
+ * (driver 580) it ignored setmaxnreg ("to maintain compatibility across compilation units",
+ * C7504) and serialized WGMMAs (C7509): the flash kernel spilled 232 bytes and the 256 x 176 GEMM
+ * 1248 (7x slower), where the whole-program JIT and ptxas spill nothing. */
+static kiln_status jit_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cuda_fn *f, unsigned char **cubin, size_t *cubin_n,
+                          int *spills, char *err, size_t n)
+{
+    *cubin = NULL;
+    *cubin_n = 0;
+    if (!kiln_kir_needs_sm90a(kir)) return link_ptx(c, ptx, kir->name, &f->mod, &f->fn, cubin, cubin_n, spills, err, n);
+    kiln_status s = kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, spills, err, n);
+    return s;
+}
+
 /* Links and loads one printed kernel into f, uploads its tables and appends its entry part. A
  * kernel the JIT reports spilling under the default register cap is printed again with every
  * register allowed (KILN_PTX_ALL_REGISTERS). */
@@ -286,20 +316,19 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
     size_t cubin_n = 0;
     const char *used = ptx;
     char *again = NULL;
-    kiln_status s = link_ptx(c, ptx, kir->name, &f->mod, &f->fn, &cubin, &cubin_n, &spills, err, n);
+    kiln_status s = jit_fn(c, kir, ptx, f, &cubin, &cubin_n, &spills, err, n);
     if (s == KILN_OK && spills > 0) {
         if (kiln_ptx_print_ex(kir, c->ptx_sm, KILN_PTX_ALL_REGISTERS, &again, NULL, err, n) == KILN_OK) {
-            CUmodule mod = NULL;
-            CUfunction fn = NULL;
+            cuda_fn g = {0};
             unsigned char *cubin2 = NULL;
             size_t cubin2_n = 0;
-            if (link_ptx(c, again, kir->name, &mod, &fn, &cubin2, &cubin2_n, NULL, err, n) == KILN_OK) {
+            dump(kir->name, again);
+            if (jit_fn(c, kir, again, &g, &cubin2, &cubin2_n, NULL, err, n) == KILN_OK) {
                 c->d.module_unload(f->mod);
-                f->mod = mod, f->fn = fn;
+                f->mod = g.mod, f->fn = g.fn;
                 free(cubin);
                 cubin = cubin2, cubin_n = cubin2_n;
                 used = again;
-                dump(kir->name, again);
             }
             err[0] = 0; /* the first module still works */
         }
@@ -385,7 +414,9 @@ kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out,
 }
 
 /* Reads one kernel of an entry into f: the launch metadata through the shared checked reader
- * (codegen/kir_blob.h), then the PTX and the cubin, which is loaded as it is (the JIT does not run). */
+ * (codegen/kir_blob.h), then the PTX and the cubin, which is loaded as it is (the JIT does not run);
+ * an entry of an sm_90a kernel has no cubin (jit_fn): its PTX goes through the whole-program JIT
+ * again (the driver's own cache keeps what it made). */
 static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_kir *want, kiln_blob_r *rd, cuda_fn *f, char *err,
                                  size_t n)
 {
@@ -395,7 +426,7 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
     size_t ptx_n, cubin_n;
     const char *ptx = kiln_blob_get_bytes(rd, &ptx_n);
     const unsigned char *cubin = kiln_blob_get_bytes(rd, &cubin_n);
-    if (rd->bad || !ptx_n || ptx[ptx_n - 1] || !cubin_n) {
+    if (rd->bad || !ptx_n || ptx[ptx_n - 1]) {
         snprintf(err, n, "cuda: cache entry does not fit the region");
         return KILN_ERR_INVALID_ARG;
     }
@@ -405,9 +436,11 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
         if (!(copies[t] = malloc((size_t)m.tables[t].n * 4 + 4))) s = KILN_ERR_NOMEM;
         else memcpy(copies[t], m.tables[t].words, (size_t)m.tables[t].n * 4), m.tables[t].words = copies[t];
     }
-    unsigned char *image = s == KILN_OK ? malloc(cubin_n) : NULL; /* the driver reads an aligned image */
-    if (s == KILN_OK && !image) s = KILN_ERR_NOMEM;
-    if (s == KILN_OK) {
+    unsigned char *image = s == KILN_OK && cubin_n ? malloc(cubin_n) : NULL; /* the driver reads an aligned image */
+    if (s == KILN_OK && cubin_n && !image) s = KILN_ERR_NOMEM;
+    if (s == KILN_OK && !cubin_n) { /* an sm_90a kernel: its PTX, whole-program (jit_fn) */
+        s = kiln_cuda_load_ptx(c, ptx, m.name, &f->mod, &f->fn, NULL, err, n);
+    } else if (s == KILN_OK) {
         memcpy(image, cubin, cubin_n);
         CUresult r = c->d.module_load(&f->mod, image, 0, NULL, NULL);
         if (r != KILN_CU_SUCCESS) s = kiln_cuda_fail(c, r, "cuModuleLoadDataEx of a cached cubin", err, n), f->mod = NULL;
