@@ -511,19 +511,25 @@ static bool gw_cols_ok(const gm *G, int bn, const kiln_lower_target *tg)
  * TFLOP/s), so only codegen.gemm_cols asks for them; 128 x 192 ran 512 x 12288 x 4096 at 510 vs
  * 475. The wide tiles are for a grid whose last wave is mostly empty: llama-7b's 512-token gate/up
  * (2 x 11008 columns) takes 344 blocks of 256 x 128 (2.6 waves on 132 SMs, 85% of the SMs busy),
- * or 252 of 256 x 176 (88 columns of each sibling; 1.9 waves). codegen.gemm_rows 64 / gemm_cols
- * force a side. */
+ * or 252 of 256 x 176 (88 columns of each sibling; 1.9 waves): 199 -> 159 us on the H100, the
+ * layer 0.520 -> 0.488 ms; 4096 tokens: gate/up 1356 -> 1207 us, QKV (256 x 144) 933 -> 900.
+ * codegen.gemm_rows 64 / gemm_cols force a side. */
 void kl_gw_shape(gm *G, const kiln_lower_target *tg)
 {
     gv *s = G->s;
     int64_t sms = tg->sm_count ? tg->sm_count : 132;
     static const int cand[][2] = {{64, 128}, {128, 128}, {64, 192}, {64, 256}, {128, 144}, {128, 160}, {128, 176}};
+    bool residual = false; /* an add in the epilogue: its drain reads a global value per element */
+    for (uint32_t i = 0; i < s->r->n_nodes; i++) residual = residual || s->g->nodes[s->r->nodes[i]].op == KILN_OP_ADD;
     int64_t best = -1;
     G->rc = 64, G->bn = GM_BN;
     for (int c = 0; c < (int)(sizeof cand / sizeof cand[0]); c++) {
         int rc = cand[c][0], bn = cand[c][1];
         if (rc == 128 && (G->parts != 1 || s->m_max <= 128 || tg->opts.gemm_rows == 64)) continue;
         if (tg->opts.gemm_cols ? bn != tg->opts.gemm_cols : bn == 256) continue; /* 256: measured slower at every shape */
+        /* wide tiles drain with the 256 consumer threads alone: a residual's loads left the
+           4096-token O GEMM slower on them (279 vs 255 us), so they are for other epilogues */
+        if (!tg->opts.gemm_cols && rc == 128 && bn > GM_BN && residual) continue;
         if (!gw_cols_ok(G, bn, tg)) continue;
         int64_t blocks = kl_gw_col_blocks(s, bn) * ((s->m_max + 2 * rc - 1) / (2 * rc));
         int64_t cost = (blocks + sms - 1) / sms * (2 * rc + bn);

@@ -288,18 +288,22 @@ static void entry_fn(kiln_blob_w *w, const kiln_kir *kir, const char *ptx, const
     kiln_blob_bytes(w, cubin, cubin_n);
 }
 
-/* The JIT of one printed kernel into f->mod / f->fn: sm_90a (warpgroup) kernels whole-program
+/* The JIT of one printed kernel into f->mod / f->fn: kernels with setmaxnreg whole-program
  * (cuModuleLoadDataEx: no cubin to keep), the others through the linker, whose cubin the cache
  * entry keeps. The linker compiles a module as one of several compilation units: on the H100
  * (driver 580) it ignored setmaxnreg ("to maintain compatibility across compilation units",
  * C7504) and serialized WGMMAs (C7509): the flash kernel spilled 232 bytes and the 256 x 176 GEMM
- * 1248 (7x slower), where the whole-program JIT and ptxas spill nothing. */
+ * 1248 (7x slower), where the whole-program JIT and ptxas spill nothing (flash_wg at 4096 tokens
+ * 370 -> 303 us). The other warpgroup GEMMs measured slower whole-program (512-token down 90 ->
+ * 97 us, O 39 -> 41), so they keep the linker. */
 static kiln_status jit_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cuda_fn *f, unsigned char **cubin, size_t *cubin_n,
                           int *spills, char *err, size_t n)
 {
     *cubin = NULL;
     *cubin_n = 0;
-    if (!kiln_kir_needs_sm90a(kir)) return link_ptx(c, ptx, kir->name, &f->mod, &f->fn, cubin, cubin_n, spills, err, n);
+    bool setmaxnreg = false;
+    for (uint32_t i = 0; i < kir->n_ins && !setmaxnreg; i++) setmaxnreg = kir->ins[i].op == KILN_KOP_SETMAXNREG;
+    if (!setmaxnreg) return link_ptx(c, ptx, kir->name, &f->mod, &f->fn, cubin, cubin_n, spills, err, n);
     kiln_status s = kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, spills, err, n);
     return s;
 }
@@ -415,7 +419,7 @@ kiln_status kiln_cuda_kernel_save(void *state, const kiln_kernel *k, void **out,
 
 /* Reads one kernel of an entry into f: the launch metadata through the shared checked reader
  * (codegen/kir_blob.h), then the PTX and the cubin, which is loaded as it is (the JIT does not run);
- * an entry of an sm_90a kernel has no cubin (jit_fn): its PTX goes through the whole-program JIT
+ * an entry of a kernel with setmaxnreg has no cubin (jit_fn): its PTX goes through the whole-program JIT
  * again (the driver's own cache keeps what it made). */
 static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_kir *want, kiln_blob_r *rd, cuda_fn *f, char *err,
                                  size_t n)
@@ -438,7 +442,7 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
     }
     unsigned char *image = s == KILN_OK && cubin_n ? malloc(cubin_n) : NULL; /* the driver reads an aligned image */
     if (s == KILN_OK && cubin_n && !image) s = KILN_ERR_NOMEM;
-    if (s == KILN_OK && !cubin_n) { /* an sm_90a kernel: its PTX, whole-program (jit_fn) */
+    if (s == KILN_OK && !cubin_n) { /* a kernel with setmaxnreg: its PTX, whole-program (jit_fn) */
         s = kiln_cuda_load_ptx(c, ptx, m.name, &f->mod, &f->fn, NULL, err, n);
     } else if (s == KILN_OK) {
         memcpy(image, cubin, cubin_n);
