@@ -76,6 +76,13 @@ bool        kiln_op_parse(const char *name, enum kiln_op *out);
 /* Its class (KILN_OPC_LEAF for out-of-range values), whether it is elementwise, and the FLOPs the
  * cost model counts per result element (0 for leaves, aliases and the anchors it sizes itself). */
 enum kiln_op_class kiln_op_class_of(enum kiln_op op);
+
+/* For codegen.precision = KILN_PREC_F16: each f32 elementwise node read only as the x of matmuls
+ * with 16-bit or block weights (never an output) becomes f16 (bf16 for bf16 weights), the type
+ * those GEMMs round x to anyway (graph.c says why). Called on the compile's own copy, for plans
+ * on the cuda backend (kiln_compile) and by kiln ptx. */
+struct kiln_graph;
+void kiln_graph_narrow_gemm_inputs(struct kiln_graph *g);
 bool               kiln_op_is_elementwise(enum kiln_op op);
 double             kiln_op_flops(enum kiln_op op);
 /* Builds a unary elementwise op without parameters (silu, gelu, sigmoid, ...): the .kg parser and
