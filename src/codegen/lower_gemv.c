@@ -471,6 +471,43 @@ static void prefetch_ahead(gv *s, kiln_dtype t, const gv_group *G, bool two, uin
     }
 }
 
+/* The K split over a unit's wpu warps: every accumulator summed over the unit's warps. Each warp's
+ * totals first (shuffles only, independent chains), lane 0's into shared memory, one barrier, then
+ * the unit's warps' totals in warp order, and a barrier before the array is written again: two
+ * barriers where one REDUCE per accumulator took two each (the QKV gemv has 12 accumulators). Same
+ * sums in the same order as REDUCE over 32 wpu threads prints (butterfly in the warp, then warps). */
+static void reduce_split(gv *s, const gv_group *G, uint32_t tid, uint32_t wi)
+{
+    kiln_kir *k = s->k;
+    int n = s->u.n_slots * s->mc;
+    if (G->wpu == 1 || n == 1) { /* a warp's own sum, or one accumulator: REDUCE as it prints */
+        for (int r = 0; r < s->u.n_slots; r++)
+            for (int q = 0; q < s->mc; q++)
+                kiln_kset(k, s->u.acc[r][q],
+                          kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->u.acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE,
+                                      (KILN_KRED_SUM << 16) | (32 * G->wpu)));
+        return;
+    }
+    if (!s->red_made) s->sh_red = kiln_kir_shared(k, SLOTS * MC_MAX * WARPS), s->red_made = true;
+    uint32_t warp = kiln_kshri(k, tid, 5), lead = kiln_k2(k, KILN_KOP_EQ, kiln_kandi(k, tid, 31), kiln_ki(k, 0));
+    uint32_t v[SLOTS * MC_MAX];
+    for (int i = 0; i < n; i++)
+        v[i] = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->u.acc[i / s->mc][i % s->mc], KILN_IDX_NONE, KILN_IDX_NONE,
+                           (KILN_KRED_SUM << 16) | 32);
+    kiln_kif(k, lead);
+    for (int i = 0; i < n; i++) kiln_ksts(k, s->sh_red, kiln_kaddi(k, warp, i * WARPS), v[i]);
+    kiln_kendif(k);
+    kiln_kbarrier(k);
+    uint32_t first = kiln_k2(k, KILN_KOP_SUB, warp, wi); /* the unit's first warp in the block */
+    for (int i = 0; i < n; i++) {
+        uint32_t t = kiln_klds(k, s->sh_red, KILN_KT_F32, kiln_kaddi(k, first, i * WARPS));
+        for (int w = 1; w < G->wpu; w++)
+            t = kiln_k2(k, KILN_KOP_ADD, t, kiln_klds(k, s->sh_red, KILN_KT_F32, kiln_kaddi(k, first, i * WARPS + w)));
+        kiln_kset(k, s->u.acc[i / s->mc][i % s->mc], t);
+    }
+    kiln_kbarrier(k); /* read before the next virtual block's totals land */
+}
+
 static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uint32_t tid, uint32_t m)
 {
     kiln_kir *k = s->k;
@@ -510,11 +547,7 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
         kiln_kir_op(k, KILN_KOP_FENCE_CTA, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     step_math(s, t, two, ch, cc, pm, xs, nws);
     kl_loop_end(k);
-    for (int r = 0; r < s->u.n_slots; r++)
-        for (int q = 0; q < s->mc; q++)
-            kiln_kset(k, s->u.acc[r][q],
-                      kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, s->u.acc[r][q], KILN_IDX_NONE, KILN_IDX_NONE,
-                                  (KILN_KRED_SUM << 16) | (32 * G->wpu)));
+    reduce_split(s, G, tid, wi);
     if (s->norm != KILN_IDX_NONE && kiln_region_is_out(s->r, s->norm) && G == &s->grp[0])
         store_normed_x(s, gw, u, lane, m);
     kiln_kif(s->k, kiln_k2(s->k, KILN_KOP_PAND, kiln_k2(s->k, KILN_KOP_EQ, lane, kiln_ki(s->k, 0)),
