@@ -215,3 +215,157 @@ Test(lower, host_row_guard_matches_the_kernel)
     cr_assert(passes > 100 && fails > 100, "sizes on both sides of the caps: %d pass, %d fail", passes, fails);
     kiln_graph_free(g);
 }
+
+/* kl_guard_rows_range (lo < rows <= cap) on the host as in the kernel, at sizes around both
+ * bounds: an off-by-one on either side fails it. */
+Test(lower, host_range_guard_matches_the_kernel)
+{
+    kiln_graph *g = NULL;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_dim T = kiln_sym(g, "t", 4096);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, 24});
+    kiln_node y = kiln_input(g, "y", KILN_DTYPE_F32, 1, (kiln_dim[]){4});
+    uint32_t xi, yi;
+    cr_assert(kiln_graph_resolve(g, "test", "x", x, &xi) && kiln_graph_resolve(g, "test", "y", y, &yi));
+    int32_t tsym = (int32_t)kiln_sym_index(T);
+    const int64_t bounds[3][2] = {{1, 8}, {3, 64}, {8, 9}};
+    int passes = 0, fails = 0;
+    for (int c = 0; c < 3; c++) {
+        int64_t lo = bounds[c][0], cap = bounds[c][1];
+        kiln_kir k;
+        kiln_kir_init(&k, "ranged", 32);
+        uint32_t slot = kiln_kir_buf(&k, KILN_KBUF_NODE, yi, true);
+        kl_store(&k, slot, KILN_DTYPE_F32, kiln_ki(&k, 0), kiln_kf(&k, 1.0f));
+        kl_guard_rows_range(&k, g, xi, 24, lo, cap);
+        cr_assert(k.rows.set && k.rows.small && k.rows.lo == lo && k.rows.cap == cap);
+        for (int64_t t = 1; t <= 80; t++) {
+            int64_t dims[8][KILN_MAX_RANK] = {{0}};
+            dims[xi][0] = t, dims[xi][1] = 24, dims[yi][0] = 4;
+            uint32_t params[8] = {0}, out[4] = {0};
+            params[tsym] = (uint32_t)t;
+            uint32_t *bufs[4] = {params, out};
+            char err[256];
+            cr_assert(kt_interp_block(&k, bufs, err, sizeof err), "%s", err);
+            bool host = kiln_krows_pass(&k.rows, g, (const int64_t(*)[KILN_MAX_RANK])dims), dev = out[0] == 0x3f800000u;
+            cr_assert_eq(host, dev, "lo %lld, cap %lld, t %lld: host %d, kernel %d", (long long)lo, (long long)cap, (long long)t, host, dev);
+            cr_assert_eq(dev, lo < t && t <= cap, "lo %lld, cap %lld, t %lld: kernel %d", (long long)lo, (long long)cap, (long long)t, dev);
+            passes += dev, fails += !dev;
+        }
+        kiln_kir_free(&k);
+    }
+    cr_assert(passes > 10 && fails > 100);
+    kiln_graph_free(g);
+}
+
+/* The kernels of region r (lowered for tg) that run at n_tok = t: their count and the index of the
+ * last one. */
+static int runs_at(const kiln_graph *g, const kiln_kir *ks, uint32_t n, int64_t t, uint32_t *last)
+{
+    int64_t syms[8] = {0}, dims[4096][KILN_MAX_RANK];
+    cr_assert(g->n_nodes <= 4096 && g->n_syms <= 8);
+    for (uint32_t s = 0; s < g->n_syms; s++) syms[s] = strcmp(g->syms[s].name, "n_tok") == 0 ? t : g->syms[s].max;
+    int c = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (ks[i].rows.set) kiln_node_numel(&g->nodes[ks[i].rows.node], syms, dims[ks[i].rows.node]);
+        if (kiln_krows_pass(&ks[i].rows, g, (const int64_t(*)[KILN_MAX_RANK])dims)) c++, *last = i;
+    }
+    return c;
+}
+
+/* A decode step through a prefill-sized plan (kiln generate decodes through its prompt's plan) runs
+ * the gemv a decode plan has: in every matmul region of a qwen2-0.5b layer with n_tok <= 16 on the
+ * H100 target, exactly one kernel runs at one token, and it is the decode plan's gemv (the same
+ * instructions behind its guard, shared memory and grid), where the 8-row gemv used to run; runs of
+ * 2..8 tokens take the 8-row gemv and runs of 9 the GEMM. codegen.gemv_decode off: the 8-row gemv at
+ * one token again. */
+Test(lower, a_decode_step_of_a_prefill_plan_runs_the_decode_gemv)
+{
+    const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (size_t w = 0; w < sizeof wt / sizeof *wt; w++)
+        for (int off = 0; off < 2; off++) {
+            kiln_graph *gp, *gd;
+            cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 256, 16, &gp), KILN_OK);
+            cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 256, 1, &gd), KILN_OK);
+            kiln_fusion fp, fd;
+            cr_assert_eq(kiln_fuse(gp, true, &fp), KILN_OK);
+            cr_assert_eq(kiln_fuse(gd, true, &fd), KILN_OK);
+            cr_assert_eq(fp.n_regions, fd.n_regions);
+            kiln_lower_target tg = kiln_lower_target_for_sm(90);
+            tg.opts.gemv_decode = off ? KILN_GEMM_OFF : KILN_GEMM_AUTO;
+            int matmuls = 0;
+            for (uint32_t r = 0; r < fp.n_regions; r++) {
+                if (fp.regions[r].kind != KILN_REGION_MATMUL) continue;
+                kiln_kir kp[KILN_LOWER_MAX], kd[KILN_LOWER_MAX];
+                uint32_t np = 0, nd = 0, one = 0, two = 0, many = 0;
+                char err[512];
+                cr_assert_eq(kiln_lower_region_for(gp, &fp.regions[r], &tg, kp, &np, err, sizeof err), KILN_OK, "%s", err);
+                cr_assert_eq(kiln_lower_region_for(gd, &fd.regions[r], &tg, kd, &nd, err, sizeof err), KILN_OK, "%s", err);
+                cr_assert_eq(nd, 1);
+                cr_assert_eq(runs_at(gp, kp, np, 1, &one), 1, "%s region %u: one kernel at 1 token", kiln_dtype_name(wt[w]), r);
+                cr_assert_eq(runs_at(gp, kp, np, 2, &two), 1);
+                cr_assert_eq(runs_at(gp, kp, np, 8, &many), 1);
+                cr_assert_eq(two, many, "2 and 8 tokens: the 8-row gemv");
+                cr_assert(runs_at(gp, kp, np, 9, &many) >= 1 && strcmp(kp[many].name, "kiln_gemv") != 0, "9 tokens: the GEMM");
+                const kiln_kir *a = &kp[one], *b = &kd[0];
+                bool same = strcmp(a->name, "kiln_gemv") == 0 && a->n_ins > b->n_ins && a->grid[0] == b->grid[0] &&
+                            kiln_kir_shared_bytes(a) == kiln_kir_shared_bytes(b);
+                for (uint32_t i = 0, d = a->n_ins - b->n_ins - 1; same && i < b->n_ins; i++) /* guard: its test, IF, body, ENDIF */
+                    same = a->ins[d + i].op == b->ins[i].op && a->ins[d + i].type == b->ins[i].type && a->ins[d + i].imm.u == b->ins[i].imm.u;
+                cr_assert_eq(same, !off, "%s region %u (gemv_decode %s): the kernel at 1 token is%s the decode plan's gemv",
+                             kiln_dtype_name(wt[w]), r, off ? "off" : "auto", same ? "" : " not");
+                cr_assert_eq(one == two, (bool)off);
+                for (uint32_t i = 0; i < np; i++) kiln_kir_free(&kp[i]);
+                kiln_kir_free(&kd[0]);
+                matmuls++;
+            }
+            cr_assert_eq(matmuls, 4);
+            kiln_fusion_free(&fp);
+            kiln_fusion_free(&fd);
+            kiln_graph_free(gp);
+            kiln_graph_free(gd);
+        }
+}
+
+/* No gemv claims more shared memory than its target has, with codegen.gemv_reduce on: the portable
+ * target's 32 KB (every Vulkan device) with x staged for K = 8192 (exactly 32 KB) leaves no room for
+ * the split-K totals' array (1 KB), so those kernels sum with REDUCE per accumulator. */
+Test(lower, gemv_shared_memory_fits_the_target)
+{
+    const kiln_dtype wt[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    const int64_t Ks[] = {896, 4096, 8192};
+    kiln_lower_target tgs[2] = {kiln_lower_target_default(), kiln_lower_target_for_sm(90)};
+    tgs[0].opts.gemv_reduce = tgs[1].opts.gemv_reduce = KILN_GEMM_ON;
+    int kernels = 0;
+    for (size_t w = 0; w < sizeof wt / sizeof *wt; w++)
+        for (size_t kk = 0; kk < sizeof Ks / sizeof *Ks; kk++)
+            for (int tok = 1; tok <= 4; tok *= 4) {
+                int64_t K = Ks[kk], N = 256;
+                kiln_graph *g = NULL;
+                cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+                kiln_dim T = kiln_sym(g, "n_tok", tok);
+                kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, K});
+                kiln_node nw = kiln_weight_random(g, "nw", KILN_DTYPE_F32, 1, (kiln_dim[]){K}, 1, 1.0f);
+                kiln_node wq = kiln_weight_random(g, "w", wt[w], 2, (kiln_dim[]){N, K}, 2, 0.1f);
+                kiln_output(g, kiln_matmul(g, kiln_rms_norm(g, x, nw, 1e-5f), wq), "y");
+                kiln_fusion f;
+                cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+                for (uint32_t r = 0; r < f.n_regions; r++)
+                    for (int t = 0; t < 2; t++) {
+                        if (f.regions[r].kind != KILN_REGION_MATMUL) continue;
+                        kiln_kir ks[KILN_LOWER_MAX];
+                        uint32_t n = 0;
+                        char err[512];
+                        cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &tgs[t], ks, &n, err, sizeof err), KILN_OK, "%s", err);
+                        for (uint32_t i = 0; i < n; i++) {
+                            cr_assert_leq(kiln_kir_shared_bytes(&ks[i]), tgs[t].smem_bytes, "%s K %lld, %d tokens, target %d: %s %llu B",
+                                          kiln_dtype_name(wt[w]), (long long)K, tok, t, ks[i].name,
+                                          (unsigned long long)kiln_kir_shared_bytes(&ks[i]));
+                            kernels++;
+                            kiln_kir_free(&ks[i]);
+                        }
+                    }
+                kiln_fusion_free(&f);
+                kiln_graph_free(g);
+            }
+    cr_assert(kernels >= 48);
+}

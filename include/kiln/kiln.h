@@ -448,6 +448,15 @@ typedef struct kiln_codegen_options {
                            step's splits sized for waves of N one-warp blocks an SM instead of 24 (A/B
                            runs); KILN_GEMM_OFF: a lane a key, splits sized for a sequence's capacity
                            ($KILN_PAGED_DECODE, docs/kernels.md) */
+    int32_t gemv_decode; /* KILN_GEMM_AUTO/ON: a matmul region whose gemv takes runs of several rows (a
+                           prefill-sized plan) also gets a one-row gemv, which a run of one row (a decode
+                           step) launches instead: the several-row gemv repeats its work for every row of
+                           a pass (H100, llama-7b q4_K: 3x the decode step); KILN_GEMM_OFF: the several-row
+                           gemv takes one-row runs too (A/B runs, $KILN_GEMV_DECODE=0) */
+    int32_t gemv_reduce; /* KILN_GEMM_ON: a gemv whose output rows are split over several warps sums every
+                           accumulator's warp totals through one shared array (two barriers a unit) where its
+                           shared memory has room; KILN_GEMM_AUTO/OFF: one block reduction per accumulator,
+                           two barriers each ($KILN_GEMV_REDUCE=1). Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {
@@ -677,6 +686,21 @@ KILN_API double kiln_plan_compile_ms(const kiln_plan *p);
  * loaded from the cache folder), "partial" (some), or "miss" (compiled). Static text. */
 KILN_API const char *kiln_plan_cache(const kiln_plan *p);
 KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p);
+
+/* What the plan's runs did since it was compiled (counts and host seconds, summed over runs): where a
+ * step's time goes (`kiln generate --profile`). A split plan (compile option devices) counts its runs,
+ * their whole time in wait_s. Not to be called while the plan runs on another thread. */
+typedef struct kiln_plan_stats {
+    int64_t runs;       /* kiln_run / kiln_run_async calls that completed */
+    int64_t recordings; /* whole-plan recordings made (a CUDA graph captured, a command buffer recorded):
+                           one per set of launched kernels the plan meets, KILN_RECS kept */
+    int64_t replays;    /* runs that replayed a recording */
+    int64_t launches;   /* regions launched one by one (host backends, profiling, or plans that do not record) */
+    double  bind_s;     /* host time matching bindings, checking inputs, resolving dims */
+    double  submit_s;   /* host time uploading inputs and launching, recording or replaying */
+    double  wait_s;     /* host time reading outputs back and waiting for the devices */
+} kiln_plan_stats;
+KILN_API kiln_status kiln_plan_stats_get(const kiln_plan *p, kiln_plan_stats *out);
 
 /* ---------------------------------------------------------------- model presets */
 

@@ -2,7 +2,8 @@
  * tokenizer (optionally through its chat template), prefills it, then decodes one token per run of
  * the same compiled plan, sampling each (src/gen/sample.c) and streaming its text to stdout as it
  * comes; stops at an end-of-generation token, a --stop string or -n; a closing line on stderr gives
- * prompt and generation tokens/s. Must not abort on user input or a malformed file. */
+ * prompt and generation tokens/s; --profile says where a decode step's time goes. Must not abort on
+ * user input or a malformed file. */
 #define _GNU_SOURCE /* memmem */
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ typedef struct gen_opts {
     const char        *prompt;          /* -p, or the text of -f */
     char              *prompt_file;     /* -f FILE's text (malloc'ed) */
     bool               ignore_eos;      /* --ignore-eos: always -n tokens (for timing) */
+    bool               profile;         /* --profile: where a decode step's time goes */
     const char        *system;          /* --system (with --chat) */
     int32_t           *ids;             /* --ids (malloc'ed) */
     int64_t            n_ids;           /* their count */
@@ -35,6 +37,24 @@ typedef struct gen_opts {
     kiln_sample_params sp;              /* sampling */
 } gen_opts;
 
+#define PROF_RERUNS 8  /* --profile: the last decode step run again kernel by kernel, for device times */
+#define PROF_KINDS  12 /* kinds of kernel (region kind and fused ops) listed */
+
+/* --profile's figures of the decode steps (host seconds summed over the steps). */
+typedef struct gen_prof {
+    double          run_s, sample_s, emit_s; /* in kiln_run, the sampler, the text (tokenizer, stop strings, stdout) */
+    kiln_plan_stats pre, post;               /* the plan's run statistics after the prefill and after the last step */
+    int32_t         last_id;                 /* the last decode step's token */
+    int64_t         last_pos;                /* and position (rerunning it writes the same cache row again) */
+    double          gpu_s;                   /* the kernels' device time of one step (the reruns' mean), 0: none */
+    int             n_kinds;                 /* kinds below */
+    struct {
+        char        what[280];               /* region kind and fused ops */
+        int         n;                       /* regions of that kind in the plan */
+        double      s;                       /* their device time a step */
+    } kind[PROF_KINDS];
+} gen_prof;
+
 /* What one generation produced. */
 typedef struct gen_out {
     int32_t    *ids;       /* generated ids [n_gen] */
@@ -46,6 +66,7 @@ typedef struct gen_out {
     double      decode_s;  /* the decode steps (run, sample, print) */
     int64_t     steps;     /* decode runs */
     const char *why;       /* "eos", "stop string", "-n" */
+    gen_prof    prof;      /* --profile */
 } gen_out;
 
 /* Parses "1,2,3" into ids (malloc'ed). */
@@ -154,6 +175,7 @@ static int text_flag(kiln_cli_args *a, gen_opts *o)
     if (p) return o->prompt = v, 1;
     if (f) return read_prompt(v, &o->prompt_file) ? (o->prompt = o->prompt_file, 1) : -1;
     if (strcmp(a->argv[a->i], "--ignore-eos") == 0) return a->i++, o->ignore_eos = true, 1;
+    if (strcmp(a->argv[a->i], "--profile") == 0) return a->i++, o->profile = true, 1;
     if ((r = kiln_cli_flag_value(a, "--system", &v)) != 0) return r < 0 ? -1 : (o->system = v, 1);
     if ((r = kiln_cli_flag_value(a, "--logits", &v)) != 0) return r < 0 ? -1 : (o->logits_path = v, 1);
     if ((r = kiln_cli_flag_value(a, "--stop", &v)) != 0) {
@@ -349,32 +371,105 @@ static kiln_status gen_loop(const gen_opts *o, model_run *m, const gen_tok *gt, 
     kiln_status s = kiln_cli_model_step(m, all, n_all, 0, NULL);
     kiln_progress_end(prog);
     g->prefill_s = kiln_cli_now() - t0;
+    kiln_plan_stats_get(m->plan, &g->prof.pre);
     bool stopped = false;
     double t1 = 0; /* after the first token: each decode step is timed with its sampling and printing */
     g->why = "-n";
+    gen_prof *pf = &g->prof;
     while (s == KILN_OK) {
         if (lf && fwrite(m->logits, sizeof *m->logits, (size_t)m->info.n_vocab, lf) != (size_t)m->info.n_vocab) {
             fprintf(stderr, "kiln generate: --logits %s: write failed\n", o->logits_path);
             return KILN_ERR_IO;
         }
+        double ts = kiln_cli_now();
         int32_t id = m->logits ? kiln_sampler_next(smp, m->logits, all, n_all) : m->next[0];
+        double te = kiln_cli_now();
         if (gt->tok && !o->ignore_eos && kiln_tok_is_eog(gt->tok, id)) {
             g->why = "eos";
             break;
         }
         all[n_all++] = g->ids[g->n++] = id;
-        if ((stopped = emit(o, gt, &st, g, id))) {
+        stopped = emit(o, gt, &st, g, id);
+        double tr = kiln_cli_now();
+        if (g->n > 1) pf->sample_s += te - ts, pf->emit_s += tr - te; /* the decode steps' share */
+        if (stopped) {
             g->why = "stop string";
             break;
         }
         if (g->n == n_gen) break;
-        if (g->n == 1) t1 = kiln_cli_now();
+        if (g->n == 1) t1 = tr;
         s = kiln_cli_model_step(m, &id, 1, n_all - 1, NULL);
+        pf->run_s += kiln_cli_now() - tr;
+        pf->last_id = id, pf->last_pos = n_all - 1;
         g->steps++;
     }
     if (g->steps) g->decode_s = kiln_cli_now() - t1;
+    kiln_plan_stats_get(m->plan, &pf->post);
     finish(o, &st, g, stopped);
     return s;
+}
+
+/* --profile: the last decode step again, PROF_RERUNS times with per-kernel device timers (kernels
+ * launched one by one, no recording): the device time of a step by kind of kernel. Its cache row is
+ * written again with the same values, so the generation is unchanged. */
+static kiln_status prof_kernels(model_run *m, gen_out *g)
+{
+    gen_prof *pf = &g->prof;
+    if (!g->steps) return KILN_OK;
+    kiln_status s = kiln_plan_profile(m->plan, true);
+    for (int i = 0; s == KILN_OK && i < PROF_RERUNS; i++) s = kiln_cli_model_step(m, &pf->last_id, 1, pf->last_pos, NULL);
+    kiln_region_info ri;
+    for (int r = 0; s == KILN_OK && kiln_plan_region(m->plan, r, &ri) == KILN_OK; r++) {
+        char what[280];
+        snprintf(what, sizeof what, "%s [%s] on %s", ri.kind, ri.ops, ri.backend);
+        int k = 0;
+        while (k < pf->n_kinds && strcmp(pf->kind[k].what, what) != 0) k++;
+        if (k == pf->n_kinds && pf->n_kinds == PROF_KINDS) k = PROF_KINDS - 1, snprintf(pf->kind[k].what, sizeof pf->kind[k].what, "other");
+        else if (k == pf->n_kinds) snprintf(pf->kind[pf->n_kinds++].what, sizeof pf->kind[k].what, "%s", what);
+        pf->kind[k].n++;
+        pf->kind[k].s += ri.measured_s;
+        pf->gpu_s += ri.measured_s;
+    }
+    kiln_plan_profile(m->plan, false);
+    return s;
+}
+
+/* --profile's report: text on stderr, or the members of a "profile" JSON object on stdout. */
+static void prof_report(const gen_out *g, bool json)
+{
+    const gen_prof *pf = &g->prof;
+    double n = g->steps ? (double)g->steps : 1, ms = 1e3 / n, step = g->decode_s * ms;
+    int64_t rec = pf->post.recordings - pf->pre.recordings, rep = pf->post.replays - pf->pre.replays,
+            lau = pf->post.launches - pf->pre.launches;
+    double bind = (pf->post.bind_s - pf->pre.bind_s) * ms, sub = (pf->post.submit_s - pf->pre.submit_s) * ms,
+           wait = (pf->post.wait_s - pf->pre.wait_s) * ms, run = pf->run_s * ms, smp = pf->sample_s * ms, emt = pf->emit_s * ms;
+    double other = step - run - smp - emt;
+    if (json) {
+        printf("{\"steps\": %lld, \"step_ms\": %.4f, \"run_ms\": %.4f, \"bind_ms\": %.4f, \"submit_ms\": %.4f, "
+               "\"wait_ms\": %.4f, \"sample_ms\": %.4f, \"emit_ms\": %.4f, \"other_ms\": %.4f, \"recordings\": %lld, "
+               "\"replays\": %lld, \"launches\": %lld, \"prefill_recordings\": %lld, \"kernels_ms\": %.4f, \"kinds\": [",
+               (long long)g->steps, step, run, bind, sub, wait, smp, emt, other, (long long)rec, (long long)rep, (long long)lau,
+               (long long)pf->pre.recordings, pf->gpu_s * 1e3);
+        for (int k = 0; k < pf->n_kinds; k++) {
+            printf("%s{\"what\": ", k ? ", " : "");
+            kiln_cli_json_str(stdout, pf->kind[k].what);
+            printf(", \"regions\": %d, \"ms\": %.4f}", pf->kind[k].n, pf->kind[k].s * 1e3);
+        }
+        printf("]}");
+        return;
+    }
+    fprintf(stderr,
+            "kiln generate --profile: %lld decode steps, %.3f ms a step:\n"
+            "  in kiln_run      %8.3f ms  (bindings %.3f, launch/replay %.3f, outputs and wait %.3f)\n"
+            "  sampling         %8.3f ms\n  text             %8.3f ms\n  rest of the loop %8.3f ms\n"
+            "  recordings made %lld in the decode steps (%lld by the prefill), replays %lld, regions launched one by one %lld\n",
+            (long long)g->steps, step, run, bind, sub, wait, smp, emt, other, (long long)rec, (long long)pf->pre.recordings,
+            (long long)rep, (long long)lau);
+    if (pf->gpu_s <= 0) return;
+    fprintf(stderr, "  kernels' device time a step (the last step again, %d times, kernel by kernel): %.3f ms\n", PROF_RERUNS,
+            pf->gpu_s * 1e3);
+    for (int k = 0; k < pf->n_kinds; k++)
+        fprintf(stderr, "    %8.3f ms  %3d x %s\n", pf->kind[k].s * 1e3, pf->kind[k].n, pf->kind[k].what);
 }
 
 static void gen_report(const gen_opts *o, const model_run *m, const gen_tok *gt, const gen_out *g)
@@ -393,6 +488,7 @@ static void gen_report(const gen_opts *o, const model_run *m, const gen_tok *gt,
         kiln_cli_json_str(stdout, kiln_plan_backend(m->plan));
         printf(", \"devices\": ");
         kiln_cli_json_str(stdout, o->common.devices);
+        if (o->profile) printf(", \"profile\": "), prof_report(g, true);
         printf("}\n");
         return;
     }
@@ -404,6 +500,7 @@ static void gen_report(const gen_opts *o, const model_run *m, const gen_tok *gt,
             ms, g->why, m->info.arch, kiln_plan_backend(m->plan), o->common.devices[0] ? " split over " : "",
             o->common.devices, kiln_plan_kernel_count(m->plan), m->load_s * 1e3,
             (unsigned long long)o->sp.seed);
+    if (o->profile) prof_report(g, false);
 }
 
 /* Loads the model for the prompt, checks the ids, makes the sampler and runs. */
@@ -443,6 +540,7 @@ static int gen_main(gen_opts *o, gen_tok *gt)
     if (rc == KILN_CLI_OK) {
         memcpy(all, gt->prompt, (size_t)gt->n_prompt * sizeof *all);
         s = gen_loop(o, &m, gt, smp, all, n_gen, lf, &g);
+        if (s == KILN_OK && o->profile) s = prof_kernels(&m, &g);
         if (s != KILN_OK) rc = kiln_cli_fail("generate", s == KILN_ERR_IO ? NULL : m.ctx, s, "running");
         else gen_report(o, &m, gt, &g);
     }

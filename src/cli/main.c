@@ -44,7 +44,7 @@ static const char usage_generate[] =
     "usage: kiln generate MODEL.gguf (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat [--system TEXT]]\n"
     "                     [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                     [--repeat-last-n N] [--seed S] [--stop STRING]... [--logits FILE]\n"
-    "                     [--ignore-eos] [--backend B] [--gpus N] [--threads N] [--json]\n"
+    "                     [--ignore-eos] [--profile] [--backend B] [--gpus N] [--threads N] [--json]\n"
     "\n"
     "Loads a GGUF model (weights used in place from the mapping; kiln info MODEL.gguf says whether\n"
     "kiln runs it), tokenizes the prompt with the file's own tokenizer (tokenizer.ggml.*: SentencePiece\n"
@@ -70,13 +70,17 @@ static const char usage_generate[] =
     "  --stop STRING    stop when the text contains STRING (cut off; up to 8 of them)\n"
     "  --logits FILE    write the raw logits each token was drawn from: n_vocab f32 per token\n"
     "  --ignore-eos     do not stop at end-of-generation tokens (always N tokens: for timing)\n"
+    "  --profile        where a decode step's time goes, on stderr (with --json: a \"profile\" member):\n"
+    "                   host ms a step in the run (bindings, launch or replay, waiting for the device),\n"
+    "                   sampling and text; recordings made and replayed; then the last step run again\n"
+    "                   8 times kernel by kernel: the kernels' device time a step, by kind of kernel\n"
     "  --backend B      auto (default), ref, cpu, cuda, vulkan\n"
     "  --gpus N         split the model over N GPUs (cuda:0..N-1; with --backend cpu or ref, N virtual\n"
     "                   devices): tensor parallelism, layers Megatron-style, the head by vocabulary or\n"
     "                   replicated as the cost model chooses (kiln plan --devices explains the split)\n"
     "  --threads N      CPU threads (default: one per core)\n"
     "  --json           print only {\"ids\", \"text\", \"prompt_tokens\", \"prefill_tok_s\", \"decode_tok_s\",\n"
-    "                   \"ms_per_token\", \"stop\", \"seed\", \"backend\", \"devices\"} at the end\n";
+    "                   \"ms_per_token\", \"stop\", \"seed\", \"backend\", \"devices\"[, \"profile\"]} at the end\n";
 
 /* Shared by run.c and bench.c through kiln_cli_usage(). */
 static const char usage_run[] =

@@ -50,18 +50,42 @@ static uint32_t matmul_x(const kiln_graph *g, const kiln_region *r)
     return g->nodes[r->anchor].src[0];
 }
 
+/* A one-row gemv beside the region's gemv of up to `cap` rows (0: its own bound) when that one takes
+ * more than a row a pass: a decode step through a prefill-sized plan then runs the kernel a decode
+ * plan has (an 8-row pass repeats the dots and registers for 7 idle rows: 116 against 64 registers,
+ * 3x the q4_k step on the H100) and the wide gemv only the runs of 2..cap rows. out[*n] holds the
+ * wide gemv; the one-row kernel goes to out[*n + 1]. False (nothing added) where it does not apply. */
+static bool gemv_one(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *out, uint32_t x,
+                     int64_t K, int64_t cap)
+{
+    int64_t rows = kl_numel_max(g, &g->nodes[x]) / K;
+    if (tg->opts.gemv_decode == KILN_GEMM_OFF || (cap && rows > cap ? cap : rows) <= 1) return false;
+    char e2[160];
+    if (kiln_lower_gemv_cap(g, r, tg, &out[1], 1, e2, sizeof e2) != KILN_OK) return false;
+    kl_guard_rows(&out[1], g, x, K, 1, KILN_IDX_NONE, 0, true);
+    return true;
+}
+
 /* The GEMM unless the options say gemv (A/B runs): on the H100 it runs a 512-token llama-7b
  * layer's matmuls 19x faster than gemv's passes. gemv takes what the GEMM does not (few rows,
- * other shapes), and, guarded by the run's rows, the short runs of a prefill plan. */
+ * other shapes), and, guarded by the run's rows, the short runs of a prefill plan; runs of one row
+ * take a one-row gemv (gemv_one). */
 static kiln_status matmul(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
                           kiln_kir out[KILN_LOWER_MAX], uint32_t *n, char *err, size_t n_err)
 {
     kiln_status s = tg->opts.gemm != KILN_GEMM_OFF && tg->mma ? kiln_lower_gemm(g, r, tg, out, n, err, n_err)
                                                               : KILN_ERR_UNSUPPORTED;
+    uint32_t x = matmul_x(g, r);
+    int64_t K = g->nodes[x].dims[g->nodes[x].rank - 1];
     if (s == KILN_ERR_UNSUPPORTED) {
         err[0] = 0;
         *n = 1;
-        return kiln_lower_gemv(g, r, tg, out, err, n_err);
+        if ((s = kiln_lower_gemv(g, r, tg, out, err, n_err)) != KILN_OK || kiln_dim_is_sym(K) || K < 1) return s;
+        if (gemv_one(g, r, tg, out, x, K, 0)) { /* the passes' gemv takes runs of more than one row */
+            kl_guard_rows(&out[0], g, x, K, 1, KILN_IDX_NONE, 0, false);
+            *n = 2;
+        }
+        return KILN_OK;
     }
     if (s != KILN_OK) return s;
     char e2[160];
@@ -69,9 +93,12 @@ static kiln_status matmul(const kiln_graph *g, const kiln_region *r, const kiln_
         kiln_kir_free(&out[*n]);
         return KILN_OK;
     }
-    uint32_t x = matmul_x(g, r);
-    int64_t K = g->nodes[x].dims[g->nodes[x].rank - 1];
     for (uint32_t i = 0; i < *n; i++) kl_guard_rows(&out[i], g, x, K, KL_SMALL_ROWS, KILN_IDX_NONE, 0, false);
+    if (*n + 2 <= KILN_LOWER_MAX && gemv_one(g, r, tg, &out[*n], x, K, KL_SMALL_ROWS)) {
+        kl_guard_rows_range(&out[*n], g, x, K, 1, KL_SMALL_ROWS);
+        *n += 2;
+        return KILN_OK;
+    }
     kl_guard_rows(&out[*n], g, x, K, KL_SMALL_ROWS, KILN_IDX_NONE, 0, true);
     (*n)++;
     return KILN_OK;

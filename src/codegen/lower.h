@@ -155,6 +155,9 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
  * must also have more than per_seq rows a sequence on average (paged prefill chunks, not batched decode). */
 void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t cap, uint32_t seqs,
                    int64_t per_seq, bool small);
+/* Runs kernel k only when lo < rows <= cap (rows as kl_guard_rows counts them; lo >= 1): the middle
+ * kernel of three that split a region's runs by length (kiln_krows.lo). */
+void kl_guard_rows_range(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t lo, int64_t cap);
 /* Rows up to which gemv and the split attention kernels take a run; the GEMM and the flash kernel
  * take longer runs. */
 #define KL_SMALL_ROWS 8

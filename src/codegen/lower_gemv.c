@@ -475,12 +475,20 @@ static void prefetch_ahead(gv *s, kiln_dtype t, const gv_group *G, bool two, uin
  * totals first (shuffles only, independent chains), lane 0's into shared memory, one barrier, then
  * the unit's warps' totals in warp order, and a barrier before the array is written again: two
  * barriers where one REDUCE per accumulator took two each (the QKV gemv has 12 accumulators). Same
- * sums in the same order as REDUCE over 32 wpu threads prints (butterfly in the warp, then warps). */
+ * sums in the same order as REDUCE over 32 wpu threads prints (butterfly in the warp, then warps).
+ * Only with codegen.gemv_reduce on (opt-in until timed on the H100) and where the kernel's shared
+ * memory has room for the array; else REDUCE per accumulator. */
 static void reduce_split(gv *s, const gv_group *G, uint32_t tid, uint32_t wi)
 {
     kiln_kir *k = s->k;
     int n = s->u.n_slots * s->mc;
-    if (G->wpu == 1 || n == 1) { /* a warp's own sum, or one accumulator: REDUCE as it prints */
+    if (!s->red_made) { /* the totals' array, where it fits beside the kernel's others (x staged: 32 KB at K 8192) */
+        uint64_t need = (kiln_kir_shared_bytes(k) + 15) / 16 * 16 + 4ull * SLOTS * MC_MAX * WARPS;
+        s->red_ok = s->tgt->opts.gemv_reduce == KILN_GEMM_ON && need <= s->tgt->smem_bytes; /* opt-in until timed */
+        if (s->red_ok) s->sh_red = kiln_kir_shared(k, SLOTS * MC_MAX * WARPS);
+        s->red_made = true;
+    }
+    if (G->wpu == 1 || n == 1 || !s->red_ok) { /* a warp's own sum, one accumulator, or no room: REDUCE as it prints */
         for (int r = 0; r < s->u.n_slots; r++)
             for (int q = 0; q < s->mc; q++)
                 kiln_kset(k, s->u.acc[r][q],
@@ -488,7 +496,6 @@ static void reduce_split(gv *s, const gv_group *G, uint32_t tid, uint32_t wi)
                                       (KILN_KRED_SUM << 16) | (32 * G->wpu)));
         return;
     }
-    if (!s->red_made) s->sh_red = kiln_kir_shared(k, SLOTS * MC_MAX * WARPS), s->red_made = true;
     uint32_t warp = kiln_kshri(k, tid, 5), lead = kiln_k2(k, KILN_KOP_EQ, kiln_kandi(k, tid, 31), kiln_ki(k, 0));
     uint32_t v[SLOTS * MC_MAX];
     for (int i = 0; i < n; i++)

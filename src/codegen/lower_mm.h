@@ -69,7 +69,8 @@ typedef struct gv {
     bool      dp4a;             /* block weights only: x quantized per 32 to int8 in shared memory, integer dot products */
     uint32_t  sh_xq, sh_dx, sh_xs; /* shared arrays: int8 x (K/4 words per token), scale and sum of x per 32 */
     uint32_t  sh_red;           /* shared array: the warps' totals of every accumulator (gemv's split K), if red_made */
-    bool      red_made;
+    bool      red_made;         /* the totals' array was considered (the first unit's reduction) */
+    bool      red_ok;           /* and made: reduce_split sums through it, else REDUCE per accumulator */
     bool      pair_ok;          /* the template takes the pair path (gemv; the GEMM leaves it false) */
     bool      pair;             /* integer dots over pairs of chunks (codegen.gemv_pair, wfmt.h pair_*): a
                                    lane's step is two adjacent chunks, K groups of x per dot */

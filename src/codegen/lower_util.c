@@ -531,6 +531,18 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
     k->rows = (kiln_krows){.set = true, .small = small, .node = node, .seqs = seqs, .per_row = per_row, .cap = cap, .per_seq = per_seq};
 }
 
+void kl_guard_rows_range(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t lo, int64_t cap)
+{
+    kiln_kir c;
+    kiln_kir_init(&c, k->name, k->block);
+    uint32_t rows = kiln_k2(&c, KILN_KOP_DIV, kl_numel_from(&c, &g->nodes[node], 0), kiln_ki(&c, (int32_t)per_row));
+    uint32_t p = kiln_k2(&c, KILN_KOP_PAND, kiln_k2(&c, KILN_KOP_LT, kiln_ki(&c, (int32_t)lo), rows),
+                         kiln_k2(&c, KILN_KOP_LE, rows, kiln_ki(&c, (int32_t)cap)));
+    kiln_kir_guard(k, &c, p);
+    kiln_kir_free(&c);
+    k->rows = (kiln_krows){.set = true, .small = true, .node = node, .seqs = KILN_IDX_NONE, .per_row = per_row, .cap = cap, .lo = lo};
+}
+
 bool kl_tma_aligned(const kiln_graph *g, uint32_t node)
 {
     uint64_t off = 0;

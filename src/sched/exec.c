@@ -458,6 +458,7 @@ static kiln_status launch_region(kiln_plan *p, uint32_t r)
                         .params = sp == KILN_SPACE_HOST ? NULL : p->dev[sp].params};
     kiln_status s = kiln_backends[be]->launch(p->ctx->be_state[be], p->kernels[r], reg, &v, err, sizeof err);
     if (s != KILN_OK) return kiln_ctx_fail(p->ctx, s, "%s kernel %u: %s", kiln_backends[be]->name, r, err);
+    p->stats.launches++; /* while recording: taken back by kiln_sched_execute */
     return KILN_OK;
 }
 
@@ -588,12 +589,16 @@ kiln_status kiln_sched_execute(kiln_plan *p)
             if (d->rec[i] && b->record_free) b->record_free(st, d->rec[i]);
             d->rec[i] = NULL;
             d->rec_sig[i] = sig;
+            int64_t launched = p->stats.launches;
             s = b->record_begin(st, err, sizeof err);
             for (uint32_t r = 0; s == KILN_OK && r < p->fusion.n_regions; r++) s = launch_region(p, r);
             kiln_status e = b->record_end(st, &d->rec[i], err, sizeof err);
             if (s == KILN_OK && e != KILN_OK) s = dev_fail(p, rs, e, "recording the plan", err);
+            p->stats.recordings++;
+            p->stats.launches = launched; /* recorded, not launched */
         }
         if (s == KILN_OK && (s = b->replay(st, d->rec[i], err, sizeof err)) != KILN_OK) s = dev_fail(p, rs, s, "replaying the plan", err);
+        if (s == KILN_OK) p->stats.replays++;
         return s;
     }
     return s == KILN_OK ? run_regions(p, 0, p->fusion.n_regions, x) : s;

@@ -77,6 +77,13 @@ KILN_API size_t kiln_plan_peak_bytes(const kiln_plan *p)
     return p ? p->arena_bytes : 0;
 }
 
+KILN_API kiln_status kiln_plan_stats_get(const kiln_plan *p, kiln_plan_stats *out)
+{
+    if (!p || !out) return KILN_ERR_INVALID_ARG;
+    *out = p->stats;
+    return KILN_OK;
+}
+
 static uint32_t n_ops(const kiln_plan *p)
 {
     uint32_t n = 0;

@@ -101,6 +101,7 @@ struct kiln_plan {
     void         *finite_buf;  /* host copy of a device region's output being scanned */
     size_t        finite_cap;  /* its size */
     kiln_run_memo *memo;       /* run-time lists and matches (bind.c), built at the first run; NULL before */
+    kiln_plan_stats stats;     /* what runs did (kiln_plan_stats_get) */
     struct kiln_group *group;  /* a split plan (compile option devices): its parts run the graph and
                                   this plan only routes the public calls (group.c); else NULL */
 };
