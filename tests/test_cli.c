@@ -527,6 +527,52 @@ Test(cli, generate_prints_the_greedy_ids_on_each_backend)
     unlink(path);
 }
 
+/* generate --profile: where a decode step's time goes. On cpu every region of every decode step is
+ * launched one by one and nothing is recorded; on the stand-in driver (tests/fakecuda) the prefill
+ * makes one recording, the first decode step another, and every decode step replays one: no step
+ * records again or launches kernels one by one. The kinds' regions add up to the plan's kernels, and
+ * the ids are those of the run without --profile. */
+static void kiln_cli_env(cli_out *o, const char *env, const char *args);
+
+Test(cli, generate_profile_says_where_a_step_goes, .timeout = 300)
+{
+    char path[] = "/tmp/kiln_cli_modelXXXXXX", args[1024];
+    write_model(path);
+    int32_t want[8];
+    api_greedy(path, 8, want);
+    char ids[256] = "[";
+    for (int i = 0; i < 8; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? ", " : "", want[i]);
+    strcat(ids, "]");
+    for (int fake = 0; fake < 2; fake++) {
+        cli_out o;
+        snprintf(args, sizeof args, "generate %s --ids 1,2,3 -n 8 --temp 0 --backend %s --json --profile", path, fake ? "cuda" : "cpu");
+        if (fake) kiln_cli_env(&o, "KILN_LIBCUDA=" KILN_FAKECUDA " KILN_CACHE=off", args);
+        else kiln_cli(&o, args);
+        cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+        if (!fake) cr_assert(strstr(o.out, ids), "kiln %s: want ids %s in %s", args, ids, o.out); /* the stand-in runs no kernel */
+        const char *pf = strstr(o.out, "\"profile\": {");
+        cr_assert(pf, "%s", o.out);
+        int regions = 0;
+        for (const char *r = strstr(pf, "\"regions\":"); r; r = strstr(r + 1, "\"regions\":")) regions += atoi(r + 11);
+        double steps = json_key(pf, "steps"), rec = json_key(pf, "recordings"), rep = json_key(pf, "replays"),
+               launches = json_key(pf, "launches"), pre = json_key(pf, "prefill_recordings");
+        cr_assert(steps == 7 && regions >= 10, "%s", pf);
+        cr_assert(json_key(pf, "step_ms") > 0 && json_key(pf, "kernels_ms") > 0 && json_key(pf, "run_ms") > 0, "%s", pf);
+        cr_assert(json_key(pf, "run_ms") <= json_key(pf, "step_ms") * 1.0001 + 1e-3, "%s", pf);
+        if (fake)
+            cr_assert(pre == 1 && rec == 1 && rep == 7 && launches == 0, "stand-in cuda: %s", pf);
+        else
+            cr_assert(pre == 0 && rec == 0 && rep == 0 && launches == 7 * regions, "cpu: %s", pf);
+    }
+    cli_out o;
+    snprintf(args, sizeof args, "generate %s --ids 1,2,3 -n 8 --temp 0 --backend cpu --profile", path);
+    kiln_cli(&o, args);
+    cr_assert_eq(o.rc, 0, "%s", o.err);
+    cr_assert(strstr(o.err, "kiln generate --profile: 7 decode steps") && strstr(o.err, "in kiln_run") &&
+              strstr(o.err, "kernels' device time a step"), "%s", o.err);
+    unlink(path);
+}
+
 /* ------------------------------------------------------------------ generate with a real vocabulary */
 
 /* Copies the tokenizer.* keys of llama.cpp's test vocabulary NAME into w (not its chat template;
