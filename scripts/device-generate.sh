@@ -4,7 +4,7 @@
 # writes it), generate with a 512-token and a 16-token prompt of ids (128 greedy tokens, --ignore-eos,
 # --profile: host ms a step in kiln_run / sampling / text, recordings made and replayed, the kernels'
 # device time a step by kind), interleaved A B A B with the old decode kernels of a prefill-sized
-# plan (old: KILN_GEMV_DECODE=0), and bench --model decode at KV 512 and 576 (generate's KV runs
+# plan (old: KILN_DECODE_KERNELS=0), and bench --model decode at KV 512 and 576 (generate's KV runs
 # 512..640) with its per-kernel profile. Builds nothing; never stops at a failure; summary table last.
 #
 # usage: scripts/device-generate.sh [BIN_DIR] [FORMAT]   (BIN_DIR default devbin: kiln and gen_model
@@ -38,7 +38,7 @@ fi
 ids_of() { awk -v n="$1" -v v="$vocab" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", 1 + (i * 7919) % (v - 1) }'; }
 idsL=$(ids_of "$long")
 ids16=$(ids_of 16)
-declare -A env_of=([new]="" [old]="KILN_GEMV_DECODE=0")
+declare -A env_of=([new]="" [old]="KILN_DECODE_KERNELS=0")
 
 # warm the kernel cache (compiles are not what is timed; each prompt length is its own plan)
 for v in new old; do
@@ -90,7 +90,7 @@ for p in ("long", "16"):
               f"kernels {pf['kernels_ms']:.3f} ms")
         for k in pf["kinds"]: print(f"      {k['ms']:8.3f} ms {k['regions']:3d} x {k['what']}")
 print()
-print("== decode tok/s, round 1 / round 2 (A B A B; new = this build, old = KILN_GEMV_DECODE=0)")
+print("== decode tok/s, round 1 / round 2 (A B A B; new = this build, old = KILN_DECODE_KERNELS=0)")
 def tok(name, key):
     j = last_json(name)
     return j.get(key) if j else None

@@ -257,68 +257,77 @@ Test(lower, host_range_guard_matches_the_kernel)
     kiln_graph_free(g);
 }
 
-/* The kernels of region r (lowered for tg) that run at n_tok = t: their count and the index of the
- * last one. */
-static int runs_at(const kiln_graph *g, const kiln_kir *ks, uint32_t n, int64_t t, uint32_t *last)
+/* The kernels of a region (lowered: ks[0..n)) that run at n_tok = t: their count, their indices in idx. */
+static uint32_t runs_at(const kiln_graph *g, const kiln_kir *ks, uint32_t n, int64_t t, uint32_t *idx)
 {
     int64_t syms[8] = {0}, dims[4096][KILN_MAX_RANK];
     cr_assert(g->n_nodes <= 4096 && g->n_syms <= 8);
     for (uint32_t s = 0; s < g->n_syms; s++) syms[s] = strcmp(g->syms[s].name, "n_tok") == 0 ? t : g->syms[s].max;
-    int c = 0;
+    uint32_t c = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (ks[i].rows.set) kiln_node_numel(&g->nodes[ks[i].rows.node], syms, dims[ks[i].rows.node]);
-        if (kiln_krows_pass(&ks[i].rows, g, (const int64_t(*)[KILN_MAX_RANK])dims)) c++, *last = i;
+        if (kiln_krows_pass(&ks[i].rows, g, (const int64_t(*)[KILN_MAX_RANK])dims)) idx[c++] = i;
     }
     return c;
 }
 
+/* Kernel a is kernel b behind a row guard (its test, IF, b's instructions, ENDIF): same grid, shared
+ * memory and instructions. */
+static bool same_behind_guard(const kiln_kir *a, const kiln_kir *b)
+{
+    bool same = strcmp(a->name, b->name) == 0 && a->n_ins > b->n_ins && a->grid[0] == b->grid[0] && a->grid[1] == b->grid[1] &&
+                kiln_kir_shared_bytes(a) == kiln_kir_shared_bytes(b);
+    for (uint32_t i = 0, d = a->n_ins - b->n_ins - 1; same && i < b->n_ins; i++)
+        same = a->ins[d + i].op == b->ins[i].op && a->ins[d + i].type == b->ins[i].type && a->ins[d + i].imm.u == b->ins[i].imm.u;
+    return same;
+}
+
 /* A decode step through a prefill-sized plan (kiln generate decodes through its prompt's plan) runs
- * the gemv a decode plan has: in every matmul region of a qwen2-0.5b layer with n_tok <= 16 on the
- * H100 target, exactly one kernel runs at one token, and it is the decode plan's gemv (the same
- * instructions behind its guard, shared memory and grid), where the 8-row gemv used to run; runs of
- * 2..8 tokens take the 8-row gemv and runs of 9 the GEMM. codegen.gemv_decode off: the 8-row gemv at
- * one token again. */
-Test(lower, a_decode_step_of_a_prefill_plan_runs_the_decode_gemv)
+ * the kernels a decode plan has: in every matmul and attention region of a qwen2-0.5b layer with
+ * n_tok <= 16 on the H100 target, the kernels that run at one token are the decode plan's (the same
+ * instructions behind their guard, shared memory and grid), where the 8-row gemv and the 8-row key
+ * splits used to run; runs of 2..8 tokens take those, runs of 9 the GEMM and the flash kernel.
+ * codegen.decode_kernels off: the 8-row kernels at one token again. */
+Test(lower, a_decode_step_of_a_prefill_plan_runs_the_decode_kernels)
 {
     const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
     for (size_t w = 0; w < sizeof wt / sizeof *wt; w++)
         for (int off = 0; off < 2; off++) {
             kiln_graph *gp, *gd;
-            cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 256, 16, &gp), KILN_OK);
-            cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 256, 1, &gd), KILN_OK);
+            cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 640, 16, &gp), KILN_OK);
+            cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 640, 1, &gd), KILN_OK);
             kiln_fusion fp, fd;
             cr_assert_eq(kiln_fuse(gp, true, &fp), KILN_OK);
             cr_assert_eq(kiln_fuse(gd, true, &fd), KILN_OK);
             cr_assert_eq(fp.n_regions, fd.n_regions);
             kiln_lower_target tg = kiln_lower_target_for_sm(90);
-            tg.opts.gemv_decode = off ? KILN_GEMM_OFF : KILN_GEMM_AUTO;
-            int matmuls = 0;
+            tg.opts.decode_kernels = off ? KILN_GEMM_OFF : KILN_GEMM_AUTO;
+            int checked = 0;
             for (uint32_t r = 0; r < fp.n_regions; r++) {
-                if (fp.regions[r].kind != KILN_REGION_MATMUL) continue;
+                int kind = fp.regions[r].kind;
+                if (kind != KILN_REGION_MATMUL && kind != KILN_REGION_ATTENTION) continue;
                 kiln_kir kp[KILN_LOWER_MAX], kd[KILN_LOWER_MAX];
-                uint32_t np = 0, nd = 0, one = 0, two = 0, many = 0;
+                uint32_t np = 0, nd = 0, one[KILN_LOWER_MAX], two[KILN_LOWER_MAX], eight[KILN_LOWER_MAX], nine[KILN_LOWER_MAX];
                 char err[512];
                 cr_assert_eq(kiln_lower_region_for(gp, &fp.regions[r], &tg, kp, &np, err, sizeof err), KILN_OK, "%s", err);
                 cr_assert_eq(kiln_lower_region_for(gd, &fd.regions[r], &tg, kd, &nd, err, sizeof err), KILN_OK, "%s", err);
-                cr_assert_eq(nd, 1);
-                cr_assert_eq(runs_at(gp, kp, np, 1, &one), 1, "%s region %u: one kernel at 1 token", kiln_dtype_name(wt[w]), r);
-                cr_assert_eq(runs_at(gp, kp, np, 2, &two), 1);
-                cr_assert_eq(runs_at(gp, kp, np, 8, &many), 1);
-                cr_assert_eq(two, many, "2 and 8 tokens: the 8-row gemv");
-                cr_assert(runs_at(gp, kp, np, 9, &many) >= 1 && strcmp(kp[many].name, "kiln_gemv") != 0, "9 tokens: the GEMM");
-                const kiln_kir *a = &kp[one], *b = &kd[0];
-                bool same = strcmp(a->name, "kiln_gemv") == 0 && a->n_ins > b->n_ins && a->grid[0] == b->grid[0] &&
-                            kiln_kir_shared_bytes(a) == kiln_kir_shared_bytes(b);
-                for (uint32_t i = 0, d = a->n_ins - b->n_ins - 1; same && i < b->n_ins; i++) /* guard: its test, IF, body, ENDIF */
-                    same = a->ins[d + i].op == b->ins[i].op && a->ins[d + i].type == b->ins[i].type && a->ins[d + i].imm.u == b->ins[i].imm.u;
-                cr_assert_eq(same, !off, "%s region %u (gemv_decode %s): the kernel at 1 token is%s the decode plan's gemv",
-                             kiln_dtype_name(wt[w]), r, off ? "off" : "auto", same ? "" : " not");
-                cr_assert_eq(one == two, (bool)off);
+                const char *what = kiln_dtype_name(wt[w]);
+                cr_assert_eq(runs_at(gp, kp, np, 1, one), nd, "%s region %u: the decode plan's %u kernels at 1 token", what, r, nd);
+                cr_assert_eq(runs_at(gp, kp, np, 2, two), nd);
+                cr_assert_eq(runs_at(gp, kp, np, 8, eight), nd);
+                uint32_t n9 = runs_at(gp, kp, np, 9, nine);
+                cr_assert(n9 >= 1 && nine[0] != eight[0] && nine[0] != one[0], "%s region %u: 9 tokens, the GEMM or flash kernel", what, r);
+                bool same = true, shared = true;
+                for (uint32_t i = 0; i < nd; i++) same &= same_behind_guard(&kp[one[i]], &kd[i]), shared &= one[i] == two[i];
+                cr_assert_eq(same, !off, "%s region %u (decode_kernels %s): the kernels at 1 token are%s the decode plan's", what, r,
+                             off ? "off" : "auto", same ? "" : " not");
+                cr_assert_eq(shared, (bool)off, "%s region %u: 1 and 2 tokens run %s kernels", what, r, shared ? "the same" : "other");
+                for (uint32_t i = 0; i < nd; i++) cr_assert_eq(two[i], eight[i]);
                 for (uint32_t i = 0; i < np; i++) kiln_kir_free(&kp[i]);
-                kiln_kir_free(&kd[0]);
-                matmuls++;
+                for (uint32_t i = 0; i < nd; i++) kiln_kir_free(&kd[i]);
+                checked++;
             }
-            cr_assert_eq(matmuls, 4);
+            cr_assert_eq(checked, 5, "4 matmul regions and the attention");
             kiln_fusion_free(&fp);
             kiln_fusion_free(&fd);
             kiln_graph_free(gp);

@@ -448,11 +448,13 @@ typedef struct kiln_codegen_options {
                            step's splits sized for waves of N one-warp blocks an SM instead of 24 (A/B
                            runs); KILN_GEMM_OFF: a lane a key, splits sized for a sequence's capacity
                            ($KILN_PAGED_DECODE, docs/kernels.md) */
-    int32_t gemv_decode; /* KILN_GEMM_AUTO/ON: a matmul region whose gemv takes runs of several rows (a
-                           prefill-sized plan) also gets a one-row gemv, which a run of one row (a decode
-                           step) launches instead: the several-row gemv repeats its work for every row of
-                           a pass (H100, llama-7b q4_K: 3x the decode step); KILN_GEMM_OFF: the several-row
-                           gemv takes one-row runs too (A/B runs, $KILN_GEMV_DECODE=0) */
+    int32_t decode_kernels; /* KILN_GEMM_AUTO/ON: a prefill-sized plan (more than one token at the bound,
+                           as `kiln generate` decodes through its prompt's plan) also gets a decode plan's
+                           kernels for runs of one row: a one-row gemv beside each matmul region's gemv of
+                           up to 8 rows a pass, and key splits sized for one row beside the 8-row ones in a
+                           contiguous cache's attention (those repeat their work for idle rows or leave most
+                           blocks idle: 3x the decode step of a Q4_K_M llama-7b on the H100); KILN_GEMM_OFF:
+                           the several-row kernels take one-row runs too (A/B runs, $KILN_DECODE_KERNELS=0) */
     int32_t gemv_reduce; /* KILN_GEMM_ON: a gemv whose output rows are split over several warps sums every
                            accumulator's warp totals through one shared array (two barriers a unit) where its
                            shared memory has room; KILN_GEMM_AUTO/OFF: one block reduction per accumulator,

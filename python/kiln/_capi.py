@@ -43,7 +43,7 @@ class CodegenOptions(C.Structure):
                 ("gemv_prefetch", C.c_int32), ("gemv_fence", C.c_int32), ("attn_cluster", C.c_int32),
                 ("flash_rows", C.c_int32), ("flash_split", C.c_int32),
                 ("gemm_cols", C.c_int32), ("paged_decode", C.c_int32),
-                ("gemv_decode", C.c_int32),
+                ("decode_kernels", C.c_int32),
                 ("gemv_reduce", C.c_int32)]
 
 

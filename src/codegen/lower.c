@@ -59,7 +59,7 @@ static bool gemv_one(const kiln_graph *g, const kiln_region *r, const kiln_lower
                      int64_t K, int64_t cap)
 {
     int64_t rows = kl_numel_max(g, &g->nodes[x]) / K;
-    if (tg->opts.gemv_decode == KILN_GEMM_OFF || (cap && rows > cap ? cap : rows) <= 1) return false;
+    if (tg->opts.decode_kernels == KILN_GEMM_OFF || (cap && rows > cap ? cap : rows) <= 1) return false;
     char e2[160];
     if (kiln_lower_gemv_cap(g, r, tg, &out[1], 1, e2, sizeof e2) != KILN_OK) return false;
     kl_guard_rows(&out[1], g, x, K, 1, KILN_IDX_NONE, 0, true);

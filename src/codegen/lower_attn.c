@@ -839,6 +839,43 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     if (a->co) kl_loop_end(k);
 }
 
+/* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
+ * at the cache's bound for a->tok_max rows (at most 8), >= 32 keys; when there are still too few
+ * blocks, the query heads of a group split over blocks too (each re-reads the group's K/V, mostly
+ * from L2). Sets S, n_split, HB, GB, aw and cl. */
+static void split_shape(const kiln_graph *g, at *a, const kiln_region_spec *sp, const kiln_lower_target *tg, bool flash)
+{
+    int64_t tok = a->tok_max < 8 ? a->tok_max : 8, fill = 8 * (int64_t)tg->sm_count;
+    int64_t want = fill / (a->n_kvh * tok), keys = sp->block ? a->cap : a->max_ctx; /* paged: one sequence's keys */
+    if (want < 1) want = 1;
+    a->S = (keys + want - 1) / want;
+    a->aw = 1; /* one-warp splits of a multiple of 32 keys */
+    a->S = (a->S + 31) / 32 * 32;
+    if (a->S < 32) a->S = 32;
+    a->n_split = (keys + a->S - 1) / a->S;
+    a->HB = a->G;
+    while (a->n_kvh * (a->G / a->HB) * a->n_split * tok < fill) {
+        int64_t hb = a->HB - 1;
+        while (hb > 1 && a->G % hb) hb--;
+        if (hb < 1 || hb == a->HB) break;
+        a->HB = hb;
+    }
+    a->GB = a->G / a->HB;
+    co_choose(g, sp, tg, flash, a);
+    /* codegen.attn_cluster (sm_90, a contiguous cache, runs of up to KL_SMALL_ROWS rows): a group's
+     * splits become the blocks of one thread block cluster, of up to CL_AW warps each (about as many
+     * warps as the one-warp splits above), which combine in distributed shared memory: one kernel, no
+     * partials in global memory. Bounds that want many more splits than a cluster holds (long caches
+     * over few kv heads) keep the two kernels. */
+    if (tg->wgmma && tg->opts.attn_cluster == KILN_GEMM_ON && !sp->block && a->tok_max <= KL_SMALL_ROWS &&
+        a->n_split <= 2 * CL_MAX * CL_AW) {
+        while (a->aw < CL_AW && 2 * a->aw * CL_MAX <= a->n_split) a->aw *= 2;
+        a->cl = 2;
+        while (a->cl < CL_MAX && a->cl * a->aw < a->n_split) a->cl *= 2;
+        a->n_split = a->cl;
+    }
+}
+
 kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
                                  kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
 {
@@ -887,26 +924,9 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
      * sequences with few rows each (batched decode) stay on them too (one flash block per sequence
      * walks all its keys alone: 64 x 1024 decode ran 2x slower there), so they keep the bound */
     if (flash && !sp->block) a.tok_max = KL_SMALL_ROWS; /* kl_flash_fits: more rows than that at the bound */
-    /* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
-     * at the cache's bound, >= 32 keys; when there are still too few blocks, the query heads of a
-     * group split over blocks too (each re-reads the group's K/V, mostly from L2). */
-    int64_t tok = a.tok_max < 8 ? a.tok_max : 8, fill = 8 * (int64_t)tg->sm_count;
-    int64_t want = fill / (a.n_kvh * tok), keys = sp->block ? a.cap : a.max_ctx; /* paged: one sequence's keys */
-    if (want < 1) want = 1;
-    a.S = (keys + want - 1) / want;
-    a.aw = 1; /* one-warp splits of a multiple of 32 keys */
-    a.S = (a.S + 31) / 32 * 32;
-    if (a.S < 32) a.S = 32;
-    a.n_split = (keys + a.S - 1) / a.S;
-    a.HB = a.G;
-    while (a.n_kvh * (a.G / a.HB) * a.n_split * tok < fill) {
-        int64_t hb = a.HB - 1;
-        while (hb > 1 && a.G % hb) hb--;
-        if (hb < 1 || hb == a.HB) break;
-        a.HB = hb;
-    }
-    a.GB = a.G / a.HB;
-    co_choose(g, sp, tg, flash, &a);
+    at a1 = a; /* the one-row splits of a prefill-sized plan (one_row) */
+    a1.tok_max = 1;
+    split_shape(g, &a, sp, tg, flash);
     /* a pool's element (co: word) and the lane-a-key kernel's byte indices are 32-bit (and so are the
      * KV writes of the GEMM epilogue and kv_scatter): on the H100 a 256 x 2064-slot llama-7b pool
      * (2.2 G elements) and, in the lane-a-key kernel, a 64 x 6688-slot one (3.5 G bytes) hit illegal
@@ -916,29 +936,30 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
         return kl_unsupported(err, n_err, "paged attention: a pool of %lld kv heads x %lld slots x %lld is past 32-bit indices%s",
                               (long long)a.n_kvh, (long long)a.max_ctx, (long long)a.hd,
                               a.co ? "" : " (the lane-a-key kernel's byte offsets)");
-    /* codegen.attn_cluster (sm_90, a contiguous cache, runs of up to KL_SMALL_ROWS rows): a group's
-     * splits become the blocks of one thread block cluster, of up to CL_AW warps each (about as many
-     * warps as the one-warp splits above), which combine in distributed shared memory: one kernel, no
-     * partials in global memory. Bounds that want many more splits than a cluster holds (long caches
-     * over few kv heads) keep the two kernels. */
-    if (tg->wgmma && tg->opts.attn_cluster == KILN_GEMM_ON && !sp->block && a.tok_max <= KL_SMALL_ROWS &&
-        a.n_split <= 2 * CL_MAX * CL_AW) {
-        while (a.aw < CL_AW && 2 * a.aw * CL_MAX <= a.n_split) a.aw *= 2;
-        a.cl = 2;
-        while (a.cl < CL_MAX && a.cl * a.aw < a.n_split) a.cl *= 2;
-        a.n_split = a.cl;
-    }
     partial(g, node, n, &a, &k[0]);
     uint32_t f = 1; /* kernels before the flash kernel: the cluster kernel, or split and combine */
     if (!a.cl) combine(g, node, n, &a, &k[f++]);
     *n_out = f;
     if (flash) {
         int64_t per_row = a.n_head * a.hd;
+        /* Decode steps through a prefill-sized plan (kiln generate) take the splits a decode plan
+         * sizes for one row: those sized for 8 rows leave 7/8 of their blocks idle at one row (llama-7b
+         * at KV 640: 4 key splits, 128 busy one-warp blocks, against 32 splits and 1024). */
+        bool one_row = !sp->block && tg->opts.decode_kernels != KILN_GEMM_OFF;
+        uint32_t f8 = f;
+        if (one_row) {
+            split_shape(g, &a1, sp, tg, flash);
+            partial(g, node, n, &a1, &k[f++]);
+            if (!a1.cl) combine(g, node, n, &a1, &k[f++]);
+        }
         if (wg) kl_lower_flash_wg(g, node, tg, &k[f]); /* contiguous caches only */
         else kl_lower_flash(g, node, sp, tg, &k[f]);
         for (uint32_t i = 0; i <= f; i++)
-            kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, sp->block ? sp->seqs : KILN_IDX_NONE,
-                          PAGED_FLASH_ROWS, i < f);
+            if (one_row && i < f8) kl_guard_rows_range(&k[i], g, n->src[0], per_row, 1, KL_SMALL_ROWS);
+            else if (one_row && i < f) kl_guard_rows(&k[i], g, n->src[0], per_row, 1, KILN_IDX_NONE, 0, true);
+            else
+                kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, sp->block ? sp->seqs : KILN_IDX_NONE,
+                              PAGED_FLASH_ROWS, i < f);
         *n_out = f + 1;
     }
     return KILN_OK;
