@@ -7,8 +7,8 @@
 # plan (old: KILN_DECODE_KERNELS=0), and bench --model decode at KV 512 and 576 (generate's KV runs
 # 512..640) with its per-kernel profile. Builds nothing; never stops at a failure; summary table last.
 #
-# usage: scripts/device-generate.sh [BIN_DIR] [FORMAT]   (BIN_DIR default devbin: kiln and gen_model
-#        from a Release build; FORMAT q4_k_m (default), q8_0 or q4_0). The model goes to $KILN_MODEL_DIR
+# usage: scripts/device-generate.sh [BIN_DIR] [FORMAT [ncu]]   (BIN_DIR default devbin: kiln and gen_model
+#        from a Release build; FORMAT q4_k_m (default), q8_0 or q4_0; ncu: only the ncu listing below). The model goes to $KILN_MODEL_DIR
 #        (default /tmp/kiln-models, never $OUT; reused when there: about 2 minutes to write). Logs and
 #        summary.txt to $OUT (else a temp dir). ROUNDS (default 2) of the A B pairs. A dry run without a
 #        GPU: MODEL_SHAPE=tiny MODEL_LAYERS=2 MODEL_VOCAB=64 LONG=64 GEN=16 BENCH_STEPS=16 KILN_LIBCUDA=<fakecuda .so>.
@@ -39,6 +39,37 @@ ids_of() { awk -v n="$1" -v v="$vocab" 'BEGIN { for (i = 0; i < n; i++) printf "
 idsL=$(ids_of "$long")
 ids16=$(ids_of 16)
 declare -A env_of=([new]="" [old]="KILN_DECODE_KERNELS=0")
+
+# MODE ncu (third argument): which kernels a decode step of generate's prompt-sized plan runs and
+# their durations, against bench --model's decode plan: ncu on the attention kernels (by name, grid,
+# duration) of the first decode steps, kernels launched one by one (KILN_NO_RECORD=1), then exit.
+if [[ "${3:-}" == ncu ]]; then
+    ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+    [[ -x "$ncu" ]] || { echo "ncu absent" | tee -a "$summary"; exit 0; }
+    sec=(--section SpeedOfLight --section LaunchStats)
+    # the prefill launches one flash kernel a layer (32 attn launches); then each decode step 2 a layer
+    step ncu_gen_attn 300 env KILN_NO_RECORD=1 "$ncu" --kernel-name regex:attn --launch-skip 32 --launch-count 8 "${sec[@]}" \
+        "$kiln" generate "$model" --ids "$idsL" -n 3 --ignore-eos --temp 0 --backend cuda
+    step ncu_gen_attn_old 300 env KILN_NO_RECORD=1 KILN_DECODE_KERNELS=0 "$ncu" --kernel-name regex:attn --launch-skip 32 \
+        --launch-count 8 "${sec[@]}" "$kiln" generate "$model" --ids "$idsL" -n 3 --ignore-eos --temp 0 --backend cuda
+    step ncu_bench_attn 300 env KILN_NO_RECORD=1 "$ncu" --kernel-name regex:attn --launch-skip 64 --launch-count 8 "${sec[@]}" \
+        "$kiln" bench --model "$model" --mode decode --ctx $((long + gen / 2)) --steps 1 --backend cuda
+    # every kernel of one decode step of generate (names and durations only)
+    step ncu_gen_step 300 env KILN_NO_RECORD=1 "$ncu" --launch-skip 400 --launch-count 170 --section SpeedOfLight \
+        "$kiln" generate "$model" --ids "$idsL" -n 3 --ignore-eos --temp 0 --backend cuda
+    {
+        echo
+        echo "== ncu: attention kernels of the first decode steps (name (grid)x(block), duration)"
+        for f in "$out"/ncu_*attn*.log; do
+            echo "-- $(basename "$f" .log)"
+            grep -E "^  kiln_[a-z_]+ |^ +Duration" "$f" | sed 's/, Context.*//; s/  */ /g' | paste - - | head -n 12
+        done
+        echo "-- ncu_gen_step: kernels by name (count, total us)"
+        awk '/^  kiln_[a-z_]+ / { k = $1 } /^ +Duration/ { v = $NF; if ($(NF-1) == "msecond") v *= 1000; if ($(NF-1) == "nsecond") v /= 1000;
+             d[k] += v; n[k]++ } END { for (k in d) printf "  %-22s %4d %10.1f\n", k, n[k], d[k] }' "$out/ncu_gen_step.log" 2>/dev/null
+    } | tee -a "$summary"
+    exit 0
+fi
 
 # warm the kernel cache (compiles are not what is timed; each prompt length is its own plan)
 for v in new old; do
