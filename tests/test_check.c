@@ -205,4 +205,12 @@ Test(check, quick_caps_vulkan, .init = setup, .fini = teardown, .timeout = 600)
     cr_assert(strstr(js, "\"note\": \"") != NULL, "%s", js);
     free(js);
     kiln_check_report_free(all);
+    /* named, the fused patterns are all left out of a quick run on a CPU device: 0 checks, not ok,
+       and the note says why (it was a bare FAILED) */
+    if (!cpu_device) return;
+    kiln_check_report *f = NULL;
+    cr_assert_eq(kiln_check(g_ctx, &(kiln_check_options){.backend = "vulkan", .op = "fused", .quick = true, .seed = 1}, &f), KILN_OK);
+    cr_assert(!f->ok && f->n_results == 0, "%d results", f->n_results);
+    cr_assert(strstr(f->note, "--quick left ") && strstr(f->note, "without --quick"), "note: '%s'", f->note);
+    kiln_check_report_free(f);
 }

@@ -37,6 +37,7 @@ struct kiln_check_run {
     char               group_op[48];   /* op and key of the last case: a new pair means the rows */
     kiln_dtype         group_key;      /* before it are complete (cases of one pair are contiguous) */
     bool               group_capped;   /* quick: the capped backend ran this group's one case */
+    int                quick_left;     /* quick: cases left out on vulkan (quick_skips), for the report's note */
 };
 
 /* ---------------------------------------------------------------- random */
@@ -606,7 +607,10 @@ void kiln_check_case(kiln_check_run *r, const kiln_check_spec *s)
     if (isnan(tol)) return;
     bool host = host_only(s->g), capped = false;
     for (int b = 0; b < r->n_be; b++) {
-        if (quick_skips(r, s, r->be[b])) continue;
+        if (quick_skips(r, s, r->be[b])) {
+            r->quick_left++;
+            continue;
+        }
         if (host && strcmp(r->be[b], "ref") != 0 && strcmp(r->be[b], "cpu") != 0) refused_on(r, s, r->be[b]);
         else case_on(r, s, r->be[b], tol);
         capped |= r->opt.quick && !strcmp(r->be[b], "vulkan");
@@ -686,6 +690,10 @@ KILN_API kiln_status kiln_check(kiln_ctx *ctx, const kiln_check_options *opts, k
         st = r->status;
         emit(r, r->n_res);
     }
+    if (st == KILN_OK && r->quick_left && !rep->note[0]) /* a quick run that left cases out says so (all of them: 0 checks) */
+        snprintf(rep->note, sizeof rep->note,
+                 "--quick left %d case%s out on vulkan (fused-vs-unfused, determinism and large cases: a CPU device runs each "
+                 "for seconds); run without --quick for them", r->quick_left, r->quick_left == 1 ? "" : "s");
     rep->results = r->res;
     rep->n_results = r->n_res;
     rep->seed = r->opt.seed;
