@@ -231,7 +231,6 @@ bool kiln_cuda_supports(void *state, const kiln_graph *g, const kiln_region *r, 
     return true;
 }
 
-/* $KILN_PTX_DUMP=DIR: every compiled kernel's PTX is also written to DIR/<name>.ptx. */
 /* Blocks to launch for a grid-stride kernel: as many as are resident on the whole GPU at once
  * (the driver's occupancy for this function times the SM count), through kiln_stride_blocks. */
 static uint32_t stride_grid(kiln_cuda *c, CUfunction fn, uint32_t n, uint32_t block)
@@ -304,8 +303,7 @@ static kiln_status jit_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, cu
     bool setmaxnreg = false;
     for (uint32_t i = 0; i < kir->n_ins && !setmaxnreg; i++) setmaxnreg = kir->ins[i].op == KILN_KOP_SETMAXNREG;
     if (!setmaxnreg) return link_ptx(c, ptx, kir->name, &f->mod, &f->fn, cubin, cubin_n, spills, err, n);
-    kiln_status s = kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, spills, err, n);
-    return s;
+    return kiln_cuda_load_ptx(c, ptx, kir->name, &f->mod, &f->fn, spills, err, n);
 }
 
 /* Links and loads one printed kernel into f, uploads its tables and appends its entry part. A
