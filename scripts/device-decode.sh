@@ -28,7 +28,8 @@
 # usage: scripts/device-decode.sh [BIN_DIR]   (default devbin; BIN_DIR/kiln must exist: it is static;
 #        test_ops is optional)
 # With $OUT set, every log and summary.txt go there (else a temp dir). ROUNDS (default 2), STEPS
-# (default 32), LLAMA_LAYERS (2), QWEN_LAYERS (24), VARIANTS (names below), CASES, BUDGET_S narrow it.
+# (default 32), LLAMA_LAYERS (2), QWEN_LAYERS (24), VARIANTS (names below), CASES, BUDGET_S narrow it;
+# PROFILE_CASES and PROFILE_VARIANTS the per-kernel profiles.
 set -u
 # shellcheck source=scripts/device-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../scripts/device-lib.sh" # from scripts/ or a copy in devrun/
@@ -110,8 +111,9 @@ for c in "${cases[@]}"; do
 done
 
 # per-kernel profiles (kernel by kernel: achieved GB/s of each, not the overlap)
-for c in llama_q4_k_1k llama_q8_0_1k llama_f16_1k qwen_q8_0 qwen_f16; do
-    for v in base fence pair_fence attn_cl; do
+# shellcheck disable=SC2206
+for c in ${PROFILE_CASES:-llama_q4_k_1k llama_q8_0_1k llama_f16_1k qwen_q8_0 qwen_f16}; do
+    for v in ${PROFILE_VARIANTS:-base fence pair_fence attn_cl}; do
         applies "$v" "$c" || continue
         [[ "$v" != attn_cl || "$c" == qwen* ]] || continue
         if ((SECONDS - t_start > 500)); then dev_skip "profile_${c}_$v" "past 500 s"; continue; fi
@@ -144,11 +146,11 @@ fi
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$2" | head -n 1 | tr -d '"'; }
 {
     echo
-    echo "== per-kernel profiles (base, fence, pair_fence; attn_cl on qwen), the gemv and attention lines:"
+    echo "== per-kernel profiles (PROFILE_VARIANTS x PROFILE_CASES): the first layer's regions"
     for f in "$out"/profile_*.log; do
         [[ -e "$f" ]] || continue
         echo "-- $(basename "$f" .log)"
-        grep -E "gemv|attn|GB/s" "$f" | head -n 12
+        grep -E "gemv|attn|GB/s|^ +[0-4] " "$f" | head -n 12
     done
     echo
     echo "== ncu (q4_k / q8_0 gemv, llama-7b layer): issue rate, stall reasons, achieved DRAM throughput"
