@@ -4,11 +4,13 @@
 #   ncu:    every kernel of one decode step, launched one by one, under Nsight Compute: duration, DRAM
 #           bytes and throughput, instructions executed (per DRAM byte), issue activity, achieved
 #           occupancy and the warp stall reasons (smsp__warp_issue_stalled_*_per_warp_active.pct), of
-#           llama-7b q4_k (KV 1024, one layer) and qwen2-0.5b q4_k and f16 (KV 1024, one layer);
+#           llama-7b q4_k (KV 1024, one layer) and qwen2-0.5b q4_k and f16 (KV 1024, one layer), and
+#           qwen2-0.5b q4_k with KILN_GEMV_REDUCE=1 and with KILN_GEMV_PRELOAD=1;
 #   qwen:   kiln bench --profile of qwen2-0.5b (24 layers, f16 and q4_k): the per-kernel table;
 #   reduce: A B A B through scripts/device-decode.sh (no checks, no ncu): qwen2-0.5b q4_k/f16 with
-#           variants base, reduce (KILN_GEMV_REDUCE=1), attn_cl, pdl3, attn_cl_pdl3 (QWEN_VARIANTS);
-#           llama-7b q4_k/q8_0/f16 at KV 1024 with base, reduce, fence, pair_fence (LLAMA_VARIANTS);
+#           variants base, reduce (KILN_GEMV_REDUCE=1), preload (KILN_GEMV_PRELOAD=1), pdl3, attn_cl,
+#           attn_cl_pdl3 (QWEN_VARIANTS); llama-7b q4_k/q8_0/f16 at KV 1024 with base, reduce, preload,
+#           fence, pair_fence (LLAMA_VARIANTS);
 #           per-kernel profiles on q4_k;
 #   gen:    kiln generate against bench --model decode (scripts/device-generate.sh: Q4_K_M llama-7b,
 #           512- and 16-token prompts, new and KILN_DECODE_KERNELS=0, A B A B; writes the model first
@@ -86,6 +88,7 @@ for part in "${parts[@]}"; do
         ncu_step ncu_qwen_q4_k 6 12 "" --preset qwen2-0.5b --wtype q4_k --ctx 1024 --layers 1
         ncu_step ncu_qwen_f16 6 12 "" --preset qwen2-0.5b --wtype f16 --ctx 1024 --layers 1
         ncu_step ncu_qwen_q4_k_reduce 6 12 KILN_GEMV_REDUCE=1 --preset qwen2-0.5b --wtype q4_k --ctx 1024 --layers 1
+        ncu_step ncu_qwen_q4_k_preload 6 12 KILN_GEMV_PRELOAD=1 --preset qwen2-0.5b --wtype q4_k --ctx 1024 --layers 1
         ncu_table | tee -a "$summary"
         out="$top"
         ;;
@@ -102,12 +105,12 @@ for part in "${parts[@]}"; do
     reduce)
         # qwen2-0.5b: REDUCE beside the one-kernel cluster attention and PDL 3 (never timed A B A B);
         # llama-7b: REDUCE beside the fence and pair + fence (kl_wfmt.gemv_auto's candidates)
-        OUT="$top/reduce_qwen" VARIANTS="${QWEN_VARIANTS:-base reduce attn_cl pdl3 attn_cl_pdl3}" CASES="qwen_q4_k qwen_f16" \
-            CHECKS=0 NCU=0 PROFILE_CASES="qwen_q4_k" PROFILE_VARIANTS="base reduce attn_cl" BUDGET_S=200 \
+        OUT="$top/reduce_qwen" VARIANTS="${QWEN_VARIANTS:-base reduce preload pdl3 attn_cl attn_cl_pdl3}" CASES="qwen_q4_k qwen_f16" \
+            CHECKS=0 NCU=0 PROFILE_CASES="qwen_q4_k" PROFILE_VARIANTS="base preload attn_cl" BUDGET_S=220 \
             "$root/scripts/device-decode.sh" "$bin" | sed -n '/^== /,$p' | tee -a "$summary"
-        OUT="$top/reduce_llama" VARIANTS="${LLAMA_VARIANTS:-base reduce fence pair_fence}" \
+        OUT="$top/reduce_llama" VARIANTS="${LLAMA_VARIANTS:-base reduce preload fence pair_fence}" \
             CASES="llama_q4_k_1k llama_q8_0_1k llama_f16_1k" CHECKS=0 NCU=0 \
-            PROFILE_CASES="llama_q4_k_1k" PROFILE_VARIANTS="base reduce pair_fence" BUDGET_S=200 \
+            PROFILE_CASES="llama_q4_k_1k" PROFILE_VARIANTS="base preload pair_fence" BUDGET_S=220 \
             "$root/scripts/device-decode.sh" "$bin" | sed -n '/^== /,$p' | tee -a "$summary"
         ;;
     gen)

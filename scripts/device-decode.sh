@@ -12,7 +12,8 @@
 # pdl1/pdl2/pdl3 (KILN_PDL=1/2/3), pf1/pf2 (KILN_GEMV_PREFETCH), fence_pf1, fence_pdl3, pair_pf1,
 # pair_pf1_pdl3, nofence/nopair (KILN_GEMV_FENCE=0 / KILN_GEMV_PAIR=0: the knob off where a format's
 # default turned it on), reduce (KILN_GEMV_REDUCE=1: the gemv's split K summed for all accumulators
-# at once, reduce_split, instead of one block reduction per accumulator). Every `kiln
+# at once, reduce_split, instead of one block reduction per accumulator), preload (KILN_GEMV_PRELOAD=1:
+# the first step's weights loaded before x's prologue, KILN_PDL=3's loads without PDL). Every `kiln
 # bench` measures the copy bandwidth after its run (the roof); the
 # floor is (weights + KV read per step) / that copy bandwidth. Then per-kernel profiles (achieved
 # GB/s) of the default, fence, pair_fence and attn_cl variants, and ncu's warp stall reasons of the
@@ -58,6 +59,7 @@ declare -A env_of=(
     [nopair]="KILN_GEMV_PAIR=0"
     [attn_cl]="KILN_ATTN_CLUSTER=1"
     [reduce]="KILN_GEMV_REDUCE=1"
+    [preload]="KILN_GEMV_PRELOAD=1"
     [attn_cl_pdl3]="KILN_ATTN_CLUSTER=1 KILN_PDL=3"
 )
 # shellcheck disable=SC2206

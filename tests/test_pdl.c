@@ -1,7 +1,8 @@
 /* Programmatic dependent launch (codegen.pdl on sm_90, codegen/lower_pdl.c): the kir verifier
  * refuses a kernel that reads a kernel-written buffer or stores before its top-level grid wait
  * (hand-built kernels and a real gemv whose wait is moved); every region of the presets lowers
- * with the trigger first and one top-level wait, the decode gemv with weight prefetches before it;
+ * with the trigger first and one top-level wait, the decode gemv with weight prefetches before it
+ * (and, with codegen.gemv_preload alone, with weight loads before it reads x and no pdl op);
  * and the pdl kernels, run by the block interpreter on fresh random data, give the same bits as the
  * plain kernels and match the f64 reference. Printing and ptxas are test_ptx's. */
 #include <criterion/criterion.h>
@@ -218,6 +219,63 @@ Test(pdl, presets_lower_with_trigger_wait_and_prefetch)
             }
 }
 
+/* Weight loads (LD/LD4 of a weight node's buffer) before k's first loop: x's prologue (norm,
+ * quantization) and the chunk loop are loops, so these are loads issued before any of them. */
+static uint32_t weight_loads_before_loops(const kiln_graph *g, const kiln_kir *k)
+{
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < k->n_ins && k->ins[j].op != KILN_KOP_LOOP; j++) {
+        const kiln_kinst *in = &k->ins[j];
+        if (in->op != KILN_KOP_LD && in->op != KILN_KOP_LD4) continue;
+        const kiln_kbuf *b = &k->bufs[in->imm.i];
+        n += b->kind == KILN_KBUF_NODE && g->nodes[b->node].op == KILN_OP_WEIGHT;
+    }
+    return n;
+}
+
+/* codegen.gemv_preload: every decode gemv of the presets (f16, q8_0, q4_K; pair path too) loads
+ * weights before its first loop (x's norm and quantization, the chunk loop), with no pdl op (sm_90
+ * and sm_80); without it, every weight load is inside a loop. */
+Test(pdl, gemv_preload_loads_weights_before_the_prologue_without_pdl)
+{
+    static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (int p = 0; p < kiln_preset_count(); p++)
+        for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
+            kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+                                        .max_tok = 1, .seed = 1, .shape_only = true};
+            kiln_graph *g = NULL;
+            char err[512] = "";
+            cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+            kiln_fusion f;
+            cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+            int gemvs = 0;
+            for (uint32_t r = 0; r < f.n_regions; r++)
+                for (int v = 0; v < 4; v++) { /* off; on at sm_90, sm_80, sm_90 with the pair path */
+                    kiln_lower_target t = v == 2 ? kiln_lower_target_for_sm(80) : mode_target(0, v == 3);
+                    t.opts.gemv_preload = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+                    kiln_kir ks[KILN_LOWER_MAX];
+                    uint32_t n = 0;
+                    cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s", err);
+                    for (uint32_t i = 0; i < n; i++) {
+                        const kiln_kir *k = &ks[i];
+                        if (!strcmp(k->name, "kiln_gemv")) {
+                            uint32_t before = weight_loads_before_loops(g, k);
+                            cr_assert(v ? before > 0 : before == 0, "%s %s region %u, variant %d: %u weight loads before the first loop",
+                                      kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), r, v, before);
+                            gemvs += v == 1;
+                        }
+                        for (uint32_t j = 0; j < k->n_ins; j++)
+                            cr_assert(k->ins[j].op != KILN_KOP_GRID_WAIT && k->ins[j].op != KILN_KOP_GRID_LAUNCH, "%s: a pdl op", k->name);
+                        cr_assert(!k->pdl, "%s: pdl with codegen.pdl off", k->name);
+                        kiln_kir_free(&ks[i]);
+                    }
+                }
+            cr_assert(gemvs >= 4, "%s %s: %d decode gemvs", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), gemvs);
+            kiln_fusion_free(&f);
+            kiln_graph_free(g);
+        }
+}
+
 /* ------------------------------------------------------------------ what the kernels compute */
 
 typedef struct run_case {
@@ -316,7 +374,8 @@ static void compare_ref(const char *what, const char *out, const float *y, const
  * gemv's prefetches 1 and 2 steps ahead (and its fence after a step's loads): for each of its outputs the same bits, at the matmul
  * contract's tolerance from ref64. Weights with gemv's pair path (q8_0, q4_K) run it too, plain and
  * with weights in registers and prefetches: the same bits, at the contract's tolerance (the pair
- * path sums in another order than the chunk path). */
+ * path sums in another order than the chunk path). codegen.gemv_preload (the first step's weights
+ * loaded before x's prologue, without pdl) gives the same bits on both paths. */
 static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
 {
     ref64 *rf = ref64_new(c->g);
@@ -340,6 +399,15 @@ static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
             cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: pdl kernels (mode %d) computed other bits", what, out, modes[m]);
             free(y);
         }
+        { /* codegen.gemv_preload: the first step's weights loaded before x's prologue, no pdl */
+            kiln_lower_target pl = pdl_target(false);
+            pl.opts.gemv_preload = KILN_GEMM_ON;
+            int n_pl = 0;
+            float *y = run_kernels(c, &pl, out, numel, &n_pl);
+            cr_assert(n_pl == 0, "%s: %d pdl kernels with gemv_preload alone", what, n_pl);
+            cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: gemv_preload computed other bits", what, out);
+            free(y);
+        }
         for (int32_t ahead = 1; ahead <= 2; ahead++) { /* codegen.gemv_prefetch: L2 hints only */
             kiln_lower_target pf = mode_target(ahead == 2 ? KILN_PDL_REGS : 0, false);
             pf.opts.gemv_prefetch = ahead;
@@ -357,6 +425,12 @@ static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
             int n0 = 0, n3 = 0;
             float *yp = run_kernels(c, &p0, out, numel, &n0), *yr = run_kernels(c, &p3, out, numel, &n3);
             cr_assert_eq(memcmp(yp, yr, (size_t)numel * 4), 0, "%s, %s: pair path with weights in registers computed other bits", what, out);
+            kiln_lower_target pp = mode_target(0, true);
+            pp.opts.gemv_preload = KILN_GEMM_ON;
+            int npp = 0;
+            float *yq = run_kernels(c, &pp, out, numel, &npp);
+            cr_assert_eq(memcmp(yp, yq, (size_t)numel * 4), 0, "%s, %s: pair path with gemv_preload computed other bits", what, out);
+            free(yq);
             char w2[128];
             snprintf(w2, sizeof w2, "%s (pair path)", what);
             compare_ref(w2, out, yp, ref, numel, key);

@@ -553,23 +553,29 @@ Test(ptx, pdl_kernels_assemble_for_sm90, .timeout = 600)
 
 /* The decode gemv's A/B variants (codegen.pdl 3: weights in registers before the wait, gemv_pair,
  * gemv_prefetch, gemv_fence) assemble for sm_90 without spills: all of them at once on the llama-7b
- * q8_0/q4_k and qwen2-0.5b q8_0 decode layers, and without the pair path on llama-7b f16 (kept to a
- * few dozen ptxas runs: this executable is the suite's longest). */
+ * q8_0/q4_k and qwen2-0.5b q8_0 decode layers, and without the pair path on llama-7b f16;
+ * codegen.gemv_preload alone on qwen2-0.5b q4_k and f16 (kept to a few dozen ptxas runs: this
+ * executable is the suite's longest). */
 Test(ptx, gemv_variants_assemble_for_sm90, .timeout = 600)
 {
     char ptxas[1024];
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
     static seen_set seen;
     lower_tally t = {0};
-    static const struct { const char *preset; kiln_dtype w; bool pair; } cases[] = {
-        {"llama-7b", KILN_DTYPE_Q8_0, true}, {"llama-7b", KILN_DTYPE_Q4_K, true}, {"qwen2-0.5b", KILN_DTYPE_Q8_0, true},
-        {"llama-7b", KILN_DTYPE_F16, false}};
+    static const struct { const char *preset; kiln_dtype w; bool pair, preload; } cases[] = {
+        {"llama-7b", KILN_DTYPE_Q8_0, true, false}, {"llama-7b", KILN_DTYPE_Q4_K, true, false},
+        {"qwen2-0.5b", KILN_DTYPE_Q8_0, true, false}, {"llama-7b", KILN_DTYPE_F16, false, false},
+        {"qwen2-0.5b", KILN_DTYPE_Q4_K, false, true}, {"qwen2-0.5b", KILN_DTYPE_F16, false, true}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         kiln_lower_target tg = kiln_lower_target_for_sm(90);
-        tg.opts.pdl = KILN_PDL_REGS;
-        tg.opts.gemv_pair = cases[i].pair ? KILN_GEMM_ON : KILN_GEMM_AUTO;
-        tg.opts.gemv_prefetch = cases[i].pair ? 1 : 2;
-        tg.opts.gemv_fence = KILN_GEMM_ON;
+        if (cases[i].preload) { /* codegen.gemv_preload alone: the same registers without pdl */
+            tg.opts.gemv_preload = KILN_GEMM_ON;
+        } else {
+            tg.opts.pdl = KILN_PDL_REGS;
+            tg.opts.gemv_pair = cases[i].pair ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+            tg.opts.gemv_prefetch = cases[i].pair ? 1 : 2;
+            tg.opts.gemv_fence = KILN_GEMM_ON;
+        }
         const kiln_preset *p = kiln_preset_find(cases[i].preset);
         cr_assert(p, "no preset %s", cases[i].preset);
         kiln_preset_build_opts o = {.wdtype = cases[i].w, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096, .max_tok = 1,

@@ -459,6 +459,13 @@ typedef struct kiln_codegen_options {
                            accumulator's warp totals through one shared array (two barriers a unit) where its
                            shared memory has room; KILN_GEMM_AUTO/OFF: one block reduction per accumulator,
                            two barriers each ($KILN_GEMV_REDUCE=1). Opt-in until measured */
+    int32_t gemv_preload; /* KILN_GEMM_ON: the decode gemv loads the weights of each lane's first step
+                           (every row of its unit) into registers at its start, before it reads x (the
+                           rms_norm and x's quantization then run while those loads are in flight; for
+                           qwen2-0.5b's matrices that is every weight a warp reads), as codegen.pdl
+                           KILN_PDL_REGS does before its grid wait, without programmatic dependent launch;
+                           KILN_GEMM_AUTO/OFF: the first weight loads after x's prologue
+                           ($KILN_GEMV_PRELOAD=1, docs/kernels.md). Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

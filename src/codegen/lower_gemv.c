@@ -425,9 +425,9 @@ static void step_math(gv *s, kiln_dtype t, bool two, gv_chunk ch[2][SLOTS], cons
     }
 }
 
-/* KILN_PDL_REGS: the step a lane takes first in its block's first virtual block is in the pre_*
- * variables (loaded before the grid wait, preload_first): its arithmetic runs here, before the chunk
- * loop, which then starts one step later in that virtual block. */
+/* KILN_PDL_REGS or codegen.gemv_preload: the step a lane takes first in its block's first virtual
+ * block is in the pre_* variables (loaded before x's prologue and any grid wait, preload_first): its
+ * arithmetic runs here, before the chunk loop, which then starts one step later in that virtual block. */
 static void peel_first(gv *s, const gv_group *G, kiln_dtype t, bool two, uint32_t c0, uint32_t pm, uint32_t xs, uint32_t nws)
 {
     kiln_kir *k = s->k;
@@ -611,11 +611,12 @@ static void prefetch_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
     }
 }
 
-/* KILN_PDL_REGS: before the grid wait each lane loads the weights of its first step in its block's
- * first virtual block (every slot of its unit, both chunks of a two-chunk step) into the pre_*
- * variables, as the published H100 measurement's kernels do (docs/kernels.md): all of a small
- * matrix's weights are in flight while the previous kernel ends. peel_first uses them. Variables
- * are shared by the groups (a warp is in one). */
+/* KILN_PDL_REGS (and codegen.gemv_preload, without pdl): before the grid wait and x's prologue each
+ * lane loads the weights of its first step in its block's first virtual block (every slot of its
+ * unit, both chunks of a two-chunk step) into the pre_* variables, as the published H100
+ * measurement's kernels do (docs/kernels.md): all of a small matrix's weights are in flight while
+ * the previous kernel ends (with pdl) or while x is normalized and quantized. peel_first uses them.
+ * Variables are shared by the groups (a warp is in one). */
 static void preload_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
 {
     kiln_kir *k = s->k;
@@ -715,7 +716,9 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     uint32_t vb = KILN_IDX_NONE;
     if (s->hoisted) {
         if (kiln_lower_target_pdl(tg) && tg->opts.pdl == KILN_GEMM_ON) prefetch_first(s, bid, tid, lane); /* not KILN_PDL_NO_PREFETCH */
-        s->pre = kiln_lower_target_pdl(tg) && tg->opts.pdl == KILN_PDL_REGS;
+        /* KILN_PDL_REGS: before the grid wait; codegen.gemv_preload: the same loads at the kernel's
+         * start without PDL, so that they are in flight while x's prologue runs */
+        s->pre = (kiln_lower_target_pdl(tg) && tg->opts.pdl == KILN_PDL_REGS) || tg->opts.gemv_preload == KILN_GEMM_ON;
         if (s->pre) preload_first(s, bid, tid, lane);
         s->u.t0 = kiln_ki(s->k, 0);
         pass_prologue(s, tid, m);

@@ -74,8 +74,9 @@ typedef struct gv {
     bool      pair_ok;          /* the template takes the pair path (gemv; the GEMM leaves it false) */
     bool      pair;             /* integer dots over pairs of chunks (codegen.gemv_pair, wfmt.h pair_*): a
                                    lane's step is two adjacent chunks, K groups of x per dot */
-    bool      pre;              /* codegen.pdl = KILN_PDL_REGS (decode): the first step of the block's first
-                                   virtual block is loaded into the pre_* variables before the grid wait */
+    bool      pre;              /* codegen.pdl = KILN_PDL_REGS or codegen.gemv_preload (decode): the first step
+                                   of the block's first virtual block is loaded into the pre_* variables
+                                   before x's prologue (and the grid wait) */
     uint32_t  vb, bid;          /* I32 virtual block (the hoisted loop's variable) and block index */
     uint32_t  pre_v[2][SLOTS][4][4]; /* U32 variables: lane l of V4 i of slot r's chunk h of that step */
     uint32_t  pre_d[2][SLOTS];  /* F32 variables: its scale word (U32 ones bitcast) */

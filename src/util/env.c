@@ -48,6 +48,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_PAGED_DECODE] = "KILN_PAGED_DECODE",
     [KILN_ENV_DECODE_KERNELS] = "KILN_DECODE_KERNELS",
     [KILN_ENV_GEMV_REDUCE] = "KILN_GEMV_REDUCE",
+    [KILN_ENV_GEMV_PRELOAD] = "KILN_GEMV_PRELOAD",
 };
 
 const char *kiln_env(enum kiln_env_var v)
@@ -87,6 +88,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->decode_kernels = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->gemv_reduce && (e = kiln_env(KILN_ENV_GEMV_REDUCE)))
         c->gemv_reduce = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->gemv_preload && (e = kiln_env(KILN_ENV_GEMV_PRELOAD)))
+        c->gemv_preload = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))

@@ -48,6 +48,7 @@ enum kiln_env_var {
     KILN_ENV_PAGED_DECODE,   /* kiln_compile_options.codegen.paged_decode */
     KILN_ENV_DECODE_KERNELS,    /* kiln_compile_options.codegen.decode_kernels */
     KILN_ENV_GEMV_REDUCE,    /* kiln_compile_options.codegen.gemv_reduce */
+    KILN_ENV_GEMV_PRELOAD,   /* kiln_compile_options.codegen.gemv_preload */
     KILN_ENV_COUNT
 };
 
