@@ -41,6 +41,17 @@ def graphed(fn, x, reps=50):
     b.record(); torch.cuda.synchronize()
     return a.elapsed_time(b) * 1e-3 / reps
 
+def rms(x, w):
+    """rms_norm in f32, back in x's dtype (f16 here), times w: the layer's and serve's."""
+    import torch
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype) * w
+
+def rope(x, cos, sin):
+    """Normal (interleaved pairs) RoPE of x [.., heads, HD] by cos/sin [.., 1, HD/2]."""
+    import torch
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+
 def gemm():
     import torch
     for m, n, k in [(4096, 4096, 4096), (8192, 8192, 4096), (512, 12288, 4096), (512, 4096, 4096),
@@ -62,14 +73,11 @@ def layer(compile_too):
     inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, device="cuda").float() / HD))
     ang = pos[:, None].float() * inv[None, :]
     cos, sin = ang.cos().to(dt)[:, None, :], ang.sin().to(dt)[:, None, :]
-    def rms(x, w): return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dt) * w
-    def rope(x):
-        x1, x2 = x[..., ::2], x[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
     def f(x):
         h = rms(x, n1) @ p["wqkv"].t()
         q, k, v = h.split(D, -1)
-        q = rope(q.view(T, H, HD)).transpose(0, 1); k = rope(k.view(T, KV, HD)).transpose(0, 1); v = v.view(T, KV, HD).transpose(0, 1)
+        q = rope(q.view(T, H, HD), cos, sin).transpose(0, 1); k = rope(k.view(T, KV, HD), cos, sin).transpose(0, 1)
+        v = v.view(T, KV, HD).transpose(0, 1)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).reshape(T, D)
         x = x + a @ p["wo"].t()
         g, u = (rms(x, n2) @ p["wgu"].t()).split(FF, -1)
@@ -116,19 +124,15 @@ def serve(cases, compile_too):
     wbytes = sum(t.numel() * 2 for t in p.values())
     n1 = torch.ones(D, device="cuda", dtype=dt); n2 = torch.ones(D, device="cuda", dtype=dt)
     inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, device="cuda").float() / HD))
-    def rms(x, w): return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(dt) * w
     for case in cases:
         N, C = (int(v) for v in case.split("x"))
         kc = torch.randn(N, H, C + 1, HD, device="cuda", dtype=dt); vc = torch.randn_like(kc)
         ang = torch.full((N, 1), float(C), device="cuda") * inv[None, :]
         cos, sin = ang.cos().to(dt)[:, None, :], ang.sin().to(dt)[:, None, :]
-        def rope(x):
-            x1, x2 = x[..., ::2], x[..., 1::2]
-            return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
         def f(x):
             h = rms(x, n1) @ p["wqkv"].t()
             q, k, v = h.split(D, -1)
-            q = rope(q.view(N, H, HD)); k = rope(k.view(N, H, HD))
+            q = rope(q.view(N, H, HD), cos, sin); k = rope(k.view(N, H, HD), cos, sin)
             kc[:, :, C] = k; vc[:, :, C] = v.view(N, H, HD)
             a = F.scaled_dot_product_attention(q[:, :, None], kc, vc).reshape(N, D)
             x = x + a @ p["wo"].t()
