@@ -27,6 +27,7 @@ static unsigned key_dtypes(enum kiln_op op)
     case KILN_OP_GET_ROWS: return WTS;
     case KILN_OP_ALL_REDUCE: return B(F32); /* sums the f32 outputs of row-parallel matmuls */
     case KILN_OP_ALL_GATHER: return B(F32); /* joins the f32 outputs of column-parallel matmuls */
+    case KILN_OP_MOE_ROUTE: case KILN_OP_SCALE_ROWS: return B(F32); /* router logits and expert outputs: matmul results */
     case KILN_OP_CAST: case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT: return PLAIN;
     default: return ACT;
     }
@@ -129,6 +130,8 @@ static bool accepts(enum kiln_op op, kiln_dtype t)
         break;
     case KILN_OP_GET_ROWS: y = kiln_get_rows(g, kiln_weight_random(g, "tab", t, 2, w2, 6, 1.0f), p2); break;
     case KILN_OP_ARGMAX: y = kiln_argmax(g, x); break;
+    case KILN_OP_MOE_ROUTE: y = kiln_moe_route(g, x, 2, true); break;
+    case KILN_OP_SCALE_ROWS: y = kiln_scale_rows(g, x, f, 1); break;
     case KILN_OP_CAST: y = kiln_cast(g, f, t); break;
     case KILN_OP_RESHAPE: y = kiln_reshape(g, x, 1, (kiln_dim[]){512}); break;
     case KILN_OP_VIEW: y = kiln_view(g, x, 1, d1, 0); break;

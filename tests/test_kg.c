@@ -226,6 +226,7 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_output(g, mq, "mq");
     kiln_output(g, kiln_all_reduce(g, mq), "ar");
     kiln_output(g, kiln_all_gather(g, mq), "ag");
+    kiln_output(g, kiln_scale_rows(g, sm, kiln_moe_route(g, sm, 2, false), 3), "sr");
     cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
     char *t = check_roundtrip(g, "api graph");
     for (int op = KILN_OP_MATMUL; op < KILN_OP_COUNT; op++) {

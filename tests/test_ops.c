@@ -968,6 +968,66 @@ Test(ops, argmax)
     kiln_graph_free(g);
 }
 
+/* moe_route and scale_rows have ref and cpu kernels only: a plan forced onto a GPU backend refuses
+ * them (auto placement puts them on the cpu; test_model_arch runs them so in whole models). */
+#define CPU_ONLY(op) do { if (gpu_backend()) cr_skip("%s: no %s kernel yet (auto placement runs it on the cpu)", op, tu_backend()); } while (0)
+
+Test(ops, moe_route)
+{
+    CPU_ONLY("moe_route");
+    const int64_t E[] = {1, 8, 60, 128};
+    for (size_t e = 0; e < N_OF(E); e++)
+        for (int norm = 0; norm < 2; norm++) {
+            const int ks[] = {1, 2, 8, (int)E[e]};
+            for (size_t ki = 0; ki < N_OF(ks); ki++) {
+                if (ks[ki] > E[e] || (ki < 3 && ks[ki] >= E[e])) continue; /* k = E once */
+                kiln_graph *g = graph();
+                kiln_dim T = kiln_sym(g, "t", 6);
+                out(g, kiln_moe_route(g, kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, E[e]}), ks[ki], norm), "y");
+                tu_sess *s = tu_sess_new(g, lab("moe_route [t<=6, %lld] k %d norm %d", (long long)E[e], ks[ki], norm));
+                for (int64_t t = 3; t <= 6; t += 3) {
+                    float *v = malloc((size_t)(t * E[e]) * sizeof *v);
+                    tu_fill(v, t * E[e], -4, 4);
+                    for (int64_t i = 0; i < E[e]; i++) v[E[e] + i] = 1.5f; /* row 1: all tied, the first k kept */
+                    for (int64_t i = 0; i < E[e]; i++) v[2 * E[e] + i] *= 100; /* row 2: large logits */
+                    tu_sym(s, "t", t);
+                    tu_input_f32(s, "x", v, t * E[e]);
+                    free(v);
+                    tu_run(s);
+                    tu_check(s, "y", "moe_route", KILN_DTYPE_F32);
+                }
+                tu_sess_free(s);
+                kiln_graph_free(g);
+            }
+        }
+}
+
+Test(ops, scale_rows)
+{
+    CPU_ONLY("scale_rows");
+    const int64_t D[] = {1, 17, 4097};
+    for (size_t d = 0; d < N_OF(D); d++)
+        for (int col = 0; col < 8; col += 7) {
+            kiln_graph *g = graph();
+            kiln_dim T = kiln_sym(g, "t", 6);
+            kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, D[d]});
+            out(g, kiln_scale_rows(g, x, kiln_input(g, "w", KILN_DTYPE_F32, 2, (kiln_dim[]){T, 8}), col), "y");
+            tu_sess *s = tu_sess_new(g, lab("scale_rows [t<=6, %lld] w [t, 8] col %d", (long long)D[d], col));
+            for (int64_t t = 3; t <= 6; t += 3) {
+                float w[48];
+                tu_fill(w, 48, -2, 2);
+                w[8 + col] = 0; /* row 1: an expert not routed gives a row of 0 */
+                tu_sym(s, "t", t);
+                tu_input_random(s, "x", -1, 1);
+                tu_input_f32(s, "w", w, t * 8);
+                tu_run(s);
+                tu_check(s, "y", "scale_rows", KILN_DTYPE_F32);
+            }
+            tu_sess_free(s);
+            kiln_graph_free(g);
+        }
+}
+
 Test(ops, cast)
 {
     for (size_t a = 0; a < N_OF(PLAIN); a++)

@@ -308,6 +308,15 @@ KILN_API kiln_node kiln_kv_scatter(kiln_graph *g, kiln_node state, kiln_node row
 KILN_API kiln_node kiln_get_rows(kiln_graph *g, kiln_node table, kiln_node ids);
 /* Index of the largest value over the last dim (first on ties): x [..., N] -> i32 [...] ([1] for rank 1). */
 KILN_API kiln_node kiln_argmax(kiln_graph *g, kiln_node x);
+/* A mixture-of-experts router's weights (llama.cpp's build_moe_ffn with softmax gating): over the
+ * last dim of the router logits x f32 [..., E], p = softmax(x); the k experts of largest p (the k
+ * largest logits, the lower index first on ties) keep p, every other entry is 0; with norm the kept
+ * ones are divided by their sum. 1 <= k <= E. y is f32 [..., E] (rows of dense expert weights). */
+KILN_API kiln_node kiln_moe_route(kiln_graph *g, kiln_node x, int k, bool norm);
+/* Row r of x times one value of the same row of w: y[.., i] = x[.., i] * w[.., col]. x f32 [..., D],
+ * w f32 [..., C] with the same leading dims, 0 <= col < C. y is f32 [..., D] (an expert's output
+ * times its routed weight, a shared expert's output times its gate). */
+KILN_API kiln_node kiln_scale_rows(kiln_graph *g, kiln_node x, kiln_node w, int col);
 /* Sum of x over the devices of a split plan (kiln_compile_options.devices): each device holds a
  * partial sum of the same shape (a row-parallel matmul's output) and every device gets the total.
  * x f32; y has x's shape. In a plan on one device it is the identity. The split pass inserts it;

@@ -416,6 +416,36 @@ static int op_argmax(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t 
     return 0;
 }
 
+/* moe_route in f64: softmax per row; the k largest logits (first index on ties) keep their
+ * probability, over the kept ones' sum with norm (i[1]); the rest 0. */
+static int op_moe_route(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+{
+    int64_t E = last_dim(r, nd->src[0]), k = nd->i[0];
+    if (E < 1 || k < 1 || k > E || SNUM(0) != ne) FAIL("moe_route: %lld experts, k %lld", (long long)E, (long long)k);
+    for (int64_t row = 0; row < ne / E; row++) {
+        const double *x = SRC(0) + row * E;
+        double *yr = y + row * E, mx = -INFINITY, sum = 0, kept = 0;
+        for (int64_t j = 0; j < E; j++) mx = fmax(mx, x[j]);
+        for (int64_t j = 0; j < E; j++) sum += exp(x[j] - mx), yr[j] = -1; /* -1: not taken */
+        for (int64_t t = 0; t < k; t++) {
+            int64_t best = -1;
+            for (int64_t j = 0; j < E; j++)
+                if (yr[j] < 0 && (best < 0 || x[j] > x[best])) best = j;
+            kept += yr[best] = exp(x[best] - mx) / sum;
+        }
+        for (int64_t j = 0; j < E; j++) yr[j] = yr[j] < 0 ? 0 : nd->i[1] ? yr[j] / kept : yr[j];
+    }
+    return 0;
+}
+
+static int op_scale_rows(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+{
+    int64_t D = last_dim(r, nd->src[0]), C = last_dim(r, nd->src[1]), col = nd->i[0];
+    if (D < 1 || SNUM(0) != ne || col < 0 || col >= C || SNUM(1) / C != ne / D) FAIL("scale_rows: shapes");
+    for (int64_t i = 0; i < ne; i++) y[i] = SRC(0)[i] * SRC(1)[(i / D) * C + col];
+    return 0;
+}
+
 static void op_transpose(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne)
 {
     int rank = SRANK(0);
@@ -560,6 +590,8 @@ static int eval_node(kiln_ref64 *r, uint32_t i, char *err, size_t en)
     case KILN_OP_PAGED_ATTENTION: return op_paged_attention(r, nd, y, err, en);
     case KILN_OP_GET_ROWS: return op_get_rows(r, nd, y, ne, err, en);
     case KILN_OP_ARGMAX: return op_argmax(r, nd, y, ne, err, en);
+    case KILN_OP_MOE_ROUTE: return op_moe_route(r, nd, y, ne, err, en);
+    case KILN_OP_SCALE_ROWS: return op_scale_rows(r, nd, y, ne, err, en);
     default: return op_layout(r, nd, y, ne, err, en);
     }
 }

@@ -61,7 +61,11 @@ enum kiln_op_class {
       f[1] softcap, i[1] window as attention; parents: a tree step (no softcap or window) */ \
     X(ALL_REDUCE, "all_reduce", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices summed (split pass) */ \
     X(ALL_GATHER, "all_gather", COLLECTIVE,  0, 1, 0, 0, 0, "x") /* i[0]: devices (split pass), y [i[0], x] */ \
-    X(TANH,       "tanh",       ELEMENTWISE, 6, 1, 0, 0, 0, "x") /* final-logit soft-capping (gemma) */
+    X(TANH,       "tanh",       ELEMENTWISE, 6, 1, 0, 0, 0, "x") /* final-logit soft-capping (gemma) */ \
+    X(MOE_ROUTE,  "moe_route",  ROW,         6, 1, 0, P(K) | P(NORM), P(K), "x k=INT [norm=0|1]") /* i[0] k, \
+      i[1] norm: the experts' weights of a mixture-of-experts router (softmax, top k, zeros elsewhere) */ \
+    X(SCALE_ROWS, "scale_rows", ROW,         1, 2, 0, P(COL), P(COL), "x w col=INT") /* i[0] col: row r of x \
+      times w[r, col] (a routed expert's weight, a shared expert's gate) */
 
 enum kiln_op {
 #define KILN_OP_ENUM(id, name, cls, flops, nreq, nopt, params, req, usage) KILN_OP_##id,

@@ -46,6 +46,9 @@ const char *kiln_kg_param_key(unsigned bit)
     case P(SOFTCAP): return "softcap";
     case P(WINDOW): return "window";
     case P(ROT): return "rot";
+    case P(K): return "k";
+    case P(NORM): return "norm";
+    case P(COL): return "col";
     default: return NULL;
     }
 }

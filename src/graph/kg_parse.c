@@ -60,6 +60,7 @@ typedef struct kg_args {
     float      softcap;              /* attention's logit soft-cap (0: none) */
     int64_t    window;               /* attention's sliding window (0: none) */
     int64_t    rot;                  /* rope's rotary dims (0: the whole head) */
+    int64_t    k, norm, col;         /* moe_route's experts kept and norm flag; scale_rows' column */
     int        rank;                 /* reshape/view dims */
     kiln_dim   dims[KILN_MAX_RANK];  /* reshape/view dims */
 } kg_args;
@@ -426,7 +427,7 @@ static kiln_status parse_output(kg_parser *p)
 
 /* ------------------------------------------------------------------ key=value parameters */
 
-#define MAX_KEYS 17 /* one per kiln_kg_param bit */
+#define MAX_KEYS 20 /* one per kiln_kg_param bit */
 
 /* Reads key=value pairs from token i to the end of the line. keys[k] (NULL = not accepted) names
  * slot k; vals[k] / keycol[k] receive the value token and the key's column. */
@@ -608,6 +609,9 @@ static kiln_status op_args(kg_parser *p, const char *opn, const kiln_kg_op_spec 
         case KILN_KG_P_SOFTCAP: s = parse_f32(p, v, key, &a->softcap); break;
         case KILN_KG_P_WINDOW: s = parse_i64(p, v, key, 0, INT32_MAX, &a->window); break;
         case KILN_KG_P_ROT: s = parse_i64(p, v, key, 1, INT32_MAX, &a->rot); break;
+        case KILN_KG_P_K: s = parse_i64(p, v, key, 1, INT32_MAX, &a->k); break;
+        case KILN_KG_P_NORM: s = parse_i64(p, v, key, 0, 1, &a->norm); break;
+        case KILN_KG_P_COL: s = parse_i64(p, v, key, 0, INT32_MAX, &a->col); break;
         default: /* axis, d0, d1 */
             s = parse_i64(p, v, key, INT32_MIN, INT32_MAX, &iv);
             *(bit == KILN_KG_P_AXIS ? &a->axis : bit == KILN_KG_P_D0 ? &a->d0 : &a->d1) = (int)iv;
@@ -665,6 +669,8 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
                                                a->window);
     case KILN_OP_GET_ROWS: return kiln_get_rows(g, s[0], s[1]);
     case KILN_OP_ARGMAX: return kiln_argmax(g, s[0]);
+    case KILN_OP_MOE_ROUTE: return kiln_moe_route(g, s[0], (int)a->k, a->norm != 0);
+    case KILN_OP_SCALE_ROWS: return kiln_scale_rows(g, s[0], s[1], (int)a->col);
     case KILN_OP_ALL_REDUCE: return kiln_all_reduce(g, s[0]);
     case KILN_OP_ALL_GATHER: return kiln_all_gather(g, s[0]);
     case KILN_OP_CAST: return kiln_cast(g, s[0], a->dtype);

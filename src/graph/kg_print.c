@@ -230,6 +230,8 @@ static kiln_status print_op(printer *pr, uint32_t i)
         break;
     case KILN_OP_TRANSPOSE: kiln_sbuf_printf(b, " d0=%d d1=%d", (int)n->i[0], (int)n->i[1]); break;
     case KILN_OP_CONCAT: kiln_sbuf_printf(b, " axis=%d", (int)n->i[0]); break;
+    case KILN_OP_MOE_ROUTE: kiln_sbuf_printf(b, " k=%d norm=%d", (int)n->i[0], (int)n->i[1]); break;
+    case KILN_OP_SCALE_ROWS: kiln_sbuf_printf(b, " col=%d", (int)n->i[0]); break;
     default: break;
     }
     kiln_sbuf_printf(b, "\n");

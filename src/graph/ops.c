@@ -481,6 +481,48 @@ KILN_API kiln_node kiln_argmax(kiln_graph *g, kiln_node x)
     return finish(&b);
 }
 
+static bool need_f32(build *b, const char *what, const kiln_node_rec *n)
+{
+    if (!b->ok || !n || n->dtype == KILN_DTYPE_F32) return b->ok;
+    return fail(b, KILN_ERR_DTYPE, "%s has dtype %s; this op takes f32", what, kiln_dtype_name(n->dtype));
+}
+
+KILN_API kiln_node kiln_moe_route(kiln_graph *g, kiln_node x, int k, bool norm)
+{
+    build b = begin(g, KILN_OP_MOE_ROUTE);
+    const kiln_node_rec *a = operand(&b, 0, "x", x, false);
+    need_f32(&b, "x", a);
+    if (b.ok && a->rank < 1) fail(&b, KILN_ERR_SHAPE, "x must have at least one dim");
+    int64_t e = b.ok ? a->dims[a->rank - 1] : 0;
+    if (b.ok && kiln_dim_is_sym(e)) fail(&b, KILN_ERR_SHAPE, "x %s: the experts (last dim) must be constant", DIMS_STR(g, a));
+    if (b.ok && (k < 1 || k > e))
+        fail(&b, KILN_ERR_INVALID_ARG, "k = %d experts kept of %lld (need 1 <= k <= the last dim)", k, (long long)e);
+    if (b.ok) set_shape(&b, KILN_DTYPE_F32, a->rank, a->dims);
+    b.r.i[0] = k;
+    b.r.i[1] = norm ? 1 : 0;
+    return finish(&b);
+}
+
+KILN_API kiln_node kiln_scale_rows(kiln_graph *g, kiln_node x, kiln_node w, int col)
+{
+    build b = begin(g, KILN_OP_SCALE_ROWS);
+    const kiln_node_rec *a = operand(&b, 0, "x", x, false);
+    const kiln_node_rec *c = operand(&b, 1, "w", w, false);
+    need_f32(&b, "x", a);
+    need_f32(&b, "w", c);
+    if (b.ok && (a->rank < 1 || a->rank != c->rank))
+        fail(&b, KILN_ERR_SHAPE, "x %s and w %s: need the same rank >= 1", DIMS_STR(g, a), DIMS_STR(g, c));
+    for (int i = 0; b.ok && i + 1 < a->rank; i++)
+        if (a->dims[i] != c->dims[i])
+            fail(&b, KILN_ERR_SHAPE, "x %s and w %s: leading dims differ", DIMS_STR(g, a), DIMS_STR(g, c));
+    int64_t cc = b.ok ? c->dims[c->rank - 1] : 0;
+    if (b.ok && (kiln_dim_is_sym(cc) || col < 0 || col >= cc))
+        fail(&b, KILN_ERR_INVALID_ARG, "col %d is not a column of w %s", col, DIMS_STR(g, c));
+    if (b.ok) set_shape(&b, KILN_DTYPE_F32, a->rank, a->dims);
+    b.r.i[0] = col;
+    return finish(&b);
+}
+
 KILN_API kiln_node kiln_all_reduce(kiln_graph *g, kiln_node x)
 {
     build b = begin(g, KILN_OP_ALL_REDUCE);

@@ -216,6 +216,62 @@ static kiln_status argmax(const node_run *c)
     return KILN_OK;
 }
 
+/* moe_route (kiln.h): per row of E router logits, softmax; the k largest logits (first index on
+ * ties, NaN below every number) keep their probability, the rest 0; norm: kept ones over their sum. */
+static kiln_status moe_route(const node_run *c)
+{
+    uint32_t s = c->n->src[0];
+    int64_t e = last_dim(c, s), rows = e > 0 ? numel(c, s) / e : 0, k = c->n->i[0];
+    bool owned;
+    kiln_status st = KILN_OK;
+    const float *x = src_f32(c, s, &owned, &st);
+    if (!x) return st;
+    bool *taken = malloc((size_t)(e > 0 ? e : 1) * sizeof *taken);
+    if (!taken) return drop(x, owned), fail(c, KILN_ERR_NOMEM, "out of memory");
+    float *y = c->v->bufs[c->idx];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * e;
+        float *yr = y + r * e, mx = -INFINITY, sum = 0, kept = 0;
+        for (int64_t j = 0; j < e; j++) mx = xr[j] > mx ? xr[j] : mx;
+        for (int64_t j = 0; j < e; j++) sum += expf(xr[j] - mx), taken[j] = false;
+        for (int64_t t = 0; t < k; t++) {
+            int64_t best = -1;
+            for (int64_t j = 0; j < e; j++)
+                if (!taken[j] && (best < 0 || (!isnan(xr[j]) && (isnan(xr[best]) || xr[j] > xr[best])))) best = j;
+            taken[best] = true;
+            kept += expf(xr[best] - mx) / sum;
+        }
+        for (int64_t j = 0; j < e; j++) {
+            float p = taken[j] ? expf(xr[j] - mx) / sum : 0.0f;
+            yr[j] = c->n->i[1] && taken[j] ? p / kept : p;
+        }
+    }
+    free(taken);
+    drop(x, owned);
+    return KILN_OK;
+}
+
+/* scale_rows (kiln.h): row r of x times w[r, col]. */
+static kiln_status scale_rows(const node_run *c)
+{
+    uint32_t xi = c->n->src[0], wi = c->n->src[1];
+    int64_t d = last_dim(c, xi), rows = d > 0 ? numel(c, xi) / d : 0, cw = last_dim(c, wi);
+    bool ox, ow;
+    kiln_status st = KILN_OK;
+    const float *x = src_f32(c, xi, &ox, &st), *w = x ? src_f32(c, wi, &ow, &st) : NULL;
+    if (!w) {
+        if (x) drop(x, ox);
+        return st;
+    }
+    float *y = c->v->bufs[c->idx];
+    for (int64_t r = 0; r < rows; r++) {
+        float s = w[r * cw + c->n->i[0]];
+        for (int64_t i = 0; i < d; i++) y[r * d + i] = x[r * d + i] * s;
+    }
+    drop(x, ox), drop(w, ow);
+    return KILN_OK;
+}
+
 /* x [n_tok, n_head, hd] rotated by pos [n_tok] (rows of the SIMD-free kernel in rows.c). */
 static kiln_status rope(const node_run *c)
 {
@@ -476,7 +532,8 @@ bool kiln_cpu_node_supported(const kiln_graph *g, uint32_t idx, char *why, size_
     case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SWIGLU: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
     case KILN_OP_SIGMOID: case KILN_OP_TANH: case KILN_OP_CAST: case KILN_OP_MATMUL: case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM:
     case KILN_OP_SOFTMAX: case KILN_OP_ROPE: case KILN_OP_ATTENTION: case KILN_OP_PAGED_ATTENTION: case KILN_OP_KV_SCATTER: case KILN_OP_GET_ROWS:
-    case KILN_OP_ARGMAX: case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT:
+    case KILN_OP_ARGMAX: case KILN_OP_MOE_ROUTE: case KILN_OP_SCALE_ROWS: case KILN_OP_RESHAPE: case KILN_OP_VIEW:
+    case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT:
     case KILN_OP_ALL_REDUCE: case KILN_OP_ALL_GATHER: case KILN_OP_INPUT: case KILN_OP_WEIGHT: case KILN_OP_STATE: return true;
     default: break;
     }
@@ -501,6 +558,8 @@ kiln_status kiln_cpu_node_run(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const 
     case KILN_OP_KV_SCATTER: return kv_scatter(&c);
     case KILN_OP_GET_ROWS: return get_rows(&c);
     case KILN_OP_ARGMAX: return argmax(&c);
+    case KILN_OP_MOE_ROUTE: return moe_route(&c);
+    case KILN_OP_SCALE_ROWS: return scale_rows(&c);
     case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_ALL_REDUCE: return alias(&c); /* all_reduce: one device */
     case KILN_OP_ALL_GATHER: /* one device: y is x; a split plan's parts gather in group.c, never here */
         if (c.n->i[0] > 1) return fail(&c, KILN_ERR_INTERNAL, "all_gather over %d devices outside a split plan", c.n->i[0]);

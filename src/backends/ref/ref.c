@@ -256,6 +256,62 @@ static kiln_status argmax(const kiln_ref_ctx *c)
     return KILN_OK;
 }
 
+/* Whether a ranks above b in a router's top-k: larger first, NaN below every number. */
+static bool route_above(float a, float b) { return !isnan(a) && (isnan(b) || a > b); }
+
+/* moe_route: per row of E logits, softmax, the k largest (k passes of a first-index argmax over
+ * those not taken yet) keep their probability, the rest 0; norm: the kept ones over their sum. */
+static kiln_status moe_route(const kiln_ref_ctx *c)
+{
+    kiln_status st = KILN_OK;
+    uint32_t s = c->node->src[0];
+    int64_t numel = kiln_ref_numel(c->v, s), e = kiln_ref_last_dim(c->v, s), k = c->node->i[0];
+    float *x = kiln_ref_load_node(c, s, &st);
+    float *y = calloc((size_t)(numel ? numel : 1), sizeof *y);
+    bool *taken = calloc((size_t)(e ? e : 1), sizeof *taken);
+    if (!x || !y || !taken) {
+        free(x), free(y), free(taken);
+        return st != KILN_OK ? st : kiln_ref_fail(c, KILN_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t r = 0; e > 0 && r < numel / e; r++) {
+        const float *xr = x + r * e;
+        float *yr = y + r * e, mx = -INFINITY, sum = 0, kept = 0;
+        for (int64_t j = 0; j < e; j++) mx = xr[j] > mx ? xr[j] : mx;
+        for (int64_t j = 0; j < e; j++) sum += expf(xr[j] - mx);
+        memset(taken, 0, (size_t)e * sizeof *taken);
+        for (int64_t t = 0; t < k; t++) {
+            int64_t best = -1;
+            for (int64_t j = 0; j < e; j++)
+                if (!taken[j] && (best < 0 || route_above(xr[j], xr[best]))) best = j;
+            taken[best] = true;
+            yr[best] = expf(xr[best] - mx) / sum;
+            kept += yr[best];
+        }
+        for (int64_t j = 0; c->node->i[1] && j < e; j++) yr[j] = taken[j] ? yr[j] / kept : 0.0f;
+    }
+    st = kiln_ref_store(c, KILN_DTYPE_F32, c->v->bufs[c->idx], 0, numel, y);
+    free(x), free(y), free(taken);
+    return st;
+}
+
+/* scale_rows: row r of x times w[r, col]. */
+static kiln_status scale_rows(const kiln_ref_ctx *c)
+{
+    kiln_status st = KILN_OK;
+    uint32_t sx = c->node->src[0], sw = c->node->src[1];
+    int64_t numel = kiln_ref_numel(c->v, sx), d = kiln_ref_last_dim(c->v, sx), cw = kiln_ref_last_dim(c->v, sw);
+    float *x = kiln_ref_load_node(c, sx, &st), *w = x ? kiln_ref_load_node(c, sw, &st) : NULL;
+    if (!x || !w) {
+        free(x);
+        return st;
+    }
+    for (int64_t r = 0; d > 0 && r < numel / d; r++)
+        for (int64_t i = 0; i < d; i++) x[r * d + i] *= w[r * cw + c->node->i[0]];
+    st = kiln_ref_store(c, KILN_DTYPE_F32, c->v->bufs[c->idx], 0, numel, x);
+    free(x), free(w);
+    return st;
+}
+
 /* ---------------------------------------------------------------- cast */
 
 /* Round to nearest, ties to even, saturating to i32; NaN -> 0. */
@@ -408,6 +464,8 @@ kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size
     case KILN_OP_PAGED_ATTENTION: return kiln_ref_paged_attention(&c);
     case KILN_OP_GET_ROWS: return kiln_ref_get_rows(&c);
     case KILN_OP_ARGMAX: return argmax(&c);
+    case KILN_OP_MOE_ROUTE: return moe_route(&c);
+    case KILN_OP_SCALE_ROWS: return scale_rows(&c);
     case KILN_OP_CAST: return cast(&c);
     case KILN_OP_RESHAPE:
     case KILN_OP_VIEW:
