@@ -718,3 +718,121 @@ Test(model_arch, yarn_metadata_and_refusals)
         free(bytes);
     }
 }
+
+/* ---------------------------------------------------------------- mixtures of experts */
+
+/* Every token's logits of MoE model m on backend be against the f64 forward (llama.cpp's
+ * build_moe_ffn). Routing is discrete: where the f64 router's k-th and (k+1)-th logits lie within
+ * 1e-3 of each other, an f32 forward may keep the other expert, so such a draw is put aside and the
+ * next seed tried (a draw lands that close about 1 time in 100 here; 8 tries). */
+static void check_moe(gw_model m, const char *be, double tol)
+{
+    if (be && !backend_present(be)) cr_skip("backend %s absent", be);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        m.seed = tu_next();
+        uint8_t *bytes;
+        kiln_gguf *f = open_model(&m, &bytes);
+        int32_t ids[N_ALL];
+        for (int i = 0; i < N_ALL; i++) ids[i] = (int32_t)tu_randint(0, m.n_vocab);
+        char err[256];
+        int64_t V = 0;
+        double gap = 0;
+        double *want = mref_logits_gap(f, ids, N_ALL, MAX_CTX, &V, &gap, err, sizeof err);
+        cr_assert(want, "f64 forward: %s", err);
+        cr_assert(gap > 0 && gap < INFINITY, "the f64 forward saw no router (gap %g)", gap);
+        if (gap < 1e-3) {
+            cr_log_info("%s seed %llu: router gap %.2g, drawn again", m.arch, (unsigned long long)m.seed, gap);
+            free(want), kiln_gguf_close(f), free(bytes);
+            continue;
+        }
+        double *got = malloc((size_t)(N_ALL * V) * sizeof *got);
+        run_kiln(f, be, ids, V, got, NULL);
+        char what[160];
+        snprintf(what, sizeof what, "%s (%d of %d experts, %s weights) on %s, seed %llu", m.arch, m.n_expert_used,
+                 m.n_expert, kiln_dtype_name(m.wtype), be, (unsigned long long)tu_seed());
+        double e = tu_compare(what, got, want, N_ALL * V, tol);
+        cr_log_info("%s: NMSE %.3g (bound %.3g), router gap %.2g", what, e, tol, gap);
+        free(got), free(want), kiln_gguf_close(f), free(bytes);
+        return;
+    }
+    cr_assert_fail("%s: 8 draws with routers within 1e-3 of a tie", m.arch);
+}
+
+/* Mixtral: llama with experts (norm_w: the kept weights over their sum), dense layers' ffn width. */
+static const gw_model mixtral = {.arch = "llama", .n_layer = 2, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 32,
+                                 .n_vocab = 48, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
+                                 .n_expert = 4, .n_expert_used = 2, .router_scale = 4};
+
+Test(model_arch, llama_experts_match_f64)
+{
+    check_moe(mixtral, "ref", model_tol(KILN_DTYPE_F32, "ref"));
+    check_moe(mixtral, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+}
+
+/* qwen2moe: attention biases, weights as the softmax gives them (no renormalization), a shared
+ * expert of its own width gated by sigmoid(h . ffn_gate_inp_shexp). */
+Test(model_arch, qwen2moe_shared_expert_matches_f64)
+{
+    gw_model m = mixtral;
+    m.arch = "qwen2moe", m.n_expert = 6, m.n_expert_used = 2, m.ffn = 64, m.ffn_exp = 32, m.ffn_shexp = 48;
+    check_moe(m, "ref", model_tol(KILN_DTYPE_F32, "ref"));
+    check_moe(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+    m.ffn_exp = 0, m.ffn_shexp = 0; /* llama.cpp's defaults: ffn / used per expert, ffn for the shared one */
+    check_moe(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+}
+
+/* qwen3moe: q/k norms, renormalized weights, 8 experts of which 3 routed; q8_0 stacks on ref (which
+ * reads them dequantized, as the f64 forward: the cpu's int8 activations could route otherwise). */
+Test(model_arch, qwen3moe_matches_f64)
+{
+    gw_model m = mixtral;
+    m.arch = "qwen3moe", m.n_expert = 8, m.n_expert_used = 3, m.ffn = 96, m.ffn_exp = 32;
+    check_moe(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
+    m.wtype = KILN_DTYPE_Q8_0;
+    check_moe(m, "ref", model_tol(KILN_DTYPE_Q8_0, "ref"));
+}
+
+/* What the loader reads for experts, and what it refuses: more experts used than there are, a dense
+ * ffn tensor beside the experts, an expert width key llama's loader does not read. */
+Test(model_arch, moe_metadata_and_refusals)
+{
+    gw_model m = mixtral;
+    m.arch = "qwen2moe", m.n_expert = 6, m.n_expert_used = 2, m.ffn = 64, m.ffn_shexp = 40;
+    uint8_t *bytes;
+    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_model_info mi;
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(mi.n_expert == 6 && mi.n_expert_used == 2 && mi.ffn_exp == 32 && mi.ffn_shexp == 40 && !mi.expert_norm,
+              "experts %lld used %lld ffn_exp %lld shexp %lld norm %d", (long long)mi.n_expert,
+              (long long)mi.n_expert_used, (long long)mi.ffn_exp, (long long)mi.ffn_shexp, mi.expert_norm);
+    kiln_gguf_close(f);
+    free(bytes);
+    f = open_model(&mixtral, &bytes);
+    cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(mi.n_expert == 4 && mi.ffn_exp == 32 && mi.ffn_shexp == 0 && mi.expert_norm);
+    kiln_gguf_close(f);
+    free(bytes);
+    struct { int used; const char *tensor; const char *want; kiln_status st; } bad[3] = {
+        {5, NULL, "expert_used_count", KILN_ERR_SHAPE},
+        {2, "blk.1.ffn_gate.weight", "blk.1.ffn_gate.weight", KILN_ERR_UNSUPPORTED},
+        {2, NULL, "llama.expert_feed_forward_length", KILN_ERR_UNSUPPORTED}, /* llama.cpp's llama reads ffn */
+    };
+    for (int i = 0; i < 3; i++) {
+        gw_model b = mixtral;
+        b.n_expert_used = bad[i].used;
+        if (i == 2) b.ffn_exp = 32;
+        gw *w = gw_model_new(&b);
+        static float z[64 * 32];
+        if (i == 1) gw_tensor(w, bad[i].tensor, 0, 2, (int64_t[]){32, 64}, z, sizeof z);
+        size_t n;
+        bytes = gw_bytes(w, &n);
+        gw_free(w);
+        cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+        kiln_graph *g = NULL;
+        cr_assert_eq(kiln_model_build(f, NULL, &g), bad[i].st, "case %d: %s", i, kiln_ctx_error(ctx));
+        cr_assert_null(g);
+        cr_assert(strstr(kiln_ctx_error(ctx), bad[i].want), "case %d: %s", i, kiln_ctx_error(ctx));
+        kiln_gguf_close(f);
+        free(bytes);
+    }
+}

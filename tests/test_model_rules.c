@@ -111,16 +111,23 @@ Test(model_rules, feature_key_turned_on_is_refused_with_its_value)
     }
 }
 
-/* qwen2moe/qwen3moe files: the architecture is named as a mixture-of-experts model kiln does not build. */
+/* Mixture-of-experts architectures kiln does not build (phimoe, granitemoe) are named as such; a
+ * dense architecture's file asking for experts is refused with the key. */
 Test(model_rules, moe_architecture_is_refused_as_such)
 {
-    const char *archs[2] = {"qwen2moe", "qwen3moe"};
+    const char *archs[2] = {"phimoe", "granitemoe"};
     for (int k = 0; k < 2; k++) {
         gw *w = gw_new(3, 0);
         gw_kv_str(w, "general.architecture", archs[k]);
-        gw_kv_u32(w, "qwen3moe.expert_count", 8);
-        expect_refused(w, 0, KILN_ERR_UNSUPPORTED, archs[k], "a mixture-of-experts model");
+        gw_kv_u32(w, "phimoe.expert_count", 8);
+        expect_refused(w, 0, KILN_ERR_UNSUPPORTED, archs[k], "a mixture-of-experts architecture kiln does not build");
     }
+    gw_model m = base;
+    m.arch = "qwen2";
+    gw *w = model(&m);
+    gw_kv_u32(w, "qwen2.expert_count", 8);
+    gw_kv_u32(w, "qwen2.expert_used_count", 2);
+    expect_refused(w, 0, KILN_ERR_UNSUPPORTED, "qwen2.expert_count", "builds no mixture of experts");
 }
 
 Test(model_rules, missing_rms_eps_is_refused)

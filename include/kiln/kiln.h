@@ -907,6 +907,14 @@ typedef struct kiln_model_info {
                                       theta, yarn_beta_fast, yarn_beta_slow); the rotated dims times the mscale above */
     float          yarn_beta_fast; /* 32: llama.cpp's default (these architectures read no key for it) */
     float          yarn_beta_slow; /* 1 */
+    int64_t        n_expert;       /* {arch}.expert_count: experts of each mixture-of-experts feed-forward (llama
+                                      with experts: Mixtral; qwen2moe, qwen3moe); 0: a dense feed-forward */
+    int64_t        n_expert_used;  /* {arch}.expert_used_count: experts routed per token */
+    int64_t        ffn_exp;        /* one expert's width: {arch}.expert_feed_forward_length (qwen MoE; default
+                                      ffn / n_expert_used), ffn for llama */
+    int64_t        ffn_shexp;      /* the shared expert's width (qwen2moe: {arch}.expert_shared_feed_forward_length,
+                                      default ffn); 0: no shared expert */
+    bool           expert_norm;    /* the routed weights divided by their sum (llama, qwen3moe; not qwen2moe) */
 } kiln_model_info;
 
 /* Reads and checks a file's model metadata and every tensor the graph needs. A file is either

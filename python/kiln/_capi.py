@@ -95,7 +95,8 @@ class ModelInfo(C.Structure):
                 ("post_norms", C.c_bool), ("gelu_gate", C.c_bool), ("fused_qkv", C.c_bool),
                 ("n_rot", C.c_int64), ("longrope", C.c_bool), ("n_ctx_orig", C.c_int64),
                 ("rope_attn_factor", C.c_float), ("yarn", C.c_bool), ("yarn_beta_fast", C.c_float),
-                ("yarn_beta_slow", C.c_float)]
+                ("yarn_beta_slow", C.c_float), ("n_expert", C.c_int64), ("n_expert_used", C.c_int64),
+                ("ffn_exp", C.c_int64), ("ffn_shexp", C.c_int64), ("expert_norm", C.c_bool)]
 
 
 class ModelOptions(C.Structure):
@@ -155,6 +156,8 @@ _PROTOS = {
     "kiln_kv_scatter": (U64, [P, U64, U64, U64]),
     "kiln_get_rows": (U64, [P, U64, U64]),
     "kiln_argmax": (U64, [P, U64]),
+    "kiln_moe_route": (U64, [P, U64, C.c_int, C.c_bool]),
+    "kiln_scale_rows": (U64, [P, U64, U64, C.c_int]),
     "kiln_all_reduce": (U64, [P, U64]),
     "kiln_all_gather": (U64, [P, U64]),
     "kiln_cast": (U64, [P, U64, I]),

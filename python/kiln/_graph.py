@@ -362,6 +362,15 @@ class Graph:
         """Index of the largest value over the last dim (first on ties): x [..., N] -> i32 [...]."""
         return self._node(lib.kiln_argmax(self.handle, self._nid(x)), "kiln_argmax")
 
+    def moe_route(self, x: Node, k: int, norm: bool = False) -> Node:
+        """Router weights of a mixture of experts: softmax over x's last dim (E experts, f32), the k largest
+        kept (over their sum with norm), zeros elsewhere: f32 [..., E]."""
+        return self._node(lib.kiln_moe_route(self.handle, self._nid(x), int(k), bool(norm)), "kiln_moe_route")
+
+    def scale_rows(self, x: Node, w: Node, col: int) -> Node:
+        """Row r of x (f32 [..., D]) times w[r, col] (w f32 [..., C], the same leading dims)."""
+        return self._node(lib.kiln_scale_rows(self.handle, self._nid(x), self._nid(w), int(col)), "kiln_scale_rows")
+
     def cast(self, x: Node, dtype) -> Node:
         """Converts among f32, f16, bf16 and i32 (float to i32 rounds to nearest, ties to even)."""
         return self._node(lib.kiln_cast(self.handle, self._nid(x), dtype_id(dtype)), "kiln_cast")

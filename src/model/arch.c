@@ -30,6 +30,14 @@ static const kiln_role_info roles[KILN_ROLE_COUNT] = {
     [KILN_ROLE_FFN_POST_NORM] = {"post_ffw_norm.weight", {KILN_SIZE_HIDDEN}},
     [KILN_ROLE_WQKV] = {"attn_qkv.weight", {KILN_SIZE_QKV, KILN_SIZE_HIDDEN}},
     [KILN_ROLE_WGU] = {"ffn_up.weight", {KILN_SIZE_FFN2, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_GATE_INP] = {"ffn_gate_inp.weight", {KILN_SIZE_EXPERTS, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_GATE_EXPS] = {"ffn_gate_exps.weight", {KILN_SIZE_EXPERTS, KILN_SIZE_FFN_EXP, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_UP_EXPS] = {"ffn_up_exps.weight", {KILN_SIZE_EXPERTS, KILN_SIZE_FFN_EXP, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_DOWN_EXPS] = {"ffn_down_exps.weight", {KILN_SIZE_EXPERTS, KILN_SIZE_HIDDEN, KILN_SIZE_FFN_EXP}},
+    [KILN_ROLE_GATE_INP_SHEXP] = {"ffn_gate_inp_shexp.weight", {KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_GATE_SHEXP] = {"ffn_gate_shexp.weight", {KILN_SIZE_FFN_SHEXP, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_UP_SHEXP] = {"ffn_up_shexp.weight", {KILN_SIZE_FFN_SHEXP, KILN_SIZE_HIDDEN}},
+    [KILN_ROLE_DOWN_SHEXP] = {"ffn_down_shexp.weight", {KILN_SIZE_HIDDEN, KILN_SIZE_FFN_SHEXP}},
 };
 
 /* The keys of the llama family (llama.cpp's LLM_KV names). READ keys are honoured in model.c;
@@ -54,8 +62,8 @@ static const kiln_arch_key llama_keys[] = {
     {"rope.scaling.original_context_length", KILN_KEY_READ, 0}, /* yarn's correction dims */
     {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
     {"tensor_data_layout", KILN_KEY_INFO, 0},
-    {"expert_count", KILN_KEY_NEUTRAL, 0},
-    {"expert_used_count", KILN_KEY_NEUTRAL, 0},
+    {"expert_count", KILN_KEY_READ, 0},      /* read_moe: > 0 only where the architecture builds experts */
+    {"expert_used_count", KILN_KEY_READ, 0}, /* read_moe */
     {"expert_shared_count", KILN_KEY_NEUTRAL, 0},
     {"rope.scaling.attn_factor", KILN_KEY_READ, 0}, /* rope mscale (llama.cpp: every arch) */
     {"attention.causal", KILN_KEY_NEUTRAL, 1},
@@ -68,6 +76,46 @@ static const kiln_arch_key llama_keys[] = {
     {"logit_scale", KILN_KEY_NEUTRAL, 1},
     {"embedding_scale", KILN_KEY_NEUTRAL, 1},
     {"residual_scale", KILN_KEY_NEUTRAL, 1},
+    {NULL, KILN_KEY_READ, 0},
+};
+
+/* qwen2moe / qwen3moe (llama.cpp's LLM_ARCH_QWEN2MOE/QWEN3MOE): the llama family's keys, and each
+ * expert's width and the shared expert's (read_moe). */
+static const kiln_arch_key qwen_moe_keys[] = {
+    {"block_count", KILN_KEY_READ, 0},
+    {"context_length", KILN_KEY_READ, 0},
+    {"embedding_length", KILN_KEY_READ, 0},
+    {"feed_forward_length", KILN_KEY_READ, 0},
+    {"vocab_size", KILN_KEY_READ, 0},
+    {"attention.head_count", KILN_KEY_READ, 0},
+    {"attention.head_count_kv", KILN_KEY_READ, 0},
+    {"attention.key_length", KILN_KEY_READ, 0},
+    {"attention.value_length", KILN_KEY_READ, 0},
+    {"attention.layer_norm_rms_epsilon", KILN_KEY_READ, 0},
+    {"rope.dimension_count", KILN_KEY_READ, 0},
+    {"rope.freq_base", KILN_KEY_READ, 0},
+    {"rope.scaling.type", KILN_KEY_READ, 0},
+    {"rope.scaling.factor", KILN_KEY_READ, 0},
+    {"rope.scale_linear", KILN_KEY_READ, 0},
+    {"rope.scaling.original_context_length", KILN_KEY_READ, 0}, /* yarn's correction dims */
+    {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
+    {"tensor_data_layout", KILN_KEY_INFO, 0},
+    {"expert_count", KILN_KEY_READ, 0},      /* read_moe: > 0 only where the architecture builds experts */
+    {"expert_used_count", KILN_KEY_READ, 0}, /* read_moe */
+    {"expert_shared_count", KILN_KEY_NEUTRAL, 0},
+    {"rope.scaling.attn_factor", KILN_KEY_READ, 0}, /* rope mscale (llama.cpp: every arch) */
+    {"attention.causal", KILN_KEY_NEUTRAL, 1},
+    {"attention.clamp_kqv", KILN_KEY_NEUTRAL, 0},
+    {"attention.max_alibi_bias", KILN_KEY_NEUTRAL, 0},
+    {"attention.sliding_window", KILN_KEY_READ, 0}, /* honoured by capping max_ctx (model.c) */
+    {"attn_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {"final_logit_softcapping", KILN_KEY_NEUTRAL, 0},
+    {"use_parallel_residual", KILN_KEY_NEUTRAL, 0},
+    {"logit_scale", KILN_KEY_NEUTRAL, 1},
+    {"embedding_scale", KILN_KEY_NEUTRAL, 1},
+    {"residual_scale", KILN_KEY_NEUTRAL, 1},
+    {"expert_feed_forward_length", KILN_KEY_READ, 0},        /* read_moe: each expert's width */
+    {"expert_shared_feed_forward_length", KILN_KEY_READ, 0}, /* read_moe: the shared expert's (qwen2moe) */
     {NULL, KILN_KEY_READ, 0},
 };
 
@@ -182,7 +230,7 @@ static const kiln_arch_key phi3_keys[] = {
  * refuse for a missing tensor, kiln refuses too; an optional one is used when present. */
 static const kiln_arch archs[] = {
     {.name = "llama", .rope = KILN_ROPE_NORMAL, .required = NORMS | MATS, .optional = QKV_BIAS | OUT_FFN_BIAS,
-     .keys = llama_keys, .yarn = true},
+     .keys = llama_keys, .yarn = true, .moe = KILN_MOE_OPTIONAL, .moe_norm = true},
     {.name = "qwen2", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys,
      .yarn = true},
     {.name = "qwen3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
@@ -195,6 +243,10 @@ static const kiln_arch archs[] = {
     {.name = "gemma3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | POST_NORMS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
      .optional = 0, .keys = gemma_keys, .gate = KILN_GATE_GELU, .embd_scale = true, .tied_head = true, .swa_pattern = 6,
      .swa_theta = 10000.0f, .wide_scale_layers = {62}},
+    {.name = "qwen2moe", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = qwen_moe_keys,
+     .yarn = true, .moe = KILN_MOE_REQUIRED, .moe_shared = true},
+    {.name = "qwen3moe", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
+     .optional = 0, .keys = qwen_moe_keys, .yarn = true, .moe = KILN_MOE_REQUIRED, .moe_norm = true},
     {.name = "phi3", .rope = KILN_ROPE_NEOX,
      .required = NORMS | B(KILN_ROLE_WQKV) | B(KILN_ROLE_WO) | B(KILN_ROLE_WGU) | B(KILN_ROLE_WD), .optional = 0,
      .keys = phi3_keys, .longrope = true},
@@ -207,7 +259,7 @@ const kiln_arch *kiln_arch_find(const char *name)
     return NULL;
 }
 
-const char *kiln_arch_names(void) { return "llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3"; }
+const char *kiln_arch_names(void) { return "llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, gemma3, phi3"; }
 
 bool kiln_arch_layer_windowed(const kiln_arch *a, int l)
 {

@@ -29,6 +29,14 @@ typedef enum kiln_role {
     KILN_ROLE_FFN_POST_NORM,  /* post_ffw_norm.weight [hidden]: rms norm of the feed-forward output (gemma 2/3) */
     KILN_ROLE_WQKV,          /* attn_qkv.weight [qd + 2 kvd, hidden]: q, k and v rows stacked (phi3) */
     KILN_ROLE_WGU,           /* ffn_up.weight [2 ffn, hidden]: gate rows, then up rows (phi3) */
+    KILN_ROLE_GATE_INP,      /* ffn_gate_inp.weight [n_expert, hidden]: the MoE router */
+    KILN_ROLE_GATE_EXPS,     /* ffn_gate_exps.weight [n_expert, ffn_exp, hidden]: every expert's gate */
+    KILN_ROLE_UP_EXPS,       /* ffn_up_exps.weight [n_expert, ffn_exp, hidden] */
+    KILN_ROLE_DOWN_EXPS,     /* ffn_down_exps.weight [n_expert, hidden, ffn_exp] */
+    KILN_ROLE_GATE_INP_SHEXP, /* ffn_gate_inp_shexp.weight [hidden]: the shared expert's sigmoid gate (qwen2moe) */
+    KILN_ROLE_GATE_SHEXP,    /* ffn_gate_shexp.weight [ffn_shexp, hidden]: the shared expert (qwen2moe) */
+    KILN_ROLE_UP_SHEXP,      /* ffn_up_shexp.weight [ffn_shexp, hidden] */
+    KILN_ROLE_DOWN_SHEXP,    /* ffn_down_shexp.weight [hidden, ffn_shexp] */
     KILN_ROLE_COUNT
 } kiln_role;
 
@@ -44,11 +52,14 @@ typedef enum kiln_size {
     KILN_SIZE_HEAD,     /* head_dim */
     KILN_SIZE_QKV,      /* qd + 2 kvd (a fused q/k/v matrix) */
     KILN_SIZE_FFN2,     /* 2 ffn (a fused gate/up matrix) */
+    KILN_SIZE_EXPERTS,  /* expert_count */
+    KILN_SIZE_FFN_EXP,  /* one expert's feed-forward width */
+    KILN_SIZE_FFN_SHEXP, /* the shared expert's feed-forward width */
 } kiln_size;
 
 typedef struct kiln_role_info {
     const char *suffix;  /* name after "blk.<l>." */
-    kiln_size   dims[2]; /* [out, in] for matrices; [n, NONE] for vectors */
+    kiln_size   dims[3]; /* [out, in] for matrices; [n, NONE] for vectors; [experts, out, in] for expert stacks */
 } kiln_role_info;
 
 /* How the loader treats a metadata key under "<arch>.". */
@@ -63,6 +74,13 @@ typedef struct kiln_arch_key {
     kiln_key_use use;     /* treatment */
     double       neutral; /* KILN_KEY_NEUTRAL: the value that leaves the math unchanged (bools: 0/1) */
 } kiln_arch_key;
+
+/* Whether an architecture's feed-forward halves are mixtures of experts (llama.cpp's build_moe_ffn). */
+typedef enum kiln_moe {
+    KILN_MOE_NONE = 0, /* dense only: expert_count must be 0 */
+    KILN_MOE_OPTIONAL, /* dense, or routed experts when expert_count > 0 (llama: Mixtral) */
+    KILN_MOE_REQUIRED, /* routed experts always (qwen2moe, qwen3moe) */
+} kiln_moe;
 
 /* The gate activation of the feed-forward half. */
 typedef enum kiln_gate_act {
@@ -91,6 +109,10 @@ typedef struct kiln_arch {
                                                   instead of 1/sqrt(head_dim) (llama.cpp's gemma 27B rule) */
     bool                 longrope; /* reads rope_factors_long/short.weight, rope.scaling.original_context_length
                                       and rope.scaling.attn_factor (phi3) */
+    kiln_moe             moe;      /* mixture-of-experts feed-forward: none, optional, required */
+    bool                 moe_norm; /* the k routed weights over their sum (llama.cpp's norm_w: llama, qwen3moe) */
+    bool                 moe_shared; /* a shared expert beside the routed ones, gated by sigmoid(h . ffn_gate_inp_shexp)
+                                        (qwen2moe) */
     bool                 yarn;     /* rope.scaling.type "yarn" is built (llama, qwen2, qwen3: every layer rotates
                                       with the file's base; gemma's unscaled local layers and phi3's longrope
                                       are not combined with it) */

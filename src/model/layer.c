@@ -56,8 +56,30 @@ static kiln_node ffn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_la
     return kiln_add(g, x, y);
 }
 
+/* The mixture-of-experts feed-forward (layer.h): dense over the experts, exact. The experts' sum
+ * runs in expert order and adds exact zeros for those not routed, so it is the routed experts' sum
+ * (llama.cpp adds them in routing order: the same up to f32 rounding). */
+static kiln_node moe_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_weights *w, kiln_node x)
+{
+    kiln_node h = kiln_rms_norm(g, x, w->ffn_norm, d->eps);
+    kiln_node route = kiln_moe_route(g, kiln_matmul(g, h, w->gate_inp), d->n_expert_used, d->expert_norm);
+    kiln_node y = KILN_NODE_NONE;
+    for (int64_t e = 0; e < d->n_expert && kiln_graph_status(g) == KILN_OK; e++) {
+        kiln_node a = kiln_swiglu(g, kiln_matmul(g, h, w->gate_exps[e]), kiln_matmul(g, h, w->up_exps[e]));
+        kiln_node o = kiln_scale_rows(g, kiln_matmul(g, a, w->down_exps[e]), route, (int)e);
+        y = y == KILN_NODE_NONE ? o : kiln_add(g, y, o);
+    }
+    if (w->gate_shexp != KILN_NODE_NONE) { /* qwen2moe: sigmoid-gated shared expert */
+        kiln_node a = kiln_swiglu(g, kiln_matmul(g, h, w->gate_shexp), kiln_matmul(g, h, w->up_shexp));
+        kiln_node gate = kiln_sigmoid(g, kiln_matmul(g, h, w->gate_inp_shexp));
+        y = kiln_add(g, y, kiln_scale_rows(g, kiln_matmul(g, a, w->down_shexp), gate, 0));
+    }
+    return kiln_add(g, x, y);
+}
+
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,
                            const kiln_layer_weights *w, int l, kiln_node x)
 {
-    return ffn_half(g, d, w, attn_half(g, d, io, w, l, x));
+    x = attn_half(g, d, io, w, l, x);
+    return d->n_expert > 0 ? moe_half(g, d, w, x) : ffn_half(g, d, w, x);
 }

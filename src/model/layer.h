@@ -24,6 +24,9 @@ typedef struct kiln_layer_dims {
     float          softcap;   /* attention logit soft-cap (kiln_attention_ext); 0: none */
     int64_t        window;    /* this layer's sliding window (kiln_attention_ext); 0: none */
     bool           gelu_gate; /* gelu(gate) * up (gemma) instead of swiglu */
+    int64_t        n_expert;  /* > 0: the feed-forward is a mixture of this many experts (kiln_layer_weights' exps) */
+    int            n_expert_used; /* experts routed per token */
+    bool           expert_norm;   /* routed weights over their sum (kiln_moe_route's norm) */
 } kiln_layer_dims;
 
 /* Leaves shared by all layers. */
@@ -50,6 +53,13 @@ typedef struct kiln_layer_weights {
     kiln_node attn_post_norm, ffn_post_norm; /* optional [hidden]: rms norms of each half's output (gemma 2/3) */
     kiln_node q_mult;         /* optional [hd]: the roped q times it (phi3's rope attn_factor^2 on the
                                  rotated dims with partial rotary, 1 on the rest) */
+    /* mixture of experts (d->n_expert > 0; wg/wu/wd and their biases unused) */
+    kiln_node        gate_inp;   /* [n_expert, hidden]: the router */
+    const kiln_node *gate_exps;  /* n_expert nodes [ffn_exp, hidden]: expert e's gate */
+    const kiln_node *up_exps;    /* n_expert nodes [ffn_exp, hidden] */
+    const kiln_node *down_exps;  /* n_expert nodes [hidden, ffn_exp] */
+    kiln_node gate_inp_shexp;    /* optional [1, hidden]: the shared expert's gate (qwen2moe) */
+    kiln_node gate_shexp, up_shexp, down_shexp; /* optional [ffn_shexp, hidden] x2, [hidden, ffn_shexp] */
 } kiln_layer_weights;
 
 /* Layer l on x f32 [n_tok, hidden]: x += o(attention(rope(qn(q + bq)), kv_scatter(rope(kn(k + bk))),
@@ -59,6 +69,10 @@ typedef struct kiln_layer_weights {
  * epilogue). Options of d: the attention's scale, soft-cap and window; gelu(gate) * up for the gate;
  * with attn_post_norm / ffn_post_norm, each half's output is rms-normed before its residual add. Creates states k<l>, v<l>. Returns the new x (KILN_NODE_NONE after an error, which
  * sticks to g). With d->block, the caches are paged pools written through io->slots and read by
- * kiln_paged_attention (io->pos, io->seqs, io->blocks) instead. */
+ * kiln_paged_attention (io->pos, io->seqs, io->blocks) instead. With d->n_expert, the feed-forward is
+ * llama.cpp's build_moe_ffn, computed densely and exactly: r = moe_route(h . gate_inp, n_expert_used,
+ * expert_norm); x += sum_e scale_rows(down_e(swiglu(gate_e(h), up_e(h))), r, e) [+ scale_rows(shared
+ * expert of h, sigmoid(h . gate_inp_shexp), 0)]: every expert runs on every token, the ones not
+ * routed weighted 0. */
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,
                            const kiln_layer_weights *w, int l, kiln_node x);

@@ -71,10 +71,6 @@ static kiln_status check_key(const kiln_gguf *f, const kiln_arch *a, const char 
     if (k->use != KILN_KEY_NEUTRAL) return KILN_OK;
     if (!key_number(f, key, &v))
         return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: metadata '%s' is not a number", f->path, key);
-    if (v != k->neutral && strcmp(k->suffix, "expert_count") == 0) /* mixtral: llama with experts */
-        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g: a mixture-of-experts model "
-                             "(ffn_gate_inp routing over ffn_*_exps experts), which kiln does not build yet (only "
-                             "0 is accepted)", f->path, key, v);
     if (v != k->neutral)
         return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g turns on a feature kiln does not "
                              "build (only %g is accepted)", f->path, key, v, k->neutral);
@@ -190,6 +186,47 @@ static kiln_status read_arch_math(const kiln_gguf *f, const kiln_arch *a, kiln_m
     return KILN_OK;
 }
 
+/* Mixture of experts ({arch}.expert_count > 0; llama.cpp's build_moe_ffn): expert_count experts,
+ * expert_used_count of them routed per token, each expert's width (expert_feed_forward_length where
+ * the architecture reads it, else llama.cpp's default: ffn for llama, ffn / expert_used_count for the
+ * qwen MoE files) and the shared expert's (qwen2moe: expert_shared_feed_forward_length, default ffn). */
+static kiln_status read_moe(const kiln_gguf *f, const kiln_arch *a, kiln_model_info *m)
+{
+    char key[128];
+    double v = 0;
+    snprintf(key, sizeof key, "%s.expert_count", a->name);
+    if (kiln_gguf_kv_find(f, key) >= 0 && !key_number(f, key, &v))
+        return kiln_ctx_fail(f->ctx, KILN_ERR_DTYPE, "%s: metadata '%s' is not a number", f->path, key);
+    if (v != 0 && a->moe == KILN_MOE_NONE)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s' = %g: %s builds no mixture of experts "
+                             "(llama.cpp's %s graph has none), so the file is refused", f->path, key, v, a->name, a->name);
+    if (v == 0 && a->moe != KILN_MOE_REQUIRED) return KILN_OK;
+    kiln_status s;
+    snprintf(key, sizeof key, "%s.expert_used_count", a->name);
+    if (v == 0 || kiln_gguf_kv_find(f, key) < 0)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s.expert_count' = %g: a mixture-of-experts "
+                             "model needs expert_count > 0 and '%s' (llama.cpp refuses such a file too)", f->path,
+                             a->name, v, key);
+    if ((s = arch_int(f, a->name, "expert_count", true, &m->n_expert)) != KILN_OK ||
+        (s = arch_int(f, a->name, "expert_used_count", true, &m->n_expert_used)) != KILN_OK)
+        return s;
+    if (m->n_expert_used > m->n_expert || m->n_expert > 4096)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: metadata '%s.expert_used_count' = %lld of %lld experts: need "
+                             "1 <= used <= expert_count <= 4096", f->path, a->name, (long long)m->n_expert_used,
+                             (long long)m->n_expert);
+    m->ffn_exp = a->moe == KILN_MOE_OPTIONAL ? m->ffn : m->ffn / m->n_expert_used;
+    if (a->moe == KILN_MOE_REQUIRED &&
+        (s = arch_int(f, a->name, "expert_feed_forward_length", false, &m->ffn_exp)) != KILN_OK)
+        return s;
+    m->ffn_shexp = a->moe_shared ? m->ffn : 0;
+    if (a->moe_shared && (s = arch_int(f, a->name, "expert_shared_feed_forward_length", false, &m->ffn_shexp)) != KILN_OK)
+        return s;
+    if (m->ffn_exp < 1)
+        return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: an expert's feed-forward width is 0", f->path);
+    m->expert_norm = a->moe_norm;
+    return KILN_OK;
+}
+
 /* Sizes from the metadata into m (see kiln_model_info). */
 static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_info *m)
 {
@@ -233,6 +270,7 @@ static kiln_status read_dims(const kiln_gguf *f, const kiln_arch *a, kiln_model_
                              (long long)m->head_dim);
     m->n_rot = rot ? rot : m->head_dim;
     m->rope = a->rope;
+    if ((s = read_moe(f, a, m)) != KILN_OK) return s;
     return read_arch_math(f, a, m);
 }
 
@@ -243,18 +281,30 @@ typedef struct tensor_use {
     size_t           bytes; /* of the used tensors */
 } tensor_use;
 
-/* Checks tensor name has dims (rank 1: d0; rank 2: d0 x d1) and a kiln dtype; marks it used. */
-static kiln_status want_tensor(tensor_use *u, const char *name, int rank, int64_t d0, int64_t d1)
+/* "[a]", "[a, b]", "[a, b, c]" for messages. */
+static void dims_text(char *buf, size_t n, int rank, const int64_t *d)
+{
+    int k = snprintf(buf, n, "[");
+    for (int i = 0; i < rank && k > 0 && (size_t)k < n; i++)
+        k += snprintf(buf + k, n - (size_t)k, "%s%lld", i ? ", " : "", (long long)d[i]);
+    if (k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, "]");
+}
+
+/* Checks tensor name has dims (rank 1: d0; rank 2: d0 x d1; rank 3: d0 x d1 x d2) and a kiln dtype;
+ * marks it used. */
+static kiln_status want_tensor3(tensor_use *u, const char *name, int rank, int64_t d0, int64_t d1, int64_t d2)
 {
     const kiln_gguf *f = u->f;
     kiln_gguf_tensor t;
     kiln_status s = kiln_gguf_tensor_get(f, name, &t);
     if (s != KILN_OK) return s;
-    if (t.rank != rank || t.dims[0] != d0 || (rank == 2 && t.dims[1] != d1)) {
-        char have[48] = "", want[48] = ""; /* rank 1: "[n]", rank 2: "[a, b]" */
-        snprintf(have, sizeof have, t.rank > 1 ? "[%lld, %lld]" : "[%lld]", (long long)t.dims[0],
-                 t.rank > 1 ? (long long)t.dims[1] : 0ll);
-        snprintf(want, sizeof want, rank > 1 ? "[%lld, %lld]" : "[%lld]", (long long)d0, (long long)d1);
+    const int64_t want_d[3] = {d0, d1, d2};
+    bool ok = t.rank == rank;
+    for (int i = 0; ok && i < rank; i++) ok = t.dims[i] == want_d[i];
+    if (!ok) {
+        char have[80] = "", want[80] = "";
+        dims_text(have, sizeof have, t.rank < 3 ? t.rank : 3, t.dims);
+        dims_text(want, sizeof want, rank, want_d);
         return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: tensor '%s' has dims %s, expected %s", f->path, name, have,
                              want);
     }
@@ -262,6 +312,11 @@ static kiln_status want_tensor(tensor_use *u, const char *name, int rank, int64_
     if (!u->used[i]) u->bytes += t.bytes;
     u->used[i] = true;
     return KILN_OK;
+}
+
+static kiln_status want_tensor(tensor_use *u, const char *name, int rank, int64_t d0, int64_t d1)
+{
+    return want_tensor3(u, name, rank, d0, d1, 0);
 }
 
 static int64_t size_of(const kiln_model_info *m, kiln_size z)
@@ -274,30 +329,52 @@ static int64_t size_of(const kiln_model_info *m, kiln_size z)
     case KILN_SIZE_HEAD: return m->head_dim;
     case KILN_SIZE_QKV: return (m->n_head + 2 * m->n_kv_head) * m->head_dim;
     case KILN_SIZE_FFN2: return 2 * m->ffn;
+    case KILN_SIZE_EXPERTS: return m->n_expert;
+    case KILN_SIZE_FFN_EXP: return m->ffn_exp;
+    case KILN_SIZE_FFN_SHEXP: return m->ffn_shexp;
     default: return 0;
     }
 }
 
 static bool has_tensor(const kiln_gguf *f, const char *name) { return kiln_gguf_tensor_index(f, name) >= 0; }
 
+#define FFN_DENSE (KILN_ROLE_BIT(KILN_ROLE_WG) | KILN_ROLE_BIT(KILN_ROLE_WU) | KILN_ROLE_BIT(KILN_ROLE_WD))
+#define FFN_BIAS (KILN_ROLE_BIT(KILN_ROLE_BG) | KILN_ROLE_BIT(KILN_ROLE_BU) | KILN_ROLE_BIT(KILN_ROLE_BD))
+#define FFN_EXPERTS (KILN_ROLE_BIT(KILN_ROLE_GATE_INP) | KILN_ROLE_BIT(KILN_ROLE_GATE_EXPS) | \
+                     KILN_ROLE_BIT(KILN_ROLE_UP_EXPS) | KILN_ROLE_BIT(KILN_ROLE_DOWN_EXPS))
+#define FFN_SHARED (KILN_ROLE_BIT(KILN_ROLE_GATE_INP_SHEXP) | KILN_ROLE_BIT(KILN_ROLE_GATE_SHEXP) | \
+                    KILN_ROLE_BIT(KILN_ROLE_UP_SHEXP) | KILN_ROLE_BIT(KILN_ROLE_DOWN_SHEXP))
+
 /* Every layer's tensors: the required roles, and the optional ones blk.0 carries (then every layer
- * must carry them). */
+ * must carry them). A mixture-of-experts file (n_expert > 0) has the router and the expert stacks
+ * (and the shared expert where the architecture has one) in place of the dense gate/up/down, and
+ * no feed-forward biases (llama.cpp's MoE layers read none). */
 static kiln_status check_layers(tensor_use *u, kiln_model_desc *d)
 {
     const kiln_role_info *roles = kiln_arch_roles();
     const kiln_model_info *m = &d->info;
     char name[96];
-    d->roles = d->arch->required;
+    uint32_t required = d->arch->required, optional = d->arch->optional;
+    if (m->n_expert > 0) {
+        required = (required & ~FFN_DENSE) | FFN_EXPERTS | (d->arch->moe_shared ? FFN_SHARED : 0);
+        optional &= ~FFN_BIAS;
+        if (!has_tensor(u->f, "blk.0.ffn_gate_inp.weight"))
+            return kiln_ctx_fail(u->f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s.expert_count' = %lld: a "
+                                 "mixture-of-experts model, but blk.0 has no router (ffn_gate_inp.weight) and expert "
+                                 "stacks (ffn_*_exps.weight)", u->f->path, d->arch->name, (long long)m->n_expert);
+    }
+    d->roles = required;
     for (int r = 0; r < KILN_ROLE_COUNT; r++) {
         snprintf(name, sizeof name, "blk.0.%s", roles[r].suffix);
-        if ((d->arch->optional & KILN_ROLE_BIT(r)) && has_tensor(u->f, name)) d->roles |= KILN_ROLE_BIT(r);
+        if ((optional & KILN_ROLE_BIT(r)) && has_tensor(u->f, name)) d->roles |= KILN_ROLE_BIT(r);
     }
     for (int l = 0; l < m->n_layer; l++)
         for (int r = 0; r < KILN_ROLE_COUNT; r++) {
             if (!(d->roles & KILN_ROLE_BIT(r))) continue;
             snprintf(name, sizeof name, "blk.%d.%s", l, roles[r].suffix);
-            int64_t d0 = size_of(m, roles[r].dims[0]), d1 = size_of(m, roles[r].dims[1]);
-            kiln_status s = want_tensor(u, name, d1 ? 2 : 1, d0, d1);
+            int64_t d0 = size_of(m, roles[r].dims[0]), d1 = size_of(m, roles[r].dims[1]),
+                    d2 = size_of(m, roles[r].dims[2]);
+            kiln_status s = want_tensor3(u, name, d2 ? 3 : d1 ? 2 : 1, d0, d1, d2);
             if (s != KILN_OK) return s;
         }
     return KILN_OK;
@@ -400,8 +477,9 @@ kiln_status kiln_model_desc_read(const kiln_gguf *f, kiln_model_desc *out)
     size_t al = strlen(arch);
     if (!(d.arch = kiln_arch_find(arch)))
         return kiln_ctx_fail(f->ctx, KILN_ERR_UNSUPPORTED, "%s: architecture '%.64s'%s (kiln builds %s)", f->path, arch,
-                             al > 3 && strcmp(arch + al - 3, "moe") == 0 /* qwen2moe, qwen3moe, phimoe, ... */
-                                 ? ": a mixture-of-experts model, which kiln does not build yet" : "",
+                             al > 3 && strcmp(arch + al - 3, "moe") == 0 /* phimoe, ... */
+                                 ? ": a mixture-of-experts architecture kiln does not build (of those it builds "
+                                   "qwen2moe, qwen3moe and llama with experts)" : "",
                              kiln_arch_names());
     snprintf(d.info.arch, sizeof d.info.arch, "%s", arch);
     for (int64_t i = 0; i < kiln_gguf_kv_count(f); i++)

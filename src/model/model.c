@@ -1,8 +1,8 @@
 /* Models from GGUF files: builds the decoder graph (embedding [times sqrt(hidden)], the shared layer
  * of layer.c with the architecture's per-layer window, rotary base and soft-cap, final norm, output
  * head [soft-capped], argmax) of a file load.c has checked, with weights borrowed from the mapping
- * (a fused q/k/v or gate/up matrix as row ranges of it). Must not copy weight data or compile, and
- * must not read a tensor load.c did not check. */
+ * (a fused q/k/v or gate/up matrix as row ranges of it, an expert stack as one weight per expert).
+ * Must not copy weight data or compile, and must not read a tensor load.c did not check. */
 #include "graph/graph.h"
 #include "model/layer.h"
 #include "model/model.h"
@@ -37,9 +37,32 @@ static kiln_node borrow_rows(kiln_graph *g, const kiln_gguf *f, const char *name
                        KILN_WEIGHT_BORROW);
 }
 
+/* Expert e of a stack [n_expert, rows, cols] as a borrowed [rows, cols] weight of its own ("<name>.<e>"):
+ * each expert's matrix is a contiguous byte range of the tensor. */
+static kiln_node borrow_expert(kiln_graph *g, const kiln_gguf *f, const char *name, int64_t e)
+{
+    kiln_gguf_tensor t;
+    if (kiln_gguf_tensor_get(f, name, &t) != KILN_OK) return KILN_NODE_NONE;
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s.%lld", name, (long long)e);
+    size_t mb = (size_t)t.dims[1] * kiln_row_bytes(t.t, t.dims[2]);
+    return kiln_weight(g, sub, t.t, 2, (kiln_dim[]){t.dims[1], t.dims[2]}, (const char *)t.data + (size_t)e * mb,
+                       KILN_WEIGHT_BORROW);
+}
+
+/* A [n] tensor as a borrowed [1, n] matrix (qwen2moe's shared-expert gate: one logit per token). */
+static kiln_node borrow_row(kiln_graph *g, const kiln_gguf *f, const char *name)
+{
+    kiln_gguf_tensor t;
+    if (kiln_gguf_tensor_get(f, name, &t) != KILN_OK) return KILN_NODE_NONE;
+    return kiln_weight(g, name, t.t, 2, (kiln_dim[]){1, t.dims[0]}, t.data, KILN_WEIGHT_BORROW);
+}
+
 /* Layer l's weight nodes: every role the file carries (load.c checked them all); fused matrices
- * split into the q/k/v and gate/up weights the shared layer takes (the same graph as separate ones). */
-static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, int l)
+ * split into the q/k/v and gate/up weights the shared layer takes (the same graph as separate ones);
+ * expert stacks into one weight per expert, written into exps (3 n_expert nodes: gates, ups, downs). */
+static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, int l,
+                                        kiln_node *exps)
 {
     const kiln_role_info *roles = kiln_arch_roles();
     const kiln_model_info *m = &d->info;
@@ -56,6 +79,11 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         } else if (r == KILN_ROLE_WGU) { /* gate rows first: llama.cpp's swiglu of the fused up */
             n[KILN_ROLE_WG] = borrow_rows(g, f, name, "gate", 0, m->ffn);
             n[KILN_ROLE_WU] = borrow_rows(g, f, name, "up", m->ffn, m->ffn);
+        } else if (r == KILN_ROLE_GATE_EXPS || r == KILN_ROLE_UP_EXPS || r == KILN_ROLE_DOWN_EXPS) {
+            kiln_node *out = exps + (r - KILN_ROLE_GATE_EXPS) * m->n_expert;
+            for (int64_t e = 0; e < m->n_expert; e++) out[e] = borrow_expert(g, f, name, e);
+        } else if (r == KILN_ROLE_GATE_INP_SHEXP) {
+            n[r] = borrow_row(g, f, name);
         } else {
             n[r] = borrow(g, f, name);
         }
@@ -66,7 +94,10 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         .k_norm = n[KILN_ROLE_K_NORM], .wo = n[KILN_ROLE_WO],
         .bo = n[KILN_ROLE_BO], .ffn_norm = n[KILN_ROLE_FFN_NORM], .wg = n[KILN_ROLE_WG], .wu = n[KILN_ROLE_WU],
         .wd = n[KILN_ROLE_WD], .bg = n[KILN_ROLE_BG], .bu = n[KILN_ROLE_BU], .bd = n[KILN_ROLE_BD],
-        .attn_post_norm = n[KILN_ROLE_ATTN_POST_NORM], .ffn_post_norm = n[KILN_ROLE_FFN_POST_NORM]};
+        .attn_post_norm = n[KILN_ROLE_ATTN_POST_NORM], .ffn_post_norm = n[KILN_ROLE_FFN_POST_NORM],
+        .gate_inp = n[KILN_ROLE_GATE_INP], .gate_exps = exps, .up_exps = exps + m->n_expert,
+        .down_exps = exps + 2 * m->n_expert, .gate_inp_shexp = n[KILN_ROLE_GATE_INP_SHEXP],
+        .gate_shexp = n[KILN_ROLE_GATE_SHEXP], .up_shexp = n[KILN_ROLE_UP_SHEXP], .down_shexp = n[KILN_ROLE_DOWN_SHEXP]};
 }
 
 /* ggml_rope_yarn_corr_dim and _dims, in ggml's float arithmetic (where floor and ceil land decides
@@ -141,7 +172,9 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
 {
     const kiln_model_info *m = &d->info;
     float *mult = malloc((size_t)(m->head_dim / 2 + 1) * sizeof *mult);
-    if (!mult) {
+    kiln_node *exps = malloc((size_t)(3 * m->n_expert + 1) * sizeof *exps);
+    if (!mult || !exps) {
+        free(mult), free(exps);
         kiln_graph_fail(g, KILN_ERR_NOMEM, "out of memory");
         return;
     }
@@ -149,7 +182,8 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     kiln_layer_dims ld = {.hidden = m->hidden, .n_head = m->n_head, .n_kv_head = m->n_kv_head, .head_dim = m->head_dim,
                           .rope = m->rope, .n_rot = m->n_rot, .theta = m->theta, .rope_mult = rope_mult(f, m, o->max_ctx, mult),
                           .eps = m->eps, .max_ctx = o->max_ctx, .kvdtype = o->kv_dtype, .attn_scale = m->attn_scale,
-                          .softcap = m->attn_softcap, .gelu_gate = m->gelu_gate};
+                          .softcap = m->attn_softcap, .gelu_gate = m->gelu_gate, .n_expert = m->n_expert,
+                          .n_expert_used = (int)m->n_expert_used, .expert_norm = m->expert_norm};
     kiln_node q_mult = rope_attn_factor(g, m, &ld);
     kiln_dim td[1] = {io.n_tok};
     kiln_node ids = kiln_input(g, "ids", KILN_DTYPE_I32, 1, td);
@@ -158,7 +192,7 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     kiln_node x = kiln_get_rows(g, embd, ids);
     if (m->embd_scale) x = kiln_scale(g, x, sqrtf((float)m->hidden)); /* llama.cpp: sqrtf(n_embd), in f32 */
     for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++) {
-        kiln_layer_weights w = layer_weights(g, f, d, l);
+        kiln_layer_weights w = layer_weights(g, f, d, l, exps);
         w.q_mult = q_mult;
         kiln_layer_dims dl = ld;
         if (m->sliding_window && kiln_arch_layer_windowed(d->arch, l)) {
@@ -176,6 +210,7 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     kiln_output(g, kiln_argmax(g, logits), "next");
     if (o->logits) kiln_output(g, logits, "logits");
     free(mult);
+    free(exps);
 }
 
 KILN_API kiln_status kiln_model_build(const kiln_gguf *f, const kiln_model_options *opts, kiln_graph **out)

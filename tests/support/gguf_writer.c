@@ -191,10 +191,11 @@ static void *rand_rows_run(void *arg)
     return NULL;
 }
 
-/* A random tensor [rows, cols] (rows 0: 1-D [cols]) in dtype t, values offset + scale * u. Large
- * tensors are drawn and quantized by up to 16 threads (a 7b model in minutes, not a quarter hour). */
-static void rand_tensor(gw *w, const char *name, kiln_dtype t, int64_t rows, int64_t cols, float offset, float scale,
-                        uint64_t *s)
+/* A random tensor [rows, cols] (rows 0: 1-D [cols]; stack > 0: [stack, rows / stack, cols], an expert
+ * stack) in dtype t, values offset + scale * u. Large tensors are drawn and quantized by up to 16
+ * threads (a 7b model in minutes, not a quarter hour). */
+static void rand_tensor_n(gw *w, const char *name, kiln_dtype t, int64_t stack, int64_t rows, int64_t cols, float offset,
+                          float scale, uint64_t *s)
 {
     if (t != KILN_DTYPE_F32 && cols % kiln_dtype_block(t)) t = cols % 32 == 0 ? KILN_DTYPE_Q8_0 : KILN_DTYPE_F16;
     int64_t nr = rows ? rows : 1, n = nr * cols;
@@ -216,9 +217,15 @@ static void rand_tensor(gw *w, const char *name, kiln_dtype t, int64_t rows, int
     for (int i = 0; i < nt; i++)
         if (a[i].fail) abort();
     *s += (uint64_t)n * 0x9e3779b97f4a7c15ull;
-    int64_t dims[2] = {rows, cols};
-    gw_tensor(w, name, ggml_id(t), rows ? 2 : 1, rows ? dims : dims + 1, q, bytes);
+    int64_t dims[3] = {stack, stack ? rows / stack : rows, cols};
+    gw_tensor(w, name, ggml_id(t), stack ? 3 : rows ? 2 : 1, stack ? dims : rows ? dims + 1 : dims + 2, q, bytes);
     free(q);
+}
+
+static void rand_tensor(gw *w, const char *name, kiln_dtype t, int64_t rows, int64_t cols, float offset, float scale,
+                        uint64_t *s)
+{
+    rand_tensor_n(w, name, t, 0, rows, cols, offset, scale, s);
 }
 
 /* llama.cpp's use_more_bits (llama-quant.cpp): the layers whose attn_v and ffn_down a Q4_K_M file
@@ -255,6 +262,14 @@ gw *gw_model_new(const gw_model *m)
     if (m->rope_attn_factor > 0) gw_kv_f32(w, ARCH_KEY("rope.scaling.attn_factor"), m->rope_attn_factor);
     if (m->attn_softcap > 0) gw_kv_f32(w, ARCH_KEY("attn_logit_softcapping"), m->attn_softcap);
     if (m->final_softcap > 0) gw_kv_f32(w, ARCH_KEY("final_logit_softcapping"), m->final_softcap);
+    bool qwen_moe = strcmp(m->arch, "qwen2moe") == 0 || strcmp(m->arch, "qwen3moe") == 0;
+    bool shexp = strcmp(m->arch, "qwen2moe") == 0;
+    if (m->n_expert > 0) {
+        gw_kv_u32(w, ARCH_KEY("expert_count"), (uint32_t)m->n_expert);
+        gw_kv_u32(w, ARCH_KEY("expert_used_count"), (uint32_t)m->n_expert_used);
+    }
+    if (m->ffn_exp > 0) gw_kv_u32(w, ARCH_KEY("expert_feed_forward_length"), (uint32_t)m->ffn_exp);
+    if (m->ffn_shexp > 0) gw_kv_u32(w, ARCH_KEY("expert_shared_feed_forward_length"), (uint32_t)m->ffn_shexp);
 #undef ARCH_KEY
     if (m->tokens) {
         char **tok = malloc((size_t)m->n_vocab * sizeof *tok);
@@ -268,8 +283,11 @@ gw *gw_model_new(const gw_model *m)
         for (int64_t i = 0; i < m->n_vocab; i++) free(tok[i]);
         free(tok);
     }
-    bool bias = strcmp(m->arch, "qwen2") == 0 || m->qkv_bias;
-    bool qk_norm = strcmp(m->arch, "qwen3") == 0 || strcmp(m->arch, "gemma3") == 0 || m->qk_norm;
+    bool bias = strcmp(m->arch, "qwen2") == 0 || strcmp(m->arch, "qwen2moe") == 0 || m->qkv_bias;
+    bool qk_norm = strcmp(m->arch, "qwen3") == 0 || strcmp(m->arch, "qwen3moe") == 0 || strcmp(m->arch, "gemma3") == 0 ||
+                   m->qk_norm;
+    int64_t fe = m->ffn_exp > 0 ? m->ffn_exp : qwen_moe && m->n_expert_used ? m->ffn / m->n_expert_used : m->ffn;
+    int64_t fs = m->ffn_shexp > 0 ? m->ffn_shexp : m->ffn;
     bool post_norms = strcmp(m->arch, "gemma2") == 0 || strcmp(m->arch, "gemma3") == 0, fused = strcmp(m->arch, "phi3") == 0;
     bool mix = m->q4_k_m && m->wtype == KILN_DTYPE_Q4_K;
     int64_t hd = m->head_dim ? m->head_dim : m->hidden / m->n_head, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
@@ -305,14 +323,27 @@ gw *gw_model_new(const gw_model *m)
         if (m->out_bias) rand_tensor(w, T("attn_output.bias"), KILN_DTYPE_F32, 0, m->hidden, 0, 0.5f, &s);
         if (post_norms) rand_tensor(w, T("post_attention_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.25f, &s);
         rand_tensor(w, T("ffn_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.125f, &s);
-        if (fused) {
+        if (m->n_expert > 0) { /* the router (f32, as llama.cpp keeps it), then the expert stacks */
+            float sr = sh * (m->router_scale > 0 ? m->router_scale : 1.0f), se = 1.0f / sqrtf((float)fe);
+            rand_tensor(w, T("ffn_gate_inp.weight"), KILN_DTYPE_F32, m->n_expert, m->hidden, 0, sr, &s);
+            rand_tensor_n(w, T("ffn_gate_exps.weight"), m->wtype, m->n_expert, m->n_expert * fe, m->hidden, 0, sh, &s);
+            rand_tensor_n(w, T("ffn_up_exps.weight"), m->wtype, m->n_expert, m->n_expert * fe, m->hidden, 0, sh, &s);
+            rand_tensor_n(w, T("ffn_down_exps.weight"), m->wtype, m->n_expert, m->n_expert * m->hidden, fe, 0, se, &s);
+            if (shexp) {
+                rand_tensor(w, T("ffn_gate_inp_shexp.weight"), KILN_DTYPE_F32, 0, m->hidden, 0, sh * 4, &s);
+                rand_tensor(w, T("ffn_gate_shexp.weight"), m->wtype, fs, m->hidden, 0, sh, &s);
+                rand_tensor(w, T("ffn_up_shexp.weight"), m->wtype, fs, m->hidden, 0, sh, &s);
+                rand_tensor(w, T("ffn_down_shexp.weight"), m->wtype, m->hidden, fs, 0, 1.0f / sqrtf((float)fs), &s);
+            }
+        } else if (fused) {
             rand_tensor(w, T("ffn_up.weight"), m->wtype, 2 * m->ffn, m->hidden, 0, sh, &s);
         } else {
             rand_tensor(w, T("ffn_gate.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
             rand_tensor(w, T("ffn_up.weight"), m->wtype, m->ffn, m->hidden, 0, sh, &s);
         }
-        rand_tensor(w, T("ffn_down.weight"), mix && more_bits(l, m->n_layer) ? KILN_DTYPE_Q6_K : m->wtype, m->hidden,
-                    m->ffn, 0, sf, &s);
+        if (m->n_expert <= 0)
+            rand_tensor(w, T("ffn_down.weight"), mix && more_bits(l, m->n_layer) ? KILN_DTYPE_Q6_K : m->wtype, m->hidden,
+                        m->ffn, 0, sf, &s);
         if (post_norms) rand_tensor(w, T("post_ffw_norm.weight"), KILN_DTYPE_F32, 0, m->hidden, 1.0f, 0.25f, &s);
         if (m->ffn_bias) {
             rand_tensor(w, T("ffn_gate.bias"), KILN_DTYPE_F32, 0, m->ffn, 0, 0.5f, &s);

@@ -1,6 +1,7 @@
 /* A small GGUF writer for tests: metadata of every type, tensors of any ggml type id, v2 or v3,
  * any alignment; and a generator of small random llama/qwen2/qwen3/gemma2/gemma3/phi3 model files
- * (gemma: post-norms; gemma3: q/k norms; phi3: fused attn_qkv and gate/up ffn_up). Writes exactly what is
+ * (gemma: post-norms; gemma3: q/k norms; phi3: fused attn_qkv and gate/up ffn_up; mixtures of experts:
+ * llama with experts, qwen2moe with its shared expert, qwen3moe). Writes exactly what is
  * asked (tests corrupt the bytes afterwards); must not be used by the library. */
 #pragma once
 
@@ -66,6 +67,13 @@ typedef struct gw_model {
     bool        longrope;     /* write rope_factors_long/short.weight [n_rot/2] (phi3 128k files) */
     int64_t     n_ctx_orig;   /* > 0: write rope.scaling.original_context_length */
     float       rope_attn_factor; /* > 0: write rope.scaling.attn_factor */
+    int         n_expert;     /* > 0: a mixture of experts (llama: Mixtral-style; always for qwen2moe/qwen3moe):
+                                 expert_count, ffn_gate_inp and ffn_{gate,up,down}_exps in place of the dense ffn */
+    int         n_expert_used; /* expert_used_count */
+    int64_t     ffn_exp;      /* > 0: write expert_feed_forward_length (qwen MoE; each expert's width) */
+    int64_t     ffn_shexp;    /* qwen2moe: the shared expert's width (> 0: written as
+                                 expert_shared_feed_forward_length; 0: ffn) */
+    float       router_scale; /* the router's weights times it (> 0; 0: 1): logits spread apart */
 } gw_model;
 
 /* Builds the model file's writer (random weights, scale 1/sqrt(in), norms near 1, biases small). */

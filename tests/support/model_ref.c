@@ -3,7 +3,9 @@
  * rope (gemma's local layers: base 10000) -> causal GQA attention [soft-capped, windowed] -> output
  * (+bias) [post-norm] -> residual, rms_norm -> gate/up (+bias; phi3: halves of ffn_up) ->
  * silu(gate)*up [gemma: gelu_tanh] -> down (+bias) [post-norm] -> residual; final norm, head
- * [soft-capped]. Written from llama.cpp's graphs; must not call kiln's model builder or graph API. */
+ * [soft-capped]; mixtures of experts (llama with experts, qwen2moe with its shared expert, qwen3moe): the
+ * routed experts only, as llama.cpp's build_moe_ffn. Written from llama.cpp's graphs; must not call
+ * kiln's model builder or graph API. */
 #include "support/model_ref.h"
 
 #include <math.h>
@@ -29,6 +31,8 @@ typedef struct mref {
     bool             gemma, phi3;  /* gemma2/gemma3; phi3 */
     int              swa_pattern;  /* gemma: layers l % p < p - 1 are local (windowed, base 10000) */
     double           scale, attn_cap, final_cap; /* score scale; soft-caps (0: none) */
+    int64_t          n_used;       /* expert_used_count (mixtures of experts) */
+    double           route_gap;    /* smallest gap between the k-th and (k+1)-th router logit seen */
 } mref;
 
 /* Whether layer l attends through the window (llama.cpp's set_swa_pattern). */
@@ -221,9 +225,97 @@ static void attn_half(mref *m, int l, double *x, int64_t n)
     free(h), free(q), free(k), free(v), free(a), free(o);
 }
 
+/* y += silu(h . gate^T) * (h . up^T) . down^T over n rows: one SwiGLU expert of width F, each row
+ * times wt[t] (wt NULL: 1). */
+static void expert(const double *h, const double *gate, const double *up, const double *down, const double *wt,
+                   double *y, int64_t n, int64_t H, int64_t F)
+{
+    double *g = malloc((size_t)(n * F) * sizeof *g), *u = malloc((size_t)(n * F) * sizeof *u);
+    double *o = malloc((size_t)(n * H) * sizeof *o);
+    matmul(h, gate, NULL, g, n, H, F);
+    matmul(h, up, NULL, u, n, H, F);
+    for (int64_t i = 0; i < n * F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+    matmul(g, down, NULL, o, n, F, H);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < H; i++) y[t * H + i] += (wt ? wt[t] : 1.0) * o[t * H + i];
+    free(g), free(u), free(o);
+}
+
+/* llama.cpp's build_moe_ffn (softmax gating) on h [n, hidden] into y: router logits, softmax, the
+ * expert_used_count largest (first index on ties), their probabilities [over their sum: llama and
+ * qwen3moe], each routed expert's SwiGLU output times its weight; qwen2moe adds its shared expert times
+ * sigmoid(h . ffn_gate_inp_shexp). Notes the smallest gap between the k-th and (k+1)-th logit. */
+static void moe(mref *m, int l, const double *h, double *y, int64_t n)
+{
+    int64_t H = m->hidden, E = 0, F = 0;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+    kiln_gguf_tensor t;
+    if (kiln_gguf_tensor_get(m->f, name, &t) == KILN_OK) E = t.dims[0], F = t.dims[1];
+    double *w[4] = {layer_tensor(m, l, "ffn_gate_inp.weight"), layer_tensor(m, l, "ffn_gate_exps.weight"),
+                    layer_tensor(m, l, "ffn_up_exps.weight"), layer_tensor(m, l, "ffn_down_exps.weight")};
+    bool norm = strcmp(m->arch, "qwen2moe") != 0; /* llama.cpp's norm_w: llama true, qwen2moe false, qwen3moe true */
+    double *logit = malloc((size_t)(n * E) * sizeof *logit), *wt = malloc((size_t)n * sizeof *wt);
+    bool *taken = malloc((size_t)E * sizeof *taken);
+    if (!w[0] || !w[1] || !w[2] || !w[3] || E < 1 || m->n_used < 1 || m->n_used > E) {
+        fail(m, "layer %d: expert tensors or expert_used_count missing", l);
+    } else {
+        matmul(h, w[0], NULL, logit, n, H, E);
+        for (int64_t e = 0; e < E; e++) {
+            for (int64_t tk = 0; tk < n; tk++) wt[tk] = 0;
+            for (int64_t tk = 0; tk < n; tk++) {
+                const double *z = logit + tk * E;
+                double mx = -INFINITY, sum = 0, kept = 0;
+                for (int64_t j = 0; j < E; j++) mx = fmax(mx, z[j]), taken[j] = false;
+                for (int64_t j = 0; j < E; j++) sum += exp(z[j] - mx);
+                double last = 0;
+                for (int64_t r = 0; r < m->n_used; r++) {
+                    int64_t best = -1;
+                    for (int64_t j = 0; j < E; j++)
+                        if (!taken[j] && (best < 0 || z[j] > z[best])) best = j;
+                    taken[best] = true, kept += exp(z[best] - mx) / sum, last = z[best];
+                }
+                double next = -INFINITY; /* the best logit left out */
+                for (int64_t j = 0; j < E; j++)
+                    if (!taken[j]) next = fmax(next, z[j]);
+                if (e == 0 && last - next < m->route_gap) m->route_gap = last - next;
+                if (taken[e]) wt[tk] = exp(z[e] - mx) / sum / (norm ? kept : 1.0);
+            }
+            expert(h, w[1] + e * F * H, w[2] + e * F * H, w[3] + e * H * F, wt, y, n, H, F);
+        }
+    }
+    double *sh[4] = {layer_tensor(m, l, "ffn_gate_inp_shexp.weight"), layer_tensor(m, l, "ffn_gate_shexp.weight"),
+                     layer_tensor(m, l, "ffn_up_shexp.weight"), layer_tensor(m, l, "ffn_down_shexp.weight")};
+    if (sh[0] && sh[1] && sh[2] && sh[3]) {
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", l);
+        int64_t Fs = kiln_gguf_tensor_get(m->f, name, &t) == KILN_OK ? t.dims[0] : 0;
+        for (int64_t tk = 0; tk < n; tk++) {
+            double z = 0;
+            for (int64_t i = 0; i < H; i++) z += h[tk * H + i] * sh[0][i];
+            wt[tk] = 1.0 / (1.0 + exp(-z));
+        }
+        expert(h, sh[1], sh[2], sh[3], wt, y, n, H, Fs);
+    }
+    for (int i = 0; i < 4; i++) free(w[i]), free(sh[i]);
+    free(logit), free(wt), free(taken);
+}
+
 /* The feed-forward half of layer l on x [n, hidden], in place. */
 static void ffn_half(mref *m, int l, double *x, int64_t n)
 {
+    char rn[96];
+    snprintf(rn, sizeof rn, "blk.%d.ffn_gate_inp.weight", l);
+    kiln_gguf_tensor rt;
+    if (kiln_gguf_tensor_get(m->f, rn, &rt) == KILN_OK) { /* a mixture of experts */
+        int64_t H = m->hidden;
+        double *nw = layer_tensor(m, l, "ffn_norm.weight"), *h = malloc((size_t)(n * H) * sizeof *h);
+        double *y = calloc((size_t)(n * H), sizeof *y);
+        rms_norm(x, nw, h, n, H, m->eps);
+        moe(m, l, h, y, n);
+        for (int64_t i = 0; i < n * H; i++) x[i] += y[i];
+        free(nw), free(h), free(y);
+        return;
+    }
     int64_t H = m->hidden, F = m->ffn;
     double *h = malloc((size_t)(n * H) * sizeof *h), *g = malloc((size_t)(n * F) * sizeof *g);
     double *u = malloc((size_t)(n * F) * sizeof *u), *o = malloc((size_t)(n * H) * sizeof *o);
@@ -250,11 +342,12 @@ static void ffn_half(mref *m, int l, double *x, int64_t n)
 static bool read_meta(mref *m)
 {
     if (kiln_gguf_get_str(m->f, "general.architecture", &m->arch, NULL) != KILN_OK) return fail(m, "no arch"), false;
-    m->neox = strcmp(m->arch, "llama") != 0; /* qwen2, qwen3, gemma2/3, phi3: NEOX pairing in llama.cpp */
+    m->neox = strcmp(m->arch, "llama") != 0; /* qwen2(moe), qwen3(moe), gemma2/3, phi3: NEOX pairing in llama.cpp */
     bool gemma2 = strcmp(m->arch, "gemma2") == 0, gemma3 = strcmp(m->arch, "gemma3") == 0;
     m->gemma = gemma2 || gemma3 || strcmp(m->arch, "gemma") == 0; /* gemma 1: no window, caps or post-norms */
     m->phi3 = strcmp(m->arch, "phi3") == 0;
     m->swa_pattern = gemma2 ? 2 : gemma3 ? 6 : 0;
+    m->n_used = key_int(m, "expert_used_count", 0);
     m->hidden = key_int(m, "embedding_length", 0);
     m->n_head = key_int(m, "attention.head_count", 0);
     m->n_kv = key_int(m, "attention.head_count_kv", m->n_head);
@@ -298,7 +391,13 @@ double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *
 double *mref_logits_ctx(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t max_ctx, int64_t *n_vocab, char *err,
                         size_t nerr)
 {
-    mref m = {.f = f, .err = err, .nerr = nerr, .max_ctx = max_ctx};
+    return mref_logits_gap(f, ids, n, max_ctx, n_vocab, NULL, err, nerr);
+}
+
+double *mref_logits_gap(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t max_ctx, int64_t *n_vocab,
+                        double *route_gap, char *err, size_t nerr)
+{
+    mref m = {.f = f, .err = err, .nerr = nerr, .max_ctx = max_ctx, .route_gap = INFINITY};
     if (err && nerr) err[0] = 0;
     if (!read_meta(&m)) return NULL;
     int64_t ne = 0;
@@ -325,6 +424,8 @@ double *mref_logits_ctx(const kiln_gguf *f, const int32_t *ids, int64_t n, int64
         logits = NULL;
     }
     if (n_vocab) *n_vocab = m.vocab;
+    if (route_gap) *route_gap = m.route_gap;
     free(norm), free(head), free(embd), free(x), free(m.freq_factors);
+    if (logits && err && err[0]) free(logits), logits = NULL; /* a layer failed (missing expert tensors) */
     return logits;
 }

@@ -18,3 +18,8 @@ double *mref_logits(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t *
 /* mref_logits for a plan of max_ctx positions (what picks longrope's factors; 0 in mref_logits). */
 double *mref_logits_ctx(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t max_ctx, int64_t *n_vocab, char *err,
                         size_t nerr);
+/* mref_logits_ctx, also giving the smallest gap (in logits) between the last expert a mixture-of-experts
+ * router kept and the best it left out, over every token and layer (INFINITY without experts): a
+ * backend computing in f32 may route differently from this f64 forward only when it is tiny. */
+double *mref_logits_gap(const kiln_gguf *f, const int32_t *ids, int64_t n, int64_t max_ctx, int64_t *n_vocab,
+                        double *route_gap, char *err, size_t nerr);
