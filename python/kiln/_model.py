@@ -42,7 +42,9 @@ class Model:
                      "post_norms": bool(mi.post_norms), "gelu_gate": bool(mi.gelu_gate),
                      "fused_qkv": bool(mi.fused_qkv), "n_rot": mi.n_rot,
                      "longrope": bool(mi.longrope), "n_ctx_orig": mi.n_ctx_orig,
-                     "rope_attn_factor": mi.rope_attn_factor, "yarn": bool(mi.yarn)}
+                     "rope_attn_factor": mi.rope_attn_factor, "yarn": bool(mi.yarn),
+                     "n_expert": mi.n_expert, "n_expert_used": mi.n_expert_used, "ffn_exp": mi.ffn_exp,
+                     "ffn_shexp": mi.ffn_shexp, "expert_norm": bool(mi.expert_norm)}
 
     @classmethod
     def load(cls, path: str, ctx: Context | None = None) -> "Model":
