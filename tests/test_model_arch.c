@@ -749,7 +749,7 @@ static void check_moe(gw_model m, const char *be, double tol)
         run_kiln(f, be, ids, V, got, NULL);
         char what[160];
         snprintf(what, sizeof what, "%s (%d of %d experts, %s weights) on %s, seed %llu", m.arch, m.n_expert_used,
-                 m.n_expert, kiln_dtype_name(m.wtype), be, (unsigned long long)tu_seed());
+                 m.n_expert, kiln_dtype_name(m.wtype), be ? be : "auto", (unsigned long long)tu_seed());
         double e = tu_compare(what, got, want, N_ALL * V, tol);
         cr_log_info("%s: NMSE %.3g (bound %.3g), router gap %.2g", what, e, tol, gap);
         free(got), free(want), kiln_gguf_close(f), free(bytes);
@@ -835,4 +835,15 @@ Test(model_arch, moe_metadata_and_refusals)
         kiln_gguf_close(f);
         free(bytes);
     }
+}
+
+/* On a GPU: auto placement runs the matmuls there and the routing ops (ref and cpu kernels only) on
+ * the cpu, the transfers between them in the plan. Skips without a cuda device. */
+Test(model_arch, moe_matches_f64_with_cuda_placement)
+{
+    if (!backend_present("cuda")) cr_skip("no cuda device");
+    gw_model m = mixtral;
+    check_moe(m, NULL, model_tol(KILN_DTYPE_F32, "cuda"));
+    m.arch = "qwen2moe", m.n_expert = 6, m.ffn = 64, m.ffn_exp = 32, m.ffn_shexp = 48;
+    check_moe(m, NULL, model_tol(KILN_DTYPE_F32, "cuda"));
 }
