@@ -60,6 +60,9 @@ static int64_t g_ctx;      /* flash_run's cache rows and decode mode: runs of at
 static int32_t paged_dec;  /* codegen.paged_decode of every run_regions (0: the default) */
 static bool co_ran;        /* the last run_regions ran the coalesced paged split kernel (codegen.paged_decode) */
 static int32_t g_sms;      /* the target's SM count for run_regions (0: the target's own) */
+static int32_t paged_mix;  /* codegen.paged_mixed of every run_regions (0: the default) */
+static int64_t g_rows, g_row_elems; /* run_regions records which kernels wrote each of y's g_rows rows (0: not) */
+static uint8_t row_by[4096];        /* bit 0: a split kernel (kiln_attn_split/combine) changed the row; bit 1: flash */
 static int64_t g_blk;      /* paged_case's tokens a block (0: 16) */
 static bool f16_prec(int tgt) { return tgt == TGT_CUDA_F16 || tgt == TGT_WG; }
 static double worst_f16 = 0; /* largest NMSE under f16 precision (printed: the contract's bound's margin) */
@@ -151,12 +154,16 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
     if (tgt == TGT_WG) co.flash_wg = wg_option, co.flash_rows = wg_rows, co.flash_split = wg_split;
     co.attn_cluster = attn_cl;
     co.paged_decode = paged_dec;
+    co.paged_mixed = paged_mix;
     kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
     if (g_sms) tg.sm_count = g_sms;
     uint32_t yi = g->outs[0].node;
     char err[1024];
     bool flash = false;
     wg_ran = false, cl_ran = false, co_ran = false;
+    cr_assert(g_rows <= (int64_t)sizeof row_by);
+    memset(row_by, 0, sizeof row_by);
+    float *before = g_rows ? malloc((size_t)(g_rows * g_row_elems) * 4) : NULL;
     for (uint32_t r = 0; r < f.n_regions; r++) {
         kiln_kir kk[KILN_LOWER_MAX];
         uint32_t n = 0;
@@ -183,14 +190,19 @@ static bool run_regions(kiln_graph *g, int tgt, uint32_t *params, const kbind *k
                 wg_ran = true;
                 if (wg_mutate) mutate_wg(&kk[i], wg_mutate);
             }
+            if (before) memcpy(before, y, (size_t)(g_rows * g_row_elems) * 4);
             bool ok = kt_interp_block(&kk[i], bufs, err, sizeof err);
             if (wg_mutate == 4 && strcmp(kk[i].name, "kiln_attn_flash_wg") == 0) wg_deadlocked = !ok && strstr(err, "deadlock");
             else cr_assert(ok, "%s, kernel %s: %s", what, kk[i].name, err);
+            uint8_t bit = strncmp(kk[i].name, "kiln_attn_flash", 15) == 0 ? 2 : 1;
+            for (int64_t t = 0; before && t < g_rows; t++)
+                if (memcmp(before + t * g_row_elems, y + t * g_row_elems, (size_t)g_row_elems * 4)) row_by[t] |= bit;
             kiln_kir_free(&kk[i]);
         }
         free(scratch);
     }
     kiln_fusion_free(&f);
+    free(before);
     return flash;
 }
 
@@ -237,7 +249,9 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
              stale_inf ? ", inf past n_kv" : "", qs == 2 ? ", f16 q" : "", (double)g_softcap, (long long)g_window,
              attn_cl == KILN_GEMM_ON ? ", attn_cluster" : "");
     kbind kb = {.names = {"q", "k", "v"}, .mem = {qmem, kmem, vmem}, .n = 3};
+    g_rows = T, g_row_elems = H * hd;
     bool flash = run_regions(g, tgt, params, &kb, y, what);
+    g_rows = 0;
     cr_assert(flash == !g_ctx, "%s: flash kernel %s", what, flash ? "ran" : "did not run");
     bool wg_fits = !g_ctx && cd != KILN_DTYPE_F32 && (hd == 64 || hd == 128 || hd == 256) && H / Hkv <= 8;
     cr_assert(wg_ran == (tgt == TGT_WG && wg_fits), "%s: warpgroup kernel %s", what, wg_ran ? "ran" : "did not run");
@@ -359,7 +373,9 @@ static void paged_case_tree(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int6
     kbind kb = {.names = {"q", "k", "v", "pos", "seqs", "blocks", "parents"}, .mem = {qf, kmem, vmem, pv, sv, bv, (void *)par},
                 .n = par ? 7 : 6};
     /* flash off, and Vulkan's emulated MMA: the split kernels take paged steps */
+    g_rows = T, g_row_elems = H * hd;
     bool flash = run_regions(g, tgt, params, &kb, y, what);
+    g_rows = 0;
     cr_assert(flash == (tgt == TGT_CUDA || f16_prec(tgt)), "%s: flash kernel %s", what, flash ? "present" : "missing");
     cr_assert(!wg_ran, "%s: the warpgroup kernel took a paged step", what);
     bool co_fits = !par && cd != KILN_DTYPE_Q8_0 && hd % (cd == KILN_DTYPE_F32 ? 4 : 8) == 0 && H / Hkv * (cd == KILN_DTYPE_F32 ? 4 : 8) <= 32;
@@ -421,6 +437,51 @@ Test(flash_kir, paged_chunks)
         }
     paged_dec = 0;
     fprintf(stderr, "flash_kir paged_chunks: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* Mixed steps (codegen.paged_mixed, the default): where the coalesced split kernels sit beside the
+ * flash kernel (cuda targets), each step's sequences of at most 4 new tokens are written by the split
+ * kernels and the longer ones by the flash kernel, in the same step; every row against f64. Steps:
+ * a prefill chunk among decoding sequences (the bench's mixed step, small), sequences of 4 and 5
+ * tokens (the boundary), short sequences only but enough rows to launch the flash kernel (its blocks
+ * find no tile), batched decode (the flash kernel's guard fails), a chunk alone. With paged_mixed off
+ * whole steps go to one kernel as before; the Vulkan target has no flash kernel (split kernels only). */
+static void mixed_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int n_seq, const int *nw, const int *prior)
+{
+    paged_case(tgt, cd, H, Hkv, hd, n_seq, nw, prior);
+    bool flash_tgt = tgt == TGT_CUDA || tgt == TGT_CUDA_F16, whole_flash = false;
+    int64_t T = 0;
+    for (int i = 0; i < n_seq; i++) T += nw[i];
+    if (paged_mix == KILN_GEMM_OFF) whole_flash = flash_tgt && T > 8 && T > 4 * n_seq;
+    for (int i = 0, t0 = 0; i < n_seq; t0 += nw[i++])
+        for (int j = 0; j < nw[i]; j++) {
+            int want = !flash_tgt ? 1 : paged_mix == KILN_GEMM_OFF ? (whole_flash ? 2 : 1) : nw[i] > 4 ? 2 : 1;
+            cr_assert_eq(row_by[t0 + j], want, "%s, %s pool, sequence %d of %d new tokens, row %d: written by %s, want %s",
+                         tgt_name[tgt], kiln_dtype_name(cd), i, nw[i], j,
+                         row_by[t0 + j] == 1 ? "the split kernels" : row_by[t0 + j] == 2 ? "the flash kernel" : row_by[t0 + j] ? "both" : "none",
+                         want == 1 ? "the split kernels" : "the flash kernel");
+        }
+}
+
+Test(flash_kir, paged_mixed_steps)
+{
+    static const int nw[] = {1, 1, 60, 1, 1, 1, 1, 1}, prior[] = {70, 3, 20, 0, 129, 16, 45, 200};
+    static const int nb[] = {4, 5, 1, 4, 6, 1}, priorb[] = {30, 61, 0, 17, 2, 90};
+    static const int ns[] = {4, 4, 1, 3, 2}, priors[] = {10, 100, 5, 33, 64};      /* 14 rows - 5 >= 4: flash launched, no tile */
+    static const int nd[] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, priord[] = {0, 5, 17, 40, 99, 3, 64, 1, 15};
+    static const int nc[] = {40}, priorc[] = {25};
+    for (int off = 0; off < 2; off++) {
+        paged_mix = off ? KILN_GEMM_OFF : 0;
+        for (int tgt = 0; tgt < TGT_N; tgt++) {
+            if (tgt == TGT_V1 || tgt == TGT_WG) continue; /* flash off: split kernels alone; no warpgroup kernel for pools */
+            mixed_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 8, nw, prior);
+            mixed_case(tgt, KILN_DTYPE_F32, 4, 4, 32, 6, nb, priorb);
+            mixed_case(tgt, KILN_DTYPE_F16, 4, 1, 128, 5, ns, priors);
+            mixed_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 9, nd, priord);
+            mixed_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 1, nc, priorc);
+        }
+    }
+    paged_mix = 0;
 }
 
 /* The warpgroup kernel (sm_90a, f16 precision) on the shapes it takes: bf16 caches, several 128-key

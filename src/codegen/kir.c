@@ -83,6 +83,7 @@ bool kiln_krows_pass(const kiln_krows *r, const kiln_graph *g, const int64_t (*d
     int32_t rows = (int32_t)numel / (int32_t)r->per_row;
     if (r->seqs == KILN_IDX_NONE)
         return r->small ? rows <= (int32_t)r->cap && (r->lo <= 0 || (int32_t)r->lo < rows) : (int32_t)r->cap < rows;
+    if (r->mix > 0) return rows - (int32_t)dims[r->seqs][0] >= (int32_t)r->mix;
     int32_t ns = (int32_t)((uint32_t)dims[r->seqs][0] * (uint32_t)r->per_seq);
     bool many = (int32_t)r->cap < rows && ns < rows;
     return r->small ? !many : many;

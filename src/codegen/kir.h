@@ -257,6 +257,8 @@ typedef struct kiln_krows {
     uint32_t seqs;    /* KILN_IDX_NONE, or the node whose dim 0 counts sequences (per_seq rows each) */
     int64_t  per_row, cap, per_seq;
     int64_t  lo;      /* small without seqs: also lo < rows (kl_guard_rows_range; 0: no lower bound) */
+    int64_t  mix;     /* with seqs, > 0: runs when rows - n_seq >= mix (a sequence may have more than mix
+                         rows: kl_guard_rows_mixed); small, cap and per_seq unused */
 } kiln_krows;
 
 typedef struct kiln_kir {

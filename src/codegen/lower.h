@@ -158,6 +158,10 @@ void kl_guard_rows(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_
 /* Runs kernel k only when lo < rows <= cap (rows as kl_guard_rows counts them; lo >= 1): the middle
  * kernel of three that split a region's runs by length (kiln_krows.lo). */
 void kl_guard_rows_range(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, int64_t lo, int64_t cap);
+/* Paged steps split by sequence (the flash kernel of a region whose split kernels take sequences of at
+ * most `mix` new tokens, lower_attn.c): runs kernel k only when a sequence of the step may have more,
+ * rows - n_seq >= mix (seqs: the node whose dim 0 counts a step's sequences; kiln_krows.mix). */
+void kl_guard_rows_mixed(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, uint32_t seqs, int64_t mix);
 /* Rows up to which gemv and the split attention kernels take a run; the GEMM and the flash kernel
  * take longer runs. */
 #define KL_SMALL_ROWS 8
@@ -179,8 +183,10 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
  * paged attention (sp->block) reads keys through the block table, a block per row tile of a
  * sequence. */
 bool kl_flash_fits(const kiln_graph *g, const kiln_node_rec *n);
+/* mix > 0 (paged): only sequences of more than mix new tokens get row tiles (the split kernels take the
+ * others); 0: every sequence. */
 void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *sp, const kiln_lower_target *tg,
-                    kiln_kir *k);
+                    int32_t mix, kiln_kir *k);
 /* Hopper's warpgroup flash attention (lower_flash_wg.c): whether it takes attention node n for
  * target tg (sm_90a, codegen.precision f16, codegen.flash_wg not off, a contiguous f16/bf16 cache
  * of head_dim 64, 128 or 256, up to 8 query heads a kv head, more than 8 query rows at the bound;

@@ -45,6 +45,9 @@ typedef struct at {
     int32_t L, per; /* co: lanes a key row (16 bytes each: per values), L a power of two up to 32 */
     int64_t gy;     /* co: rows of the grid (the sequences' bound) */
     int64_t fill;   /* co: one-warp blocks that run at once (24 an SM), which a step's splits stay within */
+    int32_t mix;    /* co beside the flash kernel (codegen.paged_mixed): the split kernels take the sequences
+                       of at most mix new tokens of every step, the flash kernel the longer ones (a mixed
+                       step's decoding sequences stay off 128-row tiles); 0: whole steps go to one or the other */
 } at;
 
 static uint32_t red(kiln_kir *k, uint32_t v, enum kiln_kred op)
@@ -447,6 +450,35 @@ static uint32_t co_split(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t
     return kiln_k2(k, KILN_KOP_MAX, per, kiln_ki(k, 32));
 }
 
+/* co: opens the loop over the rows a block row y takes: rows y, y + gy, ... of the step; or, with
+ * a->mix, sequences y, y + gy, ... of the step, each sequence's rows in turn when it has at most mix
+ * new tokens (the flash kernel takes the longer ones). *t: the row (I32 variable); *s: its sequence
+ * (mix; else KILN_IDX_NONE). Starts are clamped into [0, n_tok] (device-bound metadata is unchecked),
+ * so every row is < n_tok. Every thread of the block takes the same trips. Close with co_rows_end. */
+static void co_rows(kiln_kir *k, const kiln_graph *g, const at *a, uint32_t y, uint32_t n_tok, uint32_t *t, uint32_t *s)
+{
+    if (!a->mix) {
+        *t = kiln_kvar(k, y), *s = KILN_IDX_NONE;
+        kiln_kloop(k, *t, n_tok, kiln_ki(k, (int32_t)a->gy));
+        return;
+    }
+    uint32_t seqs = kiln_kir_buf(k, KILN_KBUF_NODE, a->sp->seqs, false), n_seq = kl_dim(k, g->nodes[a->sp->seqs].dims[0]);
+    *s = kiln_kvar(k, y);
+    kiln_kloop(k, *s, n_seq, kiln_ki(k, (int32_t)a->gy));
+    uint32_t s2 = kiln_kmuli(k, *s, 2), more = kiln_k2(k, KILN_KOP_LT, kiln_kaddi(k, *s, 1), n_seq);
+    uint32_t q0 = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, kl_ld_i32(k, seqs, s2), kiln_ki(k, 0)), n_tok);
+    uint32_t nx = kl_ld_i32(k, seqs, kiln_ksel(k, KILN_KT_I32, more, kiln_kaddi(k, s2, 2), s2));
+    nx = kiln_k2(k, KILN_KOP_MIN, kiln_k2(k, KILN_KOP_MAX, kiln_ksel(k, KILN_KT_I32, more, nx, n_tok), q0), n_tok);
+    uint32_t mine = kiln_k2(k, KILN_KOP_LE, kiln_k2(k, KILN_KOP_SUB, nx, q0), kiln_ki(k, a->mix));
+    *t = kiln_kvar(k, q0);
+    kiln_kloop(k, *t, kiln_ksel(k, KILN_KT_I32, mine, nx, q0), kiln_ki(k, 1));
+}
+static void co_rows_end(kiln_kir *k, const at *a)
+{
+    kl_loop_end(k);
+    if (a->mix) kl_loop_end(k);
+}
+
 /* Combines the block's warps, then writes the split's partial result (max, sum, output). */
 static void write_partial(attn_st *st)
 {
@@ -603,10 +635,10 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
         kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_REM, hg, kiln_ki(k, (int32_t)a->GB)), kiln_ki(k, G)));
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S; /* n_kv: paged attention has none (0) */
-    if (a->co) { /* rows t, t + gy, ... of the step; splits past what the step wants leave at once */
+    uint32_t rs = KILN_IDX_NONE; /* co with a->mix: the row's sequence */
+    if (a->co) { /* the block row's rows of the step (co_rows); splits past what the step wants leave at once */
         kiln_kif(k, kiln_k2(k, KILN_KOP_LT, sp, co_want(k, g, a)));
-        t = kiln_kvar(k, t);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, t, n_tok, kiln_ki(k, (int32_t)a->gy), 0);
+        co_rows(k, g, a, t, n_tok, &t, &rs);
         kiln_kbarrier(k); /* the previous row's shared memory is consumed */
     }
     uint32_t seen, bt_row = KILN_IDX_NONE;
@@ -618,7 +650,8 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
         S = split_keys(k, a, kiln_ki(k, (int32_t)a->cap));
     } else {
         seen = token_seen(k, a, n_kv, t, n_tok, &S);
-        if (a->sp->block) bt_row = seq_bt_row(k, g, a, t, n_tok, tid, ABLK);
+        if (a->mix) bt_row = kiln_kmuli(k, rs, (int32_t)g->nodes[a->sp->blocks].dims[1]);
+        else if (a->sp->block) bt_row = seq_bt_row(k, g, a, t, n_tok, tid, ABLK);
         if (a->co) S = co_split(k, g, a, seen);
     }
     uint32_t start = kiln_k2(k, KILN_KOP_MUL, sp, S);
@@ -682,11 +715,18 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     if (a->cl) cluster_combine(g, node, &st);
     kiln_kendif(k);
     if (a->co) {
-        kl_loop_end(k);
+        co_rows_end(k, a);
         kiln_kendif(k);
     }
     if (!a->cl) k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
 }
+
+/* Paged steps beside the flash kernel: the coalesced split kernels take the sequences of at most
+ * PAGED_FLASH_ROWS new tokens of every step and the flash kernel the longer ones (a->mix,
+ * kl_guard_rows_mixed); with the lane-a-key split kernels (or codegen.paged_mixed off) whole steps go
+ * to the flash kernel when they have more than KL_SMALL_ROWS rows and more than PAGED_FLASH_ROWS rows
+ * per sequence on average (prefill chunks), else to the split kernels (kl_guard_rows). */
+#define PAGED_FLASH_ROWS 4
 
 /* codegen.paged_decode (co): a paged, non-tree step over an f16/bf16/f32 pool whose rows are whole
  * 16-byte chunks over a power of two of lanes, with q and the output of the lane's chunk for every head
@@ -712,12 +752,10 @@ static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kil
     if (a->gy < 1) a->gy = 1;
     /* 72 registers: 28 one-warp blocks fit an SM; codegen.paged_decode 2..64 sets the wave (A/B runs) */
     a->fill = (on >= 2 ? on : 24) * (int64_t)(tg->sm_count ? tg->sm_count : 132);
+    /* a mixed step's single-token sequences were 128-row flash tiles walking their keys alone (a
+     * 512-token chunk + 63 decoding: 1418 us of flash on the H100); now the split kernels take them */
+    a->mix = flash && tg->opts.paged_mixed != KILN_GEMM_OFF ? PAGED_FLASH_ROWS : 0;
 }
-
-/* Paged steps go to the flash kernel when they have more than KL_SMALL_ROWS rows and more than
- * PAGED_FLASH_ROWS rows per sequence on average (prefill chunks); batched decode (a row or a few per
- * sequence) keeps the split kernels, which split each sequence's keys over blocks (kl_guard_rows). */
-#define PAGED_FLASH_ROWS 4
 
 /* Each thread a head dim: O = sum over the splits of their weighted outputs, CU splits per step with
  * their loads in flight together (weight 0 past nsp), divided by L. */
@@ -771,9 +809,9 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S;
-    if (a->co) { /* rows t, t + gy, ... of the step (the partial kernel's rows) */
-        t = kiln_kvar(k, t);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, t, n_tok, kiln_ki(k, (int32_t)a->gy), 0);
+    if (a->co) { /* the partial kernel's rows (co_rows) */
+        uint32_t sq;
+        co_rows(k, g, a, t, n_tok, &t, &sq);
         kiln_kbarrier(k); /* the previous row's weights in shared memory are consumed */
     }
     kiln_kif(k, kiln_k2(k, KILN_KOP_LT, t, n_tok));
@@ -836,7 +874,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kbarrier(k); /* every weight is in shared memory */
     combine_out(k, g, node, a, scr, fsh, tid, t, head, row, nsp, L);
     kiln_kendif(k);
-    if (a->co) kl_loop_end(k);
+    if (a->co) co_rows_end(k, a);
 }
 
 /* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
@@ -953,9 +991,11 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
             if (!a1.cl) combine(g, node, n, &a1, &k[f++]);
         }
         if (wg) kl_lower_flash_wg(g, node, tg, &k[f]); /* contiguous caches only */
-        else kl_lower_flash(g, node, sp, tg, &k[f]);
+        else kl_lower_flash(g, node, sp, tg, a.mix, &k[f]);
         for (uint32_t i = 0; i <= f; i++)
-            if (one_row && i < f8) kl_guard_rows_range(&k[i], g, n->src[0], per_row, 1, KL_SMALL_ROWS);
+            if (a.mix) { /* the split kernels run every step (each takes its short sequences) */
+                if (i == f) kl_guard_rows_mixed(&k[i], g, n->src[0], per_row, sp->seqs, a.mix);
+            } else if (one_row && i < f8) kl_guard_rows_range(&k[i], g, n->src[0], per_row, 1, KL_SMALL_ROWS);
             else if (one_row && i < f) kl_guard_rows(&k[i], g, n->src[0], per_row, 1, KILN_IDX_NONE, 0, true);
             else
                 kl_guard_rows(&k[i], g, n->src[0], per_row, KL_SMALL_ROWS, sp->block ? sp->seqs : KILN_IDX_NONE,

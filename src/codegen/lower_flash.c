@@ -208,6 +208,7 @@ typedef struct flash_st {
     uint32_t bt, bt_row;         /* paged: block table slot; I32 the block's sequence's row start in it */
     bool tree;                   /* paged, a tree step (sp->parents): new keys masked off each row's draft path */
     bool q8;                     /* paged, a q8_0 pool: items dequantized as they load (key_item_q8), staged as f32 */
+    int32_t mix;                 /* paged: sequences of at most mix new tokens get no tiles (the split kernels take them) */
     uint32_t par, c, q0;         /* tree: parents slot; I32 the sequence's cached keys (every row sees them), first row */
     uint32_t ti[2], walk[2];     /* tree: I32 the rows' indices among the new tokens, their depth + 1 (path length) */
     uint32_t am[2][2];           /* tree, per tile: U32 the rows' path (ancestors and itself) among the tile's keys,
@@ -484,9 +485,9 @@ static flash_rows flash_rows_of(kiln_kir *k, const flash_st *st, uint32_t R0, ui
     return fr;
 }
 
-/* Paged: the block's sequence (grid y counts the row tiles of every sequence in turn): its first
- * token, new tokens and KV length, and the block's first row within it; *found false for a block
- * past the step's tiles. Every thread scans the step's starts (the same words: broadcast loads). */
+/* Paged: the block's sequence (grid y counts the row tiles of every sequence in turn; with st->mix,
+ * of every sequence of more than mix new tokens): its first token, new tokens and KV length, and the
+ * block's first row within it; *found false for a block past the step's tiles. Every thread scans the step's starts (the same words: broadcast loads). */
 typedef struct flash_seq {
     uint32_t found, start, qlen, kvlen, R0, bt_row;
 } flash_seq;
@@ -512,6 +513,7 @@ static flash_seq flash_find_seq(flash_st *st, const kiln_graph *g, uint32_t b, u
         uint32_t ql = kiln_k2(k, KILN_KOP_MAX, kiln_k2(k, KILN_KOP_SUB, kiln_k2(k, KILN_KOP_MIN, nxt, n_tok), start),
                               kiln_ki(k, 0));
         uint32_t tiles = kiln_k2(k, KILN_KOP_DIV, kiln_kaddi(k, kiln_kmuli(k, ql, Gs), FQ - 1), kiln_ki(k, FQ));
+        if (st->mix) tiles = kiln_ksel(k, KILN_KT_I32, kiln_k2(k, KILN_KOP_LT, kiln_ki(k, st->mix), ql), tiles, kiln_ki(k, 0));
         uint32_t in = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LE, acc, b),
                               kiln_k2(k, KILN_KOP_LT, b, kiln_k2(k, KILN_KOP_ADD, acc, tiles)));
         kiln_kset(k, fs, kiln_ksel(k, KILN_KT_I32, in, i, fs));
@@ -681,12 +683,13 @@ static flash_rows flash_rows_paged(flash_st *st, const kiln_graph *g, uint32_t b
 }
 
 void kl_lower_flash(const kiln_graph *g, uint32_t node, const kiln_region_spec *sp, const kiln_lower_target *tg,
-                    kiln_kir *k)
+                    int32_t mix, kiln_kir *k)
 {
     const kiln_node_rec *n = &g->nodes[node];
     const kiln_node_rec *q = &g->nodes[n->src[0]], *kc = &g->nodes[n->src[1]];
     flash_st st = {.k = k, .sp = sp, .cap = sp->block ? g->nodes[sp->blocks].dims[1] * sp->block : 0,
-                   .tree = sp->block && sp->parents != KILN_IDX_NONE, .q8 = sp->block && kc->dtype == KILN_DTYPE_Q8_0};
+                   .tree = sp->block && sp->parents != KILN_IDX_NONE, .q8 = sp->block && kc->dtype == KILN_DTYPE_Q8_0,
+                   .mix = sp->block ? mix : 0};
     st.f = (fl){.k = k, .n_head = q->dims[1], .hd = q->dims[2], .max_ctx = kc->dims[1],
                 .kp = kc->dtype == KILN_DTYPE_F32 || st.q8 ? 2 : 1};
     st.f.G = st.f.n_head / kc->dims[0];

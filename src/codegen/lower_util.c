@@ -543,6 +543,17 @@ void kl_guard_rows_range(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_
     k->rows = (kiln_krows){.set = true, .small = true, .node = node, .seqs = KILN_IDX_NONE, .per_row = per_row, .cap = cap, .lo = lo};
 }
 
+void kl_guard_rows_mixed(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_t per_row, uint32_t seqs, int64_t mix)
+{
+    kiln_kir c;
+    kiln_kir_init(&c, k->name, k->block);
+    uint32_t rows = kiln_k2(&c, KILN_KOP_DIV, kl_numel_from(&c, &g->nodes[node], 0), kiln_ki(&c, (int32_t)per_row));
+    uint32_t ns = kl_dim(&c, g->nodes[seqs].dims[0]);
+    kiln_kir_guard(k, &c, kiln_k2(&c, KILN_KOP_LE, kiln_ki(&c, (int32_t)mix), kiln_k2(&c, KILN_KOP_SUB, rows, ns)));
+    kiln_kir_free(&c);
+    k->rows = (kiln_krows){.set = true, .node = node, .seqs = seqs, .per_row = per_row, .mix = mix};
+}
+
 bool kl_tma_aligned(const kiln_graph *g, uint32_t node)
 {
     uint64_t off = 0;

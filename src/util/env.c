@@ -46,6 +46,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_GEMV_FENCE] = "KILN_GEMV_FENCE",
     [KILN_ENV_ATTN_CLUSTER] = "KILN_ATTN_CLUSTER",
     [KILN_ENV_PAGED_DECODE] = "KILN_PAGED_DECODE",
+    [KILN_ENV_PAGED_MIXED] = "KILN_PAGED_MIXED",
     [KILN_ENV_DECODE_KERNELS] = "KILN_DECODE_KERNELS",
     [KILN_ENV_GEMV_REDUCE] = "KILN_GEMV_REDUCE",
     [KILN_ENV_GEMV_PRELOAD] = "KILN_GEMV_PRELOAD",
@@ -84,6 +85,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         long v = strtol(e, &end, 10);
         c->paged_decode = *end ? 0 : v == 0 ? KILN_GEMM_OFF : v >= 1 && v <= 64 ? (int32_t)v : 0;
     }
+    if (!c->paged_mixed && (e = kiln_env(KILN_ENV_PAGED_MIXED)))
+        c->paged_mixed = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->decode_kernels && (e = kiln_env(KILN_ENV_DECODE_KERNELS)))
         c->decode_kernels = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->gemv_reduce && (e = kiln_env(KILN_ENV_GEMV_REDUCE)))

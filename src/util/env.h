@@ -49,6 +49,7 @@ enum kiln_env_var {
     KILN_ENV_DECODE_KERNELS,    /* kiln_compile_options.codegen.decode_kernels */
     KILN_ENV_GEMV_REDUCE,    /* kiln_compile_options.codegen.gemv_reduce */
     KILN_ENV_GEMV_PRELOAD,   /* kiln_compile_options.codegen.gemv_preload */
+    KILN_ENV_PAGED_MIXED,    /* kiln_compile_options.codegen.paged_mixed */
     KILN_ENV_COUNT
 };
 
