@@ -10,7 +10,8 @@
  * the same two kernels over a ragged batch: token t sees pos[t] + 1 keys of its own sequence (found
  * among the step's starts), each key's cache row through the block table (kl_paged_slot), the key
  * splits sized for a sequence's capacity; steps of more than 8 rows take the flash kernel (paged:
- * a block per row tile of a sequence). A tree step (speculative verification) on the split kernels:
+ * a block per row tile of a sequence; beside the coalesced split kernels, a->mix, only the sequences
+ * of more than 4 new tokens: the split kernels take the others in the same step). A tree step (speculative verification) on the split kernels:
  * a row sees keys up to its own, those of other draft paths masked by walking its parents
  * (tree_visible); tree steps of many rows take the flash kernel, which masks its tiles alike. A sliding window starts each split's key loop at the first
  * key in the window (splits wholly before it write an empty partial); soft-capping maps each score
