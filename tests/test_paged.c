@@ -14,7 +14,7 @@
 #include "support/testutil.h"
 
 #define T_MAX 700 /* capacity: new tokens per step */
-#define S_MAX 24  /* capacity: sequences per step */
+#define S_MAX 64  /* capacity: sequences per step */
 
 typedef struct pcase {
     const char *what;     /* label */
@@ -298,8 +298,15 @@ static const int s17_prior[] = {700, 300, 999, 256, 1500, 301, 480, 256, 2047, 2
 
 static void cases(const char *backend, int scale)
 {
-    int s17p[17];
+    int s17p[17], s64n[64], s64p[64];
     for (int i = 0; i < 17; i++) s17p[i] = s17_prior[i] / scale > 256 ? s17_prior[i] / scale : 256; /* sharers hold the prefix */
+    /* 64 sequences: KV lengths 1 (an empty cache) to 4096 (at scale 1), mostly decoding, a few rows
+     * (2-4: the split kernels' share of a mixed step on cuda) and chunks of 5, 37 and 300 (the flash
+     * kernel's): 410 rows */
+    for (int i = 0; i < 64; i++) {
+        s64n[i] = i == 7 ? 300 : i == 20 ? 37 : i == 33 ? 5 : i % 16 == 5 ? 2 + i / 16 % 3 : 1;
+        s64p[i] = (i == 63 ? 4095 : i * 64 + i * 37 % 64) / scale;
+    }
     const pcase cs[] = {
         {"1 sequence, 300 new, empty cache, block 16", 1, one_new, one_prior, 16, KILN_DTYPE_F32, 4, 2, 32, 0, 0, 0},
         {"3 sequences, decode + chunk + prefill, block 16, f16", 3, three_new, three_prior, 16, KILN_DTYPE_F16, 4, 1, 64, 0, 0, 0},
@@ -308,6 +315,7 @@ static void cases(const char *backend, int scale)
         {"17 sequences sharing 256 tokens, block 128", 17, s17_new, s17p, 128, KILN_DTYPE_F32, 4, 4, 32, 256, 0, 0},
         {"3 sequences, decode + chunk + prefill, block 16, q8_0", 3, three_new, three_prior, 16, KILN_DTYPE_Q8_0, 4, 1, 64, 0, 0, 0},
         {"17 sequences sharing 256 tokens, block 16, q8_0", 17, s17_new, s17p, 16, KILN_DTYPE_Q8_0, 8, 2, 32, 256, 0, 0},
+        {"64 sequences, KV 1 to 4096 / scale, block 16, f16", 64, s64n, s64p, 16, KILN_DTYPE_F16, 4, 1, 32, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], backend, i == 1 && strcmp(backend, "cuda") != 0);
 }
