@@ -5,8 +5,9 @@
  * from a free list as sequences grow and returned when they finish; requests with a common system
  * prompt share its KV blocks (computed once). Afterwards every request runs alone through the same
  * plan and its greedy tokens must equal those it got in the batch (exit 1 otherwise). Prints the
- * timeline. Usage: example_serve [BACKEND] (default: cuda when present, else cpu). Uses only
- * kiln/kiln.h. */
+ * timeline, and with a second argument draws it as an SVG file (requests in flight, prefill and decode
+ * tokens of each step, step time; plain SVG text, no plotting library). Usage: example_serve [BACKEND
+ * [TIMELINE.svg]] (default: cuda when present, else cpu). Uses only kiln/kiln.h. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +37,17 @@ typedef struct req {
     int     n_got;               /* count */
 } req;
 
+/* One step of the timeline. */
+typedef struct tl_step {
+    int    step, seqs, pre, dec; /* step number, sequences, prefill and decode tokens */
+    double ms;                   /* wall time of the step */
+} tl_step;
+#define TL_MAX 1000
+
 typedef struct engine {
     kiln_plan *p;
+    tl_step    tl[TL_MAX];       /* the timeline of serve() */
+    int        n_tl;
     int32_t    free_blocks[NB];  /* free list */
     int        n_free;
     int32_t    prefix[PREFIX / BS]; /* blocks of the shared prompt, once computed */
@@ -237,6 +247,7 @@ static int serve(engine *e, req *rq)
             }
         }
         printf("%4d  %6.2f  %4d  %7d  %6d %s\n", step, ms, bt.n_seq, n_pre, n_dec, ev);
+        if (e->n_tl < TL_MAX) e->tl[e->n_tl++] = (tl_step){.step = step, .seqs = bt.n_seq, .pre = n_pre, .dec = n_dec, .ms = ms};
     }
     if (e->prefix_refs) { /* the cache lets go of the system prompt */
         for (int b = 0; b < PREFIX / BS; b++) e->free_blocks[e->n_free++] = e->prefix[b];
@@ -267,6 +278,45 @@ static int alone(engine *e, req *r, int idx)
     for (int i = 0; i < r->gen && i < 8; i++) printf(" %d", r->got[i]);
     printf("%s\n", r->gen > 8 ? " ..." : "");
     return bad != 0;
+}
+
+/* The timeline as an SVG chart: per step, stacked bars of prefill (orange) and decode (blue) tokens
+ * against the token budget, the requests in flight as a line (green, right axis in sequences) and the
+ * step time as a line (grey, scaled to the slowest step). Returns 0, or 1 when the file cannot be written. */
+static int write_svg(const engine *e, const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return fprintf(stderr, "%s: cannot write\n", path), 1;
+    const int W = 900, H = 360, L = 60, R = 60, T = 40, B = 50, n = e->n_tl > 0 ? e->n_tl : 1;
+    double pw = W - L - R, ph = H - T - B, bw = pw / n, ms_max = 1e-9;
+    for (int i = 0; i < e->n_tl; i++) ms_max = e->tl[i].ms > ms_max ? e->tl[i].ms : ms_max;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"11\">\n", W, H);
+    fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H);
+    fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">kiln serve: %d requests, %d-token steps (slowest step %.2f ms)</text>\n", L, NREQ,
+            BUDGET, ms_max);
+    for (int i = 0; i < e->n_tl; i++) {
+        const tl_step *s = &e->tl[i];
+        double x = L + i * bw, hp = ph * s->pre / BUDGET, hd = ph * s->dec / BUDGET;
+        fprintf(f, "<rect class=\"prefill\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#f5a142\"><title>step %d: %d prefill</title></rect>\n",
+                x, T + ph - hp, bw * 0.9, hp, s->step, s->pre);
+        fprintf(f, "<rect class=\"decode\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#4a7fd4\"><title>step %d: %d decode</title></rect>\n",
+                x, T + ph - hp - hd, bw * 0.9, hd, s->step, s->dec);
+    }
+    for (int line = 0; line < 2; line++) { /* requests in flight (of S_CAP), step time (of the slowest) */
+        fprintf(f, "<polyline class=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", line ? "ms" : "seqs",
+                line ? "#777777" : "#2a9d45");
+        for (int i = 0; i < e->n_tl; i++)
+            fprintf(f, "%.1f,%.1f ", L + (i + 0.45) * bw, T + ph - ph * (line ? e->tl[i].ms / ms_max : (double)e->tl[i].seqs / S_CAP));
+        fprintf(f, "\"/>\n");
+    }
+    fprintf(f, "<line x1=\"%d\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T + ph, L + pw, T + ph);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">step</text>\n", L + (int)pw / 2, H - 15);
+    fprintf(f, "<text x=\"5\" y=\"%d\">%d tok</text><text x=\"5\" y=\"%.0f\">0</text>\n", T + 4, BUDGET, T + ph);
+    fprintf(f, "<text x=\"%.0f\" y=\"%d\" fill=\"#2a9d45\">%d seqs</text>\n", L + pw + 5, T + 4, S_CAP);
+    fprintf(f, "<text x=\"%d\" y=\"%d\"><tspan fill=\"#f5a142\">prefill tokens</tspan>  <tspan fill=\"#4a7fd4\">decode tokens</tspan>  "
+               "<tspan fill=\"#2a9d45\">requests in flight</tspan>  <tspan fill=\"#777777\">step time</tspan></text>\n", L, H - 2);
+    fprintf(f, "</svg>\n");
+    return fclose(f) == 0 ? 0 : (fprintf(stderr, "%s: write failed\n", path), 1);
 }
 
 static const char *pick_backend(kiln_ctx *ctx, int argc, char **argv)
@@ -310,6 +360,10 @@ int main(int argc, char **argv)
     printf("serving %d requests on %s: %d-token steps, blocks of %d, a %d-token system prompt shared by %d requests\n",
            NREQ, be, BUDGET, BS, PREFIX, shared[0] + shared[2] + shared[3] + shared[6] + shared[7]);
     int rc = serve(&e, rq);
+    if (rc == 0 && argc > 2) {
+        rc = write_svg(&e, argv[2]);
+        if (!rc) printf("timeline of %d steps drawn in %s\n", e.n_tl, argv[2]);
+    }
     for (int i = 0; rc == 0 && i < NREQ; i++) rc |= alone(&e, &rq[i], i);
     if (e.n_free != NB) fprintf(stderr, "%d blocks leaked\n", NB - e.n_free), rc = 1;
     printf("%s\n", rc ? "FAILED" : "ok: every request's tokens equal running it alone");
