@@ -506,7 +506,9 @@ fail:
  * before an MLP's second matmul) is therefore stored in that type at once: the same rounding, done
  * by the producer's store (the gate/up GEMM's epilogue writes half the bytes), and the matmul reads
  * it as it is (no split kernel: 12 us of the 512-token llama-7b layer on the H100). Matmuls with
- * block weights take f16; outputs and nodes read by anything else keep f32. */
+ * block weights take f16; outputs and nodes read by anything else keep f32. Every backend plans
+ * the narrowed graph: ref, cpu and vulkan store and read the 16-bit node as its type says (cpu's
+ * fused matmul pass through f32 staging), within tolerance_f16_act. */
 void kiln_graph_narrow_gemm_inputs(kiln_graph *g)
 {
     for (uint32_t i = 0; i < g->n_nodes; i++) {

@@ -121,11 +121,20 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
     k->norm = KILN_IDX_NONE;
     if (r->kind != KILN_REGION_MATMUL || sp->n_mm == 0) return false;
     const kiln_node_rec *xn = &g->nodes[sp->x];
-    if (xn->dtype != KILN_DTYPE_F32 || (sp->norm == KILN_IDX_NONE && kiln_region_has(r, sp->x))) return false;
+    if (sp->norm == KILN_IDX_NONE && kiln_region_has(r, sp->x)) return false;
+    /* x f16/bf16 (a narrowed swiglu before down, a user's f16 activations) is staged to f32 by
+       run_fused; under an rms_norm prologue x stays f32 (the statistic reads it as it is) */
+    if (xn->dtype != KILN_DTYPE_F32 &&
+        (sp->norm != KILN_IDX_NONE || (xn->dtype != KILN_DTYPE_F16 && xn->dtype != KILN_DTYPE_BF16)))
+        return false;
     if (sp->norm_w != KILN_IDX_NONE && g->nodes[sp->norm_w].dtype != KILN_DTYPE_F32) return false;
     for (uint32_t j = 0; j < sp->n_mm; j++) {
         if (!mm_dtype_ok(g->nodes[g->nodes[sp->mm[j]].src[1]].dtype)) return false;
         const kiln_spec_out *o = &sp->out[j];
+        /* the kernel reads bias and residual as f32 (a stored dst of another type is staged: run_fused) */
+        if ((o->bias != KILN_IDX_NONE && g->nodes[o->bias].dtype != KILN_DTYPE_F32) ||
+            (o->resid != KILN_IDX_NONE && g->nodes[o->resid].dtype != KILN_DTYPE_F32))
+            return false;
         k->mm[j] = sp->mm[j], k->dst[j] = o->dst, k->bias[j] = o->bias, k->resid[j] = o->resid;
         cover(r, covered, sp->mm[j]);
         cover(r, covered, o->bias_add);
@@ -135,6 +144,7 @@ static bool plan_fused(const kiln_graph *g, const kiln_region *r, struct kiln_ke
     k->swiglu = sp->swiglu;
     if (sp->swiglu) cover(r, covered, sp->out[0].dst);
     if (sp->norm != KILN_IDX_NONE) {
+        if (g->nodes[sp->norm].dtype != KILN_DTYPE_F32) return false; /* norm_out stores f32 */
         k->norm = sp->norm;
         k->norm_out = kiln_region_is_out(r, sp->norm);
         cover(r, covered, sp->norm);
@@ -243,6 +253,9 @@ static int64_t rows_of(const kiln_exec_view *v, uint32_t node, int64_t *last)
     return rows;
 }
 
+/* n f32 values of scratch for a staged operand (NULL: out of memory). */
+static float *stage_new(int64_t n) { return malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+
 static kiln_status run_fused(cpu_state *s, const struct kiln_kernel *k, const kiln_exec_view *v)
 {
     const kiln_graph *g = v->g;
@@ -250,6 +263,17 @@ static kiln_status run_fused(cpu_state *s, const struct kiln_kernel *k, const ki
     uint32_t x = k->norm != KILN_IDX_NONE ? g->nodes[k->norm].src[0] : m0->src[0];
     kiln_cpu_mm mm = {.x = v->bufs[x], .n_out = k->n_mm, .swiglu = k->swiglu};
     mm.m = rows_of(v, x, &mm.k);
+    /* The pass reads and stores f32. Another type (kiln_graph_narrow_gemm_inputs: under precision
+       f16 the swiglu that gate/up store and the down matmul reads is f16) is staged: x converted
+       before, a destination converted once after (written in place, the f32 values overran the
+       f16 buffer). stage[0]: x; stage[1 + j]: out j. */
+    float *stage[5] = {NULL, NULL, NULL, NULL, NULL};
+    kiln_status st = KILN_OK;
+    if (g->nodes[x].dtype != KILN_DTYPE_F32) {
+        if (!(stage[0] = stage_new(mm.m * mm.k))) st = KILN_ERR_NOMEM;
+        else if (mm.m * mm.k > 0) st = kiln_dequantize((kiln_dtype)g->nodes[x].dtype, v->bufs[x], stage[0], mm.m * mm.k);
+        mm.x = stage[0];
+    }
     if (k->norm != KILN_IDX_NONE) {
         const kiln_node_rec *nn = &g->nodes[k->norm];
         mm.norm = true;
@@ -258,14 +282,26 @@ static kiln_status run_fused(cpu_state *s, const struct kiln_kernel *k, const ki
         if (k->norm_out) kiln_cpu_rms_norm(mm.x, mm.norm_w, mm.eps, mm.m, mm.k, v->bufs[k->norm]);
     }
     for (int j = 0; j < k->n_mm; j++) {
-        uint32_t w = g->nodes[k->mm[j]].src[1];
+        uint32_t w = g->nodes[k->mm[j]].src[1], d = k->dst[j];
         mm.out[j] = (kiln_cpu_mm_out){.w = v->bufs[w], .wt = (kiln_dtype)g->nodes[w].dtype, .n = v->dims[w][0],
-                                      .y = v->bufs[k->dst[j]],
+                                      .y = v->bufs[d],
                                       .residual = k->resid[j] != KILN_IDX_NONE ? v->bufs[k->resid[j]] : NULL,
                                       .bias = k->bias[j] != KILN_IDX_NONE ? v->bufs[k->bias[j]] : NULL};
+        if (g->nodes[d].dtype != KILN_DTYPE_F32 && !(k->swiglu && j == 1)) {
+            int64_t last, n = rows_of(v, d, &last) * last;
+            if (!(stage[1 + j] = stage_new(n))) st = KILN_ERR_NOMEM;
+            mm.out[j].y = stage[1 + j];
+        }
     }
     if (k->swiglu) mm.out[1].y = NULL;
-    return kiln_cpu_matmul(s->pool, s->isa, &mm);
+    if (st == KILN_OK) st = kiln_cpu_matmul(s->pool, s->isa, &mm);
+    for (int j = 0; j < k->n_mm; j++) {
+        if (!stage[1 + j]) continue;
+        int64_t last, n = rows_of(v, k->dst[j], &last) * last;
+        if (st == KILN_OK && n > 0) st = kiln_quantize((kiln_dtype)g->nodes[k->dst[j]].dtype, stage[1 + j], v->bufs[k->dst[j]], n);
+    }
+    for (int i = 0; i < 5; i++) free(stage[i]);
+    return st;
 }
 
 /* Attention written as ops, one pass: per query row, scores over S keys (never stored), softmax,
