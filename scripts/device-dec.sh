@@ -9,8 +9,8 @@
 #   qwen:   kiln bench --profile of qwen2-0.5b (24 layers, f16 and q4_k): the per-kernel table;
 #   reduce: A B A B through scripts/device-decode.sh (no checks, no ncu): qwen2-0.5b q4_k/f16 with
 #           variants base, reduce (KILN_GEMV_REDUCE=1), preload (KILN_GEMV_PRELOAD=1), pdl3, attn_cl,
-#           attn_cl_pdl3 (QWEN_VARIANTS); llama-7b q4_k/q8_0/f16 at KV 1024 with base, reduce, preload,
-#           fence, pair_fence (LLAMA_VARIANTS);
+#           attn_cl_pdl3 (QWEN_VARIANTS); llama-7b q4_k/q8_0/f16 at KV 1024 with base, reduce, fence,
+#           pair_fence, pipe (KILN_GEMV_PIPELINE=1), pair_pipe (LLAMA_VARIANTS);
 #           per-kernel profiles on q4_k;
 #   gen:    kiln generate against bench --model decode (scripts/device-generate.sh: Q4_K_M llama-7b,
 #           512- and 16-token prompts, new and KILN_DECODE_KERNELS=0, A B A B; writes the model first
@@ -104,13 +104,13 @@ for part in "${parts[@]}"; do
         ;;
     reduce)
         # qwen2-0.5b: REDUCE beside the one-kernel cluster attention and PDL 3 (never timed A B A B);
-        # llama-7b: REDUCE beside the fence and pair + fence (kl_wfmt.gemv_auto's candidates)
+        # llama-7b: REDUCE beside the fence, pair + fence (kl_wfmt.gemv_auto's candidates) and the pipeline
         OUT="$top/reduce_qwen" VARIANTS="${QWEN_VARIANTS:-base reduce preload pdl3 attn_cl attn_cl_pdl3}" CASES="qwen_q4_k qwen_f16" \
             CHECKS=0 NCU=0 PROFILE_CASES="qwen_q4_k" PROFILE_VARIANTS="base preload attn_cl" BUDGET_S=220 \
             "$root/scripts/device-decode.sh" "$bin" | sed -n '/^== /,$p' | tee -a "$summary"
-        OUT="$top/reduce_llama" VARIANTS="${LLAMA_VARIANTS:-base reduce preload fence pair_fence}" \
+        OUT="$top/reduce_llama" VARIANTS="${LLAMA_VARIANTS:-base reduce fence pair_fence pipe pair_pipe}" \
             CASES="llama_q4_k_1k llama_q8_0_1k llama_f16_1k" CHECKS=0 NCU=0 \
-            PROFILE_CASES="llama_q4_k_1k" PROFILE_VARIANTS="base preload pair_fence" BUDGET_S=220 \
+            PROFILE_CASES="llama_q4_k_1k" PROFILE_VARIANTS="base pair_fence pipe" BUDGET_S=260 \
             "$root/scripts/device-decode.sh" "$bin" | sed -n '/^== /,$p' | tee -a "$summary"
         ;;
     gen)

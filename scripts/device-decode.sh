@@ -13,7 +13,9 @@
 # pair_pf1_pdl3, nofence/nopair (KILN_GEMV_FENCE=0 / KILN_GEMV_PAIR=0: the knob off where a format's
 # default turned it on), reduce (KILN_GEMV_REDUCE=1: the gemv's split K summed for all accumulators
 # at once, reduce_split, instead of one block reduction per accumulator), preload (KILN_GEMV_PRELOAD=1:
-# the first step's weights loaded before x's prologue, KILN_PDL=3's loads without PDL). Every `kiln
+# the first step's weights loaded before x's prologue, KILN_PDL=3's loads without PDL), pipe / pipe_pf1 /
+# pair_pipe (KILN_GEMV_PIPELINE=1: the next step's loads before this step's arithmetic; with
+# KILN_GEMV_PREFETCH=1; with the pair path). Every `kiln
 # bench` measures the copy bandwidth after its run (the roof); the
 # floor is (weights + KV read per step) / that copy bandwidth. Then per-kernel profiles (achieved
 # GB/s) of the default, fence, pair_fence and attn_cl variants, and ncu's warp stall reasons of the
@@ -60,6 +62,9 @@ declare -A env_of=(
     [attn_cl]="KILN_ATTN_CLUSTER=1"
     [reduce]="KILN_GEMV_REDUCE=1"
     [preload]="KILN_GEMV_PRELOAD=1"
+    [pipe]="KILN_GEMV_PIPELINE=1"
+    [pipe_pf1]="KILN_GEMV_PIPELINE=1 KILN_GEMV_PREFETCH=1"
+    [pair_pipe]="KILN_GEMV_PAIR=1 KILN_GEMV_PIPELINE=1"
     [attn_cl_pdl3]="KILN_ATTN_CLUSTER=1 KILN_PDL=3"
 )
 # shellcheck disable=SC2206

@@ -276,6 +276,71 @@ Test(pdl, gemv_preload_loads_weights_before_the_prologue_without_pdl)
         }
 }
 
+/* LD4s of matrix weights (chunk loads; not a norm's or bias's vector) of k: how many, and how many
+ * directly in a loop's body (no IF between the load and its innermost loop). */
+static void weight_ld4s(const kiln_graph *g, const kiln_kir *k, uint32_t *n, uint32_t *bare)
+{
+    uint8_t stack[64];
+    int depth = 0;
+    *n = *bare = 0;
+    for (uint32_t j = 0; j < k->n_ins; j++) {
+        const kiln_kinst *in = &k->ins[j];
+        if (in->op == KILN_KOP_LOOP || in->op == KILN_KOP_IF) {
+            cr_assert(depth < 64);
+            stack[depth++] = in->op;
+        } else if (in->op == KILN_KOP_ENDLOOP || in->op == KILN_KOP_ENDIF) {
+            depth--;
+        } else if (in->op == KILN_KOP_LD4 && k->bufs[in->imm.i].kind == KILN_KBUF_NODE &&
+                   g->nodes[k->bufs[in->imm.i].node].op == KILN_OP_WEIGHT && g->nodes[k->bufs[in->imm.i].node].rank == 2) {
+            (*n)++;
+            *bare += depth > 0 && stack[depth - 1] == KILN_KOP_LOOP;
+        }
+    }
+}
+
+/* codegen.gemv_pipeline: in every decode gemv of the presets (f16, q8_0, q4_K; pair path too) each
+ * chunk load sits in an IF (the first step's before the chunk loop, the next step's at its top),
+ * none directly in a loop's body, with no pdl op; without it the chunk loop's loads are its body's. */
+Test(pdl, gemv_pipeline_loads_the_next_step_in_the_chunk_loop)
+{
+    static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (int p = 0; p < kiln_preset_count(); p++)
+        for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
+            kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+                                        .max_tok = 1, .seed = 1, .shape_only = true};
+            kiln_graph *g = NULL;
+            char err[512] = "";
+            cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+            kiln_fusion f;
+            cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+            int gemvs = 0;
+            for (uint32_t r = 0; r < f.n_regions; r++)
+                for (int v = 0; v < 3; v++) { /* off; on; on with the pair path */
+                    kiln_lower_target t = mode_target(0, v == 2);
+                    t.opts.gemv_pipeline = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+                    kiln_kir ks[KILN_LOWER_MAX];
+                    uint32_t n = 0;
+                    cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s", err);
+                    for (uint32_t i = 0; i < n; i++) {
+                        const kiln_kir *k = &ks[i];
+                        if (!strcmp(k->name, "kiln_gemv")) {
+                            uint32_t lds, bare;
+                            weight_ld4s(g, k, &lds, &bare);
+                            cr_assert(lds > 0, "%s region %u: no chunk loads", kiln_preset_at(p)->name, r);
+                            cr_assert(v ? bare == 0 : bare > 0, "%s %s region %u, variant %d: %u of %u chunk loads in a loop's body",
+                                      kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), r, v, bare, lds);
+                            gemvs += v == 1;
+                        }
+                        cr_assert(!k->pdl, "%s: pdl with codegen.pdl off", k->name);
+                        kiln_kir_free(&ks[i]);
+                    }
+                }
+            cr_assert(gemvs >= 4, "%s %s: %d decode gemvs", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), gemvs);
+            kiln_fusion_free(&f);
+            kiln_graph_free(g);
+        }
+}
+
 /* ------------------------------------------------------------------ what the kernels compute */
 
 typedef struct run_case {
@@ -375,7 +440,8 @@ static void compare_ref(const char *what, const char *out, const float *y, const
  * contract's tolerance from ref64. Weights with gemv's pair path (q8_0, q4_K) run it too, plain and
  * with weights in registers and prefetches: the same bits, at the contract's tolerance (the pair
  * path sums in another order than the chunk path). codegen.gemv_preload (the first step's weights
- * loaded before x's prologue, without pdl) gives the same bits on both paths. */
+ * loaded before x's prologue, without pdl) and codegen.gemv_pipeline (the next step's loads before
+ * this step's arithmetic) give the same bits on both paths. */
 static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
 {
     ref64 *rf = ref64_new(c->g);
@@ -407,6 +473,14 @@ static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
             cr_assert(n_pl == 0, "%s: %d pdl kernels with gemv_preload alone", what, n_pl);
             cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: gemv_preload computed other bits", what, out);
             free(y);
+            kiln_lower_target pp = pdl_target(false); /* codegen.gemv_pipeline, with L2 prefetches too */
+            pp.opts.gemv_pipeline = KILN_GEMM_ON;
+            for (int32_t ahead = 0; ahead <= 1; ahead++) {
+                pp.opts.gemv_prefetch = ahead;
+                y = run_kernels(c, &pp, out, numel, &n_pl);
+                cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: gemv_pipeline (prefetch %d) computed other bits", what, out, ahead);
+                free(y);
+            }
         }
         for (int32_t ahead = 1; ahead <= 2; ahead++) { /* codegen.gemv_prefetch: L2 hints only */
             kiln_lower_target pf = mode_target(ahead == 2 ? KILN_PDL_REGS : 0, false);
@@ -430,6 +504,10 @@ static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
             int npp = 0;
             float *yq = run_kernels(c, &pp, out, numel, &npp);
             cr_assert_eq(memcmp(yp, yq, (size_t)numel * 4), 0, "%s, %s: pair path with gemv_preload computed other bits", what, out);
+            free(yq);
+            pp.opts.gemv_preload = KILN_GEMM_AUTO, pp.opts.gemv_pipeline = KILN_GEMM_ON;
+            yq = run_kernels(c, &pp, out, numel, &npp);
+            cr_assert_eq(memcmp(yp, yq, (size_t)numel * 4), 0, "%s, %s: pair path with gemv_pipeline computed other bits", what, out);
             free(yq);
             char w2[128];
             snprintf(w2, sizeof w2, "%s (pair path)", what);

@@ -554,22 +554,28 @@ Test(ptx, pdl_kernels_assemble_for_sm90, .timeout = 600)
 /* The decode gemv's A/B variants (codegen.pdl 3: weights in registers before the wait, gemv_pair,
  * gemv_prefetch, gemv_fence) assemble for sm_90 without spills: all of them at once on the llama-7b
  * q8_0/q4_k and qwen2-0.5b q8_0 decode layers, and without the pair path on llama-7b f16;
- * codegen.gemv_preload alone on qwen2-0.5b q4_k and f16 (kept to a few dozen ptxas runs: this
- * executable is the suite's longest). */
+ * codegen.gemv_preload alone on qwen2-0.5b q4_k and f16; codegen.gemv_pipeline with prefetches on
+ * llama-7b q4_k and, with the pair path, q8_0 (kept to a few dozen ptxas runs: this executable is
+ * the suite's longest). */
 Test(ptx, gemv_variants_assemble_for_sm90, .timeout = 600)
 {
     char ptxas[1024];
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
     static seen_set seen;
     lower_tally t = {0};
-    static const struct { const char *preset; kiln_dtype w; bool pair, preload; } cases[] = {
-        {"llama-7b", KILN_DTYPE_Q8_0, true, false}, {"llama-7b", KILN_DTYPE_Q4_K, true, false},
-        {"qwen2-0.5b", KILN_DTYPE_Q8_0, true, false}, {"llama-7b", KILN_DTYPE_F16, false, false},
-        {"qwen2-0.5b", KILN_DTYPE_Q4_K, false, true}, {"qwen2-0.5b", KILN_DTYPE_F16, false, true}};
+    static const struct { const char *preset; kiln_dtype w; bool pair; int alone; } cases[] = { /* alone: 1 preload, 2 pipeline */
+        {"llama-7b", KILN_DTYPE_Q8_0, true, 0}, {"llama-7b", KILN_DTYPE_Q4_K, true, 0},
+        {"qwen2-0.5b", KILN_DTYPE_Q8_0, true, 0}, {"llama-7b", KILN_DTYPE_F16, false, 0},
+        {"qwen2-0.5b", KILN_DTYPE_Q4_K, false, 1}, {"qwen2-0.5b", KILN_DTYPE_F16, false, 1},
+        {"llama-7b", KILN_DTYPE_Q4_K, false, 2}, {"llama-7b", KILN_DTYPE_Q8_0, true, 2}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         kiln_lower_target tg = kiln_lower_target_for_sm(90);
-        if (cases[i].preload) { /* codegen.gemv_preload alone: the same registers without pdl */
+        if (cases[i].alone == 1) { /* codegen.gemv_preload alone: the same registers without pdl */
             tg.opts.gemv_preload = KILN_GEMM_ON;
+        } else if (cases[i].alone == 2) { /* codegen.gemv_pipeline, with L2 prefetches (and the pair path) */
+            tg.opts.gemv_pipeline = KILN_GEMM_ON;
+            tg.opts.gemv_prefetch = 1;
+            tg.opts.gemv_pair = cases[i].pair ? KILN_GEMM_ON : KILN_GEMM_AUTO;
         } else {
             tg.opts.pdl = KILN_PDL_REGS;
             tg.opts.gemv_pair = cases[i].pair ? KILN_GEMM_ON : KILN_GEMM_AUTO;

@@ -481,6 +481,11 @@ typedef struct kiln_codegen_options {
                            mixed step's decoding sequences are no 128-row flash tiles); KILN_GEMM_OFF: a
                            whole step goes to one or the other, by its rows a sequence on average (A/B
                            runs, $KILN_PAGED_MIXED=0) */
+    int32_t gemv_pipeline; /* KILN_GEMM_ON: the decode gemv's chunk loop loads a lane's next step (every
+                           row of its unit) into registers before the arithmetic of the current one, so a
+                           warp has two steps of weights in flight (not with gemv_preload or KILN_PDL=3,
+                           and without gemv_fence's fence); KILN_GEMM_AUTO/OFF: a step's loads, then its
+                           arithmetic ($KILN_GEMV_PIPELINE=1, docs/kernels.md). Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -407,10 +407,11 @@ static void set_unit(gv *s, const gv_group *G, uint32_t gw, gv_unit *un, uint32_
     }
 }
 
-/* Whether group G loads two chunks a step (both in flight before the first is used). */
+/* Whether group G loads two chunks a step (both in flight before the first is used). Not with
+ * codegen.gemv_pipeline, whose next step is in flight instead (two would double its registers). */
 static bool two_step(gv *s, const gv_group *G, kiln_dtype t)
 {
-    return (fmt(t)->two || (s->dp4a && fmt(t)->two_dp4a)) && !s->scalar && !s->pair &&
+    return (fmt(t)->two || (s->dp4a && fmt(t)->two_dp4a)) && !s->scalar && !s->pair && !s->pipe &&
            kl_gv_steps_per_row(s, t) % (64 * G->wpu) == 0;
 }
 
@@ -425,17 +426,12 @@ static void step_math(gv *s, kiln_dtype t, bool two, gv_chunk ch[2][SLOTS], cons
     }
 }
 
-/* KILN_PDL_REGS or codegen.gemv_preload: the step a lane takes first in its block's first virtual
- * block is in the pre_* variables (loaded before x's prologue and any grid wait, preload_first): its
- * arithmetic runs here, before the chunk loop, which then starts one step later in that virtual block. */
-static void peel_first(gv *s, const gv_group *G, kiln_dtype t, bool two, uint32_t c0, uint32_t pm, uint32_t xs, uint32_t nws)
+/* The pre_* variables (make_pre_vars) as chunks of a step of group gi: fresh values (SETLANE copies
+ * the lanes, the scale word is bitcast), so that the variables may be loaded again before they are
+ * used (codegen.gemv_pipeline). */
+static void chunks_of_vars(gv *s, int gi, bool two, gv_chunk ch[2][SLOTS])
 {
     kiln_kir *k = s->k;
-    int gi = (int)(G - s->grp);
-    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, s->vb, s->bid),
-                        kiln_k2(k, KILN_KOP_LT, c0, kiln_ki(k, (int32_t)kl_gv_steps_per_row(s, t)))));
-    gv_chunk ch[2][SLOTS];
-    uint32_t cc[2] = {c0, kiln_kaddi(k, c0, 32 * G->wpu)};
     for (int h = 0; h < (two ? 2 : 1); h++)
         for (int r = 0; r < s->u.n_slots; r++) {
             memset(&ch[h][r], 0xFF, sizeof ch[h][r]); /* KILN_IDX_NONE */
@@ -445,9 +441,63 @@ static void peel_first(gv *s, const gv_group *G, kiln_dtype t, bool two, uint32_
                 for (int l = 0; l < 4; l++) v = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v, s->pre_v[h][r][i][l], KILN_IDX_NONE, l);
                 ch[h][r].v[i] = v;
             }
-            if (s->pre_dtype[gi][r] != KILN_KT_NONE)
-                ch[h][r].d = s->pre_dtype[gi][r] == KILN_KT_F32 ? s->pre_d[h][r] : kiln_kbitcast(k, (enum kiln_kt)s->pre_dtype[gi][r], s->pre_d[h][r]);
+            enum kiln_kt dt = (enum kiln_kt)s->pre_dtype[gi][r];
+            if (dt != KILN_KT_NONE) {
+                uint32_t w = kiln_kbitcast(k, KILN_KT_U32, s->pre_d[h][r]); /* F32 variable: a copy */
+                ch[h][r].d = dt == KILN_KT_U32 ? w : kiln_kbitcast(k, dt, w);
+            }
         }
+}
+
+/* The variables pre_v / pre_d (zero), made once per kernel and shared by the groups (a warp is in one). */
+static void make_pre_vars(gv *s)
+{
+    if (s->pre_made) return;
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < SLOTS; r++) {
+            for (int i = 0; i < 4; i++)
+                for (int l = 0; l < 4; l++) s->pre_v[h][r][i][l] = kiln_kvar(s->k, kiln_ku(s->k, 0));
+            s->pre_d[h][r] = kiln_kvar(s->k, kiln_kf(s->k, 0.0f));
+        }
+    s->pre_made = true;
+}
+
+/* Loads a lane's step c (both chunks of a two-chunk step) of every slot of group gi into the pre_*
+ * variables, and notes which fields the format's load sets. */
+static void load_into_vars(gv *s, int gi, kiln_dtype t, bool two, int wpu, uint32_t c, uint32_t pm, const uint32_t slot_w[SLOTS],
+                           const uint32_t row[SLOTS], int n_slots, int64_t rows)
+{
+    kiln_kir *k = s->k;
+    for (int h = 0; h < (two ? 2 : 1); h++) {
+        uint32_t ch_c = kiln_kaddi(k, c, 32 * wpu * h);
+        for (int r = 0; r < n_slots; r++) {
+            gv_chunk ch;
+            memset(&ch, 0xFF, sizeof ch); /* KILN_IDX_NONE: fields the format's load leaves */
+            gv_load_step(s, t, slot_w[r], row[r], ch_c, pm, rows, &ch);
+            s->pre_vmask[gi][r] = 0;
+            for (int i = 0; i < 4; i++) {
+                if (ch.v[i] == KILN_IDX_NONE) continue;
+                s->pre_vmask[gi][r] |= (uint8_t)(1u << i);
+                for (int l = 0; l < 4; l++) kiln_kset(k, s->pre_v[h][r][i][l], kiln_klane(k, ch.v[i], l));
+            }
+            s->pre_dtype[gi][r] = ch.d == KILN_IDX_NONE ? KILN_KT_NONE : (uint8_t)kiln_ktype(k, ch.d);
+            if (ch.d != KILN_IDX_NONE)
+                kiln_kset(k, s->pre_d[h][r], kiln_ktype(k, ch.d) == KILN_KT_F32 ? ch.d : kiln_kbitcast(k, KILN_KT_F32, ch.d));
+        }
+    }
+}
+
+/* KILN_PDL_REGS or codegen.gemv_preload: the step a lane takes first in its block's first virtual
+ * block is in the pre_* variables (loaded before x's prologue and any grid wait, preload_first): its
+ * arithmetic runs here, before the chunk loop, which then starts one step later in that virtual block. */
+static void peel_first(gv *s, const gv_group *G, kiln_dtype t, bool two, uint32_t c0, uint32_t pm, uint32_t xs, uint32_t nws)
+{
+    kiln_kir *k = s->k;
+    kiln_kif(k, kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, s->vb, s->bid),
+                        kiln_k2(k, KILN_KOP_LT, c0, kiln_ki(k, (int32_t)kl_gv_steps_per_row(s, t)))));
+    gv_chunk ch[2][SLOTS];
+    uint32_t cc[2] = {c0, kiln_kaddi(k, c0, 32 * G->wpu)};
+    chunks_of_vars(s, (int)(G - s->grp), two, ch);
     step_math(s, t, two, ch, cc, pm, xs, nws);
     kiln_kendif(k);
 }
@@ -541,17 +591,31 @@ static void emit_group(gv *s, const gv_group *G, uint32_t gw, uint32_t lane, uin
     uint32_t c0 = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, wi, kiln_ki(s->k, 32)), lane);
     uint32_t pm = s->pair ? kiln_kandi(k, c0, 7) : KILN_IDX_NONE; /* c mod 8 at every step (steps of 32 wpu) */
     if (s->pre) peel_first(s, G, t, two, c0, pm, xs, nws);
+    int gi = (int)(G - s->grp);
+    if (s->pipe) { /* codegen.gemv_pipeline: the lane's first step into the variables */
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, c0, kiln_ki(k, (int32_t)cpr)));
+        load_into_vars(s, gi, t, two, G->wpu, c0, pm, slot_w, row, s->u.n_slots, rows);
+        kiln_kendif(k);
+    }
     uint32_t c = kiln_kvar(k, s->pre ? kiln_ksel(k, KILN_KT_I32, kiln_k2(k, KILN_KOP_EQ, s->vb, s->bid), kiln_kaddi(k, c0, step), c0) : c0);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, kiln_ki(s->k, (int32_t)cpr), kiln_ki(s->k, step), 0);
     gv_chunk ch[2][SLOTS];
     uint32_t cc[2] = {c, two ? kiln_k2(s->k, KILN_KOP_ADD, c, kiln_ki(s->k, 32 * G->wpu)) : KILN_IDX_NONE};
     if (s->tgt->opts.gemv_prefetch > 0 && s->tgt->opts.gemv_prefetch <= 4) /* codegen.gemv_prefetch steps ahead */
         prefetch_ahead(s, t, G, two, c, pm, slot_w, row, step * s->tgt->opts.gemv_prefetch, cpr);
-    for (int h = 0; h < (two ? 2 : 1); h++)
-        for (int r = 0; r < s->u.n_slots; r++) gv_load_step(s, t, slot_w[r], row[r], cc[h], pm, rows, &ch[h][r]);
-    /* the step's loads issue together (ptxas moves no load across it): codegen.gemv_fence, or at AUTO the format's default */
-    if (s->tgt->opts.gemv_fence == KILN_GEMM_ON || (s->tgt->opts.gemv_fence == KILN_GEMM_AUTO && (fmt(t)->gemv_auto & KL_GV_FENCE)))
-        kiln_kir_op(k, KILN_KOP_FENCE_CTA, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    if (s->pipe) { /* this step from the variables (copies), then the next step's loads into them, in flight during this step's arithmetic */
+        chunks_of_vars(s, gi, two, ch);
+        uint32_t cn = kiln_kaddi(k, c, step);
+        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, cn, kiln_ki(k, (int32_t)cpr)));
+        load_into_vars(s, gi, t, two, G->wpu, cn, pm, slot_w, row, s->u.n_slots, rows);
+        kiln_kendif(k);
+    } else {
+        for (int h = 0; h < (two ? 2 : 1); h++)
+            for (int r = 0; r < s->u.n_slots; r++) gv_load_step(s, t, slot_w[r], row[r], cc[h], pm, rows, &ch[h][r]);
+        /* the step's loads issue together (ptxas moves no load across it): codegen.gemv_fence, or at AUTO the format's default */
+        if (s->tgt->opts.gemv_fence == KILN_GEMM_ON || (s->tgt->opts.gemv_fence == KILN_GEMM_AUTO && (fmt(t)->gemv_auto & KL_GV_FENCE)))
+            kiln_kir_op(k, KILN_KOP_FENCE_CTA, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    }
     step_math(s, t, two, ch, cc, pm, xs, nws);
     kl_loop_end(k);
     reduce_split(s, G, tid, wi);
@@ -621,12 +685,7 @@ static void preload_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
 {
     kiln_kir *k = s->k;
     const kiln_graph *g = s->g;
-    for (int h = 0; h < 2; h++)
-        for (int r = 0; r < SLOTS; r++) {
-            for (int i = 0; i < 4; i++)
-                for (int l = 0; l < 4; l++) s->pre_v[h][r][i][l] = kiln_kvar(k, kiln_ku(k, 0));
-            s->pre_d[h][r] = kiln_kvar(k, kiln_kf(k, 0.0f));
-        }
+    make_pre_vars(s);
     uint32_t gw = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, bid, WARPS), kiln_kshri(k, tid, 5));
     for (int q = 0; q < s->n_grp; q++) {
         const gv_group *G = &s->grp[q];
@@ -639,23 +698,10 @@ static void preload_first(gv *s, uint32_t bid, uint32_t tid, uint32_t lane)
         set_unit(s, G, gw, &un, &u, &wi, slot_w, row);
         int64_t cpr = kl_gv_steps_per_row(s, t);
         uint32_t c0 = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, wi, 32), lane), pm = s->pair ? kiln_kandi(k, c0, 7) : KILN_IDX_NONE;
-        for (int h = 0; h < (two_step(s, G, t) ? 2 : 1); h++) {
-            uint32_t c = kiln_k2(k, KILN_KOP_MIN, kiln_kaddi(k, c0, 32 * G->wpu * h), kiln_ki(k, (int32_t)(cpr - 1)));
-            for (int r = 0; r < un.n_slots; r++) {
-                gv_chunk ch;
-                memset(&ch, 0xFF, sizeof ch); /* KILN_IDX_NONE: fields the format's load leaves */
-                gv_load_step(s, t, slot_w[r], row[r], c, pm, G->n, &ch);
-                s->pre_vmask[q][r] = 0;
-                for (int i = 0; i < 4; i++) {
-                    if (ch.v[i] == KILN_IDX_NONE) continue;
-                    s->pre_vmask[q][r] |= (uint8_t)(1u << i);
-                    for (int l = 0; l < 4; l++) kiln_kset(k, s->pre_v[h][r][i][l], kiln_klane(k, ch.v[i], l));
-                }
-                s->pre_dtype[q][r] = ch.d == KILN_IDX_NONE ? KILN_KT_NONE : (uint8_t)kiln_ktype(k, ch.d);
-                if (ch.d != KILN_IDX_NONE)
-                    kiln_kset(k, s->pre_d[h][r], kiln_ktype(k, ch.d) == KILN_KT_F32 ? ch.d : kiln_kbitcast(k, KILN_KT_F32, ch.d));
-            }
-        }
+        /* clamped into the row (a lane past it loads the row's last step and never uses it); a
+         * two-chunk step's second chunk is inside whenever its first is (cpr % (64 wpu) == 0) */
+        uint32_t c = kiln_k2(k, KILN_KOP_MIN, c0, kiln_ki(k, (int32_t)(cpr - 1 - (two_step(s, G, t) ? 32 * G->wpu : 0))));
+        load_into_vars(s, q, t, two_step(s, G, t), G->wpu, c, pm, slot_w, row, un.n_slots, G->n);
         kiln_kendif(k);
     }
 }
@@ -720,6 +766,9 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
          * start without PDL, so that they are in flight while x's prologue runs */
         s->pre = (kiln_lower_target_pdl(tg) && tg->opts.pdl == KILN_PDL_REGS) || tg->opts.gemv_preload == KILN_GEMM_ON;
         if (s->pre) preload_first(s, bid, tid, lane);
+        /* codegen.gemv_pipeline: not with pre (its peeled first step); its variables are pre's */
+        s->pipe = !s->pre && tg->opts.gemv_pipeline == KILN_GEMM_ON;
+        if (s->pipe) make_pre_vars(s);
         s->u.t0 = kiln_ki(s->k, 0);
         pass_prologue(s, tid, m);
         k->grid_stride = true;

@@ -77,8 +77,12 @@ typedef struct gv {
     bool      pre;              /* codegen.pdl = KILN_PDL_REGS or codegen.gemv_preload (decode): the first step
                                    of the block's first virtual block is loaded into the pre_* variables
                                    before x's prologue (and the grid wait) */
+    bool      pipe;             /* codegen.gemv_pipeline (decode, without pre): the chunk loop loads a lane's
+                                   next step into the pre_* variables before the arithmetic of the current one */
+    bool      pre_made;         /* the pre_* variables exist (make_pre_vars) */
     uint32_t  vb, bid;          /* I32 virtual block (the hoisted loop's variable) and block index */
-    uint32_t  pre_v[2][SLOTS][4][4]; /* U32 variables: lane l of V4 i of slot r's chunk h of that step */
+    uint32_t  pre_v[2][SLOTS][4][4]; /* U32 variables: lane l of V4 i of slot r's chunk h of that step (pre),
+                                   or of the next step (pipe) */
     uint32_t  pre_d[2][SLOTS];  /* F32 variables: its scale word (U32 ones bitcast) */
     uint8_t   pre_vmask[SLOTS][SLOTS]; /* per group, slot: which V4 of a chunk its format's load sets */
     uint8_t   pre_dtype[SLOTS][SLOTS]; /* per group, slot: the type of its d (KILN_KT_NONE: unset) */

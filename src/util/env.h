@@ -50,6 +50,7 @@ enum kiln_env_var {
     KILN_ENV_GEMV_REDUCE,    /* kiln_compile_options.codegen.gemv_reduce */
     KILN_ENV_GEMV_PRELOAD,   /* kiln_compile_options.codegen.gemv_preload */
     KILN_ENV_PAGED_MIXED,    /* kiln_compile_options.codegen.paged_mixed */
+    KILN_ENV_GEMV_PIPELINE,  /* kiln_compile_options.codegen.gemv_pipeline */
     KILN_ENV_COUNT
 };
 
