@@ -5,7 +5,8 @@
 #           bytes and throughput, instructions executed (per DRAM byte), issue activity, achieved
 #           occupancy and the warp stall reasons (smsp__warp_issue_stalled_*_per_warp_active.pct), of
 #           llama-7b q4_k (KV 1024, one layer) and qwen2-0.5b q4_k and f16 (KV 1024, one layer), and
-#           qwen2-0.5b q4_k with KILN_GEMV_REDUCE=1 and with KILN_GEMV_PRELOAD=1;
+#           qwen2-0.5b q4_k with KILN_GEMV_REDUCE=1 and with KILN_GEMV_PRELOAD=1, llama-7b q4_k with
+#           KILN_GEMV_PIPELINE=1 and with KILN_GEMV_PAIR=1 KILN_GEMV_FENCE=1;
 #   qwen:   kiln bench --profile of qwen2-0.5b (24 layers, f16 and q4_k): the per-kernel table;
 #   reduce: A B A B through scripts/device-decode.sh (no checks, no ncu): qwen2-0.5b q4_k/f16 with
 #           variants base, reduce (KILN_GEMV_REDUCE=1), preload (KILN_GEMV_PRELOAD=1), pdl3, attn_cl,
@@ -85,6 +86,8 @@ for part in "${parts[@]}"; do
         out="$top/ncu" && mkdir -p "$out"
         # kernels a step: llama q4_k 6-7, qwen 6 (docs/kernels.md); skip the warm-up's, keep 2 steps' worth
         ncu_step ncu_llama_q4_k 6 12 "" --preset llama-7b --wtype q4_k --ctx 1024 --layers 1
+        ncu_step ncu_llama_q4_k_pipe 6 12 KILN_GEMV_PIPELINE=1 --preset llama-7b --wtype q4_k --ctx 1024 --layers 1
+        ncu_step ncu_llama_q4_k_pair_fence 6 12 "KILN_GEMV_PAIR=1 KILN_GEMV_FENCE=1" --preset llama-7b --wtype q4_k --ctx 1024 --layers 1
         ncu_step ncu_qwen_q4_k 6 12 "" --preset qwen2-0.5b --wtype q4_k --ctx 1024 --layers 1
         ncu_step ncu_qwen_f16 6 12 "" --preset qwen2-0.5b --wtype f16 --ctx 1024 --layers 1
         ncu_step ncu_qwen_q4_k_reduce 6 12 KILN_GEMV_REDUCE=1 --preset qwen2-0.5b --wtype q4_k --ctx 1024 --layers 1
