@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/data/ggml_quant_fixtures.txt: for every GGUF block format kiln runs, the FNV-1a 64
+"""Writes tests/data/ggml_quant_fixtures.txt: for every GGUF block format kiln runs (the i-quants too), the FNV-1a 64
 hash of what the `gguf` package's numpy code (llama.cpp's gguf-py, which follows ggml's C) gives for
 block bytes and floats that tests/test_quant_fixtures.c regenerates with the same splitmix64
 stream. Lines: `dequant NAME N_BLOCKS HASH` (f32 output of random blocks) and `quant NAME N_BLOCKS
@@ -14,6 +14,12 @@ FORMATS = [  # name, ggml type, f16 fields (byte offsets) to make sane
     ("q8_0", T.Q8_0, [0]), ("q4_k", T.Q4_K, [0, 2]), ("q5_k", T.Q5_K, [0, 2]), ("q6_k", T.Q6_K, [208]),
     ("q4_0", T.Q4_0, [0]), ("q4_1", T.Q4_1, [0, 2]), ("q5_0", T.Q5_0, [0]), ("q5_1", T.Q5_1, [0, 2]),
     ("iq4_nl", T.IQ4_NL, [0]), ("q2_k", T.Q2_K, [80, 82]), ("q3_k", T.Q3_K, [108]), ("iq4_xs", T.IQ4_XS, [0]),
+]
+# The i-quants (dequantization only): the f16 scale at byte 0, except iq1_m's, whose four nibbles sit
+# in the top nibbles of its four u16 scale words (bytes 49, 51, 53, 55): "spread".
+IQ_FORMATS = [
+    ("iq2_xxs", T.IQ2_XXS, [0]), ("iq2_xs", T.IQ2_XS, [0]), ("iq2_s", T.IQ2_S, [0]), ("iq3_xxs", T.IQ3_XXS, [0]),
+    ("iq3_s", T.IQ3_S, [0]), ("iq1_s", T.IQ1_S, [0]), ("iq1_m", T.IQ1_M, "spread"),
 ]
 QUANT = [("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_1", T.Q4_1), ("q5_0", T.Q5_0), ("q5_1", T.Q5_1)]
 SEED = 0x6b696c6e  # "kiln"
@@ -57,7 +63,11 @@ def blocks(r, qtype, f16s, n):
         while len(blk) < ts:
             blk += r.next().to_bytes(8, "little")
         blk = blk[:ts]
-        for off in f16s:
+        if f16s == "spread":
+            h = f16_bits(r, b)
+            for k in range(4):
+                blk[49 + 2 * k] = (blk[49 + 2 * k] & 0x0F) | (((h >> (4 * k)) & 0xF) << 4)
+        for off in (f16s if f16s != "spread" else []):
             blk[off:off + 2] = f16_bits(r, b).to_bytes(2, "little")
         out += blk
     return np.frombuffer(bytes(out), dtype=np.uint8)
@@ -76,7 +86,7 @@ def floats(r, n):
 
 def main():
     out = []
-    for name, qtype, f16s in FORMATS:
+    for name, qtype, f16s in FORMATS + IQ_FORMATS:
         bs, ts = quants.GGML_QUANT_SIZES[qtype]
         n = 64 if bs == 32 else 16
         r = Rng(SEED + int(qtype))

@@ -81,7 +81,8 @@ Test(contracts, float_tolerances_are_tight)
         char err[512];
         cr_assert(contract_load(kiln_op_name((enum kiln_op)op), &c, err, sizeof err), "%s", err);
         const double q = op == KILN_OP_MATMUL ? 1e-4 : op == KILN_OP_KV_SCATTER ? 5e-4 : 1e-8;
-        const double lim[KILN_DTYPE_COUNT] = {1e-8, 0x1p-21, 0x1p-15, 0, q, q, q, q, q, q, q, q, q, q, q, q};
+        const double lim[KILN_DTYPE_COUNT] = {1e-8, 0x1p-21, 0x1p-15, 0, q, q, q, q, q, q, q, q,
+                                              q,    q,       q,       q, q, q, q, q, q, q, q};
         for (int t = 0; t < KILN_DTYPE_COUNT; t++)
             cr_assert(isnan(c.tol[t]) || c.tol[t] <= lim[t], "%s: %s tolerance %g is looser than %g", c.op,
                       kiln_dtype_name((kiln_dtype)t), c.tol[t], lim[t]);

@@ -119,7 +119,8 @@ static void guarded_check_free(uint8_t *q, size_t n)
 Test(dtype, names_round_trip)
 {
     static const char *names[KILN_DTYPE_COUNT] = {"f32",  "f16",  "bf16", "i32",    "q8_0", "q4_k", "q5_k", "q6_k",
-                                                  "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "iq4_xs"};
+                                                  "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k", "iq4_xs",
+                                                  "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"};
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) {
         cr_assert_str_eq(kiln_dtype_name((kiln_dtype)t), names[t]);
         kiln_dtype out = KILN_DTYPE_COUNT;
@@ -153,8 +154,10 @@ Test(dtype, names_round_trip)
 
 Test(dtype, block_sizes_and_layouts)
 {
-    static const int64_t block[KILN_DTYPE_COUNT] = {1, 1, 1, 1, 32, 256, 256, 256, 32, 32, 32, 32, 32, 256, 256, 256};
-    static const size_t bytes[KILN_DTYPE_COUNT] = {4, 2, 2, 4, 34, 144, 176, 210, 18, 20, 22, 24, 18, 84, 110, 136};
+    static const int64_t block[KILN_DTYPE_COUNT] = {1,  1,  1,  1,  32, 256, 256, 256, 32,  32,  32,  32,
+                                                    32, 256, 256, 256, 256, 256, 256, 256, 256, 256, 256};
+    static const size_t bytes[KILN_DTYPE_COUNT] = {4,  2,   2,   4,  34, 144, 176, 210, 18, 20, 22, 24,
+                                                   18, 84, 110, 136, 66, 74,  82,  98, 110, 50, 56};
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) {
         cr_assert_eq(kiln_dtype_block((kiln_dtype)t), block[t], "%s", kiln_dtype_name((kiln_dtype)t));
         cr_assert_eq(kiln_dtype_block_bytes((kiln_dtype)t), bytes[t], "%s", kiln_dtype_name((kiln_dtype)t));
@@ -658,11 +661,13 @@ Test(quant, argument_errors)
     for (int t = 0; t < KILN_DTYPE_COUNT; t++) {
         kiln_dtype d = (kiln_dtype)t;
         int64_t blk = kiln_dtype_block(d);
+        bool read_only = d >= KILN_DTYPE_IQ2_XXS && d <= KILN_DTYPE_IQ1_M; /* the i-quants: no quantizer */
         if (d != KILN_DTYPE_I32) {
             cr_assert_eq(kiln_quantize(d, NULL, q, blk), KILN_ERR_INVALID_ARG);
             cr_assert_eq(kiln_quantize(d, x, NULL, blk), KILN_ERR_INVALID_ARG);
             cr_assert_eq(kiln_quantize(d, x, q, -blk), KILN_ERR_INVALID_ARG);
-            cr_assert_eq(kiln_quantize(d, x, q, 0), KILN_OK);
+            cr_assert_eq(kiln_quantize(d, x, q, 0), read_only ? KILN_ERR_UNSUPPORTED : KILN_OK, "%s", kiln_dtype_name(d));
+            if (read_only) cr_assert_eq(kiln_quantize(d, x, q, blk), KILN_ERR_UNSUPPORTED, "%s", kiln_dtype_name(d));
         }
         cr_assert_eq(kiln_dequantize(d, NULL, y, blk), KILN_ERR_INVALID_ARG);
         cr_assert_eq(kiln_dequantize(d, q, NULL, blk), KILN_ERR_INVALID_ARG);

@@ -242,8 +242,8 @@ Test(gguf, tensors_of_every_kiln_type_round_trip)
 Test(gguf, unsupported_tensor_type_opens_but_fails_by_name)
 {
     gw *w = gw_new(3, 0);
-    uint8_t iq2[66] = {0}; /* iq2_xxs (ggml id 16): one block of 256 */
-    gw_tensor(w, "blk.0.attn_q.weight", 16, 1, (int64_t[]){256}, iq2, sizeof iq2);
+    uint8_t tq2[66] = {0}; /* tq2_0 (ggml id 35): one block of 256 */
+    gw_tensor(w, "blk.0.attn_q.weight", 35, 1, (int64_t[]){256}, tq2, sizeof tq2);
     size_t n;
     uint8_t *bytes = gw_bytes(w, &n);
     gw_free(w);
@@ -251,9 +251,9 @@ Test(gguf, unsupported_tensor_type_opens_but_fails_by_name)
     cr_assert_eq(kiln_gguf_open_memory(ctx, bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
     kiln_gguf_tensor t;
     cr_assert_eq(kiln_gguf_tensor_at(f, 0, &t), KILN_OK);
-    cr_assert(t.t == KILN_DTYPE_COUNT && strcmp(t.type_name, "iq2_xxs") == 0 && t.bytes == 66);
+    cr_assert(t.t == KILN_DTYPE_COUNT && strcmp(t.type_name, "tq2_0") == 0 && t.bytes == 66);
     cr_assert_eq(kiln_gguf_tensor_get(f, "blk.0.attn_q.weight", &t), KILN_ERR_UNSUPPORTED);
-    cr_assert(strstr(kiln_ctx_error(ctx), "blk.0.attn_q.weight") && strstr(kiln_ctx_error(ctx), "iq2_xxs"), "%s",
+    cr_assert(strstr(kiln_ctx_error(ctx), "blk.0.attn_q.weight") && strstr(kiln_ctx_error(ctx), "tq2_0"), "%s",
               kiln_ctx_error(ctx));
     kiln_gguf_close(f);
     free(bytes);

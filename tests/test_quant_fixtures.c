@@ -33,6 +33,16 @@ static const fmt FMTS[] = {
 };
 #define N_FMTS (int)(sizeof FMTS / sizeof FMTS[0])
 
+/* The i-quants (dequantization only; f16s[0] == -2: iq1_m's scale spread over the top nibbles of
+ * bytes 49, 51, 53, 55, as the script's "spread"). */
+static const fmt IQ_FMTS[] = {
+    {"iq2_xxs", KILN_DTYPE_IQ2_XXS, 16, {0, -1}}, {"iq2_xs", KILN_DTYPE_IQ2_XS, 17, {0, -1}},
+    {"iq2_s", KILN_DTYPE_IQ2_S, 22, {0, -1}},     {"iq3_xxs", KILN_DTYPE_IQ3_XXS, 18, {0, -1}},
+    {"iq3_s", KILN_DTYPE_IQ3_S, 21, {0, -1}},     {"iq1_s", KILN_DTYPE_IQ1_S, 19, {0, -1}},
+    {"iq1_m", KILN_DTYPE_IQ1_M, 29, {-2, -1}},
+};
+#define N_IQ (int)(sizeof IQ_FMTS / sizeof IQ_FMTS[0])
+
 static uint64_t sm_next(uint64_t *s)
 {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -68,6 +78,10 @@ static uint8_t *random_blocks(const fmt *f, uint64_t seed, int n)
         for (size_t i = 0; i < ts; i += 8) {
             uint64_t z = sm_next(&seed);
             memcpy(blk + i, &z, 8);
+        }
+        if (f->f16s[0] == -2) { /* iq1_m */
+            uint16_t h = f16_bits(&seed, b);
+            for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 0x0f) | (((h >> (4 * k)) & 0xf) << 4));
         }
         for (int k = 0; k < 2 && f->f16s[k] >= 0; k++) {
             uint16_t h = f16_bits(&seed, b);
@@ -110,6 +124,92 @@ Test(quant_fixtures, dequantize_bit_exact_with_gguf_py)
         free(y);
         free(q);
     }
+}
+
+Test(quant_fixtures, iquants_dequantize_bit_exact_with_gguf_py)
+{
+    for (int i = 0; i < N_IQ; i++) {
+        const fmt *f = &IQ_FMTS[i];
+        int nb = 0;
+        uint64_t want = fixture("dequant", f->name, &nb);
+        uint8_t *q = random_blocks(f, SEED + f->ggml, nb);
+        int64_t n = nb * kiln_dtype_block(f->t);
+        float *y = malloc((size_t)n * sizeof *y);
+        tu_poison(y, (size_t)n * sizeof *y);
+        cr_assert_eq(kiln_dequantize(f->t, q, y, n), KILN_OK, "%s", f->name);
+        cr_assert_eq(fnv(y, (size_t)n * sizeof *y), want, "%s: dequantized values differ from ggml's", f->name);
+        float x[256];
+        cr_assert_eq(kiln_quantize(f->t, x, q, 256), KILN_ERR_UNSUPPORTED, "%s: kiln has no quantizer for it", f->name);
+        free(y);
+        free(q);
+    }
+}
+
+/* Matmul with i-quant weights (random blocks, sane scales) on ref and cpu against an f64 product of
+ * kiln_dequantize's values (which the test above ties to ggml's), at the matmul contract's bound:
+ * the cpu's dequantizing kernel (kern_scalar.c) and the ref backend's generic path. */
+Test(quant_fixtures, iquant_matmul_on_ref_and_cpu)
+{
+    enum { N = 5, K = 512, T = 3 };
+    kiln_ctx *ctx;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.n_threads = 2, .quiet = true}, &ctx), KILN_OK);
+    for (int i = 0; i < N_IQ; i++) {
+        const fmt *f = &IQ_FMTS[i];
+        uint8_t *w = random_blocks(f, tu_next(), N * K / 256);
+        for (int b = 0; b < N * K / 256; b++) /* blocks 0 and 1 of random_blocks have zero/subnormal scales */
+            if (b < 2) memcpy(w + (size_t)b * kiln_dtype_block_bytes(f->t), w + (size_t)(N * K / 256 - 1 - b) * kiln_dtype_block_bytes(f->t), kiln_dtype_block_bytes(f->t));
+        float wd[N * K], x[T * K], y[T * N];
+        cr_assert_eq(kiln_dequantize(f->t, w, wd, N * K), KILN_OK);
+        tu_fill(x, T * K, -1, 1);
+        double want[T * N], mag = 0, err;
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                double acc = 0;
+                for (int k = 0; k < K; k++) acc += (double)x[t * K + k] * wd[n * K + k];
+                want[t * N + n] = acc, mag += acc * acc;
+            }
+        cr_assert_gt(mag, 0, "%s: all-zero weights", f->name);
+        const char *bes[2] = {"ref", "cpu"};
+        for (int b = 0; b < 2; b++) {
+            kiln_graph *g;
+            cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+            kiln_node xn = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, K});
+            kiln_node wn = kiln_weight(g, "w", f->t, 2, (kiln_dim[]){N, K}, w, KILN_WEIGHT_BORROW);
+            cr_assert_eq(kiln_output(g, kiln_matmul(g, xn, wn), "y"), KILN_OK, "%s", kiln_graph_error(g));
+            kiln_plan *p;
+            cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = bes[b]}, &p), KILN_OK, "%s on %s: %s",
+                         f->name, bes[b], kiln_ctx_error(ctx));
+            tu_poison(y, sizeof y);
+            kiln_binding bd[2] = {{.name = "x", .data = x, .bytes = sizeof x}, {.name = "y", .data = y, .bytes = sizeof y}};
+            cr_assert_eq(kiln_run(p, bd, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+            err = 0;
+            for (int j = 0; j < T * N; j++) err += ((double)y[j] - want[j]) * ((double)y[j] - want[j]);
+            cr_assert_leq(err / mag, tu_tol("matmul", f->t), "%s on %s: NMSE %.3g", f->name, bes[b], err / mag);
+            cr_assert_leq(err / mag, 1e-10, "%s on %s: NMSE %.3g (f32 activations: no int8 rounding)", f->name, bes[b],
+                          err / mag);
+            kiln_plan_free(p);
+            kiln_graph_free(g);
+        }
+        /* the GPU backends have no row for it: a forced plan is refused by name (auto placement keeps it on cpu) */
+        for (int b = 0; b < kiln_backend_count(ctx); b++) {
+            kiln_backend_info bi;
+            if (kiln_backend_get(ctx, b, &bi) != KILN_OK || !bi.available ||
+                (strcmp(bi.name, "vulkan") != 0 && strcmp(bi.name, "cuda") != 0))
+                continue;
+            kiln_graph *g;
+            cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+            kiln_node xn = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, K});
+            kiln_node wn = kiln_weight(g, "w", f->t, 2, (kiln_dim[]){N, K}, w, KILN_WEIGHT_BORROW);
+            kiln_output(g, kiln_matmul(g, xn, wn), "y");
+            kiln_plan *p = NULL;
+            cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = bi.name}, &p), KILN_ERR_UNSUPPORTED,
+                         "%s on %s", f->name, bi.name);
+            cr_assert(strstr(kiln_ctx_error(ctx), f->name), "%s on %s: %s", f->name, bi.name, kiln_ctx_error(ctx));
+            kiln_graph_free(g);
+        }
+        free(w);
+    }
+    kiln_ctx_free(ctx);
 }
 
 /* The script's `floats`: blocks of 32 of u * mult + off, computed in double, rounded to float. */

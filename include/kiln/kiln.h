@@ -77,6 +77,15 @@ typedef enum kiln_dtype {
     KILN_DTYPE_Q2_K, /* GGUF q2_K: blocks of 256 values, 84 bytes                               */
     KILN_DTYPE_Q3_K, /* GGUF q3_K: blocks of 256 values, 110 bytes                              */
     KILN_DTYPE_IQ4_XS, /* GGUF iq4_xs: blocks of 256 values, 136 bytes                           */
+    /* ggml's codebook i-quants: read (dequantized exactly as ggml does) on ref and cpu; kiln has no
+     * quantizer for them (kiln_quantize fails) and the GPU backends refuse them by name. */
+    KILN_DTYPE_IQ2_XXS, /* GGUF iq2_xxs: blocks of 256 values, 66 bytes                          */
+    KILN_DTYPE_IQ2_XS, /* GGUF iq2_xs: blocks of 256 values, 74 bytes                            */
+    KILN_DTYPE_IQ2_S,  /* GGUF iq2_s: blocks of 256 values, 82 bytes                             */
+    KILN_DTYPE_IQ3_XXS, /* GGUF iq3_xxs: blocks of 256 values, 98 bytes                          */
+    KILN_DTYPE_IQ3_S,  /* GGUF iq3_s: blocks of 256 values, 110 bytes                            */
+    KILN_DTYPE_IQ1_S,  /* GGUF iq1_s: blocks of 256 values, 50 bytes                             */
+    KILN_DTYPE_IQ1_M,  /* GGUF iq1_m: blocks of 256 values, 56 bytes                             */
     KILN_DTYPE_COUNT
 } kiln_dtype;
 

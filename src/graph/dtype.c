@@ -42,8 +42,20 @@ BLOCK_FNS(q2_k, kiln_block_q2_k)
 BLOCK_FNS(q3_k, kiln_block_q3_k)
 BLOCK_FNS(iq4_xs, kiln_block_iq4_xs)
 #undef BLOCK_FNS
+#define DEQUANT_FN(NAME, T) \
+    static void dequant_##NAME(const void *b, float *y) { kiln_dtype_dequant_##NAME((const T *)b, y); }
+DEQUANT_FN(iq2_xxs, kiln_block_iq2_xxs)
+DEQUANT_FN(iq2_xs, kiln_block_iq2_xs)
+DEQUANT_FN(iq2_s, kiln_block_iq2_s)
+DEQUANT_FN(iq3_xxs, kiln_block_iq3_xxs)
+DEQUANT_FN(iq3_s, kiln_block_iq3_s)
+DEQUANT_FN(iq1_s, kiln_block_iq1_s)
+DEQUANT_FN(iq1_m, kiln_block_iq1_m)
+#undef DEQUANT_FN
 
 #define BLOCK_ROW(NAME, QK, T, GPU) {#NAME, QK, sizeof(T), quant_##NAME, dequant_##NAME, GPU}
+/* Read-only formats (the i-quants): no quantizer, no GPU row. */
+#define READ_ROW(NAME, QK, T) {#NAME, QK, sizeof(T), NULL, dequant_##NAME, false}
 
 /* One row per dtype (ggml's type_traits idea): adding a block format is its struct and routines
  * in dtype.h / dtype_q.c and a row here. */
@@ -64,8 +76,16 @@ static const dtype_info dtype_table[KILN_DTYPE_COUNT] = {
     [KILN_DTYPE_Q2_K] = BLOCK_ROW(q2_k, KILN_QK_K, kiln_block_q2_k, true),
     [KILN_DTYPE_Q3_K] = BLOCK_ROW(q3_k, KILN_QK_K, kiln_block_q3_k, true),
     [KILN_DTYPE_IQ4_XS] = BLOCK_ROW(iq4_xs, KILN_QK_K, kiln_block_iq4_xs, true),
+    [KILN_DTYPE_IQ2_XXS] = READ_ROW(iq2_xxs, KILN_QK_K, kiln_block_iq2_xxs),
+    [KILN_DTYPE_IQ2_XS] = READ_ROW(iq2_xs, KILN_QK_K, kiln_block_iq2_xs),
+    [KILN_DTYPE_IQ2_S] = READ_ROW(iq2_s, KILN_QK_K, kiln_block_iq2_s),
+    [KILN_DTYPE_IQ3_XXS] = READ_ROW(iq3_xxs, KILN_QK_K, kiln_block_iq3_xxs),
+    [KILN_DTYPE_IQ3_S] = READ_ROW(iq3_s, KILN_QK_K, kiln_block_iq3_s),
+    [KILN_DTYPE_IQ1_S] = READ_ROW(iq1_s, KILN_QK_K, kiln_block_iq1_s),
+    [KILN_DTYPE_IQ1_M] = READ_ROW(iq1_m, KILN_QK_K, kiln_block_iq1_m),
 };
 #undef BLOCK_ROW
+#undef READ_ROW
 
 static bool dtype_valid(kiln_dtype t)
 {
@@ -569,8 +589,8 @@ KILN_API kiln_status kiln_quantize(kiln_dtype t, const float *src, void *dst, in
             ((uint16_t *)dst)[i] = kiln_f32_to_bf16(src[i]);
         break;
     default:
-        if (!dtype_table[t].quant)
-            return KILN_ERR_DTYPE; /* i32: not a quantization target */
+        if (!dtype_table[t].quant) /* i32: not a quantization target; the i-quants: read-only formats */
+            return dtype_table[t].dequant ? KILN_ERR_UNSUPPORTED : KILN_ERR_DTYPE;
         for (int64_t i = 0; i < nb; i++)
             dtype_table[t].quant(src + i * dtype_table[t].block, (char *)dst + (size_t)i * dtype_table[t].bytes);
     }

@@ -126,6 +126,68 @@ typedef struct kiln_block_iq4_xs {
     uint8_t  qs[KILN_QK_K / 2];    /* codebook indices */
 } kiln_block_iq4_xs;
 
+/* The i-quants (ggml's block_iq*): groups of 8 (or 4) values are rows of a codebook grid
+ * (dtype_iq_grids.c, generated), with signs and per-32 (or per-16) scales; dtype_iq.c decodes them in
+ * ggml's float operations. */
+typedef struct kiln_block_iq2_xxs {
+    uint16_t d;                 /* f16 scale */
+    uint16_t qs[KILN_QK_K / 8]; /* per 32: 4 grid indices (bytes), then 4 x 7 sign bits and a 4-bit scale */
+} kiln_block_iq2_xxs;
+
+typedef struct kiln_block_iq2_xs {
+    uint16_t d;                     /* f16 scale */
+    uint16_t qs[KILN_QK_K / 8];     /* per 8: 9-bit grid index, 7-bit sign index */
+    uint8_t  scales[KILN_QK_K / 32]; /* 4-bit scales, two per 32 */
+} kiln_block_iq2_xs;
+
+typedef struct kiln_block_iq2_s {
+    uint16_t d;                      /* f16 scale */
+    uint8_t  qs[KILN_QK_K / 4];      /* 32 low bytes of the 10-bit grid indices, then 32 bytes of signs */
+    uint8_t  qh[KILN_QK_K / 32];     /* high 2 bits of the indices, four per byte */
+    uint8_t  scales[KILN_QK_K / 32]; /* 4-bit scales, two per 32 */
+} kiln_block_iq2_s;
+
+typedef struct kiln_block_iq3_xxs {
+    uint16_t d;                      /* f16 scale */
+    uint8_t  qs[3 * KILN_QK_K / 8];  /* 64 grid indices (4 values each), then per 32 a u32: 4 x 7 sign bits, 4-bit scale */
+} kiln_block_iq3_xxs;
+
+typedef struct kiln_block_iq3_s {
+    uint16_t d;                      /* f16 scale */
+    uint8_t  qs[KILN_QK_K / 4];      /* low bytes of the 9-bit grid indices */
+    uint8_t  qh[KILN_QK_K / 32];     /* their high bits, one per index */
+    uint8_t  signs[KILN_QK_K / 8];   /* one sign bit per value */
+    uint8_t  scales[KILN_QK_K / 64]; /* 4-bit scales, two per 64 */
+} kiln_block_iq3_s;
+
+typedef struct kiln_block_iq1_s {
+    uint16_t d;                      /* f16 scale */
+    uint8_t  qs[KILN_QK_K / 8];      /* low bytes of the 11-bit grid indices */
+    uint16_t qh[KILN_QK_K / 32];     /* per 32: 4 x 3 high index bits, 3-bit scale, the delta's sign */
+} kiln_block_iq1_s;
+
+typedef struct kiln_block_iq1_m {
+    uint8_t  qs[KILN_QK_K / 8];      /* low bytes of the 11-bit grid indices */
+    uint8_t  qh[KILN_QK_K / 16];     /* per index pair: 3 high bits and the delta's sign each */
+    uint8_t  scales[KILN_QK_K / 32]; /* 3-bit scales (4 per u16) and the f16 scale in the u16s' top nibbles */
+} kiln_block_iq1_m;
+
+extern const uint8_t  kiln_ksigns_iq2xs[128];   /* 7 sign bits -> 8 (the eighth makes the parity even) */
+extern const uint64_t kiln_iq2xxs_grid[256];    /* 8 bytes each: values 8, 25, 43 */
+extern const uint64_t kiln_iq2xs_grid[512];
+extern const uint64_t kiln_iq2s_grid[1024];
+extern const uint32_t kiln_iq3xxs_grid[256];    /* 4 bytes each: values 4 .. 62 */
+extern const uint32_t kiln_iq3s_grid[512];      /* 4 bytes each: values 1 .. 15 */
+extern const uint64_t kiln_iq1s_grid[2048];     /* 8 int8 each: -1, 0, 1 */
+
+_Static_assert(sizeof(kiln_block_iq2_xxs) == 66, "iq2_xxs block must be 66 bytes");
+_Static_assert(sizeof(kiln_block_iq2_xs) == 74, "iq2_xs block must be 74 bytes");
+_Static_assert(sizeof(kiln_block_iq2_s) == 82, "iq2_s block must be 82 bytes");
+_Static_assert(sizeof(kiln_block_iq3_xxs) == 98, "iq3_xxs block must be 98 bytes");
+_Static_assert(sizeof(kiln_block_iq3_s) == 110, "iq3_s block must be 110 bytes");
+_Static_assert(sizeof(kiln_block_iq1_s) == 50, "iq1_s block must be 50 bytes");
+_Static_assert(sizeof(kiln_block_iq1_m) == 56, "iq1_m block must be 56 bytes");
+
 _Static_assert(sizeof(kiln_block_q4_0) == 18, "q4_0 block must be 18 bytes");
 _Static_assert(sizeof(kiln_block_q4_1) == 20, "q4_1 block must be 20 bytes");
 _Static_assert(sizeof(kiln_block_q5_0) == 22, "q5_0 block must be 22 bytes");
@@ -261,6 +323,13 @@ void kiln_dtype_dequant_iq4_nl(const kiln_block_iq4_nl *b, float *y);
 void kiln_dtype_dequant_q2_k(const kiln_block_q2_k *b, float *y);
 void kiln_dtype_dequant_q3_k(const kiln_block_q3_k *b, float *y);
 void kiln_dtype_dequant_iq4_xs(const kiln_block_iq4_xs *b, float *y);
+void kiln_dtype_dequant_iq2_xxs(const kiln_block_iq2_xxs *b, float *y);
+void kiln_dtype_dequant_iq2_xs(const kiln_block_iq2_xs *b, float *y);
+void kiln_dtype_dequant_iq2_s(const kiln_block_iq2_s *b, float *y);
+void kiln_dtype_dequant_iq3_xxs(const kiln_block_iq3_xxs *b, float *y);
+void kiln_dtype_dequant_iq3_s(const kiln_block_iq3_s *b, float *y);
+void kiln_dtype_dequant_iq1_s(const kiln_block_iq1_s *b, float *y);
+void kiln_dtype_dequant_iq1_m(const kiln_block_iq1_m *b, float *y);
 /* The 16 signed 6-bit scales (already - 32) of a q3_K block, as ggml unpacks them. */
 void kiln_q3_k_scales(const kiln_block_q3_k *b, int8_t out[16]);
 

@@ -318,6 +318,34 @@ DEF_MM_QUANT(mm_q2_k, dot_q2_k, kiln_block_q2_k, kiln_block_q8_k, KILN_QK_K)
 DEF_MM_QUANT(mm_q3_k, dot_q3_k, kiln_block_q3_k, kiln_block_q8_k, KILN_QK_K)
 DEF_MM_QUANT(mm_iq4_xs, dot_iq4_xs, kiln_block_iq4_xs, kiln_block_q8_k, KILN_QK_K)
 
+/* The i-quants (no int8 dot product yet): each weight block dequantized as kiln_dequantize does,
+ * then dotted with the f32 activation rows. */
+#define DEF_MM_DEQUANT(NAME, WT)                                                                       \
+    static void mm_##NAME(int64_t k, const void *w, size_t ws, int64_t nw, const void *xa, size_t xs, \
+                          int64_t m, float *y, int64_t ldy)                                            \
+    {                                                                                                  \
+        float blk[KILN_QK_K];                                                                          \
+        for (int64_t j = 0; j < nw; j++) {                                                             \
+            for (int64_t i = 0; i < m; i++) y[i * ldy + j] = 0;                                        \
+            for (int64_t b = 0; b < k / KILN_QK_K; b++) {                                              \
+                kiln_dtype_dequant_##NAME((const WT *)ROW(w, j, ws) + b, blk);                         \
+                for (int64_t i = 0; i < m; i++) {                                                      \
+                    const float *x = (const float *)ROW(xa, i, xs) + b * KILN_QK_K;                    \
+                    float acc = 0;                                                                     \
+                    for (int t = 0; t < KILN_QK_K; t++) acc += blk[t] * x[t];                          \
+                    y[i * ldy + j] += acc;                                                             \
+                }                                                                                      \
+            }                                                                                          \
+        }                                                                                              \
+    }
+DEF_MM_DEQUANT(iq2_xxs, kiln_block_iq2_xxs)
+DEF_MM_DEQUANT(iq2_xs, kiln_block_iq2_xs)
+DEF_MM_DEQUANT(iq2_s, kiln_block_iq2_s)
+DEF_MM_DEQUANT(iq3_xxs, kiln_block_iq3_xxs)
+DEF_MM_DEQUANT(iq3_s, kiln_block_iq3_s)
+DEF_MM_DEQUANT(iq1_s, kiln_block_iq1_s)
+DEF_MM_DEQUANT(iq1_m, kiln_block_iq1_m)
+
 /* ---------------------------------------------------------------- attention vectors */
 
 #define DEF_KV(SUFFIX, LOAD)                                                                           \
@@ -397,6 +425,13 @@ const kiln_cpu_kern kiln_cpu_kern_scalar = {
         [KILN_DTYPE_Q2_K] = mm_q2_k,
         [KILN_DTYPE_Q3_K] = mm_q3_k,
         [KILN_DTYPE_IQ4_XS] = mm_iq4_xs,
+        [KILN_DTYPE_IQ2_XXS] = mm_iq2_xxs,
+        [KILN_DTYPE_IQ2_XS] = mm_iq2_xs,
+        [KILN_DTYPE_IQ2_S] = mm_iq2_s,
+        [KILN_DTYPE_IQ3_XXS] = mm_iq3_xxs,
+        [KILN_DTYPE_IQ3_S] = mm_iq3_s,
+        [KILN_DTYPE_IQ1_S] = mm_iq1_s,
+        [KILN_DTYPE_IQ1_M] = mm_iq1_m,
     },
     .kv_dot = {kv_dot_f32, kv_dot_f16},
     .kv_axpy = {kv_axpy_f32, kv_axpy_f16},
