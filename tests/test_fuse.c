@@ -227,21 +227,13 @@ Test(fuse, rule1_post_norm_and_residual_add_are_one_row_kernel)
     kiln_graph_free(g);
 }
 
-static bool present(const char *be)
-{
-    kiln_backend_info bi;
-    for (int i = 0; i < kiln_backend_count(g_ctx); i++)
-        if (kiln_backend_get(g_ctx, i, &bi) == KILN_OK && !strcmp(bi.name, be) && bi.available) return true;
-    return false;
-}
-
 /* fused_vs_unfused on the test's backend and on vulkan (lavapipe in CI: the GPU lowering); the
  * fused kernel count must be `want` on each. */
 static void fused_vs_unfused_gpu_too(kiln_graph *g, const feed *f, int nf, double tol, int want, int want_unfused)
 {
     const char *bes[] = {fuse_backend(), "vulkan"};
     for (int b = 0; b < 2; b++) {
-        if (b == 1 && (!present("vulkan") || !strcmp(bes[0], "vulkan"))) continue;
+        if (b == 1 && (!tu_backend_present(g_ctx, "vulkan") || !strcmp(bes[0], "vulkan"))) continue;
         if (b == 1) setenv("KILN_TEST_BACKEND", "vulkan", 1);
         int kf, ku;
         fused_vs_unfused(g, f, nf, tol, &kf, &ku);

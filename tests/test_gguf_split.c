@@ -128,17 +128,6 @@ static void write_cut(const kiln_gguf *whole, const char *stem, const cut *c, ch
     }
 }
 
-static kiln_gguf *open_whole(const gw_model *m, uint8_t **bytes)
-{
-    gw *w = gw_model_new(m);
-    size_t n;
-    *bytes = gw_bytes(w, &n);
-    gw_free(w);
-    kiln_gguf *f;
-    cr_assert_eq(kiln_gguf_open_memory(ctx, *bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
-    return f;
-}
-
 #define N_TOK 10
 /* Logits of a prefill of ids on backend be. */
 static float *run(const kiln_gguf *f, const char *be, const int32_t *ids, int64_t V)
@@ -169,7 +158,7 @@ static void check_same_model(const cut *c)
     gw_model m = base;
     m.seed = tu_next();
     uint8_t *bytes;
-    kiln_gguf *whole = open_whole(&m, &bytes);
+    kiln_gguf *whole = tu_model_open(ctx, &m, &bytes);
     char first[256];
     write_cut(whole, "model", c, first, sizeof first);
     kiln_gguf *f;
@@ -222,7 +211,7 @@ static void expect_refused(const cut *c, int open_part, int remove_part, kiln_st
     gw_model m = base;
     m.seed = tu_next();
     uint8_t *bytes;
-    kiln_gguf *whole = open_whole(&m, &bytes);
+    kiln_gguf *whole = tu_model_open(ctx, &m, &bytes);
     char first[256], path[256];
     write_cut(whole, "set", c, first, sizeof first);
     kiln_gguf_close(whole);
@@ -279,7 +268,7 @@ Test(gguf_split, renamed_first_part_and_memory_parts_are_refused)
     gw_model m = base;
     m.seed = tu_next();
     uint8_t *bytes;
-    kiln_gguf *whole = open_whole(&m, &bytes);
+    kiln_gguf *whole = tu_model_open(ctx, &m, &bytes);
     char first[256], renamed[300];
     write_cut(whole, "set", &(cut){.n = 2}, first, sizeof first);
     kiln_gguf_close(whole);
@@ -308,7 +297,7 @@ Test(gguf_split, truncated_part_names_its_path)
     gw_model m = base;
     m.seed = tu_next();
     uint8_t *bytes;
-    kiln_gguf *whole = open_whole(&m, &bytes);
+    kiln_gguf *whole = tu_model_open(ctx, &m, &bytes);
     char first[256], second[256];
     write_cut(whole, "set", &(cut){.n = 2}, first, sizeof first);
     kiln_gguf_close(whole);

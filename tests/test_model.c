@@ -26,26 +26,6 @@ static const gw_model qwen2 = {.arch = "qwen2", .n_layer = 2, .hidden = 256, .n_
                                .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_Q4_K, .embtype = KILN_DTYPE_Q6_K,
                                .tied = true, .seed = 12};
 
-static kiln_gguf *open_model(const gw_model *m, uint8_t **bytes)
-{
-    gw *w = gw_model_new(m);
-    size_t n;
-    *bytes = gw_bytes(w, &n);
-    gw_free(w);
-    kiln_gguf *f;
-    cr_assert_eq(kiln_gguf_open_memory(ctx, *bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
-    return f;
-}
-
-static bool backend_present(const char *name)
-{
-    for (int i = 0; i < kiln_backend_count(ctx); i++) {
-        kiln_backend_info b;
-        if (kiln_backend_get(ctx, i, &b) == KILN_OK && strcmp(b.name, name) == 0) return b.available;
-    }
-    return false;
-}
-
 /* Runs ids[0..n) at positions start.. on plan (and ref64 when r); logits into out (n x V). */
 static void step(kiln_plan *p, ref64 *r, const int32_t *ids, int64_t n, int64_t start, float *logits, size_t lbytes,
                  int32_t *next)
@@ -71,9 +51,9 @@ static void step(kiln_plan *p, ref64 *r, const int32_t *ids, int64_t n, int64_t 
 /* Prefill 12 tokens then 3 decode steps on backend be: logits match ref64 each step. */
 static void check_logits(const gw_model *m, const char *be, double tol)
 {
-    if (!backend_present(be)) cr_skip("backend %s absent", be);
+    if (!tu_backend_present(ctx, be)) cr_skip("backend %s absent", be);
     uint8_t *bytes;
-    kiln_gguf *f = open_model(m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, m, &bytes);
     kiln_graph *g;
     kiln_model_options o = {.max_ctx = 32, .max_tok = 16, .logits = true};
     cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -130,9 +110,9 @@ Test(model, last_only_head_matches_f64_on_the_last_token)
 {
     const char *bes[] = {"ref", "cpu"};
     for (int b = 0; b < 2; b++) {
-        if (!backend_present(bes[b])) continue;
+        if (!tu_backend_present(ctx, bes[b])) continue;
         uint8_t *bytes;
-        kiln_gguf *f = open_model(&qwen2, &bytes);
+        kiln_gguf *f = tu_model_open(ctx, &qwen2, &bytes);
         kiln_graph *g;
         kiln_model_options o = {.max_ctx = 32, .max_tok = 16, .logits = true, .last_only = true};
         cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -185,7 +165,7 @@ Test(model, last_only_head_matches_f64_on_the_last_token)
 Test(model, weights_are_borrowed_from_the_mapping)
 {
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&llama, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &llama, &bytes);
     kiln_graph *g;
     cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 8, .max_tok = 1, .logits = true}, &g), KILN_OK);
     kiln_plan *p;
@@ -215,7 +195,7 @@ Test(model, weights_are_borrowed_from_the_mapping)
 static void greedy(const gw_model *m, const char *be, int32_t *out)
 {
     uint8_t *bytes;
-    kiln_gguf *f = open_model(m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, m, &bytes);
     kiln_graph *g;
     cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 32, .max_tok = 4, .kv_dtype = KILN_DTYPE_F16}, &g),
                  KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -250,7 +230,7 @@ Test(model, greedy_decode_agrees_on_every_backend)
         int32_t want[12], got[12];
         greedy(models[mi], "ref", want);
         for (int b = 1; b < 4; b++) {
-            if (!backend_present(bes[b])) continue;
+            if (!tu_backend_present(ctx, bes[b])) continue;
             greedy(models[mi], bes[b], got);
             for (int s = 0; s < 12; s++)
                 cr_assert_eq(got[s], want[s], "%s on %s: token %d is %d, ref says %d", models[mi]->arch, bes[b], s, got[s],
@@ -262,7 +242,7 @@ Test(model, greedy_decode_agrees_on_every_backend)
 Test(model, info_reads_metadata)
 {
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&qwen2, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &qwen2, &bytes);
     kiln_model_info mi;
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_str_eq(mi.arch, "qwen2");
@@ -272,7 +252,7 @@ Test(model, info_reads_metadata)
     cr_assert_gt(mi.weight_bytes, 0);
     kiln_gguf_close(f);
     free(bytes);
-    f = open_model(&llama, &bytes);
+    f = tu_model_open(ctx, &llama, &bytes);
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(mi.rope == KILN_ROPE_NORMAL && !mi.qkv_bias && !mi.tied_output && mi.theta == 1e4f);
     kiln_graph *g;

@@ -24,26 +24,6 @@ TestSuite(model_arch, .init = setup, .fini = teardown);
 #define N_ALL (N_PREFILL + N_DECODE)
 #define MAX_CTX 32 /* the plans' context (what picks phi3's longrope factors) */
 
-static bool backend_present(const char *name)
-{
-    for (int i = 0; i < kiln_backend_count(ctx); i++) {
-        kiln_backend_info b;
-        if (kiln_backend_get(ctx, i, &b) == KILN_OK && strcmp(b.name, name) == 0) return b.available;
-    }
-    return false;
-}
-
-static kiln_gguf *open_model(const gw_model *m, uint8_t **bytes)
-{
-    gw *w = gw_model_new(m);
-    size_t n;
-    *bytes = gw_bytes(w, &n);
-    gw_free(w);
-    kiln_gguf *f;
-    cr_assert_eq(kiln_gguf_open_memory(ctx, *bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
-    return f;
-}
-
 /* Runs a prefill of N_PREFILL tokens and N_DECODE decode steps of m on backend be (logits of
  * every token into got [N_ALL, V]); the ids fed are fixed so the f64 forward sees the same ones. */
 static void run_kiln(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V, double *got, int *kernels)
@@ -76,10 +56,10 @@ static void run_kiln(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V
 /* Every token's logits of model m on backend be against the f64 forward, NMSE <= tol. */
 static void check_model(gw_model m, const char *be, double tol)
 {
-    if (be && !backend_present(be)) cr_skip("backend %s absent", be);
+    if (be && !tu_backend_present(ctx, be)) cr_skip("backend %s absent", be);
     m.seed = tu_next(); /* fresh weights each run (the seed is printed on failure) */
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     int32_t ids[N_ALL];
     for (int i = 0; i < N_ALL; i++) ids[i] = (int32_t)tu_randint(0, m.n_vocab);
     char err[256];
@@ -136,14 +116,14 @@ Test(model_arch, biases_fuse_as_matmul_epilogues)
 {
     const char *bes[2] = {"ref", "cpu"};
     for (int b = 0; b < 2; b++) {
-        if (!backend_present(bes[b])) continue;
+        if (!tu_backend_present(ctx, bes[b])) continue;
         int k[2];
         for (int with = 0; with < 2; with++) {
             gw_model m = biased;
             m.seed = 5;
             m.qkv_bias = m.out_bias = m.ffn_bias = with;
             uint8_t *bytes;
-            kiln_gguf *f = open_model(&m, &bytes);
+            kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
             int32_t ids[N_ALL] = {0};
             double *got = malloc((size_t)(N_ALL * m.n_vocab) * sizeof *got);
             run_kiln(f, bes[b], ids, m.n_vocab, got, &k[with]);
@@ -169,7 +149,7 @@ Test(model_arch, qwen3_matches_f64_on_cpu) { check_model(qwen3, "cpu", model_tol
 /* On the GPU: the q/k head norms as rule 7's row kernels (norm, rope, cache write), f32 and q8_0. */
 Test(model_arch, qwen3_matches_f64_on_cuda)
 {
-    if (!backend_present("cuda")) cr_skip("no cuda device");
+    if (!tu_backend_present(ctx, "cuda")) cr_skip("no cuda device");
     gw_model m = qwen3;
     check_model(m, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
     m.wtype = KILN_DTYPE_Q8_0;
@@ -249,9 +229,9 @@ Test(model_arch, q5_0_file_of_odd_pairs_runs_on_cpu_or_is_refused_by_gpu_backend
     check_model(m, NULL, model_tol(KILN_DTYPE_Q5_0, "cpu")); /* auto placement */
     const char *gpus[2] = {"vulkan", "cuda"};
     for (int b = 0; b < 2; b++) {
-        if (!backend_present(gpus[b])) continue;
+        if (!tu_backend_present(ctx, gpus[b])) continue;
         uint8_t *bytes;
-        kiln_gguf *f = open_model(&m, &bytes);
+        kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
         kiln_graph *g;
         cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 32, .max_tok = 16}, &g), KILN_OK);
         kiln_plan *p = NULL;
@@ -322,7 +302,7 @@ Test(model_arch, sliding_window_matches_f64_past_the_window)
     check_model(m, "ref", model_tol(KILN_DTYPE_F32, "ref"));
     check_model(m, "cpu", model_tol(KILN_DTYPE_F32, "cpu"));
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     kiln_graph *g = NULL;
     cr_assert_eq(kiln_model_build(f, &(kiln_model_options){.max_ctx = 64}, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
     char *text = NULL;
@@ -384,7 +364,7 @@ Test(model_arch, gemma1_refusals_and_kernels)
     bad[0].m.window = 4, bad[1].m.attn_softcap = 50.0f, bad[2].m.tied = false;
     for (int i = 0; i < 3; i++) {
         uint8_t *bytes;
-        kiln_gguf *f = open_model(&bad[i].m, &bytes);
+        kiln_gguf *f = tu_model_open(ctx, &bad[i].m, &bytes);
         kiln_model_info mi;
         cr_assert_eq(kiln_model_info_get(f, &mi), KILN_ERR_UNSUPPORTED, "case %d", i);
         cr_assert(strstr(kiln_ctx_error(ctx), bad[i].want), "case %d: %s", i, kiln_ctx_error(ctx));
@@ -413,7 +393,7 @@ Test(model_arch, phi3_q4_k_matches_f64_on_cpu)
 /* The new architectures on a GPU (the device runs these; skipped without one). */
 Test(model_arch, gemma_and_phi3_match_f64_on_cuda)
 {
-    if (!backend_present("cuda")) cr_skip("no cuda device");
+    if (!tu_backend_present(ctx, "cuda")) cr_skip("no cuda device");
     gw_model m = gemma2;
     check_model(m, "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
     m.wtype = KILN_DTYPE_Q8_0, m.window = 0, m.attn_softcap = 0, m.final_softcap = 0;
@@ -428,7 +408,7 @@ Test(model_arch, gemma_and_phi3_match_f64_on_cuda)
 static int layer_kernels_rest(gw_model m, int *rest)
 {
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     int k[2];
     for (int n = 1; n <= 2; n++) {
         kiln_graph *g;
@@ -453,7 +433,7 @@ static int layer_kernels(gw_model m) { return layer_kernels_rest(m, NULL); }
  * so it cannot be that matmul's epilogue); it was 9 before. */
 Test(model_arch, gemma_post_norms_fuse_with_their_residual_adds)
 {
-    if (!backend_present("cpu")) cr_skip("no cpu backend");
+    if (!tu_backend_present(ctx, "cpu")) cr_skip("no cpu backend");
     int llama = layer_kernels(biased), gemma = layer_kernels(gemma2);
     cr_assert_eq(llama, 5, "llama layer: %d kernels", llama);
     cr_assert_eq(gemma, 7, "gemma2 layer: %d kernels", gemma);
@@ -465,7 +445,7 @@ Test(model_arch, gemma_post_norms_fuse_with_their_residual_adds)
  * (lookup, head, argmax) are llama's 3. The f64 tests above check the numbers of these plans. */
 Test(model_arch, head_norms_and_embedding_scale_fuse)
 {
-    if (!backend_present("cpu")) cr_skip("no cpu backend");
+    if (!tu_backend_present(ctx, "cpu")) cr_skip("no cpu backend");
     int rest[4];
     int k[4] = {layer_kernels_rest(biased, &rest[0]), layer_kernels_rest(qwen3, &rest[1]),
                 layer_kernels_rest(gemma2, &rest[2]), layer_kernels_rest(gemma3, &rest[3])};
@@ -505,7 +485,7 @@ Test(model_arch, partial_rotary_matches_f64)
 }
 Test(model_arch, partial_rotary_matches_f64_on_cuda)
 {
-    if (!backend_present("cuda")) cr_skip("no cuda device");
+    if (!tu_backend_present(ctx, "cuda")) cr_skip("no cuda device");
     check_model(partial_phi3(), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
     check_model(partial_llama(), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
     gw_model m = partial_phi3();
@@ -519,14 +499,14 @@ Test(model_arch, partial_rotary_metadata_and_refusals)
 {
     gw_model m = partial_phi3();
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     kiln_model_info mi;
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(mi.n_rot == 8 && mi.head_dim == 16, "n_rot %lld head_dim %lld", (long long)mi.n_rot, (long long)mi.head_dim);
     kiln_gguf_close(f);
     free(bytes);
     m = phi3;
-    f = open_model(&m, &bytes);
+    f = tu_model_open(ctx, &m, &bytes);
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_eq(mi.n_rot, mi.head_dim); /* no key: the whole head */
     kiln_gguf_close(f);
@@ -534,7 +514,7 @@ Test(model_arch, partial_rotary_metadata_and_refusals)
     const int64_t bad[] = {7, 18};
     for (int i = 0; i < 2; i++) {
         m = partial_phi3(), m.n_rot = bad[i];
-        f = open_model(&m, &bytes);
+        f = tu_model_open(ctx, &m, &bytes);
         kiln_graph *g = NULL;
         cr_assert_eq(kiln_model_build(f, NULL, &g), KILN_ERR_UNSUPPORTED, "n_rot %lld", (long long)bad[i]);
         cr_assert_null(g);
@@ -563,7 +543,7 @@ Test(model_arch, phi3_longrope_short_factors_partial_rotary_match_f64)
 }
 Test(model_arch, phi3_longrope_matches_f64_on_cuda)
 {
-    if (!backend_present("cuda")) cr_skip("no cuda device");
+    if (!tu_backend_present(ctx, "cuda")) cr_skip("no cuda device");
     check_model(longrope_phi3(16, 0), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
     check_model(longrope_phi3(64, 8), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
 }
@@ -574,14 +554,14 @@ Test(model_arch, longrope_metadata_and_refusals)
 {
     gw_model m = longrope_phi3(16, 8);
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     kiln_model_info mi;
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(mi.longrope && mi.n_ctx_orig == 16 && mi.rope_attn_factor == 1.19f && mi.n_rot == 8);
     kiln_gguf_close(f);
     free(bytes);
     m = phi3;
-    f = open_model(&m, &bytes);
+    f = tu_model_open(ctx, &m, &bytes);
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(!mi.longrope && mi.n_ctx_orig == mi.n_ctx_train && mi.rope_attn_factor == 1.0f);
     kiln_gguf_close(f);
@@ -619,7 +599,7 @@ Test(model_arch, gemma_and_phi3_metadata_and_refusals)
     gw_model m = gemma2;
     m.n_layer = 46; /* llama.cpp's gemma 2 27B: scores scaled by 1/sqrt(hidden / n_head), not head_dim */
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     kiln_model_info mi;
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_float_eq(mi.attn_scale, 1.0f / sqrtf(16.0f), 1e-7f);
@@ -628,21 +608,21 @@ Test(model_arch, gemma_and_phi3_metadata_and_refusals)
     kiln_gguf_close(f);
     free(bytes);
     m = gemma2, m.window = 0, m.attn_softcap = 0, m.final_softcap = 0;
-    f = open_model(&m, &bytes);
+    f = tu_model_open(ctx, &m, &bytes);
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(mi.attn_softcap == 50.0f && mi.final_softcap == 30.0f && mi.sliding_window == 4096);
     cr_assert_float_eq(mi.attn_scale, 1.0f / sqrtf(32.0f), 1e-7f);
     kiln_gguf_close(f);
     free(bytes);
     m = phi3;
-    f = open_model(&m, &bytes);
+    f = tu_model_open(ctx, &m, &bytes);
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(mi.fused_qkv && !mi.gelu_gate && mi.swa_pattern == 0 && mi.sliding_window == 7 && mi.attn_softcap == 0);
     kiln_gguf_close(f);
     free(bytes);
     /* a soft-cap key on an architecture llama.cpp does not cap (llama): refused with its value */
     m = biased, m.attn_softcap = 50.0f;
-    f = open_model(&m, &bytes);
+    f = tu_model_open(ctx, &m, &bytes);
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_ERR_UNSUPPORTED);
     cr_assert(strstr(kiln_ctx_error(ctx), "attn_logit_softcapping"), "%s", kiln_ctx_error(ctx));
     kiln_gguf_close(f);
@@ -675,7 +655,7 @@ Test(model_arch, llama_yarn_rope_freqs_partial_attn_factor_match_f64)
 }
 Test(model_arch, yarn_matches_f64_on_cuda)
 {
-    if (!backend_present("cuda")) cr_skip("no cuda device");
+    if (!tu_backend_present(ctx, "cuda")) cr_skip("no cuda device");
     check_model(yarn_model("qwen2", 4.0f, 0, 0), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
     check_model(yarn_model("llama", 8.0f, 12, 1.1f), "cuda", model_tol(KILN_DTYPE_F32, "cuda"));
 }
@@ -686,7 +666,7 @@ Test(model_arch, yarn_metadata_and_refusals)
 {
     gw_model m = yarn_model("qwen2", 4.0f, 0, 1.25f);
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     kiln_model_info mi;
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     float want = 1.25f * (1.0f + 0.1f * logf(4.0f));
@@ -727,11 +707,11 @@ Test(model_arch, yarn_metadata_and_refusals)
  * next seed tried (a draw lands that close about 1 time in 100 here; 8 tries). */
 static void check_moe(gw_model m, const char *be, double tol)
 {
-    if (be && !backend_present(be)) cr_skip("backend %s absent", be);
+    if (be && !tu_backend_present(ctx, be)) cr_skip("backend %s absent", be);
     for (int attempt = 0; attempt < 8; attempt++) {
         m.seed = tu_next();
         uint8_t *bytes;
-        kiln_gguf *f = open_model(&m, &bytes);
+        kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
         int32_t ids[N_ALL];
         for (int i = 0; i < N_ALL; i++) ids[i] = (int32_t)tu_randint(0, m.n_vocab);
         char err[256];
@@ -799,7 +779,7 @@ Test(model_arch, moe_metadata_and_refusals)
     gw_model m = mixtral;
     m.arch = "qwen2moe", m.n_expert = 6, m.n_expert_used = 2, m.ffn = 64, m.ffn_shexp = 40;
     uint8_t *bytes;
-    kiln_gguf *f = open_model(&m, &bytes);
+    kiln_gguf *f = tu_model_open(ctx, &m, &bytes);
     kiln_model_info mi;
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(mi.n_expert == 6 && mi.n_expert_used == 2 && mi.ffn_exp == 32 && mi.ffn_shexp == 40 && !mi.expert_norm,
@@ -807,7 +787,7 @@ Test(model_arch, moe_metadata_and_refusals)
               (long long)mi.n_expert_used, (long long)mi.ffn_exp, (long long)mi.ffn_shexp, mi.expert_norm);
     kiln_gguf_close(f);
     free(bytes);
-    f = open_model(&mixtral, &bytes);
+    f = tu_model_open(ctx, &mixtral, &bytes);
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(mi.n_expert == 4 && mi.ffn_exp == 32 && mi.ffn_shexp == 0 && mi.expert_norm);
     kiln_gguf_close(f);
@@ -841,7 +821,7 @@ Test(model_arch, moe_metadata_and_refusals)
  * the cpu, the transfers between them in the plan. Skips without a cuda device. */
 Test(model_arch, moe_matches_f64_with_cuda_placement)
 {
-    if (!backend_present("cuda")) cr_skip("no cuda device");
+    if (!tu_backend_present(ctx, "cuda")) cr_skip("no cuda device");
     gw_model m = mixtral;
     check_moe(m, NULL, model_tol(KILN_DTYPE_F32, "cuda"));
     m.arch = "qwen2moe", m.n_expert = 6, m.ffn = 64, m.ffn_exp = 32, m.ffn_shexp = 48;

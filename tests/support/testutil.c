@@ -14,6 +14,7 @@
 
 #include "graph/graph.h"
 #include "support/contract.h"
+#include "support/gguf_writer.h"
 #include "support/ref64.h"
 
 #define TU_MAX_IN 16   /* most bound inputs per session */
@@ -276,6 +277,26 @@ const char *tu_backend(void)
 {
     const char *b = getenv("KILN_TEST_BACKEND");
     return b && *b ? b : "ref";
+}
+
+bool tu_backend_present(kiln_ctx *ctx, const char *name)
+{
+    for (int i = 0; i < kiln_backend_count(ctx); i++) {
+        kiln_backend_info b;
+        if (kiln_backend_get(ctx, i, &b) == KILN_OK && strcmp(b.name, name) == 0) return b.available;
+    }
+    return false;
+}
+
+kiln_gguf *tu_model_open(kiln_ctx *ctx, const gw_model *m, uint8_t **bytes)
+{
+    gw *w = gw_model_new(m);
+    size_t n;
+    *bytes = gw_bytes(w, &n);
+    gw_free(w);
+    kiln_gguf *f;
+    cr_assert_eq(kiln_gguf_open_memory(ctx, *bytes, n, &f), KILN_OK, "%s", kiln_ctx_error(ctx));
+    return f;
 }
 
 kiln_node tu_weight(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims, float lo, float hi)

@@ -67,6 +67,13 @@ double tu_tol_prec(const char *op, kiln_dtype t, int32_t precision);
 
 /* Backend under test: $KILN_TEST_BACKEND, default "ref". */
 const char *tu_backend(void);
+/* Whether ctx lists backend `name` as available. */
+bool tu_backend_present(kiln_ctx *ctx, const char *name);
+
+struct gw_model;
+/* A random model file (support/gguf_writer.h) opened from memory in ctx; the bytes it reads are
+ * *bytes (malloc'ed: free them after kiln_gguf_close). Asserts. */
+kiln_gguf *tu_model_open(kiln_ctx *ctx, const struct gw_model *m, uint8_t **bytes);
 
 /* A weight of fresh random values uniform in [lo, hi) converted to t (kiln_quantize); asserts. */
 kiln_node tu_weight(kiln_graph *g, const char *name, kiln_dtype t, int rank, const kiln_dim *dims, float lo, float hi);
