@@ -66,6 +66,9 @@ static double g_last_nmse; /* of the last case compared */
 static uint32_t g_cluster; /* the last TMA GEMM's blocks per cluster */
 static uint32_t g_col_blocks; /* the last TMA GEMM's column blocks (its grid's y) */
 static int32_t g_cols; /* codegen.gemm_cols of the compile (0: the shape's choice) */
+static int32_t g_persist; /* codegen.gemm_persist of the compile */
+static uint32_t g_sms;    /* the target's SMs where nonzero (a persistent grid of few blocks) */
+static uint32_t g_grid0;  /* the last TMA GEMM's grid x */
 
 static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, kiln_dtype key, const char *what, mutate_fn mut,
                         const kiln_lower_target *tg)
@@ -91,6 +94,8 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
         t.opts.precision = g_precision;
         t.opts.gemm_epilogue = g_epilogue;
         if (!tg) t.opts.gemm_cols = g_cols;
+        if (!tg) t.opts.gemm_persist = g_persist;
+        if (!tg && g_sms) t.sm_count = g_sms;
         cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s: %s", what, err);
         uint64_t scratch_bytes = 0;
         for (uint32_t i = 0; i < n; i++) scratch_bytes = ks[i].scratch_bytes > scratch_bytes ? ks[i].scratch_bytes : scratch_bytes;
@@ -99,7 +104,7 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
         for (uint32_t i = 0; i < n; i++) {
             bool wg = strcmp(ks[i].name, "kiln_gemm_tma") == 0;
             saw_wg |= wg;
-            if (wg) g_cluster = ks[i].cluster, g_col_blocks = ks[i].grid[1];
+            if (wg) g_cluster = ks[i].cluster, g_col_blocks = ks[i].grid[1], g_grid0 = ks[i].grid[0];
             if (wg && mut) mut(&ks[i]);
             uint32_t *bufs[MAXB] = {params};
             for (uint32_t s = 1; s < ks[i].n_bufs; s++) {
@@ -535,6 +540,41 @@ Test(gemm_wg, wide_accumulators)
     g_qkv_m = 100;
     g_cols = 0;
     g_precision = KILN_PREC_EXACT;
+}
+
+/* The persistent ping-pong GEMM (codegen.gemm_persist) on a target of 3 SMs: each of the grid's
+ * blocks (at most one an SM) walks several tiles, its two consumer warpgroups taking them in turn,
+ * the ring's stages counted across tiles (phases wrap mid-tile), the last stage of each tile given
+ * back for the other warpgroup, a register epilogue a tile. Row tails (the run's rows short of the
+ * bound: fewer tiles than the grid was sized for), column tails, x in two parts (exact) and one,
+ * a residual, rms_norm + gate/up siblings + swiglu, and the QKV region's groups (q alone, k and v
+ * siblings) with rope and KV writes in one tile loop. The grid shows the persistent form ran. */
+Test(gemm_wg, persistent_pingpong)
+{
+    g_persist = KILN_GEMM_ON;
+    g_sms = 3;
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F32, 96, 300, 290, 250, NULL, NULL); /* two parts, residual */
+    cr_assert(g_col_blocks == 1 && g_grid0 <= 3, "not persistent: grid %u x %u", g_grid0, g_col_blocks);
+    g_precision = KILN_PREC_F16;
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 448, 456, 300, 290, NULL, NULL);
+    cr_assert(g_col_blocks == 1 && g_grid0 <= 3, "not persistent: grid %u x %u", g_grid0, g_col_blocks);
+    g_sms = 2; /* an odd count of tiles a block */
+    plain_case_on(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 128, 140, 137, 137, NULL, NULL);
+    g_sms = 3;
+    g_swiglu_f = 200;
+    swiglu_case(128, 137, 1.0f, false);
+    g_swiglu_f = 72;
+    g_qkv_m = 200;
+    qkv_case(KILN_ROPE_NORMAL, 64, 64, 0);
+    cr_assert(g_col_blocks == 1 && g_grid0 <= 3, "qkv not persistent: grid %u x %u", g_grid0, g_col_blocks);
+    qkv_case(KILN_ROPE_NEOX, 64, 64, 0);
+    g_qkv_m = 100;
+    g_cols = 176; /* a forced width: 128-row tiles, two accumulators a side */
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 192, 456, 300, 290, NULL, NULL);
+    g_cols = 0;
+    g_precision = KILN_PREC_EXACT;
+    g_sms = 0;
+    g_persist = 0;
 }
 
 /* x f16 as a view at an offset a tensor map cannot start at (2 halves = 4 bytes): the split kernel

@@ -495,6 +495,12 @@ typedef struct kiln_codegen_options {
                            warp has two steps of weights in flight (not with gemv_preload or KILN_PDL=3,
                            and without gemv_fence's fence); KILN_GEMM_AUTO/OFF: a step's loads, then its
                            arithmetic ($KILN_GEMV_PIPELINE=1, docs/kernels.md). Opt-in until measured */
+    int32_t gemm_persist; /* KILN_GEMM_ON: the sm_90 TMA GEMM of f16/bf16 weights (one group, no cluster) is
+                           persistent: one block an SM walks the tiles, its two consumer warpgroups each take
+                           whole tiles in turn (ping-pong) and run the epilogue on their own accumulators
+                           while the other multiplies; KILN_GEMM_OFF: a block a tile, two consumer
+                           warpgroups on one tile, the epilogue after it; KILN_GEMM_AUTO: the default
+                           (docs/kernels.md) ($KILN_GEMM_PERSIST=1/0) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

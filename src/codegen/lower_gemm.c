@@ -649,6 +649,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
            block an SM); without it the H100's JIT kept 168 a thread and spilled the accumulators */
         if (G.wide) k->min_blocks = 1;
         kl_gw_cluster(&G, tg);
+        if (kl_gw_persist(&G, tg)) k->min_blocks = 1; /* its setmaxnreg, as wide's */
     }
     k->cluster = G.cm > 1 ? (uint32_t)G.cm : 0;
     snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
@@ -664,7 +665,8 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     G.wm = shri(&G, warp, 2);
     G.wn = andi(&G, warp, 3);
     G.m = o2(&G, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(&G, (int32_t)s->K));
-    G.m0 = muli(&G, by, G.bm);
+    G.m0 = G.pp ? ci(&G, 0) : muli(&G, by, G.bm); /* pp: each tile's (gw_group_pp) */
+    G.pb = by;
     G.cm = G.cm ? G.cm : 1;
     if (G.cm > 1) G.crank = o2(&G, KILN_KOP_REM, by, ci(&G, G.cm));
     if (G.xp) {
@@ -682,7 +684,13 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     uint32_t blocks = 0;
     /* a cluster works whole (its blocks bring each other's weight slices) when its first block has rows */
     kif(&G, o2(&G, KILN_KOP_LT, G.cm > 1 ? muli(&G, o2(&G, KILN_KOP_SUB, by, G.crank), G.bm) : G.m0, G.m));
-    for (int q = 0; q < s->n_grp; q++) {
+    if (G.pp) { /* every group's tiles in one persistent loop */
+        G.wt = wdtype(s, s->grp[0].sib[0]);
+        G.wparts = 1;
+        G.U = kl_wfmt_of(G.wt)->subs;
+        kl_gw_pp(&G);
+    }
+    for (int q = 0; q < s->n_grp && !G.pp; q++) {
         const gv_group *Gq = &s->grp[q];
         uint32_t nb = (uint32_t)((Gq->n + G.bn / Gq->n_sib - 1) / (G.bn / Gq->n_sib));
         kif(&G, o2(&G, KILN_KOP_PAND, o2(&G, KILN_KOP_LE, ci(&G, (int32_t)blocks), bx), o2(&G, KILN_KOP_LT, bx, ci(&G, (int32_t)(blocks + nb)))));
@@ -696,6 +704,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     k->grid[0] = (uint32_t)((s->m_max + G.bm - 1) / G.bm);
     k->grid[0] = (k->grid[0] + G.cm - 1) / G.cm * G.cm;
     k->grid[1] = blocks;
+    if (G.pp) k->grid[0] = (uint32_t)G.grid, k->grid[1] = 1;
     if (s->failed) st = kl_unsupported(err, n_err, "gemm: %s", s->why);
     if (st != KILN_OK) {
         for (int i = 0; i < ki; i++) kiln_kir_free(&out[i]);

@@ -51,6 +51,12 @@ typedef struct gm {
                              brings 1/cm of every weight tile into all of them (TMA multicast) */
     uint32_t   crank;     /* wg with cm > 1: I32 rank of the block in its cluster */
     gv_unit    st;        /* wg: what the epilogue reads from shared memory (n_st, st_arr, st_node/kind/off) */
+    bool       pp;        /* wg persistent (codegen.gemm_persist, kl_gw_persist): grid blocks each walk tiles
+                             pb, pb + grid, ...; consumer warpgroup c takes the block's tiles c, c + 2, ...
+                             (rc rows x bn columns each, bm = rc rows a stage) and runs the register epilogue
+                             on them while the other one multiplies */
+    uint32_t   pb;        /* pp: I32 block index */
+    int32_t    grid;      /* pp: blocks of the grid */
 } gm;
 
 
@@ -91,6 +97,8 @@ bool kl_gw_choose(gm *G, const kiln_lower_target *tg);
 int64_t kl_gw_col_blocks(const gv *s, int bn);
 void kl_gw_shape(gm *G, const kiln_lower_target *tg);
 void kl_gw_cluster(gm *G, const kiln_lower_target *tg);
+bool kl_gw_persist(gm *G, const kiln_lower_target *tg);
+void kl_gw_pp(gm *g);
 void kl_gw_setup(gm *G, kiln_kir *k);
 void kl_gw_sync(gm *g, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm);
 

@@ -6,6 +6,7 @@
  * target's syntax. */
 #include "codegen/lower_gemm_int.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ Hopper: TMA + warpgroup MMA */
@@ -164,17 +165,24 @@ static int gw_nn(const gm *g) { return (g->bn + 127) / 128; }
 static int gw_ncols(const gm *g, int nt) { return g->bn - 128 * nt < 128 ? g->bn - 128 * nt : 128; }
 static int gw_acc(const gm *g, int mt, int nt) { return mt * gw_nn(g) + nt; }
 
-/* A consumer warpgroup: its accumulators += its rows of x . the weights, stage by stage. */
-static void gw_consumer(gm *g, const uint32_t acc[GW_ACC], int32_t nk)
+/* A consumer warpgroup: its accumulators += its rows of x . the weights, stage by stage; it0 (I32):
+ * the ring's count of stages before its first (pp: the block's earlier tiles' stages), else 0. */
+static void gw_consumer(gm *g, const uint32_t acc[GW_ACC], int32_t nk, uint32_t it0, uint32_t handoff, uint32_t other)
 {
     kiln_kir *k = g->k;
     uint32_t wg = shri(g, g->tid, 7);
-    uint32_t arow = to_u(g, muli(g, wg, g->rc * 128)); /* byte offset of this warpgroup's rows in an A tile */
+    /* byte offset of this warpgroup's rows in an A tile (pp: a stage holds its rows alone) */
+    uint32_t arow = g->pp ? cu(g, 0) : to_u(g, muli(g, wg, g->rc * 128));
     int32_t flags = (1024 / 16) << 8 | 2 | (g->bf ? 1 : 0); /* SBO 1024 (8 rows of 128 bytes), swizzled */
     uint32_t kt = kiln_kvar(k, ci(g, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, nk), ci(g, 1), 0);
-    uint32_t ph, s = gw_slot(g, kt, &ph);
+    uint32_t ph, s = gw_slot(g, add(g, it0, kt), &ph);
     kl_gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 0, s), ph, 0);
+    if (g->pp) { /* every stage of this tile has landed: the other warpgroup's waits on the next tile's are unambiguous */
+        kif(g, o2(g, KILN_KOP_PAND, o2(g, KILN_KOP_EQ, kt, ci(g, nk - 1)), handoff));
+        kiln_kir_op(k, KILN_KOP_NBAR_ARRIVE, KILN_KT_NONE, other, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8);
+        kendif(g);
+    }
     uint32_t st = gw_stage(g, s);
     kl_gw_sync(g, KILN_KOP_WG_FENCE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     for (int q = 0; q < g->parts; q++)
@@ -189,7 +197,7 @@ static void gw_consumer(gm *g, const uint32_t acc[GW_ACC], int32_t nk)
     kl_gw_sync(g, KILN_KOP_WG_COMMIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     kl_gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the previous stage's WGMMAs have retired */
     kif(g, o2(g, KILN_KOP_LT, ci(g, 0), kt));
-    uint32_t empty = gw_bar(g, 1, o2(g, KILN_KOP_REM, addi(g, kt, g->stages - 1), ci(g, g->stages)));
+    uint32_t empty = gw_bar(g, 1, o2(g, KILN_KOP_REM, addi(g, add(g, it0, kt), g->stages - 1), ci(g, g->stages)));
     if (g->cm > 1) { /* every block of the cluster writes into this stage: each warp tells each of them */
         kif(g, o2(g, KILN_KOP_EQ, g->lane, ci(g, 0)));
         for (int r = 0; r < g->cm; r++) kl_gw_sync(g, KILN_KOP_MBAR_ARRIVE_CL, empty, cu(g, (uint32_t)r), 0);
@@ -200,6 +208,8 @@ static void gw_consumer(gm *g, const uint32_t acc[GW_ACC], int32_t nk)
     kendif(g);
     kl_loop_end(k);
     kl_gw_sync(g, KILN_KOP_WG_WAIT, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    if (g->pp) /* the tile's last stage, for the other warpgroup's tiles (the kernel's end frees it otherwise) */
+        kl_gw_sync(g, KILN_KOP_MBAR_ARRIVE, gw_bar(g, 1, o2(g, KILN_KOP_REM, addi(g, it0, nk - 1), ci(g, g->stages))), KILN_IDX_NONE, 0);
 }
 
 /* The epilogue's per-token values (positions of the rope and KV writes, as f32 and i32) and rope
@@ -331,12 +341,13 @@ static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[GW_ACC
     /* not for block weights: the decoders' registers beside the unrolled epilogue passed the
        384-thread cap of 168 (ptxas spilled a q8_0 QKV with PDL, 64 rows a consumer); wide tiles
        run it inside the consumers' branch */
-    if (g->wblock || (g->bn != GM_BN && !g->wide) || !gw_reg_units(g, G, off, base, &n_base)) return false;
+    if (g->wblock || (g->bn != GM_BN && !g->wide && !g->pp) || !gw_reg_units(g, G, off, base, &n_base)) return false;
     gv *s = g->s;
-    if (!g->wide) kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    bool inside = g->wide || g->pp; /* already in the consumers' branch */
+    if (!inside) kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
     uint32_t wg = shri(g, g->tid, 7), w = andi(g, shri(g, g->tid, 5), 3);
     uint32_t gq = shri(g, g->lane, 2), qq2 = muli(g, andi(g, g->lane, 3), 2);
-    uint32_t r0 = add(g, g->m0, add(g, add(g, muli(g, wg, g->rc), muli(g, w, 16)), gq));
+    uint32_t r0 = add(g, g->m0, add(g, add(g, g->pp ? ci(g, 0) : muli(g, wg, g->rc), muli(g, w, 16)), gq));
     uint32_t c0 = add(g, g->n0, qq2);
     gv_unit unit = {.mc = 1}, *e = &unit;
     for (int mt = 0; mt < g->rc / 64; mt++)
@@ -355,8 +366,118 @@ static bool gw_epilogue_regs(gm *g, const gv_group *G, const uint32_t acc[GW_ACC
                     }
                 kl_gv_epilogue(s, G, e, g->m);
             }
-    if (!g->wide) kendif(g);
+    if (!inside) kendif(g);
     return true;
+}
+
+/* The weights' tensor maps of group G (one a sibling): boxes of 64 k x bns / cm rows. */
+static void gw_wmaps(gm *g, const gv_group *G, uint32_t wmap[2])
+{
+    gv *s = g->s;
+    wmap[0] = wmap[1] = KILN_IDX_NONE;
+    for (int sp = 0; !g->wblock && sp < G->n_sib; sp++) {
+        uint32_t slot = kiln_kir_buf(g->k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
+        kiln_ktmap m = {.slot = slot, .inner = (uint32_t)s->K, .outer = (uint32_t)G->n, .stride = (uint32_t)s->K * 2,
+                        .box_inner = GW_BK, .box_outer = (uint16_t)(g->bns / g->cm)};
+        wmap[sp] = kiln_kir_tmap(g->k, &m);
+    }
+}
+
+/* Tile t of the persistent grid (I32): its first row into g->m0 and its column block over all the
+ * groups (returned); rows fastest, so the tiles in flight share few weight tiles (rt: I32 row tiles
+ * of the run). */
+static uint32_t gw_pp_tile(gm *g, uint32_t t, uint32_t rt)
+{
+    g->m0 = muli(g, o2(g, KILN_KOP_REM, t, rt), g->rc);
+    return o2(g, KILN_KOP_DIV, t, rt);
+}
+
+/* Column blocks of group q (bns = bn / its siblings columns each). */
+static int32_t gw_pp_blocks(const gm *g, int q)
+{
+    const gv_group *G = &g->s->grp[q];
+    int bns = g->bn / G->n_sib;
+    return (int32_t)((G->n + bns - 1) / bns);
+}
+
+/* Opens `if cb is one of group q's column blocks` (first: cb0) and sets g->bns, g->n0 for it. */
+static void gw_pp_group_if(gm *g, int q, uint32_t cb, int32_t cb0)
+{
+    g->bns = g->bn / g->s->grp[q].n_sib;
+    kif(g, o2(g, KILN_KOP_PAND, o2(g, KILN_KOP_LE, ci(g, cb0), cb), o2(g, KILN_KOP_LT, cb, ci(g, cb0 + gw_pp_blocks(g, q)))));
+    g->n0 = muli(g, addi(g, cb, -cb0), g->bns);
+}
+
+/* The persistent ping-pong GEMM (g->pp), every group of the region: block pb takes tiles pb + j grid
+ * for j < nl (column blocks of the groups one after another); the producer thread brings their stages
+ * in that order into the ring (stage j nk + kt of the block), consumer warpgroup c multiplies tiles
+ * j = c, c + 2, ... and runs its group's register epilogue on each while the other warpgroup
+ * multiplies the next (the ring's order makes them take turns). */
+void kl_gw_pp(gm *g)
+{
+    kiln_kir *k = g->k;
+    gv *s = g->s;
+    uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK);
+    int32_t nb = 0;
+    for (int q = 0; q < s->n_grp; q++) nb += gw_pp_blocks(g, q);
+    uint32_t rt = o2(g, KILN_KOP_DIV, addi(g, g->m, g->rc - 1), ci(g, g->rc)); /* row tiles of this run */
+    uint32_t nt = muli(g, rt, nb);
+    kif(g, o2(g, KILN_KOP_LT, g->pb, nt));
+    uint32_t nl = o2(g, KILN_KOP_DIV, addi(g, o2(g, KILN_KOP_SUB, nt, g->pb), g->grid - 1), ci(g, g->grid)); /* the block's tiles */
+    kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
+    kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 240);
+    /* Turns: a warpgroup starts a tile's waits after the other has passed its last wait of the tile
+     * before (named barrier 2 + c is warpgroup c's turn, 256 threads: its sync and the other's
+     * arrive). A full mbarrier's parity names its phase only while the waiter is at most one round
+     * ahead: tile j's first stages share slots with tile j - 1's last ones. Warpgroup 0 goes first. */
+    uint32_t c = shri(g, g->tid, 7), mine = addi(g, c, 2), other = o2(g, KILN_KOP_SUB, ci(g, 3), c);
+    kif(g, o2(g, KILN_KOP_EQ, c, ci(g, 0)));
+    kiln_kir_op(k, KILN_KOP_NBAR_ARRIVE, KILN_KT_NONE, mine, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8);
+    kendif(g);
+    uint32_t j = kiln_kvar(k, c);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, nl, ci(g, 2), 0);
+    uint32_t cb = gw_pp_tile(g, add(g, g->pb, muli(g, j, g->grid)), rt);
+    uint32_t acc[GW_ACC];
+    for (int i = 0; i < GW_ACC; i++) acc[i] = i < g->rc / 64 * gw_nn(g) ? kiln_kvar(k, zero) : KILN_IDX_NONE;
+    kiln_kir_op(k, KILN_KOP_NBAR_SYNC, KILN_KT_NONE, mine, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8);
+    gw_consumer(g, acc, nk, muli(g, j, nk), o2(g, KILN_KOP_LT, addi(g, j, 1), nl), other);
+    for (int q = 0, cb0 = 0; q < s->n_grp; cb0 += gw_pp_blocks(g, q), q++) {
+        gw_pp_group_if(g, q, cb, cb0);
+        if (!gw_epilogue_regs(g, &s->grp[q], acc)) s->failed = true, snprintf(s->why, sizeof s->why, "persistent gemm without a register epilogue");
+        kendif(g);
+    }
+    kl_loop_end(k);
+    kiln_kelse(k);
+    kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 24);
+    kif(g, o2(g, KILN_KOP_EQ, g->tid, ci(g, 256)));
+    uint32_t wmap[KILN_SPEC_MM][2];
+    for (int q = 0; q < s->n_grp; q++) {
+        g->bns = g->bn / s->grp[q].n_sib;
+        gw_wmaps(g, &s->grp[q], wmap[q]);
+    }
+    uint32_t jp = kiln_kvar(k, ci(g, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, jp, nl, ci(g, 1), 0);
+    uint32_t cbp = gw_pp_tile(g, add(g, g->pb, muli(g, jp, g->grid)), rt);
+    uint32_t kt = kiln_kvar(k, ci(g, 0));
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, nk), ci(g, 1), 0);
+    uint32_t ph, sl = gw_slot(g, add(g, muli(g, jp, nk), kt), &ph);
+    kl_gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 1, sl), o2(g, KILN_KOP_XOR, ph, ci(g, 1)), 0); /* a fresh barrier passes parity 1 */
+    uint32_t full = gw_bar(g, 0, sl), st = gw_stage(g, sl);
+    kl_gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, (int32_t)g->sb);
+    gw_x_boxes(g, sl, full, kt);
+    for (int q = 0, cb0 = 0; q < s->n_grp; cb0 += gw_pp_blocks(g, q), q++) {
+        gw_pp_group_if(g, q, cbp, cb0);
+        for (int sp = 0; sp < s->grp[q].n_sib; sp++)
+            gw_tma(g, wmap[q][sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, muli(g, kt, GW_BK), g->n0,
+                   KILN_IDX_NONE);
+        kendif(g);
+    }
+    kl_loop_end(k);
+    kl_loop_end(k);
+    kendif(g);
+    kendif(g);
+    kendif(g);
 }
 
 void kl_gw_group(gm *g, const gv_group *G)
@@ -369,17 +490,12 @@ void kl_gw_group(gm *g, const gv_group *G)
        before it, their 176 registers passed the 168 of the code before it: ptxas spilled) */
     for (int i = 0; i < GW_ACC; i++) acc[i] = !g->wide && i < g->rc / 64 * gw_nn(g) ? kiln_kvar(k, zero) : KILN_IDX_NONE;
     int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK); /* a last half stage reads zeros past K */
-    uint32_t wmap[2] = {KILN_IDX_NONE, KILN_IDX_NONE};
-    for (int sp = 0; !g->wblock && sp < G->n_sib; sp++) {
-        uint32_t slot = kiln_kir_buf(k, KILN_KBUF_NODE, s->g->nodes[s->mm[G->sib[sp]]].src[1], false);
-        kiln_ktmap m = {.slot = slot, .inner = (uint32_t)s->K, .outer = (uint32_t)G->n, .stride = (uint32_t)s->K * 2,
-                        .box_inner = GW_BK, .box_outer = (uint16_t)(g->bns / g->cm)};
-        wmap[sp] = kiln_kir_tmap(k, &m);
-    }
+    uint32_t wmap[2];
+    gw_wmaps(g, G, wmap);
     kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
     if (g->wide) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 240);
     for (int i = 0; g->wide && i < g->rc / 64 * gw_nn(g); i++) acc[i] = kiln_kvar(k, zero);
-    gw_consumer(g, acc, nk);
+    gw_consumer(g, acc, nk, ci(g, 0), KILN_IDX_NONE, KILN_IDX_NONE);
     if (g->wide && !(g->s->tgt->opts.gemm_epilogue == KILN_GEMM_ON && gw_epilogue_regs(g, G, acc)))
         gw_epilogue(g, G, acc); /* the consumers alone: the producer's registers are gone */
     kiln_kelse(k);
@@ -403,7 +519,8 @@ void kl_gw_setup(gm *G, kiln_kir *k)
 {
     gv *s = G->s;
     G->sb = (uint32_t)((G->parts * G->bm + G->bn) * 128);
-    uint32_t st_words = gw_stage_plan(G), st_bytes = (st_words * 4 + 1023) / 1024 * 1024; /* arrays are 1024-aligned */
+    if (G->pp) G->st.n_st = 0; /* the register epilogue reads its values itself */
+    uint32_t st_words = G->pp ? 0 : gw_stage_plan(G), st_bytes = (st_words * 4 + 1023) / 1024 * 1024; /* arrays are 1024-aligned */
     G->stages = (int)((GW_STAGE_MAX - st_bytes) / G->sb);
     if (G->stages > 6) G->stages = 6;
     uint32_t ring_words = (uint32_t)G->stages * G->sb / 4;
@@ -422,7 +539,7 @@ void kl_gw_setup(gm *G, kiln_kir *k)
     for (int i = 0; i < G->stages; i++) {
         kl_gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 0, ci(G, i)), KILN_IDX_NONE, G->wblock ? 129 : 1); /* the producer's arrive(s) + the bytes */
         /* every consumer thread, or with a cluster each consumer warp of each of its blocks */
-        kl_gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 1, ci(G, i)), KILN_IDX_NONE, G->cm > 1 ? 8 * G->cm : 256);
+        kl_gw_sync(G, KILN_KOP_MBAR_INIT, gw_bar(G, 1, ci(G, i)), KILN_IDX_NONE, G->pp ? 128 : G->cm > 1 ? 8 * G->cm : 256);
     }
     kl_gw_sync(G, KILN_KOP_FENCE_ASYNC, KILN_IDX_NONE, KILN_IDX_NONE, 1); /* the inits, visible to the TMA engine */
     kendif(G);
@@ -538,6 +655,50 @@ void kl_gw_shape(gm *G, const kiln_lower_target *tg)
     G->bm = 2 * G->rc;
     G->apart = G->bm * 16;
     G->wide = G->rc == 128 && G->bn > GM_BN;
+}
+
+/* The persistent ping-pong form (codegen.gemm_persist): one group of TMA weights, no cluster, a
+ * register epilogue for its columns. A consumer warpgroup's tile is rc rows x bn columns; a stage
+ * then brings parts rc + bn rows of 128 bytes for rc bn 64 MACs: per stage the tensor cores take
+ * about rc bn / 16 cycles of an SM and L2 about 4.6 (parts rc + bn) at the 6.5 TB/s it gave the
+ * non-persistent GEMM, the slower of the two sets a tile's time, and an SM runs ceil(tiles / SMs)
+ * of them one after another (the epilogues hidden under the other warpgroup's tiles). Sets G->pp
+ * with its tile, the grid (at most one block an SM) and bm = rc; false leaves G as it was. */
+bool kl_gw_persist(gm *G, const kiln_lower_target *tg)
+{
+    gv *s = G->s;
+    G->pp = false;
+    if (tg->opts.gemm_persist != KILN_GEMM_ON || !G->wg || G->wblock || G->cm > 1) return false;
+    int64_t sms = tg->sm_count ? tg->sm_count : 132;
+    static const int cand[][2] = {{64, 128}, {64, 192}, {64, 256}, {128, 128}, {128, 144}, {128, 160}, {128, 176}};
+    gm T = *G;
+    double best = -1;
+    int64_t best_tiles = 0;
+    for (int c = 0; c < (int)(sizeof cand / sizeof cand[0]); c++) {
+        int rc = cand[c][0], bn = cand[c][1];
+        if ((tg->opts.gemm_cols && bn != tg->opts.gemm_cols) || (rc == 128 && tg->opts.gemm_rows == 64)) continue;
+        if (!gw_cols_ok(G, bn, tg)) continue;
+        T.rc = rc, T.bn = bn;
+        bool units = true;
+        for (int q = 0; q < s->n_grp; q++) {
+            int off[SLOTS], base[GW_BASES], n_base;
+            T.bns = bn / s->grp[q].n_sib;
+            units = units && gw_reg_units(&T, &s->grp[q], off, base, &n_base);
+        }
+        if (!units) continue;
+        int64_t tiles = (s->m_max + rc - 1) / rc * kl_gw_col_blocks(s, bn);
+        double mma = rc * bn / 16.0, l2 = 4.6 * (G->parts * rc + bn);
+        double cost = (double)((tiles + sms - 1) / sms) * (mma > l2 ? mma : l2);
+        if (best < 0 || cost < best) best = cost, best_tiles = tiles, G->rc = rc, G->bn = bn;
+    }
+    if (best < 0) return false;
+    G->pp = true;
+    G->wide = false;
+    G->bm = G->rc;
+    G->apart = G->bm * 16;
+    G->cs = G->bn + 4;
+    G->grid = (int32_t)(best_tiles < sms ? best_tiles : sms);
+    return true;
 }
 
 /* Thread block clusters for TMA weights (codegen.gemm_cluster: 0 or 1 = none, 2, 4): the token-row
