@@ -69,6 +69,7 @@ static int32_t g_cols; /* codegen.gemm_cols of the compile (0: the shape's choic
 static int32_t g_persist; /* codegen.gemm_persist of the compile */
 static uint32_t g_sms;    /* the target's SMs where nonzero (a persistent grid of few blocks) */
 static uint32_t g_grid0;  /* the last TMA GEMM's grid x */
+static bool g_saw_reduce; /* the last region had a kiln_gemm_reduce kernel */
 
 static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, kiln_dtype key, const char *what, mutate_fn mut,
                         const kiln_lower_target *tg)
@@ -84,6 +85,7 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
             for (uint32_t s = 0; s < g->n_syms; s++)
                 if (strcmp(g->syms[s].name, c->b[j].name) == 0) params[s] = (uint32_t)c->b[j].value;
     bool saw_wg = false;
+    g_saw_reduce = false;
     for (uint32_t r = 0; r < f.n_regions; r++) {
         kiln_kir ks[KILN_LOWER_MAX];
         uint32_t n = 0;
@@ -104,6 +106,7 @@ static bool run_case_on(wg_case *c, const char *out, int64_t m, const char *op, 
         for (uint32_t i = 0; i < n; i++) {
             bool wg = strcmp(ks[i].name, "kiln_gemm_tma") == 0;
             saw_wg |= wg;
+            g_saw_reduce |= strcmp(ks[i].name, "kiln_gemm_reduce") == 0;
             if (wg) g_cluster = ks[i].cluster, g_col_blocks = ks[i].grid[1], g_grid0 = ks[i].grid[0];
             if (wg && mut) mut(&ks[i]);
             uint32_t *bufs[MAXB] = {params};
@@ -425,13 +428,14 @@ Test(gemm_wg, f16_weights_long_k) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 2
  * columns, or + hd / 2 with hd / 2 a multiple of 8; neox partners in other threads, hd 8, take
  * the C tile; so does a partial rope, rot of HD dims). */
 static int64_t g_qkv_m = 100; /* rows (and their bound) of qkv_case */
+static int64_t g_qkv_d = 256; /* its model width (K, and the columns of each of q, k, v) */
 
 static void qkv_case(enum kiln_rope_mode mode, int64_t HD, int64_t rot, int32_t epi)
 {
     wg_case c = {0};
     cr_assert_eq(kiln_graph_new(&c.g), KILN_OK);
     kiln_graph *g = c.g;
-    const int64_t D = 256, H = D / HD, m = g_qkv_m, CTX = m > 128 ? 256 : 128;
+    const int64_t D = g_qkv_d, H = D / HD, m = g_qkv_m, CTX = m > 128 ? 256 : 128;
     kiln_dim M = kiln_sym(g, "m", m);
     kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){M, D});
     kiln_node pos = kiln_input(g, "pos", KILN_DTYPE_I32, 1, (kiln_dim[]){M});
@@ -572,6 +576,33 @@ Test(gemm_wg, persistent_pingpong)
     g_cols = 176; /* a forced width: 128-row tiles, two accumulators a side */
     plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 192, 456, 300, 290, NULL, NULL);
     g_cols = 0;
+    g_precision = KILN_PREC_EXACT;
+    g_sms = 0;
+    g_persist = 0;
+}
+
+/* The persistent GEMM's splits of K (few rows: the tiles leave most SMs idle): each split's partial
+ * sums into the scratch, kiln_gemm_reduce adds them and runs the epilogue (residual, swiglu,
+ * rope + KV writes); the splits' K ranges end past K (zeros), rows past the run's count. The
+ * region must have its reduce kernel. */
+Test(gemm_wg, persistent_split_k)
+{
+    g_persist = KILN_GEMM_ON;
+    g_sms = 8;
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F32, 992, 300, 64, 40, NULL, NULL); /* two parts, 15.5 stages in splits */
+    cr_assert(g_grid0 <= 8 && g_col_blocks == 1 && g_saw_reduce, "split grid %u x %u, reduce %d", g_grid0, g_col_blocks, g_saw_reduce);
+    g_precision = KILN_PREC_F16;
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 200, 20, 17, NULL, NULL);
+    cr_assert(g_saw_reduce, "f16: no split");
+    g_sms = 32;
+    swiglu_case(1024, 37, 1.0f, false);
+    cr_assert(g_saw_reduce, "swiglu: no split");
+    g_sms = 8;
+    g_qkv_m = 20, g_qkv_d = 512, g_sms = 64;
+    qkv_case(KILN_ROPE_NORMAL, 64, 64, 0);
+    cr_assert(g_saw_reduce, "qkv: no split (grid %u x %u)", g_grid0, g_col_blocks);
+    qkv_case(KILN_ROPE_NEOX, 64, 64, 0);
+    g_qkv_m = 100, g_qkv_d = 256;
     g_precision = KILN_PREC_EXACT;
     g_sms = 0;
     g_persist = 0;

@@ -501,6 +501,10 @@ typedef struct kiln_codegen_options {
                            while the other multiplies; KILN_GEMM_OFF: a block a tile, two consumer
                            warpgroups on one tile, the epilogue after it; KILN_GEMM_AUTO: the default
                            (docs/kernels.md) ($KILN_GEMM_PERSIST=1/0) */
+    int32_t gemm_splitk; /* the persistent GEMM (gemm_persist) where its tiles leave most SMs idle (few rows):
+                           KILN_GEMM_AUTO/ON: K split over up to 8 blocks a tile, f32 partial sums in the
+                           scratch, a second kernel adds them and runs the epilogue; KILN_GEMM_OFF: one block
+                           a tile (A/B runs, $KILN_GEMM_SPLITK=0) */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -680,6 +680,12 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
         if (s->nw != KILN_IDX_NONE) G.nws = kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false);
         k->scratch_bytes = 4 * (uint64_t)s->m_max;
     }
+    if (G.pp && G.ks > 1) { /* the splits' partial sums after what the scratch holds */
+        G.part_word = (int32_t)((k->scratch_bytes / 4 + 3) / 4 * 4);
+        uint64_t words = (uint64_t)G.part_word + (uint64_t)G.ks * (uint64_t)G.rt_max * (uint64_t)kl_gw_col_blocks(s, G.bn) * (uint64_t)(G.rc * G.bn);
+        if (words >= (uint64_t)1 << 30) st = kl_unsupported(err, n_err, "gemm: %llu words of partial sums", (unsigned long long)words);
+        k->scratch_bytes = 4 * words;
+    }
     if (G.wg) kl_gw_setup(&G, k);
     uint32_t blocks = 0;
     /* a cluster works whole (its blocks bring each other's weight slices) when its first block has rows */
@@ -705,6 +711,11 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     k->grid[0] = (k->grid[0] + G.cm - 1) / G.cm * G.cm;
     k->grid[1] = blocks;
     if (G.pp) k->grid[0] = (uint32_t)G.grid, k->grid[1] = 1;
+    if (G.pp && G.ks > 1 && st == KILN_OK) { /* the splits' sums and the epilogue */
+        kiln_kir_init(&out[ki], "kiln_gemm_reduce", 128);
+        out[ki].scratch_bytes = k->scratch_bytes;
+        kl_gw_reduce(&G, &out[ki++]);
+    }
     if (s->failed) st = kl_unsupported(err, n_err, "gemm: %s", s->why);
     if (st != KILN_OK) {
         for (int i = 0; i < ki; i++) kiln_kir_free(&out[i]);

@@ -57,6 +57,12 @@ typedef struct gm {
                              on them while the other one multiplies */
     uint32_t   pb;        /* pp: I32 block index */
     int32_t    grid;      /* pp: blocks of the grid */
+    int        ks;        /* pp: splits of K (1: none); > 1 for grids of few tiles (few rows): each tile's
+                             splits write f32 partial sums into the scratch and kiln_gemm_reduce adds
+                             them up and runs the epilogue */
+    int32_t    nks;       /* pp: stages of a split */
+    int32_t    rt_max;    /* pp: row tiles at the rows' bound (the partials' layout) */
+    int32_t    part_word; /* pp with ks > 1: scratch word of the partial sums (tile-major, rc x bn each) */
 } gm;
 
 
@@ -99,6 +105,7 @@ void kl_gw_shape(gm *G, const kiln_lower_target *tg);
 void kl_gw_cluster(gm *G, const kiln_lower_target *tg);
 bool kl_gw_persist(gm *G, const kiln_lower_target *tg);
 void kl_gw_pp(gm *g);
+void kl_gw_reduce(const gm *G, kiln_kir *k);
 void kl_gw_setup(gm *G, kiln_kir *k);
 void kl_gw_sync(gm *g, enum kiln_kop op, uint32_t a, uint32_t b, int32_t imm);
 

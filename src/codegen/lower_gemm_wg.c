@@ -392,6 +392,23 @@ static uint32_t gw_pp_tile(gm *g, uint32_t t, uint32_t rt)
     return o2(g, KILN_KOP_DIV, t, rt);
 }
 
+/* Word of the partial sums of split kq (I32) of the tile at row tile rb, column block cb (I32). */
+static uint32_t gw_part_tile(gm *g, uint32_t kq, uint32_t cb, uint32_t rb, int32_t nb)
+{
+    uint32_t t = add(g, muli(g, add(g, muli(g, kq, nb), cb), g->rt_max), rb);
+    return addi(g, muli(g, t, g->rc * g->bn), g->part_word);
+}
+
+/* Element j of n-tile nt of m-tile mt of a consumer thread's accumulators: its row and column in the
+ * tile (the WGMMA fragment: rows w 16 + lane / 4 + 8 ((j >> 1) & 1), columns 2 (lane & 3) + 8 (j >> 2) + (j & 1)). */
+static uint32_t gw_frag_word(gm *g, int mt, int nt, int j)
+{
+    uint32_t w = andi(g, shri(g, g->tid, 5), 3), gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
+    uint32_t row = addi(g, add(g, muli(g, w, 16), gq), mt * 64 + 8 * ((j >> 1) & 1));
+    uint32_t col = addi(g, muli(g, qq, 2), 128 * nt + 8 * (j >> 2) + (j & 1));
+    return add(g, muli(g, row, g->bn), col);
+}
+
 /* Column blocks of group q (bns = bn / its siblings columns each). */
 static int32_t gw_pp_blocks(const gm *g, int q)
 {
@@ -418,11 +435,11 @@ void kl_gw_pp(gm *g)
     kiln_kir *k = g->k;
     gv *s = g->s;
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK);
     int32_t nb = 0;
     for (int q = 0; q < s->n_grp; q++) nb += gw_pp_blocks(g, q);
     uint32_t rt = o2(g, KILN_KOP_DIV, addi(g, g->m, g->rc - 1), ci(g, g->rc)); /* row tiles of this run */
-    uint32_t nt = muli(g, rt, nb);
+    uint32_t nt = muli(g, muli(g, rt, nb), g->ks); /* split kq of column block cb, row tile rb: (kq nb + cb) rt + rb */
+    uint32_t pslot = g->ks > 1 ? kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true) : KILN_IDX_NONE;
     kif(g, o2(g, KILN_KOP_LT, g->pb, nt));
     uint32_t nl = o2(g, KILN_KOP_DIV, addi(g, o2(g, KILN_KOP_SUB, nt, g->pb), g->grid - 1), ci(g, g->grid)); /* the block's tiles */
     kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
@@ -441,9 +458,19 @@ void kl_gw_pp(gm *g)
     uint32_t acc[GW_ACC];
     for (int i = 0; i < GW_ACC; i++) acc[i] = i < g->rc / 64 * gw_nn(g) ? kiln_kvar(k, zero) : KILN_IDX_NONE;
     kiln_kir_op(k, KILN_KOP_NBAR_SYNC, KILN_KT_NONE, mine, KILN_IDX_NONE, KILN_IDX_NONE, 256 << 8);
-    gw_consumer(g, acc, nk, muli(g, j, nk), o2(g, KILN_KOP_LT, addi(g, j, 1), nl), other);
-    for (int q = 0, cb0 = 0; q < s->n_grp; cb0 += gw_pp_blocks(g, q), q++) {
-        gw_pp_group_if(g, q, cb, cb0);
+    gw_consumer(g, acc, g->nks, muli(g, j, g->nks), o2(g, KILN_KOP_LT, addi(g, j, 1), nl), other);
+    if (g->ks > 1) { /* the split's partial sums, every element of the tile (kiln_gemm_reduce masks) */
+        uint32_t pw = gw_part_tile(g, o2(g, KILN_KOP_DIV, cb, ci(g, nb)), o2(g, KILN_KOP_REM, cb, ci(g, nb)), o2(g, KILN_KOP_DIV, g->m0, ci(g, g->rc)), nb);
+        for (int mt = 0; mt < g->rc / 64; mt++)
+            for (int n_t = 0; n_t < gw_nn(g); n_t++)
+                for (int e = 0; e < gw_ncols(g, n_t) / 2; e++) {
+                    uint32_t v = op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[gw_acc(g, mt, n_t)], e);
+                    kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, add(g, pw, gw_frag_word(g, mt, n_t, e)), op1(g, KILN_KOP_BITCAST, KILN_KT_U32, v, 0),
+                                KILN_IDX_NONE, (int32_t)pslot);
+                }
+    }
+    for (int q = 0, cb0 = 0; q < s->n_grp && g->ks == 1; cb0 += gw_pp_blocks(g, q), q++) {
+        gw_pp_group_if(g, q, cb, cb0); /* ks 1: cb is the column block */
         if (!gw_epilogue_regs(g, &s->grp[q], acc)) s->failed = true, snprintf(s->why, sizeof s->why, "persistent gemm without a register epilogue");
         kendif(g);
     }
@@ -459,17 +486,19 @@ void kl_gw_pp(gm *g)
     uint32_t jp = kiln_kvar(k, ci(g, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, jp, nl, ci(g, 1), 0);
     uint32_t cbp = gw_pp_tile(g, add(g, g->pb, muli(g, jp, g->grid)), rt);
+    uint32_t k0 = muli(g, o2(g, KILN_KOP_DIV, cbp, ci(g, nb)), g->nks); /* the split's first stage of K */
+    cbp = o2(g, KILN_KOP_REM, cbp, ci(g, nb));
     uint32_t kt = kiln_kvar(k, ci(g, 0));
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, nk), ci(g, 1), 0);
-    uint32_t ph, sl = gw_slot(g, add(g, muli(g, jp, nk), kt), &ph);
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, kt, ci(g, g->nks), ci(g, 1), 0);
+    uint32_t ph, sl = gw_slot(g, add(g, muli(g, jp, g->nks), kt), &ph);
     kl_gw_sync(g, KILN_KOP_MBAR_WAIT, gw_bar(g, 1, sl), o2(g, KILN_KOP_XOR, ph, ci(g, 1)), 0); /* a fresh barrier passes parity 1 */
-    uint32_t full = gw_bar(g, 0, sl), st = gw_stage(g, sl);
+    uint32_t full = gw_bar(g, 0, sl), st = gw_stage(g, sl), ka = add(g, k0, kt);
     kl_gw_sync(g, KILN_KOP_MBAR_ARRIVE, full, KILN_IDX_NONE, (int32_t)g->sb);
-    gw_x_boxes(g, sl, full, kt);
+    gw_x_boxes(g, sl, full, ka);
     for (int q = 0, cb0 = 0; q < s->n_grp; cb0 += gw_pp_blocks(g, q), q++) {
         gw_pp_group_if(g, q, cbp, cb0);
         for (int sp = 0; sp < s->grp[q].n_sib; sp++)
-            gw_tma(g, wmap[q][sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, muli(g, kt, GW_BK), g->n0,
+            gw_tma(g, wmap[q][sp], addu(g, st, cu(g, (uint32_t)((g->parts * g->bm + sp * g->bns) * 128))), full, muli(g, ka, GW_BK), g->n0,
                    KILN_IDX_NONE);
         kendif(g);
     }
@@ -478,6 +507,50 @@ void kl_gw_pp(gm *g)
     kendif(g);
     kendif(g);
     kendif(g);
+}
+
+/* kiln_gemm_reduce (pp with ks > 1): a block of 128 threads a tile (grid: row tiles at the bound x
+ * column blocks) sums the splits' partials of each of its threads' fragment elements into
+ * accumulators of the WGMMA layout and runs the group's register epilogue on them, as the GEMM's
+ * consumer would have. Row tiles past the run's rows do nothing. */
+void kl_gw_reduce(const gm *G0, kiln_kir *k)
+{
+    gm G = *G0, *g = &G;
+    gv *s = g->s;
+    g->k = k;
+    s->k = k;
+    g->threads = 128;
+    g->tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    g->lane = andi(g, g->tid, 31);
+    g->m = o2(g, KILN_KOP_DIV, kl_numel_from(k, &s->g->nodes[s->x], 0), ci(g, (int32_t)s->K));
+    uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    int32_t nb = 0;
+    for (int q = 0; q < s->n_grp; q++) nb += gw_pp_blocks(g, q);
+    uint32_t rb = o2(g, KILN_KOP_REM, t, ci(g, g->rt_max)), cb = o2(g, KILN_KOP_DIV, t, ci(g, g->rt_max));
+    g->m0 = muli(g, rb, g->rc);
+    uint32_t pslot = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
+    uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    kif(g, o2(g, KILN_KOP_LT, g->m0, g->m));
+    uint32_t acc[GW_ACC];
+    for (int i = 0; i < GW_ACC; i++) acc[i] = i < g->rc / 64 * gw_nn(g) ? kiln_kvar(k, zero) : KILN_IDX_NONE;
+    for (int mt = 0; mt < g->rc / 64; mt++)
+        for (int n_t = 0; n_t < gw_nn(g); n_t++)
+            for (int e = 0; e < gw_ncols(g, n_t) / 2; e++) {
+                uint32_t fw = gw_frag_word(g, mt, n_t, e), sum = KILN_IDX_NONE;
+                for (int kq = 0; kq < g->ks; kq++) {
+                    uint32_t v = op1(g, KILN_KOP_BITCAST, KILN_KT_F32, kiln_kld(k, pslot, add(g, gw_part_tile(g, ci(g, kq), cb, rb, nb), fw)), 0);
+                    sum = kq ? o2(g, KILN_KOP_ADD, sum, v) : v;
+                }
+                kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, acc[gw_acc(g, mt, n_t)], sum, KILN_IDX_NONE, e);
+            }
+    for (int q = 0, cb0 = 0; q < s->n_grp; cb0 += gw_pp_blocks(g, q), q++) {
+        gw_pp_group_if(g, q, cb, cb0);
+        if (!gw_epilogue_regs(g, &s->grp[q], acc)) s->failed = true, snprintf(s->why, sizeof s->why, "persistent gemm without a register epilogue");
+        kendif(g);
+    }
+    kendif(g);
+    k->grid[0] = (uint32_t)(g->rt_max * nb);
+    snprintf(k->what, sizeof k->what, "gemm: the sums of %d splits of K + epilogue", g->ks);
 }
 
 void kl_gw_group(gm *g, const gv_group *G)
@@ -697,6 +770,21 @@ bool kl_gw_persist(gm *G, const kiln_lower_target *tg)
     G->bm = G->rc;
     G->apart = G->bm * 16;
     G->cs = G->bn + 4;
+    /* splits of K where the tiles leave most SMs idle (few rows: the weights' stream sets the time) */
+    int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK);
+    G->ks = 1;
+    if (tg->opts.gemm_splitk != KILN_GEMM_OFF && best_tiles * 2 <= sms) {
+        int64_t ks = sms / best_tiles;
+        if (ks > 8) ks = 8;
+        if (ks > nk / 4) ks = nk / 4;
+        if (ks > 1) {
+            G->nks = (int32_t)((nk + ks - 1) / ks);
+            G->ks = (int)((nk + G->nks - 1) / G->nks); /* no empty split */
+        }
+    }
+    if (G->ks == 1) G->nks = nk;
+    G->rt_max = (int32_t)((s->m_max + G->rc - 1) / G->rc);
+    best_tiles *= G->ks;
     G->grid = (int32_t)(best_tiles < sms ? best_tiles : sms);
     return true;
 }
