@@ -767,6 +767,32 @@ Test(ptx, wide_gemm_tiles_assemble, .timeout = 600)
         }
 }
 
+/* The persistent ping-pong GEMM (codegen.gemm_persist): llama-7b and qwen2-7b layers at 512 tokens
+ * (f16 and exact precision: x in one and two parts) and 64 tokens (O and down split K: the reduce
+ * kernels) assemble for sm_90a with no spills, WGMMAs asynchronous. */
+Test(ptx, persistent_gemm_assembles, .timeout = 600)
+{
+    char ptxas[1024];
+    if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
+    kiln_lower_target tg = kiln_lower_target_for_sm(90);
+    tg.opts.gemm_persist = KILN_GEMM_ON;
+    static const char *const presets[] = {"llama-7b", "qwen2-7b", "llama-7b", "llama-7b"};
+    static const int32_t prec[] = {KILN_PREC_F16, KILN_PREC_F16, KILN_PREC_EXACT, KILN_PREC_F16};
+    static const int64_t tok[] = {512, 512, 512, 64};
+    for (int p = 0; p < 4; p++) {
+        tg.opts.precision = prec[p];
+        kiln_preset_build_opts o = {.wdtype = KILN_DTYPE_F16, .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+                                    .max_tok = tok[p], .seed = 1, .shape_only = true};
+        kiln_graph *g = NULL;
+        char err[512] = "", what[96];
+        cr_assert_eq(kiln_preset_build_ex(kiln_preset_find(presets[p]), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+        snprintf(what, sizeof what, "%s, %lld tokens, %s, persistent", presets[p], (long long)tok[p], prec[p] ? "f16" : "exact");
+        cr_assert_eq(assemble_named(g, &tg, ptxas, what, "kiln_gemm_tma"), 4, "%s: four TMA GEMMs", what);
+        if (tok[p] == 64) cr_assert_eq(assemble_named(g, &tg, ptxas, what, "kiln_gemm_reduce"), 2, "%s: O and down split K", what);
+        kiln_graph_free(g);
+    }
+}
+
 /* Prefill attention's warpgroup flash kernel (sm_90a, codegen.precision f16; lower_flash_wg.c):
  * llama-7b (head_dim 128, 32 heads) and qwen2-0.5b (head_dim 64, 7 query heads a kv head) with
  * f16 caches, an attention over a bf16 cache, and gemma's soft-capped, windowed attention at head_dim
