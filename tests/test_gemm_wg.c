@@ -508,18 +508,20 @@ Test(gemm_wg, wide_tiles)
     g_cols = 0;
 }
 
-/* The wide tiles (256 rows x 144, 160 or 176 columns): four accumulators a consumer thread (up to
- * 176 registers), setmaxnreg 232 / 40, the consumers draining alone between named barriers; the
+/* The wide tiles (256 rows x 144, 160, 176 or 192 columns): four accumulators a consumer thread (up to
+ * 192 registers), setmaxnreg 240 / 24, the consumers draining alone between named barriers; the
  * second n-tile narrower than 128 (16, 32, 48 columns). Columns past N in the last block (72 and
  * 200 columns a sibling against 88 a block), rows past the run's count, rope pairs and neox heads
  * across a block's columns. */
 Test(gemm_wg, wide_accumulators)
 {
-    static const int32_t cols[3] = {144, 160, 176};
+    static const int32_t cols[4] = {144, 160, 176, 192};
     g_precision = KILN_PREC_F16;
-    for (int i = 0; i < 3; i++) {
+    g_sms = 4; /* 256-row tiles: fewer waves than 128-row ones of the same width */
+    for (int i = 0; i < 4; i++) {
         g_cols = cols[i];
         plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 192, 456, 300, 290, NULL, NULL);
+        cr_assert_eq(g_grid0, 2u, "bn %d: %u row blocks (256-row tiles: 2)", cols[i], g_grid0);
         cr_assert_eq(g_col_blocks, (uint32_t)((456 + cols[i] - 1) / cols[i]), "bn %d: %u column blocks", cols[i], g_col_blocks);
         for (int f = 0; f < 2; f++) {
             g_swiglu_f = f ? 200 : 72;
@@ -534,6 +536,9 @@ Test(gemm_wg, wide_accumulators)
     qkv_case(KILN_ROPE_NORMAL, 64, 64, 0);
     cr_assert_eq(g_col_blocks, 6u, "qkv in %u blocks of 48 columns a sibling", g_col_blocks);
     qkv_case(KILN_ROPE_NORMAL, 64, 64, KILN_GEMM_ON); /* the register epilogue inside the consumers' branch */
+    g_cols = 192; /* the tile of llama-7b's 512-token QKV: 256 rows x 192 columns */
+    qkv_case(KILN_ROPE_NORMAL, 64, 64, 0);
+    cr_assert_eq(g_col_blocks, 6u, "qkv in %u blocks of 192 columns", g_col_blocks);
     g_cols = 176;
     g_epilogue = KILN_GEMM_ON;
     plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 192, 456, 300, 290, NULL, NULL);
@@ -543,6 +548,7 @@ Test(gemm_wg, wide_accumulators)
     g_epilogue = 0;
     g_qkv_m = 100;
     g_cols = 0;
+    g_sms = 0;
     g_precision = KILN_PREC_EXACT;
 }
 

@@ -708,7 +708,7 @@ void kl_gw_shape(gm *G, const kiln_lower_target *tg)
 {
     gv *s = G->s;
     int64_t sms = tg->sm_count ? tg->sm_count : 132;
-    static const int cand[][2] = {{64, 128}, {128, 128}, {64, 192}, {64, 256}, {128, 144}, {128, 160}, {128, 176}};
+    static const int cand[][2] = {{64, 128}, {128, 128}, {64, 192}, {64, 256}, {128, 144}, {128, 160}, {128, 176}, {128, 192}};
     bool residual = false; /* an add in the epilogue: its drain reads a global value per element */
     for (uint32_t i = 0; i < s->r->n_nodes; i++) residual = residual || s->g->nodes[s->r->nodes[i]].op == KILN_OP_ADD;
     int64_t best = -1;
