@@ -590,7 +590,8 @@ Test(gemm_wg, persistent_pingpong)
 /* The persistent GEMM's splits of K (few rows: the tiles leave most SMs idle): each split's partial
  * sums into the scratch, kiln_gemm_reduce adds them and runs the epilogue (residual, swiglu,
  * rope + KV writes); the splits' K ranges end past K (zeros), rows past the run's count. The
- * region must have its reduce kernel. */
+ * region must have its reduce kernel. By default (auto) a region of many rows at its bound gets it
+ * beside its GEMM for runs of 9..64 rows (lower.c splitk_variant), each set guarded by the rows. */
 Test(gemm_wg, persistent_split_k)
 {
     g_persist = KILN_GEMM_ON;
@@ -609,9 +610,13 @@ Test(gemm_wg, persistent_split_k)
     cr_assert(g_saw_reduce, "qkv: no split (grid %u x %u)", g_grid0, g_col_blocks);
     qkv_case(KILN_ROPE_NEOX, 64, 64, 0);
     g_qkv_m = 100, g_qkv_d = 256;
-    g_precision = KILN_PREC_EXACT;
     g_sms = 0;
-    g_persist = 0;
+    g_persist = 0; /* auto: a region of 300 rows at the bound gets the split variant for runs of 9..64 rows */
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 300, 300, 40, NULL, NULL);
+    cr_assert(g_saw_reduce, "no split variant beside the 300-row GEMM");
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 300, 300, 200, NULL, NULL); /* the plan's GEMM */
+    plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 300, 300, 64, NULL, NULL);  /* the variant's last row count */
+    g_precision = KILN_PREC_EXACT;
 }
 
 /* x f16 as a view at an offset a tensor map cannot start at (2 halves = 4 bytes): the split kernel

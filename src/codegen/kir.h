@@ -373,7 +373,7 @@ void     kiln_kbarrier(kiln_kir *k);
  * template takes; placement then runs it elsewhere. t: the device and the compile's choices (codegen/target.h;
  * NULL: the default target).
  * On any failure every out[i] is zeroed: kiln_kir_free on it does nothing. */
-#define KILN_LOWER_MAX 5
+#define KILN_LOWER_MAX 8
 kiln_status kiln_lower_region_for(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *t,
                                   kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
 /* The same for the default target (kiln_lower_target_default: the portable kernels listings and

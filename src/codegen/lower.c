@@ -66,6 +66,35 @@ static bool gemv_one(const kiln_graph *g, const kiln_region *r, const kiln_lower
     return true;
 }
 
+/* Beside the GEMM of a prefill-sized plan (out[0..*n)), the persistent GEMM with splits of K for runs
+ * of KL_SMALL_ROWS < rows <= KL_SPLITK_ROWS (batched decode through a serving plan: the plan's GEMM
+ * leaves most SMs idle at those rows), where the options and the target allow it and it splits;
+ * appended at out[*n..] with its guard. Whether it was. */
+static bool splitk_variant(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX],
+                           uint32_t *n, uint32_t x, int64_t K)
+{
+    if (tg->opts.gemm_persist == KILN_GEMM_OFF || tg->opts.gemm_splitk == KILN_GEMM_OFF || !tg->wgmma ||
+        kl_numel_max(g, &g->nodes[x]) / K <= KL_SPLITK_ROWS || *n + 5 > KILN_LOWER_MAX)
+        return false;
+    for (uint32_t i = 0; i < *n; i++)
+        if (!strcmp(out[i].name, "kiln_gemm_reduce")) return false; /* the plan's own GEMM splits */
+    kiln_kir v[KILN_LOWER_MAX];
+    uint32_t nv = 0;
+    char e2[160];
+    bool split = false;
+    if (kiln_lower_gemm_cap(g, r, tg, v, &nv, KL_SPLITK_ROWS, e2, sizeof e2) == KILN_OK)
+        for (uint32_t i = 0; i < nv; i++) split = split || !strcmp(v[i].name, "kiln_gemm_reduce");
+    if (!split || *n + nv + 2 > KILN_LOWER_MAX) {
+        for (uint32_t i = 0; i < nv; i++) kiln_kir_free(&v[i]);
+        return false;
+    }
+    for (uint32_t i = 0; i < nv; i++) {
+        out[*n] = v[i];
+        kl_guard_rows_range(&out[(*n)++], g, x, K, KL_SMALL_ROWS, KL_SPLITK_ROWS);
+    }
+    return true;
+}
+
 /* The GEMM unless the options say gemv (A/B runs): on the H100 it runs a 512-token llama-7b
  * layer's matmuls 19x faster than gemv's passes. gemv takes what the GEMM does not (few rows,
  * other shapes), and, guarded by the run's rows, the short runs of a prefill plan; runs of one row
@@ -89,11 +118,13 @@ static kiln_status matmul(const kiln_graph *g, const kiln_region *r, const kiln_
     }
     if (s != KILN_OK) return s;
     char e2[160];
+    uint32_t n_big = *n;
+    int64_t big_lo = splitk_variant(g, r, tg, out, n, x, K) ? KL_SPLITK_ROWS : KL_SMALL_ROWS;
     if (kiln_lower_gemv_cap(g, r, tg, &out[*n], KL_SMALL_ROWS, e2, sizeof e2) != KILN_OK) {
         kiln_kir_free(&out[*n]);
         return KILN_OK;
     }
-    for (uint32_t i = 0; i < *n; i++) kl_guard_rows(&out[i], g, x, K, KL_SMALL_ROWS, KILN_IDX_NONE, 0, false);
+    for (uint32_t i = 0; i < n_big; i++) kl_guard_rows(&out[i], g, x, K, big_lo, KILN_IDX_NONE, 0, false);
     if (*n + 2 <= KILN_LOWER_MAX && gemv_one(g, r, tg, &out[*n], x, K, KL_SMALL_ROWS)) {
         kl_guard_rows_range(&out[*n], g, x, K, 1, KL_SMALL_ROWS);
         *n += 2;

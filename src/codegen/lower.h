@@ -171,6 +171,12 @@ void kl_guard_rows_mixed(kiln_kir *k, const kiln_graph *g, uint32_t node, int64_
 /* tg->wgmma (and not opts.wgmma off): Hopper's warpgroup MMA for the shapes it takes (f16/block
  * weights; else mma.sync) */
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err);
+/* The same for runs of at most m_cap rows (0: the region's bound), as a guard will ensure. */
+kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir k[KILN_LOWER_MAX], uint32_t *n_out,
+                                int64_t m_cap, char *err, size_t n_err);
+/* Rows up to which a prefill-sized plan's matmul regions also get the persistent GEMM with splits of K
+ * (codegen.gemm_persist auto, sm_90): few rows leave most SMs idle in the GEMM of the plan's bound. */
+#define KL_SPLITK_ROWS 64
 /* Tokens per GEMM block where the shape takes 128 (lower_gemm.c): 128, or 64 by the options (A/B runs). */
 int kl_gemm_rows(const kiln_lower_target *t);
 /* Whether node's memory starts 16-byte aligned, as a TMA tensor map needs (a view's offset may

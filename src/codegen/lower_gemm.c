@@ -586,6 +586,12 @@ static bool gm_fits(const gv *s, char *err, size_t n_err)
 
 kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out, char *err, size_t n_err)
 {
+    return kiln_lower_gemm_cap(g, r, tg, out, n_out, 0, err, n_err);
+}
+
+kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
+                                int64_t m_cap, char *err, size_t n_err)
+{
     gv *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
     *n_out = 0;
@@ -594,6 +600,7 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     s->g = g;
     s->r = r;
     s->tgt = tg;
+    s->m_cap = m_cap;
     kiln_kir scratch_k; /* gemv's analysis writes its grid into a kernel */
     kiln_kir_init(&scratch_k, "kiln_gemm", GM_THREADS);
     s->k = &scratch_k;

@@ -741,10 +741,10 @@ bool kl_gw_persist(gm *G, const kiln_lower_target *tg)
 {
     gv *s = G->s;
     G->pp = false;
-    if (tg->opts.gemm_persist != KILN_GEMM_ON || !G->wg || G->wblock || G->cm > 1) return false;
+    if (tg->opts.gemm_persist == KILN_GEMM_OFF || !G->wg || G->wblock || G->cm > 1) return false;
     int64_t sms = tg->sm_count ? tg->sm_count : 132;
     static const int cand[][2] = {{64, 128}, {64, 192}, {64, 256}, {128, 128}, {128, 144}, {128, 160}, {128, 176}};
-    gm T = *G;
+    gm T = *G, keep = *G;
     double best = -1;
     int64_t best_tiles = 0;
     for (int c = 0; c < (int)(sizeof cand / sizeof cand[0]); c++) {
@@ -783,6 +783,10 @@ bool kl_gw_persist(gm *G, const kiln_lower_target *tg)
         }
     }
     if (G->ks == 1) G->nks = nk;
+    if (G->ks == 1 && tg->opts.gemm_persist != KILN_GEMM_ON) { /* auto: only where K splits (H100: slower elsewhere) */
+        *G = keep;
+        return false;
+    }
     G->rt_max = (int32_t)((s->m_max + G->rc - 1) / G->rc);
     best_tiles *= G->ks;
     G->grid = (int32_t)(best_tiles < sms ? best_tiles : sms);
