@@ -412,11 +412,22 @@ Test(gemm_wg, clusters)
     cr_assert(cluster_case(4, KILN_DTYPE_F16, 512, 520, 515, release_self_only), "stages released to one block passed");
 }
 
+static void drop_turns(kiln_kir *k) /* the persistent GEMM's warpgroups do not wait for their turn */
+{
+    for (uint32_t i = 0; i < k->n_ins; i++)
+        if (k->ins[i].op == KILN_KOP_NBAR_SYNC) k->ins[i].op = KILN_KOP_NBAR_ARRIVE;
+}
+
 Test(gemm_wg, mutations_fail)
 {
+    g_persist = KILN_GEMM_OFF; /* the block-a-tile GEMM (4 blocks at 140 rows: auto would take the persistent one) */
     cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, drop_full_wait), "a missing full-barrier wait passed");
     cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, early_release), "an early stage release passed");
     cr_assert(plain_case_mut(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 140, 137, no_swizzle), "unswizzled WGMMA reads passed");
+    g_persist = KILN_GEMM_ON, g_sms = 3; /* the persistent one: two tiles and more a block */
+    cr_assert(plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 456, 300, 290, drop_turns, NULL), "warpgroups without turns passed");
+    cr_assert(plain_case_on(KILN_DTYPE_F16, KILN_DTYPE_F16, 1024, 456, 300, 290, drop_full_wait, NULL), "persistent: a missing full-barrier wait passed");
+    g_persist = 0, g_sms = 0;
 }
 
 Test(gemm_wg, f16_weights_long_k) { plain_case(KILN_DTYPE_F16, KILN_DTYPE_F32, 2048, 100, 100); } /* the ring wraps 8 times */
