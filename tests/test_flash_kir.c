@@ -53,6 +53,8 @@ static int32_t wg_option;  /* codegen.flash_wg for the TGT_WG runs (0: the defau
 static int32_t wg_rows, wg_split; /* codegen.flash_rows and flash_split for the TGT_WG runs (0: the shape's choice) */
 static bool wg_deadlocked; /* the last run_regions' warpgroup kernel deadlocked (expected with mutation 4) */
 static kiln_dtype q_dtype = KILN_DTYPE_F32; /* flash_run's q (f16: the kernels' 16-bit q loads) */
+static kiln_dtype y_dtype = KILN_DTYPE_F32; /* flash_run's output type (f16/bf16: as kiln_graph_narrow_gemm_inputs
+                                               stores an attention read only by an O matmul) */
 static int32_t attn_cl;    /* codegen.attn_cluster of every run_regions (0: the default) */
 static bool cl_ran;        /* the last run_regions ran the cluster decode kernel, and it alone */
 static int64_t g_ctx;      /* flash_run's cache rows and decode mode: runs of at most 8 rows at the bound (no flash
@@ -224,6 +226,7 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     kiln_node q = kiln_input(g, "q", q_dtype, 3, (kiln_dim[]){ts, H, hd});
     kiln_node kc = kiln_state(g, "k", cd, 3, (kiln_dim[]){Hkv, C, hd}), vc = kiln_state(g, "v", cd, 3, (kiln_dim[]){Hkv, C, hd});
     kiln_output(g, kiln_attention_ext(g, q, kc, vc, ks, 0, g_softcap, g_window), "y");
+    g->nodes[g->outs[0].node].dtype = (uint8_t)y_dtype; /* a narrowed attention (an output is never narrowed: set here) */
     size_t es = cd == KILN_DTYPE_F32 ? 4 : 2, nc = (size_t)(Hkv * C * hd), nq = (size_t)(T * H * hd);
     size_t qs = q_dtype == KILN_DTYPE_F32 ? 4 : 2;
     void *kmem = malloc(nc * es + 16), *vmem = malloc(nc * es + 16);
@@ -248,6 +251,7 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
              tgt_name[tgt], kiln_dtype_name(cd), (long long)H, (long long)Hkv, (long long)hd, (long long)T, (long long)n_kv,
              stale_inf ? ", inf past n_kv" : "", qs == 2 ? ", f16 q" : "", (double)g_softcap, (long long)g_window,
              attn_cl == KILN_GEMM_ON ? ", attn_cluster" : "");
+    if (y_dtype != KILN_DTYPE_F32) snprintf(what + strlen(what), sizeof what - strlen(what), ", %s out", kiln_dtype_name(y_dtype));
     kbind kb = {.names = {"q", "k", "v"}, .mem = {qmem, kmem, vmem}, .n = 3};
     g_rows = T, g_row_elems = H * hd;
     bool flash = run_regions(g, tgt, params, &kb, y, what);
@@ -267,7 +271,14 @@ static double flash_run(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t 
     const double *ref = ref64_output(rf, "y", NULL, &numel);
     cr_assert(ref && numel == (int64_t)nq, "%s: reference", what);
     double *got = malloc(nq * sizeof *got), e = 0, num = 0, den = 0;
-    for (size_t i = 0; i < nq; i++) got[i] = y[i];
+    if (y_dtype != KILN_DTYPE_F32) { /* 16-bit values: every one written (the NaN poison is 0xFFFF), widened */
+        float *w = malloc(nq * 4);
+        cr_assert_eq(kiln_dequantize(y_dtype, y, w, (int64_t)nq), KILN_OK);
+        for (size_t i = 0; i < nq; i++) got[i] = w[i];
+        free(w);
+    } else {
+        for (size_t i = 0; i < nq; i++) got[i] = y[i];
+    }
     if (mutant) { /* a NaN or a far-off value counts as a detected mutation */
         for (size_t i = 0; i < nq; i++) num += isfinite(got[i]) ? (got[i] - ref[i]) * (got[i] - ref[i]) : INFINITY, den += ref[i] * ref[i];
         e = num / den;
@@ -530,6 +541,40 @@ Test(flash_kir, warpgroup_head_dim_256_and_masks)
     flash_run(TGT_WG, KILN_DTYPE_BF16, 8, 4, 64, 33, 150, false, false);
     g_softcap = 0, g_window = 0;
     fprintf(stderr, "flash_kir warpgroup_head_dim_256_and_masks: worst NMSE at f16 precision %.3g\n", worst_f16);
+}
+
+/* A 16-bit output (kiln_graph_narrow_gemm_inputs: an attention read only by an O matmul with f16,
+ * block or bf16 weights is stored as that matmul's x) from every kernel that writes it at f16
+ * precision: the warpgroup kernel (pairs of dims packed into one word: MHA and grouped heads, head_dim
+ * 64/128/256, several tiles, rows not a multiple of 128, a key split, 64-row blocks, soft-cap and
+ * window), the mma.sync flash kernel (f32 caches), and the decode kernels (split + combine, the
+ * cluster kernel). Every element written (NaN poison), within the contract's tolerance of f64. */
+Test(flash_kir, narrowed_output)
+{
+    y_dtype = KILN_DTYPE_F16;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 4, 128, 200, 330, true, false);
+    flash_run(TGT_WG, KILN_DTYPE_F16, 8, 2, 64, 45, 300, false, false);
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 1, 256, 40, 200, true, false);
+    wg_split = 2;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 2, 128, 60, 400, true, false);
+    wg_split = 0, wg_rows = 64;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 2, 2, 128, 70, 170, false, false);
+    wg_rows = 0, g_softcap = 30.0f, g_window = 90;
+    flash_run(TGT_WG, KILN_DTYPE_F16, 4, 1, 64, 150, 260, true, false);
+    g_softcap = 0, g_window = 0;
+    flash_run(TGT_CUDA_F16, KILN_DTYPE_F16, 4, 2, 64, 70, 90, false, false);
+    flash_run(TGT_WG, KILN_DTYPE_F32, 2, 1, 128, 37, 140, true, false); /* f32 caches: the mma.sync kernel */
+    for (int on = 0; on < 2; on++) { /* decode: split + combine, then the cluster kernel */
+        attn_cl = on ? KILN_GEMM_ON : 0, g_ctx = 300;
+        flash_run(TGT_WG, KILN_DTYPE_F16, 8, 2, 128, 3, 77, true, false);
+        attn_cl = 0, g_ctx = 0;
+    }
+    y_dtype = KILN_DTYPE_BF16; /* bf16 O weights */
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 4, 1, 128, 45, 300, false, false);
+    g_ctx = 40;
+    flash_run(TGT_WG, KILN_DTYPE_BF16, 4, 4, 32, 2, 5, false, false);
+    g_ctx = 0, y_dtype = KILN_DTYPE_F32;
+    fprintf(stderr, "flash_kir narrowed_output: worst NMSE at f16 precision %.3g\n", worst_f16);
 }
 
 /* Key splits whose rank r >= 1 starts its walk at a tile that some of the block's rows see no key

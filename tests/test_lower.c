@@ -378,3 +378,88 @@ Test(lower, gemv_shared_memory_fits_the_target)
             }
     cr_assert(kernels >= 48);
 }
+
+/* Under precision f16 on cuda (kiln_graph_narrow_gemm_inputs) a qwen2-0.5b layer's attention, read
+ * only (through the reshape of its heads into rows) as the O matmul's x, is stored as that x's
+ * 16-bit type (f16 for f16 and block weights, bf16 for bf16 ones), its reshape too, and the O
+ * matmul's region on sm_90 then has no split kernel (the TMA reads the attention's output) while
+ * the flash kernel stores packed pairs (no 16-bit stores). An attention that is also an output, or
+ * read by anything but a matmul's x, or before f32 weights, keeps f32. */
+Test(lower, an_attention_read_only_by_the_o_matmul_is_narrowed)
+{
+    const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_Q8_0, KILN_DTYPE_F32};
+    for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
+        kiln_graph *g;
+        cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 1024, 512, &g), KILN_OK);
+        kiln_graph_narrow_gemm_inputs(g);
+        kiln_dtype want = wt[w] == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : wt[w] == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
+        uint32_t att = KILN_IDX_NONE;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i].op == KILN_OP_ATTENTION) att = i;
+        cr_assert(att != KILN_IDX_NONE);
+        cr_assert_eq(g->nodes[att].dtype, want, "%s weights: attention stored as %s", kiln_dtype_name(wt[w]),
+                     kiln_dtype_name((kiln_dtype)g->nodes[att].dtype));
+        int reshapes = 0;
+        for (uint32_t i = att + 1; i < g->n_nodes; i++)
+            if (g->nodes[i].op == KILN_OP_RESHAPE && g->nodes[i].src[0] == att) {
+                cr_assert_eq(g->nodes[i].dtype, want, "the attention's reshape");
+                reshapes++;
+            }
+        cr_assert_eq(reshapes, 1);
+        kiln_fusion f;
+        cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+        kiln_lower_target t0 = kiln_lower_target_for_sm(90);
+        kiln_codegen_options co = {.precision = KILN_PREC_F16};
+        kiln_lower_target tg = kiln_lower_target_with(&t0, &co);
+        int o_regions = 0, flash = 0;
+        for (uint32_t r = 0; r < f.n_regions; r++) {
+            const kiln_region *rg = &f.regions[r];
+            bool o_mm = rg->kind == KILN_REGION_MATMUL && g->nodes[g->nodes[rg->anchor].src[0]].op == KILN_OP_RESHAPE &&
+                        g->nodes[g->nodes[rg->anchor].src[0]].src[0] == att;
+            if (!o_mm && rg->kind != KILN_REGION_ATTENTION) continue;
+            kiln_kir ks[KILN_LOWER_MAX];
+            uint32_t n = 0;
+            char err[512];
+            cr_assert_eq(kiln_lower_region_for(g, rg, &tg, ks, &n, err, sizeof err), KILN_OK, "%s", err);
+            for (uint32_t i = 0; i < n; i++) {
+                if (o_mm && wt[w] != KILN_DTYPE_F32 && wt[w] != KILN_DTYPE_Q8_0)
+                    cr_assert(strcmp(ks[i].name, "kiln_gemm_split") != 0, "%s weights: a split kernel before O", kiln_dtype_name(wt[w]));
+                if (!strcmp(ks[i].name, "kiln_attn_flash_wg")) {
+                    int st16 = 0, st = 0;
+                    for (uint32_t j = 0; j < ks[i].n_ins; j++)
+                        if (ks[i].ins[j].op == KILN_KOP_ST16) st16++;
+                        else if (ks[i].ins[j].op == KILN_KOP_ST) st++;
+                    cr_assert(st > 0 && (want == KILN_DTYPE_F32 || st16 == 0), "flash_wg: %d 16-bit stores, %d words", st16, st);
+                    flash++;
+                }
+                kiln_kir_free(&ks[i]);
+            }
+            o_regions += o_mm;
+        }
+        cr_assert_eq(o_regions, 1, "the O matmul's region");
+        cr_assert_eq(flash, wt[w] != KILN_DTYPE_F32, "the warpgroup flash kernel (f16 caches)");
+        kiln_fusion_free(&f);
+        kiln_graph_free(g);
+    }
+    /* an attention also read by an add, or an output, keeps f32 */
+    for (int c = 0; c < 2; c++) {
+        kiln_graph *g;
+        cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+        kiln_dim ts = kiln_sym(g, "t", 64), ks = kiln_sym(g, "n_kv", 128);
+        kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){ts, 4, 64});
+        kiln_node kc = kiln_state(g, "k", KILN_DTYPE_F16, 3, (kiln_dim[]){4, 128, 64});
+        kiln_node vc = kiln_state(g, "v", KILN_DTYPE_F16, 3, (kiln_dim[]){4, 128, 64});
+        kiln_node a = kiln_attention(g, q, kc, vc, ks, 0.125f);
+        kiln_node x = kiln_reshape(g, a, 2, (kiln_dim[]){ts, 256});
+        kiln_node wo = kiln_weight_random(g, "wo", KILN_DTYPE_F16, 2, (kiln_dim[]){256, 256}, 1, 0.1f);
+        kiln_node y = kiln_matmul(g, x, wo);
+        kiln_output(g, c ? y : kiln_add(g, y, x), "y");
+        if (c) kiln_output(g, a, "a");
+        cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
+        kiln_graph_narrow_gemm_inputs(g);
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i].op == KILN_OP_ATTENTION || g->nodes[i].op == KILN_OP_RESHAPE)
+                cr_assert_eq(g->nodes[i].dtype, KILN_DTYPE_F32, "case %d: node %u narrowed", c, i);
+        kiln_graph_free(g);
+    }
+}

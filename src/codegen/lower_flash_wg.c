@@ -421,19 +421,32 @@ static void softmax_step(fw *f, fwc *c, uint32_t kb, bool first, uint32_t sp)
         }
 }
 
-/* The rows' outputs: O / (their sums over the quad; every row sees at least its own key: >= 1). */
+/* The rows' outputs: O / (their sums over the quad; every row sees at least its own key: >= 1).
+ * Lanes j and j + 1 (j even) are dims d and d + 1 of a row: a 16-bit output (the O matmul's x
+ * type, kiln_graph_narrow_gemm_inputs) stores them as one word, rounded as the GEMM's split kernel
+ * would (cvt.rn). */
 static void consumer_store(fw *f, fwc *c, uint32_t node)
 {
     kiln_kir *k = f->k;
+    kiln_dtype ot = (kiln_dtype)f->g->nodes[node].dtype;
+    bool h16 = ot == KILN_DTYPE_F16 || ot == KILN_DTYPE_BF16;
+    uint32_t os = h16 ? kiln_kir_buf(k, KILN_KBUF_NODE, node, true) : KILN_IDX_NONE;
     for (int r = 0; r < 2; r++) {
         uint32_t inv = o2(f, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(f, c->l[r], KILN_KRED_SUM));
         kiln_kif(k, o2(f, KILN_KOP_LT, c->tok[r], f->n_tok));
         uint32_t ob = o2(f, KILN_KOP_ADD, kiln_kmuli(k, c->qrow[r], f->hd), kiln_kmuli(k, c->qq, 2));
-        for (int j = 0; j < f->hd / 2; j++) { /* lane j of O (j < 64) or of O2 (dims 128 ..) */
+        for (int j = 0; j < f->hd / 2; j += 2) { /* lanes j, j + 1 of O (j < 64) or of O2 (dims 128 ..) */
             if (((j >> 1) & 1) != r) continue;
             uint32_t o = j < 64 ? c->O : c->O2;
-            int jj = j & 63, dim = 128 * (j >> 6) + 8 * (jj >> 2) + (jj & 1);
-            kl_store_node(k, f->g, node, kiln_kaddi(k, ob, dim), o2(f, KILN_KOP_MUL, lanef(f, o, jj), inv));
+            int jj = j & 63, dim = 128 * (j >> 6) + 8 * (jj >> 2);
+            uint32_t v0 = o2(f, KILN_KOP_MUL, lanef(f, o, jj), inv), v1 = o2(f, KILN_KOP_MUL, lanef(f, o, jj + 1), inv);
+            if (h16) { /* word (ob + dim) / 2: ob and dim are even */
+                uint32_t w = kiln_kir_op(k, KILN_KOP_PACK2, KILN_KT_U32, v0, v1, KILN_IDX_NONE, ot == KILN_DTYPE_BF16);
+                kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, kiln_kshri(k, kiln_kaddi(k, ob, dim), 1), w, KILN_IDX_NONE, (int32_t)os);
+            } else {
+                kl_store_node(k, f->g, node, kiln_kaddi(k, ob, dim), v0);
+                kl_store_node(k, f->g, node, kiln_kaddi(k, ob, dim + 1), v1);
+            }
         }
         kiln_kendif(k);
     }

@@ -500,33 +500,59 @@ fail:
     return NULL;
 }
 
+/* The 16-bit type every reader of node i takes as a matmul's x, looking through reshapes (which
+ * share i's memory and type); -1: no reader; -2: some reader takes none, or i or a reshape of it is
+ * a graph output. */
+static int narrow_want(const kiln_graph *g, uint32_t i, int depth)
+{
+    for (uint32_t o = 0; o < g->n_outs; o++)
+        if (g->outs[o].node == i) return -2;
+    int want = -1;
+    for (uint32_t j = i + 1; j < g->n_nodes && want != -2; j++) {
+        const kiln_node_rec *m = &g->nodes[j];
+        for (int s = 0; s < m->n_src && want != -2; s++) {
+            if (m->src[s] != i) continue;
+            int t;
+            if (m->op == KILN_OP_RESHAPE) {
+                t = depth < 4 ? narrow_want(g, j, depth + 1) : -2;
+                if (t == -1) continue; /* a reshape nobody reads */
+            } else {
+                kiln_dtype w = m->op == KILN_OP_MATMUL && s == 0 ? (kiln_dtype)g->nodes[m->src[1]].dtype : KILN_DTYPE_F32;
+                t = w == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : w == KILN_DTYPE_F16 || kiln_dtype_block(w) > 1 ? KILN_DTYPE_F16 : -2;
+            }
+            want = want == -1 || want == t ? t : -2;
+        }
+    }
+    return want;
+}
+
+/* Node i and the reshapes of it (narrow_want's chains) stored as type t. */
+static void narrow_set(kiln_graph *g, uint32_t i, uint8_t t, int depth)
+{
+    g->nodes[i].dtype = t;
+    for (uint32_t j = i + 1; j < g->n_nodes && depth < 4; j++)
+        if (g->nodes[j].op == KILN_OP_RESHAPE && g->nodes[j].src[0] == i) narrow_set(g, j, t, depth + 1);
+}
+
 /* Under codegen.precision = KILN_PREC_F16 the GEMMs take their x as one f16 (bf16) part: rounded
  * by a split kernel that reads the f32 node and writes the 16-bit copy the TMA reads. An
  * elementwise node whose every reader is such a matmul's x (llama's swiglu before down, a gelu
  * before an MLP's second matmul) is therefore stored in that type at once: the same rounding, done
  * by the producer's store (the gate/up GEMM's epilogue writes half the bytes), and the matmul reads
- * it as it is (no split kernel: 12 us of the 512-token llama-7b layer on the H100). Matmuls with
- * block weights take f16; outputs and nodes read by anything else keep f32. Every backend plans
- * the narrowed graph: ref, cpu and vulkan store and read the 16-bit node as its type says (cpu's
- * fused matmul pass through f32 staging), within tolerance_f16_act. */
+ * it as it is (no split kernel: 12 us of the 512-token llama-7b layer on the H100). An attention
+ * read (through a reshape of its heads into rows) only by the O matmul likewise: its kernels
+ * store 16-bit values (no split kernel before O: 7 us at 512 tokens). Readers are seen through
+ * reshapes, which take the same type. Matmuls with block weights take f16; outputs and nodes
+ * read by anything else keep f32. Every backend plans the narrowed graph: ref, cpu and vulkan
+ * store and read the 16-bit node as its type says (cpu's fused matmul pass through f32 staging),
+ * within tolerance_f16_act. */
 void kiln_graph_narrow_gemm_inputs(kiln_graph *g)
 {
     for (uint32_t i = 0; i < g->n_nodes; i++) {
         kiln_node_rec *x = &g->nodes[i];
-        if (x->dtype != KILN_DTYPE_F32 || kiln_op_class_of((enum kiln_op)x->op) != KILN_OPC_ELEMENTWISE) continue;
-        bool out = false;
-        for (uint32_t o = 0; o < g->n_outs; o++) out = out || g->outs[o].node == i;
-        int want = -1, readers = 0; /* the 16-bit type every reader takes; -2: some reader takes none */
-        for (uint32_t j = i + 1; j < g->n_nodes && want != -2; j++) {
-            const kiln_node_rec *m = &g->nodes[j];
-            for (int s = 0; s < m->n_src && want != -2; s++) {
-                if (m->src[s] != i) continue;
-                readers++;
-                kiln_dtype w = m->op == KILN_OP_MATMUL && s == 0 ? (kiln_dtype)g->nodes[m->src[1]].dtype : KILN_DTYPE_F32;
-                int t = w == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : w == KILN_DTYPE_F16 || kiln_dtype_block(w) > 1 ? KILN_DTYPE_F16 : -2;
-                want = want == -1 || want == t ? t : -2;
-            }
-        }
-        if (!out && readers && want >= 0) x->dtype = (uint8_t)want;
+        enum kiln_op_class c = kiln_op_class_of((enum kiln_op)x->op);
+        if (x->dtype != KILN_DTYPE_F32 || (c != KILN_OPC_ELEMENTWISE && c != KILN_OPC_ATTENTION)) continue;
+        int want = narrow_want(g, i, 0);
+        if (want >= 0) narrow_set(g, i, (uint8_t)want, 0);
     }
 }
