@@ -787,6 +787,58 @@ Test(ops, attention_softcap_and_window)
     g_softcap = 0, g_window = 0;
 }
 
+/* codegen.precision f16 on cuda: an attention read only (through the reshape of its heads into
+ * rows) as an O matmul's x is stored as that x's 16-bit type (kiln_graph_narrow_gemm_inputs: f16,
+ * bf16 for bf16 weights, f16 for block weights), written so by every attention kernel (the
+ * warpgroup flash kernel's packed pairs, the decode kernels at a few rows) and read by the O GEMM
+ * without its split kernel; plus a residual add. An attention that is also an output keeps f32.
+ * Other backends keep f32. Within the matmul's tolerance_f16_act of f64. */
+static void narrowed_attention(kiln_dtype wt, kiln_dtype cd, int64_t hd, bool att_out)
+{
+    kiln_graph *g = graph();
+    const int64_t H = 8, Hkv = 4, C = 300, D = H * hd, Tm = 200;
+    kiln_dim T = kiln_sym(g, "t", Tm), NKV = kiln_sym(g, "n_kv", C);
+    kiln_node q = kiln_input(g, "q", KILN_DTYPE_F32, 3, (kiln_dim[]){T, H, hd});
+    kiln_node k = kiln_state(g, "k", cd, 3, (kiln_dim[]){Hkv, C, hd}), v = kiln_state(g, "v", cd, 3, (kiln_dim[]){Hkv, C, hd});
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, D});
+    kiln_node a = kiln_attention(g, q, k, v, NKV, 0);
+    kiln_node wo = tu_weight(g, "wo", wt, 2, (kiln_dim[]){D, D}, -0.1f, 0.1f);
+    out(g, kiln_add(g, x, kiln_matmul(g, kiln_reshape(g, a, 2, (kiln_dim[]){T, D}), wo)), "y");
+    if (att_out) out(g, a, "a");
+    setenv("KILN_PRECISION", "f16", 1);
+    tu_sess *s = tu_sess_new(g, lab("precision f16 attention + O, weights %s, cache %s, hd %lld%s", dn(wt), dn(cd), (long long)hd,
+                                    att_out ? ", attention an output" : ""));
+    unsetenv("KILN_PRECISION");
+    tu_state_random(s, "k", -1, 1);
+    tu_state_random(s, "v", -0.5f, 1.5f);
+    static const int64_t tv[][2] = {{200, 260}, {130, 130}, {3, 290}, {1, 17}};
+    const double tol = fmax(1e-8, tu_tol_prec("matmul", wt, KILN_PREC_F16)) * (kiln_dtype_block(wt) > 1 ? 5 : 1);
+    for (size_t i = 0; i < N_OF(tv); i++) {
+        tu_sym(s, "t", tv[i][0]);
+        tu_sym(s, "n_kv", tv[i][1]);
+        tu_input_random(s, "q", -2, 2);
+        tu_input_random(s, "x", -1, 1);
+        tu_run(s);
+        tu_check_tol(s, "y", tol);
+        if (att_out) tu_check(s, "a", "attention", cd);
+    }
+    const kiln_graph *pg = tu_plan(s)->g;
+    int want = wt == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F16, narrowed = 0;
+    for (uint32_t i = 0; i < pg->n_nodes; i++) narrowed += pg->nodes[i].op == KILN_OP_ATTENTION && pg->nodes[i].dtype == want;
+    cr_assert_eq(narrowed, !strcmp(tu_backend(), "cuda") && !att_out, "attention stored as %s: %d", dn((kiln_dtype)want), narrowed);
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+Test(ops, precision_f16_narrowed_attention)
+{
+    narrowed_attention(KILN_DTYPE_F16, KILN_DTYPE_F16, 128, false);
+    narrowed_attention(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 64, false);
+    narrowed_attention(KILN_DTYPE_Q8_0, KILN_DTYPE_F16, 64, false);
+    narrowed_attention(KILN_DTYPE_F16, KILN_DTYPE_F32, 64, false); /* f32 cache: the mma.sync flash kernel */
+    narrowed_attention(KILN_DTYPE_F16, KILN_DTYPE_F16, 128, true);
+}
+
 /* Decode: each run writes one K/V row at pos = step and attends over n_kv = step + 1. */
 Test(ops, attention_decode_sequence)
 {
