@@ -100,8 +100,10 @@ typedef struct ptx_item {
 
 static void print_static(FILE *f, const kiln_ptx_stats *s)
 {
-    fprintf(f, "--- static: global loads %u x 4 B + %u x 16 B (%u read-only .nc, %u inside loops); stores %u x 4 B + %u x 2 B\n",
+    fprintf(f, "--- static: global loads %u x 4 B + %u x 16 B (%u read-only .nc, %u inside loops); stores %u x 4 B + %u x 2 B",
             s->ld32, s->ld128, s->ld_nc, s->loop_loads, s->st32, s->st16);
+    if (s->st128) fprintf(f, " + %u x 16 B", s->st128); /* only where there are (flash_wg's epilogue): other lines as they were */
+    fprintf(f, "\n");
     fprintf(f, "--- static: shared %u B, %u loads / %u stores, %u barriers, %u shuffles (%u reductions); %u loops "
             "(nesting %u), %u ifs; %u f32 + %u integer ops; %u parameter slots\n",
             s->shared_bytes, s->lds, s->sts, s->barriers, s->shuffles, s->reduces, s->loops, s->max_depth, s->ifs,
@@ -157,10 +159,10 @@ static void print_kernel_json(const ptx_kernel *k, bool first, bool summary)
         kiln_cli_json_str(stdout, k->err);
     }
     const kiln_ptx_stats *s = &k->st;
-    printf(",\"static\":{\"ld32\":%u,\"ld128\":%u,\"ld_nc\":%u,\"loop_loads\":%u,\"st32\":%u,\"st16\":%u,\"lds\":%u,"
+    printf(",\"static\":{\"ld32\":%u,\"ld128\":%u,\"ld_nc\":%u,\"loop_loads\":%u,\"st32\":%u,\"st16\":%u,\"st128\":%u,\"lds\":%u,"
            "\"sts\":%u,\"barriers\":%u,\"shuffles\":%u,\"reduces\":%u,\"loops\":%u,\"max_depth\":%u,\"ifs\":%u,"
            "\"f32_ops\":%u,\"int_ops\":%u,\"params\":%u,\"shared_bytes\":%u}}",
-           s->ld32, s->ld128, s->ld_nc, s->loop_loads, s->st32, s->st16, s->lds, s->sts, s->barriers, s->shuffles,
+           s->ld32, s->ld128, s->ld_nc, s->loop_loads, s->st32, s->st16, s->st128, s->lds, s->sts, s->barriers, s->shuffles,
            s->reduces, s->loops, s->max_depth, s->ifs, s->f32_ops, s->int_ops, s->params, s->shared_bytes);
 }
 

@@ -29,7 +29,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_SETMAXNREG] = "setmaxnreg",
     [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch", [KILN_KOP_WSET] = "wset",
     [KILN_KOP_NBAR_SYNC] = "nbar_sync", [KILN_KOP_NBAR_ARRIVE] = "nbar_arrive", [KILN_KOP_PACK2] = "pack2",
-    [KILN_KOP_FENCE_CTA] = "fence_cta", [KILN_KOP_LDS_CL] = "lds_cl",
+    [KILN_KOP_FENCE_CTA] = "fence_cta", [KILN_KOP_LDS_CL] = "lds_cl", [KILN_KOP_ST4] = "st4",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
@@ -239,7 +239,7 @@ static bool is_int(uint8_t t) { return t == KILN_KT_I32 || t == KILN_KT_U32; }
 static bool pdl_order_ok(const kiln_kir *k, const kiln_kinst *in, bool waited)
 {
     if (!k->pdl || waited) return true;
-    if (in->op == KILN_KOP_ST || in->op == KILN_KOP_ST16) return false;
+    if (in->op == KILN_KOP_ST || in->op == KILN_KOP_ST16 || in->op == KILN_KOP_ST4) return false;
     return in->imm.u < 32 && (k->pdl_const >> in->imm.u & 1);
 }
 
@@ -335,14 +335,16 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
                 (in->a != KILN_IDX_NONE && ta[0] != t) || in->imm.i < 0 || in->imm.i > 3)
                 FAIL("setlane %d: %s from %s, %s", in->imm.i, kiln_kt_name(t), kiln_kt_name(ta[0]), kiln_kt_name(ta[1]));
             break;
-        case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_PREFETCH:
+        case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_ST4: case KILN_KOP_PREFETCH:
             if (in->imm.u >= k->n_bufs || ta[0] != KILN_KT_I32) FAIL("buffer slot %u of %u, index %s", in->imm.u, k->n_bufs, kiln_kt_name(ta[0]));
             if (!pdl_order_ok(k, in, waited))
                 FAIL("%s buffer slot %u before the kernel's top-level grid wait (programmatic dependent launch: the "
-                     "previous kernel may still write or read it)", op == KILN_KOP_ST || op == KILN_KOP_ST16 ? "stores to" : "reads",
+                     "previous kernel may still write or read it)", op == KILN_KOP_ST || op == KILN_KOP_ST16 || op == KILN_KOP_ST4 ? "stores to" : "reads",
                      in->imm.u);
             if ((op == KILN_KOP_ST || op == KILN_KOP_ST16) && (ta[1] != KILN_KT_U32 || !k->bufs[in->imm.u].written))
                 FAIL("stores %s into a buffer not marked written", kiln_kt_name(ta[1]));
+            if (op == KILN_KOP_ST4 && (ta[1] != KILN_KT_V4 || !k->bufs[in->imm.u].written))
+                FAIL("st4 stores %s into a buffer %s", kiln_kt_name(ta[1]), k->bufs[in->imm.u].written ? "(want v4)" : "not marked written");
             if (op == KILN_KOP_LD && t != KILN_KT_U32) FAIL("ld gives u32");
             if (op == KILN_KOP_LD4 && t != KILN_KT_V4) FAIL("ld4 gives v4");
             if (op == KILN_KOP_PREFETCH && t != KILN_KT_NONE) FAIL("prefetch gives no value");

@@ -179,6 +179,8 @@ enum kiln_kop {
     KILN_KOP_LDS_CL,      /* U32 or F32: the word at shared byte address a (U32, from SADDR) in the block of the cluster
                              of rank b (U32) (PTX mapa + ld.shared::cluster; kernels with cluster > 1): another block's
                              shared stores before a CLUSTER_SYNC are visible after it. Attention's split-combine */
+    KILN_KOP_ST4,         /* NONE: global words a .. a+3 of buffer slot imm (a a multiple of 4) = V4 b, one 16-byte store;
+                             CUDA only (flash_wg's epilogue: rows staged in shared memory leave as whole sectors) */
     KILN_KOP_COUNT
 };
 

@@ -421,34 +421,59 @@ static void softmax_step(fw *f, fwc *c, uint32_t kb, bool first, uint32_t sp)
         }
 }
 
-/* The rows' outputs: O / (their sums over the quad; every row sees at least its own key: >= 1).
- * Lanes j and j + 1 (j even) are dims d and d + 1 of a row: a 16-bit output (the O matmul's x
- * type, kiln_graph_narrow_gemm_inputs) stores them as one word, rounded as the GEMM's split kernel
- * would (cvt.rn). */
+/* The rows' outputs: O / (their sums over the quad; every row sees at least its own key: >= 1),
+ * staged through shared memory so that they leave as whole 16-byte pieces of rows (FlashAttention-3's
+ * epilogue; from the accumulator fragments a warp's store would touch 8 rows' sectors, half of each).
+ * The warpgroup's own 64 rows of Q's tile take them (its S products have retired; the other
+ * warpgroup's rows are elsewhere in each 64-dim chunk), in Q's 128-byte-swizzled layout (a warp's 8
+ * rows x 4 quad lanes hit 32 distinct banks); rows of hd * 2 bytes: one pass for a 16-bit output
+ * (the O matmul's x type, kiln_graph_narrow_gemm_inputs: pairs packed by cvt.rn as the GEMM's split
+ * kernel would round them), two of hd / 2 dims for f32. A named barrier of the warpgroup (3 + w,
+ * 128 threads) separates the staging from the reading (and a pass's reading from the next staging). */
 static void consumer_store(fw *f, fwc *c, uint32_t node)
 {
     kiln_kir *k = f->k;
     kiln_dtype ot = (kiln_dtype)f->g->nodes[node].dtype;
     bool h16 = ot == KILN_DTYPE_F16 || ot == KILN_DTYPE_BF16;
-    uint32_t os = h16 ? kiln_kir_buf(k, KILN_KBUF_NODE, node, true) : KILN_IDX_NONE;
-    for (int r = 0; r < 2; r++) {
-        uint32_t inv = o2(f, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(f, c->l[r], KILN_KRED_SUM));
-        kiln_kif(k, o2(f, KILN_KOP_LT, c->tok[r], f->n_tok));
-        uint32_t ob = o2(f, KILN_KOP_ADD, kiln_kmuli(k, c->qrow[r], f->hd), kiln_kmuli(k, c->qq, 2));
-        for (int j = 0; j < f->hd / 2; j += 2) { /* lanes j, j + 1 of O (j < 64) or of O2 (dims 128 ..) */
-            if (((j >> 1) & 1) != r) continue;
+    int32_t npass = h16 ? 1 : 2, dp = f->hd / npass, ncol = f->hd * 2 / 16; /* 16-byte pieces a staged row */
+    uint32_t os = kiln_kir_buf(k, KILN_KBUF_NODE, node, true);
+    uint32_t w = kiln_kshri(k, f->tid, 7), t = kiln_kandi(k, f->tid, 127), wp = kiln_kandi(k, kiln_kshri(k, f->tid, 5), 3);
+    uint32_t g8 = kiln_kandi(k, kiln_kshri(k, f->tid, 2), 7), bar = kiln_kaddi(k, w, 3);
+    uint32_t inv[2];
+    for (int r = 0; r < 2; r++) inv[r] = o2(f, KILN_KOP_DIV, kiln_kf(k, 1.0f), red4(f, c->l[r], KILN_KRED_SUM));
+    for (int h = 0; h < npass; h++) {
+        if (h) kiln_kir_op(k, KILN_KOP_NBAR_SYNC, KILN_KT_NONE, bar, KILN_IDX_NONE, KILN_IDX_NONE, 128 << 8); /* pass 0 read */
+        for (int j = 0; j < f->hd / 2; j += 2) { /* lanes j, j + 1 of O (j < 64) or of O2 (dims 128 ..): dims d, d + 1 */
+            int jj = j & 63, r = (jj >> 1) & 1, d0 = 128 * (j >> 6) + 8 * (jj >> 2) - h * dp; /* + 2 q */
+            if (d0 < 0 || d0 >= dp) continue;
             uint32_t o = j < 64 ? c->O : c->O2;
-            int jj = j & 63, dim = 128 * (j >> 6) + 8 * (jj >> 2);
-            uint32_t v0 = o2(f, KILN_KOP_MUL, lanef(f, o, jj), inv), v1 = o2(f, KILN_KOP_MUL, lanef(f, o, jj + 1), inv);
-            if (h16) { /* word (ob + dim) / 2: ob and dim are even */
-                uint32_t w = kiln_kir_op(k, KILN_KOP_PACK2, KILN_KT_U32, v0, v1, KILN_IDX_NONE, ot == KILN_DTYPE_BF16);
-                kiln_kir_op(k, KILN_KOP_ST, KILN_KT_NONE, kiln_kshri(k, kiln_kaddi(k, ob, dim), 1), w, KILN_IDX_NONE, (int32_t)os);
-            } else {
-                kl_store_node(k, f->g, node, kiln_kaddi(k, ob, dim), v0);
-                kl_store_node(k, f->g, node, kiln_kaddi(k, ob, dim + 1), v1);
+            uint32_t row = o2(f, KILN_KOP_ADD, kiln_kmuli(k, w, 64), o2(f, KILN_KOP_ADD, kiln_kmuli(k, wp, 16), kiln_kaddi(k, g8, 8 * r)));
+            uint32_t v0 = o2(f, KILN_KOP_MUL, lanef(f, o, jj), inv[r]), v1 = o2(f, KILN_KOP_MUL, lanef(f, o, jj + 1), inv[r]);
+            if (h16) { /* bytes 2 d0 + 4 q: piece d0 / 8, word q */
+                uint32_t wd = kiln_kir_op(k, KILN_KOP_PACK2, KILN_KT_U32, v0, v1, KILN_IDX_NONE, ot == KILN_DTYPE_BF16);
+                kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, o2(f, KILN_KOP_ADD, swz_word(f, row, ci(f, d0 / 8), f->rows), c->qq), wd,
+                            KILN_IDX_NONE, (int32_t)f->qsh);
+            } else { /* bytes 4 d0 + 8 q: piece d0 / 4 + q / 2, words 2 (q & 1) and the next */
+                uint32_t at = o2(f, KILN_KOP_ADD, swz_word(f, row, kiln_kaddi(k, kiln_kshri(k, c->qq, 1), d0 / 4), f->rows),
+                                 kiln_kmuli(k, kiln_kandi(k, c->qq, 1), 2));
+                kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, at, v0, KILN_IDX_NONE, (int32_t)f->qsh);
+                kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, kiln_kaddi(k, at, 1), v1, KILN_IDX_NONE, (int32_t)f->qsh);
             }
         }
-        kiln_kendif(k);
+        kiln_kir_op(k, KILN_KOP_NBAR_SYNC, KILN_KT_NONE, bar, KILN_IDX_NONE, KILN_IDX_NONE, 128 << 8); /* the rows staged */
+        for (int u = 0; u < 64 * ncol / 128; u++) { /* piece u of thread t: row i / ncol, column i % ncol (a row's pieces: consecutive threads) */
+            uint32_t i = kiln_kaddi(k, t, 128 * u), rl = o2(f, KILN_KOP_DIV, i, ci(f, ncol)), col = o2(f, KILN_KOP_REM, i, ci(f, ncol));
+            uint32_t R = o2(f, KILN_KOP_ADD, f->R0, o2(f, KILN_KOP_ADD, kiln_kmuli(k, w, 64), rl));
+            uint32_t tok = o2(f, KILN_KOP_DIV, R, ci(f, f->G));
+            uint32_t v4 = kiln_kir_op(k, KILN_KOP_LDS4, KILN_KT_V4, swz_word(f, o2(f, KILN_KOP_ADD, kiln_kmuli(k, w, 64), rl), col, f->rows),
+                                      KILN_IDX_NONE, KILN_IDX_NONE, (int32_t)f->qsh);
+            kiln_kif(k, o2(f, KILN_KOP_LT, tok, f->n_tok));
+            uint32_t orow = o2(f, KILN_KOP_ADD, kiln_kmuli(k, tok, f->n_head), o2(f, KILN_KOP_ADD, f->head0, o2(f, KILN_KOP_REM, R, ci(f, f->G))));
+            /* word (orow hd + h dp) es / 4 + 4 col */
+            uint32_t wi = o2(f, KILN_KOP_ADD, kiln_kmuli(k, orow, f->hd * (h16 ? 2 : 4) / 4), kiln_kaddi(k, kiln_kmuli(k, col, 4), h * dp));
+            kiln_kir_op(k, KILN_KOP_ST4, KILN_KT_NONE, wi, v4, KILN_IDX_NONE, (int32_t)os);
+            kiln_kendif(k);
+        }
     }
 }
 

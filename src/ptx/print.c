@@ -233,6 +233,13 @@ static void print_mem(pstate *p, uint32_t i)
         p->st.st32++;
         break;
     }
+    case KILN_KOP_ST4: {
+        rname a = gaddr(p, slot, in->a, 4);
+        uint32_t r = p->reg[in->b];
+        kiln_sbuf_printf(&p->body, "\tst.global.v4.u32 [%s], {%%r%u, %%r%u, %%r%u, %%r%u};\n", a.s, r, r + 1, r + 2, r + 3);
+        p->st.st128++;
+        break;
+    }
     case KILN_KOP_ST16: {
         rname a = gaddr(p, slot, in->a, 2), h = nreg(RC_H, new_reg(p, RC_H));
         kiln_sbuf_printf(&p->body, "\tcvt.u16.u32 %s, %s;\n", h.s, vreg(p, in->b).s);
@@ -603,7 +610,7 @@ static kiln_status print_ins(pstate *p, uint32_t i, char *err, size_t n)
     case KILN_KOP_CVT: case KILN_KOP_H2F: case KILN_KOP_B2F: case KILN_KOP_F2H: case KILN_KOP_F2B: case KILN_KOP_BFE:
         print_convert(p, i);
         return KILN_OK;
-    case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_LDS: case KILN_KOP_STS:
+    case KILN_KOP_LD: case KILN_KOP_LD4: case KILN_KOP_ST: case KILN_KOP_ST16: case KILN_KOP_ST4: case KILN_KOP_LDS: case KILN_KOP_STS:
     case KILN_KOP_LDS4: case KILN_KOP_STS4: case KILN_KOP_PREFETCH:
         print_mem(p, i);
         return KILN_OK;

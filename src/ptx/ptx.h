@@ -17,6 +17,7 @@ typedef struct kiln_ptx_stats {
     uint32_t ld_nc;        /* global loads through the read-only path (.nc), of ld32 + ld128 */
     uint32_t st32;         /* 4-byte global stores */
     uint32_t st16;         /* 2-byte global stores */
+    uint32_t st128;        /* 16-byte global stores (st.global.v4.u32) */
     uint32_t loop_loads;   /* global loads inside at least one loop */
     uint32_t lds, sts;     /* shared-memory loads and stores (reductions' own included) */
     uint32_t barriers;     /* bar.sync (reductions' own included) */

@@ -403,7 +403,7 @@ kiln_status kiln_spv_glsl(const kiln_kir *k, const kiln_spv_features *f, char **
     *out = NULL;
     if (!kiln_kir_verify(k, err, n)) return KILN_ERR_INTERNAL; /* a lowering bug, as the PTX printer says too */
     for (uint32_t i = 0; i < k->n_ins; i++)
-        if ((k->ins[i].op >= KILN_KOP_STS4 && k->ins[i].op <= KILN_KOP_SETMAXNREG) || k->ins[i].op == KILN_KOP_WSET) { /* Hopper's warpgroup MMA and its helpers: sm_90a only */
+        if ((k->ins[i].op >= KILN_KOP_STS4 && k->ins[i].op <= KILN_KOP_SETMAXNREG) || k->ins[i].op == KILN_KOP_WSET || k->ins[i].op == KILN_KOP_ST4) { /* Hopper's warpgroup MMA and its helpers: sm_90a only */
             snprintf(err, n, "kernel %s, instruction %u: the GLSL printer does not take op %s", k->name, i, kiln_kop_name(k->ins[i].op));
             return KILN_ERR_UNSUPPORTED;
         }

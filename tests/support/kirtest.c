@@ -427,6 +427,10 @@ static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs,
     case KILN_KOP_LD4: memcpy(r.v, &bufs[in->imm.u][a.i], 16); break;
     case KILN_KOP_ST: bufs[in->imm.u][a.i] = b.u; return true;
     case KILN_KOP_ST16: ((uint16_t *)bufs[in->imm.u])[a.i] = (uint16_t)b.u; return true;
+    case KILN_KOP_ST4:
+        if (a.i % 4) return snprintf(err, n_err, "kt_interp: st4 at word %d, not a multiple of 4", a.i), false;
+        memcpy(&bufs[in->imm.u][a.i], b.v, 16);
+        return true;
     case KILN_KOP_GRID_WAIT: case KILN_KOP_GRID_LAUNCH: case KILN_KOP_PREFETCH: return true; /* one kernel at a time: nothing overlaps */
     case KILN_KOP_FENCE_CTA: return true; /* a thread's accesses happen in program order here */
     default:
@@ -891,7 +895,7 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
             continue;
         default: break;
         }
-        bool mine = (in->op >= KILN_KOP_STS4 && in->op != KILN_KOP_PACK2) || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
+        bool mine = (in->op >= KILN_KOP_STS4 && in->op != KILN_KOP_PACK2 && in->op != KILN_KOP_ST4) || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
                     in->type == KILN_KT_W64 || (in->a != NONE && k->ins[in->a].type == KILN_KT_W64 && in->op != KILN_KOP_WGMMA);
         if (mine) {
             if (!bstep(S, t, pc)) {
