@@ -383,7 +383,7 @@ Test(lower, gemv_shared_memory_fits_the_target)
  * only (through the reshape of its heads into rows) as the O matmul's x, is stored as that x's
  * 16-bit type (f16 for f16 and block weights, bf16 for bf16 ones), its reshape too, and the O
  * matmul's region on sm_90 then has no split kernel (the TMA reads the attention's output) while
- * the flash kernel stores packed pairs (no 16-bit stores). An attention that is also an output, or
+ * the flash kernel stores whole 16-byte pieces of its rows (no 16-bit stores). An attention that is also an output, or
  * read by anything but a matmul's x, or before f32 weights, keeps f32. */
 Test(lower, an_attention_read_only_by_the_o_matmul_is_narrowed)
 {
@@ -425,11 +425,11 @@ Test(lower, an_attention_read_only_by_the_o_matmul_is_narrowed)
                 if (o_mm && wt[w] != KILN_DTYPE_F32 && wt[w] != KILN_DTYPE_Q8_0)
                     cr_assert(strcmp(ks[i].name, "kiln_gemm_split") != 0, "%s weights: a split kernel before O", kiln_dtype_name(wt[w]));
                 if (!strcmp(ks[i].name, "kiln_attn_flash_wg")) {
-                    int st16 = 0, st = 0;
+                    int st16 = 0, st4 = 0;
                     for (uint32_t j = 0; j < ks[i].n_ins; j++)
                         if (ks[i].ins[j].op == KILN_KOP_ST16) st16++;
-                        else if (ks[i].ins[j].op == KILN_KOP_ST) st++;
-                    cr_assert(st > 0 && (want == KILN_DTYPE_F32 || st16 == 0), "flash_wg: %d 16-bit stores, %d words", st16, st);
+                        else if (ks[i].ins[j].op == KILN_KOP_ST4) st4++;
+                    cr_assert(st4 == 4 && st16 == 0, "flash_wg (hd 64: a warpgroup's 64 rows of 128 bytes, 4 pieces a thread): %d 16-bit stores, %d 16-byte ones", st16, st4);
                     flash++;
                 }
                 kiln_kir_free(&ks[i]);
