@@ -11,7 +11,7 @@
 #             listed as unfinished (not as failed); seeds not started by then are listed (default 0: none)
 #   CHECK_ARGS  more kiln check arguments (e.g. --quick)
 # Each seed runs `kiln check --backend vulkan --op OP --seed N --threads 1 --failures CHECK_ARGS`
-# with LP_NUM_THREADS=1 (one core each). Contracts: $KILN_SOURCE_DIR/contracts, else this script's
+# with LP_NUM_THREADS=1 (one core each; set it for more lavapipe threads a seed). Contracts: $KILN_SOURCE_DIR/contracts, else this script's
 # checkout's: they must be those of KILN's commit (a kiln older than its contracts fails every seed
 # on a dtype it does not know; for a long local run, pin a copy: git archive REV contracts). $OUT (else a temp dir) gets OP-N.txt per seed and
 # summary-OP.txt: one line a seed (rc, seconds), then the counts and every failing seed's rows.
@@ -34,14 +34,14 @@ work="$(mktemp -d /tmp/lvpseeds-work.XXXXXX)" # one per call: two calls may run 
 tar -xJf "$bundle" -C "$work" || { echo "cannot unpack $bundle" >&2; exit 2; }
 # shellcheck source=/dev/null
 source "$work/lavapipe/env.sh"
-export LP_NUM_THREADS=1 KILN_LIBCUDA=/nonexistent/libcuda.so.1 # no process touches the GPU
+export LP_NUM_THREADS="${LP_NUM_THREADS:-1}" KILN_LIBCUDA=/nonexistent/libcuda.so.1 # no process touches the GPU
 export KILN_CACHE_DIR="$work/cache"                          # the seeds share compiled kernels
 export KILN_SOURCE_DIR="${KILN_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}" # contracts/
 sum="$out/summary-$op.txt"
 "$kiln" info >"$out/info.txt" 2>&1
 vk="$(grep -m 1 '^  vulkan' "$out/info.txt")"
 echo "kiln info: $vk" | tee "$sum"
-echo "contracts: $KILN_SOURCE_DIR/contracts" | tee -a "$sum"
+echo "contracts: $KILN_SOURCE_DIR/contracts; lavapipe threads a seed: $LP_NUM_THREADS" | tee -a "$sum"
 if ! grep -q 'available.*llvmpipe' <<<"$vk"; then
     echo "vulkan is not lavapipe here: nothing run" | tee -a "$sum"
     cat "$out/info.txt"
