@@ -15,7 +15,8 @@
 # at once, reduce_split, instead of one block reduction per accumulator), preload (KILN_GEMV_PRELOAD=1:
 # the first step's weights loaded before x's prologue, KILN_PDL=3's loads without PDL), pipe / pipe_pf1 /
 # pair_pipe (KILN_GEMV_PIPELINE=1: the next step's loads before this step's arithmetic; with
-# KILN_GEMV_PREFETCH=1; with the pair path). Every `kiln
+# KILN_GEMV_PREFETCH=1; with the pair path), xload / xload_pipe / xload_pdl3 (KILN_GEMV_XLOAD=1: the
+# prologue's words of x loaded at once; with the pipeline; with KILN_PDL=3). Every `kiln
 # bench` measures the copy bandwidth after its run (the roof); the
 # floor is (weights + KV read per step) / that copy bandwidth. Then per-kernel profiles (achieved
 # GB/s) of the default, fence, pair_fence and attn_cl variants, and ncu's warp stall reasons of the
@@ -65,6 +66,9 @@ declare -A env_of=(
     [pipe]="KILN_GEMV_PIPELINE=1"
     [pipe_pf1]="KILN_GEMV_PIPELINE=1 KILN_GEMV_PREFETCH=1"
     [pair_pipe]="KILN_GEMV_PAIR=1 KILN_GEMV_PIPELINE=1"
+    [xload]="KILN_GEMV_XLOAD=1"
+    [xload_pipe]="KILN_GEMV_XLOAD=1 KILN_GEMV_PIPELINE=1"
+    [xload_pdl3]="KILN_GEMV_XLOAD=1 KILN_PDL=3"
     [attn_cl_pdl3]="KILN_ATTN_CLUSTER=1 KILN_PDL=3"
 )
 # shellcheck disable=SC2206

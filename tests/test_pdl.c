@@ -341,6 +341,65 @@ Test(pdl, gemv_pipeline_loads_the_next_step_in_the_chunk_loop)
         }
 }
 
+/* Loads (LD/LD4) of activations (graph nodes other than weights) in a loop that no IF encloses: the
+ * loops over x of a gemv's prologue (the rms_norm's rare rescaled passes sit in an IF). */
+static uint32_t activation_loads_in_loops(const kiln_graph *g, const kiln_kir *k)
+{
+    int loops = 0, ifs = 0;
+    uint8_t stack[64];
+    int depth = 0;
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < k->n_ins; j++) {
+        const kiln_kinst *in = &k->ins[j];
+        if (in->op == KILN_KOP_LOOP || in->op == KILN_KOP_IF) {
+            cr_assert(depth < 64);
+            stack[depth++] = in->op;
+            loops += in->op == KILN_KOP_LOOP, ifs += in->op == KILN_KOP_IF;
+        } else if (in->op == KILN_KOP_ENDLOOP || in->op == KILN_KOP_ENDIF) {
+            uint8_t op = stack[--depth];
+            loops -= op == KILN_KOP_LOOP, ifs -= op == KILN_KOP_IF;
+        } else if ((in->op == KILN_KOP_LD || in->op == KILN_KOP_LD4) && k->bufs[in->imm.i].kind == KILN_KBUF_NODE &&
+                   g->nodes[k->bufs[in->imm.i].node].op != KILN_OP_WEIGHT) {
+            n += loops > 0 && ifs == 0;
+        }
+    }
+    return n;
+}
+
+/* codegen.gemv_xload: no decode gemv of the presets (f16, q8_0, q4_K) loads x in a loop outside an IF
+ * (its norm's and quantization's words all loaded at once); without it, the prologues' loops do. */
+Test(pdl, gemv_xload_loads_x_once_without_loops)
+{
+    static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
+    for (int p = 0; p < kiln_preset_count(); p++)
+        for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
+            kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+                                        .max_tok = 1, .seed = 1, .shape_only = true};
+            kiln_graph *g = NULL;
+            char err[512] = "";
+            cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+            kiln_fusion f;
+            cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
+            uint32_t in_loops[2] = {0, 0};
+            for (uint32_t r = 0; r < f.n_regions; r++)
+                for (int v = 0; v < 2; v++) {
+                    kiln_lower_target t = mode_target(0, false);
+                    t.opts.gemv_xload = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+                    kiln_kir ks[KILN_LOWER_MAX];
+                    uint32_t n = 0;
+                    cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s", err);
+                    for (uint32_t i = 0; i < n; i++) {
+                        if (!strcmp(ks[i].name, "kiln_gemv")) in_loops[v] += activation_loads_in_loops(g, &ks[i]);
+                        kiln_kir_free(&ks[i]);
+                    }
+                }
+            cr_assert(in_loops[0] > 0 && in_loops[1] == 0, "%s %s: x loads in loops %u without, %u with gemv_xload",
+                      kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), in_loops[0], in_loops[1]);
+            kiln_fusion_free(&f);
+            kiln_graph_free(g);
+        }
+}
+
 /* ------------------------------------------------------------------ what the kernels compute */
 
 typedef struct run_case {
@@ -479,6 +538,20 @@ static void same_as_plain(run_case *c, kiln_dtype key, const char *what)
                 pp.opts.gemv_prefetch = ahead;
                 y = run_kernels(c, &pp, out, numel, &n_pl);
                 cr_assert_eq(memcmp(y, y0, (size_t)numel * 4), 0, "%s, %s: gemv_pipeline (prefetch %d) computed other bits", what, out, ahead);
+                free(y);
+            }
+        }
+        { /* codegen.gemv_xload: the norm's squares summed in another order (the quantization reads the
+           * same words): the contract's tolerance against f64, alone and with the pipeline */
+            for (int v = 0; v < 2; v++) {
+                kiln_lower_target xl = pdl_target(false);
+                xl.opts.gemv_xload = KILN_GEMM_ON;
+                if (v) xl.opts.gemv_pipeline = KILN_GEMM_ON;
+                int n_xl = 0;
+                float *y = run_kernels(c, &xl, out, numel, &n_xl);
+                char w2[160];
+                snprintf(w2, sizeof w2, "%s (gemv_xload%s)", what, v ? " + pipeline" : "");
+                compare_ref(w2, out, y, ref, numel, key);
                 free(y);
             }
         }

@@ -555,25 +555,27 @@ Test(ptx, pdl_kernels_assemble_for_sm90, .timeout = 600)
  * gemv_prefetch, gemv_fence) assemble for sm_90 without spills: all of them at once on the llama-7b
  * q8_0/q4_k and qwen2-0.5b q8_0 decode layers, and without the pair path on llama-7b f16;
  * codegen.gemv_preload alone on qwen2-0.5b q4_k and f16; codegen.gemv_pipeline with prefetches on
- * llama-7b q4_k and, with the pair path, q8_0 (kept to a few dozen ptxas runs: this executable is
- * the suite's longest). */
+ * llama-7b q4_k and, with the pair path, q8_0, and with gemv_xload on qwen2-0.5b q8_0, llama-7b f16 and
+ * qwen2-7b q4_k (kept to a few dozen ptxas runs: this executable is the suite's longest). */
 Test(ptx, gemv_variants_assemble_for_sm90, .timeout = 600)
 {
     char ptxas[1024];
     if (!kiln_ptx_find_ptxas(ptxas, sizeof ptxas)) cr_skip("ptxas not found ($KILN_PTXAS, PATH, /usr/local/cuda/bin)");
     static seen_set seen;
     lower_tally t = {0};
-    static const struct { const char *preset; kiln_dtype w; bool pair; int alone; } cases[] = { /* alone: 1 preload, 2 pipeline */
+    static const struct { const char *preset; kiln_dtype w; bool pair; int alone; } cases[] = { /* alone: 1 preload, 2 pipeline, 3 xload + pipeline */
         {"llama-7b", KILN_DTYPE_Q8_0, true, 0}, {"llama-7b", KILN_DTYPE_Q4_K, true, 0},
         {"qwen2-0.5b", KILN_DTYPE_Q8_0, true, 0}, {"llama-7b", KILN_DTYPE_F16, false, 0},
         {"qwen2-0.5b", KILN_DTYPE_Q4_K, false, 1}, {"qwen2-0.5b", KILN_DTYPE_F16, false, 1},
-        {"llama-7b", KILN_DTYPE_Q4_K, false, 2}, {"llama-7b", KILN_DTYPE_Q8_0, true, 2}};
+        {"llama-7b", KILN_DTYPE_Q4_K, false, 2}, {"llama-7b", KILN_DTYPE_Q8_0, true, 2},
+        {"qwen2-0.5b", KILN_DTYPE_Q8_0, false, 3}, {"llama-7b", KILN_DTYPE_F16, false, 3}, {"qwen2-7b", KILN_DTYPE_Q4_K, false, 3}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         kiln_lower_target tg = kiln_lower_target_for_sm(90);
         if (cases[i].alone == 1) { /* codegen.gemv_preload alone: the same registers without pdl */
             tg.opts.gemv_preload = KILN_GEMM_ON;
-        } else if (cases[i].alone == 2) { /* codegen.gemv_pipeline, with L2 prefetches (and the pair path) */
+        } else if (cases[i].alone >= 2) { /* codegen.gemv_pipeline, with L2 prefetches (and the pair path; xload) */
             tg.opts.gemv_pipeline = KILN_GEMM_ON;
+            if (cases[i].alone == 3) tg.opts.gemv_xload = KILN_GEMM_ON;
             tg.opts.gemv_prefetch = 1;
             tg.opts.gemv_pair = cases[i].pair ? KILN_GEMM_ON : KILN_GEMM_AUTO;
         } else {

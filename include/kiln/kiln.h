@@ -505,6 +505,11 @@ typedef struct kiln_codegen_options {
                            KILN_GEMM_AUTO/ON: K split over up to 8 blocks a tile, f32 partial sums in the
                            scratch, a second kernel adds them and runs the epilogue; KILN_GEMM_OFF: one block
                            a tile (A/B runs, $KILN_GEMM_SPLITK=0) */
+    int32_t gemv_xload; /* KILN_GEMM_ON: the decode gemv's prologue (x's rms_norm, x's quantization for integer
+                           dot products) loads a thread's words of x as 16-byte loads all issued at once and the
+                           quantization reuses the norm's (one memory round trip where the loops over x took one
+                           per iteration: K / 256 for the norm's squares); KILN_GEMM_AUTO/OFF: the loops
+                           ($KILN_GEMV_XLOAD=1, docs/kernels.md). Opt-in until measured */
 } kiln_codegen_options;
 
 typedef struct kiln_compile_options {

@@ -45,7 +45,8 @@ class CodegenOptions(C.Structure):
                 ("gemm_cols", C.c_int32), ("paged_decode", C.c_int32),
                 ("decode_kernels", C.c_int32),
                 ("gemv_reduce", C.c_int32), ("gemv_preload", C.c_int32),
-                ("paged_mixed", C.c_int32), ("gemv_pipeline", C.c_int32)]
+                ("paged_mixed", C.c_int32), ("gemv_pipeline", C.c_int32),
+                ("gemv_xload", C.c_int32)]
 
 
 class CompileOptions(C.Structure):

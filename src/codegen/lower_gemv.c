@@ -92,32 +92,14 @@ static void gv_chunk_fma(gv *s, kiln_dtype t, const gv_chunk *ch, uint32_t c, ui
 
 /* ------------------------------------------------------------------ integer dot products */
 
-/* dp4a path: the block quantizes (normalized) x of the pass's tokens into shared memory, per 32
- * values: int8 quants (rint(x * 127 / amax)), the scale amax / 127 and, for q4_K/q5_K, the sum of
- * the 32 values *as quantized* (their min term). The min term must see the same x as the scale
- * term: with the exact sum, the rounding error of x is weighted by w + dmin * min (all >= 0)
- * instead of w, several times the contract's NMSE for weights centred on 0 (issue #17; ggml's
- * q8_K bsums and kiln's CPU kernels sum the quants too). Every thread takes 4 values; 8 threads
- * make a group. */
-static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uint32_t nws)
+/* x's words j .. (4 values from 4 j) of token q quantized into the shared arrays (quantize_x's body):
+ * v4 the values as loaded (F32 x: a V4; else NONE and each is loaded here), n4 the norm weights'. */
+static void quantize_words(gv *s, int q, bool qsum, uint32_t j, uint32_t valid, uint32_t xb, uint32_t v4, uint32_t n4, uint32_t xs)
 {
     kiln_kir *k = s->k;
-    int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32), nt = 32 * WARPS;
-    bool qsum = false; /* a weight with mins (q4_K, q5_K, q4_1, q5_1) reads the sums; the others print as before */
-    for (int j = 0; j < s->n_mm; j++) qsum |= fmt((kiln_dtype)s->g->nodes[s->g->nodes[s->mm[j]].src[1]].dtype)->dp4a_mins;
-    kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE,
-                0); /* the last pass's readers are done */
-    for (int q = 0; q < s->mc; q++) {
-        uint32_t j = kiln_kvar(k, tid);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (W + nt - 1) / nt * nt), kiln_ki(s->k, nt),
-                    0); /* uniform trip count */
-        uint32_t valid = kiln_k2(s->k, KILN_KOP_LT, j, kiln_ki(s->k, W));
-        uint32_t e =
-            kiln_k2(s->k, KILN_KOP_MUL, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, kiln_ki(s->k, 0), 0),
-                    kiln_ki(s->k, 4));
-        uint32_t xb = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, tt[q], kiln_ki(s->k, W * 4)), e);
-        uint32_t x[4], v4 = s->xdt == KILN_DTYPE_F32 ? kiln_kld4(s->k, xs, xb) : KILN_IDX_NONE;
-        uint32_t n4 = nws != KILN_IDX_NONE ? kiln_kld4(s->k, nws, e) : KILN_IDX_NONE;
+    int32_t W = (int32_t)(s->K / 4), G = (int32_t)(s->K / 32);
+    {
+        uint32_t x[4];
         uint32_t amax = KILN_IDX_NONE, sum = KILN_IDX_NONE;
         for (int l = 0; l < 4; l++) {
             x[l] = v4 != KILN_IDX_NONE ? kl_lanef(k, v4, l)
@@ -166,6 +148,67 @@ static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uin
         kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, gi, sum, KILN_IDX_NONE, (int32_t)s->sh_xs);
         kiln_kendif(s->k);
         kiln_kendif(s->k);
+    }
+}
+
+/* codegen.gemv_xload: thread tid's words tid + 256 i (i < xl_n) of x's row, each a 16-byte load, all
+ * issued before any is used (one memory round trip where a loop over them took one each). Cached in
+ * s->xl_v by the norm's pass (same words), else loaded here. */
+static void xl_words(gv *s, uint32_t tid, uint32_t tt, uint32_t j[XL_MAX], uint32_t valid[XL_MAX], uint32_t e[XL_MAX],
+                     uint32_t xb[XL_MAX])
+{
+    kiln_kir *k = s->k;
+    int32_t W = (int32_t)(s->K / 4), nt = 32 * WARPS;
+    for (int i = 0; i < s->xl_n; i++) {
+        j[i] = kiln_kaddi(k, tid, i * nt);
+        valid[i] = (i + 1) * nt <= W ? KILN_IDX_NONE : kiln_k2(k, KILN_KOP_LT, j[i], kiln_ki(k, W)); /* NONE: always */
+        e[i] = kiln_kmuli(k, valid[i] == KILN_IDX_NONE ? j[i] : kiln_ksel(k, KILN_KT_I32, valid[i], j[i], kiln_ki(k, 0)), 4);
+        xb[i] = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, tt, W * 4), e[i]);
+    }
+}
+
+/* dp4a path: the block quantizes (normalized) x of the pass's tokens into shared memory, per 32
+ * values: int8 quants (rint(x * 127 / amax)), the scale amax / 127 and, for q4_K/q5_K, the sum of
+ * the 32 values *as quantized* (their min term). The min term must see the same x as the scale
+ * term: with the exact sum, the rounding error of x is weighted by w + dmin * min (all >= 0)
+ * instead of w, several times the contract's NMSE for weights centred on 0 (issue #17; ggml's
+ * q8_K bsums and kiln's CPU kernels sum the quants too). Every thread takes 4 values; 8 threads
+ * make a group. */
+static void quantize_x(gv *s, uint32_t tid, const uint32_t *tt, uint32_t xs, uint32_t nws)
+{
+    kiln_kir *k = s->k;
+    int32_t W = (int32_t)(s->K / 4), nt = 32 * WARPS;
+    bool qsum = false; /* a weight with mins (q4_K, q5_K, q4_1, q5_1) reads the sums; the others print as before */
+    for (int j = 0; j < s->n_mm; j++) qsum |= fmt((kiln_dtype)s->g->nodes[s->g->nodes[s->mm[j]].src[1]].dtype)->dp4a_mins;
+    kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE,
+                0); /* the last pass's readers are done */
+    for (int q = 0; q < s->mc; q++) {
+        if (s->xl_n) { /* codegen.gemv_xload: every word's loads first (x's from the norm's pass when it ran) */
+            uint32_t j[XL_MAX], valid[XL_MAX], e[XL_MAX], xb[XL_MAX], v4[XL_MAX], n4[XL_MAX];
+            xl_words(s, tid, tt[q], j, valid, e, xb);
+            for (int b = 0; b < s->xl_n; b += XL_BATCH) { /* batches of loads in flight together */
+                int end = b + XL_BATCH < s->xl_n ? b + XL_BATCH : s->xl_n;
+                for (int i = b; i < end; i++) {
+                    v4[i] = s->xl_v[i] != KILN_IDX_NONE ? s->xl_v[i] : kiln_kld4(k, xs, xb[i]);
+                    n4[i] = nws != KILN_IDX_NONE ? kiln_kld4(k, nws, e[i]) : KILN_IDX_NONE;
+                }
+                for (int i = b; i < end; i++)
+                    quantize_words(s, q, qsum, j[i], valid[i] == KILN_IDX_NONE ? kiln_k2(k, KILN_KOP_LT, j[i], kiln_ki(k, W)) : valid[i],
+                                   xb[i], v4[i], n4[i], xs);
+            }
+            continue;
+        }
+        uint32_t j = kiln_kvar(k, tid);
+        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (W + nt - 1) / nt * nt), kiln_ki(s->k, nt),
+                    0); /* uniform trip count */
+        uint32_t valid = kiln_k2(s->k, KILN_KOP_LT, j, kiln_ki(s->k, W));
+        uint32_t e =
+            kiln_k2(s->k, KILN_KOP_MUL, kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_I32, valid, j, kiln_ki(s->k, 0), 0),
+                    kiln_ki(s->k, 4));
+        uint32_t xb = kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, tt[q], kiln_ki(s->k, W * 4)), e);
+        uint32_t v4 = s->xdt == KILN_DTYPE_F32 ? kiln_kld4(s->k, xs, xb) : KILN_IDX_NONE;
+        uint32_t n4 = nws != KILN_IDX_NONE ? kiln_kld4(s->k, nws, e) : KILN_IDX_NONE;
+        quantize_words(s, q, qsum, j, valid, xb, v4, n4, xs);
         kl_loop_end(k);
     }
     kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
@@ -318,14 +361,36 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
             s->nsc[q] = KILN_IDX_NONE;
             continue;
         }
-        uint32_t ss = kiln_kvar(k, kiln_kf(s->k, 0));
-        uint32_t j = kiln_kvar(k, tid);
-        kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32 * WARPS), 0);
-        uint32_t xv =
-            kl_load(k, xs, s->xdt,
-                    kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, s->tt[q], kiln_ki(s->k, (int32_t)K)), j));
-        kiln_kset(k, ss, kiln_kfma(s->k, xv, xv, ss));
-        kl_loop_end(k);
+        uint32_t ss;
+        if (s->xl_n) { /* codegen.gemv_xload: the thread's words of x in 16-byte loads issued together, kept for quantize_x */
+            uint32_t j[XL_MAX], valid[XL_MAX], e[XL_MAX], xb[XL_MAX];
+            xl_words(s, tid, s->tt[q], j, valid, e, xb);
+            ss = kiln_kf(k, 0);
+            uint32_t v[XL_MAX];
+            for (int b = 0; b < s->xl_n; b += XL_BATCH) { /* batches of loads in flight together */
+                int end = b + XL_BATCH < s->xl_n ? b + XL_BATCH : s->xl_n;
+                for (int i = b; i < end; i++) v[i] = kiln_kld4(k, xs, xb[i]);
+                for (int i = b; i < end; i++) {
+                    uint32_t p = kiln_kf(k, 0);
+                    for (int l = 0; l < 4; l++) {
+                        uint32_t xv = kl_lanef(k, v[i], l);
+                        p = kiln_kfma(k, xv, xv, p);
+                    }
+                    ss = kiln_k2(k, KILN_KOP_ADD, ss, valid[i] == KILN_IDX_NONE ? p : kiln_ksel(k, KILN_KT_F32, valid[i], p, kiln_kf(k, 0)));
+                }
+            }
+            if (s->xl_n <= XL_BATCH) /* one batch: kept in registers for the quantization / staging */
+                for (int i = 0; i < s->xl_n; i++) s->xl_v[i] = v[i];
+        } else {
+            ss = kiln_kvar(k, kiln_kf(s->k, 0));
+            uint32_t j = kiln_kvar(k, tid);
+            kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32 * WARPS), 0);
+            uint32_t xv =
+                kl_load(k, xs, s->xdt,
+                        kiln_k2(s->k, KILN_KOP_ADD, kiln_k2(s->k, KILN_KOP_MUL, s->tt[q], kiln_ki(s->k, (int32_t)K)), j));
+            kiln_kset(k, ss, kiln_kfma(s->k, xv, xv, ss));
+            kl_loop_end(k);
+        }
         uint32_t tot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, ss, KILN_IDX_NONE, KILN_IDX_NONE,
                                    (KILN_KRED_SUM << 16) | (32 * WARPS));
         uint32_t qv = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_DIV, tot, kiln_kf(k, (float)K)), kiln_kf(k, s->eps));
@@ -334,7 +399,24 @@ static void pass_prologue(gv *s, uint32_t tid, uint32_t m)
         s->nsc[q] = kl_rms_scale(k, &row, qv, s->eps); /* f32 squares redone scaled when they over/underflowed */
     }
     if (s->dp4a) quantize_x(s, tid, s->tt, xs, nws);
-    if (s->xstage) { /* x * norm scale * norm weight, once per block */
+    if (s->xstage && s->xl_n && s->xl_v[0] != KILN_IDX_NONE) { /* codegen.gemv_xload: from the norm's words */
+        uint32_t j[XL_MAX], valid[XL_MAX], e[XL_MAX], xb[XL_MAX], n4[XL_MAX];
+        xl_words(s, tid, s->tt[0], j, valid, e, xb);
+        for (int i = 0; i < s->xl_n; i++) n4[i] = nws != KILN_IDX_NONE ? kiln_kld4(k, nws, e[i]) : KILN_IDX_NONE;
+        for (int i = 0; i < s->xl_n; i++) {
+            if (valid[i] != KILN_IDX_NONE) kiln_kif(k, valid[i]);
+            for (int l = 0; l < 4; l++) {
+                uint32_t jj = kiln_kaddi(k, e[i], l), xv = kl_lanef(k, s->xl_v[i], l);
+                if (s->nsc[0] != KILN_IDX_NONE) xv = kiln_k2(k, KILN_KOP_MUL, xv, s->nsc[0]);
+                if (n4[i] != KILN_IDX_NONE) xv = kiln_k2(k, KILN_KOP_MUL, xv, kl_lanef(k, n4[i], l));
+                uint32_t at = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_k2(k, KILN_KOP_REM, jj, kiln_ki(k, s->xv)), (int32_t)(K / s->xv)),
+                                      kiln_k2(k, KILN_KOP_DIV, jj, kiln_ki(k, s->xv)));
+                kiln_kir_op(k, KILN_KOP_STS, KILN_KT_NONE, at, xv, KILN_IDX_NONE, (int32_t)s->sh_x);
+            }
+            if (valid[i] != KILN_IDX_NONE) kiln_kendif(k);
+        }
+        kiln_kir_op(k, KILN_KOP_BARRIER, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    } else if (s->xstage) { /* x * norm scale * norm weight, once per block */
         for (int q = 0; q < s->mc; q++) {
             uint32_t j = kiln_kvar(k, tid);
             kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, j, kiln_ki(s->k, (int32_t)K), kiln_ki(s->k, 32 * WARPS), 0);
@@ -747,6 +829,11 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
     /* Decode (every token in one pass): the norm and x's quantization run once per block, which
      * then strides over the virtual blocks; a launcher may run as few blocks as fill the GPU. */
     s->hoisted = s->m_max <= s->mc;
+    /* codegen.gemv_xload: one token's f32 x in 16-byte words a thread, all loaded at once */
+    for (int i = 0; i < XL_MAX; i++) s->xl_v[i] = KILN_IDX_NONE;
+    if (tg->opts.gemv_xload == KILN_GEMM_ON && s->hoisted && s->mc == 1 && s->xdt == KILN_DTYPE_F32 && s->K % 4 == 0 &&
+        (s->K / 4 + 32 * WARPS - 1) / (32 * WARPS) <= XL_MAX)
+        s->xl_n = (int)((s->K / 4 + 32 * WARPS - 1) / (32 * WARPS));
     /* Float weights behind an rms_norm, in one pass, read x from shared memory, normalized once per
      * block: the loop's loads are then all weight streams (within the target's shared memory).
      * Without a norm the prologue would only delay the first weight loads. */

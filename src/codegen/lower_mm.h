@@ -10,6 +10,9 @@
 #define WARPS 8       /* warps per block */
 #define MC_MAX 8      /* tokens per pass */
 #define SLOTS 4       /* output rows per warp */
+#define XL_MAX 64     /* codegen.gemv_xload: 16-byte words of x a thread at most (K <= 65536) */
+#define XL_BATCH 8    /* and at most this many loaded at once (registers); the norm's words are kept for
+                         the quantization when they are one batch (K <= 8192) */
 _Static_assert(SLOTS == KILN_SPEC_MM, "gemv's matmul slots are the region spec's siblings");
 #define MEMO 512
 
@@ -80,6 +83,10 @@ typedef struct gv {
     bool      pipe;             /* codegen.gemv_pipeline (decode, without pre): the chunk loop loads a lane's
                                    next step into the pre_* variables before the arithmetic of the current one */
     bool      pre_made;         /* the pre_* variables exist (make_pre_vars) */
+    int       xl_n;             /* codegen.gemv_xload (decode, one token, f32 x): words of x a thread loads
+                                   (tid + 256 i, i < xl_n) in batches of XL_BATCH issued together; 0: the loops
+                                   over x load one at a time */
+    uint32_t  xl_v[XL_MAX];     /* V4 x words the norm's pass loaded (quantize_x reuses them), or NONE */
     uint32_t  vb, bid;          /* I32 virtual block (the hoisted loop's variable) and block index */
     uint32_t  pre_v[2][SLOTS][4][4]; /* U32 variables: lane l of V4 i of slot r's chunk h of that step (pre),
                                    or of the next step (pipe) */

@@ -53,6 +53,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_GEMV_PIPELINE] = "KILN_GEMV_PIPELINE",
     [KILN_ENV_GEMM_PERSIST] = "KILN_GEMM_PERSIST",
     [KILN_ENV_GEMM_SPLITK] = "KILN_GEMM_SPLITK",
+    [KILN_ENV_GEMV_XLOAD] = "KILN_GEMV_XLOAD",
 };
 
 const char *kiln_env(enum kiln_env_var v)
@@ -98,6 +99,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->gemv_preload = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->gemv_pipeline && (e = kiln_env(KILN_ENV_GEMV_PIPELINE)))
         c->gemv_pipeline = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->gemv_xload && (e = kiln_env(KILN_ENV_GEMV_XLOAD)))
+        c->gemv_xload = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->precision && (e = kiln_env(KILN_ENV_PRECISION)) && !strcmp(e, "f16")) c->precision = KILN_PREC_F16;
     if (!c->flash && (e = kiln_env(KILN_ENV_FLASH))) c->flash = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->flash_wg && (e = kiln_env(KILN_ENV_FLASH_WG)))
