@@ -12,14 +12,17 @@
 static const char USAGE[] =
     "usage: gen_model [options] OUT.gguf [ARCH [LAYERS [WTYPE [SHAPE]]]]\n"
     "Writes a GGUF model with random weights (reproducible from --seed) to OUT.gguf.\n"
-    "  --arch llama|qwen2   architecture (default llama)\n"
+    "  --arch A             llama, qwen2, qwen2moe or qwen3moe (default llama)\n"
     "  --layers N           decoder blocks, 1..200 (default 4)\n"
     "  --wtype T            matmul weight dtype: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k\n"
     "                       q6_k iq4_nl iq4_xs, or q4_k_m: llama.cpp's Q4_K_M mix (q4_k; attn_v and ffn_down\n"
     "                       q6_k on its use_more_bits layers, output q6_k) (default q4_k)\n"
     "  --shape 7b|0.5b|tiny 7b: 4096 wide, 32 heads, ffn 11008, vocab 32000 (about 100 MiB a q4_k layer);\n"
     "                       0.5b: qwen2-0.5b's 896 wide, 14/2 heads, ffn 4864, vocab 151936;\n"
-    "                       tiny: 256 wide, 4/2 heads, ffn 512, vocab 64, context 128 (tests) (default 7b)\n"
+    "                       tiny: 256 wide, 4/2 heads, ffn 512, vocab 64, context 128 (tests) (default 7b);\n"
+    "                       30b-a3b: Qwen3-30B-A3B's 2048 wide, 32/4 heads of 128, 128 experts of 768, 8 routed,\n"
+    "                       vocab 151936 (qwen3moe; qwen2moe: the same with a shared expert of 5632)\n"
+    "  --experts N          experts per MoE layer (qwen2moe/qwen3moe; default the shape's, tiny 8)\n"
     "  --seed N             weight seed (default 7)\n"
     "  -h, --help           this text\n"
     "The positional ARCH LAYERS WTYPE SHAPE are the same settings (older scripts use them).\n"
@@ -42,7 +45,7 @@ static const char *value(int argc, char **argv, int *i)
 int main(int argc, char **argv)
 {
     const char *arch = "llama", *wt = "q4_k", *shape = "7b", *out = NULL, *pos[4] = {0};
-    long layers = 4;
+    long layers = 4, experts = 0;
     unsigned long long seed = 7;
     int n_pos = 0;
     bool only_paths = false;
@@ -62,6 +65,9 @@ int main(int argc, char **argv)
             else if (!strcmp(a, "--layers")) {
                 layers = strtol(v, &end, 10);
                 if (*end) return usage_error("--layers takes a number, not '%s'", v);
+            } else if (!strcmp(a, "--experts")) {
+                experts = strtol(v, &end, 10);
+                if (*end || experts < 1 || experts > 512) return usage_error("--experts takes 1..512, not '%s'", v);
             } else if (!strcmp(a, "--seed")) {
                 seed = strtoull(v, &end, 10);
                 if (*end) return usage_error("--seed takes a number, not '%s'", v);
@@ -83,10 +89,13 @@ int main(int argc, char **argv)
     kiln_dtype t;
     bool q4_k_m = !strcmp(wt, "q4_k_m");
     if (q4_k_m) wt = "q4_k";
-    if (strcmp(arch, "llama") && strcmp(arch, "qwen2")) return usage_error("unknown architecture '%s' (llama, qwen2)", arch);
+    bool moe = !strcmp(arch, "qwen2moe") || !strcmp(arch, "qwen3moe");
+    if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && !moe)
+        return usage_error("unknown architecture '%s' (llama, qwen2, qwen2moe, qwen3moe)", arch);
     if (!kiln_dtype_parse(wt, &t) || t == KILN_DTYPE_I32) return usage_error("unknown weight dtype '%s'", wt);
-    if (strcmp(shape, "7b") && strcmp(shape, "0.5b") && strcmp(shape, "tiny"))
-        return usage_error("unknown shape '%s' (7b, 0.5b, tiny)", shape);
+    if (strcmp(shape, "7b") && strcmp(shape, "0.5b") && strcmp(shape, "tiny") && strcmp(shape, "30b-a3b"))
+        return usage_error("unknown shape '%s' (7b, 0.5b, tiny, 30b-a3b)", shape);
+    if (!strcmp(shape, "30b-a3b") && !moe) return usage_error("shape 30b-a3b goes with qwen2moe/qwen3moe only (%s)", arch);
     char got[32];
     snprintf(got, sizeof got, "%ld", layers);
     if (layers < 1 || layers > 200) return usage_error("layers must be 1..200 (got %s)", got);
@@ -99,6 +108,16 @@ int main(int argc, char **argv)
                   .q4_k_m = q4_k_m};
     if (tiny) /* rows of 256: whole blocks of every weight dtype */
         m.hidden = 256, m.n_head = 4, m.n_kv_head = 2, m.ffn = 512, m.n_vocab = 64, m.n_ctx = 128;
+    if (!strcmp(shape, "30b-a3b")) /* Qwen3-30B-A3B */
+        m.hidden = 2048, m.n_head = 32, m.n_kv_head = 4, m.head_dim = 128, m.ffn = 6144, m.n_vocab = 151936, m.tied = false,
+        m.n_expert = 128, m.n_expert_used = 8, m.ffn_exp = 768, m.ffn_shexp = !strcmp(arch, "qwen2moe") ? 5632 : 0;
+    if (moe && tiny) m.n_expert = 8, m.n_expert_used = 2, m.ffn_exp = 256, m.ffn_shexp = !strcmp(arch, "qwen2moe") ? 256 : 0;
+    if (moe && !tiny && strcmp(shape, "30b-a3b")) return usage_error("a MoE file takes shape tiny or 30b-a3b (%s)", shape);
+    if (experts) {
+        if (!moe) return usage_error("--experts goes with qwen2moe/qwen3moe (%s)", arch);
+        m.n_expert = (int)experts;
+        if (m.n_expert_used > m.n_expert) m.n_expert_used = m.n_expert;
+    }
     fprintf(stderr, "gen_model: writing %s (%s, %ld layers, %s weights, %s shape)...\n", out, arch, layers, q4_k_m ? "q4_k_m" : wt,
             shape);
     if (gw_model_write(&m, out) != 0) {

@@ -179,10 +179,11 @@ Test(cli, bench_layers_reason_and_gen_model_usage, .timeout = 300)
     cr_assert_not_null(mkdtemp(dir));
     snprintf(outp, sizeof outp, "%s/out.txt", dir);
     const char *args[] = {"--help", "-h", "--bogus x.gguf", "--layers", "--layers 0 x.gguf", "--wtype q9 x.gguf",
-                          "--arch gpt x.gguf", "", "--shape 13b x.gguf", "--layers 2x x.gguf"};
-    const int rcs[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2};
+                          "--arch gpt x.gguf", "", "--shape 13b x.gguf", "--layers 2x x.gguf",
+                          "--shape 30b-a3b x.gguf", "--experts 8 x.gguf", "--arch qwen3moe --experts 0 x.gguf"};
+    const int rcs[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
     const char *say[] = {"usage: gen_model", "--shape", "--bogus", "--layers", "1..200", "q9", "gpt", "no output path",
-                         "13b", "2x"};
+                         "13b", "2x", "30b-a3b", "--experts", "1..512"};
     for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) {
         snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >out.txt 2>&1", dir, exe, args[i]);
         int st = system(cmd);

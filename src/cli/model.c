@@ -114,6 +114,10 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
            mi->rope == KILN_ROPE_NEOX ? "neox" : "normal", part, mi->theta, mi->eps, mi->qkv_bias ? ", q/k/v biases" : "",
            mi->qk_norm ? ", q/k head norms" : "", mi->out_bias ? ", output bias" : "", mi->ffn_bias ? ", ffn biases" : "",
            mi->tied_output ? ", tied output head" : "");
+    if (mi->n_expert)
+        printf("        mixture of experts: %lld experts of ffn %lld, %lld routed per token%s%s (computed densely: every "
+               "expert on every token)\n", (long long)mi->n_expert, (long long)mi->ffn_exp, (long long)mi->n_expert_used,
+               mi->expert_norm ? " (weights renormalized)" : "", mi->ffn_shexp ? ", plus a shared expert" : "");
     if (mi->yarn)
         printf("        yarn: factor %g over the original context %lld (beta fast %g, slow %g), rotated q/k dims x%g\n",
                mi->rope_scale, (long long)mi->n_ctx_orig, mi->yarn_beta_fast, mi->yarn_beta_slow, mi->rope_attn_factor);
