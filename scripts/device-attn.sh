@@ -19,11 +19,14 @@
 #       first kernel), paged and tree cases, a CUDA graph over 100 serve steps, kiln check
 #       paged_attention, racecheck/memcheck/synccheck of the warpgroup kernel (auto, r64, s2);
 #   full: the earlier table (new vs first kernel, f16 wg vs mma), ncu sections, layer profiles,
-#       the serve mixed step.
+#       the serve mixed step;
+#   sass: where the warpgroup kernel's warps wait, per SASS instruction (ncu's SourceCounters, the
+#       source page as CSV) at 128 and 512 tokens (MHA hd 128), L2 flushed and not, summarized by
+#       scripts/ncu_sass.py (stall reasons, runs of 200 instructions, the top 25).
 # Builds nothing; never stops at a failure; each step under a time limit; steps stop starting after
 # BUDGET_S (default 420) seconds, so the summary (the tables last, on stdout) always comes.
 #
-# usage: scripts/device-attn.sh [BIN_DIR] [ab|split|check|full]   (default devbin ab: a Release build's binaries)
+# usage: scripts/device-attn.sh [BIN_DIR] [ab|split|check|full|sass]   (default devbin ab: a Release build's binaries)
 # Run it from the repository root after `source .devdeps/env.sh`. Logs go to a temp dir, packed into
 # $OUT/logs.tar.xz; summary.txt to $OUT (else the temp dir).
 set -u
@@ -31,8 +34,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/device-lib.sh
 . "$root/scripts/device-lib.sh"
 mode="${2:-ab}"
-usage="scripts/device-attn.sh [BIN_DIR] [ab|split|check|full]"
-[[ "$mode" =~ ^(ab|split|check|full)$ ]] || { echo "usage: $usage" >&2; exit 2; }
+usage="scripts/device-attn.sh [BIN_DIR] [ab|split|check|full|sass]"
+[[ "$mode" =~ ^(ab|split|check|full|sass)$ ]] || { echo "usage: $usage" >&2; exit 2; }
 dev_bin "${1:-devbin}" "$usage" kiln test_ops bench_attn
 final="${OUT:-}" # the logs stay in a temp dir (a device call brings back only a few files): $OUT gets summary.txt and logs.tar.xz
 OUT="$(mktemp -d /tmp/device-attn.XXXXXX)" dev_out attn
@@ -198,6 +201,16 @@ if [[ "$mode" == full ]]; then
         --layers 2 --backend cuda --json
 fi
 
+if [[ "$mode" == sass && -n "$ncu_bin" ]]; then
+    for sh in 14 0; do
+        for cc in all none; do
+            bstep "sass_shape${sh}_$cc" 120 env KILN_PRECISION=f16 KILN_NO_RECORD=1 "$ncu_bin" --clock-control none --cache-control "$cc" \
+                --kernel-name kiln_attn_flash_wg --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
+                --page source --print-source sass --csv "$bin/bench_attn" cuda 4 1024 "$sh"
+        done
+    done
+fi
+
 # fields of bench_attn's JSON lines: n_tok heads kv_heads hd us tflop_per_s
 fields() { sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([0-9]*\), "hd": \([0-9]*\), "us": \([0-9.]*\), "tflop_per_s": \([0-9.]*\).*/\1 \2 \3 \4 \5 \6/p' "$@"; }
 
@@ -249,6 +262,13 @@ fields() { sed -n 's/.*"n_tok": \([0-9]*\), "heads": \([0-9]*\), "kv_heads": \([
             [[ -f "$f" ]] || continue
             echo "ncu $(basename "$f" .log):"
             grep -E "^ +(Duration|Elapsed Cycles|SM Active Cycles|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Hit Rate|Registers Per Thread|Achieved Occupancy|No Eligible|Issued Warp Per Scheduler|Warp Cycles Per Issued Instruction)" "$f" | head -n 16
+        done
+    fi
+    if [[ "$mode" == sass ]]; then
+        for f in "$logs"/sass_shape*.log; do
+            [[ -f "$f" ]] || continue
+            echo "== $(basename "$f" .log) (shape 14: 128 tokens, 0: 512; all: L2 flushed, none: not)"
+            python3 "$root/scripts/ncu_sass.py" "$f" 200 25 2>&1 | head -n 50
         done
     fi
     if [[ "$mode" == ab || "$mode" == split ]]; then
