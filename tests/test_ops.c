@@ -1023,8 +1023,8 @@ Test(ops, argmax)
     kiln_graph_free(g);
 }
 
-/* moe_route and scale_rows have ref and cpu kernels only: a plan forced onto a GPU backend refuses
- * them (auto placement puts them on the cpu; test_model_arch runs them so in whole models). */
+/* moe_route has ref and cpu kernels only: a plan forced onto a GPU backend refuses it (auto placement
+ * puts it on the cpu; test_model_arch runs it so in whole models). scale_rows runs everywhere. */
 #define CPU_ONLY(op) do { if (gpu_backend()) cr_skip("%s: no %s kernel yet (auto placement runs it on the cpu)", op, tu_backend()); } while (0)
 
 Test(ops, moe_route)
@@ -1059,7 +1059,6 @@ Test(ops, moe_route)
 
 Test(ops, scale_rows)
 {
-    CPU_ONLY("scale_rows");
     const int64_t D[] = {1, 17, 4097};
     for (size_t d = 0; d < N_OF(D); d++)
         for (int col = 0; col < 8; col += 7) {

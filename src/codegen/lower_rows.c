@@ -1,5 +1,5 @@
 /* Row template: one block per row (grid-stride over rows) for rms_norm, layer_norm, softmax and
- * argmax, with block reductions, the fused elementwise prologue re-evaluated on each pass and the
+ * argmax, with block reductions, one thread per element for scale_rows, the fused elementwise prologue re-evaluated on each pass and the
  * epilogue applied before the stores (fusion rule 7: a per-head rms_norm's rope and the kv_scatter
  * of that rope); and rope alone, one thread per rotated pair. Must not handle matmuls or attention. */
 #include "codegen/lower.h"
@@ -340,6 +340,35 @@ static bool rule7_nodes(const kiln_graph *g, const kiln_region *r, uint32_t *rop
     return *rope == KILN_IDX_NONE || !after;
 }
 
+/* scale_rows: one thread per element, y = x * w[row, col] (x through the fused prologue, the epilogue
+ * after it); w is read where the region's input lies (a routed weight, a gate). */
+static kiln_status lower_scale_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg,
+                                    uint32_t anchor, kiln_kir *k, char *err, size_t n_err)
+{
+    const kiln_node_rec *n = &g->nodes[anchor], *w = &g->nodes[n->src[1]];
+    int64_t d = n->dims[n->rank - 1], cw = w->dims[w->rank - 1];
+    if (kiln_dim_is_sym(d) || kiln_dim_is_sym(cw) || d > INT32_MAX || cw > INT32_MAX)
+        return kl_unsupported(err, n_err, "scale_rows: the rows' lengths must be constants");
+    if (kiln_region_has(r, n->src[1]) || w->dtype != KILN_DTYPE_F32)
+        return kl_unsupported(err, n_err, "scale_rows: w must be an f32 input of the kernel");
+    kiln_kir_init(k, "kiln_scale_rows", 256);
+    k->grid[0] = kl_grid_for(tg, kl_numel_max(g, n), 256);
+    snprintf(k->what, sizeof k->what, "scale_rows col %d, %u ops", (int)n->i[0], r->n_nodes);
+    uint32_t idx = kl_grid_loop(k, kl_numel_from(k, n, 0));
+    uint32_t row = kiln_k2(k, KILN_KOP_DIV, idx, kiln_ki(k, (int32_t)d));
+    uint32_t widx = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_MUL, row, kiln_ki(k, (int32_t)cw)), kiln_ki(k, n->i[0]));
+    kl_eval pe, ee;
+    uint32_t xv = input_at(k, g, r, anchor, idx, &pe);
+    uint32_t y = kiln_k2(k, KILN_KOP_MUL, xv, kl_load_node(k, g, n->src[1], widx));
+    store_outs(k, g, r, anchor, idx, y, &pe, &ee);
+    kl_loop_end(k);
+    if (pe.failed || ee.failed) {
+        kiln_kir_free(k);
+        return kl_unsupported(err, n_err, "scale_rows: %s", pe.failed ? pe.err : ee.err);
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
                             char *err, size_t n_err)
 {
@@ -349,6 +378,7 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
     uint32_t rope = KILN_IDX_NONE, kv = KILN_IDX_NONE;
     if (!rule7_nodes(g, r, &rope, &kv)) return kl_unsupported(err, n_err, "row kernel: two row ops in one region");
     if (op == KILN_OP_ROPE) return lower_rope(g, r, tg, anchor, k, err, n_err);
+    if (op == KILN_OP_SCALE_ROWS) return lower_scale_rows(g, r, tg, anchor, k, err, n_err);
     if (op != KILN_OP_RMS_NORM && op != KILN_OP_LAYER_NORM && op != KILN_OP_SOFTMAX && op != KILN_OP_ARGMAX)
         return kl_unsupported(err, n_err, "row kernel: %s", kiln_op_name(op));
     const kiln_node_rec *x = &g->nodes[n->src[0]];
