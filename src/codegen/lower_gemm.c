@@ -589,14 +589,13 @@ kiln_status kiln_lower_gemm(const kiln_graph *g, const kiln_region *r, const kil
     return kiln_lower_gemm_cap(g, r, tg, out, n_out, 0, err, n_err);
 }
 
-kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
-                                int64_t m_cap, char *err, size_t n_err)
+/* The shared analysis for the GEMM (gemv's, then the GEMM's own limits) into a fresh gv, or NULL
+ * (*st: KILN_ERR_NOMEM or KILN_ERR_UNSUPPORTED with err). */
+static gv *gm_analyze(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, int64_t m_cap, kiln_status *st, char *err,
+                      size_t n_err)
 {
     gv *s = calloc(1, sizeof *s);
-    if (!s) return KILN_ERR_NOMEM;
-    *n_out = 0;
-    kiln_status st = KILN_OK;
-    int ki = 0;
+    if (!s) return *st = KILN_ERR_NOMEM, NULL;
     s->g = g;
     s->r = r;
     s->tgt = tg;
@@ -610,10 +609,106 @@ kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const
         ok = false;
     }
     kiln_kir_free(&scratch_k);
-    if (!ok) {
-        free(s);
-        return KILN_ERR_UNSUPPORTED;
+    if (!ok) free(s), s = NULL, *st = KILN_ERR_UNSUPPORTED;
+    return s;
+}
+
+/* The GEMM kernel k's tile: the mma.sync template's rows a block and shared memory, or the Hopper
+ * template's shape, cluster and persistent form (lower_gemm_wg.c). */
+static void gm_shape(gm *G, kiln_kir *k, const kiln_lower_target *tg)
+{
+    gv *s = G->s;
+    if (G->wg) {
+        kl_gw_shape(G, tg);
+        G->cs = G->bn + 4;
+        /* wide: its setmaxnreg takes effect only where the entry's register count is known (one
+           block an SM); without it the H100's JIT kept 168 a thread and spilled the accumulators */
+        if (G->wide) k->min_blocks = 1;
+        kl_gw_cluster(G, tg);
+        if (kl_gw_persist(G, tg)) k->min_blocks = 1; /* its setmaxnreg, as wide's */
+        return;
     }
+    int parts_max = 1, wparts_max = 1;
+    bool all_blocks = true;
+    for (int q = 0; q < s->n_grp; q++) {
+        kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
+        if (kl_gm_x_parts(s, t, false) > parts_max) parts_max = kl_gm_x_parts(s, t, false);
+        if (t == KILN_DTYPE_F32) wparts_max = 2;
+        if (kiln_dtype_block(t) == 1) all_blocks = false;
+    }
+    /* 128 tokens per block halves the dequantization per token of block weights (H100, 512-token
+     * llama-7b layer: q4_k QKV 503 -> 474 us, gate/up 1173 -> 947 us), but costs float weights
+     * occupancy (f16 QKV 499 -> 584 us) and leaves too few blocks for narrow outputs (down,
+     * 4096 columns: 128 blocks, 373 -> 485 us). So: block weights only, and only with at least
+     * two blocks per SM (264 on a 132-SM H100); never for x in three parts (the A tile would pass
+     * lavapipe's 32 KB of shared memory). */
+    int64_t col_blocks = kl_gw_col_blocks(s, GM_BN);
+    G->bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 2 * (int64_t)tg->sm_count && kl_gemm_rows(tg) == 128 ? 128 : 64;
+    G->apart = G->bm * 16;
+    uint32_t words = (uint32_t)(parts_max * G->apart + wparts_max * GM_BWORDS);
+    if (words < 32 * GM_CS) words = 32 * GM_CS;
+    G->sh = kiln_kir_shared(k, words);
+    k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
+}
+
+/* x's buffer (the node, or the scratch the rms/split kernel prepared), the norm's scratch and
+ * weight, the splits' partial sums: kernel k's buffers and scratch bytes. */
+static kiln_status gm_buffers(gm *G, kiln_kir *k, char *err, size_t n_err)
+{
+    gv *s = G->s;
+    if (G->xp) {
+        G->xs = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
+        k->scratch_bytes = 4 * ((uint64_t)G->xp_word + (uint64_t)G->parts * (uint64_t)G->xp_part);
+    } else {
+        G->xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
+    }
+    if (s->norm != KILN_IDX_NONE && !G->xp) {
+        G->scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
+        if (s->nw != KILN_IDX_NONE) G->nws = kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false);
+        k->scratch_bytes = 4 * (uint64_t)s->m_max;
+    }
+    if (!G->pp || G->ks == 1) return KILN_OK;
+    G->part_word = (int32_t)((k->scratch_bytes / 4 + 3) / 4 * 4); /* the splits' partial sums after what the scratch holds */
+    uint64_t words = (uint64_t)G->part_word + (uint64_t)G->ks * (uint64_t)G->rt_max * (uint64_t)kl_gw_col_blocks(s, G->bn) * (uint64_t)(G->rc * G->bn);
+    k->scratch_bytes = 4 * words;
+    return words >= (uint64_t)1 << 30 ? kl_unsupported(err, n_err, "gemm: %llu words of partial sums", (unsigned long long)words) : KILN_OK;
+}
+
+/* The block's work: the persistent tile loop, or the group whose column blocks hold bx (I32).
+ * Returns the column blocks of the grid. */
+static uint32_t gm_body(gm *G, uint32_t by, uint32_t bx)
+{
+    gv *s = G->s;
+    uint32_t blocks = 0;
+    /* a cluster works whole (its blocks bring each other's weight slices) when its first block has rows */
+    kif(G, o2(G, KILN_KOP_LT, G->cm > 1 ? muli(G, o2(G, KILN_KOP_SUB, by, G->crank), G->bm) : G->m0, G->m));
+    if (G->pp) { /* every group's tiles in one persistent loop */
+        G->wt = wdtype(s, s->grp[0].sib[0]);
+        G->wparts = 1;
+        G->U = kl_wfmt_of(G->wt)->subs;
+        kl_gw_pp(G);
+    }
+    for (int q = 0; q < s->n_grp && !G->pp; q++) {
+        const gv_group *Gq = &s->grp[q];
+        uint32_t nb = (uint32_t)((Gq->n + G->bn / Gq->n_sib - 1) / (G->bn / Gq->n_sib));
+        kif(G, o2(G, KILN_KOP_PAND, o2(G, KILN_KOP_LE, ci(G, (int32_t)blocks), bx), o2(G, KILN_KOP_LT, bx, ci(G, (int32_t)(blocks + nb)))));
+        gm_group(G, Gq, addi(G, bx, -(int32_t)blocks));
+        kendif(G);
+        blocks += nb;
+    }
+    kendif(G);
+    if (G->cm > 1) kl_gw_sync(G, KILN_KOP_CLUSTER_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* no block leaves while others may arrive at its barriers */
+    return blocks;
+}
+
+kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir out[KILN_LOWER_MAX], uint32_t *n_out,
+                                int64_t m_cap, char *err, size_t n_err)
+{
+    *n_out = 0;
+    kiln_status st = KILN_OK;
+    gv *s = gm_analyze(g, r, tg, m_cap, &st, err, n_err);
+    if (!s) return st;
+    int ki = 0;
     gm G = {.s = s, .scr = KILN_IDX_NONE, .nws = KILN_IDX_NONE, .threads = GM_THREADS, .bn = GM_BN, .cs = GM_CS};
     bool pre = kl_gw_choose(&G, tg); /* the Hopper template, and whether a split kernel prepares x for it */
     if (!G.wg) kl_gm_prepare(&G);
@@ -625,39 +720,7 @@ kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const
     ki++;
     kiln_kir_init(k, G.wg ? "kiln_gemm_tma" : "kiln_gemm", (uint32_t)G.threads);
     s->k = k;
-    int parts_max = 1, wparts_max = 1;
-    for (int q = 0; q < s->n_grp; q++) {
-        kiln_dtype t = wdtype(s, s->grp[q].sib[0]);
-        if (kl_gm_x_parts(s, t, false) > parts_max) parts_max = kl_gm_x_parts(s, t, false);
-        if (t == KILN_DTYPE_F32) wparts_max = 2;
-    }
-    /* 128 tokens per block halves the dequantization per token of block weights (H100, 512-token
-     * llama-7b layer: q4_k QKV 503 -> 474 us, gate/up 1173 -> 947 us), but costs float weights
-     * occupancy (f16 QKV 499 -> 584 us) and leaves too few blocks for narrow outputs (down,
-     * 4096 columns: 128 blocks, 373 -> 485 us). So: block weights only, and only with at least
-     * two blocks per SM (264 on a 132-SM H100); never for x in three parts (the A tile would pass
-     * lavapipe's 32 KB of shared memory). */
-    int64_t col_blocks = kl_gw_col_blocks(s, GM_BN);
-    bool all_blocks = true;
-    for (int q = 0; q < s->n_grp; q++)
-        if (kiln_dtype_block(wdtype(s, s->grp[q].sib[0])) == 1) all_blocks = false;
-    if (!G.wg) {
-        G.bm = all_blocks && parts_max <= 2 && col_blocks * ((s->m_max + 127) / 128) >= 2 * (int64_t)tg->sm_count &&
-                       kl_gemm_rows(tg) == 128 ? 128 : 64;
-        G.apart = G.bm * 16;
-        uint32_t words = (uint32_t)(parts_max * G.apart + wparts_max * GM_BWORDS);
-        if (words < 32 * GM_CS) words = 32 * GM_CS;
-        G.sh = kiln_kir_shared(k, words);
-        k->min_blocks = 2; /* 16 warps per SM: at 130 registers ptxas left one block (8 warps), and gate/up ran at 2/3 the rate of QKV */
-    } else {
-        kl_gw_shape(&G, tg);
-        G.cs = G.bn + 4;
-        /* wide: its setmaxnreg takes effect only where the entry's register count is known (one
-           block an SM); without it the H100's JIT kept 168 a thread and spilled the accumulators */
-        if (G.wide) k->min_blocks = 1;
-        kl_gw_cluster(&G, tg);
-        if (kl_gw_persist(&G, tg)) k->min_blocks = 1; /* its setmaxnreg, as wide's */
-    }
+    gm_shape(&G, k, tg);
     k->cluster = G.cm > 1 ? (uint32_t)G.cm : 0;
     snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
              s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes);
@@ -672,47 +735,13 @@ kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const
     G.wm = shri(&G, warp, 2);
     G.wn = andi(&G, warp, 3);
     G.m = o2(&G, KILN_KOP_DIV, kl_numel_from(k, &g->nodes[s->x], 0), ci(&G, (int32_t)s->K));
-    G.m0 = G.pp ? ci(&G, 0) : muli(&G, by, G.bm); /* pp: each tile's (gw_group_pp) */
+    G.m0 = G.pp ? ci(&G, 0) : muli(&G, by, G.bm); /* pp: each tile's (kl_gw_pp) */
     G.pb = by;
     G.cm = G.cm ? G.cm : 1;
     if (G.cm > 1) G.crank = o2(&G, KILN_KOP_REM, by, ci(&G, G.cm));
-    if (G.xp) {
-        G.xs = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
-        k->scratch_bytes = 4 * ((uint64_t)G.xp_word + (uint64_t)G.parts * (uint64_t)G.xp_part);
-    } else {
-        G.xs = kiln_kir_buf(k, KILN_KBUF_NODE, s->x, false);
-    }
-    if (s->norm != KILN_IDX_NONE && !G.xp) {
-        G.scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
-        if (s->nw != KILN_IDX_NONE) G.nws = kiln_kir_buf(k, KILN_KBUF_NODE, s->nw, false);
-        k->scratch_bytes = 4 * (uint64_t)s->m_max;
-    }
-    if (G.pp && G.ks > 1) { /* the splits' partial sums after what the scratch holds */
-        G.part_word = (int32_t)((k->scratch_bytes / 4 + 3) / 4 * 4);
-        uint64_t words = (uint64_t)G.part_word + (uint64_t)G.ks * (uint64_t)G.rt_max * (uint64_t)kl_gw_col_blocks(s, G.bn) * (uint64_t)(G.rc * G.bn);
-        if (words >= (uint64_t)1 << 30) st = kl_unsupported(err, n_err, "gemm: %llu words of partial sums", (unsigned long long)words);
-        k->scratch_bytes = 4 * words;
-    }
+    st = gm_buffers(&G, k, err, n_err);
     if (G.wg) kl_gw_setup(&G, k);
-    uint32_t blocks = 0;
-    /* a cluster works whole (its blocks bring each other's weight slices) when its first block has rows */
-    kif(&G, o2(&G, KILN_KOP_LT, G.cm > 1 ? muli(&G, o2(&G, KILN_KOP_SUB, by, G.crank), G.bm) : G.m0, G.m));
-    if (G.pp) { /* every group's tiles in one persistent loop */
-        G.wt = wdtype(s, s->grp[0].sib[0]);
-        G.wparts = 1;
-        G.U = kl_wfmt_of(G.wt)->subs;
-        kl_gw_pp(&G);
-    }
-    for (int q = 0; q < s->n_grp && !G.pp; q++) {
-        const gv_group *Gq = &s->grp[q];
-        uint32_t nb = (uint32_t)((Gq->n + G.bn / Gq->n_sib - 1) / (G.bn / Gq->n_sib));
-        kif(&G, o2(&G, KILN_KOP_PAND, o2(&G, KILN_KOP_LE, ci(&G, (int32_t)blocks), bx), o2(&G, KILN_KOP_LT, bx, ci(&G, (int32_t)(blocks + nb)))));
-        gm_group(&G, Gq, addi(&G, bx, -(int32_t)blocks));
-        kendif(&G);
-        blocks += nb;
-    }
-    kendif(&G);
-    if (G.cm > 1) kl_gw_sync(&G, KILN_KOP_CLUSTER_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, 0); /* no block leaves while others may arrive at its barriers */
+    uint32_t blocks = gm_body(&G, by, bx);
     if (blocks > 65535) st = kl_unsupported(err, n_err, "gemm: %u column blocks (a grid's y is at most 65535)", blocks);
     k->grid[0] = (uint32_t)((s->m_max + G.bm - 1) / G.bm);
     k->grid[0] = (k->grid[0] + G.cm - 1) / G.cm * G.cm;
