@@ -107,6 +107,11 @@ typedef struct gv {
     char      why[160];
 } gv;
 
+/* lower_gemv_x.c: the start of a pass over tokens t0 .. t0 + mc - 1 (x's rows, rms_norm scales,
+ * x quantized or staged in shared memory; every thread of the block runs it), and the normalized x
+ * as a region output (block 0 of the first group writes it). */
+void kl_gv_pass_prologue(gv *s, uint32_t tid, uint32_t m);
+void kl_gv_store_normed_x(gv *s, uint32_t gw, uint32_t u, uint32_t lane, uint32_t m);
 /* A lane's steps per row of dtype t: chunks, or pairs of chunks on the pair path. */
 int64_t  kl_gv_steps_per_row(const gv *s, kiln_dtype t);
 /* 16-byte chunks per row of K values of dtype t (one value each when scalar), and the first element
