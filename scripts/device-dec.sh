@@ -57,7 +57,8 @@ for f in sorted(glob.glob(os.environ["OUT_DIR"] + "/ncu_*.csv")):
         try: v = float(r[col[k]].replace(",", ""))
         except (KeyError, ValueError): return float("nan")
         u = units[col[k]]
-        return v * {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3, "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(u, 1)
+        return v * {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1, "us": 1, "msecond": 1e3, "ms": 1e3, "byte": 1, "B": 1,
+                    "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}.get(u, 1)
     stalls = [h for h in hdr if h.startswith("smsp__warp_issue_stalled_")]
     print(f"   {'kernel':<16} {'grid':>6} {'regs':>4} {'us':>7} {'MB rd':>7} {'GB/s':>6} {'dram%':>5} {'inst/B':>6} {'issue%':>6} {'warps%':>6}  top stalls (% of active warp cycles)")
     tot = 0.0
