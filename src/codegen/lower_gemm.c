@@ -722,8 +722,12 @@ kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const
     s->k = k;
     gm_shape(&G, k, tg);
     k->cluster = G.cm > 1 ? (uint32_t)G.cm : 0;
-    snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
-             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes);
+    char form[64] = "";
+    if (G.wg) /* the tile (rows x columns a block, or a consumer's with pp) and the persistent form */
+        snprintf(form, sizeof form, ", %d x %d tiles%s%s", G.pp ? G.rc : G.bm, G.bn, G.pp ? ", persistent" : "",
+                 G.pp && G.ks > 1 ? ", K in splits" : "");
+    snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops%s", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
+             s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes, form);
     G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     /* x (fastest) walks the token blocks: the blocks in flight share a few column blocks, so each
      * weight tile comes from DRAM once and from L2 for the other token blocks (with the token
