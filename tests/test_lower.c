@@ -391,7 +391,7 @@ Test(lower, an_attention_read_only_by_the_o_matmul_is_narrowed)
     for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
         kiln_graph *g;
         cr_assert_eq(kiln_preset_build(kiln_preset_at(0), wt[w], 1, 1024, 512, &g), KILN_OK);
-        kiln_graph_narrow_gemm_inputs(g, true);
+        kiln_graph_narrow_gemm_inputs(g);
         kiln_dtype want = wt[w] == KILN_DTYPE_F32 ? KILN_DTYPE_F32 : wt[w] == KILN_DTYPE_BF16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F16;
         uint32_t att = KILN_IDX_NONE;
         for (uint32_t i = 0; i < g->n_nodes; i++)
@@ -456,7 +456,7 @@ Test(lower, an_attention_read_only_by_the_o_matmul_is_narrowed)
         kiln_output(g, c ? y : kiln_add(g, y, x), "y");
         if (c) kiln_output(g, a, "a");
         cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
-        kiln_graph_narrow_gemm_inputs(g, true);
+        kiln_graph_narrow_gemm_inputs(g);
         for (uint32_t i = 0; i < g->n_nodes; i++)
             if (g->nodes[i].op == KILN_OP_ATTENTION || g->nodes[i].op == KILN_OP_RESHAPE)
                 cr_assert_eq(g->nodes[i].dtype, KILN_DTYPE_F32, "case %d: node %u narrowed", c, i);

@@ -244,7 +244,7 @@ int kiln_cli_ptx(int argc, char *const *argv)
     }
     kiln_compile_options env;
     kiln_env_options(NULL, &env);
-    if (env.codegen.precision == KILN_PREC_F16) kiln_graph_narrow_gemm_inputs(g, true); /* as a compile for cuda does */
+    if (env.codegen.precision == KILN_PREC_F16) kiln_graph_narrow_gemm_inputs(g); /* as a compile does */
     kiln_fusion f;
     if ((s = kiln_fuse(g, !o.no_fuse, &f)) != KILN_OK) {
         kiln_graph_free(g);

@@ -503,7 +503,7 @@ fail:
 /* The 16-bit type every reader of node i takes as a matmul's x, looking through reshapes (which
  * share i's memory and type); -1: no reader; -2: some reader takes none, or i or a reshape of it is
  * a graph output. */
-static int narrow_want(const kiln_graph *g, uint32_t i, int depth, bool cuda)
+static int narrow_want(const kiln_graph *g, uint32_t i, int depth)
 {
     for (uint32_t o = 0; o < g->n_outs; o++)
         if (g->outs[o].node == i) return -2;
@@ -514,7 +514,7 @@ static int narrow_want(const kiln_graph *g, uint32_t i, int depth, bool cuda)
             if (m->src[s] != i) continue;
             int t;
             if (m->op == KILN_OP_RESHAPE) {
-                t = depth < 4 && cuda ? narrow_want(g, j, depth + 1, cuda) : -2;
+                t = depth < 4 ? narrow_want(g, j, depth + 1) : -2;
                 if (t == -1) continue; /* a reshape nobody reads */
             } else {
                 kiln_dtype w = m->op == KILN_OP_MATMUL && s == 0 ? (kiln_dtype)g->nodes[m->src[1]].dtype : KILN_DTYPE_F32;
@@ -544,16 +544,15 @@ static void narrow_set(kiln_graph *g, uint32_t i, uint8_t t, int depth)
  * store 16-bit values (no split kernel before O: 7 us at 512 tokens). Readers are seen through
  * reshapes, which take the same type. Matmuls with block weights take f16; outputs and nodes
  * read by anything else keep f32. Every backend plans the narrowed graph: ref, cpu and vulkan
- * store and read the 16-bit node as its type says (cpu's fused matmul pass through f32 staging),
- * within tolerance_f16_act. The attention and the reshapes only where the plan runs on cuda
- * (`cuda`), whose kernels store every node through its type: the cpu attention kernel writes f32. */
-void kiln_graph_narrow_gemm_inputs(kiln_graph *g, bool cuda)
+ * store and read the 16-bit node as its type says (cpu's fused matmul pass and its attention
+ * kernels through f32 staging), within tolerance_f16_act. */
+void kiln_graph_narrow_gemm_inputs(kiln_graph *g)
 {
     for (uint32_t i = 0; i < g->n_nodes; i++) {
         kiln_node_rec *x = &g->nodes[i];
         enum kiln_op_class c = kiln_op_class_of((enum kiln_op)x->op);
-        if (x->dtype != KILN_DTYPE_F32 || (c != KILN_OPC_ELEMENTWISE && !(cuda && c == KILN_OPC_ATTENTION))) continue;
-        int want = narrow_want(g, i, 0, cuda);
+        if (x->dtype != KILN_DTYPE_F32 || (c != KILN_OPC_ELEMENTWISE && c != KILN_OPC_ATTENTION)) continue;
+        int want = narrow_want(g, i, 0);
         if (want >= 0) narrow_set(g, i, (uint8_t)want, 0);
     }
 }

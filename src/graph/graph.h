@@ -83,11 +83,10 @@ enum kiln_op_class kiln_op_class_of(enum kiln_op op);
 
 /* For codegen.precision = KILN_PREC_F16: each f32 elementwise node read only as the x of matmuls
  * with 16-bit or block weights (never an output) becomes f16 (bf16 for bf16 weights), the type
- * those GEMMs round x to anyway (graph.c says why); with `cuda` (a plan on the cuda backend, kiln
- * ptx) also attentions read so, and readers through reshapes. Called on the compile's own copy
- * (kiln_compile, every backend) and by kiln ptx. */
+ * those GEMMs round x to anyway (graph.c says why); attentions read so too, and readers through
+ * reshapes. Called on the compile's own copy (kiln_compile, every backend) and by kiln ptx. */
 struct kiln_graph;
-void kiln_graph_narrow_gemm_inputs(struct kiln_graph *g, bool cuda);
+void kiln_graph_narrow_gemm_inputs(struct kiln_graph *g);
 bool               kiln_op_is_elementwise(enum kiln_op op);
 double             kiln_op_flops(enum kiln_op op);
 /* Builds a unary elementwise op without parameters (silu, gelu, sigmoid, ...): the .kg parser and

@@ -399,7 +399,7 @@ KILN_API kiln_status kiln_compile(kiln_ctx *ctx, const kiln_graph *g, const kiln
     /* The canonical copy: equal graphs get equal node ids, so their compiled parts are shared. */
     if (!(p->g = kiln_graph_canonical(g, p->ghash))) goto oom;
     if ((s = kiln_graph_materialize_weights(p->g)) != KILN_OK) goto fail; /* random weights: bytes now */
-    if (p->opts.codegen.precision == KILN_PREC_F16) kiln_graph_narrow_gemm_inputs(p->g, forced == KILN_BACKEND_CUDA);
+    if (p->opts.codegen.precision == KILN_PREC_F16) kiln_graph_narrow_gemm_inputs(p->g);
     uint32_t n = g->n_nodes ? g->n_nodes : 1;
     kiln_sched_cache_lookup(p, forced);
     if (!p->mem_hit && (s = kiln_fuse(p->g, !p->opts.no_fuse, &p->fusion)) != KILN_OK) goto fail;

@@ -338,12 +338,13 @@ static kiln_status attention(const node_run *c)
     const float *q = src_f32(c, n->src[0], &oq, &st);
     float *k = q && staged ? cache_f32(c, n->src[1], n_kv, &st) : NULL;
     float *v = k ? cache_f32(c, n->src[2], n_kv, &st) : NULL;
+    float *y = st == KILN_OK && q ? out_f32(c, numel(c, c->idx), &st) : NULL; /* a narrowed (f16) output: staged */
     if (st == KILN_OK)
         st = kiln_cpu_attention(c->pool, c->isa, q, qd[0], qd[1], qd[2], staged ? k : c->v->bufs[n->src[1]],
                                 staged ? v : c->v->bufs[n->src[2]], staged ? KILN_DTYPE_F32 : kt, kd[0],
                                 staged ? n_kv : kd[1], n_kv,
-                                &(kiln_cpu_attn_mask){.scale = n->f[0], .softcap = n->f[1], .window = n->i[1]},
-                                c->v->bufs[c->idx]);
+                                &(kiln_cpu_attn_mask){.scale = n->f[0], .softcap = n->f[1], .window = n->i[1]}, y);
+    if (y) st = put_out(c, y, numel(c, c->idx), st);
     drop(q, oq);
     free(k);
     free(v);
@@ -366,11 +367,12 @@ static kiln_status paged_attention(const node_run *c)
     const float *q = src_f32(c, n->src[0], &oq, &st);
     float *k = q && staged ? cache_f32(c, n->src[1], kd[1], &st) : NULL;
     float *v = k ? cache_f32(c, n->src[2], kd[1], &st) : NULL;
+    float *y = st == KILN_OK && q ? out_f32(c, numel(c, c->idx), &st) : NULL; /* a narrowed (f16) output: staged */
     if (st == KILN_OK)
         st = kiln_cpu_paged_attention(c->pool, c->isa, q, qd[1], qd[2], staged ? k : c->v->bufs[n->src[1]],
                                       staged ? v : c->v->bufs[n->src[2]], staged ? KILN_DTYPE_F32 : kt, kd[0], &m,
-                                      &(kiln_cpu_attn_mask){.scale = n->f[0], .softcap = n->f[1], .window = n->i[1]},
-                                      c->v->bufs[c->idx]);
+                                      &(kiln_cpu_attn_mask){.scale = n->f[0], .softcap = n->f[1], .window = n->i[1]}, y);
+    if (y) st = put_out(c, y, numel(c, c->idx), st);
     drop(q, oq);
     free(k);
     free(v);
