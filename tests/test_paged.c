@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "model/presets.h"
+#include "support/fakecuda_use.h"
 #include "support/testutil.h"
 
 #define T_MAX 700 /* capacity: new tokens per step */
@@ -491,4 +492,73 @@ Test(paged, one_sequence_with_identity_blocks_equals_a_contiguous_cache)
     free(x), free(yc), free(yp);
     kiln_plan_free(pc), kiln_plan_free(pp);
     kiln_graph_free(gc), kiln_graph_free(gp);
+}
+
+/* The cuda backend's host side on tests/fakecuda (any machine): a mixed step's flash kernel (the
+ * chunks of 37 and 300 rows) runs on a second stream beside the split kernels (the decoding row),
+ * forked after what came before and joined back before the next region, launched one by one and
+ * inside a recording (the side stream's launches a branch of the graph, joined back before the
+ * capture ends); codegen.paged_mixed = 2 keeps it on the plan's stream; a decode step (no flash
+ * kernel) forks nothing. */
+static void side_stream_case(kiln_ctx *ctx, fakecuda_log *f, step *s, bool record, int32_t mixed, bool decode)
+{
+    kiln_graph *g = build(s->c, s->NB, s->MB);
+    kiln_plan *p = NULL;
+    kiln_compile_options o = {.backend = "cuda", .no_record = !record};
+    o.codegen.paged_mixed = mixed;
+    cr_assert_eq(kiln_compile(ctx, g, &o, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph_free(g);
+    size_t y_n = (size_t)s->n_tok * s->c->H * s->c->hd;
+    float *y = malloc(y_n * 4);
+    for (int run = 0; run < 2; run++) { /* recorded at the first run, replayed at the second */
+        int l0 = f->n_launch_log, w0 = f->stream_waits, j0 = f->joined_launches;
+        bound b = bindings(s, y, y_n * 4);
+        cr_assert_eq(kiln_run(p, b.b, b.n), KILN_OK, "%s", kiln_ctx_error(ctx));
+        int flash = -1, split = -1;
+        for (int i = l0; i < f->n_launch_log; i++) {
+            const char *nm = f->launch_log[i % 64].name;
+            if (!strcmp(nm, "kiln_attn_flash")) flash = i % 64;
+            if (!strcmp(nm, "kiln_attn_split")) split = i % 64;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s step, %s, paged_mixed %d, run %d", decode ? "decode" : "mixed", record ? "recorded" : "launched",
+                 (int)mixed, run);
+        if (record && run) { /* the replay launches no kernel one by one */
+            cr_assert_eq(f->n_launch_log, l0, "%s: %d launches", what, f->n_launch_log - l0);
+            continue;
+        }
+        cr_assert(split >= 0, "%s: no split kernel", what);
+        cr_assert((flash >= 0) == !decode, "%s: flash kernel %s", what, flash >= 0 ? "launched" : "missing");
+        if (decode) {
+            cr_assert_eq(f->stream_waits, w0, "%s: %d stream waits", what, f->stream_waits - w0);
+            continue;
+        }
+        bool beside = f->launch_log[flash].stream != f->launch_log[split].stream;
+        cr_assert_eq(beside, mixed != 2, "%s: the flash kernel %s the split kernels' stream", what, beside ? "left" : "shares");
+        cr_assert_eq(f->stream_waits - w0, mixed != 2 ? 2 : 0, "%s: %d stream waits (a fork and a join)", what, f->stream_waits - w0);
+        cr_assert_eq(f->joined_launches - j0, record && mixed != 2 ? 1 : 0, "%s: %d launches on a stream joined to the recording", what,
+                     f->joined_launches - j0);
+    }
+    cr_assert_eq(f->unjoined_ends, 0, "a recording ended before the side stream joined back");
+    free(y);
+    kiln_plan_free(p);
+}
+
+Test(paged, mixed_step_runs_flash_beside_the_split_kernels_fakecuda)
+{
+    fakecuda_log *f = tu_fakecuda();
+    kiln_ctx *ctx = tu_fakecuda_ctx(0);
+    static const int dec_new[] = {1, 1, 1};
+    const pcase mixed = {"mixed", 3, three_new, three_prior, 16, KILN_DTYPE_F16, 4, 1, 64, 0, 0, 0};
+    const pcase dec = {"decode", 3, dec_new, three_prior, 16, KILN_DTYPE_F16, 4, 1, 64, 0, 0, 0};
+    step sm, sd;
+    make_step(&sm, &mixed);
+    make_step(&sd, &dec);
+    for (int record = 0; record < 2; record++) {
+        side_stream_case(ctx, f, &sm, record, 0, false);
+        side_stream_case(ctx, f, &sm, record, 2, false);
+        side_stream_case(ctx, f, &sd, record, 0, true);
+    }
+    free_step(&sm), free_step(&sd);
+    kiln_ctx_free(ctx);
 }

@@ -489,7 +489,9 @@ typedef struct kiln_codegen_options {
                            new tokens go to the split kernels and the longer ones to the flash kernel (a
                            mixed step's decoding sequences are no 128-row flash tiles); KILN_GEMM_OFF: a
                            whole step goes to one or the other, by its rows a sequence on average (A/B
-                           runs, $KILN_PAGED_MIXED=0) */
+                           runs, $KILN_PAGED_MIXED=0); 2: split by sequence, but the flash kernel after
+                           the split kernels on one queue (the default runs it beside them on a second
+                           CUDA stream; A/B runs, $KILN_PAGED_MIXED=2) */
     int32_t gemv_pipeline; /* KILN_GEMM_ON: the decode gemv's chunk loop loads a lane's next step (every
                            row of its unit) into registers before the arithmetic of the current one, so a
                            warp has two steps of weights in flight (not with gemv_preload or KILN_PDL=3,

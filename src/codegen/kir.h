@@ -291,6 +291,10 @@ typedef struct kiln_kir {
     uint64_t    scratch_bytes;                  /* size of the region's scratch buffer (0: none) */
     bool        oom;                            /* an append failed: the kernel is unusable */
     char        what[96];                       /* what it computes, for listings ("gemv q4_k x3 + rope") */
+    bool        side;                           /* independent of the region's other kernels (reads nothing
+                                                   they write; writes nothing they read or write): a launcher
+                                                   may run it on a second queue beside them, joined before the
+                                                   next region (a mixed paged step's flash kernel) */
     bool        pdl;                            /* programmatic dependent launch: launched with programmatic
                                                    stream serialization; the verifier checks that a top-level
                                                    GRID_WAIT comes before every store and every read of a slot

@@ -995,7 +995,11 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
         else kl_lower_flash(g, node, sp, tg, a.mix, &k[f]);
         for (uint32_t i = 0; i <= f; i++)
             if (a.mix) { /* the split kernels run every step (each takes its short sequences) */
-                if (i == f) kl_guard_rows_mixed(&k[i], g, n->src[0], per_row, sp->seqs, a.mix);
+                if (i < f) continue;
+                kl_guard_rows_mixed(&k[i], g, n->src[0], per_row, sp->seqs, a.mix);
+                /* the flash kernel's rows are none of theirs and it uses no scratch: a launcher may run
+                 * it beside them (its 128-row tiles leave most of each SM to the bandwidth-bound splits) */
+                k[i].side = tg->opts.paged_mixed != 2;
             } else if (one_row && i < f8) kl_guard_rows_range(&k[i], g, n->src[0], per_row, 1, KL_SMALL_ROWS);
             else if (one_row && i < f) kl_guard_rows(&k[i], g, n->src[0], per_row, 1, KILN_IDX_NONE, 0, true);
             else

@@ -71,11 +71,23 @@ EXPORT CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
 #define FC_CAPTURES 8
 static void *cap_stream[FC_CAPTURES];
 static int   cap_kernels[FC_CAPTURES];
+/* Streams that joined a capture by waiting for an event recorded on a capturing stream (the graph's
+ * branches), each with launches not yet joined back (an event recorded on it after them, which a
+ * stream of the capture waited for). */
+static void *join_stream[FC_CAPTURES];
+static int   join_slot[FC_CAPTURES], join_pending[FC_CAPTURES];
+static int   joined(const void *s)
+{
+    for (int i = 0; s && i < FC_CAPTURES; i++)
+        if (join_stream[i] == s) return i;
+    return -1;
+}
 static int   cap_slot(const void *s)
 {
     for (int i = 0; s && i < FC_CAPTURES; i++)
         if (cap_stream[i] == s) return i;
-    return -1;
+    int j = joined(s);
+    return j >= 0 ? join_slot[j] : -1;
 }
 static int capture_pdl_start; /* pdl_captured when the capture began */
 
@@ -119,6 +131,7 @@ EXPORT CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st)
 EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
 
 typedef struct ffunc {
+    char name[48]; /* the entry */
     int n_params; /* .param count of the entry */
     int waits;    /* its module's PTX has griddepcontrol.wait */
 } ffunc;
@@ -248,6 +261,7 @@ EXPORT CUresult cuModuleGetFunction(void **fn, void *m, const char *name)
     const char *e = strstr(f->ptx, entry);
     if (!e) return 500; /* CUDA_ERROR_NOT_FOUND */
     ffunc *fu = calloc(1, sizeof *fu);
+    snprintf(fu->name, sizeof fu->name, "%s", name);
     for (const char *p = e; (p = strstr(p, ".param .u64")) && p < strchr(e, ')'); p++) fu->n_params++;
     fu->waits = strstr(f->ptx, "\tgriddepcontrol.wait;\n") != NULL;
     if (f->n_funcs < 8) f->funcs[f->n_funcs++] = fu; /* else leaked: tests look up one entry per module */
@@ -274,9 +288,13 @@ EXPORT CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, 
             fakecuda.null_params++;
             break;
         }
-    int k = cap_slot(s);
+    int k = cap_slot(s), j = joined(s);
     if (k >= 0) fakecuda.captured++, cap_kernels[k]++;
     else fakecuda.launches++;
+    if (j >= 0) fakecuda.joined_launches++, join_pending[j] = 1;
+    int l = fakecuda.n_launch_log++ % 64;
+    snprintf(fakecuda.launch_log[l].name, sizeof fakecuda.launch_log[l].name, "%s", fu->name);
+    fakecuda.launch_log[l].stream = s;
     return 0;
 }
 
@@ -336,8 +354,12 @@ EXPORT CUresult cuStreamBeginCapture_v2(void *s, int mode)
 EXPORT CUresult cuStreamEndCapture(void *s, void **g)
 {
     int k = cap_slot(s);
-    if (k < 0) return 901;
+    if (k < 0 || joined(s) >= 0) return 901;
     cap_stream[k] = NULL;
+    int unjoined = 0;
+    for (int j = 0; j < FC_CAPTURES; j++)
+        if (join_stream[j] && join_slot[j] == k) unjoined |= join_pending[j], join_stream[j] = NULL;
+    if (unjoined) return fakecuda.unjoined_ends++, 904; /* CUDA_ERROR_STREAM_CAPTURE_UNJOINED */
     if (env_int("FAKECUDA_GRAPH_NO_PDL", 0) && fakecuda.pdl_captured > capture_pdl_start) return 901;
     fgraph *fg = calloc(1, sizeof *fg);
     fg->kernels = cap_kernels[k];
@@ -376,14 +398,36 @@ static void exec_free_all(void)
 EXPORT CUresult cuGraphDestroy(void *g) { free(g); return 0; }
 
 static double fake_clock;
-EXPORT CUresult cuEventCreate(void **e, unsigned f) { *e = calloc(1, sizeof(double)); return 0; }
-EXPORT CUresult cuEventRecord(void *e, void *s) { *(double *)e = (fake_clock += 0.25); return 0; }
+/* An event: its time (first: cuEventElapsedTime reads it), the capture its last record joined and
+ * the stream it was recorded on. */
+typedef struct fevent {
+    double t;
+    int    slot;
+    void  *stream;
+} fevent;
+EXPORT CUresult cuEventCreate(void **e, unsigned f) { *e = calloc(1, sizeof(fevent)); return 0; }
+EXPORT CUresult cuEventRecord(void *e, void *s)
+{
+    fevent *ev = e;
+    ev->t = (fake_clock += 0.25), ev->slot = cap_slot(s), ev->stream = s;
+    return 0;
+}
 EXPORT CUresult cuEventSynchronize(void *e) { return 0; }
 EXPORT CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) { *ms = (float)(*(double *)b - *(double *)a); return 0; }
 EXPORT CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
 EXPORT CUresult cuStreamWaitEvent(void *s, void *e, unsigned f)
 {
+    fevent *ev = e;
     fakecuda.stream_waits++;
+    if (ev->slot < 0) return 0;
+    int j = joined(ev->stream);
+    if (cap_slot(s) == ev->slot && j >= 0 && join_slot[j] == ev->slot) join_pending[j] = 0; /* joined back */
+    if (cap_slot(s) < 0) { /* s joins the capture */
+        int k;
+        for (k = 0; k < FC_CAPTURES && join_stream[k]; k++) {}
+        if (k == FC_CAPTURES) return 900;
+        join_stream[k] = s, join_slot[k] = ev->slot, join_pending[k] = 0;
+    }
     return 0;
 }
 

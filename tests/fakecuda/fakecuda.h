@@ -29,4 +29,13 @@ typedef struct fakecuda_log {
     int    pdl_captured;     /* programmatic launches captured into graphs */
     int    stream_waits;     /* cuStreamWaitEvent calls */
     int    syncs;            /* cuStreamSynchronize calls */
+    int    joined_launches;  /* launches captured on a stream that joined another's capture (an event it
+                                recorded, waited for) */
+    int    unjoined_ends;    /* captures ended while a stream that joined them had launches not joined
+                                back (refused, as CUDA_ERROR_STREAM_CAPTURE_UNJOINED) */
+    int    n_launch_log;     /* launches logged below (run or captured), wrapping at 64 */
+    struct {
+        char  name[48];      /* entry */
+        void *stream;        /* its stream */
+    } launch_log[64];
 } fakecuda_log;

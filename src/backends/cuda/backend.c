@@ -77,8 +77,11 @@ static void cuda_release(void *state)
         kiln_cuda_pool_destroy(c);
         for (int i = 0; i < c->n_timers; i++)
             if (c->timers[i]) c->d.event_destroy(c->timers[i]);
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
             if (c->join[i]) c->d.event_destroy(c->join[i]);
+            if (c->side_ev[i]) c->d.event_destroy(c->side_ev[i]);
+        }
+        if (c->side) c->d.stream_destroy(c->side);
         if (c->stream) c->d.stream_destroy(c->stream);
         c->d.primary_release(c->dev);
     }

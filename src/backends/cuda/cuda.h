@@ -192,6 +192,9 @@ typedef struct kiln_cuda {
     bool             pdl_said;   /* that was reported (once per backend) */
     int              pdl_captured; /* programmatic launches in the recording being captured */
     CUevent          join[2];    /* kiln_run_async: [0] marks the caller's stream, [1] kiln's (created on first use) */
+    CUstream         side;       /* a region's side kernels (kiln_kir.side) run here beside its others, forked from
+                                    and joined back into stream by events (created on first use) */
+    CUevent          side_ev[2]; /* [0] the fork (recorded on stream), [1] the join (recorded on side) */
 } kiln_cuda;
 
 /* ------------------------------------------------------------------ coll.c (backend.h coll_*) */
@@ -240,7 +243,8 @@ kiln_status kiln_cuda_load_ptx(kiln_cuda *c, const char *ptx, const char *name, 
 /* Enqueues fn on the backend's stream: with pdl (a kernel lowered for programmatic dependent
  * launch, kiln_kir.pdl) through cuLaunchKernelEx with programmatic stream serialization where the
  * driver takes it, else (and after any refusal, said once on stderr) with cuLaunchKernel. */
-CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUfunction fn, const uint32_t grid[3], uint32_t block, uint32_t shared, void **args, bool pdl);
+CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUstream st, CUfunction fn, const uint32_t grid[3], uint32_t block, uint32_t shared, void **args,
+                             bool pdl);
 /* Whether launches of pdl kernels use the attribute now (the driver can; nothing refused it yet). */
 bool     kiln_cuda_pdl_usable(kiln_cuda *c);
 /* After a failed capture that held programmatic launches: they are off from now on (said once). */

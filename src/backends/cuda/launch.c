@@ -45,12 +45,13 @@ void kiln_cuda_pdl_refused(kiln_cuda *c, CUresult r, const char *what)
     pdl_off(c, why);
 }
 
-CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUfunction fn, const uint32_t grid[3], uint32_t block, uint32_t shared, void **args, bool pdl)
+CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUstream st, CUfunction fn, const uint32_t grid[3], uint32_t block, uint32_t shared, void **args,
+                             bool pdl)
 {
     if (pdl && kiln_cuda_pdl_usable(c)) {
         kiln_cu_launch_attr attr = {.id = KILN_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
         attr.val.value = 1;
-        kiln_cu_launch_config cfg = {.grid = {grid[0], grid[1], grid[2]}, .block = {block, 1, 1}, .shared = shared, .stream = c->stream,
+        kiln_cu_launch_config cfg = {.grid = {grid[0], grid[1], grid[2]}, .block = {block, 1, 1}, .shared = shared, .stream = st,
                                      .attrs = &attr, .n_attrs = 1};
         CUresult r = c->d.launch_ex(&cfg, fn, args, NULL);
         if (r == KILN_CU_SUCCESS) {
@@ -60,5 +61,5 @@ CUresult kiln_cuda_launch_fn(kiln_cuda *c, CUfunction fn, const uint32_t grid[3]
         if (kiln_cuda_sticky(r)) return r; /* the context is gone: no launch would do */
         kiln_cuda_pdl_refused(c, r, "cuLaunchKernelEx with programmatic stream serialization");
     }
-    return c->d.launch(fn, grid[0], grid[1], grid[2], block, 1, 1, shared, c->stream, args, NULL);
+    return c->d.launch(fn, grid[0], grid[1], grid[2], block, 1, 1, shared, st, args, NULL);
 }

@@ -22,6 +22,7 @@ typedef struct cuda_fn {
     CUdeviceptr tables[KILN_KIR_MAX_TABLES];  /* uploaded constant tables */
     char        name[48];                     /* entry name, for errors */
     bool        pdl;                          /* lowered for programmatic dependent launch (kiln_kir.pdl) */
+    bool        side;                         /* launched on the side stream beside the others (kiln_kir.side) */
     kiln_ktmap  tmaps[KILN_KIR_MAX_TMAPS];    /* TMA tensor maps, encoded at each launch from their slot's address */
     uint32_t    n_tmaps;                      /* used */
     uint32_t    dyn_shared;                   /* dynamic shared bytes the launch asks for */
@@ -339,6 +340,7 @@ static kiln_status load_fn(kiln_cuda *c, const kiln_kir *kir, const char *ptx, c
     if (s == KILN_OK) s = setup_async(c, kir, f, err, n);
     if (s == KILN_OK && kir->grid_stride) f->grid[0] = stride_grid(c, f->fn, kir->grid[0], kir->block);
     f->pdl = kir->pdl;
+    f->side = kir->side;
     f->rows = kir->rows;
     if (s == KILN_OK) entry_fn(entry, kir, used, cubin, cubin_n);
     free(cubin);
@@ -452,6 +454,7 @@ static kiln_status load_entry_fn(kiln_cuda *c, const kiln_graph *g, const kiln_k
     if (s == KILN_OK) s = setup_async(c, want, f, err, n); /* tensor maps and dynamic shared memory: want's (the metadata matched) */
     if (s == KILN_OK && m.grid_stride) f->grid[0] = stride_grid(c, f->fn, m.grid[0], m.block);
     f->pdl = want->pdl; /* the entry's key holds the options that made it so */
+    f->side = want->side;
     f->rows = want->rows; /* this build's lowering of the region, as the entry's metadata */
     free(image);
     for (uint32_t t = 0; t < m.n_tables; t++) free(copies[t]);
@@ -542,6 +545,50 @@ uint64_t kiln_cuda_active(void *state, const kiln_kernel *k, const kiln_exec_vie
     return m;
 }
 
+/* One kernel of a region on queue st. */
+static kiln_status launch_fn(kiln_cuda *c, const kiln_kernel *k, const cuda_fn *f, const kiln_exec_view *v, CUstream st, bool pdl,
+                             char *err, size_t n)
+{
+    kiln_status s;
+    CUdeviceptr ptr[KILN_KIR_MAX_BUFS];
+    void *args[KILN_KIR_MAX_BUFS + KILN_KIR_MAX_TMAPS];
+    _Alignas(64) unsigned char maps[KILN_KIR_MAX_TMAPS][128];
+    for (uint32_t j = 0; j < f->n_bufs; j++) {
+        const kiln_kbuf *b = &f->bufs[j];
+        if (!(ptr[j] = slot_addr(k, f, b, v))) {
+            snprintf(err, n, "kernel %s: buffer slot %u (%s %u) has no device address", f->name, j,
+                     b->kind < KILN_KBUF_KIND_COUNT ? slot_kind[b->kind] : "?", b->node);
+            return KILN_ERR_INTERNAL;
+        }
+        args[j] = &ptr[j];
+    }
+    for (uint32_t t = 0; t < f->n_tmaps; t++) {
+        if ((s = encode_tmap(c, f, &f->tmaps[t], ptr, maps[t], err, n)) != KILN_OK) return s;
+        args[f->n_bufs + t] = maps[t];
+    }
+    CUresult rr = kiln_cuda_launch_fn(c, st, f->fn, f->grid, f->block, f->dyn_shared, args, pdl);
+    if (rr != KILN_CU_SUCCESS) {
+        char what[160];
+        snprintf(what, sizeof what, "cuLaunchKernel of %s (grid %u x %u x %u, block %u)", f->name, f->grid[0],
+                 f->grid[1], f->grid[2], f->block);
+        return kiln_cuda_fail(c, rr, what, err, n);
+    }
+    return KILN_OK;
+}
+
+/* The side stream's fork (join = false: it waits for what stream has so far) or join (stream waits for
+ * what was enqueued on it); stream and events made on first use. Inside a capture the events make the
+ * side stream's kernels a branch of the recorded graph. */
+static kiln_status side_sync(kiln_cuda *c, bool join, char *err, size_t n)
+{
+    if (!c->side) KILN_CUDA_TRY(c, stream_create(&c->side, KILN_CU_STREAM_NON_BLOCKING), "cuStreamCreate (side stream)", err, n);
+    CUevent *e = &c->side_ev[join];
+    if (!*e) KILN_CUDA_TRY(c, event_create(e, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate", err, n);
+    KILN_CUDA_TRY(c, event_record(*e, join ? c->side : c->stream), "cuEventRecord", err, n);
+    KILN_CUDA_TRY(c, stream_wait_event(join ? c->stream : c->side, *e, 0), "cuStreamWaitEvent", err, n);
+    return KILN_OK;
+}
+
 kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_region *r, const kiln_exec_view *v,
                              char *err, size_t n)
 {
@@ -552,32 +599,18 @@ kiln_status kiln_cuda_launch(void *state, const kiln_kernel *k, const kiln_regio
         snprintf(err, n, "region with anchor node %u was not compiled for cuda", r->anchor);
         return KILN_ERR_INTERNAL;
     }
-    for (uint32_t i = 0; i < k->n_fns; i++) {
-        const cuda_fn *f = &k->fns[i];
-        if (!kiln_krows_pass(&f->rows, v->g, v->dims)) continue; /* its row guard fails: it would do nothing */
-        CUdeviceptr ptr[KILN_KIR_MAX_BUFS];
-        void *args[KILN_KIR_MAX_BUFS + KILN_KIR_MAX_TMAPS];
-        _Alignas(64) unsigned char maps[KILN_KIR_MAX_TMAPS][128];
-        for (uint32_t j = 0; j < f->n_bufs; j++) {
-            const kiln_kbuf *b = &f->bufs[j];
-            if (!(ptr[j] = slot_addr(k, f, b, v))) {
-                snprintf(err, n, "kernel %s: buffer slot %u (%s %u) has no device address", f->name, j,
-                         b->kind < KILN_KBUF_KIND_COUNT ? slot_kind[b->kind] : "?", b->node);
-                return KILN_ERR_INTERNAL;
-            }
-            args[j] = &ptr[j];
+    /* side kernels first, on the side stream (forked after everything before the region), then the
+     * others on the stream; the stream waits for the side stream before the next region */
+    uint64_t run = 0, side = 0;
+    for (uint32_t i = 0; i < k->n_fns; i++) /* a kernel whose row guard fails would do nothing */
+        if (kiln_krows_pass(&k->fns[i].rows, v->g, v->dims)) run |= 1ull << i, side |= (uint64_t)k->fns[i].side << i;
+    if (side == run) side = 0; /* alone in the step: nothing to run beside */
+    if (side && (s = side_sync(c, false, err, n)) != KILN_OK) return s;
+    for (int round = side ? 0 : 1; round < 2; round++)
+        for (uint32_t i = 0; i < k->n_fns; i++) {
+            if (!(run >> i & 1) || (side >> i & 1) != (round == 0)) continue;
+            const cuda_fn *f = &k->fns[i];
+            if ((s = launch_fn(c, k, f, v, round ? c->stream : c->side, round && f->pdl, err, n)) != KILN_OK) return s;
         }
-        for (uint32_t t = 0; t < f->n_tmaps; t++) {
-            if ((s = encode_tmap(c, f, &f->tmaps[t], ptr, maps[t], err, n)) != KILN_OK) return s;
-            args[f->n_bufs + t] = maps[t];
-        }
-        CUresult rr = kiln_cuda_launch_fn(c, f->fn, f->grid, f->block, f->dyn_shared, args, f->pdl);
-        if (rr != KILN_CU_SUCCESS) {
-            char what[160];
-            snprintf(what, sizeof what, "cuLaunchKernel of %s (grid %u x %u x %u, block %u)", f->name, f->grid[0],
-                     f->grid[1], f->grid[2], f->block);
-            return kiln_cuda_fail(c, rr, what, err, n);
-        }
-    }
-    return KILN_OK;
+    return side ? side_sync(c, true, err, n) : KILN_OK;
 }
