@@ -459,18 +459,21 @@ Test(flash_kir, paged_chunks)
  * kernels and the longer ones by the flash kernel, in the same step; every row against f64. Steps:
  * a prefill chunk among decoding sequences (the bench's mixed step, small), sequences of 4 and 5
  * tokens (the boundary), short sequences only but enough rows to launch the flash kernel (its blocks
- * find no tile), batched decode (the flash kernel's guard fails), a chunk alone. With paged_mixed off
- * whole steps go to one kernel as before; the Vulkan target has no flash kernel (split kernels only). */
+ * find no tile), batched decode (the flash kernel's guard fails), a chunk alone; the lane-a-key split
+ * kernels too (q8_0 pools, 8 f16 heads a group). With paged_mixed off, or paged_decode off (the kernels
+ * before issue #21's change), whole steps go to one kernel as before; the Vulkan target has no flash
+ * kernel (split kernels only). */
 static void mixed_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int n_seq, const int *nw, const int *prior)
 {
     paged_case(tgt, cd, H, Hkv, hd, n_seq, nw, prior);
     bool flash_tgt = tgt == TGT_CUDA || tgt == TGT_CUDA_F16, whole_flash = false;
     int64_t T = 0;
     for (int i = 0; i < n_seq; i++) T += nw[i];
-    if (paged_mix == KILN_GEMM_OFF) whole_flash = flash_tgt && T > 8 && T > 4 * n_seq;
+    bool whole = paged_mix == KILN_GEMM_OFF || paged_dec == KILN_GEMM_OFF; /* whole steps to one kernel, as before */
+    if (whole) whole_flash = flash_tgt && T > 8 && T > 4 * n_seq;
     for (int i = 0, t0 = 0; i < n_seq; t0 += nw[i++])
         for (int j = 0; j < nw[i]; j++) {
-            int want = !flash_tgt ? 1 : paged_mix == KILN_GEMM_OFF ? (whole_flash ? 2 : 1) : nw[i] > 4 ? 2 : 1;
+            int want = !flash_tgt ? 1 : whole ? (whole_flash ? 2 : 1) : nw[i] > 4 ? 2 : 1;
             cr_assert_eq(row_by[t0 + j], want, "%s, %s pool, sequence %d of %d new tokens, row %d: written by %s, want %s",
                          tgt_name[tgt], kiln_dtype_name(cd), i, nw[i], j,
                          row_by[t0 + j] == 1 ? "the split kernels" : row_by[t0 + j] == 2 ? "the flash kernel" : row_by[t0 + j] ? "both" : "none",
@@ -494,6 +497,11 @@ Test(flash_kir, paged_mixed_steps)
             mixed_case(tgt, KILN_DTYPE_F16, 4, 1, 128, 5, ns, priors);
             mixed_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 9, nd, priord);
             mixed_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 1, nc, priorc);
+            mixed_case(tgt, KILN_DTYPE_Q8_0, 8, 2, 64, 8, nw, prior); /* the lane-a-key kernels */
+            mixed_case(tgt, KILN_DTYPE_F16, 8, 1, 64, 6, nb, priorb);
+            paged_dec = KILN_GEMM_OFF;
+            mixed_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 8, nw, prior);
+            paged_dec = 0;
         }
     }
     paged_mix = 0;

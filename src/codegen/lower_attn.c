@@ -613,7 +613,7 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     snprintf(k->what, sizeof k->what, "attention: %lld key splits%s, %lld q heads per kv head", (long long)a->n_split,
              a->cl ? " a cluster, combined in it" : a->co ? " sized per row, coalesced rows" : "", (long long)a->G);
     k->grid[0] = (uint32_t)(a->n_kvh * a->GB * a->n_split);
-    k->grid[1] = (uint32_t)(a->co ? a->gy : a->tok_max);
+    k->grid[1] = (uint32_t)(a->co || a->mix ? a->gy : a->tok_max);
     if (a->cl) k->cluster = (uint32_t)a->cl; /* n_split = cl: a cluster is a group's splits */
     int32_t G = (int32_t)a->HB, hd = (int32_t)a->hd, dpl = (hd + 31) / 32; /* lane owns dims lane + 32 i */
     uint32_t qsh = kiln_kir_shared(k, (uint32_t)(G * hd)), psh = kiln_kir_shared(k, (uint32_t)(a->aw * G * 32));
@@ -637,8 +637,8 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S; /* n_kv: paged attention has none (0) */
     uint32_t rs = KILN_IDX_NONE; /* co with a->mix: the row's sequence */
-    if (a->co) { /* the block row's rows of the step (co_rows); splits past what the step wants leave at once */
-        kiln_kif(k, kiln_k2(k, KILN_KOP_LT, sp, co_want(k, g, a)));
+    if (a->co || a->mix) { /* the block row's rows of the step (co_rows); co: splits past what the step wants leave at once */
+        if (a->co) kiln_kif(k, kiln_k2(k, KILN_KOP_LT, sp, co_want(k, g, a)));
         co_rows(k, g, a, t, n_tok, &t, &rs);
         kiln_kbarrier(k); /* the previous row's shared memory is consumed */
     }
@@ -715,10 +715,8 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     write_partial(&st);
     if (a->cl) cluster_combine(g, node, &st);
     kiln_kendif(k);
-    if (a->co) {
-        co_rows_end(k, a);
-        kiln_kendif(k);
-    }
+    if (a->co || a->mix) co_rows_end(k, a);
+    if (a->co) kiln_kendif(k);
     if (!a->cl) k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
 }
 
@@ -742,7 +740,16 @@ static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kil
     a->co = sp->block && !a->tree && (on == KILN_GEMM_AUTO || on == KILN_GEMM_ON || (on >= 2 && on <= 64)) && a->kt == a->vt &&
             (a->kt == KILN_DTYPE_F16 || a->kt == KILN_DTYPE_BF16 || a->kt == KILN_DTYPE_F32) && a->hd % per == 0 && L >= 1 &&
             L <= 32 && (L & (L - 1)) == 0 && a->G * per <= 32;
-    if (!a->co) return;
+    /* a mixed step's single-token sequences were 128-row flash tiles walking their keys alone (a
+     * 512-token chunk + 63 decoding: 1418 us of flash on the H100); now the split kernels take them
+     * (the lane-a-key ones too: q8_0 pools, groups of more than 4 f16 heads; not with
+     * codegen.paged_decode off, the kernels before issue #21's change) */
+    a->mix = sp->block && !a->tree && flash && tg->opts.paged_mixed != KILN_GEMM_OFF && on != KILN_GEMM_OFF ? PAGED_FLASH_ROWS : 0;
+    if (!a->co) { /* the lane-a-key kernels loop over a block row's sequences too (co_rows) when mixed */
+        int64_t ns = a->mix ? kl_dim_max(g, g->nodes[sp->seqs].dims[0]) : 0;
+        if (a->mix) a->gy = ns < a->tok_max ? (ns > 0 ? ns : 1) : a->tok_max;
+        return;
+    }
     a->per = per, a->L = L;
     a->HB = a->G, a->GB = 1;
     a->n_split = (a->cap + 31) / 32 < CO_SPLITS ? (a->cap + 31) / 32 : CO_SPLITS;
@@ -753,9 +760,6 @@ static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kil
     if (a->gy < 1) a->gy = 1;
     /* 72 registers: 28 one-warp blocks fit an SM; codegen.paged_decode 2..64 sets the wave (A/B runs) */
     a->fill = (on >= 2 ? on : 24) * (int64_t)(tg->sm_count ? tg->sm_count : 132);
-    /* a mixed step's single-token sequences were 128-row flash tiles walking their keys alone (a
-     * 512-token chunk + 63 decoding: 1418 us of flash on the H100); now the split kernels take them */
-    a->mix = flash && tg->opts.paged_mixed != KILN_GEMM_OFF ? PAGED_FLASH_ROWS : 0;
 }
 
 /* Each thread a head dim: O = sum over the splits of their weighted outputs, CU splits per step with
@@ -801,7 +805,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kir_init(k, "kiln_attn_combine", 128);
     snprintf(k->what, sizeof k->what, "attention: combine up to %lld splits", (long long)a->n_split);
     k->grid[0] = (uint32_t)a->n_head;
-    k->grid[1] = (uint32_t)(a->co ? a->gy : a->tok_max);
+    k->grid[1] = (uint32_t)(a->co || a->mix ? a->gy : a->tok_max);
     k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
     int32_t hd = (int32_t)a->hd;
     uint32_t scr = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
@@ -810,7 +814,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 1);
     const kiln_node_rec *q = &g->nodes[n->src[0]];
     uint32_t n_tok = kl_dim(k, q->dims[0]), n_kv = kl_dim(k, n->dim), S;
-    if (a->co) { /* the partial kernel's rows (co_rows) */
+    if (a->co || a->mix) { /* the partial kernel's rows (co_rows) */
         uint32_t sq;
         co_rows(k, g, a, t, n_tok, &t, &sq);
         kiln_kbarrier(k); /* the previous row's weights in shared memory are consumed */
@@ -875,7 +879,7 @@ static void combine(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     kiln_kbarrier(k); /* every weight is in shared memory */
     combine_out(k, g, node, a, scr, fsh, tid, t, head, row, nsp, L);
     kiln_kendif(k);
-    if (a->co) co_rows_end(k, a);
+    if (a->co || a->mix) co_rows_end(k, a);
 }
 
 /* Key split: enough blocks to fill the GPU (about 8 one-warp blocks per SM: 1056 on an H100)
