@@ -193,12 +193,20 @@ Test(replay, a_capture_per_kernel_set_serves_100_changing_steps_fakecuda)
     engine_init(&e);
     step st = {.x = malloc((size_t)(T_MAX * pr->hidden) * 4)};
     float *y = malloc((size_t)(T_MAX * pr->hidden) * 4);
-    int captures = 0, graphs = f->graph_launches, fewest = 1 << 30, most = 0;
+    int captures = 0, graphs = f->graph_launches, fewest = 1 << 30, most = 0, side = 0, joined = f->joined_launches;
     for (int i = 0; i < STEPS; i++) {
         next_step(&e, &st, pr->hidden);
         int c0 = f->captured, l0 = f->launches;
         cr_assert_eq(run_step(q, &st, pr->hidden, y), KILN_OK, "step %d (launched): %s", i, kiln_ctx_error(ctx));
         int launched = f->launches - l0;
+        /* a mixed step's flash kernel on the side stream (codegen.paged_mixed), apart from every other kernel */
+        for (int j = f->n_launch_log - launched; j < f->n_launch_log; j++) {
+            if (strcmp(f->launch_log[j % 64].name, "kiln_attn_flash")) continue;
+            side++;
+            for (int m = f->n_launch_log - launched; m < f->n_launch_log; m++)
+                cr_assert(m == j || f->launch_log[m % 64].stream != f->launch_log[j % 64].stream,
+                          "step %d: the flash kernel and %s share a stream", i, f->launch_log[m % 64].name);
+        }
         fewest = launched < fewest ? launched : fewest, most = launched > most ? launched : most;
         cr_assert_eq(run_step(p, &st, pr->hidden, y), KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
         if (f->captured == c0) continue;
@@ -206,7 +214,12 @@ Test(replay, a_capture_per_kernel_set_serves_100_changing_steps_fakecuda)
         cr_assert_eq(f->captured - c0, launched, "step %d (%lld sequences, %lld tokens): recorded %d kernels, launched %d", i,
                      (long long)st.n_seq, (long long)st.n_tok, f->captured - c0, launched);
     }
-    cr_assert(captures >= 2 && captures <= 4, "%d recordings for the steps' kernel sets (decode, chunks, mixed)", captures);
+    /* kernel sets: the matmuls' one-row gemv, gemv or GEMM (1, 2-8, more rows), each with or without the
+     * flash kernel beside the split kernels (rows - n_seq >= 4; not at one row): at most 5 */
+    cr_assert(captures >= 2 && captures <= 5, "%d recordings for the steps' kernel sets (decode, chunks, mixed)", captures);
+    cr_assert_gt(side, 0, "no step launched the flash kernel");
+    cr_assert_gt(f->joined_launches - joined, 0, "no recording holds the side stream's branch");
+    cr_assert_eq(f->unjoined_ends, 0, "a recording ended with the side stream not joined back");
     cr_assert_lt(fewest, most, "every step launched %d kernels: no row guard skipped a kernel", most);
     cr_assert_eq(f->graph_launches - graphs, STEPS, "one replay per step");
     cr_assert_eq(f->modules, modules, "no kernel compiled after the plan");
