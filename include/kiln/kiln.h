@@ -484,8 +484,8 @@ typedef struct kiln_codegen_options {
                            KILN_PDL_REGS does before its grid wait, without programmatic dependent launch;
                            KILN_GEMM_AUTO/OFF: the first weight loads after x's prologue
                            ($KILN_GEMV_PRELOAD=1, docs/kernels.md). Opt-in until measured */
-    int32_t paged_mixed; /* KILN_GEMM_AUTO/ON: in paged attention with both the coalesced split kernels
-                           (codegen.paged_decode) and the flash kernel, every step's sequences of at most 4
+    int32_t paged_mixed; /* KILN_GEMM_AUTO/ON: in paged attention with both the split kernels (not with
+                           codegen.paged_decode off) and the flash kernel, every step's sequences of at most 4
                            new tokens go to the split kernels and the longer ones to the flash kernel (a
                            mixed step's decoding sequences are no 128-row flash tiles); KILN_GEMM_OFF: a
                            whole step goes to one or the other, by its rows a sequence on average (A/B

@@ -10,7 +10,7 @@
  * the same two kernels over a ragged batch: token t sees pos[t] + 1 keys of its own sequence (found
  * among the step's starts), each key's cache row through the block table (kl_paged_slot), the key
  * splits sized for a sequence's capacity; steps of more than 8 rows take the flash kernel (paged:
- * a block per row tile of a sequence; beside the coalesced split kernels, a->mix, only the sequences
+ * a block per row tile of a sequence; by default, a->mix, only the sequences
  * of more than 4 new tokens: the split kernels take the others in the same step). A tree step (speculative verification) on the split kernels:
  * a row sees keys up to its own, those of other draft paths masked by walking its parents
  * (tree_visible); tree steps of many rows take the flash kernel, which masks its tiles alike. A sliding window starts each split's key loop at the first
@@ -720,9 +720,9 @@ static void partial(const kiln_graph *g, uint32_t node, const kiln_node_rec *n, 
     if (!a->cl) k->scratch_bytes = (uint64_t)(a->tok_max * a->n_head * a->n_split * (a->hd + 2) * 4);
 }
 
-/* Paged steps beside the flash kernel: the coalesced split kernels take the sequences of at most
+/* Paged steps beside the flash kernel: the split kernels take the sequences of at most
  * PAGED_FLASH_ROWS new tokens of every step and the flash kernel the longer ones (a->mix,
- * kl_guard_rows_mixed); with the lane-a-key split kernels (or codegen.paged_mixed off) whole steps go
+ * kl_guard_rows_mixed); with codegen.paged_mixed or codegen.paged_decode off whole steps go
  * to the flash kernel when they have more than KL_SMALL_ROWS rows and more than PAGED_FLASH_ROWS rows
  * per sequence on average (prefill chunks), else to the split kernels (kl_guard_rows). */
 #define PAGED_FLASH_ROWS 4
