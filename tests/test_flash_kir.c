@@ -460,16 +460,18 @@ Test(flash_kir, paged_chunks)
  * a prefill chunk among decoding sequences (the bench's mixed step, small), sequences of 4 and 5
  * tokens (the boundary), short sequences only but enough rows to launch the flash kernel (its blocks
  * find no tile), batched decode (the flash kernel's guard fails), a chunk alone; the lane-a-key split
- * kernels too (q8_0 pools, 8 f16 heads a group). With paged_mixed off, or paged_decode off (the kernels
- * before issue #21's change), whole steps go to one kernel as before; the Vulkan target has no flash
- * kernel (split kernels only). */
+ * kernels (q8_0 pools, 8 f16 heads a group) too with paged_mixed KILN_PAGED_MIXED_ALL (else whole steps).
+ * With paged_mixed off, or paged_decode off (the kernels before issue #21's change), whole steps go to
+ * one kernel as before; the Vulkan target has no flash kernel (split kernels only). */
 static void mixed_case(int tgt, kiln_dtype cd, int64_t H, int64_t Hkv, int64_t hd, int n_seq, const int *nw, const int *prior)
 {
     paged_case(tgt, cd, H, Hkv, hd, n_seq, nw, prior);
     bool flash_tgt = tgt == TGT_CUDA || tgt == TGT_CUDA_F16, whole_flash = false;
     int64_t T = 0;
     for (int i = 0; i < n_seq; i++) T += nw[i];
-    bool whole = paged_mix == KILN_GEMM_OFF || paged_dec == KILN_GEMM_OFF; /* whole steps to one kernel, as before */
+    int per = cd == KILN_DTYPE_F32 ? 4 : 8; /* the coalesced split kernels take the pool (lower_attn.c co_choose) */
+    bool co = cd != KILN_DTYPE_Q8_0 && hd % per == 0 && H / Hkv * per <= 32;
+    bool whole = paged_mix == KILN_GEMM_OFF || paged_dec == KILN_GEMM_OFF || (!co && paged_mix != KILN_PAGED_MIXED_ALL); /* as before */
     if (whole) whole_flash = flash_tgt && T > 8 && T > 4 * n_seq;
     for (int i = 0, t0 = 0; i < n_seq; t0 += nw[i++])
         for (int j = 0; j < nw[i]; j++) {
@@ -488,8 +490,9 @@ Test(flash_kir, paged_mixed_steps)
     static const int ns[] = {4, 4, 1, 3, 2}, priors[] = {10, 100, 5, 33, 64};      /* 14 rows - 5 >= 4: flash launched, no tile */
     static const int nd[] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, priord[] = {0, 5, 17, 40, 99, 3, 64, 1, 15};
     static const int nc[] = {40}, priorc[] = {25};
-    for (int off = 0; off < 2; off++) {
-        paged_mix = off ? KILN_GEMM_OFF : 0;
+    static const int32_t modes[] = {0, KILN_GEMM_OFF, KILN_PAGED_MIXED_ALL};
+    for (int mode = 0; mode < 3; mode++) {
+        paged_mix = modes[mode];
         for (int tgt = 0; tgt < TGT_N; tgt++) {
             if (tgt == TGT_V1 || tgt == TGT_WG) continue; /* flash off: split kernels alone; no warpgroup kernel for pools */
             mixed_case(tgt, KILN_DTYPE_F16, 8, 2, 64, 8, nw, prior);

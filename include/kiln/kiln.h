@@ -375,6 +375,7 @@ enum { KILN_FLASH_WG_NO_PINGPONG = 2, KILN_FLASH_WG_PINGPONG = 3 }; /* codegen.f
 enum { KILN_VK_NO_16BIT = 1, KILN_VK_NO_SUBGROUP = 2, KILN_VK_NO_DOT = 4 };
 enum { KILN_PREC_EXACT = 0, KILN_PREC_F16 = 1 };
 enum { KILN_PDL_NO_PREFETCH = 2, KILN_PDL_REGS = 3 }; /* codegen.pdl's variants beside KILN_GEMM_ON */
+enum { KILN_PAGED_MIXED_SIDE = 2, KILN_PAGED_MIXED_ALL = 3 }; /* codegen.paged_mixed's variants beside KILN_GEMM_ON */
 typedef struct kiln_codegen_options {
     int32_t gemm;       /* KILN_GEMM_AUTO: matmul regions of more than 8 rows use the tensor-core GEMM;
                            KILN_GEMM_OFF: gemv's passes take every matmul region (A/B runs) */
@@ -484,14 +485,15 @@ typedef struct kiln_codegen_options {
                            KILN_PDL_REGS does before its grid wait, without programmatic dependent launch;
                            KILN_GEMM_AUTO/OFF: the first weight loads after x's prologue
                            ($KILN_GEMV_PRELOAD=1, docs/kernels.md). Opt-in until measured */
-    int32_t paged_mixed; /* KILN_GEMM_AUTO/ON: in paged attention with both the split kernels (not with
-                           codegen.paged_decode off) and the flash kernel, every step's sequences of at most 4
+    int32_t paged_mixed; /* KILN_GEMM_AUTO/ON: in paged attention with both the coalesced split kernels
+                           (codegen.paged_decode) and the flash kernel, every step's sequences of at most 4
                            new tokens go to the split kernels and the longer ones to the flash kernel (a
-                           mixed step's decoding sequences are no 128-row flash tiles); KILN_GEMM_OFF: a
-                           whole step goes to one or the other, by its rows a sequence on average (A/B
-                           runs, $KILN_PAGED_MIXED=0); 2: split by sequence, but the flash kernel after
-                           the split kernels on one queue (the default runs it beside them on a second
-                           CUDA stream; A/B runs, $KILN_PAGED_MIXED=2) */
+                           mixed step's decoding sequences are no 128-row flash tiles; measured on the
+                           H100); KILN_PAGED_MIXED_SIDE: the same, with the flash kernel on a second CUDA
+                           stream beside the split kernels; KILN_PAGED_MIXED_ALL: that, and the lane-a-key
+                           split kernels (q8_0 pools, more than 4 f16 heads a group) split steps too (both
+                           opt-in until timed); KILN_GEMM_OFF: a whole step goes to one or the other, by its
+                           rows a sequence on average ($KILN_PAGED_MIXED=0/2/3, docs/kernels.md) */
     int32_t gemv_pipeline; /* KILN_GEMM_ON: the decode gemv's chunk loop loads a lane's next step (every
                            row of its unit) into registers before the arithmetic of the current one, so a
                            warp has two steps of weights in flight (not with gemv_preload or KILN_PDL=3,

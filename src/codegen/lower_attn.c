@@ -741,10 +741,14 @@ static void co_choose(const kiln_graph *g, const kiln_region_spec *sp, const kil
             (a->kt == KILN_DTYPE_F16 || a->kt == KILN_DTYPE_BF16 || a->kt == KILN_DTYPE_F32) && a->hd % per == 0 && L >= 1 &&
             L <= 32 && (L & (L - 1)) == 0 && a->G * per <= 32;
     /* a mixed step's single-token sequences were 128-row flash tiles walking their keys alone (a
-     * 512-token chunk + 63 decoding: 1418 us of flash on the H100); now the split kernels take them
-     * (the lane-a-key ones too: q8_0 pools, groups of more than 4 f16 heads; not with
-     * codegen.paged_decode off, the kernels before issue #21's change) */
-    a->mix = sp->block && !a->tree && flash && tg->opts.paged_mixed != KILN_GEMM_OFF && on != KILN_GEMM_OFF ? PAGED_FLASH_ROWS : 0;
+     * 512-token chunk + 63 decoding: 1418 us of flash on the H100); now the coalesced split kernels
+     * take them, and with codegen.paged_mixed KILN_PAGED_MIXED_ALL (opt-in until timed: qwen2-7b's
+     * split kernel 122 -> 152 registers) the lane-a-key ones too (q8_0 pools, groups of more than 4
+     * f16 heads); never with codegen.paged_decode off (the kernels before issue #21's change) */
+    int32_t pm = tg->opts.paged_mixed;
+    a->mix = sp->block && !a->tree && flash && pm != KILN_GEMM_OFF && on != KILN_GEMM_OFF && (a->co || pm == KILN_PAGED_MIXED_ALL)
+                 ? PAGED_FLASH_ROWS
+                 : 0;
     if (!a->co) { /* the lane-a-key kernels loop over a block row's sequences too (co_rows) when mixed */
         int64_t ns = a->mix ? kl_dim_max(g, g->nodes[sp->seqs].dims[0]) : 0;
         if (a->mix) a->gy = ns < a->tok_max ? (ns > 0 ? ns : 1) : a->tok_max;
@@ -1003,7 +1007,7 @@ kiln_status kiln_lower_attention(const kiln_graph *g, const kiln_region *r, cons
                 kl_guard_rows_mixed(&k[i], g, n->src[0], per_row, sp->seqs, a.mix);
                 /* the flash kernel's rows are none of theirs and it uses no scratch: a launcher may run
                  * it beside them (its 128-row tiles leave most of each SM to the bandwidth-bound splits) */
-                k[i].side = tg->opts.paged_mixed != 2;
+                k[i].side = tg->opts.paged_mixed >= KILN_PAGED_MIXED_SIDE; /* opt-in until timed on the H100 */
             } else if (one_row && i < f8) kl_guard_rows_range(&k[i], g, n->src[0], per_row, 1, KL_SMALL_ROWS);
             else if (one_row && i < f) kl_guard_rows(&k[i], g, n->src[0], per_row, 1, KILN_IDX_NONE, 0, true);
             else

@@ -90,7 +90,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->paged_decode = *end ? 0 : v == 0 ? KILN_GEMM_OFF : v >= 1 && v <= 64 ? (int32_t)v : 0;
     }
     if (!c->paged_mixed && (e = kiln_env(KILN_ENV_PAGED_MIXED)))
-        c->paged_mixed = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : !strcmp(e, "2") ? 2 : 0;
+        c->paged_mixed = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : !strcmp(e, "2") ? KILN_PAGED_MIXED_SIDE
+                       : !strcmp(e, "3") ? KILN_PAGED_MIXED_ALL : 0;
     if (!c->decode_kernels && (e = kiln_env(KILN_ENV_DECODE_KERNELS)))
         c->decode_kernels = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->gemv_reduce && (e = kiln_env(KILN_ENV_GEMV_REDUCE)))
