@@ -233,47 +233,76 @@ static uint32_t weight_loads_before_loops(const kiln_graph *g, const kiln_kir *k
     return n;
 }
 
-/* codegen.gemv_preload: every decode gemv of the presets (f16, q8_0, q4_K; pair path too) loads
- * weights before its first loop (x's norm and quantization, the chunk loop), with no pdl op (sm_90
- * and sm_80); without it, every weight load is inside a loop. */
-Test(pdl, gemv_preload_loads_weights_before_the_prologue_without_pdl)
+/* The decode gemvs of every preset's layer (f16, q8_0, q4_K weights, one token), each lowered for
+ * variants 0 .. nv - 1 (target(v)): on_gemv sees every kiln_gemv kernel, on_done each preset and
+ * weight type once its variants ran (what: "PRESET WTYPE"). No kernel of any variant is a pdl one. */
+typedef struct gemv_walk {
+    int                nv;
+    kiln_lower_target (*target)(int v);
+    void              (*on_gemv)(struct gemv_walk *w, const kiln_graph *g, const kiln_kir *k, int v, const char *what);
+    void              (*on_done)(struct gemv_walk *w, const char *what);
+    uint32_t           n[2];  /* the test's counters (reset after on_done) */
+} gemv_walk;
+
+static void each_decode_gemv(gemv_walk *w)
 {
     static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
     for (int p = 0; p < kiln_preset_count(); p++)
-        for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
-            kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
+        for (size_t d = 0; d < sizeof wt / sizeof *wt; d++) {
+            kiln_preset_build_opts o = {.wdtype = wt[d], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
                                         .max_tok = 1, .seed = 1, .shape_only = true};
             kiln_graph *g = NULL;
-            char err[512] = "";
+            char err[512] = "", what[96];
             cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
+            snprintf(what, sizeof what, "%s %s", kiln_preset_at(p)->name, kiln_dtype_name(wt[d]));
             kiln_fusion f;
             cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
-            int gemvs = 0;
             for (uint32_t r = 0; r < f.n_regions; r++)
-                for (int v = 0; v < 4; v++) { /* off; on at sm_90, sm_80, sm_90 with the pair path */
-                    kiln_lower_target t = v == 2 ? kiln_lower_target_for_sm(80) : mode_target(0, v == 3);
-                    t.opts.gemv_preload = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+                for (int v = 0; v < w->nv; v++) {
+                    kiln_lower_target t = w->target(v);
                     kiln_kir ks[KILN_LOWER_MAX];
                     uint32_t n = 0;
                     cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s", err);
                     for (uint32_t i = 0; i < n; i++) {
                         const kiln_kir *k = &ks[i];
-                        if (!strcmp(k->name, "kiln_gemv")) {
-                            uint32_t before = weight_loads_before_loops(g, k);
-                            cr_assert(v ? before > 0 : before == 0, "%s %s region %u, variant %d: %u weight loads before the first loop",
-                                      kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), r, v, before);
-                            gemvs += v == 1;
-                        }
+                        if (!strcmp(k->name, "kiln_gemv")) w->on_gemv(w, g, k, v, what);
                         for (uint32_t j = 0; j < k->n_ins; j++)
                             cr_assert(k->ins[j].op != KILN_KOP_GRID_WAIT && k->ins[j].op != KILN_KOP_GRID_LAUNCH, "%s: a pdl op", k->name);
                         cr_assert(!k->pdl, "%s: pdl with codegen.pdl off", k->name);
                         kiln_kir_free(&ks[i]);
                     }
                 }
-            cr_assert(gemvs >= 4, "%s %s: %d decode gemvs", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), gemvs);
+            w->on_done(w, what);
+            w->n[0] = w->n[1] = 0;
             kiln_fusion_free(&f);
             kiln_graph_free(g);
         }
+}
+
+/* on_done of the tests that count the decode gemvs of their variant 1 in n[0] */
+static void enough_gemvs(gemv_walk *w, const char *what) { cr_assert(w->n[0] >= 4, "%s: %u decode gemvs", what, w->n[0]); }
+
+static kiln_lower_target preload_target(int v) /* off; on at sm_90, sm_80, sm_90 with the pair path */
+{
+    kiln_lower_target t = v == 2 ? kiln_lower_target_for_sm(80) : mode_target(0, v == 3);
+    t.opts.gemv_preload = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+    return t;
+}
+
+static void preload_gemv(gemv_walk *w, const kiln_graph *g, const kiln_kir *k, int v, const char *what)
+{
+    uint32_t before = weight_loads_before_loops(g, k);
+    cr_assert(v ? before > 0 : before == 0, "%s, variant %d: %u weight loads before the first loop", what, v, before);
+    w->n[0] += v == 1;
+}
+
+/* codegen.gemv_preload: every decode gemv of the presets (f16, q8_0, q4_K; pair path too) loads
+ * weights before its first loop (x's norm and quantization, the chunk loop), with no pdl op (sm_90
+ * and sm_80); without it, every weight load is inside a loop. */
+Test(pdl, gemv_preload_loads_weights_before_the_prologue_without_pdl)
+{
+    gemv_walk w = {.nv = 4, .target = preload_target, .on_gemv = preload_gemv, .on_done = enough_gemvs};
+    each_decode_gemv(&w);
 }
 
 /* LD4s of matrix weights (chunk loads; not a norm's or bias's vector) of k: how many, and how many
@@ -298,47 +327,29 @@ static void weight_ld4s(const kiln_graph *g, const kiln_kir *k, uint32_t *n, uin
     }
 }
 
+static kiln_lower_target pipeline_target(int v) /* off; on; on with the pair path */
+{
+    kiln_lower_target t = mode_target(0, v == 2);
+    t.opts.gemv_pipeline = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+    return t;
+}
+
+static void pipeline_gemv(gemv_walk *w, const kiln_graph *g, const kiln_kir *k, int v, const char *what)
+{
+    uint32_t lds, bare;
+    weight_ld4s(g, k, &lds, &bare);
+    cr_assert(lds > 0, "%s: no chunk loads", what);
+    cr_assert(v ? bare == 0 : bare > 0, "%s, variant %d: %u of %u chunk loads in a loop's body", what, v, bare, lds);
+    w->n[0] += v == 1;
+}
+
 /* codegen.gemv_pipeline: in every decode gemv of the presets (f16, q8_0, q4_K; pair path too) each
  * chunk load sits in an IF (the first step's before the chunk loop, the next step's at its top),
  * none directly in a loop's body, with no pdl op; without it the chunk loop's loads are its body's. */
 Test(pdl, gemv_pipeline_loads_the_next_step_in_the_chunk_loop)
 {
-    static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
-    for (int p = 0; p < kiln_preset_count(); p++)
-        for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
-            kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
-                                        .max_tok = 1, .seed = 1, .shape_only = true};
-            kiln_graph *g = NULL;
-            char err[512] = "";
-            cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
-            kiln_fusion f;
-            cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
-            int gemvs = 0;
-            for (uint32_t r = 0; r < f.n_regions; r++)
-                for (int v = 0; v < 3; v++) { /* off; on; on with the pair path */
-                    kiln_lower_target t = mode_target(0, v == 2);
-                    t.opts.gemv_pipeline = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
-                    kiln_kir ks[KILN_LOWER_MAX];
-                    uint32_t n = 0;
-                    cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s", err);
-                    for (uint32_t i = 0; i < n; i++) {
-                        const kiln_kir *k = &ks[i];
-                        if (!strcmp(k->name, "kiln_gemv")) {
-                            uint32_t lds, bare;
-                            weight_ld4s(g, k, &lds, &bare);
-                            cr_assert(lds > 0, "%s region %u: no chunk loads", kiln_preset_at(p)->name, r);
-                            cr_assert(v ? bare == 0 : bare > 0, "%s %s region %u, variant %d: %u of %u chunk loads in a loop's body",
-                                      kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), r, v, bare, lds);
-                            gemvs += v == 1;
-                        }
-                        cr_assert(!k->pdl, "%s: pdl with codegen.pdl off", k->name);
-                        kiln_kir_free(&ks[i]);
-                    }
-                }
-            cr_assert(gemvs >= 4, "%s %s: %d decode gemvs", kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), gemvs);
-            kiln_fusion_free(&f);
-            kiln_graph_free(g);
-        }
+    gemv_walk w = {.nv = 3, .target = pipeline_target, .on_gemv = pipeline_gemv, .on_done = enough_gemvs};
+    each_decode_gemv(&w);
 }
 
 /* Loads (LD/LD4) of activations (graph nodes other than weights) in a loop that no IF encloses: the
@@ -366,38 +377,30 @@ static uint32_t activation_loads_in_loops(const kiln_graph *g, const kiln_kir *k
     return n;
 }
 
+static kiln_lower_target xload_target(int v)
+{
+    kiln_lower_target t = mode_target(0, false);
+    t.opts.gemv_xload = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
+    return t;
+}
+
+static void xload_gemv(gemv_walk *w, const kiln_graph *g, const kiln_kir *k, int v, const char *what)
+{
+    (void)what;
+    w->n[v] += activation_loads_in_loops(g, k);
+}
+
+static void xload_done(gemv_walk *w, const char *what)
+{
+    cr_assert(w->n[0] > 0 && w->n[1] == 0, "%s: x loads in loops %u without, %u with gemv_xload", what, w->n[0], w->n[1]);
+}
+
 /* codegen.gemv_xload: no decode gemv of the presets (f16, q8_0, q4_K) loads x in a loop outside an IF
  * (its norm's and quantization's words all loaded at once); without it, the prologues' loops do. */
 Test(pdl, gemv_xload_loads_x_once_without_loops)
 {
-    static const kiln_dtype wt[] = {KILN_DTYPE_F16, KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_K};
-    for (int p = 0; p < kiln_preset_count(); p++)
-        for (size_t w = 0; w < sizeof wt / sizeof *wt; w++) {
-            kiln_preset_build_opts o = {.wdtype = wt[w], .kvdtype = KILN_DTYPE_F16, .n_layers = 1, .max_ctx = 4096,
-                                        .max_tok = 1, .seed = 1, .shape_only = true};
-            kiln_graph *g = NULL;
-            char err[512] = "";
-            cr_assert_eq(kiln_preset_build_ex(kiln_preset_at(p), &o, &g, err, sizeof err), KILN_OK, "%s", err);
-            kiln_fusion f;
-            cr_assert_eq(kiln_fuse(g, true, &f), KILN_OK);
-            uint32_t in_loops[2] = {0, 0};
-            for (uint32_t r = 0; r < f.n_regions; r++)
-                for (int v = 0; v < 2; v++) {
-                    kiln_lower_target t = mode_target(0, false);
-                    t.opts.gemv_xload = v ? KILN_GEMM_ON : KILN_GEMM_AUTO;
-                    kiln_kir ks[KILN_LOWER_MAX];
-                    uint32_t n = 0;
-                    cr_assert_eq(kiln_lower_region_for(g, &f.regions[r], &t, ks, &n, err, sizeof err), KILN_OK, "%s", err);
-                    for (uint32_t i = 0; i < n; i++) {
-                        if (!strcmp(ks[i].name, "kiln_gemv")) in_loops[v] += activation_loads_in_loops(g, &ks[i]);
-                        kiln_kir_free(&ks[i]);
-                    }
-                }
-            cr_assert(in_loops[0] > 0 && in_loops[1] == 0, "%s %s: x loads in loops %u without, %u with gemv_xload",
-                      kiln_preset_at(p)->name, kiln_dtype_name(wt[w]), in_loops[0], in_loops[1]);
-            kiln_fusion_free(&f);
-            kiln_graph_free(g);
-        }
+    gemv_walk w = {.nv = 2, .target = xload_target, .on_gemv = xload_gemv, .on_done = xload_done};
+    each_decode_gemv(&w);
 }
 
 /* ------------------------------------------------------------------ what the kernels compute */
