@@ -1024,13 +1024,9 @@ Test(ops, argmax)
     kiln_graph_free(g);
 }
 
-/* moe_route has ref and cpu kernels only: a plan forced onto a GPU backend refuses it (auto placement
- * puts it on the cpu; test_model_arch runs it so in whole models). scale_rows runs everywhere. */
-#define CPU_ONLY(op) do { if (gpu_backend()) cr_skip("%s: no %s kernel yet (auto placement runs it on the cpu)", op, tu_backend()); } while (0)
-
+/* moe_route and scale_rows run on every backend (GPUs: the row template, src/codegen/lower_rows.c). */
 Test(ops, moe_route)
 {
-    CPU_ONLY("moe_route");
     const int64_t E[] = {1, 8, 60, 128};
     for (size_t e = 0; e < N_OF(E); e++)
         for (int norm = 0; norm < 2; norm++) {

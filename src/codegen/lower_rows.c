@@ -155,6 +155,82 @@ static void rows_argmax(rows_ctx *c)
         c->failed = true, snprintf(c->why, sizeof c->why, "argmax with an epilogue");
 }
 
+/* moe_route (kiln.h): the row's max and sum of exp (as softmax), then k passes each finding the next
+ * value in the order (larger first, lower index first on ties) below the last one found: a block
+ * argmax over the candidates; after them (lv, li) is the k-th kept, and element j is kept when
+ * x_j > lv or (x_j == lv and j <= li). Kept elements get exp(x - max) / sum (over the kept ones' sum
+ * with norm), the others 0. NaN elements are never kept (rows of fewer than k numbers: undefined). */
+static void rows_moe_route(rows_ctx *c, const kiln_node_rec *n)
+{
+    kiln_kir *k = c->k;
+    uint32_t mx, sum, ksum = kiln_kf(k, 1.0f);
+    {
+        uint32_t acc = kiln_kvar(k, kiln_kf(k, -INFINITY));
+        PASS_BEGIN();
+        kiln_kset(k, acc, kiln_k2(k, KILN_KOP_MAX, acc, xv));
+        kl_loop_end(k);
+        mx = reduce(k, acc, KILN_KRED_MAX);
+    }
+    {
+        uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f));
+        PASS_BEGIN();
+        kiln_kset(k, acc, kiln_k2(k, KILN_KOP_ADD, acc, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx))));
+        kl_loop_end(k);
+        sum = reduce(k, acc, KILN_KRED_SUM);
+    }
+    uint32_t lv = kiln_kvar(k, kiln_kf(k, INFINITY)), li = kiln_kvar(k, kiln_kf(k, -1.0f)); /* F32: index < 2^24 */
+    uint32_t t = kiln_kvar(k, kiln_ki(k, 0));
+    kiln_kloop(k, t, kiln_ki(k, n->i[0]), kiln_ki(k, 1));
+    {
+        uint32_t best = kiln_kvar(k, kiln_kf(k, -INFINITY)), bi = kiln_kvar(k, kiln_kf(k, -1.0f));
+        {
+            PASS_BEGIN();
+            uint32_t jf = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, j, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            uint32_t below = kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, xv, lv),
+                                     kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, xv, lv), kiln_k2(k, KILN_KOP_LT, li, jf)));
+            uint32_t take = kiln_k2(k, KILN_KOP_PAND, below,
+                                    kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, best, xv),
+                                            kiln_k2(k, KILN_KOP_LT, bi, kiln_kf(k, 0.0f))));
+            kiln_kir_op(k, KILN_KOP_IF, KILN_KT_NONE, take, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            kiln_kset(k, best, xv);
+            kiln_kset(k, bi, jf);
+            kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+            kl_loop_end(k);
+        }
+        uint32_t m = reduce(k, best, KILN_KRED_MAX);
+        uint32_t cand = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, best, m),
+                                kiln_k2(k, KILN_KOP_LE, kiln_kf(k, 0.0f), bi));
+        uint32_t prop = kiln_kir_op(k, KILN_KOP_SELECT, KILN_KT_F32, cand, kiln_k1(k, KILN_KOP_NEG, bi),
+                                    kiln_kf(k, -INFINITY), 0);
+        kiln_kset(k, li, kiln_k1(k, KILN_KOP_NEG, reduce(k, prop, KILN_KRED_MAX)));
+        kiln_kset(k, lv, m);
+    }
+    kl_loop_end(k);
+#define KEPT()                                                                                                          \
+    kiln_k2(k, KILN_KOP_POR, kiln_k2(k, KILN_KOP_LT, lv, xv),                                                          \
+            kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_EQ, xv, lv),                                                 \
+                    kiln_k2(k, KILN_KOP_LE, kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_F32, j, KILN_IDX_NONE, KILN_IDX_NONE, 0), \
+                            li)))
+    if (n->i[1]) { /* the kept probabilities' sum */
+        uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f));
+        PASS_BEGIN();
+        uint32_t p = kiln_k2(k, KILN_KOP_DIV, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx)), sum);
+        kiln_kset(k, acc, kiln_k2(k, KILN_KOP_ADD, acc, kiln_ksel(k, KILN_KT_F32, KEPT(), p, kiln_kf(k, 0.0f))));
+        kl_loop_end(k);
+        ksum = reduce(k, acc, KILN_KRED_SUM);
+    }
+    {
+        PASS_BEGIN();
+        uint32_t p = kiln_k2(k, KILN_KOP_DIV, kl_exp(k, kiln_k2(k, KILN_KOP_SUB, xv, mx)), sum);
+        if (n->i[1]) p = kiln_k2(k, KILN_KOP_DIV, p, ksum);
+        uint32_t y = kiln_ksel(k, KILN_KT_F32, KEPT(), p, kiln_kf(k, 0.0f));
+        store_outs(k, c->g, c->r, c->anchor, idx, y, &c->pe, &c->ee);
+        if (c->ee.failed) c->failed = true, memcpy(c->why, c->ee.err, sizeof c->why);
+        kl_loop_end(k);
+    }
+#undef KEPT
+}
+
 /* Element j of the row, prologue evaluated (kl_row.at for the norms' scaled passes). */
 static uint32_t rows_at(void *p, uint32_t j)
 {
@@ -379,14 +455,16 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
     if (!rule7_nodes(g, r, &rope, &kv)) return kl_unsupported(err, n_err, "row kernel: two row ops in one region");
     if (op == KILN_OP_ROPE) return lower_rope(g, r, tg, anchor, k, err, n_err);
     if (op == KILN_OP_SCALE_ROWS) return lower_scale_rows(g, r, tg, anchor, k, err, n_err);
-    if (op != KILN_OP_RMS_NORM && op != KILN_OP_LAYER_NORM && op != KILN_OP_SOFTMAX && op != KILN_OP_ARGMAX)
+    if (op != KILN_OP_RMS_NORM && op != KILN_OP_LAYER_NORM && op != KILN_OP_SOFTMAX && op != KILN_OP_ARGMAX &&
+        op != KILN_OP_MOE_ROUTE)
         return kl_unsupported(err, n_err, "row kernel: %s", kiln_op_name(op));
     const kiln_node_rec *x = &g->nodes[n->src[0]];
     int64_t d_const = x->dims[x->rank - 1];
     kiln_kir_init(k,
-                  op == KILN_OP_SOFTMAX  ? "kiln_softmax"
-                  : op == KILN_OP_ARGMAX ? "kiln_argmax"
-                                         : "kiln_norm",
+                  op == KILN_OP_SOFTMAX     ? "kiln_softmax"
+                  : op == KILN_OP_ARGMAX    ? "kiln_argmax"
+                  : op == KILN_OP_MOE_ROUTE ? "kiln_moe_route"
+                                            : "kiln_norm",
                   ROW_BLOCK);
     snprintf(k->what, sizeof k->what, "%s, %u ops", kiln_op_name(op), r->n_nodes);
     int64_t rows_max = kl_numel_max(g, x) / (kl_dim_max(g, d_const) ? kl_dim_max(g, d_const) : 1);
@@ -403,6 +481,8 @@ kiln_status kiln_lower_rows(const kiln_graph *g, const kiln_region *r, const kil
                   .df = df, .row = row};
     if (op == KILN_OP_ARGMAX)
         rows_argmax(&c);
+    else if (op == KILN_OP_MOE_ROUTE)
+        rows_moe_route(&c, n);
     else
         rows_norm(&c, n, op);
     kl_loop_end(k);
