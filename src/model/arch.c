@@ -79,41 +79,9 @@ static const kiln_arch_key llama_keys[] = {
     {NULL, KILN_KEY_READ, 0},
 };
 
-/* qwen2moe / qwen3moe (llama.cpp's LLM_ARCH_QWEN2MOE/QWEN3MOE): the llama family's keys, and each
- * expert's width and the shared expert's (read_moe). */
+/* qwen2moe / qwen3moe (llama.cpp's LLM_ARCH_QWEN2MOE/QWEN3MOE): the llama family's keys (their
+ * kiln_arch.keys), then each expert's width and the shared expert's (read_moe). */
 static const kiln_arch_key qwen_moe_keys[] = {
-    {"block_count", KILN_KEY_READ, 0},
-    {"context_length", KILN_KEY_READ, 0},
-    {"embedding_length", KILN_KEY_READ, 0},
-    {"feed_forward_length", KILN_KEY_READ, 0},
-    {"vocab_size", KILN_KEY_READ, 0},
-    {"attention.head_count", KILN_KEY_READ, 0},
-    {"attention.head_count_kv", KILN_KEY_READ, 0},
-    {"attention.key_length", KILN_KEY_READ, 0},
-    {"attention.value_length", KILN_KEY_READ, 0},
-    {"attention.layer_norm_rms_epsilon", KILN_KEY_READ, 0},
-    {"rope.dimension_count", KILN_KEY_READ, 0},
-    {"rope.freq_base", KILN_KEY_READ, 0},
-    {"rope.scaling.type", KILN_KEY_READ, 0},
-    {"rope.scaling.factor", KILN_KEY_READ, 0},
-    {"rope.scale_linear", KILN_KEY_READ, 0},
-    {"rope.scaling.original_context_length", KILN_KEY_READ, 0}, /* yarn's correction dims */
-    {"rope.scaling.finetuned", KILN_KEY_INFO, 0},
-    {"tensor_data_layout", KILN_KEY_INFO, 0},
-    {"expert_count", KILN_KEY_READ, 0},      /* read_moe: > 0 only where the architecture builds experts */
-    {"expert_used_count", KILN_KEY_READ, 0}, /* read_moe */
-    {"expert_shared_count", KILN_KEY_NEUTRAL, 0},
-    {"rope.scaling.attn_factor", KILN_KEY_READ, 0}, /* rope mscale (llama.cpp: every arch) */
-    {"attention.causal", KILN_KEY_NEUTRAL, 1},
-    {"attention.clamp_kqv", KILN_KEY_NEUTRAL, 0},
-    {"attention.max_alibi_bias", KILN_KEY_NEUTRAL, 0},
-    {"attention.sliding_window", KILN_KEY_READ, 0}, /* honoured by capping max_ctx (model.c) */
-    {"attn_logit_softcapping", KILN_KEY_NEUTRAL, 0},
-    {"final_logit_softcapping", KILN_KEY_NEUTRAL, 0},
-    {"use_parallel_residual", KILN_KEY_NEUTRAL, 0},
-    {"logit_scale", KILN_KEY_NEUTRAL, 1},
-    {"embedding_scale", KILN_KEY_NEUTRAL, 1},
-    {"residual_scale", KILN_KEY_NEUTRAL, 1},
     {"expert_feed_forward_length", KILN_KEY_READ, 0},        /* read_moe: each expert's width */
     {"expert_shared_feed_forward_length", KILN_KEY_READ, 0}, /* read_moe: the shared expert's (qwen2moe) */
     {NULL, KILN_KEY_READ, 0},
@@ -243,10 +211,10 @@ static const kiln_arch archs[] = {
     {.name = "gemma3", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | POST_NORMS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
      .optional = 0, .keys = gemma_keys, .gate = KILN_GATE_GELU, .embd_scale = true, .tied_head = true, .swa_pattern = 6,
      .swa_theta = 10000.0f, .wide_scale_layers = {62}},
-    {.name = "qwen2moe", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = qwen_moe_keys,
+    {.name = "qwen2moe", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | QKV_BIAS, .optional = 0, .keys = llama_keys, .keys_more = qwen_moe_keys,
      .yarn = true, .moe = KILN_MOE_REQUIRED, .moe_shared = true},
     {.name = "qwen3moe", .rope = KILN_ROPE_NEOX, .required = NORMS | MATS | B(KILN_ROLE_Q_NORM) | B(KILN_ROLE_K_NORM),
-     .optional = 0, .keys = qwen_moe_keys, .yarn = true, .moe = KILN_MOE_REQUIRED, .moe_norm = true},
+     .optional = 0, .keys = llama_keys, .keys_more = qwen_moe_keys, .yarn = true, .moe = KILN_MOE_REQUIRED, .moe_norm = true},
     {.name = "phi3", .rope = KILN_ROPE_NEOX,
      .required = NORMS | B(KILN_ROLE_WQKV) | B(KILN_ROLE_WO) | B(KILN_ROLE_WGU) | B(KILN_ROLE_WD), .optional = 0,
      .keys = phi3_keys, .longrope = true},
@@ -270,7 +238,8 @@ const kiln_role_info *kiln_arch_roles(void) { return roles; }
 
 const kiln_arch_key *kiln_arch_key_find(const kiln_arch *a, const char *suffix)
 {
-    for (const kiln_arch_key *k = a->keys; k->suffix; k++)
-        if (strcmp(k->suffix, suffix) == 0) return k;
+    for (const kiln_arch_key *t = a->keys; t; t = t == a->keys ? a->keys_more : NULL)
+        for (const kiln_arch_key *k = t; k->suffix; k++)
+            if (strcmp(k->suffix, suffix) == 0) return k;
     return NULL;
 }

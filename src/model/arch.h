@@ -95,6 +95,7 @@ typedef struct kiln_arch {
     uint32_t             required; /* KILN_ROLE_BIT set of layer tensors every layer must have */
     uint32_t             optional; /* roles a file may carry (all layers or none, decided by blk.0) */
     const kiln_arch_key *keys;     /* keys under "<arch>." the loader knows; ends with a NULL suffix */
+    const kiln_arch_key *keys_more; /* NULL, or more such keys, looked up after keys (an architecture's own beside a family's) */
     kiln_gate_act        gate;     /* feed-forward gate activation */
     bool                 embd_scale; /* token embeddings times sqrt(hidden), in f32 (gemma) */
     bool                 tied_head;  /* the head is always token_embd.weight (llama.cpp's gemma loaders): an
