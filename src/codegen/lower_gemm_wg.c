@@ -425,6 +425,17 @@ static void gw_pp_group_if(gm *g, int q, uint32_t cb, int32_t cb0)
     g->n0 = muli(g, addi(g, cb, -cb0), g->bns);
 }
 
+/* The register epilogue of column block cb (I32, over all the groups) on the accumulators. */
+static void gw_pp_epilogue(gm *g, const uint32_t acc[GW_ACC], uint32_t cb)
+{
+    gv *s = g->s;
+    for (int q = 0, cb0 = 0; q < s->n_grp; cb0 += gw_pp_blocks(g, q), q++) {
+        gw_pp_group_if(g, q, cb, cb0);
+        if (!gw_epilogue_regs(g, &s->grp[q], acc)) s->failed = true, snprintf(s->why, sizeof s->why, "persistent gemm without a register epilogue");
+        kendif(g);
+    }
+}
+
 /* The persistent ping-pong GEMM (g->pp), every group of the region: block pb takes tiles pb + j grid
  * for j < nl (column blocks of the groups one after another); the producer thread brings their stages
  * in that order into the ring (stage j nk + kt of the block), consumer warpgroup c multiplies tiles
@@ -435,8 +446,7 @@ void kl_gw_pp(gm *g)
     kiln_kir *k = g->k;
     gv *s = g->s;
     uint32_t zero = kiln_kir_op(k, KILN_KOP_CONST, KILN_KT_W64, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    int32_t nb = 0;
-    for (int q = 0; q < s->n_grp; q++) nb += gw_pp_blocks(g, q);
+    int32_t nb = (int32_t)kl_gw_col_blocks(s, g->bn);
     uint32_t rt = o2(g, KILN_KOP_DIV, addi(g, g->m, g->rc - 1), ci(g, g->rc)); /* row tiles of this run */
     uint32_t nt = muli(g, muli(g, rt, nb), g->ks); /* split kq of column block cb, row tile rb: (kq nb + cb) rt + rb */
     uint32_t pslot = g->ks > 1 ? kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, true) : KILN_IDX_NONE;
@@ -469,11 +479,7 @@ void kl_gw_pp(gm *g)
                                 KILN_IDX_NONE, (int32_t)pslot);
                 }
     }
-    for (int q = 0, cb0 = 0; q < s->n_grp && g->ks == 1; cb0 += gw_pp_blocks(g, q), q++) {
-        gw_pp_group_if(g, q, cb, cb0); /* ks 1: cb is the column block */
-        if (!gw_epilogue_regs(g, &s->grp[q], acc)) s->failed = true, snprintf(s->why, sizeof s->why, "persistent gemm without a register epilogue");
-        kendif(g);
-    }
+    if (g->ks == 1) gw_pp_epilogue(g, acc, cb); /* ks 1: cb is the column block */
     kl_loop_end(k);
     kiln_kelse(k);
     kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 24);
@@ -524,8 +530,7 @@ void kl_gw_reduce(const gm *G0, kiln_kir *k)
     g->lane = andi(g, g->tid, 31);
     g->m = o2(g, KILN_KOP_DIV, kl_numel_from(k, &s->g->nodes[s->x], 0), ci(g, (int32_t)s->K));
     uint32_t t = kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
-    int32_t nb = 0;
-    for (int q = 0; q < s->n_grp; q++) nb += gw_pp_blocks(g, q);
+    int32_t nb = (int32_t)kl_gw_col_blocks(s, g->bn);
     uint32_t rb = o2(g, KILN_KOP_REM, t, ci(g, g->rt_max)), cb = o2(g, KILN_KOP_DIV, t, ci(g, g->rt_max));
     g->m0 = muli(g, rb, g->rc);
     uint32_t pslot = kiln_kir_buf(k, KILN_KBUF_SCRATCH, 0, false);
@@ -543,11 +548,7 @@ void kl_gw_reduce(const gm *G0, kiln_kir *k)
                 }
                 kiln_kir_op(k, KILN_KOP_WSET, KILN_KT_NONE, acc[gw_acc(g, mt, n_t)], sum, KILN_IDX_NONE, e);
             }
-    for (int q = 0, cb0 = 0; q < s->n_grp; cb0 += gw_pp_blocks(g, q), q++) {
-        gw_pp_group_if(g, q, cb, cb0);
-        if (!gw_epilogue_regs(g, &s->grp[q], acc)) s->failed = true, snprintf(s->why, sizeof s->why, "persistent gemm without a register epilogue");
-        kendif(g);
-    }
+    gw_pp_epilogue(g, acc, cb);
     kendif(g);
     k->grid[0] = (uint32_t)(g->rt_max * nb);
     snprintf(k->what, sizeof k->what, "gemm: the sums of %d splits of K + epilogue", g->ks);
