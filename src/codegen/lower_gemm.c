@@ -726,7 +726,9 @@ kiln_status kiln_lower_gemm_cap(const kiln_graph *g, const kiln_region *r, const
     if (G.wg) /* the tile (rows x columns a block, or a consumer's with pp) and the persistent form */
         snprintf(form, sizeof form, ", %d x %d tiles%s%s", G.pp ? G.rc : G.bm, G.bn, G.pp ? ", persistent" : "",
                  G.pp && G.ks > 1 ? ", K in splits" : "");
-    snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops%s", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
+    /* %.40s: form is at most 42 bytes, the bound keeps gcc -O1 (tsan) from reading
+     * the 64-byte buffer as a possible truncation of the 96-byte what */
+    snprintf(k->what, sizeof k->what, "gemm%s %s x%d%s, %u ops%.48s", G.wg ? " (tma + wgmma)" : "", kiln_dtype_name(wdtype(s, 0)), s->n_mm,
              s->norm != KILN_IDX_NONE ? " + rms_norm" : "", r->n_nodes, form);
     G.tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     /* x (fastest) walks the token blocks: the blocks in flight share a few column blocks, so each
