@@ -675,6 +675,72 @@ Test(ptx, pack2_halves)
     kiln_kir_free(&k);
 }
 
+/* HFMA2 and PRMT (the Hopper GEMM's f16-pair decoders, kl_wfmt.gemm_h2): the interpreter's PRMT
+ * picks bytes of a (0-3) and b (4-7) by the selector's nibbles, replicating the sign where bit 3 is
+ * set (checked against bytes written out here); HFMA2 rounds each half's a * b + c once (checked
+ * against the f16 of the f32 fma, exact for these operands: 11-bit by 11-bit products), and the
+ * decoders' trick holds: 1024 + q (q in the f16 1024's mantissa) less 1024 is q. Both print as one
+ * instruction each and assemble for sm_80 and sm_90. */
+Test(ptx, hfma2_prmt)
+{
+    enum { T = 64 };
+    kiln_kir k;
+    kiln_kir_init(&k, "h2", T);
+    uint32_t x = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, false), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 2, true);
+    uint32_t tid = kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t w[4];
+    for (int i = 0; i < 4; i++) w[i] = kiln_kld(&k, x, kiln_kaddi(&k, kiln_kmuli(&k, tid, 4), i));
+    uint32_t out[5];
+    out[0] = kiln_kir_op(&k, KILN_KOP_PRMT, KILN_KT_U32, w[0], w[1], w[2], 0);
+    out[1] = kiln_kir_op(&k, KILN_KOP_PRMT, KILN_KT_U32, w[0], kiln_ku(&k, 0), kiln_ku(&k, 0x4140u), 0);
+    out[2] = kiln_kir_op(&k, KILN_KOP_HFMA2, KILN_KT_U32, w[1], w[2], w[3], 0);
+    uint32_t q = kiln_k2(&k, KILN_KOP_OR, kiln_k2(&k, KILN_KOP_AND, w[0], kiln_ku(&k, 0x03FF03FFu)), kiln_ku(&k, 0x64006400u));
+    out[3] = kiln_kir_op(&k, KILN_KOP_HFMA2, KILN_KT_U32, q, kiln_ku(&k, 0x3C003C00u), kiln_ku(&k, 0xE400E400u), 0);
+    out[4] = kiln_kir_op(&k, KILN_KOP_HFMA2, KILN_KT_U32, out[3], w[1], w[3], 0);
+    for (int i = 0; i < 5; i++) kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(&k, kiln_kmuli(&k, tid, 5), i), out[i], KILN_IDX_NONE, (int32_t)y);
+    k.grid[0] = 1;
+    char err[512] = "";
+    cr_assert(kiln_kir_verify(&k, err, sizeof err), "%s", err);
+    uint32_t in[4 * T], res[5 * T], params[4] = {0};
+    for (int t = 0; t < T; t++) {
+        in[4 * t] = (uint32_t)tu_next();
+        in[4 * t + 1] = (uint32_t)kiln_f32_to_f16((float)tu_uniform(-4, 4)) | (uint32_t)kiln_f32_to_f16((float)tu_uniform(-1e-3, 1e-3)) << 16;
+        in[4 * t + 2] = (uint32_t)tu_next(); /* a selector too: every nibble */
+        in[4 * t + 3] = (uint32_t)kiln_f32_to_f16((float)tu_uniform(-8, 8)) | (uint32_t)kiln_f32_to_f16((float)tu_uniform(-1e-2, 1e-2)) << 16;
+    }
+    in[2] = 0x76543210u, in[6] = 0xBA98FEDCu; /* identity, and sign replication of b's bytes */
+    memset(res, 0xFF, sizeof res);
+    uint32_t *bufs[3] = {params, in, res};
+    cr_assert(kt_interp(&k, bufs, err, sizeof err), "%s", err);
+    for (int t = 0; t < T; t++) {
+        const uint32_t *a = &in[4 * t], *r = &res[5 * t];
+        uint8_t src[8];
+        for (int j = 0; j < 4; j++) src[j] = (uint8_t)(a[0] >> 8 * j), src[4 + j] = (uint8_t)(a[1] >> 8 * j);
+        uint32_t want = 0;
+        for (int j = 0; j < 4; j++) {
+            uint32_t n = (a[2] >> 4 * j) & 15u, byte = src[n & 7];
+            want |= (n & 8 ? (byte & 0x80 ? 0xffu : 0u) : byte) << 8 * j;
+        }
+        cr_assert_eq(r[0], want, "prmt(%#x, %#x, %#x) = %#x, want %#x", a[0], a[1], a[2], r[0], want);
+        cr_assert_eq(r[1], (a[0] & 0xffu) | (a[0] & 0xff00u) << 8, "bytes 0 and 1 into the halves");
+        for (int h = 0; h < 2; h++) {
+            float f1 = kiln_f16_to_f32((uint16_t)(a[1] >> 16 * h)), f2 = kiln_f16_to_f32((uint16_t)(a[2] >> 16 * h));
+            float f3 = kiln_f16_to_f32((uint16_t)(a[3] >> 16 * h)), qv = (float)((a[0] >> 16 * h) & 0x3FFu);
+            if (isfinite(f1 * f2 + f3))
+                cr_assert_eq((r[2] >> 16 * h) & 0xffffu, kiln_f32_to_f16(fmaf(f1, f2, f3)), "hfma2 half %d", h);
+            cr_assert_eq((r[3] >> 16 * h) & 0xffffu, kiln_f32_to_f16(qv), "1024 + q - 1024 = q (%g)", (double)qv);
+            cr_assert_eq((r[4] >> 16 * h) & 0xffffu, kiln_f32_to_f16(fmaf(qv, f1, f3)), "q a + b rounded once");
+        }
+    }
+    for (int sm = 80; sm <= 90; sm += 10) {
+        char *txt = print_ok(&k, sm);
+        cr_assert(strstr(txt, "\tfma.rn.f16x2 %r") && strstr(txt, "\tprmt.b32 %r"), "%s", txt);
+        assemble_ok(txt, sm, "h2");
+        free(txt);
+    }
+    kiln_kir_free(&k);
+}
+
 /* Named barriers print as bar.sync / bar.arrive with the id as a constant or a register and the
  * thread count, assemble (also for sm_80: they are not Hopper's), and the GLSL printer refuses them. */
 Test(ptx, named_barriers_print)

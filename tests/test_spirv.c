@@ -72,11 +72,11 @@ Test(spirv, every_op_covered)
     for (uint32_t i = 0; i < m.n_ins; i++) seen[m.ins[i].op] = true;
     kiln_kir_free(&m);
     /* the warpgroup, mbarrier and TMA ops (STS4 .. SETMAXNREG, WSET) are sm_90a-only and named barriers
-     * and PACK2, LDS_CL (clusters) and ST4 (flash_wg's epilogue) CUDA's: the GLSL printer refuses them (test_gemm_wg and test_ptx cover them); the programmatic-launch ops print nothing (spirv/pdl_ops_print_nothing) */
+     * and PACK2, HFMA2, PRMT (the Hopper GEMM's f16-pair decoders), LDS_CL (clusters) and ST4 (flash_wg's epilogue) CUDA's: the GLSL printer refuses them (test_gemm_wg and test_ptx cover them); the programmatic-launch ops print nothing (spirv/pdl_ops_print_nothing) */
     for (int op = 1; op < KILN_KOP_COUNT; op++)
         if ((op < KILN_KOP_STS4 || op > KILN_KOP_SETMAXNREG) && op != KILN_KOP_GRID_WAIT && op != KILN_KOP_GRID_LAUNCH &&
             op != KILN_KOP_PREFETCH && op != KILN_KOP_WSET && op != KILN_KOP_NBAR_SYNC && op != KILN_KOP_NBAR_ARRIVE &&
-            op != KILN_KOP_PACK2 && op != KILN_KOP_LDS_CL && op != KILN_KOP_ST4)
+            op != KILN_KOP_PACK2 && op != KILN_KOP_HFMA2 && op != KILN_KOP_PRMT && op != KILN_KOP_LDS_CL && op != KILN_KOP_ST4)
             cr_expect(seen[op], "no test kernel uses op %s", kiln_kop_name(op));
     cr_assert_leq(n_out, 128);
     kiln_kir_free(&a);

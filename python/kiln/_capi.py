@@ -46,7 +46,8 @@ class CodegenOptions(C.Structure):
                 ("decode_kernels", C.c_int32),
                 ("gemv_reduce", C.c_int32), ("gemv_preload", C.c_int32),
                 ("paged_mixed", C.c_int32), ("gemv_pipeline", C.c_int32),
-                ("gemm_persist", C.c_int32), ("gemm_splitk", C.c_int32), ("gemv_xload", C.c_int32)]
+                ("gemm_persist", C.c_int32), ("gemm_splitk", C.c_int32), ("gemv_xload", C.c_int32),
+                ("gemm_pairs", C.c_int32)]
 
 
 class CompileOptions(C.Structure):

@@ -17,7 +17,7 @@
 /* Bump when lowering or printing (PTX, GLSL, CPU dispatch decisions) changes what a cached
  * artifact means. The binary's own identity (size and a hash of its bytes) is also part of every
  * key, so a rebuilt kiln never loads code printed by another build. */
-#define KILN_CODEGEN_VERSION 7
+#define KILN_CODEGEN_VERSION 8
 #define KILN_CACHE_FORMAT 1 /* on-disk header layout */
 #define KILN_CACHE_MEM_MAX 128 /* plans kept in a context's memory table (oldest leave first) */
 #define KILN_CACHE_MAX_DEFAULT ((uint64_t)512 << 20) /* the folder's size bound without $KILN_CACHE_MAX */

@@ -30,6 +30,7 @@ static const char *const op_names[KILN_KOP_COUNT] = {
     [KILN_KOP_GRID_WAIT] = "grid_wait", [KILN_KOP_GRID_LAUNCH] = "grid_launch", [KILN_KOP_PREFETCH] = "prefetch", [KILN_KOP_WSET] = "wset",
     [KILN_KOP_NBAR_SYNC] = "nbar_sync", [KILN_KOP_NBAR_ARRIVE] = "nbar_arrive", [KILN_KOP_PACK2] = "pack2",
     [KILN_KOP_FENCE_CTA] = "fence_cta", [KILN_KOP_LDS_CL] = "lds_cl", [KILN_KOP_ST4] = "st4",
+    [KILN_KOP_HFMA2] = "hfma2", [KILN_KOP_PRMT] = "prmt",
 };
 
 const char *kiln_kop_name(enum kiln_kop op) { return op < KILN_KOP_COUNT && op_names[op] ? op_names[op] : "?"; }
@@ -316,6 +317,9 @@ bool kiln_kir_verify(const kiln_kir *k, char *err, size_t n_err)
         case KILN_KOP_F2H: case KILN_KOP_F2B: if (t != KILN_KT_U32 || ta[0] != KILN_KT_F32) FAIL("needs f32 -> u32"); break;
         case KILN_KOP_PACK2:
             if (t != KILN_KT_U32 || ta[0] != KILN_KT_F32 || ta[1] != KILN_KT_F32 || in->imm.u > 1) FAIL("pack2 needs two f32 -> u32, flag 0/1");
+            break;
+        case KILN_KOP_HFMA2: case KILN_KOP_PRMT:
+            if (t != KILN_KT_U32 || ta[0] != t || ta[1] != t || ta[2] != t) FAIL("%s needs three u32", kiln_kop_name(in->op));
             break;
         case KILN_KOP_BFE: {
             int off = in->imm.i & 31, w = in->imm.i >> 8;

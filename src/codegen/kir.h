@@ -181,6 +181,11 @@ enum kiln_kop {
                              shared stores before a CLUSTER_SYNC are visible after it. Attention's split-combine */
     KILN_KOP_ST4,         /* NONE: global words a .. a+3 of buffer slot imm (a a multiple of 4) = V4 b, one 16-byte store;
                              CUDA only (flash_wg's epilogue: rows staged in shared memory leave as whole sectors) */
+    KILN_KOP_HFMA2,       /* U32: per 16-bit half, the f16 a * b + c of U32 a, b, c rounded once (fma.rn.f16x2);
+                             CUDA only (the Hopper GEMM's block-weight decoders: values made in f16 pairs) */
+    KILN_KOP_PRMT,        /* U32: bytes of U32 a (bytes 0-3) and U32 b (4-7) picked by the selector's nibbles (U32 c):
+                             result byte i is byte (c >> 4 i) & 7, replicated sign bit where nibble bit 3 is set
+                             (PTX prmt.b32, default mode); CUDA only */
     KILN_KOP_COUNT
 };
 

@@ -623,7 +623,7 @@ static void gm_shape(gm *G, kiln_kir *k, const kiln_lower_target *tg)
         G->cs = G->bn + 4;
         /* wide: its setmaxnreg takes effect only where the entry's register count is known (one
            block an SM); without it the H100's JIT kept 168 a thread and spilled the accumulators */
-        if (G->wide) k->min_blocks = 1;
+        if (G->nreg_c) k->min_blocks = 1;
         kl_gw_cluster(G, tg);
         if (kl_gw_persist(G, tg)) k->min_blocks = 1; /* its setmaxnreg, as wide's */
         return;

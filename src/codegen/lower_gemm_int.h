@@ -40,6 +40,9 @@ typedef struct gm {
     bool       wide;      /* wg with rc 128 and bn > 128: the consumers' accumulators pass the 168
                              registers a thread of 384 gets, so setmaxnreg gives them 232 and the
                              producer 40, and the consumers drain the C tile alone (kl_gw_group) */
+    int        nreg_c, nreg_p; /* wg: setmaxnreg of the consumer warpgroups and the producer's, 0: none
+                             (wide: 240 and 24; block weights with rc 128: GW_BLOCK_NREG_C / _P); with
+                             it the consumers drain the C tile alone */
     int        threads;   /* threads of the GEMM kernel */
     int        rc;        /* wg: rows per consumer warpgroup (64, 128); bm = 2 rc */
     int        stages;    /* wg: stages of the ring */

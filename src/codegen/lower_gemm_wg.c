@@ -23,6 +23,8 @@
 #define GW_BK 64           /* k per stage: 64 halves = 128 bytes, the swizzle's and the TMA box's width */
 #define GW_THREADS 384     /* two consumer warpgroups and the producer */
 #define GW_STAGE_MAX 231424 /* dynamic shared bytes for the ring (227 KB less 1 KB of mbarriers) */
+#define GW_BLOCK_NREG_C 200 /* block weights, rc 128: setmaxnreg of the consumers and of the decoding producer */
+#define GW_BLOCK_NREG_P 112
 #define GW_ROUND 2         /* block weights: stages a producer round decodes (4 chunks in flight a stage: 4 stages spilled) */
 
 
@@ -88,6 +90,22 @@ static void gw_producer(gm *g, const gv_group *G, const uint32_t wmap[2], int32_
     kl_loop_end(k);
 }
 
+/* The 16 values of sub-step sub of a loaded block-weight chunk (bc its index) in f16, as 8 words
+ * of value pairs: the format's f16-pair decoder (kl_wfmt.gemm_h2: no int->float conversions), else
+ * its f32 values, two to a PACK2 (sm_90 converts 16 values a clock an SM: two conversions a value
+ * kept the one producer warpgroup from feeding the tensor cores). */
+static void gw_chunk_words(gm *g, const gv_chunk *ch, uint32_t bc, int sub, uint32_t w[8])
+{
+    const kl_wfmt *f = kl_wfmt_of(g->wt);
+    if (f->gemm_h2 && g->s->tgt->opts.gemm_pairs != KILN_GEMM_OFF) {
+        f->gemm_h2(g->k, ch, bc, sub, w);
+        return;
+    }
+    uint32_t val[16];
+    kl_gm_chunk_values(g, ch, bc, sub, val);
+    for (int p = 0; p < 8; p++) w[p] = kiln_kir_op(g->k, KILN_KOP_PACK2, KILN_KT_U32, val[2 * p], val[2 * p + 1], KILN_IDX_NONE, 0);
+}
+
 /* Block weights: the producer warpgroup's 128 threads decode each stage's weight tile (128 rows x
  * 64 k: 4 pieces of 16 values a thread) with gemv's decoders into f16 in the swizzled layout the
  * TMA would give, rounds of GW_ROUND stages whose chunk loads are all issued first; thread 256
@@ -137,15 +155,11 @@ static void gw_producer_blocks(gm *g, const gv_group *G, int32_t nk)
         for (int tt = 0; tt < 2; tt++) {
             int t = 2 * st + tt;
             for (int j = 0; j < 2; j++) {
-                uint32_t val[16];
-                kl_gm_chunk_values(g, &ch[t][j], bc[t][j], t % g->U, val);
+                uint32_t word[8];
+                gw_chunk_words(g, &ch[t][j], bc[t][j], t % g->U, word);
                 for (int c = 0; c < 2; c++) { /* 16-byte chunk 4 tt + 2 piece + c of the row, swizzled */
                     uint32_t v4 = KILN_IDX_NONE;
-                    for (int pp = 0; pp < 4; pp++) {
-                        uint32_t word;
-                        kl_split_pair(k, val[8 * c + 2 * pp], val[8 * c + 2 * pp + 1], 1, false, &word);
-                        v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, word, KILN_IDX_NONE, pp);
-                    }
+                    for (int pp = 0; pp < 4; pp++) v4 = kiln_kir_op(k, KILN_KOP_SETLANE, KILN_KT_V4, v4, word[4 * c + pp], KILN_IDX_NONE, pp);
                     uint32_t chunk = o2(g, KILN_KOP_XOR, addi(g, muli(g, piece[j], 2), 4 * tt + c), swz[j]);
                     sts4(g, add(g, add(g, bword, rword[j]), muli(g, chunk, 4)), v4);
                 }
@@ -272,7 +286,7 @@ static void gw_stage_values(gm *g)
 static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[GW_ACC])
 {
     const int32_t consumers = 1 | 256 << 8; /* named barrier 1, 256 threads */
-    if (g->wide) kl_gw_sync(g, KILN_KOP_NBAR_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, consumers); /* both warpgroups' WGMMAs retired: the ring is free */
+    if (g->nreg_c) kl_gw_sync(g, KILN_KOP_NBAR_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, consumers); /* both warpgroups' WGMMAs retired: the ring is free */
     else kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
     uint32_t wg = shri(g, g->tid, 7), w = andi(g, shri(g, g->tid, 5), 3);
     uint32_t gq = shri(g, g->lane, 2), qq = andi(g, g->lane, 3);
@@ -284,12 +298,12 @@ static void gw_epilogue(gm *g, const gv_group *G, const uint32_t acc[GW_ACC])
                 uint32_t col = addi(g, muli(g, qq, 2), 128 * nt + 8 * (j >> 2) + (j & 1));
                 sts(g, add(g, muli(g, row, g->cs), col), op1(g, KILN_KOP_LANE, KILN_KT_F32, acc[gw_acc(g, mt, nt)], j));
             }
-    if (!g->wide) kendif(g);
+    if (!g->nreg_c) kendif(g);
     gw_stage_values(g);
-    if (g->wide) kl_gw_sync(g, KILN_KOP_NBAR_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, consumers);
+    if (g->nreg_c) kl_gw_sync(g, KILN_KOP_NBAR_SYNC, KILN_IDX_NONE, KILN_IDX_NONE, consumers);
     else barrier(g);
     int threads = g->threads;
-    if (g->wide) g->threads = 256;
+    if (g->nreg_c) g->threads = 256;
     kl_gm_drain(g, G, 0, g->bm);
     g->threads = threads;
 }
@@ -562,18 +576,18 @@ void kl_gw_group(gm *g, const gv_group *G)
     uint32_t acc[GW_ACC];
     /* wide: the accumulators live from inside the consumers' branch, after their setmaxnreg (zeroed
        before it, their 176 registers passed the 168 of the code before it: ptxas spilled) */
-    for (int i = 0; i < GW_ACC; i++) acc[i] = !g->wide && i < g->rc / 64 * gw_nn(g) ? kiln_kvar(k, zero) : KILN_IDX_NONE;
+    for (int i = 0; i < GW_ACC; i++) acc[i] = !g->nreg_c && i < g->rc / 64 * gw_nn(g) ? kiln_kvar(k, zero) : KILN_IDX_NONE;
     int32_t nk = (int32_t)((s->K + GW_BK - 1) / GW_BK); /* a last half stage reads zeros past K */
     uint32_t wmap[2];
     gw_wmaps(g, G, wmap);
     kif(g, o2(g, KILN_KOP_LT, g->tid, ci(g, 256)));
-    if (g->wide) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | 240);
-    for (int i = 0; g->wide && i < g->rc / 64 * gw_nn(g); i++) acc[i] = kiln_kvar(k, zero);
+    if (g->nreg_c) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 1 << 16 | g->nreg_c);
+    for (int i = 0; g->nreg_c && i < g->rc / 64 * gw_nn(g); i++) acc[i] = kiln_kvar(k, zero);
     gw_consumer(g, acc, nk, ci(g, 0), KILN_IDX_NONE, KILN_IDX_NONE);
-    if (g->wide && !(g->s->tgt->opts.gemm_epilogue == KILN_GEMM_ON && gw_epilogue_regs(g, G, acc)))
+    if (g->nreg_c && !(g->s->tgt->opts.gemm_epilogue == KILN_GEMM_ON && gw_epilogue_regs(g, G, acc)))
         gw_epilogue(g, G, acc); /* the consumers alone: the producer's registers are gone */
     kiln_kelse(k);
-    if (g->wide) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, 24);
+    if (g->nreg_c) kl_gw_sync(g, KILN_KOP_SETMAXNREG, KILN_IDX_NONE, KILN_IDX_NONE, g->nreg_p);
     if (g->wblock) {
         gw_producer_blocks(g, G, nk);
     } else {
@@ -582,7 +596,7 @@ void kl_gw_group(gm *g, const gv_group *G)
         kendif(g);
     }
     kendif(g);
-    if (g->wide) return;
+    if (g->nreg_c) return;
     if (g->s->tgt->opts.gemm_epilogue == KILN_GEMM_ON && gw_epilogue_regs(g, G, acc)) return;
     barrier(g); /* every stage consumed: the ring's memory is free */
     gw_epilogue(g, G, acc);
@@ -729,6 +743,11 @@ void kl_gw_shape(gm *G, const kiln_lower_target *tg)
     G->bm = 2 * G->rc;
     G->apart = G->bm * 16;
     G->wide = G->rc == 128 && G->bn > GM_BN;
+    /* block weights at rc 128: two accumulators (128 registers) and the consumers' addressing passed
+       the 168 of a thread of 384 (ptxas spilled llama-7b's q4_K gate/up); the producer decodes in
+       fewer: 2 x 128 x GW_BLOCK_NREG_C + 128 x GW_BLOCK_NREG_P = 64 K registers */
+    G->nreg_c = G->wide ? 240 : G->wblock && G->rc == 128 ? GW_BLOCK_NREG_C : 0;
+    G->nreg_p = G->wide ? 24 : G->wblock && G->rc == 128 ? GW_BLOCK_NREG_P : 0;
 }
 
 /* The persistent ping-pong form (codegen.gemm_persist): one group of TMA weights, no cluster, a
@@ -768,6 +787,7 @@ bool kl_gw_persist(gm *G, const kiln_lower_target *tg)
     if (best < 0) return false;
     G->pp = true;
     G->wide = false;
+    G->nreg_c = G->nreg_p = 0; /* kl_gw_pp sets its own */
     G->bm = G->rc;
     G->apart = G->bm * 16;
     G->cs = G->bn + 4;

@@ -29,6 +29,24 @@ static uint32_t byte_i(kiln_kir *k, uint32_t v4, int i, enum kiln_kt t)
     return kiln_kbfe(k, t, kiln_klane(k, v4, i / 4), 8 * (i % 4), 8);
 }
 
+/* ------------------------------------------------------------------ f16 pairs (gemm_h2) */
+
+/* f16x2 constants and ops. A quant q (0 .. 2047) in the mantissa of the f16 1024 (0x6400) is the
+ * f16 1024 + q exactly; 1024 + q - 1024 is q exactly; q * a + b then rounds once. */
+static uint32_t h2_fma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(k, KILN_KOP_HFMA2, KILN_KT_U32, a, b, c, 0); }
+static uint32_t h2_splat(kiln_kir *k, uint32_t f) { return kiln_kir_op(k, KILN_KOP_PACK2, KILN_KT_U32, f, f, KILN_IDX_NONE, 0); }
+/* bytes 2 h and 2 h + 1 of U32 w in the low bytes of the two halves (the rest from byte 0 of b) */
+static uint32_t h2_bytes(kiln_kir *k, uint32_t w, int h, uint32_t b)
+{
+    return kiln_kir_op(k, KILN_KOP_PRMT, KILN_KT_U32, w, b, kiln_ku(k, h ? 0x4342u : 0x4140u), 0);
+}
+/* q (0 .. 2047 in each half's low bits, nothing above) to the pair of f16 q * a + b (a, b: f16x2) */
+static uint32_t h2_scale(kiln_kir *k, uint32_t q, uint32_t a, uint32_t b)
+{
+    uint32_t v = kiln_k2(k, KILN_KOP_OR, q, kiln_ku(k, 0x64006400u));
+    return h2_fma(k, h2_fma(k, v, kiln_ku(k, 0x3C003C00u), kiln_ku(k, 0xE400E400u)), a, b);
+}
+
 /* ------------------------------------------------------------------ raw layouts */
 
 static size_t raw_bytes(kiln_dtype t, int64_t rows, int64_t k) { return (size_t)rows * kiln_row_bytes(t, k); }
@@ -120,6 +138,18 @@ static void q8_0_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv
     o->v = 16;
     for (int i = 0; i < 16; i++) o->q[i] = kiln_kcvt(k, KILN_KT_F32, byte_i(k, ch->v[0], i, KILN_KT_I32));
     o->a = ch->d;
+}
+
+/* q8_0 in f16 pairs: the signed byte with its sign bit flipped is q + 128 (0 .. 255) */
+static void q8_0_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8])
+{
+    (void)c, (void)sub;
+    /* q d = (q + 128) d - 128 d, rounded once: d is an f16 and 128 d (its exponent + 7) too */
+    uint32_t a = h2_splat(k, ch->d), b = h2_splat(k, kiln_k2(k, KILN_KOP_MUL, ch->d, kiln_kf(k, -128.0f)));
+    for (int p = 0; p < 8; p++) {
+        uint32_t u = kiln_k2(k, KILN_KOP_XOR, h2_bytes(k, kiln_klane(k, ch->v[0], p / 2), p % 2, kiln_ku(k, 0)), kiln_ku(k, 0x00800080u));
+        w[p] = h2_scale(k, u, a, b);
+    }
 }
 
 static uint32_t q8_0_dp4a_bytes(kiln_kir *k, const gv_chunk *ch, int sub, int l, uint32_t hsh)
@@ -243,7 +273,9 @@ static void scale_min(kiln_kir *k, uint32_t hdr, uint32_t sb, uint32_t *sc, uint
     *mn = kiln_kcvt(k, KILN_KT_F32, kiln_kcvt(k, KILN_KT_I32, kiln_ksel(k, KILN_KT_U32, lo, mn_lo, mn_hi)));
 }
 
-static void kq_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, bool q5, gv_sub *o)
+/* The scale a = d sc and offset b = -dmin mn of sub-step sub of chunk c; returns its sub-block
+ * 2 j + sub (I32: q5_K's qh bit) */
+static uint32_t kq_scales(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
     uint32_t q = kiln_k2(k, KILN_KOP_AND, c, kiln_ki(k, 7));
     uint32_t j = kiln_k2(k, KILN_KOP_SHR, q, kiln_ki(k, 1));
@@ -253,6 +285,12 @@ static void kq_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, bool
     uint32_t hw = kiln_klane(k, ch->v[0], 0);
     o->a = kiln_k2(k, KILN_KOP_MUL, kiln_kh2f(k, hw, 0), sc);
     o->b = kiln_k1(k, KILN_KOP_NEG, kiln_k2(k, KILN_KOP_MUL, kiln_kh2f(k, hw, 1), mn));
+    return sb;
+}
+
+static void kq_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, bool q5, gv_sub *o)
+{
+    uint32_t sb = kq_scales(k, ch, c, sub, o);
     o->v = 16;
     uint32_t hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE; /* qh bit 2j + sub */
     for (int i = 0; i < 16; i++) {
@@ -265,6 +303,28 @@ static void kq_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, bool
         o->q[i] = kiln_kcvt(k, KILN_KT_F32, kiln_kcvt(k, KILN_KT_I32, nib));
     }
 }
+/* q4_K / q5_K in f16 pairs: value i of sub-step sub is nibble sub of byte i (and for q5_K bit
+ * 2 j + sub of qh byte i above it); a = d sc and b = -dmin mn each rounded to f16 once */
+static void kq_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, bool q5, uint32_t w[8])
+{
+    gv_sub d;
+    uint32_t sb = kq_scales(k, ch, c, sub, &d);
+    uint32_t a = h2_splat(k, d.a), b = h2_splat(k, d.b), zero = kiln_ku(k, 0), hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE;
+    for (int p = 0; p < 8; p++) {
+        uint32_t t = h2_bytes(k, kiln_klane(k, ch->v[1], p / 2), p % 2, zero);
+        if (sub) t = kiln_k2(k, KILN_KOP_SHR, t, kiln_ku(k, 4));
+        t = kiln_k2(k, KILN_KOP_AND, t, kiln_ku(k, 0x000F000Fu));
+        if (q5) {
+            uint32_t h = h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
+            h = kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_SHR, h, hsh), kiln_ku(k, 0x00010001u));
+            t = kiln_k2(k, KILN_KOP_OR, t, kiln_k2(k, KILN_KOP_SHL, h, kiln_ku(k, 4)));
+        }
+        w[p] = h2_scale(k, t, a, b);
+    }
+}
+static void q4_k_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8]) { kq_gemm_h2(k, ch, c, sub, false, w); }
+static void q5_k_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8]) { kq_gemm_h2(k, ch, c, sub, true, w); }
+
 static void q4_k_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
     kq_decode(k, ch, c, sub, false, o);
@@ -643,6 +703,7 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .pair_bytes = q8_0_pair_bytes,
                          .pair_scales = q8_0_pair_scales,
                          .gemm_chunk = q8_0_gemm_chunk,
+                         .gemm_h2 = q8_0_gemm_h2,
                          .elem = q8_0_elem},
     /* k-quant decoders hold more registers: 4 tokens per pass keep them unspilled */
     [KILN_DTYPE_Q4_K] = {.t = KILN_DTYPE_Q4_K,
@@ -667,6 +728,7 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .pair_bytes = q4_k_pair_bytes,
                          .pair_scales = q4_k_pair_scales,
                          .gemm_chunk = kq_gemm_chunk,
+                         .gemm_h2 = q4_k_gemm_h2,
                          .elem = q4_k_elem},
     [KILN_DTYPE_Q5_K] = {.t = KILN_DTYPE_Q5_K,
                          .layout = KILN_KLAYOUT_RAW,
@@ -686,6 +748,7 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .dp4a_at = kq_dp4a_at,
                          .dp4a_scales = kq_dp4a_scales,
                          .gemm_chunk = kq_gemm_chunk,
+                         .gemm_h2 = q5_k_gemm_h2,
                          .elem = q5_k_elem},
     /* q6_K's four loads per chunk would not fit two chunks per step in 80 registers */
     [KILN_DTYPE_Q6_K] = {.t = KILN_DTYPE_Q6_K,

@@ -85,6 +85,11 @@ typedef struct kl_wfmt {
     void (*pair_scales)(kiln_kir *k, const gv_chunk *ch, uint32_t pm, kl_dp4a_scales *o);
     /* block formats: I32 chunk of piece h (0, 1) of the GEMM's 32-k tile at k0 */
     uint32_t (*gemm_chunk)(kiln_kir *k, uint32_t k0, uint32_t h);
+    /* block formats, the Hopper GEMM's producer (CUDA only): the 16 values of sub-step `sub` of a
+     * loaded chunk (c its I32 index) rounded to f16 as 8 words, values 2p and 2p + 1 in word p (low
+     * half first), made in f16 pairs (PRMT, HFMA2) where the f32 decode takes an int->float and a
+     * float->half conversion a value; NULL: decode, then PACK2 (kl_gm_chunk_words) */
+    void (*gemm_h2)(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8]);
     /* block formats: F32 element col of row `row` (get_rows of a quantized table) */
     uint32_t (*elem)(kiln_kir *k, uint32_t slot, int64_t K, int64_t rows, uint32_t row, uint32_t col);
 } kl_wfmt;

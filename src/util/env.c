@@ -54,6 +54,7 @@ static const char *const names[KILN_ENV_COUNT] = {
     [KILN_ENV_GEMM_PERSIST] = "KILN_GEMM_PERSIST",
     [KILN_ENV_GEMM_SPLITK] = "KILN_GEMM_SPLITK",
     [KILN_ENV_GEMV_XLOAD] = "KILN_GEMV_XLOAD",
+    [KILN_ENV_GEMM_PAIRS] = "KILN_GEMM_PAIRS",
 };
 
 const char *kiln_env(enum kiln_env_var v)
@@ -117,6 +118,8 @@ void kiln_env_options(const kiln_compile_options *in, kiln_compile_options *out)
         c->gemm_persist = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->gemm_splitk && (e = kiln_env(KILN_ENV_GEMM_SPLITK)))
         c->gemm_splitk = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
+    if (!c->gemm_pairs && (e = kiln_env(KILN_ENV_GEMM_PAIRS)))
+        c->gemm_pairs = !strcmp(e, "1") ? KILN_GEMM_ON : !strcmp(e, "0") ? KILN_GEMM_OFF : 0;
     if (!c->gemm_cols && (e = kiln_env(KILN_ENV_GEMM_BN)))
         c->gemm_cols = !strcmp(e, "128") ? 128 : !strcmp(e, "144") ? 144 : !strcmp(e, "160") ? 160 : !strcmp(e, "176") ? 176
                      : !strcmp(e, "192") ? 192 : !strcmp(e, "256") ? 256 : 0;

@@ -54,6 +54,7 @@ enum kiln_env_var {
     KILN_ENV_GEMM_PERSIST,   /* kiln_compile_options.codegen.gemm_persist */
     KILN_ENV_GEMM_SPLITK,    /* kiln_compile_options.codegen.gemm_splitk */
     KILN_ENV_GEMV_XLOAD,     /* kiln_compile_options.codegen.gemv_xload */
+    KILN_ENV_GEMM_PAIRS,     /* kiln_compile_options.codegen.gemm_pairs */
     KILN_ENV_COUNT
 };
 

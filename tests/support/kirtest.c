@@ -406,6 +406,23 @@ static bool step(const kiln_kir *k, uint32_t pc, kval *v, uint32_t *const *bufs,
     case KILN_KOP_F2H: r.u = kiln_f32_to_f16(a.f); break;
     case KILN_KOP_F2B: r.u = f2b(a.f); break;
     case KILN_KOP_PACK2: r.u = in->imm.u ? f2b(a.f) | f2b(b.f) << 16 : (uint32_t)kiln_f32_to_f16(a.f) | (uint32_t)kiln_f32_to_f16(b.f) << 16; break;
+    case KILN_KOP_HFMA2: /* the product is exact in double; the sum and the two roundings after it
+                            differ from one f16 rounding only at rare double-rounding ties */
+        r.u = 0;
+        for (int h = 0; h < 2; h++) {
+            double x = (double)kiln_f16_to_f32((uint16_t)(a.u >> 16 * h)) * kiln_f16_to_f32((uint16_t)(b.u >> 16 * h)) +
+                       kiln_f16_to_f32((uint16_t)(c.u >> 16 * h));
+            r.u |= (uint32_t)kiln_f32_to_f16((float)x) << 16 * h;
+        }
+        break;
+    case KILN_KOP_PRMT:
+        r.u = 0;
+        for (int j = 0; j < 4; j++) {
+            uint32_t sel = c.u >> 4 * j, src = sel & 7, byte = ((src < 4 ? a.u : b.u) >> 8 * (src & 3)) & 0xffu;
+            if (sel & 8) byte = (byte & 0x80u) ? 0xffu : 0u;
+            r.u |= byte << 8 * j;
+        }
+        break;
     case KILN_KOP_BFE: {
         int off = in->imm.i & 31, w = in->imm.i >> 8;
         uint32_t f = w == 32 ? a.u : (a.u >> off) & ((1u << w) - 1u);
@@ -895,7 +912,8 @@ static bool brun(bstate *S, uint32_t t, uint32_t *const *bufs, const uint32_t bi
             continue;
         default: break;
         }
-        bool mine = (in->op >= KILN_KOP_STS4 && in->op != KILN_KOP_PACK2 && in->op != KILN_KOP_ST4) || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
+        bool mine = (in->op >= KILN_KOP_STS4 && in->op != KILN_KOP_PACK2 && in->op != KILN_KOP_ST4 && in->op != KILN_KOP_HFMA2 &&
+                     in->op != KILN_KOP_PRMT) || in->op == KILN_KOP_LDS || in->op == KILN_KOP_STS || in->op == KILN_KOP_LDS4 ||
                     in->type == KILN_KT_W64 || (in->a != NONE && k->ins[in->a].type == KILN_KT_W64 && in->op != KILN_KOP_WGMMA);
         if (mine) {
             if (!bstep(S, t, pc)) {
