@@ -569,6 +569,24 @@ static void q6_k_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv
     }
 }
 
+/* q6_K in f16 pairs: the 6-bit quant q (nibble sub >> 1 of ql set sub & 1, qh bits 2 sub above
+ * it) to (q - 32) a = q a - 32 a, rounded once (32 a is exact where a = d scale is) */
+static void q6_k_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8])
+{
+    uint32_t a = q6_scale(k, ch, c, sub), zero = kiln_ku(k, 0);
+    uint32_t b = h2_splat(k, kiln_k2(k, KILN_KOP_MUL, a, kiln_kf(k, -32.0f)));
+    a = h2_splat(k, a);
+    for (int p = 0; p < 8; p++) {
+        uint32_t lo = h2_bytes(k, kiln_klane(k, ch->v[sub & 1], p / 2), p % 2, zero);
+        if (sub >> 1) lo = kiln_k2(k, KILN_KOP_SHR, lo, kiln_ku(k, 4));
+        uint32_t hi = h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
+        if (sub) hi = kiln_k2(k, KILN_KOP_SHR, hi, kiln_ku(k, 2u * (uint32_t)sub));
+        uint32_t q = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, lo, kiln_ku(k, 0x000F000Fu)),
+                             kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_AND, hi, kiln_ku(k, 0x00030003u)), kiln_ku(k, 4)));
+        w[p] = h2_scale(k, q, a, b);
+    }
+}
+
 /* low nibble of ql set (sub & 1) at nibble (sub >> 1), two qh bits at 2 sub */
 static uint32_t q6_k_dp4a_bytes(kiln_kir *k, const gv_chunk *ch, int sub, int l, uint32_t hsh)
 {
@@ -768,6 +786,7 @@ static const kl_wfmt table[KILN_DTYPE_COUNT] = {
                          .dp4a_scales = q6_k_dp4a_scales,
                          .dp4a_offset = 32,
                          .gemm_chunk = q6_k_gemm_chunk,
+                         .gemm_h2 = q6_k_gemm_h2,
                          .elem = q6_k_elem},
 };
 
