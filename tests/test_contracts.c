@@ -23,7 +23,7 @@
 static unsigned key_dtypes(enum kiln_op op)
 {
     switch (op) {
-    case KILN_OP_MATMUL: return WTS;
+    case KILN_OP_MATMUL: case KILN_OP_MOE_MATMUL: return WTS;
     case KILN_OP_GET_ROWS: return WTS;
     case KILN_OP_ALL_REDUCE: return B(F32); /* sums the f32 outputs of row-parallel matmuls */
     case KILN_OP_ALL_GATHER: return B(F32); /* joins the f32 outputs of column-parallel matmuls */
@@ -80,7 +80,7 @@ Test(contracts, float_tolerances_are_tight)
         contract c;
         char err[512];
         cr_assert(contract_load(kiln_op_name((enum kiln_op)op), &c, err, sizeof err), "%s", err);
-        const double q = op == KILN_OP_MATMUL ? 1e-4 : op == KILN_OP_KV_SCATTER ? 5e-4 : 1e-8;
+        const double q = op == KILN_OP_MATMUL || op == KILN_OP_MOE_MATMUL ? 1e-4 : op == KILN_OP_KV_SCATTER ? 5e-4 : 1e-8;
         const double lim[KILN_DTYPE_COUNT] = {1e-8, 0x1p-21, 0x1p-15, 0, q, q, q, q, q, q, q, q,
                                               q,    q,       q,       q, q, q, q, q, q, q, q};
         for (int t = 0; t < KILN_DTYPE_COUNT; t++)
@@ -133,6 +133,10 @@ static bool accepts(enum kiln_op op, kiln_dtype t)
     case KILN_OP_ARGMAX: y = kiln_argmax(g, x); break;
     case KILN_OP_MOE_ROUTE: y = kiln_moe_route(g, x, 2, true); break;
     case KILN_OP_SCALE_ROWS: y = kiln_scale_rows(g, x, f, 1); break;
+    case KILN_OP_MOE_MATMUL:
+        y = kiln_moe_matmul(g, f, kiln_weight_random(g, "w", t, 3, (kiln_dim[]){3, 4, 256}, 2, 1.0f),
+                            in(g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){2, 3}), 2, false);
+        break;
     case KILN_OP_CAST: y = kiln_cast(g, f, t); break;
     case KILN_OP_RESHAPE: y = kiln_reshape(g, x, 1, (kiln_dim[]){512}); break;
     case KILN_OP_VIEW: y = kiln_view(g, x, 1, d1, 0); break;

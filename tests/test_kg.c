@@ -227,6 +227,8 @@ Test(kg, api_graph_with_every_op_roundtrips)
     kiln_output(g, kiln_all_reduce(g, mq), "ar");
     kiln_output(g, kiln_all_gather(g, mq), "ag");
     kiln_output(g, kiln_scale_rows(g, sm, kiln_moe_route(g, sm, 2, false), 3), "sr");
+    kiln_output(g, kiln_moe_matmul(g, sm, kiln_weight_random(g, "exps", KILN_DTYPE_Q8_0, 3, (kiln_dim[]){32, 2, 32}, 5, 1.0f),
+                                   kiln_moe_route(g, sm, 2, true), 2, true), "moe");
     cr_assert_eq(kiln_graph_status(g), KILN_OK, "%s", kiln_graph_error(g));
     char *t = check_roundtrip(g, "api graph");
     for (int op = KILN_OP_MATMUL; op < KILN_OP_COUNT; op++) {

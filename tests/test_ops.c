@@ -1079,6 +1079,118 @@ Test(ops, scale_rows)
         }
 }
 
+/* A router's weights for moe_matmul, T rows of E: k experts drawn at random get weights in
+ * [0.05, 1], the rest 0. Row 1: the first k tied at 0.5 (the lower index first); row 2 (when
+ * k > 1): one expert only, the other slots taken by zeros (the lowest free indices, weight 0). */
+static void route_rows(float *r, int64_t T, int64_t E, int k)
+{
+    for (int64_t t = 0; t < T; t++) {
+        float *rt = r + t * E;
+        for (int64_t j = 0; j < E; j++) rt[j] = 0;
+        for (int s = 0; s < k; s++) {
+            int64_t j;
+            do j = tu_randint(0, E); while (rt[j] != 0);
+            rt[j] = (float)tu_uniform(0.05, 1.0);
+        }
+        if (t == 1) for (int64_t j = 0; j < E; j++) rt[j] = j < k ? 0.5f : 0;
+        if (t == 2 && k > 1) for (int64_t j = 0; j < E; j++) rt[j] = j == E - 1 ? 1.0f : 0;
+    }
+}
+
+/* moe_matmul over w [E, N, K] of dtype wt and r [t, E]: per slot (x [t, K] shared, or [t, k, K]
+ * with per_slot) or summed (sum). x and w in [-0.5, 1.5] (outputs do not cancel), r an input so the
+ * f64 reference picks the same experts. */
+static void moe_case(kiln_dtype xt, kiln_dtype wt, int64_t E, int k, int64_t N, int64_t K, int64_t tmax, bool per_slot,
+                     bool sum)
+{
+    kiln_graph *g = graph();
+    kiln_dim T = kiln_sym(g, "t", tmax);
+    kiln_node x = per_slot ? kiln_input(g, "x", xt, 3, (kiln_dim[]){T, k, K}) : kiln_input(g, "x", xt, 2, (kiln_dim[]){T, K});
+    kiln_node w = tu_weight(g, "w", wt, 3, (kiln_dim[]){E, N, K}, -0.5f, 1.5f);
+    out(g, kiln_moe_matmul(g, x, w, kiln_input(g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){T, E}), k, sum), "y");
+    tu_sess *s = tu_sess_new(g, lab("moe_matmul x %s%s w %s [%lld, %lld, %lld] k %d sum %d t<=%lld", dn(xt),
+                                    per_slot ? " per slot" : "", dn(wt), (long long)E, (long long)N, (long long)K, k, sum,
+                                    (long long)tmax));
+    const int64_t tv[] = {1, 3, tmax};
+    for (size_t i = 0; i < N_OF(tv); i++) {
+        if (tv[i] > tmax || (i == 2 && tmax <= 3)) continue;
+        float *r = malloc(sizeof(float) * (size_t)(tv[i] * E));
+        route_rows(r, tv[i], E, k);
+        tu_sym(s, "t", tv[i]);
+        tu_input_random(s, "x", -0.5f, 1.5f);
+        tu_input_f32(s, "r", r, tv[i] * E);
+        free(r);
+        tu_run(s);
+        tu_check(s, "y", "moe_matmul", wt);
+    }
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
+/* moe_matmul has ref and cpu kernels only: forced onto a GPU backend, the compile refuses it naming
+ * the op (auto placement runs it on the cpu: test_model_arch). */
+Test(ops, moe_matmul)
+{
+    if (gpu_backend()) {
+        kiln_graph *g = graph();
+        kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){2, 64});
+        kiln_node w = tu_weight(g, "w", KILN_DTYPE_F32, 3, (kiln_dim[]){4, 8, 64}, -1, 1);
+        out(g, kiln_moe_matmul(g, x, w, kiln_input(g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){2, 4}), 2, true), "y");
+        kiln_ctx *ctx = NULL;
+        kiln_plan *p = NULL;
+        cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+        kiln_status st = kiln_compile(ctx, g, &(kiln_compile_options){.backend = tu_backend()}, &p);
+        cr_assert(st == KILN_ERR_UNSUPPORTED && !p && strstr(kiln_ctx_error(ctx), "moe_matmul"), "moe_matmul on %s: %s: %s",
+                  tu_backend(), kiln_status_str(st), kiln_ctx_error(ctx));
+        kiln_ctx_free(ctx);
+        kiln_graph_free(g);
+        return;
+    }
+    const int64_t E[] = {1, 8, 60, 128};
+    for (size_t e = 0; e < N_OF(E); e++) {
+        const int ks[] = {1, 2, 8, (int)E[e]};
+        for (size_t ki = 0; ki < N_OF(ks); ki++) {
+            if (ks[ki] > E[e] || (ki < 3 && ks[ki] >= E[e])) continue; /* k = E once */
+            for (int mode = 0; mode < 3; mode++) /* shared x per slot, per-slot x summed, shared x summed */
+                moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, E[e], ks[ki], 17, 33, 6, mode == 1, mode > 0);
+        }
+    }
+    moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, 8, 2, 64, 256, 40, false, false); /* several rows per expert: a GEMM */
+    moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, 8, 2, 64, 256, 40, true, true);
+    for (size_t w = 1; w < N_OF(WTS); w++) {
+        int64_t K = kiln_dtype_block(WTS[w]) == 256 ? 256 : 96;
+        moe_case(KILN_DTYPE_F32, WTS[w], 8, 2, 17, K, 6, false, false);
+        moe_case(KILN_DTYPE_F32, WTS[w], 8, 2, 17, K, 40, true, true);
+    }
+    moe_case(KILN_DTYPE_F16, KILN_DTYPE_Q4_K, 16, 4, 17, 512, 6, false, true);
+    moe_case(KILN_DTYPE_BF16, KILN_DTYPE_F32, 16, 4, 17, 33, 6, true, false);
+}
+
+/* Experts no token routes to are never read: their weights are NaN here, and the dense form (every
+ * expert times its weight 0) would give NaN. */
+Test(ops, moe_matmul_reads_only_routed_experts)
+{
+    if (gpu_backend()) cr_skip("moe_matmul: no %s kernel (auto placement runs it on the cpu)", tu_backend());
+    const int64_t E = 8, N = 17, K = 64;
+    float *wv = malloc(sizeof(float) * (size_t)(E * N * K));
+    tu_fill(wv, E * N * K, -1, 1);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t i = 0; e != 2 && e != 5 && i < N * K; i++) wv[e * N * K + i] = NAN;
+    kiln_graph *g = graph();
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){1, K});
+    kiln_node w = kiln_weight(g, "w", KILN_DTYPE_F32, 3, (kiln_dim[]){E, N, K}, wv, KILN_WEIGHT_COPY);
+    out(g, kiln_moe_matmul(g, x, w, kiln_input(g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){1, E}), 2, true), "y");
+    tu_sess *s = tu_sess_new(g, "moe_matmul: NaN in the experts not routed");
+    const float r[8] = {0, 0, 0.7f, 0, 0, 0.3f, 0, 0};
+    tu_input_random(s, "x", -1, 1);
+    tu_input_f32(s, "r", r, E);
+    tu_run(s);
+    tu_check(s, "y", "moe_matmul", KILN_DTYPE_F32);
+    tu_sess_free(s);
+    kiln_graph_free(g);
+    free(wv);
+}
+
 Test(ops, cast)
 {
     for (size_t a = 0; a < N_OF(PLAIN); a++)

@@ -326,6 +326,17 @@ KILN_API kiln_node kiln_moe_route(kiln_graph *g, kiln_node x, int k, bool norm);
  * w f32 [..., C] with the same leading dims, 0 <= col < C. y is f32 [..., D] (an expert's output
  * times its routed weight, a shared expert's output times its gate). */
 KILN_API kiln_node kiln_scale_rows(kiln_graph *g, kiln_node x, kiln_node w, int col);
+/* A mixture-of-experts matmul over only the routed experts (ggml's mul_mat_id). w is a stack of E
+ * expert matrices [E, N, K] (any dtype kiln_matmul takes; a block-dtype stack must be a weight);
+ * r f32 [T, E] holds the router's weights (kiln_moe_route: at most k nonzero per row). Slot s < k
+ * of token t is expert e_s, the s-th largest of r[t, :] (larger first, the lower index on ties, NaN
+ * below every number). x f32/f16/bf16 is [T, K] (every slot reads row t) or [T, k, K] (slot s
+ * reads x[t, s, :]). Without sum, y is f32 [T, k, N] with y[t, s, :] = x[t, (s), :] . W[e_s]^T;
+ * with sum, y is f32 [T, N] = sum over s (in slot order) of r[t, e_s] * x[t, (s), :] . W[e_s]^T.
+ * T may be symbolic; 1 <= k <= E. Only the k routed experts' rows of w are read for a token, so
+ * a feed-forward of E experts costs k of them. Runs on ref and cpu (the GPU backends refuse it by
+ * name; auto placement puts it on the cpu). */
+KILN_API kiln_node kiln_moe_matmul(kiln_graph *g, kiln_node x, kiln_node w, kiln_node r, int k, bool sum);
 /* Sum of x over the devices of a split plan (kiln_compile_options.devices): each device holds a
  * partial sum of the same shape (a row-parallel matmul's output) and every device gets the total.
  * x f32; y has x's shape. In a plan on one device it is the identity. The split pass inserts it;

@@ -161,6 +161,7 @@ _PROTOS = {
     "kiln_argmax": (U64, [P, U64]),
     "kiln_moe_route": (U64, [P, U64, C.c_int, C.c_bool]),
     "kiln_scale_rows": (U64, [P, U64, U64, C.c_int]),
+    "kiln_moe_matmul": (U64, [P, U64, U64, U64, C.c_int, C.c_bool]),
     "kiln_all_reduce": (U64, [P, U64]),
     "kiln_all_gather": (U64, [P, U64]),
     "kiln_cast": (U64, [P, U64, I]),

@@ -371,6 +371,12 @@ class Graph:
         """Row r of x (f32 [..., D]) times w[r, col] (w f32 [..., C], the same leading dims)."""
         return self._node(lib.kiln_scale_rows(self.handle, self._nid(x), self._nid(w), int(col)), "kiln_scale_rows")
 
+    def moe_matmul(self, x: Node, w: Node, r: Node, k: int, sum: bool = False) -> Node:
+        """x times only the k routed experts of a stack w [E, N, K] (the k largest of r's row, r f32 [T, E]):
+        x [T, K] or [T, k, K]; f32 [T, k, N] per slot, or [T, N] summed weighted by r with sum (kiln.h)."""
+        return self._node(lib.kiln_moe_matmul(self.handle, self._nid(x), self._nid(w), self._nid(r), int(k), bool(sum)),
+                          "kiln_moe_matmul")
+
     def cast(self, x: Node, dtype) -> Node:
         """Converts among f32, f16, bf16 and i32 (float to i32 rounds to nearest, ties to even)."""
         return self._node(lib.kiln_cast(self.handle, self._nid(x), dtype_id(dtype)), "kiln_cast")

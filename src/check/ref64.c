@@ -438,6 +438,45 @@ static int op_moe_route(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64
     return 0;
 }
 
+/* moe_matmul: the slots chosen again here, in f64 (larger first, lower index on ties, NaN last). */
+static int op_moe_matmul(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
+{
+    const int64_t *wd = SDIM(1);
+    int64_t T = SDIM(2)[0], E = wd[0], N = wd[1], K = wd[2], k = nd->i[0];
+    bool per_slot = SRANK(0) == 3, sum = nd->i[1] != 0;
+    if (SRANK(1) != 3 || SDIM(2)[1] != E || k < 1 || k > E || last_dim(r, nd->src[0]) != K ||
+        SNUM(0) != T * (per_slot ? k : 1) * K || ne != T * (sum ? 1 : k) * N)
+        FAIL("moe_matmul: x, w [%lld, %lld, %lld], r and k %lld do not fit", (long long)E, (long long)N, (long long)K,
+             (long long)k);
+    int64_t *slot = malloc((size_t)k * sizeof *slot);
+    if (!slot) FAIL("moe_matmul: out of memory");
+    for (int64_t t = 0; t < T; t++) {
+        const double *rt = SRC(2) + t * E;
+        for (int64_t s = 0; s < k; s++) { /* pass s: the first best of those not taken */
+            int64_t best = -1;
+            for (int64_t j = 0; j < E; j++) {
+                bool taken = false;
+                for (int64_t q = 0; q < s && !taken; q++) taken = slot[q] == j;
+                if (!taken && (best < 0 || (!isnan(rt[j]) && (isnan(rt[best]) || rt[j] > rt[best])))) best = j;
+            }
+            slot[s] = best;
+        }
+        double *yt = y + t * (sum ? 1 : k) * N;
+        for (int64_t n = 0; sum && n < N; n++) yt[n] = 0;
+        for (int64_t s = 0; s < k; s++) {
+            const double *xr = SRC(0) + (t * (per_slot ? k : 1) + (per_slot ? s : 0)) * K, *w = SRC(1) + slot[s] * N * K;
+            for (int64_t n = 0; n < N; n++) {
+                double acc = 0;
+                for (int64_t i = 0; i < K; i++) acc += xr[i] * w[n * K + i];
+                if (sum) yt[n] += rt[slot[s]] * acc;
+                else yt[s * N + n] = acc;
+            }
+        }
+    }
+    free(slot);
+    return 0;
+}
+
 static int op_scale_rows(kiln_ref64 *r, const kiln_node_rec *nd, double *y, int64_t ne, char *err, size_t en)
 {
     int64_t D = last_dim(r, nd->src[0]), C = last_dim(r, nd->src[1]), col = nd->i[0];
@@ -592,6 +631,7 @@ static int eval_node(kiln_ref64 *r, uint32_t i, char *err, size_t en)
     case KILN_OP_ARGMAX: return op_argmax(r, nd, y, ne, err, en);
     case KILN_OP_MOE_ROUTE: return op_moe_route(r, nd, y, ne, err, en);
     case KILN_OP_SCALE_ROWS: return op_scale_rows(r, nd, y, ne, err, en);
+    case KILN_OP_MOE_MATMUL: return op_moe_matmul(r, nd, y, ne, err, en);
     default: return op_layout(r, nd, y, ne, err, en);
     }
 }

@@ -65,7 +65,10 @@ enum kiln_op_class {
     X(MOE_ROUTE,  "moe_route",  ROW,         6, 1, 0, P(K) | P(NORM), P(K), "x k=INT [norm=0|1]") /* i[0] k, \
       i[1] norm: the experts' weights of a mixture-of-experts router (softmax, top k, zeros elsewhere) */ \
     X(SCALE_ROWS, "scale_rows", ROW,         1, 2, 0, P(COL), P(COL), "x w col=INT") /* i[0] col: row r of x \
-      times w[r, col] (a routed expert's weight, a shared expert's gate) */
+      times w[r, col] (a routed expert's weight, a shared expert's gate) */ \
+    X(MOE_MATMUL, "moe_matmul", MOVE,        0, 3, 0, P(K) | P(SUM), P(K), "x w r k=INT [sum=0|1]") /* i[0] k, \
+      i[1] sum: x times only the k routed experts of a stack w [E, N, K] (the largest of r's row; ggml's \
+      mul_mat_id), their outputs kept per slot or summed weighted by r. A region of its own, cpu/ref only */
 
 enum kiln_op {
 #define KILN_OP_ENUM(id, name, cls, flops, nreq, nopt, params, req, usage) KILN_OP_##id,
@@ -92,6 +95,10 @@ double             kiln_op_flops(enum kiln_op op);
 /* Builds a unary elementwise op without parameters (silu, gelu, sigmoid, ...): the .kg parser and
  * the kiln.h builders share it. */
 kiln_node          kiln_op_unary(kiln_graph *g, enum kiln_op op, kiln_node x);
+/* The k slots of one moe_matmul row (kiln.h): slot[0..k) = the indices of the k largest of
+ * r[0..e), larger first, the lower index first on ties, NaN below every number. The ref and cpu
+ * kernels share it so they pick the same experts in the same order; 1 <= k <= e. */
+void               kiln_moe_slots(const float *r, int64_t e, int k, int32_t *slot);
 
 typedef struct kiln_node_rec {
     uint8_t  op;                       /* enum kiln_op */

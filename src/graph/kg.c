@@ -49,6 +49,7 @@ const char *kiln_kg_param_key(unsigned bit)
     case P(K): return "k";
     case P(NORM): return "norm";
     case P(COL): return "col";
+    case P(SUM): return "sum";
     default: return NULL;
     }
 }

@@ -27,9 +27,10 @@ enum kiln_kg_param {
     KILN_KG_P_SOFTCAP = 1 << 14, /* attention: softcap=FLOAT (default 0 = none) */
     KILN_KG_P_WINDOW = 1 << 15,  /* attention: window=INT (default 0 = none) */
     KILN_KG_P_ROT = 1 << 16,     /* rope: rot=INT rotary dims of each head (default: all of them) */
-    KILN_KG_P_K = 1 << 17,       /* moe_route: k=INT experts kept per row (required) */
+    KILN_KG_P_K = 1 << 17,       /* moe_route, moe_matmul: k=INT experts kept per row (required) */
     KILN_KG_P_NORM = 1 << 18,    /* moe_route: norm=0|1 kept weights rescaled to sum 1 (default 0) */
     KILN_KG_P_COL = 1 << 19,     /* scale_rows: col=INT the column of w (required) */
+    KILN_KG_P_SUM = 1 << 20,     /* moe_matmul: sum=0|1 the slots summed weighted by r (default 0) */
 };
 
 typedef struct kiln_kg_op_spec {

@@ -60,7 +60,7 @@ typedef struct kg_args {
     float      softcap;              /* attention's logit soft-cap (0: none) */
     int64_t    window;               /* attention's sliding window (0: none) */
     int64_t    rot;                  /* rope's rotary dims (0: the whole head) */
-    int64_t    k, norm, col;         /* moe_route's experts kept and norm flag; scale_rows' column */
+    int64_t    k, norm, col, sum;    /* moe_route's experts kept and norm flag; scale_rows' column; moe_matmul's sum flag */
     int        rank;                 /* reshape/view dims */
     kiln_dim   dims[KILN_MAX_RANK];  /* reshape/view dims */
 } kg_args;
@@ -427,7 +427,7 @@ static kiln_status parse_output(kg_parser *p)
 
 /* ------------------------------------------------------------------ key=value parameters */
 
-#define MAX_KEYS 20 /* one per kiln_kg_param bit */
+#define MAX_KEYS 21 /* one per kiln_kg_param bit */
 
 /* Reads key=value pairs from token i to the end of the line. keys[k] (NULL = not accepted) names
  * slot k; vals[k] / keycol[k] receive the value token and the key's column. */
@@ -612,6 +612,7 @@ static kiln_status op_args(kg_parser *p, const char *opn, const kiln_kg_op_spec 
         case KILN_KG_P_K: s = parse_i64(p, v, key, 1, INT32_MAX, &a->k); break;
         case KILN_KG_P_NORM: s = parse_i64(p, v, key, 0, 1, &a->norm); break;
         case KILN_KG_P_COL: s = parse_i64(p, v, key, 0, INT32_MAX, &a->col); break;
+        case KILN_KG_P_SUM: s = parse_i64(p, v, key, 0, 1, &a->sum); break;
         default: /* axis, d0, d1 */
             s = parse_i64(p, v, key, INT32_MIN, INT32_MAX, &iv);
             *(bit == KILN_KG_P_AXIS ? &a->axis : bit == KILN_KG_P_D0 ? &a->d0 : &a->d1) = (int)iv;
@@ -671,6 +672,7 @@ static kiln_node build_op(kiln_graph *g, enum kiln_op op, const kiln_node *s, co
     case KILN_OP_ARGMAX: return kiln_argmax(g, s[0]);
     case KILN_OP_MOE_ROUTE: return kiln_moe_route(g, s[0], (int)a->k, a->norm != 0);
     case KILN_OP_SCALE_ROWS: return kiln_scale_rows(g, s[0], s[1], (int)a->col);
+    case KILN_OP_MOE_MATMUL: return kiln_moe_matmul(g, s[0], s[1], s[2], (int)a->k, a->sum != 0);
     case KILN_OP_ALL_REDUCE: return kiln_all_reduce(g, s[0]);
     case KILN_OP_ALL_GATHER: return kiln_all_gather(g, s[0]);
     case KILN_OP_CAST: return kiln_cast(g, s[0], a->dtype);

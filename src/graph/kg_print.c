@@ -232,6 +232,7 @@ static kiln_status print_op(printer *pr, uint32_t i)
     case KILN_OP_CONCAT: kiln_sbuf_printf(b, " axis=%d", (int)n->i[0]); break;
     case KILN_OP_MOE_ROUTE: kiln_sbuf_printf(b, " k=%d norm=%d", (int)n->i[0], (int)n->i[1]); break;
     case KILN_OP_SCALE_ROWS: kiln_sbuf_printf(b, " col=%d", (int)n->i[0]); break;
+    case KILN_OP_MOE_MATMUL: kiln_sbuf_printf(b, " k=%d sum=%d", (int)n->i[0], (int)n->i[1]); break;
     default: break;
     }
     kiln_sbuf_printf(b, "\n");

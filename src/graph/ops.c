@@ -146,6 +146,20 @@ KILN_API kiln_node kiln_gelu(kiln_graph *g, kiln_node x) { return unary(g, KILN_
 KILN_API kiln_node kiln_sigmoid(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_SIGMOID, x, 0); }
 KILN_API kiln_node kiln_tanh(kiln_graph *g, kiln_node x) { return unary(g, KILN_OP_TANH, x, 0); }
 
+static bool slot_above(float a, float b) { return !isnan(a) && (isnan(b) || a > b); }
+
+/* Insertion into a sorted list of at most k: a later index never passes an equal value. */
+void kiln_moe_slots(const float *r, int64_t e, int k, int32_t *slot)
+{
+    int n = 0;
+    for (int64_t j = 0; j < e; j++) {
+        if (n == k && !slot_above(r[j], r[slot[k - 1]])) continue;
+        int p = n < k ? n++ : k - 1;
+        for (; p > 0 && slot_above(r[j], r[slot[p - 1]]); p--) slot[p] = slot[p - 1];
+        slot[p] = (int32_t)j;
+    }
+}
+
 kiln_node kiln_op_unary(kiln_graph *g, enum kiln_op op, kiln_node x)
 {
     if (g && g->status == KILN_OK && !kiln_op_is_elementwise(op))
@@ -520,6 +534,36 @@ KILN_API kiln_node kiln_scale_rows(kiln_graph *g, kiln_node x, kiln_node w, int 
         fail(&b, KILN_ERR_INVALID_ARG, "col %d is not a column of w %s", col, DIMS_STR(g, c));
     if (b.ok) set_shape(&b, KILN_DTYPE_F32, a->rank, a->dims);
     b.r.i[0] = col;
+    return finish(&b);
+}
+
+KILN_API kiln_node kiln_moe_matmul(kiln_graph *g, kiln_node x, kiln_node w, kiln_node r, int k, bool sum)
+{
+    build b = begin(g, KILN_OP_MOE_MATMUL);
+    const kiln_node_rec *a = operand(&b, 0, "x", x, false);
+    const kiln_node_rec *m = operand(&b, 1, "w", w, false);
+    const kiln_node_rec *c = operand(&b, 2, "r", r, false);
+    need_float(&b, "x", a);
+    need_f32(&b, "r", c);
+    if (b.ok && m->dtype == KILN_DTYPE_I32) fail(&b, KILN_ERR_DTYPE, "w has dtype i32; it must be a float or block dtype");
+    if (b.ok && m->rank != 3) fail(&b, KILN_ERR_SHAPE, "w %s must be a stack of experts [E, N, K]", DIMS_STR(g, m));
+    if (b.ok && is_block(m->dtype) && m->op != KILN_OP_WEIGHT)
+        fail(&b, KILN_ERR_DTYPE, "w of block dtype %s must be a weight", kiln_dtype_name(m->dtype));
+    if (b.ok && (c->rank != 2 || c->dims[1] != m->dims[0]))
+        fail(&b, KILN_ERR_SHAPE, "r %s must be [T, E] with w %s's E experts", DIMS_STR(g, c), DIMS_STR(g, m));
+    if (b.ok && (k < 1 || k > m->dims[0]))
+        fail(&b, KILN_ERR_INVALID_ARG, "k = %d experts per token of %lld (need 1 <= k <= E)", k, (long long)m->dims[0]);
+    if (b.ok && !((a->rank == 2 && a->dims[0] == c->dims[0]) || (a->rank == 3 && a->dims[0] == c->dims[0] && a->dims[1] == k)))
+        fail(&b, KILN_ERR_SHAPE, "x %s must be [T, K] or [T, k = %d, K] with r %s's T", DIMS_STR(g, a), k, DIMS_STR(g, c));
+    if (b.ok && a->dims[a->rank - 1] != m->dims[2])
+        fail(&b, KILN_ERR_SHAPE, "x %s has K = last dim, but w %s is [E, N, K] with another K", DIMS_STR(g, a),
+             DIMS_STR(g, m));
+    if (b.ok) {
+        int64_t d[3] = {a->dims[0], sum ? m->dims[1] : k, m->dims[1]};
+        set_shape(&b, KILN_DTYPE_F32, sum ? 2 : 3, d);
+    }
+    b.r.i[0] = k;
+    b.r.i[1] = sum ? 1 : 0;
     return finish(&b);
 }
 

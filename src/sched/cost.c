@@ -35,6 +35,8 @@ static double op_flops(const kiln_graph *g, uint32_t i, const int64_t (*dims)[KI
         int xr = g->nodes[n->src[0]].rank;
         return 2.0 * numel(n, d) * (double)xd[xr - 1];
     }
+    case KILN_OP_MOE_MATMUL: /* k experts' [N, K] per token */
+        return 2.0 * (double)dims[n->src[2]][0] * n->i[0] * (double)dims[n->src[1]][1] * (double)dims[n->src[1]][2];
     case KILN_OP_ATTENTION: {
         double n_kv = (double)(kiln_dim_is_sym(n->dim) ? sym[kiln_sym_index(n->dim)] : n->dim);
         return 4.0 * (double)d[0] * (double)d[1] * n_kv * (double)d[2];
@@ -62,6 +64,10 @@ static double read_bytes(const kiln_graph *g, uint32_t reader, int slot, const i
     if (n->op == KILN_OP_PAGED_ATTENTION && (slot == 1 || slot == 2)) { /* the keys of every sequence, at most the pool */
         double keys = paged_keys(g, n, dims) * (double)dims[n->src[4]][0];
         return node_bytes(src, dims[s]) * (keys < (double)dims[s][1] ? keys / (double)dims[s][1] : 1.0) / 2;
+    }
+    if (n->op == KILN_OP_MOE_MATMUL && slot == 1) { /* only the routed experts: at most tokens x k of E */
+        double used = (double)dims[n->src[2]][0] * n->i[0], e = (double)dims[s][0];
+        return node_bytes(src, dims[s]) * (used < e ? used / e : 1.0);
     }
     if (n->op == KILN_OP_GET_ROWS && slot == 0) /* only the rows asked for */
         return node_bytes(src, dims[s]) * (double)dims[n->src[1]][0] / (double)dims[s][0];

@@ -310,6 +310,80 @@ static kiln_status matmul(const node_run *c)
     return st;
 }
 
+/* One routed expert's matmul: the m rows of x at xr (row stride K) by its [N, K] rows into yr. */
+static kiln_status expert_mm(const node_run *c, const void *w, kiln_dtype wt, int64_t N, int64_t K, const float *xr,
+                             int64_t m, float *yr)
+{
+    kiln_cpu_mm mm = {.x = xr, .m = m, .k = K, .n_out = 1};
+    mm.out[0] = (kiln_cpu_mm_out){.w = w, .wt = wt, .n = N, .y = yr};
+    kiln_status st = kiln_cpu_matmul(c->pool, c->isa, &mm);
+    return st == KILN_OK ? st : fail(c, st, "expert matmul [%lld, %lld] %s: %s", (long long)N, (long long)K,
+                                     kiln_dtype_name(wt), kiln_status_str(st));
+}
+
+/* moe_matmul (kiln.h): the tokens' slots (kiln_moe_slots) grouped by expert, so each routed
+ * expert's [N, K] rows are one kiln_cpu_matmul over the rows that chose it (gathered when there are
+ * several) and an expert no token chose is never read: a decode step reads k experts of E. With
+ * sum, each token's slots are weighted by r and added in slot order afterwards, as in the ref. */
+static kiln_status moe_matmul(const node_run *c)
+{
+    const kiln_node_rec *n = c->n;
+    uint32_t xi = n->src[0], wi = n->src[1], ri = n->src[2];
+    const int64_t *wd = c->v->dims[wi];
+    int64_t T = c->v->dims[ri][0], E = wd[0], N = wd[1], K = wd[2], k = n->i[0], tk = T * k, maxc = 0;
+    int64_t xk = c->v->g->nodes[xi].rank == 3 ? k : 1; /* x rows per token */
+    kiln_dtype wt = dtype_of(c, wi);
+    size_t ebytes = (size_t)N * kiln_row_bytes(wt, K);
+    const float *r = c->v->bufs[ri];
+    bool owned, sum = n->i[1] != 0;
+    kiln_status st = KILN_OK;
+    const float *x = src_f32(c, xi, &owned, &st);
+    if (!x) return st;
+    int32_t *slot = malloc((size_t)(tk > 0 ? tk : 1) * sizeof *slot);
+    int64_t *start = calloc((size_t)E + 2, sizeof *start), *order = malloc((size_t)(tk > 0 ? tk : 1) * sizeof *order);
+    float *ys = sum ? malloc((size_t)(tk * N > 0 ? tk * N : 1) * sizeof *ys) : c->v->bufs[c->idx], *xg = NULL, *yg = NULL;
+    if (!slot || !start || !order || !ys) st = fail(c, KILN_ERR_NOMEM, "out of memory for %lld slots", (long long)tk);
+    for (int64_t t = 0; st == KILN_OK && t < T; t++) kiln_moe_slots(r + t * E, E, (int)k, slot + t * k);
+    for (int64_t p = 0; st == KILN_OK && p < tk; p++) start[slot[p] + 2]++; /* counting sort of the slots by expert */
+    for (int64_t e = 0; st == KILN_OK && e < E; e++) {
+        maxc = start[e + 2] > maxc ? start[e + 2] : maxc;
+        start[e + 2] += start[e + 1];
+    }
+    for (int64_t p = 0; st == KILN_OK && p < tk; p++) order[start[slot[p] + 1]++] = p; /* start[e + 1]: e's end */
+    if (st == KILN_OK && maxc > 1) {
+        xg = malloc((size_t)(maxc * K) * sizeof *xg), yg = malloc((size_t)(maxc * N) * sizeof *yg);
+        if (!xg || !yg) st = fail(c, KILN_ERR_NOMEM, "out of memory gathering %lld rows", (long long)maxc);
+    }
+    for (int64_t e = 0; st == KILN_OK && e < E; e++) {
+        int64_t b = start[e], m = start[e + 1] - b; /* expert e's slots: order[b .. b + m) */
+        const void *w = (const char *)c->v->bufs[wi] + (size_t)e * ebytes;
+        if (m == 1) {
+            int64_t p = order[b];
+            st = expert_mm(c, w, wt, N, K, x + ((p / k) * xk + (xk > 1 ? p % k : 0)) * K, 1, ys + p * N);
+            continue;
+        }
+        for (int64_t i = 0; i < m; i++) {
+            int64_t p = order[b + i];
+            memcpy(xg + i * K, x + ((p / k) * xk + (xk > 1 ? p % k : 0)) * K, (size_t)K * sizeof *xg);
+        }
+        if (m > 0 && (st = expert_mm(c, w, wt, N, K, xg, m, yg)) == KILN_OK)
+            for (int64_t i = 0; i < m; i++) memcpy(ys + order[b + i] * N, yg + i * N, (size_t)N * sizeof *yg);
+    }
+    float *y = c->v->bufs[c->idx];
+    for (int64_t t = 0; st == KILN_OK && sum && t < T; t++) {
+        for (int64_t j = 0; j < N; j++) y[t * N + j] = 0.0f;
+        for (int64_t s = 0; s < k; s++) {
+            float rw = r[t * E + slot[t * k + s]];
+            const float *yr = ys + (t * k + s) * N;
+            for (int64_t j = 0; j < N; j++) y[t * N + j] += rw * yr[j];
+        }
+    }
+    if (sum) free(ys);
+    free(slot), free(start), free(order), free(xg), free(yg);
+    drop(x, owned);
+    return st;
+}
+
 /* The first n_kv rows of every head of a bf16 cache [n_kv_head, max_ctx, hd] as f32 [n_kv_head, n_kv, hd]. */
 static float *cache_f32(const node_run *c, uint32_t i, int64_t n_kv, kiln_status *st)
 {
@@ -534,7 +608,7 @@ bool kiln_cpu_node_supported(const kiln_graph *g, uint32_t idx, char *why, size_
     case KILN_OP_ADD: case KILN_OP_MUL: case KILN_OP_SWIGLU: case KILN_OP_SCALE: case KILN_OP_SILU: case KILN_OP_GELU:
     case KILN_OP_SIGMOID: case KILN_OP_TANH: case KILN_OP_CAST: case KILN_OP_MATMUL: case KILN_OP_RMS_NORM: case KILN_OP_LAYER_NORM:
     case KILN_OP_SOFTMAX: case KILN_OP_ROPE: case KILN_OP_ATTENTION: case KILN_OP_PAGED_ATTENTION: case KILN_OP_KV_SCATTER: case KILN_OP_GET_ROWS:
-    case KILN_OP_ARGMAX: case KILN_OP_MOE_ROUTE: case KILN_OP_SCALE_ROWS: case KILN_OP_RESHAPE: case KILN_OP_VIEW:
+    case KILN_OP_ARGMAX: case KILN_OP_MOE_ROUTE: case KILN_OP_SCALE_ROWS: case KILN_OP_MOE_MATMUL: case KILN_OP_RESHAPE: case KILN_OP_VIEW:
     case KILN_OP_TRANSPOSE: case KILN_OP_CONCAT:
     case KILN_OP_ALL_REDUCE: case KILN_OP_ALL_GATHER: case KILN_OP_INPUT: case KILN_OP_WEIGHT: case KILN_OP_STATE: return true;
     default: break;
@@ -562,6 +636,7 @@ kiln_status kiln_cpu_node_run(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const 
     case KILN_OP_ARGMAX: return argmax(&c);
     case KILN_OP_MOE_ROUTE: return moe_route(&c);
     case KILN_OP_SCALE_ROWS: return scale_rows(&c);
+    case KILN_OP_MOE_MATMUL: return moe_matmul(&c);
     case KILN_OP_RESHAPE: case KILN_OP_VIEW: case KILN_OP_ALL_REDUCE: return alias(&c); /* all_reduce: one device */
     case KILN_OP_ALL_GATHER: /* one device: y is x; a split plan's parts gather in group.c, never here */
         if (c.n->i[0] > 1) return fail(&c, KILN_ERR_INTERNAL, "all_gather over %d devices outside a split plan", c.n->i[0]);

@@ -465,6 +465,7 @@ kiln_status kiln_ref_exec(const kiln_exec_view *v, uint32_t idx, char *err, size
     case KILN_OP_GET_ROWS: return kiln_ref_get_rows(&c);
     case KILN_OP_ARGMAX: return argmax(&c);
     case KILN_OP_MOE_ROUTE: return moe_route(&c);
+    case KILN_OP_MOE_MATMUL: return kiln_ref_moe_matmul(&c);
     case KILN_OP_SCALE_ROWS: return scale_rows(&c);
     case KILN_OP_CAST: return cast(&c);
     case KILN_OP_RESHAPE:

@@ -49,6 +49,42 @@ kiln_status kiln_ref_matmul(const kiln_ref_ctx *c)
     return st;
 }
 
+/* moe_matmul (kiln.h): per token its k slots (kiln_moe_slots of its row of r), each x's row times
+ * the [N, K] rows of the slot's expert, dequantized row by row as in matmul; with sum, the slots
+ * weighted by r and added in slot order. */
+kiln_status kiln_ref_moe_matmul(const kiln_ref_ctx *c)
+{
+    const kiln_node_rec *nd = c->node;
+    uint32_t xi = nd->src[0], wi = nd->src[1], ri = nd->src[2];
+    const int64_t *wd = c->v->dims[wi];
+    int64_t T = c->v->dims[ri][0], E = wd[0], N = wd[1], K = wd[2], k = nd->i[0];
+    bool per_slot = c->v->g->nodes[xi].rank == 3, sum = nd->i[1] != 0;
+    kiln_status st = KILN_OK;
+    float *x = kiln_ref_load_node(c, xi, &st), *r = x ? kiln_ref_load_node(c, ri, &st) : NULL;
+    float *w = r ? kiln_ref_alloc(c, K, &st) : NULL, *y = w ? kiln_ref_alloc(c, T * (sum ? 1 : k) * N, &st) : NULL;
+    int32_t *slot = y ? malloc((size_t)k * sizeof *slot) : NULL;
+    if (y && !slot) st = kiln_ref_fail(c, KILN_ERR_NOMEM, "out of memory");
+    for (int64_t t = 0; slot && t < T; t++) {
+        kiln_moe_slots(r + t * E, E, (int)k, slot);
+        float *yt = y + t * (sum ? 1 : k) * N;
+        for (int64_t n = 0; sum && n < N; n++) yt[n] = 0.0f;
+        for (int64_t s = 0; st == KILN_OK && s < k; s++) {
+            const float *xr = x + (t * (per_slot ? k : 1) + (per_slot ? s : 0)) * K;
+            float rw = r[t * E + slot[s]];
+            for (int64_t n = 0; st == KILN_OK && n < N; n++) {
+                st = kiln_ref_load(c, dtype_of(c, wi), c->v->bufs[wi], (slot[s] * N + n) * K, K, w);
+                float acc = 0.0f;
+                for (int64_t i = 0; i < K; i++) acc += xr[i] * w[i];
+                if (sum) yt[n] += rw * acc;
+                else yt[s * N + n] = acc;
+            }
+        }
+    }
+    if (slot && st == KILN_OK) st = kiln_ref_store(c, KILN_DTYPE_F32, c->v->bufs[c->idx], 0, T * (sum ? 1 : k) * N, y);
+    free(x), free(r), free(w), free(y), free(slot);
+    return st;
+}
+
 /* x [n_tok, n_head, hd], pos i32 [n_tok]; pair i of the first d = kiln_rope_dims dims turns by
  * pos * theta^(-2i/d) (* its multiplier); the dims from d on pass through. */
 kiln_status kiln_ref_rope(const kiln_ref_ctx *c)

@@ -36,6 +36,7 @@ float *kiln_ref_load_node(const kiln_ref_ctx *c, uint32_t i, kiln_status *st);
 
 /* Kernels in ref_nn.c. */
 kiln_status kiln_ref_matmul(const kiln_ref_ctx *c);
+kiln_status kiln_ref_moe_matmul(const kiln_ref_ctx *c);
 kiln_status kiln_ref_rope(const kiln_ref_ctx *c);
 kiln_status kiln_ref_attention(const kiln_ref_ctx *c);
 kiln_status kiln_ref_kv_scatter(const kiln_ref_ctx *c);
