@@ -25,11 +25,13 @@ TestSuite(model_arch, .init = setup, .fini = teardown);
 #define MAX_CTX 32 /* the plans' context (what picks phi3's longrope factors) */
 
 /* Runs a prefill of N_PREFILL tokens and N_DECODE decode steps of m on backend be (logits of
- * every token into got [N_ALL, V]); the ids fed are fixed so the f64 forward sees the same ones. */
-static void run_kiln(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V, double *got, int *kernels)
+ * every token into got [N_ALL, V]); the ids fed are fixed so the f64 forward sees the same ones.
+ * moe_dense: mixtures of experts in the dense form (kiln_model_options). */
+static void run_kiln_moe(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V, double *got, int *kernels,
+                         bool moe_dense)
 {
     kiln_graph *g;
-    kiln_model_options o = {.max_ctx = MAX_CTX, .max_tok = 16, .logits = true};
+    kiln_model_options o = {.max_ctx = MAX_CTX, .max_tok = 16, .logits = true, .moe_dense = moe_dense};
     cr_assert_eq(kiln_model_build(f, &o, &g), KILN_OK, "%s", kiln_ctx_error(ctx));
     kiln_plan *p;
     cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = be}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -51,6 +53,11 @@ static void run_kiln(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V
     free(logits);
     kiln_plan_free(p);
     kiln_graph_free(g);
+}
+
+static void run_kiln(kiln_gguf *f, const char *be, const int32_t *ids, int64_t V, double *got, int *kernels)
+{
+    run_kiln_moe(f, be, ids, V, got, kernels, false);
 }
 
 /* Every token's logits of model m on backend be against the f64 forward, NMSE <= tol. */
@@ -702,7 +709,9 @@ Test(model_arch, yarn_metadata_and_refusals)
 /* ---------------------------------------------------------------- mixtures of experts */
 
 /* Every token's logits of MoE model m on backend be against the f64 forward (llama.cpp's
- * build_moe_ffn). Routing is discrete: where the f64 router's k-th and (k+1)-th logits lie within
+ * build_moe_ffn), and against kiln's dense form (every expert on every token, weighted 0 where not
+ * routed) within the same bound: the default runs only the routed experts (moe_matmul), in fewer
+ * kernels. Routing is discrete: where the f64 router's k-th and (k+1)-th logits lie within
  * 1e-3 of each other, an f32 forward may keep the other expert, so such a draw is put aside and the
  * next seed tried (a draw lands that close about 1 time in 100 here; 8 tries). */
 static void check_moe(gw_model m, const char *be, double tol)
@@ -725,14 +734,21 @@ static void check_moe(gw_model m, const char *be, double tol)
             free(want), kiln_gguf_close(f), free(bytes);
             continue;
         }
-        double *got = malloc((size_t)(N_ALL * V) * sizeof *got);
-        run_kiln(f, be, ids, V, got, NULL);
+        double *got = malloc((size_t)(N_ALL * V) * sizeof *got), *dense = malloc((size_t)(N_ALL * V) * sizeof *dense);
+        int kr = 0, kd = 0;
+        run_kiln_moe(f, be, ids, V, got, &kr, false);
+        run_kiln_moe(f, be, ids, V, dense, &kd, true);
         char what[160];
         snprintf(what, sizeof what, "%s (%d of %d experts, %s weights) on %s, seed %llu", m.arch, m.n_expert_used,
                  m.n_expert, kiln_dtype_name(m.wtype), be ? be : "auto", (unsigned long long)tu_seed());
         double e = tu_compare(what, got, want, N_ALL * V, tol);
-        cr_log_info("%s: NMSE %.3g (bound %.3g), router gap %.2g", what, e, tol, gap);
-        free(got), free(want), kiln_gguf_close(f), free(bytes);
+        char wd[200];
+        snprintf(wd, sizeof wd, "%s: routed experts against the dense form", what);
+        double ed = tu_compare(wd, got, dense, N_ALL * V, tol);
+        cr_assert(kr < kd, "%s: %d kernels routed, %d dense", what, kr, kd);
+        cr_log_info("%s: NMSE %.3g (bound %.3g), against dense %.3g, router gap %.2g, kernels %d (dense %d)", what, e,
+                    tol, ed, gap, kr, kd);
+        free(got), free(dense), free(want), kiln_gguf_close(f), free(bytes);
         return;
     }
     cr_assert_fail("%s: 8 draws with routers within 1e-3 of a tie", m.arch);

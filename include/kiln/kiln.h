@@ -991,6 +991,9 @@ typedef struct kiln_model_options {
     bool       logits;   /* also output "logits" f32 [n_tok, n_vocab] ([1, n_vocab] with last_only) */
     bool       last_only; /* the output head runs on one token: input `last` i32 [1] (bind n_tok - 1)
                              picks it; `next` is then [1]. Saves the head's work on prefill. */
+    bool       moe_dense; /* mixture-of-experts layers run every expert on every token, each times its
+                             routed weight (0 when not routed): the same sum as the default, which runs
+                             only the routed experts (kiln_moe_matmul); for tests and A/B runs */
 } kiln_model_options;
 
 /* Builds the decoder graph of a llama, qwen2, qwen3, gemma, gemma2, gemma3 or phi3 file. Interface: symbols `n_tok`, `n_kv`; inputs

@@ -104,7 +104,7 @@ class ModelInfo(C.Structure):
 
 class ModelOptions(C.Structure):
     _fields_ = [("max_ctx", C.c_int64), ("max_tok", C.c_int64), ("kv_dtype", C.c_int), ("n_layers", C.c_int),
-                ("logits", C.c_bool), ("last_only", C.c_bool)]
+                ("logits", C.c_bool), ("last_only", C.c_bool), ("moe_dense", C.c_bool)]
 
 
 # ---------------------------------------------------------------- prototypes

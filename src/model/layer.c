@@ -56,15 +56,23 @@ static kiln_node ffn_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_la
     return kiln_add(g, x, y);
 }
 
-/* The mixture-of-experts feed-forward (layer.h): dense over the experts, exact. The experts' sum
- * runs in expert order and adds exact zeros for those not routed, so it is the routed experts' sum
- * (llama.cpp adds them in routing order: the same up to f32 rounding). */
+/* The mixture-of-experts feed-forward (layer.h). With the stacks, only the routed experts run: each
+ * token's k slots of gate and up ([n_tok, k, ffn_exp]), their swiglu, and the down matmul summed over
+ * the slots weighted by the route, in routing order as llama.cpp. Without, densely: the experts' sum
+ * runs in expert order and adds exact zeros for those not routed (the same up to f32 rounding). */
 static kiln_node moe_half(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_weights *w, kiln_node x)
 {
     kiln_node h = kiln_rms_norm(g, x, w->ffn_norm, d->eps);
     kiln_node route = kiln_moe_route(g, kiln_matmul(g, h, w->gate_inp), d->n_expert_used, d->expert_norm);
     kiln_node y = KILN_NODE_NONE;
-    for (int64_t e = 0; e < d->n_expert && kiln_graph_status(g) == KILN_OK; e++) {
+    int k = d->n_expert_used;
+    bool dense = w->gate_stack == KILN_NODE_NONE;
+    if (!dense) {
+        kiln_node a = kiln_swiglu(g, kiln_moe_matmul(g, h, w->gate_stack, route, k, false),
+                                  kiln_moe_matmul(g, h, w->up_stack, route, k, false));
+        y = kiln_moe_matmul(g, a, w->down_stack, route, k, true);
+    }
+    for (int64_t e = 0; dense && e < d->n_expert && kiln_graph_status(g) == KILN_OK; e++) {
         kiln_node a = kiln_swiglu(g, kiln_matmul(g, h, w->gate_exps[e]), kiln_matmul(g, h, w->up_exps[e]));
         kiln_node o = kiln_scale_rows(g, kiln_matmul(g, a, w->down_exps[e]), route, (int)e);
         y = y == KILN_NODE_NONE ? o : kiln_add(g, y, o);

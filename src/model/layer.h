@@ -55,6 +55,9 @@ typedef struct kiln_layer_weights {
                                  rotated dims with partial rotary, 1 on the rest) */
     /* mixture of experts (d->n_expert > 0; wg/wu/wd and their biases unused) */
     kiln_node        gate_inp;   /* [n_expert, hidden]: the router */
+    kiln_node        gate_stack, up_stack; /* [n_expert, ffn_exp, hidden]: every expert's gate / up, run only
+                                              for the routed experts (kiln_moe_matmul) */
+    kiln_node        down_stack; /* [n_expert, hidden, ffn_exp]; with these three absent, the dense form: */
     const kiln_node *gate_exps;  /* n_expert nodes [ffn_exp, hidden]: expert e's gate */
     const kiln_node *up_exps;    /* n_expert nodes [ffn_exp, hidden] */
     const kiln_node *down_exps;  /* n_expert nodes [hidden, ffn_exp] */
@@ -70,9 +73,11 @@ typedef struct kiln_layer_weights {
  * with attn_post_norm / ffn_post_norm, each half's output is rms-normed before its residual add. Creates states k<l>, v<l>. Returns the new x (KILN_NODE_NONE after an error, which
  * sticks to g). With d->block, the caches are paged pools written through io->slots and read by
  * kiln_paged_attention (io->pos, io->seqs, io->blocks) instead. With d->n_expert, the feed-forward is
- * llama.cpp's build_moe_ffn, computed densely and exactly: r = moe_route(h . gate_inp, n_expert_used,
- * expert_norm); x += sum_e scale_rows(down_e(swiglu(gate_e(h), up_e(h))), r, e) [+ scale_rows(shared
- * expert of h, sigmoid(h . gate_inp_shexp), 0)]: every expert runs on every token, the ones not
- * routed weighted 0. */
+ * llama.cpp's build_moe_ffn: r = moe_route(h . gate_inp, n_expert_used, expert_norm); with the
+ * stacks, x += moe_matmul(swiglu(moe_matmul(h, gate_stack, r), moe_matmul(h, up_stack, r)),
+ * down_stack, r, sum) (only the routed experts run, added in routing order as llama.cpp); without,
+ * densely: x += sum_e scale_rows(down_e(swiglu(gate_e(h), up_e(h))), r, e) (every expert on every
+ * token, the ones not routed weighted 0); either way [+ scale_rows(shared expert of h,
+ * sigmoid(h . gate_inp_shexp), 0)]. */
 kiln_node kiln_layer_build(kiln_graph *g, const kiln_layer_dims *d, const kiln_layer_io *io,
                            const kiln_layer_weights *w, int l, kiln_node x);

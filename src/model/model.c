@@ -1,7 +1,8 @@
 /* Models from GGUF files: builds the decoder graph (embedding [times sqrt(hidden)], the shared layer
  * of layer.c with the architecture's per-layer window, rotary base and soft-cap, final norm, output
  * head [soft-capped], argmax) of a file load.c has checked, with weights borrowed from the mapping
- * (a fused q/k/v or gate/up matrix as row ranges of it, an expert stack as one weight per expert).
+ * (a fused q/k/v or gate/up matrix as row ranges of it, an expert stack as one [E, N, K] weight, or
+ * one weight per expert for the dense form).
  * Must not copy weight data or compile, and must not read a tensor load.c did not check. */
 #include "graph/graph.h"
 #include "model/layer.h"
@@ -60,9 +61,10 @@ static kiln_node borrow_row(kiln_graph *g, const kiln_gguf *f, const char *name)
 
 /* Layer l's weight nodes: every role the file carries (load.c checked them all); fused matrices
  * split into the q/k/v and gate/up weights the shared layer takes (the same graph as separate ones);
- * expert stacks into one weight per expert, written into exps (3 n_expert nodes: gates, ups, downs). */
+ * expert stacks borrowed whole, or with dense into one weight per expert, written into exps (3
+ * n_expert nodes: gates, ups, downs). */
 static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, int l,
-                                        kiln_node *exps)
+                                        kiln_node *exps, bool dense)
 {
     const kiln_role_info *roles = kiln_arch_roles();
     const kiln_model_info *m = &d->info;
@@ -79,6 +81,8 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         } else if (r == KILN_ROLE_WGU) { /* gate rows first: llama.cpp's swiglu of the fused up */
             n[KILN_ROLE_WG] = borrow_rows(g, f, name, "gate", 0, m->ffn);
             n[KILN_ROLE_WU] = borrow_rows(g, f, name, "up", m->ffn, m->ffn);
+        } else if (!dense && (r == KILN_ROLE_GATE_EXPS || r == KILN_ROLE_UP_EXPS || r == KILN_ROLE_DOWN_EXPS)) {
+            n[r] = borrow(g, f, name); /* [n_expert, rows, cols]: moe_matmul reads the routed ones */
         } else if (r == KILN_ROLE_GATE_EXPS || r == KILN_ROLE_UP_EXPS || r == KILN_ROLE_DOWN_EXPS) {
             kiln_node *out = exps + (r - KILN_ROLE_GATE_EXPS) * m->n_expert;
             for (int64_t e = 0; e < m->n_expert; e++) out[e] = borrow_expert(g, f, name, e);
@@ -95,7 +99,8 @@ static kiln_layer_weights layer_weights(kiln_graph *g, const kiln_gguf *f, const
         .bo = n[KILN_ROLE_BO], .ffn_norm = n[KILN_ROLE_FFN_NORM], .wg = n[KILN_ROLE_WG], .wu = n[KILN_ROLE_WU],
         .wd = n[KILN_ROLE_WD], .bg = n[KILN_ROLE_BG], .bu = n[KILN_ROLE_BU], .bd = n[KILN_ROLE_BD],
         .attn_post_norm = n[KILN_ROLE_ATTN_POST_NORM], .ffn_post_norm = n[KILN_ROLE_FFN_POST_NORM],
-        .gate_inp = n[KILN_ROLE_GATE_INP], .gate_exps = exps, .up_exps = exps + m->n_expert,
+        .gate_inp = n[KILN_ROLE_GATE_INP], .gate_stack = n[KILN_ROLE_GATE_EXPS], .up_stack = n[KILN_ROLE_UP_EXPS],
+        .down_stack = n[KILN_ROLE_DOWN_EXPS], .gate_exps = exps, .up_exps = exps + m->n_expert,
         .down_exps = exps + 2 * m->n_expert, .gate_inp_shexp = n[KILN_ROLE_GATE_INP_SHEXP],
         .gate_shexp = n[KILN_ROLE_GATE_SHEXP], .up_shexp = n[KILN_ROLE_UP_SHEXP], .down_shexp = n[KILN_ROLE_DOWN_SHEXP]};
 }
@@ -192,7 +197,7 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
     kiln_node x = kiln_get_rows(g, embd, ids);
     if (m->embd_scale) x = kiln_scale(g, x, sqrtf((float)m->hidden)); /* llama.cpp: sqrtf(n_embd), in f32 */
     for (int l = 0; l < o->n_layers && kiln_graph_status(g) == KILN_OK; l++) {
-        kiln_layer_weights w = layer_weights(g, f, d, l, exps);
+        kiln_layer_weights w = layer_weights(g, f, d, l, exps, o->moe_dense);
         w.q_mult = q_mult;
         kiln_layer_dims dl = ld;
         if (m->sliding_window && kiln_arch_layer_windowed(d->arch, l)) {
