@@ -494,6 +494,35 @@ Test(cli, info_and_bench_of_a_model)
     unlink(path);
 }
 
+/* A mixture of experts: info says only the routed experts run; bench --model reads (and reports) the
+ * routed share of the expert stacks in fewer kernels than --moe-dense, which reads them all. */
+Test(cli, moe_info_and_bench_read_the_routed_experts, .timeout = 300)
+{
+    char path[] = "/tmp/kiln_cli_moeXXXXXX", args[512];
+    gw_model m = cli_model;
+    m.arch = "qwen3moe", m.n_expert = 16, m.n_expert_used = 2, m.ffn_exp = 32, m.tokens = false;
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    cr_assert_eq(gw_model_write(&m, path), 0);
+    cli_out o;
+    snprintf(args, sizeof args, "info %s", path);
+    kiln_cli(&o, args);
+    cr_assert(o.rc == 0 && strstr(o.out, "16 experts of ffn 32, 2 routed per token") &&
+              strstr(o.out, "only the routed experts run"), "%s%s", o.out, o.err);
+    double bytes[2], kernels[2];
+    for (int dense = 0; dense < 2; dense++) {
+        snprintf(args, sizeof args, "bench --model %s --ctx 4 --steps 2 --json%s", path, dense ? " --moe-dense" : "");
+        kiln_cli(&o, args);
+        cr_assert_eq(o.rc, 0, "kiln %s: %s", args, o.err);
+        bytes[dense] = json_key(o.out, "weight_bytes_read"), kernels[dense] = json_key(o.out, "kernels");
+        cr_assert(bytes[dense] > 0 && kernels[dense] > 0 && json_key(o.out, "tok_s") > 0, "%s", o.out);
+    }
+    cr_assert(bytes[0] < bytes[1] && kernels[0] < kernels[1], "routed: %g bytes, %g kernels; dense: %g, %g", bytes[0],
+              kernels[0], bytes[1], kernels[1]);
+    unlink(path);
+}
+
 Test(cli, model_errors_name_the_culprit)
 {
     char path[] = "/tmp/kiln_cli_modelXXXXXX", bad[] = "/tmp/kiln_cli_badXXXXXX", args[512];

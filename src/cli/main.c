@@ -107,7 +107,7 @@ static const char usage_run[] =
 
 static const char usage_bench[] =
     "usage: kiln bench --model MODEL.gguf [--mode decode|prefill] [--steps S] [--ctx N] [--tokens T]\n"
-    "                  [--backend B] [--threads N] [--profile] [--json]\n"
+    "                  [--backend B] [--threads N] [--moe-dense] [--profile] [--json]\n"
     "       kiln bench --preset NAME [--mode decode|prefill] [--layers N] [--steps S] [--ctx N]\n"
     "                  [--tokens T] [--backend B] [--wtype f32|f16|q8_0|q4_k] [--threads N]\n"
     "                  [--seed N] [--precision exact|f16] [--profile] [--no-roof] [--check-finite]\n"
@@ -115,7 +115,8 @@ static const char usage_bench[] =
     "\n"
     "--model: times a GGUF model's whole decode step (S steps of one token from KV length --ctx,\n"
     "default 256; 16 steps) or prefill (S runs of --tokens, default 128; 4 steps): median ms/step,\n"
-    "tok/s, and GB/s of weights read.\n"
+    "tok/s, and GB/s of weights read (of a mixture of experts, the routed experts' share of the\n"
+    "stacks: k of E per token; --moe-dense: every expert on every token, the A/B baseline).\n"
     "--preset: builds NAME's decoder layers with random weights and times them.\n"
     "  --preset NAME   qwen2-0.5b, llama-7b, qwen2-7b, llama-70b\n"
     "  --mode M        decode (default): S steps of one token over a KV cache growing from --ctx;\n"

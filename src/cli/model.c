@@ -31,6 +31,19 @@ static int type_stats(const kiln_gguf *f, type_stat *st, int max)
     return n;
 }
 
+/* Weight bytes a step of n_tok tokens reads: all of them, but of the expert stacks (*_exps) at most
+ * the routed share, min(1, n_tok * used / E), unless the experts run densely. */
+static double weight_bytes_read(const kiln_gguf *f, const kiln_model_info *mi, int64_t n_tok, bool dense)
+{
+    if (mi->n_expert <= 0 || dense) return (double)mi->weight_bytes;
+    double exps = 0, share = (double)n_tok * (double)mi->n_expert_used / (double)mi->n_expert;
+    for (int64_t i = 0; i < kiln_gguf_tensor_count(f); i++) {
+        kiln_gguf_tensor t;
+        if (kiln_gguf_tensor_at(f, i, &t) == KILN_OK && t.name && strstr(t.name, "_exps.")) exps += (double)t.bytes;
+    }
+    return (double)mi->weight_bytes - exps + exps * (share < 1 ? share : 1);
+}
+
 /* The plan kiln would make for one decode step: backend and kernel count (compile only). */
 static kiln_status would_run(kiln_ctx *ctx, const kiln_gguf *f, const kiln_model_info *mi, char *be, size_t nbe,
                              int *kernels)
@@ -115,8 +128,8 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
            mi->qk_norm ? ", q/k head norms" : "", mi->out_bias ? ", output bias" : "", mi->ffn_bias ? ", ffn biases" : "",
            mi->tied_output ? ", tied output head" : "");
     if (mi->n_expert)
-        printf("        mixture of experts: %lld experts of ffn %lld, %lld routed per token%s%s (computed densely: every "
-               "expert on every token)\n", (long long)mi->n_expert, (long long)mi->ffn_exp, (long long)mi->n_expert_used,
+        printf("        mixture of experts: %lld experts of ffn %lld, %lld routed per token%s%s (only the routed "
+               "experts run: moe_matmul, on the cpu)\n", (long long)mi->n_expert, (long long)mi->ffn_exp, (long long)mi->n_expert_used,
                mi->expert_norm ? " (weights renormalized)" : "", mi->ffn_shexp ? ", plus a shared expert" : "");
     if (mi->yarn)
         printf("        yarn: factor %g over the original context %lld (beta fast %g, slow %g), rotated q/k dims x%g\n",
@@ -138,7 +151,7 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
                mi->attn_scale, mi->attn_softcap, mi->final_softcap);
     printf("kiln would run it on: %s (%s), %d kernels per decode step (%.1f per layer), %.1f MiB of weights read "
            "per token\n", be, strcmp(be, "cpu") == 0 ? kiln_cpu_isa(ctx) : "-", kernels,
-           mi->n_layer ? (double)kernels / mi->n_layer : 0.0, (double)mi->weight_bytes / 1048576);
+           mi->n_layer ? (double)kernels / mi->n_layer : 0.0, weight_bytes_read(f, mi, 1, false) / 1048576);
 }
 
 int kiln_cli_info_model(const char *path, bool json)
@@ -205,6 +218,7 @@ static int bench_model_args(int argc, char *const *argv, bench_model_opts *b)
         else if ((r = kiln_cli_flag_value(&a, "--tokens", &v)) != 0)
             rc = r < 0 || !kiln_cli_parse_i64("bench", "--tokens", v, 1, 1 << 20, &b->tokens) ? KILN_CLI_USAGE : rc;
         else if (strcmp(argv[a.i], "--profile") == 0) b->profile = true, a.i++;
+        else if (strcmp(argv[a.i], "--moe-dense") == 0) b->common.moe_dense = true, a.i++;
         else rc = kiln_cli_unknown_flag("bench", argv[a.i]);
     }
     if (!b->steps) b->steps = b->prefill ? 4 : 16;
@@ -221,16 +235,18 @@ static void bench_model_report(const bench_model_opts *b, const model_run *m, co
     qsort(sorted, (size_t)b->steps, sizeof *sorted, cmp_f64);
     int64_t n = b->steps;
     double med = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-    double tok_s = (double)n_tok / (med * 1e-3), gbps = (double)m->info.weight_bytes * 1e-9 / (med * 1e-3);
+    double tok_s = (double)n_tok / (med * 1e-3), wread = weight_bytes_read(m->file, &m->info, n_tok, b->common.moe_dense);
+    double gbps = wread * 1e-9 / (med * 1e-3);
     const char *be = kiln_plan_backend(m->plan), *mode = b->prefill ? "prefill" : "decode";
     int threads = b->common.threads ? (int)b->common.threads : kiln_cli_threads();
     if (b->common.json) {
         printf("{\"model\":");
         kiln_cli_json_str(stdout, b->common.path);
         printf(",\"arch\":\"%s\",\"mode\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"steps\":%lld,\"tokens\":%lld,"
-               "\"ctx\":%lld,\"kernels\":%d,\"ms_per_step\":%.6f,\"tok_s\":%.4f,\"weight_gb_per_s\":%.4f,\"step_ms\":[",
+               "\"ctx\":%lld,\"kernels\":%d,\"moe_dense\":%s,\"ms_per_step\":%.6f,\"tok_s\":%.4f,\"weight_bytes_read\":%.0f,"
+               "\"weight_gb_per_s\":%.4f,\"step_ms\":[",
                m->info.arch, mode, be, threads, (long long)n, (long long)n_tok, (long long)(b->prefill ? 0 : b->ctx0),
-               kiln_plan_kernel_count(m->plan), med, tok_s, gbps);
+               kiln_plan_kernel_count(m->plan), b->common.moe_dense ? "true" : "false", med, tok_s, wread, gbps);
         for (int64_t i = 0; i < n; i++) printf("%s%.6f", i ? "," : "", ms[i]);
         printf("]");
         char *kp = NULL; /* per kernel: bytes (cost model), measured_s, achieved_gb_s */
@@ -246,8 +262,9 @@ static void bench_model_report(const bench_model_opts *b, const model_run *m, co
                mode, be, threads, kiln_plan_kernel_count(m->plan));
         if (b->prefill) printf("  %lld tokens, %lld steps\n", (long long)n_tok, (long long)n);
         else printf("  n_kv %lld..%lld, %lld steps\n", (long long)b->ctx0 + 2, (long long)(b->ctx0 + 1 + n), (long long)n);
-        printf("  median %.3f ms/step (min %.3f, max %.3f)   %.1f tok/s   %.2f GB/s of weights\n", med, sorted[0],
-               sorted[n - 1], tok_s, gbps);
+        printf("  median %.3f ms/step (min %.3f, max %.3f)   %.1f tok/s   %.2f GB/s of weights (%.1f MiB read a step%s)\n",
+               med, sorted[0], sorted[n - 1], tok_s, gbps, wread / 1048576,
+               m->info.n_expert > 0 ? (b->common.moe_dense ? ", every expert" : ", the routed experts' share") : "");
     }
     free(sorted);
     char *txt = NULL;

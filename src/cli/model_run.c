@@ -55,7 +55,7 @@ int kiln_cli_model_load(const char *cmd, const model_opts *o, int64_t max_ctx, i
     }
     page_in(m->file);
     kiln_model_options mo = {.max_ctx = max_ctx, .max_tok = max_tok, .kv_dtype = KILN_DTYPE_F16, .last_only = true,
-                             .logits = o->logits};
+                             .logits = o->logits, .moe_dense = o->moe_dense};
     kiln_graph *g = NULL;
     if ((s = kiln_model_build(m->file, &mo, &g)) != KILN_OK) return kiln_cli_fail(cmd, m->ctx, s, "building the graph");
     s = kiln_compile(m->ctx, g, &(kiln_compile_options){.backend = o->devices[0] ? NULL : o->backend,

@@ -24,6 +24,7 @@ typedef struct model_opts {
     int64_t     threads; /* --threads; 0 = one per core */
     bool        json;    /* --json */
     bool        logits;  /* build the graph with a logits output (generate samples from it) */
+    bool        moe_dense; /* --moe-dense (bench): experts in the dense form (kiln_model_options) */
     int64_t     gpus;    /* --gpus N (generate): a tensor-parallel split over N devices, 0/1: none */
     char        devices[320]; /* the split's kiln_compile_options.devices ("cuda:0,1", "cpu:0,1"), "" for none */
 } model_opts;
