@@ -525,8 +525,8 @@ typedef struct kiln_codegen_options {
                            quantization reuses the norm's (one memory round trip where the loops over x took one
                            per iteration: K / 256 for the norm's squares); KILN_GEMM_AUTO/OFF: the loops
                            ($KILN_GEMV_XLOAD=1, docs/kernels.md). Opt-in until measured */
-    int32_t gemm_pairs; /* KILN_GEMM_AUTO/ON: the sm_90 TMA GEMM's producer decodes block weights (q8_0, q4_K,
-                           q5_K, q6_K) straight into f16 pairs (the quant in the f16 1024's mantissa, then two
+    int32_t gemm_pairs; /* KILN_GEMM_AUTO/ON: the sm_90 TMA GEMM's producer decodes block weights (q8_0, q4_0,
+                           q4_1, q5_0, q5_1, q4_K, q5_K, q6_K) straight into f16 pairs (the quant in the f16 1024's mantissa, then two
                            fma.rn.f16x2: no int->float or float->half conversions); KILN_GEMM_OFF: each
                            value decoded in f32 and two rounded to an f16 pair (A/B runs, $KILN_GEMM_PAIRS=0) */
 } kiln_codegen_options;

@@ -31,20 +31,22 @@ static uint32_t byte_i(kiln_kir *k, uint32_t v4, int i, enum kiln_kt t)
 
 /* ------------------------------------------------------------------ f16 pairs (gemm_h2) */
 
-/* f16x2 constants and ops. A quant q (0 .. 2047) in the mantissa of the f16 1024 (0x6400) is the
- * f16 1024 + q exactly; 1024 + q - 1024 is q exactly; q * a + b then rounds once. */
-static uint32_t h2_fma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(k, KILN_KOP_HFMA2, KILN_KT_U32, a, b, c, 0); }
-static uint32_t h2_splat(kiln_kir *k, uint32_t f) { return kiln_kir_op(k, KILN_KOP_PACK2, KILN_KT_U32, f, f, KILN_IDX_NONE, 0); }
-/* bytes 2 h and 2 h + 1 of U32 w in the low bytes of the two halves (the rest from byte 0 of b) */
-static uint32_t h2_bytes(kiln_kir *k, uint32_t w, int h, uint32_t b)
+/* A quant q (0 .. 2047) in the mantissa of the f16 1024 (0x6400) is the f16 1024 + q exactly;
+ * 1024 + q - 1024 is q exactly; q * a + b then rounds once. */
+uint32_t kl_h2_fma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c) { return kiln_kir_op(k, KILN_KOP_HFMA2, KILN_KT_U32, a, b, c, 0); }
+uint32_t kl_h2_splat(kiln_kir *k, uint32_t f) { return kiln_kir_op(k, KILN_KOP_PACK2, KILN_KT_U32, f, f, KILN_IDX_NONE, 0); }
+uint32_t kl_h2_half(kiln_kir *k, uint32_t w, int h)
+{
+    return kiln_kir_op(k, KILN_KOP_PRMT, KILN_KT_U32, w, w, kiln_ku(k, h ? 0x3232u : 0x1010u), 0);
+}
+uint32_t kl_h2_bytes(kiln_kir *k, uint32_t w, int h, uint32_t b)
 {
     return kiln_kir_op(k, KILN_KOP_PRMT, KILN_KT_U32, w, b, kiln_ku(k, h ? 0x4342u : 0x4140u), 0);
 }
-/* q (0 .. 2047 in each half's low bits, nothing above) to the pair of f16 q * a + b (a, b: f16x2) */
-static uint32_t h2_scale(kiln_kir *k, uint32_t q, uint32_t a, uint32_t b)
+uint32_t kl_h2_scale(kiln_kir *k, uint32_t q, uint32_t a, uint32_t b)
 {
     uint32_t v = kiln_k2(k, KILN_KOP_OR, q, kiln_ku(k, 0x64006400u));
-    return h2_fma(k, h2_fma(k, v, kiln_ku(k, 0x3C003C00u), kiln_ku(k, 0xE400E400u)), a, b);
+    return kl_h2_fma(k, kl_h2_fma(k, v, kiln_ku(k, 0x3C003C00u), kiln_ku(k, 0xE400E400u)), a, b);
 }
 
 /* ------------------------------------------------------------------ raw layouts */
@@ -145,10 +147,10 @@ static void q8_0_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, u
 {
     (void)c, (void)sub;
     /* q d = (q + 128) d - 128 d, rounded once: d is an f16 and 128 d (its exponent + 7) too */
-    uint32_t a = h2_splat(k, ch->d), b = h2_splat(k, kiln_k2(k, KILN_KOP_MUL, ch->d, kiln_kf(k, -128.0f)));
+    uint32_t a = kl_h2_splat(k, ch->d), b = kl_h2_splat(k, kiln_k2(k, KILN_KOP_MUL, ch->d, kiln_kf(k, -128.0f)));
     for (int p = 0; p < 8; p++) {
-        uint32_t u = kiln_k2(k, KILN_KOP_XOR, h2_bytes(k, kiln_klane(k, ch->v[0], p / 2), p % 2, kiln_ku(k, 0)), kiln_ku(k, 0x00800080u));
-        w[p] = h2_scale(k, u, a, b);
+        uint32_t u = kiln_k2(k, KILN_KOP_XOR, kl_h2_bytes(k, kiln_klane(k, ch->v[0], p / 2), p % 2, kiln_ku(k, 0)), kiln_ku(k, 0x00800080u));
+        w[p] = kl_h2_scale(k, u, a, b);
     }
 }
 
@@ -309,17 +311,17 @@ static void kq_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, boo
 {
     gv_sub d;
     uint32_t sb = kq_scales(k, ch, c, sub, &d);
-    uint32_t a = h2_splat(k, d.a), b = h2_splat(k, d.b), zero = kiln_ku(k, 0), hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE;
+    uint32_t a = kl_h2_splat(k, d.a), b = kl_h2_splat(k, d.b), zero = kiln_ku(k, 0), hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE;
     for (int p = 0; p < 8; p++) {
-        uint32_t t = h2_bytes(k, kiln_klane(k, ch->v[1], p / 2), p % 2, zero);
+        uint32_t t = kl_h2_bytes(k, kiln_klane(k, ch->v[1], p / 2), p % 2, zero);
         if (sub) t = kiln_k2(k, KILN_KOP_SHR, t, kiln_ku(k, 4));
         t = kiln_k2(k, KILN_KOP_AND, t, kiln_ku(k, 0x000F000Fu));
         if (q5) {
-            uint32_t h = h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
+            uint32_t h = kl_h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
             h = kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_SHR, h, hsh), kiln_ku(k, 0x00010001u));
             t = kiln_k2(k, KILN_KOP_OR, t, kiln_k2(k, KILN_KOP_SHL, h, kiln_ku(k, 4)));
         }
-        w[p] = h2_scale(k, t, a, b);
+        w[p] = kl_h2_scale(k, t, a, b);
     }
 }
 static void q4_k_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8]) { kq_gemm_h2(k, ch, c, sub, false, w); }
@@ -574,16 +576,16 @@ static void q6_k_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv
 static void q6_k_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8])
 {
     uint32_t a = q6_scale(k, ch, c, sub), zero = kiln_ku(k, 0);
-    uint32_t b = h2_splat(k, kiln_k2(k, KILN_KOP_MUL, a, kiln_kf(k, -32.0f)));
-    a = h2_splat(k, a);
+    uint32_t b = kl_h2_splat(k, kiln_k2(k, KILN_KOP_MUL, a, kiln_kf(k, -32.0f)));
+    a = kl_h2_splat(k, a);
     for (int p = 0; p < 8; p++) {
-        uint32_t lo = h2_bytes(k, kiln_klane(k, ch->v[sub & 1], p / 2), p % 2, zero);
+        uint32_t lo = kl_h2_bytes(k, kiln_klane(k, ch->v[sub & 1], p / 2), p % 2, zero);
         if (sub >> 1) lo = kiln_k2(k, KILN_KOP_SHR, lo, kiln_ku(k, 4));
-        uint32_t hi = h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
+        uint32_t hi = kl_h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
         if (sub) hi = kiln_k2(k, KILN_KOP_SHR, hi, kiln_ku(k, 2u * (uint32_t)sub));
         uint32_t q = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, lo, kiln_ku(k, 0x000F000Fu)),
                              kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_AND, hi, kiln_ku(k, 0x00030003u)), kiln_ku(k, 4)));
-        w[p] = h2_scale(k, q, a, b);
+        w[p] = kl_h2_scale(k, q, a, b);
     }
 }
 

@@ -94,6 +94,16 @@ typedef struct kl_wfmt {
     uint32_t (*elem)(kiln_kir *k, uint32_t slot, int64_t K, int64_t rows, uint32_t row, uint32_t col);
 } kl_wfmt;
 
+/* f16 pairs for gemm_h2 (U32 words of two f16, CUDA only): a * b + c per half rounded once; the
+ * F32 f in both halves; half h (0, 1) of w in both halves; bytes 2 h and 2 h + 1 of w in the low
+ * bytes of the two halves (the high bytes from byte 0 of b); and q (0 .. 2047 in each half's low
+ * bits, nothing above) to q a + b rounded once (a, b pairs) */
+uint32_t kl_h2_fma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c);
+uint32_t kl_h2_splat(kiln_kir *k, uint32_t f);
+uint32_t kl_h2_half(kiln_kir *k, uint32_t w, int h);
+uint32_t kl_h2_bytes(kiln_kir *k, uint32_t w, int h, uint32_t b);
+uint32_t kl_h2_scale(kiln_kir *k, uint32_t q, uint32_t a, uint32_t b);
+
 /* The row of dtype t, or NULL: the GPU lowering has no kernel for that weight format. */
 const kl_wfmt *kl_wfmt_of(kiln_dtype t);
 /* The rows of the formats in wfmt_more.c (q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, iq4_xs),

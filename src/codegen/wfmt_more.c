@@ -171,6 +171,27 @@ static void p32_decode(kiln_dtype t, kiln_kir *k, const gv_chunk *ch, int sub, g
     }
 }
 
+/* Sub-step sub in f16 pairs (gemm_h2; not iq4's levels): the scale half is an f16 already; (q - off) d
+ * = q d - off d (off 8 or 16: exact), or q d + m with the f16 min; the fifth bits of values 2 p and
+ * 2 p + 1 (bits 16 sub + 2 p, + 1 of the chunk's word) go to bits 4 and 20 */
+static void p32_gemm_h2(kiln_dtype t, kiln_kir *k, const gv_chunk *ch, int sub, uint32_t w[8])
+{
+    p32_fields f = p32_of(t);
+    uint32_t a = kl_h2_half(k, ch->d, sub), zero = cu(k, 0);
+    uint32_t moff = (uint32_t)kiln_f32_to_f16((float)-f.off);
+    uint32_t b = f.m >= 0 ? kl_h2_half(k, ch->v[2], sub) : kl_h2_fma(k, a, cu(k, moff | moff << 16), cu(k, 0x80008000u));
+    for (int p = 0; p < 8; p++) {
+        uint32_t q = kl_h2_bytes(k, kiln_klane(k, ch->v[0], p / 2), p % 2, zero);
+        if (sub) q = shr(k, q, cu(k, 4));
+        q = and_(k, q, cu(k, 0x000F000Fu));
+        if (f.qh >= 0) {
+            uint32_t hb = shr(k, ch->v[1], cu(k, (uint32_t)(16 * sub + 2 * p)));
+            q = or_(k, q, or_(k, shl(k, and_(k, hb, cu(k, 1)), cu(k, 4)), shl(k, and_(k, hb, cu(k, 2)), cu(k, 19))));
+        }
+        w[p] = kl_h2_scale(k, q, a, b);
+    }
+}
+
 /* int8 bytes of values 4 l .. 4 l + 3 of sub-step sub, as stored (dp4a_offset removes the offset) */
 static uint32_t p32_dp4a_bytes(kiln_dtype t, kiln_kir *k, const gv_chunk *ch, int sub, int l)
 {
@@ -242,6 +263,7 @@ static uint32_t p32_elem(kiln_dtype t, kiln_kir *k, uint32_t slot, int64_t K, in
         return p32_dp4a_bytes(T, k, ch, sub, l);                                                                             \
     }                                                                                                                        \
     static void NAME##_dp4a_at(kiln_kir *k, uint32_t c, kl_dp4a_at *o) { p32_dp4a_at(k, c, o, MINS); }                     \
+    static void NAME##_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8]) { p32_gemm_h2(T, k, ch, sub, w); } \
     static void NAME##_dp4a_scales(kiln_kir *k, const gv_chunk *ch, uint32_t c, kl_dp4a_scales *o) { p32_dp4a_scales(T, k, ch, o); }
 P32_FNS(q4_0, KILN_DTYPE_Q4_0)
 P32_FNS(q4_1, KILN_DTYPE_Q4_1)
@@ -541,7 +563,7 @@ static uint32_t iq4_xs_elem(kiln_kir *k, uint32_t slot, int64_t K, int64_t rows,
     [T] = {.t = T, .layout = KILN_KLAYOUT_PAIR32, .block = true, .vec = 16, .subs = 2, .k_align = 64, .mc_cap = CAP,         \
            .dev_bytes = NAME##_bytes, .repack = NAME##_repack, .load = NAME##_load, .sub_elem = p32_sub_elem,               \
            .decode = NAME##_decode, .gemm_chunk = p32_gemm_chunk, .elem = NAME##_elem
-#define P32_DP4A_ROW(NAME) .two_dp4a = true, .dp4a_bytes = NAME##_dp4a_bytes, .dp4a_at = NAME##_dp4a_at, .dp4a_scales = NAME##_dp4a_scales
+#define P32_DP4A_ROW(NAME) .gemm_h2 = NAME##_gemm_h2, .two_dp4a = true, .dp4a_bytes = NAME##_dp4a_bytes, .dp4a_at = NAME##_dp4a_at, .dp4a_scales = NAME##_dp4a_scales
 
 const kl_wfmt kl_wfmt_more[KILN_DTYPE_COUNT] = {
     P32_ROW(KILN_DTYPE_Q4_0, q4_0, 8), P32_DP4A_ROW(q4_0), .dp4a_offset = 8},
