@@ -627,6 +627,27 @@ Test(ptx, pdl_ops_print_for_sm90_only)
     kiln_kir_free(&k);
 }
 
+/* A one-block test kernel of T threads reading node 1 and writing node 2 (their slots in *x, *y):
+ * returns the thread index. */
+static uint32_t io_kernel(kiln_kir *k, const char *name, uint32_t T, uint32_t *x, uint32_t *y)
+{
+    kiln_kir_init(k, name, T);
+    *x = kiln_kir_buf(k, KILN_KBUF_NODE, 1, false), *y = kiln_kir_buf(k, KILN_KBUF_NODE, 2, true);
+    k->grid[0] = 1;
+    return kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+}
+
+/* k printed for sm_80 and sm_90 holds both instruction texts and assembles. */
+static void prints_both_and_assembles(const kiln_kir *k, const char *a, const char *b)
+{
+    for (int sm = 80; sm <= 90; sm += 10) {
+        char *txt = print_ok(k, sm);
+        cr_assert(strstr(txt, a) && strstr(txt, b), "%s", txt);
+        assemble_ok(txt, sm, k->name);
+        free(txt);
+    }
+}
+
 /* PACK2 (two f32 to an f16x2 or bf16x2 word in one cvt): a in the low half, b in the high half,
  * each rounded as F2H / F2B round (the interpreter against the two-conversion form on values
  * that include halfway cases, subnormals, overflow and infinities); prints as cvt.rn.f16x2.f32
@@ -635,9 +656,7 @@ Test(ptx, pack2_halves)
 {
     enum { T = 64 };
     kiln_kir k;
-    kiln_kir_init(&k, "pack2", T);
-    uint32_t x = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, false), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 2, true);
-    uint32_t tid = kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t x, y, tid = io_kernel(&k, "pack2", T, &x, &y);
     uint32_t a = kiln_kbitcast(&k, KILN_KT_F32, kiln_kld(&k, x, kiln_kmuli(&k, tid, 2)));
     uint32_t b = kiln_kbitcast(&k, KILN_KT_F32, kiln_kld(&k, x, kiln_kaddi(&k, kiln_kmuli(&k, tid, 2), 1)));
     for (int bf = 0; bf < 2; bf++) {
@@ -649,7 +668,6 @@ Test(ptx, pack2_halves)
         kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(&k, kiln_kmuli(&k, tid, 4), 2 * bf), p, KILN_IDX_NONE, (int32_t)y);
         kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(&k, kiln_kmuli(&k, tid, 4), 2 * bf + 1), two, KILN_IDX_NONE, (int32_t)y);
     }
-    k.grid[0] = 1;
     float in[2 * T];
     static const float special[] = {1.00048828125f, 1.000732421875f, 65520.0f, 65519.0f, 1e-7f, -3e-8f, INFINITY, -INFINITY,
                                     1.00390625f, 1.01171875f, 3.3895314e38f, -0.0f};
@@ -666,12 +684,7 @@ Test(ptx, pack2_halves)
         cr_assert_eq(out[4 * t + 2], out[4 * t + 3], "bf16x2 of %g, %g: %#x, two conversions %#x", (double)in[2 * t],
                      (double)in[2 * t + 1], out[4 * t + 2], out[4 * t + 3]);
     }
-    for (int sm = 80; sm <= 90; sm += 10) {
-        char *txt = print_ok(&k, sm);
-        cr_assert(strstr(txt, "\tcvt.rn.f16x2.f32 %r") && strstr(txt, "\tcvt.rn.bf16x2.f32 %r"), "%s", txt);
-        assemble_ok(txt, sm, "pack2");
-        free(txt);
-    }
+    prints_both_and_assembles(&k, "\tcvt.rn.f16x2.f32 %r", "\tcvt.rn.bf16x2.f32 %r");
     kiln_kir_free(&k);
 }
 
@@ -685,9 +698,7 @@ Test(ptx, hfma2_prmt)
 {
     enum { T = 64 };
     kiln_kir k;
-    kiln_kir_init(&k, "h2", T);
-    uint32_t x = kiln_kir_buf(&k, KILN_KBUF_NODE, 1, false), y = kiln_kir_buf(&k, KILN_KBUF_NODE, 2, true);
-    uint32_t tid = kiln_kir_op(&k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
+    uint32_t x, y, tid = io_kernel(&k, "h2", T, &x, &y);
     uint32_t w[4];
     for (int i = 0; i < 4; i++) w[i] = kiln_kld(&k, x, kiln_kaddi(&k, kiln_kmuli(&k, tid, 4), i));
     uint32_t out[5];
@@ -698,7 +709,6 @@ Test(ptx, hfma2_prmt)
     out[3] = kiln_kir_op(&k, KILN_KOP_HFMA2, KILN_KT_U32, q, kiln_ku(&k, 0x3C003C00u), kiln_ku(&k, 0xE400E400u), 0);
     out[4] = kiln_kir_op(&k, KILN_KOP_HFMA2, KILN_KT_U32, out[3], w[1], w[3], 0);
     for (int i = 0; i < 5; i++) kiln_kir_op(&k, KILN_KOP_ST, KILN_KT_NONE, kiln_kaddi(&k, kiln_kmuli(&k, tid, 5), i), out[i], KILN_IDX_NONE, (int32_t)y);
-    k.grid[0] = 1;
     char err[512] = "";
     cr_assert(kiln_kir_verify(&k, err, sizeof err), "%s", err);
     uint32_t in[4 * T], res[5 * T], params[4] = {0};
@@ -732,12 +742,7 @@ Test(ptx, hfma2_prmt)
             cr_assert_eq((r[4] >> 16 * h) & 0xffffu, kiln_f32_to_f16(fmaf(qv, f1, f3)), "q a + b rounded once");
         }
     }
-    for (int sm = 80; sm <= 90; sm += 10) {
-        char *txt = print_ok(&k, sm);
-        cr_assert(strstr(txt, "\tfma.rn.f16x2 %r") && strstr(txt, "\tprmt.b32 %r"), "%s", txt);
-        assemble_ok(txt, sm, "h2");
-        free(txt);
-    }
+    prints_both_and_assembles(&k, "\tfma.rn.f16x2 %r", "\tprmt.b32 %r");
     kiln_kir_free(&k);
 }
 
