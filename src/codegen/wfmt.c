@@ -252,8 +252,9 @@ static uint32_t kq_sub_elem(kiln_kir *k, uint32_t c, int sub)
     return kiln_k2(k, KILN_KOP_ADD, e, kiln_ki(k, 32 * sub));
 }
 
-/* 6-bit scale and min of sub-block sb (I32, runtime 0..7) from the header V4. */
-static void scale_min(kiln_kir *k, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *mn)
+/* 6-bit scale and min of sub-block sb (I32, runtime 0..7) from the header V4: F32, or with u32 the
+ * U32 fields themselves (gemm_h2 makes f16 of them without a conversion). */
+static void scale_min_as(kiln_kir *k, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *mn, bool u32)
 {
     uint32_t sh =
         kiln_kcvt(k, KILN_KT_U32, kiln_k2(k, KILN_KOP_MUL, kiln_k2(k, KILN_KOP_AND, sb, kiln_ki(k, 3)), kiln_ki(k, 8)));
@@ -271,9 +272,12 @@ static void scale_min(kiln_kir *k, uint32_t hdr, uint32_t sb, uint32_t *sc, uint
     uint32_t sc_hi = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, b3, kiln_ku(k, 15)), hi1);
     uint32_t mn_hi = kiln_k2(
         k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_SHR, b3, kiln_ku(k, 4)), kiln_ku(k, 15)), hi2);
-    *sc = kiln_kcvt(k, KILN_KT_F32, kiln_kcvt(k, KILN_KT_I32, kiln_ksel(k, KILN_KT_U32, lo, sc_lo, sc_hi)));
-    *mn = kiln_kcvt(k, KILN_KT_F32, kiln_kcvt(k, KILN_KT_I32, kiln_ksel(k, KILN_KT_U32, lo, mn_lo, mn_hi)));
+    *sc = kiln_ksel(k, KILN_KT_U32, lo, sc_lo, sc_hi);
+    if (!u32) *sc = kiln_kcvt(k, KILN_KT_F32, kiln_kcvt(k, KILN_KT_I32, *sc));
+    *mn = kiln_ksel(k, KILN_KT_U32, lo, mn_lo, mn_hi);
+    if (!u32) *mn = kiln_kcvt(k, KILN_KT_F32, kiln_kcvt(k, KILN_KT_I32, *mn));
 }
+static void scale_min(kiln_kir *k, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *mn) { scale_min_as(k, hdr, sb, sc, mn, false); }
 
 /* The scale a = d sc and offset b = -dmin mn of sub-step sub of chunk c; returns its sub-block
  * 2 j + sub (I32: q5_K's qh bit) */
@@ -309,9 +313,18 @@ static void kq_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, bool
  * 2 j + sub of qh byte i above it); a = d sc and b = -dmin mn each rounded to f16 once */
 static void kq_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, bool q5, uint32_t w[8])
 {
-    gv_sub d;
-    uint32_t sb = kq_scales(k, ch, c, sub, &d);
-    uint32_t a = kl_h2_splat(k, d.a), b = kl_h2_splat(k, d.b), zero = kiln_ku(k, 0), hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE;
+    /* a = d sc and b = -dmin mn from the f16 halves of the header and the 6-bit fields as f16 (1024 +
+       field, less 1024): each product rounded once, as the f32 product rounded to f16 would be */
+    uint32_t q = kiln_k2(k, KILN_KOP_AND, c, kiln_ki(k, 7));
+    uint32_t sb = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_k2(k, KILN_KOP_SHR, q, kiln_ki(k, 1)), 2), kiln_ki(k, sub));
+    uint32_t sc, mn, hw = kiln_klane(k, ch->v[0], 0), nz = kiln_ku(k, 0x80008000u);
+    scale_min_as(k, ch->v[0], sb, &sc, &mn, true);
+    uint32_t sc2 = kiln_k2(k, KILN_KOP_OR, sc, kiln_k2(k, KILN_KOP_SHL, sc, kiln_ku(k, 16)));
+    uint32_t mn2 = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_OR, mn, kiln_k2(k, KILN_KOP_SHL, mn, kiln_ku(k, 16))), kiln_ku(k, 0x64006400u));
+    uint32_t a = kl_h2_scale(k, sc2, kl_h2_half(k, hw, 0), nz);
+    uint32_t negmn = kl_h2_fma(k, mn2, kiln_ku(k, 0xBC00BC00u), kiln_ku(k, 0x64006400u)); /* -(1024 + mn) + 1024 */
+    uint32_t b = kl_h2_fma(k, kl_h2_half(k, hw, 1), negmn, nz);
+    uint32_t zero = kiln_ku(k, 0), hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE;
     for (int p = 0; p < 8; p++) {
         uint32_t t = kl_h2_bytes(k, kiln_klane(k, ch->v[1], p / 2), p % 2, zero);
         if (sub) t = kiln_k2(k, KILN_KOP_SHR, t, kiln_ku(k, 4));
