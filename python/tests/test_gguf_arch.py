@@ -1,9 +1,10 @@
-"""gemma2, gemma3 and phi3 files written by the `gguf` package (llama.cpp's own writer, its tensor
-and key names: an independent check of kiln's table) with random weights, run by kiln (a 10-token
-prefill, then 3 decode steps through the cache) against a float64 numpy forward written here from
-the architectures' definitions (llama.cpp's graphs; the GGUF stores gemma's norm weights as 1 + w,
-as its converter does). Skipped without the gguf package; llama.cpp itself (llama-cpp-python) is an
-optional stage, skipped when absent."""
+"""llama (biases, llama 3's rope_freqs), qwen2, qwen3, gemma2, gemma3 and phi3 files written by the
+`gguf` package (llama.cpp's own writer, its tensor and key names: an independent check of kiln's
+table) with random weights and a small SentencePiece token list (llama.cpp will not load a file
+without one), run by kiln (a 10-token prefill, then 3 decode steps through the cache) against a
+float64 numpy forward written here from the architectures' definitions (llama.cpp's graphs; the GGUF
+stores gemma's norm weights as 1 + w, as its converter does). Skipped without the gguf package.
+llama.cpp itself on these writers' files is the optional stage test_llama_cpp.py."""
 import numpy as np
 import pytest
 
@@ -25,7 +26,22 @@ CASES = {
     "gemma3": dict(n_layer=7, hidden=64, n_head=4, n_kv=1, hd=32, ffn=64, vocab=72, window=5, theta=1e6,
                    rope_factor=8.0),
     "phi3": dict(n_layer=2, hidden=64, n_head=4, n_kv=2, hd=16, ffn=96, vocab=72, window=6, theta=10000.0),
+    # llama 3: per-pair rope_freqs factors and every optional bias; qwen2: q/k/v biases; qwen3: q/k norms
+    # with a head size other than hidden / heads
+    "llama": dict(n_layer=2, hidden=64, n_head=4, n_kv=2, hd=16, ffn=96, vocab=72, theta=500000.0,
+                  rope_freqs=True, bias=True),
+    "qwen2": dict(n_layer=2, hidden=64, n_head=4, n_kv=2, hd=16, ffn=96, vocab=72, theta=1e6, bias=True),
+    "qwen3": dict(n_layer=2, hidden=64, n_head=4, n_kv=2, hd=32, ffn=96, vocab=72, theta=1e6),
 }
+
+
+def add_vocab(w, n):
+    """A SentencePiece ("llama") token list of n entries: <unk>, <s>, </s>, then t3, t4, ...; kiln
+    reads only ids, llama.cpp refuses a file without a tokenizer."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, n)])
+    w.add_token_scores([0.0] * n)
+    w.add_token_types([2, 3, 3] + [1] * (n - 3))
 
 
 def tname(t, bid=None, suffix="weight"):
@@ -55,6 +71,7 @@ def write_model(path, arch, c, rng):
     if c.get("rope_factor"):
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(c["rope_factor"])
+    add_vocab(w, c["vocab"])
     W = {}
     T = gguf.MODEL_TENSOR
 
@@ -71,10 +88,13 @@ def write_model(path, arch, c, rng):
     H, F, hd = c["hidden"], c["ffn"], c["hd"]
     qd, kvd, q8 = c["n_head"] * hd, c["n_kv"] * hd, c.get("q8", False)
     gemma = arch.startswith("gemma")
+    bias = c.get("bias", False)  # qwen2: q/k/v biases; llama: those and o, gate, up, down
     put(tname(T.TOKEN_EMBD), (c["vocab"], H), 1.0 if not gemma else 0.2)
     put(tname(T.OUTPUT_NORM), (H,), 0.25, 1.0)
     if not gemma:
         put(tname(T.OUTPUT), (c["vocab"], H), H ** -0.5)
+    if c.get("rope_freqs"):  # llama 3.1's factors: 1 on fast pairs up to 8 on slow ones
+        put(tname(T.ROPE_FREQS), (hd // 2,), 3.5, 4.5)
     for b in range(c["n_layer"]):
         put(tname(T.ATTN_NORM, b), (H,), 0.25, 1.0)
         if arch == "phi3":
@@ -83,10 +103,15 @@ def write_model(path, arch, c, rng):
             put(tname(T.ATTN_Q, b), (qd, H), H ** -0.5, quant=q8)
             put(tname(T.ATTN_K, b), (kvd, H), H ** -0.5, quant=q8)
             put(tname(T.ATTN_V, b), (kvd, H), H ** -0.5, quant=q8)
-        if arch == "gemma3":
+            if bias:
+                for t, n in ((T.ATTN_Q, qd), (T.ATTN_K, kvd), (T.ATTN_V, kvd)):
+                    put(tname(t, b, "bias"), (n,), 0.5)
+        if arch in ("gemma3", "qwen3"):
             put(tname(T.ATTN_Q_NORM, b), (hd,), 0.25, 1.0)
             put(tname(T.ATTN_K_NORM, b), (hd,), 0.25, 1.0)
         put(tname(T.ATTN_OUT, b), (H, qd), qd ** -0.5, quant=q8)
+        if bias and arch == "llama":
+            put(tname(T.ATTN_OUT, b, "bias"), (H,), 0.25)
         if gemma:
             put(tname(T.ATTN_POST_NORM, b), (H,), 0.25, 1.0)
         put(tname(T.FFN_NORM, b), (H,), 0.25, 1.0)
@@ -96,6 +121,9 @@ def write_model(path, arch, c, rng):
             put(tname(T.FFN_GATE, b), (F, H), H ** -0.5, quant=q8)
             put(tname(T.FFN_UP, b), (F, H), H ** -0.5, quant=q8)
         put(tname(T.FFN_DOWN, b), (H, F), F ** -0.5, quant=q8)
+        if bias and arch == "llama":
+            for t, n in ((T.FFN_GATE, F), (T.FFN_UP, F), (T.FFN_DOWN, H)):
+                put(tname(t, b, "bias"), (n,), 0.25)
         if gemma:
             put(tname(T.FFN_POST_NORM, b), (H,), 0.25, 1.0)
     w.write_header_to_file()
@@ -109,13 +137,21 @@ def rms(x, w, eps=1e-6):
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
 
 
-def rope_neox(x, theta, scale):
-    """x [T, heads, d]: pairs (i, i + d/2) rotated by pos * scale * theta^(-2i/d)."""
+def rope(x, theta, scale, neox=True, freqs=None):
+    """x [T, heads, d]: pairs (i, i + d/2) (neox) or (2i, 2i + 1) (normal: llama) rotated by
+    pos * scale * theta^(-2i/d) / freqs[i] (llama 3's rope_freqs factors)."""
     n, d = x.shape[0], x.shape[-1]
     ang = np.arange(n)[:, None] * scale * theta ** (-np.arange(d // 2) * 2.0 / d)
+    if freqs is not None:
+        ang = ang / freqs
     c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    a, b = x[..., : d // 2], x[..., d // 2:]
-    return np.concatenate([a * c - b * s, a * s + b * c], -1)
+    a, b = (x[..., : d // 2], x[..., d // 2:]) if neox else (x[..., 0::2], x[..., 1::2])
+    ra, rb = a * c - b * s, a * s + b * c
+    if neox:
+        return np.concatenate([ra, rb], -1)
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = ra, rb
+    return out
 
 
 def attend(q, k, v, scale, cap, window):
@@ -157,16 +193,17 @@ def forward(arch, c, W, ids):
             qkv = h @ W[tname(T.ATTN_QKV, b)].T
             q, k, v = qkv[:, : nh * hd], qkv[:, nh * hd: (nh + nkv) * hd], qkv[:, (nh + nkv) * hd:]
         else:
-            q, k, v = (h @ W[tname(t, b)].T for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V))
+            q, k, v = (h @ W[tname(t, b)].T + W.get(tname(t, b, "bias"), 0.0) for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V))
         q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3"):
             q, k = rms(q, W[tname(T.ATTN_Q_NORM, b)]), rms(k, W[tname(T.ATTN_K_NORM, b)])
         theta, scale = c["theta"], 1.0 / c.get("rope_factor", 1.0)
         if gemma and local:  # gemma's local layers: base 10000, no scaling
             theta, scale = 10000.0, 1.0
-        q, k = rope_neox(q, theta, scale), rope_neox(k, theta, scale)
+        neox, freqs = arch != "llama", W.get(tname(T.ROPE_FREQS))
+        q, k = rope(q, theta, scale, neox, freqs), rope(k, theta, scale, neox, freqs)
         a = attend(q, k, v, hd ** -0.5, attn_cap, window if local else 0).reshape(n, nh * hd)
-        o = a @ W[tname(T.ATTN_OUT, b)].T
+        o = a @ W[tname(T.ATTN_OUT, b)].T + W.get(tname(T.ATTN_OUT, b, "bias"), 0.0)
         if gemma:
             o = rms(o, W[tname(T.ATTN_POST_NORM, b)])
         x = x + o
@@ -175,9 +212,9 @@ def forward(arch, c, W, ids):
             gu = h @ W[tname(T.FFN_UP, b)].T
             act = gu[:, :F] / (1 + np.exp(-gu[:, :F])) * gu[:, F:]
         else:
-            gt, up = h @ W[tname(T.FFN_GATE, b)].T, h @ W[tname(T.FFN_UP, b)].T
+            gt, up = (h @ W[tname(t, b)].T + W.get(tname(t, b, "bias"), 0.0) for t in (T.FFN_GATE, T.FFN_UP))
             act = (gelu_tanh(gt) if gemma else gt / (1 + np.exp(-gt))) * up
-        f = act @ W[tname(T.FFN_DOWN, b)].T
+        f = act @ W[tname(T.FFN_DOWN, b)].T + W.get(tname(T.FFN_DOWN, b, "bias"), 0.0)
         if gemma:
             f = rms(f, W[tname(T.FFN_POST_NORM, b)])
         x = x + f
@@ -220,16 +257,3 @@ def test_matches_f64_forward(ctx, tmp_path, rng, case, be):
     e = nmse(got, want)
     assert e <= tol, f"{case} on {be}: NMSE {e:.3e} > {tol:.1e}"
 
-
-def test_llama_cpp_agrees_when_installed(tmp_path, rng):
-    """Optional stage: llama.cpp (llama-cpp-python) on the same gemma2 file, greedy tokens equal."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (optional stage)")
-    c = CASES["gemma2"]
-    path = tmp_path / "gemma2.gguf"
-    W = write_model(path, "gemma2", c, rng)
-    ids = [int(i) for i in rng.integers(0, c["vocab"], N_PRE)]
-    want = forward("gemma2", c, W, ids)
-    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, vocab_only=False, verbose=False)
-    llm.eval(ids)
-    got = np.asarray(llm.scores[: len(ids)], np.float64)
-    assert nmse(got, want) <= 1e-6

@@ -12,7 +12,7 @@ from conftest import nmse, tolerance
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (pip install gguf) writes these files")
 
-from test_gguf_arch import N_DEC, N_PRE, attend, rms, run_kiln, tname  # noqa: E402
+from test_gguf_arch import N_DEC, N_PRE, add_vocab, attend, rms, rope, run_kiln, tname  # noqa: E402
 
 Q8 = gguf.GGMLQuantizationType.Q8_0
 T = gguf.MODEL_TENSOR
@@ -48,6 +48,7 @@ def write_model(path, arch, c, rng):
         w.add_expert_feed_forward_length(c["ffn_exp"])
     if "ffn_shexp" in c:
         w.add_expert_shared_feed_forward_length(c["ffn_shexp"])
+    add_vocab(w, c["vocab"])
     W = {}
 
     def put(name, shape, scale, offset=0.0, quant=False):
@@ -94,20 +95,6 @@ def write_model(path, arch, c, rng):
     return W
 
 
-def rope(x, neox, theta=10000.0):
-    """x [T, heads, d] rotated at positions 0..T-1: pairs (i, i + d/2) (neox) or (2i, 2i + 1) (normal)."""
-    n, d = x.shape[0], x.shape[-1]
-    ang = np.arange(n)[:, None] * theta ** (-np.arange(d // 2) * 2.0 / d)
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    a, b = (x[..., : d // 2], x[..., d // 2:]) if neox else (x[..., 0::2], x[..., 1::2])
-    ra, rb = a * c - b * s, a * s + b * c
-    if neox:
-        return np.concatenate([ra, rb], -1)
-    out = np.empty_like(x)
-    out[..., 0::2], out[..., 1::2] = ra, rb
-    return out
-
-
 def swiglu_expert(h, gate, up, down):
     g, u = h @ gate.T, h @ up.T
     return (g / (1 + np.exp(-g)) * u) @ down.T
@@ -147,7 +134,7 @@ def forward(arch, c, W, ids, gaps):
         q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
         if arch == "qwen3moe":
             q, k = rms(q, W[tname(T.ATTN_Q_NORM, b)]), rms(k, W[tname(T.ATTN_K_NORM, b)])
-        q, k = rope(q, arch != "llama"), rope(k, arch != "llama")
+        q, k = rope(q, 10000.0, 1.0, arch != "llama"), rope(k, 10000.0, 1.0, arch != "llama")
         a = attend(q, k, v, hd ** -0.5, 0.0, 0).reshape(n, nh * hd)
         x = x + a @ W[tname(T.ATTN_OUT, b)].T
         x = x + moe(arch, c, W, b, rms(x, W[tname(T.FFN_NORM, b)]), gaps)
