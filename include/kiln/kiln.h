@@ -334,8 +334,9 @@ KILN_API kiln_node kiln_scale_rows(kiln_graph *g, kiln_node x, kiln_node w, int 
  * reads x[t, s, :]). Without sum, y is f32 [T, k, N] with y[t, s, :] = x[t, (s), :] . W[e_s]^T;
  * with sum, y is f32 [T, N] = sum over s (in slot order) of r[t, e_s] * x[t, (s), :] . W[e_s]^T.
  * T may be symbolic; 1 <= k <= E. Only the k routed experts' rows of w are read for a token, so
- * a feed-forward of E experts costs k of them. Runs on ref and cpu (the GPU backends refuse it by
- * name; auto placement puts it on the cpu). */
+ * a feed-forward of E experts costs k of them. The GPU backends take up to 256 experts with K a
+ * multiple of the weight format's 16-byte chunk and refuse other shapes by name (placement then
+ * puts it on the cpu). */
 KILN_API kiln_node kiln_moe_matmul(kiln_graph *g, kiln_node x, kiln_node w, kiln_node r, int k, bool sum);
 /* Sum of x over the devices of a split plan (kiln_compile_options.devices): each device holds a
  * partial sum of the same shape (a row-parallel matmul's output) and every device gets the total.

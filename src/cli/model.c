@@ -129,7 +129,7 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
            mi->tied_output ? ", tied output head" : "");
     if (mi->n_expert)
         printf("        mixture of experts: %lld experts of ffn %lld, %lld routed per token%s%s (only the routed "
-               "experts run: moe_matmul, on the cpu)\n", (long long)mi->n_expert, (long long)mi->ffn_exp, (long long)mi->n_expert_used,
+               "experts run: moe_matmul)\n", (long long)mi->n_expert, (long long)mi->ffn_exp, (long long)mi->n_expert_used,
                mi->expert_norm ? " (weights renormalized)" : "", mi->ffn_shexp ? ", plus a shared expert" : "");
     if (mi->yarn)
         printf("        yarn: factor %g over the original context %lld (beta fast %g, slow %g), rotated q/k dims x%g\n",

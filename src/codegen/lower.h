@@ -201,3 +201,8 @@ bool kl_flash_wg_fits(const kiln_graph *g, const kiln_node_rec *n, const kiln_re
 void kl_lower_flash_wg(const kiln_graph *g, uint32_t node, const kiln_lower_target *tg, kiln_kir *k);
 kiln_status kiln_lower_copy(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k);
 kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k, char *err, size_t n_err);
+/* moe_matmul (lower_moe.c): a block per (token, 8 columns), the router row ranked in shared memory,
+ * a warp per column dotting the routed experts' rows; KILN_ERR_UNSUPPORTED for more than 256 experts,
+ * K not a multiple of the format's chunk, a stack that is not a weight. */
+kiln_status kiln_lower_moe_matmul(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
+                                  char *err, size_t n_err);

@@ -302,6 +302,7 @@ kiln_status kiln_lower_move(const kiln_graph *g, const kiln_region *r, const kil
     enum kiln_op op = (enum kiln_op)g->nodes[r->anchor].op;
     if (op == KILN_OP_TRANSPOSE || op == KILN_OP_CONCAT) return lower_layout(g, r, tg, k, err, n_err);
     if (op == KILN_OP_GET_ROWS) return lower_get_rows(g, r, tg, k, err, n_err);
+    if (op == KILN_OP_MOE_MATMUL) return kiln_lower_moe_matmul(g, r, tg, k, err, n_err);
     if (op == KILN_OP_KV_SCATTER || r->kind == KILN_REGION_SCATTER) return lower_scatter(g, r, tg, k, err, n_err);
     return kl_unsupported(err, n_err, "no GPU kernel for %s yet", kiln_op_name(op));
 }

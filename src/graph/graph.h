@@ -68,7 +68,7 @@ enum kiln_op_class {
       times w[r, col] (a routed expert's weight, a shared expert's gate) */ \
     X(MOE_MATMUL, "moe_matmul", MOVE,        0, 3, 0, P(K) | P(SUM), P(K), "x w r k=INT [sum=0|1]") /* i[0] k, \
       i[1] sum: x times only the k routed experts of a stack w [E, N, K] (the largest of r's row; ggml's \
-      mul_mat_id), their outputs kept per slot or summed weighted by r. A region of its own, cpu/ref only */
+      mul_mat_id), their outputs kept per slot or summed weighted by r. A region of its own (lower_moe.c on GPUs) */
 
 enum kiln_op {
 #define KILN_OP_ENUM(id, name, cls, flops, nreq, nopt, params, req, usage) KILN_OP_##id,
