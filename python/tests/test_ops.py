@@ -152,6 +152,37 @@ def test_rows_argmax_cast_shapes(ctx, backend, rng):
     assert_close(out["cat"], np.concatenate([R, 2 * R], 1), "concat")
 
 
+def test_moe_route_and_matmul(ctx, backend, rng):
+    """A router (moe_route) feeding moe_matmul: per slot, and summed weighted by the route, against
+    numpy's top-k (distinct logits: the ranking is not in doubt)."""
+    E, k, N, K, T = 16, 4, 24, 64, 5
+    g = kiln.Graph()
+    n = g.sym("n", 8)
+    x = g.input("x", "f32", [n, K])
+    logits = g.input("l", "f32", [n, E])
+    w = f32(rng, E, N, K, lo=-1, hi=1)
+    ws = g.weight("w", w)
+    r = g.moe_route(logits, k, norm=True)
+    g.output(g.moe_matmul(x, ws, r, k), "slots")
+    g.output(g.moe_matmul(x, ws, r, k, sum=True), "y")
+    xv = f32(rng, T, K)
+    lv = (rng.permutation(T * E).reshape(T, E) * 0.05).astype(np.float32)  # distinct, 0.05 apart
+    out = ctx.compile(g, backend=backend).run({"x": xv, "l": lv}, {"n": T})
+    W, X = w.astype(np.float64), xv.astype(np.float64)
+    slots = np.zeros((T, k, N))
+    y = np.zeros((T, N))
+    for t in range(T):
+        p = np.exp(lv[t] - lv[t].max())
+        p /= p.sum()
+        top = np.argsort(-lv[t], kind="stable")[:k]
+        for s, e in enumerate(top):
+            slots[t, s] = W[e] @ X[t]
+            y[t] += p[e] / p[top].sum() * slots[t, s]
+    assert out["slots"].shape == (T, k, N) and out["y"].shape == (T, N)
+    assert_close(out["slots"], slots, "moe_matmul")
+    assert_close(out["y"], y, "moe_matmul")
+
+
 def test_quantized_weights_roundtrip(ctx, backend, rng):
     w = f32(rng, 16, 256, lo=-1, hi=1)
     for t in ("q8_0", "q4_k", "q6_k"):
