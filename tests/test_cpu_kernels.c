@@ -337,6 +337,47 @@ Test(cpu_kernels, matmul_rejects_bad_regions)
     cr_assert_eq(kiln_cpu_matmul(NULL, KILN_CPU_ISA_SCALAR, &mm), KILN_ERR_INVALID_ARG);
 }
 
+/* kiln_cpu_matmul_batch (moe_matmul's routed experts in one pass): regions of different dtypes, rows
+ * (1: the gemv tiles; 12: the GEMM's compact tiles) and widths, on 1..3 threads, give exactly what
+ * kiln_cpu_matmul gives each alone; one invalid region fails the batch with nothing written. */
+Test(cpu_kernels, matmul_batch_matches_single_regions)
+{
+    const kiln_dtype ts[3] = {KILN_DTYPE_Q8_0, KILN_DTYPE_F32, KILN_DTYPE_Q4_K};
+    const int64_t ms[3] = {1, 12, 3}, ns[3] = {40, 17, 64}, K = 256;
+    mis_buf w[3];
+    float *x[3], *y1[3], *yb[3];
+    kiln_cpu_mm mm[3];
+    for (int i = 0; i < 3; i++) {
+        double *wd = malloc(sizeof(double) * (size_t)(ns[i] * K));
+        w[i] = make_weight(ts[i], ns[i], K, wd);
+        free(wd);
+        x[i] = malloc(sizeof(float) * (size_t)(ms[i] * K));
+        tu_fill(x[i], ms[i] * K, -1, 1);
+        y1[i] = malloc(sizeof(float) * (size_t)(ms[i] * ns[i]));
+        yb[i] = malloc(sizeof(float) * (size_t)(ms[i] * ns[i]));
+    }
+    for (int th = 1; th <= 3; th++) {
+        for (int i = 0; i < 3; i++) {
+            mm[i] = (kiln_cpu_mm){.x = x[i], .m = ms[i], .k = K, .n_out = 1};
+            mm[i].out[0] = (kiln_cpu_mm_out){.w = w[i].p, .wt = ts[i], .n = ns[i], .y = y1[i]};
+            tu_poison(y1[i], sizeof(float) * (size_t)(ms[i] * ns[i]));
+            cr_assert_eq(kiln_cpu_matmul(pools[th], kiln_cpu_isa_detect(), &mm[i]), KILN_OK);
+            mm[i].out[0].y = yb[i];
+            tu_poison(yb[i], sizeof(float) * (size_t)(ms[i] * ns[i]));
+        }
+        cr_assert_eq(kiln_cpu_matmul_batch(pools[th], kiln_cpu_isa_detect(), mm, 3), KILN_OK);
+        for (int i = 0; i < 3; i++)
+            cr_assert(memcmp(y1[i], yb[i], sizeof(float) * (size_t)(ms[i] * ns[i])) == 0, "region %d (%s, %lld rows), %d threads",
+                      i, kiln_dtype_name(ts[i]), (long long)ms[i], th);
+    }
+    mm[1].k = 48; /* not a multiple of q4_k's block in region 2: nothing written anywhere */
+    mm[2].k = 48;
+    tu_poison(yb[0], sizeof(float) * (size_t)(ms[0] * ns[0]));
+    cr_assert_eq(kiln_cpu_matmul_batch(pools[2], KILN_CPU_ISA_SCALAR, mm, 3), KILN_ERR_SHAPE);
+    for (int64_t j = 0; j < ms[0] * ns[0]; j++) cr_assert(isnan(yb[0][j]), "region 0 written by a failed batch");
+    for (int i = 0; i < 3; i++) free(w[i].base), free(x[i]), free(y1[i]), free(yb[i]);
+}
+
 /* ---------------------------------------------------------------- attention */
 
 /* The soft-cap and window of the next run_attn_case (0: none), read by the reference too. */

@@ -84,6 +84,11 @@ typedef struct kiln_cpu_mm {
 /* Runs one region on the pool. Returns KILN_ERR_INVALID_ARG / _DTYPE / _SHAPE for bad
  * descriptions (nothing written), KILN_ERR_NOMEM when scratch cannot grow. */
 kiln_status kiln_cpu_matmul(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const kiln_cpu_mm *mm);
+/* n independent regions (each its own x, rows and outputs; none may write what another reads) in
+ * one pass of the pool, their column units interleaved: the routed experts of a moe_matmul, where
+ * a pass per expert would cost a wake-up of every thread each. Same checks and results as n calls
+ * of kiln_cpu_matmul; nothing is written when one region is invalid. */
+kiln_status kiln_cpu_matmul_batch(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const kiln_cpu_mm *mm, int n);
 
 /* ---------------------------------------------------------------- attention */
 

@@ -5,6 +5,8 @@
  * Must not contain ISA intrinsics: the inner loops live in the kern_* files. */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backends/cpu/kern.h"
@@ -31,6 +33,8 @@ typedef struct mm_job {
     atomic_llong         next;                   /* next unit to take */
     char                *tmp;                    /* per-thread output tiles (run_unit) */
     size_t               tmp_bytes;              /* bytes per thread */
+    size_t               off[KILN_CPU_ACT_COUNT + 1]; /* scratch offsets (plan_job): xhat, formats, tiles */
+    size_t               bytes;                  /* scratch bytes of the job */
 } mm_job;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -210,11 +214,11 @@ static int64_t pick_chunk(const kiln_cpu_mm *mm, int64_t total, int nth)
     return c < 12 ? 12 : c > 240 ? 240 : c;
 }
 
-/* Lays out scratch: xhat, prepared formats, per-thread output tiles. */
-static kiln_status setup(kiln_cpu_pool *pool, mm_job *j)
+/* Plans a job for nth threads: groups, units, and its scratch layout (xhat, prepared formats,
+ * per-thread output tiles) as offsets from the start of its scratch (j->off, j->bytes). */
+static void plan_job(mm_job *j, int nth)
 {
     const kiln_cpu_mm *mm = j->mm;
-    int nth = kiln_cpu_pool_threads(pool);
     bool need[KILN_CPU_ACT_COUNT] = {false};
     int64_t total = 0;
     for (int o = 0; o < mm->n_out; o++)
@@ -236,27 +240,43 @@ static kiln_status setup(kiln_cpu_pool *pool, mm_job *j)
         j->g[gi].units = (j->g[gi].n + j->chunk - 1) / j->chunk;
         j->n_units += j->g[gi].units;
     }
-    size_t off[KILN_CPU_ACT_COUNT + 2] = {0}, sz = 0;
+    size_t sz = 0;
     size_t xhat_b = mm->norm ? align64((size_t)(mm->m * mm->k) * sizeof(float)) : 0;
-    off[0] = sz, sz += xhat_b;
+    j->off[0] = sz, sz += xhat_b;
     for (int a = KILN_CPU_ACT_Q8_0; a < KILN_CPU_ACT_COUNT; a++) {
         j->xs[a] = kiln_cpu_act_row_bytes((enum kiln_cpu_act)a, mm->k);
-        off[a] = sz;
+        j->off[a] = sz;
         if (need[a])
             sz += align64(j->xs[a] * (size_t)mm->m);
+        else
+            j->off[a] = SIZE_MAX; /* format not used */
     }
     int tiles = mm->swiglu ? 2 : mm->m > 8 ? 1 : 0; /* compact output tiles per thread (run_unit) */
     j->tmp_bytes = align64((size_t)(tiles * mm->m * j->chunk) * sizeof(float));
-    off[KILN_CPU_ACT_COUNT] = sz, sz += j->tmp_bytes * (size_t)nth;
-    char *s = kiln_cpu_pool_scratch(pool, sz + 64);
-    if (!s)
-        return KILN_ERR_NOMEM;
-    j->xhat = mm->norm ? (float *)(s + off[0]) : NULL;
+    j->off[KILN_CPU_ACT_COUNT] = sz, sz += j->tmp_bytes * (size_t)nth;
+    j->bytes = sz;
+}
+
+/* Points the job's scratch at s (64-byte aligned, j->bytes long). */
+static void bind_job(mm_job *j, char *s)
+{
+    const kiln_cpu_mm *mm = j->mm;
+    j->xhat = mm->norm ? (float *)(s + j->off[0]) : NULL;
     j->xa[KILN_CPU_ACT_F32] = (void *)(j->xhat ? j->xhat : mm->x);
     j->xs[KILN_CPU_ACT_F32] = (size_t)mm->k * sizeof(float);
     for (int a = KILN_CPU_ACT_Q8_0; a < KILN_CPU_ACT_COUNT; a++)
-        j->xa[a] = need[a] ? s + off[a] : NULL;
-    j->tmp = s + off[KILN_CPU_ACT_COUNT];
+        j->xa[a] = j->off[a] != SIZE_MAX ? s + j->off[a] : NULL;
+    j->tmp = s + j->off[KILN_CPU_ACT_COUNT];
+}
+
+/* Lays out scratch: xhat, prepared formats, per-thread output tiles. */
+static kiln_status setup(kiln_cpu_pool *pool, mm_job *j)
+{
+    plan_job(j, kiln_cpu_pool_threads(pool));
+    char *s = kiln_cpu_pool_scratch(pool, j->bytes + 64);
+    if (!s)
+        return KILN_ERR_NOMEM;
+    bind_job(j, s);
     return KILN_OK;
 }
 
@@ -283,5 +303,89 @@ kiln_status kiln_cpu_matmul(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const ki
     }
     atomic_init(&j.next, 0);
     kiln_cpu_pool_run(pool, mm_fn, &j);
+    return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- batches */
+
+/* Independent matmuls sharing one pass of the pool: units numbered across the jobs. */
+typedef struct mm_batch {
+    mm_job      *jobs;   /* n jobs */
+    int64_t     *base;   /* first unit of each job, then the total */
+    int          n;      /* jobs */
+    atomic_llong next;   /* next unit to take */
+} mm_batch;
+
+static void batch_fn(void *arg, int tid, int nth)
+{
+    (void)nth;
+    mm_batch *b = arg;
+    for (;;) {
+        int64_t u = atomic_fetch_add_explicit(&b->next, 1, memory_order_relaxed);
+        if (u >= b->base[b->n])
+            return;
+        int lo = 0, hi = b->n - 1; /* the job holding unit u: base[lo] <= u < base[lo + 1] */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (b->base[mid] <= u) lo = mid;
+            else hi = mid - 1;
+        }
+        mm_job *j = &b->jobs[lo];
+        u -= b->base[lo];
+        int gi = 0;
+        while (gi + 1 < j->n_groups && u >= j->g[gi + 1].base)
+            gi++;
+        const mm_group *g = &j->g[gi];
+        int64_t c0 = (u - g->base) * j->chunk;
+        int64_t cw = g->n - c0 < j->chunk ? g->n - c0 : j->chunk;
+        run_unit(j, g, c0, cw, tid);
+    }
+}
+
+kiln_status kiln_cpu_matmul_batch(kiln_cpu_pool *pool, enum kiln_cpu_isa isa, const kiln_cpu_mm *mm, int n)
+{
+    if (!pool || n < 0 || (n > 0 && !mm))
+        return KILN_ERR_INVALID_ARG;
+    if (n <= 1)
+        return n ? kiln_cpu_matmul(pool, isa, mm) : KILN_OK;
+    const kiln_cpu_kern *kt = kiln_cpu_kern_get(isa);
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < n && st == KILN_OK; i++)
+        st = validate(kt, &mm[i]);
+    if (st != KILN_OK)
+        return st;
+    mm_batch b = {.jobs = calloc((size_t)n, sizeof *b.jobs), .base = malloc((size_t)(n + 1) * sizeof *b.base), .n = n};
+    if (!b.jobs || !b.base) {
+        free(b.jobs), free(b.base);
+        return KILN_ERR_NOMEM;
+    }
+    int nth = kiln_cpu_pool_threads(pool);
+    size_t total = 0;
+    b.base[0] = 0;
+    for (int i = 0; i < n; i++) {
+        b.jobs[i].mm = &mm[i], b.jobs[i].kt = kt;
+        plan_job(&b.jobs[i], nth);
+        total += align64(b.jobs[i].bytes);
+        b.base[i + 1] = b.base[i] + b.jobs[i].n_units;
+    }
+    char *s = kiln_cpu_pool_scratch(pool, total + 64);
+    if (!s) {
+        free(b.jobs), free(b.base);
+        return KILN_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        mm_job *j = &b.jobs[i];
+        bind_job(j, s);
+        s += align64(j->bytes);
+        if (j->xhat || j->xa[KILN_CPU_ACT_Q8_0] || j->xa[KILN_CPU_ACT_Q8_K]) {
+            if (j->mm->m * j->mm->k <= PREP_INLINE_MAX || j->mm->m == 1)
+                prep_fn(j, 0, 1);
+            else
+                kiln_cpu_pool_run(pool, prep_fn, j);
+        }
+    }
+    atomic_init(&b.next, 0);
+    kiln_cpu_pool_run(pool, batch_fn, &b);
+    free(b.jobs), free(b.base);
     return KILN_OK;
 }

@@ -310,21 +310,11 @@ static kiln_status matmul(const node_run *c)
     return st;
 }
 
-/* One routed expert's matmul: the m rows of x at xr (row stride K) by its [N, K] rows into yr. */
-static kiln_status expert_mm(const node_run *c, const void *w, kiln_dtype wt, int64_t N, int64_t K, const float *xr,
-                             int64_t m, float *yr)
-{
-    kiln_cpu_mm mm = {.x = xr, .m = m, .k = K, .n_out = 1};
-    mm.out[0] = (kiln_cpu_mm_out){.w = w, .wt = wt, .n = N, .y = yr};
-    kiln_status st = kiln_cpu_matmul(c->pool, c->isa, &mm);
-    return st == KILN_OK ? st : fail(c, st, "expert matmul [%lld, %lld] %s: %s", (long long)N, (long long)K,
-                                     kiln_dtype_name(wt), kiln_status_str(st));
-}
-
 /* moe_matmul (kiln.h): the tokens' slots (kiln_moe_slots) grouped by expert, so each routed
- * expert's [N, K] rows are one kiln_cpu_matmul over the rows that chose it (gathered when there are
- * several) and an expert no token chose is never read: a decode step reads k experts of E. With
- * sum, each token's slots are weighted by r and added in slot order afterwards, as in the ref. */
+ * expert's [N, K] rows are one matmul over the rows that chose it (gathered when there are several),
+ * all of them in one kiln_cpu_matmul_batch (one pass of the pool), and an expert no token chose is
+ * never read: a decode step reads k experts of E. With sum, each token's slots are weighted by r
+ * and added in slot order afterwards, as in the ref. */
 static kiln_status moe_matmul(const node_run *c)
 {
     const kiln_node_rec *n = c->n;
@@ -350,25 +340,36 @@ static kiln_status moe_matmul(const node_run *c)
         start[e + 2] += start[e + 1];
     }
     for (int64_t p = 0; st == KILN_OK && p < tk; p++) order[start[slot[p] + 1]++] = p; /* start[e + 1]: e's end */
-    if (st == KILN_OK && maxc > 1) {
-        xg = malloc((size_t)(maxc * K) * sizeof *xg), yg = malloc((size_t)(maxc * N) * sizeof *yg);
-        if (!xg || !yg) st = fail(c, KILN_ERR_NOMEM, "out of memory gathering %lld rows", (long long)maxc);
+    kiln_cpu_mm *mm = st == KILN_OK ? calloc((size_t)(E < tk ? E : tk) + 1, sizeof *mm) : NULL;
+    if (st == KILN_OK && !mm) st = fail(c, KILN_ERR_NOMEM, "out of memory for %lld experts", (long long)E);
+    if (st == KILN_OK && maxc > 1) { /* experts of several rows read them gathered, in expert order */
+        xg = malloc((size_t)(tk * K) * sizeof *xg), yg = malloc((size_t)(tk * N) * sizeof *yg);
+        if (!xg || !yg) st = fail(c, KILN_ERR_NOMEM, "out of memory gathering %lld rows", (long long)tk);
     }
+    int n_mm = 0;
     for (int64_t e = 0; st == KILN_OK && e < E; e++) {
         int64_t b = start[e], m = start[e + 1] - b; /* expert e's slots: order[b .. b + m) */
-        const void *w = (const char *)c->v->bufs[wi] + (size_t)e * ebytes;
-        if (m == 1) {
+        if (m == 0) continue;
+        kiln_cpu_mm *u = &mm[n_mm++];
+        *u = (kiln_cpu_mm){.m = m, .k = K, .n_out = 1};
+        u->out[0] = (kiln_cpu_mm_out){.w = (const char *)c->v->bufs[wi] + (size_t)e * ebytes, .wt = wt, .n = N};
+        if (m == 1) { /* its row in place */
             int64_t p = order[b];
-            st = expert_mm(c, w, wt, N, K, x + ((p / k) * xk + (xk > 1 ? p % k : 0)) * K, 1, ys + p * N);
+            u->x = x + ((p / k) * xk + (xk > 1 ? p % k : 0)) * K, u->out[0].y = ys + p * N;
             continue;
         }
         for (int64_t i = 0; i < m; i++) {
             int64_t p = order[b + i];
-            memcpy(xg + i * K, x + ((p / k) * xk + (xk > 1 ? p % k : 0)) * K, (size_t)K * sizeof *xg);
+            memcpy(xg + (b + i) * K, x + ((p / k) * xk + (xk > 1 ? p % k : 0)) * K, (size_t)K * sizeof *xg);
         }
-        if (m > 0 && (st = expert_mm(c, w, wt, N, K, xg, m, yg)) == KILN_OK)
-            for (int64_t i = 0; i < m; i++) memcpy(ys + order[b + i] * N, yg + i * N, (size_t)N * sizeof *yg);
+        u->x = xg + b * K, u->out[0].y = yg + b * N;
     }
+    if (st == KILN_OK && (st = kiln_cpu_matmul_batch(c->pool, c->isa, mm, n_mm)) != KILN_OK)
+        st = fail(c, st, "expert matmuls [%lld, %lld] %s: %s", (long long)N, (long long)K, kiln_dtype_name(wt),
+                  kiln_status_str(st));
+    for (int64_t e = 0; st == KILN_OK && maxc > 1 && e < E; e++) /* gathered outputs back to their slots */
+        for (int64_t i = start[e]; start[e + 1] - start[e] > 1 && i < start[e + 1]; i++)
+            memcpy(ys + order[i] * N, yg + i * N, (size_t)N * sizeof *yg);
     float *y = c->v->bufs[c->idx];
     for (int64_t t = 0; st == KILN_OK && sum && t < T; t++) {
         for (int64_t j = 0; j < N; j++) y[t * N + j] = 0.0f;
@@ -379,7 +380,7 @@ static kiln_status moe_matmul(const node_run *c)
         }
     }
     if (sum) free(ys);
-    free(slot), free(start), free(order), free(xg), free(yg);
+    free(slot), free(start), free(order), free(xg), free(yg), free(mm);
     drop(x, owned);
     return st;
 }
