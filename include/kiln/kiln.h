@@ -52,6 +52,8 @@ typedef enum kiln_status {
     KILN_ERR_INTERNAL,     /* a broken invariant inside kiln: please report it */
     KILN_ERR_NONFINITE,    /* check_finite: a computed value is NaN or infinite (the message names the
                               first such node, its element, its fused region and backend) */
+    KILN_ERR_BUSY,         /* kiln_run_async: the device queue holds as many unwaited steps as kiln
+                              keeps (kiln_plan_wait first); nothing was enqueued */
     KILN_STATUS_COUNT
 } kiln_status;
 
@@ -604,23 +606,85 @@ typedef struct kiln_binding {
 KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t n);
 
 /* Runs the plan once, ordered on a caller's queue: the step of an inference engine that drives its
- * own CUDA stream. stream is a CUstream of the device kiln's cuda backend uses (its primary
- * context; NULL is the legacy default stream).
- * - A plan whose kernels all run on cuda: the step is ordered after the work enqueued on stream
- *   before the call, and stream waits for the step (events: the host does not wait), so later work
- *   on stream sees the outputs bound as device memory and the updated states. The plan's recorded
- *   CUDA graph replays on kiln's own stream, one per step whatever the batch composition (symbols
- *   and metadata are per-run data). The call returns without waiting when every input and output
- *   is bound as device memory; a host-bound input is copied, and a host-bound output written,
- *   before the call returns (the call then waits for what it needs).
- * - Any other plan (cpu, ref, vulkan, or one mixing the host with a device): runs as kiln_run
- *   does and returns when done; stream is not used (no Vulkan queue interop yet).
- * Errors found before enqueueing (bindings, symbols, host-bound paged metadata) are returned and
- * nothing runs; a fault of the device surfaces at the plan's next run or read. Metadata bound as
- * device memory is not checked by kiln (the GPU kernels clamp every index into its buffer). A
- * plan is used by one thread at a time, as with kiln_run; device buffers bound here must stay
- * valid until stream has passed the step. */
+ * own GPU queue. What stream is depends on the backend the plan's kernels run on:
+ * - cuda: a CUstream of the device kiln's cuda backend uses (its primary context; NULL is the legacy
+ *   default stream). A plan whose kernels all run on cuda: the step is ordered after the work
+ *   enqueued on stream before the call, and stream waits for the step (events: the host does not
+ *   wait), so later work on stream sees the outputs bound as device memory and the updated states.
+ *   The plan's recorded CUDA graph replays on kiln's own stream, one per step whatever the batch
+ *   composition (symbols and metadata are per-run data). The call returns without waiting when
+ *   every input and output is bound as device memory; a host-bound input is copied, and a
+ *   host-bound output written, before the call returns (the call then waits for what it needs).
+ * - vulkan: a kiln_vk_sync (below; NULL: the step runs as kiln_run does). A plan whose kernels all
+ *   run on vulkan: the call enqueues the step on kiln's queue and returns without waiting for the
+ *   device. The step starts after the sync's wait semaphores and signals its signal semaphore when
+ *   done. Host-bound inputs are copied (to staging memory) at the call: the caller may reuse them as
+ *   soon as it returns. Host-bound outputs are written when the step is waited for: by
+ *   kiln_plan_wait, or by any later call that waits for the context's vulkan queue (kiln_run,
+ *   kiln_plan_read, kiln_plan_state_*, kiln_plan_free); their memory must stay valid, and is not to
+ *   be read, until kiln_plan_wait returns. Steps queued before earlier ones are waited for run in
+ *   call order on the one queue (each sees the states its predecessor wrote); at most
+ *   KILN_VK_MAX_PENDING steps of a context wait at once: one more is refused with KILN_ERR_BUSY, and
+ *   nothing is enqueued (kiln_plan_wait, then call again).
+ *   A plan that mixes host kernels with vulkan ones runs synchronously (the call returns when the
+ *   step is done): its device work still waits for the wait semaphores, which must therefore be
+ *   signalled by work already submitted or by another thread, and the signal semaphore is signalled
+ *   when the step is done.
+ * - Any other plan (cpu, ref, or one mixing the host with cuda): runs as kiln_run does and returns
+ *   when done; stream is not used.
+ * Errors found before enqueueing (bindings, symbols, host-bound paged metadata, a bad kiln_vk_sync)
+ * are returned and nothing runs; a fault of the device surfaces at the plan's next run, wait or
+ * read. Metadata bound as device memory is not checked by kiln (the GPU kernels clamp every index
+ * into its buffer). A plan is used by one thread at a time, as with kiln_run; device buffers bound
+ * here must stay valid until stream has passed the step. */
 KILN_API kiln_status kiln_run_async(kiln_plan *p, const kiln_binding *b, size_t n, void *stream);
+
+/* Waits until the steps kiln_run_async queued for the plan's device are done, and writes their
+ * host-bound outputs. Returns the device's fault if one happened (the plan stays usable unless the
+ * device is lost). A plan with nothing queued returns KILN_OK at once; so does a plan of host
+ * kernels. Used by one thread at a time, as the plan's runs are. */
+KILN_API kiln_status kiln_plan_wait(kiln_plan *p);
+
+/* Vulkan queue interop, the `stream` of kiln_run_async for a plan that runs on vulkan. Semaphores are
+ * Vulkan handles (VkSemaphore as a uint64_t) created on kiln's own device (kiln_ctx_vulkan): kiln
+ * cannot check that a handle is a live semaphore of that device (the validation layers can). A wait
+ * semaphore may be binary (its value 0; a signal operation for it must be submitted before the
+ * call, as Vulkan requires) or timeline (its value: the step starts once the semaphore reaches it,
+ * and the value may be signalled later, from the host or another queue). Timeline values need a
+ * device with timeline semaphores (kiln_vk_device.timeline; Vulkan 1.2 and lavapipe have them),
+ * else the sync is refused (KILN_ERR_UNSUPPORTED). Without timeline semaphores kiln tracks its steps
+ * with fences: everything but timeline values works the same. */
+#define KILN_VK_SYNC_MAGIC 0x6b766b31u /* "kvk1": kiln_vk_sync.magic */
+#define KILN_VK_SYNC_MAX_WAIT 8         /* most wait semaphores of one step */
+#define KILN_VK_MAX_PENDING 8           /* most kiln_run_async steps of a context not yet waited for */
+typedef struct kiln_vk_sync {
+    uint32_t        magic;        /* KILN_VK_SYNC_MAGIC; anything else (a CUstream passed by mistake) is
+                                     refused with KILN_ERR_INVALID_ARG */
+    uint32_t        n_wait;       /* wait semaphores, 0..KILN_VK_SYNC_MAX_WAIT */
+    const uint64_t *wait;         /* n_wait VkSemaphore handles (none 0); NULL when n_wait is 0 */
+    const uint64_t *wait_value;   /* n_wait values: a timeline semaphore's value to wait for, 0 for a
+                                     binary semaphore; NULL: every wait semaphore is binary */
+    uint64_t        signal;       /* a VkSemaphore signalled when the step's work (its output copies
+                                     included) is done, or 0 for none */
+    uint64_t        signal_value; /* signal is a timeline semaphore: the value it is set to (above its
+                                     current value); 0: signal is a binary semaphore */
+} kiln_vk_sync;
+
+/* The Vulkan objects kiln's vulkan backend drives in ctx, for a caller that shares the device: to
+ * create the semaphores of kiln_vk_sync, and buffers of its own. The queue is kiln's only queue:
+ * Vulkan requires a queue's use to be externally synchronized, so a caller submits to it only while
+ * no kiln call on this context runs. Handles stay valid until kiln_ctx_free. KILN_ERR_UNSUPPORTED
+ * when the context has no vulkan backend (the message says why). */
+typedef struct kiln_vk_device {
+    void    *instance;        /* VkInstance (one per process, never destroyed) */
+    void    *physical_device; /* VkPhysicalDevice */
+    void    *device;          /* VkDevice */
+    void    *queue;           /* VkQueue kiln submits to */
+    uint32_t queue_family;    /* the queue's family index */
+    uint32_t api_version;     /* the device's Vulkan version (VK_MAKE_API_VERSION) */
+    bool     timeline;        /* timeline semaphores are enabled on the device */
+} kiln_vk_device;
+KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out);
 
 typedef struct kiln_tensor_info {
     kiln_dtype t;                  /* dtype */

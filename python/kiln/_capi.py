@@ -14,7 +14,7 @@ from pathlib import Path
 
 # ---------------------------------------------------------------- enums (as numbered in kiln.h)
 STATUS_NAMES = ["ok", "invalid_arg", "shape", "dtype", "node", "name", "symbol", "binding", "parse",
-                "io", "nomem", "unsupported", "backend", "internal", "nonfinite"]
+                "io", "nomem", "unsupported", "backend", "internal", "nonfinite", "busy"]
 # DTYPES (kiln_dtype names by number) and DTYPE_COUNT are read from the library below: the enum
 # grows with new GGUF formats, and kiln_device_profile's peak_flops array is sized by it.
 ROPE_MODES = {"normal": 0, "neox": 1}

@@ -78,8 +78,13 @@ class NonFiniteError(Error, ArithmeticError):
     """KILN_ERR_NONFINITE: check_finite found a NaN or infinity (the message names the node)."""
 
 
+class BusyError(Error):
+    """KILN_ERR_BUSY: the device queue holds as many unwaited async steps as kiln keeps."""
+
+
 _BY_STATUS = [None, InvalidArgError, ShapeError, DtypeError, NodeError, NamingError, SymbolError, BindingError,
-              ParseError, FileError, NoMemoryError, UnsupportedError, BackendError, InternalError, NonFiniteError]
+              ParseError, FileError, NoMemoryError, UnsupportedError, BackendError, InternalError, NonFiniteError,
+              BusyError]
 
 
 def error(status: int, message: str, call: str = "") -> Error:

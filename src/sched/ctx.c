@@ -23,6 +23,7 @@ static const char *const status_text[KILN_STATUS_COUNT] = {
     [KILN_ERR_BACKEND] = "backend failure",
     [KILN_ERR_INTERNAL] = "internal error",
     [KILN_ERR_NONFINITE] = "non-finite value",
+    [KILN_ERR_BUSY] = "busy",
 };
 
 KILN_API const char *kiln_status_str(kiln_status s)

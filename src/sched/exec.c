@@ -604,7 +604,16 @@ kiln_status kiln_sched_execute(kiln_plan *p)
     return s == KILN_OK ? run_regions(p, 0, p->fusion.n_regions, x) : s;
 }
 
-kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes)
+static kiln_status fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes, bool wait);
+
+kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes) { return fetch(p, node, dst, bytes, true); }
+
+kiln_status kiln_sched_fetch_later(const kiln_plan *p, uint32_t node, void *dst, size_t bytes)
+{
+    return fetch(p, node, dst, bytes, false);
+}
+
+static kiln_status fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes, bool wait)
 {
     uint32_t root = p->root[node];
     int sp = p->home[root];
@@ -617,7 +626,7 @@ kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_
     kiln_plan *mp = (kiln_plan *)p;
     kiln_sched_lock(p, true);
     kiln_status s = kiln_backends[sp]->download(p->ctx->be_state[sp], dst, dev_addr(p, sp, node), bytes, err, sizeof err);
-    if (s == KILN_OK) s = kiln_backends[sp]->sync(p->ctx->be_state[sp], err, sizeof err);
+    if (s == KILN_OK && wait) s = kiln_backends[sp]->sync(p->ctx->be_state[sp], err, sizeof err);
     kiln_sched_lock(p, false);
     return s == KILN_OK ? s : dev_fail(mp, sp, s, "reading a value back", err);
 }

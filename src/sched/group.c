@@ -428,7 +428,7 @@ kiln_status kiln_sched_group_run(kiln_plan *gp, kiln_group *gr, const kiln_bindi
     bool replayed = false;
     if (s == KILN_OK && use_graphs(gr)) s = run_graphs(gr, &replayed);
     for (uint32_t k = 0; s == KILN_OK && !replayed && k <= gr->n_coll; k++) s = run_segment(gr, k);
-    if (s == KILN_OK) s = kiln_sched_run_outputs(gr->parts[0], ob[0]); /* outputs are whole: part 0's */
+    if (s == KILN_OK) s = kiln_sched_run_outputs(gr->parts[0], ob[0], false); /* outputs are whole: part 0's */
     for (int p = 0; s == KILN_OK && p < gr->n; p++) s = kiln_sched_sync_all(gr->parts[p]);
     for (int p = gr->n - 1; p >= 0; p--) kiln_sched_lock(gr->parts[p], false);
     for (int p = 0; p < gr->n; p++) {

@@ -470,40 +470,63 @@ static kiln_status copy_out_device(kiln_plan *p, uint32_t node, void *dst, size_
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: copying an output to device memory: %s", kiln_backends[sp]->name, err);
 }
 
-/* Every region on one device backend that can join a caller's queue: the backend id, else -1. */
-static int async_backend(const kiln_plan *p)
+/* How kiln_run_async runs a plan: as kiln_run; enqueued and joined with the caller's queue; or
+ * joined with it but run synchronously (host kernels beside a backend joined by semaphores, or
+ * profiling / check_finite there). */
+enum { JOIN_NONE, JOIN_ASYNC, JOIN_SYNC };
+
+/* The join mode for stream; *be: the device backend joined. */
+static int join_mode(const kiln_plan *p, void *stream, int *be)
 {
-    int be = -1;
+    int dev = -1;
+    bool host = false;
     for (uint32_t r = 0; r < p->fusion.n_regions; r++) {
         int b = p->region_be[r];
-        if (!kiln_backend_is_device(kiln_backends[b]) || !kiln_backends[b]->join_wait || (be >= 0 && be != b)) return -1;
-        be = b;
+        if (!kiln_backend_is_device(kiln_backends[b])) host = true;
+        else if (dev >= 0 && dev != b) return JOIN_NONE;
+        else dev = b;
     }
-    return be;
+    *be = dev;
+    if (dev < 0 || !kiln_backends[dev]->join_wait) return JOIN_NONE;
+    bool sems = kiln_backends[dev]->join_semaphores;
+    if (sems && !stream) return JOIN_NONE; /* no kiln_vk_sync: as kiln_run */
+    if (host || p->profiling || p->check_finite) return sems ? JOIN_SYNC : JOIN_NONE;
+    return JOIN_ASYNC;
 }
 
-static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool async, void *stream);
+static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, int mode, int be, void *stream);
 
-KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb) { return run(p, b, nb, false, NULL); }
+KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t nb) { return run(p, b, nb, JOIN_NONE, -1, NULL); }
 
 KILN_API kiln_status kiln_run_async(kiln_plan *p, const kiln_binding *b, size_t nb, void *stream)
 {
     if (!p) return KILN_ERR_INVALID_ARG;
-    if (p->group) return run(p, b, nb, false, NULL); /* a split plan runs as kiln_run does */
-    return run(p, b, nb, async_backend(p) >= 0 && !p->profiling && !p->check_finite, stream);
+    if (p->group) return run(p, b, nb, JOIN_NONE, -1, NULL); /* a split plan runs as kiln_run does */
+    int be = -1;
+    int mode = join_mode(p, stream, &be);
+    return run(p, b, nb, mode, be, stream);
+}
+
+KILN_API kiln_status kiln_plan_wait(kiln_plan *p)
+{
+    if (!p) return KILN_ERR_INVALID_ARG;
+    if (p->group) return KILN_OK; /* its runs were synchronous */
+    kiln_sched_lock(p, true);
+    kiln_status s = kiln_sched_sync_all(p);
+    kiln_sched_lock(p, false);
+    return s;
 }
 
 /* Joins the async run's device queue with the caller's: wait (before the step) or signal (after). */
-static kiln_status join_caller(kiln_plan *p, void *stream, bool after)
+static kiln_status join_caller(kiln_plan *p, int be, void *stream, bool after)
 {
-    int be = async_backend(p);
     const kiln_backend_i *bi = kiln_backends[be];
     char err[512] = "";
     kiln_status s = (after ? bi->join_signal : bi->join_wait)(p->ctx->be_state[be], stream, err, sizeof err);
-    return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: joining the caller's stream: %s", bi->name, err);
+    return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: joining the caller's %s: %s", bi->name, bi->join_semaphores ? "semaphores" : "stream", err);
 }
 
-kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind)
+kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind, bool later)
 {
     const kiln_graph *g = p->g;
     kiln_status s = KILN_OK;
@@ -512,12 +535,13 @@ kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind)
         if (!out_bind[o]) continue;
         size_t bytes = kiln_node_bytes(&g->nodes[i], p->dims[i]);
         if (out_bind[o]->device) s = copy_out_device(p, i, out_bind[o]->data, bytes);
+        else if (later) s = kiln_sched_fetch_later(p, i, out_bind[o]->data, bytes);
         else s = kiln_sched_fetch(p, i, out_bind[o]->data, bytes);
     }
     return s;
 }
 
-static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool async, void *stream)
+static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, int mode, int be, void *stream)
 {
     if (!p) return KILN_ERR_INVALID_ARG;
     if (p->group) {
@@ -531,12 +555,12 @@ static kiln_status run(kiln_plan *p, const kiln_binding *b, size_t nb, bool asyn
     kiln_status s = kiln_sched_run_begin(p, b, nb, &out_bind);
     kiln_sched_lock(p, true); /* device backends: this run's work stays together */
     double t1 = now_ms() / 1e3;
-    if (s == KILN_OK && async) s = join_caller(p, stream, false);
+    if (s == KILN_OK && mode != JOIN_NONE) s = join_caller(p, be, stream, false);
     if (s == KILN_OK) s = kiln_sched_execute(p);
     double t2 = now_ms() / 1e3;
-    if (s == KILN_OK) s = kiln_sched_run_outputs(p, out_bind);
-    if (s == KILN_OK && async) s = join_caller(p, stream, true); /* the caller's stream waits; the host does not */
-    else if (s == KILN_OK) s = kiln_sched_sync_all(p);
+    if (s == KILN_OK) s = kiln_sched_run_outputs(p, out_bind, mode == JOIN_ASYNC && kiln_backends[be]->join_semaphores);
+    if (s == KILN_OK && mode != JOIN_NONE) s = join_caller(p, be, stream, true); /* the caller's queue waits; the host does not */
+    if (s == KILN_OK && mode != JOIN_ASYNC) s = kiln_sched_sync_all(p);
     kiln_sched_lock(p, false);
     free(out_bind);
     if (s == KILN_OK) {

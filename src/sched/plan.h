@@ -146,8 +146,12 @@ kiln_status kiln_sched_put(kiln_plan *p, uint32_t node, const void *src, size_t 
 /* bind.c: frees the run memo. */
 void kiln_sched_memo_free(kiln_run_memo *m);
 kiln_status kiln_sched_run_begin(kiln_plan *p, const kiln_binding *b, size_t nb, const kiln_binding ***out_bind);
-kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind);
+/* later: host-bound outputs are downloaded without waiting (written when the device queue retires
+ * the step: kiln_run_async on a backend with join_semaphores). */
+kiln_status kiln_sched_run_outputs(kiln_plan *p, const kiln_binding **out_bind, bool later);
 kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);
+/* The same, without waiting: dst is written at the device's next sync (host-homed nodes: now). */
+kiln_status kiln_sched_fetch_later(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);
 kiln_status kiln_sched_sync_all(kiln_plan *p);
 kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, size_t bytes);
 

@@ -1,6 +1,7 @@
 /* The Vulkan backend of a build without the Vulkan loader or glslang: its probe says what is
  * missing, so `kiln info` tells the truth. Must not reference any Vulkan or glslang symbol. */
 #include "sched/backend.h"
+#include "sched/ctx.h"
 
 #include <stdio.h>
 
@@ -28,3 +29,9 @@ static kiln_status vk_absent_launch(void *state, const kiln_kernel *k, const kil
 const kiln_backend_i kiln_backend_vulkan = {
     .name = "vulkan", .probe = vk_absent_probe, .release = vk_absent_release, .launch = vk_absent_launch,
 };
+
+KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out)
+{
+    if (out) *out = (kiln_vk_device){0};
+    return ctx ? kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "kiln_ctx_vulkan: %s", KILN_NO_VULKAN_WHY) : KILN_ERR_INVALID_ARG;
+}

@@ -38,6 +38,19 @@ typedef struct kiln_vk_cmd {
     uint32_t        n_cmds;    /* commands recorded (a barrier goes before every one after the first) */
 } kiln_vk_cmd;
 
+/* A step kiln_run_async submitted that nothing has waited for yet: what it holds until it is done. */
+typedef struct kiln_vk_batch {
+    VkFence           fence;       /* signalled when the step's last submission (and all before it) is done */
+    VkCommandBuffer  *cbs;         /* its immediate command buffers, freed when it retires */
+    uint32_t          n_cbs;       /* how many */
+    uint32_t         *staging;     /* its staging buffers, spares (or freed) when it retires */
+    uint32_t          n_staging;   /* how many */
+    kiln_vk_download *downloads;   /* host copies made when it retires */
+    uint32_t          n_downloads; /* how many */
+} kiln_vk_batch;
+
+#define KILN_VK_SPARE_STAGING 4 /* staging buffers kept for reuse when their step retires */
+
 typedef struct kiln_vk {
     VkInstance        instance;       /* the process-wide instance (never destroyed) */
     VkPhysicalDevice  phys;           /* the chosen device */
@@ -78,6 +91,18 @@ typedef struct kiln_vk {
     uint32_t          n_old_staging, cap_old_staging; /* used / allocated */
     kiln_vk_download *downloads;      /* copies to the host done at sync */
     uint32_t          n_downloads, cap_downloads; /* used / allocated */
+
+    /* kiln_run_async (vk_queue.c): steps submitted and not yet waited for, oldest first */
+    bool              timeline;       /* timeline semaphores are enabled on the device */
+    kiln_vk_batch     pending[KILN_VK_MAX_PENDING]; /* submitted steps in submission order */
+    uint32_t          n_pending;      /* how many */
+    VkFence           spare_fence[KILN_VK_MAX_PENDING]; /* reset fences for the next steps */
+    uint32_t          n_spare_fence;  /* how many */
+    uint32_t          spare_staging[KILN_VK_SPARE_STAGING]; /* staging buffers of retired steps */
+    uint32_t          n_spare_staging; /* how many */
+    uint32_t          gate;           /* allocation id of the 4-byte buffer a step's first command
+                                         fills (the command the caller's wait semaphores gate),
+                                         UINT32_MAX: not made yet */
 } kiln_vk;
 
 /* vk_error.c */
@@ -104,6 +129,10 @@ kiln_status kiln_vk_copy(void *state, void *dst, const void *src, size_t bytes, 
 void        kiln_vk_memory_release(kiln_vk *s);
 /* Called by sync after the fence: host copies of downloads, staging reset. */
 void        kiln_vk_memory_synced(kiln_vk *s);
+/* Hands this batch's staging buffers and downloads to step b (kiln_run_async's submission) and
+ * starts an empty batch; kiln_vk_memory_retired does b's host copies and takes its staging back. */
+kiln_status kiln_vk_memory_detach(kiln_vk *s, kiln_vk_batch *b, char *err, size_t n);
+void        kiln_vk_memory_retired(kiln_vk *s, kiln_vk_batch *b, bool deliver);
 
 /* vk_queue.c */
 kiln_status kiln_vk_queue_init(kiln_vk *s, char *err, size_t n);
@@ -112,13 +141,20 @@ void        kiln_vk_queue_release(kiln_vk *s);
  * when commands precede it), or NULL with err. transfer: the command is a transfer (uploads and
  * downloads always go to the immediate buffer, even while recording). */
 VkCommandBuffer kiln_vk_cmd_next(kiln_vk *s, bool transfer, char *err, size_t n);
-kiln_status kiln_vk_sync(void *state, char *err, size_t n);
+kiln_status kiln_vk_queue_sync(void *state, char *err, size_t n);
 kiln_status kiln_vk_record_begin(void *state, char *err, size_t n);
 kiln_status kiln_vk_record_end(void *state, void **rec, char *err, size_t n);
 kiln_status kiln_vk_replay(void *state, void *rec, char *err, size_t n);
 void        kiln_vk_record_free(void *state, void *rec);
 kiln_status kiln_vk_timer_mark(void *state, int slot, char *err, size_t n);
 kiln_status kiln_vk_timer_read(void *state, int a, int b, double *seconds, char *err, size_t n);
+/* kiln_run_async's joins (q: a kiln_vk_sync): join_wait checks the sync and submits a first command
+ * gated by its wait semaphores; join_signal submits what the step enqueued with its signal semaphore
+ * and a fence, and keeps it pending (no host wait). Retire: the pending steps that are done (all of
+ * them, waiting, when wait is true) deliver their downloads and give back their memory. */
+kiln_status kiln_vk_join_wait(void *state, void *q, char *err, size_t n);
+kiln_status kiln_vk_join_signal(void *state, void *q, char *err, size_t n);
+kiln_status kiln_vk_retire(kiln_vk *s, bool wait, char *err, size_t n);
 
 /* vk_kernel.c */
 typedef struct kiln_kernel kiln_vk_kernel; /* the backend's kiln_kernel */

@@ -4,6 +4,7 @@
  * pipelines (vk_kernel.c) or word errors (vk_error.c). */
 #include "util/env.h"
 #include "backends/vulkan/vk.h"
+#include "sched/ctx.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 static pthread_once_t instance_once = PTHREAD_ONCE_INIT;
 static VkInstance     instance;        /* the process's instance, or VK_NULL_HANDLE */
 static VkResult       instance_result; /* why not */
+static uint32_t       instance_api;    /* the Vulkan version the instance was made for */
 
 static void create_instance(void)
 {
@@ -28,6 +30,7 @@ static void create_instance(void)
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "kiln", .pEngineName = "kiln",
                              .apiVersion = loader >= VK_API_VERSION_1_3 ? VK_API_VERSION_1_3 : loader};
     VkInstanceCreateInfo ici = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    instance_api = app.apiVersion;
     instance_result = vkCreateInstance(&ici, NULL, &instance);
     if (instance_result != VK_SUCCESS) instance = VK_NULL_HANDLE;
 }
@@ -119,6 +122,8 @@ static VkResult create_device(kiln_vk *s)
     bool ext_dot = has_ext(s->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) ;
     bool v13 = s->props.apiVersion >= VK_API_VERSION_1_3;
     bool ext_sc = (v13 || has_ext(s->phys, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) ;
+    bool v12 = s->props.apiVersion >= VK_API_VERSION_1_2 && instance_api >= VK_API_VERSION_1_2; /* timeline semaphores are core */
+    VkPhysicalDeviceTimelineSemaphoreFeatures tl = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES};
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
     VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sc = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
     VkPhysicalDevice16BitStorageFeatures st16 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
@@ -126,6 +131,7 @@ static VkResult create_device(kiln_vk *s)
     void **tail = &st16.pNext;
     if (ext_dot) *tail = &dot, tail = &dot.pNext;
     if (ext_sc) *tail = &sc, tail = &sc.pNext;
+    if (v12) *tail = &tl, tail = &tl.pNext;
     vkGetPhysicalDeviceFeatures2(s->phys, &f2);
 
     VkPhysicalDeviceSubgroupSizeControlPropertiesEXT scp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT};
@@ -169,6 +175,13 @@ static VkResult create_device(kiln_vk *s)
         s->feat.subgroup_size = sg.subgroupSize;
         s->feat.subgroup_arith = true;
         s->feat.subgroup_clustered = (sg.supportedOperations & VK_SUBGROUP_FEATURE_CLUSTERED_BIT) != 0;
+    }
+    VkPhysicalDeviceTimelineSemaphoreFeatures en_tl = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES};
+    if (v12 && tl.timelineSemaphore) { /* kiln_run_async's kiln_vk_sync may name timeline values */
+        en_tl.timelineSemaphore = VK_TRUE;
+        en_tl.pNext = chain;
+        chain = &en_tl;
+        s->timeline = true;
     }
     float prio = 1.0f;
     VkDeviceQueueCreateInfo q = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = s->queue_family,
@@ -214,7 +227,7 @@ static kiln_status vk_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
     }
     kiln_vk *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
-    s->staging = UINT32_MAX;
+    s->staging = s->gate = UINT32_MAX;
     s->instance = instance;
     VkResult r;
     uint32_t nd = 0;
@@ -393,11 +406,26 @@ const kiln_backend_i kiln_backend_vulkan = {
     .upload = kiln_vk_upload,
     .download = kiln_vk_download_mem,
     .copy = kiln_vk_copy,
-    .sync = kiln_vk_sync,
+    .sync = kiln_vk_queue_sync,
     .record_begin = kiln_vk_record_begin,
     .record_end = kiln_vk_record_end,
     .replay = kiln_vk_replay,
     .record_free = kiln_vk_record_free,
     .timer_mark = kiln_vk_timer_mark,
     .timer_read = kiln_vk_timer_read,
+    .join_wait = kiln_vk_join_wait,
+    .join_signal = kiln_vk_join_signal,
+    .join_semaphores = true,
 };
+
+KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out)
+{
+    if (!ctx || !out) return ctx ? kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "kiln_ctx_vulkan: NULL argument") : KILN_ERR_INVALID_ARG;
+    *out = (kiln_vk_device){0};
+    const kiln_vk *s = ctx->be_state[KILN_BACKEND_VULKAN];
+    if (!ctx->be_ok[KILN_BACKEND_VULKAN] || !s)
+        return kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "kiln_ctx_vulkan: no vulkan backend: %s", ctx->be_detail[KILN_BACKEND_VULKAN]);
+    *out = (kiln_vk_device){.instance = s->instance, .physical_device = s->phys, .device = s->dev, .queue = s->queue,
+                            .queue_family = s->queue_family, .api_version = s->props.apiVersion, .timeline = s->timeline};
+    return KILN_OK;
+}

@@ -53,7 +53,7 @@ void kiln_vk_kernel_free(kiln_vk *s, kiln_vk_kernel *k)
     if (k->owns_scratch) kiln_vk_free_mem(s, k->scratch);
     if (s->submitted || s->cur.n_cmds) { /* it may be in flight */
         char err[256];
-        kiln_vk_sync(s, err, sizeof err);
+        kiln_vk_queue_sync(s, err, sizeof err);
     }
     for (uint32_t i = 0; i < k->n_tables; i++) kiln_vk_free_mem(s, k->tables[i]);
     for (uint32_t i = 0; i < k->n_pools; i++) vkDestroyDescriptorPool(s->dev, k->pools[i], NULL);
@@ -492,7 +492,7 @@ kiln_status kiln_vk_check_fma(kiln_vk *s, char *err, size_t n)
     void *addrs[2] = {mem, mem};
     if (st == KILN_OK) st = kiln_vk_kernel_launch(s, kern, addrs, err, n);
     if (st == KILN_OK) st = kiln_vk_download_mem(s, out, mem, sizeof out, err, n);
-    if (st == KILN_OK) st = kiln_vk_sync(s, err, n);
+    if (st == KILN_OK) st = kiln_vk_queue_sync(s, err, n);
     if (st == KILN_OK) {
         bool twice = out[3] != 0x1p-24f; /* 0: the product was rounded */
         s->feat.fma_f64 = twice && s->has_f64;

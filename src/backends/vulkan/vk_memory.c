@@ -1,6 +1,7 @@
 /* The Vulkan backend's memory: one VkBuffer per allocation (device-local where the device has
  * it), opaque addresses (id << 40 | offset), host-visible staging buffers for upload/download
- * (copied in command order; downloads reach the host at sync). Must not create pipelines nor
+ * (copied in command order; downloads reach the host at sync, or when a kiln_run_async step that
+ * holds them retires), spare staging buffers of retired steps. Must not create pipelines nor
  * submit work except through vk_queue.c. */
 #include "backends/vulkan/vk.h"
 
@@ -138,7 +139,7 @@ void kiln_vk_free_mem(void *state, void *buf)
     if (!buf || !kiln_vk_decode(s, buf, &id, &off)) return;
     if (s->cur.n_cmds || s->submitted) { /* it may still be in use */
         char err[256];
-        kiln_vk_sync(s, err, sizeof err);
+        kiln_vk_queue_sync(s, err, sizeof err);
     }
     kiln_vk_buffer_free(s, id);
 }
@@ -167,8 +168,13 @@ static kiln_status staging(kiln_vk *s, size_t bytes, uint32_t *id, VkDeviceSize 
         s->old_staging[s->n_old_staging++] = s->staging;
         s->staging = UINT32_MAX;
     }
-    uint32_t nid;
-    kiln_status st = kiln_vk_buffer_new(s, need > STAGING_MIN ? need : STAGING_MIN, true, &nid, err, n);
+    uint32_t nid = UINT32_MAX;
+    for (uint32_t i = 0; i < s->n_spare_staging && nid == UINT32_MAX; i++) /* a retired step's */
+        if (s->allocs[s->spare_staging[i]].size >= need) {
+            nid = s->spare_staging[i];
+            s->spare_staging[i] = s->spare_staging[--s->n_spare_staging];
+        }
+    kiln_status st = nid != UINT32_MAX ? KILN_OK : kiln_vk_buffer_new(s, need > STAGING_MIN ? need : STAGING_MIN, true, &nid, err, n);
     if (st != KILN_OK) return st;
     s->staging = nid;
     s->staging_used = need;
@@ -202,7 +208,7 @@ kiln_status kiln_vk_upload(void *state, void *dst, const void *src, size_t bytes
     if (st != KILN_OK || !bytes) return st;
     if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "upload", err, n);
     if (staging_total(s) + bytes > STAGING_FLUSH && (s->cur.n_cmds || s->submitted)) { /* weights: bounded staging */
-        st = kiln_vk_sync(s, err, n);
+        st = kiln_vk_queue_sync(s, err, n);
         if (st != KILN_OK) return st;
     }
     st = staging(s, bytes, &sid, &soff, err, n);
@@ -260,6 +266,43 @@ void kiln_vk_memory_synced(kiln_vk *s)
     for (uint32_t i = 0; i < s->n_old_staging; i++) kiln_vk_buffer_free(s, s->old_staging[i]);
     s->n_old_staging = 0;
     s->staging_used = 0;
+}
+
+kiln_status kiln_vk_memory_detach(kiln_vk *s, kiln_vk_batch *b, char *err, size_t n)
+{
+    bool cur = s->staging != UINT32_MAX && s->staging_used; /* an unused one stays with the next batch */
+    uint32_t ns = s->n_old_staging + cur;
+    b->staging = ns ? malloc(ns * sizeof *b->staging) : NULL;
+    if (ns && !b->staging) {
+        snprintf(err, n, "vulkan: out of host memory");
+        return KILN_ERR_NOMEM;
+    }
+    if (ns) memcpy(b->staging, s->old_staging, s->n_old_staging * sizeof *b->staging);
+    if (cur) b->staging[ns - 1] = s->staging, s->staging = UINT32_MAX;
+    b->n_staging = ns;
+    s->n_old_staging = 0;
+    s->staging_used = 0;
+    b->downloads = NULL;
+    b->n_downloads = s->n_downloads;
+    if (s->n_downloads) { /* the array goes with the step; the next batch grows its own */
+        b->downloads = s->downloads;
+        s->downloads = NULL;
+        s->n_downloads = s->cap_downloads = 0;
+    }
+    return KILN_OK;
+}
+
+void kiln_vk_memory_retired(kiln_vk *s, kiln_vk_batch *b, bool deliver)
+{
+    for (uint32_t i = 0; deliver && i < b->n_downloads; i++) memcpy(b->downloads[i].dst, b->downloads[i].src, b->downloads[i].bytes);
+    free(b->downloads);
+    for (uint32_t i = 0; i < b->n_staging; i++) {
+        if (s->n_spare_staging < KILN_VK_SPARE_STAGING) s->spare_staging[s->n_spare_staging++] = b->staging[i];
+        else kiln_vk_buffer_free(s, b->staging[i]);
+    }
+    free(b->staging);
+    b->downloads = NULL, b->staging = NULL;
+    b->n_downloads = b->n_staging = 0;
 }
 
 void kiln_vk_memory_release(kiln_vk *s)

@@ -1,12 +1,17 @@
 /* The Vulkan backend's command stream: immediate command buffers (launches, uploads, downloads)
  * submitted at sync or before a replay, recorded command buffers that replay submits, a memory
- * barrier before every command, the fence of sync, and timestamp queries. Must not allocate
- * buffers (vk_memory.c) nor build pipelines (vk_kernel.c). */
+ * barrier before every command, the fence of sync, timestamp queries, and kiln_run_async's steps
+ * (submitted with the caller's semaphores and a fence each, retired when done). Must not allocate
+ * buffers (vk_memory.c, but for the 4-byte gate of a step's wait semaphores) nor build pipelines
+ * (vk_kernel.c). */
 #include "backends/vulkan/vk.h"
 #include "util/fault.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+static void drop_pending(kiln_vk *s);
 
 typedef struct vk_recording {
     VkCommandBuffer cb; /* from rec_pool, begun with SIMULTANEOUS_USE */
@@ -40,6 +45,9 @@ kiln_status kiln_vk_queue_init(kiln_vk *s, char *err, size_t n)
 
 void kiln_vk_queue_release(kiln_vk *s)
 {
+    drop_pending(s); /* the device is idle */
+    for (uint32_t i = 0; i < s->n_spare_fence; i++) vkDestroyFence(s->dev, s->spare_fence[i], NULL);
+    s->n_spare_fence = 0;
     if (s->timers) vkDestroyQueryPool(s->dev, s->timers, NULL);
     if (s->fence) vkDestroyFence(s->dev, s->fence, NULL);
     if (s->rec_pool) vkDestroyCommandPool(s->dev, s->rec_pool, NULL);
@@ -102,8 +110,17 @@ VkCommandBuffer kiln_vk_cmd_next(kiln_vk *s, bool transfer, char *err, size_t n)
     return c->cb;
 }
 
-/* Ends the immediate buffer (if open) and submits it, with the fence when given. */
-static kiln_status submit_immediate(kiln_vk *s, VkCommandBuffer extra, VkFence fence, char *err, size_t n)
+/* Semaphores of a submission (kiln_run_async's joins). */
+typedef struct vk_sems {
+    uint32_t           n_wait;     /* wait semaphores */
+    const VkSemaphore *wait;       /* them */
+    const uint64_t    *wait_value; /* timeline values (0: binary), NULL: all binary */
+    VkSemaphore        signal;     /* or VK_NULL_HANDLE */
+    uint64_t           signal_value; /* timeline value, 0: binary */
+} vk_sems;
+
+/* Ends the immediate buffer (if open) and submits it, with the fence and semaphores when given. */
+static kiln_status submit_immediate(kiln_vk *s, VkCommandBuffer extra, VkFence fence, const vk_sems *sem, char *err, size_t n)
 {
     VkCommandBuffer cbs[2];
     uint32_t k = 0;
@@ -115,31 +132,84 @@ static kiln_status submit_immediate(kiln_vk *s, VkCommandBuffer extra, VkFence f
         cbs[k++] = s->cbs[s->used_cbs - 1];
     }
     if (extra) cbs[k++] = extra;
-    if (!k && !fence) return KILN_OK;
-    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = k, .pCommandBuffers = cbs};
+    if (!k && !fence && !sem) return KILN_OK;
+    VkPipelineStageFlags stages[KILN_VK_SYNC_MAX_WAIT];
+    uint64_t zero[KILN_VK_SYNC_MAX_WAIT] = {0};
+    uint32_t nw = sem ? sem->n_wait : 0;
+    for (uint32_t i = 0; i < nw; i++) stages[i] = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+    VkTimelineSemaphoreSubmitInfo tl = {.sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                                        .waitSemaphoreValueCount = nw, .pWaitSemaphoreValues = sem && sem->wait_value ? sem->wait_value : zero,
+                                        .signalSemaphoreValueCount = sem && sem->signal ? 1 : 0,
+                                        .pSignalSemaphoreValues = sem ? &sem->signal_value : NULL};
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .pNext = sem && s->timeline ? &tl : NULL,
+                       .waitSemaphoreCount = nw, .pWaitSemaphores = sem ? sem->wait : NULL, .pWaitDstStageMask = stages,
+                       .commandBufferCount = k, .pCommandBuffers = cbs,
+                       .signalSemaphoreCount = sem && sem->signal ? 1 : 0, .pSignalSemaphores = sem ? &sem->signal : NULL};
+    bool one = k || sem;
     VkResult r = kiln_fault("vk_device_lost") ? VK_ERROR_DEVICE_LOST /* test-only */
-                                              : vkQueueSubmit(s->queue, k ? 1 : 0, k ? &si : NULL, fence);
+                                              : vkQueueSubmit(s->queue, one ? 1 : 0, one ? &si : NULL, fence);
     if (r != VK_SUCCESS) return kiln_vk_fail(s, r, "vkQueueSubmit", err, n);
     s->submitted = true;
     return KILN_OK;
 }
 
-kiln_status kiln_vk_sync(void *state, char *err, size_t n)
+/* Frees what pending step b holds (the queue is idle or the step done); deliver: its downloads reach
+ * the host. Its fence goes back to the spares. */
+static void batch_free(kiln_vk *s, kiln_vk_batch *b, bool deliver)
+{
+    if (b->n_cbs) vkFreeCommandBuffers(s->dev, s->pool, b->n_cbs, b->cbs);
+    free(b->cbs);
+    kiln_vk_memory_retired(s, b, deliver);
+    if (b->fence && s->n_spare_fence < KILN_VK_MAX_PENDING && vkResetFences(s->dev, 1, &b->fence) == VK_SUCCESS)
+        s->spare_fence[s->n_spare_fence++] = b->fence;
+    else if (b->fence)
+        vkDestroyFence(s->dev, b->fence, NULL);
+    *b = (kiln_vk_batch){0};
+}
+
+/* Every pending step dropped undelivered (the queue idle, or the device lost). */
+static void drop_pending(kiln_vk *s)
+{
+    for (uint32_t i = 0; i < s->n_pending; i++) batch_free(s, &s->pending[i], false);
+    s->n_pending = 0;
+}
+
+kiln_status kiln_vk_retire(kiln_vk *s, bool wait, char *err, size_t n)
+{
+    while (s->n_pending) {
+        kiln_vk_batch *b = &s->pending[0];
+        VkResult r = wait ? vkWaitForFences(s->dev, 1, &b->fence, VK_TRUE, UINT64_MAX) : vkGetFenceStatus(s->dev, b->fence);
+        if (r == VK_NOT_READY || r == VK_TIMEOUT) return KILN_OK; /* later steps are not done either */
+        if (r != VK_SUCCESS) {
+            if (r != VK_ERROR_DEVICE_LOST) vkQueueWaitIdle(s->queue);
+            drop_pending(s);
+            return kiln_vk_fail(s, r, "waiting for a kiln_run_async step", err, n);
+        }
+        batch_free(s, b, true);
+        memmove(&s->pending[0], &s->pending[1], (s->n_pending - 1) * sizeof *s->pending);
+        s->n_pending--;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_vk_queue_sync(void *state, char *err, size_t n)
 {
     kiln_vk *s = state;
     if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "sync", err, n);
     kiln_status st = KILN_OK;
     if (s->cur.open || s->submitted) {
-        st = submit_immediate(s, VK_NULL_HANDLE, s->fence, err, n);
+        st = submit_immediate(s, VK_NULL_HANDLE, s->fence, NULL, err, n);
         if (st == KILN_OK) {
             VkResult r = vkWaitForFences(s->dev, 1, &s->fence, VK_TRUE, UINT64_MAX);
             if (r == VK_SUCCESS) r = vkResetFences(s->dev, 1, &s->fence);
             if (r != VK_SUCCESS) st = kiln_vk_fail(s, r, "waiting for the queue", err, n);
         }
     }
+    if (st == KILN_OK) st = kiln_vk_retire(s, true, err, n); /* done (the fence is after them): older downloads first */
     if (st != KILN_OK) { /* the batch is gone: drop what it would have delivered */
         s->n_downloads = 0;
         if (!s->lost) vkQueueWaitIdle(s->queue);
+        drop_pending(s);
     }
     if (!s->lost) vkResetCommandPool(s->dev, s->pool, 0);
     s->used_cbs = 0;
@@ -147,6 +217,118 @@ kiln_status kiln_vk_sync(void *state, char *err, size_t n)
     s->submitted = false;
     kiln_vk_memory_synced(s);
     return st;
+}
+
+/* ------------------------------------------------------------------ kiln_run_async */
+
+#if VK_USE_64_BIT_PTR_DEFINES
+#define VK_SEM(h) ((VkSemaphore)(uintptr_t)(h))
+#else
+#define VK_SEM(h) ((VkSemaphore)(h))
+#endif
+
+/* A kiln_vk_sync this device can honour, or why not. */
+static kiln_status check_sync(const kiln_vk *s, const kiln_vk_sync *y, char *err, size_t n)
+{
+    if (!y) {
+        snprintf(err, n, "vulkan: no kiln_vk_sync");
+        return KILN_ERR_INVALID_ARG;
+    }
+    if (y->magic != KILN_VK_SYNC_MAGIC) {
+        snprintf(err, n, "vulkan: stream is not a kiln_vk_sync (magic 0x%08x, want KILN_VK_SYNC_MAGIC 0x%08x)", (unsigned)y->magic,
+                 (unsigned)KILN_VK_SYNC_MAGIC);
+        return KILN_ERR_INVALID_ARG;
+    }
+    if (y->n_wait > KILN_VK_SYNC_MAX_WAIT || (y->n_wait && !y->wait)) {
+        snprintf(err, n, "vulkan: kiln_vk_sync: %u wait semaphores%s (at most %d)", (unsigned)y->n_wait,
+                 y->n_wait && !y->wait ? " and a NULL wait array" : "", KILN_VK_SYNC_MAX_WAIT);
+        return KILN_ERR_INVALID_ARG;
+    }
+    for (uint32_t i = 0; i < y->n_wait; i++) {
+        if (!y->wait[i]) {
+            snprintf(err, n, "vulkan: kiln_vk_sync: wait semaphore %u is VK_NULL_HANDLE", (unsigned)i);
+            return KILN_ERR_INVALID_ARG;
+        }
+        if (y->wait_value && y->wait_value[i] && !s->timeline) {
+            snprintf(err, n, "vulkan: kiln_vk_sync: wait semaphore %u has a timeline value, but %s has no timeline semaphores", (unsigned)i,
+                     s->props.deviceName);
+            return KILN_ERR_UNSUPPORTED;
+        }
+    }
+    if (y->signal_value && !y->signal) {
+        snprintf(err, n, "vulkan: kiln_vk_sync: signal_value %llu without a signal semaphore", (unsigned long long)y->signal_value);
+        return KILN_ERR_INVALID_ARG;
+    }
+    if (y->signal_value && !s->timeline) {
+        snprintf(err, n, "vulkan: kiln_vk_sync: a timeline signal value, but %s has no timeline semaphores", s->props.deviceName);
+        return KILN_ERR_UNSUPPORTED;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_vk_join_wait(void *state, void *q, char *err, size_t n)
+{
+    kiln_vk *s = state;
+    const kiln_vk_sync *y = q;
+    kiln_status st = check_sync(s, y, err, n);
+    if (st != KILN_OK) return st;
+    if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "kiln_run_async", err, n);
+    if ((st = kiln_vk_retire(s, false, err, n)) != KILN_OK) return st;
+    if (s->n_pending == KILN_VK_MAX_PENDING) {
+        snprintf(err, n, "vulkan: %d steps queued by kiln_run_async are not done: wait for them (kiln_plan_wait) before queueing more",
+                 KILN_VK_MAX_PENDING);
+        return KILN_ERR_BUSY;
+    }
+    if (!y->n_wait) return KILN_OK;
+    /* A semaphore wait gates only the commands of its own submission: a first command (a 4-byte
+     * fill) goes with the waits, and every later command of the step has a barrier after it. */
+    if (s->gate == UINT32_MAX && (st = kiln_vk_buffer_new(s, 4, false, &s->gate, err, n)) != KILN_OK) return st;
+    VkCommandBuffer cb = kiln_vk_cmd_next(s, true, err, n);
+    if (!cb) return KILN_ERR_BACKEND;
+    vkCmdFillBuffer(cb, s->allocs[s->gate].buf, 0, 4, 0);
+    VkSemaphore w[KILN_VK_SYNC_MAX_WAIT];
+    for (uint32_t i = 0; i < y->n_wait; i++) w[i] = VK_SEM(y->wait[i]);
+    vk_sems sem = {.n_wait = y->n_wait, .wait = w, .wait_value = y->wait_value};
+    return submit_immediate(s, VK_NULL_HANDLE, VK_NULL_HANDLE, &sem, err, n);
+}
+
+kiln_status kiln_vk_join_signal(void *state, void *q, char *err, size_t n)
+{
+    kiln_vk *s = state;
+    const kiln_vk_sync *y = q; /* checked by join_wait */
+    if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "kiln_run_async", err, n);
+    if (s->n_pending == KILN_VK_MAX_PENDING) { /* join_wait made room; nothing but retiring ran since */
+        snprintf(err, n, "vulkan: no room for a pending step");
+        return KILN_ERR_INTERNAL;
+    }
+    kiln_vk_batch b = {0};
+    VkResult r = VK_SUCCESS;
+    if (s->n_spare_fence) b.fence = s->spare_fence[--s->n_spare_fence];
+    else {
+        VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        r = vkCreateFence(s->dev, &fi, NULL, &b.fence);
+    }
+    uint32_t used = s->used_cbs; /* the step's immediate buffers, the open one included */
+    if (r == VK_SUCCESS && used && !(b.cbs = malloc(used * sizeof *b.cbs))) r = VK_ERROR_OUT_OF_HOST_MEMORY;
+    if (r != VK_SUCCESS) {
+        if (b.fence) vkDestroyFence(s->dev, b.fence, NULL);
+        return kiln_vk_fail(s, r, "preparing a kiln_run_async step", err, n);
+    }
+    vk_sems sem = {.signal = y->signal ? VK_SEM(y->signal) : VK_NULL_HANDLE, .signal_value = y->signal_value};
+    kiln_status st = submit_immediate(s, VK_NULL_HANDLE, b.fence, y->signal ? &sem : NULL, err, n);
+    if (used) memcpy(b.cbs, s->cbs, used * sizeof *b.cbs);
+    memmove(s->cbs, s->cbs + used, (s->n_cbs - used) * sizeof *s->cbs); /* allocated, not in use */
+    s->n_cbs -= used;
+    s->used_cbs = 0;
+    b.n_cbs = used;
+    kiln_status sd = kiln_vk_memory_detach(s, &b, err, n);
+    if (st != KILN_OK || sd != KILN_OK) { /* nothing of the step is pending on the device */
+        if (!s->lost) vkQueueWaitIdle(s->queue);
+        batch_free(s, &b, false);
+        return st != KILN_OK ? st : sd;
+    }
+    s->pending[s->n_pending++] = b;
+    return KILN_OK;
 }
 
 kiln_status kiln_vk_record_begin(void *state, char *err, size_t n)
@@ -205,7 +387,7 @@ kiln_status kiln_vk_replay(void *state, void *rec, char *err, size_t n)
         snprintf(err, n, "vulkan: replay of no recording");
         return KILN_ERR_INVALID_ARG;
     }
-    return submit_immediate(s, ((vk_recording *)rec)->cb, VK_NULL_HANDLE, err, n);
+    return submit_immediate(s, ((vk_recording *)rec)->cb, VK_NULL_HANDLE, NULL, err, n);
 }
 
 void kiln_vk_record_free(void *state, void *rec)
@@ -214,7 +396,7 @@ void kiln_vk_record_free(void *state, void *rec)
     if (!rec) return;
     if (s->submitted) { /* it may be pending */
         char err[256];
-        kiln_vk_sync(s, err, sizeof err);
+        kiln_vk_queue_sync(s, err, sizeof err);
     }
     vkFreeCommandBuffers(s->dev, s->rec_pool, 1, &((vk_recording *)rec)->cb);
     free(rec);

@@ -1,0 +1,377 @@
+/* kiln_run_async on the vulkan backend (lavapipe in CI) through the public API: steps queued with a
+ * kiln_vk_sync give the synchronous run's bits (outputs poisoned first, host inputs overwritten as
+ * soon as the call returns), several steps queued back to back see each other's KV writes, the
+ * caller's wait semaphore gates a step (signalled from the host after the call), the signal
+ * semaphore reports it done, a bad kiln_vk_sync or a full queue is refused with nothing run and
+ * the plan still usable, and a plan mixing cpu and vulkan kernels runs synchronously and signals.
+ * Skips, saying why, when no Vulkan device is present. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/presets.h"
+#include "support/testutil.h"
+#ifdef KILN_HAVE_VULKAN
+#include <vulkan/vulkan.h>
+#endif
+
+#ifdef KILN_HAVE_VULKAN
+
+static kiln_ctx *ctx;
+static kiln_vk_device dev;
+
+static void setup(void)
+{
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true, .n_threads = 2}, &ctx), KILN_OK);
+    if (kiln_ctx_vulkan(ctx, &dev) != KILN_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kiln_ctx_error(ctx));
+        kiln_ctx_free(ctx);
+        ctx = NULL;
+        cr_skip("no Vulkan device: %s", why);
+    }
+}
+static void teardown(void) { kiln_ctx_free(ctx); }
+
+TestSuite(vk_async, .init = setup, .fini = teardown, .timeout = 600);
+
+enum { T = 4, STEPS = 5, HID = 64 };
+static const kiln_preset small = {.name = "small", .hidden = HID, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                                  .ffn = 128, .rope = KILN_ROPE_NEOX, .theta = 1e4f, .eps = 1e-6f};
+
+/* A one-layer decoder (f16 weights) on vulkan: a prefill of T tokens, then decode steps. */
+static kiln_plan *layer_plan(void)
+{
+    kiln_graph *g;
+    cr_assert_eq(kiln_preset_build(&small, KILN_DTYPE_F16, 1, T + 16, T, &g), KILN_OK);
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "vulkan"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph_free(g);
+    cr_assert_str_eq(kiln_plan_backend(p), "vulkan");
+    return p;
+}
+
+/* The inputs of every step (fixed random data) and where step s's tokens start. */
+typedef struct steps {
+    float   x[STEPS][T * HID]; /* step s's activations */
+    int32_t pos[STEPS][T];     /* its positions */
+    int     n_tok[STEPS], n_kv[STEPS];
+} steps;
+
+static void make_steps(steps *s)
+{
+    int kv = 0;
+    for (int i = 0; i < STEPS; i++) {
+        s->n_tok[i] = i == 0 ? T : 1;
+        for (int t = 0; t < s->n_tok[i]; t++) s->pos[i][t] = kv + t;
+        kv += s->n_tok[i];
+        s->n_kv[i] = kv;
+        tu_fill(s->x[i], s->n_tok[i] * HID, -1.0f, 1.0f);
+    }
+}
+
+static void bind_step(const steps *s, int i, float *x, int32_t *pos, float *y, kiln_binding b[5])
+{
+    memcpy(x, s->x[i], sizeof(float) * s->n_tok[i] * HID);
+    memcpy(pos, s->pos[i], sizeof(int32_t) * s->n_tok[i]);
+    b[0] = (kiln_binding){.name = "n_tok", .value = s->n_tok[i]};
+    b[1] = (kiln_binding){.name = "n_kv", .value = s->n_kv[i]};
+    b[2] = (kiln_binding){.name = "x", .data = x, .bytes = sizeof(float) * s->n_tok[i] * HID};
+    b[3] = (kiln_binding){.name = "pos", .data = pos, .bytes = 4 * (size_t)s->n_tok[i]};
+    b[4] = (kiln_binding){.name = "y", .data = y, .bytes = sizeof(float) * s->n_tok[i] * HID};
+}
+
+/* Every step through kiln_run on a fresh plan: the outputs to match, and the final k0 state. */
+static void sync_steps(const steps *s, float want[STEPS][T * HID], void **kstate, size_t *kbytes)
+{
+    kiln_plan *p = layer_plan();
+    float x[T * HID];
+    int32_t pos[T];
+    kiln_binding b[5];
+    for (int i = 0; i < STEPS; i++) {
+        tu_poison(want[i], sizeof want[i]);
+        bind_step(s, i, x, pos, want[i], b);
+        cr_assert_eq(kiln_run(p, b, 5), KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
+        for (int k = 0; k < s->n_tok[i] * HID; k++) cr_assert(isfinite(want[i][k]), "sync step %d: y[%d] = %g", i, k, want[i][k]);
+    }
+    kiln_tensor_info ti;
+    cr_assert_eq(kiln_plan_tensor(p, "k0", &ti), KILN_OK, "%s", kiln_ctx_error(ctx));
+    *kbytes = ti.bytes;
+    *kstate = malloc(ti.bytes);
+    cr_assert_eq(kiln_plan_state_read(p, "k0", *kstate, ti.bytes), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan_free(p);
+}
+
+static void assert_step_bits(const steps *s, int i, const float *got, const float *want)
+{
+    size_t n = sizeof(float) * s->n_tok[i] * HID;
+    if (memcmp(got, want, n) == 0) return;
+    for (int k = 0; k < s->n_tok[i] * HID; k++)
+        cr_assert(memcmp(&got[k], &want[k], 4) == 0, "step %d: y[%d] = %a async, %a sync", i, k, got[k], want[k]);
+}
+
+static VkSemaphore timeline_semaphore(uint64_t initial)
+{
+    VkSemaphoreTypeCreateInfo ti = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO, .semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE,
+                                    .initialValue = initial};
+    VkSemaphoreCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, .pNext = &ti};
+    VkSemaphore sem = VK_NULL_HANDLE;
+    cr_assert_eq(vkCreateSemaphore((VkDevice)dev.device, &ci, NULL, &sem), VK_SUCCESS);
+    return sem;
+}
+
+static uint64_t counter(VkSemaphore sem)
+{
+    uint64_t v = 0;
+    cr_assert_eq(vkGetSemaphoreCounterValue((VkDevice)dev.device, sem, &v), VK_SUCCESS);
+    return v;
+}
+
+static void host_signal(VkSemaphore sem, uint64_t v)
+{
+    VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = sem, .value = v};
+    cr_assert_eq(vkSignalSemaphore((VkDevice)dev.device, &si), VK_SUCCESS);
+}
+
+static bool wait_value(VkSemaphore sem, uint64_t v, uint64_t timeout_ns)
+{
+    VkSemaphoreWaitInfo wi = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, .semaphoreCount = 1, .pSemaphores = &sem, .pValues = &v};
+    return vkWaitSemaphores((VkDevice)dev.device, &wi, timeout_ns) == VK_SUCCESS;
+}
+
+static uint64_t h(VkSemaphore s) { return (uint64_t)(uintptr_t)s; }
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Every step queued back to back before one wait (each reads the KV rows its predecessor wrote),
+ * from one x/pos buffer overwritten with NaN as soon as each call returns: the outputs and the
+ * final KV state are the synchronous run's bits. A timeline semaphore signalled per step counts
+ * them. */
+Test(vk_async, steps_queued_back_to_back_match_sync_bits)
+{
+    static steps s;
+    make_steps(&s);
+    static float want[STEPS][T * HID], got[STEPS][T * HID];
+    void *kwant;
+    size_t kbytes;
+    sync_steps(&s, want, &kwant, &kbytes);
+
+    kiln_plan *p = layer_plan();
+    VkSemaphore done = timeline_semaphore(0);
+    float x[T * HID];
+    int32_t pos[T];
+    kiln_binding b[5];
+    for (int i = 0; i < STEPS; i++) {
+        tu_poison(got[i], sizeof got[i]);
+        bind_step(&s, i, x, pos, got[i], b);
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC, .signal = h(done), .signal_value = (uint64_t)i + 1};
+        cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
+        tu_poison(x, sizeof x); /* the call copied them */
+        tu_poison(pos, sizeof pos);
+    }
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(counter(done), STEPS, "the signal semaphore counts every step");
+    for (int i = 0; i < STEPS; i++) assert_step_bits(&s, i, got[i], want[i]);
+    void *k = malloc(kbytes);
+    cr_assert_eq(kiln_plan_state_read(p, "k0", k, kbytes), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(memcmp(k, kwant, kbytes) == 0, "the KV state after the queued steps is the synchronous run's");
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "a plan with nothing queued");
+    free(k), free(kwant);
+    vkDestroySemaphore((VkDevice)dev.device, done, NULL);
+    kiln_plan_free(p);
+}
+
+/* The caller's timeline wait semaphore, signalled from the host after the call, gates the step:
+ * nothing of it runs before (its signal semaphore stays at 0 for 300 ms), all of it after. A NULL
+ * stream runs the step as kiln_run does (outputs written when the call returns). */
+Test(vk_async, wait_semaphore_gates_the_step)
+{
+    cr_assert(dev.timeline, "lavapipe has timeline semaphores");
+    static steps s;
+    make_steps(&s);
+    static float want[STEPS][T * HID], got[STEPS][T * HID];
+    void *kwant;
+    size_t kbytes;
+    sync_steps(&s, want, &kwant, &kbytes);
+    free(kwant);
+
+    kiln_plan *p = layer_plan();
+    VkSemaphore go = timeline_semaphore(0), done = timeline_semaphore(0);
+    float x[T * HID];
+    int32_t pos[T];
+    kiln_binding b[5];
+    tu_poison(got[0], sizeof got[0]);
+    bind_step(&s, 0, x, pos, got[0], b);
+    cr_assert_eq(kiln_run_async(p, b, 5, NULL), KILN_OK, "%s", kiln_ctx_error(ctx));
+    assert_step_bits(&s, 0, got[0], want[0]); /* no kiln_vk_sync: synchronous */
+    for (int i = 1; i < 3; i++) {
+        tu_poison(got[i], sizeof got[i]);
+        bind_step(&s, i, x, pos, got[i], b);
+        uint64_t w = h(go), wv = (uint64_t)i;
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC, .n_wait = 1, .wait = &w, .wait_value = &wv, .signal = h(done), .signal_value = (uint64_t)i};
+        cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
+        sleep_ms(300);
+        cr_assert_eq(counter(done), (uint64_t)i - 1, "step %d ran before its wait semaphore reached %d", i, i);
+        host_signal(go, (uint64_t)i);
+        cr_assert(wait_value(done, (uint64_t)i, 60ull * 1000000000ull), "step %d: not done 60 s after its semaphore", i);
+        cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        assert_step_bits(&s, i, got[i], want[i]);
+    }
+    vkDestroySemaphore((VkDevice)dev.device, go, NULL);
+    vkDestroySemaphore((VkDevice)dev.device, done, NULL);
+    kiln_plan_free(p);
+}
+
+/* A kiln_vk_sync that is wrong in any way is refused before anything runs (the output keeps its
+ * poison, the KV state is untouched: the next good step still matches the synchronous run). */
+Test(vk_async, bad_sync_is_refused_and_kiln_stays_usable)
+{
+    static steps s;
+    make_steps(&s);
+    static float want[STEPS][T * HID], got[T * HID];
+    void *kwant;
+    size_t kbytes;
+    sync_steps(&s, want, &kwant, &kbytes);
+    free(kwant);
+    kiln_plan *p = layer_plan();
+    VkSemaphore sem = timeline_semaphore(0);
+    uint64_t w = h(sem), zero = 0, nine[9] = {w, w, w, w, w, w, w, w, w};
+    const struct {
+        kiln_vk_sync sy;
+        kiln_status want;
+        const char *says;
+    } bad[] = {
+        {{.magic = 0x1234}, KILN_ERR_INVALID_ARG, "not a kiln_vk_sync"},
+        {{.magic = KILN_VK_SYNC_MAGIC, .n_wait = 9, .wait = nine}, KILN_ERR_INVALID_ARG, "9 wait semaphores"},
+        {{.magic = KILN_VK_SYNC_MAGIC, .n_wait = 1}, KILN_ERR_INVALID_ARG, "NULL wait array"},
+        {{.magic = KILN_VK_SYNC_MAGIC, .n_wait = 1, .wait = &zero}, KILN_ERR_INVALID_ARG, "wait semaphore 0 is VK_NULL_HANDLE"},
+        {{.magic = KILN_VK_SYNC_MAGIC, .signal_value = 3}, KILN_ERR_INVALID_ARG, "without a signal semaphore"},
+    };
+    float x[T * HID];
+    int32_t pos[T];
+    kiln_binding b[5];
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        tu_poison(got, sizeof got);
+        bind_step(&s, 0, x, pos, got, b);
+        kiln_status st = kiln_run_async(p, b, 5, (void *)&bad[k].sy);
+        cr_assert_eq(st, bad[k].want, "case %zu: %s: %s", k, kiln_status_str(st), kiln_ctx_error(ctx));
+        cr_assert(strstr(kiln_ctx_error(ctx), bad[k].says), "case %zu: %s", k, kiln_ctx_error(ctx));
+        cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        float poison;
+        tu_poison(&poison, sizeof poison);
+        cr_assert(memcmp(got, &poison, 4) == 0, "case %zu: the refused step wrote its output", k);
+    }
+    for (int i = 0; i < 2; i++) { /* the prefill and a decode step: the state is as if nothing had run */
+        tu_poison(got, sizeof got);
+        bind_step(&s, i, x, pos, got, b);
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+        cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
+        cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        assert_step_bits(&s, i, got, want[i]);
+    }
+    vkDestroySemaphore((VkDevice)dev.device, sem, NULL);
+    kiln_plan_free(p);
+}
+
+/* With the first step gated, KILN_VK_MAX_PENDING steps queue and the next is refused with
+ * KILN_ERR_BUSY (nothing enqueued); once the gate opens and the plan is waited for, every queued
+ * step has the synchronous run's bits and the refused one can be queued again. */
+Test(vk_async, a_full_queue_is_refused_busy)
+{
+    enum { N = KILN_VK_MAX_PENDING + 1 };
+    static float want[N][T * HID], got[N][T * HID];
+    static float x[N][T * HID];
+    static int32_t pos[N][T];
+    tu_fill(x[0], (int64_t)N * T * HID, -1.0f, 1.0f);
+    kiln_plan *ref = layer_plan(), *p = layer_plan();
+    kiln_binding b[N][5];
+    for (int i = 0; i < N; i++) { /* a prefill, then decode steps */
+        int n_tok = i == 0 ? T : 1, n_kv = i == 0 ? T : T + i;
+        for (int t = 0; t < n_tok; t++) pos[i][t] = n_kv - n_tok + t;
+        b[i][0] = (kiln_binding){.name = "n_tok", .value = n_tok};
+        b[i][1] = (kiln_binding){.name = "n_kv", .value = n_kv};
+        b[i][2] = (kiln_binding){.name = "x", .data = x[i], .bytes = sizeof(float) * n_tok * HID};
+        b[i][3] = (kiln_binding){.name = "pos", .data = pos[i], .bytes = 4 * (size_t)n_tok};
+        b[i][4] = (kiln_binding){.name = "y", .data = want[i], .bytes = sizeof(float) * n_tok * HID};
+        cr_assert_eq(kiln_run(ref, b[i], 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+        b[i][4].data = got[i];
+        tu_poison(got[i], sizeof got[i]);
+    }
+    VkSemaphore go = timeline_semaphore(0);
+    uint64_t w = h(go), one = 1;
+    for (int i = 0; i < N; i++) {
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC, .n_wait = i == 0, .wait = &w, .wait_value = &one};
+        kiln_status st = kiln_run_async(p, b[i], 5, &sy);
+        if (i < KILN_VK_MAX_PENDING) {
+            cr_assert_eq(st, KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
+            continue;
+        }
+        cr_assert_eq(st, KILN_ERR_BUSY, "step %d: %s: %s", i, kiln_status_str(st), kiln_ctx_error(ctx));
+        cr_assert(strstr(kiln_ctx_error(ctx), "kiln_plan_wait"), "%s", kiln_ctx_error(ctx));
+    }
+    host_signal(go, 1);
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+    cr_assert_eq(kiln_run_async(p, b[N - 1], 5, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    for (int i = 0; i < N; i++) {
+        size_t n = (size_t)(i == 0 ? T : 1) * HID;
+        for (size_t k = 0; k < n; k++) cr_assert(memcmp(&got[i][k], &want[i][k], 4) == 0, "step %d: y[%zu] = %a, sync %a", i, k, got[i][k], want[i][k]);
+    }
+    vkDestroySemaphore((VkDevice)dev.device, go, NULL);
+    kiln_plan_free(p);
+    kiln_plan_free(ref);
+}
+
+/* A plan with a cpu kernel beside vulkan ones runs synchronously: outputs are written and the
+ * signal semaphore is signalled when the call returns, with kiln_run's bits. */
+Test(vk_async, mixed_plan_runs_synchronously_and_signals)
+{
+    enum { N = 256 };
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){4, N});
+    kiln_node a = kiln_silu(g, x);
+    cr_assert_eq(kiln_pin(g, a, "cpu"), KILN_OK);
+    kiln_node w = tu_weight(g, "w", KILN_DTYPE_F32, 2, (kiln_dim[]){N, N}, -0.1f, 0.1f);
+    kiln_output(g, kiln_matmul(g, a, w), "y");
+    kiln_plan *p;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "vulkan"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph_free(g);
+    kiln_region_info ri[8];
+    int nr = kiln_plan_kernel_count(p);
+    bool on[2] = {false, false};
+    for (int r = 0; r < nr && r < 8; r++) {
+        cr_assert_eq(kiln_plan_region(p, r, &ri[r]), KILN_OK, "%s", kiln_ctx_error(ctx));
+        on[strcmp(ri[r].backend, "cpu") == 0] = true;
+    }
+    cr_assert(on[0] && on[1], "the plan mixes cpu and vulkan kernels");
+    static float xv[4 * N], want[4 * N], got[4 * N];
+    tu_fill(xv, 4 * N, -2.0f, 2.0f);
+    kiln_binding b[] = {{.name = "x", .data = xv, .bytes = sizeof xv}, {.name = "y", .data = want, .bytes = sizeof want}};
+    tu_poison(want, sizeof want);
+    cr_assert_eq(kiln_run(p, b, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+    VkSemaphore done = timeline_semaphore(0);
+    b[1].data = got;
+    tu_poison(got, sizeof got);
+    kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC, .signal = h(done), .signal_value = 5};
+    cr_assert_eq(kiln_run_async(p, b, 2, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(memcmp(got, want, sizeof got) == 0, "the mixed plan's output is written at return, with kiln_run's bits");
+    cr_assert(wait_value(done, 5, 10ull * 1000000000ull), "the signal semaphore was signalled");
+    kiln_vk_sync bad = {.magic = 7};
+    cr_assert_eq(kiln_run_async(p, b, 2, &bad), KILN_ERR_INVALID_ARG, "a mixed plan checks its kiln_vk_sync too");
+    vkDestroySemaphore((VkDevice)dev.device, done, NULL);
+    kiln_plan_free(p);
+}
+
+#else
+Test(vk_async, skipped) { cr_skip("built without Vulkan"); }
+#endif
