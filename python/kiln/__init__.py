@@ -13,7 +13,7 @@ model. A thin ctypes layer over libkiln.so; every name mirrors include/kiln/kiln
     y = plan.run({"x": np.random.rand(3, 256).astype(np.float32)}, {"n": 3})["y"]
 """
 from ._capi import DTYPES, lib as _lib
-from ._errors import (BackendError, BindingError, DtypeError, Error, FileError, InternalError, InvalidArgError,
+from ._errors import (BackendError, BindingError, BusyError, DtypeError, Error, FileError, InternalError, InvalidArgError,
                       NamingError, NodeError, NoMemoryError, NonFiniteError, ParseError, ShapeError, SymbolError,
                       UnsupportedError)
 from ._graph import Graph, Node, Sym
@@ -27,4 +27,4 @@ library_path = _lib.path
 __all__ = ["Context", "Model", "Graph", "Node", "Sym", "Plan", "default_context", "quantize", "dequantize", "presets",
            "DTYPES", "cost", "Error", "InvalidArgError", "ShapeError", "DtypeError", "NodeError", "NamingError",
            "SymbolError", "BindingError", "ParseError", "FileError", "NoMemoryError", "UnsupportedError",
-           "BackendError", "InternalError", "NonFiniteError", "library_path", "__version__"]
+           "BackendError", "InternalError", "NonFiniteError", "BusyError", "library_path", "__version__"]
