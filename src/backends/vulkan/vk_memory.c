@@ -277,7 +277,7 @@ kiln_status kiln_vk_memory_detach(kiln_vk *s, kiln_vk_batch *b, char *err, size_
         snprintf(err, n, "vulkan: out of host memory");
         return KILN_ERR_NOMEM;
     }
-    if (ns) memcpy(b->staging, s->old_staging, s->n_old_staging * sizeof *b->staging);
+    if (s->n_old_staging) memcpy(b->staging, s->old_staging, s->n_old_staging * sizeof *b->staging);
     if (cur) b->staging[ns - 1] = s->staging, s->staging = UINT32_MAX;
     b->n_staging = ns;
     s->n_old_staging = 0;
