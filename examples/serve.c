@@ -7,7 +7,8 @@
  * plan and its greedy tokens must equal those it got in the batch (exit 1 otherwise). Prints the
  * timeline, and with a second argument draws it as an SVG file (requests in flight, prefill and decode
  * tokens of each step, step time; plain SVG text, no plotting library). Usage: example_serve [BACKEND
- * [TIMELINE.svg]] (default: cuda when present, else cpu). Uses only kiln/kiln.h. */
+ * [TIMELINE.svg]] (default: cuda when present, else cpu). On vulkan the batched steps are queued with
+ * kiln_run_async and waited for with kiln_plan_wait. Uses only kiln/kiln.h. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,8 @@ typedef struct engine {
     int        n_free;
     int32_t    prefix[PREFIX / BS]; /* blocks of the shared prompt, once computed */
     int        prefix_refs;      /* holders of those blocks (the cache itself counts one), 0: none yet */
+    double     queue_ms, wait_ms; /* vulkan: host time of kiln_run_async (queueing) and of kiln_plan_wait */
+    int        n_queued;         /* steps queued that way */
 } engine;
 
 /* Weight `name` of layer l, [o, i], random in [-sc, sc] (its seed from its name). */
@@ -158,6 +161,13 @@ static void add_seq(batch *bt, req *r, int q)
     }
 }
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 static kiln_status run_batch(engine *e, batch *bt, bool async)
 {
     kiln_binding b[] = {
@@ -170,9 +180,20 @@ static kiln_status run_batch(engine *e, batch *bt, bool async)
         {.name = "blocks", .data = bt->blocks, .bytes = (size_t)bt->n_seq * MB * 4},
         {.name = "next", .data = bt->next, .bytes = sizeof bt->next},
     };
-    /* host-bound outputs: kiln_run_async returns with `next` written (on cuda the step is ordered
-     * on the default stream; on the host it runs as kiln_run) */
-    kiln_status s = async ? kiln_run_async(e->p, b, 8, NULL) : kiln_run(e->p, b, 8);
+    /* On cuda the step is ordered on the default stream and kiln_run_async returns with the
+     * host-bound `next` written; on the host it runs as kiln_run. On vulkan, with a kiln_vk_sync (here
+     * without semaphores: an engine adds its own to order the step with its queue's work), the call
+     * returns once the step is queued, the inputs copied: the host is free until kiln_plan_wait,
+     * which writes `next` (an engine would tokenize arriving requests there). */
+    kiln_vk_sync vk = {.magic = KILN_VK_SYNC_MAGIC};
+    bool queued = async && strcmp(kiln_plan_backend(e->p), "vulkan") == 0;
+    double t0 = now_ms();
+    kiln_status s = async ? kiln_run_async(e->p, b, 8, queued ? &vk : NULL) : kiln_run(e->p, b, 8);
+    if (s == KILN_OK && queued) {
+        double t1 = now_ms();
+        s = kiln_plan_wait(e->p);
+        e->queue_ms += t1 - t0, e->wait_ms += now_ms() - t1, e->n_queued++;
+    }
     if (s != KILN_OK) return s;
     for (int i = 0; i < bt->n_seq; i++) { /* the last fed row predicts the next token */
         req *r = bt->who[i];
@@ -180,13 +201,6 @@ static kiln_status run_batch(engine *e, batch *bt, bool async)
         if (r->n_cached == r->n_tok) r->toks[r->n_tok++] = bt->next[bt->seqs[2 * i] + bt->n_new[i] - 1];
     }
     return KILN_OK;
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 /* Decoding sequences first (one token each), then prompt chunks up to the budget. */
@@ -360,6 +374,9 @@ int main(int argc, char **argv)
     printf("serving %d requests on %s: %d-token steps, blocks of %d, a %d-token system prompt shared by %d requests\n",
            NREQ, be, BUDGET, BS, PREFIX, shared[0] + shared[2] + shared[3] + shared[6] + shared[7]);
     int rc = serve(&e, rq);
+    if (e.n_queued)
+        printf("vulkan: %d steps queued by kiln_run_async in %.3f ms each on average (host free), waited for in %.2f ms each\n",
+               e.n_queued, e.queue_ms / e.n_queued, e.wait_ms / e.n_queued);
     if (rc == 0 && argc > 2) {
         rc = write_svg(&e, argv[2]);
         if (!rc) printf("timeline of %d steps drawn in %s\n", e.n_tl, argv[2]);

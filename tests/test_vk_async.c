@@ -2,7 +2,8 @@
  * kiln_vk_sync give the synchronous run's bits (outputs poisoned first, host inputs overwritten as
  * soon as the call returns), several steps queued back to back see each other's KV writes, the
  * caller's wait semaphore gates a step (signalled from the host after the call), the signal
- * semaphore reports it done, a bad kiln_vk_sync or a full queue is refused with nothing run and
+ * semaphore reports it done, binary semaphores order a step with the caller's own submissions on
+ * kiln's queue, a bad kiln_vk_sync or a full queue is refused with nothing run and
  * the plan still usable, and a plan mixing cpu and vulkan kernels runs synchronously and signals.
  * Skips, saying why, when no Vulkan device is present. */
 #include <criterion/criterion.h>
@@ -227,6 +228,56 @@ Test(vk_async, wait_semaphore_gates_the_step)
     }
     vkDestroySemaphore((VkDevice)dev.device, go, NULL);
     vkDestroySemaphore((VkDevice)dev.device, done, NULL);
+    kiln_plan_free(p);
+}
+
+/* Binary semaphores: the caller signals one on kiln's queue (an empty submission, while no kiln call
+ * runs), the step waits for it (wait_value NULL) and signals another binary one, which the caller's
+ * next submission waits for (its fence then says the step is done). kiln_ctx_vulkan describes the
+ * device the handles belong to. */
+Test(vk_async, binary_semaphores_order_the_step_with_the_callers_submissions)
+{
+    cr_assert(dev.instance && dev.physical_device && dev.device && dev.queue, "kiln_ctx_vulkan gives every handle");
+    cr_assert_geq(dev.api_version, VK_API_VERSION_1_1);
+    static steps s;
+    make_steps(&s);
+    static float want[STEPS][T * HID], got[T * HID];
+    void *kwant;
+    size_t kbytes;
+    sync_steps(&s, want, &kwant, &kbytes);
+    free(kwant);
+    kiln_plan *p = layer_plan();
+    VkDevice d = (VkDevice)dev.device;
+    VkQueue q = (VkQueue)dev.queue;
+    VkSemaphoreCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
+    VkSemaphore before, after;
+    cr_assert_eq(vkCreateSemaphore(d, &ci, NULL, &before), VK_SUCCESS);
+    cr_assert_eq(vkCreateSemaphore(d, &ci, NULL, &after), VK_SUCCESS);
+    VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkFence fence;
+    cr_assert_eq(vkCreateFence(d, &fi, NULL, &fence), VK_SUCCESS);
+    float x[T * HID];
+    int32_t pos[T];
+    kiln_binding b[5];
+    for (int i = 0; i < 2; i++) {
+        VkSubmitInfo sig = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .signalSemaphoreCount = 1, .pSignalSemaphores = &before};
+        cr_assert_eq(vkQueueSubmit(q, 1, &sig, VK_NULL_HANDLE), VK_SUCCESS);
+        tu_poison(got, sizeof got);
+        bind_step(&s, i, x, pos, got, b);
+        uint64_t w = h(before);
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC, .n_wait = 1, .wait = &w, .signal = h(after)};
+        cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
+        VkPipelineStageFlags st = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+        VkSubmitInfo wt = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .waitSemaphoreCount = 1, .pWaitSemaphores = &after, .pWaitDstStageMask = &st};
+        cr_assert_eq(vkQueueSubmit(q, 1, &wt, fence), VK_SUCCESS);
+        cr_assert_eq(vkWaitForFences(d, 1, &fence, VK_TRUE, 60ull * 1000000000ull), VK_SUCCESS);
+        cr_assert_eq(vkResetFences(d, 1, &fence), VK_SUCCESS);
+        cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        assert_step_bits(&s, i, got, want[i]);
+    }
+    vkDestroyFence(d, fence, NULL);
+    vkDestroySemaphore(d, before, NULL);
+    vkDestroySemaphore(d, after, NULL);
     kiln_plan_free(p);
 }
 
