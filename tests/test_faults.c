@@ -1,6 +1,7 @@
 /* Faults of the Vulkan backend through the public API (lavapipe in CI): device out of memory
  * (a real one: a weight larger than any allocation), a GLSL compile failure (glslang's log in the
- * message), a lost device, and a missing driver (by injection where a fault cannot be caused on
+ * message), a lost device (also with kiln_run_async steps queued), a device without timeline
+ * semaphores, and a missing driver (by injection where a fault cannot be caused on
  * demand: KILN_FAULT_INJECT, src/util/fault.h). Each returns a clear error and leaves the context
  * usable: a cpu plan in the same context still computes the right result, and, where the fault
  * passes, vulkan too. The cuda counterparts are in test_cuda_backend (a stand-in driver). */
@@ -139,6 +140,79 @@ Test(faults, vulkan_device_lost)
     kiln_plan_free(p);
     kiln_graph_free(g);
     kiln_ctx_free(ctx); /* freeing a lost device's plans and context is clean (ASan checks leaks) */
+}
+
+/* The device is lost while kiln_run_async steps are queued: the failing step and the wait say so,
+ * freeing the plan and the context with steps pending is clean (ASan checks leaks), and the cpu
+ * backend goes on. */
+Test(faults, vulkan_device_lost_with_async_steps_queued)
+{
+    kiln_ctx *ctx = context(true);
+    kiln_graph *g = small_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "vulkan"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    float x[D] = {1}, y[3][D];
+    kiln_binding b[] = {{.name = "x", .data = x, .bytes = sizeof x}, {.name = "y", .data = y[0], .bytes = sizeof y[0]}};
+    kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+    for (int i = 0; i < 2; i++) {
+        b[1].data = y[i];
+        cr_assert_eq(kiln_run_async(p, b, 2, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
+    }
+    b[1].data = y[2];
+    setenv("KILN_FAULT_INJECT", "vk_device_lost", 1);
+    kiln_status s = kiln_run_async(p, b, 2, &sy);
+    unsetenv("KILN_FAULT_INJECT");
+    cr_assert_eq(s, KILN_ERR_BACKEND, "%s: %s", kiln_status_str(s), kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "VK_ERROR_DEVICE_LOST"), "%s", kiln_ctx_error(ctx));
+    s = kiln_plan_wait(p);
+    cr_assert_eq(s, KILN_ERR_BACKEND, "%s", kiln_ctx_error(ctx));
+    cr_assert(strstr(kiln_ctx_error(ctx), "device is lost"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_run_async(p, b, 2, &sy), KILN_ERR_BACKEND, "%s", kiln_ctx_error(ctx));
+    still_works(ctx, "cpu");
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+/* A device without timeline semaphores: kiln_ctx_vulkan says so, a kiln_vk_sync naming timeline
+ * values is refused saying why (nothing run, the plan usable), and steps queued without them are
+ * tracked by fences alone and give kiln_run's bits. */
+Test(faults, vulkan_without_timeline_semaphores)
+{
+    setenv("KILN_FAULT_INJECT", "vk_no_timeline", 1);
+    kiln_ctx *ctx = context(true);
+    unsetenv("KILN_FAULT_INJECT");
+    kiln_vk_device dev;
+    cr_assert_eq(kiln_ctx_vulkan(ctx, &dev), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(!dev.timeline && dev.device, "the device is made without timeline semaphores");
+    kiln_graph *g = small_graph();
+    kiln_plan *p = NULL;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "vulkan"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    float x[D], want[D], y[3][D];
+    tu_fill(x, D, -4, 4);
+    kiln_binding b[] = {{.name = "x", .data = x, .bytes = sizeof x}, {.name = "y", .data = want, .bytes = sizeof want}};
+    cr_assert_eq(kiln_run(p, b, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+    uint64_t sem = 0x1234, one = 1; /* never used: refused before */
+    kiln_vk_sync bad[2] = {{.magic = KILN_VK_SYNC_MAGIC, .n_wait = 1, .wait = &sem, .wait_value = &one},
+                           {.magic = KILN_VK_SYNC_MAGIC, .signal = sem, .signal_value = 1}};
+    for (int k = 0; k < 2; k++) {
+        tu_poison(y[0], sizeof y[0]);
+        b[1].data = y[0];
+        kiln_status s = kiln_run_async(p, b, 2, &bad[k]);
+        cr_assert_eq(s, KILN_ERR_UNSUPPORTED, "%s: %s", kiln_status_str(s), kiln_ctx_error(ctx));
+        cr_assert(strstr(kiln_ctx_error(ctx), "has no timeline semaphores"), "%s", kiln_ctx_error(ctx));
+    }
+    kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+    for (int i = 0; i < 3; i++) {
+        tu_poison(y[i], sizeof y[i]);
+        b[1].data = y[i];
+        cr_assert_eq(kiln_run_async(p, b, 2, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
+    }
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    for (int i = 0; i < 3; i++) cr_assert(memcmp(y[i], want, sizeof want) == 0, "step %d differs from kiln_run's", i);
+    kiln_plan_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
 }
 
 /* No Vulkan driver (the loader finds no ICD): the backend is absent, says why, asking for it is a

@@ -8,6 +8,7 @@
  * Skips, saying why, when no Vulkan device is present. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -382,8 +383,17 @@ Test(vk_async, a_full_queue_is_refused_busy)
     kiln_plan_free(ref);
 }
 
+static void *signal_later(void *sem)
+{
+    sleep_ms(300);
+    VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = (VkSemaphore)sem, .value = 1};
+    vkSignalSemaphore((VkDevice)dev.device, &si); /* thread-safe on a semaphore nothing else signals */
+    return NULL;
+}
+
 /* A plan with a cpu kernel beside vulkan ones runs synchronously: outputs are written and the
- * signal semaphore is signalled when the call returns, with kiln_run's bits. */
+ * signal semaphore is signalled when the call returns, with kiln_run's bits; its device work waits
+ * for the wait semaphore (signalled from another thread, since the call blocks). */
 Test(vk_async, mixed_plan_runs_synchronously_and_signals)
 {
     enum { N = 256 };
@@ -417,6 +427,24 @@ Test(vk_async, mixed_plan_runs_synchronously_and_signals)
     cr_assert_eq(kiln_run_async(p, b, 2, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert(memcmp(got, want, sizeof got) == 0, "the mixed plan's output is written at return, with kiln_run's bits");
     cr_assert(wait_value(done, 5, 10ull * 1000000000ull), "the signal semaphore was signalled");
+    /* its device work waits for the wait semaphore: signalled by another thread 300 ms on, the
+     * synchronous call cannot return before */
+    VkSemaphore go = timeline_semaphore(0);
+    tu_poison(got, sizeof got);
+    uint64_t gw = h(go), wv = 1;
+    kiln_vk_sync gated = {.magic = KILN_VK_SYNC_MAGIC, .n_wait = 1, .wait = &gw, .wait_value = &wv, .signal = h(done), .signal_value = 6};
+    pthread_t th;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cr_assert_eq(pthread_create(&th, NULL, signal_later, (void *)go), 0);
+    cr_assert_eq(kiln_run_async(p, b, 2, &gated), KILN_OK, "%s", kiln_ctx_error(ctx));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_join(th, NULL);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+    cr_assert_geq(ms, 250.0, "the mixed step returned after %.0f ms, before its wait semaphore was signalled (300 ms)", ms);
+    cr_assert(memcmp(got, want, sizeof got) == 0, "the gated mixed step has kiln_run's bits");
+    cr_assert_geq(counter(done), 6);
+    vkDestroySemaphore((VkDevice)dev.device, go, NULL);
     kiln_vk_sync bad = {.magic = 7};
     cr_assert_eq(kiln_run_async(p, b, 2, &bad), KILN_ERR_INVALID_ARG, "a mixed plan checks its kiln_vk_sync too");
     vkDestroySemaphore((VkDevice)dev.device, done, NULL);

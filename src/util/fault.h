@@ -14,7 +14,8 @@
  * sum), "cpu_rms_norm_scale" (the result scaled by 1.001), "cpu_rms_norm_nan_late" (every call after the
  * process's first stores a NaN at element 0), "cpu_attn_window_wide" (attention windows one key wider). Faults of the Vulkan backend that a test
  * cannot cause on demand (tests/test_faults.c): "vk_glsl_error" (every generated shader gets a line
- * glslang rejects), "vk_device_lost" (queue submissions fail with VK_ERROR_DEVICE_LOST). */
+ * glslang rejects), "vk_device_lost" (queue submissions fail with VK_ERROR_DEVICE_LOST),
+ * "vk_no_timeline" (the device is made without timeline semaphores, as a Vulkan 1.1 device is). */
 static inline bool kiln_fault(const char *name)
 {
     const char *e = kiln_env(KILN_ENV_FAULT_INJECT);

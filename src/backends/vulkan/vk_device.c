@@ -5,6 +5,7 @@
 #include "util/env.h"
 #include "backends/vulkan/vk.h"
 #include "sched/ctx.h"
+#include "util/fault.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -122,7 +123,8 @@ static VkResult create_device(kiln_vk *s)
     bool ext_dot = has_ext(s->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME) ;
     bool v13 = s->props.apiVersion >= VK_API_VERSION_1_3;
     bool ext_sc = (v13 || has_ext(s->phys, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) ;
-    bool v12 = s->props.apiVersion >= VK_API_VERSION_1_2 && instance_api >= VK_API_VERSION_1_2; /* timeline semaphores are core */
+    bool v12 = s->props.apiVersion >= VK_API_VERSION_1_2 && instance_api >= VK_API_VERSION_1_2 && /* timeline semaphores are core */
+               !kiln_fault("vk_no_timeline"); /* test-only */
     VkPhysicalDeviceTimelineSemaphoreFeatures tl = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES};
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
     VkPhysicalDeviceSubgroupSizeControlFeaturesEXT sc = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT};
