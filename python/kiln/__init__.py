@@ -17,14 +17,15 @@ from ._errors import (BackendError, BindingError, BusyError, DtypeError, Error, 
                       NamingError, NodeError, NoMemoryError, NonFiniteError, ParseError, ShapeError, SymbolError,
                       UnsupportedError)
 from ._graph import Graph, Node, Sym
-from ._plan import Context, Plan, default_context, dequantize, presets, quantize
+from ._plan import Context, Plan, VkSync, default_context, dequantize, presets, quantize
 from ._model import Model
 from . import cost
 
 __version__ = "0.1.0"
 library_path = _lib.path
 
-__all__ = ["Context", "Model", "Graph", "Node", "Sym", "Plan", "default_context", "quantize", "dequantize", "presets",
+__all__ = ["Context", "Model", "Graph", "Node", "Sym", "Plan", "VkSync", "default_context", "quantize", "dequantize",
+           "presets",
            "DTYPES", "cost", "Error", "InvalidArgError", "ShapeError", "DtypeError", "NodeError", "NamingError",
            "SymbolError", "BindingError", "ParseError", "FileError", "NoMemoryError", "UnsupportedError",
            "BackendError", "InternalError", "NonFiniteError", "BusyError", "library_path", "__version__"]

@@ -61,6 +61,15 @@ class Binding(C.Structure):
                 ("value", C.c_int64), ("device", C.c_bool)]
 
 
+VK_SYNC_MAGIC = 0x6B766B31  # KILN_VK_SYNC_MAGIC
+VK_SYNC_MAX_WAIT = 8
+
+
+class VkSync(C.Structure):
+    _fields_ = [("magic", C.c_uint32), ("n_wait", C.c_uint32), ("wait", C.POINTER(C.c_uint64)),
+                ("wait_value", C.POINTER(C.c_uint64)), ("signal", C.c_uint64), ("signal_value", C.c_uint64)]
+
+
 class TensorInfo(C.Structure):
     _fields_ = [("t", C.c_int), ("rank", C.c_int), ("dims", C.c_int64 * MAX_RANK), ("bytes", C.c_size_t)]
 
@@ -177,6 +186,7 @@ _PROTOS = {
     "kiln_plan_free": (None, [P]),
     "kiln_run": (I, [P, C.POINTER(Binding), SZ]),
     "kiln_run_async": (I, [P, C.POINTER(Binding), SZ, P]),
+    "kiln_plan_wait": (I, [P]),
     "kiln_plan_tensor": (I, [P, S, C.POINTER(TensorInfo)]),
     "kiln_plan_read": (I, [P, S, P, SZ]),
     "kiln_plan_state_read": (I, [P, S, P, SZ]),

@@ -188,6 +188,29 @@ _default = None
 _default_lock = threading.Lock()
 
 
+class VkSync:
+    """The stream of run_async for a plan on vulkan (kiln_vk_sync): the step is queued on kiln's
+    Vulkan queue and run_async returns without waiting; Plan.wait() waits for it and writes its
+    outputs. wait: VkSemaphore handles (ints) of kiln's device the step waits for, with wait_values
+    (timeline values, 0 for a binary semaphore; None: all binary); signal: a VkSemaphore signalled
+    when the step is done (signal_value: a timeline value, 0: binary). With no semaphores it only
+    queues the step."""
+
+    def __init__(self, wait: Sequence[int] = (), wait_values: Sequence[int] | None = None, signal: int = 0,
+                 signal_value: int = 0):
+        n = len(wait)
+        if wait_values is not None and len(wait_values) != n:
+            raise ValueError(f"kiln: {n} wait semaphores but {len(wait_values)} wait values")
+        self._wait = (C.c_uint64 * max(1, n))(*wait)
+        self._values = (C.c_uint64 * max(1, n))(*wait_values) if wait_values is not None else None
+        self._c = _capi.VkSync(_capi.VK_SYNC_MAGIC, n, self._wait if n else None, self._values if n else None,
+                               int(signal), int(signal_value))
+
+    @property
+    def address(self) -> int:
+        return C.addressof(self._c)
+
+
 def _stream_handle(stream) -> int | None:
     """The CUstream of stream: an int, __cuda_stream__ (version, handle), torch's cuda_stream or
     CuPy's ptr; None is the legacy default stream."""
@@ -316,7 +339,10 @@ class Plan:
         `cuda_stream`, CuPy's `ptr`, or the `__cuda_stream__` protocol); None is the legacy default
         stream. A plan whose kernels all run on cuda is ordered after the work already on stream,
         and stream waits for it (events: with every input and output bound as device memory the
-        call returns without waiting). Any other plan runs as run() does. Outputs are what `out`
+        call returns without waiting). A plan on vulkan takes a kiln.VkSync: the step is queued and
+        the call returns at once; its host outputs are written by wait(), and the arrays bound here
+        (inputs are copied at the call) must stay alive until then. Any other plan runs as run()
+        does. Outputs are what `out`
         binds (read others later with read()); device arrays must stay alive until the stream has
         passed the step (the caller's tensors: kiln keeps no reference after the call)."""
         keep: list = []
@@ -324,8 +350,17 @@ class Plan:
         bs += [_capi.Binding(n.encode(), None, 0, int(v), False) for n, v in (symbols or {}).items()]
         bs += [self._binding(n, a, True, keep) for n, a in (out or {}).items()]
         arr = (_capi.Binding * max(1, len(bs)))(*bs)
-        self._check(lib.kiln_run_async(self.handle, arr, len(bs), _stream_handle(stream)), "kiln_run_async")
+        vk = self.backend == "vulkan"
+        if isinstance(stream, VkSync) != vk and stream is not None:
+            raise TypeError("kiln: a plan on vulkan takes a kiln.VkSync (or None) as its stream" if vk else
+                            f"kiln: a kiln.VkSync is the stream of a vulkan plan, this one runs on {self.backend}")
+        handle = stream.address if isinstance(stream, VkSync) else _stream_handle(stream)
+        self._check(lib.kiln_run_async(self.handle, arr, len(bs), handle), "kiln_run_async")
         return dict(out or {})
+
+    def wait(self) -> None:
+        """kiln_plan_wait: waits for the steps run_async queued (vulkan) and writes their outputs."""
+        self._check(lib.kiln_plan_wait(self.handle), "kiln_plan_wait")
 
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """kiln_plan_read: the last run's value of an output (into `out` when given)."""

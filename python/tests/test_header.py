@@ -12,7 +12,8 @@ MIRRORS = {"kiln_ctx_options": _capi.CtxOptions, "kiln_backend_info": _capi.Back
            "kiln_binding": _capi.Binding, "kiln_tensor_info": _capi.TensorInfo,
            "kiln_device_profile": _capi.DeviceProfile, "kiln_region_info": _capi.RegionInfo,
            "kiln_preset_options": _capi.PresetOptions, "kiln_check_options": _capi.CheckOptions,
-           "kiln_model_info": _capi.ModelInfo, "kiln_model_options": _capi.ModelOptions}
+           "kiln_model_info": _capi.ModelInfo, "kiln_model_options": _capi.ModelOptions,
+           "kiln_vk_sync": _capi.VkSync}
 
 
 def header_structs() -> dict:
