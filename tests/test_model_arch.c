@@ -323,9 +323,10 @@ Test(model_arch, sliding_window_matches_f64_past_the_window)
 
 /* gemma 2 (llama.cpp's graph): embeddings x sqrt(hidden), post-attention and post-ffn norms,
  * gelu_tanh(gate) * up, soft-capped attention scores (here cap 2: deep in tanh's bend) and final
- * logits (cap 3), the window (4 keys) on even layers only with the global layers' rope base from
- * the file (1e6) and 10000 on the local ones, head_dim 32 != hidden / n_head. The defaults (caps 50
- * and 30, window 4096) in the second file. */
+ * logits (cap 3), the window (4 keys) on even layers only, every layer rotating with the file's
+ * base (1e6; llama.cpp's gemma2 loader: the local layers' base and scale are the global ones, unlike
+ * gemma 3's), head_dim 32 != hidden / n_head. The defaults (caps 50 and 30, window 4096) in the
+ * second file. */
 static const gw_model gemma2 = {.arch = "gemma2", .n_layer = 3, .hidden = 64, .n_head = 4, .n_kv_head = 2, .ffn = 96,
                                 .n_vocab = 80, .n_ctx = 64, .wtype = KILN_DTYPE_F32, .embtype = KILN_DTYPE_F32,
                                 .tied = true, .head_dim = 32, .window = 4, .attn_softcap = 2.0f, .final_softcap = 3.0f};
@@ -353,6 +354,21 @@ static void on_backends(gw_model m, kiln_dtype w)
 }
 
 Test(model_arch, gemma2_matches_f64) { on_backends(gemma2, KILN_DTYPE_F32); }
+/* gemma 2 with linear rope scaling: llama.cpp scales the local layers too (rope_freq_scale_train_swa =
+ * rope_freq_scale_train); kiln rotated them with base 10000 unscaled until session 8 (found against
+ * llama.cpp: python/tests/test_llama_cpp.py). And rope.freq_base_swa, which recent converters write
+ * for gemma 3 (rope_local_base_freq): the local layers' base, gemma 2's still scaled, gemma 3's not. */
+Test(model_arch, gemma_local_rope_as_llama_cpp)
+{
+    gw_model m = gemma2;
+    m.rope_scale = 4.0f;
+    on_backends(m, KILN_DTYPE_F32);
+    m.theta_swa = 2e4f;
+    on_backends(m, KILN_DTYPE_F32);
+    m = gemma3;
+    m.theta_swa = 5e3f;
+    on_backends(m, KILN_DTYPE_F32);
+}
 Test(model_arch, gemma1_matches_f64)
 {
     on_backends(gemma1, KILN_DTYPE_F32);
@@ -386,7 +402,7 @@ Test(model_arch, gemma2_defaults_and_q8_0_match_f64)
     on_backends(m, KILN_DTYPE_Q8_0);
 }
 /* gemma 3: q/k head norms, every 6th layer global (layers 5 of 7 here) with linear rope scaling x8
- * and base 1e6, the local ones base 10000 unscaled; no soft-caps. */
+ * and base 1e6, the local ones base 10000 unscaled (llama.cpp's freq_base_swa default); no soft-caps. */
 Test(model_arch, gemma3_matches_f64) { on_backends(gemma3, KILN_DTYPE_F32); }
 /* phi3: fused attn_qkv rows and ffn_up halves (gate first), window on every layer. */
 Test(model_arch, phi3_matches_f64) { on_backends(phi3, KILN_DTYPE_F32); }
@@ -611,7 +627,7 @@ Test(model_arch, gemma_and_phi3_metadata_and_refusals)
     cr_assert_eq(kiln_model_info_get(f, &mi), KILN_OK, "%s", kiln_ctx_error(ctx));
     cr_assert_float_eq(mi.attn_scale, 1.0f / sqrtf(16.0f), 1e-7f);
     cr_assert(mi.embd_scale && mi.post_norms && mi.gelu_gate && !mi.fused_qkv && mi.swa_pattern == 2);
-    cr_assert(mi.attn_softcap == 2.0f && mi.final_softcap == 3.0f && mi.sliding_window == 4 && mi.swa_theta == 10000.0f);
+    cr_assert(mi.attn_softcap == 2.0f && mi.final_softcap == 3.0f && mi.sliding_window == 4 && mi.swa_theta == 0.0f);
     kiln_gguf_close(f);
     free(bytes);
     m = gemma2, m.window = 0, m.attn_softcap = 0, m.final_softcap = 0;

@@ -1002,7 +1002,8 @@ typedef struct kiln_model_info {
                                       default 30): logits = cap * tanh(logits / cap); 0: none */
     int            swa_pattern;    /* > 0: only layers l with l % swa_pattern < swa_pattern - 1 use the
                                       window (gemma 2: 2, gemma 3: 6); 0: every layer (mistral, phi3) */
-    float          swa_theta;      /* rotary base of the window layers, unscaled (gemma: 10000); 0: theta */
+    float          swa_theta;      /* rotary base of the window layers (gemma 3: 10000, unscaled; or the file's
+                                      rope.freq_base_swa); 0: theta (gemma 2's rotate as its global layers) */
     float          attn_scale;     /* score scale: 1/sqrt(head_dim), or llama.cpp's gemma 27B rule
                                       1/sqrt(hidden / n_head) (46-layer gemma 2, 62-layer gemma 3) */
     bool           embd_scale;     /* token embeddings times sqrt(hidden) (gemma) */

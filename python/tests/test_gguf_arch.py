@@ -21,10 +21,15 @@ Q8 = gguf.GGMLQuantizationType.Q8_0
 CASES = {
     "gemma2": dict(n_layer=3, hidden=64, n_head=4, n_kv=2, hd=32, ffn=96, vocab=72, window=4, attn_cap=2.0,
                    final_cap=3.0, theta=10000.0),
+    # llama.cpp scales gemma2's local layers as its global ones; rope.freq_base_swa sets their base
+    "gemma2_scaled": dict(arch="gemma2", n_layer=3, hidden=64, n_head=4, n_kv=2, hd=32, ffn=96, vocab=72, window=4,
+                          attn_cap=2.0, final_cap=3.0, theta=1e6, rope_factor=4.0, theta_swa=2e4),
     "gemma2_defaults_q8_0": dict(arch="gemma2", n_layer=2, hidden=64, n_head=4, n_kv=2, hd=32, ffn=96, vocab=72,
                                  window=None, attn_cap=None, final_cap=None, theta=10000.0, q8=True),
     "gemma3": dict(n_layer=7, hidden=64, n_head=4, n_kv=1, hd=32, ffn=64, vocab=72, window=5, theta=1e6,
                    rope_factor=8.0),
+    "gemma3_base_swa": dict(arch="gemma3", n_layer=7, hidden=64, n_head=4, n_kv=1, hd=32, ffn=64, vocab=72, window=5,
+                            theta=1e6, rope_factor=8.0, theta_swa=5000.0),
     "phi3": dict(n_layer=2, hidden=64, n_head=4, n_kv=2, hd=16, ffn=96, vocab=72, window=6, theta=10000.0),
     # llama 3: per-pair rope_freqs factors and every optional bias; qwen2: q/k/v biases; qwen3: q/k norms
     # with a head size other than hidden / heads
@@ -71,6 +76,8 @@ def write_model(path, arch, c, rng):
     if c.get("rope_factor"):
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(c["rope_factor"])
+    if c.get("theta_swa"):
+        w.add_rope_freq_base_swa(c["theta_swa"])
     add_vocab(w, c["vocab"])
     W = {}
     T = gguf.MODEL_TENSOR
@@ -198,8 +205,9 @@ def forward(arch, c, W, ids):
         if arch in ("gemma3", "qwen3"):
             q, k = rms(q, W[tname(T.ATTN_Q_NORM, b)]), rms(k, W[tname(T.ATTN_K_NORM, b)])
         theta, scale = c["theta"], 1.0 / c.get("rope_factor", 1.0)
-        if gemma and local:  # gemma's local layers: base 10000, no scaling
-            theta, scale = 10000.0, 1.0
+        if gemma and local:  # llama.cpp: gemma2's local layers rotate as its global ones, gemma3's unscaled
+            theta = c.get("theta_swa") or (10000.0 if arch == "gemma3" else theta)
+            scale = 1.0 if arch == "gemma3" else scale
         neox, freqs = arch != "llama", W.get(tname(T.ROPE_FREQS))
         q, k = rope(q, theta, scale, neox, freqs), rope(k, theta, scale, neox, freqs)
         a = attend(q, k, v, hd ** -0.5, attn_cap, window if local else 0).reshape(n, nh * hd)

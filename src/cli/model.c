@@ -142,8 +142,9 @@ static void info_model_text(const char *path, kiln_ctx *ctx, const kiln_gguf *f,
                mi->rope_freqs ? " and rope_freqs factors per pair (llama 3.1)" : "", (long long)mi->sliding_window,
                !mi->sliding_window ? " (none)" : mi->swa_pattern ? " positions on the local layers" : " positions");
     if (mi->swa_pattern && mi->sliding_window)
-        printf("        local layers: l %% %d < %d (rope theta %g, unscaled), global layers the rest\n", mi->swa_pattern,
-               mi->swa_pattern - 1, mi->swa_theta);
+        printf("        local layers: l %% %d < %d (rope theta %g%s), global layers the rest\n", mi->swa_pattern,
+               mi->swa_pattern - 1, mi->swa_theta > 0 ? mi->swa_theta : mi->theta,
+               strcmp(mi->arch, "gemma3") == 0 ? ", unscaled" : "");
     if (mi->attn_softcap || mi->final_softcap || mi->embd_scale || mi->post_norms || mi->gelu_gate || mi->fused_qkv)
         printf("        %s%s%s%s%s%sscore scale %g, attention soft-cap %g, final soft-cap %g\n",
                mi->embd_scale ? "embeddings x sqrt(hidden), " : "", mi->post_norms ? "post-norms, " : "",

@@ -102,7 +102,11 @@ typedef struct kiln_arch {
                                         output.weight is not read, so the file is refused */
     int                  swa_pattern; /* > 0: only layers l with l % swa_pattern < swa_pattern - 1 use the
                                          sliding window (gemma 2: 2, gemma 3: 6); 0: every layer does */
-    float                swa_theta;  /* > 0: window layers rotate with this base, unscaled (gemma: 10000) */
+    float                swa_theta;  /* > 0: window layers rotate with this base by default (gemma 3: 10000);
+                                        0: with the file's rope.freq_base (gemma 2). rope.freq_base_swa overrides
+                                        both where the table lists it (llama.cpp's LLM_KV_ROPE_FREQ_BASE_SWA) */
+    bool                 swa_unscaled; /* window layers drop the rope scaling (gemma 3's local layers); else they
+                                          keep the file's factor as the global layers do (gemma 2) */
     int64_t              window_default;  /* window when attention.sliding_window is absent (gemma 2: 4096) */
     float                attn_softcap_default;  /* attn_logit_softcapping when absent (gemma 2: 50; 0: none) */
     float                final_softcap_default; /* final_logit_softcapping when absent (gemma 2: 30; 0: none) */

@@ -157,7 +157,11 @@ static kiln_status read_arch_math(const kiln_gguf *f, const kiln_arch *a, kiln_m
     /* llama.cpp applies a softcapping key only where the architecture reads it (gemma's table):
      * elsewhere the key is NEUTRAL at 0 and check_key refused any other value */
     m->swa_pattern = a->swa_pattern;
-    m->swa_theta = m->sliding_window ? a->swa_theta : 0.0f;
+    /* llama.cpp: gemma 2's window layers rotate as its global ones (base and scale of the file), gemma 3's
+     * with base 10000 unscaled; rope.freq_base_swa (recent converters write it for gemma 3) sets the base */
+    m->swa_theta = a->swa_theta;
+    if ((s = arch_float(f, a->name, "rope.freq_base_swa", false, &m->swa_theta)) != KILN_OK) return s;
+    if (!m->sliding_window) m->swa_theta = 0.0f;
     bool wide = m->n_layer == a->wide_scale_layers[0] || m->n_layer == a->wide_scale_layers[1];
     if (wide && a->wide_scale_layers[0] && m->hidden % m->n_head)
         return kiln_ctx_fail(f->ctx, KILN_ERR_SHAPE, "%s: embedding_length %lld is not a multiple of head_count %lld",

@@ -202,7 +202,8 @@ static void build(kiln_graph *g, const kiln_gguf *f, const kiln_model_desc *d, c
         kiln_layer_dims dl = ld;
         if (m->sliding_window && kiln_arch_layer_windowed(d->arch, l)) {
             dl.window = m->sliding_window;
-            if (m->swa_theta > 0) dl.theta = m->swa_theta, dl.rope_mult = NULL; /* gemma's local layers */
+            if (m->swa_theta > 0) dl.theta = m->swa_theta; /* gemma's local layers */
+            if (d->arch->swa_unscaled) dl.rope_mult = NULL;
         }
         x = kiln_layer_build(g, &dl, &io, &w, l, x);
     }

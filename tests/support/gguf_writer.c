@@ -260,6 +260,7 @@ gw *gw_model_new(const gw_model *m)
     if (m->n_rot > 0) gw_kv_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t)m->n_rot);
     if (m->n_ctx_orig > 0) gw_kv_u32(w, ARCH_KEY("rope.scaling.original_context_length"), (uint32_t)m->n_ctx_orig);
     if (m->rope_attn_factor > 0) gw_kv_f32(w, ARCH_KEY("rope.scaling.attn_factor"), m->rope_attn_factor);
+    if (m->theta_swa > 0) gw_kv_f32(w, ARCH_KEY("rope.freq_base_swa"), m->theta_swa);
     if (m->attn_softcap > 0) gw_kv_f32(w, ARCH_KEY("attn_logit_softcapping"), m->attn_softcap);
     if (m->final_softcap > 0) gw_kv_f32(w, ARCH_KEY("final_logit_softcapping"), m->final_softcap);
     bool qwen_moe = strcmp(m->arch, "qwen2moe") == 0 || strcmp(m->arch, "qwen3moe") == 0;

@@ -57,6 +57,7 @@ typedef struct gw_model {
     float       rope_scale;   /* > 0: write rope.scaling.type "linear" (yarn: "yarn") and rope.scaling.factor */
     bool        yarn;         /* with rope_scale: the type is "yarn" */
     float       theta;        /* > 0: rope.freq_base (else 1e4 for llama, 1e6 for the others) */
+    float       theta_swa;    /* > 0: write rope.freq_base_swa (gemma's local layers' base) */
     bool        rope_freqs;   /* write rope_freqs.weight [n_rot/2], random factors in [0.5, 7.5] */
     int64_t     window;       /* > 0: write attention.sliding_window */
     float       attn_softcap; /* > 0: write attn_logit_softcapping */

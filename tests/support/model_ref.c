@@ -1,6 +1,6 @@
 /* f64 reference forward of llama-family GGUF models (see model_ref.h): embedding [x sqrt(hidden):
  * gemma 1/2/3], per layer rms_norm -> q/k/v (+bias; phi3: rows of attn_qkv) -> [per-head q/k norm] ->
- * rope (gemma's local layers: base 10000) -> causal GQA attention [soft-capped, windowed] -> output
+ * rope (gemma's local layers: their own base) -> causal GQA attention [soft-capped, windowed] -> output
  * (+bias) [post-norm] -> residual, rms_norm -> gate/up (+bias; phi3: halves of ffn_up) ->
  * silu(gate)*up [gemma: gelu_tanh] -> down (+bias) [post-norm] -> residual; final norm, head
  * [soft-capped]; mixtures of experts (llama with experts, qwen2moe with its shared expert, qwen3moe): the
@@ -22,6 +22,8 @@ typedef struct mref {
     int64_t          hidden, n_head, n_kv, hd, ffn, vocab, n_layer, window;
     int64_t          n_rot; /* rotary dims of a head (rope.dimension_count, default hd) */
     double           eps, theta, freq_scale;
+    double           theta_swa;    /* gemma's local layers' base (rope.freq_base_swa; gemma 3: 10000, gemma 2: theta) */
+    bool             swa_unscaled; /* gemma 3's local layers rotate unscaled (gemma 2's as the global ones) */
     bool             neox;
     double          *freq_factors; /* [n_rot/2] or NULL (rope_freqs, or longrope's long or short factors) */
     double           mscale;       /* rotated dims times it (rope.scaling.attn_factor, and yarn's mscale; 1) */
@@ -29,7 +31,7 @@ typedef struct mref {
     float            corr[2];      /* yarn's correction dims (ggml_rope_yarn_corr_dims) */
     int64_t          max_ctx;      /* the plan's context: longrope takes its long factors above the original */
     bool             gemma, phi3;  /* gemma2/gemma3; phi3 */
-    int              swa_pattern;  /* gemma: layers l % p < p - 1 are local (windowed, base 10000) */
+    int              swa_pattern;  /* gemma: layers l % p < p - 1 are local (windowed, base theta_swa) */
     double           scale, attn_cap, final_cap; /* score scale; soft-caps (0: none) */
     int64_t          n_used;       /* expert_used_count (mixtures of experts) */
     double           route_gap;    /* smallest gap between the k-th and (k+1)-th router logit seen */
@@ -145,9 +147,10 @@ static void yarn_setup(mref *m, double factor)
 static void rope(const mref *m, double *v, int64_t p, bool local)
 {
     int64_t half = m->n_rot / 2;
-    bool plain = local && m->gemma; /* gemma's local layers: base 10000, no scaling */
+    bool plain = local && m->swa_unscaled; /* gemma 3's local layers: no scaling (llama.cpp's freq_scale_swa 1) */
+    double base = local && m->gemma ? m->theta_swa : m->theta;
     for (int64_t i = 0; i < half; i++) {
-        double ang = (double)p * (plain ? 1.0 : m->freq_scale) * pow(plain ? 10000.0 : m->theta, -2.0 * (double)i / (double)m->n_rot);
+        double ang = (double)p * (plain ? 1.0 : m->freq_scale) * pow(base, -2.0 * (double)i / (double)m->n_rot);
         if (m->freq_factors && !plain) ang /= m->freq_factors[i];
         if (m->yarn) { /* ggml's rope_yarn: the scaled (interp) and unscaled (extrap) angle mixed by the ramp */
             double extrap = ang / m->freq_scale;
@@ -361,6 +364,8 @@ static bool read_meta(mref *m)
     bool wide = (gemma2 && m->n_layer == 46) || (gemma3 && m->n_layer == 62); /* llama.cpp's 27B rule */
     m->eps = key_f(m, "attention.layer_norm_rms_epsilon", 1e-5);
     m->theta = key_f(m, "rope.freq_base", 10000.0);
+    m->theta_swa = key_f(m, "rope.freq_base_swa", gemma3 ? 10000.0 : m->theta); /* llama.cpp's gemma2/gemma3 loaders */
+    m->swa_unscaled = gemma3;
     double factor = key_f(m, "rope.scaling.factor", key_f(m, "rope.scale_linear", 0.0));
     const char *type = "linear";
     char key[128];
