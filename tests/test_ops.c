@@ -151,6 +151,29 @@ Test(ops, matmul)
     }
 }
 
+/* rms_norm + matmul with 8 tokens of K 1024 f32 x in one gemv pass: the normalized x staged in
+ * shared memory is 32 KiB, all a Vulkan device may have, and the GLSL printer's reduction scratch
+ * (4 bytes a thread) comes beside it, so the lowering must not stage it there (lavapipe refused the
+ * kernel: "needs 33792 bytes of shared memory, llvmpipe has 32768"). Against ref64, every backend. */
+Test(ops, rms_norm_matmul_staged_x_fits_shared_memory)
+{
+    const int64_t K = 1024, N = 40;
+    kiln_graph *g = graph();
+    kiln_dim T = kiln_sym(g, "t", 8);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){T, K});
+    kiln_node h = kiln_rms_norm(g, x, tu_weight(g, "nw", KILN_DTYPE_F32, 1, &K, 0.8f, 1.2f), 1e-6f);
+    out(g, kiln_matmul(g, h, tu_weight(g, "w", KILN_DTYPE_F32, 2, (kiln_dim[]){N, K}, -0.5f, 1.5f)), "y");
+    tu_sess *s = tu_sess_new(g, "rms_norm + matmul, x [t<=8, 1024] f32, w [40, 1024] f32");
+    for (int64_t t = 1; t <= 8; t += 7) {
+        tu_sym(s, "t", t);
+        tu_input_random(s, "x", -1.0f, 1.0f);
+        tu_run(s);
+        tu_check(s, "y", "matmul", KILN_DTYPE_F32);
+    }
+    tu_sess_free(s);
+    kiln_graph_free(g);
+}
+
 /* Block weights on few shapes (kept small: this one also runs on lavapipe in CI): every sub-block
  * position of the integer-dot GEMV, x quantized in several passes (t up to 40), K = 4096 (more x
  * words than threads per block), f16 x. */

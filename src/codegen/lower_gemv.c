@@ -575,7 +575,7 @@ kiln_status kiln_lower_gemv_cap(const kiln_graph *g, const kiln_region *r, const
      * block: the loop's loads are then all weight streams (within the target's shared memory).
      * Without a norm the prologue would only delay the first weight loads. */
     s->xstage = s->hoisted && s->norm != KILN_IDX_NONE && !s->dp4a && !s->scalar &&
-                (uint64_t)s->mc * (uint64_t)s->K * 4 <= s->tgt->smem_bytes;
+                (uint64_t)s->mc * (uint64_t)s->K * 4 <= kiln_lower_smem_for(s->tgt, 32 * WARPS);
     for (int j = 0; j < s->n_mm; j++) { /* one chunk layout for every weight */
         kiln_dtype t = (kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype;
         int v = fmt(t)->block ? 0 : fmt(t)->vec;

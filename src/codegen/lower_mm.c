@@ -96,7 +96,7 @@ static bool check_weights(gv *s, char *err, size_t n_err)
      * kiln's CPU kernels do; contracts/matmul.yaml counts it) when the quantized x of a pass fits in
      * shared memory: per token K/4 words of quants and K/16 of scales and sums. */
     s->dp4a = s->tgt->dp4a && !s->scalar && s->K % 32 == 0 &&
-              (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= s->tgt->smem_bytes;
+              (uint64_t)s->mc * (uint64_t)(s->K / 4 + s->K / 16) * 4 <= kiln_lower_smem_for(s->tgt, 32 * WARPS);
     for (int j = 0; j < s->n_mm; j++)
         if (!fmt((kiln_dtype)g->nodes[g->nodes[s->mm[j]].src[1]].dtype)->dp4a_at) s->dp4a = false; /* float weights */
     /* codegen.gemv_pair, or at AUTO every weight format's default (kl_wfmt.gemv_auto) */

@@ -37,6 +37,12 @@ uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32
     return n < limit ? n : limit;
 }
 
+uint32_t kiln_lower_smem_for(const kiln_lower_target *t, uint32_t threads)
+{
+    uint32_t printer = t->mma_native ? 0 : 4 * threads;
+    return t->smem_bytes > printer ? t->smem_bytes - printer : 0;
+}
+
 kiln_lower_target kiln_lower_target_with(const kiln_lower_target *t, const kiln_codegen_options *o)
 {
     kiln_lower_target r = *t;

@@ -42,5 +42,9 @@ uint32_t kiln_stride_blocks(uint32_t n, uint64_t resident, uint32_t limit, int32
 /* Whether kernels for t are lowered for programmatic dependent launch: the device has it and the
  * options turn it on (codegen.pdl = KILN_GEMM_ON; opt-in until measured on the H100). */
 bool kiln_lower_target_pdl(const kiln_lower_target *t);
+/* Shared bytes a kernel of `threads` threads may declare: smem_bytes less what a printer adds beside
+ * the kernel's own arrays (the GLSL printer's REDUCE scratch, 4 bytes a thread, where the device
+ * has no native MMA: vulkan; the vulkan backend refuses a kernel past the device's limit). */
+uint32_t kiln_lower_smem_for(const kiln_lower_target *t, uint32_t threads);
 /* t with the code-generation choices of o (NULL: defaults). */
 kiln_lower_target kiln_lower_target_with(const kiln_lower_target *t, const kiln_codegen_options *o);
