@@ -3,7 +3,8 @@
  * soon as the call returns), several steps queued back to back see each other's KV writes, the
  * caller's wait semaphore gates a step (signalled from the host after the call), the signal
  * semaphore reports it done, binary semaphores order a step with the caller's own submissions on
- * kiln's queue, a bad kiln_vk_sync or a full queue is refused with nothing run and
+ * kiln's queue, the caller's own VkBuffers bound as device memory (kiln_vk_buffer_register) give
+ * the step with no host round trip, a bad kiln_vk_sync or a full queue is refused with nothing run and
  * the plan still usable, and a plan mixing cpu and vulkan kernels runs synchronously and signals.
  * Skips, saying why, when no Vulkan device is present. */
 #include <criterion/criterion.h>
@@ -146,6 +147,7 @@ static bool wait_value(VkSemaphore sem, uint64_t v, uint64_t timeout_ns)
 }
 
 static uint64_t h(VkSemaphore s) { return (uint64_t)(uintptr_t)s; }
+static uint64_t hb(VkBuffer b) { return (uint64_t)(uintptr_t)b; }
 
 static void sleep_ms(int ms)
 {
@@ -279,6 +281,103 @@ Test(vk_async, binary_semaphores_order_the_step_with_the_callers_submissions)
     vkDestroyFence(d, fence, NULL);
     vkDestroySemaphore(d, before, NULL);
     vkDestroySemaphore(d, after, NULL);
+    kiln_plan_free(p);
+}
+
+/* A host-visible VkBuffer of the caller's on kiln's device, mapped. */
+typedef struct cbuf {
+    VkBuffer       buf;
+    VkDeviceMemory mem;
+    void          *map;
+} cbuf;
+
+static cbuf caller_buffer(VkDeviceSize bytes)
+{
+    VkDevice d = (VkDevice)dev.device;
+    cbuf c = {0};
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = bytes,
+                             .usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT, .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    cr_assert_eq(vkCreateBuffer(d, &bi, NULL, &c.buf), VK_SUCCESS);
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(d, c.buf, &req);
+    VkPhysicalDeviceMemoryProperties mp;
+    vkGetPhysicalDeviceMemoryProperties((VkPhysicalDevice)dev.physical_device, &mp);
+    VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    uint32_t t = 0;
+    while (t < mp.memoryTypeCount && !((req.memoryTypeBits >> t & 1) && (mp.memoryTypes[t].propertyFlags & want) == want)) t++;
+    cr_assert_lt(t, mp.memoryTypeCount, "a host-visible coherent memory type");
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = t};
+    cr_assert_eq(vkAllocateMemory(d, &ai, NULL, &c.mem), VK_SUCCESS);
+    cr_assert_eq(vkBindBufferMemory(d, c.buf, c.mem, 0), VK_SUCCESS);
+    cr_assert_eq(vkMapMemory(d, c.mem, 0, VK_WHOLE_SIZE, 0, &c.map), VK_SUCCESS);
+    return c;
+}
+
+static void caller_buffer_free(cbuf *c)
+{
+    vkDestroyBuffer((VkDevice)dev.device, c->buf, NULL);
+    vkFreeMemory((VkDevice)dev.device, c->mem, NULL);
+}
+
+/* An engine's step with no host round trip: x and y in the caller's own VkBuffers (registered,
+ * bound as device memory at offsets), the step queued with a timeline signal; the caller waits for
+ * the semaphore only (no kiln_plan_wait) and reads y with kiln_run's bits. A range past the
+ * registered size and an unregistered address are refused; the plan stays usable. */
+Test(vk_async, callers_buffers_bound_as_device_memory)
+{
+    static steps s;
+    make_steps(&s);
+    static float want[STEPS][T * HID];
+    void *kwant;
+    size_t kbytes;
+    sync_steps(&s, want, &kwant, &kbytes);
+    free(kwant);
+    kiln_plan *p = layer_plan();
+    enum { OFF = 256 }; /* bytes before each tensor in its buffer */
+    const size_t xy = sizeof(float) * T * HID;
+    cbuf bx = caller_buffer(OFF + xy), by = caller_buffer(OFF + xy);
+    void *ax, *ay;
+    cr_assert_eq(kiln_vk_buffer_register(ctx, hb(bx.buf), OFF + xy, &ax), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_vk_buffer_register(ctx, hb(by.buf), OFF + xy, &ay), KILN_OK, "%s", kiln_ctx_error(ctx));
+    VkSemaphore done = timeline_semaphore(0);
+    float x[T * HID];
+    int32_t pos[T];
+    kiln_binding b[5];
+    for (int i = 0; i < 3; i++) {
+        float y[T * HID];
+        bind_step(&s, i, x, pos, y, b);
+        memcpy((char *)bx.map + OFF, x, b[2].bytes);
+        tu_poison((char *)by.map + OFF, xy);
+        b[2] = (kiln_binding){.name = "x", .data = (char *)ax + OFF, .bytes = b[2].bytes, .device = true};
+        b[4] = (kiln_binding){.name = "y", .data = (char *)ay + OFF, .bytes = b[4].bytes, .device = true};
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC, .signal = h(done), .signal_value = (uint64_t)i + 1};
+        cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
+        cr_assert(wait_value(done, (uint64_t)i + 1, 60ull * 1000000000ull), "step %d: not signalled", i);
+        assert_step_bits(&s, i, (const float *)((char *)by.map + OFF), want[i]);
+    }
+    b[2].data = (char *)ax + OFF + xy - b[2].bytes + 4; /* its last 4 bytes past the registered range */
+    kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+    kiln_status st = kiln_run_async(p, b, 5, &sy);
+    cr_assert_neq(st, KILN_OK);
+    cr_assert(strstr(kiln_ctx_error(ctx), "overruns"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_vk_buffer_unregister(ctx, ax), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_vk_buffer_unregister(ctx, ax), KILN_ERR_INVALID_ARG, "twice");
+    b[2].data = ax;
+    st = kiln_run_async(p, b, 5, &sy);
+    cr_assert_neq(st, KILN_OK, "an unregistered buffer's address");
+    cr_assert(strstr(kiln_ctx_error(ctx), "not a live vulkan address"), "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_vk_buffer_unregister(ctx, ay), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_vk_buffer_register(ctx, 0, 16, &ax), KILN_ERR_INVALID_ARG);
+    static float y[T * HID]; /* the plan still runs from host memory, the KV state as the steps left it */
+    bind_step(&s, 3, x, pos, y, b);
+    tu_poison(y, sizeof y);
+    cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    assert_step_bits(&s, 3, y, want[3]);
+    caller_buffer_free(&bx);
+    caller_buffer_free(&by);
+    vkDestroySemaphore((VkDevice)dev.device, done, NULL);
     kiln_plan_free(p);
 }
 

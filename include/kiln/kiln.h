@@ -597,7 +597,8 @@ typedef struct kiln_binding {
     size_t      bytes; /* size of data: an input must match its shape exactly; an output must hold it */
     int64_t     value; /* the symbol's value */
     bool        device;/* data is device memory of the GPU backend that runs the plan (cuda: a
-                          CUdeviceptr cast to void *): inputs are copied device to device and
+                          CUdeviceptr cast to void *; vulkan: an address kiln_vk_buffer_register
+                          gave, plus a byte offset): inputs are copied device to device and
                           outputs written there, with no host round trip */
 } kiln_binding;
 
@@ -685,6 +686,19 @@ typedef struct kiln_vk_device {
     bool     timeline;        /* timeline semaphores are enabled on the device */
 } kiln_vk_device;
 KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out);
+
+/* Registers a VkBuffer of the caller's (made on kiln's device, kiln_ctx_vulkan, with usage
+ * TRANSFER_SRC and TRANSFER_DST, its memory bound) so that it can be bound as device memory: *addr
+ * plus a byte offset is a kiln_binding's data with device = true, on a plan that runs on vulkan. An
+ * input is copied from it, an output into it, on the device and in the step's order (with
+ * kiln_run_async the signal semaphore covers those copies, so the caller needs no kiln_plan_wait to
+ * use them). A range beyond `bytes` is refused at the run. The buffer stays the caller's: kiln
+ * never frees it. kiln_vk_buffer_unregister waits for kiln's work on the context's queue, then
+ * forgets it (its address is refused after): call it before destroying the buffer. Thread-safe
+ * like kiln_run. KILN_ERR_UNSUPPORTED without a vulkan backend; KILN_ERR_INVALID_ARG for a NULL
+ * buffer, zero bytes or an address that is not a registered buffer's. */
+KILN_API kiln_status kiln_vk_buffer_register(kiln_ctx *ctx, uint64_t buffer, uint64_t bytes, void **addr);
+KILN_API kiln_status kiln_vk_buffer_unregister(kiln_ctx *ctx, void *addr);
 
 typedef struct kiln_tensor_info {
     kiln_dtype t;                  /* dtype */

@@ -35,3 +35,16 @@ KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out)
     if (out) *out = (kiln_vk_device){0};
     return ctx ? kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "kiln_ctx_vulkan: %s", KILN_NO_VULKAN_WHY) : KILN_ERR_INVALID_ARG;
 }
+
+KILN_API kiln_status kiln_vk_buffer_register(kiln_ctx *ctx, uint64_t buffer, uint64_t bytes, void **addr)
+{
+    (void)buffer, (void)bytes;
+    if (addr) *addr = NULL;
+    return ctx ? kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "kiln_vk_buffer_register: %s", KILN_NO_VULKAN_WHY) : KILN_ERR_INVALID_ARG;
+}
+
+KILN_API kiln_status kiln_vk_buffer_unregister(kiln_ctx *ctx, void *addr)
+{
+    (void)addr;
+    return ctx ? kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "kiln_vk_buffer_unregister: %s", KILN_NO_VULKAN_WHY) : KILN_ERR_INVALID_ARG;
+}

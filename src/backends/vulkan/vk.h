@@ -24,6 +24,7 @@ typedef struct kiln_vk_alloc {
     VkDeviceMemory mem;  /* its memory */
     VkDeviceSize   size; /* bytes asked for */
     void          *map;  /* persistent mapping (staging buffers only), else NULL */
+    bool           borrowed; /* the caller's buffer (kiln_vk_buffer_register): never destroyed here */
 } kiln_vk_alloc;
 
 typedef struct kiln_vk_download {
@@ -114,6 +115,8 @@ kiln_status kiln_vk_fail(kiln_vk *s, VkResult r, const char *what, char *err, si
 /* vk_memory.c */
 kiln_status kiln_vk_buffer_new(kiln_vk *s, VkDeviceSize bytes, bool host, uint32_t *id, char *err, size_t n);
 void        kiln_vk_buffer_free(kiln_vk *s, uint32_t id);
+/* A caller's buffer in the allocation table (borrowed: freeing the entry leaves the buffer alone). */
+kiln_status kiln_vk_buffer_borrow(kiln_vk *s, VkBuffer buf, VkDeviceSize bytes, uint32_t *id, char *err, size_t n);
 /* Decodes an address: allocation and byte offset; false for an address of no live allocation. */
 bool        kiln_vk_decode(const kiln_vk *s, const void *addr, uint32_t *id, VkDeviceSize *off);
 static inline void *kiln_vk_encode(uint32_t id, VkDeviceSize off)

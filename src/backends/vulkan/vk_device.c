@@ -431,3 +431,53 @@ KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out)
                             .queue_family = s->queue_family, .api_version = s->props.apiVersion, .timeline = s->timeline};
     return KILN_OK;
 }
+
+/* The context's vulkan state with its device lock taken, or NULL with the error set. */
+static kiln_vk *locked_vk(kiln_ctx *ctx, const char *call)
+{
+    if (!ctx->be_ok[KILN_BACKEND_VULKAN] || !ctx->be_state[KILN_BACKEND_VULKAN]) {
+        kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "%s: no vulkan backend: %s", call, ctx->be_detail[KILN_BACKEND_VULKAN]);
+        return NULL;
+    }
+    pthread_mutex_lock(&ctx->be_mu[KILN_BACKEND_VULKAN]);
+    return ctx->be_state[KILN_BACKEND_VULKAN];
+}
+
+KILN_API kiln_status kiln_vk_buffer_register(kiln_ctx *ctx, uint64_t buffer, uint64_t bytes, void **addr)
+{
+    if (!ctx || !addr) return ctx ? kiln_ctx_fail(ctx, KILN_ERR_INVALID_ARG, "kiln_vk_buffer_register: NULL argument") : KILN_ERR_INVALID_ARG;
+    *addr = NULL;
+    kiln_vk *s = locked_vk(ctx, "kiln_vk_buffer_register");
+    if (!s) return KILN_ERR_UNSUPPORTED;
+#if VK_USE_64_BIT_PTR_DEFINES
+    VkBuffer buf = (VkBuffer)(uintptr_t)buffer;
+#else
+    VkBuffer buf = (VkBuffer)buffer;
+#endif
+    char err[256] = "";
+    uint32_t id;
+    kiln_status st = kiln_vk_buffer_borrow(s, buf, bytes, &id, err, sizeof err);
+    if (st == KILN_OK) *addr = kiln_vk_encode(id, 0);
+    pthread_mutex_unlock(&ctx->be_mu[KILN_BACKEND_VULKAN]);
+    return st == KILN_OK ? st : kiln_ctx_fail(ctx, st, "kiln_vk_buffer_register: %s", err);
+}
+
+KILN_API kiln_status kiln_vk_buffer_unregister(kiln_ctx *ctx, void *addr)
+{
+    if (!ctx) return KILN_ERR_INVALID_ARG;
+    kiln_vk *s = locked_vk(ctx, "kiln_vk_buffer_unregister");
+    if (!s) return KILN_ERR_UNSUPPORTED;
+    uint32_t id;
+    VkDeviceSize off;
+    char err[256] = "";
+    kiln_status st = KILN_OK;
+    if (!kiln_vk_decode(s, addr, &id, &off) || off || !s->allocs[id].borrowed) {
+        snprintf(err, sizeof err, "%p is not the address of a registered buffer", addr);
+        st = KILN_ERR_INVALID_ARG;
+    } else {
+        if (s->cur.n_cmds || s->submitted) st = kiln_vk_queue_sync(s, err, sizeof err); /* it may be in use */
+        kiln_vk_buffer_free(s, id); /* forgotten either way: the caller destroys it next */
+    }
+    pthread_mutex_unlock(&ctx->be_mu[KILN_BACKEND_VULKAN]);
+    return st == KILN_OK ? st : kiln_ctx_fail(ctx, st, "kiln_vk_buffer_unregister: %s", err);
+}

@@ -19,13 +19,9 @@ static int find_type(const kiln_vk *s, uint32_t bits, VkMemoryPropertyFlags want
     return -1;
 }
 
-kiln_status kiln_vk_buffer_new(kiln_vk *s, VkDeviceSize bytes, bool host, uint32_t *id, char *err, size_t n)
+/* Room for one more allocation id. */
+static kiln_status table_room(kiln_vk *s, char *err, size_t n)
 {
-    if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "allocation", err, n);
-    if (bytes >> KILN_VK_ADDR_SHIFT) {
-        snprintf(err, n, "vulkan: allocation of %llu bytes is over kiln's 1 TiB per allocation", (unsigned long long)bytes);
-        return KILN_ERR_NOMEM;
-    }
     if (s->n_allocs == s->cap_allocs) {
         uint32_t cap = s->cap_allocs ? 2 * s->cap_allocs : 64;
         kiln_vk_alloc *g = cap < (1u << 23) ? realloc(s->allocs, cap * sizeof *g) : NULL;
@@ -36,6 +32,33 @@ kiln_status kiln_vk_buffer_new(kiln_vk *s, VkDeviceSize bytes, bool host, uint32
         s->allocs = g;
         s->cap_allocs = cap;
     }
+    return KILN_OK;
+}
+
+kiln_status kiln_vk_buffer_borrow(kiln_vk *s, VkBuffer buf, VkDeviceSize bytes, uint32_t *id, char *err, size_t n)
+{
+    if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "registering a buffer", err, n);
+    if (!buf || !bytes || bytes >> KILN_VK_ADDR_SHIFT) {
+        snprintf(err, n, "vulkan: a buffer to register must be a VkBuffer of 1 byte to 1 TiB (got %s, %llu bytes)",
+                 buf ? "a handle" : "VK_NULL_HANDLE", (unsigned long long)bytes);
+        return KILN_ERR_INVALID_ARG;
+    }
+    kiln_status st = table_room(s, err, n);
+    if (st != KILN_OK) return st;
+    *id = s->n_allocs;
+    s->allocs[s->n_allocs++] = (kiln_vk_alloc){.buf = buf, .size = bytes, .borrowed = true};
+    return KILN_OK;
+}
+
+kiln_status kiln_vk_buffer_new(kiln_vk *s, VkDeviceSize bytes, bool host, uint32_t *id, char *err, size_t n)
+{
+    if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "allocation", err, n);
+    if (bytes >> KILN_VK_ADDR_SHIFT) {
+        snprintf(err, n, "vulkan: allocation of %llu bytes is over kiln's 1 TiB per allocation", (unsigned long long)bytes);
+        return KILN_ERR_NOMEM;
+    }
+    kiln_status st0 = table_room(s, err, n);
+    if (st0 != KILN_OK) return st0;
     kiln_vk_alloc a = {.size = bytes};
     VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = bytes ? (bytes + 3) & ~3ull : 4,
                              .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
@@ -73,6 +96,10 @@ void kiln_vk_buffer_free(kiln_vk *s, uint32_t id)
 {
     if (id >= s->n_allocs || !s->allocs[id].buf) return;
     kiln_vk_alloc *a = &s->allocs[id];
+    if (a->borrowed) { /* the caller's */
+        *a = (kiln_vk_alloc){0};
+        return;
+    }
     vkDestroyBuffer(s->dev, a->buf, NULL);
     vkFreeMemory(s->dev, a->mem, NULL); /* unmaps too */
     *a = (kiln_vk_alloc){0};
@@ -125,7 +152,7 @@ bool kiln_vk_mem_info(void *state, uint64_t *free_bytes, uint64_t *total_bytes)
             heap = s->mem_props.memoryHeaps[i].size;
     if (!heap || s->lost) return false;
     for (uint32_t i = 0; i < s->n_allocs; i++)
-        if (s->allocs[i].buf && !s->allocs[i].map) held += s->allocs[i].size;
+        if (s->allocs[i].buf && !s->allocs[i].map && !s->allocs[i].borrowed) held += s->allocs[i].size;
     *total_bytes = heap;
     *free_bytes = held < heap ? heap - held : 0;
     return true;
