@@ -146,8 +146,11 @@ static kiln_status submit_immediate(kiln_vk *s, VkCommandBuffer extra, VkFence f
                        .commandBufferCount = k, .pCommandBuffers = cbs,
                        .signalSemaphoreCount = sem && sem->signal ? 1 : 0, .pSignalSemaphores = sem ? &sem->signal : NULL};
     bool one = k || sem;
-    VkResult r = kiln_fault("vk_device_lost") ? VK_ERROR_DEVICE_LOST /* test-only */
-                                              : vkQueueSubmit(s->queue, one ? 1 : 0, one ? &si : NULL, fence);
+    /* test-only: a lost device runs nothing more, so the injected loss first lets what was submitted
+     * (kiln_run_async steps) finish: kiln then frees their memory without waiting, as after a real loss */
+    bool lose = kiln_fault("vk_device_lost");
+    if (lose) vkQueueWaitIdle(s->queue);
+    VkResult r = lose ? VK_ERROR_DEVICE_LOST : vkQueueSubmit(s->queue, one ? 1 : 0, one ? &si : NULL, fence);
     if (r != VK_SUCCESS) return kiln_vk_fail(s, r, "vkQueueSubmit", err, n);
     s->submitted = true;
     return KILN_OK;
