@@ -2,7 +2,8 @@
  * compiled concurrently, then run concurrently for a prefill and several decode steps, they give
  * the same bits as the same plans run one after another on one thread; a thread's failed run
  * leaves its own message in kiln_ctx_error, not another thread's. cpu and ref plans mixed (8
- * threads), and vulkan plans (3 threads) where a device is present. CI also runs this test under
+ * threads), and vulkan plans (3 threads, one queueing its steps with kiln_run_async and waiting once)
+ * where a device is present. CI also runs this test under
  * ThreadSanitizer (.ci/run, -DKILN_SANITIZE=thread), where any data race fails it. */
 #include <math.h>
 #include <stdbool.h>
@@ -45,6 +46,8 @@ typedef struct job {
     float       x[STEPS][T * 64];     /* inputs per step */
     float       y[STEPS][T * 64];     /* outputs of this pass */
     int         id;                   /* index, for the deliberate error */
+    bool        async;                /* vulkan: every step queued by kiln_run_async, one wait at the end
+                                         (other threads' runs may deliver its outputs) */
     kiln_status st;                   /* first failure of the thread */
     char        err[512];             /* its message */
     pthread_barrier_t *go;            /* all threads start together */
@@ -65,7 +68,8 @@ static kiln_status run_steps(job *j)
                             {.name = "x", .data = j->x[step], .bytes = sizeof(float) * (size_t)n * 64},
                             {.name = "pos", .data = pos, .bytes = 4 * (size_t)n},
                             {.name = "y", .data = j->y[step], .bytes = sizeof(float) * (size_t)n * 64}};
-        kiln_status s = kiln_run(j->plan, b, 5);
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+        kiln_status s = j->async ? kiln_run_async(j->plan, b, 5, &sy) : kiln_run(j->plan, b, 5);
         if (s != KILN_OK) {
             snprintf(j->err, sizeof j->err, "step %d: %s", step, kiln_ctx_error(j->ctx));
             return s;
@@ -84,7 +88,9 @@ static kiln_status run_steps(job *j)
             }
         }
     }
-    return KILN_OK;
+    kiln_status s = kiln_plan_wait(j->plan);
+    if (s != KILN_OK) snprintf(j->err, sizeof j->err, "wait: %s", kiln_ctx_error(j->ctx));
+    return s;
 }
 
 static void *compile_and_run(void *arg)
@@ -140,7 +146,7 @@ static void concurrent(const char *const *backends, int n_plans, int max_layers)
                                     .n_layers = 1 + i % max_layers, .max_ctx = MAX_CTX, .max_tok = T, .seed = 100 + (uint64_t)i};
         char err[256] = "";
         cr_assert_eq(kiln_preset_build_ex(&pr, &o, &j->g, err, sizeof err), KILN_OK, "%s", err);
-        *j = (job){.ctx = ctx, .g = j->g, .backend = backends[i], .id = i, .go = &go};
+        *j = (job){.ctx = ctx, .g = j->g, .backend = backends[i], .id = i, .go = &go, .async = i == 1 && !strcmp(backends[i], "vulkan")};
         for (int s = 0; s < STEPS; s++) fill(j->x[s], T * 64);
     }
     pthread_t th[MAX_PLANS];
