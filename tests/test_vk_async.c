@@ -264,7 +264,9 @@ Test(vk_async, binary_semaphores_order_the_step_with_the_callers_submissions)
     kiln_binding b[5];
     for (int i = 0; i < 2; i++) {
         VkSubmitInfo sig = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .signalSemaphoreCount = 1, .pSignalSemaphores = &before};
+        kiln_vk_queue_lock(ctx, true);
         cr_assert_eq(vkQueueSubmit(q, 1, &sig, VK_NULL_HANDLE), VK_SUCCESS);
+        kiln_vk_queue_lock(ctx, false);
         tu_poison(got, sizeof got);
         bind_step(&s, i, x, pos, got, b);
         uint64_t w = h(before);
@@ -272,7 +274,9 @@ Test(vk_async, binary_semaphores_order_the_step_with_the_callers_submissions)
         cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "step %d: %s", i, kiln_ctx_error(ctx));
         VkPipelineStageFlags st = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
         VkSubmitInfo wt = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .waitSemaphoreCount = 1, .pWaitSemaphores = &after, .pWaitDstStageMask = &st};
+        kiln_vk_queue_lock(ctx, true);
         cr_assert_eq(vkQueueSubmit(q, 1, &wt, fence), VK_SUCCESS);
+        kiln_vk_queue_lock(ctx, false);
         cr_assert_eq(vkWaitForFences(d, 1, &fence, VK_TRUE, 60ull * 1000000000ull), VK_SUCCESS);
         cr_assert_eq(vkResetFences(d, 1, &fence), VK_SUCCESS);
         cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));

@@ -674,8 +674,8 @@ typedef struct kiln_vk_sync {
 /* The Vulkan objects kiln's vulkan backend drives in ctx, for a caller that shares the device: to
  * create the semaphores of kiln_vk_sync, and buffers of its own. The queue is kiln's only queue:
  * Vulkan requires a queue's use to be externally synchronized, so a caller submits to it only while
- * no kiln call on this context runs. Handles stay valid until kiln_ctx_free. KILN_ERR_UNSUPPORTED
- * when the context has no vulkan backend (the message says why). */
+ * no kiln call on this context runs on another thread (kiln_vk_queue_lock). Handles stay valid until
+ * kiln_ctx_free. KILN_ERR_UNSUPPORTED when the context has no vulkan backend (the message says why). */
 typedef struct kiln_vk_device {
     void    *instance;        /* VkInstance (one per process, never destroyed) */
     void    *physical_device; /* VkPhysicalDevice */
@@ -686,6 +686,11 @@ typedef struct kiln_vk_device {
     bool     timeline;        /* timeline semaphores are enabled on the device */
 } kiln_vk_device;
 KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out);
+/* Takes (lock) or gives back kiln's hold on its vulkan queue in ctx, the lock kiln's own calls on the
+ * context take: a caller that submits to kiln_vk_device.queue from its own threads holds it around
+ * vkQueueSubmit (and vkQueueWaitIdle). Recursive: kiln calls on the holding thread go on. Nothing
+ * when the context has no vulkan backend. */
+KILN_API void kiln_vk_queue_lock(kiln_ctx *ctx, bool lock);
 
 /* Registers a VkBuffer of the caller's (made on kiln's device, kiln_ctx_vulkan, with usage
  * TRANSFER_SRC and TRANSFER_DST, its memory bound) so that it can be bound as device memory: *addr

@@ -48,3 +48,5 @@ KILN_API kiln_status kiln_vk_buffer_unregister(kiln_ctx *ctx, void *addr)
     (void)addr;
     return ctx ? kiln_ctx_fail(ctx, KILN_ERR_UNSUPPORTED, "kiln_vk_buffer_unregister: %s", KILN_NO_VULKAN_WHY) : KILN_ERR_INVALID_ARG;
 }
+
+KILN_API void kiln_vk_queue_lock(kiln_ctx *ctx, bool lock) { (void)ctx, (void)lock; }

@@ -432,6 +432,13 @@ KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out)
     return KILN_OK;
 }
 
+KILN_API void kiln_vk_queue_lock(kiln_ctx *ctx, bool lock)
+{
+    if (!ctx || !ctx->be_ok[KILN_BACKEND_VULKAN] || !ctx->be_state[KILN_BACKEND_VULKAN]) return;
+    if (lock) pthread_mutex_lock(&ctx->be_mu[KILN_BACKEND_VULKAN]);
+    else pthread_mutex_unlock(&ctx->be_mu[KILN_BACKEND_VULKAN]);
+}
+
 /* The context's vulkan state with its device lock taken, or NULL with the error set. */
 static kiln_vk *locked_vk(kiln_ctx *ctx, const char *call)
 {
