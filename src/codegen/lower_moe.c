@@ -1,11 +1,8 @@
-/* moe_matmul on the GPUs (kiln.h): a block per (token, slot, 8 output columns) without sum, per
- * (token, 8 columns) with sum, grid-stride over them. The block first ranks its token's router row
- * in shared memory (thread j < E counts the experts ranked above expert j: larger first, the lower
- * index on ties, NaN last, as kiln_moe_slots), so slot s's expert is the j of rank s; then each warp
- * takes one column n and dots x's row with row n of the slot's expert (the weight format rows of
- * wfmt.h decode the stack's 16-byte chunks, x unrounded), summed over the warp; with sum, slot by
- * slot, weighted by r and added in slot order. Only the routed experts' rows are read. Must not
- * know any target's syntax. */
+/* moe_matmul on the GPUs (kiln.h; docs/kernels.md): a block per (token, slot, 8 columns), or per
+ * (token, 8 columns) with sum; it ranks the token's router row in shared memory (kiln_moe_slots'
+ * order), then a warp per column dots x's row with that row of each routed expert through the
+ * weight format rows of wfmt.h. Only the routed experts' rows are read. Must not know any target's
+ * syntax. */
 #include "codegen/lower.h"
 #include "codegen/wfmt.h"
 
