@@ -838,18 +838,26 @@ Test(model_arch, moe_metadata_and_refusals)
     cr_assert(mi.n_expert == 4 && mi.ffn_exp == 32 && mi.ffn_shexp == 0 && mi.expert_norm);
     kiln_gguf_close(f);
     free(bytes);
-    struct { int used; const char *tensor; const char *want; kiln_status st; } bad[3] = {
+    struct { int used; const char *tensor; const char *want; kiln_status st; } bad[4] = {
         {5, NULL, "expert_used_count", KILN_ERR_SHAPE},
         {2, "blk.1.ffn_gate.weight", "blk.1.ffn_gate.weight", KILN_ERR_UNSUPPORTED},
         {2, NULL, "llama.expert_feed_forward_length", KILN_ERR_UNSUPPORTED}, /* llama.cpp's llama reads ffn */
+        {2, NULL, "convert the model again", KILN_ERR_UNSUPPORTED}, /* an old Mixtral file: a tensor per expert */
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         gw_model b = mixtral;
         b.n_expert_used = bad[i].used;
         if (i == 2) b.ffn_exp = 32;
+        if (i == 3) b.n_expert = 0, b.n_expert_used = 0; /* dense, then the old layout's keys and tensors */
         gw *w = gw_model_new(&b);
         static float z[64 * 32];
         if (i == 1) gw_tensor(w, bad[i].tensor, 0, 2, (int64_t[]){32, 64}, z, sizeof z);
+        if (i == 3) {
+            gw_kv_u32(w, "llama.expert_count", 4);
+            gw_kv_u32(w, "llama.expert_used_count", 2);
+            gw_tensor(w, "blk.0.ffn_gate_inp.weight", 0, 2, (int64_t[]){4, 64}, z, 4 * 64 * sizeof(float));
+            gw_tensor(w, "blk.0.ffn_gate.0.weight", 0, 2, (int64_t[]){32, 64}, z, sizeof z);
+        }
         size_t n;
         bytes = gw_bytes(w, &n);
         gw_free(w);

@@ -366,6 +366,11 @@ static kiln_status check_layers(tensor_use *u, kiln_model_desc *d)
             return kiln_ctx_fail(u->f->ctx, KILN_ERR_UNSUPPORTED, "%s: metadata '%s.expert_count' = %lld: a "
                                  "mixture-of-experts model, but blk.0 has no router (ffn_gate_inp.weight) and expert "
                                  "stacks (ffn_*_exps.weight)", u->f->path, d->arch->name, (long long)m->n_expert);
+        if (!has_tensor(u->f, "blk.0.ffn_gate_exps.weight") && has_tensor(u->f, "blk.0.ffn_gate.0.weight"))
+            return kiln_ctx_fail(u->f->ctx, KILN_ERR_UNSUPPORTED, "%s: tensor 'blk.0.ffn_gate.0.weight': one tensor per "
+                                 "expert, the layout of GGUF files converted before llama.cpp stacked each layer's "
+                                 "experts into ffn_{gate,up,down}_exps.weight (2024); kiln reads the stacks: convert the "
+                                 "model again with a current llama.cpp", u->f->path);
     }
     d->roles = required;
     for (int r = 0; r < KILN_ROLE_COUNT; r++) {
