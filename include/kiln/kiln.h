@@ -626,7 +626,9 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t n);
  *   be read, until kiln_plan_wait returns. Steps queued before earlier ones are waited for run in
  *   call order on the one queue (each sees the states its predecessor wrote); at most
  *   KILN_VK_MAX_PENDING steps of a context wait at once: one more is refused with KILN_ERR_BUSY, and
- *   nothing is enqueued (kiln_plan_wait, then call again).
+ *   nothing is enqueued (kiln_plan_wait, then call again). Every call that waits for the queue
+ *   waits for every step queued before it, one still waiting for its semaphores included: signal
+ *   them (or have them signalled) before such a call on the same thread, or it never returns.
  *   A plan that mixes host kernels with vulkan ones runs synchronously (the call returns when the
  *   step is done): its device work still waits for the wait semaphores, which must therefore be
  *   signalled by work already submitted or by another thread, and the signal semaphore is signalled
