@@ -71,11 +71,12 @@ class Model:
         self.close()
 
     def graph(self, max_ctx: int = 0, max_tok: int = 0, kv_dtype="f32", n_layers: int = 0, logits: bool = False,
-              last_only: bool = False) -> Graph:
+              last_only: bool = False, moe_dense: bool = False) -> Graph:
         """kiln_model_build: the decoder graph. Symbols n_tok, n_kv; inputs ids, pos i32 [n_tok] (and
         last i32 [1] with last_only); states k<L>, v<L>; outputs next i32 (argmax per token) and
-        logits f32 with logits=True. 0 sizes take kiln's defaults."""
-        o = _capi.ModelOptions(max_ctx, max_tok, dtype_id(kv_dtype), n_layers, logits, last_only)
+        logits f32 with logits=True. 0 sizes take kiln's defaults. moe_dense: mixtures of experts run
+        every expert on every token (the A/B form; by default only the routed ones run)."""
+        o = _capi.ModelOptions(max_ctx, max_tok, dtype_id(kv_dtype), n_layers, logits, last_only, moe_dense)
         h = C.c_void_p()
         s = lib.kiln_model_build(self._h, C.byref(o), C.byref(h))
         if s:

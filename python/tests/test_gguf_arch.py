@@ -231,10 +231,10 @@ def forward(arch, c, W, ids):
     return final_cap * np.tanh(logits / final_cap) if final_cap else logits
 
 
-def run_kiln(ctx, path, backend, ids):
+def run_kiln(ctx, path, backend, ids, **graph_opts):
     """Logits of a prefill of N_PRE tokens, then N_DEC one-token steps through the KV cache."""
     with kiln.Model.load(str(path), ctx) as m:
-        g = m.graph(max_ctx=32, max_tok=16, logits=True)
+        g = m.graph(max_ctx=32, max_tok=16, logits=True, **graph_opts)
         out = []
         with ctx.compile(g, backend=backend) as plan:
             g.close()

@@ -166,3 +166,5 @@ def test_moe_matches_f64_forward(ctx, tmp_path, rng, case, be):
     tol = tolerance("matmul", "f32") * 100
     e = nmse(got, want)
     assert e <= tol, f"{case} on {be}: NMSE {e:.3e} > {tol:.1e}"
+    e = nmse(got, run_kiln(ctx, path, be, ids, moe_dense=True))  # the routed experts only, as the dense form
+    assert e <= tol, f"{case} on {be}: routed against dense NMSE {e:.3e} > {tol:.1e}"
