@@ -223,6 +223,62 @@ Test(cpu_kernels, matmul_q8_0_raw_quants)
     g_raw_q8 = false;
 }
 
+/* llama.cpp's cpu arithmetic for q8_0 weights: x quantized per 32 with id = 1/d from the f32
+ * d = amax / 127, the block product taken with d rounded to f16 (ggml's block_q8_0 stores it so);
+ * kiln keeps the f32 d only outside f16's normal range (block 1 of each row: amax 1e-4). Every ISA,
+ * decode and GEMM rows: the f64 sum of those exact block products within f32 summation error (kiln's
+ * f32 d instead: NMSE ~2e-8, the f16 rounding of each block's scale). */
+Test(cpu_kernels, matmul_q8_0_block_scale_as_ggml)
+{
+    const int64_t n = 9, k = 320;
+    static const int64_t ms[] = {1, 3, 12};
+    double *wd = malloc(sizeof(double) * (size_t)(n * k));
+    mis_buf w = make_weight(KILN_DTYPE_Q8_0, n, k, wd);
+    const kiln_block_q8_0 *wb = w.p;
+    for (int mi = 0; mi < 3; mi++) {
+        int64_t m = ms[mi];
+        mis_buf x = mis_alloc(sizeof(float) * (size_t)(m * k)), y = mis_alloc(sizeof(float) * (size_t)(m * n));
+        float *xf = x.p;
+        tu_fill(xf, m * k, -2.0f, 2.0f);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t u = 32; u < 64; u++) xf[i * k + u] *= 5e-5f; /* d below 2^-14 */
+        double *ref = malloc(sizeof(double) * (size_t)(m * n));
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0;
+                for (int64_t b0 = 0; b0 < k; b0 += 32) {
+                    float amax = 0;
+                    for (int u = 0; u < 32; u++) amax = fmaxf(amax, fabsf(xf[i * k + b0 + u]));
+                    float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+                    float dx = d >= 0x1p-14f ? kiln_f16_to_f32(kiln_f32_to_f16(d)) : d;
+                    int32_t is = 0;
+                    for (int u = 0; u < 32; u++) {
+                        float p = xf[i * k + b0 + u] * id;
+                        is += (int32_t)rintf(p) * wb[(j * k + b0) / 32].qs[u];
+                    }
+                    s += (double)dx * kiln_f16_to_f32(wb[(j * k + b0) / 32].d) * is;
+                }
+                ref[i * n + j] = s;
+            }
+        for (int isa = 0; isa <= (int)kiln_cpu_isa_max(); isa++) {
+            kiln_cpu_mm mm = {.x = x.p, .m = m, .k = k, .n_out = 1};
+            mm.out[0] = (kiln_cpu_mm_out){.w = w.p, .wt = KILN_DTYPE_Q8_0, .n = n, .y = y.p};
+            tu_poison(y.p, sizeof(float) * (size_t)(m * n));
+            cr_assert_eq(kiln_cpu_matmul(pools[1], (enum kiln_cpu_isa)isa, &mm), KILN_OK);
+            double e2 = 0, r2 = 0;
+            for (int64_t i = 0; i < m * n; i++) {
+                double g = ((float *)y.p)[i];
+                cr_assert(isfinite(g));
+                e2 += (g - ref[i]) * (g - ref[i]), r2 += ref[i] * ref[i];
+            }
+            cr_assert(e2 <= 1e-11 * r2, "q8_0 %s m=%ld: NMSE %.3g against ggml's block products (seed %llu)",
+                      kiln_cpu_isa_name((enum kiln_cpu_isa)isa), (long)m, e2 / r2, (unsigned long long)tu_seed());
+        }
+        free(ref), free(x.base), free(y.base);
+    }
+    free(wd), free(w.base);
+}
+
 Test(cpu_kernels, matmul_fused_siblings_residual)
 {
     const int64_t k = 512, ns[3] = {40, 13, 27};

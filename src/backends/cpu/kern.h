@@ -20,7 +20,7 @@ enum kiln_cpu_act {
 
 /* One int8 activation block for q8_0 dot products: x ≈ d * qs. */
 typedef struct kiln_cpu_q8a {
-    float  d;              /* scale = amax / 127 */
+    float  d;              /* scale = amax / 127, rounded to f16 (as ggml's block_q8_0) when a normal f16 */
     int8_t qs[KILN_QK8_0]; /* round(x / d), in [-127, 127] */
 } kiln_cpu_q8a;
 
