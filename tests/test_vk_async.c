@@ -182,7 +182,9 @@ Test(vk_async, steps_queued_back_to_back_match_sync_bits)
         tu_poison(pos, sizeof pos);
     }
     cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
-    cr_assert_eq(counter(done), STEPS, "the signal semaphore counts every step");
+    /* lavapipe signals the fence kiln waits for a moment before it sets the timeline value */
+    cr_assert(wait_value(done, STEPS, 10ull * 1000000000ull), "the signal semaphore counts every step");
+    cr_assert_eq(counter(done), STEPS, "the signal semaphore counts every step, no more");
     for (int i = 0; i < STEPS; i++) assert_step_bits(&s, i, got[i], want[i]);
     void *k = malloc(kbytes);
     cr_assert_eq(kiln_plan_state_read(p, "k0", k, kbytes), KILN_OK, "%s", kiln_ctx_error(ctx));
@@ -232,6 +234,83 @@ Test(vk_async, wait_semaphore_gates_the_step)
     vkDestroySemaphore((VkDevice)dev.device, go, NULL);
     vkDestroySemaphore((VkDevice)dev.device, done, NULL);
     kiln_plan_free(p);
+}
+
+/* Watchdog of plan_wait_waits_for_its_own_steps_only: signals the gate itself if the first plan's
+ * kiln_plan_wait has not returned 10 s on (so that a wait for the whole queue ends, and fails). */
+typedef struct watchdog {
+    VkSemaphore gate;
+    _Atomic int waited; /* the first plan's kiln_plan_wait returned */
+    _Atomic int fired;  /* the watchdog signalled the gate */
+} watchdog;
+
+static void *watch(void *arg)
+{
+    watchdog *w = arg;
+    for (int i = 0; i < 1000 && !w->waited; i++) sleep_ms(10);
+    if (!w->waited) {
+        w->fired = 1;
+        VkSemaphoreSignalInfo si = {.sType = VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO, .semaphore = w->gate, .value = 1};
+        vkSignalSemaphore((VkDevice)dev.device, &si);
+    }
+    return NULL;
+}
+
+/* kiln_plan_wait waits for its own plan's steps only: plan A queues two steps, then plan B (same
+ * context, same queue) queues one gated by a timeline value nobody has signalled yet. A's wait
+ * returns with A's outputs (kiln_run's bits) while B's step is still gated (its done counter at 0);
+ * a wait for the whole queue would block until the watchdog opens the gate 10 s on, and fail. Then
+ * the gate opens and B's wait gives B's step. */
+Test(vk_async, plan_wait_waits_for_its_own_steps_only)
+{
+    cr_assert(dev.timeline, "lavapipe has timeline semaphores");
+    static steps s;
+    make_steps(&s);
+    static float want[STEPS][T * HID], got[STEPS][T * HID], gotb[T * HID];
+    void *kwant;
+    size_t kbytes;
+    sync_steps(&s, want, &kwant, &kbytes);
+    free(kwant);
+
+    kiln_plan *pa = layer_plan(), *pb = layer_plan();
+    VkSemaphore go = timeline_semaphore(0), done_b = timeline_semaphore(0);
+    float x[T * HID], xb[T * HID];
+    int32_t pos[T], posb[T];
+    kiln_binding b[5], bb[5];
+    for (int i = 0; i < 2; i++) {
+        tu_poison(got[i], sizeof got[i]);
+        bind_step(&s, i, x, pos, got[i], b);
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+        cr_assert_eq(kiln_run_async(pa, b, 5, &sy), KILN_OK, "A step %d: %s", i, kiln_ctx_error(ctx));
+    }
+    tu_poison(gotb, sizeof gotb);
+    bind_step(&s, 0, xb, posb, gotb, bb);
+    uint64_t w = h(go), wv = 1;
+    kiln_vk_sync gated = {.magic = KILN_VK_SYNC_MAGIC, .n_wait = 1, .wait = &w, .wait_value = &wv, .signal = h(done_b), .signal_value = 1};
+    cr_assert_eq(kiln_run_async(pb, bb, 5, &gated), KILN_OK, "B: %s", kiln_ctx_error(ctx));
+
+    watchdog wd = {.gate = go};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, watch, &wd), 0);
+    kiln_status st = kiln_plan_wait(pa);
+    wd.waited = 1;
+    bool fired = wd.fired;
+    uint64_t b_done = fired ? 1 : counter(done_b);
+    pthread_join(th, NULL);
+    cr_assert_eq(st, KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(!fired, "plan A's kiln_plan_wait waited for plan B's gated step (returned only when the watchdog opened the gate)");
+    cr_assert_eq(b_done, 0, "plan B's step ran before its gate");
+    for (int i = 0; i < 2; i++) assert_step_bits(&s, i, got[i], want[i]);
+
+    host_signal(go, 1);
+    cr_assert_eq(kiln_plan_wait(pb), KILN_OK, "%s", kiln_ctx_error(ctx));
+    assert_step_bits(&s, 0, gotb, want[0]);
+    /* lavapipe signals the fence kiln waits for a moment before it sets the timeline value */
+    cr_assert(wait_value(done_b, 1, 10ull * 1000000000ull), "plan B's signal semaphore was signalled");
+    vkDestroySemaphore((VkDevice)dev.device, go, NULL);
+    vkDestroySemaphore((VkDevice)dev.device, done_b, NULL);
+    kiln_plan_free(pa);
+    kiln_plan_free(pb);
 }
 
 /* Binary semaphores: the caller signals one on kiln's queue (an empty submission, while no kiln call

@@ -627,8 +627,10 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t n);
  *   call order on the one queue (each sees the states its predecessor wrote); at most
  *   KILN_VK_MAX_PENDING steps of a context wait at once: one more is refused with KILN_ERR_BUSY, and
  *   nothing is enqueued (kiln_plan_wait, then call again). Every call that waits for the queue
- *   waits for every step queued before it, one still waiting for its semaphores included: signal
- *   them (or have them signalled) before such a call on the same thread, or it never returns.
+ *   (all of the above but kiln_plan_wait, which waits for its own plan's steps only) waits for every
+ *   step queued before it, one still waiting for its semaphores included: signal them (or have them
+ *   signalled) before such a call on the same thread, or it never returns. kiln_plan_wait blocks the
+ *   same way on a gated step queued before the plan's last one.
  *   A plan that mixes host kernels with vulkan ones runs synchronously (the call returns when the
  *   step is done): its device work still waits for the wait semaphores, which must therefore be
  *   signalled by work already submitted or by another thread, and the signal semaphore is signalled
@@ -642,10 +644,13 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t n);
  * here must stay valid until stream has passed the step. */
 KILN_API kiln_status kiln_run_async(kiln_plan *p, const kiln_binding *b, size_t n, void *stream);
 
-/* Waits until the steps kiln_run_async queued for the plan's device are done, and writes their
- * host-bound outputs. Returns the device's fault if one happened (the plan stays usable unless the
- * device is lost). A plan with nothing queued returns KILN_OK at once; so does a plan of host
- * kernels. Used by one thread at a time, as the plan's runs are. */
+/* Waits until the steps kiln_run_async queued for this plan are done, and writes their host-bound
+ * outputs. Returns the device's fault if one happened (the plan stays usable unless the device is
+ * lost). A plan with nothing queued returns KILN_OK at once; so does a plan of host kernels.
+ * vulkan: only the plan's own steps are waited for, and, the queue running in call order, the steps
+ * of other plans queued before its last one (their outputs are written too); steps queued after it
+ * (another plan's, perhaps still gated by its semaphores) are not. cuda: the whole kiln stream.
+ * Used by one thread at a time, as the plan's runs are. */
 KILN_API kiln_status kiln_plan_wait(kiln_plan *p);
 
 /* Vulkan queue interop, the `stream` of kiln_run_async for a plan that runs on vulkan. Semaphores are

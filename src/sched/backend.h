@@ -84,12 +84,17 @@ typedef struct kiln_backend_i {
      * wait for the work enqueued on the backend's queue so far. Neither blocks the host. join_wait
      * may refuse (a bad q, KILN_ERR_BUSY) before anything is enqueued. */
     kiln_status (*join_wait)(void *state, void *q, char *err, size_t n_err);
-    kiln_status (*join_signal)(void *state, void *q, char *err, size_t n_err);
+    kiln_status (*join_signal)(void *state, void *q, const void *owner, char *err, size_t n_err);
     /* q is a kiln_vk_sync (semaphores), not a stream: a NULL q runs the step as kiln_run does;
      * host-bound outputs of an async step are written when it retires (a later sync), not before
      * kiln_run_async returns; a plan mixing host kernels with this backend's joins q too, running
      * synchronously (join_wait before it, join_signal after, then a sync). */
     bool join_semaphores;
+    /* With join_semaphores (optional): waits until the steps join_signal submitted for owner (a plan)
+     * are done, and those queued before the last of them (one queue, in order), delivering their
+     * host-bound outputs; steps queued after it (another plan's, perhaps still gated) are not waited
+     * for. NULL: kiln_plan_wait syncs the whole queue. */
+    kiln_status (*wait_steps)(void *state, const void *owner, char *err, size_t n_err);
     /* Kernel cache (optional, all three or none): identity writes what a compiled kernel depends
      * on besides the region (device name and capability, driver version, ISA) into buf; save
      * serializes a compiled kernel (*out malloc'ed); load rebuilds one from such bytes, already

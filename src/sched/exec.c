@@ -639,6 +639,23 @@ kiln_status kiln_sched_sync_all(kiln_plan *p)
     return s;
 }
 
+kiln_status kiln_sched_wait_steps(kiln_plan *p)
+{
+    kiln_status s = KILN_OK;
+    for (int sp = 0; s == KILN_OK && sp < KILN_BACKEND_COUNT; sp++) {
+        if (!p->dev[sp].used) continue;
+        const kiln_backend_i *b = kiln_backends[sp];
+        if (!b->wait_steps) {
+            s = sync_be(p, sp);
+            continue;
+        }
+        char err[512] = "";
+        s = b->wait_steps(p->ctx->be_state[sp], p, err, sizeof err);
+        if (s != KILN_OK) s = dev_fail(p, sp, s, "waiting for the plan's steps", err);
+    }
+    return s;
+}
+
 static kiln_status state_put(kiln_plan *p, uint32_t i, const void *src, size_t bytes);
 
 kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t i, const void *src, size_t bytes)

@@ -512,7 +512,7 @@ KILN_API kiln_status kiln_plan_wait(kiln_plan *p)
     if (!p) return KILN_ERR_INVALID_ARG;
     if (p->group) return KILN_OK; /* its runs were synchronous */
     kiln_sched_lock(p, true);
-    kiln_status s = kiln_sched_sync_all(p);
+    kiln_status s = kiln_sched_wait_steps(p);
     kiln_sched_lock(p, false);
     return s;
 }
@@ -522,7 +522,7 @@ static kiln_status join_caller(kiln_plan *p, int be, void *stream, bool after)
 {
     const kiln_backend_i *bi = kiln_backends[be];
     char err[512] = "";
-    kiln_status s = (after ? bi->join_signal : bi->join_wait)(p->ctx->be_state[be], stream, err, sizeof err);
+    kiln_status s = after ? bi->join_signal(p->ctx->be_state[be], stream, p, err, sizeof err) : bi->join_wait(p->ctx->be_state[be], stream, err, sizeof err);
     return s == KILN_OK ? s : kiln_ctx_fail(p->ctx, s, "%s: joining the caller's %s: %s", bi->name, bi->join_semaphores ? "semaphores" : "stream", err);
 }
 

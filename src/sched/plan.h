@@ -153,6 +153,9 @@ kiln_status kiln_sched_fetch(const kiln_plan *p, uint32_t node, void *dst, size_
 /* The same, without waiting: dst is written at the device's next sync (host-homed nodes: now). */
 kiln_status kiln_sched_fetch_later(const kiln_plan *p, uint32_t node, void *dst, size_t bytes);
 kiln_status kiln_sched_sync_all(kiln_plan *p);
+/* kiln_plan_wait: the plan's own kiln_run_async steps on each device (backends with wait_steps),
+ * a sync of the others. */
+kiln_status kiln_sched_wait_steps(kiln_plan *p);
 kiln_status kiln_sched_state_put(kiln_plan *p, uint32_t state, const void *src, size_t bytes);
 
 /* The plan cache (plan_cache.c). lookup computes p->key from p->ghash and the options and, on a

@@ -325,8 +325,9 @@ static kiln_status cuda_join_wait(void *state, void *q, char *err, size_t n)
     return join(c, 0, (CUstream)q, c->stream, err, n);
 }
 
-static kiln_status cuda_join_signal(void *state, void *q, char *err, size_t n)
+static kiln_status cuda_join_signal(void *state, void *q, const void *owner, char *err, size_t n)
 {
+    (void)owner;
     kiln_cuda *c = state;
     return join(c, 1, c->stream, (CUstream)q, err, n);
 }

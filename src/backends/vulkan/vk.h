@@ -42,6 +42,7 @@ typedef struct kiln_vk_cmd {
 /* A step kiln_run_async submitted that nothing has waited for yet: what it holds until it is done. */
 typedef struct kiln_vk_batch {
     VkFence           fence;       /* signalled when the step's last submission (and all before it) is done */
+    const void       *owner;       /* the plan that queued it (kiln_vk_wait_steps) */
     VkCommandBuffer  *cbs;         /* its immediate command buffers, freed when it retires */
     uint32_t          n_cbs;       /* how many */
     uint32_t         *staging;     /* its staging buffers, spares (or freed) when it retires */
@@ -156,8 +157,10 @@ kiln_status kiln_vk_timer_read(void *state, int a, int b, double *seconds, char 
  * and a fence, and keeps it pending (no host wait). Retire: the pending steps that are done (all of
  * them, waiting, when wait is true) deliver their downloads and give back their memory. */
 kiln_status kiln_vk_join_wait(void *state, void *q, char *err, size_t n);
-kiln_status kiln_vk_join_signal(void *state, void *q, char *err, size_t n);
+kiln_status kiln_vk_join_signal(void *state, void *q, const void *owner, char *err, size_t n);
 kiln_status kiln_vk_retire(kiln_vk *s, bool wait, char *err, size_t n);
+/* kiln_plan_wait: retires, waiting, the pending steps up to owner's last one; later ones stay pending. */
+kiln_status kiln_vk_wait_steps(void *state, const void *owner, char *err, size_t n);
 
 /* vk_kernel.c */
 typedef struct kiln_kernel kiln_vk_kernel; /* the backend's kiln_kernel */

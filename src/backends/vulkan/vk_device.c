@@ -418,6 +418,7 @@ const kiln_backend_i kiln_backend_vulkan = {
     .join_wait = kiln_vk_join_wait,
     .join_signal = kiln_vk_join_signal,
     .join_semaphores = true,
+    .wait_steps = kiln_vk_wait_steps,
 };
 
 KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out)

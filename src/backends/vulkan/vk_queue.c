@@ -177,10 +177,13 @@ static void drop_pending(kiln_vk *s)
     s->n_pending = 0;
 }
 
-kiln_status kiln_vk_retire(kiln_vk *s, bool wait, char *err, size_t n)
+/* Retires pending steps oldest first: the first n_wait waited for, the rest only when done. */
+static kiln_status retire(kiln_vk *s, uint32_t n_wait, char *err, size_t n)
 {
     while (s->n_pending) {
         kiln_vk_batch *b = &s->pending[0];
+        bool wait = n_wait > 0;
+        if (n_wait) n_wait--;
         VkResult r = wait ? vkWaitForFences(s->dev, 1, &b->fence, VK_TRUE, UINT64_MAX) : vkGetFenceStatus(s->dev, b->fence);
         if (r == VK_NOT_READY || r == VK_TIMEOUT) return KILN_OK; /* later steps are not done either */
         if (r != VK_SUCCESS) {
@@ -193,6 +196,17 @@ kiln_status kiln_vk_retire(kiln_vk *s, bool wait, char *err, size_t n)
         s->n_pending--;
     }
     return KILN_OK;
+}
+
+kiln_status kiln_vk_retire(kiln_vk *s, bool wait, char *err, size_t n) { return retire(s, wait ? UINT32_MAX : 0, err, n); }
+
+kiln_status kiln_vk_wait_steps(void *state, const void *owner, char *err, size_t n)
+{
+    kiln_vk *s = state;
+    if (s->lost) return kiln_vk_fail(s, VK_ERROR_DEVICE_LOST, "kiln_plan_wait", err, n);
+    uint32_t k = s->n_pending;
+    while (k && s->pending[k - 1].owner != owner) k--;
+    return retire(s, k, err, n); /* the owner's last step and all before it */
 }
 
 kiln_status kiln_vk_queue_sync(void *state, char *err, size_t n)
@@ -295,7 +309,7 @@ kiln_status kiln_vk_join_wait(void *state, void *q, char *err, size_t n)
     return submit_immediate(s, VK_NULL_HANDLE, VK_NULL_HANDLE, &sem, err, n);
 }
 
-kiln_status kiln_vk_join_signal(void *state, void *q, char *err, size_t n)
+kiln_status kiln_vk_join_signal(void *state, void *q, const void *owner, char *err, size_t n)
 {
     kiln_vk *s = state;
     const kiln_vk_sync *y = q; /* checked by join_wait */
@@ -304,7 +318,7 @@ kiln_status kiln_vk_join_signal(void *state, void *q, char *err, size_t n)
         snprintf(err, n, "vulkan: no room for a pending step");
         return KILN_ERR_INTERNAL;
     }
-    kiln_vk_batch b = {0};
+    kiln_vk_batch b = {.owner = owner};
     VkResult r = VK_SUCCESS;
     if (s->n_spare_fence) b.fence = s->spare_fence[--s->n_spare_fence];
     else {
