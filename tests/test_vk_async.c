@@ -313,6 +313,104 @@ Test(vk_async, plan_wait_waits_for_its_own_steps_only)
     kiln_plan_free(pb);
 }
 
+/* Staging memory of queued steps is sized to them: KILN_VK_MAX_PENDING decode steps queued at once
+ * (one token each: x, pos and y are a few hundred bytes) hold at most 192 KiB of host-visible
+ * staging memory each above what the context held before (kiln.h's bound: 4 x the staged bytes +
+ * 128 KiB; with 16 MiB per step, as before, it was over 100 MiB), a second round reuses the first
+ * round's buffers (no more held than during the first), and every step has kiln_run's bits. */
+Test(vk_async, queued_steps_hold_staging_sized_to_them)
+{
+    enum { N = KILN_VK_MAX_PENDING, R = 2 };
+    kiln_plan *p = layer_plan(), *ref = layer_plan();
+    static float x0[T * HID], y0[T * HID], xs[R][N][HID], want[R][N][HID], got[R][N][HID];
+    int32_t pos0[T];
+    tu_fill(x0, T * HID, -1.0f, 1.0f);
+    for (int t = 0; t < T; t++) pos0[t] = t;
+    kiln_binding pre[] = {{.name = "n_tok", .value = T}, {.name = "n_kv", .value = T}, {.name = "x", .data = x0, .bytes = sizeof x0},
+                          {.name = "pos", .data = pos0, .bytes = sizeof pos0}, {.name = "y", .data = y0, .bytes = sizeof y0}};
+    cr_assert_eq(kiln_run(ref, pre, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < N; i++) {
+            tu_fill(xs[r][i], HID, -1.0f, 1.0f);
+            int32_t pos = T + r * N + i;
+            tu_poison(want[r][i], sizeof want[r][i]);
+            kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = pos + 1}, {.name = "x", .data = xs[r][i], .bytes = sizeof xs[r][i]},
+                                {.name = "pos", .data = &pos, .bytes = 4}, {.name = "y", .data = want[r][i], .bytes = sizeof want[r][i]}};
+            cr_assert_eq(kiln_run(ref, b, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+        }
+    cr_assert_eq(kiln_run(p, pre, 5), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_plan_stats st;
+    cr_assert_eq(kiln_plan_stats_get(p, &st), KILN_OK);
+    uint64_t before = st.staging_bytes, held[R];
+    cr_assert_gt(before, 0, "synchronous runs staged through host-visible memory");
+    for (int r = 0; r < R; r++) {
+        for (int i = 0; i < N; i++) {
+            float x[HID];
+            memcpy(x, xs[r][i], sizeof x);
+            int32_t pos = T + r * N + i;
+            tu_poison(got[r][i], sizeof got[r][i]);
+            kiln_binding b[] = {{.name = "n_tok", .value = 1}, {.name = "n_kv", .value = pos + 1}, {.name = "x", .data = x, .bytes = sizeof x},
+                                {.name = "pos", .data = &pos, .bytes = 4}, {.name = "y", .data = got[r][i], .bytes = sizeof got[r][i]}};
+            kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+            cr_assert_eq(kiln_run_async(p, b, 5, &sy), KILN_OK, "round %d step %d: %s", r, i, kiln_ctx_error(ctx));
+            tu_poison(x, sizeof x);
+            pos = -1;
+        }
+        cr_assert_eq(kiln_plan_stats_get(p, &st), KILN_OK);
+        held[r] = st.staging_bytes;
+        cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+        for (int i = 0; i < N; i++)
+            for (int k = 0; k < HID; k++)
+                cr_assert(memcmp(&got[r][i][k], &want[r][i][k], 4) == 0, "round %d step %d: y[%d] = %a async, %a sync", r, i, k, got[r][i][k], want[r][i][k]);
+    }
+    uint64_t step_max = 192u << 10;
+    cr_assert_geq(held[0], before);
+    cr_assert_leq(held[0] - before, N * step_max, "%d queued one-token steps hold %llu bytes of staging memory (at most %llu)", N,
+                  (unsigned long long)(held[0] - before), (unsigned long long)(N * step_max));
+    cr_assert_leq(held[1], held[0], "the second round holds %llu bytes, the first %llu: staging buffers are reused", (unsigned long long)held[1],
+                  (unsigned long long)held[0]);
+    kiln_plan_free(p);
+    kiln_plan_free(ref);
+}
+
+/* A step staging more than one small buffer holds (input and output of 200 KiB each, two queued):
+ * its buffers grow with it, within kiln.h's bound (4 x its staged bytes + 128 KiB), and the outputs
+ * are kiln_run's bits. */
+Test(vk_async, large_step_staging_grows_within_its_bound)
+{
+    enum { ROWS = 200, N = 256 };
+    kiln_graph *g;
+    cr_assert_eq(kiln_graph_new(&g), KILN_OK);
+    kiln_node x = kiln_input(g, "x", KILN_DTYPE_F32, 2, (kiln_dim[]){ROWS, N});
+    kiln_output(g, kiln_silu(g, x), "y");
+    kiln_plan *p;
+    cr_assert_eq(kiln_compile(ctx, g, &(kiln_compile_options){.backend = "vulkan"}, &p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    kiln_graph_free(g);
+    static float xv[2][ROWS * N], want[2][ROWS * N], got[2][ROWS * N];
+    for (int i = 0; i < 2; i++) {
+        tu_fill(xv[i], ROWS * N, -3.0f, 3.0f);
+        tu_poison(want[i], sizeof want[i]);
+        kiln_binding b[] = {{.name = "x", .data = xv[i], .bytes = sizeof xv[i]}, {.name = "y", .data = want[i], .bytes = sizeof want[i]}};
+        cr_assert_eq(kiln_run(p, b, 2), KILN_OK, "%s", kiln_ctx_error(ctx));
+    }
+    kiln_plan_stats st;
+    cr_assert_eq(kiln_plan_stats_get(p, &st), KILN_OK);
+    uint64_t before = st.staging_bytes;
+    for (int i = 0; i < 2; i++) {
+        tu_poison(got[i], sizeof got[i]);
+        kiln_binding b[] = {{.name = "x", .data = xv[i], .bytes = sizeof xv[i]}, {.name = "y", .data = got[i], .bytes = sizeof got[i]}};
+        kiln_vk_sync sy = {.magic = KILN_VK_SYNC_MAGIC};
+        cr_assert_eq(kiln_run_async(p, b, 2, &sy), KILN_OK, "%s", kiln_ctx_error(ctx));
+    }
+    cr_assert_eq(kiln_plan_stats_get(p, &st), KILN_OK);
+    uint64_t held = st.staging_bytes - before, staged = 2 * sizeof xv[0] + 64, bound = 2 * (4 * staged + (128u << 10));
+    cr_assert_leq(held, bound, "two steps of %llu staged bytes each hold %llu bytes (bound %llu)", (unsigned long long)staged,
+                  (unsigned long long)held, (unsigned long long)bound);
+    cr_assert_eq(kiln_plan_wait(p), KILN_OK, "%s", kiln_ctx_error(ctx));
+    cr_assert(memcmp(got, want, sizeof got) == 0, "the queued steps have kiln_run's bits");
+    kiln_plan_free(p);
+}
+
 /* Binary semaphores: the caller signals one on kiln's queue (an empty submission, while no kiln call
  * runs), the step waits for it (wait_value NULL) and signals another binary one, which the caller's
  * next submission waits for (its fence then says the step is done). kiln_ctx_vulkan describes the

@@ -623,8 +623,10 @@ KILN_API kiln_status kiln_run(kiln_plan *p, const kiln_binding *b, size_t n);
  *   soon as it returns. Host-bound outputs are written when the step is waited for: by
  *   kiln_plan_wait, or by any later call that waits for the context's vulkan queue (kiln_run,
  *   kiln_plan_read, kiln_plan_state_*, kiln_plan_free); their memory must stay valid, and is not to
- *   be read, until kiln_plan_wait returns. Steps queued before earlier ones are waited for run in
- *   call order on the one queue (each sees the states its predecessor wrote); at most
+ *   be read, until kiln_plan_wait returns. Staging memory of a queued step is sized to what it
+ *   copies between host and device: at most 4 x those bytes (each copy rounded up to 16) + 128 KiB
+ *   while queued, reused by later steps once it is done (kiln_plan_stats.staging_bytes). Steps
+ *   queued before earlier ones are waited for run in call order on the one queue (each sees the states its predecessor wrote); at most
  *   KILN_VK_MAX_PENDING steps of a context wait at once: one more is refused with KILN_ERR_BUSY, and
  *   nothing is enqueued (kiln_plan_wait, then call again). Every call that waits for the queue
  *   (all of the above but kiln_plan_wait, which waits for its own plan's steps only) waits for every
@@ -862,6 +864,9 @@ typedef struct kiln_plan_stats {
     double  bind_s;     /* host time matching bindings, checking inputs, resolving dims */
     double  submit_s;   /* host time uploading inputs and launching, recording or replaying */
     double  wait_s;     /* host time reading outputs back and waiting for the devices */
+    uint64_t staging_bytes; /* now, not summed: host-visible staging memory held by the plan's device
+                               backends in its context (vulkan: the synchronous runs' buffer, queued
+                               steps' buffers and up to 4 kept for reuse), 0 for host plans */
 } kiln_plan_stats;
 KILN_API kiln_status kiln_plan_stats_get(const kiln_plan *p, kiln_plan_stats *out);
 

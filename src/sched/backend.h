@@ -95,6 +95,8 @@ typedef struct kiln_backend_i {
      * host-bound outputs; steps queued after it (another plan's, perhaps still gated) are not waited
      * for. NULL: kiln_plan_wait syncs the whole queue. */
     kiln_status (*wait_steps)(void *state, const void *owner, char *err, size_t n_err);
+    /* Host-visible staging memory the backend holds now, in bytes (optional; kiln_plan_stats). */
+    uint64_t (*staging_bytes)(void *state);
     /* Kernel cache (optional, all three or none): identity writes what a compiled kernel depends
      * on besides the region (device name and capability, driver version, ISA) into buf; save
      * serializes a compiled kernel (*out malloc'ed); load rebuilds one from such bytes, already

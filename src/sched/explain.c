@@ -81,6 +81,12 @@ KILN_API kiln_status kiln_plan_stats_get(const kiln_plan *p, kiln_plan_stats *ou
 {
     if (!p || !out) return KILN_ERR_INVALID_ARG;
     *out = p->stats;
+    out->staging_bytes = 0;
+    if (p->group) return KILN_OK;
+    kiln_sched_lock(p, true);
+    for (int sp = 0; sp < KILN_BACKEND_COUNT; sp++)
+        if (p->dev[sp].used && kiln_backends[sp]->staging_bytes) out->staging_bytes += kiln_backends[sp]->staging_bytes(p->ctx->be_state[sp]);
+    kiln_sched_lock(p, false);
     return KILN_OK;
 }
 

@@ -102,6 +102,11 @@ typedef struct kiln_vk {
     uint32_t          n_spare_fence;  /* how many */
     uint32_t          spare_staging[KILN_VK_SPARE_STAGING]; /* staging buffers of retired steps */
     uint32_t          n_spare_staging; /* how many */
+    bool              step;           /* between a kiln_run_async step's join_wait and join_signal (or a
+                                         sync): staging buffers sized to the step (vk_memory.c) */
+    VkDeviceSize      step_staged;    /* bytes of the staging buffers made or reused for this step */
+    uint32_t          parked;         /* the unused staging buffer of synchronous runs, set aside during
+                                         a step, UINT32_MAX: none */
     uint32_t          gate;           /* allocation id of the 4-byte buffer a step's first command
                                          fills (the command the caller's wait semaphores gate),
                                          UINT32_MAX: not made yet */
@@ -137,6 +142,12 @@ void        kiln_vk_memory_synced(kiln_vk *s);
  * starts an empty batch; kiln_vk_memory_retired does b's host copies and takes its staging back. */
 kiln_status kiln_vk_memory_detach(kiln_vk *s, kiln_vk_batch *b, char *err, size_t n);
 void        kiln_vk_memory_retired(kiln_vk *s, kiln_vk_batch *b, bool deliver);
+/* A kiln_run_async step starts (begin: join_wait) or ends (join_signal after the detach, or a sync):
+ * staging buffers of a step are sized to what it copies (at most 4 x its staged bytes + 128 KiB),
+ * the synchronous runs' buffer set aside meanwhile. */
+void        kiln_vk_memory_step(kiln_vk *s, bool begin);
+/* Bytes of host-visible staging memory held (every staging buffer: current, queued steps', spares). */
+uint64_t    kiln_vk_staging_bytes(void *state);
 
 /* vk_queue.c */
 kiln_status kiln_vk_queue_init(kiln_vk *s, char *err, size_t n);

@@ -229,7 +229,7 @@ static kiln_status vk_probe(kiln_ctx *ctx, void **state, char *detail, size_t n)
     }
     kiln_vk *s = calloc(1, sizeof *s);
     if (!s) return KILN_ERR_NOMEM;
-    s->staging = s->gate = UINT32_MAX;
+    s->staging = s->gate = s->parked = UINT32_MAX;
     s->instance = instance;
     VkResult r;
     uint32_t nd = 0;
@@ -419,6 +419,7 @@ const kiln_backend_i kiln_backend_vulkan = {
     .join_signal = kiln_vk_join_signal,
     .join_semaphores = true,
     .wait_steps = kiln_vk_wait_steps,
+    .staging_bytes = kiln_vk_staging_bytes,
 };
 
 KILN_API kiln_status kiln_ctx_vulkan(kiln_ctx *ctx, kiln_vk_device *out)

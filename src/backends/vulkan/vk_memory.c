@@ -11,6 +11,7 @@
 
 #define STAGING_MIN (16u << 20)       /* smallest staging buffer */
 #define STAGING_FLUSH (256ull << 20)  /* staging bytes in one batch before uploads sync by themselves */
+#define STEP_STAGING (64u << 10)      /* smallest staging buffer of a kiln_run_async step, and its granule */
 
 static int find_type(const kiln_vk *s, uint32_t bits, VkMemoryPropertyFlags want)
 {
@@ -195,14 +196,23 @@ static kiln_status staging(kiln_vk *s, size_t bytes, uint32_t *id, VkDeviceSize 
         s->old_staging[s->n_old_staging++] = s->staging;
         s->staging = UINT32_MAX;
     }
+    /* A step's buffers: the larger of the granule, the need and what the step has so far (it at most
+     * doubles), in granules; a spare of exactly that size is reused (steps of one plan stage alike).
+     * A step of U staged bytes then holds at most 4 U + 2 granules. Synchronous runs: 16 MiB or more. */
+    VkDeviceSize size = need > STAGING_MIN ? need : STAGING_MIN;
+    if (s->step) {
+        size = need > s->step_staged ? need : s->step_staged;
+        size = size > STEP_STAGING ? (size + STEP_STAGING - 1) / STEP_STAGING * STEP_STAGING : STEP_STAGING;
+    }
     uint32_t nid = UINT32_MAX;
     for (uint32_t i = 0; i < s->n_spare_staging && nid == UINT32_MAX; i++) /* a retired step's */
-        if (s->allocs[s->spare_staging[i]].size >= need) {
+        if (s->step ? s->allocs[s->spare_staging[i]].size == size : s->allocs[s->spare_staging[i]].size >= need) {
             nid = s->spare_staging[i];
             s->spare_staging[i] = s->spare_staging[--s->n_spare_staging];
         }
-    kiln_status st = nid != UINT32_MAX ? KILN_OK : kiln_vk_buffer_new(s, need > STAGING_MIN ? need : STAGING_MIN, true, &nid, err, n);
+    kiln_status st = nid != UINT32_MAX ? KILN_OK : kiln_vk_buffer_new(s, size, true, &nid, err, n);
     if (st != KILN_OK) return st;
+    if (s->step) s->step_staged += s->allocs[nid].size;
     s->staging = nid;
     s->staging_used = need;
     *id = nid;
@@ -286,6 +296,41 @@ kiln_status kiln_vk_copy(void *state, void *dst, const void *src, size_t bytes, 
     return record_copy(s, si, sof, di, dof, bytes, err, n);
 }
 
+/* A staging buffer no step holds any more: kept for reuse, or freed. */
+static void spare_or_free(kiln_vk *s, uint32_t id)
+{
+    if (s->n_spare_staging < KILN_VK_SPARE_STAGING) s->spare_staging[s->n_spare_staging++] = id;
+    else kiln_vk_buffer_free(s, id);
+}
+
+void kiln_vk_memory_step(kiln_vk *s, bool begin)
+{
+    if (begin) {
+        if (s->step) return;
+        s->step = true;
+        s->step_staged = 0;
+        if (s->staging != UINT32_MAX && !s->staging_used) s->parked = s->staging, s->staging = UINT32_MAX;
+        return;
+    }
+    if (!s->step) return;
+    s->step = false;
+    if (s->parked == UINT32_MAX) return;
+    /* after the detach or a sync: the current buffer, if any, is unused */
+    if (s->staging != UINT32_MAX) spare_or_free(s, s->staging);
+    s->staging = s->parked;
+    s->staging_used = 0;
+    s->parked = UINT32_MAX;
+}
+
+uint64_t kiln_vk_staging_bytes(void *state)
+{
+    const kiln_vk *s = state;
+    uint64_t t = 0;
+    for (uint32_t i = 0; i < s->n_allocs; i++)
+        if (s->allocs[i].buf && s->allocs[i].map) t += s->allocs[i].size;
+    return t;
+}
+
 void kiln_vk_memory_synced(kiln_vk *s)
 {
     for (uint32_t i = 0; i < s->n_downloads; i++) memcpy(s->downloads[i].dst, s->downloads[i].src, s->downloads[i].bytes);
@@ -293,6 +338,7 @@ void kiln_vk_memory_synced(kiln_vk *s)
     for (uint32_t i = 0; i < s->n_old_staging; i++) kiln_vk_buffer_free(s, s->old_staging[i]);
     s->n_old_staging = 0;
     s->staging_used = 0;
+    kiln_vk_memory_step(s, false); /* a step that did not reach join_signal (it failed) */
 }
 
 kiln_status kiln_vk_memory_detach(kiln_vk *s, kiln_vk_batch *b, char *err, size_t n)
@@ -323,10 +369,7 @@ void kiln_vk_memory_retired(kiln_vk *s, kiln_vk_batch *b, bool deliver)
 {
     for (uint32_t i = 0; deliver && i < b->n_downloads; i++) memcpy(b->downloads[i].dst, b->downloads[i].src, b->downloads[i].bytes);
     free(b->downloads);
-    for (uint32_t i = 0; i < b->n_staging; i++) {
-        if (s->n_spare_staging < KILN_VK_SPARE_STAGING) s->spare_staging[s->n_spare_staging++] = b->staging[i];
-        else kiln_vk_buffer_free(s, b->staging[i]);
-    }
+    for (uint32_t i = 0; i < b->n_staging; i++) spare_or_free(s, b->staging[i]);
     free(b->staging);
     b->downloads = NULL, b->staging = NULL;
     b->n_downloads = b->n_staging = 0;

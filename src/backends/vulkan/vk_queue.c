@@ -296,7 +296,10 @@ kiln_status kiln_vk_join_wait(void *state, void *q, char *err, size_t n)
                  KILN_VK_MAX_PENDING);
         return KILN_ERR_BUSY;
     }
-    if (!y->n_wait) return KILN_OK;
+    if (!y->n_wait) {
+        kiln_vk_memory_step(s, true);
+        return KILN_OK;
+    }
     /* A semaphore wait gates only the commands of its own submission: a first command (a 4-byte
      * fill) goes with the waits, and every later command of the step has a barrier after it. */
     if (s->gate == UINT32_MAX && (st = kiln_vk_buffer_new(s, 4, false, &s->gate, err, n)) != KILN_OK) return st;
@@ -306,7 +309,9 @@ kiln_status kiln_vk_join_wait(void *state, void *q, char *err, size_t n)
     VkSemaphore w[KILN_VK_SYNC_MAX_WAIT];
     for (uint32_t i = 0; i < y->n_wait; i++) w[i] = VK_SEM(y->wait[i]);
     vk_sems sem = {.n_wait = y->n_wait, .wait = w, .wait_value = y->wait_value};
-    return submit_immediate(s, VK_NULL_HANDLE, VK_NULL_HANDLE, &sem, err, n);
+    st = submit_immediate(s, VK_NULL_HANDLE, VK_NULL_HANDLE, &sem, err, n);
+    if (st == KILN_OK) kiln_vk_memory_step(s, true);
+    return st;
 }
 
 kiln_status kiln_vk_join_signal(void *state, void *q, const void *owner, char *err, size_t n)
@@ -339,6 +344,7 @@ kiln_status kiln_vk_join_signal(void *state, void *q, const void *owner, char *e
     s->used_cbs = 0;
     b.n_cbs = used;
     kiln_status sd = kiln_vk_memory_detach(s, &b, err, n);
+    kiln_vk_memory_step(s, false);
     if (st != KILN_OK || sd != KILN_OK) { /* nothing of the step is pending on the device */
         if (!s->lost) vkQueueWaitIdle(s->queue);
         batch_free(s, &b, false);
