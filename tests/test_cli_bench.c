@@ -158,7 +158,31 @@ Test(cli, bench_serve_reports_decode_and_mixed_steps, .timeout = 300)
     cr_assert(strstr(o.err, "power of two"), "%s", o.err);
     kiln_cli(&o, "bench --preset qwen2-0.5b --mode serve --host --seqs 1 --ctx 8 --chunk 0 --layers 1 --backend cpu");
     cr_assert_eq(o.rc, 1, "%s%s", o.out, o.err);
-    cr_assert(strstr(o.err, "--host measures kiln_run_async on cuda, but the plan runs on cpu"), "%s", o.err);
+    cr_assert(strstr(o.err, "--host measures kiln_run_async on cuda or vulkan, but the plan runs on cpu"), "%s", o.err);
+}
+
+/* kiln bench --mode serve --host on vulkan (lavapipe here): the host time of queueing each
+ * kiln_run_async step (every binding in kiln's vulkan device memory) and of the kiln_plan_wait
+ * between bursts of KILN_VK_MAX_PENDING, in the cuda run's JSON fields; text names the wait. */
+Test(cli, bench_serve_host_vulkan, .timeout = 300)
+{
+    kiln_ctx *ctx;
+    kiln_vk_device d;
+    cr_assert_eq(kiln_ctx_new(&(kiln_ctx_options){.quiet = true}, &ctx), KILN_OK);
+    bool have = kiln_ctx_vulkan(ctx, &d) == KILN_OK;
+    kiln_ctx_free(ctx);
+    if (!have) cr_skip("no Vulkan device");
+    cli_out o;
+    kiln_cli(&o, "bench --preset qwen2-0.5b --mode serve --host --seqs 1 --ctx 8 --chunk 0 --layers 1 --steps 10 --backend vulkan --json");
+    cr_assert_eq(o.rc, 0, "%s%s", o.out, o.err);
+    static const char *keys[] = {"\"mode\":\"serve\"", "\"host\":true", "\"backend\":\"vulkan\"", "\"steps\":10", "\"burst\":8"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) cr_assert(strstr(o.out, keys[i]), "no %s in %s", keys[i], o.out);
+    static const char *times[] = {"host_us_per_step_median", "host_us_per_step_p90", "host_us_per_step_max", "wait_us_per_step", "step_ms"};
+    for (size_t i = 0; i < sizeof times / sizeof *times; i++) cr_assert_gt(json_key(o.out, times[i]), 0.0, "%s in %s", times[i], o.out);
+    cr_assert_leq(json_key(o.out, "host_us_per_step_median"), json_key(o.out, "host_us_per_step_max"), "%s", o.out);
+    kiln_cli(&o, "bench --preset qwen2-0.5b --mode serve --host --seqs 2 --ctx 8 --chunk 0 --layers 1 --steps 3 --backend vulkan");
+    cr_assert_eq(o.rc, 0, "%s%s", o.out, o.err);
+    cr_assert(strstr(o.out, "one recorded command buffer") && strstr(o.out, "kiln_plan_wait between bursts"), "%s", o.out);
 }
 
 /* bench says why it chose its layer count; gen_model has options and --help (and never writes a

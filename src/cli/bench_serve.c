@@ -3,9 +3,9 @@
  * token each per step, blocks shuffled over the pool, equal or ragged lengths with the same total)
  * and a mixed step (one --chunk-token prefill chunk plus seqs - 1 decoding sequences) with its time
  * split between matmul and attention kernels (--only decode|mixed: one of them, e.g. under a
- * profiler; --profile: the plan's per-kernel table of the decode steps); or (--host, cuda) the host
- * time of kiln_run_async per step with every binding in device memory. JSON or text out. Must not
- * assert on speed. */
+ * profiler; --profile: the plan's per-kernel table of the decode steps); or (--host, cuda or vulkan)
+ * the host time of kiln_run_async per step with every binding in device memory, and of the waits
+ * between bursts of steps. JSON or text out. Must not assert on speed. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,9 +30,10 @@ typedef struct serve_state {
     int64_t    max_tok, mb, n_blocks; /* capacity: tokens, block table width, pool blocks */
     int32_t   *pos, *slots, *seqs, *bt, *len; /* step metadata; len: each sequence's KV length before the step */
     float     *x, *y;                 /* activations (host) */
-    void      *dx, *dy;               /* on cuda: device copies (what an engine binds) */
+    void      *dx, *dy;               /* on cuda (and vulkan with --host): device copies (what an engine binds) */
     void      *dmeta[4];              /* --host: pos, slots, seqs, blocks in device memory */
     bool       dev;                   /* x and y bound as device memory */
+    int        dbe;                   /* the backend whose memory dx, dy and dmeta are in */
 } serve_state;
 
 static int parse(int argc, char *const *argv, serve_opts *o)
@@ -144,9 +145,11 @@ static int setup(serve_opts *o, serve_state *st)
         st->bt[i] = st->bt[j], st->bt[j] = t;
     }
     for (int64_t q = 0; q < o->seqs; q++) st->len[q] = (int32_t)base_len(o, q);
-    if (!strcmp(kiln_plan_backend(st->plan), "cuda")) { /* x and y in device memory, as in an engine */
-        const kiln_backend_i *b = kiln_backends[KILN_BACKEND_CUDA];
-        void *bs = st->ctx->be_state[KILN_BACKEND_CUDA];
+    bool vk = o->host && !strcmp(kiln_plan_backend(st->plan), "vulkan");
+    if (vk || !strcmp(kiln_plan_backend(st->plan), "cuda")) { /* x and y in device memory, as in an engine */
+        st->dbe = vk ? KILN_BACKEND_VULKAN : KILN_BACKEND_CUDA;
+        const kiln_backend_i *b = kiln_backends[st->dbe];
+        void *bs = st->ctx->be_state[st->dbe];
         if (b->alloc(bs, rows * 4, &st->dx, err, sizeof err) != KILN_OK || b->alloc(bs, rows * 4, &st->dy, err, sizeof err) != KILN_OK ||
             b->upload(bs, st->dx, st->x, rows * 4, err, sizeof err) != KILN_OK || b->sync(bs, err, sizeof err) != KILN_OK) {
             fprintf(stderr, "kiln bench: device memory for x and y: %s\n", err);
@@ -235,8 +238,8 @@ static kiln_status split(const serve_opts *o, serve_state *st, int64_t n, double
  * step, on its stream: its work, not kiln's), so that every binding of the step is device memory. */
 static kiln_status host_setup(const serve_opts *o, serve_state *st, int64_t *t_out, char *err, size_t n)
 {
-    const kiln_backend_i *b = kiln_backends[KILN_BACKEND_CUDA];
-    void *bs = st->ctx->be_state[KILN_BACKEND_CUDA];
+    const kiln_backend_i *b = kiln_backends[st->dbe];
+    void *bs = st->ctx->be_state[st->dbe];
     int64_t t = *t_out = fill_meta(o, st, 1, 0);
     const void *src[4] = {st->pos, st->slots, st->seqs, st->bt};
     size_t bytes[4] = {(size_t)t * 4, (size_t)t * 4, (size_t)o->seqs * 8, (size_t)(o->seqs * st->mb) * 4};
@@ -246,13 +249,22 @@ static kiln_status host_setup(const serve_opts *o, serve_state *st, int64_t *t_o
     return s == KILN_OK ? b->sync(bs, err, n) : s;
 }
 
-/* --host: the host time of each kiln_run_async call of `steps` decode steps (caller's stream: the
- * legacy default stream), enqueued in bursts of 16 with a sync between them (untimed) so that the
- * driver's queue never fills; res = median, p90 and max us per call, and device ms per step. */
-static kiln_status host_timed(const serve_opts *o, serve_state *st, double res[4])
+/* The wait between bursts: cuda, a sync of kiln's stream; vulkan, kiln_plan_wait. */
+static kiln_status burst_wait(serve_state *st)
 {
-    const kiln_backend_i *b = kiln_backends[KILN_BACKEND_CUDA];
-    void *bs = st->ctx->be_state[KILN_BACKEND_CUDA];
+    if (st->dbe == KILN_BACKEND_VULKAN) return kiln_plan_wait(st->plan);
+    char err[512] = "";
+    kiln_status s = kiln_backends[st->dbe]->sync(st->ctx->be_state[st->dbe], err, sizeof err);
+    return s == KILN_OK ? s : kiln_ctx_fail(st->ctx, s, "sync: %s", err);
+}
+
+/* --host: the host time of each kiln_run_async call of `steps` decode steps (cuda: the caller's
+ * stream is the legacy default stream; vulkan: a kiln_vk_sync without semaphores), enqueued in
+ * bursts (cuda 16, vulkan KILN_VK_MAX_PENDING) with a wait between them so that the queue never
+ * fills; res = median, p90 and max us per call, device ms per step (bursts and waits), and the
+ * waits' host us per step. */
+static kiln_status host_timed(const serve_opts *o, serve_state *st, double res[5])
+{
     char err[512] = "";
     int64_t t = 0;
     kiln_status s = host_setup(o, st, &t, err, sizeof err);
@@ -269,41 +281,50 @@ static kiln_status host_timed(const serve_opts *o, serve_state *st, double res[4
         {.name = "y", .data = st->dy, .bytes = xb, .device = true},
     };
     size_t nb = sizeof bd / sizeof *bd;
-    double *us = calloc((size_t)o->steps, sizeof *us), dev = 0;
+    double *us = calloc((size_t)o->steps, sizeof *us), dev = 0, wait = 0;
     if (!us) return KILN_ERR_NOMEM;
-    if ((s = kiln_run_async(st->plan, bd, nb, NULL)) == KILN_OK) s = b->sync(bs, err, sizeof err); /* records the graph */
-    for (int64_t i = 0; s == KILN_OK && i < o->steps; i += 16) {
+    kiln_vk_sync vs = {.magic = KILN_VK_SYNC_MAGIC};
+    void *stream = st->dbe == KILN_BACKEND_VULKAN ? (void *)&vs : NULL;
+    int64_t burst = st->dbe == KILN_BACKEND_VULKAN ? KILN_VK_MAX_PENDING : 16;
+    if ((s = kiln_run_async(st->plan, bd, nb, stream)) == KILN_OK) s = burst_wait(st); /* records the graph / command buffer */
+    for (int64_t i = 0; s == KILN_OK && i < o->steps; i += burst) {
         double t0 = kiln_cli_now();
-        for (int64_t j = i; s == KILN_OK && j < i + 16 && j < o->steps; j++) {
+        for (int64_t j = i; s == KILN_OK && j < i + burst && j < o->steps; j++) {
             double c0 = kiln_cli_now();
-            s = kiln_run_async(st->plan, bd, nb, NULL);
+            s = kiln_run_async(st->plan, bd, nb, stream);
             us[j] = (kiln_cli_now() - c0) * 1e6;
         }
-        if (s == KILN_OK && (s = b->sync(bs, err, sizeof err)) != KILN_OK) s = kiln_ctx_fail(st->ctx, s, "sync: %s", err);
+        double w0 = kiln_cli_now();
+        if (s == KILN_OK) s = burst_wait(st);
+        wait += kiln_cli_now() - w0;
         dev += kiln_cli_now() - t0;
     }
     qsort(us, (size_t)o->steps, sizeof *us, cmp_d);
     res[0] = us[o->steps / 2], res[1] = us[o->steps * 9 / 10], res[2] = us[o->steps - 1];
     res[3] = dev * 1e3 / (double)o->steps;
+    res[4] = wait * 1e6 / (double)o->steps;
     free(us);
     return s;
 }
 
-static void report_host(const serve_opts *o, const serve_state *st, const double r[4])
+static void report_host(const serve_opts *o, const serve_state *st, const double r[5])
 {
+    bool vk = st->dbe == KILN_BACKEND_VULKAN;
     if (o->json) {
         printf("{\"preset\":\"%s\",\"mode\":\"serve\",\"host\":true,\"backend\":\"%s\",\"wtype\":\"%s\",\"layers\":%lld,"
-               "\"kernels\":%d,\"seqs\":%lld,\"ctx\":%lld,\"steps\":%lld,\"host_us_per_step_median\":%.3f,"
-               "\"host_us_per_step_p90\":%.3f,\"host_us_per_step_max\":%.3f,\"step_ms\":%.6f}\n",
+               "\"kernels\":%d,\"seqs\":%lld,\"ctx\":%lld,\"steps\":%lld,\"burst\":%d,\"host_us_per_step_median\":%.3f,"
+               "\"host_us_per_step_p90\":%.3f,\"host_us_per_step_max\":%.3f,\"wait_us_per_step\":%.3f,\"step_ms\":%.6f}\n",
                o->preset->name, kiln_plan_backend(st->plan), kiln_dtype_name(o->wtype), (long long)o->layers,
-               kiln_plan_kernel_count(st->plan), (long long)o->seqs, (long long)o->ctx, (long long)o->steps, r[0], r[1], r[2], r[3]);
+               kiln_plan_kernel_count(st->plan), (long long)o->seqs, (long long)o->ctx, (long long)o->steps,
+               vk ? KILN_VK_MAX_PENDING : 16, r[0], r[1], r[2], r[4], r[3]);
         return;
     }
-    printf("%s serve on %s, %lld layers (%d kernels, one recorded CUDA graph), %lld sequences at KV %lld, every binding "
-           "device memory\n  kiln_run_async host time per step: median %.2f us, p90 %.2f, max %.2f (%lld steps); device "
-           "step %.3f ms\n",
+    printf("%s serve on %s, %lld layers (%d kernels, one recorded %s), %lld sequences at KV %lld, every binding "
+           "device memory\n  kiln_run_async host time per step: median %.2f us, p90 %.2f, max %.2f (%lld steps, in bursts of %d); "
+           "%s between bursts: %.2f us per step; device step %.3f ms\n",
            o->preset->name, kiln_plan_backend(st->plan), (long long)o->layers, kiln_plan_kernel_count(st->plan),
-           (long long)o->seqs, (long long)o->ctx, r[0], r[1], r[2], (long long)o->steps, r[3]);
+           vk ? "command buffer" : "CUDA graph", (long long)o->seqs, (long long)o->ctx, r[0], r[1], r[2], (long long)o->steps,
+           vk ? KILN_VK_MAX_PENDING : 16, vk ? "kiln_plan_wait" : "sync", r[4], r[3]);
 }
 
 static void report(const serve_opts *o, const serve_state *st, double dec_ms, double mix_ms, const double sp[3], const char *prof)
@@ -357,13 +378,14 @@ int kiln_cli_bench_serve(int argc, char *const *argv)
     int rc = parse(argc, argv, &o);
     if (rc != KILN_CLI_OK) return rc;
     serve_state st = {0};
-    double dec = 0, mix = 0, sp[4] = {0, 0, 0, 0};
+    double dec = 0, mix = 0, sp[5] = {0, 0, 0, 0, 0};
     char *prof = NULL;
     rc = setup(&o, &st);
     kiln_status s = KILN_OK;
     if (rc == KILN_CLI_OK && o.host) {
         if (!st.dev) {
-            fprintf(stderr, "kiln bench: --host measures kiln_run_async on cuda, but the plan runs on %s\n", kiln_plan_backend(st.plan));
+            fprintf(stderr, "kiln bench: --host measures kiln_run_async on cuda or vulkan, but the plan runs on %s\n",
+                    kiln_plan_backend(st.plan));
             rc = KILN_CLI_FAIL;
         } else if ((s = host_timed(&o, &st, sp)) != KILN_OK) {
             rc = kiln_cli_fail("bench", st.ctx, s, "running a step");
@@ -381,10 +403,10 @@ int kiln_cli_bench_serve(int argc, char *const *argv)
     if (rc == KILN_CLI_OK && !o.host) report(&o, &st, dec, mix, sp, prof);
     free(prof);
     for (int i = 0; i < 4; i++)
-        if (st.dmeta[i]) kiln_backends[KILN_BACKEND_CUDA]->free(st.ctx->be_state[KILN_BACKEND_CUDA], st.dmeta[i]);
+        if (st.dmeta[i]) kiln_backends[st.dbe]->free(st.ctx->be_state[st.dbe], st.dmeta[i]);
     if (st.dev) {
-        kiln_backends[KILN_BACKEND_CUDA]->free(st.ctx->be_state[KILN_BACKEND_CUDA], st.dx);
-        kiln_backends[KILN_BACKEND_CUDA]->free(st.ctx->be_state[KILN_BACKEND_CUDA], st.dy);
+        kiln_backends[st.dbe]->free(st.ctx->be_state[st.dbe], st.dx);
+        kiln_backends[st.dbe]->free(st.ctx->be_state[st.dbe], st.dy);
     }
     free(st.x), free(st.y), free(st.pos), free(st.slots), free(st.seqs), free(st.len), free(st.bt);
     kiln_plan_free(st.plan);
