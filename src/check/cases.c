@@ -80,6 +80,39 @@ static void matmul(kiln_check_run *r)
         }
 }
 
+/* moe_matmul: a stack of E experts, k of them per token (router weights an input in [0.05, 1): no
+ * two equal, so every backend picks the reference's experts), x [t, K] or [t, k, K], per slot or
+ * summed. K a multiple of 8 (floats) or 256 (blocks): every GPU format row's chunk divides it. x
+ * and w positive, so no output cancels (matmul's small-case rule). */
+static void moe_matmul(kiln_check_run *r)
+{
+    char lab[200];
+    const int64_t es[] = {1, 2, 8, 60, 128}, ns[] = {1, 3, 17, 64};
+    for (int w = 0; w < N_OF(WTS); w++)
+        for (int i = 0; i < shapes(r); i++) {
+            kiln_dtype wt = WTS[w], xt = i % 5 == 3 ? ACT[1 + i % 2] : KILN_DTYPE_F32;
+            int64_t E = pick(r, es, N_OF(es)), N = pick(r, ns, N_OF(ns));
+            int k = (int)kiln_check_randint(r, 1, (E < 8 ? E : 8) + 1);
+            int64_t K = kiln_dtype_block(wt) == 1 ? 8 * kiln_check_randint(r, 1, 65) : 256 * kiln_check_randint(r, 1, 3);
+            int64_t tmax = i % 4 == 1 ? kiln_check_randint(r, 9, 41) : kiln_check_randint(r, 1, 9);
+            if (E * N * K > (1 << 21)) N = 1 + (1 << 21) / (E * K);
+            bool per_slot = i % 3 == 1, sum = i % 2 == 1;
+            kiln_graph *g = new_graph();
+            if (!g) return;
+            kiln_dim T = kiln_sym(g, "t", tmax);
+            kiln_node x = per_slot ? kiln_input(g, "x", xt, 3, (kiln_dim[]){T, k, K}) : kiln_input(g, "x", xt, 2, (kiln_dim[]){T, K});
+            kiln_node ws = kiln_check_weight(r, g, "w", wt, 3, (kiln_dim[]){E, N, K}, 0.25f, 1.25f);
+            kiln_node y = kiln_moe_matmul(g, x, ws, kiln_input(g, "r", KILN_DTYPE_F32, 2, (kiln_dim[]){T, E}), k, sum);
+            snprintf(lab, sizeof lab, "moe_matmul x %s [t<=%lld, %s%lld] w %s [%lld, %lld, %lld] k %d%s", kiln_dtype_name(xt),
+                     (long long)tmax, per_slot ? "k, " : "", (long long)K, kiln_dtype_name(wt), (long long)E, (long long)N,
+                     (long long)K, k, sum ? " sum" : "");
+            kiln_check_spec s = {.op = "moe_matmul", .key = wt, .tol = -1, .lo = 0.25f, .hi = 1.25f, .label = lab,
+                                 .n_ins = 1, .ins = {{"r", KILN_CHECK_FILL_FLOAT, 0.05, 1.0}}};
+            two_binds(r, &s, tmax);
+            finish(r, &s, g, y);
+        }
+}
+
 /* ---------------------------------------------------------------- elementwise and rows */
 
 typedef enum ew { EW_SCALE, EW_SILU, EW_GELU, EW_SOFTMAX, EW_ADD, EW_MUL, EW_SWIGLU, EW_RMS, EW_LN, EW_ARGMAX, EW_SIGMOID, EW_TANH } ew;
@@ -462,6 +495,7 @@ static void layout(kiln_check_run *r, lay op)
 void kiln_check_ops(kiln_check_run *r)
 {
     if (kiln_check_wants(r, "matmul")) matmul(r);
+    if (kiln_check_wants(r, "moe_matmul")) moe_matmul(r);
     for (ew op = EW_SCALE; op <= EW_TANH; op++) elementwise(r, op);
     if (kiln_check_wants(r, "rope")) rope(r);
     if (kiln_check_wants(r, "attention")) attention(r);

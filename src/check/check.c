@@ -627,7 +627,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static const char *const GROUPS[] = {"matmul", "add", "mul", "scale", "silu", "gelu", "sigmoid", "tanh", "swiglu", "rms_norm",
+static const char *const GROUPS[] = {"matmul", "moe_matmul", "add", "mul", "scale", "silu", "gelu", "sigmoid", "tanh", "swiglu", "rms_norm",
                                      "layer_norm", "softmax", "rope", "attention", "attention:masks", "paged_attention",
                                      "paged_attention:masks", "kv_scatter", "get_rows",
                                      "argmax", "cast", "reshape", "view", "transpose", "concat", "fused",
