@@ -1157,6 +1157,8 @@ static void moe_gpu_cases(void)
 {
     for (int mode = 0; mode < 3; mode++) moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, 8, 2, 17, 64, 6, mode == 1, mode > 0);
     moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, 128, 8, 17, 64, 6, false, true);
+    moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, 8, 2, 100, 64, 6, false, false); /* several column blocks, a partial one */
+    moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, 8, 2, 100, 64, 6, true, true);
     moe_case(KILN_DTYPE_F32, KILN_DTYPE_F32, 60, 60, 9, 64, 3, true, true); /* k = E */
     moe_case(KILN_DTYPE_F32, KILN_DTYPE_Q8_0, 8, 2, 17, 96, 6, true, true);
     moe_case(KILN_DTYPE_F32, KILN_DTYPE_Q4_K, 16, 4, 17, 256, 6, false, false);

@@ -1,6 +1,6 @@
-/* moe_matmul on the GPUs (kiln.h; docs/kernels.md): a block per (token, slot, 8 columns), or per
- * (token, 8 columns) with sum; it ranks the token's router row in shared memory (kiln_moe_slots'
- * order), then a warp per column dots x's row with that row of each routed expert through the
+/* moe_matmul on the GPUs (kiln.h; docs/kernels.md): a block per (token, slot, 32 columns), or per
+ * (token, 32 columns) with sum; it ranks the token's router row in shared memory (kiln_moe_slots'
+ * order), then a warp per 4 columns dots x's row with those rows of each routed expert through the
  * weight format rows of wfmt.h. Only the routed experts' rows are read. Must not know any target's
  * syntax. */
 #include "codegen/lower.h"
@@ -8,8 +8,8 @@
 
 #include <string.h>
 
-#define MOE_BLOCK 256 /* 8 warps, a column each */
-#define MOE_COLS (MOE_BLOCK / 32)
+#define MOE_BLOCK 256 /* 8 warps */
+#define MOE_ROWS 4    /* columns (weight rows) a warp at most, sharing its x loads */
 #define MOE_MAX_E MOE_BLOCK /* one thread per expert ranks the router row */
 
 static void endif(kiln_kir *k) { kiln_kir_op(k, KILN_KOP_ENDIF, KILN_KT_NONE, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0); }
@@ -54,45 +54,53 @@ static void rank_experts(kiln_kir *k, const kiln_graph *g, uint32_t rnode, uint3
     barrier(k);
 }
 
-/* This lane's part of x[xrow .. xrow + K) . W[row] over chunks lane, lane + 32, ... (F32). */
-static uint32_t lane_dot(kiln_kir *k, const kiln_graph *g, const kl_wfmt *f, uint32_t xnode, uint32_t wslot,
-                         uint32_t row, uint32_t xrow, uint32_t lane, int64_t K, int64_t rows)
+/* This lane's part of x[xrow .. xrow + K) . W[row[j]] for the warp's nr rows, over chunks
+ * lane, lane + 32, ...: each x value is loaded once for all of them. F32 into acc[j]. */
+static void lane_dot(kiln_kir *k, const kiln_graph *g, const kl_wfmt *f, uint32_t xnode, uint32_t wslot,
+                     const uint32_t row[MOE_ROWS], uint32_t xrow, uint32_t lane, int64_t K, int64_t rows,
+                     int nr, uint32_t acc[MOE_ROWS], bool *bad)
 {
-    uint32_t acc = kiln_kvar(k, kiln_kf(k, 0.0f)), c = kiln_kvar(k, lane);
+    for (int j = 0; j < nr; j++) acc[j] = kiln_kvar(k, kiln_kf(k, 0.0f));
+    uint32_t c = kiln_kvar(k, lane);
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, c, kiln_ki(k, (int32_t)kl_wfmt_chunks(f, K)), kiln_ki(k, 32), 0);
-    gv_chunk ch;
-    memset(&ch, 0, sizeof ch);
-    f->load(k, wslot, row, c, K, rows, &ch);
+    gv_chunk ch[MOE_ROWS];
+    memset(ch, 0, sizeof ch);
+    for (int j = 0; j < nr; j++) f->load(k, wslot, row[j], c, K, rows, &ch[j]); /* all in flight first */
     for (int sub = 0; sub < f->subs; sub++) {
-        gv_sub w;
-        w.b = KILN_IDX_NONE;
-        f->decode(k, &ch, c, sub, &w);
         uint32_t e0 = add(k, xrow, f->sub_elem(k, c, sub)), xv[16], sx = KILN_IDX_NONE;
-        if (g->nodes[xnode].dtype == KILN_DTYPE_F32 && w.v % 4 == 0) /* 16-byte loads, as gemv's */
-            for (int i = 0; i < w.v; i += 4) {
+        int V = f->vec; /* values of a sub-step */
+        if (g->nodes[xnode].dtype == KILN_DTYPE_F32 && V % 4 == 0) /* 16-byte loads, as gemv's */
+            for (int i = 0; i < V; i += 4) {
                 uint32_t v4 = kiln_kld4(k, kiln_kir_buf(k, KILN_KBUF_NODE, xnode, false), add(k, e0, kiln_ki(k, i)));
                 for (int l = 0; l < 4; l++) xv[i + l] = kl_lanef(k, v4, l);
             }
         else
-            for (int i = 0; i < w.v; i++) xv[i] = kl_load_node(k, g, xnode, add(k, e0, kiln_ki(k, i)));
-        if (w.a == KILN_IDX_NONE) { /* float weights: straight into the accumulator */
-            uint32_t a = acc;
-            for (int i = 0; i < w.v; i++) a = kiln_kfma(k, w.q[i], xv[i], a);
-            kiln_kset(k, acc, a);
-            continue;
+            for (int i = 0; i < V; i++) xv[i] = kl_load_node(k, g, xnode, add(k, e0, kiln_ki(k, i)));
+        for (int j = 0; j < nr; j++) { /* a row decoded just before its products: fewer live values */
+            gv_sub w;
+            w.b = KILN_IDX_NONE;
+            f->decode(k, &ch[j], c, sub, &w);
+            if (w.v != V) *bad = true; /* a format whose sub-steps are not vec values: refused */
+            if (w.a == KILN_IDX_NONE) { /* float weights: straight into the accumulator */
+                uint32_t a = acc[j];
+                for (int i = 0; i < V; i++) a = kiln_kfma(k, w.q[i], xv[i], a);
+                kiln_kset(k, acc[j], a);
+                continue;
+            }
+            uint32_t d = mul(k, w.q[0], xv[0]); /* value i = a q[i] + b: a dot(q, x) + b sum(x) */
+            for (int i = 1; i < V; i++) d = kiln_kfma(k, w.q[i], xv[i], d);
+            uint32_t a = kiln_kfma(k, w.a, d, acc[j]);
+            if (w.b != KILN_IDX_NONE) {
+                if (sx == KILN_IDX_NONE) {
+                    sx = xv[0];
+                    for (int i = 1; i < V; i++) sx = add(k, sx, xv[i]);
+                }
+                a = kiln_kfma(k, w.b, sx, a);
+            }
+            kiln_kset(k, acc[j], a);
         }
-        uint32_t d = mul(k, w.q[0], xv[0]); /* value i = a q[i] + b: a dot(q, x) + b sum(x) */
-        for (int i = 1; i < w.v; i++) d = kiln_kfma(k, w.q[i], xv[i], d);
-        uint32_t a = kiln_kfma(k, w.a, d, acc);
-        if (w.b != KILN_IDX_NONE) {
-            sx = xv[0];
-            for (int i = 1; i < w.v; i++) sx = add(k, sx, xv[i]);
-            a = kiln_kfma(k, w.b, sx, a);
-        }
-        kiln_kset(k, acc, a);
     }
     kl_loop_end(k);
-    return acc;
 }
 
 kiln_status kiln_lower_moe_matmul(const kiln_graph *g, const kiln_region *r, const kiln_lower_target *tg, kiln_kir *k,
@@ -114,47 +122,96 @@ kiln_status kiln_lower_moe_matmul(const kiln_graph *g, const kiln_region *r, con
         return kl_unsupported(err, n_err, "moe_matmul: K = %lld is not a multiple of %d (%s chunks) on the GPU", (long long)K,
                               f->vec * f->subs, kiln_dtype_name((kiln_dtype)w->dtype));
     kiln_kir_init(k, "kiln_moe_matmul", MOE_BLOCK);
+    k->min_blocks = 2; /* at most 128 registers: two blocks an SM (the k-quants' decoders of 4 rows took up to 175) */
     snprintf(k->what, sizeof k->what, "moe_matmul %s [%lld, %lld, %lld] k %lld%s", kiln_dtype_name((kiln_dtype)w->dtype),
              (long long)E, (long long)N, (long long)K, (long long)kk, sum ? " sum" : "");
-    int64_t cb = (N + MOE_COLS - 1) / MOE_COLS, per_tok = cb * (sum ? 1 : kk); /* blocks of a token */
+    /* rows a warp: 4 where a row's decode is light; 2 for the k-quants, whose decoders of 4 rows
+     * took up to 244 registers (q6_K) */
+    int nr = f->block && kiln_dtype_block((kiln_dtype)w->dtype) == 256 ? 2 : MOE_ROWS;
+    /* with sum, G warps share a column group, each taking every G-th slot (a decode's 8 slots of a
+     * column in parallel, not one after another), their totals added through shared memory */
+    int G = 1;
+    while (sum && G * 2 <= kk && G * 2 <= MOE_BLOCK / 32) G *= 2;
+    int cols = MOE_BLOCK / 32 / G * nr, iters = sum ? (int)((kk + G - 1) / G) : 1;
+    int64_t cb = (N + cols - 1) / cols, per_tok = cb * (sum ? 1 : kk); /* blocks of a token */
     k->grid[0] = kl_grid_for(tg, kl_dim_max(g, g->nodes[rn].dims[0]) * per_tok, 1);
     uint32_t sh_r = kiln_kir_shared(k, (uint32_t)E), sh_slot = kiln_kir_shared(k, (uint32_t)kk);
+    uint32_t sh_part = G > 1 ? kiln_kir_shared(k, (uint32_t)(MOE_BLOCK / 32 * nr)) : KILN_IDX_NONE; /* warps' totals */
     uint32_t wslot = kiln_kir_buf(k, KILN_KBUF_NODE, wn, false);
     uint32_t tid = kiln_kir_op(k, KILN_KOP_TID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0);
     uint32_t lane = kiln_k2(k, KILN_KOP_REM, tid, kiln_ki(k, 32)), warp = kiln_k2(k, KILN_KOP_DIV, tid, kiln_ki(k, 32));
-    uint32_t units = mul(k, kl_dim(k, g->nodes[rn].dims[0]), kiln_ki(k, (int32_t)per_tok));
+    uint32_t n_tok = kl_dim(k, g->nodes[rn].dims[0]), units = mul(k, n_tok, kiln_ki(k, (int32_t)per_tok));
+    uint32_t pairs = mul(k, n_tok, kiln_ki(k, (int32_t)(sum ? 1 : kk))); /* (token, slot) blocks of a column block */
     uint32_t vb = kiln_kvar(k, kiln_kir_op(k, KILN_KOP_BID, KILN_KT_I32, KILN_IDX_NONE, KILN_IDX_NONE, KILN_IDX_NONE, 0));
     kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, vb, units, kiln_ki(k, (int32_t)k->grid[0]), 0);
-    uint32_t t = kiln_k2(k, KILN_KOP_DIV, vb, kiln_ki(k, (int32_t)per_tok)), u = kiln_k2(k, KILN_KOP_REM, vb, kiln_ki(k, (int32_t)per_tok));
-    uint32_t s0 = sum ? kiln_ki(k, 0) : kiln_k2(k, KILN_KOP_DIV, u, kiln_ki(k, (int32_t)cb)); /* without sum: the block's slot */
-    uint32_t col = add(k, mul(k, kiln_k2(k, KILN_KOP_REM, u, kiln_ki(k, (int32_t)cb)), kiln_ki(k, MOE_COLS)), warp);
-    uint32_t in = kiln_k2(k, KILN_KOP_LT, col, kiln_ki(k, (int32_t)N));
-    uint32_t nc = kiln_k2(k, KILN_KOP_MIN, col, kiln_ki(k, (int32_t)(N - 1))); /* every warp reaches the reductions */
+    /* column block major: the blocks in flight share a column range of the experts (every expert's
+     * slice of it, 4.7 MB for qwen3-30b-a3b's gate, stays in L2), so a prefill's tokens routed to an
+     * expert read its rows from DRAM about once */
+    uint32_t cbi = kiln_k2(k, KILN_KOP_DIV, vb, pairs), u = kiln_k2(k, KILN_KOP_REM, vb, pairs);
+    uint32_t t = sum ? u : kiln_k2(k, KILN_KOP_DIV, u, kiln_ki(k, (int32_t)kk));
+    uint32_t s0 = sum ? kiln_ki(k, 0) : kiln_k2(k, KILN_KOP_REM, u, kiln_ki(k, (int32_t)kk)); /* without sum: the block's slot */
+    uint32_t gi = kiln_k2(k, KILN_KOP_DIV, warp, kiln_ki(k, G)), sl = kiln_k2(k, KILN_KOP_REM, warp, kiln_ki(k, G));
+    uint32_t col0 = add(k, mul(k, cbi, kiln_ki(k, cols)), mul(k, gi, kiln_ki(k, nr)));
+    uint32_t col[MOE_ROWS], in[MOE_ROWS], nc[MOE_ROWS], total[MOE_ROWS];
+    for (int j = 0; j < nr; j++) {
+        col[j] = add(k, col0, kiln_ki(k, j));
+        in[j] = kiln_k2(k, KILN_KOP_PAND, kiln_k2(k, KILN_KOP_LT, col[j], kiln_ki(k, (int32_t)N)),
+                        kiln_k2(k, KILN_KOP_EQ, lane, kiln_ki(k, 0))); /* lane 0 stores the column */
+        nc[j] = kiln_k2(k, KILN_KOP_MIN, col[j], kiln_ki(k, (int32_t)(N - 1))); /* every warp reaches the reductions */
+    }
     rank_experts(k, g, rn, t, tid, E, kk, sh_r, sh_slot);
-    uint32_t total = kiln_kvar(k, kiln_kf(k, 0.0f)), s = kiln_kvar(k, s0);
-    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, s, sum ? kiln_ki(k, (int32_t)kk) : add(k, s0, kiln_ki(k, 1)), kiln_ki(k, 1), 0);
+    for (int j = 0; j < nr; j++) total[j] = kiln_kvar(k, kiln_kf(k, 0.0f));
+    uint32_t it = kiln_kvar(k, kiln_ki(k, 0)); /* the same trip count in every warp: the reductions are block-uniform */
+    kiln_kir_op(k, KILN_KOP_LOOP, KILN_KT_NONE, it, kiln_ki(k, iters), kiln_ki(k, 1), 0);
+    uint32_t s_raw = sum ? add(k, sl, mul(k, it, kiln_ki(k, G))) : s0;
+    uint32_t valid = kiln_k2(k, KILN_KOP_LT, s_raw, kiln_ki(k, (int32_t)kk));
+    uint32_t s = kiln_k2(k, KILN_KOP_MIN, s_raw, kiln_ki(k, (int32_t)(kk - 1)));
     uint32_t e = kiln_kir_op(k, KILN_KOP_CVT, KILN_KT_I32, kiln_klds(k, sh_slot, KILN_KT_U32, s), KILN_IDX_NONE,
                              KILN_IDX_NONE, 0); /* the expert of slot s */
-    uint32_t row = add(k, mul(k, e, kiln_ki(k, (int32_t)N)), nc);
+    uint32_t row[MOE_ROWS], part[MOE_ROWS];
+    for (int j = 0; j < nr; j++) row[j] = add(k, mul(k, e, kiln_ki(k, (int32_t)N)), nc[j]);
     uint32_t tok_s = add(k, mul(k, t, kiln_ki(k, (int32_t)kk)), s); /* the (token, slot) pair */
     uint32_t xrow = mul(k, per_slot ? tok_s : t, kiln_ki(k, (int32_t)K));
-    uint32_t part = lane_dot(k, g, f, xn, wslot, row, xrow, lane, K, E * N);
-    uint32_t dot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, part, KILN_IDX_NONE, KILN_IDX_NONE,
-                               (int32_t)((KILN_KRED_SUM << 16) | 32));
-    uint32_t lead = kiln_k2(k, KILN_KOP_PAND, in, kiln_k2(k, KILN_KOP_EQ, lane, kiln_ki(k, 0)));
-    if (sum) {
-        kiln_kset(k, total, kiln_kfma(k, kiln_klds(k, sh_r, KILN_KT_F32, e), dot, total));
-    } else {
-        if_(k, lead);
-        kl_store_node(k, g, anchor, add(k, mul(k, tok_s, kiln_ki(k, (int32_t)N)), col), dot);
+    bool bad = false;
+    lane_dot(k, g, f, xn, wslot, row, xrow, lane, K, E * N, nr, part, &bad);
+    uint32_t rw = sum ? kiln_klds(k, sh_r, KILN_KT_F32, e) : KILN_IDX_NONE;
+    for (int j = 0; j < nr; j++) {
+        uint32_t dot = kiln_kir_op(k, KILN_KOP_REDUCE, KILN_KT_F32, part[j], KILN_IDX_NONE, KILN_IDX_NONE,
+                                   (int32_t)((KILN_KRED_SUM << 16) | 32));
+        if (sum) {
+            kiln_kset(k, total[j], kiln_ksel(k, KILN_KT_F32, valid, kiln_kfma(k, rw, dot, total[j]), total[j]));
+            continue;
+        }
+        if_(k, in[j]);
+        kl_store_node(k, g, anchor, add(k, mul(k, tok_s, kiln_ki(k, (int32_t)N)), col[j]), dot);
         endif(k);
     }
     kl_loop_end(k);
-    if (sum) {
-        if_(k, lead);
-        kl_store_node(k, g, anchor, add(k, mul(k, t, kiln_ki(k, (int32_t)N)), col), total);
+    if (G > 1) { /* the group's warps' totals, added in warp order by its first warp */
+        uint32_t first = kiln_k2(k, KILN_KOP_EQ, lane, kiln_ki(k, 0));
+        if_(k, first);
+        for (int j = 0; j < nr; j++) sts(k, sh_part, add(k, mul(k, warp, kiln_ki(k, nr)), kiln_ki(k, j)), total[j]);
+        endif(k);
+        barrier(k);
+        for (int j = 0; j < nr; j++) {
+            uint32_t a = kiln_kf(k, 0.0f);
+            for (int q = 0; q < G; q++)
+                a = add(k, a, kiln_klds(k, sh_part, KILN_KT_F32,
+                                        add(k, mul(k, add(k, mul(k, gi, kiln_ki(k, G)), kiln_ki(k, q)), kiln_ki(k, nr)),
+                                            kiln_ki(k, j))));
+            kiln_kset(k, total[j], a);
+        }
+    }
+    for (int j = 0; sum && j < nr; j++) {
+        if_(k, kiln_k2(k, KILN_KOP_PAND, in[j], kiln_k2(k, KILN_KOP_EQ, sl, kiln_ki(k, 0))));
+        kl_store_node(k, g, anchor, add(k, mul(k, t, kiln_ki(k, (int32_t)N)), col[j]), total[j]);
         endif(k);
     }
     kl_loop_end(k);
+    if (bad) {
+        kiln_kir_free(k);
+        return kl_unsupported(err, n_err, "moe_matmul: %s sub-steps are not %d values", kiln_dtype_name((kiln_dtype)w->dtype),
+                              f->vec);
+    }
     return KILN_OK;
 }
