@@ -178,6 +178,18 @@ static void run_unit(mm_job *j, const mm_group *g, int64_t c0, int64_t cw, int t
     }
 }
 
+/* Unit u of job j: the columns of its group that the unit covers. */
+static void job_unit(mm_job *j, int64_t u, int tid)
+{
+    int gi = 0;
+    while (gi + 1 < j->n_groups && u >= j->g[gi + 1].base)
+        gi++;
+    const mm_group *g = &j->g[gi];
+    int64_t c0 = (u - g->base) * j->chunk;
+    int64_t cw = g->n - c0 < j->chunk ? g->n - c0 : j->chunk;
+    run_unit(j, g, c0, cw, tid);
+}
+
 static void mm_fn(void *arg, int tid, int nth)
 {
     mm_job *j = arg;
@@ -185,13 +197,7 @@ static void mm_fn(void *arg, int tid, int nth)
         int64_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (u >= j->n_units)
             return;
-        int gi = 0;
-        while (gi + 1 < j->n_groups && u >= j->g[gi + 1].base)
-            gi++;
-        const mm_group *g = &j->g[gi];
-        int64_t c0 = (u - g->base) * j->chunk;
-        int64_t cw = g->n - c0 < j->chunk ? g->n - c0 : j->chunk;
-        run_unit(j, g, c0, cw, tid);
+        job_unit(j, u, tid);
     }
 }
 
@@ -330,15 +336,7 @@ static void batch_fn(void *arg, int tid, int nth)
             if (b->base[mid] <= u) lo = mid;
             else hi = mid - 1;
         }
-        mm_job *j = &b->jobs[lo];
-        u -= b->base[lo];
-        int gi = 0;
-        while (gi + 1 < j->n_groups && u >= j->g[gi + 1].base)
-            gi++;
-        const mm_group *g = &j->g[gi];
-        int64_t c0 = (u - g->base) * j->chunk;
-        int64_t cw = g->n - c0 < j->chunk ? g->n - c0 : j->chunk;
-        run_unit(j, g, c0, cw, tid);
+        job_unit(&b->jobs[lo], u - b->base[lo], tid);
     }
 }
 
