@@ -223,60 +223,82 @@ Test(cpu_kernels, matmul_q8_0_raw_quants)
     g_raw_q8 = false;
 }
 
-/* llama.cpp's cpu arithmetic for q8_0 weights: x quantized per 32 with id = 1/d from the f32
- * d = amax / 127, the block product taken with d rounded to f16 (ggml's block_q8_0 stores it so);
- * kiln keeps the f32 d only outside f16's normal range (block 1 of each row: amax 1e-4). Every ISA,
- * decode and GEMM rows: the f64 sum of those exact block products within f32 summation error (kiln's
- * f32 d instead: NMSE ~2e-8, the f16 rounding of each block's scale). */
-Test(cpu_kernels, matmul_q8_0_block_scale_as_ggml)
+/* llama.cpp's cpu arithmetic for q8_0 and q4_1 weights: x quantized per 32 with id = 1/d from the
+ * f32 d = amax / 127, the block product taken with d rounded to f16 (ggml's block_q8_0 stores it so),
+ * and q4_1's min term m * s with s = f16(d * sum q) from the f32 d (ggml's block_q8_1); kiln keeps f32
+ * values only outside f16's normal range (block 1 of each row: amax 1e-4). Every ISA, decode and GEMM
+ * rows: the f64 sum of those exact block terms within f32 summation error (kiln's f32 d and d * sum q
+ * instead: NMSE ~5e-9, the f16 roundings). */
+static double ggml_block32(kiln_dtype t, const void *wrow, const float *x, int64_t k)
+{
+    double s = 0;
+    for (int64_t b0 = 0; b0 < k; b0 += 32) {
+        float amax = 0;
+        for (int u = 0; u < 32; u++) amax = fmaxf(amax, fabsf(x[b0 + u]));
+        float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        float dx = d >= 0x1p-14f ? kiln_f16_to_f32(kiln_f32_to_f16(d)) : d;
+        int32_t dot = 0, sum = 0;
+        for (int u = 0; u < 32; u++) {
+            int32_t qx = (int32_t)rintf(x[b0 + u] * id), qw;
+            if (t == KILN_DTYPE_Q8_0) {
+                qw = ((const kiln_block_q8_0 *)wrow)[b0 / 32].qs[u];
+            } else {
+                uint8_t byte = ((const kiln_block_q4_1 *)wrow)[b0 / 32].qs[u % 16];
+                qw = u < 16 ? byte & 15 : byte >> 4;
+            }
+            dot += qx * qw, sum += qx;
+        }
+        if (t == KILN_DTYPE_Q8_0) {
+            s += (double)dx * kiln_f16_to_f32(((const kiln_block_q8_0 *)wrow)[b0 / 32].d) * dot;
+        } else {
+            const kiln_block_q4_1 *bw = (const kiln_block_q4_1 *)wrow + b0 / 32;
+            float sx = d * (float)sum;
+            sx = fabsf(sx) >= 0x1p-14f ? kiln_f16_to_f32(kiln_f32_to_f16(sx)) : sx;
+            s += (double)dx * kiln_f16_to_f32(bw->d) * dot + (double)kiln_f16_to_f32(bw->m) * sx;
+        }
+    }
+    return s;
+}
+
+Test(cpu_kernels, matmul_block32_activations_as_ggml)
 {
     const int64_t n = 9, k = 320;
     static const int64_t ms[] = {1, 3, 12};
-    double *wd = malloc(sizeof(double) * (size_t)(n * k));
-    mis_buf w = make_weight(KILN_DTYPE_Q8_0, n, k, wd);
-    const kiln_block_q8_0 *wb = w.p;
-    for (int mi = 0; mi < 3; mi++) {
-        int64_t m = ms[mi];
-        mis_buf x = mis_alloc(sizeof(float) * (size_t)(m * k)), y = mis_alloc(sizeof(float) * (size_t)(m * n));
-        float *xf = x.p;
-        tu_fill(xf, m * k, -2.0f, 2.0f);
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t u = 32; u < 64; u++) xf[i * k + u] *= 5e-5f; /* d below 2^-14 */
-        double *ref = malloc(sizeof(double) * (size_t)(m * n));
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) {
-                double s = 0;
-                for (int64_t b0 = 0; b0 < k; b0 += 32) {
-                    float amax = 0;
-                    for (int u = 0; u < 32; u++) amax = fmaxf(amax, fabsf(xf[i * k + b0 + u]));
-                    float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-                    float dx = d >= 0x1p-14f ? kiln_f16_to_f32(kiln_f32_to_f16(d)) : d;
-                    int32_t is = 0;
-                    for (int u = 0; u < 32; u++) {
-                        float p = xf[i * k + b0 + u] * id;
-                        is += (int32_t)rintf(p) * wb[(j * k + b0) / 32].qs[u];
-                    }
-                    s += (double)dx * kiln_f16_to_f32(wb[(j * k + b0) / 32].d) * is;
+    static const kiln_dtype ts[] = {KILN_DTYPE_Q8_0, KILN_DTYPE_Q4_1};
+    for (int ti = 0; ti < 2; ti++) {
+        double *wd = malloc(sizeof(double) * (size_t)(n * k));
+        mis_buf w = make_weight(ts[ti], n, k, wd);
+        size_t ws = kiln_row_bytes(ts[ti], k);
+        for (int mi = 0; mi < 3; mi++) {
+            int64_t m = ms[mi];
+            mis_buf x = mis_alloc(sizeof(float) * (size_t)(m * k)), y = mis_alloc(sizeof(float) * (size_t)(m * n));
+            float *xf = x.p;
+            tu_fill(xf, m * k, -2.0f, 2.0f);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t u = 32; u < 64; u++) xf[i * k + u] *= 5e-5f; /* d below 2^-14 */
+            double *ref = malloc(sizeof(double) * (size_t)(m * n));
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++)
+                    ref[i * n + j] = ggml_block32(ts[ti], (const char *)w.p + (size_t)j * ws, xf + i * k, k);
+            for (int isa = 0; isa <= (int)kiln_cpu_isa_max(); isa++) {
+                kiln_cpu_mm mm = {.x = x.p, .m = m, .k = k, .n_out = 1};
+                mm.out[0] = (kiln_cpu_mm_out){.w = w.p, .wt = ts[ti], .n = n, .y = y.p};
+                tu_poison(y.p, sizeof(float) * (size_t)(m * n));
+                cr_assert_eq(kiln_cpu_matmul(pools[1], (enum kiln_cpu_isa)isa, &mm), KILN_OK);
+                double e2 = 0, r2 = 0;
+                for (int64_t i = 0; i < m * n; i++) {
+                    double g = ((float *)y.p)[i];
+                    cr_assert(isfinite(g));
+                    e2 += (g - ref[i]) * (g - ref[i]), r2 += ref[i] * ref[i];
                 }
-                ref[i * n + j] = s;
+                cr_assert(e2 <= 1e-11 * r2, "%s %s m=%ld: NMSE %.3g against ggml's block terms (seed %llu)",
+                          kiln_dtype_name(ts[ti]), kiln_cpu_isa_name((enum kiln_cpu_isa)isa), (long)m, e2 / r2,
+                          (unsigned long long)tu_seed());
             }
-        for (int isa = 0; isa <= (int)kiln_cpu_isa_max(); isa++) {
-            kiln_cpu_mm mm = {.x = x.p, .m = m, .k = k, .n_out = 1};
-            mm.out[0] = (kiln_cpu_mm_out){.w = w.p, .wt = KILN_DTYPE_Q8_0, .n = n, .y = y.p};
-            tu_poison(y.p, sizeof(float) * (size_t)(m * n));
-            cr_assert_eq(kiln_cpu_matmul(pools[1], (enum kiln_cpu_isa)isa, &mm), KILN_OK);
-            double e2 = 0, r2 = 0;
-            for (int64_t i = 0; i < m * n; i++) {
-                double g = ((float *)y.p)[i];
-                cr_assert(isfinite(g));
-                e2 += (g - ref[i]) * (g - ref[i]), r2 += ref[i] * ref[i];
-            }
-            cr_assert(e2 <= 1e-11 * r2, "q8_0 %s m=%ld: NMSE %.3g against ggml's block products (seed %llu)",
-                      kiln_cpu_isa_name((enum kiln_cpu_isa)isa), (long)m, e2 / r2, (unsigned long long)tu_seed());
+            free(ref), free(x.base), free(y.base);
         }
-        free(ref), free(x.base), free(y.base);
+        free(wd), free(w.base);
     }
-    free(wd), free(w.base);
 }
 
 Test(cpu_kernels, matmul_fused_siblings_residual)

@@ -22,6 +22,7 @@ enum kiln_cpu_act {
 typedef struct kiln_cpu_q8a {
     float  d;              /* scale = amax / 127, rounded to f16 (as ggml's block_q8_0) when a normal f16 */
     int8_t qs[KILN_QK8_0]; /* round(x / d), in [-127, 127] */
+    float  s;              /* (f32 d) * sum(qs), rounded to f16 as ggml's block_q8_1 s: q4_1/q5_1's min term */
 } kiln_cpu_q8a;
 
 static inline enum kiln_cpu_act kiln_cpu_act_of(kiln_dtype wt)

@@ -11,6 +11,13 @@
 
 /* ---------------------------------------------------------------- activation quantization */
 
+/* f to the nearest f16 when a normal f16 (magnitude in [2^-14, 65504]) or 0, else f itself. */
+static float round_f16_normal(float f)
+{
+    float a = fabsf(f);
+    return a >= 0x1p-14f && a <= 65504.0f ? kiln_f16_to_f32(kiln_f32_to_f16(f)) : f;
+}
+
 static void quant_q8a(const float *x, kiln_cpu_q8a *b)
 {
     float amax = 0.0f;
@@ -25,9 +32,13 @@ static void quant_q8a(const float *x, kiln_cpu_q8a *b)
      * up to the order of float sums (python/tests/test_llama_cpp.py measured 5e-5 NMSE of a model's
      * logits from this alone). Outside f16's normal range the f32 d stays: ggml's would overflow to
      * inf or lose bits as a subnormal there. */
-    b->d = d >= 0x1p-14f && d <= 65504.0f ? kiln_f16_to_f32(kiln_f32_to_f16(d)) : d;
-    for (int j = 0; j < KILN_QK8_0; j++)
+    b->d = round_f16_normal(d);
+    int32_t sum = 0;
+    for (int j = 0; j < KILN_QK8_0; j++) {
         b->qs[j] = (int8_t)kiln_nearest_int(x[j] * id);
+        sum += b->qs[j];
+    }
+    b->s = round_f16_normal(d * (float)sum); /* ggml's q8_1: f16(d * sum) with the f32 d */
 }
 
 size_t kiln_cpu_act_row_bytes(enum kiln_cpu_act a, int64_t k)
@@ -166,13 +177,7 @@ static float dot_q6_k(int64_t nb, const kiln_block_q6_k *w, const kiln_block_q8_
     return acc;
 }
 
-/* The 32-value formats against q8 activations: sum_l w_l * x_l with w = d * q (+ m). */
-static int32_t sum_x(const kiln_cpu_q8a *x)
-{
-    int32_t s = 0;
-    for (int l = 0; l < KILN_QK8_0; l++) s += x->qs[l];
-    return s;
-}
+/* The 32-value formats against q8 activations: sum_l w_l * x_l with w = d * q (+ m: m * s). */
 
 /* The int dot product of a nibble-packed block (value l < 16: low nibble of qs[l], value l + 16:
  * its high nibble) against 32 int8 activations, with offset `off` subtracted from every quant and
@@ -206,7 +211,7 @@ static float dot_q4_1(int64_t nb, const kiln_block_q4_1 *w, const kiln_cpu_q8a *
     float acc = 0;
     for (int64_t b = 0; b < nb; b++) {
         float s = (float)dot_nib(w[b].qs, 0, 0, x[b].qs);
-        acc += x[b].d * (kiln_f16_to_f32(w[b].d) * s + kiln_f16_to_f32(w[b].m) * (float)sum_x(&x[b]));
+        acc += x[b].d * kiln_f16_to_f32(w[b].d) * s + kiln_f16_to_f32(w[b].m) * x[b].s;
     }
     return acc;
 }
@@ -224,7 +229,7 @@ static float dot_q5_1(int64_t nb, const kiln_block_q5_1 *w, const kiln_cpu_q8a *
     float acc = 0;
     for (int64_t b = 0; b < nb; b++) {
         float s = (float)dot_nib(w[b].qs, load_qh(w[b].qh), 0, x[b].qs);
-        acc += x[b].d * (kiln_f16_to_f32(w[b].d) * s + kiln_f16_to_f32(w[b].m) * (float)sum_x(&x[b]));
+        acc += x[b].d * kiln_f16_to_f32(w[b].d) * s + kiln_f16_to_f32(w[b].m) * x[b].s;
     }
     return acc;
 }

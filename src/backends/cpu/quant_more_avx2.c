@@ -76,7 +76,7 @@ INL __m256i quants_q5_1(const kiln_block_q5_1 *b)
 INL __m256i quants_iq4_nl(const kiln_block_iq4_nl *b) { return iq4_values(nibbles32(b->qs)); }
 
 /* One weight row against mr <= 4 activation rows (x rows xs bytes apart): the block is unpacked
- * once for all of them. HAS_MIN adds m * sum(x) per block (q4_1, q5_1). */
+ * once for all of them. HAS_MIN adds m * s per block (q4_1, q5_1; s = f16(d sum q) as ggml's q8_1). */
 #define DEF_ROW32(NAME, BT, QUANTS, HAS_MIN)                                                            \
     INL void NAME(int64_t nb, const BT *w, const char *x, size_t xs, int mr, float *y, int64_t ldy)     \
     {                                                                                                   \
@@ -90,11 +90,9 @@ INL __m256i quants_iq4_nl(const kiln_block_iq4_nl *b) { return iq4_values(nibble
                 const kiln_cpu_q8a *xb = (const kiln_cpu_q8a *)(x + (size_t)i * xs) + b;                \
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)xb->qs);                         \
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(q, xq)), _mm256_set1_ps(dw * xb->d), acc[i]); \
-                if (HAS_MIN) {                                                                          \
-                    const __m256i sx = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), \
-                                                         _mm256_set1_epi16(1));                         \
+                if (HAS_MIN) { /* m times the block's s (ggml's q8_1 term), into lane 0 */              \
                     const float mw = _cvtsh_ss(((const uint16_t *)&w[b])[1]); /* m follows d */         \
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sx), _mm256_set1_ps(mw * xb->d), acc[i]); \
+                    acc[i] = _mm256_add_ps(acc[i], _mm256_setr_ps(mw * xb->s, 0, 0, 0, 0, 0, 0, 0));  \
                 }                                                                                       \
             }                                                                                           \
         }                                                                                               \
