@@ -205,7 +205,7 @@ QUICK = [(case, "f32") for case in CASES] + [("llama", f) for f in ("f16", "q8_0
 @pytest.mark.parametrize("case,fmt", [(c, f) for c in CASES for f in FORMATS] if FULL else QUICK)
 def test_kiln_matches_llama_cpp(ctx, tmp_path, rng, case, fmt):
     mod, arch, c = CASES[case]
-    for attempt in range(12):  # MoE: redraw while the router is near a tie (see test_gguf_moe)
+    for attempt in range(40):  # MoE: redraw while the router is near a tie (see test_gguf_moe)
         src, path = tmp_path / f"{case}-{attempt}-f32.gguf", tmp_path / f"{case}-{attempt}-{fmt}.gguf"
         mod.write_model(src, arch, c, rng)
         if fmt == "f32":
@@ -219,7 +219,7 @@ def test_kiln_matches_llama_cpp(ctx, tmp_path, rng, case, fmt):
         if not gaps or min(gaps) >= 0.05:
             break
     else:
-        pytest.fail("12 draws with a router within 0.05 of a tie")
+        pytest.fail("40 draws with a router within 0.05 of a tie")
     ll, ll_toks, margins = llama_cpp_run(path, ids)
     got = {be: A.run_kiln(ctx, path, be, ids) for be in ("ref", "cpu")}
     e = {be: nmse(got[be], ll) for be in got}
