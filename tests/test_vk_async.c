@@ -109,6 +109,16 @@ static void sync_steps(const steps *s, float want[STEPS][T * HID], void **kstate
     kiln_plan_free(p);
 }
 
+/* Fresh steps in s and their outputs by kiln_run in want (the KV state they leave is not kept). */
+static void want_steps(steps *s, float want[STEPS][T * HID])
+{
+    make_steps(s);
+    void *kwant;
+    size_t kbytes;
+    sync_steps(s, want, &kwant, &kbytes);
+    free(kwant);
+}
+
 static void assert_step_bits(const steps *s, int i, const float *got, const float *want)
 {
     size_t n = sizeof(float) * s->n_tok[i] * HID;
@@ -420,12 +430,8 @@ Test(vk_async, binary_semaphores_order_the_step_with_the_callers_submissions)
     cr_assert(dev.instance && dev.physical_device && dev.device && dev.queue, "kiln_ctx_vulkan gives every handle");
     cr_assert_geq(dev.api_version, VK_API_VERSION_1_1);
     static steps s;
-    make_steps(&s);
     static float want[STEPS][T * HID], got[T * HID];
-    void *kwant;
-    size_t kbytes;
-    sync_steps(&s, want, &kwant, &kbytes);
-    free(kwant);
+    want_steps(&s, want);
     kiln_plan *p = layer_plan();
     VkDevice d = (VkDevice)dev.device;
     VkQueue q = (VkQueue)dev.queue;
@@ -507,12 +513,8 @@ static void caller_buffer_free(cbuf *c)
 Test(vk_async, callers_buffers_bound_as_device_memory)
 {
     static steps s;
-    make_steps(&s);
     static float want[STEPS][T * HID];
-    void *kwant;
-    size_t kbytes;
-    sync_steps(&s, want, &kwant, &kbytes);
-    free(kwant);
+    want_steps(&s, want);
     kiln_plan *p = layer_plan();
     enum { OFF = 256 }; /* bytes before each tensor in its buffer */
     const size_t xy = sizeof(float) * T * HID;
@@ -567,12 +569,8 @@ Test(vk_async, callers_buffers_bound_as_device_memory)
 Test(vk_async, bad_sync_is_refused_and_kiln_stays_usable)
 {
     static steps s;
-    make_steps(&s);
     static float want[STEPS][T * HID], got[T * HID];
-    void *kwant;
-    size_t kbytes;
-    sync_steps(&s, want, &kwant, &kbytes);
-    free(kwant);
+    want_steps(&s, want);
     kiln_plan *p = layer_plan();
     VkSemaphore sem = timeline_semaphore(0);
     uint64_t w = h(sem), zero = 0, nine[9] = {w, w, w, w, w, w, w, w, w};
