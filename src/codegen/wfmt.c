@@ -39,9 +39,9 @@ uint32_t kl_h2_half(kiln_kir *k, uint32_t w, int h)
 {
     return kiln_kir_op(k, KILN_KOP_PRMT, KILN_KT_U32, w, w, kiln_ku(k, h ? 0x3232u : 0x1010u), 0);
 }
-uint32_t kl_h2_bytes(kiln_kir *k, uint32_t w, int h, uint32_t b)
+uint32_t kl_h2_pair(kiln_kir *k, uint32_t v4, int p)
 {
-    return kiln_kir_op(k, KILN_KOP_PRMT, KILN_KT_U32, w, b, kiln_ku(k, h ? 0x4342u : 0x4140u), 0);
+    return kiln_kir_op(k, KILN_KOP_PRMT, KILN_KT_U32, kiln_klane(k, v4, p / 2), kiln_ku(k, 0), kiln_ku(k, p % 2 ? 0x4342u : 0x4140u), 0);
 }
 uint32_t kl_h2_scale(kiln_kir *k, uint32_t q, uint32_t a, uint32_t b)
 {
@@ -149,7 +149,7 @@ static void q8_0_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, u
     /* q d = (q + 128) d - 128 d, rounded once: d is an f16 and 128 d (its exponent + 7) too */
     uint32_t a = kl_h2_splat(k, ch->d), b = kl_h2_splat(k, kiln_k2(k, KILN_KOP_MUL, ch->d, kiln_kf(k, -128.0f)));
     for (int p = 0; p < 8; p++) {
-        uint32_t u = kiln_k2(k, KILN_KOP_XOR, kl_h2_bytes(k, kiln_klane(k, ch->v[0], p / 2), p % 2, kiln_ku(k, 0)), kiln_ku(k, 0x00800080u));
+        uint32_t u = kiln_k2(k, KILN_KOP_XOR, kl_h2_pair(k, ch->v[0], p), kiln_ku(k, 0x00800080u));
         w[p] = kl_h2_scale(k, u, a, b);
     }
 }
@@ -279,13 +279,19 @@ static void scale_min_as(kiln_kir *k, uint32_t hdr, uint32_t sb, uint32_t *sc, u
 }
 static void scale_min(kiln_kir *k, uint32_t hdr, uint32_t sb, uint32_t *sc, uint32_t *mn) { scale_min_as(k, hdr, sb, sc, mn, false); }
 
+/* I32 sub-block 2 j + sub of sub-step sub of chunk c (q = c & 7 = 2 j + h) */
+static uint32_t kq_sub_block(kiln_kir *k, uint32_t c, int sub)
+{
+    uint32_t q = kiln_k2(k, KILN_KOP_AND, c, kiln_ki(k, 7));
+    uint32_t j = kiln_k2(k, KILN_KOP_SHR, q, kiln_ki(k, 1));
+    return kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, j, j), kiln_ki(k, sub));
+}
+
 /* The scale a = d sc and offset b = -dmin mn of sub-step sub of chunk c; returns its sub-block
  * 2 j + sub (I32: q5_K's qh bit) */
 static uint32_t kq_scales(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv_sub *o)
 {
-    uint32_t q = kiln_k2(k, KILN_KOP_AND, c, kiln_ki(k, 7));
-    uint32_t j = kiln_k2(k, KILN_KOP_SHR, q, kiln_ki(k, 1));
-    uint32_t sb = kiln_k2(k, KILN_KOP_ADD, kiln_k2(k, KILN_KOP_ADD, j, j), kiln_ki(k, sub));
+    uint32_t sb = kq_sub_block(k, c, sub);
     uint32_t sc, mn;
     scale_min(k, ch->v[0], sb, &sc, &mn);
     uint32_t hw = kiln_klane(k, ch->v[0], 0);
@@ -315,8 +321,7 @@ static void kq_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, boo
 {
     /* a = d sc and b = -dmin mn from the f16 halves of the header and the 6-bit fields as f16 (1024 +
        field, less 1024): each product rounded once, as the f32 product rounded to f16 would be */
-    uint32_t q = kiln_k2(k, KILN_KOP_AND, c, kiln_ki(k, 7));
-    uint32_t sb = kiln_k2(k, KILN_KOP_ADD, kiln_kmuli(k, kiln_k2(k, KILN_KOP_SHR, q, kiln_ki(k, 1)), 2), kiln_ki(k, sub));
+    uint32_t sb = kq_sub_block(k, c, sub);
     uint32_t sc, mn, hw = kiln_klane(k, ch->v[0], 0), nz = kiln_ku(k, 0x80008000u);
     scale_min_as(k, ch->v[0], sb, &sc, &mn, true);
     uint32_t sc2 = kiln_k2(k, KILN_KOP_OR, sc, kiln_k2(k, KILN_KOP_SHL, sc, kiln_ku(k, 16)));
@@ -324,13 +329,13 @@ static void kq_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, boo
     uint32_t a = kl_h2_scale(k, sc2, kl_h2_half(k, hw, 0), nz);
     uint32_t negmn = kl_h2_fma(k, mn2, kiln_ku(k, 0xBC00BC00u), kiln_ku(k, 0x64006400u)); /* -(1024 + mn) + 1024 */
     uint32_t b = kl_h2_fma(k, kl_h2_half(k, hw, 1), negmn, nz);
-    uint32_t zero = kiln_ku(k, 0), hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE;
+    uint32_t hsh = q5 ? kiln_kcvt(k, KILN_KT_U32, sb) : KILN_IDX_NONE;
     for (int p = 0; p < 8; p++) {
-        uint32_t t = kl_h2_bytes(k, kiln_klane(k, ch->v[1], p / 2), p % 2, zero);
+        uint32_t t = kl_h2_pair(k, ch->v[1], p);
         if (sub) t = kiln_k2(k, KILN_KOP_SHR, t, kiln_ku(k, 4));
         t = kiln_k2(k, KILN_KOP_AND, t, kiln_ku(k, 0x000F000Fu));
         if (q5) {
-            uint32_t h = kl_h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
+            uint32_t h = kl_h2_pair(k, ch->v[2], p);
             h = kiln_k2(k, KILN_KOP_AND, kiln_k2(k, KILN_KOP_SHR, h, hsh), kiln_ku(k, 0x00010001u));
             t = kiln_k2(k, KILN_KOP_OR, t, kiln_k2(k, KILN_KOP_SHL, h, kiln_ku(k, 4)));
         }
@@ -588,13 +593,13 @@ static void q6_k_decode(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, gv
  * it) to (q - 32) a = q a - 32 a, rounded once (32 a is exact where a = d scale is) */
 static void q6_k_gemm_h2(kiln_kir *k, const gv_chunk *ch, uint32_t c, int sub, uint32_t w[8])
 {
-    uint32_t a = q6_scale(k, ch, c, sub), zero = kiln_ku(k, 0);
+    uint32_t a = q6_scale(k, ch, c, sub);
     uint32_t b = kl_h2_splat(k, kiln_k2(k, KILN_KOP_MUL, a, kiln_kf(k, -32.0f)));
     a = kl_h2_splat(k, a);
     for (int p = 0; p < 8; p++) {
-        uint32_t lo = kl_h2_bytes(k, kiln_klane(k, ch->v[sub & 1], p / 2), p % 2, zero);
+        uint32_t lo = kl_h2_pair(k, ch->v[sub & 1], p);
         if (sub >> 1) lo = kiln_k2(k, KILN_KOP_SHR, lo, kiln_ku(k, 4));
-        uint32_t hi = kl_h2_bytes(k, kiln_klane(k, ch->v[2], p / 2), p % 2, zero);
+        uint32_t hi = kl_h2_pair(k, ch->v[2], p);
         if (sub) hi = kiln_k2(k, KILN_KOP_SHR, hi, kiln_ku(k, 2u * (uint32_t)sub));
         uint32_t q = kiln_k2(k, KILN_KOP_OR, kiln_k2(k, KILN_KOP_AND, lo, kiln_ku(k, 0x000F000Fu)),
                              kiln_k2(k, KILN_KOP_SHL, kiln_k2(k, KILN_KOP_AND, hi, kiln_ku(k, 0x00030003u)), kiln_ku(k, 4)));

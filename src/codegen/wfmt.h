@@ -95,13 +95,13 @@ typedef struct kl_wfmt {
 } kl_wfmt;
 
 /* f16 pairs for gemm_h2 (U32 words of two f16, CUDA only): a * b + c per half rounded once; the
- * F32 f in both halves; half h (0, 1) of w in both halves; bytes 2 h and 2 h + 1 of w in the low
- * bytes of the two halves (the high bytes from byte 0 of b); and q (0 .. 2047 in each half's low
+ * F32 f in both halves; half h (0, 1) of w in both halves; bytes 2 p and 2 p + 1 of V4 v4 (values
+ * 2 p, 2 p + 1 of a chunk of byte quants) in the low bytes of the two halves, high bytes 0; and q (0 .. 2047 in each half's low
  * bits, nothing above) to q a + b rounded once (a, b pairs) */
 uint32_t kl_h2_fma(kiln_kir *k, uint32_t a, uint32_t b, uint32_t c);
 uint32_t kl_h2_splat(kiln_kir *k, uint32_t f);
 uint32_t kl_h2_half(kiln_kir *k, uint32_t w, int h);
-uint32_t kl_h2_bytes(kiln_kir *k, uint32_t w, int h, uint32_t b);
+uint32_t kl_h2_pair(kiln_kir *k, uint32_t v4, int p);
 uint32_t kl_h2_scale(kiln_kir *k, uint32_t q, uint32_t a, uint32_t b);
 
 /* The row of dtype t, or NULL: the GPU lowering has no kernel for that weight format. */

@@ -177,11 +177,11 @@ static void p32_decode(kiln_dtype t, kiln_kir *k, const gv_chunk *ch, int sub, g
 static void p32_gemm_h2(kiln_dtype t, kiln_kir *k, const gv_chunk *ch, int sub, uint32_t w[8])
 {
     p32_fields f = p32_of(t);
-    uint32_t a = kl_h2_half(k, ch->d, sub), zero = cu(k, 0);
+    uint32_t a = kl_h2_half(k, ch->d, sub);
     uint32_t moff = (uint32_t)kiln_f32_to_f16((float)-f.off);
     uint32_t b = f.m >= 0 ? kl_h2_half(k, ch->v[2], sub) : kl_h2_fma(k, a, cu(k, moff | moff << 16), cu(k, 0x80008000u));
     for (int p = 0; p < 8; p++) {
-        uint32_t q = kl_h2_bytes(k, kiln_klane(k, ch->v[0], p / 2), p % 2, zero);
+        uint32_t q = kl_h2_pair(k, ch->v[0], p);
         if (sub) q = shr(k, q, cu(k, 4));
         q = and_(k, q, cu(k, 0x000F000Fu));
         if (f.qh >= 0) {
